@@ -1,0 +1,270 @@
+"""Value objects and the `Runner` protocol: what one engine measurement takes and gives back.
+
+Runners know nothing of Optuna or MLflow; everything here is plain data that pickles through Ray.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+FlagValue = str | int | float | bool | None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One engine configuration: model, vLLM flags (snake_case, as vLLM's `EngineArgs` spells
+    them) and environment. Flags become `--kebab-case` only at the process boundary."""
+
+    model: str  # local path or hub id
+    flags: Mapping[str, FlagValue] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    load_format: str = "auto"  # "auto" (real weights) or "dummy" (random weights, same speed)
+    served_model_name: str = "model"
+    skip_tokenizer_init: bool = False  # prompts and outputs as token ids
+    extra_args: tuple[str, ...] = ()  # passed verbatim after the flags
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return int(self.flags.get("tensor_parallel_size") or 1)
+
+    @property
+    def pipeline_parallel_size(self) -> int:
+        return int(self.flags.get("pipeline_parallel_size") or 1)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+@dataclass(frozen=True)
+class LengthDistribution:
+    """Token-length distribution of prompts or outputs; `sample` lives in the load generator."""
+
+    kind: Literal["fixed", "uniform", "normal", "lognormal"] = "fixed"
+    mean: int = 512  # tokens; the value for "fixed"
+    low: int | None = None  # tokens, inclusive clip (uniform: range start)
+    high: int | None = None  # tokens, inclusive clip (uniform: range end)
+    std: float = 0.0  # tokens for "normal"; sigma of log for "lognormal"
+
+
+@dataclass(frozen=True)
+class LoadLevel:
+    """One step of offered load: a Poisson request rate, a fixed concurrency, or both (a rate
+    capped by a concurrency, as `vllm bench serve --max-concurrency` does)."""
+
+    request_rate_rps: float | None = None  # None = send all at once (infinite rate)
+    max_concurrency: int | None = None
+
+    @property
+    def label(self) -> str:
+        parts = []
+        if self.request_rate_rps is not None:
+            parts.append(f"rate={self.request_rate_rps:g}")
+        if self.max_concurrency is not None:
+            parts.append(f"concurrency={self.max_concurrency}")
+        return ",".join(parts) or "rate=inf"
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Per-request latency targets, as `vllm bench serve --goodput ttft:MS tpot:MS` uses them."""
+
+    ttft_p99_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    e2el_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What load a trial drives. Every trial of a study gets the same prompts (same seed)."""
+
+    input_len: LengthDistribution = field(default_factory=LengthDistribution)
+    output_len: LengthDistribution = field(default_factory=lambda: LengthDistribution(mean=128))
+    prompts_file: Path | None = None  # JSONL: {"prompt": str | [ids], "output_len": int?}
+    levels: tuple[LoadLevel, ...] = (LoadLevel(max_concurrency=16),)
+    num_requests: int | None = 128  # per level; None = run for duration_s
+    duration_s: float | None = None  # per level, when num_requests is None
+    num_warmup_requests: int = 8
+    seed: int = 0
+    slo: SLO = field(default_factory=SLO)
+    vocab_size: int = 32000  # token ids are drawn below this when prompts are synthesised
+    request_timeout_s: float = 600.0
+    max_failed_fraction: float = 0.05  # a level with more failed requests is not a measurement
+    profile: bool = False  # capture a torch-profiler trace in a window after the levels
+    profile_num_requests: int = 32
+    startup_timeout_s: float = 900.0
+
+
+@dataclass(frozen=True)
+class BenchmarkMetrics:
+    """One load level's figures, named and computed as `vllm bench serve` reports them."""
+
+    completed: int
+    failed: int
+    duration_s: float
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float  # requests/s
+    request_goodput: float | None  # requests/s meeting the SLO; None without an SLO
+    output_throughput: float  # output tokens/s
+    total_token_throughput: float  # (input + output) tokens/s
+    mean_ttft_ms: float
+    median_ttft_ms: float
+    std_ttft_ms: float
+    p90_ttft_ms: float
+    p99_ttft_ms: float
+    mean_tpot_ms: float
+    median_tpot_ms: float
+    std_tpot_ms: float
+    p90_tpot_ms: float
+    p99_tpot_ms: float
+    mean_itl_ms: float
+    median_itl_ms: float
+    std_itl_ms: float
+    p90_itl_ms: float
+    p99_itl_ms: float
+    mean_e2el_ms: float
+    median_e2el_ms: float
+    std_e2el_ms: float
+    p90_e2el_ms: float
+    p99_e2el_ms: float
+    max_concurrency_seen: int = 0  # most requests in flight at once on the client
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """What `on_step` sees after each load level: enough for a pruner to decide."""
+
+    step: int  # 0-based index of the load level
+    level: LoadLevel
+    metrics: BenchmarkMetrics
+    server_metrics: Mapping[str, float] = field(default_factory=dict)  # /metrics, vLLM names
+    elapsed_s: float = 0.0  # since the engine process started
+
+
+class FailureReason(enum.StrEnum):
+    """Closed set of why a trial produced no measurement. Names are stable: they become tags."""
+
+    OOM_AT_START = "oom_at_start"  # weights or KV cache do not fit
+    KV_CACHE_TOO_SMALL = "kv_cache_too_small"  # max_model_len does not fit the KV cache
+    CUDA_GRAPH_CAPTURE = "cuda_graph_capture"
+    UNSUPPORTED_CONFIG = "unsupported_config"  # backend/dtype/quantization not on this hardware
+    INVALID_ARGUMENT = "invalid_argument"  # vLLM's argument parser refused the argv
+    STARTUP_TIMEOUT = "startup_timeout"
+    STARTUP_CRASH = "startup_crash"  # exited during start for a reason we could not classify
+    CRASH_MID_RUN = "crash_mid_run"
+    HANG = "hang"  # alive but not answering during the load
+    TOO_MANY_ERRORS = "too_many_errors"  # requests failed above the workload's threshold
+    PORT_IN_USE = "port_in_use"
+    WORKER_LOST = "worker_lost"  # the Ray worker or its node died
+    DAEMON_LOST = "daemon_lost"  # the daemon died with the trial in flight
+    INFEASIBLE = "infeasible"  # rejected before launch
+    INTERNAL = "internal"  # a bug of ours; the message has the traceback's last line
+
+
+@dataclass(frozen=True)
+class Failure:
+    reason: FailureReason
+    message: str  # one sentence for humans
+    log_excerpt: str = ""  # the server log lines that decided the reason
+
+    @property
+    def is_retryable(self) -> bool:
+        return self.reason in {FailureReason.PORT_IN_USE, FailureReason.WORKER_LOST,
+                               FailureReason.DAEMON_LOST}
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the engine tells about itself at start (parsed from its log, or reported by the
+    simulated engine). Every field is optional: old versions print less."""
+
+    startup_s: float | None = None  # process start to healthy
+    kv_cache_tokens: int | None = None
+    kv_cache_gib: float | None = None
+    max_concurrency_at_max_len: float | None = None  # requests of max_model_len that fit at once
+    model_memory_gib: float | None = None
+    model_load_s: float | None = None
+    compile_s: float | None = None
+    graph_capture_s: float | None = None
+    graph_memory_gib: float | None = None
+    init_engine_s: float | None = None
+    attention_backend: str | None = None  # the one actually chosen
+    engine_version: str | None = None
+    max_model_len: int | None = None
+
+    def as_metrics(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self.__dict__.items()
+                if isinstance(v, int | float) and not isinstance(v, bool) and v is not None}
+
+
+RunStatus = Literal["complete", "stopped", "failed"]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Everything one run produced. `status` is "stopped" when `on_step` asked to stop early."""
+
+    status: RunStatus
+    steps: tuple[StepMetrics, ...] = ()
+    failure: Failure | None = None
+    engine: EngineInfo = field(default_factory=EngineInfo)
+    argv: tuple[str, ...] = ()  # the exact launch command
+    env: Mapping[str, str] = field(default_factory=dict)  # the variables we set (not inherited)
+    server_log: str = ""  # the log's tail, for the tracker (the full log is in workdir)
+    workdir: Path | None = None
+    trace_summary: Mapping[str, Any] | None = None  # kernel-time shares, when profiled
+    trace_path: Path | None = None
+    telemetry: Mapping[str, float] = field(default_factory=dict)  # NVML summary over the load
+    wall_s: float = 0.0  # whole run, launch to teardown
+
+
+OnStep = Callable[[StepMetrics], bool]
+
+
+class Runner(Protocol):
+    """Measures engine configurations, one at a time.
+
+    Called by a worker (a Ray actor in the daemon, or directly in tests and `bench/`). `run`
+    owns the engine's whole life: launch, readiness, warm-up, each load level, optional profile
+    window, teardown. It never raises for a trial-level problem: those come back as
+    `RunResult(status="failed", failure=...)`. `on_step` is called after every load level and
+    returns True to stop early (the result is then "stopped"). `close` releases anything the
+    runner keeps between runs (caches stay on disk) and kills any engine still alive.
+    """
+
+    def run(self, config: EngineConfig, workload: Workload, workdir: Path,
+            on_step: OnStep | None = None) -> RunResult: ...
+
+    def close(self) -> None: ...
+
+
+Phase = Literal["startup", "run"]
+
+
+class EngineLauncher(Protocol):
+    """How one kind of engine is launched and read. `EngineRunner` (runners/engine.py) owns the
+    shared life cycle (process group, readiness, load, teardown) and asks the launcher only for
+    what differs between engines. Implementations are pure: no processes, no I/O but reading."""
+
+    name: str  # "vllm" or "simulated"
+
+    def command(self, config: EngineConfig, port: int, workdir: Path,
+                profile_dir: Path | None) -> tuple[list[str], dict[str, str]]:
+        """argv (no shell) and the environment variables to add for one launch on 127.0.0.1."""
+        ...
+
+    def parse_log(self, log_text: str) -> EngineInfo:
+        """What the engine told about itself at start (KV capacity, backend, timings)."""
+        ...
+
+    def classify_failure(self, log_text: str, returncode: int | None, phase: Phase) -> Failure:
+        """Why the engine died (or never became ready), from its exit code and log."""
+        ...

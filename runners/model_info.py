@@ -1,0 +1,91 @@
+"""Model shape from a Hugging Face `config.json`: what the roofline, memory check and TP rules need.
+
+Ships configs of a few real shapes under `model_configs/` so a study can run with dummy weights
+and no hub (`model: qwen2.5-7b`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MODEL_CONFIGS_DIR = Path(__file__).parent / "model_configs"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    head_dim: int
+    dtype: str = "bfloat16"  # checkpoint dtype
+    quant_method: str | None = None  # "awq", "gptq", "fp8", ... when the checkpoint is quantized
+    tie_word_embeddings: bool = False
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count of a dense decoder (attention + gated MLP + embeddings)."""
+        h, layers = self.hidden_size, self.num_hidden_layers
+        q = h * self.num_attention_heads * self.head_dim
+        kv = 2 * h * self.num_key_value_heads * self.head_dim
+        o = self.num_attention_heads * self.head_dim * h
+        mlp = 3 * h * self.intermediate_size
+        embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return layers * (q + kv + o + mlp + 2 * h) + embeddings
+
+    def kv_bytes_per_token(self, kv_dtype_bytes: float = 2.0) -> float:
+        """K and V for every layer, one token."""
+        return (2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
+                * kv_dtype_bytes)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], name: str = "model") -> ModelInfo:
+        text = config.get("text_config", config)  # multimodal wrappers nest the LM
+        heads = int(text["num_attention_heads"])
+        hidden = int(text["hidden_size"])
+        quant = config.get("quantization_config") or {}
+        return cls(
+            name=name,
+            hidden_size=hidden,
+            num_hidden_layers=int(text["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(text.get("num_key_value_heads") or heads),
+            intermediate_size=int(text.get("intermediate_size") or 4 * hidden),
+            vocab_size=int(text.get("vocab_size") or 32000),
+            max_position_embeddings=int(text.get("max_position_embeddings") or 4096),
+            head_dim=int(text.get("head_dim") or hidden // heads),
+            dtype=str(text.get("torch_dtype") or text.get("dtype") or "bfloat16"),
+            quant_method=quant.get("quant_method"),
+            tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
+        )
+
+
+def bundled_shapes() -> list[str]:
+    return sorted(p.name for p in MODEL_CONFIGS_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def resolve_model_dir(model: str) -> Path | None:
+    """A local directory holding `config.json` for `model`: the path itself, or a bundled shape."""
+    path = Path(model).expanduser()
+    if (path / "config.json").is_file():
+        return path
+    bundled = MODEL_CONFIGS_DIR / model.lower()
+    if (bundled / "config.json").is_file():
+        return bundled
+    return None
+
+
+def load_model_info(model: str) -> ModelInfo | None:
+    """ModelInfo for a local path or bundled shape; None for a hub id we cannot read offline."""
+    directory = resolve_model_dir(model)
+    if directory is None:
+        return None
+    return ModelInfo.from_config(json.loads((directory / "config.json").read_text()),
+                                 name=directory.name)
