@@ -165,6 +165,7 @@ class FailureReason(enum.StrEnum):
     PORT_IN_USE = "port_in_use"
     WORKER_LOST = "worker_lost"  # the Ray worker or its node died
     DAEMON_LOST = "daemon_lost"  # the daemon died with the trial in flight
+    INTERRUPTED = "interrupted"  # the daemon was stopped with the trial in flight
     INFEASIBLE = "infeasible"  # rejected before launch
     INTERNAL = "internal"  # a bug of ours; the message has the traceback's last line
 
@@ -177,8 +178,9 @@ class Failure:
 
     @property
     def is_retryable(self) -> bool:
+        """Lost to infrastructure, not to the config: worth one more try."""
         return self.reason in {FailureReason.PORT_IN_USE, FailureReason.WORKER_LOST,
-                               FailureReason.DAEMON_LOST}
+                               FailureReason.DAEMON_LOST, FailureReason.INTERRUPTED}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,319 @@
+"""`nightshift` command line: the composition root. Builds typed config once, wires the study,
+workers, tracker and progress display, and maps errors to exit codes (0 ok, 1 failure, 2 bad
+input). Only this module installs logging handlers or prints.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from optimizer.config import StudyConfig, load_study
+from optimizer.errors import ConfigError, NightshiftError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="nightshift: tune vLLM serving configs overnight (Optuna + Ray + MLflow).")
+console = Console(stderr=True)
+out = Console()
+logger = logging.getLogger("optimizer.cli")
+
+StudyArg = Annotated[Path, typer.Argument(help="The study YAML (see examples/quickstart.yaml).")]
+
+
+def _setup_logging(verbose: bool, log_file: Path | None = None) -> None:
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    handler = RichHandler(console=console, show_path=False, rich_tracebacks=False)
+    handler.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.addHandler(handler)
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        fh = logging.FileHandler(log_file)
+        fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(fh)
+    for noisy in ("mlflow", "alembic", "optuna", "ray", "httpx", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _load(study: Path) -> StudyConfig:
+    return load_study(study)
+
+
+# -- start ----------------------------------------------------------------------------------
+
+
+@app.command()
+def start(
+    study: StudyArg,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Run on the simulated engine (no GPU needed); figures are "
+                          "simulated, never measurements.")] = False,
+    tracking_uri: Annotated[str | None, typer.Option(
+        help="MLflow tracking URI (default sqlite:///mlruns/mlflow.db).")] = None,
+    storage: Annotated[str | None, typer.Option(
+        help="Optuna RDB URL (default sqlite under the results dir).")] = None,
+    ray_address: Annotated[str | None, typer.Option(
+        help="Join an existing Ray cluster (auto or ray://host:10001).")] = None,
+    trials: Annotated[int | None, typer.Option(help="Override budget.trials.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    no_progress: Annotated[bool, typer.Option("--no-progress",
+                                              help="Log lines only, no live table.")] = False,
+) -> None:
+    """Create or resume a study and run it until its budget ends or it is stopped.
+
+    Example: nightshift start examples/quickstart.yaml --dry-run
+    """
+    from optimizer.runtime import build_daemon
+
+    cfg = _load(study)
+    cfg = cfg.with_overrides(tracking_uri=tracking_uri, storage=storage, trials=trials)
+    _setup_logging(verbose, cfg.results_dir / "daemon.log")
+    progress = None if no_progress or not console.is_terminal else _LiveProgress(cfg)
+    daemon, notes = build_daemon(cfg, dry_run=dry_run, ray_address=ray_address,
+                                 on_event=progress.on_event if progress else None)
+    for note in notes:
+        logger.info(note)
+    resume = f"nightshift start {study}" + (" --dry-run" if dry_run else "")
+
+    def _on_signal(signum: int, frame: Any) -> None:
+        now = daemon.stopping
+        daemon.request_stop(now=now)
+        console.print(f"[yellow]{'stopping now: failing trials in flight' if now else
+                      'stopping: finishing trials in flight (signal again to stop now)'}"
+                      f"[/]; resume with: {resume}")
+
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if progress is not None:
+            with progress:
+                summary = daemon.run()
+        else:
+            summary = daemon.run()
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    if summary.stopped_early:
+        console.print(f"study {cfg.name} stopped with {summary.total_finished} trials "
+                      f"finished; resume with: {resume}")
+    else:
+        console.print(f"study {cfg.name} done: {summary.total_finished} trials finished.")
+    if summary.best_number is not None:
+        console.print(f"best: trial {summary.best_number} {summary.best_values}; export with: "
+                      f"nightshift export {study}")
+
+
+class _LiveProgress:
+    """A rich table of trials and a bar against the trial budget, redrawn from daemon events."""
+
+    def __init__(self, cfg: StudyConfig) -> None:
+        from rich.live import Live
+
+        self.cfg = cfg
+        self.rows: dict[int, dict[str, Any]] = {}
+        self.started = time.monotonic()
+        self.live = Live(self._render(), console=console, refresh_per_second=4)
+
+    def __enter__(self) -> _LiveProgress:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.live.__exit__(*exc)
+
+    def on_event(self, event: Any) -> None:
+        if event.kind == "study":
+            return
+        row = self.rows.setdefault(event.number, {"params": event.params})
+        row.update(state=event.state, value=event.value, tpot=event.tpot_p99_ms,
+                   message=event.message, elapsed=event.elapsed_s)
+        self.live.update(self._render())
+
+    def _render(self) -> Table:
+        objective = self.cfg.objectives[0]
+        budget = self.cfg.spec.budget.trials
+        done = sum(1 for r in self.rows.values() if r["state"] in ("complete", "pruned",
+                                                                      "failed"))
+        title = f"{self.cfg.name}: {done}" + (f"/{budget}" if budget else "") + \
+            f" trials, {time.monotonic() - self.started:.0f} s"
+        if budget:
+            filled = int(20 * min(1.0, done / budget))
+            title += "  [" + "#" * filled + "-" * (20 - filled) + "]"
+        table = Table(title=title, expand=True)
+        for col in ("trial", "params", "state", objective, "TPOT p99 ms", "s", "conclusion"):
+            table.add_column(col, overflow="fold")
+        for number in sorted(self.rows)[-25:]:
+            r = self.rows[number]
+            params = " ".join(f"{k}={v}" for k, v in r["params"].items())
+            table.add_row(str(number), params[:80], r["state"],
+                          "" if r["value"] is None else f"{r['value']:.3g}",
+                          "" if r["tpot"] is None else f"{r['tpot']:.1f}",
+                          f"{r['elapsed']:.0f}", (r["message"] or "")[:100])
+        return table
+
+
+# -- status / stop --------------------------------------------------------------------------
+
+
+@app.command()
+def status(study: StudyArg,
+           storage: Annotated[str | None, typer.Option(help="Optuna RDB URL.")] = None) -> None:
+    """Show the progress of a running or finished study.
+
+    Example: nightshift status examples/quickstart.yaml
+    """
+    from optimizer.daemon import read_lock
+    from optimizer.study import ATTR_RECORD, best_trial, open_study
+
+    cfg = _load(study).with_overrides(storage=storage)
+    opened = open_study(cfg, create=False)
+    holder = read_lock(cfg.results_dir / "daemon.lock")
+    trials = opened.get_trials(deepcopy=False)
+    counts: dict[str, int] = {}
+    for t in trials:
+        counts[t.state.name.lower()] = counts.get(t.state.name.lower(), 0) + 1
+    running = f"running (pid {holder.get('pid')})" if holder is not None else "not running"
+    out.print(f"study [bold]{cfg.name}[/]: daemon {running}; "
+              + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    table = Table(expand=True)
+    for col in ("trial", "state", *cfg.objectives, "params", "conclusion"):
+        table.add_column(col, overflow="fold")
+    for t in trials:
+        record = t.user_attrs.get(ATTR_RECORD) or {}
+        values = t.values if t.values else [None] * len(cfg.objectives)
+        table.add_row(str(t.number), record.get("state", t.state.name.lower()),
+                      *["" if v is None else f"{v:.4g}" for v in values],
+                      " ".join(f"{k}={v}" for k, v in t.params.items()),
+                      record.get("conclusion", ""))
+    out.print(table)
+    best = best_trial(opened)
+    if best is not None:
+        out.print(f"best: trial {best.number} values={best.values}")
+
+
+@app.command()
+def stop(study: StudyArg,
+         now: Annotated[bool, typer.Option("--now", help="Fail the trials in flight instead "
+                                                         "of letting them finish.")] = False,
+         wait: Annotated[bool, typer.Option("--wait/--no-wait")] = True,
+         timeout_s: Annotated[float, typer.Option(help="How long --wait waits.")] = 600.0,
+         ) -> None:
+    """Stop a running daemon (it finishes the trials in flight unless --now).
+
+    Example: nightshift stop examples/quickstart.yaml --now
+    """
+    from optimizer.daemon import read_lock
+
+    cfg = _load(study)
+    lock_path = cfg.results_dir / "daemon.lock"
+    holder = read_lock(lock_path)
+    if holder is None or not holder.get("pid"):
+        raise ConfigError(f"no daemon is running study {cfg.name!r}; nothing to stop.")
+    pid = int(holder["pid"])
+    os.kill(pid, signal.SIGTERM)
+    if now:
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGTERM)
+    out.print(f"sent stop to daemon pid {pid}{' (now)' if now else ''}")
+    if wait:
+        deadline = time.monotonic() + timeout_s
+        while read_lock(lock_path) is not None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if read_lock(lock_path) is not None:
+            raise NightshiftError(f"daemon pid {pid} still runs after {timeout_s:g} s; "
+                                  "run `nightshift stop --now` or wait longer.")
+        out.print("daemon stopped")
+
+
+# -- export ---------------------------------------------------------------------------------
+
+
+@app.command()
+def export(
+    study: StudyArg,
+    trial: Annotated[int | None, typer.Option(help="Trial number (default: the best).")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="yaml, sh or env.")] = "yaml",
+    output: Annotated[Path | None, typer.Option("--output", "-o",
+                                                help="File to write (default stdout).")] = None,
+    max_tpot_ms: Annotated[float | None, typer.Option(
+        help="Choose the best trial whose TPOT p99 is at most this (a Pareto choice).")] = None,
+    storage: Annotated[str | None, typer.Option(help="Optuna RDB URL.")] = None,
+) -> None:
+    """Write a trial's config as a `vllm serve --config` YAML, a shell command or env vars.
+
+    Example: nightshift export examples/quickstart.yaml --format sh -o serve.sh
+    """
+    from optimizer.export import render, select_trial
+    from optimizer.study import open_study
+
+    cfg = _load(study).with_overrides(storage=storage)
+    chosen = select_trial(open_study(cfg, create=False), cfg, number=trial,
+                          max_tpot_ms=max_tpot_ms)
+    text = render(chosen, cfg, fmt)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text)
+        if fmt == "sh":
+            output.chmod(0o755)
+        console.print(f"wrote trial {chosen.number} as {fmt} to {output}")
+
+
+# -- hw -------------------------------------------------------------------------------------
+
+
+@app.command()
+def hw(output: Annotated[Path | None, typer.Option("--output", "-o",
+                                                   help="Save the profile as JSON.")] = None,
+       measure: Annotated[bool, typer.Option(help="Measure bandwidth and FLOP/s with torch.")
+                          ] = False) -> None:
+    """Print (and save) this machine's GPU profile, read through NVML.
+
+    Example: nightshift hw -o hw.json
+    """
+    import json
+
+    from runners.hardware import probe
+
+    profile = probe(measure=measure)
+    if not profile.has_gpu:
+        out.print("no NVIDIA GPU found (NVML unavailable); the profile is empty.")
+    data = profile.to_dict()
+    out.print_json(json.dumps(data, default=str))
+    if output is not None:
+        output.write_text(json.dumps(data, indent=2, default=str))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code: 0 ok, 1 failure, 2 bad input."""
+    import click
+
+    try:
+        app(args=argv if argv is not None else sys.argv[1:], standalone_mode=False,
+            prog_name="nightshift")
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code or 0)
+    except click.exceptions.Abort:
+        return 1
+    except click.ClickException as exc:
+        exc.show()
+        return 2
+    except NightshiftError as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

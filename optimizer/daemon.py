@@ -1,0 +1,518 @@
+"""The daemon loop: ask Optuna for configs, run them on Ray workers as GPUs allow, prune from
+each load level's figures, tell Optuna and log MLflow, until the budget ends or a stop.
+
+One daemon per study (a file lock); a restarted daemon fails and re-queues what the dead one
+had in flight, reaps its engines, and brings MLflow into agreement with Optuna.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shlex
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import optuna
+import ray
+from optuna.trial import TrialState
+
+from optimizer import records
+from optimizer.config import StudyConfig
+from optimizer.errors import StudyLockedError
+from optimizer.study import (
+    ATTR_BASELINE,
+    ATTR_MLFLOW_RUN,
+    ATTR_RECORD,
+    ATTR_RETRY_OF,
+    best_trial,
+    engine_config,
+    objective_values,
+    open_study,
+    state_of,
+)
+from optimizer.tracking import Tracker
+from optimizer.workers import LOST_ERRORS, RunnerSpec, WorkerPool, lost_worker_failure
+from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics, Workload
+from runners.process import reap_strays
+
+logger = logging.getLogger(__name__)
+
+ATTR_RETRIES = "retries"
+_STATE_NAMES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned",
+                TrialState.FAIL: "failed"}
+
+
+@dataclass(frozen=True)
+class TrialEvent:
+    """What the CLI's progress display is told; the core never draws."""
+
+    kind: Literal["started", "step", "finished", "study"]
+    number: int = -1
+    params: Mapping[str, Any] = field(default_factory=dict)
+    state: str = "running"
+    value: float | None = None
+    tpot_p99_ms: float | None = None
+    message: str = ""
+    elapsed_s: float = 0.0
+
+
+@dataclass
+class _InFlight:
+    trial: optuna.Trial
+    params: dict[str, Any]
+    config: EngineConfig
+    actor: Any
+    ref: Any
+    run_id: str
+    started: float
+    is_baseline: bool
+    retries: int
+    steps: list[StepMetrics] = field(default_factory=list)
+    pruned_at: int | None = None
+
+
+@dataclass(frozen=True)
+class DaemonSummary:
+    finished: int  # trials finished by this daemon run
+    total_finished: int  # in the whole study
+    stopped_early: bool  # by a signal or `nightshift stop`
+    best_number: int | None
+    best_values: list[float] | None
+
+
+class StudyLock:
+    """An exclusive `flock` on `<results>/daemon.lock`, holding the daemon's pid for `stop`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self, study: str) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = read_lock(self.path) or {}
+            raise StudyLockedError(
+                f"study {study!r} is already run by pid {holder.get('pid', '?')} on "
+                f"{holder.get('host', '?')}; `nightshift stop` it first.") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "started": time.time(), "study": study}).encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_lock(path: Path) -> dict[str, Any] | None:
+    """The running daemon's record, or None when no daemon holds the lock."""
+    if not path.is_file():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = path.read_text()
+            try:
+                data = json.loads(text) if text else {}
+            except json.JSONDecodeError:
+                data = {}
+            return data if isinstance(data, dict) else {}
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+class Daemon:
+    """Runs one study to its budget. Not thread-safe: `request_stop` is the only method another
+    thread (or a signal handler) may call."""
+
+    def __init__(self, cfg: StudyConfig, *, space: Any, runner: RunnerSpec, total_gpus: int,
+                 tracker: Tracker, workload: Workload,
+                 study_params: Mapping[str, Any], study_artifacts: Mapping[str, Any],
+                 on_event: Callable[[TrialEvent], None] | None = None,
+                 poll_s: float = 0.25) -> None:
+        self.cfg = cfg
+        self.space = space
+        self.runner = runner
+        self.total_gpus = total_gpus
+        self.tracker = tracker
+        self.workload = workload
+        self.study_params = study_params
+        self.study_artifacts = study_artifacts
+        self.on_event = on_event or (lambda event: None)
+        self.poll_s = poll_s
+        self._stop: Literal["no", "finish", "now"] = "no"
+        self._inflight: list[_InFlight] = []
+        self._finished_here = 0
+        self._started = time.monotonic()
+        self._parent_run = ""
+        self._waiting: tuple[optuna.Trial, dict[str, Any], EngineConfig] | None = None
+
+    # -- control ----------------------------------------------------------------------------
+
+    def request_stop(self, now: bool = False) -> None:
+        """First call: finish the trials in flight, start none. `now=True` (or a second call):
+        fail the trials in flight at once (they are re-queued on resume)."""
+        self._stop = "now" if now or self._stop != "no" else "finish"
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop != "no"
+
+    # -- main loop --------------------------------------------------------------------------
+
+    def run(self) -> DaemonSummary:
+        lock = StudyLock(self.cfg.results_dir / "daemon.lock")
+        lock.acquire(self.cfg.name)
+        try:
+            killed = reap_strays(self.registry_dir)
+            if killed:
+                logger.warning("reaped %d engine processes left by a dead daemon: %s",
+                               len(killed), killed)
+            study = open_study(self.cfg)
+            self._parent_run = self.tracker.start_study(
+                self.cfg.name, params=self.study_params, artifacts=self.study_artifacts)
+            self._recover(study)
+            if not study.get_trials(deepcopy=False):
+                study.enqueue_trial(self.space.defaults(), user_attrs={ATTR_BASELINE: True})
+            pool = WorkerPool(self.runner, self.total_gpus)
+            try:
+                self._loop(study, pool)
+            finally:
+                for item in list(self._inflight):  # an exception escaped: fail, never orphan
+                    self._cancel_and_collect(study, item, pool)
+                pool.shutdown()
+            return self._finish(study)
+        finally:
+            lock.release()
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.runner.registry_dir
+
+    def _loop(self, study: optuna.Study, pool: WorkerPool) -> None:
+        while True:
+            if self._stop == "now":
+                for item in list(self._inflight):
+                    self._cancel_and_collect(study, item, pool)
+            if not self.stopping:
+                self._dispatch(study, pool)
+            if not self._inflight:
+                if self.stopping or not self._budget_left(study):
+                    return
+                if self._waiting is None and not self._can_ask(study):
+                    return
+            self._poll_steps(study)
+            refs = [item.ref for item in self._inflight]
+            if not refs:
+                time.sleep(self.poll_s)
+                continue
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.poll_s)
+            for ref in ready:
+                item = next(i for i in self._inflight if i.ref == ref)
+                self._poll_steps(study)  # steps that arrived just before the result
+                self._collect(study, item, pool)
+
+    def _budget_left(self, study: optuna.Study) -> bool:
+        budget = self.cfg.spec.budget
+        if budget.wall_hours is not None and \
+                time.monotonic() - self._started >= budget.wall_hours * 3600:
+            return False
+        if budget.trials is not None:
+            trials = study.get_trials(deepcopy=False)
+            # A failure lost to infrastructure and re-queued does not count: its re-run does.
+            requeued = {t.user_attrs.get(ATTR_RETRY_OF) for t in trials}
+            done = sum(1 for t in trials if t.state.is_finished() and t.number not in requeued)
+            return done + len(self._inflight) + (self._waiting is not None) < budget.trials
+        return True
+
+    def _can_ask(self, study: optuna.Study) -> bool:
+        return self._budget_left(study)
+
+    def _max_parallel(self) -> int:
+        return self.cfg.spec.max_parallel_trials or self.total_gpus
+
+    def _dispatch(self, study: optuna.Study, pool: WorkerPool) -> None:
+        while len(self._inflight) < self._max_parallel():
+            if self._waiting is None:
+                if not self._budget_left(study):
+                    return
+                self._waiting = self._ask(study)
+                if self._waiting is None:
+                    continue  # the asked trial was rejected before launch; ask again
+            trial, params, config = self._waiting
+            if not pool.can_start(config.num_gpus):
+                return  # wait for GPUs to free up
+            self._waiting = None
+            self._launch(study, pool, trial, params, config)
+
+    def _ask(self, study: optuna.Study) -> tuple[optuna.Trial, dict[str, Any],
+                                                  EngineConfig] | None:
+        trial = study.ask()
+        params = self.space.sample(trial)
+        config = engine_config(self.cfg, self.space.to_flags(params))
+        problems = list(self.space.check(params))
+        if config.num_gpus > self.total_gpus:
+            problems.append(f"needs {config.num_gpus} GPUs but the cluster has "
+                            f"{self.total_gpus}")
+        if problems:
+            failure = Failure(FailureReason.INFEASIBLE, "; ".join(problems))
+            self._tell_without_run(study, trial, params, failure)
+            return None
+        return trial, params, config
+
+    def _launch(self, study: optuna.Study, pool: WorkerPool, trial: optuna.Trial,
+                params: dict[str, Any], config: EngineConfig) -> None:
+        attrs = trial.user_attrs
+        run_id = self.tracker.start_trial(self._parent_run, self.cfg.name, trial.number,
+                                          {**params, "launch.model": config.model})
+        trial.set_user_attr(ATTR_MLFLOW_RUN, run_id)
+        workdir = self.cfg.results_dir / "trials" / f"{trial.number:04d}"
+        actor = pool.acquire(config.num_gpus)
+        ref = actor.run.remote(config, self.workload, str(workdir.resolve()))
+        item = _InFlight(trial, params, config, actor, ref, run_id, time.monotonic(),
+                         bool(attrs.get(ATTR_BASELINE)), int(attrs.get(ATTR_RETRIES, 0)))
+        self._inflight.append(item)
+        logger.info("trial %d started: params=%s", trial.number, params)
+        self.on_event(TrialEvent("started", trial.number, params))
+
+    # -- steps and pruning ------------------------------------------------------------------
+
+    def _poll_steps(self, study: optuna.Study) -> None:
+        for item in list(self._inflight):
+            try:
+                steps: list[StepMetrics] = ray.get(item.actor.poll.remote(), timeout=30)
+            except LOST_ERRORS + (ray.exceptions.GetTimeoutError,):
+                continue  # the result ref will tell what happened
+            for step in steps:
+                item.steps.append(step)
+                stop = self._should_prune(study, item, step)
+                if stop:
+                    item.pruned_at = step.step
+                item.actor.decide.remote(step.step, stop)
+                values = objective_values(self.cfg.objectives, item.steps)
+                self.on_event(TrialEvent(
+                    "step", item.trial.number, item.params,
+                    "pruning" if stop else "running", values[0] if values else None,
+                    step.metrics.p99_tpot_ms, f"level {step.step} ({step.level.label})",
+                    time.monotonic() - item.started))
+
+    def _should_prune(self, study: optuna.Study, item: _InFlight, step: StepMetrics) -> bool:
+        if self.cfg.is_multi_objective or item.is_baseline:
+            return False  # Optuna prunes single-objective only; the baseline always completes
+        values = objective_values(self.cfg.objectives, item.steps)
+        if values is None:
+            return False
+        item.trial.report(values[0], step.step)
+        if not item.trial.should_prune():
+            return False
+        logger.info("trial %d pruned at step %d: %s %.3g below the median of earlier trials "
+                    "params=%s", item.trial.number, step.step, self.cfg.objectives[0],
+                    values[0], item.params)
+        return True
+
+    # -- results ----------------------------------------------------------------------------
+
+    def _collect(self, study: optuna.Study, item: _InFlight, pool: WorkerPool) -> None:
+        self._inflight.remove(item)
+        try:
+            result: RunResult = ray.get(item.ref)
+            pool.release(item.actor)
+        except LOST_ERRORS as exc:
+            pool.release(item.actor, healthy=False)
+            result = RunResult(status="failed", steps=tuple(item.steps),
+                               failure=lost_worker_failure(exc))
+        self._record(study, item, result)
+
+    def _cancel_and_collect(self, study: optuna.Study, item: _InFlight, pool: WorkerPool) -> None:
+        try:
+            ray.get(item.actor.cancel.remote(), timeout=120)
+        except Exception:  # a dead worker: its engine is reaped from the registry
+            logger.debug("cancel failed", exc_info=True)
+        try:
+            ray.get(item.ref, timeout=120)
+        except Exception:
+            logger.debug("cancelled run ended badly", exc_info=True)
+        pool.release(item.actor, healthy=False)
+        self._inflight.remove(item)
+        result = RunResult(status="failed", steps=tuple(item.steps), failure=Failure(
+            FailureReason.INTERRUPTED,
+            "the daemon was stopped with this trial in flight; it is re-queued on resume."))
+        self._record(study, item, result)
+
+    def _record(self, study: optuna.Study, item: _InFlight, result: RunResult) -> None:
+        state = state_of(result)
+        values = objective_values(self.cfg.objectives, result.steps) \
+            if state == TrialState.COMPLETE else None
+        failure = result.failure
+        if state == TrialState.COMPLETE and values is None:
+            state, failure = TrialState.FAIL, Failure(
+                FailureReason.TOO_MANY_ERRORS, "no load level completed a request.")
+        state_name = _STATE_NAMES[state]
+        best = self._best_reference(study)
+        primary = values[0] if values else None
+        if state == TrialState.PRUNED and item.steps:
+            pruned_values = objective_values(self.cfg.objectives, item.steps)
+            primary = pruned_values[0] if pruned_values else None
+        conclusion = records.conclude(
+            params=item.params, state=state_name, objective=self.cfg.objectives[0],
+            value=primary, failure_reason=failure.reason.value if failure else None,
+            failure_message=failure.message if failure else None,
+            is_baseline=item.is_baseline, best=best, pruned_at=item.pruned_at)
+        metrics = records.summary_metrics(result, self.cfg.objectives)
+        record = {
+            "state": state_name,
+            "params": item.params,
+            "flags": dict(item.config.flags),
+            "values": values,
+            "metrics": metrics,
+            "steps": records.step_records(result.steps),
+            "failure_reason": failure.reason.value if failure else None,
+            "failure_message": failure.message if failure else None,
+            "conclusion": conclusion,
+            "argv": list(result.argv),
+            "env": dict(result.env),
+            "wall_s": result.wall_s,
+            "is_baseline": item.is_baseline,
+        }
+        item.trial.set_user_attr(ATTR_RECORD, record)
+        if state == TrialState.COMPLETE:
+            study.tell(item.trial, values)
+        else:
+            study.tell(item.trial, state=state)
+        self._finished_here += 1
+        self.tracker.finish_trial(item.run_id, **tracking_payload(record, result))
+        if failure is not None and failure.is_retryable and item.retries < self.cfg.spec.retries:
+            study.enqueue_trial(item.params, user_attrs={
+                ATTR_RETRY_OF: item.trial.number, ATTR_RETRIES: item.retries + 1,
+                ATTR_BASELINE: item.is_baseline})
+            logger.info("trial %d re-queued after %s", item.trial.number, failure.reason)
+        logger.info("trial %d %s: %s params=%s", item.trial.number, state_name, conclusion,
+                    item.params)
+        self.on_event(TrialEvent("finished", item.trial.number, item.params, state_name, primary,
+                                 metrics.get("p99_tpot_ms"), conclusion,
+                                 time.monotonic() - item.started))
+
+    def _tell_without_run(self, study: optuna.Study, trial: optuna.Trial,
+                          params: dict[str, Any], failure: Failure) -> None:
+        conclusion = f"rejected before launch ({failure.reason.value}): {failure.message}"
+        record = {"state": "failed", "params": params, "values": None, "metrics": {},
+                  "steps": [], "failure_reason": failure.reason.value,
+                  "failure_message": failure.message, "conclusion": conclusion, "argv": [],
+                  "env": {}, "wall_s": 0.0, "is_baseline": False}
+        trial.set_user_attr(ATTR_RECORD, record)
+        run_id = self.tracker.start_trial(self._parent_run, self.cfg.name, trial.number, params)
+        trial.set_user_attr(ATTR_MLFLOW_RUN, run_id)
+        study.tell(trial, state=TrialState.FAIL)
+        self.tracker.finish_trial(run_id, state="failed", metrics={},
+                                  tags={"failure_reason": failure.reason.value,
+                                        "conclusion": conclusion})
+        logger.info("trial %d %s", trial.number, conclusion)
+        self.on_event(TrialEvent("finished", trial.number, params, "failed", None, None,
+                                 conclusion))
+
+    def _best_reference(self, study: optuna.Study) -> tuple[int, Mapping[str, Any],
+                                                           float] | None:
+        best = best_trial(study)
+        if best is None or best.values is None:
+            return None
+        return best.number, best.params, best.values[0]
+
+    # -- resume -----------------------------------------------------------------------------
+
+    def _recover(self, study: optuna.Study) -> None:
+        """Trials a dead daemon left RUNNING become FAIL (daemon_lost) and are re-queued once;
+        MLflow runs are closed to match Optuna."""
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            retries = int(trial.user_attrs.get(ATTR_RETRIES, 0))
+            record = {"state": "failed", "params": trial.params, "values": None,
+                      "metrics": {}, "steps": [], "failure_reason": "daemon_lost",
+                      "failure_message": "the daemon died with this trial in flight.",
+                      "conclusion": "the daemon died with this trial in flight; re-queued.",
+                      "argv": [], "env": {}, "wall_s": 0.0,
+                      "is_baseline": bool(trial.user_attrs.get(ATTR_BASELINE))}
+            study._storage.set_trial_user_attr(trial._trial_id, ATTR_RECORD, record)
+            study.tell(trial.number, state=TrialState.FAIL)
+            if trial.params and retries < self.cfg.spec.retries:
+                study.enqueue_trial(trial.params, user_attrs={
+                    ATTR_RETRY_OF: trial.number, ATTR_RETRIES: retries + 1,
+                    ATTR_BASELINE: bool(trial.user_attrs.get(ATTR_BASELINE))})
+            logger.warning("trial %d was in flight when the daemon died: failed, re-queued",
+                           trial.number)
+        finished = {}
+        for trial in study.get_trials(deepcopy=False):
+            run_id = trial.user_attrs.get(ATTR_MLFLOW_RUN)
+            record = trial.user_attrs.get(ATTR_RECORD)
+            if run_id and record and trial.state.is_finished():
+                finished[run_id] = tracking_payload(record, None)
+        closed = self.tracker.reconcile(self.cfg.name, finished)
+        if closed:
+            logger.info("closed %d MLflow runs left RUNNING by a dead daemon", closed)
+
+    def _finish(self, study: optuna.Study) -> DaemonSummary:
+        trials = study.get_trials(deepcopy=False)
+        finished = [t for t in trials if t.state.is_finished()]
+        best = best_trial(study)
+        done = not self._budget_left(study)
+        counts = {name: sum(1 for t in finished if t.state == s)
+                  for s, name in _STATE_NAMES.items()}
+        metrics: dict[str, float] = {f"trials_{k}": float(v) for k, v in counts.items()}
+        tags = {}
+        if best is not None and best.values:
+            for name, v in zip(self.cfg.objectives, best.values, strict=True):
+                metrics[f"best.{name}"] = v
+            tags["best_trial"] = str(best.number)
+            record = best.user_attrs.get(ATTR_RECORD, {})
+            tags["conclusion"] = f"best: trial {best.number}: {record.get('conclusion', '')}"
+        self.tracker.finish_study(self._parent_run, metrics, tags, is_done=done)
+        self.on_event(TrialEvent("study", message="done" if done else "stopped"))
+        return DaemonSummary(self._finished_here, len(finished), self.stopping and not done,
+                             best.number if best else None, list(best.values)
+                             if best and best.values else None)
+
+
+def tracking_payload(record: Mapping[str, Any], result: RunResult | None) -> dict[str, Any]:
+    """Arguments of `Tracker.finish_trial` from a trial record (and its fresh result, whose
+    files exist only the first time)."""
+    tags = {"conclusion": record.get("conclusion", "")}
+    if record.get("argv"):
+        tags["launch_command"] = shlex.join(record["argv"])
+    if record.get("failure_reason"):
+        tags["failure_reason"] = record["failure_reason"]
+    if record.get("is_baseline"):
+        tags["baseline"] = "true"
+    texts: dict[str, str] = {}
+    files: list[Path] = []
+    if result is not None:
+        if result.server_log:
+            texts["server.log"] = result.server_log
+        if result.trace_path is not None:
+            files.append(result.trace_path)
+    launch = {"argv": record.get("argv", []), "env": record.get("env", {}),
+              "flags": record.get("flags", {})}
+    return {
+        "state": record["state"],
+        "metrics": record.get("metrics", {}),
+        "step_metrics": [(s["step"], s["metrics"]) for s in record.get("steps", [])],
+        "tags": tags,
+        "texts": texts,
+        "dicts": {"launch.json": launch, "record.json": dict(record)},
+        "files": files,
+    }

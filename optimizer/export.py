@@ -1,0 +1,102 @@
+"""Export a trial as what a user deploys: a `vllm serve --config` YAML (data only), a shell
+launcher, or env vars — each built from the trial's recorded flags and environment."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+import yaml
+from optuna.trial import TrialState
+
+from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
+from optimizer.errors import ConfigError, NightshiftError
+from optimizer.study import ATTR_RECORD, best_trial, engine_config
+from runners.vllm_server import config_to_yaml_dict
+
+FORMATS = ("yaml", "sh", "env")
+# Variables that describe where a trial ran, not how the engine is configured.
+_PLACEMENT_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "VLLM_CACHE_ROOT", "VLLM_SERVER_DEV_MODE"})
+_ENV_PREFIXES = ("VLLM_", "NCCL_", "CUDA_", "TORCH_", "PYTORCH_")
+
+
+def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = None,
+                 max_tpot_ms: float | None = None) -> optuna.trial.FrozenTrial:
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if number is not None:
+        found = [t for t in study.get_trials(deepcopy=False) if t.number == number]
+        if not found:
+            raise ConfigError(f"--trial {number}: no such trial in study {cfg.name!r}; "
+                              f"see `nightshift status` for the numbers.")
+        if found[0].state != TrialState.COMPLETE:
+            raise ConfigError(f"--trial {number}: the trial is {found[0].state.name.lower()}, "
+                              "not complete; export a complete trial.")
+        return found[0]
+    if max_tpot_ms is not None:
+        within = [t for t in complete
+                  if _metric(t, "p99_tpot_ms") is not None
+                  and _metric(t, "p99_tpot_ms") <= max_tpot_ms]  # type: ignore[operator]
+        if not within:
+            raise ConfigError(f"--max-tpot-ms {max_tpot_ms:g}: no complete trial has a TPOT p99 "
+                              "that low; raise the limit or run more trials.")
+        sign = 1 if OBJECTIVE_DIRECTIONS[cfg.objectives[0]] == "maximize" else -1
+        return max(within, key=lambda t: sign * t.values[0])
+    best = best_trial(study)
+    if best is None:
+        raise NightshiftError(f"study {cfg.name!r} has no complete trial yet; wait for one or "
+                              "check `nightshift status`.")
+    return best
+
+
+def _metric(trial: optuna.trial.FrozenTrial, key: str) -> float | None:
+    value = (trial.user_attrs.get(ATTR_RECORD) or {}).get("metrics", {}).get(key)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def trial_env(record: Mapping[str, Any]) -> dict[str, str]:
+    """The engine-relevant variables the trial ran with (VLLM_*, NCCL_*, ...), in one place."""
+    env = record.get("env") or {}
+    return {k: str(v) for k, v in sorted(env.items())
+            if k.startswith(_ENV_PREFIXES) and k not in _PLACEMENT_ENV}
+
+
+def serve_argv(model: str, options: Mapping[str, Any]) -> list[str]:
+    argv = ["vllm", "serve", model]
+    for key, value in options.items():
+        argv += [f"--{key}"] if value is True else [f"--{key}", str(value)]
+    return argv
+
+
+def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}.")
+    record = trial.user_attrs.get(ATTR_RECORD) or {}
+    config = engine_config(cfg, record.get("flags") or {})
+    options = config_to_yaml_dict(config)
+    notes = []
+    if config.load_format == "dummy" or config.skip_tokenizer_init:
+        # Benchmark artefacts: speed does not depend on weight values or the tokenizer.
+        options.pop("load-format", None)
+        options.pop("skip-tokenizer-init", None)
+        notes.append("measured with dummy weights and token-id prompts; serves real weights as is")
+    env = trial_env(record)
+    values = ", ".join(f"{o}={v:.4g}" for o, v in zip(cfg.objectives, trial.values or [],
+                                                      strict=False))
+    about = (f"nightshift study {cfg.name!r}, trial {trial.number} ({values})\n"
+             f"{record.get('conclusion', '')}" + "".join(f"\n{n}" for n in notes))
+    if fmt == "env":
+        header = "".join(f"# {line}\n" for line in about.splitlines())
+        return header + "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items())
+    if fmt == "sh":
+        lines = ["#!/usr/bin/env bash", *(f"# {line}" for line in about.splitlines()),
+                 "set -euo pipefail"]
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+        lines.append("exec " + shlex.join(serve_argv(config.model, options)) + ' "$@"')
+        return "\n".join(lines) + "\n"
+    header = [*(f"# {line}" for line in about.splitlines()),
+              f"# run: vllm serve {shlex.quote(config.model)} --config THIS_FILE"]
+    header += [f"# env: {k}={shlex.quote(v)}" for k, v in env.items()]
+    body = yaml.safe_dump(dict(options), sort_keys=False, default_flow_style=False)
+    return "\n".join(header) + "\n" + body

@@ -1,0 +1,96 @@
+"""A finished trial as data: the record kept in Optuna's user attributes (the source of truth),
+its headline metrics, and the one-line conclusion a user reads in the morning."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from optimizer.config import OBJECTIVE_DIRECTIONS
+from optimizer.study import step_value
+from runners.base import RunResult, StepMetrics
+
+_UNITS = {"goodput": "req/s", "throughput": "tok/s", "tpot": "ms TPOT p99",
+          "ttft": "ms TTFT p99"}
+
+
+def headline_step(objective: str, steps: Sequence[StepMetrics]) -> StepMetrics | None:
+    """The load level that gave the trial its value (see `study.objective_value`)."""
+    measured = [s for s in steps if s.metrics.completed > 0]
+    if not measured:
+        return None
+    return max(measured, key=lambda s: step_value(objective, s))
+
+
+def summary_metrics(result: RunResult, objectives: Sequence[str]) -> dict[str, float]:
+    """Flat metrics for the tracker: the headline level in vLLM's names, the objectives, what
+    the engine told at start, telemetry and (later) bottleneck shares."""
+    out: dict[str, float] = {}
+    step = headline_step(objectives[0], result.steps)
+    if step is not None:
+        out.update(step.metrics.as_dict())
+        out["headline_level"] = float(step.step)
+        for k, v in step.server_metrics.items():
+            out[f"server.{k.replace(':', '_')}"] = float(v)
+    for objective in objectives:
+        values = [step_value(objective, s) for s in result.steps if s.metrics.completed > 0]
+        if values:
+            out[f"objective.{objective}"] = max(values)
+    out.update({f"engine.{k}": v for k, v in result.engine.as_metrics().items()})
+    out.update({f"gpu.{k}": float(v) for k, v in result.telemetry.items()})
+    if result.trace_summary:
+        out.update({f"trace.{k}": float(v) for k, v in result.trace_summary.items()
+                    if isinstance(v, int | float) and not isinstance(v, bool)})
+    out["trial_wall_s"] = result.wall_s
+    return out
+
+
+def step_records(steps: Sequence[StepMetrics]) -> list[dict[str, Any]]:
+    return [{"step": s.step, "level": asdict(s.level), "metrics": s.metrics.as_dict(),
+             "server": dict(s.server_metrics), "elapsed_s": s.elapsed_s} for s in steps]
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
+
+
+def param_changes(params: Mapping[str, Any], reference: Mapping[str, Any]) -> list[str]:
+    keys = [k for k in params if params.get(k) != reference.get(k)]
+    return [f"{k}={reference.get(k)}→{params.get(k)}" for k in keys]
+
+
+def conclude(*, params: Mapping[str, Any], state: str, objective: str,
+             value: float | None, failure_reason: str | None = None,
+             failure_message: str | None = None, is_baseline: bool = False,
+             best: tuple[int, Mapping[str, Any], float] | None = None,
+             pruned_at: int | None = None) -> str:
+    """One line: what changed vs the best so far, what it did to the metric, what we learned."""
+    unit = _UNITS.get(objective, "")
+    if state == "failed":
+        change = ", ".join(f"{k}={v}" for k, v in params.items()) if is_baseline else \
+            ", ".join(param_changes(params, best[1])) if best else ""
+        prefix = f"{change}: " if change else ""
+        return f"{prefix}failed ({failure_reason}): {failure_message or 'no detail'}"
+    if is_baseline:
+        shown = f"{objective} {_fmt(value)} {unit}" if value is not None else "no measurement"
+        return f"vLLM defaults: {shown}; the baseline every other trial is compared with."
+    if best is None:
+        shown = f"{_fmt(value)} {unit}" if value is not None else "no value"
+        return f"first measured config: {objective} {shown}."
+    number, best_params, best_value = best
+    changes = param_changes(params, best_params) or ["same params"]
+    change = ", ".join(changes[:4]) + (f" (+{len(changes) - 4} more)" if len(changes) > 4 else "")
+    if value is None:
+        return f"{change} vs trial {number}: no measurement."
+    delta = (value - best_value) / best_value * 100 if best_value else 0.0
+    maximize = OBJECTIVE_DIRECTIONS[objective] == "maximize"
+    better = value > best_value if maximize else value < best_value
+    head = f"{change} vs best trial {number}: {objective} {_fmt(value)} {unit} ({delta:+.0f}%)"
+    if state == "pruned":
+        return f"{head} at level {pruned_at}; pruned: below the median of earlier trials there."
+    if better:
+        return f"{head}: new best."
+    if abs(delta) < 2:
+        return f"{head}: within noise of the best; this change does not matter here."
+    return f"{head}: worse; keep {', '.join(c.split('→')[0] for c in changes[:2])} as in the best."

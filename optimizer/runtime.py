@@ -1,0 +1,138 @@
+"""Wiring for `nightshift start`: pick the engine, know the hardware and model, resolve the
+search space against them, start Ray, and build the daemon. Kept apart from `cli.py` so the
+composition is testable without a terminal."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from optimizer.config import StudyConfig
+from optimizer.daemon import Daemon, TrialEvent
+from optimizer.errors import ConfigError
+from optimizer.tracking import Tracker
+from optimizer.workers import RunnerSpec, init_ray
+from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names, probe
+from runners.model_info import ModelInfo, bundled_shapes, load_model_info
+from search_spaces import SpaceError, load_space, recommend_space
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CACHE_ROOT = Path.home() / ".cache" / "nightshift" / "vllm"
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None and shutil.which("nvidia-smi") is not None
+
+
+def choose_engine(cfg: StudyConfig, dry_run: bool) -> str:
+    if dry_run:
+        return "simulated"
+    if cfg.spec.engine == "auto":
+        return "vllm" if vllm_available() else "simulated"
+    return cfg.spec.engine
+
+
+def simulated_hardware(preset: str, num_gpus: int) -> HardwareProfile:
+    """A preset's GPU repeated `num_gpus` times, as the simulated engine's host."""
+    try:
+        base = load_preset(preset)
+    except ValueError:
+        raise ConfigError(f"simulated.hardware: unknown preset {preset!r}; valid: "
+                          f"{', '.join(preset_names())}.") from None
+    if base.num_gpus >= num_gpus:
+        gpus = base.gpus[:num_gpus]
+        interconnect = base.interconnect if num_gpus > 1 else "none"
+    else:
+        template = base.gpus[0]
+        gpus = tuple(GpuInfo(**{**template.__dict__, "index": i,
+                                "uuid": f"{template.uuid or 'GPU-sim'}-{i}"})
+                     for i in range(num_gpus))
+        # Data-centre parts come in NVLink boxes; consumer cards talk over PCIe.
+        interconnect = "none" if num_gpus == 1 else (
+            "pcie" if base.hardware_class == "24gb" else "nvlink")
+    return HardwareProfile(**{**base.__dict__, "gpus": gpus, "interconnect": interconnect})
+
+
+def space_context(hardware: HardwareProfile, model: ModelInfo | None) -> dict[str, Any]:
+    hw = {"num_gpus": hardware.num_gpus, "compute_capability": hardware.compute_capability,
+          "gpu_memory_gib": hardware.gpu_memory_gib, "interconnect": hardware.interconnect,
+          "hardware_class": hardware.hardware_class, "gpu_name": hardware.gpu_name}
+    mdl: dict[str, Any] = {}
+    if model is not None:
+        mdl = {"num_attention_heads": model.num_attention_heads,
+               "num_key_value_heads": model.num_key_value_heads,
+               "quant_method": model.quant_method,
+               "max_position_embeddings": model.max_position_embeddings,
+               "num_params": model.num_params}
+    return {"hardware": hw, "model": mdl}
+
+
+def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | None = None,
+                 on_event: Callable[[TrialEvent], None] | None = None,
+                 ) -> tuple[Daemon, list[str]]:
+    """Everything `start` needs, validated before anything is written; returns the daemon and
+    notes for the user (engine chosen, rules applied)."""
+    notes: list[str] = []
+    engine = choose_engine(cfg, dry_run)
+    model = load_model_info(cfg.spec.model.path)
+    sim = cfg.spec.simulated
+    if engine == "simulated":
+        if model is None:
+            raise ConfigError(f"model.path: the simulated engine needs the model's shape; give a "
+                              f"directory with config.json or one of {', '.join(bundled_shapes())}"
+                              f" (got {cfg.spec.model.path!r}).")
+        hardware = simulated_hardware(sim.hardware, sim.num_gpus)
+        notes.append(f"engine: SIMULATED ({sim.num_gpus} x {hardware.gpu_name}); its figures "
+                     "come from a model, never a measurement.")
+    else:
+        hardware = probe()
+        if not hardware.has_gpu:
+            raise ConfigError("engine vllm: no NVIDIA GPU found; run with --dry-run (or engine: "
+                              "auto) to use the simulated engine.")
+        notes.append(f"engine: vLLM on {hardware.num_gpus} x {hardware.gpu_name}")
+    space_name = cfg.spec.search_space
+    if space_name == "auto":
+        space_name = recommend_space(hardware.hardware_class)
+    path = cfg.base_dir / space_name
+    try:
+        space = load_space(path if path.suffix in (".yaml", ".yml") and path.is_file()
+                           else space_name)
+        resolved = space.resolve(space_context(hardware, model))
+    except SpaceError as exc:
+        raise ConfigError(f"search_space: {exc}") from None
+    for rule in resolved.applied_rules:
+        notes.append(f"rule {rule.name}: {rule.effect} ({rule.reason})")
+    workload = cfg.workload(vocab_size=model.vocab_size if model else 32000)
+    tracker = Tracker(cfg.tracking_uri)
+    total_gpus = init_ray(sim.num_gpus if engine == "simulated" else None, ray_address)
+    if total_gpus < 1:
+        raise ConfigError("the Ray cluster has no GPU; start Ray with GPUs or use --dry-run.")
+    results = cfg.results_dir.resolve()
+    runner = RunnerSpec(kind=engine, registry_dir=results / "engines",
+                        hardware_preset=sim.hardware, startup_time_scale=sim.startup_time_scale,
+                        seed=sim.seed, cache_root=cfg.spec.vllm.cache_root or DEFAULT_CACHE_ROOT)
+    hw_dict = hardware.to_dict()
+    study_params = {
+        "engine": engine, "model": cfg.spec.model.path, "load_format": cfg.spec.model.load_format,
+        "objective": ",".join(cfg.objectives), "search_space": space_name,
+        "slo.ttft_p99_ms": cfg.spec.slo.ttft_p99_ms, "slo.tpot_p99_ms": cfg.spec.slo.tpot_p99_ms,
+        "gpu": hardware.gpu_name, "num_gpus": total_gpus,
+        "hardware_class": hardware.hardware_class,
+        "budget.trials": cfg.spec.budget.trials, "budget.wall_hours": cfg.spec.budget.wall_hours,
+        "sampler": cfg.spec.sampler.name, "pruner": cfg.spec.pruner.name,
+    }
+    artifacts = {
+        "study.json": cfg.to_dict(),
+        "search_space.json": resolved.to_dict(),
+        "hardware.json": hw_dict,
+        "applied_rules.json": [rule.__dict__ for rule in resolved.applied_rules],
+    }
+    daemon = Daemon(cfg, space=resolved, runner=runner, total_gpus=total_gpus, tracker=tracker,
+                    workload=workload, study_params=study_params, study_artifacts=artifacts,
+                    on_event=on_event)
+    return daemon, notes

@@ -1,0 +1,144 @@
+"""The Optuna side of a study: storage, sampler, pruner, objective values, and the one mapping
+from a runner's result to an Optuna trial state."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from optimizer.config import StudyConfig
+from optimizer.errors import ConfigError
+from runners.base import EngineConfig, RunResult, StepMetrics
+
+# Keys under which a trial's record lives in Optuna's user attributes (the source of truth the
+# tracker and reports are rebuilt from).
+ATTR_RECORD = "record"
+ATTR_BASELINE = "baseline"
+ATTR_RETRY_OF = "retry_of"
+ATTR_MLFLOW_RUN = "mlflow_run_id"
+
+
+def make_storage(url: str) -> optuna.storages.RDBStorage:
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        # The daemon, `status` and `export` may read while the daemon writes.
+        engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}}
+    else:
+        engine_kwargs = {}
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    except Exception as exc:  # SQLAlchemy raises per driver; all mean "unusable URL"
+        raise ConfigError(f"storage {url!r} cannot be opened ({type(exc).__name__}); "
+                          "give a reachable RDB URL such as sqlite:///results/optuna.db.") from exc
+
+
+def make_sampler(cfg: StudyConfig) -> optuna.samplers.BaseSampler:
+    spec = cfg.spec.sampler
+    if spec.name == "random":
+        return optuna.samplers.RandomSampler(seed=spec.seed)
+    if spec.name == "gp":
+        return optuna.samplers.GPSampler(seed=spec.seed, n_startup_trials=spec.n_startup_trials)
+    if spec.name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=spec.seed)
+    # multivariate + group: the space is conditional (rules fix some params for some configs).
+    return optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=spec.n_startup_trials,
+                                      multivariate=True, group=True,
+                                      constant_liar=True)  # parallel trials spread out
+
+
+def make_pruner(cfg: StudyConfig) -> optuna.pruners.BasePruner:
+    spec = cfg.spec.pruner
+    if spec.name == "none" or cfg.is_multi_objective:
+        return optuna.pruners.NopPruner()
+    return optuna.pruners.MedianPruner(n_startup_trials=spec.n_startup_trials,
+                                       n_warmup_steps=0)
+
+
+def open_study(cfg: StudyConfig, *, create: bool = True) -> optuna.Study:
+    storage = make_storage(cfg.storage_url)
+    if not create:
+        try:
+            return optuna.load_study(study_name=cfg.name, storage=storage,
+                                     sampler=make_sampler(cfg), pruner=make_pruner(cfg))
+        except KeyError:
+            raise ConfigError(f"no study named {cfg.name!r} in {cfg.storage_url}; start it "
+                              f"with `nightshift start {cfg.source or 'STUDY.yaml'}`.") from None
+    study = optuna.create_study(study_name=cfg.name, storage=storage,
+                                sampler=make_sampler(cfg), pruner=make_pruner(cfg),
+                                directions=cfg.directions, load_if_exists=True)
+    if [d.name.lower() for d in study.directions] != cfg.directions:
+        raise ConfigError(f"study {cfg.name!r} in {cfg.storage_url} optimizes "
+                          f"{[d.name.lower() for d in study.directions]}, not {cfg.directions}; "
+                          "keep the objective or give the study a new name.")
+    return study
+
+
+def engine_config(cfg: StudyConfig, flags: Mapping[str, Any]) -> EngineConfig:
+    model = cfg.spec.model
+    return EngineConfig(
+        model=model.path,
+        flags={**cfg.spec.fixed_flags, **flags},
+        env=dict(cfg.spec.env),
+        load_format=model.load_format,
+        served_model_name=model.served_model_name,
+        skip_tokenizer_init=model.skip_tokenizer_init,
+        extra_args=tuple(cfg.spec.vllm.extra_args),
+    )
+
+
+def state_of(result: RunResult) -> TrialState:
+    """The one place a runner's status becomes an Optuna trial state."""
+    if result.status == "complete":
+        return TrialState.COMPLETE
+    if result.status == "stopped":
+        return TrialState.PRUNED
+    return TrialState.FAIL
+
+
+def step_value(objective: str, step: StepMetrics) -> float:
+    m = step.metrics
+    if objective == "goodput":
+        return m.request_goodput if m.request_goodput is not None else 0.0
+    if objective == "throughput":
+        return m.output_throughput
+    if objective == "tpot":
+        return m.p99_tpot_ms
+    if objective == "ttft":
+        return m.p99_ttft_ms
+    raise ValueError(f"unknown objective {objective!r}")
+
+
+def objective_value(objective: str, steps: Sequence[StepMetrics]) -> float | None:
+    """A trial's value over its load levels: the largest of them. For goodput and throughput
+    that is the best level (the engine's capacity); for latencies, the worst level (what a
+    user at peak load sees)."""
+    values = [step_value(objective, s) for s in steps if s.metrics.completed > 0]
+    values = [v for v in values if math.isfinite(v)]
+    return max(values) if values else None
+
+
+def objective_values(objectives: Sequence[str],
+                     steps: Sequence[StepMetrics]) -> list[float] | None:
+    values = [objective_value(o, steps) for o in objectives]
+    if any(v is None for v in values):
+        return None
+    return [float(v) for v in values if v is not None]
+
+
+def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+
+
+def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    """Best complete trial (single objective), or the first of the Pareto front."""
+    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    if not complete:
+        return None
+    if len(study.directions) == 1:
+        return study.best_trial
+    return study.best_trials[0] if study.best_trials else None

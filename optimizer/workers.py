@@ -1,0 +1,227 @@
+"""Ray workers: an actor per trial's GPUs runs a `Runner`, relaying each load level's figures to
+the driver and waiting for its verdict (go on / stop). The driver stays the only writer of the
+Optuna storage and MLflow; workers send results back through Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError, WorkerCrashedError
+
+from optimizer.errors import WorkerLost
+from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics, Workload
+
+logger = logging.getLogger(__name__)
+
+DECISION_TIMEOUT_S = 3600.0  # a driver that never answers is dead; Ray then kills us anyway
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """Everything a worker needs to build its runner; plain data so it pickles through Ray."""
+
+    kind: str  # a key of RUNNERS
+    registry_dir: Path  # engine pid records, for reaping strays after a crash
+    hardware_preset: str = "h200"  # simulated engine only
+    startup_time_scale: float = 0.01  # simulated engine only
+    seed: int = 0
+    cache_root: Path | None = None  # VLLM_CACHE_ROOT shared by every trial
+    stall_timeout_s: float = 120.0
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def _simulated_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None) -> Any:
+    from runners.engine import EngineRunner
+    from runners.simulated.launcher import SimulatedLauncher
+
+    launcher = SimulatedLauncher(hardware=spec.hardware_preset,
+                                 startup_time_scale=spec.startup_time_scale, seed=spec.seed)
+    return EngineRunner(launcher, spec.registry_dir, stall_timeout_s=spec.stall_timeout_s,
+                        gpu_indices=None)
+
+
+def _vllm_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None) -> Any:
+    from runners.engine import EngineRunner
+    from runners.vllm_server import VllmLauncher
+
+    launcher = VllmLauncher(cache_root=spec.cache_root)
+    return EngineRunner(launcher, spec.registry_dir, stall_timeout_s=spec.stall_timeout_s,
+                        gpu_indices=gpu_indices)
+
+
+RUNNERS: dict[str, Callable[[RunnerSpec, tuple[int, ...] | None], Any]] = {
+    "simulated": _simulated_runner,
+    "vllm": _vllm_runner,
+}
+
+
+def build_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None = None) -> Any:
+    try:
+        factory = RUNNERS[spec.kind]
+    except KeyError:
+        raise ValueError(f"unknown runner {spec.kind!r}; valid: {', '.join(RUNNERS)}") from None
+    return factory(spec, gpu_indices)
+
+
+class TrialWorker:
+    """Runs one trial at a time. Threaded (max_concurrency > 1): `run` blocks in one thread
+    while the driver calls `poll`, `decide` and `cancel` from others."""
+
+    def __init__(self, spec: RunnerSpec) -> None:
+        gpu_ids = tuple(int(g) for g in ray.get_gpu_ids()) if ray.is_initialized() else ()
+        self._gpu_ids = gpu_ids
+        self._runner = build_runner(spec, gpu_ids or None)
+        self._cond = threading.Condition()
+        self._pending: list[StepMetrics] = []
+        self._decisions: dict[int, bool] = {}
+        self._cancelled = False
+
+    def run(self, config: EngineConfig, workload: Workload, workdir: str) -> RunResult:
+        with self._cond:
+            self._pending.clear()
+            self._decisions.clear()
+            self._cancelled = False
+        result: RunResult = self._runner.run(config, workload, Path(workdir), self._on_step)
+        if self._cancelled:
+            return RunResult(status="failed", steps=result.steps, engine=result.engine,
+                             argv=result.argv, env=result.env, server_log=result.server_log,
+                             workdir=result.workdir, wall_s=result.wall_s,
+                             failure=Failure(FailureReason.INTERRUPTED,
+                                             "the daemon was stopped with this trial in flight; "
+                                             "it is re-queued on resume."))
+        return result
+
+    def _on_step(self, step: StepMetrics) -> bool:
+        with self._cond:
+            if self._cancelled:
+                return True
+            self._pending.append(step)
+            self._cond.notify_all()
+            ok = self._cond.wait_for(lambda: step.step in self._decisions or self._cancelled,
+                                     timeout=DECISION_TIMEOUT_S)
+            return self._cancelled or not ok or self._decisions.get(step.step, False)
+
+    def poll(self) -> list[StepMetrics]:
+        with self._cond:
+            steps, self._pending = self._pending, []
+            return steps
+
+    def decide(self, step: int, stop: bool) -> None:
+        with self._cond:
+            self._decisions[step] = stop
+            self._cond.notify_all()
+
+    def cancel(self) -> None:
+        with self._cond:
+            self._cancelled = True
+            self._cond.notify_all()
+        self._runner.close()  # kills the engine in flight; `run` then returns at once
+
+    def where(self) -> dict[str, Any]:
+        return {"host": socket.gethostname(), "pid": os.getpid(), "gpu_ids": list(self._gpu_ids),
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+
+    def shutdown(self) -> None:
+        self._runner.close()
+
+
+_RemoteWorker = ray.remote(max_concurrency=4)(TrialWorker)
+
+
+@dataclass
+class _Slot:
+    actor: Any
+    num_gpus: int
+    busy: bool = False
+
+
+class WorkerPool:
+    """Actors keyed by how many GPUs they own; idle ones are reused by trials of the same size
+    and killed when a trial of another size needs their GPUs."""
+
+    def __init__(self, spec: RunnerSpec, total_gpus: int) -> None:
+        self.spec = spec
+        self.total_gpus = total_gpus
+        self._slots: list[_Slot] = []
+
+    @property
+    def gpus_busy(self) -> int:
+        return sum(s.num_gpus for s in self._slots if s.busy)
+
+    def can_start(self, num_gpus: int) -> bool:
+        return self.gpus_busy + num_gpus <= self.total_gpus
+
+    def acquire(self, num_gpus: int) -> Any:
+        for slot in self._slots:
+            if not slot.busy and slot.num_gpus == num_gpus:
+                slot.busy = True
+                return slot.actor
+        held = sum(s.num_gpus for s in self._slots)
+        for slot in [s for s in self._slots if not s.busy]:
+            if held + num_gpus <= self.total_gpus:
+                break
+            self._kill(slot)
+            held -= slot.num_gpus
+        # num_cpus=0: the engine's CPU work is not Ray's to schedule; GPUs are the constraint.
+        actor = _RemoteWorker.options(num_gpus=num_gpus, num_cpus=0).remote(self.spec)
+        self._slots.append(_Slot(actor, num_gpus, busy=True))
+        return actor
+
+    def release(self, actor: Any, *, healthy: bool = True) -> None:
+        for slot in self._slots:
+            if slot.actor is actor:
+                if healthy:
+                    slot.busy = False
+                else:
+                    self._kill(slot)
+                return
+
+    def _kill(self, slot: _Slot) -> None:
+        self._slots.remove(slot)
+        try:
+            ray.kill(slot.actor)
+        except Exception:  # already dead: nothing to release
+            logger.debug("actor already gone", exc_info=True)
+
+    def shutdown(self) -> None:
+        for slot in list(self._slots):
+            try:
+                ray.get(slot.actor.shutdown.remote(), timeout=60)
+            except Exception:  # a dead actor's engines are reaped from the registry
+                logger.debug("actor shutdown failed", exc_info=True)
+            self._kill(slot)
+
+
+def lost_worker_failure(exc: BaseException) -> Failure:
+    """A RunResult-shaped failure for a worker that died under its trial."""
+    if isinstance(exc, RayTaskError):
+        return Failure(FailureReason.INTERNAL,
+                       f"the trial raised inside its worker: {str(exc).splitlines()[-1][:300]}")
+    return Failure(FailureReason.WORKER_LOST,
+                   f"the Ray worker running this trial died ({type(exc).__name__}); re-queued.")
+
+
+LOST_ERRORS: tuple[type[BaseException], ...] = (RayActorError, WorkerCrashedError, RayTaskError,
+                                                WorkerLost)
+
+
+def init_ray(num_gpus: int | None, address: str | None = None) -> int:
+    """Join `address` or start a local cluster (declaring `num_gpus` for the simulated engine);
+    returns the GPUs the cluster has."""
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                  "configure_logging": False}
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(num_gpus=num_gpus, num_cpus=max(2, (num_gpus or 0) + 2), **kwargs)
+    return int(ray.cluster_resources().get("GPU", 0))

@@ -1,0 +1,264 @@
+"""`EngineRunner`: the life cycle every HTTP engine shares — launch in its own process group,
+readiness, warm-up, load levels, optional profile window, teardown — around an `EngineLauncher`
+that knows one engine's argv and log (vLLM or the simulated engine).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from runners import loadgen, prometheus
+from runners.base import (
+    EngineConfig,
+    EngineInfo,
+    EngineLauncher,
+    Failure,
+    FailureReason,
+    LoadLevel,
+    OnStep,
+    RunResult,
+    RunStatus,
+    StepMetrics,
+    Workload,
+)
+from runners.process import EngineProcess, free_port, tail, wait_healthy
+from runners.telemetry import TelemetrySampler
+
+logger = logging.getLogger(__name__)
+
+LOG_TAIL_BYTES = 64_000
+_DURATION_POOL = 4096  # requests synthesised for a duration-bound level (cycled)
+
+
+class _Abort(Exception):
+    """Ends a run early with a classified failure (internal control flow only)."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+class EngineRunner:
+    """A `Runner` for engines that speak vLLM's OpenAI-compatible HTTP API.
+
+    One engine at a time; `run` always tears its engine down (process group, then strays), also
+    when the caller's `on_step` raises. Engine pids are recorded under `registry_dir` so a
+    restarted daemon can reap what a crashed one left behind (`process.reap_strays`).
+    """
+
+    def __init__(self, launcher: EngineLauncher, registry_dir: Path, *,
+                 stall_timeout_s: float = 120.0, port_retries: int = 2,
+                 gpu_indices: tuple[int, ...] | None = None) -> None:
+        self.launcher = launcher
+        self.registry_dir = registry_dir
+        self.stall_timeout_s = stall_timeout_s
+        self.port_retries = port_retries
+        self.gpu_indices = gpu_indices
+        self._proc: EngineProcess | None = None
+
+    def run(self, config: EngineConfig, workload: Workload, workdir: Path,
+            on_step: OnStep | None = None) -> RunResult:
+        workdir.mkdir(parents=True, exist_ok=True)
+        result = self._run_once(config, workload, workdir, on_step)
+        for _ in range(self.port_retries):
+            if result.failure is None or result.failure.reason != FailureReason.PORT_IN_USE:
+                break
+            logger.info("port taken before the engine bound it; relaunching")
+            result = self._run_once(config, workload, workdir, on_step)
+        return result
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc = None
+
+    # -- one launch -------------------------------------------------------------------------
+
+    def _run_once(self, config: EngineConfig, workload: Workload, workdir: Path,
+                  on_step: OnStep | None) -> RunResult:
+        started = time.monotonic()
+        port = free_port()
+        base_url = f"http://127.0.0.1:{port}"
+        profile_dir = workdir / "profile" if workload.profile else None
+        if profile_dir is not None:
+            profile_dir.mkdir(parents=True, exist_ok=True)
+        argv, env = self.launcher.command(config, port, workdir, profile_dir)
+        log_path = workdir / "server.log"
+        steps: list[StepMetrics] = []
+        engine = EngineInfo()
+        status: RunStatus = "complete"
+        failure: Failure | None = None
+        trace_path: Path | None = None
+        trace_summary: Mapping[str, Any] | None = None
+        telemetry: dict[str, float] = {}
+        proc = EngineProcess.start(argv, env, log_path, self.registry_dir)
+        self._proc = proc
+        logger.info("engine %s started (pid %d, port %d)", self.launcher.name, proc.pid, port)
+        try:
+            engine = self._await_ready(proc, base_url, config, workload, log_path, started)
+            self._warm_up(base_url, config, workload, proc, log_path)
+            sampler = TelemetrySampler(self.gpu_indices)
+            sampler.start()
+            try:
+                status = self._drive_levels(proc, base_url, config, workload, log_path,
+                                            started, steps, on_step)
+            finally:
+                telemetry = sampler.stop()
+            if workload.profile and status == "complete" and profile_dir is not None:
+                trace_path, trace_summary = self._profile(base_url, config, workload,
+                                                          profile_dir)
+        except _Abort as abort:
+            status, failure = "failed", abort.failure
+            logger.info("engine run failed: %s: %s", failure.reason, failure.message)
+        finally:
+            proc.terminate()
+            self._proc = None
+        return RunResult(
+            status=status,
+            steps=tuple(steps),
+            failure=failure,
+            engine=engine,
+            argv=tuple(argv),
+            env=dict(env),
+            server_log=tail(log_path, LOG_TAIL_BYTES),
+            workdir=workdir,
+            trace_summary=trace_summary,
+            trace_path=trace_path,
+            telemetry=telemetry,
+            wall_s=time.monotonic() - started,
+        )
+
+    def _failure(self, proc: EngineProcess, log_path: Path, phase: str) -> Failure:
+        proc.wait(timeout_s=5.0)
+        text = tail(log_path, LOG_TAIL_BYTES)
+        return self.launcher.classify_failure(text, proc.returncode,
+                                              "startup" if phase == "startup" else "run")
+
+    def _await_ready(self, proc: EngineProcess, base_url: str, config: EngineConfig,
+                     workload: Workload, log_path: Path, started: float) -> EngineInfo:
+        state = wait_healthy(base_url, proc, workload.startup_timeout_s)
+        if state == "exited":
+            raise _Abort(self._failure(proc, log_path, "startup"))
+        if state == "timeout":
+            raise _Abort(Failure(
+                FailureReason.STARTUP_TIMEOUT,
+                f"{self.launcher.name} did not become ready within "
+                f"{workload.startup_timeout_s:g} s (pid {proc.pid}); see {log_path} or raise "
+                "workload.startup_timeout_s.",
+                tail(log_path, 2000)))
+        # Readiness is /health *and* one real completion: /health can answer before the
+        # engine serves (and a dead engine core answers 503 only later).
+        probe = loadgen.build_requests(
+            replace(workload, prompts_file=None), 1, seed=workload.seed)
+        level = loadgen.run_level_sync(base_url, config.served_model_name, probe,
+                                       LoadLevel(max_concurrency=1), workload.slo,
+                                       timeout_s=workload.request_timeout_s, seed=workload.seed)
+        if level.metrics.completed < 1:
+            if not proc.is_alive():
+                raise _Abort(self._failure(proc, log_path, "startup"))
+            error = level.outputs[0].error if level.outputs else "no answer"
+            raise _Abort(Failure(FailureReason.STARTUP_CRASH,
+                                 f"{self.launcher.name} answered /health but a first completion "
+                                 f"failed ({error[:200]}); see {log_path}.",
+                                 tail(log_path, 2000)))
+        startup_s = time.monotonic() - started
+        info = self.launcher.parse_log(tail(log_path, 4_000_000))
+        return replace(info, startup_s=startup_s)
+
+    def _warm_up(self, base_url: str, config: EngineConfig, workload: Workload,
+                 proc: EngineProcess, log_path: Path) -> None:
+        if workload.num_warmup_requests <= 0:
+            return
+        requests = loadgen.build_requests(workload, workload.num_warmup_requests,
+                                          seed=workload.seed + 7919)
+        first = workload.levels[0]
+        level = LoadLevel(max_concurrency=min(first.max_concurrency or 8,
+                                              workload.num_warmup_requests))
+        loadgen.run_level_sync(base_url, config.served_model_name, requests, level,
+                               workload.slo, timeout_s=workload.request_timeout_s,
+                               seed=workload.seed, stall_timeout_s=self.stall_timeout_s)
+        if not proc.is_alive():
+            raise _Abort(self._failure(proc, log_path, "run"))
+
+    def _drive_levels(self, proc: EngineProcess, base_url: str, config: EngineConfig,
+                      workload: Workload, log_path: Path, started: float,
+                      steps: list[StepMetrics], on_step: OnStep | None) -> RunStatus:
+        for index, level in enumerate(workload.levels):
+            num = workload.num_requests or _DURATION_POOL
+            # The same prompts for every trial: the seed depends only on the level's index.
+            requests = loadgen.build_requests(workload, num, seed=workload.seed * 1000 + index)
+            before = prometheus.scrape(base_url)
+            poller = prometheus.MetricsPoller(base_url)
+            poller.start()
+            try:
+                result = loadgen.run_level_sync(
+                    base_url, config.served_model_name, requests, level, workload.slo,
+                    timeout_s=workload.request_timeout_s, seed=workload.seed + index,
+                    duration_s=None if workload.num_requests else workload.duration_s,
+                    stall_timeout_s=self.stall_timeout_s)
+            finally:
+                polled = poller.stop()
+            if not proc.is_alive():
+                raise _Abort(self._failure(proc, log_path, "run"))
+            if result.stalled:
+                raise _Abort(Failure(
+                    FailureReason.HANG,
+                    f"{self.launcher.name} (pid {proc.pid}) stopped producing tokens for "
+                    f"{self.stall_timeout_s:g} s at load {level.label}; see {log_path}.",
+                    tail(log_path, 2000)))
+            m = result.metrics
+            total = m.completed + m.failed
+            if total and m.failed / total > workload.max_failed_fraction:
+                first_error = next((o.error for o in result.outputs if not o.success), "")
+                raise _Abort(Failure(
+                    FailureReason.TOO_MANY_ERRORS,
+                    f"{m.failed} of {total} requests failed at load {level.label} (allowed "
+                    f"{workload.max_failed_fraction:.0%}); first error: {first_error[:200]}.",
+                    tail(log_path, 2000)))
+            after = prometheus.scrape(base_url)
+            server = {**prometheus.delta(before, after), **polled}
+            step = StepMetrics(step=index, level=level, metrics=m, server_metrics=server,
+                               elapsed_s=time.monotonic() - started)
+            steps.append(step)
+            logger.info("level %d (%s): %.2f req/s, %.0f tok/s, TPOT p99 %.1f ms", index,
+                        level.label, m.request_throughput, m.output_throughput, m.p99_tpot_ms)
+            if on_step is not None and on_step(step):
+                return "stopped"
+        return "complete"
+
+    def _profile(self, base_url: str, config: EngineConfig, workload: Workload,
+                 profile_dir: Path) -> tuple[Path | None, Mapping[str, Any] | None]:
+        """A short profiled window after the measured levels: profiling slows the engine, so
+        no performance figure is ever taken from it."""
+        requests = loadgen.build_requests(workload, workload.profile_num_requests,
+                                          seed=workload.seed + 104729)
+        level = workload.levels[-1]
+        try:
+            with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0)) as client:
+                client.post(f"{base_url}/start_profile").raise_for_status()
+                loadgen.run_level_sync(base_url, config.served_model_name, requests,
+                                       LoadLevel(max_concurrency=level.max_concurrency or 16),
+                                       workload.slo, timeout_s=workload.request_timeout_s,
+                                       seed=workload.seed, stall_timeout_s=self.stall_timeout_s)
+                client.post(f"{base_url}/stop_profile").raise_for_status()
+        except httpx.HTTPError as exc:
+            logger.warning("profiling failed (%s); the trial keeps its measurements", exc)
+            return None, None
+        traces = sorted(profile_dir.rglob("*.pt.trace.json*"), key=lambda p: p.stat().st_mtime)
+        gpu_traces = [p for p in traces if "async_llm" not in p.name]
+        if not gpu_traces:
+            logger.warning("no trace file under %s after /stop_profile", profile_dir)
+            return None, None
+        path = gpu_traces[-1]
+        try:
+            from runners import trace  # issue 4's analysis; absent until it lands
+        except ImportError:
+            return path, None
+        return path, trace.summarize(path)

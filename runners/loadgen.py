@@ -1,0 +1,662 @@
+"""OpenAI-compatible load generator: builds a workload's requests, drives one load level over
+streaming `/v1/completions`, and computes the figures `vllm bench serve` reports, the same way.
+
+Definitions follow vLLM's `vllm/benchmarks/serve.py` (`get_request`, `calculate_metrics`) and
+`vllm/benchmarks/lib/endpoint_request_func.py` (`async_request_openai_completions`), so a number
+measured here means what the same number means in a `vllm bench serve` result file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+import httpx
+import numpy as np
+
+from runners.base import SLO, BenchmarkMetrics, LengthDistribution, LoadLevel, Workload
+
+logger = logging.getLogger(__name__)
+
+STALLED_ERROR: Final = "stalled"
+STOPPED_ERROR: Final = "stopped"
+
+_FIRST_TOKEN_ID = 10  # ids below are special tokens (bos, eos, pad) in most vocabularies
+_CHARS_PER_TOKEN = 4  # rough English estimate for text prompts; the server's usage corrects it
+_CONNECT_TIMEOUT_S = 10.0
+_ERROR_EXCERPT_CHARS = 300
+_WATCH_INTERVAL_S = 0.05  # how often the watchdog looks at stop_event and the stall clock
+_MS_PER_S = 1000.0
+
+
+class StopFlag(Protocol):
+    """`asyncio.Event` or `threading.Event`: anything that can say it was set."""
+
+    def is_set(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request to send: the same list for every trial of a study (same seed)."""
+
+    prompt: str | list[int]  # text, or token ids (servers started with --skip-tokenizer-init)
+    prompt_len: int  # tokens (an estimate for text prompts)
+    output_len: int  # tokens; sent as max_tokens with ignore_eos
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one request measured, as vLLM's `RequestFuncOutput` (times from the client's view)."""
+
+    success: bool
+    error: str = ""  # one line on why it failed; empty on success
+    ttft_s: float = 0.0  # seconds, send to first chunk carrying choices
+    itl_s: tuple[float, ...] = ()  # seconds between consecutive chunks carrying choices
+    latency_s: float = 0.0  # seconds, send to the last chunk carrying choices (e2el)
+    prompt_len: int = 0  # tokens; the server's usage.prompt_tokens when it sent one
+    output_tokens: int = 0  # tokens; usage.completion_tokens, else the number of chunks
+    start_time: float = 0.0  # time.perf_counter() when the request was sent
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    """One load level: its figures and every request's output, in issue order."""
+
+    metrics: BenchmarkMetrics
+    outputs: list[RequestOutput]
+    stalled: bool = False  # no chunk from any in-flight request for stall_timeout_s: a hang
+    stopped: bool = False  # stop_event ended the level early; not a measurement
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests
+
+
+def sample_length(dist: LengthDistribution, rng: np.random.Generator) -> int:
+    """One token length from `dist`, clipped to [low, high] and to at least 1.
+
+    "uniform" draws integers in [low, high] (low defaults to 1, high to 2 * mean - low so that
+    `mean` is the mean); "lognormal" takes `std` as sigma of the log and keeps `mean` the mean.
+    """
+    value: float
+    if dist.kind == "fixed":
+        value = float(dist.mean)
+    elif dist.kind == "uniform":
+        low = dist.low if dist.low is not None else 1
+        high = dist.high if dist.high is not None else 2 * dist.mean - low
+        value = float(rng.integers(low, max(low, high) + 1))
+    elif dist.kind == "normal":
+        value = float(rng.normal(dist.mean, dist.std))
+    elif dist.kind == "lognormal":
+        # E[X] = exp(mu + sigma^2 / 2): solve for mu so the configured mean is the mean.
+        mu = math.log(dist.mean) - dist.std**2 / 2
+        value = float(rng.lognormal(mu, dist.std))
+    else:
+        raise ValueError(
+            f"length distribution kind must be fixed, uniform, normal or lognormal "
+            f"but got {dist.kind!r}."
+        )
+    length = max(1, dist.low or 1, round(value))
+    if dist.high is not None:
+        length = min(length, dist.high)
+    return max(1, length)
+
+
+def _check_distribution(dist: LengthDistribution, name: str) -> None:
+    if dist.mean < 1:
+        raise ValueError(f"workload.{name}.mean must be >= 1 token but got {dist.mean}.")
+    if dist.std < 0 or not math.isfinite(dist.std):
+        raise ValueError(f"workload.{name}.std must be finite and >= 0 but got {dist.std}.")
+    if dist.low is not None and dist.high is not None and dist.low > dist.high:
+        raise ValueError(
+            f"workload.{name}: low ({dist.low}) must be <= high ({dist.high}); swap them."
+        )
+
+
+def build_requests(workload: Workload, num: int, seed: int) -> list[RequestSpec]:
+    """`num` requests from `workload.prompts_file` (cycled) or synthesised token-id prompts.
+
+    Deterministic in `seed`, and request i does not depend on `num`: every trial of a study,
+    whatever it runs, sees the same prompts.
+    """
+    if num < 0:
+        raise ValueError(f"number of requests must be >= 0 but got {num}.")
+    _check_distribution(workload.input_len, "input_len")
+    _check_distribution(workload.output_len, "output_len")
+    rng = np.random.default_rng(seed)
+    if workload.prompts_file is not None:
+        return _requests_from_file(workload.prompts_file, workload.output_len, num, rng)
+    if workload.vocab_size <= _FIRST_TOKEN_ID:
+        raise ValueError(
+            f"workload.vocab_size must be > {_FIRST_TOKEN_ID} but got {workload.vocab_size}."
+        )
+    specs = []
+    for _ in range(num):
+        # Lengths and ids drawn per request (not vectorised) so that request i is the same
+        # whether 10 or 10_000 requests are built.
+        input_len = sample_length(workload.input_len, rng)
+        output_len = sample_length(workload.output_len, rng)
+        ids = rng.integers(_FIRST_TOKEN_ID, workload.vocab_size, size=input_len).tolist()
+        specs.append(RequestSpec(prompt=ids, prompt_len=input_len, output_len=output_len))
+    return specs
+
+
+def _requests_from_file(
+    path: Path, output_dist: LengthDistribution, num: int, rng: np.random.Generator
+) -> list[RequestSpec]:
+    entries: list[tuple[str | list[int], int, int | None]] = []
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if line.strip():
+                entries.append(_parse_prompt_line(path, line_no, line))
+    if not entries:
+        raise ValueError(f"{path}: expected JSONL lines with a 'prompt' but the file is empty.")
+    specs = []
+    for i in range(num):
+        prompt, prompt_len, output_len = entries[i % len(entries)]
+        # Sampled for every request, used or not, so the stream of draws is the same per index.
+        sampled = sample_length(output_dist, rng)
+        specs.append(RequestSpec(prompt, prompt_len, output_len or sampled))
+    return specs
+
+
+def _parse_prompt_line(path: Path, line_no: int, line: str) -> tuple[str | list[int], int,
+                                                                     int | None]:
+    where = f"{path}:{line_no}"
+    try:
+        entry = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: expected a JSON object but got invalid JSON ({exc}).") from exc
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: expected a JSON object but got {type(entry).__name__}.")
+    prompt = entry.get("prompt")
+    prompt_len: int
+    if isinstance(prompt, str) and prompt:
+        prompt_len = int(entry.get("prompt_len") or max(1, len(prompt) // _CHARS_PER_TOKEN))
+    elif (isinstance(prompt, list) and prompt
+          and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+        prompt_len = len(prompt)
+    else:
+        raise ValueError(
+            f"{where}: 'prompt' must be a non-empty string or list of token ids "
+            f"but got {prompt!r:.60}."
+        )
+    output_len = entry.get("output_len")
+    if output_len is not None and (
+        not isinstance(output_len, int) or isinstance(output_len, bool) or output_len < 1
+    ):
+        raise ValueError(f"{where}: 'output_len' must be an integer >= 1 but got {output_len!r}.")
+    return prompt, prompt_len, output_len
+
+
+def arrival_offsets_s(num: int, request_rate_rps: float | None, seed: int) -> list[float]:
+    """Send times, in seconds from the level's start, of `num` Poisson arrivals.
+
+    As vLLM's `get_request` with burstiness 1: exponential gaps, then rescaled so the last
+    arrival falls at exactly num / rate (which steadies throughput across seeds). All zeros
+    for an infinite rate (None).
+    """
+    if request_rate_rps is None or math.isinf(request_rate_rps) or num == 0:
+        return [0.0] * num
+    rng = np.random.default_rng(seed)
+    offsets = np.cumsum(rng.exponential(1.0 / request_rate_rps, size=num))
+    if offsets[-1] > 0:
+        offsets *= (num / request_rate_rps) / offsets[-1]
+    return [float(x) for x in offsets]
+
+
+def _open_ended_offsets_s(request_rate_rps: float | None, seed: int) -> Iterator[float]:
+    """Poisson send times without end, for duration-bound levels (no rescaling possible)."""
+    if request_rate_rps is None or math.isinf(request_rate_rps):
+        yield from itertools.repeat(0.0)
+        return
+    rng = np.random.default_rng(seed)
+    t = 0.0
+    while True:
+        t += float(rng.exponential(1.0 / request_rate_rps))
+        yield t
+
+
+# ---------------------------------------------------------------------------------------------
+# One request
+
+
+def _failed(spec: RequestSpec, start: float, error: str) -> RequestOutput:
+    return RequestOutput(success=False, error=error, prompt_len=spec.prompt_len,
+                         start_time=start)
+
+
+async def send_request(
+    client: httpx.AsyncClient,
+    base_url: str,
+    model: str,
+    spec: RequestSpec,
+    timeout_s: float,
+    *,
+    on_chunk: Callable[[], None] | None = None,
+) -> RequestOutput:
+    """POST one streaming completion and time it; never raises (failures come back as
+    `success=False`, as vLLM's request functions do).
+
+    `on_chunk`, a no-argument callable, is called on every SSE data line: the level's stall
+    watchdog uses it as a heartbeat.
+    """
+    url = base_url.rstrip("/") + "/v1/completions"
+    payload: dict[str, Any] = {
+        "model": model,
+        "prompt": spec.prompt,
+        "max_tokens": spec.output_len,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0,
+    }
+    start = time.perf_counter()
+    ttft: float | None = None
+    most_recent = start
+    itls: list[float] = []
+    num_chunks = 0
+    usage_output_tokens = 0
+    prompt_len = spec.prompt_len
+    try:
+        async with asyncio.timeout(timeout_s), client.stream("POST", url, json=payload) as resp:
+            if resp.status_code != 200:
+                body = await resp.aread()
+                excerpt = body[:_ERROR_EXCERPT_CHARS].decode("utf-8", "replace")
+                excerpt = " ".join(excerpt.split())
+                return _failed(spec, start, f"HTTP {resp.status_code}: {excerpt}")
+            async for line in resp.aiter_lines():
+                # Comments (":" pings) and event/id fields carry no tokens.
+                if not line.startswith("data:"):
+                    continue
+                data_str = line[len("data:"):].strip()
+                if data_str == "[DONE]":
+                    break
+                timestamp = time.perf_counter()
+                if on_chunk is not None:
+                    on_chunk()
+                data = json.loads(data_str)
+                if not isinstance(data, dict):
+                    return _failed(spec, start, f"SSE data is not a JSON object: {data_str:.80}")
+                if "error" in data or data.get("object") == "error":
+                    # vLLM reports an engine failure mid-stream as a data line, status 200.
+                    detail = data.get("error", data.get("message", data))
+                    return _failed(spec, start, f"error in stream: {detail!s:.200}")
+                # Any chunk with choices counts as a token (its text may be empty for special
+                # tokens), as in vLLM; the usage chunk at the end has choices [].
+                if data.get("choices"):
+                    if ttft is None:
+                        ttft = timestamp - start
+                    else:
+                        itls.append(timestamp - most_recent)
+                    most_recent = timestamp
+                    num_chunks += 1
+                usage = data.get("usage")
+                if isinstance(usage, dict):
+                    usage_output_tokens = int(usage.get("completion_tokens") or 0)
+                    if usage.get("prompt_tokens") is not None:
+                        prompt_len = int(usage["prompt_tokens"])
+    except TimeoutError:
+        return _failed(spec, start, f"no complete response within {timeout_s:g} s")
+    except Exception as exc:  # the contract is to never raise: any failure is this request's
+        return _failed(spec, start, f"{type(exc).__name__}: {exc}")
+    if ttft is None:
+        return _failed(spec, start, "stream ended without a chunk carrying a token")
+    return RequestOutput(
+        success=True,
+        ttft_s=ttft,
+        itl_s=tuple(itls),
+        latency_s=most_recent - start,
+        prompt_len=prompt_len,
+        # A chunk may carry several tokens: trust usage, fall back to chunks.
+        output_tokens=usage_output_tokens or num_chunks,
+        start_time=start,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# One load level
+
+
+class _LevelDriver:
+    """State of one running level: the issuer, the request tasks and the watchdog share it."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        requests: Sequence[RequestSpec],
+        level: LoadLevel,
+        *,
+        timeout_s: float,
+        seed: int,
+        duration_s: float | None,
+        stop_event: StopFlag | None,
+        stall_timeout_s: float | None,
+    ) -> None:
+        self.base_url = base_url
+        self.model = model
+        self.requests = requests
+        self.level = level
+        self.timeout_s = timeout_s
+        self.seed = seed
+        self.duration_s = duration_s
+        self.stop_event = stop_event
+        self.stall_timeout_s = stall_timeout_s
+        cap = level.max_concurrency
+        self.semaphore = asyncio.Semaphore(cap) if cap is not None else None
+        self.tasks: list[tuple[asyncio.Task[RequestOutput], RequestSpec, float]] = []
+        self.issuer: asyncio.Task[None] | None = None
+        self.num_in_flight = 0
+        self.max_in_flight = 0
+        self.last_progress = time.perf_counter()
+        self.abort_reason: str | None = None
+
+    def _heartbeat(self) -> None:
+        self.last_progress = time.perf_counter()
+
+    async def run(self, client: httpx.AsyncClient) -> tuple[list[RequestOutput], float]:
+        start = time.perf_counter()
+        self.issuer = asyncio.create_task(self._issue(client, start))
+        watchdog = asyncio.create_task(self._watch())
+        try:
+            await asyncio.gather(self.issuer, return_exceptions=True)
+            if not self.issuer.cancelled() and self.issuer.exception() is not None:
+                self._abort(STOPPED_ERROR)  # a bug of ours: leave nothing running, then raise
+                await asyncio.gather(*(t for t, _, _ in self.tasks), return_exceptions=True)
+                self.issuer.result()
+            # The issuer is done, so the list is final (cancelled tasks count as done).
+            await asyncio.gather(*(task for task, _, _ in self.tasks), return_exceptions=True)
+        finally:
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
+        duration = time.perf_counter() - start
+        return [self._output_of(task, spec, t) for task, spec, t in self.tasks], duration
+
+    def _output_of(self, task: asyncio.Task[RequestOutput], spec: RequestSpec,
+                   issued_at: float) -> RequestOutput:
+        if task.cancelled():
+            return _failed(spec, issued_at, self.abort_reason or STOPPED_ERROR)
+        exc = task.exception()
+        if exc is not None:  # send_request never raises; this is a bug of ours, kept visible
+            logger.error("request task raised %r", exc)
+            return _failed(spec, issued_at, f"{type(exc).__name__}: {exc}")
+        return task.result()
+
+    def _is_past_duration(self, start: float) -> bool:
+        return self.duration_s is not None and time.perf_counter() - start >= self.duration_s
+
+    async def _issue(self, client: httpx.AsyncClient, start: float) -> None:
+        rate = self.level.request_rate_rps
+        specs: Iterator[RequestSpec]
+        offsets: Iterator[float]
+        if self.duration_s is None:
+            specs = iter(self.requests)
+            offsets = iter(arrival_offsets_s(len(self.requests), rate, self.seed))
+        else:
+            specs = itertools.cycle(self.requests)
+            offsets = _open_ended_offsets_s(rate, self.seed)
+        for spec, offset in zip(specs, offsets, strict=False):
+            if self.duration_s is not None and offset >= self.duration_s:
+                return
+            delay = start + offset - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            # Acquire here, not in the task, so a concurrency-bound level never piles up
+            # waiting tasks; order and timing match vLLM's FIFO semaphore inside the task.
+            if self.semaphore is not None:
+                await self.semaphore.acquire()
+            if self._is_past_duration(start) or self._is_stop_requested():
+                if self.semaphore is not None:
+                    self.semaphore.release()
+                return
+            task = asyncio.create_task(self._one(client, spec))
+            self.tasks.append((task, spec, time.perf_counter()))
+
+    async def _one(self, client: httpx.AsyncClient, spec: RequestSpec) -> RequestOutput:
+        if self.num_in_flight == 0:
+            self._heartbeat()  # the stall clock runs only while something is in flight
+        self.num_in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.num_in_flight)
+        try:
+            return await send_request(client, self.base_url, self.model, spec, self.timeout_s,
+                                      on_chunk=self._heartbeat)
+        finally:
+            self.num_in_flight -= 1
+            self._heartbeat()
+            if self.semaphore is not None:
+                self.semaphore.release()
+
+    def _is_stop_requested(self) -> bool:
+        return self.stop_event is not None and self.stop_event.is_set()
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+            if self._is_stop_requested():
+                self._abort(STOPPED_ERROR)
+                return
+            if (self.stall_timeout_s is not None and self.num_in_flight > 0
+                    and time.perf_counter() - self.last_progress > self.stall_timeout_s):
+                logger.warning(
+                    "no chunk from any of %d in-flight requests for %.1f s at %s: "
+                    "cancelling them as stalled",
+                    self.num_in_flight, self.stall_timeout_s, self.level.label,
+                )
+                self._abort(STALLED_ERROR)
+                return
+
+    def _abort(self, reason: str) -> None:
+        self.abort_reason = reason
+        if self.issuer is not None:
+            self.issuer.cancel()
+        for task, _, _ in self.tasks:
+            task.cancel()
+
+
+def _check_level_args(requests: Sequence[RequestSpec], level: LoadLevel, timeout_s: float,
+                      duration_s: float | None, stall_timeout_s: float | None) -> None:
+    if not requests:
+        raise ValueError("run_level needs at least one request but got none.")
+    rate = level.request_rate_rps
+    if rate is not None and not rate > 0:
+        raise ValueError(f"request_rate_rps must be > 0 (None = all at once) but got {rate}.")
+    if level.max_concurrency is not None and level.max_concurrency < 1:
+        raise ValueError(f"max_concurrency must be >= 1 but got {level.max_concurrency}.")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0 but got {timeout_s}.")
+    if stall_timeout_s is not None and not stall_timeout_s > 0:
+        raise ValueError(f"stall_timeout_s must be > 0 but got {stall_timeout_s}.")
+    if duration_s is not None:
+        if not duration_s > 0:
+            raise ValueError(f"duration_s must be > 0 but got {duration_s}.")
+        if (rate is None or math.isinf(rate)) and level.max_concurrency is None:
+            raise ValueError(
+                "a duration-bound level needs a request rate or a max concurrency, "
+                "but got neither; set one of them."
+            )
+
+
+async def run_level(
+    base_url: str,
+    model: str,
+    requests: Sequence[RequestSpec],
+    level: LoadLevel,
+    slo: SLO,
+    *,
+    timeout_s: float,
+    seed: int,
+    stop_event: StopFlag | None = None,
+    stall_timeout_s: float | None = None,
+    duration_s: float | None = None,
+) -> LevelResult:
+    """Drive one load level against an OpenAI-compatible server and measure it.
+
+    Requests arrive as a Poisson process at `level.request_rate_rps` (all at once when None),
+    at most `level.max_concurrency` in flight. Without `duration_s` each request is sent once;
+    with it, requests cycle and no new one is sent after `duration_s` (those in flight finish).
+    `stop_event` (checked every 50 ms) or a stall (no chunk from any in-flight request for
+    `stall_timeout_s`) cancels the requests in flight; they come back failed, with the error
+    "stopped" or "stalled", and the result says which. Raises only ValueError, for bad
+    arguments.
+    """
+    _check_level_args(requests, level, timeout_s, duration_s, stall_timeout_s)
+    cap = level.max_concurrency
+    # httpx defaults (100 connections, 5 s timeouts) would queue requests in the client and
+    # cut long streams: size the pool to the load and leave reads unbounded; the per-request
+    # timeout and the stall watchdog bound them instead.
+    limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
+    timeout = httpx.Timeout(None, connect=_CONNECT_TIMEOUT_S)
+    driver = _LevelDriver(base_url, model, requests, level, timeout_s=timeout_s, seed=seed,
+                          duration_s=duration_s, stop_event=stop_event,
+                          stall_timeout_s=stall_timeout_s)
+    # trust_env=False: an http_proxy from the environment must not capture 127.0.0.1.
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+        outputs, duration = await driver.run(client)
+    metrics = compute_metrics(outputs, duration, slo, max_concurrency_seen=driver.max_in_flight)
+    logger.info(
+        "level %s: %d completed, %d failed in %.1f s, %.2f req/s, %.1f output tok/s%s",
+        level.label, metrics.completed, metrics.failed, duration, metrics.request_throughput,
+        metrics.output_throughput,
+        f" ({driver.abort_reason})" if driver.abort_reason else "",
+    )
+    return LevelResult(
+        metrics=metrics,
+        outputs=outputs,
+        stalled=driver.abort_reason == STALLED_ERROR,
+        stopped=driver.abort_reason == STOPPED_ERROR,
+    )
+
+
+def run_level_sync(
+    base_url: str,
+    model: str,
+    requests: Sequence[RequestSpec],
+    level: LoadLevel,
+    slo: SLO,
+    *,
+    timeout_s: float,
+    seed: int,
+    stop_event: StopFlag | None = None,
+    stall_timeout_s: float | None = None,
+    duration_s: float | None = None,
+) -> LevelResult:
+    """`run_level` on a fresh event loop, for callers that are threads (runners, Ray actors).
+    Pass a `threading.Event` as `stop_event` to stop it from another thread."""
+    return asyncio.run(run_level(
+        base_url, model, requests, level, slo, timeout_s=timeout_s, seed=seed,
+        stop_event=stop_event, stall_timeout_s=stall_timeout_s, duration_s=duration_s,
+    ))
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics
+
+
+def _stats_ms(values_s: list[float]) -> tuple[float, float, float, float, float]:
+    """mean, median, std, p90, p99 in ms; vLLM's `values or 0` makes an empty list all 0."""
+    data: list[float] | int = values_s or 0
+    return (
+        float(np.mean(data)) * _MS_PER_S,
+        float(np.median(data)) * _MS_PER_S,
+        float(np.std(data)) * _MS_PER_S,
+        float(np.percentile(data, 90)) * _MS_PER_S,
+        float(np.percentile(data, 99)) * _MS_PER_S,
+    )
+
+
+def _has_slo(slo: SLO) -> bool:
+    return any(v is not None for v in (slo.ttft_p99_ms, slo.tpot_p99_ms, slo.e2el_ms))
+
+
+def compute_metrics(
+    outputs: Sequence[RequestOutput],
+    duration_s: float,
+    slo: SLO,
+    *,
+    max_concurrency_seen: int = 0,
+) -> BenchmarkMetrics:
+    """The figures of one level, exactly as vLLM's `calculate_metrics` computes them.
+
+    Only successful requests count. TPOT per request is (latency - ttft) / (output_tokens - 1)
+    when output_tokens > 1; a request meets the SLO when each set bound holds for it (its TPOT
+    taken as 0 with a single token, as vLLM does). Goodput is None without an SLO.
+    """
+    if not duration_s > 0:
+        raise ValueError(f"duration_s must be > 0 but got {duration_s}.")
+    completed = 0
+    total_input = 0
+    total_output = 0
+    ttfts: list[float] = []
+    tpots: list[float] = []
+    all_tpots: list[float] = []
+    itls: list[float] = []
+    e2els: list[float] = []
+    for out in outputs:
+        if not out.success:
+            continue
+        # vLLM without a tokenizer counts a success that reported no tokens as one token.
+        output_len = out.output_tokens or 1
+        total_output += output_len
+        total_input += out.prompt_len
+        tpot = 0.0
+        if output_len > 1:
+            tpot = (out.latency_s - out.ttft_s) / (output_len - 1)
+            tpots.append(tpot)
+        all_tpots.append(tpot)
+        itls.extend(out.itl_s)
+        ttfts.append(out.ttft_s)
+        e2els.append(out.latency_s)
+        completed += 1
+
+    goodput: float | None = None
+    if _has_slo(slo):
+        bounds: list[tuple[list[float], float]] = [
+            (values, bound_ms / _MS_PER_S)
+            for values, bound_ms in ((ttfts, slo.ttft_p99_ms), (all_tpots, slo.tpot_p99_ms),
+                                     (e2els, slo.e2el_ms))
+            if bound_ms is not None
+        ]
+        num_good = sum(
+            all(bound_s >= values[i] for values, bound_s in bounds) for i in range(completed)
+        )
+        goodput = num_good / duration_s
+
+    if outputs and completed == 0:
+        first_error = next((o.error for o in outputs if o.error), "")
+        logger.warning("all %d requests failed; first error: %s", len(outputs), first_error)
+
+    ttft = _stats_ms(ttfts)
+    tpot_ms = _stats_ms(tpots)
+    itl = _stats_ms(itls)
+    e2el = _stats_ms(e2els)
+    return BenchmarkMetrics(
+        completed=completed,
+        failed=len(outputs) - completed,
+        duration_s=duration_s,
+        total_input_tokens=total_input,
+        total_output_tokens=total_output,
+        request_throughput=completed / duration_s,
+        request_goodput=goodput,
+        output_throughput=total_output / duration_s,
+        total_token_throughput=(total_input + total_output) / duration_s,
+        mean_ttft_ms=ttft[0], median_ttft_ms=ttft[1], std_ttft_ms=ttft[2],
+        p90_ttft_ms=ttft[3], p99_ttft_ms=ttft[4],
+        mean_tpot_ms=tpot_ms[0], median_tpot_ms=tpot_ms[1], std_tpot_ms=tpot_ms[2],
+        p90_tpot_ms=tpot_ms[3], p99_tpot_ms=tpot_ms[4],
+        mean_itl_ms=itl[0], median_itl_ms=itl[1], std_itl_ms=itl[2],
+        p90_itl_ms=itl[3], p99_itl_ms=itl[4],
+        mean_e2el_ms=e2el[0], median_e2el_ms=e2el[1], std_e2el_ms=e2el[2],
+        p90_e2el_ms=e2el[3], p99_e2el_ms=e2el[4],
+        max_concurrency_seen=max_concurrency_seen,
+    )

@@ -1,0 +1,201 @@
+"""Reads an engine's Prometheus `/metrics` into flat `{vLLM sample name: value}` dicts, and
+samples it in the background during a load level (queue growth, KV-cache pressure)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Final
+
+import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+logger = logging.getLogger(__name__)
+
+NUM_REQUESTS_RUNNING: Final = "vllm:num_requests_running"
+NUM_REQUESTS_WAITING: Final = "vllm:num_requests_waiting"
+KV_CACHE_USAGE_PERC: Final = "vllm:kv_cache_usage_perc"  # 0-1
+NUM_PREEMPTIONS: Final = "vllm:num_preemptions_total"
+PROMPT_TOKENS: Final = "vllm:prompt_tokens_total"
+GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
+PREFIX_CACHE_QUERIES: Final = "vllm:prefix_cache_queries_total"
+PREFIX_CACHE_HITS: Final = "vllm:prefix_cache_hits_total"
+
+# Cumulative series: a delta over a window means something; a gauge's does not.
+_CUMULATIVE_SUFFIXES: Final = ("_total", "_sum", "_count")
+
+
+def parse(text: str, prefix: str = "vllm:") -> dict[str, float]:
+    """Prometheus text exposition -> {sample name: value summed over labels}.
+
+    Keys are the sample names vLLM exposes: counters keep `_total` (prometheus_client strips it
+    from the family name only), histograms and summaries give `<name>_sum` and `<name>_count`
+    (buckets are dropped), `_created` timestamps are dropped. Fractions (`*_perc`) take the
+    largest value instead of the sum: with several engines (data parallel) the fullest KV
+    cache is the one that preempts. Only families whose name starts with `prefix` are kept.
+    Raises ValueError on malformed text.
+    """
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith(prefix):
+            continue
+        if family.type in ("histogram", "summary", "gaugehistogram"):
+            keep: tuple[str, ...] = (family.name + "_sum", family.name + "_count")
+        elif family.type in ("info", "stateset"):
+            continue
+        else:
+            keep = ()
+        for sample in family.samples:
+            name = sample.name
+            if name.endswith("_created") or (keep and name not in keep):
+                continue
+            value = float(sample.value)
+            if name not in values:
+                values[name] = value
+            elif name.endswith("_perc"):
+                values[name] = max(values[name], value)
+            else:
+                values[name] += value
+    return values
+
+
+def scrape(
+    base_url: str, client: httpx.Client | None = None, timeout_s: float = 5.0
+) -> dict[str, float]:
+    """GET `<base_url>/metrics` and `parse` it; {} (logged) when the server cannot be read.
+
+    Never raises: a missing scrape must not fail a measurement.
+    """
+    url = base_url.rstrip("/") + "/metrics"
+    try:
+        if client is None:
+            with httpx.Client(timeout=timeout_s, trust_env=False) as own_client:
+                response = own_client.get(url)
+        else:
+            response = client.get(url, timeout=timeout_s)
+        if response.status_code != 200:
+            logger.warning("GET %s answered HTTP %d; no server metrics this time",
+                           url, response.status_code)
+            return {}
+        return parse(response.text)
+    except httpx.HTTPError as exc:
+        logger.warning("could not read %s (%s); no server metrics this time", url, exc)
+    except ValueError as exc:
+        logger.warning("%s is not Prometheus text (%s); no server metrics this time", url, exc)
+    return {}
+
+
+def delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """Growth of every cumulative series (`_total`, `_sum`, `_count`) present in both scrapes.
+
+    A series that went down was reset (the engine restarted): its growth is its new value, as
+    Prometheus' `increase()` takes it. Gauges are left out.
+    """
+    out: dict[str, float] = {}
+    for name, new in after.items():
+        if not name.endswith(_CUMULATIVE_SUFFIXES) or name not in before:
+            continue
+        old = before[name]
+        out[name] = new - old if new >= old else new
+    return out
+
+
+class MetricsPoller:
+    """Samples `/metrics` every `interval_s` on a daemon thread during one load level.
+
+    `start()` takes the first sample at once; `stop()` takes a last one, joins the thread and
+    returns the summary (see `summary`). One poller measures one level: make a new one for
+    the next.
+    """
+
+    def __init__(self, base_url: str, interval_s: float = 1.0, *, timeout_s: float = 5.0,
+                 min_rise_requests: float = 1.0) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0 but got {interval_s}.")
+        self.base_url = base_url
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.min_rise_requests = min_rise_requests  # least rise of the waiting line to count
+        self.samples: list[tuple[float, dict[str, float]]] = []  # (monotonic s, scrape)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("MetricsPoller.start() was called twice; make a new poller.")
+        self._thread = threading.Thread(target=self._loop, name="metrics-poller", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> dict[str, float]:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+        return self.summary()
+
+    def __enter__(self) -> MetricsPoller:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _loop(self) -> None:
+        with httpx.Client(timeout=self.timeout_s, trust_env=False) as client:
+            while True:
+                self._sample(client)
+                if self._stop.wait(self.interval_s):
+                    break
+            # The end of the level decides whether the queue was still growing.
+            self._sample(client)
+
+    def _sample(self, client: httpx.Client) -> None:
+        values = scrape(self.base_url, client=client, timeout_s=self.timeout_s)
+        if values:
+            self.samples.append((time.monotonic(), values))
+
+    def summary(self) -> dict[str, float]:
+        """Figures over the samples taken so far, by name (absent when never reported):
+
+        `num_samples`; `max_num_requests_running`, `max_num_requests_waiting`;
+        `max_kv_cache_usage_perc`, `mean_kv_cache_usage_perc` (0-1); `waiting_slope_per_s`
+        (least-squares slope of num_requests_waiting over time) and `is_waiting_rising`
+        (1.0 when that line rises by at least `min_rise_requests` over the level, else 0.0):
+        the queue grew, the offered load is above what the engine serves; `num_preemptions`
+        and `prefix_cache_hit_rate` over the level, from the counters.
+        """
+        out: dict[str, float] = {"num_samples": float(len(self.samples))}
+        if not self.samples:
+            return out
+
+        def series(name: str) -> tuple[list[float], list[float]]:
+            points = [(t, s[name]) for t, s in self.samples if name in s]
+            return [t for t, _ in points], [v for _, v in points]
+
+        _, running = series(NUM_REQUESTS_RUNNING)
+        if running:
+            out["max_num_requests_running"] = max(running)
+        _, kv = series(KV_CACHE_USAGE_PERC)
+        if kv:
+            out["max_kv_cache_usage_perc"] = max(kv)
+            out["mean_kv_cache_usage_perc"] = float(np.mean(kv))
+        times, waiting = series(NUM_REQUESTS_WAITING)
+        if waiting:
+            out["max_num_requests_waiting"] = max(waiting)
+            span_s = times[-1] - times[0] if times else 0.0
+            slope = 0.0
+            if len(waiting) >= 2 and span_s > 0:
+                slope = float(np.polyfit(np.array(times) - times[0], waiting, 1)[0])
+            out["waiting_slope_per_s"] = slope
+            # Three points at least: two say nothing about a trend against noise.
+            is_rising = len(waiting) >= 3 and slope * span_s >= self.min_rise_requests
+            out["is_waiting_rising"] = 1.0 if is_rising else 0.0
+        growth = delta(self.samples[0][1], self.samples[-1][1])
+        if NUM_PREEMPTIONS in growth:
+            out["num_preemptions"] = growth[NUM_PREEMPTIONS]
+        queries = growth.get(PREFIX_CACHE_QUERIES, 0.0)
+        if queries > 0:
+            out["prefix_cache_hit_rate"] = growth.get(PREFIX_CACHE_HITS, 0.0) / queries
+        return out

@@ -1,0 +1,67 @@
+"""MLflow tracking on a real sqlite store: parent/child runs, states, and reconcile on resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from optimizer.errors import TrackingError
+from optimizer.tracking import Tracker, artifact_root_for
+
+
+def test_parent_and_child_runs_nest_with_states(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    tracker = Tracker(uri)
+    parent = tracker.start_study("s1", params={"engine": "simulated"},
+                                 artifacts={"study.json": {"name": "s1"}})
+    assert tracker.start_study("s1", params={}, artifacts={}) == parent, \
+        "a resumed study reuses its parent run"
+    child = tracker.start_trial(parent, "s1", 0, {"max_num_seqs": 256})
+    log = tmp_path / "server.log"
+    log.write_text("hello")
+    tracker.finish_trial(child, state="complete", metrics={"request_goodput": 3.5,
+                                                           "bad": float("nan")},
+                         step_metrics=[(0, {"p99_tpot_ms": 7.0}), (1, {"p99_tpot_ms": 9.0})],
+                         tags={"conclusion": "new best."}, texts={"server.log": "tail"},
+                         dicts={"launch.json": {"argv": ["vllm", "serve"]}}, files=[log])
+    client = MlflowClient(uri)
+    run = client.get_run(child)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["mlflow.parentRunId"] == parent
+    assert run.data.tags["state"] == "complete"
+    assert run.data.tags["conclusion"] == "new best."
+    assert run.data.params["max_num_seqs"] == "256"
+    assert "bad" not in run.data.metrics, "non-finite metrics are not logged"
+    history = client.get_metric_history(child, "p99_tpot_ms")
+    assert sorted((m.step, m.value) for m in history) == [(0, 7.0), (1, 9.0)]
+    names = {a.path for a in client.list_artifacts(child)}
+    assert {"server.log", "launch.json"} <= names
+    root = artifact_root_for(uri)
+    assert root is not None and (root / "s1").is_dir(), "artifacts live beside the database"
+
+
+def test_reconcile_closes_runs_left_running(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(uri)
+    parent = tracker.start_study("s2", params={}, artifacts={})
+    finished_in_optuna = tracker.start_trial(parent, "s2", 0, {})
+    lost = tracker.start_trial(parent, "s2", 1, {})
+    closed = tracker.reconcile("s2", {finished_in_optuna: {
+        "state": "pruned", "metrics": {"x": 1.0}, "tags": {"conclusion": "pruned."}}})
+    assert closed == 2
+    client = MlflowClient(uri)
+    assert client.get_run(finished_in_optuna).info.status == "KILLED"
+    lost_run = client.get_run(lost)
+    assert lost_run.info.status == "FAILED"
+    assert lost_run.data.tags["failure_reason"] == "daemon_lost"
+    assert tracker.reconcile("s2", {}) == 0, "nothing left RUNNING"
+
+
+def test_unusable_store_is_a_tracking_error(tmp_path: Path) -> None:
+    # A file where the store's directory should be: fails for root too (unlike chmod).
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    with pytest.raises(TrackingError, match="pass a writable --tracking-uri"):
+        Tracker(f"sqlite:///{blocker}/sub/mlflow.db")
