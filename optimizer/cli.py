@@ -32,10 +32,16 @@ StudyArg = Annotated[Path, typer.Argument(help="The study YAML (see examples/qui
 
 def _setup_logging(verbose: bool, log_file: Path | None = None) -> None:
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
+    for old in list(root.handlers):
+        root.removeHandler(old)
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    handler = RichHandler(console=console, show_path=False, rich_tracebacks=False)
+    handler: logging.Handler
+    if console.is_terminal:
+        handler = RichHandler(console=console, show_path=False, rich_tracebacks=False)
+    else:  # a log file or CI: one plain line per event, never wrapped
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s",
+                                               "%H:%M:%S"))
     handler.setLevel(logging.DEBUG if verbose else logging.INFO)
     root.addHandler(handler)
     if log_file is not None:
@@ -90,9 +96,9 @@ def start(
     def _on_signal(signum: int, frame: Any) -> None:
         now = daemon.stopping
         daemon.request_stop(now=now)
-        console.print(f"[yellow]{'stopping now: failing trials in flight' if now else
-                      'stopping: finishing trials in flight (signal again to stop now)'}"
-                      f"[/]; resume with: {resume}")
+        what = ("stopping now: failing trials in flight" if now else
+                "stopping: finishing trials in flight (signal again to stop now)")
+        console.print(f"[yellow]{what}[/]; resume with: {resume}")
 
     old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -187,14 +193,15 @@ def status(study: StudyArg,
     out.print(f"study [bold]{cfg.name}[/]: daemon {running}; "
               + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     table = Table(expand=True)
-    for col in ("trial", "state", *cfg.objectives, "params", "conclusion"):
+    for col in ("trial", "state", *cfg.objectives, "flags beyond defaults", "conclusion"):
         table.add_column(col, overflow="fold")
     for t in trials:
         record = t.user_attrs.get(ATTR_RECORD) or {}
         values = t.values if t.values else [None] * len(cfg.objectives)
         table.add_row(str(t.number), record.get("state", t.state.name.lower()),
                       *["" if v is None else f"{v:.4g}" for v in values],
-                      " ".join(f"{k}={v}" for k, v in t.params.items()),
+                      " ".join(f"{k}={v}" for k, v in (record.get("flags") or {}).items())
+                      or ("(defaults)" if record.get("flags") == {} else ""),
                       record.get("conclusion", ""))
     out.print(table)
     best = best_trial(opened)
@@ -299,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code: 0 ok, 1 failure, 2 bad input."""
     import click
 
+    # MLflow configures its own logger at import, at INFO; its table-creation chatter is noise.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     try:
         app(args=argv if argv is not None else sys.argv[1:], standalone_mode=False,
             prog_name="nightshift")

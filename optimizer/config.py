@@ -1,4 +1,4 @@
-"""The study file: one YAML that names the model, workload, SLO, objective, space, budget and store.
+"""The study file: one YAML naming the model, workload, SLO, objective, space, budget and stores.
 
 Parsed once into a typed, frozen `StudyConfig`; every error is one line naming the field and
 the fix (`ConfigError`, exit code 2). Environment variables are read here and nowhere else.
@@ -137,8 +137,9 @@ class SamplerSpec(_Strict):
 
 
 class PrunerSpec(_Strict):
-    name: Literal["median", "none"] = "median"
+    name: Literal["median", "none"] = "median"  # median: `pruning.MarginPruner`
     n_startup_trials: int = Field(default=4, ge=0)
+    min_relative_gap: float = Field(default=0.10, ge=0, le=1)  # prune only when this much worse
 
 
 class VllmSpec(_Strict):
@@ -179,9 +180,8 @@ class StudySpec(_Strict):
     @field_validator("objective")
     @classmethod
     def _objective(cls, v: Any) -> Any:
-        if isinstance(v, list):
-            if not 1 <= len(v) <= 2 or len(set(v)) != len(v):
-                raise ValueError("give one objective or a pair of distinct ones")
+        if isinstance(v, list) and (not 1 <= len(v) <= 2 or len(set(v)) != len(v)):
+            raise ValueError("give one objective or a pair of distinct ones")
         return v
 
     @field_validator("env")
@@ -195,8 +195,8 @@ class StudySpec(_Strict):
     @model_validator(mode="after")
     def _goodput_needs_slo(self) -> StudySpec:
         objectives = self.objective if isinstance(self.objective, list) else [self.objective]
-        if "goodput" in objectives and self.slo.ttft_p99_ms is None and \
-                self.slo.tpot_p99_ms is None:
+        no_slo = self.slo.ttft_p99_ms is None and self.slo.tpot_p99_ms is None
+        if "goodput" in objectives and no_slo:
             raise ValueError("objective goodput needs slo.ttft_p99_ms and/or slo.tpot_p99_ms")
         return self
 

@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import optuna
-import ray
 from optuna.trial import TrialState
 
 from optimizer import records
 from optimizer.config import StudyConfig
-from optimizer.errors import StudyLockedError
+from optimizer.errors import StudyLockedError, WorkerLost
 from optimizer.study import (
     ATTR_BASELINE,
     ATTR_MLFLOW_RUN,
@@ -38,7 +37,7 @@ from optimizer.study import (
     state_of,
 )
 from optimizer.tracking import Tracker
-from optimizer.workers import LOST_ERRORS, RunnerSpec, WorkerPool, lost_worker_failure
+from optimizer.workers import RunnerSpec, TrialHandle, WorkerPool, wait_any
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics, Workload
 from runners.process import reap_strays
 
@@ -68,8 +67,7 @@ class _InFlight:
     trial: optuna.Trial
     params: dict[str, Any]
     config: EngineConfig
-    actor: Any
-    ref: Any
+    handle: TrialHandle
     run_id: str
     started: float
     is_baseline: bool
@@ -220,13 +218,11 @@ class Daemon:
                 if self._waiting is None and not self._can_ask(study):
                     return
             self._poll_steps(study)
-            refs = [item.ref for item in self._inflight]
-            if not refs:
+            if not self._inflight:
                 time.sleep(self.poll_s)
                 continue
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.poll_s)
-            for ref in ready:
-                item = next(i for i in self._inflight if i.ref == ref)
+            ended = wait_any([item.handle for item in self._inflight], self.poll_s)
+            for item in [i for i in self._inflight if i.handle in ended]:
                 self._poll_steps(study)  # steps that arrived just before the result
                 self._collect(study, item, pool)
 
@@ -284,32 +280,31 @@ class Daemon:
         run_id = self.tracker.start_trial(self._parent_run, self.cfg.name, trial.number,
                                           {**params, "launch.model": config.model})
         trial.set_user_attr(ATTR_MLFLOW_RUN, run_id)
-        workdir = self.cfg.results_dir / "trials" / f"{trial.number:04d}"
-        actor = pool.acquire(config.num_gpus)
-        ref = actor.run.remote(config, self.workload, str(workdir.resolve()))
-        item = _InFlight(trial, params, config, actor, ref, run_id, time.monotonic(),
+        workdir = (self.cfg.results_dir / "trials" / f"{trial.number:04d}").resolve()
+        handle = pool.submit(config, self.workload, workdir)
+        item = _InFlight(trial, params, config, handle, run_id, time.monotonic(),
                          bool(attrs.get(ATTR_BASELINE)), int(attrs.get(ATTR_RETRIES, 0)))
         self._inflight.append(item)
         logger.info("trial %d started: params=%s", trial.number, params)
-        self.on_event(TrialEvent("started", trial.number, params))
+        self.on_event(TrialEvent("started", trial.number, self._changed(config)))
 
     # -- steps and pruning ------------------------------------------------------------------
 
     def _poll_steps(self, study: optuna.Study) -> None:
         for item in list(self._inflight):
             try:
-                steps: list[StepMetrics] = ray.get(item.actor.poll.remote(), timeout=30)
-            except LOST_ERRORS + (ray.exceptions.GetTimeoutError,):
-                continue  # the result ref will tell what happened
+                steps = item.handle.poll()
+            except WorkerLost:
+                continue  # the result will tell what happened
             for step in steps:
                 item.steps.append(step)
                 stop = self._should_prune(study, item, step)
                 if stop:
                     item.pruned_at = step.step
-                item.actor.decide.remote(step.step, stop)
+                item.handle.decide(step.step, stop)
                 values = objective_values(self.cfg.objectives, item.steps)
                 self.on_event(TrialEvent(
-                    "step", item.trial.number, item.params,
+                    "step", item.trial.number, self._changed(item.config),
                     "pruning" if stop else "running", values[0] if values else None,
                     step.metrics.p99_tpot_ms, f"level {step.step} ({step.level.label})",
                     time.monotonic() - item.started))
@@ -332,25 +327,17 @@ class Daemon:
 
     def _collect(self, study: optuna.Study, item: _InFlight, pool: WorkerPool) -> None:
         self._inflight.remove(item)
-        try:
-            result: RunResult = ray.get(item.ref)
-            pool.release(item.actor)
-        except LOST_ERRORS as exc:
-            pool.release(item.actor, healthy=False)
-            result = RunResult(status="failed", steps=tuple(item.steps),
-                               failure=lost_worker_failure(exc))
+        result = item.handle.result()
+        is_lost = result.failure is not None and result.failure.reason in (
+            FailureReason.WORKER_LOST, FailureReason.INTERNAL)
+        pool.release(item.handle.actor, healthy=not is_lost)
+        if is_lost and not result.steps:
+            result = RunResult(status="failed", steps=tuple(item.steps), failure=result.failure)
         self._record(study, item, result)
 
     def _cancel_and_collect(self, study: optuna.Study, item: _InFlight, pool: WorkerPool) -> None:
-        try:
-            ray.get(item.actor.cancel.remote(), timeout=120)
-        except Exception:  # a dead worker: its engine is reaped from the registry
-            logger.debug("cancel failed", exc_info=True)
-        try:
-            ray.get(item.ref, timeout=120)
-        except Exception:
-            logger.debug("cancelled run ended badly", exc_info=True)
-        pool.release(item.actor, healthy=False)
+        item.handle.cancel()
+        pool.release(item.handle.actor, healthy=False)
         self._inflight.remove(item)
         result = RunResult(status="failed", steps=tuple(item.steps), failure=Failure(
             FailureReason.INTERRUPTED,
@@ -406,17 +393,20 @@ class Daemon:
             logger.info("trial %d re-queued after %s", item.trial.number, failure.reason)
         logger.info("trial %d %s: %s params=%s", item.trial.number, state_name, conclusion,
                     item.params)
-        self.on_event(TrialEvent("finished", item.trial.number, item.params, state_name, primary,
+        self.on_event(TrialEvent("finished", item.trial.number, self._changed(item.config),
+                                 state_name, primary,
                                  metrics.get("p99_tpot_ms"), conclusion,
                                  time.monotonic() - item.started))
+
+    def _changed(self, config: EngineConfig) -> dict[str, Any]:
+        """The flags a trial sets beyond vLLM's defaults and the study's fixed flags."""
+        return {k: v for k, v in config.flags.items() if k not in self.cfg.spec.fixed_flags}
 
     def _tell_without_run(self, study: optuna.Study, trial: optuna.Trial,
                           params: dict[str, Any], failure: Failure) -> None:
         conclusion = f"rejected before launch ({failure.reason.value}): {failure.message}"
-        record = {"state": "failed", "params": params, "values": None, "metrics": {},
-                  "steps": [], "failure_reason": failure.reason.value,
-                  "failure_message": failure.message, "conclusion": conclusion, "argv": [],
-                  "env": {}, "wall_s": 0.0, "is_baseline": False}
+        record = records.failed_record(params, failure.reason.value, failure.message,
+                                       conclusion)
         trial.set_user_attr(ATTR_RECORD, record)
         run_id = self.tracker.start_trial(self._parent_run, self.cfg.name, trial.number, params)
         trial.set_user_attr(ATTR_MLFLOW_RUN, run_id)
@@ -442,13 +432,19 @@ class Daemon:
         MLflow runs are closed to match Optuna."""
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             retries = int(trial.user_attrs.get(ATTR_RETRIES, 0))
-            record = {"state": "failed", "params": trial.params, "values": None,
-                      "metrics": {}, "steps": [], "failure_reason": "daemon_lost",
-                      "failure_message": "the daemon died with this trial in flight.",
-                      "conclusion": "the daemon died with this trial in flight; re-queued.",
-                      "argv": [], "env": {}, "wall_s": 0.0,
-                      "is_baseline": bool(trial.user_attrs.get(ATTR_BASELINE))}
-            study._storage.set_trial_user_attr(trial._trial_id, ATTR_RECORD, record)
+            record = records.failed_record(
+                trial.params, FailureReason.DAEMON_LOST.value,
+                "the daemon died with this trial in flight.",
+                "the daemon died with this trial in flight; re-queued.",
+                is_baseline=bool(trial.user_attrs.get(ATTR_BASELINE)))
+            storage = study._storage
+            storage.set_trial_user_attr(trial._trial_id, ATTR_RECORD, record)
+            if not trial.user_attrs.get(ATTR_MLFLOW_RUN):
+                # Asked but never launched (it waited for GPUs): give it its run all the same,
+                # so every Optuna trial has exactly one MLflow run.
+                run_id = self.tracker.start_trial(self._parent_run, self.cfg.name,
+                                                  trial.number, trial.params)
+                storage.set_trial_user_attr(trial._trial_id, ATTR_MLFLOW_RUN, run_id)
             study.tell(trial.number, state=TrialState.FAIL)
             if trial.params and retries < self.cfg.spec.retries:
                 study.enqueue_trial(trial.params, user_attrs={
@@ -456,12 +452,12 @@ class Daemon:
                     ATTR_BASELINE: bool(trial.user_attrs.get(ATTR_BASELINE))})
             logger.warning("trial %d was in flight when the daemon died: failed, re-queued",
                            trial.number)
-        finished = {}
-        for trial in study.get_trials(deepcopy=False):
-            run_id = trial.user_attrs.get(ATTR_MLFLOW_RUN)
-            record = trial.user_attrs.get(ATTR_RECORD)
-            if run_id and record and trial.state.is_finished():
-                finished[run_id] = tracking_payload(record, None)
+        finished: dict[str, dict[str, Any]] = {}
+        for frozen in study.get_trials(deepcopy=False):
+            mlflow_run = frozen.user_attrs.get(ATTR_MLFLOW_RUN)
+            saved = frozen.user_attrs.get(ATTR_RECORD)
+            if mlflow_run and saved and frozen.state.is_finished():
+                finished[str(mlflow_run)] = tracking_payload(saved, None)
         closed = self.tracker.reconcile(self.cfg.name, finished)
         if closed:
             logger.info("closed %d MLflow runs left RUNNING by a dead daemon", closed)

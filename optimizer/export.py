@@ -95,8 +95,8 @@ def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str) -> str:
         lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
         lines.append("exec " + shlex.join(serve_argv(config.model, options)) + ' "$@"')
         return "\n".join(lines) + "\n"
-    header = [*(f"# {line}" for line in about.splitlines()),
-              f"# run: vllm serve {shlex.quote(config.model)} --config THIS_FILE"]
-    header += [f"# env: {k}={shlex.quote(v)}" for k, v in env.items()]
-    body = yaml.safe_dump(dict(options), sort_keys=False, default_flow_style=False)
-    return "\n".join(header) + "\n" + body
+    comments = [*(f"# {line}" for line in about.splitlines()),
+                f"# run: vllm serve {shlex.quote(config.model)} --config THIS_FILE"]
+    comments += [f"# env: {k}={shlex.quote(v)}" for k, v in env.items()]
+    body: str = yaml.safe_dump(dict(options), sort_keys=False, default_flow_style=False)
+    return "\n".join(comments) + "\n" + body

@@ -89,8 +89,18 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
     head = f"{change} vs best trial {number}: {objective} {_fmt(value)} {unit} ({delta:+.0f}%)"
     if state == "pruned":
         return f"{head} at level {pruned_at}; pruned: below the median of earlier trials there."
+    if abs(delta) < 2:
+        nominal = " (nominally the new best)" if better else ""
+        return f"{head}: within noise of the best{nominal}; this change does not matter here."
     if better:
         return f"{head}: new best."
-    if abs(delta) < 2:
-        return f"{head}: within noise of the best; this change does not matter here."
     return f"{head}: worse; keep {', '.join(c.split('→')[0] for c in changes[:2])} as in the best."
+
+
+def failed_record(params: Mapping[str, Any], reason: str, message: str, conclusion: str,
+                  *, is_baseline: bool = False) -> dict[str, Any]:
+    """The record of a trial that produced no measurement (rejected, lost, interrupted)."""
+    return {"state": "failed", "params": dict(params), "flags": {}, "values": None,
+            "metrics": {}, "steps": [], "failure_reason": reason, "failure_message": message,
+            "conclusion": conclusion, "argv": [], "env": {}, "wall_s": 0.0,
+            "is_baseline": is_baseline}

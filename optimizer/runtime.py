@@ -114,7 +114,8 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
         raise ConfigError("the Ray cluster has no GPU; start Ray with GPUs or use --dry-run.")
     results = cfg.results_dir.resolve()
     runner = RunnerSpec(kind=engine, registry_dir=results / "engines",
-                        hardware_preset=sim.hardware, startup_time_scale=sim.startup_time_scale,
+                        hardware=hardware.to_dict() if engine == "simulated" else None,
+                        startup_time_scale=sim.startup_time_scale,
                         seed=sim.seed, cache_root=cfg.spec.vllm.cache_root or DEFAULT_CACHE_ROOT)
     hw_dict = hardware.to_dict()
     study_params = {

@@ -4,16 +4,19 @@ from a runner's result to an Optuna trial state."""
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import optuna
 from optuna.trial import TrialState
 
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
+from optimizer.pruning import MarginPruner
 from runners.base import EngineConfig, RunResult, StepMetrics
+from runners.model_info import resolve_model_dir
 
 # Keys under which a trial's record lives in Optuna's user attributes (the source of truth the
 # tracker and reports are rebuilt from).
@@ -45,18 +48,20 @@ def make_sampler(cfg: StudyConfig) -> optuna.samplers.BaseSampler:
         return optuna.samplers.GPSampler(seed=spec.seed, n_startup_trials=spec.n_startup_trials)
     if spec.name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=spec.seed)
-    # multivariate + group: the space is conditional (rules fix some params for some configs).
-    return optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=spec.n_startup_trials,
-                                      multivariate=True, group=True,
-                                      constant_liar=True)  # parallel trials spread out
+    # multivariate + group: the space is conditional (rules fix some params for some configs);
+    # constant_liar spreads out trials that run in parallel. Both are marked experimental.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=spec.n_startup_trials,
+                                          multivariate=True, group=True, constant_liar=True)
 
 
 def make_pruner(cfg: StudyConfig) -> optuna.pruners.BasePruner:
     spec = cfg.spec.pruner
     if spec.name == "none" or cfg.is_multi_objective:
         return optuna.pruners.NopPruner()
-    return optuna.pruners.MedianPruner(n_startup_trials=spec.n_startup_trials,
-                                       n_warmup_steps=0)
+    return MarginPruner(percentile=50.0, min_relative_gap=spec.min_relative_gap,
+                        n_startup_trials=spec.n_startup_trials)
 
 
 def open_study(cfg: StudyConfig, *, create: bool = True) -> optuna.Study:
@@ -70,7 +75,9 @@ def open_study(cfg: StudyConfig, *, create: bool = True) -> optuna.Study:
                               f"with `nightshift start {cfg.source or 'STUDY.yaml'}`.") from None
     study = optuna.create_study(study_name=cfg.name, storage=storage,
                                 sampler=make_sampler(cfg), pruner=make_pruner(cfg),
-                                directions=cfg.directions, load_if_exists=True)
+                                directions=cast(list[Literal["minimize", "maximize"]],
+                                                cfg.directions),
+                                load_if_exists=True)
     if [d.name.lower() for d in study.directions] != cfg.directions:
         raise ConfigError(f"study {cfg.name!r} in {cfg.storage_url} optimizes "
                           f"{[d.name.lower() for d in study.directions]}, not {cfg.directions}; "
@@ -80,8 +87,10 @@ def open_study(cfg: StudyConfig, *, create: bool = True) -> optuna.Study:
 
 def engine_config(cfg: StudyConfig, flags: Mapping[str, Any]) -> EngineConfig:
     model = cfg.spec.model
+    # A bundled shape name becomes its directory: vLLM would take a bare name for a hub id.
+    directory = resolve_model_dir(model.path)
     return EngineConfig(
-        model=model.path,
+        model=str(directory.resolve()) if directory is not None else model.path,
         flags={**cfg.spec.fixed_flags, **flags},
         env=dict(cfg.spec.env),
         load_format=model.load_format,

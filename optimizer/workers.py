@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError, WorkerCrashedError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, WorkerCrashedError
 
 from optimizer.errors import WorkerLost
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics, Workload
 
 logger = logging.getLogger(__name__)
 
+_RAY_LOST: tuple[type[BaseException], ...] = (RayActorError, WorkerCrashedError, RayTaskError)
+_POLL_ERRORS: tuple[type[BaseException], ...] = (*_RAY_LOST, GetTimeoutError)
 DECISION_TIMEOUT_S = 3600.0  # a driver that never answers is dead; Ray then kills us anyway
 
 
@@ -31,7 +33,7 @@ class RunnerSpec:
 
     kind: str  # a key of RUNNERS
     registry_dir: Path  # engine pid records, for reaping strays after a crash
-    hardware_preset: str = "h200"  # simulated engine only
+    hardware: dict[str, Any] | None = None  # simulated engine only: the host it pretends to be
     startup_time_scale: float = 0.01  # simulated engine only
     seed: int = 0
     cache_root: Path | None = None  # VLLM_CACHE_ROOT shared by every trial
@@ -41,9 +43,11 @@ class RunnerSpec:
 
 def _simulated_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None) -> Any:
     from runners.engine import EngineRunner
+    from runners.hardware import HardwareProfile
     from runners.simulated.launcher import SimulatedLauncher
 
-    launcher = SimulatedLauncher(hardware=spec.hardware_preset,
+    hardware = HardwareProfile.from_dict(spec.hardware) if spec.hardware else "h200"
+    launcher = SimulatedLauncher(hardware=hardware,
                                  startup_time_scale=spec.startup_time_scale, seed=spec.seed)
     return EngineRunner(launcher, spec.registry_dir, stall_timeout_s=spec.stall_timeout_s,
                         gpu_indices=None)
@@ -134,7 +138,50 @@ class TrialWorker:
         self._runner.close()
 
 
-_RemoteWorker = ray.remote(max_concurrency=4)(TrialWorker)
+_RemoteWorker = ray.remote(max_concurrency=4)(TrialWorker)  # type: ignore[call-overload]
+
+
+class TrialHandle:
+    """The driver's view of one trial running on a worker: every Ray call the daemon makes
+    goes through here, so Ray's exceptions become `WorkerLost` at this boundary."""
+
+    def __init__(self, actor: Any, ref: Any) -> None:
+        self.actor = actor
+        self.ref = ref
+
+    def poll(self, timeout_s: float = 30.0) -> list[StepMetrics]:
+        try:
+            steps: list[StepMetrics] = ray.get(self.actor.poll.remote(), timeout=timeout_s)
+        except _POLL_ERRORS as exc:
+            raise WorkerLost(f"worker did not answer a poll ({type(exc).__name__})") from exc
+        return steps
+
+    def decide(self, step: int, stop: bool) -> None:
+        self.actor.decide.remote(step, stop)
+
+    def result(self, timeout_s: float | None = None) -> RunResult:
+        """The run's result; a dead worker becomes a `WORKER_LOST` (or `INTERNAL`) failure."""
+        try:
+            result: RunResult = ray.get(self.ref, timeout=timeout_s)
+        except _RAY_LOST as exc:
+            return RunResult(status="failed", failure=lost_worker_failure(exc))
+        return result
+
+    def cancel(self, timeout_s: float = 120.0) -> None:
+        try:
+            ray.get(self.actor.cancel.remote(), timeout=timeout_s)
+            ray.wait([self.ref], timeout=timeout_s)
+        except Exception:  # a dead worker: its engine is reaped from the registry
+            logger.debug("cancel failed", exc_info=True)
+
+
+def wait_any(handles: list[TrialHandle], timeout_s: float) -> list[TrialHandle]:
+    """The handles whose run has ended, after at most `timeout_s`."""
+    if not handles:
+        return []
+    ready, _ = ray.wait([h.ref for h in handles], num_returns=len(handles), timeout=timeout_s)
+    ready_ids = {r.hex() for r in ready}
+    return [h for h in handles if h.ref.hex() in ready_ids]
 
 
 @dataclass
@@ -159,6 +206,11 @@ class WorkerPool:
 
     def can_start(self, num_gpus: int) -> bool:
         return self.gpus_busy + num_gpus <= self.total_gpus
+
+    def submit(self, config: EngineConfig, workload: Workload, workdir: Path) -> TrialHandle:
+        """Start a trial on a worker owning `config.num_gpus` GPUs (check `can_start` first)."""
+        actor = self.acquire(config.num_gpus)
+        return TrialHandle(actor, actor.run.remote(config, workload, str(workdir)))
 
     def acquire(self, num_gpus: int) -> Any:
         for slot in self._slots:
@@ -210,8 +262,6 @@ def lost_worker_failure(exc: BaseException) -> Failure:
                    f"the Ray worker running this trial died ({type(exc).__name__}); re-queued.")
 
 
-LOST_ERRORS: tuple[type[BaseException], ...] = (RayActorError, WorkerCrashedError, RayTaskError,
-                                                WorkerLost)
 
 
 def init_ray(num_gpus: int | None, address: str | None = None) -> int:
@@ -224,4 +274,5 @@ def init_ray(num_gpus: int | None, address: str | None = None) -> int:
             ray.init(address=address, **kwargs)
         else:
             ray.init(num_gpus=num_gpus, num_cpus=max(2, (num_gpus or 0) + 2), **kwargs)
-    return int(ray.cluster_resources().get("GPU", 0))
+    resources: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+    return int(resources.get("GPU", 0))

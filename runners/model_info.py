@@ -1,4 +1,4 @@
-"""Model shape from a Hugging Face `config.json`: what the roofline, memory check and TP rules need.
+"""Model shape from a Hugging Face `config.json`: what the roofline, memory and TP rules need.
 
 Ships configs of a few real shapes under `model_configs/` so a study can run with dummy weights
 and no hub (`model: qwen2.5-7b`).

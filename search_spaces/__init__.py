@@ -1,1 +1,31 @@
 """Search spaces as YAML data, their loader and validation, and hardware-aware rules."""
+
+from search_spaces.rules import AppliedRule, Condition, Rule
+from search_spaces.space import (
+    KNOWN_FLAGS,
+    ParamSpec,
+    ResolvedSpace,
+    SearchSpace,
+    SpaceError,
+    bundled_spaces,
+    load_space,
+    parse_space,
+    recommend_space,
+    to_flags,
+)
+
+__all__ = [
+    "KNOWN_FLAGS",
+    "AppliedRule",
+    "Condition",
+    "ParamSpec",
+    "ResolvedSpace",
+    "Rule",
+    "SearchSpace",
+    "SpaceError",
+    "bundled_spaces",
+    "load_space",
+    "parse_space",
+    "recommend_space",
+    "to_flags",
+]

@@ -41,3 +41,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """One local Ray for the session, with two GPUs declared (no real GPU needed)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    yield
+    ray.shutdown()

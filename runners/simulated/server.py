@@ -1,0 +1,741 @@
+"""The simulated engine's HTTP server: vLLM's OpenAI-compatible endpoints, /metrics and the
+profiler endpoints over an asyncio continuous-batching loop driven by `PerformanceModel`.
+
+Step times are slept in real time so client-side latencies (and SLO checks) hold; only start-up
+is time-scaled. Log lines use vLLM's wording so the same log parsers read them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import gzip
+import hashlib
+import json
+import logging
+import os
+import random
+import socket
+import time
+import uuid
+import zlib
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from runners.base import EngineConfig, Failure, FailureReason
+from runners.hardware import HardwareProfile
+from runners.simulated.faults import Faults
+from runners.simulated.model import (
+    ATTENTION_BACKENDS,
+    ENGINE_VERSION,
+    GIB,
+    PerformanceModel,
+    Scheduler,
+    SimRequest,
+    StepBreakdown,
+    StepPlan,
+    TokenEvent,
+    block_hashes,
+)
+
+logger = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
+DEFAULT_NOISE_SIGMA = 0.025  # lognormal sigma on step times: run-to-run jitter of a real GPU
+MAX_TRACE_EVENTS = 4000  # keeps a trace small enough for tests and the trace summariser
+# Bucket edges copied from vLLM 0.26's metrics so histogram quantiles compare like for like.
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                  5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                 7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                     60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+FAKE_WORDS = ("the", "model", "serves", "tokens", "quickly", "while", "batching", "requests",
+              "under", "load", "and", "memory", "bound", "decode", "steps", "run")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """One simulated engine process."""
+
+    config: EngineConfig
+    hardware: HardwareProfile
+    port: int
+    profile_dir: Path | None = None
+    startup_time_scale: float = 0.01  # slept seconds per modelled start-up second
+    seed: int = 0
+    faults: Faults = field(default_factory=Faults)
+    noise_sigma: float = DEFAULT_NOISE_SIGMA
+
+
+class EngineMetrics:
+    """vLLM's /metrics names on a private registry (several engines may share a test process)."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = ["model_name"]
+        r = self.registry
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=r)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, labels, registry=r)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r)
+
+        self.running = gauge("vllm:num_requests_running", "Requests in model execution batches.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be processed.")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent.")
+        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens",
+                                         "Number of generation tokens processed.")
+        self.prefix_queries = counter("vllm:prefix_cache_queries",
+                                      "Prefix-cache queries, in tokens.")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.")
+        self.ttft = histogram("vllm:time_to_first_token_seconds",
+                              "Histogram of time to first token in seconds.", TTFT_BUCKETS_S)
+        self.itl = histogram("vllm:inter_token_latency_seconds",
+                             "Histogram of inter-token latency in seconds.", ITL_BUCKETS_S)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds",
+                             "Histogram of e2e request latency in seconds.", REQUEST_BUCKETS_S)
+        self.queue = histogram("vllm:request_queue_time_seconds",
+                               "Histogram of time spent in WAITING phase.", REQUEST_BUCKETS_S)
+        self.iteration_tokens = histogram("vllm:iteration_tokens_total",
+                                          "Histogram of number of tokens per engine_step.",
+                                          ITERATION_TOKEN_BUCKETS)
+        for metric in (self.running, self.waiting, self.kv_usage, self.preemptions,
+                       self.prompt_tokens, self.generation_tokens, self.prefix_queries,
+                       self.prefix_hits, self.ttft, self.itl, self.e2e, self.queue,
+                       self.iteration_tokens):
+            metric.labels(model_name=model_name)  # present from the start, as vLLM's are
+        self.model_name = model_name
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+@dataclass
+class _Stream:
+    """A request's mailbox: the engine loop puts token events, the handler takes them."""
+
+    request: SimRequest
+    events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
+
+
+@dataclass(frozen=True)
+class _ProfiledStep:
+    start_us: float
+    breakdown: StepBreakdown
+    num_tokens: int
+    num_decode_seqs: int
+
+
+def _tokenize(text: str, vocab_size: int) -> list[int]:
+    """A stand-in tokenizer: one token per whitespace-separated word, stable across runs."""
+    return [zlib.crc32(word.encode()) % vocab_size for word in text.split()] or [0]
+
+
+def _compile_cache_marker(config: EngineConfig) -> Path | None:
+    """Where a warm compile cache is remembered, only when the config names VLLM_CACHE_ROOT (so
+    tests never write under the user's home)."""
+    root = config.env.get("VLLM_CACHE_ROOT")
+    if not root:
+        return None
+    keyed = {k: config.flags.get(k) for k in sorted(config.flags) if not k.startswith("sim_")}
+    digest = hashlib.sha256(json.dumps([config.model, keyed], default=str).encode()).hexdigest()
+    return Path(root) / "torch_compile_cache" / f"simulated-{digest[:16]}" / "done"
+
+
+class SimulatedEngine:
+    """Owns the scheduler, metrics, fault state and the start-up sequence of one process."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        config = settings.config
+        marker = _compile_cache_marker(config)
+        self._compile_marker = marker
+        self.model = PerformanceModel.from_config(
+            config, settings.hardware, is_compile_cache_warm=bool(marker and marker.is_file()))
+        self.faults = settings.faults
+        self.metrics = EngineMetrics(config.served_model_name)
+        self.scheduler = Scheduler(self.model)
+        self.is_ready = False
+        self.is_hung = False
+        self._rng = random.Random(settings.seed)
+        self._error_rng = random.Random(settings.seed + 1)
+        self._streams: dict[SimRequest, _Stream] = {}
+        self._wakeup = asyncio.Event()
+        self._num_requests_started = 0
+        self._deadline = 0.0
+        self._profile: list[_ProfiledStep] | None = None
+        self._profile_events = 0
+        self._loop_task: asyncio.Task[None] | None = None
+        self._reported_queries = 0
+        self._reported_hits = 0
+
+    # --- start-up ------------------------------------------------------------------------------
+    async def _sleep_scaled(self, modelled_s: float) -> None:
+        await asyncio.sleep(max(0.0, modelled_s * self.settings.startup_time_scale))
+
+    def _fail(self, failure: Failure, exception: str = "ValueError") -> int:
+        logger.error("%s: %s", exception, failure.message)
+        logger.error("RuntimeError: Engine core initialization failed. See root cause above. "
+                     "Failed core proc(s): {}")
+        return 1
+
+    async def start(self) -> int | None:
+        """Walk through vLLM's start-up, logging its lines; None when ready, else an exit code."""
+        model, faults, scale = self.model, self.faults, self.settings.startup_time_scale
+        times = model.startup()
+        started = time.monotonic()
+        logger.info("vLLM API server version %s", ENGINE_VERSION)
+        logger.info("Simulated engine: latencies come from a roofline model of %s on %s, "
+                    "not from a GPU measurement.", model.model.name, model.hardware.gpu_name)
+        await self._sleep_scaled(times.process_start_s)
+        candidates = [b for b in ATTENTION_BACKENDS if b != "FLEX_ATTENTION"] + ["FLEX_ATTENTION"]
+        logger.info("Using %s attention backend out of potential backends: %s",
+                    model.attention_backend, candidates)
+        await self._sleep_scaled(times.model_load_s)
+        logger.info("Loading weights took %.2f seconds", times.model_load_s * 0.95)
+        logger.info("Model loading took %.4f GiB memory and %.6f seconds",
+                    model.weight_bytes_per_gpu / GIB, times.model_load_s)
+        if faults.oom_at_start:
+            await self._sleep_scaled(times.profile_s)
+            return self._fail(Failure(
+                FailureReason.OOM_AT_START,
+                "No available memory for the cache blocks. Try increasing "
+                "`gpu_memory_utilization` when initializing the engine."))
+        if times.compile_s:
+            await self._sleep_scaled(times.compile_s)
+            if model.is_compile_cache_warm:
+                logger.info("Directly load the compiled graph(s) for dynamic shape from the "
+                            "cache, took %.3f s", times.compile_s)
+            logger.info("torch.compile takes %.2f s in total", times.compile_s)
+        await self._sleep_scaled(times.profile_s)
+        failure = model.check_memory()
+        if failure is not None:
+            return self._fail(failure)
+        logger.info("Available KV cache memory: %.2f GiB", model.kv_cache_bytes_per_gpu / GIB)
+        logger.info("GPU KV cache size: %s tokens", f"{model.kv_cache_tokens:,}")
+        logger.info("Maximum concurrency for %s tokens per request: %.2fx",
+                    f"{model.max_model_len:,}", model.max_concurrency_at_max_len)
+        if times.graph_capture_s:
+            logger.info("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 0%")
+            if faults.graph_capture_fail:
+                await self._sleep_scaled(times.graph_capture_s / 3)
+                logger.error(
+                    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+                    "GPU 0 has a total capacity of %.2f GiB of which 1.12 GiB is free.",
+                    model.hardware.gpu_memory_gib)
+                logger.error("RuntimeError: Engine core initialization failed. See root cause "
+                             "above. Failed core proc(s): {}")
+                return 1
+            await self._sleep_scaled(times.graph_capture_s)
+            logger.info("Graph capturing finished in %.0f secs, took %.2f GiB",
+                        times.graph_capture_s, model.cuda_graph_bytes_per_gpu / GIB)
+        logger.info("init engine (profile, create kv cache, warmup model) took %.2f seconds "
+                    "(compilation: %.2f s)", times.init_engine_s, times.compile_s)
+        if self._compile_marker is not None and times.compile_s:
+            self._compile_marker.parent.mkdir(parents=True, exist_ok=True)
+            self._compile_marker.touch()
+        await self._sleep_scaled(times.misc_s)
+        if faults.slow_start_s:
+            await asyncio.sleep(float(faults.slow_start_s))  # real seconds, on purpose
+        if faults.hang_at_start:
+            logger.info("Simulated fault: never becoming healthy (sim_hang_at_start).")
+            await asyncio.Event().wait()
+        logger.info("Simulated engine ready: modelled start-up %.1f s (slept %.2f s at "
+                    "startup_time_scale %g)", times.total_s, time.monotonic() - started, scale)
+        logger.info("Starting vLLM API server 0 on http://%s:%d", HOST, self.settings.port)
+        logger.info("Application startup complete.")
+        self._loop_task = asyncio.create_task(self._run_loop())
+        self.is_ready = True
+        return None
+
+    # --- engine loop ---------------------------------------------------------------------------
+    async def _run_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wakeup.wait()
+            if self.is_hung:
+                await asyncio.Event().wait()  # a wedged engine: alive, silent
+            now = loop.time()
+            plan = self.scheduler.schedule(now)
+            if plan is None:
+                self._wakeup.clear()
+                continue
+            step_s = plan.breakdown.total_s * self._rng.lognormvariate(0.0, self._sigma)
+            self._record_profile(plan, step_s)
+            # Sleep to a deadline, not for a duration, so timer lateness does not accumulate.
+            self._deadline = max(self._deadline, now) + step_s
+            await asyncio.sleep(max(0.0, self._deadline - loop.time()))
+            if self.is_hung:
+                await asyncio.Event().wait()
+            self._complete(plan, loop.time())
+
+    @property
+    def _sigma(self) -> float:
+        return self.settings.noise_sigma
+
+    def _complete(self, plan: StepPlan, now: float) -> None:
+        m, name = self.metrics, self.metrics.model_name
+        m.iteration_tokens.labels(model_name=name).observe(plan.num_tokens)
+        if plan.num_preempted:
+            m.preemptions.labels(model_name=name).inc(plan.num_preempted)
+        events = self.scheduler.complete(plan, now)
+        m.generation_tokens.labels(model_name=name).inc(len(events))
+        for event in events:
+            request = event.request
+            if event.is_first:
+                # As vLLM: the whole prompt counts once, cached or recomputed after preemption.
+                m.prompt_tokens.labels(model_name=name).inc(request.num_prompt_tokens)
+                m.ttft.labels(model_name=name).observe(now - request.arrival_s)
+                if request.first_scheduled_s is not None:
+                    m.queue.labels(model_name=name).observe(
+                        request.first_scheduled_s - request.arrival_s)
+            stream = self._streams.get(request)
+            if stream is not None:
+                stream.events.put_nowait(event)
+        self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        m, name = self.metrics, self.metrics.model_name
+        m.running.labels(model_name=name).set(len(self.scheduler.running))
+        m.waiting.labels(model_name=name).set(len(self.scheduler.waiting))
+        m.kv_usage.labels(model_name=name).set(self.scheduler.kv_cache_usage)
+        # The scheduler keeps running totals; counters take the increments since last time.
+        stats = self.scheduler.stats
+        m.prefix_queries.labels(model_name=name).inc(
+            stats.prefix_cache_queries - self._reported_queries)
+        m.prefix_hits.labels(model_name=name).inc(stats.prefix_cache_hits - self._reported_hits)
+        self._reported_queries = stats.prefix_cache_queries
+        self._reported_hits = stats.prefix_cache_hits
+
+    # --- requests ------------------------------------------------------------------------------
+    def request_started(self) -> None:
+        """Count an arriving request and fire the request-count faults."""
+        self._num_requests_started += 1
+        count, faults = self._num_requests_started, self.faults
+        if faults.crash_after_requests is not None and count > int(faults.crash_after_requests):
+            logger.error("Simulated fault: engine core died after %d requests "
+                         "(sim_crash_after_requests).", count - 1)
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            os._exit(1)  # abrupt on purpose: no cleanup, as a segfaulting worker
+        if faults.hang_after_requests is not None and count > int(faults.hang_after_requests):
+            if not self.is_hung:
+                logger.warning("Simulated fault: engine hangs after %d requests "
+                               "(sim_hang_after_requests).", count - 1)
+            self.is_hung = True
+
+    def should_fail_request(self) -> bool:
+        return self._error_rng.random() < float(self.faults.error_rate)
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int) -> AsyncIterator[TokenEvent]:
+        loop = asyncio.get_running_loop()
+        request = SimRequest(uuid.uuid4().hex, len(prompt_ids), max_tokens, loop.time(),
+                             block_hashes(prompt_ids, self.model.block_size))
+        stream = _Stream(request)
+        self._streams[request] = stream
+        self.scheduler.add(request)
+        self._update_gauges()
+        self._wakeup.set()
+        last_s = request.arrival_s
+        try:
+            while True:
+                event = await stream.events.get()
+                now = loop.time()
+                if not event.is_first:
+                    self.metrics.itl.labels(model_name=self.metrics.model_name).observe(
+                        now - last_s)
+                last_s = now
+                yield event
+                if event.is_finished:
+                    self.metrics.e2e.labels(model_name=self.metrics.model_name).observe(
+                        now - request.arrival_s)
+                    return
+        finally:
+            self._streams.pop(request, None)
+            if not request.is_finished:
+                self.scheduler.abort(request)  # the client went away
+                self._update_gauges()
+
+    # --- profiler ------------------------------------------------------------------------------
+    def start_profile(self) -> None:
+        self._profile = []
+        self._profile_events = 0
+
+    def _record_profile(self, plan: StepPlan, step_s: float) -> None:
+        if self._profile is None or self._profile_events >= MAX_TRACE_EVENTS:
+            return
+        # The trace shows the noisy step actually slept, so scale every part alike.
+        b = plan.breakdown
+        scale = step_s / b.total_s if b.total_s else 1.0
+        breakdown = dataclasses.replace(
+            b, gemm_s=b.gemm_s * scale, attention_s=b.attention_s * scale,
+            kv_write_s=b.kv_write_s * scale, elementwise_s=b.elementwise_s * scale,
+            quant_s=b.quant_s * scale, comm_s=b.comm_s * scale, launch_s=b.launch_s * scale,
+            host_s=b.host_s * scale)
+        self._profile.append(_ProfiledStep(time.time() * 1e6, breakdown, plan.num_tokens,
+                                           plan.num_decode_seqs))
+        self._profile_events += _events_per_step(self.model)
+
+    def stop_profile(self) -> Path | None:
+        steps, self._profile = self._profile or [], None
+        directory = self.settings.profile_dir
+        if directory is None:
+            return None
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"rank0.{time.time_ns()}.pt.trace.json.gz"
+        trace = {
+            "schemaVersion": 1,
+            "deviceProperties": [{"id": 0, "name": self.model.hardware.gpu_name,
+                                  "totalGlobalMem": int(self.model.hardware.gpu_memory_gib
+                                                        * GIB)}],
+            "traceEvents": build_trace_events(self.model, steps),
+            "displayTimeUnit": "ms",
+        }
+        with gzip.open(path, "wt", encoding="utf-8") as handle:
+            json.dump(trace, handle)
+        logger.info("Profiler trace written to %s (%d steps)", path, len(steps))
+        return path
+
+
+# --- chrome trace ------------------------------------------------------------------------------
+def _kernel_names(model: PerformanceModel, is_decode: bool) -> dict[str, str]:
+    """Kernel names as the config would launch them (vLLM's category regexes match these)."""
+    hopper = model.hardware.compute_capability >= 9.0
+    if model.is_fp8_weights:
+        gemm = ("void cutlass::device_kernel<vllm::cutlass_3x_gemm_sm90_fp8<cutlass::float_e4m3_t,"
+                " cutlass::bfloat16_t>>")
+    elif hopper:
+        gemm = ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT" if is_decode
+                else "nvjet_sm90_tst_256x128_64x4_2x1_v_bz_coopA_TNT")
+    else:
+        gemm = "ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn"
+    kv = ("unsigned char, (vllm::Fp8KVCacheDataType)1" if model.kv_cache_dtype.startswith("fp8")
+          else "__nv_bfloat16, (vllm::Fp8KVCacheDataType)0")
+    backend = model.attention_backend
+    if backend == "FLASHINFER":
+        attention = ("void flashinfer::BatchDecodeWithPagedKVCacheKernel<128, 8, 16>" if is_decode
+                     else "void flashinfer::BatchPrefillWithPagedKVCacheKernel<128, 4, 1>")
+    elif backend == "TRITON_ATTN":
+        attention = "kernel_unified_attention_2d"
+    elif backend == "FLEX_ATTENTION":
+        attention = "triton_tem_fused_flex_attn_0"
+    elif hopper:
+        attention = ("void flash::FlashAttnFwdSm90<flash::CollectiveMainloopFwdSm90<2, "
+                     "cute::tuple<cute::C<1>, cute::C<1>, cute::C<1>>, cute::tuple<cute::C<128>, "
+                     "cute::C<128>, cute::C<128>>, 128, cutlass::bfloat16_t, float, "
+                     "cutlass::arch::Sm90>>")
+    else:
+        attention = ("void flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, "
+                     "4, false, false, cutlass::bfloat16_t>>")
+    if model.enforce_eager:
+        norm = "void vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>"
+        rope = "void vllm::rotary_embedding_kernel<c10::BFloat16, true>"
+        act = ("void vllm::act_and_mul_kernel<c10::BFloat16, &vllm::silu_kernel<c10::BFloat16>, "
+               "true>")
+    else:
+        norm = "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_1"
+        rope = "triton_poi_fused_cat_index_select_mul_split_2"
+        act = "triton_poi_fused_mul_silu_slice_3"
+    return {
+        "gemm": gemm, "attention": attention, "norm": norm, "rope": rope, "act": act,
+        "kv_write": f"void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, {kv}>",
+        "quant": "void vllm::dynamic_scaled_fp8_quant_kernel<c10::BFloat16, c10::Float8_e4m3fn>",
+        "comm": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+        "softmax": "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, "
+                   "float, at::native::(anonymous namespace)::SoftMaxForwardEpilogue>",
+        "argmax": "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, "
+                  "at::native::ArgMaxOps<float>, unsigned int, long, 4>>",
+    }
+
+
+def _layer_kernels(model: PerformanceModel, b: StepBreakdown) -> list[tuple[str, str, float]]:
+    """(kind, category, seconds) of one layer, splitting the step's parts by FLOP/byte share."""
+    m = model.model
+    layers = m.num_hidden_layers
+    q_kv = m.hidden_size * (m.num_attention_heads + 2 * m.num_key_value_heads) * m.head_dim
+    o_proj = m.num_attention_heads * m.head_dim * m.hidden_size
+    gate_up = 2 * m.hidden_size * m.intermediate_size
+    down = m.hidden_size * m.intermediate_size
+    linear = (q_kv + o_proj + gate_up + down) * layers
+    gemm_layer_s = b.gemm_s * linear / (linear + model.lm_head_params) / layers
+    shares = {"qkv": q_kv, "o": o_proj, "gate_up": gate_up, "down": down}
+    total_share = sum(shares.values())
+    elementwise = b.elementwise_s / layers
+    kernels: list[tuple[str, str, float]] = [("norm", "kernel", elementwise * 0.35)]
+    if b.quant_s:
+        kernels.append(("quant", "kernel", b.quant_s / layers / 4))
+    kernels += [
+        ("gemm", "kernel", gemm_layer_s * shares["qkv"] / total_share),
+        ("rope", "kernel", elementwise * 0.2),
+        ("kv_write", "kernel", b.kv_write_s / layers),
+        ("attention", "kernel", b.attention_s / layers),
+        ("gemm", "kernel", gemm_layer_s * shares["o"] / total_share),
+    ]
+    if b.comm_s:
+        kernels.append(("comm", "kernel", b.comm_s / layers / 2))
+    kernels.append(("norm", "kernel", elementwise * 0.25))
+    if b.quant_s:
+        kernels.append(("quant", "kernel", b.quant_s / layers / 4))
+    kernels += [("gemm", "kernel", gemm_layer_s * shares["gate_up"] / total_share),
+                ("act", "kernel", elementwise * 0.2),
+                ("gemm", "kernel", gemm_layer_s * shares["down"] / total_share)]
+    if b.comm_s:
+        kernels.append(("comm", "kernel", b.comm_s / layers / 2))
+    return kernels
+
+
+def _events_per_step(model: PerformanceModel) -> int:
+    per_layer = 9 + (2 if model.tensor_parallel_size > 1 else 0) + (
+        2 if model.is_fp8_weights else 0)
+    return per_layer * model.model.num_hidden_layers + 5
+
+
+def build_trace_events(model: PerformanceModel,
+                       steps: list[_ProfiledStep]) -> list[dict[str, Any]]:
+    """Chrome-trace `X` events for the recorded steps: kernels back to back on one stream,
+    separated by the launch gaps the model predicts (eager: the GPU waits on Python)."""
+    events: list[dict[str, Any]] = []
+    correlation = 0
+
+    def emit(name: str, cat: str, ts_us: float, dur_us: float) -> None:
+        nonlocal correlation
+        correlation += 1
+        events.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 7,
+                       "ts": round(ts_us, 3), "dur": round(max(dur_us, 0.5), 3),
+                       "args": {"device": 0, "stream": 7, "correlation": correlation}})
+
+    for step in steps:
+        b = step.breakdown
+        names = _kernel_names(model, is_decode=step.num_tokens == step.num_decode_seqs)
+        layer = _layer_kernels(model, b)
+        num_kernels = len(layer) * model.model.num_hidden_layers + 4
+        # Launch-bound steps leave a gap before every kernel; graph replays leave ~1 us.
+        gap_us = max(1.0, (b.launch_s - b.gpu_s) * 1e6 / num_kernels)
+        ts = step.start_us + b.host_s * 1e6 * 0.5  # input preparation precedes the forward
+        emit("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", ts, 3.0 + step.num_tokens * 0.01)
+        ts += 5.0
+        for _ in range(model.model.num_hidden_layers):
+            for kind, cat, seconds in layer:
+                ts += gap_us
+                emit(names[kind], cat, ts, seconds * 1e6)
+                ts += seconds * 1e6
+        lm_head_s = b.gemm_s - sum(s for k, _, s in layer if k == "gemm") * (
+            model.model.num_hidden_layers)
+        for kind, dur_us in (("gemm", lm_head_s * 1e6), ("softmax", 4.0), ("argmax", 3.0)):
+            ts += gap_us
+            emit(names[kind], "kernel", ts, dur_us)
+            ts += dur_us
+        emit("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", ts + 1.0, 2.0)
+        if len(events) >= MAX_TRACE_EVENTS:
+            break
+    return events
+
+
+# --- HTTP ----------------------------------------------------------------------------------------
+def _error(message: str, status: int, kind: str) -> JSONResponse:
+    return JSONResponse({"object": "error", "message": message, "type": kind, "param": None,
+                         "code": status}, status_code=status)
+
+
+def build_app(engine: SimulatedEngine) -> Starlette:
+    """vLLM's OpenAI-compatible routes; profiler routes only with a profile dir, as in vLLM."""
+    config = engine.settings.config
+    served = config.served_model_name
+    created = int(time.time())
+    vocab = engine.model.model.vocab_size
+
+    async def health(_: Request) -> Response:
+        if engine.is_hung:
+            await asyncio.Event().wait()  # a wedged API server never answers
+        return Response(status_code=200 if engine.is_ready else 503)
+
+    async def models(_: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{
+            "id": served, "object": "model", "created": created, "owned_by": "vllm",
+            "root": config.model, "parent": None, "max_model_len": engine.model.max_model_len,
+            "permission": []}]})
+
+    async def metrics(_: Request) -> Response:
+        return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def completions(request: Request) -> Response:
+        if not engine.is_ready:
+            return _error("The engine is not ready yet.", 503, "ServiceUnavailableError")
+        try:
+            body = await request.json()
+        except json.JSONDecodeError as exc:
+            return _error(f"Request body must be JSON: {exc}.", 400, "BadRequestError")
+        if not isinstance(body, dict):
+            return _error("Request body must be a JSON object.", 400, "BadRequestError")
+        checked = _check_completion(body, served, config.model, vocab,
+                                    engine.model.max_model_len)
+        if isinstance(checked, JSONResponse):
+            return checked
+        prompt_ids, max_tokens = checked
+        engine.request_started()
+        if engine.should_fail_request():
+            return _error("Simulated internal error (sim_error_rate).", 500,
+                          "InternalServerError")
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        model_name = str(body.get("model") or served)
+        if body.get("stream"):
+            options = body.get("stream_options") or {}
+            include_usage = bool(options.get("include_usage")) if isinstance(
+                options, Mapping) else False
+            return StreamingResponse(
+                _sse(engine, prompt_ids, max_tokens, request_id, model_name, include_usage),
+                media_type="text/event-stream")
+        words: list[str] = []
+        async for event in engine.generate(prompt_ids, max_tokens):
+            words.append(_word(event.request.num_output_tokens))
+        return JSONResponse({
+            "id": request_id, "object": "text_completion", "created": int(time.time()),
+            "model": model_name,
+            "choices": [{"index": 0, "text": "".join(words), "logprobs": None,
+                         "finish_reason": "length", "stop_reason": None,
+                         "prompt_logprobs": None}],
+            "usage": _usage(len(prompt_ids), len(words))})
+
+    async def start_profile(_: Request) -> Response:
+        engine.start_profile()
+        return Response(status_code=200)
+
+    async def stop_profile(_: Request) -> Response:
+        await asyncio.to_thread(engine.stop_profile)
+        return Response(status_code=200)
+
+    routes = [Route("/health", health, methods=["GET"]),
+              Route("/v1/models", models, methods=["GET"]),
+              Route("/metrics", metrics, methods=["GET"]),
+              Route("/v1/completions", completions, methods=["POST"])]
+    if engine.settings.profile_dir is not None:
+        routes += [Route("/start_profile", start_profile, methods=["POST"]),
+                   Route("/stop_profile", stop_profile, methods=["POST"])]
+    return Starlette(routes=routes)
+
+
+def _check_completion(body: Mapping[str, Any], served: str, model_path: str, vocab: int,
+                      max_model_len: int) -> tuple[list[int], int] | JSONResponse:
+    name = body.get("model")
+    if name is not None and name not in {served, model_path}:
+        return _error(f"The model `{name}` does not exist.", 404, "NotFoundError")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        prompt_ids = _tokenize(prompt, vocab)
+    elif isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        prompt_ids = [int(t) for t in prompt]
+    else:
+        return _error("prompt must be a string or a non-empty list of token ids.", 400,
+                      "BadRequestError")
+    raw_max = body.get("max_tokens")
+    if raw_max is None:
+        raw_max = DEFAULT_MAX_TOKENS
+    if not isinstance(raw_max, int) or isinstance(raw_max, bool) or raw_max < 1:
+        return _error(f"max_tokens must be at least 1, got {raw_max}.", 400, "BadRequestError")
+    if len(prompt_ids) + raw_max > max_model_len:
+        return _error(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {len(prompt_ids) + raw_max} tokens ({len(prompt_ids)} in the messages, "
+            f"{raw_max} in the completion). Please reduce the length of the messages or "
+            "completion.", 400, "BadRequestError")
+    return prompt_ids, raw_max
+
+
+def _word(index: int) -> str:
+    return " " + FAKE_WORDS[(index * 7 + 3) % len(FAKE_WORDS)]
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens, "prompt_tokens_details": None}
+
+
+async def _sse(engine: SimulatedEngine, prompt_ids: list[int], max_tokens: int, request_id: str,
+               model_name: str, include_usage: bool) -> AsyncIterator[str]:
+    created = int(time.time())
+    num_tokens = 0
+    async for event in engine.generate(prompt_ids, max_tokens):
+        num_tokens += 1
+        chunk = {"id": request_id, "object": "text_completion", "created": created,
+                 "model": model_name,
+                 "choices": [{"index": 0, "text": _word(event.request.num_output_tokens),
+                              "logprobs": None,
+                              "finish_reason": "length" if event.is_finished else None,
+                              "stop_reason": None}]}
+        yield f"data: {json.dumps(chunk)}\n\n"
+    if include_usage:
+        final = {"id": request_id, "object": "text_completion", "created": created,
+                 "model": model_name, "choices": [],
+                 "usage": _usage(len(prompt_ids), num_tokens)}
+        yield f"data: {json.dumps(final)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+# --- process -------------------------------------------------------------------------------------
+async def serve(settings: ServerSettings) -> int:
+    """Run one engine until SIGINT/SIGTERM; the exit code vLLM would give (0 or 1)."""
+    try:
+        engine = SimulatedEngine(settings)
+    except ValueError as exc:
+        logger.error("ValueError: %s", exc)
+        return 1
+    failure = engine.model.check_arguments()
+    if failure is not None:
+        logger.error("ValueError: %s", failure.message)
+        return 1
+    # vLLM 0.26 exposes no `*_created` samples; prometheus_client's switch is process-wide,
+    # which is right here: this process is one engine.
+    disable_created_metrics()  # type: ignore[no-untyped-call]
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((HOST, settings.port))
+    except OSError as exc:
+        sock.close()
+        logger.error("OSError: [Errno %s] error while attempting to bind on address "
+                     "('%s', %d): %s", exc.errno, HOST, settings.port, exc.strerror)
+        return 1
+    server = uvicorn.Server(uvicorn.Config(
+        build_app(engine), log_level="warning", access_log=False, lifespan="off",
+        timeout_graceful_shutdown=1))
+    serve_task = asyncio.create_task(server.serve(sockets=[sock]))
+    start_task = asyncio.create_task(engine.start())
+    await asyncio.wait({serve_task, start_task}, return_when=asyncio.FIRST_COMPLETED)
+    if start_task.done() and start_task.result() is not None:
+        server.should_exit = True
+        await serve_task
+        return int(start_task.result() or 1)
+    await serve_task
+    start_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await start_task
+    return 0

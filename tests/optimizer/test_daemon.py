@@ -1,0 +1,168 @@
+"""End to end on real components: Optuna SQLite storage, a local Ray with declared GPUs, a real
+MLflow sqlite store, and the simulated engine as real HTTP server processes."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+import psutil
+import pytest
+import yaml
+from mlflow import MlflowClient
+from optuna.trial import TrialState
+
+from optimizer.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def write_study(tmp_path: Path, *, name: str = "e2e", trials: int = 12,
+                **overrides: Any) -> Path:
+    study = {
+        "name": name,
+        "engine": "simulated",
+        "model": {"path": "qwen2.5-7b", "load_format": "dummy", "skip_tokenizer_init": True},
+        "workload": {"input_len": 128, "output_len": 16,
+                     "levels": [{"concurrency": 4}, {"concurrency": 8}],
+                     "num_requests": 16, "warmup_requests": 2},
+        "slo": {"ttft_p99_ms": 2000, "tpot_p99_ms": 40},
+        "search_space": "hopper",
+        "budget": {"trials": trials},
+        "simulated": {"hardware": "h200", "num_gpus": 2, "startup_time_scale": 0.002},
+        "results_dir": str(tmp_path / "results"),
+        "tracking_uri": f"sqlite:///{tmp_path}/mlruns/mlflow.db",
+        **overrides,
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def load(tmp_path: Path, name: str = "e2e") -> optuna.Study:
+    return optuna.load_study(study_name=name,
+                             storage=f"sqlite:///{tmp_path}/results/optuna.db")
+
+
+def trial_runs(tmp_path: Path, name: str = "e2e") -> list[Any]:
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    exp = client.get_experiment_by_name(name)
+    return client.search_runs([exp.experiment_id],
+                              filter_string="tags.`nightshift.kind` = 'trial'",
+                              max_results=1000)
+
+
+def test_study_of_twelve_trials_runs_two_at_a_time_and_logs_everything(
+        tmp_path: Path, ray_cluster: None) -> None:
+    path = write_study(tmp_path)
+    assert main(["start", str(path), "--no-progress"]) == 0
+
+    study = load(tmp_path)
+    finished = [t for t in study.trials if t.state.is_finished()]
+    assert len(finished) == 12, "the budget is 12 trials"
+    assert finished[0].user_attrs.get("baseline") is True, "the defaults run first"
+    assert finished[0].user_attrs["record"]["flags"] == {}, \
+        "the baseline is a plain `vllm serve MODEL`"
+    complete = [t for t in finished if t.state == TrialState.COMPLETE]
+    assert len(complete) >= 6
+
+    spans = sorted((t.datetime_start, t.datetime_complete) for t in finished)
+    overlaps = sum(1 for (a, b), (c, _) in itertools.pairwise(spans) if c < b)
+    assert overlaps >= 1, "two GPUs declared: trials run side by side"
+
+    runs = trial_runs(tmp_path)
+    assert len(runs) == 12, "one MLflow child run per trial"
+    assert {r.info.status for r in runs} <= {"FINISHED", "KILLED", "FAILED"}
+    parent_ids = {r.data.tags["mlflow.parentRunId"] for r in runs}
+    assert len(parent_ids) == 1, "all trials nest under the study's parent run"
+    for run in runs:
+        assert run.data.tags.get("conclusion"), "every trial has a conclusion"
+        assert "attention_backend" in run.data.params
+        if run.data.tags["state"] == "complete":
+            assert run.data.metrics["request_goodput"] >= 0
+            assert run.data.metrics["p99_tpot_ms"] > 0
+            assert run.data.metrics["engine.kv_cache_tokens"] > 0
+            assert "runners.simulated" in run.data.tags["launch_command"]
+
+    out = tmp_path / "best.yaml"
+    assert main(["export", str(path), "-o", str(out)]) == 0
+    exported = yaml.safe_load(out.read_text())
+    assert isinstance(exported, dict) and "served-model-name" in exported
+    assert False not in exported.values(), "a YAML false is dropped by vLLM: never export one"
+    assert main(["status", str(path)]) == 0
+
+    registry = tmp_path / "results" / "engines"
+    assert list(registry.glob("*.json")) == [], "no engine record (or process) outlives a trial"
+
+
+def _count_finished(tmp_path: Path) -> int:
+    if not (tmp_path / "results" / "optuna.db").is_file():
+        return 0
+    try:
+        return sum(1 for t in load(tmp_path).trials if t.state.is_finished())
+    except KeyError:
+        return 0
+
+
+def _engine_pids(tmp_path: Path) -> list[int]:
+    return [int(p.stem) for p in (tmp_path / "results" / "engines").glob("*.json")]
+
+
+def test_resume_after_sigkill_keeps_finished_trials(tmp_path: Path) -> None:
+    path = write_study(tmp_path, trials=8, workload={
+        "input_len": 128, "output_len": 64, "levels": [{"concurrency": 4}],
+        "num_requests": 24, "warmup_requests": 2})
+    cmd = [sys.executable, "-m", "optimizer.cli", "start", str(path), "--no-progress"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(tmp_path / "first.log", "w") as first_log:
+        daemon = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=first_log)
+    try:
+        deadline = time.monotonic() + 240
+        while _count_finished(tmp_path) < 3 or not _engine_pids(tmp_path):
+            assert daemon.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the daemon finished no trial in time"
+            time.sleep(0.2)
+        in_flight_engines = _engine_pids(tmp_path)
+        daemon.send_signal(signal.SIGKILL)
+        daemon.wait(30)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    before = {t.number: (t.state, t.values) for t in load(tmp_path).trials
+              if t.state.is_finished()}
+    running = [t.number for t in load(tmp_path).trials if t.state == TrialState.RUNNING]
+    assert running, "a trial was in flight when the daemon died"
+
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+
+    study = load(tmp_path)
+    after = {t.number: t for t in study.trials}
+    for number, (state, values) in before.items():
+        assert after[number].state == state and after[number].values == values, \
+            f"finished trial {number} kept as it was"
+    for number in running:
+        record = after[number].user_attrs["record"]
+        assert after[number].state == TrialState.FAIL
+        assert record["failure_reason"] == "daemon_lost"
+        retries = [t for t in study.trials if t.user_attrs.get("retry_of") == number]
+        assert len(retries) == 1, f"trial {number} re-queued exactly once"
+        assert retries[0].params == after[number].params
+    counted = [t for t in study.trials if t.state.is_finished() and t.number not in running]
+    assert len(counted) == 8, "the budget counts each finished trial once"
+
+    runs = trial_runs(tmp_path)
+    assert not [r for r in runs if r.info.status == "RUNNING"], "no MLflow run left RUNNING"
+    run_ids = [t.user_attrs.get("mlflow_run_id") for t in study.trials]
+    assert len(set(run_ids)) == len(run_ids) == len(runs), "one MLflow run per Optuna trial"
+    for pid in in_flight_engines:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", \
+            f"engine {pid} of the killed daemon was reaped"
+    assert _engine_pids(tmp_path) == []

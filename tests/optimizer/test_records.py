@@ -1,0 +1,66 @@
+"""Conclusions and headline metrics of a finished trial."""
+
+from __future__ import annotations
+
+from optimizer.records import conclude, headline_step, param_changes, summary_metrics
+from runners.base import BenchmarkMetrics, EngineInfo, LoadLevel, RunResult, StepMetrics
+
+
+def _metrics(goodput: float, tpot: float, completed: int = 10) -> BenchmarkMetrics:
+    zero = dict.fromkeys(
+        f"{s}_{m}_ms" for s in ("mean", "median", "std", "p90", "p99")
+        for m in ("ttft", "tpot", "itl", "e2el")) | {"p99_tpot_ms": tpot}
+    return BenchmarkMetrics(completed=completed, failed=0, duration_s=1.0, total_input_tokens=1,
+                            total_output_tokens=1, request_throughput=goodput,
+                            request_goodput=goodput, output_throughput=100 * goodput,
+                            total_token_throughput=1.0, **{k: v or 0.0 for k, v in zero.items()})
+
+
+def _step(i: int, goodput: float, tpot: float) -> StepMetrics:
+    return StepMetrics(step=i, level=LoadLevel(max_concurrency=8 * (i + 1)),
+                       metrics=_metrics(goodput, tpot), server_metrics={"vllm:x": 1.0})
+
+
+def test_headline_is_the_best_level_for_goodput_and_worst_for_latency() -> None:
+    steps = [_step(0, 2.0, 5.0), _step(1, 3.0, 9.0), _step(2, 2.5, 12.0)]
+    assert headline_step("goodput", steps).step == 1
+    assert headline_step("tpot", steps).step == 2
+
+
+def test_summary_metrics_flatten_level_engine_and_objectives() -> None:
+    result = RunResult(status="complete", steps=(_step(0, 2.0, 5.0), _step(1, 3.0, 9.0)),
+                       engine=EngineInfo(kv_cache_tokens=1000, attention_backend="FLASH_ATTN"),
+                       telemetry={"gpu_util_mean_pct": 80.0}, wall_s=12.0)
+    m = summary_metrics(result, ["goodput", "tpot"])
+    assert m["request_goodput"] == 3.0 and m["headline_level"] == 1.0
+    assert m["objective.goodput"] == 3.0 and m["objective.tpot"] == 9.0
+    assert m["engine.kv_cache_tokens"] == 1000.0
+    assert "engine.attention_backend" not in m, "strings are not metrics"
+    assert m["gpu.gpu_util_mean_pct"] == 80.0 and m["server.vllm_x"] == 1.0
+
+
+def test_conclusions_say_change_effect_and_lesson() -> None:
+    best = (3, {"enforce_eager": False, "max_num_seqs": 256}, 10.0)
+    worse = conclude(params={"enforce_eager": True, "max_num_seqs": 256}, state="complete",
+                     objective="goodput", value=4.0, best=best)
+    assert worse.startswith("enforce_eager=False→True vs best trial 3: goodput 4 req/s (-60%)")
+    assert "worse; keep enforce_eager=False as in the best" in worse
+    better = conclude(params={"enforce_eager": False, "max_num_seqs": 512}, state="complete",
+                      objective="goodput", value=12.0, best=best)
+    assert better.endswith("(+20%): new best.")
+    same = conclude(params=best[1], state="complete", objective="goodput", value=10.1, best=best)
+    assert "within noise" in same
+    failed = conclude(params={"kv_cache_dtype": "fp8"}, state="failed", objective="goodput",
+                      value=None, failure_reason="unsupported_config",
+                      failure_message="FLEX_ATTENTION has no fp8 KV.", best=None)
+    assert failed == "failed (unsupported_config): FLEX_ATTENTION has no fp8 KV."
+    baseline = conclude(params={}, state="complete", objective="tpot", value=7.1,
+                        is_baseline=True)
+    assert baseline.startswith("vLLM defaults: tpot 7.1 ms TPOT p99")
+    pruned = conclude(params={"max_num_seqs": 64}, state="pruned", objective="goodput",
+                      value=1.0, best=best, pruned_at=0)
+    assert "at level 0; pruned" in pruned
+
+
+def test_param_changes_lists_only_differences() -> None:
+    assert param_changes({"a": 1, "b": 2}, {"a": 1, "b": 3}) == ["b=3→2"]

@@ -1,0 +1,188 @@
+"""The simulated engine's performance model: calibration against H200 measurements, orderings
+between configs, and vLLM's start-up refusals. Pure and fast (virtual time, no processes)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from runners.base import EngineConfig, FailureReason
+from runners.hardware import GpuInfo, HardwareProfile, load_preset
+from runners.simulated.model import (
+    PerformanceModel,
+    Scheduler,
+    SimRequest,
+    simulate_benchmark,
+)
+
+H200 = load_preset("h200")
+# Two H200s over NVLink (the preset has one GPU): for the tensor-parallel rules.
+H200_X2 = dataclasses.replace(
+    H200, gpus=(H200.gpus[0], dataclasses.replace(H200.gpus[0], index=1)),
+    interconnect="nvlink", interconnect_gbps=450.0)
+A100 = HardwareProfile(gpus=(GpuInfo(0, "NVIDIA A100-SXM4-80GB", memory_gib=79.3,
+                                     compute_capability=(8, 0)),),
+                       memory_bandwidth_gbps=2039.0, bf16_tflops=312.0, fp8_tflops=0.0)
+
+# Qwen2.5-7B, 512 in / 256 out, 64 concurrent, vLLM 0.26 on one H200 (measured 2026-11):
+# (name, flags, output tok/s, median TPOT ms).
+H200_TABLE = [
+    ("defaults", {}, 7382.0, 7.1),
+    ("eager", {"enforce_eager": True}, 3073.0, 18.8),
+    ("flashinfer", {"attention_backend": "FLASHINFER"}, 6831.0, 7.8),
+    ("kv_fp8", {"kv_cache_dtype": "fp8"}, 6808.0, 6.8),
+    ("quant_fp8", {"quantization": "fp8"}, 8619.0, 5.4),
+]
+TOLERANCE = 0.15
+
+
+def model_for(flags: dict[str, object] | None = None, hardware: HardwareProfile = H200,
+              model: str = "qwen2.5-7b") -> PerformanceModel:
+    return PerformanceModel.from_config(EngineConfig(model, flags or {}), hardware)
+
+
+def bench(model: PerformanceModel, **kwargs: int):
+    params = {"input_len": 512, "output_len": 256, "max_concurrency": 64, "num_requests": 320}
+    params.update(kwargs)
+    return simulate_benchmark(model, **params)
+
+
+@pytest.mark.parametrize(("name", "flags", "throughput", "tpot_ms"), H200_TABLE,
+                         ids=[row[0] for row in H200_TABLE])
+def test_model_reproduces_h200_calibration_within_tolerance(name, flags, throughput, tpot_ms):
+    estimate = bench(model_for(flags))
+    assert estimate.output_throughput == pytest.approx(throughput, rel=TOLERANCE), (
+        f"{name}: modelled output throughput must be within 15% of the H200 measurement")
+    assert estimate.median_tpot_ms == pytest.approx(tpot_ms, rel=TOLERANCE), (
+        f"{name}: modelled median TPOT must be within 15% of the H200 measurement")
+
+
+def test_eager_decode_is_about_2_6x_slower_than_cuda_graphs():
+    graphs = model_for().step_time(64, 64 * 640).total_s
+    eager = model_for({"enforce_eager": True}).step_time(64, 64 * 640).total_s
+    assert 2.2 < eager / graphs < 3.2, "eager decode must be launch-bound, ~2.6x (H200: 18.8/7.1)"
+
+
+def test_batches_above_the_capture_size_fall_back_to_compiled_launches():
+    model = model_for({"max_cudagraph_capture_size": 64})
+    assert model.step_time(64, 64 * 640).uses_cuda_graph
+    assert not model.step_time(65, 65 * 640).uses_cuda_graph
+
+
+def test_fp8_quantization_speeds_up_decode_and_halves_linear_weights():
+    bf16, fp8 = model_for(), model_for({"quantization": "fp8"})
+    assert fp8.step_time(64, 64 * 640).total_s < bf16.step_time(64, 64 * 640).total_s
+    assert fp8.weight_bytes < 0.6 * bf16.weight_bytes, "linear layers drop to 1 B/param"
+
+
+def test_awq_weights_take_about_a_quarter_of_bf16():
+    assert model_for({"quantization": "awq"}).weight_bytes < 0.4 * model_for().weight_bytes
+
+
+def test_fp8_kv_cache_doubles_capacity_and_worsens_ttft():
+    auto, fp8 = model_for(), model_for({"kv_cache_dtype": "fp8"})
+    assert fp8.kv_bytes_per_token == auto.kv_bytes_per_token / 2
+    assert fp8.kv_cache_tokens == pytest.approx(2 * auto.kv_cache_tokens, rel=0.01)
+    assert bench(fp8).mean_ttft_ms > bench(auto).mean_ttft_ms, "measured: TTFT worse with fp8 KV"
+
+
+def test_flashinfer_loses_to_flash_attn_on_decode():
+    fa = model_for().step_time(64, 64 * 640).total_s
+    fi = model_for({"attention_backend": "FLASHINFER"}).step_time(64, 64 * 640).total_s
+    assert fi > fa
+
+
+def test_tensor_parallel_adds_all_reduce_time_and_splits_weights():
+    tp1 = model_for(hardware=H200_X2)
+    tp2 = model_for({"tensor_parallel_size": 2}, hardware=H200_X2)
+    step1, step2 = tp1.step_time(64, 64 * 640), tp2.step_time(64, 64 * 640)
+    assert step1.comm_s == 0 and step2.comm_s > 2 * 28 * 10e-6, "2 all-reduces/layer, >=10 us"
+    assert tp2.weight_bytes_per_gpu == pytest.approx(tp1.weight_bytes_per_gpu / 2)
+    assert step2.total_s < step1.total_s, "halving streamed weights outweighs NVLink all-reduce"
+
+
+def test_small_token_budget_chunks_long_prompts_and_raises_ttft():
+    big = bench(model_for({"max_num_batched_tokens": 8192}), input_len=8000, output_len=4,
+                max_concurrency=4, num_requests=8)
+    small = bench(model_for({"max_num_batched_tokens": 512}), input_len=8000, output_len=4,
+                  max_concurrency=4, num_requests=8)
+    assert small.mean_ttft_ms > 1.2 * big.mean_ttft_ms
+
+
+def test_full_kv_cache_preempts_requests():
+    # ~14 GiB weights + ~2.6 GiB reserves in 0.15 * 139.8 GiB leaves ~3.7 GiB: ~70k tokens.
+    model = model_for({"gpu_memory_utilization": 0.15, "max_model_len": 4096})
+    estimate = bench(model, input_len=1024, output_len=1024, max_concurrency=128,
+                     num_requests=128)
+    assert estimate.num_preemptions > 0, "KV demand above capacity must preempt"
+    assert estimate.num_requests == 128, "preempted requests still finish"
+
+
+def test_scheduler_caps_running_sequences_at_max_num_seqs():
+    scheduler = Scheduler(model_for({"max_num_seqs": 8}))
+    for i in range(20):
+        scheduler.add(SimRequest(f"r{i}", 16, 4, 0.0))
+    plan = scheduler.schedule(0.0)
+    assert plan is not None and len(scheduler.running) == 8 and len(scheduler.waiting) == 12
+
+
+def test_prefix_cache_hits_repeated_prompts():
+    prompt = list(range(256))
+    estimate = simulate_benchmark(model_for(), input_len=256, output_len=2, max_concurrency=1,
+                                  num_requests=2, prompts=[prompt, prompt])
+    assert estimate.per_request[1][0] < estimate.per_request[0][0], "a hit skips the prefill"
+
+
+def test_startup_times_match_h200_calibration():
+    cold = model_for().startup().total_s
+    eager = model_for({"enforce_eager": True}).startup().total_s
+    warm = dataclasses.replace(model_for(), is_compile_cache_warm=True).startup().total_s
+    assert cold == pytest.approx(199, rel=0.05)
+    assert eager == pytest.approx(59, rel=0.05)
+    assert 90 <= warm <= 114
+
+
+def test_weight_loading_time_is_proportional_to_bytes():
+    bf16 = model_for().startup().model_load_s
+    fp8 = model_for({"quantization": "fp8"}).startup().model_load_s
+    assert fp8 / bf16 == pytest.approx(model_for({"quantization": "fp8"}).weight_bytes
+                                       / model_for().weight_bytes)
+
+
+@pytest.mark.parametrize(("flags", "hardware", "reason", "words"), [
+    ({"gpu_memory_utilization": 0.1}, H200, FailureReason.OOM_AT_START,
+     "No available memory for the cache blocks"),
+    ({"gpu_memory_utilization": 0.13}, H200, FailureReason.KV_CACHE_TOO_SMALL,
+     "To serve at least one request with the model's max seq len (32768)"),
+    ({"quantization": "fp8"}, A100, FailureReason.UNSUPPORTED_CONFIG,
+     "not supported for the current GPU"),
+    ({"kv_cache_dtype": "fp8"}, A100, FailureReason.UNSUPPORTED_CONFIG, "kv_cache_dtype"),
+    ({"kv_cache_dtype": "fp8", "attention_backend": "FLEX_ATTENTION"}, H200,
+     FailureReason.UNSUPPORTED_CONFIG, "FLEX_ATTENTION is not valid"),
+    ({"tensor_parallel_size": 2}, H200, FailureReason.UNSUPPORTED_CONFIG, "max local gpu count"),
+    ({"tensor_parallel_size": 3}, dataclasses.replace(H200_X2, gpus=H200_X2.gpus * 2),
+     FailureReason.INVALID_ARGUMENT, "must be divisible by tensor parallel size (3)"),
+], ids=["oom", "kv-too-small", "fp8-ampere", "kv-fp8-ampere", "flex-fp8", "tp-gt-gpus",
+        "tp-heads"])
+def test_infeasible_configs_fail_with_vllms_reason(flags, hardware, reason, words):
+    failure = model_for(flags, hardware=hardware).check()
+    assert failure is not None and failure.reason == reason, f"expected {reason}"
+    assert words in failure.message
+
+
+def test_defaults_are_feasible_and_report_vllm_like_kv_capacity():
+    model = model_for()
+    assert model.check() is None
+    assert 100 < model.kv_cache_bytes_per_gpu / 2**30 < 120, "H200: ~110 GiB KV for Qwen 7B"
+    assert model.max_num_seqs == 1024 and model.max_num_batched_tokens == 8192
+
+
+def test_hub_id_resolves_to_bundled_shape():
+    model = PerformanceModel.from_config(EngineConfig("Qwen/Qwen2.5-7B-Instruct"), H200)
+    assert model.model.num_hidden_layers == 28
+
+
+def test_unknown_model_is_refused_with_a_clear_message():
+    with pytest.raises(ValueError, match="bundled shape"):
+        PerformanceModel.from_config(EngineConfig("acme/unknown-13b"), H200)

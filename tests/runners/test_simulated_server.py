@@ -1,0 +1,261 @@
+"""The simulated engine as a real process: vLLM's HTTP surface, SSE format, /metrics, the
+profiler trace, start-up log lines and each injected fault. CPU only; each test a few seconds."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from runners.base import EngineConfig, FailureReason
+from runners.simulated.launcher import SimulatedLauncher
+from runners.simulated.model import PerformanceModel
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STARTUP_TIME_SCALE = 0.001  # ~0.2 s of sleeping for a modelled 200 s start
+MODEL = "qwen2.5-0.5b"  # small shape: short step times keep the tests fast
+
+
+@dataclass
+class Engine:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    launcher: SimulatedLauncher
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_healthy(engine: Engine, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if engine.proc.poll() is not None:
+            raise AssertionError(f"engine exited ({engine.proc.returncode}):\n{engine.log()}")
+        try:
+            if httpx.get(f"{engine.url}/health", timeout=0.5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"engine not healthy within {timeout_s} s:\n{engine.log()}")
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Callable[..., Engine]]:
+    """Start engines through `SimulatedLauncher.command`, each in its own session; kill every
+    process group in teardown, whatever the test did."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def _launch(flags: dict[str, object] | None = None, *, profile: bool = False,
+                model: str = MODEL) -> Engine:
+        launcher = SimulatedLauncher("h200", startup_time_scale=STARTUP_TIME_SCALE, seed=0)
+        port = _free_port()
+        profile_dir = tmp_path / "profile" if profile else None
+        argv, env = launcher.command(EngineConfig(model, flags or {}, served_model_name="sim"),
+                                     port, tmp_path, profile_dir)
+        log_path = tmp_path / f"server-{port}.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, **env, "PYTHONPATH": str(REPO_ROOT)},
+                                    start_new_session=True)
+        procs.append(proc)
+        return Engine(proc, port, log_path, launcher)
+
+    try:
+        yield _launch
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def _stream(engine: Engine, max_tokens: int, timeout_s: float = 10.0) -> list[dict]:
+    body = {"model": "sim", "prompt": list(range(100)), "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    chunks: list[dict] = []
+    with httpx.stream("POST", f"{engine.url}/v1/completions", json=body,
+                      timeout=timeout_s) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in response.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines), "every SSE line is a data line"
+    assert lines[-1] == "data: [DONE]", "the stream ends with [DONE]"
+    for line in lines[:-1]:
+        chunks.append(json.loads(line.removeprefix("data: ")))
+    return chunks
+
+
+def test_engine_serves_health_models_metrics_and_streams_completions(launch):
+    engine = launch()
+    _wait_healthy(engine)
+    models = httpx.get(f"{engine.url}/v1/models").json()
+    assert models["data"][0]["id"] == "sim"
+
+    chunks = _stream(engine, max_tokens=12)
+    token_chunks, usage_chunk = chunks[:-1], chunks[-1]
+    assert len(token_chunks) == 12 and all(c["choices"][0]["text"] for c in token_chunks)
+    assert token_chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert usage_chunk["choices"] == []
+    assert usage_chunk["usage"] == {"prompt_tokens": 100, "completion_tokens": 12,
+                                    "total_tokens": 112, "prompt_tokens_details": None}
+
+    plain = httpx.post(f"{engine.url}/v1/completions", timeout=10,
+                       json={"prompt": "a few words here", "max_tokens": 3}).json()
+    assert plain["usage"]["completion_tokens"] == 3 and plain["choices"][0]["text"]
+
+    text = httpx.get(f"{engine.url}/metrics").text
+    samples = {(s.name, s.labels.get("le")): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("vllm:generation_tokens_total", None)] == 15
+    assert samples[("vllm:prompt_tokens_total", None)] == 104
+    assert samples[("vllm:time_to_first_token_seconds_count", None)] == 2
+    assert samples[("vllm:inter_token_latency_seconds_count", None)] == 11 + 2
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                 "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+                 "vllm:e2e_request_latency_seconds_count",
+                 "vllm:request_queue_time_seconds_count"):
+        assert (name, None) in samples, f"{name} must be exported under vLLM's name"
+    assert not any(name.endswith("_created") for name, _ in samples), "vLLM has no _created"
+
+
+def test_startup_log_carries_vllms_lines_and_parses_into_engine_info(launch):
+    engine = launch()
+    _wait_healthy(engine)
+    info = engine.launcher.parse_log(engine.log())
+    assert info.attention_backend == "FLASH_ATTN"
+    assert info.kv_cache_tokens and info.kv_cache_tokens > 1_000_000
+    assert info.max_model_len == 32768 and info.max_concurrency_at_max_len
+    assert info.compile_s and info.graph_capture_s and info.model_memory_gib
+    assert info.startup_s and info.startup_s > 60, "the modelled (unscaled) start-up"
+    assert "GPU KV cache size: " in engine.log() and "," in engine.log().split(
+        "GPU KV cache size: ")[1].split(" ")[0], "token count printed with commas"
+
+
+def test_eager_start_logs_no_graph_capture(launch):
+    engine = launch({"enforce_eager": True})
+    _wait_healthy(engine)
+    assert "Graph capturing finished" not in engine.log()
+    assert "(compilation: 0.00 s)" in engine.log()
+
+
+def test_profile_endpoints_write_a_gzipped_chrome_trace_of_kernels(launch, tmp_path):
+    engine = launch({"sim_error_rate": 0.0}, profile=True)
+    _wait_healthy(engine)
+    assert httpx.post(f"{engine.url}/start_profile").status_code == 200
+    _stream(engine, max_tokens=8)
+    assert httpx.post(f"{engine.url}/stop_profile", timeout=10).status_code == 200
+    traces = list((tmp_path / "profile").glob("rank0.*.pt.trace.json.gz"))
+    assert len(traces) == 1
+    with gzip.open(traces[0], "rt") as handle:
+        events = json.load(handle)["traceEvents"]
+    assert 0 < len(events) <= 5000
+    assert all(e["ph"] == "X" and isinstance(e["pid"], int) and isinstance(e["tid"], int)
+               for e in events)
+    kernels = [e["name"] for e in events if e["cat"] == "kernel"]
+    assert any(name.startswith("nvjet_sm90_tst_") for name in kernels), "Hopper GEMMs"
+    assert any("FlashAttnFwdSm90" in name for name in kernels)
+    assert any("reshape_and_cache_flash_kernel" in name for name in kernels)
+    assert any(name.startswith("triton_poi_fused_") for name in kernels)
+    assert any(e["cat"] == "gpu_memcpy" for e in events)
+
+
+def test_profile_endpoints_are_404_without_a_profile_dir(launch):
+    engine = launch()
+    _wait_healthy(engine)
+    assert httpx.post(f"{engine.url}/start_profile").status_code == 404
+
+
+def test_crash_fault_exits_abruptly_after_n_requests(launch):
+    engine = launch({"sim_crash_after_requests": 1})
+    _wait_healthy(engine)
+    _stream(engine, max_tokens=2)
+    with pytest.raises(httpx.HTTPError):
+        _stream(engine, max_tokens=2)
+    assert engine.proc.wait(timeout=5) == 1
+    failure = engine.launcher.classify_failure(engine.log(), 1, "run")
+    assert failure.reason == FailureReason.CRASH_MID_RUN
+
+
+def test_hang_fault_stops_tokens_and_health_but_stays_alive(launch):
+    engine = launch({"sim_hang_after_requests": 0})
+    _wait_healthy(engine)
+    with pytest.raises(httpx.TimeoutException):
+        _stream(engine, max_tokens=4, timeout_s=1.0)
+    with pytest.raises(httpx.TimeoutException):
+        httpx.get(f"{engine.url}/health", timeout=0.5)
+    assert engine.proc.poll() is None, "a hung engine is alive"
+    assert engine.launcher.classify_failure(engine.log(), None, "run").reason == (
+        FailureReason.HANG)
+
+
+def test_hang_at_start_never_becomes_healthy(launch):
+    engine = launch({"sim_hang_at_start": True})
+    time.sleep(1.5)
+    assert httpx.get(f"{engine.url}/health", timeout=1).status_code == 503
+    assert engine.launcher.classify_failure(engine.log(), None, "startup").reason == (
+        FailureReason.STARTUP_TIMEOUT)
+
+
+@pytest.mark.parametrize(("flags", "reason", "words"), [
+    ({"sim_oom_at_start": True}, FailureReason.OOM_AT_START,
+     "No available memory for the cache blocks"),
+    ({"sim_graph_capture_fail": True}, FailureReason.CUDA_GRAPH_CAPTURE, "CUDA out of memory"),
+    ({"gpu_memory_utilization": 0.5, "max_model_len": 10_000_000},
+     FailureReason.KV_CACHE_TOO_SMALL, "To serve at least one request"),
+    ({"tensor_parallel_size": 2}, FailureReason.UNSUPPORTED_CONFIG, "max local gpu count"),
+], ids=["oom", "graph-capture", "kv-too-small", "tp-gt-gpus"])
+def test_start_failures_exit_1_with_vllms_message(launch, flags, reason, words):
+    engine = launch(flags)
+    assert engine.proc.wait(timeout=10) == 1
+    assert words in engine.log()
+    assert engine.launcher.classify_failure(engine.log(), 1, "startup").reason == reason
+
+
+def test_error_rate_fault_answers_http_500(launch):
+    engine = launch({"sim_error_rate": 1.0})
+    _wait_healthy(engine)
+    response = httpx.post(f"{engine.url}/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    assert response.status_code == 500 and response.json()["object"] == "error"
+
+
+def test_slow_start_fault_delays_health(launch):
+    engine = launch({"sim_slow_start_s": 1.0})
+    started = time.monotonic()
+    _wait_healthy(engine)
+    assert time.monotonic() - started >= 1.0
+
+
+def test_decode_latency_follows_the_model_in_real_time(launch):
+    engine = launch({"enforce_eager": True})  # ~10 ms steps: well above timer jitter
+    _wait_healthy(engine)
+    started = time.monotonic()
+    _stream(engine, max_tokens=40)
+    elapsed = time.monotonic() - started
+    config = EngineConfig(MODEL, {"enforce_eager": True})
+    step_s = PerformanceModel.from_config(config, engine.launcher.hardware).step_time(
+        1, 140).total_s
+    assert 0.8 * 39 * step_s < elapsed < 39 * step_s + 2.0, "tokens arrive at modelled pace"
