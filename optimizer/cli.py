@@ -30,7 +30,14 @@ logger = logging.getLogger("optimizer.cli")
 StudyArg = Annotated[Path, typer.Argument(help="The study YAML (see examples/quickstart.yaml).")]
 
 
-def _setup_logging(verbose: bool, log_file: Path | None = None) -> None:
+def _add_log_file(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+
+
+def _setup_logging(verbose: bool) -> None:
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
@@ -44,11 +51,6 @@ def _setup_logging(verbose: bool, log_file: Path | None = None) -> None:
                                                "%H:%M:%S"))
     handler.setLevel(logging.DEBUG if verbose else logging.INFO)
     root.addHandler(handler)
-    if log_file is not None:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        fh = logging.FileHandler(log_file)
-        fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        root.addHandler(fh)
     for noisy in ("mlflow", "alembic", "optuna", "ray", "httpx", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -85,10 +87,12 @@ def start(
 
     cfg = _load(study)
     cfg = cfg.with_overrides(tracking_uri=tracking_uri, storage=storage, trials=trials)
-    _setup_logging(verbose, cfg.results_dir / "daemon.log")
+    _setup_logging(verbose)
     progress = None if no_progress or not console.is_terminal else _LiveProgress(cfg)
     daemon, notes = build_daemon(cfg, dry_run=dry_run, ray_address=ray_address,
                                  on_event=progress.on_event if progress else None)
+    # Only now, with the study validated, does anything get written under results_dir.
+    _add_log_file(cfg.results_dir / "daemon.log")
     for note in notes:
         logger.info(note)
     resume = f"nightshift start {study}" + (" --dry-run" if dry_run else "")

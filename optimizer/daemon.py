@@ -15,7 +15,7 @@ import shlex
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -196,6 +196,7 @@ class Daemon:
             finally:
                 for item in list(self._inflight):  # an exception escaped: fail, never orphan
                     self._cancel_and_collect(study, item, pool)
+                self._release_waiting(study)
                 pool.shutdown()
             return self._finish(study)
         finally:
@@ -376,6 +377,7 @@ class Daemon:
             "conclusion": conclusion,
             "argv": list(result.argv),
             "env": dict(result.env),
+            "engine": asdict(result.engine),
             "wall_s": result.wall_s,
             "is_baseline": item.is_baseline,
         }
@@ -397,6 +399,20 @@ class Daemon:
                                  state_name, primary,
                                  metrics.get("p99_tpot_ms"), conclusion,
                                  time.monotonic() - item.started))
+
+    def _release_waiting(self, study: optuna.Study) -> None:
+        """A trial asked but never launched (it waited for GPUs) must not stay RUNNING: fail
+        it without a run and queue its params again for the resume."""
+        if self._waiting is None:
+            return
+        trial, params, _ = self._waiting
+        self._waiting = None
+        failure = Failure(FailureReason.INTERRUPTED,
+                          "the daemon stopped before this trial was launched; re-queued.")
+        self._tell_without_run(study, trial, params, failure)
+        study.enqueue_trial(params, user_attrs={
+            ATTR_RETRY_OF: trial.number, ATTR_RETRIES: int(trial.user_attrs.get(ATTR_RETRIES, 0)),
+            ATTR_BASELINE: bool(trial.user_attrs.get(ATTR_BASELINE))})
 
     def _changed(self, config: EngineConfig) -> dict[str, Any]:
         """The flags a trial sets beyond vLLM's defaults and the study's fixed flags."""
@@ -494,6 +510,10 @@ def tracking_payload(record: Mapping[str, Any], result: RunResult | None) -> dic
         tags["failure_reason"] = record["failure_reason"]
     if record.get("is_baseline"):
         tags["baseline"] = "true"
+    engine = record.get("engine") or {}
+    for key in ("attention_backend", "engine_version"):  # what the engine chose, as tags
+        if engine.get(key):
+            tags[f"engine.{key}"] = str(engine[key])
     texts: dict[str, str] = {}
     files: list[Path] = []
     if result is not None:

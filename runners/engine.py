@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 LOG_TAIL_BYTES = 64_000
 _DURATION_POOL = 4096  # requests synthesised for a duration-bound level (cycled)
+_READINESS_ATTEMPTS = 3
 
 
 class _Abort(Exception):
@@ -154,20 +155,21 @@ class EngineRunner:
                 "workload.startup_timeout_s.",
                 tail(log_path, 2000)))
         # Readiness is /health *and* one real completion: /health can answer before the
-        # engine serves (and a dead engine core answers 503 only later).
+        # engine serves (and a dead engine core answers 503 only later). A live engine that
+        # only answers errors is not a start-up crash: the load levels judge it.
         probe = loadgen.build_requests(
             replace(workload, prompts_file=None), 1, seed=workload.seed)
-        level = loadgen.run_level_sync(base_url, config.served_model_name, probe,
-                                       LoadLevel(max_concurrency=1), workload.slo,
-                                       timeout_s=workload.request_timeout_s, seed=workload.seed)
-        if level.metrics.completed < 1:
-            if not proc.is_alive():
+        for attempt in range(_READINESS_ATTEMPTS):
+            level = loadgen.run_level_sync(
+                base_url, config.served_model_name, probe, LoadLevel(max_concurrency=1),
+                workload.slo, timeout_s=workload.request_timeout_s, seed=workload.seed + attempt)
+            if level.metrics.completed >= 1:
+                break
+            if not proc.is_alive() or proc.wait(timeout_s=0.5) is not None:
                 raise _Abort(self._failure(proc, log_path, "startup"))
             error = level.outputs[0].error if level.outputs else "no answer"
-            raise _Abort(Failure(FailureReason.STARTUP_CRASH,
-                                 f"{self.launcher.name} answered /health but a first completion "
-                                 f"failed ({error[:200]}); see {log_path}.",
-                                 tail(log_path, 2000)))
+            logger.warning("readiness completion %d failed (%s)", attempt + 1, error[:200])
+            time.sleep(1.0)
         info = self.launcher.parse_log(tail(log_path, 4_000_000))
         if info.startup_s is not None:
             return info  # the simulated engine reports its modelled start-up (time-scaled here)
@@ -206,7 +208,10 @@ class EngineRunner:
                     stall_timeout_s=self.stall_timeout_s)
             finally:
                 polled = poller.stop()
-            if not proc.is_alive():
+            # An engine that died mid-level closes its sockets before it is reaped: wait a
+            # moment so a crash is not mistaken for failed requests.
+            if (result.metrics.failed and proc.wait(timeout_s=0.5) is not None) or \
+                    not proc.is_alive():
                 raise _Abort(self._failure(proc, log_path, "run"))
             if result.stalled:
                 raise _Abort(Failure(

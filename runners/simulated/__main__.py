@@ -30,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="A simulated vLLM server on 127.0.0.1 whose latencies follow a roofline "
                     "model of the config and hardware. Not a measurement.")
+    # Loopback only: the simulated engine is a test double, never a service on the network.
+    parser.add_argument("--host", default="127.0.0.1", choices=["127.0.0.1"])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--config-json", required=True,
                         help='{"model": ..., "flags": {...}, "served_model_name": ..., '
@@ -81,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.startup_time_scale < 0:
         print("error: --startup-time-scale must be >= 0.", file=sys.stderr)
         return 2
-    settings = ServerSettings(config=config, hardware=hardware, port=args.port,
+    settings = ServerSettings(config=config, hardware=hardware, port=args.port, host=args.host,
                               profile_dir=args.profile_dir,
                               startup_time_scale=args.startup_time_scale, seed=args.seed,
                               faults=faults, noise_sigma=args.noise_sigma)

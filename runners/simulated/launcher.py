@@ -73,7 +73,8 @@ class SimulatedLauncher:
         payload = {"model": config.model, "flags": dict(config.flags), "env": dict(config.env),
                    "load_format": config.load_format,
                    "served_model_name": config.served_model_name}
-        argv = [sys.executable, "-m", "runners.simulated", "--port", str(port),
+        argv = [sys.executable, "-m", "runners.simulated", "--host", "127.0.0.1",
+                "--port", str(port),
                 "--config-json", json.dumps(payload, sort_keys=True),
                 "--hardware-json", json.dumps(self.hardware.to_dict(), sort_keys=True),
                 "--startup-time-scale", repr(self.startup_time_scale),

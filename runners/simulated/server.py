@@ -80,6 +80,7 @@ class ServerSettings:
     config: EngineConfig
     hardware: HardwareProfile
     port: int
+    host: str = HOST  # loopback only (the command line allows nothing else)
     profile_dir: Path | None = None
     startup_time_scale: float = 0.01  # slept seconds per modelled start-up second
     seed: int = 0
@@ -268,7 +269,8 @@ class SimulatedEngine:
             await asyncio.Event().wait()
         logger.info("Simulated engine ready: modelled start-up %.1f s (slept %.2f s at "
                     "startup_time_scale %g)", times.total_s, time.monotonic() - started, scale)
-        logger.info("Starting vLLM API server 0 on http://%s:%d", HOST, self.settings.port)
+        logger.info("Starting vLLM API server 0 on http://%s:%d", self.settings.host,
+                    self.settings.port)
         logger.info("Application startup complete.")
         self._loop_task = asyncio.create_task(self._run_loop())
         self.is_ready = True
@@ -718,11 +720,11 @@ async def serve(settings: ServerSettings) -> int:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((HOST, settings.port))
+        sock.bind((settings.host, settings.port))
     except OSError as exc:
         sock.close()
         logger.error("OSError: [Errno %s] error while attempting to bind on address "
-                     "('%s', %d): %s", exc.errno, HOST, settings.port, exc.strerror)
+                     "('%s', %d): %s", exc.errno, settings.host, settings.port, exc.strerror)
         return 1
     server = uvicorn.Server(uvicorn.Config(
         build_app(engine), log_level="warning", access_log=False, lifespan="off",

@@ -90,6 +90,7 @@ def test_study_of_twelve_trials_runs_two_at_a_time_and_logs_everything(
             assert run.data.metrics["p99_tpot_ms"] > 0
             assert run.data.metrics["engine.kv_cache_tokens"] > 0
             assert "runners.simulated" in run.data.tags["launch_command"]
+            assert run.data.tags["engine.attention_backend"], "the backend vLLM chose is a tag"
 
     out = tmp_path / "best.yaml"
     assert main(["export", str(path), "-o", str(out)]) == 0
@@ -166,3 +167,76 @@ def test_resume_after_sigkill_keeps_finished_trials(tmp_path: Path) -> None:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", \
             f"engine {pid} of the killed daemon was reaped"
     assert _engine_pids(tmp_path) == []
+
+
+def _start_daemon(path: Path, log: Path) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "optimizer.cli", "start", str(path), "--no-progress"]
+    with open(log, "a") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _wait_for(predicate: Any, daemon: subprocess.Popen[bytes], log: Path,
+              timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert daemon.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "timed out waiting for the daemon"
+        time.sleep(0.2)
+
+
+def test_stop_finishes_trials_in_flight_and_stop_now_fails_and_requeues_them(
+        tmp_path: Path) -> None:
+    path = write_study(tmp_path, trials=40, workload={
+        "input_len": 128, "output_len": 96, "levels": [{"concurrency": 4}],
+        "num_requests": 16, "warmup_requests": 1})
+    log = tmp_path / "daemon.log"
+    daemon = _start_daemon(path, log)
+    try:
+        _wait_for(lambda: _count_finished(tmp_path) >= 1 and bool(_engine_pids(tmp_path)),
+                  daemon, log)
+        assert main(["stop", str(path)]) == 0, "graceful stop returns once the daemon is gone"
+        assert daemon.wait(60) == 0
+        assert "resume with: nightshift start" in log.read_text()
+        study = load(tmp_path)
+        assert not [t for t in study.trials if t.state == TrialState.RUNNING]
+        assert not [t for t in study.trials
+                    if (t.user_attrs.get("record") or {}).get("failure_reason") == "interrupted"
+                    and t.user_attrs["record"]["argv"]], \
+            "a graceful stop lets the trials in flight finish (only never-launched ones fail)"
+        assert _engine_pids(tmp_path) == []
+
+        daemon = _start_daemon(path, log)
+        _wait_for(lambda: bool(_engine_pids(tmp_path)), daemon, log)
+        assert main(["stop", str(path), "--now"]) == 0
+        assert daemon.wait(60) == 0
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    study = load(tmp_path)
+    interrupted = [t for t in study.trials
+                   if (t.user_attrs.get("record") or {}).get("failure_reason") == "interrupted"]
+    assert interrupted, "stop --now fails the trials in flight"
+    retried = {t.user_attrs.get("retry_of") for t in study.trials}
+    assert retried >= {t.number for t in interrupted}, "interrupted trials are re-queued"
+    assert [t for t in study.trials if t.state == TrialState.WAITING], \
+        "the re-queued trials wait for the resume"
+    assert not [r for r in trial_runs(tmp_path) if r.info.status == "RUNNING"]
+    assert _engine_pids(tmp_path) == [], "no engine outlives a stop --now"
+
+
+def test_bad_study_file_exits_2_and_writes_nothing(tmp_path: Path) -> None:
+    path = write_study(tmp_path, slo={"tpot_p99_ms": -5})
+    assert main(["start", str(path), "--no-progress"]) == 2
+    assert not (tmp_path / "results").exists(), "bad input writes nothing"
+    assert not (tmp_path / "mlruns").exists()
+    assert main(["stop", str(path)]) == 2
+    assert main(["status", str(tmp_path / "absent.yaml")]) == 2
+
+
+def test_no_gpu_for_engine_vllm_is_a_clear_error(tmp_path: Path) -> None:
+    if main(["hw"]) == 0 and os.path.exists("/dev/nvidia0"):
+        pytest.skip("this machine has a GPU")
+    path = write_study(tmp_path, engine="vllm")
+    assert main(["start", str(path), "--no-progress"]) == 2
+    assert not (tmp_path / "results").exists()

@@ -1,0 +1,40 @@
+#!/bin/bash
+# ON the lent H200, after the chunks of ../shared/gpu/bundle.sh were stashed (.gpu/setup.sh):
+#   bash bench/h200/run_study.sh start    # install vLLM, start the study in its own session
+#   bash bench/h200/run_study.sh wait N   # wait up to N s, print progress
+#   bash bench/h200/run_study.sh collect  # stop it, run the GPU test, pack results into $OUT
+set -uo pipefail
+# The daemon outlives this call, and the repo copy here is replaced by the next one: run from a
+# private copy so a Ray worker starting mid-replacement never imports a half-written file.
+src=/root/ns-src
+if [ "${1:-}" = start ]; then rm -rf $src; mkdir -p $src; tar cf - --exclude=.gpu . | tar xf - -C $src; fi
+cd $src 2>/dev/null || { echo "no $src: run 'start' first"; exit 3; }
+export PYTHONPATH=$src:/tmp/site PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
+export MLFLOW_LOGGING_LEVEL=WARNING
+study=bench/h200/study.yaml
+status() { python3 -m optimizer.cli status $study 2>&1 | tail -40; }
+running() { python3 -m optimizer.cli status $study 2>/dev/null | grep -q "daemon running"; }
+case "${1:-}" in
+  start)
+    (cd "$OLDPWD" && bash .gpu/setup.sh install) || exit 3
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    mkdir -p /root/h200-results
+    setsid nohup python3 -m optimizer.cli start $study --no-progress \
+      > /root/h200-results/daemon.out 2>&1 < /dev/null &
+    sleep 45; tail -20 /root/h200-results/daemon.out ;;
+  wait)
+    # The daemon's pid is in its lock file (never pgrep -f: it matches this very command line).
+    end=$((SECONDS + ${2:-500}))
+    while [ $SECONDS -lt $end ] && running; do sleep 10; done
+    grep -E "INFO trial|ERROR|Traceback" /root/h200-results/daemon.out | cut -c1-400 | tail -30
+    status ;;
+  collect)
+    running && python3 -m optimizer.cli stop $study --now --timeout-s 120
+    status
+    python3 -m pytest -q -p no:cacheprovider -m gpu tests/runners/test_vllm_gpu.py \
+      -W ignore::DeprecationWarning 2>&1 | tail -30 | tee /root/h200-results/gpu-test.txt
+    python3 -m optimizer.cli export $study > /root/h200-results/best.yaml
+    mkdir -p $OUT/r
+    tar czf $OUT/r/h200-results.tar.gz -C /root h200-results --exclude='*.pt.trace.json.gz'
+    ls -la $OUT/r ;;
+esac

@@ -1,0 +1,134 @@
+"""The architecture as the tree draws it: importing a package pulls in no GPU stack (`torch`,
+`vllm`, `pynvml`; `ray` only for the daemon's modules), imports point `optimizer -> runners ->`
+nowhere back, `search_spaces` stands alone, and no process is ever started through a shell."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("search_spaces", "runners", "optimizer")
+HEAVY = frozenset({"torch", "vllm", "ray", "pynvml"})
+# The daemon side runs on Ray by design; the GPU stack stays out of it all the same.
+RAY_ALLOWED = frozenset({"optimizer.workers", "optimizer.daemon", "optimizer.runtime"})
+# Named in the house style: each must import light, whatever else discovery finds.
+REQUIRED_MODULES = (
+    "search_spaces", "runners", "runners.base", "runners.engine", "runners.loadgen",
+    "runners.hardware", "runners.telemetry", "runners.vllm_server",
+    "runners.simulated.launcher", "optimizer", "optimizer.config", "optimizer.cli",
+    "optimizer.study", "optimizer.export", "optimizer.tracking", "optimizer.records",
+    *sorted(RAY_ALLOWED),
+)
+SEARCH_SPACES_THIRD_PARTY = frozenset({"yaml", "optuna"})
+_SHELL_TRUE = re.compile(r"\bshell\s*=\s*True\b")
+_IMPORT_TIMEOUT_S = 60.0
+
+
+def _source_files(*packages: str) -> list[Path]:
+    return sorted(path for package in packages for path in (REPO_ROOT / package).rglob("*.py"))
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _all_modules() -> list[str]:
+    discovered = {_module_name(path) for path in _source_files(*PACKAGES)}
+    return sorted(discovered | set(REQUIRED_MODULES))
+
+
+def _imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in a file, at any depth (function bodies
+    and `TYPE_CHECKING` blocks included: a cycle is a cycle wherever the import sits)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path.parent)
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            found.append((node.lineno, module))
+    return found
+
+
+def _imports_of(packages: tuple[str, ...], forbidden: str) -> list[str]:
+    """`file:line module` for every import of `forbidden` (or a submodule) under `packages`."""
+    return [f"{path.relative_to(REPO_ROOT)}:{line} {module}"
+            for path in _source_files(*packages)
+            for line, module in _imported_modules(path)
+            if module == forbidden or module.startswith(forbidden + ".")]
+
+
+def _heavy_loaded_by(module: str) -> frozenset[str]:
+    """The heavy top-level names in `sys.modules` after importing `module` in a fresh
+    interpreter (this test process may have loaded anything already)."""
+    code = ("import importlib, json, sys; importlib.import_module(sys.argv[1]); "
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.run([sys.executable, "-c", code, module], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=_IMPORT_TIMEOUT_S,
+                          check=False)
+    assert proc.returncode == 0, f"`import {module}` fails in a fresh interpreter:\n{proc.stderr}"
+    loaded: list[str] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return HEAVY & set(loaded)
+
+
+@pytest.mark.parametrize("module", _all_modules())
+def test_importing_module_loads_no_gpu_stack(module: str) -> None:
+    allowed = frozenset({"ray"}) if module in RAY_ALLOWED else frozenset()
+    heavy = _heavy_loaded_by(module) - allowed
+    assert not heavy, (
+        f"`import {module}` loads {sorted(heavy)}: heavy imports belong inside the function "
+        "that needs them (ray only in optimizer.workers and the modules built on it)")
+
+
+def test_layering_scan_sees_every_package() -> None:
+    for package in PACKAGES:
+        files = _source_files(package)
+        assert files, f"the layering tests scan {package}/ but found no source there"
+        assert REPO_ROOT / package / "__init__.py" in files, f"{package} is a package"
+
+
+def test_runners_never_import_optimizer() -> None:
+    offenders = _imports_of(("runners",), "optimizer")
+    assert not offenders, f"runners/ is usable without the optimizer; it imports: {offenders}"
+
+
+def test_search_spaces_never_import_optimizer_or_runners() -> None:
+    offenders = [*_imports_of(("search_spaces",), "optimizer"),
+                 *_imports_of(("search_spaces",), "runners")]
+    assert not offenders, f"search_spaces/ is pure data + its loader; it imports: {offenders}"
+
+
+def test_search_spaces_import_only_stdlib_yaml_and_optuna() -> None:
+    allowed = set(sys.stdlib_module_names) | SEARCH_SPACES_THIRD_PARTY | {"search_spaces"}
+    offenders = [f"{path.relative_to(REPO_ROOT)}:{line} {module}"
+                 for path in _source_files("search_spaces")
+                 for line, module in _imported_modules(path)
+                 if module.split(".")[0] not in allowed]
+    assert not offenders, f"search_spaces/ imports stdlib, yaml and optuna only, got {offenders}"
+
+
+def test_no_source_starts_a_process_through_a_shell() -> None:
+    offenders = [f"{path.relative_to(REPO_ROOT)}:{number}"
+                 for path in _source_files(*PACKAGES)
+                 for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                 if _SHELL_TRUE.search(text)]
+    assert not offenders, f"argv lists only, never shell=True (quoting, injection): {offenders}"
