@@ -30,17 +30,19 @@ logger = logging.getLogger("optimizer.cli")
 StudyArg = Annotated[Path, typer.Argument(help="The study YAML (see examples/quickstart.yaml).")]
 
 
-def _add_log_file(path: Path) -> None:
+def _add_log_file(path: Path) -> logging.Handler:
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(handler)
+    return handler
 
 
 def _setup_logging(verbose: bool) -> None:
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
+        old.close()
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     handler: logging.Handler
     if console.is_terminal:
@@ -92,7 +94,7 @@ def start(
     daemon, notes = build_daemon(cfg, dry_run=dry_run, ray_address=ray_address,
                                  on_event=progress.on_event if progress else None)
     # Only now, with the study validated, does anything get written under results_dir.
-    _add_log_file(cfg.results_dir / "daemon.log")
+    log_file = _add_log_file(cfg.results_dir / "daemon.log")
     for note in notes:
         logger.info(note)
     resume = f"nightshift start {study}" + (" --dry-run" if dry_run else "")
@@ -114,6 +116,8 @@ def start(
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+        logging.getLogger().removeHandler(log_file)
+        log_file.close()
     if summary.stopped_early:
         console.print(f"study {cfg.name} stopped with {summary.total_finished} trials "
                       f"finished; resume with: {resume}")

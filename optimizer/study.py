@@ -4,6 +4,7 @@ from a runner's result to an Optuna trial state."""
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,6 +25,8 @@ ATTR_RECORD = "record"
 ATTR_BASELINE = "baseline"
 ATTR_RETRY_OF = "retry_of"
 ATTR_MLFLOW_RUN = "mlflow_run_id"
+_STORAGE_ATTEMPTS = 4
+_RACE_ERRORS = frozenset({"IntegrityError", "OperationalError"})
 
 
 def make_storage(url: str) -> optuna.storages.RDBStorage:
@@ -33,11 +36,18 @@ def make_storage(url: str) -> optuna.storages.RDBStorage:
         engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}}
     else:
         engine_kwargs = {}
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-    except Exception as exc:  # SQLAlchemy raises per driver; all mean "unusable URL"
-        raise ConfigError(f"storage {url!r} cannot be opened ({type(exc).__name__}); "
-                          "give a reachable RDB URL such as sqlite:///results/optuna.db.") from exc
+    for attempt in range(_STORAGE_ATTEMPTS):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        except Exception as exc:  # SQLAlchemy raises per driver; all mean "unusable URL"
+            # Two processes creating the schema at once (a daemon starting while `status`
+            # reads) collide once; the second try finds the schema made.
+            if attempt + 1 < _STORAGE_ATTEMPTS and type(exc).__name__ in _RACE_ERRORS:
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            raise ConfigError(f"storage {url!r} cannot be opened ({type(exc).__name__}); give "
+                              "a reachable RDB URL such as sqlite:///results/optuna.db.") from exc
+    raise AssertionError("unreachable")
 
 
 def make_sampler(cfg: StudyConfig) -> optuna.samplers.BaseSampler:

@@ -15,6 +15,7 @@ from typing import Any
 import optuna
 import psutil
 import pytest
+import sqlalchemy.exc
 import yaml
 from mlflow import MlflowClient
 from optuna.trial import TrialState
@@ -108,7 +109,7 @@ def _count_finished(tmp_path: Path) -> int:
         return 0
     try:
         return sum(1 for t in load(tmp_path).trials if t.state.is_finished())
-    except KeyError:
+    except (KeyError, sqlalchemy.exc.SQLAlchemyError):  # the daemon is still creating it
         return 0
 
 
