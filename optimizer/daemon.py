@@ -317,6 +317,8 @@ class Daemon:
         if values is None:
             return False
         item.trial.report(values[0], step.step)
+        if step.step >= len(self.workload.levels) - 1:
+            return False  # the last level: stopping now saves nothing, the trial completes
         if not item.trial.should_prune():
             return False
         logger.info("trial %d pruned at step %d: %s %.3g below the median of earlier trials "
