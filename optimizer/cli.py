@@ -316,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # MLflow configures its own logger at import, at INFO; its table-creation chatter is noise.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    # An unreachable tracking server must fail in seconds, not after MLflow's long back-off.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
     try:
         app(args=argv if argv is not None else sys.argv[1:], standalone_mode=False,
             prog_name="nightshift")
@@ -327,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         exc.show()
         return 2
     except NightshiftError as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False)
+        console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return exc.exit_code
     return 0
 

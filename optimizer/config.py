@@ -94,6 +94,7 @@ class WorkloadSpec(_Strict):
     request_timeout_s: float = Field(default=600.0, gt=0)
     max_failed_fraction: float = Field(default=0.05, ge=0, le=1)
     startup_timeout_s: float = Field(default=900.0, gt=0)
+    stall_timeout_s: float = Field(default=120.0, gt=0)  # no token this long = a hung engine
     profile: bool = False
 
     _coerce_lengths = field_validator("input_len", "output_len", mode="before")(
@@ -354,8 +355,9 @@ def load_study(path: Path) -> StudyConfig:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path.name}: not valid YAML{where}: "
-                          f"{getattr(exc, 'problem', exc)}; fix the syntax.") from None
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line
+        raise ConfigError(f"{path.name}: not valid YAML{where}: {problem[:200]}; fix the "
+                          "syntax.") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path.name}: not UTF-8 text; save the study file as UTF-8.") from None
     return parse_study(data, path.name, path.resolve())

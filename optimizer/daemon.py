@@ -68,7 +68,8 @@ class _InFlight:
     params: dict[str, Any]
     config: EngineConfig
     handle: TrialHandle
-    run_id: str
+    run_id: str | None  # None while the tracking store refuses writes
+    workdir: Path
     started: float
     is_baseline: bool
     retries: int
@@ -278,12 +279,10 @@ class Daemon:
     def _launch(self, study: optuna.Study, pool: WorkerPool, trial: optuna.Trial,
                 params: dict[str, Any], config: EngineConfig) -> None:
         attrs = trial.user_attrs
-        run_id = self.tracker.start_trial(self._parent_run, self.cfg.name, trial.number,
-                                          {**params, "launch.model": config.model})
-        trial.set_user_attr(ATTR_MLFLOW_RUN, run_id)
+        run_id = self._open_run(trial, {**params, "launch.model": config.model})
         workdir = (self.cfg.results_dir / "trials" / f"{trial.number:04d}").resolve()
         handle = pool.submit(config, self.workload, workdir)
-        item = _InFlight(trial, params, config, handle, run_id, time.monotonic(),
+        item = _InFlight(trial, params, config, handle, run_id, workdir, time.monotonic(),
                          bool(attrs.get(ATTR_BASELINE)), int(attrs.get(ATTR_RETRIES, 0)))
         self._inflight.append(item)
         logger.info("trial %d started: params=%s", trial.number, params)
@@ -334,6 +333,11 @@ class Daemon:
         is_lost = result.failure is not None and result.failure.reason in (
             FailureReason.WORKER_LOST, FailureReason.INTERNAL)
         pool.release(item.handle.actor, healthy=not is_lost)
+        if is_lost:  # the worker died; its engine, in a session of its own, did not
+            reaped = reap_strays(self.registry_dir, under=item.workdir)
+            if reaped:
+                logger.warning("trial %d: reaped engines %s of its dead worker",
+                               item.trial.number, reaped)
         if is_lost and not result.steps:
             result = RunResult(status="failed", steps=tuple(item.steps), failure=result.failure)
         self._record(study, item, result)
@@ -389,7 +393,7 @@ class Daemon:
         else:
             study.tell(item.trial, state=state)
         self._finished_here += 1
-        self.tracker.finish_trial(item.run_id, **tracking_payload(record, result))
+        self._close_run(item.trial.number, item.run_id, tracking_payload(record, result))
         if failure is not None and failure.is_retryable and item.retries < self.cfg.spec.retries:
             study.enqueue_trial(item.params, user_attrs={
                 ATTR_RETRY_OF: item.trial.number, ATTR_RETRIES: item.retries + 1,
@@ -426,15 +430,39 @@ class Daemon:
         record = records.failed_record(params, failure.reason.value, failure.message,
                                        conclusion)
         trial.set_user_attr(ATTR_RECORD, record)
-        run_id = self.tracker.start_trial(self._parent_run, self.cfg.name, trial.number, params)
-        trial.set_user_attr(ATTR_MLFLOW_RUN, run_id)
+        run_id = self._open_run(trial, params)
         study.tell(trial, state=TrialState.FAIL)
-        self.tracker.finish_trial(run_id, state="failed", metrics={},
-                                  tags={"failure_reason": failure.reason.value,
-                                        "conclusion": conclusion})
+        self._close_run(trial.number, run_id, tracking_payload(record, None))
         logger.info("trial %d %s", trial.number, conclusion)
         self.on_event(TrialEvent("finished", trial.number, params, "failed", None, None,
                                  conclusion))
+
+    # -- tracking: MLflow may fail; Optuna keeps the truth and a resume catches MLflow up --
+
+    def _open_run(self, trial: optuna.Trial, params: Mapping[str, Any]) -> str | None:
+        try:
+            run_id = self.tracker.start_trial(self._parent_run, self.cfg.name, trial.number,
+                                              params)
+        except Exception as exc:  # any store error: the study must go on
+            self._tracking_failed("start_trial", trial.number, exc)
+            return None
+        trial.set_user_attr(ATTR_MLFLOW_RUN, run_id)
+        return run_id
+
+    def _close_run(self, number: int, run_id: str | None, payload: Mapping[str, Any]) -> None:
+        """Log a finished trial. A failure leaves its run RUNNING (or absent), which the next
+        resume's `_recover` replays from the record in Optuna."""
+        if run_id is None:
+            return
+        try:
+            self.tracker.finish_trial(run_id, **payload)
+        except Exception as exc:  # any store error: the study must go on
+            self._tracking_failed("finish_trial", number, exc)
+
+    def _tracking_failed(self, action: str, number: int, exc: Exception) -> None:
+        logger.warning("trial %d: MLflow %s failed (%s: %s); the trial is kept in Optuna and "
+                       "logged to MLflow on the next resume", number, action,
+                       type(exc).__name__, str(exc)[:200])
 
     def _best_reference(self, study: optuna.Study) -> tuple[int, Mapping[str, Any],
                                                            float] | None:
@@ -474,8 +502,14 @@ class Daemon:
         for frozen in study.get_trials(deepcopy=False):
             mlflow_run = frozen.user_attrs.get(ATTR_MLFLOW_RUN)
             saved = frozen.user_attrs.get(ATTR_RECORD)
-            if mlflow_run and saved and frozen.state.is_finished():
-                finished[str(mlflow_run)] = tracking_payload(saved, None)
+            if not (saved and frozen.state.is_finished()):
+                continue
+            if not mlflow_run:  # the store refused it at the time: log it now (a finished
+                # Optuna trial is immutable, so its run is found again by its trial tag)
+                mlflow_run = self.tracker.find_trial_run(self.cfg.name, frozen.number) or \
+                    self.tracker.start_trial(self._parent_run, self.cfg.name, frozen.number,
+                                             frozen.params)
+            finished[str(mlflow_run)] = tracking_payload(saved, None)
         closed = self.tracker.reconcile(self.cfg.name, finished)
         if closed:
             logger.info("closed %d MLflow runs left RUNNING by a dead daemon", closed)
@@ -495,7 +529,11 @@ class Daemon:
             tags["best_trial"] = str(best.number)
             record = best.user_attrs.get(ATTR_RECORD, {})
             tags["conclusion"] = f"best: trial {best.number}: {record.get('conclusion', '')}"
-        self.tracker.finish_study(self._parent_run, metrics, tags, is_done=done)
+        try:
+            self.tracker.finish_study(self._parent_run, metrics, tags, is_done=done)
+        except Exception as exc:  # any store error: the results are safe in Optuna
+            logger.warning("MLflow finish_study failed (%s: %s); rerun `nightshift start` to "
+                           "bring MLflow up to date", type(exc).__name__, str(exc)[:200])
         self.on_event(TrialEvent("study", message="done" if done else "stopped"))
         return DaemonSummary(self._finished_here, len(finished), self.stopping and not done,
                              best.number if best else None, list(best.values)

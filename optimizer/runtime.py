@@ -4,6 +4,7 @@ composition is testable without a terminal."""
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import logging
 import shutil
@@ -13,12 +14,12 @@ from typing import Any
 
 from optimizer.config import StudyConfig
 from optimizer.daemon import Daemon, TrialEvent
-from optimizer.errors import ConfigError
+from optimizer.errors import ConfigError, TrackingError
 from optimizer.tracking import Tracker
 from optimizer.workers import RunnerSpec, init_ray
 from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names, probe
 from runners.model_info import ModelInfo, bundled_shapes, load_model_info
-from search_spaces import SpaceError, load_space, recommend_space
+from search_spaces import KNOWN_FLAGS, SpaceError, load_space, recommend_space
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +109,21 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
     for rule in resolved.applied_rules:
         notes.append(f"rule {rule.name}: {rule.effect} ({rule.reason})")
     workload = cfg.workload(vocab_size=model.vocab_size if model else 32000)
-    tracker = Tracker(cfg.tracking_uri)
+    for name in cfg.spec.fixed_flags:
+        simulated_fault = engine == "simulated" and name.startswith("sim_")
+        if name not in KNOWN_FLAGS and not simulated_fault:
+            close = difflib.get_close_matches(name, list(KNOWN_FLAGS), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "see search_spaces/space.py."
+            raise ConfigError(f"fixed_flags.{name}: not a vLLM 0.26 engine flag; {hint}")
+    fixed_tp = int(cfg.spec.fixed_flags.get("tensor_parallel_size") or 1)
+    if fixed_tp > hardware.num_gpus:
+        raise ConfigError(f"fixed_flags.tensor_parallel_size: {fixed_tp} needs {fixed_tp} GPUs "
+                          f"but this host has {hardware.num_gpus}; lower it.")
+    try:  # an unreachable store is bad input: refuse before anything else is written
+        tracker = Tracker(cfg.tracking_uri)
+        tracker.experiment_id(cfg.name)
+    except TrackingError as exc:
+        raise ConfigError(f"tracking_uri: {exc}") from None
     total_gpus = init_ray(sim.num_gpus if engine == "simulated" else None, ray_address)
     if total_gpus < 1:
         raise ConfigError("the Ray cluster has no GPU; start Ray with GPUs or use --dry-run.")
@@ -116,7 +131,8 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
     runner = RunnerSpec(kind=engine, registry_dir=results / "engines",
                         hardware=hardware.to_dict() if engine == "simulated" else None,
                         startup_time_scale=sim.startup_time_scale,
-                        seed=sim.seed, cache_root=cfg.spec.vllm.cache_root or DEFAULT_CACHE_ROOT)
+                        seed=sim.seed, cache_root=cfg.spec.vllm.cache_root or DEFAULT_CACHE_ROOT,
+                        stall_timeout_s=cfg.spec.workload.stall_timeout_s)
     hw_dict = hardware.to_dict()
     study_params = {
         "engine": engine, "model": cfg.spec.model.path, "load_format": cfg.spec.model.load_format,

@@ -70,8 +70,10 @@ class Tracker:
             location = (root / name).resolve().as_uri() if root is not None else None
             return str(self.client.create_experiment(name, artifact_location=location))
         except Exception as exc:  # MLflow raises many types; all mean "store unusable"
+            first = (str(exc).splitlines() or [""])[0][:160]
             raise TrackingError(f"MLflow store {self.tracking_uri} refused the study "
-                                f"({type(exc).__name__}: {exc}); check --tracking-uri.") from exc
+                                f"({type(exc).__name__}: {first}); check --tracking-uri or "
+                                "the study's tracking_uri.") from exc
 
     def start_study(self, study_name: str, *, params: Mapping[str, Any],
                     artifacts: Mapping[str, Any]) -> str:
@@ -143,6 +145,16 @@ class Tracker:
         for k, v in {**tags, TAG_STATE: state}.items():
             self.client.set_tag(run_id, k, str(v)[:5000])
         self.client.set_terminated(run_id, _STATUS[state])
+
+    def find_trial_run(self, study_name: str, trial_number: int) -> str | None:
+        exp = self.client.get_experiment_by_name(study_name)
+        if exp is None:
+            return None
+        found = self.client.search_runs(
+            [exp.experiment_id], max_results=1,
+            filter_string=f"tags.`{TAG_KIND}` = 'trial' and tags.`{TAG_TRIAL}` = "
+                          f"'{trial_number}'")
+        return str(found[0].info.run_id) if found else None
 
     def reconcile(self, study_name: str, trials: Mapping[str, Mapping[str, Any]]) -> int:
         """Close every RUNNING trial run whose trial is no longer in flight.

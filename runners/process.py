@@ -207,12 +207,14 @@ def _matching_process(record: Mapping[str, Any]) -> psutil.Process | None:
     return proc
 
 
-def reap_strays(registry_dir: Path, grace_s: float = 5.0) -> list[int]:
+def reap_strays(registry_dir: Path, grace_s: float = 5.0, *,
+                under: Path | None = None) -> list[int]:
     """Kill the engines recorded in `registry_dir` that are still alive, and clear the records.
 
     A record is acted on only when its pid is alive with the recorded create time, so a pid
     since reused by an unrelated process is never touched. Call it once at daemon start,
-    before launching engines. Returns the pids killed.
+    before launching engines; with `under`, only engines whose log lies below that directory
+    (one trial's, after its worker died) are reaped. Returns the pids killed.
     """
     if not registry_dir.is_dir():
         return []
@@ -223,6 +225,9 @@ def reap_strays(registry_dir: Path, grace_s: float = 5.0) -> list[int]:
         except (OSError, ValueError):
             logger.warning("unreadable process record %s; removing it", path)
             record = None
+        if under is not None and not (isinstance(record, dict) and Path(
+                str(record.get("log_path", ""))).is_relative_to(under)):
+            continue
         proc = _matching_process(record) if isinstance(record, dict) else None
         if proc is not None and isinstance(record, dict):
             recorded_pgid = record.get("pgid")

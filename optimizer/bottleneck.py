@@ -1,0 +1,500 @@
+"""What limits a measured config: a pure classifier from evidence (profiler trace shares, NVML
+telemetry, /metrics, a decode roofline) to a `Verdict`, and the one-line conclusion built on it.
+
+Rules and thresholds are explained in docs/bottleneck.md; `classify` never does I/O, so it is
+tested on recorded summaries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final, Literal, get_args
+
+from runners.base import EngineConfig, EngineInfo, RunResult, StepMetrics
+from runners.hardware import HardwareProfile
+from runners.model_info import ModelInfo
+
+Label = Literal["compute-bound", "memory-bound", "communication-bound", "launch-bound",
+                "kv-capacity-bound", "at-physical-limit", "unknown"]
+LABELS: Final[tuple[Label, ...]] = get_args(Label)
+Source = Literal["trace", "telemetry", "metrics", "roofline", "config"]
+
+ATTR_VERDICT: Final = "verdict"  # trial user attribute holding `Verdict.as_user_attr()`
+
+GIB: Final = 1 << 30
+# Bytes per weight by `--quantization` (or the checkpoint's quant_method): 4-bit methods pack
+# two weights a byte; scales are left out (under 2% of the bytes).
+_BYTES_PER_PARAM: Final[Mapping[str, float]] = {
+    "fp8": 1.0, "fp8_per_tensor": 1.0, "fp8_per_block": 1.0, "fp8_per_channel": 1.0,
+    "modelopt": 1.0, "compressed-tensors": 1.0, "awq": 0.5, "awq_marlin": 0.5, "gptq": 0.5,
+    "gptq_marlin": 0.5, "bitsandbytes": 0.5, "gguf": 0.5,
+}
+_FP8_METHODS: Final = frozenset({"fp8", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel",
+                                 "modelopt"})
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Where each rule fires; docs/bottleneck.md gives the reason for every number."""
+
+    at_limit_roofline_fraction: float = 0.8  # measured step within 1.25x of the roofline
+    kv_full_perc: float = 0.95  # KV cache usage, 0-1
+    communication_share: float = 0.25  # of kernel time
+    tp_slowdown: float = 1.15  # TPOT at TP>1 over the TP=1 reference
+    launch_busy_fraction: float = 0.4  # GPU busy over the kernel span
+    eager_roofline_fraction: float = 0.35  # without a trace: eager and this far off the roofline
+    compute_gemm_share: float = 0.8
+    compute_busy_fraction: float = 0.8
+    compute_gpu_util_pct: float = 90.0  # without a trace, with a compute-dominated roofline
+    memory_dominance: float = 2.0  # bytes term over FLOPs term that makes busy GEMMs memory-bound
+    memory_util_pct: float = 50.0  # without a roofline: NVML memory-controller busy
+
+
+DEFAULT_THRESHOLDS: Final = Thresholds()
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything `classify` may use; every field is optional (None = not measured)."""
+
+    # Profiler trace (runners.trace.summarize).
+    gemm_share: float | None = None  # of kernel time, 0-1
+    attention_share: float | None = None  # of kernel time, 0-1
+    communication_share: float | None = None  # of kernel time, 0-1
+    gpu_busy_fraction: float | None = None  # union of kernel intervals / kernel span, 0-1
+    median_gap_us: float | None = None  # between kernels on the busiest stream
+    # NVML telemetry over the load levels.
+    gpu_util_mean_pct: float | None = None
+    mem_util_mean_pct: float | None = None  # memory controller busy
+    power_mean_w: float | None = None  # per GPU
+    sm_clock_mean_mhz: float | None = None
+    sm_clock_min_mhz: float | None = None
+    # Server /metrics over one load level.
+    max_kv_cache_usage_perc: float | None = None  # 0-1
+    max_num_requests_waiting: float | None = None
+    num_preemptions: float | None = None  # during the level
+    is_waiting_rising: bool | None = None  # the queue grew over the level
+    # Decode roofline inputs.
+    decode_batch: float | None = None  # sequences per decode step
+    context_tokens: float | None = None  # mean tokens per sequence whose KV a step reads
+    tpot_ms: float | None = None  # measured time per decode step (median TPOT)
+    weight_bytes: float | None = None  # whole model, read once per step
+    kv_bytes_per_token: float | None = None  # all layers, whole model
+    flops_per_token: float | None = None  # about 2 x the parameters a token passes
+    memory_bandwidth_gbps: float | None = None  # one GPU, GB/s
+    peak_tflops: float | None = None  # one GPU, dense, in the GEMMs' dtype
+    tensor_parallel_size: int = 1
+    tp1_tpot_ms: float | None = None  # TPOT of the best TP=1 config at the same load
+    is_enforce_eager: bool | None = None
+
+    @property
+    def has_trace(self) -> bool:
+        return any(v is not None for v in (self.gemm_share, self.communication_share,
+                                            self.gpu_busy_fraction))
+
+    @property
+    def has_telemetry(self) -> bool:
+        return any(v is not None for v in (self.gpu_util_mean_pct, self.mem_util_mean_pct,
+                                            self.power_mean_w, self.sm_clock_mean_mhz))
+
+    @property
+    def has_metrics(self) -> bool:
+        return any(v is not None for v in (self.max_kv_cache_usage_perc,
+                                            self.num_preemptions, self.is_waiting_rising))
+
+    def roofline(self) -> Roofline | None:
+        """The decode roofline of this operating point, or None when an input is missing."""
+        batch, weights, kv, flops = (self.decode_batch, self.weight_bytes,
+                                     self.kv_bytes_per_token, self.flops_per_token)
+        bandwidth, peak = self.memory_bandwidth_gbps, self.peak_tflops
+        if (batch is None or weights is None or kv is None or flops is None
+                or bandwidth is None or peak is None):
+            return None
+        if not all(math.isfinite(v) and v > 0 for v in (batch, weights, kv, flops, bandwidth,
+                                                          peak)):
+            return None
+        return roofline_terms(weight_bytes=weights,
+                              kv_bytes_read=batch * (self.context_tokens or 0.0) * kv,
+                              flops=flops * batch, memory_bandwidth_gbps=bandwidth,
+                              peak_tflops=peak, tensor_parallel_size=self.tensor_parallel_size)
+
+    def roofline_fraction(self) -> float | None:
+        """Roofline time over measured step time: 1.0 is the hardware's limit."""
+        terms = self.roofline()
+        if terms is None or self.tpot_ms is None or not self.tpot_ms > 0:
+            return None
+        return terms.time_s / (self.tpot_ms / 1e3)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    memory_s: float  # bytes per GPU / bandwidth
+    compute_s: float  # FLOPs per GPU / peak
+
+    @property
+    def time_s(self) -> float:
+        return max(self.memory_s, self.compute_s)
+
+    @property
+    def is_memory_dominated(self) -> bool:
+        return self.memory_s >= self.compute_s
+
+
+def roofline_terms(*, weight_bytes: float, kv_bytes_read: float, flops: float,
+                   memory_bandwidth_gbps: float, peak_tflops: float,
+                   tensor_parallel_size: int = 1) -> Roofline:
+    """Both terms of one decode step's roofline. All inputs are for the whole model; tensor
+    parallelism splits weights, KV heads and FLOPs evenly, and communication is left out on
+    purpose, so a TP config's distance from its roofline shows what communication costs."""
+    tp = max(1, tensor_parallel_size)
+    return Roofline(memory_s=(weight_bytes + kv_bytes_read) / tp / (memory_bandwidth_gbps * 1e9),
+                    compute_s=flops / tp / (peak_tflops * 1e12))
+
+
+def roofline_decode_s(*, weight_bytes: float, kv_bytes_read: float, flops: float,
+                      memory_bandwidth_gbps: float, peak_tflops: float,
+                      tensor_parallel_size: int = 1) -> float:
+    """The least time one decode step can take on this hardware, in seconds:
+    max((weight + KV bytes) / TP / bandwidth, FLOPs / TP / peak)."""
+    return roofline_terms(weight_bytes=weight_bytes, kv_bytes_read=kv_bytes_read, flops=flops,
+                          memory_bandwidth_gbps=memory_bandwidth_gbps, peak_tflops=peak_tflops,
+                          tensor_parallel_size=tensor_parallel_size).time_s
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The classifier's answer. `evidence` holds only the numbers that decided it."""
+
+    label: Label
+    roofline_fraction: float | None  # roofline time / measured step time; None without inputs
+    evidence: dict[str, float] = field(default_factory=dict)
+    reason: str = ""  # one sentence, naming the evidence used
+    detail: str = ""  # the short phrase `sentence` puts in parentheses
+    sources: tuple[Source, ...] = ()  # the kinds of evidence that decided
+
+    def as_user_attr(self, **extra: float | int | str | None) -> dict[str, Any]:
+        """JSON-able, for `trial.set_user_attr(ATTR_VERDICT, ...)`; `extra` adds what
+        `BottleneckPruner` reads (`tensor_parallel_size`, `objective_value`, `step`)."""
+        out: dict[str, Any] = {**asdict(self), "sources": list(self.sources)}
+        out.update({k: v for k, v in extra.items() if v is not None})
+        return out
+
+    @classmethod
+    def from_user_attr(cls, data: Mapping[str, Any]) -> Verdict:
+        label = data.get("label")
+        rf = data.get("roofline_fraction")
+        return cls(label=label if label in LABELS else "unknown",
+                   roofline_fraction=float(rf) if isinstance(rf, int | float) else None,
+                   evidence={str(k): float(v) for k, v in (data.get("evidence") or {}).items()
+                             if isinstance(v, int | float)},
+                   reason=str(data.get("reason") or ""), detail=str(data.get("detail") or ""),
+                   sources=tuple(data.get("sources") or ()))
+
+    def as_metrics(self) -> dict[str, float]:
+        """Flat figures for the tracker (`bottleneck.<name>`)."""
+        out = {f"bottleneck.{k}": v for k, v in self.evidence.items()}
+        if self.roofline_fraction is not None:
+            out["bottleneck.roofline_fraction"] = self.roofline_fraction
+        return out
+
+
+# --- the rules ----------------------------------------------------------------------------------
+
+
+def _num(values: Mapping[str, float | None]) -> dict[str, float]:
+    return {k: float(v) for k, v in values.items() if v is not None}
+
+
+def _verdict(label: Label, rf: float | None, evidence: Mapping[str, float | None],
+             detail: str, why: str, sources: Sequence[Source]) -> Verdict:
+    used = ", ".join(sources)
+    return Verdict(label=label, roofline_fraction=rf, evidence=_num(evidence),
+                   reason=f"{label}: {why} (from {used}).", detail=detail,
+                   sources=tuple(sources))
+
+
+def classify(evidence: Evidence, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Verdict:
+    """The first rule that the evidence supports, in this order: kv-capacity-bound,
+    at-physical-limit, communication-bound, launch-bound, compute-bound, memory-bound; else
+    unknown. Each rule has a form for partial evidence (no trace: telemetry, metrics, config)."""
+    e, t = evidence, thresholds
+    rf = e.roofline_fraction()
+    terms = e.roofline()
+    rf_ev: dict[str, float | None] = {"roofline_fraction": rf}
+
+    # A full KV cache that preempts or lets the queue grow caps the batch, however fast each
+    # step is; it has its own levers (KV dtype, memory utilisation), so it is named first.
+    kv = e.max_kv_cache_usage_perc
+    pressure = (e.num_preemptions or 0.0) > 0 or bool(e.is_waiting_rising)
+    if kv is not None and kv >= t.kv_full_perc and pressure:
+        return _verdict(
+            "kv-capacity-bound", rf,
+            {"max_kv_cache_usage_perc": kv, "num_preemptions": e.num_preemptions,
+             "is_waiting_rising": float(e.is_waiting_rising) if e.is_waiting_rising is not None
+             else None},
+            f"KV cache {kv:.0%} full, {_pressure(e)}",
+            f"the KV cache was {kv:.0%} full with {_pressure(e)}", ["metrics"])
+
+    if rf is not None and rf >= t.at_limit_roofline_fraction:
+        return _verdict("at-physical-limit", rf, rf_ev, f"{rf:.0%} of the roofline",
+                        f"a decode step takes {e.tpot_ms:.3g} ms, within "
+                        f"{1 / rf:.2f}x of the roofline", ["roofline", "metrics"])
+
+    if e.communication_share is not None and e.communication_share > t.communication_share:
+        share = e.communication_share
+        return _verdict("communication-bound", rf,
+                        {"communication_share": share, **rf_ev,
+                         "tensor_parallel_size": e.tensor_parallel_size},
+                        f"communication {share:.0%} of kernel time",
+                        f"collectives take {share:.0%} of GPU kernel time", ["trace"])
+    if (e.tensor_parallel_size > 1 and e.tpot_ms is not None and e.tp1_tpot_ms is not None
+            and e.tp1_tpot_ms > 0 and e.tpot_ms > t.tp_slowdown * e.tp1_tpot_ms):
+        ratio = e.tpot_ms / e.tp1_tpot_ms
+        return _verdict("communication-bound", rf,
+                        {"tp_slowdown": ratio, "tpot_ms": e.tpot_ms, "tp1_tpot_ms": e.tp1_tpot_ms,
+                         "tensor_parallel_size": e.tensor_parallel_size},
+                        f"TPOT {ratio:.2f}x the TP=1 reference",
+                        f"TP={e.tensor_parallel_size} decodes {ratio:.2f}x slower than TP=1 at "
+                        "the same load", ["metrics", "config"])
+
+    busy = e.gpu_busy_fraction
+    if busy is not None and busy < t.launch_busy_fraction:
+        return _verdict("launch-bound", rf,
+                        {"gpu_busy_fraction": busy, "median_gap_us": e.median_gap_us,
+                         "is_enforce_eager": _flag(e.is_enforce_eager), **rf_ev},
+                        f"GPU busy {busy:.0%} of the kernel span",
+                        f"the GPU was busy only {busy:.0%} of the kernel span, idle between "
+                        "kernels", ["trace"])
+    if (busy is None and e.is_enforce_eager and rf is not None
+            and rf < t.eager_roofline_fraction):
+        return _verdict("launch-bound", rf, {"is_enforce_eager": 1.0, **rf_ev},
+                        f"eager mode at {rf:.0%} of the roofline",
+                        f"enforce_eager runs {rf:.0%} of the roofline with no trace to show "
+                        "the gaps", ["config", "roofline"])
+
+    gemm = e.gemm_share
+    if (gemm is not None and busy is not None and gemm > t.compute_gemm_share
+            and busy > t.compute_busy_fraction):
+        ev = {"gemm_share": gemm, "gpu_busy_fraction": busy, **rf_ev}
+        # Decode GEMMs at a small batch stream weights: busy GEMMs are then memory-bound.
+        if terms is not None and terms.memory_s > t.memory_dominance * terms.compute_s:
+            return _verdict("memory-bound", rf,
+                            {**ev, "memory_over_compute": terms.memory_s / terms.compute_s},
+                            f"GEMM {gemm:.0%} of a {busy:.0%}-busy GPU, streaming weights",
+                            f"GEMMs fill {gemm:.0%} of a {busy:.0%}-busy GPU but the roofline "
+                            "is bandwidth-dominated", ["trace", "roofline"])
+        return _verdict("compute-bound", rf, ev,
+                        f"GEMM {gemm:.0%} of kernel time, GPU busy {busy:.0%}",
+                        f"GEMMs fill {gemm:.0%} of a GPU busy {busy:.0%} of the time",
+                        ["trace"])
+    if busy is None and terms is not None and not terms.is_memory_dominated:
+        util = e.gpu_util_mean_pct
+        if util is None or util >= t.compute_gpu_util_pct:
+            sources: list[Source] = ["roofline"]
+            if util is not None:
+                sources.append("telemetry")
+            return _verdict("compute-bound", rf,
+                            {"compute_over_memory": terms.compute_s / terms.memory_s,
+                             "gpu_util_mean_pct": util, **rf_ev},
+                            "FLOPs dominate the roofline",
+                            "the roofline's FLOP term exceeds its byte term", sources)
+
+    if terms is not None and terms.is_memory_dominated:
+        ev2 = {"memory_over_compute": terms.memory_s / terms.compute_s,
+               "gpu_busy_fraction": busy, "gpu_util_mean_pct": e.gpu_util_mean_pct,
+               "decode_batch": e.decode_batch, **rf_ev}
+        at = f" at {rf:.0%} of it" if rf is not None else ""
+        used: list[Source] = ["roofline", "trace"] if busy is not None else ["roofline"]
+        return _verdict("memory-bound", rf, ev2, f"bandwidth roofline{at}",
+                        f"reading weights and KV dominates the decode roofline{at}",
+                        used)
+    if terms is None and e.mem_util_mean_pct is not None \
+            and e.mem_util_mean_pct >= t.memory_util_pct:
+        return _verdict("memory-bound", rf, {"mem_util_mean_pct": e.mem_util_mean_pct},
+                        f"memory controller busy {e.mem_util_mean_pct:.0f}%",
+                        f"the memory controller was busy {e.mem_util_mean_pct:.0f}% of the "
+                        "time", ["telemetry"])
+
+    missing = [name for name, present in (("trace", e.has_trace), ("telemetry", e.has_telemetry),
+                                          ("metrics", e.has_metrics),
+                                          ("roofline", terms is not None)) if not present]
+    have: list[Source] = [s for s in ("trace", "telemetry", "metrics", "roofline")
+                          if s not in missing]
+    why = "no rule fired"
+    if missing:
+        why += f"; missing {', '.join(missing)}"
+    return Verdict(label="unknown", roofline_fraction=rf, evidence=_num(rf_ev),
+                   reason=f"unknown: {why} (from {', '.join(have) or 'nothing'}).",
+                   detail="not enough evidence", sources=tuple(have))
+
+
+def _pressure(e: Evidence) -> str:
+    parts = []
+    if e.num_preemptions:
+        parts.append(f"{e.num_preemptions:.0f} preemptions")
+    if e.is_waiting_rising:
+        parts.append("the queue rising")
+    return " and ".join(parts)
+
+
+def _flag(value: bool | None) -> float | None:
+    return None if value is None else float(value)
+
+
+# --- building evidence --------------------------------------------------------------------------
+
+
+def _bytes_per_param(config: EngineConfig, model: ModelInfo | None) -> float:
+    method = str(config.flags.get("quantization") or (model.quant_method if model else "") or "")
+    if method:
+        return _BYTES_PER_PARAM.get(method.lower(), 2.0)
+    dtype = (model.dtype if model else "bfloat16").lower()
+    return 4.0 if dtype in ("float32", "fp32") else 2.0
+
+
+def _is_true(value: object) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+def _finite(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _positive(value: object) -> float | None:
+    v = _finite(value)
+    return v if v is not None and v > 0 else None
+
+
+def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
+                  config: EngineConfig, hardware: HardwareProfile | None = None,
+                  model: ModelInfo | None = None, *, engine: EngineInfo | None = None,
+                  trace_summary: Mapping[str, Any] | None = None,
+                  telemetry: Mapping[str, float] | None = None,
+                  tp1_tpot_ms: float | None = None) -> Evidence:
+    """Evidence for one trial: from a finished `RunResult` (its trace summary, telemetry,
+    engine info and last measured level), or mid-run from its `StepMetrics` so far (then only
+    metrics, config and roofline; `trace_summary`, `telemetry` and `engine` may add more).
+    The operating point is the last level that completed a request. Pure."""
+    if isinstance(result, RunResult):
+        steps: Sequence[StepMetrics] = result.steps
+        engine = engine or result.engine
+        trace_summary = trace_summary if trace_summary is not None else result.trace_summary
+        telemetry = telemetry if telemetry is not None else result.telemetry
+    elif isinstance(result, StepMetrics):
+        steps = (result,)
+    else:
+        steps = result
+    measured = [s for s in steps if s.metrics.completed > 0]
+    step = measured[-1] if measured else None
+    trace = trace_summary or {}
+    tel = telemetry or {}
+    server = step.server_metrics if step is not None else {}
+    tp = config.tensor_parallel_size
+
+    preemptions = _finite(server.get("num_preemptions"))
+    if preemptions is None:
+        preemptions = _finite(server.get("vllm:num_preemptions_total"))
+    rising = _finite(server.get("is_waiting_rising"))
+
+    tpot_ms = decode_batch = context = None
+    if step is not None:
+        m = step.metrics
+        tpot_ms = _positive(m.median_tpot_ms)
+        mean_tpot = _positive(m.mean_tpot_ms)
+        # Little's law on decode: each running sequence gives one token per step.
+        if mean_tpot is not None and m.output_throughput > 0:
+            decode_batch = m.output_throughput * mean_tpot / 1e3
+            running = _positive(server.get("max_num_requests_running"))
+            if running is not None:
+                decode_batch = min(decode_batch, running)
+        context = (m.total_input_tokens + m.total_output_tokens / 2) / m.completed
+
+    weight_bytes = flops_per_token = kv_per_token = None
+    kv_dtype = str(config.flags.get("kv_cache_dtype") or "auto").lower()
+    if model is not None:
+        lm_head = model.vocab_size * model.hidden_size
+        embeddings = lm_head * (1 if model.tie_word_embeddings else 2)
+        linear = max(model.num_params - embeddings, 0)
+        # The LM head stays in bf16 under vLLM's fp8 and is read whole each step; the input
+        # embedding is a gather of a few rows, left out.
+        weight_bytes = linear * _bytes_per_param(config, model) + lm_head * 2.0
+        flops_per_token = 2.0 * (linear + lm_head)
+        kv_per_token = model.kv_bytes_per_token(1.0 if kv_dtype.startswith("fp8") else 2.0)
+    elif engine is not None and engine.model_memory_gib:
+        weight_bytes = engine.model_memory_gib * GIB * tp  # the log's figure is per GPU
+
+    bandwidth = peak = None
+    if hardware is not None:
+        bandwidth = _positive(hardware.memory_bandwidth_gbps)
+        method = str(config.flags.get("quantization") or "").lower()
+        is_fp8 = method in _FP8_METHODS and hardware.fp8_tflops > 0
+        peak = _positive(hardware.fp8_tflops if is_fp8 else hardware.bf16_tflops)
+
+    eager = config.flags.get("enforce_eager")
+    return Evidence(
+        gemm_share=_finite(trace.get("gemm_share")),
+        attention_share=_finite(trace.get("attention_share")),
+        communication_share=_finite(trace.get("communication_share")),
+        gpu_busy_fraction=_finite(trace.get("gpu_busy_fraction")),
+        median_gap_us=_finite(trace.get("median_gap_us")),
+        gpu_util_mean_pct=_finite(tel.get("gpu_util_mean_pct")),
+        mem_util_mean_pct=_finite(tel.get("mem_util_mean_pct")),
+        power_mean_w=_finite(tel.get("power_mean_w")),
+        sm_clock_mean_mhz=_finite(tel.get("sm_clock_mean_mhz")),
+        sm_clock_min_mhz=_finite(tel.get("sm_clock_min_mhz")),
+        max_kv_cache_usage_perc=_finite(server.get("max_kv_cache_usage_perc")),
+        max_num_requests_waiting=_finite(server.get("max_num_requests_waiting")),
+        num_preemptions=preemptions,
+        is_waiting_rising=None if rising is None else rising > 0,
+        decode_batch=decode_batch,
+        context_tokens=context,
+        tpot_ms=tpot_ms,
+        weight_bytes=weight_bytes,
+        kv_bytes_per_token=kv_per_token,
+        flops_per_token=flops_per_token,
+        memory_bandwidth_gbps=bandwidth,
+        peak_tflops=peak,
+        tensor_parallel_size=tp,
+        tp1_tpot_ms=_positive(tp1_tpot_ms),
+        is_enforce_eager=None if eager is None else _is_true(eager),
+    )
+
+
+# --- the conclusion -----------------------------------------------------------------------------
+
+_ADVICE: Final[Mapping[Label, str]] = {
+    "compute-bound": "stop tuning kernels; only fewer FLOPs (fp8 weights, fewer tokens) help",
+    "memory-bound": "read fewer bytes per token: fp8 weights or KV cache, or a larger batch",
+    "communication-bound": "prefer a smaller tensor_parallel_size (replicas instead)",
+    "launch-bound": "cut host overhead: CUDA graph capture sizes, scheduling",
+    "kv-capacity-bound": "give the KV cache room: kv_cache_dtype fp8, gpu_memory_utilization, "
+                         "or a smaller max_num_seqs",
+    "at-physical-limit": "this is the hardware's limit for this batch; stop tuning this config",
+    "unknown": "profile the trial to tell",
+}
+
+
+def advice(verdict: Verdict) -> str:
+    """What to do next, given the verdict."""
+    if verdict.label == "launch-bound" and verdict.evidence.get("is_enforce_eager") == 1.0:
+        return "keep CUDA graphs on"
+    return _ADVICE[verdict.label]
+
+
+def sentence(params_change: str | Mapping[str, Any], metric_change: str,
+             verdict: Verdict) -> str:
+    """"change -> metric -> conclusion" in one line, e.g. `enforce_eager=True: TPOT p99 18.8 ms
+    (+165% vs best): launch-bound (GPU busy 19% of the kernel span); keep CUDA graphs on.`"""
+    change = params_change if isinstance(params_change, str) else ", ".join(
+        f"{k}={v}" for k, v in params_change.items())
+    head = f"{change}: " if change else ""
+    metric = f"{metric_change}: " if metric_change else ""
+    detail = f" ({verdict.detail})" if verdict.detail else ""
+    return f"{head}{metric}{verdict.label}{detail}; {advice(verdict)}."
+
