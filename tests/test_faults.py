@@ -1,19 +1,22 @@
 """A night of faults, each on real processes: the study goes on or resumes, the affected trial
 is failed (or retried) with its reason, Optuna and MLflow agree, and no engine outlives its trial.
 
-| fault                                   | injected by                           | outcome                                   |
-|-----------------------------------------|---------------------------------------|-------------------------------------------|
-| engine crash mid-trial                  | sim_crash_after_requests              | trial failed crash_mid_run; study goes on |
-| engine hang (no tokens)                 | sim_hang_after_requests               | trial failed hang after stall_timeout_s   |
-| engine never healthy                    | sim_hang_at_start                     | trial failed startup_timeout              |
-| OOM at start                            | sim_oom_at_start                      | trial failed oom_at_start                 |
-| CUDA graph capture failure              | sim_graph_capture_fail                | trial failed cuda_graph_capture           |
-| port taken before the engine binds it   | a socket held on the chosen port      | relaunched on another port; completes     |
-| daemon SIGKILLed mid-trial, restarted   | kill -9 (tests/optimizer/test_daemon) | trial failed daemon_lost, re-queued once  |
-| daemon stopped (SIGTERM, stop --now)    | nightshift stop (test_daemon)         | in-flight finished / failed + re-queued   |
-| Ray worker process killed               | SIGKILL to the actor's process        | trial failed worker_lost, re-queued once  |
-| tracking store fails mid-study          | mlflow.db overwritten in place        | study goes on; resume logs what was missed|
-| unreachable tracking store at start     | tracking_uri http://127.0.0.1:9       | one-line error, exit 2, nothing written   |
+| fault                          | injected by                    | outcome                      |
+|--------------------------------|--------------------------------|------------------------------|
+| engine crash mid-trial         | sim_crash_after_requests       | failed crash_mid_run         |
+| engine hang (no tokens)        | sim_hang_after_requests        | failed hang (stall timeout)  |
+| engine never healthy           | sim_hang_at_start              | failed startup_timeout       |
+| OOM at start                   | sim_oom_at_start               | failed oom_at_start          |
+| CUDA graph capture failure     | sim_graph_capture_fail         | failed cuda_graph_capture    |
+| port taken before engine binds | a socket held on that port     | relaunched; completes        |
+| daemon SIGKILLed, restarted    | kill -9 (optimizer/test_daemon)| daemon_lost, re-queued once  |
+| daemon stopped / stop --now    | nightshift stop (test_daemon)  | finished / failed+re-queued  |
+| Ray worker process killed      | SIGKILL to the actor process   | worker_lost, re-queued once  |
+| tracking store fails mid-study | mlflow.db overwritten in place | goes on; resume logs the rest|
+| tracking store unreachable     | tracking_uri 127.0.0.1:9       | one line, exit 2, no writes  |
+| bad study / space / flags      | see the last test              | one line, exit 2, no writes  |
+
+In every case the study goes on (or resumes), Optuna and MLflow agree, and no engine survives.
 """
 
 from __future__ import annotations
