@@ -3,16 +3,20 @@
 A plain median rule prunes on noise: at a light load level every config serves the offered load,
 so half of them sit a hair under the median. `MarginPruner` prunes only a trial that is worse
 than a percentile of earlier trials at the same load level by a clear relative margin.
+`BottleneckPruner` adds rules on the trial's bottleneck verdict (optimizer/bottleneck.py).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
+
+from optimizer.bottleneck import ATTR_VERDICT
 
 
 class MarginPruner(optuna.pruners.BasePruner):
@@ -52,3 +56,107 @@ class MarginPruner(optuna.pruners.BasePruner):
         reference = float(np.percentile(others, q))
         gap = self.min_relative_gap * abs(reference)
         return value < reference - gap if maximize else value > reference + gap
+
+
+class BottleneckPruner(optuna.pruners.BasePruner):
+    """Wraps a base pruner (default `MarginPruner()`) and also prunes on the verdict a trial
+    stored in `trial.user_attrs["verdict"]` (`bottleneck.Verdict.as_user_attr`, set by the
+    caller before `should_prune`):
+
+    - communication-bound at TP>1, with a value at this step worse than the best TP=1 trial's
+      at the same step (more GPUs that serve less: the split costs more than it gives);
+    - launch-bound, with a value at this step worse than the best trial's there by more than
+      `launch_margin` (0.25 = 25%): a config idling between kernels rarely catches up.
+
+    Reads only the study's trials and their attributes, never writes (Optuna pruners must not):
+    `explain` gives the reason text for the caller's log line. Single-objective only.
+    """
+
+    def __init__(self, base: optuna.pruners.BasePruner | None = None, *,
+                 launch_margin: float = 0.25, n_warmup_steps: int = 0) -> None:
+        if launch_margin < 0.0:
+            raise ValueError(f"launch_margin must be >= 0 but got {launch_margin}.")
+        self.base = base if base is not None else MarginPruner()
+        self.launch_margin = launch_margin
+        self.n_warmup_steps = n_warmup_steps
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        return self.explain(study, trial) is not None
+
+    def explain(self, study: optuna.Study, trial: FrozenTrial) -> str | None:
+        """Why `prune` would prune this trial now (one sentence), or None when it would not."""
+        step = trial.last_step
+        if self.base.prune(study, trial):
+            name = type(self.base).__name__
+            value = trial.intermediate_values.get(step) if step is not None else None
+            shown = f" ({value:.4g})" if value is not None else ""
+            return (f"{name}: the value at step {step}{shown} is worse than earlier trials "
+                    "there by more than the margin.")
+        if step is None or step < self.n_warmup_steps or len(study.directions) != 1:
+            return None
+        verdict = trial.user_attrs.get(ATTR_VERDICT)
+        if not isinstance(verdict, Mapping):
+            return None
+        value = trial.intermediate_values[step]
+        if not math.isfinite(value):
+            return None  # the base pruner's business
+        maximize = study.direction == StudyDirection.MAXIMIZE
+        label = verdict.get("label")
+        if label == "communication-bound":
+            tp = _tensor_parallel_size(trial)
+            if tp <= 1:
+                return None
+            best = _best_at(study, step, maximize, exclude=trial.number, tp=1)
+            if best is None:
+                return None
+            number, best_value = best
+            worse = value < best_value if maximize else value > best_value
+            if worse:
+                return (f"communication-bound at TP={tp}: {value:.4g} at step {step} is worse "
+                        f"than TP=1 trial {number} ({best_value:.4g}); the split costs more "
+                        "than it gives.")
+        elif label == "launch-bound":
+            best = _best_at(study, step, maximize, exclude=trial.number)
+            if best is None:
+                return None
+            number, best_value = best
+            gap = self.launch_margin * abs(best_value)
+            worse = value < best_value - gap if maximize else value > best_value + gap
+            if worse:
+                delta = (value - best_value) / best_value * 100 if best_value else 0.0
+                return (f"launch-bound: {value:.4g} at step {step} is {delta:+.0f}% vs the best "
+                        f"trial {number} ({best_value:.4g}), beyond the "
+                        f"{self.launch_margin:.0%} margin.")
+        return None
+
+
+def _tensor_parallel_size(trial: FrozenTrial) -> int:
+    """TP of a trial: its sampled param, else what its verdict recorded, else vLLM's default."""
+    value = trial.params.get("tensor_parallel_size")
+    if value is None:
+        verdict = trial.user_attrs.get(ATTR_VERDICT)
+        if isinstance(verdict, Mapping):
+            value = verdict.get("tensor_parallel_size")
+    try:
+        return int(value) if value is not None else 1
+    except (TypeError, ValueError):
+        return 1
+
+
+def _best_at(study: optuna.Study, step: int, maximize: bool, *, exclude: int,
+             tp: int | None = None) -> tuple[int, float] | None:
+    """(number, value) of the finished trial with the best value at `step`, optionally only
+    among trials of tensor-parallel size `tp`."""
+    best: tuple[int, float] | None = None
+    for other in study.get_trials(deepcopy=False,
+                                  states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        if other.number == exclude or step not in other.intermediate_values:
+            continue
+        if tp is not None and _tensor_parallel_size(other) != tp:
+            continue
+        value = other.intermediate_values[step]
+        if not math.isfinite(value):
+            continue
+        if best is None or (value > best[1] if maximize else value < best[1]):
+            best = (other.number, value)
+    return best

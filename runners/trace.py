@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import re
+import zlib
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,9 +46,9 @@ _KERNEL_PATTERNS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
     ("quantize", re.compile(r"fp8_quant|_quant_|quant_kernel|cvt_|quantize")),
 )
 
-_CHUNK_CHARS: Final = 1 << 20  # text read per refill: the parser's working set
+_CHUNK_CHARS: Final = 1 << 18  # text read per refill: the parser's working set
 _MAX_EVENT_CHARS: Final = 64 << 20  # one event larger than this means a corrupt file
-_REORDER_WINDOW: Final = 1 << 15  # kernels held back to put slightly out-of-order events right
+_REORDER_WINDOW: Final = 1 << 14  # kernels held back to put slightly out-of-order events right
 # Gap histogram: 50 log bins per decade from 10 ns to 10 s (4.7% wide), plus a bin for zero.
 _GAP_BINS_PER_DECADE: Final = 50
 _GAP_MIN_US: Final = 0.01
@@ -85,7 +86,11 @@ class _Reader:
         """Read one more chunk; False at end of file."""
         if self.eof:
             return False
-        chunk = self.handle.read(self.chunk_chars)
+        try:
+            chunk = self.handle.read(self.chunk_chars)
+        except (EOFError, zlib.error, gzip.BadGzipFile, UnicodeDecodeError) as exc:
+            # A profiler killed mid-write leaves a cut gzip stream: a bad trace, not an I/O fault.
+            raise ValueError(f"the trace is truncated or not gzip/UTF-8 text ({exc}).") from exc
         if not chunk:
             self.eof = True
             return False
@@ -103,7 +108,8 @@ class _Reader:
                 return
 
     def peek(self) -> str:
-        self.skip(_WHITESPACE)
+        if self.pos >= len(self.buf) or self.buf[self.pos] in " \t\n\r":
+            self.skip(_WHITESPACE)
         return self.buf[self.pos] if self.pos < len(self.buf) else ""
 
     def expect(self, char: str, what: str) -> None:
@@ -114,7 +120,8 @@ class _Reader:
 
     def value(self, decoder: json.JSONDecoder) -> Any:
         """Decode one JSON value at the cursor, reading more until it is complete."""
-        self.skip(_WHITESPACE)
+        if self.pos >= len(self.buf) or self.buf[self.pos] in " \t\n\r":
+            self.skip(_WHITESPACE)
         while True:
             try:
                 value, end = decoder.raw_decode(self.buf, self.pos)
@@ -163,10 +170,11 @@ def iter_events(path: Path, *, chunk_chars: int = _CHUNK_CHARS) -> Iterator[dict
 def _iter_array(reader: _Reader, decoder: json.JSONDecoder) -> Iterator[dict[str, Any]]:
     reader.expect("[", "to open traceEvents")
     while True:
-        if reader.peek() == "]":
+        next_char = reader.peek()
+        if next_char == "]":
             reader.pos += 1
             return
-        if reader.peek() == "":
+        if not next_char:
             raise ValueError("the traceEvents array is not closed (truncated file?).")
         event = reader.value(decoder)
         if isinstance(event, dict):
@@ -184,11 +192,11 @@ def iter_gpu_events(path: Path) -> Generator[dict[str, Any], None, None]:
 # --- accumulation -------------------------------------------------------------------------------
 
 
-def _stream_key(event: Mapping[str, Any]) -> tuple[str, str]:
+def _stream_key(event: Mapping[str, Any]) -> tuple[Any, Any]:
     args = event.get("args")
     args = args if isinstance(args, Mapping) else {}
-    return (str(args.get("device", event.get("pid", ""))),
-            str(args.get("stream", event.get("tid", ""))))
+    # Kineto puts the device in pid and the stream in tid as well as in args; either will do.
+    return args.get("device", event.get("pid")), args.get("stream", event.get("tid"))
 
 
 @dataclass
@@ -229,11 +237,8 @@ class _Accumulator:
     def __init__(self, reorder_window: int = _REORDER_WINDOW) -> None:
         self.reorder_window = reorder_window
         self.category_us: dict[str, float] = dict.fromkeys(CATEGORIES, 0.0)
-        self.kernel_us: dict[str, float] = {}
-        self.kernel_count: dict[str, int] = {}
         self.categories: dict[str, str] = {}  # name -> category, classified once per name
-        self.streams: dict[tuple[str, str], _StreamStats] = {}
-        self.stream_ids: dict[tuple[str, str], int] = {}
+        self.stream_ids: dict[tuple[Any, Any], int] = {}
         self.stream_list: list[_StreamStats] = []
         self.num_kernels = 0
         self.first_start_us = math.inf
@@ -256,8 +261,6 @@ class _Accumulator:
             category = classify_kernel(name, str(event.get("cat", "kernel")))
             self.categories[name] = category
         self.category_us[category] += dur
-        self.kernel_us[name] = self.kernel_us.get(name, 0.0) + dur
-        self.kernel_count[name] = self.kernel_count.get(name, 0) + 1
         self.num_kernels += 1
         end = start + dur
         self.first_start_us = min(self.first_start_us, start)
