@@ -138,7 +138,9 @@ class SamplerSpec(_Strict):
 
 
 class PrunerSpec(_Strict):
-    name: Literal["median", "none"] = "median"  # median: `pruning.MarginPruner`
+    # bottleneck: MarginPruner + classifier verdicts (`pruning.BottleneckPruner`);
+    # median: `pruning.MarginPruner` alone; none: every trial runs all its levels.
+    name: Literal["bottleneck", "median", "none"] = "bottleneck"
     n_startup_trials: int = Field(default=4, ge=0)
     min_relative_gap: float = Field(default=0.10, ge=0, le=1)  # prune only when this much worse
 

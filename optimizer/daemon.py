@@ -22,7 +22,7 @@ from typing import Any, Literal
 import optuna
 from optuna.trial import TrialState
 
-from optimizer import records
+from optimizer import bottleneck, records
 from optimizer.config import StudyConfig
 from optimizer.errors import StudyLockedError, WorkerLost
 from optimizer.study import (
@@ -39,6 +39,8 @@ from optimizer.study import (
 from optimizer.tracking import Tracker
 from optimizer.workers import RunnerSpec, TrialHandle, WorkerPool, wait_any
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics, Workload
+from runners.hardware import HardwareProfile
+from runners.model_info import ModelInfo
 from runners.process import reap_strays
 
 logger = logging.getLogger(__name__)
@@ -75,6 +77,7 @@ class _InFlight:
     retries: int
     steps: list[StepMetrics] = field(default_factory=list)
     pruned_at: int | None = None
+    prune_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,7 @@ class Daemon:
                  tracker: Tracker, workload: Workload,
                  study_params: Mapping[str, Any], study_artifacts: Mapping[str, Any],
                  on_event: Callable[[TrialEvent], None] | None = None,
+                 hardware: HardwareProfile | None = None, model: ModelInfo | None = None,
                  poll_s: float = 0.25) -> None:
         self.cfg = cfg
         self.space = space
@@ -156,6 +160,8 @@ class Daemon:
         self.study_params = study_params
         self.study_artifacts = study_artifacts
         self.on_event = on_event or (lambda event: None)
+        self.hardware = hardware  # for the roofline of the bottleneck classifier
+        self.model = model
         self.poll_s = poll_s
         self._stop: Literal["no", "finish", "now"] = "no"
         self._inflight: list[_InFlight] = []
@@ -318,12 +324,46 @@ class Daemon:
         item.trial.report(values[0], step.step)
         if step.step >= len(self.workload.levels) - 1:
             return False  # the last level: stopping now saves nothing, the trial completes
+        # The pruner reads the verdict the trial stores (BottleneckPruner): classify first.
+        verdict = self._verdict(study, item.steps, item.config)
+        item.trial.set_user_attr(bottleneck.ATTR_VERDICT, verdict.as_user_attr(
+            tensor_parallel_size=item.config.tensor_parallel_size,
+            objective_value=values[0], step=step.step))
         if not item.trial.should_prune():
             return False
-        logger.info("trial %d pruned at step %d: %s %.3g below the median of earlier trials "
-                    "params=%s", item.trial.number, step.step, self.cfg.objectives[0],
-                    values[0], item.params)
+        frozen = next(t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                      if t.number == item.trial.number)
+        explain = getattr(study.pruner, "explain", None)
+        item.prune_reason = (explain(study, frozen) if explain else None) or \
+            f"{self.cfg.objectives[0]} {values[0]:.3g} below the median of earlier trials"
+        logger.info("trial %d pruned at step %d: %s params=%s", item.trial.number, step.step,
+                    item.prune_reason, item.params)
         return True
+
+    def _verdict(self, study: optuna.Study, steps: Any, config: EngineConfig,
+                 result: RunResult | None = None) -> bottleneck.Verdict:
+        """Classify a trial from what it has measured so far (or its whole result)."""
+        measured = [s for s in (result.steps if result else steps) if s.metrics.completed > 0]
+        tp1 = self._tp1_tpot_ms(study, measured[-1].step) if measured and \
+            config.tensor_parallel_size > 1 else None
+        evidence = bottleneck.evidence_from(result if result is not None else steps, config,
+                                            self.hardware, self.model, tp1_tpot_ms=tp1)
+        return bottleneck.classify(evidence)
+
+    @staticmethod
+    def _tp1_tpot_ms(study: optuna.Study, step_index: int) -> float | None:
+        """The best median TPOT at this load level among finished TP=1 trials: what a TP>1
+        trial must beat for its split to be worth the communication."""
+        best: float | None = None
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            record = t.user_attrs.get(ATTR_RECORD) or {}
+            if int((record.get("flags") or {}).get("tensor_parallel_size") or 1) != 1:
+                continue
+            for s in record.get("steps") or []:
+                tpot = (s.get("metrics") or {}).get("median_tpot_ms")
+                if s.get("step") == step_index and tpot and (best is None or tpot < best):
+                    best = float(tpot)
+        return best
 
     # -- results ----------------------------------------------------------------------------
 
@@ -369,8 +409,15 @@ class Daemon:
             params=item.params, state=state_name, objective=self.cfg.objectives[0],
             value=primary, failure_reason=failure.reason.value if failure else None,
             failure_message=failure.message if failure else None,
-            is_baseline=item.is_baseline, best=best, pruned_at=item.pruned_at)
+            is_baseline=item.is_baseline, best=best, pruned_at=item.pruned_at,
+            prune_reason=item.prune_reason)
         metrics = records.summary_metrics(result, self.cfg.objectives)
+        verdict = None
+        if result.steps:
+            verdict = self._verdict(study, result.steps, item.config, result)
+            metrics.update(verdict.as_metrics())
+            if state != TrialState.FAIL:
+                conclusion = f"{conclusion} {bottleneck.sentence('', '', verdict)}"
         record = {
             "state": state_name,
             "params": item.params,
@@ -384,6 +431,7 @@ class Daemon:
             "argv": list(result.argv),
             "env": dict(result.env),
             "engine": asdict(result.engine),
+            "verdict": verdict.as_user_attr() if verdict is not None else None,
             "wall_s": result.wall_s,
             "is_baseline": item.is_baseline,
         }
@@ -550,6 +598,11 @@ def tracking_payload(record: Mapping[str, Any], result: RunResult | None) -> dic
         tags["failure_reason"] = record["failure_reason"]
     if record.get("is_baseline"):
         tags["baseline"] = "true"
+    verdict = record.get("verdict") or {}
+    if verdict.get("label"):
+        tags["bottleneck"] = str(verdict["label"])
+        tags["bottleneck.reason"] = str(verdict.get("reason", ""))[:5000]
+        tags["bottleneck.sources"] = ",".join(verdict.get("sources") or [])
     engine = record.get("engine") or {}
     for key in ("attention_backend", "engine_version"):  # what the engine chose, as tags
         if engine.get(key):

@@ -64,7 +64,7 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
              value: float | None, failure_reason: str | None = None,
              failure_message: str | None = None, is_baseline: bool = False,
              best: tuple[int, Mapping[str, Any], float] | None = None,
-             pruned_at: int | None = None) -> str:
+             pruned_at: int | None = None, prune_reason: str | None = None) -> str:
     """One line: what changed vs the best so far, what it did to the metric, what we learned."""
     unit = _UNITS.get(objective, "")
     if state == "failed":
@@ -88,7 +88,8 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
     better = value > best_value if maximize else value < best_value
     head = f"{change} vs best trial {number}: {objective} {_fmt(value)} {unit} ({delta:+.0f}%)"
     if state == "pruned":
-        return f"{head} at level {pruned_at}; pruned: below the median of earlier trials there."
+        why = prune_reason or "below the median of earlier trials there"
+        return f"{head} at level {pruned_at}; pruned: {why}."
     if abs(delta) < 2:
         nominal = " (nominally the new best)" if better else ""
         return f"{head}: within noise of the best{nominal}; this change does not matter here."

@@ -151,5 +151,5 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
     }
     daemon = Daemon(cfg, space=resolved, runner=runner, total_gpus=total_gpus, tracker=tracker,
                     workload=workload, study_params=study_params, study_artifacts=artifacts,
-                    on_event=on_event)
+                    on_event=on_event, hardware=hardware, model=model)
     return daemon, notes

@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
-from optimizer.pruning import MarginPruner
+from optimizer.pruning import BottleneckPruner, MarginPruner
 from runners.base import EngineConfig, RunResult, StepMetrics
 from runners.model_info import resolve_model_dir
 
@@ -70,8 +70,9 @@ def make_pruner(cfg: StudyConfig) -> optuna.pruners.BasePruner:
     spec = cfg.spec.pruner
     if spec.name == "none" or cfg.is_multi_objective:
         return optuna.pruners.NopPruner()
-    return MarginPruner(percentile=50.0, min_relative_gap=spec.min_relative_gap,
-                        n_startup_trials=spec.n_startup_trials)
+    margin = MarginPruner(percentile=50.0, min_relative_gap=spec.min_relative_gap,
+                          n_startup_trials=spec.n_startup_trials)
+    return BottleneckPruner(margin) if spec.name == "bottleneck" else margin
 
 
 def open_study(cfg: StudyConfig, *, create: bool = True) -> optuna.Study:

@@ -262,9 +262,17 @@ class EngineRunner:
         if not gpu_traces:
             logger.warning("no trace file under %s after /stop_profile", profile_dir)
             return None, None
-        path = gpu_traces[-1]
+        from runners import trace
+
+        # One file per rank of this capture (TP > 1): the newest of each rank.
+        newest: dict[str, Path] = {}
+        for candidate in gpu_traces:
+            newest[candidate.name.split(".")[0]] = candidate
+        ranks = sorted(newest.values())
         try:
-            from runners import trace  # type: ignore[attr-defined]  # the analysis, when present
-        except ImportError:
-            return path, None
-        return path, trace.summarize(path)
+            summary = trace.summarize_many(ranks) if len(ranks) > 1 else \
+                trace.summarize(ranks[0])
+        except (ValueError, OSError) as exc:  # a cut or corrupt trace: keep the measurements
+            logger.warning("trace %s could not be read (%s)", ranks[0], exc)
+            return ranks[0], None
+        return ranks[0], summary
