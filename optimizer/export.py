@@ -3,6 +3,7 @@ launcher, or env vars — each built from the trial's recorded flags and environ
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Mapping
 from typing import Any
@@ -97,6 +98,7 @@ def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str) -> str:
         return "\n".join(lines) + "\n"
     comments = [*(f"# {line}" for line in about.splitlines()),
                 f"# run: vllm serve {shlex.quote(config.model)} --config THIS_FILE"]
-    comments += [f"# env: {k}={shlex.quote(v)}" for k, v in env.items()]
+    # A comment is one line: values go JSON-escaped (a newline would end the comment).
+    comments += [f"# env: {k}={json.dumps(v)}" for k, v in env.items()]
     body: str = yaml.safe_dump(dict(options), sort_keys=False, default_flow_style=False)
     return "\n".join(comments) + "\n" + body

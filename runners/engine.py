@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 LOG_TAIL_BYTES = 64_000
 _DURATION_POOL = 4096  # requests synthesised for a duration-bound level (cycled)
 _READINESS_ATTEMPTS = 3
+_TRACE_ARTIFACT_EVENTS = 20_000
 
 
 class _Abort(Exception):
@@ -272,7 +273,12 @@ class EngineRunner:
         try:
             summary = trace.summarize_many(ranks) if len(ranks) > 1 else \
                 trace.summarize(ranks[0])
+            # The artifact is a trimmed copy (kernel events only): full traces run to
+            # hundreds of MB; the full one stays in the trial's directory.
+            trimmed = profile_dir.parent / "trace.trimmed.pt.trace.json.gz"
+            trace.trim(ranks[0], trimmed, max_events=_TRACE_ARTIFACT_EVENTS,
+                       note=f"kernel events of {ranks[0].name}, trimmed by nightshift")
         except (ValueError, OSError) as exc:  # a cut or corrupt trace: keep the measurements
             logger.warning("trace %s could not be read (%s)", ranks[0], exc)
             return ranks[0], None
-        return ranks[0], summary
+        return trimmed, summary

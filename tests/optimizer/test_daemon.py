@@ -241,3 +241,24 @@ def test_no_gpu_for_engine_vllm_is_a_clear_error(tmp_path: Path) -> None:
     path = write_study(tmp_path, engine="vllm")
     assert main(["start", str(path), "--no-progress"]) == 2
     assert not (tmp_path / "results").exists()
+
+
+def test_profiled_trials_log_trace_shares_verdict_and_trimmed_trace(
+        tmp_path: Path, ray_cluster: None) -> None:
+    path = write_study(tmp_path, trials=2, workload={
+        "input_len": 64, "output_len": 32, "levels": [{"concurrency": 4}],
+        "num_requests": 8, "warmup_requests": 1, "profile": True})
+    assert main(["start", str(path), "--no-progress"]) == 0
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    for run in trial_runs(tmp_path):
+        if run.data.tags["state"] != "complete":
+            continue
+        assert 0 < run.data.metrics["trace.gpu_busy_fraction"] <= 1
+        assert run.data.metrics["trace.gemm_share"] > 0
+        assert run.data.tags["bottleneck"] in {
+            "compute-bound", "memory-bound", "communication-bound", "launch-bound",
+            "kv-capacity-bound", "at-physical-limit", "unknown"}
+        assert "trace" in run.data.tags["bottleneck.sources"]
+        assert run.data.tags["bottleneck"] in run.data.tags["conclusion"]
+        names = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert "trace.trimmed.pt.trace.json.gz" in names, "the trimmed trace is an artifact"

@@ -1,0 +1,92 @@
+"""Benchmark: GPU-seconds the pruner saves on the simulated engine, at the same result quality.
+
+Runs one study twice, side by side in one run of this script, identical but for the pruner
+(`bottleneck` vs `none`): same space, sampler seed, workload and budget. GPU-seconds of a trial
+= its GPUs x (modelled engine start-up + the load levels it measured); the simulated engine's
+start-up is the modelled one (its sleep is time-scaled). Prints a table and writes JSON.
+
+    python bench/pruning_savings.py --trials 16 --out bench/data/pruning_savings.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+from optimizer.cli import main as nightshift
+
+STUDY: dict[str, Any] = {
+    "engine": "simulated",
+    "model": {"path": "qwen2.5-7b", "load_format": "dummy", "skip_tokenizer_init": True},
+    "workload": {"input_len": 512, "output_len": 64,
+                 "levels": [{"concurrency": 4}, {"concurrency": 16}, {"concurrency": 32}],
+                 "num_requests": 32, "warmup_requests": 2},
+    "slo": {"ttft_p99_ms": 1000, "tpot_p99_ms": 12},
+    "objective": "goodput",
+    "search_space": "hopper",
+    "sampler": {"name": "tpe", "seed": 7, "n_startup_trials": 6},
+    "simulated": {"hardware": "h200", "num_gpus": 2, "startup_time_scale": 0.002},
+}
+
+
+def gpu_seconds(trial: optuna.trial.FrozenTrial) -> float:
+    record = trial.user_attrs.get("record") or {}
+    tp = int((record.get("flags") or {}).get("tensor_parallel_size") or 1)
+    startup = float((record.get("metrics") or {}).get("engine.startup_s") or 0.0)
+    measured = sum(float(s["metrics"].get("duration_s", 0.0)) for s in record.get("steps", []))
+    return tp * (startup + measured)
+
+
+def run(pruner: str, trials: int, root: Path) -> dict[str, Any]:
+    name = f"bench-{pruner}"
+    study = {**STUDY, "name": name, "budget": {"trials": trials}, "pruner": {"name": pruner},
+             "results_dir": str(root / name), "tracking_uri": f"sqlite:///{root}/mlflow.db"}
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(study))
+    if nightshift(["start", str(path), "--no-progress"]) != 0:
+        raise SystemExit(f"study {name} failed")
+    loaded = optuna.load_study(study_name=name, storage=f"sqlite:///{root / name}/optuna.db")
+    finished = [t for t in loaded.trials if t.state.is_finished()]
+    best = max((t.value for t in finished if t.value is not None), default=0.0)
+    return {"pruner": pruner, "trials": len(finished),
+            "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in finished),
+            "gpu_seconds": sum(gpu_seconds(t) for t in finished), "best_goodput": best}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="nightshift-bench-"))
+    try:
+        rows = [run("none", args.trials, root), run("bottleneck", args.trials, root)]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    base, pruned = rows
+    summary = {"rows": rows,
+               "gpu_seconds_ratio": pruned["gpu_seconds"] / base["gpu_seconds"],
+               "best_goodput_ratio": pruned["best_goodput"] / base["best_goodput"],
+               "engine": "simulated (h200 preset; modelled, not measured)"}
+    for row in rows:
+        sys.stdout.write(f"{row['pruner']:>10}: {row['trials']} trials, {row['pruned']} pruned, "
+                         f"{row['gpu_seconds']:.0f} GPU-s, best goodput "
+                         f"{row['best_goodput']:.2f} req/s\n")
+    sys.stdout.write(f"pruning: {summary['gpu_seconds_ratio']:.2f}x the GPU-seconds, "
+                     f"{summary['best_goodput_ratio']:.2f}x the best goodput\n")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

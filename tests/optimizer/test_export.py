@@ -1,0 +1,78 @@
+"""Export renders data, never code: hostile strings stay quoted in the shell launcher and plain
+scalars in the YAML."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from optimizer.config import parse_study
+from optimizer.errors import ConfigError, NightshiftError
+from optimizer.export import render, select_trial, trial_env
+
+HOSTILE = "$(touch /tmp/nightshift-pwned); `id`; 'q\" \n"
+
+
+def _study() -> tuple[optuna.Study, object]:
+    cfg = parse_study({"name": "x", "model": {"path": "/models/my model; rm -rf ~"},
+                       "budget": {"trials": 2}, "slo": {"tpot_p99_ms": 50},
+                       "env": {"VLLM_LOGGING_LEVEL": HOSTILE}})
+    study = optuna.create_study(direction="maximize")
+    for value, tpot in ((3.0, 30.0), (5.0, 60.0)):
+        trial = study.ask()
+        trial.suggest_categorical("max_num_seqs", [64, 256])
+        trial.set_user_attr("record", {
+            "state": "complete", "flags": {"max_num_seqs": 64, "enable_prefix_caching": False,
+                                           "no_enable_prefix_caching": True},
+            "env": {"VLLM_LOGGING_LEVEL": HOSTILE, "CUDA_VISIBLE_DEVICES": "3",
+                    "HOME": "/root"},
+            "metrics": {"p99_tpot_ms": tpot}, "conclusion": "new best.\nsecond line"})
+        study.tell(trial, value)
+    return study, cfg
+
+
+def test_shell_launcher_quotes_every_user_string(tmp_path: Path) -> None:
+    study, cfg = _study()
+    text = render(select_trial(study, cfg), cfg, "sh")
+    script = tmp_path / "serve.sh"
+    script.write_text(text.replace("exec vllm serve", "exec printf '%s\\n'"))
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True)
+    args = out.stdout.splitlines()
+    assert args[0] == "/models/my model; rm -rf ~", "the model path is one argument"
+    assert not Path("/tmp/nightshift-pwned").exists(), "nothing in the env was executed"
+    assert f"export VLLM_LOGGING_LEVEL={shlex.quote(HOSTILE)}" in text
+    assert "CUDA_VISIBLE_DEVICES" not in text and "HOME" not in text, \
+        "placement and non-engine variables are not exported"
+
+
+def test_yaml_export_is_plain_data_and_never_false() -> None:
+    study, cfg = _study()
+    text = render(select_trial(study, cfg), cfg, "yaml")
+    data = yaml.safe_load(text)
+    assert data["max-num-seqs"] == 64
+    assert data["no-enable-prefix-caching"] is True
+    assert False not in data.values()
+    assert "!!python" not in text
+    assert all(line.startswith("#") or ":" in line for line in text.splitlines() if line)
+
+
+def test_env_export_and_pareto_choice() -> None:
+    study, cfg = _study()
+    assert trial_env({"env": {"NCCL_P2P_DISABLE": "0", "PATH": "/bin"}}) == \
+        {"NCCL_P2P_DISABLE": "0"}
+    chosen = select_trial(study, cfg, max_tpot_ms=40)
+    assert chosen.values == [3.0], "the best trial within the TPOT limit, not the best overall"
+    with pytest.raises(ConfigError, match="no complete trial has a TPOT p99 that low"):
+        select_trial(study, cfg, max_tpot_ms=1)
+    with pytest.raises(ConfigError, match="--format"):
+        render(chosen, cfg, "toml")
+    with pytest.raises(ConfigError, match="--trial 9: no such trial"):
+        select_trial(study, cfg, number=9)
+    empty = optuna.create_study()
+    with pytest.raises(NightshiftError, match="no complete trial yet"):
+        select_trial(empty, cfg)
