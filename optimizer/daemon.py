@@ -42,6 +42,7 @@ from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMe
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
 from runners.process import reap_strays
+from search_spaces import ResolvedSpace
 
 logger = logging.getLogger(__name__)
 
@@ -145,8 +146,8 @@ class Daemon:
     """Runs one study to its budget. Not thread-safe: `request_stop` is the only method another
     thread (or a signal handler) may call."""
 
-    def __init__(self, cfg: StudyConfig, *, space: Any, runner: RunnerSpec, total_gpus: int,
-                 tracker: Tracker, workload: Workload,
+    def __init__(self, cfg: StudyConfig, *, space: ResolvedSpace, runner: RunnerSpec,
+                 total_gpus: int, tracker: Tracker, workload: Workload,
                  study_params: Mapping[str, Any], study_artifacts: Mapping[str, Any],
                  on_event: Callable[[TrialEvent], None] | None = None,
                  hardware: HardwareProfile | None = None, model: ModelInfo | None = None,
@@ -220,11 +221,8 @@ class Daemon:
                     self._cancel_and_collect(study, item, pool)
             if not self.stopping:
                 self._dispatch(study, pool)
-            if not self._inflight:
-                if self.stopping or not self._budget_left(study):
-                    return
-                if self._waiting is None and not self._can_ask(study):
-                    return
+            if not self._inflight and (self.stopping or not self._budget_left(study)):
+                return
             self._poll_steps(study)
             if not self._inflight:
                 time.sleep(self.poll_s)
@@ -246,9 +244,6 @@ class Daemon:
             done = sum(1 for t in trials if t.state.is_finished() and t.number not in requeued)
             return done + len(self._inflight) + (self._waiting is not None) < budget.trials
         return True
-
-    def _can_ask(self, study: optuna.Study) -> bool:
-        return self._budget_left(study)
 
     def _max_parallel(self) -> int:
         return self.cfg.spec.max_parallel_trials or self.total_gpus
