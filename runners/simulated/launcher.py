@@ -10,31 +10,15 @@ from __future__ import annotations
 import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+from runners import vllm_server
 from runners.base import EngineConfig, EngineInfo, Failure, FailureReason, Phase
 from runners.hardware import HardwareProfile, load_preset
 
-_FLOAT = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
-# (field, pattern, group) for each start-up line; a missing line leaves its field None.
-_INFO_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("engine_version", re.compile(r"vLLM API server version (\S+)")),
-    ("attention_backend", re.compile(r"Using (\w+) attention backend")),
-    ("model_memory_gib", re.compile(rf"Model loading took {_FLOAT} GiB memory")),
-    ("model_load_s", re.compile(rf"Model loading took .*? and {_FLOAT} seconds")),
-    ("compile_s", re.compile(rf"torch\.compile takes {_FLOAT} s in total")),
-    ("kv_cache_gib", re.compile(rf"Available KV cache memory: {_FLOAT} GiB")),
-    ("kv_cache_tokens", re.compile(rf"GPU KV cache size: {_FLOAT} tokens")),
-    ("max_model_len", re.compile(rf"Maximum concurrency for {_FLOAT} tokens per request")),
-    ("max_concurrency_at_max_len",
-     re.compile(rf"Maximum concurrency for .*? tokens per request: {_FLOAT}x")),
-    ("graph_capture_s", re.compile(rf"Graph capturing finished in {_FLOAT} secs")),
-    ("graph_memory_gib", re.compile(rf"Graph capturing finished in .*?, took {_FLOAT} GiB")),
-    ("init_engine_s", re.compile(rf"init engine \(.*?\) took {_FLOAT} s")),
-    ("startup_s", re.compile(rf"modelled start-up {_FLOAT} s")),
-)
-_INT_FIELDS = frozenset({"kv_cache_tokens", "max_model_len"})
-_STR_FIELDS = frozenset({"engine_version", "attention_backend"})
+# The engine prints vLLM's own start-up lines, read by vLLM's parser; this line is its own.
+_MODELLED_STARTUP = re.compile(r"modelled start-up ([0-9][0-9,]*(?:\.[0-9]+)?) s")
 
 # First match wins: graph capture before the generic OOM (its error is a CUDA OOM too).
 _FAILURE_PATTERNS: tuple[tuple[FailureReason, re.Pattern[str]], ...] = (
@@ -84,19 +68,12 @@ class SimulatedLauncher:
         return argv, {}
 
     def parse_log(self, log_text: str) -> EngineInfo:
-        values: dict[str, float | int | str] = {}
-        for name, pattern in _INFO_PATTERNS:
-            matches = pattern.findall(log_text)
-            if not matches:
-                continue
-            raw = matches[-1]  # a restarted engine logs again: the last start counts
-            if name in _STR_FIELDS:
-                values[name] = raw
-            elif name in _INT_FIELDS:
-                values[name] = int(raw.replace(",", ""))
-            else:
-                values[name] = float(raw.replace(",", ""))
-        return EngineInfo(**values)  # type: ignore[arg-type]
+        info = vllm_server.parse_log(log_text)
+        modelled = _MODELLED_STARTUP.findall(log_text)
+        if not modelled:
+            return info
+        # The modelled start-up, not the time-scaled sleep: the last start counts.
+        return replace(info, startup_s=float(modelled[-1].replace(",", "")))
 
     def classify_failure(self, log_text: str, returncode: int | None, phase: Phase) -> Failure:
         for reason, pattern in _FAILURE_PATTERNS:
