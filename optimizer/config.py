@@ -170,6 +170,10 @@ class StudySpec(_Strict):
     env: dict[str, str] = Field(default_factory=dict)  # added to every trial's engine
     fixed_flags: dict[str, Any] = Field(default_factory=dict)  # vLLM flags every trial gets
     max_parallel_trials: int | None = Field(default=None, ge=1)
+    # Configs measured right after the defaults baseline, before the sampler's own: each names
+    # only the params it changes (the rest stay at the defaults) and is checked against the
+    # space. For coverage a short study must have, or a config the user already suspects.
+    seed_trials: list[dict[str, Any]] = Field(default_factory=list, max_length=256)
     retries: int = Field(default=1, ge=0, le=5)  # re-queues of a trial lost to infrastructure
 
     @field_validator("name")

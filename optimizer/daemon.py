@@ -14,7 +14,7 @@ import os
 import shlex
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -47,6 +47,7 @@ from search_spaces import ResolvedSpace
 logger = logging.getLogger(__name__)
 
 ATTR_RETRIES = "retries"
+ATTR_SEEDED = "seeded"  # enqueued from the study file's seed_trials
 _STATE_NAMES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned",
                 TrialState.FAIL: "failed"}
 
@@ -151,7 +152,8 @@ class Daemon:
                  study_params: Mapping[str, Any], study_artifacts: Mapping[str, Any],
                  on_event: Callable[[TrialEvent], None] | None = None,
                  hardware: HardwareProfile | None = None, model: ModelInfo | None = None,
-                 poll_s: float = 0.25) -> None:
+                 poll_s: float = 0.25,
+                 seed_trials: Sequence[Mapping[str, Any]] = ()) -> None:
         self.cfg = cfg
         self.space = space
         self.runner = runner
@@ -164,6 +166,7 @@ class Daemon:
         self.hardware = hardware  # for the roofline of the bottleneck classifier
         self.model = model
         self.poll_s = poll_s
+        self.seed_trials = list(seed_trials)  # full configs, enqueued after the baseline
         self._stop: Literal["no", "finish", "now"] = "no"
         self._inflight: list[_InFlight] = []
         self._finished_here = 0
@@ -198,6 +201,8 @@ class Daemon:
             self._recover(study)
             if not study.get_trials(deepcopy=False):
                 study.enqueue_trial(self.space.defaults(), user_attrs={ATTR_BASELINE: True})
+                for params in self.seed_trials:
+                    study.enqueue_trial(dict(params), user_attrs={ATTR_SEEDED: True})
             pool = WorkerPool(self.runner, self.total_gpus)
             try:
                 self._loop(study, pool)

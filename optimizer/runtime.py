@@ -19,7 +19,13 @@ from optimizer.tracking import Tracker
 from optimizer.workers import RunnerSpec, init_ray
 from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names, probe
 from runners.model_info import ModelInfo, bundled_shapes, load_model_info
-from search_spaces import KNOWN_FLAGS, SpaceError, load_space, recommend_space
+from search_spaces import (
+    KNOWN_FLAGS,
+    ResolvedSpace,
+    SpaceError,
+    load_space,
+    recommend_space,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +114,7 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
         raise ConfigError(f"search_space: {exc}") from None
     for rule in resolved.applied_rules:
         notes.append(f"rule {rule.name}: {rule.effect} ({rule.reason})")
+    seed_trials = seed_trial_params(cfg, resolved)
     workload = cfg.workload(vocab_size=model.vocab_size if model else 32000)
     for name in cfg.spec.fixed_flags:
         simulated_fault = engine == "simulated" and name.startswith("sim_")
@@ -151,5 +158,21 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
     }
     daemon = Daemon(cfg, space=resolved, runner=runner, total_gpus=total_gpus, tracker=tracker,
                     workload=workload, study_params=study_params, study_artifacts=artifacts,
-                    on_event=on_event, hardware=hardware, model=model)
+                    on_event=on_event, hardware=hardware, model=model,
+                    seed_trials=seed_trials)
     return daemon, notes
+
+
+def seed_trial_params(cfg: StudyConfig, space: ResolvedSpace) -> list[dict[str, Any]]:
+    """`seed_trials` as full configs (each over the defaults baseline), refused with the first
+    problem when one is not a config of the space."""
+    defaults = space.defaults()
+    out: list[dict[str, Any]] = []
+    for index, changes in enumerate(cfg.spec.seed_trials):
+        params = {**defaults, **changes}
+        problems = space.check(params)
+        if problems:
+            raise ConfigError(f"seed_trials[{index}]: {problems[0]}; change it to a value of "
+                              f"search space {space.name!r}.")
+        out.append(params)
+    return out

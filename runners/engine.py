@@ -37,6 +37,7 @@ LOG_TAIL_BYTES = 64_000
 _DURATION_POOL = 4096  # requests synthesised for a duration-bound level (cycled)
 _READINESS_ATTEMPTS = 3
 _TRACE_ARTIFACT_EVENTS = 20_000
+_TRACE_SETTLE_TIMEOUT_S = 120.0  # a large eager trace takes seconds to write and gzip
 
 
 class _Abort(Exception):
@@ -258,10 +259,10 @@ class EngineRunner:
         except httpx.HTTPError as exc:
             logger.warning("profiling failed (%s); the trial keeps its measurements", exc)
             return None, None
-        traces = sorted(profile_dir.rglob("*.pt.trace.json*"), key=lambda p: p.stat().st_mtime)
-        gpu_traces = [p for p in traces if "async_llm" not in p.name]
+        gpu_traces = _settled_traces(profile_dir, _TRACE_SETTLE_TIMEOUT_S)
         if not gpu_traces:
-            logger.warning("no trace file under %s after /stop_profile", profile_dir)
+            logger.warning("no trace file under %s within %g s of /stop_profile", profile_dir,
+                           _TRACE_SETTLE_TIMEOUT_S)
             return None, None
         from runners import trace
 
@@ -282,3 +283,27 @@ class EngineRunner:
             logger.warning("trace %s could not be read (%s)", ranks[0], exc)
             return ranks[0], None
         return trimmed, summary
+
+
+def _settled_traces(profile_dir: Path, timeout_s: float, poll_s: float = 1.0) -> list[Path]:
+    """The GPU trace files under `profile_dir`, oldest first, once they exist and their sizes
+    have stopped changing: the workers may still be writing (and gzipping) when /stop_profile
+    answers, and a half-written file reads as a corrupt trace. Empty after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    previous: dict[Path, tuple[int, float]] | None = None
+    while True:
+        sizes: dict[Path, tuple[int, float]] = {}
+        for path in profile_dir.rglob("*.pt.trace.json*"):
+            if "async_llm" in path.name:  # the front-end's CPU-only trace
+                continue
+            try:
+                stat = path.stat()
+            except FileNotFoundError:  # renamed between listing and stat
+                continue
+            sizes[path] = (stat.st_size, stat.st_mtime)
+        if sizes and sizes == previous:
+            return sorted(sizes, key=lambda p: sizes[p][1])
+        if time.monotonic() >= deadline:
+            return []
+        previous = sizes
+        time.sleep(poll_s)

@@ -2,7 +2,7 @@
 # ON the lent H200, after the chunks of ../shared/gpu/bundle.sh were stashed (.gpu/setup.sh):
 #   bash bench/h200/run_study.sh start    # install vLLM, start the study in its own session
 #   bash bench/h200/run_study.sh wait N   # wait up to N s, print progress
-#   bash bench/h200/run_study.sh collect  # stop it, run the GPU test, pack results into $OUT
+#   bash bench/h200/run_study.sh collect [gpu-test]  # stop it, (run the GPU test,) pack into $OUT
 set -uo pipefail
 # The daemon outlives this call, and the repo copy here is replaced by the next one: run from a
 # private copy so a Ray worker starting mid-replacement never imports a half-written file.
@@ -29,12 +29,23 @@ case "${1:-}" in
     grep -E "INFO trial|ERROR|Traceback" /root/h200-results/daemon.out | cut -c1-400 | tail -30
     status ;;
   collect)
+    # collect [gpu-test]: stop the daemon, export, cut trace fixtures, pack what comes back
+    # (8 files of 16 MiB at most: full traces stay on the device).
     running && python3 -m optimizer.cli stop $study --now --timeout-s 120
     status
-    python3 -m pytest -q -p no:cacheprovider -m gpu tests/runners/test_vllm_gpu.py \
-      -W ignore::DeprecationWarning 2>&1 | tail -30 | tee /root/h200-results/gpu-test.txt
+    if [ "${2:-}" = gpu-test ]; then
+      python3 -m pytest -q -p no:cacheprovider -m gpu tests/runners/test_vllm_gpu.py \
+        -W ignore::DeprecationWarning 2>&1 | tail -30 | tee /root/h200-results/gpu-test.txt
+    fi
     python3 -m optimizer.cli export $study > /root/h200-results/best.yaml
+    python3 bench/h200/trim_traces.py /root/h200-results /root/h200-fixtures \
+      2>&1 | tee /root/h200-fixtures.txt
     mkdir -p $OUT/r
-    tar czf $OUT/r/h200-results.tar.gz -C /root h200-results --exclude='*.pt.trace.json.gz'
+    tar czf $OUT/r/h200-results.tar.gz -C /root --exclude='*.pt.trace.json*' h200-results
+    tar czf $OUT/r/h200-fixtures.tar.gz -C /root h200-fixtures h200-fixtures.txt
+    # The trimmed traces logged to MLflow, if they fit in one file back.
+    (cd /root && find h200-results/mlruns -name '*.pt.trace.json*' -print0 |
+      tar czf $OUT/r/mlruns-traces.tar.gz --null -T -)
+    [ "$(stat -c %s $OUT/r/mlruns-traces.tar.gz)" -lt 16000000 ] || rm $OUT/r/mlruns-traces.tar.gz
     ls -la $OUT/r ;;
 esac

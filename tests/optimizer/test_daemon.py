@@ -262,3 +262,28 @@ def test_profiled_trials_log_trace_shares_verdict_and_trimmed_trace(
         assert run.data.tags["bottleneck"] in run.data.tags["conclusion"]
         names = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert "trace.trimmed.pt.trace.json.gz" in names, "the trimmed trace is an artifact"
+
+
+def test_seed_trials_run_right_after_the_baseline_in_order(
+        tmp_path: Path, ray_cluster: None) -> None:
+    seeds = [{"kv_cache_dtype": "fp8"}, {"quantization": "fp8", "max_num_seqs": 256}]
+    path = write_study(tmp_path, trials=3, seed_trials=seeds, max_parallel_trials=1)
+    assert main(["start", str(path), "--no-progress"]) == 0
+
+    trials = sorted(load(tmp_path).trials, key=lambda t: t.number)
+    assert trials[0].user_attrs.get("baseline") is True, "the defaults still run first"
+    for trial, seed in zip(trials[1:], seeds, strict=True):
+        assert trial.user_attrs.get("seeded") is True
+        assert {k: trial.params[k] for k in seed} == seed, "a seed trial runs as written"
+        others = {k: v for k, v in trial.params.items() if k not in seed}
+        assert others == {k: v for k, v in trials[0].params.items() if k not in seed}, \
+            "params a seed trial does not name stay at the defaults"
+
+
+def test_seed_trial_outside_the_space_is_refused_before_anything_is_written(
+        tmp_path: Path, ray_cluster: None, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_study(tmp_path, trials=3, seed_trials=[{"kv_cache_dtype": "fp8_e5m2"}])
+    assert main(["start", str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "seed_trials[0]: kv_cache_dtype" in err and "\n" not in err.strip(), err
+    assert not (tmp_path / "results" / "optuna.db").exists(), "nothing recorded on bad input"
