@@ -89,7 +89,7 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
     head = f"{change} vs best trial {number}: {objective} {_fmt(value)} {unit} ({delta:+.0f}%)"
     if state == "pruned":
         why = prune_reason or "below the median of earlier trials there"
-        return f"{head} at level {pruned_at}; pruned: {why}."
+        return f"{head} at level {pruned_at}; pruned: {why.rstrip('.')}."
     if abs(delta) < 2:
         nominal = " (nominally the new best)" if better else ""
         return f"{head}: within noise of the best{nominal}; this change does not matter here."

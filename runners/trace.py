@@ -46,6 +46,20 @@ _KERNEL_PATTERNS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
     ("quantize", re.compile(r"fp8_quant|_quant_|quant_kernel|cvt_|quantize")),
 )
 
+# torch.compile (Inductor) names its generated kernels after the ops it fused into them:
+# `triton_red_fused__to_copy_abs_clamp_cutlass_scaled_mm_div_..._silu_...` (H200, fp8 weights) is
+# the dynamic fp8 quantization of the activation that *feeds* a scaled_mm, not a GEMM. Pointwise
+# and reduction kernels (`poi`, `red`, `per`) never multiply matrices (Inductor's own matmul
+# templates are `triton_tem_`), so they are filed by what they fuse, first match wins.
+_INDUCTOR_FUSED: Final = re.compile(r"^triton_(poi|red|per)_fused")
+_INDUCTOR_PATTERNS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
+    # amax (abs + max) and a clamp to the fp8 range: per-tensor dynamic quantization.
+    ("quantize", re.compile(r"_abs_.*clamp|clamp.*_abs_|quant|fp8|e4m3")),
+    ("norm", re.compile(r"rms_norm|layer_norm|_norm_|group_norm")),
+    ("activation", re.compile(r"silu|gelu|relu|act_and_mul")),
+    ("rope", re.compile(r"rotary|_rope")),
+)
+
 _CHUNK_CHARS: Final = 1 << 18  # text read per refill: the parser's working set
 _MAX_EVENT_CHARS: Final = 64 << 20  # one event larger than this means a corrupt file
 _REORDER_WINDOW: Final = 1 << 14  # kernels held back to put slightly out-of-order events right
@@ -63,6 +77,11 @@ def classify_kernel(name: str, cat: str = "kernel") -> str:
         return "memcpy"
     if cat == "gpu_memset":
         return "memset"
+    if _INDUCTOR_FUSED.match(name):
+        for category, pattern in _INDUCTOR_PATTERNS:
+            if pattern.search(name):
+                return category
+        return "other"
     for category, pattern in _KERNEL_PATTERNS:
         if pattern.search(name):
             return category

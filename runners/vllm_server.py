@@ -293,6 +293,9 @@ _CUDA_OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|CUDA error: out of 
 _GENERIC_WRAPPERS = re.compile(
     r"Engine core initialization failed|EngineCore failed to start|"
     r"Engine process failed to start|See root cause above")
+# A traceback vLLM logs as a warning and goes on from (the H200 logs print one for "Tokenizer not
+# available" under --skip-tokenizer-init on every healthy start) is no cause of death.
+_HANDLED_RECORD = re.compile(r"\b(?:DEBUG|INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d ")
 
 
 @dataclass(frozen=True)
@@ -460,18 +463,22 @@ def _exit_words(returncode: int | None) -> str:
 
 
 def _root_error(lines: Sequence[str]) -> tuple[str, int] | None:
-    """The last exception line that is not a wrapper pointing "above"."""
+    """The last exception line that is not a wrapper pointing "above", nor part of a traceback
+    vLLM logged as a warning and survived."""
     found: tuple[str, int] | None = None
-    fallback: tuple[str, int] | None = None
+    wrapper: tuple[str, int] | None = None
     for i, line in enumerate(lines):
         m = _EXCEPTION_LINE.search(line)
         if m is None:
             continue
         text = _error_text(line, limit=200)
-        fallback = (text, i)
-        if not _GENERIC_WRAPPERS.search(line):
+        if _HANDLED_RECORD.search(line[:m.start()]):
+            continue
+        if _GENERIC_WRAPPERS.search(line):
+            wrapper = (text, i)
+        else:
             found = (text, i)
-    return found or fallback
+    return found or wrapper
 
 
 def classify_failure(log_text: str, returncode: int | None, phase: Phase) -> Failure:

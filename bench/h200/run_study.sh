@@ -3,6 +3,7 @@
 #   bash bench/h200/run_study.sh start    # install vLLM, start the study in its own session
 #   bash bench/h200/run_study.sh wait N   # wait up to N s, print progress
 #   bash bench/h200/run_study.sh collect [gpu-test]  # stop it, (run the GPU test,) pack into $OUT
+# STUDY=bench/h200/study3.yaml picks another study file; TRIM=1 cuts trace fixtures at collect.
 set -uo pipefail
 # The daemon outlives this call, and the repo copy here is replaced by the next one: run from a
 # private copy so a Ray worker starting mid-replacement never imports a half-written file.
@@ -11,9 +12,9 @@ if [ "${1:-}" = start ]; then rm -rf $src; mkdir -p $src; tar cf - --exclude=.gp
 cd $src 2>/dev/null || { echo "no $src: run 'start' first"; exit 3; }
 export PYTHONPATH=$src:/tmp/site PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
 export MLFLOW_LOGGING_LEVEL=WARNING
-study=bench/h200/study.yaml
+study=${STUDY:-bench/h200/study.yaml}
 status() { python3 -m optimizer.cli status $study 2>&1 | tail -40; }
-running() { python3 -m optimizer.cli status $study 2>/dev/null | grep -q "daemon running"; }
+running() { local s; s=$(python3 -m optimizer.cli status $study 2>/dev/null); [[ $s == *"daemon running"* ]]; }
 case "${1:-}" in
   start)
     (cd "$OLDPWD" && bash .gpu/setup.sh install) || exit 3
@@ -38,11 +39,13 @@ case "${1:-}" in
         -W ignore::DeprecationWarning 2>&1 | tail -30 | tee /root/h200-results/gpu-test.txt
     fi
     python3 -m optimizer.cli export $study > /root/h200-results/best.yaml
-    python3 bench/h200/trim_traces.py /root/h200-results /root/h200-fixtures \
-      2>&1 | tee /root/h200-fixtures.txt
     mkdir -p $OUT/r
     tar czf $OUT/r/h200-results.tar.gz -C /root --exclude='*.pt.trace.json*' h200-results
-    tar czf $OUT/r/h200-fixtures.tar.gz -C /root h200-fixtures h200-fixtures.txt
+    if [ "${TRIM:-0}" = 1 ]; then
+      timeout 150 python3 bench/h200/trim_traces.py /root/h200-results /root/h200-fixtures \
+        2>&1 | tee /root/h200-fixtures.txt
+      tar czf $OUT/r/h200-fixtures.tar.gz -C /root h200-fixtures h200-fixtures.txt
+    fi
     # The trimmed traces logged to MLflow, if they fit in one file back.
     (cd /root && find h200-results/mlruns -name '*.pt.trace.json*' -print0 |
       tar czf $OUT/r/mlruns-traces.tar.gz --null -T -)

@@ -50,7 +50,7 @@ def _write(path: Path, events: list[dict[str, Any]], **top: Any) -> Path:
     ("void flash::FlashAttnFwdCombine<cute::tuple<cute::C<8>>, 7, 256, 1, false>", "attention"),
     ("void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, __nv_bfloat16, "
      "(vllm::Fp8KVCacheDataType)0>", "kv_write"),
-    ("triton_poi_fused_mul_silu_slice_3", "other"),
+    ("triton_poi_fused_mul_silu_slice_3", "activation"),
     ("void vllm::act_and_mul_kernel<c10::BFloat16, &vllm::silu_kernel<c10::BFloat16>, true>",
      "activation"),
     # Other families of vLLM's map.

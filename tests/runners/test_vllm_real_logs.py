@@ -56,3 +56,47 @@ def test_healthy_logs_are_never_classified_as_unsupported_or_oom(name: str) -> N
     failure = classify_failure(_log(name), -15, "run")
     assert failure.reason == FailureReason.CRASH_MID_RUN
     assert "SIGTERM" in failure.message or "signal" in failure.message.lower()
+
+
+# Second H200 study (h200-proof-2, same card and versions): compiled configs, TRITON_ATTN and a
+# deliberate KV-cache OOM (gpu_memory_utilization 0.06 cannot hold 14.3 GiB of bf16 weights).
+RUN2 = H200 / "run2"
+
+
+@pytest.mark.parametrize(("name", "backend", "kv_tokens", "model_gib", "compile_s", "graphs_s"), [
+    ("trial1_fp8.log", "FLASH_ATTN", 2_228_896, 8.2, 30.7, 4.0),
+    ("trial4_kv_fp8.log", "FLASH_ATTN", 4_229_728, 14.32, 21.0, 5.0),
+    # 0.26 names the backend it was told to use in the enum's words, not "out of potential ...".
+    ("trial6_triton.log", "TRITON_ATTN", 2_115_440, 14.29, 17.36, 8.0),
+])
+def test_compiled_logs_report_backend_capacity_compile_and_graphs(
+        name: str, backend: str, kv_tokens: int, model_gib: float, compile_s: float,
+        graphs_s: float) -> None:
+    info = parse_log((RUN2 / name).read_text())
+    assert info.attention_backend == backend
+    assert info.kv_cache_tokens == kv_tokens
+    assert info.model_memory_gib == pytest.approx(model_gib)
+    assert info.compile_s == pytest.approx(compile_s)
+    assert info.graph_capture_s == pytest.approx(graphs_s)
+
+
+def test_real_kv_cache_oom_is_classified_as_oom_at_start() -> None:
+    text = (RUN2 / "trial3_kv_oom.log").read_text()
+    failure = classify_failure(text, 1, "start")
+    assert failure.reason == FailureReason.OOM_AT_START
+    assert "gpu_memory_utilization" in failure.message, "the message names the knob to turn"
+    assert "No available memory for the cache blocks" in failure.log_excerpt
+    info = parse_log(text)
+    assert info.kv_cache_gib == pytest.approx(-7.24), "vLLM printed a negative KV budget"
+    assert info.kv_cache_tokens is None
+
+
+@pytest.mark.parametrize("name", ["trial1_fp8.log", "trial4_kv_fp8.log", "trial6_triton.log"])
+def test_a_traceback_logged_as_warning_is_not_the_cause_of_death(name: str) -> None:
+    # Every healthy start under --skip-tokenizer-init logs a "Tokenizer not available" traceback
+    # at WARNING level and goes on; a later crash must not be blamed on it.
+    text = (RUN2 / name).read_text()
+    assert "WARNING" in text and "Tokenizer not available" in text
+    failure = classify_failure(text, 1, "start")
+    assert failure.reason == FailureReason.STARTUP_CRASH
+    assert "Tokenizer not available" not in failure.message

@@ -1,0 +1,103 @@
+"""The classifier on real H200 traces (vLLM 0.26; tests/fixtures/traces/h200/README.md): each
+trimmed trace, with its trial's recorded metrics, telemetry and engine figures, is labelled as
+the device labelled it, and the shares tell eager from CUDA graphs and bf16 from fp8 weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from optimizer.bottleneck import classify, evidence_from
+from runners import trace
+from runners.base import (
+    BenchmarkMetrics,
+    EngineConfig,
+    EngineInfo,
+    LoadLevel,
+    RunResult,
+    StepMetrics,
+)
+from runners.hardware import load_preset
+from runners.model_info import load_model_info
+
+H200_TRACES = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "h200"
+TRIALS: dict[str, dict[str, Any]] = json.loads(
+    (H200_TRACES / "trials.json").read_text())["trials"]
+H200 = load_preset("h200")
+QWEN_7B = load_model_info("qwen2.5-7b")
+GRAPHS = ("trial0", "trial1", "trial4", "trial5", "trial6", "trial7")  # CUDA graphs on
+EAGER = "trial2"
+FP8_WEIGHTS = ("trial1", "trial5")
+
+
+def _summary(name: str) -> dict[str, float]:
+    return trace.summarize(H200_TRACES / f"{name}.pt.trace.json.gz")
+
+
+def _result(name: str) -> tuple[RunResult, EngineConfig]:
+    facts = TRIALS[name]
+    step = StepMetrics(step=0, level=LoadLevel(max_concurrency=64),
+                       metrics=BenchmarkMetrics(**facts["step_metrics"]),
+                       server_metrics=facts["server_metrics"])
+    engine = EngineInfo(**{k: v for k, v in facts["engine"].items()
+                           if k in EngineInfo.__dataclass_fields__})
+    result = RunResult(status="complete", steps=(step,), engine=engine,
+                       trace_summary=_summary(name), telemetry=facts["telemetry"])
+    return result, EngineConfig(model="qwen2.5-7b", flags=facts["flags"])
+
+
+@pytest.mark.parametrize("name", sorted(TRIALS))
+def test_real_h200_trial_gets_the_label_the_device_logged(name: str) -> None:
+    result, config = _result(name)
+    verdict = classify(evidence_from(result, config, H200, QWEN_7B))
+    assert verdict.label == TRIALS[name]["device_verdict"]["label"], verdict.reason
+    assert "trace" in verdict.sources, "a profiled trial is classified from its trace"
+
+
+def test_eager_trace_is_launch_bound_and_graphs_traces_are_not() -> None:
+    eager = _summary(EAGER)["gpu_busy_fraction"]
+    graphs = {name: _summary(name)["gpu_busy_fraction"] for name in GRAPHS}
+    assert eager < 0.25, f"eager: the GPU waits on launches most of the time (busy {eager:.2f})"
+    assert min(graphs.values()) > 0.4, f"CUDA graphs keep the GPU busier: {graphs}"
+    result, config = _result(EAGER)
+    assert classify(evidence_from(result, config, H200, QWEN_7B)).label == "launch-bound"
+
+
+def test_fp8_weights_show_as_fp8_gemms_plus_a_quantize_share() -> None:
+    for name in FP8_WEIGHTS:
+        summary = _summary(name)
+        assert summary["quantize_share"] > 0.08, \
+            f"{name}: Inductor's fused dynamic fp8 quantization is filed as quantize, not GEMM"
+        assert summary["gemm_share"] < 0.75
+    bf16 = _summary("trial0")
+    assert bf16["quantize_share"] == 0.0 and bf16["gemm_share"] > 0.75
+
+
+def test_trimmed_fixture_keeps_the_busy_fraction_of_the_whole_window() -> None:
+    for name in TRIALS:
+        full = json.loads((H200_TRACES / f"{name}.summary.json").read_text())
+        trimmed = _summary(name)["gpu_busy_fraction"]
+        assert trimmed == pytest.approx(full["gpu_busy_fraction"], abs=0.1), \
+            f"{name}: 6000 steady-state kernels tell the story of the whole profiled window"
+
+
+@pytest.mark.parametrize(("name", "category"), [
+    ("triton_red_fused__to_copy_abs_clamp_cutlass_scaled_mm_div_max_mul_reciprocal_silu_slice_"
+     "unsqueeze_2", "quantize"),
+    ("triton_red_fused__to_copy_abs_clamp_cutlass_scaled_mm_div_fused_add_rms_norm_max_mul_"
+     "reciprocal_unsqueeze_3", "quantize"),
+    ("triton_red_fused_fused_add_rms_norm_0", "norm"),
+    ("triton_poi_fused_mul_silu_slice_1", "activation"),
+    ("triton_poi_fused_3", "other"),
+    ("void cutlass::device_kernel<vllm::cutlass_3x_gemm_sm90_fp8<cutlass::float_e4m3_t, "
+     "cutlass::bfloat16_t, vllm::c3x::ScaledEpilogue>", "gemm"),
+    ("nvjet_sm90_tst_384x32_64x4_4x1_v_bz_TNT", "gemm"),
+    ("kernel_unified_attention", "attention"),
+    ("reduce_segments", "attention"),
+    ("reshape_and_cache_kernel_flash", "kv_write"),
+])
+def test_real_h200_kernel_names_are_filed_by_what_they_do(name: str, category: str) -> None:
+    assert trace.classify_kernel(name) == category
