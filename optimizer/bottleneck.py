@@ -407,12 +407,14 @@ def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
         m = step.metrics
         tpot_ms = _positive(m.median_tpot_ms)
         mean_tpot = _positive(m.mean_tpot_ms)
-        # Little's law on decode: each running sequence gives one token per step.
+        # Little's law on decode: each running sequence gives one token per step. Data-parallel
+        # replicas share the load: the roofline is one replica's, so is its batch.
         if mean_tpot is not None and m.output_throughput > 0:
             decode_batch = m.output_throughput * mean_tpot / 1e3
             running = _positive(server.get("max_num_requests_running"))
             if running is not None:
                 decode_batch = min(decode_batch, running)
+            decode_batch /= config.data_parallel_size
         context = (m.total_input_tokens + m.total_output_tokens / 2) / m.completed
 
     weight_bytes = flops_per_token = kv_per_token = None

@@ -36,8 +36,13 @@ class EngineConfig:
         return int(self.flags.get("pipeline_parallel_size") or 1)
 
     @property
+    def data_parallel_size(self) -> int:
+        """Engine replicas behind the one API server, each on its own TP x PP GPUs."""
+        return int(self.flags.get("data_parallel_size") or 1)
+
+    @property
     def num_gpus(self) -> int:
-        return self.tensor_parallel_size * self.pipeline_parallel_size
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
 
 
 @dataclass(frozen=True)

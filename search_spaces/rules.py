@@ -621,6 +621,7 @@ STATIC_BUILTINS: tuple[StaticBuiltin, ...] = (
 
 # (reader, target): conditional built-ins fix `target` from `reader`, so it must come first.
 BUILTIN_ORDER: tuple[tuple[str, str], ...] = (
+    ("tensor_parallel_size", "data_parallel_size"),
     ("attention_backend", "kv_cache_dtype"),
     ("enforce_eager", "cudagraph_mode"),
 )
@@ -641,6 +642,18 @@ def conditional_builtins(context: Mapping[str, Any]) -> list[Rule]:
             action="fix", targets=(("cudagraph_mode", "NONE"),), is_builtin=True,
         ),
     ]
+    num_gpus = lookup(context, "hardware.num_gpus")
+    if is_number(num_gpus) and num_gpus >= 1:
+        # A replica is TP GPUs; once TP takes more than half the host, one replica is all that
+        # fits. (Smaller TPs with too many replicas are refused before launch, as any config
+        # needing more GPUs than the host has.)
+        rules.append(Rule(
+            name="replicas-fit-gpus",
+            reason=f"each data-parallel replica needs tensor_parallel_size GPUs and this host "
+                   f"has {int(num_gpus)}",
+            when=(Condition("params.tensor_parallel_size", "gt", num_gpus / 2),),
+            action="fix", targets=(("data_parallel_size", 1),), is_builtin=True,
+        ))
     if _is_sm90(context) is False:
         rules.insert(0, Rule(
             name="flash-attn-fp8-kv-needs-sm90",
@@ -654,7 +667,7 @@ def conditional_builtins(context: Mapping[str, Any]) -> list[Rule]:
 def builtin_names() -> set[str]:
     names = {"parallel-sizes-fit-gpus", "tp-divides-attention-heads",
              "quantization-matches-checkpoint", "fp8-needs-sm89", "max-model-len-within-model",
-             "flash-attn-no-fp8-e5m2", "default-outside-space"}
+             "flash-attn-no-fp8-e5m2", "default-outside-space", "replicas-fit-gpus"}
     names.update(r.name for r in conditional_builtins({"hardware.compute_capability": 8.0}))
     return names
 

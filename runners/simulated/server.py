@@ -169,8 +169,25 @@ def _compile_cache_marker(config: EngineConfig) -> Path | None:
     return Path(root) / "torch_compile_cache" / f"simulated-{digest[:16]}" / "done"
 
 
+@dataclasses.dataclass
+class _Replica:
+    """One engine core: its scheduler and the loop that steps it. `data_parallel_size` of
+    them sit behind the one API server, as vLLM's data-parallel engines do."""
+
+    index: int
+    scheduler: Scheduler
+    wakeup: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    deadline: float = 0.0  # loop time the step in flight ends
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def load(self) -> int:
+        # vLLM's data-parallel coordinator scores engines by waiting x 4 + running.
+        return len(self.scheduler.waiting) * 4 + len(self.scheduler.running)
+
+
 class SimulatedEngine:
-    """Owns the scheduler, metrics, fault state and the start-up sequence of one process."""
+    """Owns the schedulers, metrics, fault state and the start-up sequence of one process."""
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
@@ -181,18 +198,16 @@ class SimulatedEngine:
             config, settings.hardware, is_compile_cache_warm=bool(marker and marker.is_file()))
         self.faults = settings.faults
         self.metrics = EngineMetrics(config.served_model_name)
-        self.scheduler = Scheduler(self.model)
+        self.replicas = [_Replica(i, Scheduler(self.model))
+                         for i in range(config.data_parallel_size)]
         self.is_ready = False
         self.is_hung = False
         self._rng = random.Random(settings.seed)
         self._error_rng = random.Random(settings.seed + 1)
         self._streams: dict[SimRequest, _Stream] = {}
-        self._wakeup = asyncio.Event()
         self._num_requests_started = 0
-        self._deadline = 0.0
         self._profile: list[_ProfiledStep] | None = None
         self._profile_events = 0
-        self._loop_task: asyncio.Task[None] | None = None
         self._reported_queries = 0
         self._reported_hits = 0
 
@@ -272,41 +287,43 @@ class SimulatedEngine:
         logger.info("Starting vLLM API server 0 on http://%s:%d", self.settings.host,
                     self.settings.port)
         logger.info("Application startup complete.")
-        self._loop_task = asyncio.create_task(self._run_loop())
+        for replica in self.replicas:
+            replica.task = asyncio.create_task(self._run_loop(replica))
         self.is_ready = True
         return None
 
     # --- engine loop ---------------------------------------------------------------------------
-    async def _run_loop(self) -> None:
+    async def _run_loop(self, replica: _Replica) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await self._wakeup.wait()
+            await replica.wakeup.wait()
             if self.is_hung:
                 await asyncio.Event().wait()  # a wedged engine: alive, silent
             now = loop.time()
-            plan = self.scheduler.schedule(now)
+            plan = replica.scheduler.schedule(now)
             if plan is None:
-                self._wakeup.clear()
+                replica.wakeup.clear()
                 continue
             step_s = plan.breakdown.total_s * self._rng.lognormvariate(0.0, self._sigma)
-            self._record_profile(plan, step_s)
+            if replica.index == 0:  # the trace is rank 0's, as vLLM's first worker writes it
+                self._record_profile(plan, step_s)
             # Sleep to a deadline, not for a duration, so timer lateness does not accumulate.
-            self._deadline = max(self._deadline, now) + step_s
-            await asyncio.sleep(max(0.0, self._deadline - loop.time()))
+            replica.deadline = max(replica.deadline, now) + step_s
+            await asyncio.sleep(max(0.0, replica.deadline - loop.time()))
             if self.is_hung:
                 await asyncio.Event().wait()
-            self._complete(plan, loop.time())
+            self._complete(replica.scheduler, plan, loop.time())
 
     @property
     def _sigma(self) -> float:
         return self.settings.noise_sigma
 
-    def _complete(self, plan: StepPlan, now: float) -> None:
+    def _complete(self, scheduler: Scheduler, plan: StepPlan, now: float) -> None:
         m, name = self.metrics, self.metrics.model_name
         m.iteration_tokens.labels(model_name=name).observe(plan.num_tokens)
         if plan.num_preempted:
             m.preemptions.labels(model_name=name).inc(plan.num_preempted)
-        events = self.scheduler.complete(plan, now)
+        events = scheduler.complete(plan, now)
         m.generation_tokens.labels(model_name=name).inc(len(events))
         for event in events:
             request = event.request
@@ -324,16 +341,19 @@ class SimulatedEngine:
 
     def _update_gauges(self) -> None:
         m, name = self.metrics, self.metrics.model_name
-        m.running.labels(model_name=name).set(len(self.scheduler.running))
-        m.waiting.labels(model_name=name).set(len(self.scheduler.waiting))
-        m.kv_usage.labels(model_name=name).set(self.scheduler.kv_cache_usage)
-        # The scheduler keeps running totals; counters take the increments since last time.
-        stats = self.scheduler.stats
-        m.prefix_queries.labels(model_name=name).inc(
-            stats.prefix_cache_queries - self._reported_queries)
-        m.prefix_hits.labels(model_name=name).inc(stats.prefix_cache_hits - self._reported_hits)
-        self._reported_queries = stats.prefix_cache_queries
-        self._reported_hits = stats.prefix_cache_hits
+        schedulers = [r.scheduler for r in self.replicas]
+        # One series for the whole server: counts add up over replicas; KV usage is the
+        # fullest replica's, the one that preempts first.
+        m.running.labels(model_name=name).set(sum(len(s.running) for s in schedulers))
+        m.waiting.labels(model_name=name).set(sum(len(s.waiting) for s in schedulers))
+        m.kv_usage.labels(model_name=name).set(max(s.kv_cache_usage for s in schedulers))
+        # The schedulers keep running totals; counters take the increments since last time.
+        queries = sum(s.stats.prefix_cache_queries for s in schedulers)
+        hits = sum(s.stats.prefix_cache_hits for s in schedulers)
+        m.prefix_queries.labels(model_name=name).inc(queries - self._reported_queries)
+        m.prefix_hits.labels(model_name=name).inc(hits - self._reported_hits)
+        self._reported_queries = queries
+        self._reported_hits = hits
 
     # --- requests ------------------------------------------------------------------------------
     def request_started(self) -> None:
@@ -361,9 +381,10 @@ class SimulatedEngine:
                              block_hashes(prompt_ids, self.model.block_size))
         stream = _Stream(request)
         self._streams[request] = stream
-        self.scheduler.add(request)
+        replica = min(self.replicas, key=lambda r: (r.load, r.index))
+        replica.scheduler.add(request)
         self._update_gauges()
-        self._wakeup.set()
+        replica.wakeup.set()
         last_s = request.arrival_s
         try:
             while True:
@@ -381,7 +402,7 @@ class SimulatedEngine:
         finally:
             self._streams.pop(request, None)
             if not request.is_finished:
-                self.scheduler.abort(request)  # the client went away
+                replica.scheduler.abort(request)  # the client went away
                 self._update_gauges()
 
     # --- profiler ------------------------------------------------------------------------------

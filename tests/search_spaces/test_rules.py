@@ -257,3 +257,36 @@ def test_applied_rules_carry_name_reason_and_effect_for_logging() -> None:
     assert kinds["flex-attention-no-fp8-kv"] == "conditional"
     assert kinds["parallel-sizes-fit-gpus"] == "static", "2 GPUs: TP 4 and 8 dropped"
     assert kinds["flash-attn-fp8-kv-needs-sm90"] == "conditional", "SM 8.9 runs FA2"
+
+
+def test_pcie_box_searches_replicas_and_never_samples_more_gpus_than_it_has() -> None:
+    # 2x RTX 4090 over PCIe: TP capped at 2, and the second GPU can serve as a replica instead.
+    resolved = load_space("consumer_24gb").resolve(CONTEXTS["2x4090_pcie"])
+    assert _choices(resolved, "tensor_parallel_size") == (1, 2)
+    assert _choices(resolved, "data_parallel_size") == (1, 2)
+    applied = {r.name: r for r in resolved.applied_rules}
+    assert "replicas-fit-gpus" in applied and "this host has 2" in applied[
+        "replicas-fit-gpus"].reason
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(40):
+        trial = study.ask()
+        params = resolved.sample(trial)
+        assert resolved.check(params) == []
+        tp, dp = params["tensor_parallel_size"], params["data_parallel_size"]
+        assert tp * dp <= 2, f"TP {tp} x DP {dp} needs more GPUs than the host has"
+        seen.add((tp, dp))
+        study.tell(trial, 1.0)
+    assert seen == {(1, 1), (1, 2), (2, 1)}, "every layout of two GPUs is searched"
+
+
+def test_replicas_are_fixed_to_one_once_tp_takes_more_than_half_the_host() -> None:
+    resolved = load_space("hopper").resolve(_host(num_gpus=4))
+    assert _choices(resolved, "data_parallel_size") == (1, 2, 4)
+    base = resolved.defaults()
+    trial = optuna.trial.FixedTrial({**base, "tensor_parallel_size": 4, "data_parallel_size": 2})
+    assert resolved.sample(trial)["data_parallel_size"] == 1
+    trial = optuna.trial.FixedTrial({**base, "tensor_parallel_size": 2, "data_parallel_size": 2})
+    assert resolved.sample(trial)["data_parallel_size"] == 2, "2 x 2 fills the 4 GPUs"
+    single = load_space("hopper").resolve(_host(num_gpus=1))
+    assert _choices(single, "data_parallel_size") == (1,)
