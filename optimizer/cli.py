@@ -126,6 +126,12 @@ def start(
     if summary.best_number is not None:
         console.print(f"best: trial {summary.best_number} {summary.best_values}; export with: "
                       f"nightshift export {study}")
+    try:
+        paths = _write_report(cfg, None, log_to_mlflow=True)
+        console.print(f"report: {paths[0]}")
+    except Exception as exc:  # the report is a view: the study's results are safe in Optuna
+        logger.warning("could not write the report (%s: %s); run `nightshift report %s`",
+                       type(exc).__name__, exc, study)
 
 
 class _LiveProgress:
@@ -149,9 +155,11 @@ class _LiveProgress:
     def on_event(self, event: Any) -> None:
         if event.kind == "study":
             return
-        row = self.rows.setdefault(event.number, {"params": event.params})
+        row = self.rows.setdefault(event.number, {"params": event.params, "label": ""})
         row.update(state=event.state, value=event.value, tpot=event.tpot_p99_ms,
                    message=event.message, elapsed=event.elapsed_s)
+        if event.label:
+            row["label"] = event.label
         self.live.update(self._render())
 
     def _render(self) -> Table:
@@ -159,20 +167,24 @@ class _LiveProgress:
         budget = self.cfg.spec.budget.trials
         done = sum(1 for r in self.rows.values() if r["state"] in ("complete", "pruned",
                                                                       "failed"))
+        elapsed = time.monotonic() - self.started
         title = f"{self.cfg.name}: {done}" + (f"/{budget}" if budget else "") + \
-            f" trials, {time.monotonic() - self.started:.0f} s"
+            f" trials, {elapsed / 60:.0f} min"
         if budget:
             filled = int(20 * min(1.0, done / budget))
             title += "  [" + "#" * filled + "-" * (20 - filled) + "]"
+            if 0 < done < budget:  # at the pace so far, trials in parallel included
+                title += f"  ETA ~{elapsed / done * (budget - done) / 60:.0f} min"
         table = Table(title=title, expand=True)
-        for col in ("trial", "params", "state", objective, "TPOT p99 ms", "s", "conclusion"):
+        for col in ("trial", "changes vs defaults", "state", objective, "TPOT p99 ms",
+                    "bottleneck", "s", "conclusion"):
             table.add_column(col, overflow="fold")
         for number in sorted(self.rows)[-25:]:
             r = self.rows[number]
-            params = " ".join(f"{k}={v}" for k, v in r["params"].items())
+            params = " ".join(f"{k}={v}" for k, v in r["params"].items()) or "(defaults)"
             table.add_row(str(number), params[:80], r["state"],
                           "" if r["value"] is None else f"{r['value']:.3g}",
-                          "" if r["tpot"] is None else f"{r['tpot']:.1f}",
+                          "" if r["tpot"] is None else f"{r['tpot']:.1f}", r["label"],
                           f"{r['elapsed']:.0f}", (r["message"] or "")[:100])
         return table
 
@@ -283,6 +295,41 @@ def export(
         if fmt == "sh":
             output.chmod(0o755)
         console.print(f"wrote trial {chosen.number} as {fmt} to {output}")
+
+
+# -- report ---------------------------------------------------------------------------------
+
+
+def _write_report(cfg: StudyConfig, output: Path | None, *, log_to_mlflow: bool) -> list[Path]:
+    from optimizer.report import build_report, write_report
+    from optimizer.study import open_study
+    from optimizer.tracking import Tracker
+
+    built = build_report(open_study(cfg, create=False), cfg)
+    paths = write_report(built, output or cfg.results_dir / "report")
+    if log_to_mlflow:
+        Tracker(cfg.tracking_uri).log_study_files(cfg.name, paths, "report")
+    return paths
+
+
+@app.command()
+def report(
+    study: StudyArg,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", help="Folder to write into (default <results_dir>/report).")] = None,
+    mlflow: Annotated[bool, typer.Option(
+        "--mlflow/--no-mlflow", help="Also log the files to the study's MLflow parent run.")
+    ] = True,
+    storage: Annotated[str | None, typer.Option(help="Optuna RDB URL.")] = None,
+) -> None:
+    """Write the study's report: report.html and report.md with PNG plots (best config and its
+    gain over the defaults, Pareto front, importances, bottlenecks, failures).
+
+    Example: nightshift report examples/quickstart.yaml -o morning/
+    """
+    cfg = _load(study).with_overrides(storage=storage)
+    paths = _write_report(cfg, output, log_to_mlflow=mlflow)
+    out.print(f"wrote {', '.join(str(p) for p in paths)}")
 
 
 # -- hw -------------------------------------------------------------------------------------

@@ -64,6 +64,7 @@ class TrialEvent:
     tpot_p99_ms: float | None = None
     message: str = ""
     elapsed_s: float = 0.0
+    label: str = ""  # the bottleneck classifier's verdict, once there is one
 
 
 @dataclass
@@ -452,7 +453,8 @@ class Daemon:
         self.on_event(TrialEvent("finished", item.trial.number, self._changed(item.config),
                                  state_name, primary,
                                  metrics.get("p99_tpot_ms"), conclusion,
-                                 time.monotonic() - item.started))
+                                 time.monotonic() - item.started,
+                                 verdict.label if verdict is not None else ""))
 
     def _release_waiting(self, study: optuna.Study) -> None:
         """A trial asked but never launched (it waited for GPUs) must not stay RUNNING: fail

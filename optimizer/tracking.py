@@ -146,6 +146,25 @@ class Tracker:
             self.client.set_tag(run_id, k, str(v)[:5000])
         self.client.set_terminated(run_id, _STATUS[state])
 
+    def find_study_run(self, study_name: str) -> str | None:
+        exp = self.client.get_experiment_by_name(study_name)
+        if exp is None:
+            return None
+        found = self.client.search_runs([exp.experiment_id], max_results=1,
+                                        filter_string=f"tags.`{TAG_KIND}` = 'study'")
+        return str(found[0].info.run_id) if found else None
+
+    def log_study_files(self, study_name: str, paths: Iterable[Path],
+                        artifact_path: str) -> str:
+        """Attach files (the report) to the study's parent run; returns its run id."""
+        run_id = self.find_study_run(study_name)
+        if run_id is None:
+            raise TrackingError(f"MLflow store {self.tracking_uri} has no run for study "
+                                f"{study_name!r}; run `nightshift start` on it first.")
+        for path in paths:
+            self.client.log_artifact(run_id, str(path), artifact_path)
+        return run_id
+
     def find_trial_run(self, study_name: str, trial_number: int) -> str | None:
         exp = self.client.get_experiment_by_name(study_name)
         if exp is None:

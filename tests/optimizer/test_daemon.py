@@ -100,6 +100,13 @@ def test_study_of_twelve_trials_runs_two_at_a_time_and_logs_everything(
     assert False not in exported.values(), "a YAML false is dropped by vLLM: never export one"
     assert main(["status", str(path)]) == 0
 
+    report = tmp_path / "results" / "report" / "report.html"
+    assert report.is_file(), "a finished study writes its morning report"
+    assert "measured in the same study" in report.read_text(), "the gain over the defaults"
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    logged = {a.path for a in client.list_artifacts(parent_ids.pop(), "report")}
+    assert "report/report.html" in logged, "the report is logged to the study's parent run"
+
     registry = tmp_path / "results" / "engines"
     assert list(registry.glob("*.json")) == [], "no engine record (or process) outlives a trial"
 

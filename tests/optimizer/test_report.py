@@ -1,0 +1,180 @@
+"""The morning report: built from the trial records in a real Optuna storage, written as HTML,
+Markdown and PNGs, logged to the study's MLflow parent run, and rendered by a real headless
+Chromium (Debian's): the DOM it built and a screenshot of the page."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from mlflow import MlflowClient
+
+from optimizer.cli import main
+from optimizer.config import parse_study
+from optimizer.report import TrialRow, build_report, pareto_front, render_markdown, write_report
+from optimizer.study import open_study
+from optimizer.tracking import Tracker
+
+CHOICES = {"quantization": ["none", "fp8"], "enforce_eager": [False, True]}
+DISTRIBUTIONS = {k: optuna.distributions.CategoricalDistribution(v) for k, v in CHOICES.items()}
+
+
+def _record(state: str, flags: dict[str, Any], goodput: float | None, tput: float | None,
+            tpot: float | None, label: str = "", failure: str | None = None,
+            is_baseline: bool = False) -> dict[str, Any]:
+    metrics = {} if tput is None else {"output_throughput": tput, "p99_tpot_ms": tpot,
+                                       "p99_ttft_ms": 300.0, "engine.startup_s": 90.0}
+    return {"state": state, "params": {}, "flags": flags,
+            "values": [goodput] if state == "complete" else None, "metrics": metrics,
+            "steps": [], "failure_reason": failure, "failure_message": None,
+            "conclusion": f"trial with {flags or 'defaults'} <b>not bold</b>",
+            "argv": ["python", "-m", "runners.simulated", "serve"], "env": {},
+            "verdict": {"label": label} if label else None, "wall_s": 100.0,
+            "is_baseline": is_baseline}
+
+
+@pytest.fixture
+def study_file(tmp_path: Path) -> Path:
+    """A study of five recorded trials (defaults, fp8, eager, fp8+eager pruned, an OOM)."""
+    data = {"name": "morning", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 5},
+            "slo": {"tpot_p99_ms": 10}, "results_dir": str(tmp_path / "results"),
+            "tracking_uri": f"sqlite:///{tmp_path}/mlruns/mlflow.db"}
+    path = tmp_path / "study.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(data))
+    cfg = parse_study(data, path=path)
+    study = open_study(cfg)
+    rows = [
+        ({"quantization": "none", "enforce_eager": False},
+         _record("complete", {}, 29.6, 7570.0, 8.1, "memory-bound", is_baseline=True)),
+        ({"quantization": "fp8", "enforce_eager": False},
+         _record("complete", {"quantization": "fp8"}, 40.0, 10246.0, 5.9, "memory-bound")),
+        ({"quantization": "none", "enforce_eager": True},
+         _record("complete", {"enforce_eager": True}, 0.0, 3754.0, 17.2, "launch-bound")),
+        ({"quantization": "fp8", "enforce_eager": True},
+         _record("complete", {"quantization": "fp8", "enforce_eager": True}, 1.0, 9000.0, 5.0,
+                 "launch-bound")),
+        ({"quantization": "fp8", "enforce_eager": True},
+         _record("failed", {"quantization": "fp8", "enforce_eager": True}, None, None, None,
+                 failure="oom_at_start")),
+    ]
+    for params, record in rows:
+        state = optuna.trial.TrialState.COMPLETE if record["state"] == "complete" else \
+            optuna.trial.TrialState.FAIL
+        attrs = {"record": record, **({"baseline": True} if record["is_baseline"] else {})}
+        study.add_trial(optuna.trial.create_trial(
+            params=params, distributions=DISTRIBUTIONS, state=state,
+            value=record["values"][0] if record["values"] else None, user_attrs=attrs))
+    tracker = Tracker(cfg.tracking_uri)
+    tracker.start_study(cfg.name, params={"objective": "goodput"}, artifacts={})
+    return path
+
+
+def _row(number: int, tput: float | None, tpot: float | None,
+         state: str = "complete") -> TrialRow:
+    return TrialRow(number, state, {}, 1.0, tput, tpot, None, None, None, "", "", "", False)
+
+
+def test_pareto_front_keeps_only_undominated_complete_trials() -> None:
+    rows = [_row(0, 7000, 8.0), _row(1, 10000, 6.0), _row(2, 9000, 5.0), _row(3, 8000, 7.0),
+            _row(4, 12000, 4.0, state="failed"), _row(5, None, None)]
+    assert pareto_front(rows) == (1, 2), "0 and 3 are beaten on both axes; 4 failed; 5 unmeasured"
+
+
+def test_report_states_best_gain_over_defaults_front_labels_and_failures(
+        study_file: Path) -> None:
+    import yaml
+
+    cfg = parse_study(yaml.safe_load(study_file.read_text()), path=study_file)
+    report = build_report(open_study(cfg, create=False), cfg)
+    assert report.best is not None and report.best.number == 1
+    assert report.baseline is not None and report.baseline.number == 0
+    assert report.gain == pytest.approx(40.0 / 29.6), "the gain is measured in the same study"
+    assert report.pareto == (1, 3), "fp8 (throughput) and fp8+eager (TPOT) are undominated"
+    assert report.failures == {"oom_at_start": 1}
+    assert set(report.importances) == set(CHOICES)
+    assert report.is_simulated, "simulated figures are said to be simulated"
+    md = render_markdown(report)
+    assert "1.35x the vLLM defaults" in md
+    assert "Simulated engine" in md
+    assert "| 2 | complete | enforce_eager=True |" in md
+    assert "- oom_at_start: 1" in md
+
+
+def test_report_command_writes_files_and_logs_them_to_the_parent_run(
+        study_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "morning"
+    assert main(["report", str(study_file), "-o", str(out)]) == 0
+    for name in ("report.html", "report.md", "pareto.png", "history.png", "importances.png"):
+        assert (out / name).stat().st_size > 1000, f"{name} is written"
+    html = (out / "report.html").read_text()
+    assert "<b>not bold</b>" not in html and "&lt;b&gt;not bold&lt;/b&gt;" in html, \
+        "conclusions are escaped: a trial's text never becomes markup"
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    run_id = Tracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db").find_study_run("morning")
+    logged = {a.path for a in client.list_artifacts(run_id, "report")}
+    assert {"report/report.html", "report/pareto.png"} <= logged
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is a PNG"
+    width, height = struct.unpack(">II", header[16:24])
+    return int(width), int(height)
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_html_report_renders_in_headless_chromium(study_file: Path, tmp_path: Path) -> None:
+    import yaml
+
+    cfg = parse_study(yaml.safe_load(study_file.read_text()), path=study_file)
+    out = tmp_path / "report"
+    write_report(build_report(open_study(cfg, create=False), cfg), out)
+    url = (out / "report.html").resolve().as_uri()
+    flags = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+             "--no-first-run", "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
+             "--virtual-time-budget=3000"]
+    dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    for anchor in ('id="headline"', 'id="pareto"', 'id="trials"', 'id="failures"',
+                   'id="simulated"', "1.35x the vLLM defaults"):
+        assert anchor in dom, f"the rendered page has {anchor}"
+    shot = tmp_path / "report.png"
+    subprocess.run([*flags, f"--screenshot={shot}", "--window-size=1280,1800", url],
+                   capture_output=True, timeout=120, check=True)
+    assert _png_size(shot) == (1280, 1800)
+    assert shot.stat().st_size > 50_000, "a page with plots and tables, not a blank one"
+
+
+def test_live_progress_shows_labels_changes_and_an_eta(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from optimizer.cli import _LiveProgress
+    from optimizer.daemon import TrialEvent
+
+    cfg = parse_study({"name": "live", "model": {"path": "qwen2.5-7b"},
+                       "budget": {"trials": 4}, "slo": {"tpot_p99_ms": 10},
+                       "results_dir": str(tmp_path)})
+    progress = _LiveProgress(cfg)
+    progress.on_event(TrialEvent("started", 0, {}))
+    progress.on_event(TrialEvent("finished", 0, {}, "complete", 29.6, 8.1, "vLLM defaults",
+                                 180.0, "memory-bound"))
+    progress.on_event(TrialEvent("started", 1, {"quantization": "fp8"}))
+    text = io.StringIO()
+    Console(file=text, width=220).print(progress._render())
+    screen = text.getvalue()
+    for shown in ("1/4 trials", "ETA", "(defaults)", "quantization=fp8", "memory-bound",
+                  "29.6", "running"):
+        assert shown in screen, f"the live table shows {shown!r}"
