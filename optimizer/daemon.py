@@ -48,6 +48,14 @@ logger = logging.getLogger(__name__)
 
 ATTR_RETRIES = "retries"
 ATTR_SEEDED = "seeded"  # enqueued from the study file's seed_trials
+ATTR_DUPLICATE_OF = "duplicate_of"  # the sampler asked again for a config already measured
+# A config that failed for one of these reasons fails again: it is never launched twice.
+_CONFIG_FAILURES = frozenset({
+    FailureReason.OOM_AT_START, FailureReason.KV_CACHE_TOO_SMALL,
+    FailureReason.CUDA_GRAPH_CAPTURE, FailureReason.UNSUPPORTED_CONFIG,
+    FailureReason.INVALID_ARGUMENT, FailureReason.INFEASIBLE})
+# This many proposals in a row of configs already measured: the sampler has nothing new to offer.
+MAX_CONSECUTIVE_DUPLICATES = 200
 _STATE_NAMES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned",
                 TrialState.FAIL: "failed"}
 
@@ -174,6 +182,9 @@ class Daemon:
         self._started = time.monotonic()
         self._parent_run = ""
         self._waiting: tuple[optuna.Trial, dict[str, Any], EngineConfig] | None = None
+        self._measured: dict[str, int] = {}  # config key -> the finished trial that holds it
+        self._duplicates_in_a_row = 0
+        self._is_exhausted = False
 
     # -- control ----------------------------------------------------------------------------
 
@@ -200,6 +211,8 @@ class Daemon:
             self._parent_run = self.tracker.start_study(
                 self.cfg.name, params=self.study_params, artifacts=self.study_artifacts)
             self._recover(study)
+            for frozen in study.get_trials(deepcopy=False):
+                self._remember(frozen.number, frozen.user_attrs.get(ATTR_RECORD))
             if not study.get_trials(deepcopy=False):
                 study.enqueue_trial(self.space.defaults(), user_attrs={ATTR_BASELINE: True})
                 for params in self.seed_trials:
@@ -239,15 +252,19 @@ class Daemon:
                 self._collect(study, item, pool)
 
     def _budget_left(self, study: optuna.Study) -> bool:
+        if self._is_exhausted:
+            return False
         budget = self.cfg.spec.budget
         if budget.wall_hours is not None and \
                 time.monotonic() - self._started >= budget.wall_hours * 3600:
             return False
         if budget.trials is not None:
             trials = study.get_trials(deepcopy=False)
-            # A failure lost to infrastructure and re-queued does not count: its re-run does.
+            # A failure lost to infrastructure and re-queued does not count: its re-run does;
+            # nor does a repeat of a measured config, which cost nothing.
             requeued = {t.user_attrs.get(ATTR_RETRY_OF) for t in trials}
-            done = sum(1 for t in trials if t.state.is_finished() and t.number not in requeued)
+            done = sum(1 for t in trials if t.state.is_finished() and t.number not in requeued
+                       and ATTR_DUPLICATE_OF not in t.user_attrs)
             return done + len(self._inflight) + (self._waiting is not None) < budget.trials
         return True
 
@@ -272,6 +289,11 @@ class Daemon:
                                                   EngineConfig] | None:
         trial = study.ask()
         params = self.space.sample(trial)
+        earlier = self._measured.get(_config_key(params))
+        if earlier is not None:
+            self._tell_duplicate(study, trial, params, earlier)
+            return None
+        self._duplicates_in_a_row = 0
         config = engine_config(self.cfg, self.space.to_flags(params))
         problems = list(self.space.check(params))
         if config.num_gpus > self.total_gpus:
@@ -282,6 +304,40 @@ class Daemon:
             self._tell_without_run(study, trial, params, failure)
             return None
         return trial, params, config
+
+    def _remember(self, number: int, record: Mapping[str, Any] | None) -> None:
+        """Keep a finished trial's config (as sampled, fixed params included) if its outcome
+        would repeat: a measurement, a prune, or a failure the config causes (not one lost to
+        infrastructure)."""
+        params = (record or {}).get("params")
+        if not record or not params:
+            return
+        state, reason = record.get("state"), record.get("failure_reason")
+        if state in ("complete", "pruned") or (state == "failed" and reason in _CONFIG_FAILURES):
+            self._measured.setdefault(_config_key(params), number)
+
+    def _tell_duplicate(self, study: optuna.Study, trial: optuna.Trial,
+                        params: dict[str, Any], earlier: int) -> None:
+        """The sampler proposed a config already measured: reuse its outcome, launch nothing.
+        The trial tells the sampler the same value (so TPE keeps learning) and counts for no
+        budget; a long run of them ends the study, the space being exhausted."""
+        frozen = study.get_trials(deepcopy=False)[earlier]
+        record = dict(frozen.user_attrs.get(ATTR_RECORD) or {})
+        record["conclusion"] = (f"same config as trial {earlier}: not launched again; its "
+                                f"outcome stands ({record.get('state')}).")
+        record["is_baseline"] = False
+        trial.set_user_attr(ATTR_RECORD, record)
+        trial.set_user_attr(ATTR_DUPLICATE_OF, earlier)
+        if frozen.state == TrialState.COMPLETE and frozen.values is not None:
+            study.tell(trial, frozen.values)
+        else:
+            study.tell(trial, state=frozen.state)
+        self._duplicates_in_a_row += 1
+        if self._duplicates_in_a_row >= MAX_CONSECUTIVE_DUPLICATES:
+            self._is_exhausted = True
+            logger.warning("the sampler proposed %d measured configs in a row: the space is "
+                           "exhausted; the study ends", self._duplicates_in_a_row)
+        logger.debug("trial %d repeats trial %d: not launched", trial.number, earlier)
 
     def _launch(self, study: optuna.Study, pool: WorkerPool, trial: optuna.Trial,
                 params: dict[str, Any], config: EngineConfig) -> None:
@@ -437,6 +493,7 @@ class Daemon:
             "is_baseline": item.is_baseline,
         }
         item.trial.set_user_attr(ATTR_RECORD, record)
+        self._remember(item.trial.number, record)
         if state == TrialState.COMPLETE:
             study.tell(item.trial, values)
         else:
@@ -480,6 +537,7 @@ class Daemon:
         record = records.failed_record(params, failure.reason.value, failure.message,
                                        conclusion)
         trial.set_user_attr(ATTR_RECORD, record)
+        self._remember(trial.number, record)
         run_id = self._open_run(trial, params)
         study.tell(trial, state=TrialState.FAIL)
         self._close_run(trial.number, run_id, tracking_payload(record, None))
@@ -554,6 +612,8 @@ class Daemon:
             saved = frozen.user_attrs.get(ATTR_RECORD)
             if not (saved and frozen.state.is_finished()):
                 continue
+            if ATTR_DUPLICATE_OF in frozen.user_attrs:
+                continue  # a repeat launched nothing and has no run: its original's stands
             if not mlflow_run:  # the store refused it at the time: log it now (a finished
                 # Optuna trial is immutable, so its run is found again by its trial tag)
                 mlflow_run = self.tracker.find_trial_run(self.cfg.name, frozen.number) or \
@@ -588,6 +648,10 @@ class Daemon:
         return DaemonSummary(self._finished_here, len(finished), self.stopping and not done,
                              best.number if best else None, list(best.values)
                              if best and best.values else None)
+
+
+def _config_key(params: Mapping[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
 
 
 def tracking_payload(record: Mapping[str, Any], result: RunResult | None) -> dict[str, Any]:

@@ -143,7 +143,8 @@ def _importances(study: optuna.Study) -> dict[str, float]:
 
 
 def build_report(study: optuna.Study, cfg: StudyConfig) -> Report:
-    trials = study.get_trials(deepcopy=False)
+    # A repeat of a measured config launched nothing: its original stands for it.
+    trials = [t for t in study.get_trials(deepcopy=False) if "duplicate_of" not in t.user_attrs]
     baseline_trial = next((t for t in trials if t.user_attrs.get("baseline")
                            and t.state == TrialState.COMPLETE), None)
     baseline_flags = ((baseline_trial.user_attrs.get(ATTR_RECORD) or {}).get("flags") or {}

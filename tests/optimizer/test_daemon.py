@@ -294,3 +294,29 @@ def test_seed_trial_outside_the_space_is_refused_before_anything_is_written(
     err = capsys.readouterr().err
     assert "seed_trials[0]: kv_cache_dtype" in err and "\n" not in err.strip(), err
     assert not (tmp_path / "results" / "optuna.db").exists(), "nothing recorded on bad input"
+
+
+def test_a_measured_config_is_never_launched_twice_and_an_exhausted_space_ends_the_study(
+        tmp_path: Path, ray_cluster: None) -> None:
+    space = tmp_path / "two.yaml"
+    space.write_text(yaml.safe_dump({"name": "two", "parameters": {
+        "enforce_eager": {"type": "categorical", "choices": [False, True], "default": "vllm"},
+        "gpu_memory_utilization": {"type": "categorical", "choices": [0.92, 0.06],
+                                   "default": "vllm"}}}))
+    # Three configs can run and one (0.06 of the GPU) fails for the config: 4 in all.
+    path = write_study(tmp_path, trials=10, search_space=str(space), max_parallel_trials=1,
+                       sampler={"name": "random", "seed": 0})
+    assert main(["start", str(path), "--no-progress"]) == 0
+
+    trials = load(tmp_path).trials
+    launched = [t for t in trials if "duplicate_of" not in t.user_attrs]
+    repeats = [t for t in trials if "duplicate_of" in t.user_attrs]
+    keys = [tuple(sorted(t.user_attrs["record"]["params"].items())) for t in launched]
+    assert len(keys) == len(set(keys)) == 4, "each of the four configs ran exactly once"
+    assert len(repeats) >= 200, "the sampler kept proposing them until the study gave up"
+    by_number = {t.number: t for t in trials}
+    for repeat in repeats:
+        original = by_number[repeat.user_attrs["duplicate_of"]]
+        assert repeat.state == original.state and repeat.values == original.values, \
+            "a repeat tells the sampler the outcome its original measured"
+    assert len(trial_runs(tmp_path)) == 4, "only launched trials get an MLflow run"
