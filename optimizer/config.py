@@ -145,6 +145,27 @@ class PrunerSpec(_Strict):
     min_relative_gap: float = Field(default=0.10, ge=0, le=1)  # prune only when this much worse
 
 
+class RaySpec(_Strict):
+    """Where trials may run on a shared Ray cluster (`nightshift start --ray-address`)."""
+
+    address: str | None = None  # "auto" or ray://host:10001; None = a local Ray in-process
+    # Run only on nodes of this GPU model (Ray's accelerator_type label, e.g. "H100").
+    accelerator_type: str | None = None
+    # Custom resources a trial's worker needs, e.g. {"tuning_pool": 1}.
+    resources: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, amount in v.items():
+            if name in ("CPU", "GPU", "memory", "object_store_memory"):
+                raise ValueError(f"{name!r} is set by nightshift per trial; name a custom "
+                                 "resource")
+            if not amount > 0:
+                raise ValueError(f"{name} must be > 0 but got {amount}")
+        return v
+
+
 class VllmSpec(_Strict):
     cache_root: Path | None = None  # VLLM_CACHE_ROOT shared by every trial
     extra_args: list[str] = Field(default_factory=list)
@@ -164,6 +185,7 @@ class StudySpec(_Strict):
     sampler: Annotated[SamplerSpec, Field(default_factory=SamplerSpec)]
     pruner: Annotated[PrunerSpec, Field(default_factory=PrunerSpec)]
     vllm: Annotated[VllmSpec, Field(default_factory=VllmSpec)]
+    ray: Annotated[RaySpec, Field(default_factory=RaySpec)]
     results_dir: Path | None = None  # default: results/<name>
     storage: str | None = None  # Optuna RDB URL; default sqlite under results_dir
     tracking_uri: str | None = None  # MLflow; default sqlite:///mlruns/mlflow.db

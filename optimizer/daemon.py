@@ -15,7 +15,7 @@ import shlex
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -162,7 +162,8 @@ class Daemon:
                  on_event: Callable[[TrialEvent], None] | None = None,
                  hardware: HardwareProfile | None = None, model: ModelInfo | None = None,
                  poll_s: float = 0.25,
-                 seed_trials: Sequence[Mapping[str, Any]] = ()) -> None:
+                 seed_trials: Sequence[Mapping[str, Any]] = (),
+                 max_gpus_per_node: int | None = None) -> None:
         self.cfg = cfg
         self.space = space
         self.runner = runner
@@ -176,6 +177,7 @@ class Daemon:
         self.model = model
         self.poll_s = poll_s
         self.seed_trials = list(seed_trials)  # full configs, enqueued after the baseline
+        self.max_gpus_per_node = max_gpus_per_node or total_gpus  # a trial's GPUs share a node
         self._stop: Literal["no", "finish", "now"] = "no"
         self._inflight: list[_InFlight] = []
         self._finished_here = 0
@@ -217,7 +219,9 @@ class Daemon:
                 study.enqueue_trial(self.space.defaults(), user_attrs={ATTR_BASELINE: True})
                 for params in self.seed_trials:
                     study.enqueue_trial(dict(params), user_attrs={ATTR_SEEDED: True})
-            pool = WorkerPool(self.runner, self.total_gpus)
+            pool = WorkerPool(self.runner, self.total_gpus,
+                              accelerator_type=self.cfg.spec.ray.accelerator_type,
+                              resources=self.cfg.spec.ray.resources)
             try:
                 self._loop(study, pool)
             finally:
@@ -299,6 +303,9 @@ class Daemon:
         if config.num_gpus > self.total_gpus:
             problems.append(f"needs {config.num_gpus} GPUs but the cluster has "
                             f"{self.total_gpus}")
+        elif config.num_gpus > self.max_gpus_per_node:
+            problems.append(f"needs {config.num_gpus} GPUs on one node but the largest node of "
+                            f"the cluster has {self.max_gpus_per_node}")
         if problems:
             failure = Failure(FailureReason.INFEASIBLE, "; ".join(problems))
             self._tell_without_run(study, trial, params, failure)
@@ -428,7 +435,7 @@ class Daemon:
         self._inflight.remove(item)
         result = item.handle.result()
         is_lost = result.failure is not None and result.failure.reason in (
-            FailureReason.WORKER_LOST, FailureReason.INTERNAL)
+            FailureReason.WORKER_LOST, FailureReason.NODE_LOST, FailureReason.INTERNAL)
         pool.release(item.handle.actor, healthy=not is_lost)
         if is_lost:  # the worker died; its engine, in a session of its own, did not
             reaped = reap_strays(self.registry_dir, under=item.workdir)
@@ -437,6 +444,13 @@ class Daemon:
                                item.trial.number, reaped)
         if is_lost and not result.steps:
             result = RunResult(status="failed", steps=tuple(item.steps), failure=result.failure)
+        if result.trace_data is not None and result.trace_path is not None and \
+                not result.trace_path.is_file():
+            # The worker ran on another machine: its trimmed trace came back through Ray.
+            local = item.workdir / result.trace_path.name
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_bytes(result.trace_data)
+            result = replace(result, trace_path=local)
         self._record(study, item, result)
 
     def _cancel_and_collect(self, study: optuna.Study, item: _InFlight, pool: WorkerPool) -> None:
@@ -491,6 +505,7 @@ class Daemon:
             "verdict": verdict.as_user_attr() if verdict is not None else None,
             "wall_s": result.wall_s,
             "is_baseline": item.is_baseline,
+            "host": result.host,
         }
         item.trial.set_user_attr(ATTR_RECORD, record)
         self._remember(item.trial.number, record)
@@ -664,6 +679,8 @@ def tracking_payload(record: Mapping[str, Any], result: RunResult | None) -> dic
         tags["failure_reason"] = record["failure_reason"]
     if record.get("is_baseline"):
         tags["baseline"] = "true"
+    if record.get("host"):
+        tags["host"] = str(record["host"])
     verdict = record.get("verdict") or {}
     if verdict.get("label"):
         tags["bottleneck"] = str(verdict["label"])

@@ -16,7 +16,7 @@ from optimizer.config import StudyConfig
 from optimizer.daemon import Daemon, TrialEvent
 from optimizer.errors import ConfigError, TrackingError
 from optimizer.tracking import Tracker
-from optimizer.workers import RunnerSpec, init_ray
+from optimizer.workers import RunnerSpec, init_ray, largest_node_gpus, probe_on_cluster
 from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names, probe
 from runners.model_info import ModelInfo, bundled_shapes, load_model_info
 from search_spaces import (
@@ -85,7 +85,9 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
     """Everything `start` needs, validated before anything is written; returns the daemon and
     notes for the user (engine chosen, rules applied)."""
     notes: list[str] = []
-    engine = choose_engine(cfg, dry_run)
+    address = ray_address or cfg.spec.ray.address
+    engine = choose_engine(cfg, dry_run and not address) if not address else \
+        ("simulated" if dry_run or cfg.spec.engine == "simulated" else "vllm")
     model = load_model_info(cfg.spec.model.path)
     sim = cfg.spec.simulated
     if engine == "simulated":
@@ -96,6 +98,11 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
         hardware = simulated_hardware(sim.hardware, sim.num_gpus)
         notes.append(f"engine: SIMULATED ({sim.num_gpus} x {hardware.gpu_name}); its figures "
                      "come from a model, never a measurement.")
+    elif address:  # the driver may have no GPU: the cluster's GPU nodes are what counts
+        init_ray(None, address)
+        hardware = probe_on_cluster(cfg.spec.ray.accelerator_type, cfg.spec.ray.resources)
+        notes.append(f"engine: vLLM on the Ray cluster at {address}; a node has "
+                     f"{hardware.num_gpus} x {hardware.gpu_name}")
     else:
         hardware = probe()
         if not hardware.has_gpu:
@@ -131,9 +138,13 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
         tracker.experiment_id(cfg.name)
     except TrackingError as exc:
         raise ConfigError(f"tracking_uri: {exc}") from None
-    total_gpus = init_ray(sim.num_gpus if engine == "simulated" else None, ray_address)
+    total_gpus = init_ray(sim.num_gpus if engine == "simulated" else None, address)
     if total_gpus < 1:
         raise ConfigError("the Ray cluster has no GPU; start Ray with GPUs or use --dry-run.")
+    node_gpus = largest_node_gpus()
+    if address:
+        notes.append(f"Ray cluster: {total_gpus} GPUs, at most {node_gpus} on one node; trials "
+                     "run where their GPUs are free")
     results = cfg.results_dir.resolve()
     runner = RunnerSpec(kind=engine, registry_dir=results / "engines",
                         hardware=hardware.to_dict() if engine == "simulated" else None,
@@ -159,7 +170,7 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
     daemon = Daemon(cfg, space=resolved, runner=runner, total_gpus=total_gpus, tracker=tracker,
                     workload=workload, study_params=study_params, study_artifacts=artifacts,
                     on_event=on_event, hardware=hardware, model=model,
-                    seed_trials=seed_trials)
+                    seed_trials=seed_trials, max_gpus_per_node=node_gpus)
     return daemon, notes
 
 

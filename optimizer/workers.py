@@ -7,17 +7,25 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, WorkerCrashedError
+from ray.exceptions import (
+    GetTimeoutError,
+    LocalRayletDiedError,
+    NodeDiedError,
+    RayActorError,
+    RayTaskError,
+    WorkerCrashedError,
+)
 
-from optimizer.errors import WorkerLost
+from optimizer.errors import ConfigError, WorkerLost
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics, Workload
 
 logger = logging.getLogger(__name__)
@@ -95,10 +103,11 @@ class TrialWorker:
             self._decisions.clear()
             self._cancelled = False
         result: RunResult = self._runner.run(config, workload, Path(workdir), self._on_step)
+        result = replace(result, host=_where_label(), trace_data=_small_file(result.trace_path))
         if self._cancelled:
             return RunResult(status="failed", steps=result.steps, engine=result.engine,
                              argv=result.argv, env=result.env, server_log=result.server_log,
-                             workdir=result.workdir, wall_s=result.wall_s,
+                             workdir=result.workdir, wall_s=result.wall_s, host=result.host,
                              failure=Failure(FailureReason.INTERRUPTED,
                                              "the daemon was stopped with this trial in flight; "
                                              "it is re-queued on resume."))
@@ -195,10 +204,16 @@ class WorkerPool:
     """Actors keyed by how many GPUs they own; idle ones are reused by trials of the same size
     and killed when a trial of another size needs their GPUs."""
 
-    def __init__(self, spec: RunnerSpec, total_gpus: int) -> None:
+    def __init__(self, spec: RunnerSpec, total_gpus: int, *,
+                 accelerator_type: str | None = None,
+                 resources: Mapping[str, float] | None = None) -> None:
         self.spec = spec
         self.total_gpus = total_gpus
         self._slots: list[_Slot] = []
+        # Placement on a shared cluster: only nodes of this GPU model / with these resources.
+        self._placement: dict[str, Any] = {"resources": dict(resources or {})}
+        if accelerator_type:
+            self._placement["accelerator_type"] = accelerator_type
 
     @property
     def gpus_busy(self) -> int:
@@ -224,7 +239,10 @@ class WorkerPool:
             self._kill(slot)
             held -= slot.num_gpus
         # num_cpus=0: the engine's CPU work is not Ray's to schedule; GPUs are the constraint.
-        actor = _RemoteWorker.options(num_gpus=num_gpus, num_cpus=0).remote(self.spec)
+        # One actor owns all of a trial's GPUs, so Ray places them on one node (as a
+        # STRICT_PACK placement group would); vLLM's own mp executor spans them.
+        actor = _RemoteWorker.options(num_gpus=num_gpus, num_cpus=0,
+                                      **self._placement).remote(self.spec)
         self._slots.append(_Slot(actor, num_gpus, busy=True))
         return actor
 
@@ -253,15 +271,70 @@ class WorkerPool:
             self._kill(slot)
 
 
+_NODE_DEATH = re.compile(r"node (?:has )?died|node .*(?:dead|removed|died)|raylet.*died",
+                         re.IGNORECASE)
+_TRACE_DATA_MAX_BYTES = 64 << 20  # the trimmed trace: a few MB; anything larger stays behind
+
+
+def _where_label() -> str:
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+    return f"{socket.gethostname()} node {node[:12]}" if node else socket.gethostname()
+
+
+def _small_file(path: Path | None) -> bytes | None:
+    try:
+        if path is not None and path.stat().st_size <= _TRACE_DATA_MAX_BYTES:
+            return path.read_bytes()
+    except OSError:
+        pass
+    return None
+
+
 def lost_worker_failure(exc: BaseException) -> Failure:
     """A RunResult-shaped failure for a worker that died under its trial."""
     if isinstance(exc, RayTaskError):
         return Failure(FailureReason.INTERNAL,
                        f"the trial raised inside its worker: {str(exc).splitlines()[-1][:300]}")
+    if isinstance(exc, NodeDiedError | LocalRayletDiedError) or _NODE_DEATH.search(str(exc)):
+        return Failure(FailureReason.NODE_LOST,
+                       f"the cluster node running this trial died ({type(exc).__name__}); "
+                       "re-queued on the nodes left.")
     return Failure(FailureReason.WORKER_LOST,
                    f"the Ray worker running this trial died ({type(exc).__name__}); re-queued.")
 
 
+
+
+def largest_node_gpus() -> int:
+    """The most GPUs one live node of the cluster has: a trial's GPUs must share a node."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+    return int(max((n.get("Resources", {}).get("GPU", 0) for n in nodes), default=0))
+
+
+def _probe_hardware() -> dict[str, Any]:
+    from runners.hardware import probe
+
+    return probe().to_dict()
+
+
+def probe_on_cluster(accelerator_type: str | None = None,
+                     resources: Mapping[str, float] | None = None,
+                     timeout_s: float = 300.0) -> Any:
+    """The hardware profile of a GPU node of the cluster (the driver may have no GPU), read by
+    a one-GPU task placed as the study's trials will be."""
+    from runners.hardware import HardwareProfile
+
+    options: dict[str, Any] = {"num_gpus": 1, "num_cpus": 0, "resources": dict(resources or {})}
+    if accelerator_type:
+        options["accelerator_type"] = accelerator_type
+    task = ray.remote(_probe_hardware).options(**options)
+    try:
+        data = ray.get(task.remote(), timeout=timeout_s)
+    except GetTimeoutError:
+        raise ConfigError(f"ray: no GPU node of the cluster took a probe within {timeout_s:g} s; "
+                          "check ray.accelerator_type and ray.resources against the cluster's "
+                          "nodes (`ray status`).") from None
+    return HardwareProfile.from_dict(data)
 
 
 def init_ray(num_gpus: int | None, address: str | None = None) -> int:

@@ -168,7 +168,8 @@ class FailureReason(enum.StrEnum):
     HANG = "hang"  # alive but not answering during the load
     TOO_MANY_ERRORS = "too_many_errors"  # requests failed above the workload's threshold
     PORT_IN_USE = "port_in_use"
-    WORKER_LOST = "worker_lost"  # the Ray worker or its node died
+    WORKER_LOST = "worker_lost"  # the Ray worker died
+    NODE_LOST = "node_lost"  # the cluster node running the trial died
     DAEMON_LOST = "daemon_lost"  # the daemon died with the trial in flight
     INTERRUPTED = "interrupted"  # the daemon was stopped with the trial in flight
     INFEASIBLE = "infeasible"  # rejected before launch
@@ -185,7 +186,8 @@ class Failure:
     def is_retryable(self) -> bool:
         """Lost to infrastructure, not to the config: worth one more try."""
         return self.reason in {FailureReason.PORT_IN_USE, FailureReason.WORKER_LOST,
-                               FailureReason.DAEMON_LOST, FailureReason.INTERRUPTED}
+                               FailureReason.NODE_LOST, FailureReason.DAEMON_LOST,
+                               FailureReason.INTERRUPTED}
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,10 @@ class RunResult:
     trace_path: Path | None = None
     telemetry: Mapping[str, float] = field(default_factory=dict)  # NVML summary over the load
     wall_s: float = 0.0  # whole run, launch to teardown
+    host: str = ""  # where it ran (set by the worker: host name and cluster node)
+    # The trimmed trace's bytes, for a driver on another machine than the worker (trace_path
+    # names a file on the worker's disk).
+    trace_data: bytes | None = field(default=None, repr=False)
 
 
 OnStep = Callable[[StepMetrics], bool]

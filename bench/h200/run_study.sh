@@ -14,6 +14,10 @@ export PYTHONPATH=$src:/tmp/site PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
 export MLFLOW_LOGGING_LEVEL=WARNING
 study=${STUDY:-bench/h200/study.yaml}
 status() { python3 -m optimizer.cli status $study 2>&1 | tail -40; }
+# Every call that waits also brings back what exists so far: a machine given back between two
+# calls (30 s idle) takes everything on it, as it did to study 3 (docs/NOTES.md).
+pack() { mkdir -p $OUT/r; tar czf $OUT/r/h200-results.tar.gz -C /root \
+  --exclude='*.pt.trace.json*' h200-results 2>/dev/null; }
 running() { local s; s=$(python3 -m optimizer.cli status $study 2>/dev/null); [[ $s == *"daemon running"* ]]; }
 case "${1:-}" in
   start)
@@ -28,7 +32,7 @@ case "${1:-}" in
     end=$((SECONDS + ${2:-500}))
     while [ $SECONDS -lt $end ] && running; do sleep 10; done
     grep -E "INFO trial|ERROR|Traceback" /root/h200-results/daemon.out | cut -c1-400 | tail -30
-    status ;;
+    status; pack ;;
   collect)
     # collect [gpu-test]: stop the daemon, export, cut trace fixtures, pack what comes back
     # (8 files of 16 MiB at most: full traces stay on the device).
@@ -39,8 +43,7 @@ case "${1:-}" in
         -W ignore::DeprecationWarning 2>&1 | tail -30 | tee /root/h200-results/gpu-test.txt
     fi
     python3 -m optimizer.cli export $study > /root/h200-results/best.yaml
-    mkdir -p $OUT/r
-    tar czf $OUT/r/h200-results.tar.gz -C /root --exclude='*.pt.trace.json*' h200-results
+    pack
     if [ "${TRIM:-0}" = 1 ]; then
       timeout 150 python3 bench/h200/trim_traces.py /root/h200-results /root/h200-fixtures \
         2>&1 | tee /root/h200-fixtures.txt
