@@ -437,6 +437,14 @@ class Daemon:
         is_lost = result.failure is not None and result.failure.reason in (
             FailureReason.WORKER_LOST, FailureReason.NODE_LOST, FailureReason.INTERNAL)
         pool.release(item.handle.actor, healthy=not is_lost)
+        if result.failure is not None and result.failure.reason == FailureReason.NODE_LOST:
+            self.total_gpus = pool.shrink_to_live()
+            logger.warning("trial %d: a cluster node died; %d GPUs left", item.trial.number,
+                           self.total_gpus)
+            if self.total_gpus < 1:
+                logger.error("no GPU is left in the Ray cluster; stopping (resume with "
+                             "`nightshift start` once nodes are back)")
+                self.request_stop()
         if is_lost:  # the worker died; its engine, in a session of its own, did not
             reaped = reap_strays(self.registry_dir, under=item.workdir)
             if reaped:

@@ -10,6 +10,7 @@ import os
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -246,6 +247,17 @@ class WorkerPool:
         self._slots.append(_Slot(actor, num_gpus, busy=True))
         return actor
 
+    def shrink_to_live(self, timeout_s: float = 30.0) -> int:
+        """After a node died: wait until Ray counts it out (or `timeout_s`), then plan with the
+        GPUs of the nodes left, so no trial waits forever for a GPU that is gone."""
+        deadline = time.monotonic() + timeout_s
+        live = live_gpus()
+        while live >= self.total_gpus and time.monotonic() < deadline:
+            time.sleep(0.5)
+            live = live_gpus()
+        self.total_gpus = min(self.total_gpus, live)
+        return self.total_gpus
+
     def release(self, actor: Any, *, healthy: bool = True) -> None:
         for slot in self._slots:
             if slot.actor is actor:
@@ -303,6 +315,12 @@ def lost_worker_failure(exc: BaseException) -> Failure:
                    f"the Ray worker running this trial died ({type(exc).__name__}); re-queued.")
 
 
+
+
+def live_gpus() -> int:
+    """The GPUs of the cluster's live nodes."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+    return int(sum(n.get("Resources", {}).get("GPU", 0) for n in nodes))
 
 
 def largest_node_gpus() -> int:

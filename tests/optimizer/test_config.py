@@ -41,6 +41,9 @@ def test_defaults_fill_a_minimal_study() -> None:
      "low (9) must be <= high (3)"),
     ({"workload": {"num_requests": None}}, "set num_requests or duration_s"),
     ({"env": {"bad name": "1"}}, "is not an environment variable name"),
+    ({"ray": {"resources": {"GPU": 2}}}, "ray.resources: 'GPU' is set by nightshift per trial"),
+    ({"ray": {"resources": {"pool": 0}}}, "pool must be > 0 but got 0"),
+    ({"ray": {"adress": "auto"}}, "unknown key 'ray.adress'; did you mean 'address'?"),
 ])
 def test_bad_study_fields_give_one_line_errors(patch: dict, expected: str) -> None:
     with pytest.raises(ConfigError) as info:

@@ -1,0 +1,74 @@
+"""A study on an existing multi-node Ray cluster (Ray's own test cluster, several nodes with
+declared GPUs on this machine): trials spread across nodes, results come back to the driver,
+and a node that dies mid-trial fails that trial (`node_lost`), which is re-run on the nodes
+left while the study goes on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def _run(tmp_path: Path, *extra: str) -> dict[str, Any]:
+    study = {
+        "name": "cluster",
+        "engine": "simulated",
+        "model": {"path": "qwen2.5-7b", "load_format": "dummy", "skip_tokenizer_init": True},
+        # Levels of a few seconds each: long enough for a node to die under a running trial.
+        "workload": {"input_len": 128, "output_len": 16, "levels": [{"concurrency": 4},
+                                                                    {"concurrency": 8}],
+                     "duration_s": 4.0, "num_requests": None, "warmup_requests": 2},
+        "slo": {"ttft_p99_ms": 2000, "tpot_p99_ms": 40},
+        "search_space": "hopper",
+        "budget": {"trials": 4},
+        "max_parallel_trials": 2,
+        "pruner": {"name": "none"},
+        # A node of one GPU (the space is resolved for it); the cluster has two such nodes.
+        "simulated": {"hardware": "h200", "num_gpus": 1, "startup_time_scale": 0.002},
+        "results_dir": str(tmp_path / "results"),
+        "tracking_uri": f"sqlite:///{tmp_path}/mlruns/mlflow.db",
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled"}
+    proc = subprocess.run([sys.executable, "-m", "tests.cluster_driver", str(path), *extra],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = [line for line in proc.stdout.splitlines() if line.startswith("{")][-1]
+    return dict(json.loads(last))
+
+
+def test_trials_spread_over_the_nodes_and_their_results_reach_the_driver(
+        tmp_path: Path) -> None:
+    out = _run(tmp_path)
+    assert out["exit_code"] == 0
+    complete = [t for t in out["trials"] if t["state"] == "complete"]
+    assert len(complete) == 4, "the study reached its budget of four measured trials"
+    nodes = {t["host"].split(" node ")[-1] for t in complete}
+    assert len(nodes) == 2, f"trials ran on both one-GPU worker nodes: {nodes}"
+
+
+def test_a_node_dying_mid_trial_costs_one_rerun_and_the_study_goes_on(tmp_path: Path) -> None:
+    out = _run(tmp_path, "--kill-node")
+    assert out["exit_code"] == 0 and out["killed_node"]
+    trials = out["trials"]
+    lost = [t for t in trials if t["failure_reason"] == "node_lost"]
+    assert len(lost) == 1, f"the trial on the removed node failed as node_lost: {trials}"
+    reruns = [t for t in trials if t["retry_of"] == lost[0]["number"]]
+    assert len(reruns) == 1 and reruns[0]["state"] == "complete", \
+        "it was re-queued once and measured on the node left"
+    complete = [t for t in trials if t["state"] == "complete"]
+    assert len(complete) == 4, "the study still reached its budget of four measured trials"
+    assert all(out["killed_node"][:12] not in t["host"] for t in complete)
+    registry = tmp_path / "results" / "engines"
+    assert not list(registry.glob("*.json")), "no engine outlives its trial, the lost one too"
