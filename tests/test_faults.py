@@ -111,8 +111,18 @@ def test_port_taken_before_the_engine_binds_it_is_relaunched(tmp_path: Path) -> 
 
 
 def _ray_worker_pids() -> list[int]:
-    return [p.pid for p in psutil.process_iter(["cmdline"])
-            if any("TrialWorker" in part for part in (p.info["cmdline"] or []))]
+    # Only this session's workers (the local Ray's raylet is our child): another study on the
+    # same machine, a benchmark say, must not lose a worker to this test.
+    ours = psutil.Process().children(recursive=True)
+    return [p.pid for p in ours
+            if any("TrialWorker" in part for part in (_cmdline(p) or []))]
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return list(process.cmdline())
+    except psutil.Error:  # it ended while we looked
+        return []
 
 
 def test_killed_ray_worker_fails_the_trial_requeues_it_and_reaps_its_engine(
