@@ -332,6 +332,82 @@ def report(
     out.print(f"wrote {', '.join(str(p) for p in paths)}")
 
 
+# -- audit ----------------------------------------------------------------------------------
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def audit(
+    ctx: typer.Context,
+    from_file: Annotated[Path | None, typer.Option(
+        "--from-file", help="A shell launcher holding the `vllm serve` line (and exports).")
+    ] = None,
+    pid: Annotated[int | None, typer.Option(
+        help="A running server: read /proc/PID/cmdline and environ.")] = None,
+    hardware: Annotated[str | None, typer.Option(
+        help="A hardware preset (h200, a100, ...) instead of probing this machine.")] = None,
+    study: Annotated[Path | None, typer.Option(
+        help="A study file: its workload bounds --max-model-len, and --measure runs on it.")
+    ] = None,
+    measure: Annotated[bool, typer.Option(
+        "--measure", help="Measure each fix against the launch as is (needs --study).")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Findings as JSON, for scripts.")
+                       ] = False,
+) -> None:
+    """Check a `vllm serve` launch before tuning it: flags, env and --config file, each finding
+    with its reason and expected cost. Exit code 0 clean, 1 findings, 2 bad input.
+
+    Example: nightshift audit -- vllm serve Qwen/Qwen2.5-7B --enforce-eager
+    """
+    from optimizer import audit as auditing
+    from runners.hardware import load_preset, probe
+
+    if sum(x is not None for x in (from_file, pid)) + bool(ctx.args) != 1:
+        raise ConfigError("audit: give exactly one launch: `-- vllm serve ...`, --from-file F "
+                          "or --pid N.")
+    if from_file is not None:
+        argv, env = auditing.read_launch_file(from_file)
+    elif pid is not None:
+        argv, env = auditing.read_pid(pid)
+    else:
+        argv, env = list(ctx.args), dict(os.environ)
+    table = auditing.installed_table() or auditing.bundled_table()
+    launch = auditing.parse_launch(argv, env, table)
+    profile = load_preset(hardware) if hardware else probe()
+    cfg = _load(study) if study is not None else None
+    longest = None
+    if cfg is not None:
+        w = cfg.spec.workload
+        longest = (w.input_len.high or w.input_len.mean) + (w.output_len.high or
+                                                             w.output_len.mean)
+    findings = auditing.audit(
+        launch, table=table, interconnect=profile.interconnect if profile.has_gpu else None,
+        compute_capability=profile.compute_capability if profile.has_gpu else None,
+        max_request_tokens=longest)
+    if as_json:
+        sys.stdout.write(auditing.report_json(launch, findings) + "\n")
+    else:
+        out.print(f"[bold]{launch.model or '(no model)'}[/]: {len(launch.flags)} flags, "
+                  f"{len(launch.env)} engine variables, checked against {launch.flag_source}")
+        for f in findings:
+            colour = {"error": "red", "warning": "yellow", "info": "cyan"}[f.severity]
+            out.print(f"[{colour}]{f.severity}[/] {f.code}: {f.message} [dim]cost: {f.cost}[/]",
+                      highlight=False)
+        if not findings:
+            out.print("[green]no findings[/]")
+    if measure:
+        if cfg is None:
+            raise ConfigError("audit --measure: give --study STUDY.yaml (model, workload, "
+                              "engine) to measure on.")
+        path = auditing.paired_study(cfg.to_dict(), launch, findings,
+                                     cfg.results_dir.parent / f"{cfg.name}-audit")
+        console.print(f"measuring the launch as is against each fix: {path}")
+        start(path, dry_run=False, tracking_uri=None, storage=None, ray_address=None,
+              trials=None, verbose=False, no_progress=True)
+    if findings:
+        raise typer.Exit(1)
+
+
 # -- hw -------------------------------------------------------------------------------------
 
 
@@ -367,8 +443,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
     try:
-        app(args=argv if argv is not None else sys.argv[1:], standalone_mode=False,
-            prog_name="nightshift")
+        # Without standalone mode click returns a command's `typer.Exit(code)` as a value.
+        code = app(args=argv if argv is not None else sys.argv[1:], standalone_mode=False,
+                   prog_name="nightshift")
+        if isinstance(code, int) and not isinstance(code, bool):
+            return code
     except click.exceptions.Exit as exc:
         return int(exc.exit_code or 0)
     except click.exceptions.Abort:

@@ -12,6 +12,7 @@ from search_spaces.space import (
     parse_space,
     recommend_space,
     to_flags,
+    vllm_default,
 )
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "parse_space",
     "recommend_space",
     "to_flags",
+    "vllm_default",
 ]

@@ -173,6 +173,11 @@ def _vllm_default(name: str, context: Mapping[str, Any]) -> Value:
     return _VLLM_DEFAULTS.get(name)
 
 
+def vllm_default(name: str, context: Mapping[str, Any] | None = None) -> Value:
+    """vLLM 0.26's value for a flag left unset (on the host `context` describes)."""
+    return _vllm_default(name, context or {})
+
+
 def value_problem(name: str, value: object) -> str | None:
     """Why `value` is not valid for the flag `name`, or None; None always is (no flag)."""
     flag = KNOWN_FLAGS[name]

@@ -1,0 +1,369 @@
+"""`nightshift audit`: read a complete `vllm serve` launch (argv, environment, `--config` file)
+before tuning it, and report what costs performance or does nothing, each with the reason and
+the expected cost. The first rule of the tuning practice: a forgotten `--enforce-eager` costs
+more than every kernel tweak together.
+
+Flags are checked against the installed vLLM's own argument parser when vLLM imports, else
+against the table of 0.26's flags bundled as `runners/vllm_flags_0.26.json` (made from the wheel
+by `scripts/vllm_flag_table.py`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from optimizer.errors import ConfigError
+
+Severity = Literal["error", "warning", "info"]
+ENV_PREFIXES = ("VLLM_", "NCCL_", "CUDA_", "TORCH_", "PYTORCH_")
+# Variables vLLM removed and now silently ignores: what to use instead.
+REMOVED_ENV = {
+    "VLLM_ATTENTION_BACKEND": "--attention-backend NAME (removed around vLLM 0.16)",
+    "VLLM_TORCH_PROFILER_DIR": "--profiler-config '{\"profiler\": \"torch\", "
+                               "\"torch_profiler_dir\": DIR}' (removed around vLLM 0.16)",
+    "VLLM_USE_V1": "nothing: V1 is the only engine (removed in 0.11)",
+}
+# Measured on the lent H200 (docs/h200-study.md, Qwen2.5-7B shape, 64 concurrent, vLLM 0.26).
+EAGER_COST = ("measured on an H200: 2.4-3x the TPOT (6.5 -> 16-27 ms) and 50-65% less "
+              "throughput than CUDA graphs")
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str  # stable: enforce-eager, ignored-env, nccl-debug, profiling-on, ...
+    severity: Severity
+    message: str  # what and why
+    cost: str  # the expected cost
+    fix: Mapping[str, Any] = field(default_factory=dict)  # flag (snake_case) -> fixed value
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A parsed `vllm serve` launch: flags in snake_case, as vLLM's parser would read them."""
+
+    model: str
+    flags: Mapping[str, Any]
+    env: Mapping[str, str]
+    unknown: tuple[str, ...] = ()  # options vLLM would refuse
+    config_file: str | None = None
+    config_false_keys: tuple[str, ...] = ()  # `key: false` in the --config YAML (dropped)
+    flag_source: str = ""
+
+
+@dataclass(frozen=True)
+class FlagTable:
+    version: str
+    bool_flags: frozenset[str]  # kebab-case
+    value_flags: frozenset[str]
+    aliases: Mapping[str, str]  # -tp -> tensor-parallel-size
+    env_vars: frozenset[str]
+    source: str
+
+    @property
+    def names(self) -> frozenset[str]:
+        return self.bool_flags | self.value_flags
+
+
+def bundled_table() -> FlagTable:
+    data = json.loads(resources.files("runners").joinpath("vllm_flags_0.26.json").read_text())
+    flags: dict[str, str] = data["flags"]
+    return FlagTable(version=data["vllm_version"],
+                     bool_flags=frozenset(k for k, v in flags.items() if v == "bool"),
+                     value_flags=frozenset(k for k, v in flags.items() if v != "bool"),
+                     aliases=data["aliases"], env_vars=frozenset(data["env_vars"]),
+                     source=f"bundled table of vLLM {data['vllm_version']}'s flags")
+
+
+def installed_table() -> FlagTable | None:
+    """The installed vLLM's own parser, as a table; None where vLLM does not import."""
+    try:
+        import argparse
+
+        import vllm
+        import vllm.envs as vllm_envs
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except Exception:  # absent, or present without its GPU stack: use the bundled table
+        return None
+    parser = make_arg_parser(FlexibleArgumentParser())
+    bools: set[str] = set()
+    values: set[str] = set()
+    aliases: dict[str, str] = {}
+    for action in parser._actions:
+        longs = [o[2:] for o in action.option_strings if o.startswith("--")]
+        if not longs:
+            continue
+        is_bool = isinstance(action, argparse.BooleanOptionalAction) or action.nargs == 0
+        (bools if is_bool else values).update(n for n in longs if not n.startswith("no-"))
+        for short in (o for o in action.option_strings if not o.startswith("--")):
+            aliases[short] = longs[0]
+    return FlagTable(version=str(vllm.__version__), bool_flags=frozenset(bools),
+                     value_flags=frozenset(values), aliases=aliases,
+                     env_vars=frozenset(vllm_envs.environment_variables),
+                     source=f"installed vLLM {vllm.__version__}'s argument parser")
+
+
+def _serve_args(argv: Sequence[str]) -> list[str]:
+    """The arguments after `vllm serve` (or `python -m vllm.entrypoints... serve`)."""
+    args = list(argv)
+    for i, token in enumerate(args):
+        if token == "serve":
+            return args[i + 1:]
+        if token.endswith("vllm.entrypoints.openai.api_server"):
+            return args[i + 1:]
+    raise ConfigError(f"audit: expected a `vllm serve MODEL ...` command but got "
+                      f"{shlex.join(args)[:120]!r}; pass it after `--`.")
+
+
+def _value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def parse_launch(argv: Sequence[str], env: Mapping[str, str],
+                 table: FlagTable | None = None) -> Launch:
+    table = table or installed_table() or bundled_table()
+    args = _serve_args(argv)
+    flags: dict[str, Any] = {}
+    unknown: list[str] = []
+    model = ""
+    i = 0
+    while i < len(args):
+        token = args[i]
+        i += 1
+        if not token.startswith("-"):
+            if not model:
+                model = token
+            continue
+        if token.startswith("-O") and not token.startswith("--"):  # -O0..3 / -O.level=N
+            flags["optimization_level"] = token[2:].lstrip(".=") or (args[i] if i < len(args)
+                                                                    else "")
+            continue
+        name, _, inline = token.lstrip("-").partition("=")
+        base = name.split(".")[0]  # -cc.cudagraph_mode=NONE, --compilation-config.mode=0
+        base = table.aliases.get(f"-{base}", base) if not token.startswith("--") else base
+        negated = base.startswith("no-") and base[3:] in table.bool_flags
+        if negated:
+            base = base[3:]
+        if base not in table.names:
+            unknown.append(token)
+            continue
+        key = base.replace("-", "_") + (name[len(name.split(".")[0]):] if "." in name else "")
+        if base in table.bool_flags and not inline:
+            flags[key] = not negated
+        elif inline:
+            flags[key] = _value(inline)
+        elif i < len(args):
+            flags[key] = _value(args[i])
+            i += 1
+    model = model or str(flags.pop("model", ""))
+    config_file = flags.get("config")
+    false_keys: tuple[str, ...] = ()
+    if isinstance(config_file, str) and Path(config_file).is_file():
+        data = yaml.safe_load(Path(config_file).read_text()) or {}
+        if isinstance(data, Mapping):
+            false_keys = tuple(str(k) for k, v in data.items() if v is False)
+            for k, v in data.items():
+                flags.setdefault(str(k).replace("-", "_"), v)  # the CLI wins over the file
+    return Launch(model=model, flags=flags,
+                  env={k: v for k, v in env.items() if k.startswith(ENV_PREFIXES)},
+                  unknown=tuple(unknown), config_file=config_file if isinstance(
+                      config_file, str) else None, config_false_keys=false_keys,
+                  flag_source=table.source)
+
+
+def _is_true(value: Any) -> bool:
+    return value is True or str(value).lower() in ("1", "true", "yes")
+
+
+def audit(launch: Launch, *, table: FlagTable | None = None,
+          interconnect: str | None = None, compute_capability: float | None = None,
+          max_request_tokens: int | None = None) -> list[Finding]:
+    """What the launch gets wrong, most expensive first. Hardware facts and the workload's
+    longest request are optional: the checks that need them are skipped without."""
+    table = table or bundled_table()
+    flags, env, out = launch.flags, launch.env, []
+    for token in launch.unknown:
+        name = token.lstrip("-").split("=")[0]
+        close = difflib.get_close_matches(name, sorted(table.names), n=1)
+        out.append(Finding("unknown-flag", "error",
+                           f"{token}: not a flag of vLLM {table.version}"
+                           + (f"; did you mean --{close[0]}?" if close else "."),
+                           "vLLM refuses to start."))
+    if _is_true(flags.get("enforce_eager")):
+        out.append(Finding(
+            "enforce-eager", "error",
+            "--enforce-eager turns off CUDA graphs and torch.compile: a debugging switch. "
+            "Every decode step then pays a kernel launch per op.", EAGER_COST,
+            {"enforce_eager": False}))
+    mode = str(flags.get("compilation_config.cudagraph_mode", "")).upper()
+    if mode == "NONE":
+        out.append(Finding("cudagraphs-off", "error",
+                           "compilation_config.cudagraph_mode NONE disables CUDA graphs.",
+                           EAGER_COST))
+    for name, instead in REMOVED_ENV.items():
+        if name in env:
+            out.append(Finding("ignored-env", "warning",
+                               f"{name}={env[name]} is ignored by vLLM {table.version}; use "
+                               f"{instead}.", "the setting it was meant to make is not made"))
+    for name in sorted(env):
+        if name.startswith("VLLM_") and name not in table.env_vars and name not in REMOVED_ENV:
+            close = difflib.get_close_matches(name, sorted(table.env_vars), n=1)
+            out.append(Finding("unknown-env", "warning",
+                               f"{name} is not read by vLLM {table.version}"
+                               + (f"; did you mean {close[0]}?" if close else "."),
+                               "the setting it was meant to make is not made"))
+    if env.get("NCCL_DEBUG", "").upper() in ("INFO", "TRACE"):
+        out.append(Finding("nccl-debug", "warning",
+                           f"NCCL_DEBUG={env['NCCL_DEBUG']} logs every collective: a "
+                           "debugging setting left on.",
+                           "log volume and a little latency per all-reduce with TP > 1"))
+    if flags.get("profiler_config") or env.get("VLLM_TORCH_PROFILER_DIR"):
+        out.append(Finding("profiling-on", "warning",
+                           "the torch profiler is configured: /start_profile is reachable "
+                           "and a profiled window slows serving sharply.",
+                           "measured on an H200: TPOT 12.8 ms vs 6.5 ms while profiling",
+                           {"profiler_config": None}))
+    if flags.get("enable_prefix_caching") is False:
+        out.append(Finding("prefix-caching-off", "warning",
+                           "prefix caching is disabled: shared prompt prefixes (system "
+                           "prompts, chat history) are recomputed on every request.",
+                           "TTFT and prefill compute in proportion to the shared prefix",
+                           {"enable_prefix_caching": True}))
+    max_len = flags.get("max_model_len")
+    if max_request_tokens and isinstance(max_len, int) and max_len > 4 * max_request_tokens:
+        fixed = 1 << (max(1, 2 * max_request_tokens) - 1).bit_length()
+        out.append(Finding("max-model-len-oversized", "info",
+                           f"--max-model-len {max_len} is {max_len / max_request_tokens:.0f}x "
+                           f"the workload's longest request ({max_request_tokens} tokens).",
+                           "CUDA graph and scheduler sizing for lengths never used; a "
+                           "smaller value starts faster", {"max_model_len": fixed}))
+    for key in launch.config_false_keys:
+        out.append(Finding("config-false-dropped", "warning",
+                           f"{launch.config_file}: `{key}: false` is dropped by vLLM's "
+                           f"--config reader, so the default stays; write `no-{key}: true`.",
+                           "the setting it was meant to make is not made"))
+    tp = int(flags.get("tensor_parallel_size") or 1)
+    if interconnect == "pcie" and tp > 1:
+        out.append(Finding("tp-over-pcie", "warning",
+                           f"--tensor-parallel-size {tp} on GPUs linked only by PCIe: each "
+                           "layer's all-reduce crosses the PCIe bus.",
+                           "often slower than TP 1; use --data-parallel-size replicas "
+                           "when the model fits one GPU",
+                           {"tensor_parallel_size": 1, "data_parallel_size": tp}))
+    uses_fp8 = str(flags.get("kv_cache_dtype", "")).startswith("fp8") or \
+        str(flags.get("quantization", "")).startswith("fp8")
+    if compute_capability is not None and 0 < compute_capability < 8.9 and uses_fp8:
+        out.append(Finding("fp8-unsupported", "error",
+                           f"fp8 KV cache or weights on a GPU of compute capability "
+                           f"{compute_capability:g}: fp8 tensor cores need 8.9 (Ada, Hopper).",
+                           "vLLM refuses to start, or falls back to slow emulation"))
+    order = {"error": 0, "warning": 1, "info": 2}
+    return sorted(out, key=lambda f: order[f.severity])
+
+
+def report_json(launch: Launch, findings: Sequence[Finding]) -> str:
+    return json.dumps({"model": launch.model, "flags": dict(launch.flags),
+                       "env": dict(launch.env), "checked_against": launch.flag_source,
+                       "findings": [asdict(f) for f in findings]}, indent=2, default=str)
+
+
+def read_pid(pid: int) -> tuple[list[str], dict[str, str]]:
+    """A running server's argv and environment, from /proc."""
+    base = Path("/proc") / str(pid)
+    try:
+        argv = [a for a in (base / "cmdline").read_bytes().decode().split("\0") if a]
+        pairs = (base / "environ").read_bytes().decode(errors="replace").split("\0")
+    except OSError as exc:
+        raise ConfigError(f"--pid {pid}: cannot read /proc/{pid} ({exc.strerror}); give the "
+                          "pid of a running vllm serve you may inspect.") from None
+    env = dict(p.split("=", 1) for p in pairs if "=" in p)
+    return argv, env
+
+
+def read_launch_file(path: Path) -> tuple[list[str], dict[str, str]]:
+    """A shell launcher: `export`ed variables and the `vllm serve` line (no shell runs it)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"--from-file {path}: {exc.strerror}; give a readable launcher.") \
+            from None
+    env: dict[str, str] = {}
+    command = ""
+    for line in text.replace("\\\n", " ").splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        words = shlex.split(stripped, comments=True)
+        if words and words[0] == "export":
+            for word in words[1:]:
+                if "=" in word:
+                    k, v = word.split("=", 1)
+                    env[k] = v
+        elif "serve" in words or any(w.endswith("api_server") for w in words):
+            lead = [w for w in words if "=" in w and w.split("=")[0].isupper()]
+            for word in lead:  # VAR=x vllm serve ...
+                k, v = word.split("=", 1)
+                env[k] = v
+            command = stripped
+            words = [w for w in words if w not in lead and w != "exec"]
+            return words, env
+    raise ConfigError(f"--from-file {path}: no `vllm serve` line found{command}; give the "
+                      "launcher that starts the server.")
+
+
+def measurable(findings: Sequence[Finding]) -> list[Finding]:
+    """Findings whose fix is a change of searchable flags (the ones `--measure` pairs)."""
+    from search_spaces import KNOWN_FLAGS
+
+    return [f for f in findings
+            if f.fix and all(k in KNOWN_FLAGS and v is not None for k, v in f.fix.items())]
+
+
+def paired_study(template: Mapping[str, Any], launch: Launch, findings: Sequence[Finding],
+                 out_dir: Path) -> Path:
+    """A study file measuring the launch as is (the baseline) against each fix alone: a
+    search space of exactly the flags the fixes change, the as-is value as each default, one
+    seed trial per fix. Everything else of the launch is a fixed flag."""
+    from search_spaces import KNOWN_FLAGS, vllm_default
+
+    fixes = measurable(findings)
+    if not fixes:
+        raise ConfigError("audit --measure: no finding has a fix that is a flag change; "
+                          "nothing to measure.")
+    changed = {k for f in fixes for k in f.fix}
+    as_is = {k: v for k, v in launch.flags.items() if k in KNOWN_FLAGS}
+    parameters: dict[str, Any] = {}
+    for key in sorted(changed):
+        current = as_is.get(key, vllm_default(key))
+        choices = [current] + [f.fix[key] for f in fixes if key in f.fix
+                               and f.fix[key] != current]
+        parameters[key] = {"type": "categorical", "choices": list(dict.fromkeys(choices)),
+                           "default": current, "help": "audit: as launched vs fixed"}
+    space = out_dir / "audit_space.yaml"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    space.write_text(yaml.safe_dump({"name": "audit", "description": "as launched vs each fix",
+                                     "parameters": parameters}))
+    study = dict(template)
+    study.update(
+        name=f"{template['name']}-audit", search_space=str(space.resolve()),
+        results_dir=str((out_dir / "results").resolve()), storage=None,
+        fixed_flags={k: v for k, v in as_is.items() if k not in changed},
+        seed_trials=[dict(f.fix) for f in fixes], budget={"trials": 1 + len(fixes)},
+        pruner={"name": "none"}, env={**template.get("env", {}), **{
+            k: v for k, v in launch.env.items() if k not in REMOVED_ENV}})
+    path = out_dir / "audit_study.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path
+

@@ -1,0 +1,160 @@
+"""`nightshift audit` over a table of real launch lines: the argv nightshift itself gave vLLM on
+the H200 (tests/fixtures/vllm_logs/h200/trial2.log prints it back as "non-default args"), lines
+of the kind vLLM's docs and recipes show, and the mistakes the tuning practice names."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from optimizer.audit import audit, bundled_table, parse_launch, read_launch_file, read_pid
+from optimizer.cli import main
+
+TABLE = bundled_table()
+H200_EAGER = ("python -m vllm.entrypoints.cli.main serve /root/ns-src/runners/model_configs/"
+              "qwen2.5-7b --host 127.0.0.1 --port 47857 --max-model-len 4096 --quantization fp8 "
+              "--enforce-eager --skip-tokenizer-init --served-model-name model --load-format "
+              "dummy --kv-cache-dtype fp8")
+
+
+def _codes(line: str, env: dict[str, str] | None = None, **hardware: Any) -> list[str]:
+    launch = parse_launch(line.split(), env or {}, TABLE)
+    return [f.code for f in audit(launch, table=TABLE, **hardware)]
+
+
+@pytest.mark.parametrize(("line", "env", "hardware", "expected"), [
+    # nightshift's own eager trial on the H200 (study 2, trial 2): the debugging switch.
+    (H200_EAGER, {}, {}, ["enforce-eager"]),
+    # A docs-style launch: clean.
+    ("vllm serve Qwen/Qwen2.5-7B-Instruct --max-model-len 8192 --gpu-memory-utilization 0.9",
+     {}, {"max_request_tokens": 4096}, []),
+    # A 70B on 4 NVLinked GPUs: clean; the same over PCIe is not.
+    ("vllm serve meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-size 4 "
+     "--max-model-len 32768", {}, {"interconnect": "nvlink"}, []),
+    ("vllm serve meta-llama/Llama-3.1-70B-Instruct -tp 4", {}, {"interconnect": "pcie"},
+     ["tp-over-pcie"]),
+    # Leftovers of a debugging session, and variables this vLLM no longer reads.
+    ("vllm serve m --no-enable-prefix-caching --max-model-len 131072",
+     {"NCCL_DEBUG": "INFO", "VLLM_ATTENTION_BACKEND": "FLASHINFER",
+      "VLLM_TORCH_PROFILER_DIR": "/tmp/p", "HOME": "/root"},
+     {"max_request_tokens": 2048},
+     ["ignored-env", "ignored-env", "nccl-debug", "profiling-on", "prefix-caching-off",
+      "max-model-len-oversized"]),
+    # A typo vLLM would refuse, and a misspelt variable it would ignore.
+    ("vllm serve m --max-num-seq 256", {"VLLM_CACHE_RO0T": "/c"}, {},
+     ["unknown-flag", "unknown-env"]),
+    # Aliases and dotted compilation settings: CUDA graphs off by another name.
+    ("vllm serve m -tp 1 -O3 -cc.cudagraph_mode=NONE", {}, {}, ["cudagraphs-off"]),
+    # fp8 on an A100 (SM 8.0).
+    ("vllm serve m --quantization fp8 --kv-cache-dtype fp8", {},
+     {"compute_capability": 8.0}, ["fp8-unsupported"]),
+    # The profiler left configured.
+    ("vllm serve m --profiler-config {\"profiler\":\"torch\",\"torch_profiler_dir\":\"/t\"}",
+     {}, {}, ["profiling-on"]),
+])
+def test_real_launch_lines_get_the_findings_they_deserve(
+        line: str, env: dict[str, str], hardware: dict[str, Any], expected: list[str]) -> None:
+    assert sorted(_codes(line, env, **hardware)) == sorted(expected)
+
+
+def test_flags_parse_as_vllms_parser_reads_them() -> None:
+    launch = parse_launch(H200_EAGER.split(), {"VLLM_LOGGING_LEVEL": "INFO", "PATH": "/bin"},
+                          TABLE)
+    assert launch.model == "/root/ns-src/runners/model_configs/qwen2.5-7b"
+    assert launch.flags["enforce_eager"] is True and launch.flags["max_model_len"] == 4096
+    assert launch.flags["kv_cache_dtype"] == "fp8" and launch.flags["port"] == 47857
+    assert launch.env == {"VLLM_LOGGING_LEVEL": "INFO"}, "only engine variables are kept"
+    aliases = parse_launch(
+        ["vllm", "serve", "m", "-tp", "2", "-dp=2", "--no-enable-prefix-caching"], {}, TABLE)
+    assert aliases.flags == {"tensor_parallel_size": 2, "data_parallel_size": 2,
+                             "enable_prefix_caching": False}
+
+
+def test_unknown_flag_suggests_the_closest_real_one() -> None:
+    launch = parse_launch(["vllm", "serve", "m", "--max-num-seq", "256"], {}, TABLE)
+    finding = next(f for f in audit(launch, table=TABLE) if f.code == "unknown-flag")
+    assert "did you mean --max-num-seqs?" in finding.message
+
+
+def test_a_yaml_false_in_the_config_file_is_reported(tmp_path: Path) -> None:
+    config = tmp_path / "serve.yaml"
+    config.write_text("enable-prefix-caching: false\nmax-num-seqs: 256\n")
+    launch = parse_launch(["vllm", "serve", "m", "--config", str(config)], {}, TABLE)
+    assert launch.flags["max_num_seqs"] == 256, "the file's settings are read"
+    finding = next(f for f in audit(launch, table=TABLE) if f.code == "config-false-dropped")
+    assert "no-enable-prefix-caching: true" in finding.message
+
+
+def test_launcher_file_with_exports_and_continuations(tmp_path: Path) -> None:
+    script = tmp_path / "serve.sh"
+    script.write_text("#!/bin/bash\nexport NCCL_DEBUG=INFO VLLM_LOGGING_LEVEL=DEBUG\n"
+                      "# tuned 2026-11\nCUDA_VISIBLE_DEVICES=0,1 exec vllm serve my/model \\\n"
+                      "  --tensor-parallel-size 2 \\\n  --enforce-eager\n")
+    argv, env = read_launch_file(script)
+    assert argv[:3] == ["vllm", "serve", "my/model"] and "--enforce-eager" in argv
+    assert env == {"NCCL_DEBUG": "INFO", "VLLM_LOGGING_LEVEL": "DEBUG",
+                   "CUDA_VISIBLE_DEVICES": "0,1"}
+
+
+def test_running_process_is_read_from_proc() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "serve",
+                             "some/model", "--enforce-eager"],
+                            env={"VLLM_ATTENTION_BACKEND": "TRITON_ATTN", "PATH": "/usr/bin"})
+    try:
+        time.sleep(0.2)
+        argv, env = read_pid(proc.pid)
+        launch = parse_launch(argv, env, TABLE)
+        assert launch.model == "some/model"
+        assert {f.code for f in audit(launch, table=TABLE)} == {"enforce-eager", "ignored-env"}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_cli_exit_codes_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["audit", "--hardware", "h200", "--", "vllm", "serve", "m"]) == 0
+    capsys.readouterr()
+    assert main(["audit", "--hardware", "h200", "--json", "--", "vllm", "serve", "m",
+                 "--enforce-eager"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert [f["code"] for f in data["findings"]] == ["enforce-eager"]
+    assert data["findings"][0]["fix"] == {"enforce_eager": False}
+    assert main(["audit", "--", "python", "train.py"]) == 2, "not a vllm serve line: bad input"
+
+
+@pytest.mark.slow
+def test_measure_pairs_each_fix_with_the_launch_as_is(
+        tmp_path: Path, ray_cluster: None) -> None:
+    study = {"name": "prod", "engine": "simulated",
+             "model": {"path": "qwen2.5-7b", "load_format": "dummy",
+                       "skip_tokenizer_init": True},
+             "workload": {"input_len": 128, "output_len": 32, "levels": [{"concurrency": 8}],
+                          "num_requests": 24, "warmup_requests": 2},
+             "slo": {"ttft_p99_ms": 2000, "tpot_p99_ms": 50}, "budget": {"trials": 1},
+             "simulated": {"hardware": "h200", "num_gpus": 1, "startup_time_scale": 0.002},
+             "results_dir": str(tmp_path / "results"),
+             "tracking_uri": f"sqlite:///{tmp_path}/mlruns/mlflow.db"}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    code = main(["audit", "--hardware", "h200", "--study", str(path), "--measure", "--",
+                 "vllm", "serve", "qwen2.5-7b", "--enforce-eager", "--no-enable-prefix-caching"])
+    assert code == 1, "findings: exit 1 even when measured"
+    import optuna
+
+    measured = optuna.load_study(
+        study_name="prod-audit",
+        storage=f"sqlite:///{tmp_path}/prod-audit/results/optuna.db")
+    records = [t.user_attrs["record"] for t in measured.trials]
+    assert [r["state"] for r in records] == ["complete"] * 3, "as is + one trial per fix"
+    as_is, no_eager = records[0], records[1]
+    assert as_is["is_baseline"] and as_is["flags"]["enforce_eager"] is True
+    assert "enforce_eager" not in no_eager["flags"] or not no_eager["flags"]["enforce_eager"]
+    assert no_eager["metrics"]["p99_tpot_ms"] < as_is["metrics"]["p99_tpot_ms"], \
+        "CUDA graphs back on: decode is faster, as measured"
