@@ -346,6 +346,34 @@ def _flag(value: bool | None) -> float | None:
 # --- building evidence --------------------------------------------------------------------------
 
 
+def memory_problem(config: EngineConfig, hardware: HardwareProfile | None,
+                   model: ModelInfo | None) -> str | None:
+    """Why a config cannot fit its GPUs, judged before launch (None when it may): the weights
+    alone, or the weights and the KV cache of one longest request, above what
+    `gpu_memory_utilization` lets vLLM take. Deliberately lenient (activations and CUDA graphs
+    are left out): it rejects only the impossible, and vLLM judges the rest."""
+    if hardware is None or model is None or hardware.gpu_memory_gib <= 0:
+        return None
+    tp = config.tensor_parallel_size * config.pipeline_parallel_size
+    gmu = float(config.flags.get("gpu_memory_utilization") or 0.92)
+    budget_gib = gmu * hardware.gpu_memory_gib
+    embeddings = model.vocab_size * model.hidden_size * (1 if model.tie_word_embeddings else 2)
+    linear = max(model.num_params - embeddings, 0)
+    weights_gib = (linear * _bytes_per_param(config, model) + embeddings * 2.0) / tp / GIB
+    if weights_gib > budget_gib:
+        return (f"the weights need {weights_gib:.1f} GiB per GPU but gpu_memory_utilization "
+                f"{gmu:g} of {hardware.gpu_memory_gib:.0f} GiB allows {budget_gib:.1f} GiB")
+    kv_dtype = str(config.flags.get("kv_cache_dtype") or "auto").lower()
+    max_len = int(config.flags.get("max_model_len") or model.max_position_embeddings)
+    kv_gib = model.kv_bytes_per_token(1.0 if kv_dtype.startswith("fp8") else 2.0) * \
+        max_len / tp / GIB
+    if weights_gib + kv_gib > budget_gib:
+        return (f"the weights ({weights_gib:.1f} GiB per GPU) and the KV cache of one "
+                f"{max_len}-token request ({kv_gib:.1f} GiB) exceed the {budget_gib:.1f} GiB "
+                f"gpu_memory_utilization {gmu:g} allows")
+    return None
+
+
 def _bytes_per_param(config: EngineConfig, model: ModelInfo | None) -> float:
     method = str(config.flags.get("quantization") or (model.quant_method if model else "") or "")
     if method:

@@ -25,6 +25,7 @@ from pydantic import (
 
 from optimizer.errors import ConfigError
 from runners.base import SLO, LengthDistribution, LoadLevel, Workload
+from runners.capacity import CapacitySearch
 
 ObjectiveName = Literal["goodput", "throughput", "tpot", "ttft"]
 OBJECTIVE_DIRECTIONS: dict[str, str] = {
@@ -77,6 +78,27 @@ class LevelSpec(_Strict):
         return self
 
 
+class CapacitySpec(_Strict):
+    """Find each config's capacity under the SLO instead of measuring fixed levels."""
+
+    axis: Literal["concurrency", "request_rate"] = "concurrency"
+    low: float = Field(gt=0)  # the lightest load probed
+    high: float = Field(gt=0)  # the heaviest load of interest
+    tolerance: float = Field(default=0.05, gt=0, le=1)
+    max_probes: int = Field(default=8, ge=2, le=32)
+
+    @model_validator(mode="after")
+    def _bracket(self) -> CapacitySpec:
+        if self.low >= self.high:
+            raise ValueError(f"low ({self.low:g}) must be below high ({self.high:g})")
+        if self.axis == "concurrency" and (self.low != int(self.low) or
+                                           self.high != int(self.high)):
+            raise ValueError("concurrency bounds are whole numbers of requests")
+        if not math.isfinite(self.high):
+            raise ValueError("high must be finite")
+        return self
+
+
 def _length(value: Any) -> Any:
     return {"kind": "fixed", "mean": value} if isinstance(value, int) else value
 
@@ -96,6 +118,7 @@ class WorkloadSpec(_Strict):
     startup_timeout_s: float = Field(default=900.0, gt=0)
     stall_timeout_s: float = Field(default=120.0, gt=0)  # no token this long = a hung engine
     profile: bool = False
+    capacity: CapacitySpec | None = None  # bracket the load within the SLO; levels unused
 
     _coerce_lengths = field_validator("input_len", "output_len", mode="before")(
         classmethod(lambda cls, v: _length(v)))
@@ -283,6 +306,9 @@ class StudyConfig:
             max_failed_fraction=w.max_failed_fraction,
             profile=w.profile,
             startup_timeout_s=w.startup_timeout_s,
+            capacity=CapacitySearch(axis=w.capacity.axis, low=w.capacity.low,
+                                    high=w.capacity.high, tolerance=w.capacity.tolerance,
+                                    max_probes=w.capacity.max_probes) if w.capacity else None,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from optimizer.study import (
 from optimizer.tracking import Tracker
 from optimizer.workers import RunnerSpec, TrialHandle, WorkerPool, wait_any
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics, Workload
+from runners.capacity import meets_slo
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
 from runners.process import reap_strays
@@ -306,6 +307,9 @@ class Daemon:
         elif config.num_gpus > self.max_gpus_per_node:
             problems.append(f"needs {config.num_gpus} GPUs on one node but the largest node of "
                             f"the cluster has {self.max_gpus_per_node}")
+        memory = bottleneck.memory_problem(config, self.hardware, self.model)
+        if memory is not None:
+            problems.append(memory)
         if problems:
             failure = Failure(FailureReason.INFEASIBLE, "; ".join(problems))
             self._tell_without_run(study, trial, params, failure)
@@ -335,6 +339,8 @@ class Daemon:
         record["is_baseline"] = False
         trial.set_user_attr(ATTR_RECORD, record)
         trial.set_user_attr(ATTR_DUPLICATE_OF, earlier)
+        for key, value in frozen.constraints.items():
+            trial.set_constraint(key, value)
         if frozen.state == TrialState.COMPLETE and frozen.values is not None:
             study.tell(trial, frozen.values)
         else:
@@ -517,6 +523,13 @@ class Daemon:
         }
         item.trial.set_user_attr(ATTR_RECORD, record)
         self._remember(item.trial.number, record)
+        if state == TrialState.COMPLETE and self._has_slo:
+            # The sampler learns where configs miss the SLO at every load: infeasible for
+            # Optuna's constrained TPE (and never the study's best while one meets it).
+            met = any(s.meets_slo if s.meets_slo is not None else
+                      meets_slo(s.metrics, self.workload.slo, self.workload.max_failed_fraction)
+                      for s in result.steps if s.metrics.completed > 0)
+            item.trial.set_constraint("slo", 0.0 if met else 1.0)
         if state == TrialState.COMPLETE:
             study.tell(item.trial, values)
         else:
@@ -549,6 +562,11 @@ class Daemon:
         study.enqueue_trial(params, user_attrs={
             ATTR_RETRY_OF: trial.number, ATTR_RETRIES: int(trial.user_attrs.get(ATTR_RETRIES, 0)),
             ATTR_BASELINE: bool(trial.user_attrs.get(ATTR_BASELINE))})
+
+    @property
+    def _has_slo(self) -> bool:
+        slo = self.workload.slo
+        return any(v is not None for v in (slo.ttft_p99_ms, slo.tpot_p99_ms, slo.e2el_ms))
 
     def _changed(self, config: EngineConfig) -> dict[str, Any]:
         """The flags a trial sets beyond vLLM's defaults and the study's fixed flags."""

@@ -42,13 +42,34 @@ def summary_metrics(result: RunResult, objectives: Sequence[str]) -> dict[str, f
     if result.trace_summary:
         out.update({f"trace.{k}": float(v) for k, v in result.trace_summary.items()
                     if isinstance(v, int | float) and not isinstance(v, bool)})
+    probes = [s for s in result.steps if s.meets_slo is not None]
+    if probes:  # a capacity search: the highest load within the SLO (0 when none was)
+        within = [s for s in probes if s.meets_slo]
+        out["capacity.concurrency"] = float(max(
+            (s.level.max_concurrency or 0 for s in within), default=0))
+        out["capacity.request_rate_rps"] = float(max(
+            (s.level.request_rate_rps or 0.0 for s in within), default=0.0))
+        out["capacity.num_probes"] = float(len(probes))
     out["trial_wall_s"] = result.wall_s
     return out
 
 
 def step_records(steps: Sequence[StepMetrics]) -> list[dict[str, Any]]:
-    return [{"step": s.step, "level": asdict(s.level), "metrics": s.metrics.as_dict(),
-             "server": dict(s.server_metrics), "elapsed_s": s.elapsed_s} for s in steps]
+    """Each load level (or capacity probe) with its offered load, so the latency-vs-load curve
+    is in the record and in MLflow (metrics at step = level)."""
+    out = []
+    for s in steps:
+        metrics = s.metrics.as_dict()
+        if s.level.max_concurrency is not None:
+            metrics["offered_concurrency"] = float(s.level.max_concurrency)
+        if s.level.request_rate_rps is not None:
+            metrics["offered_rate_rps"] = s.level.request_rate_rps
+        if s.meets_slo is not None:
+            metrics["meets_slo"] = float(s.meets_slo)
+        out.append({"step": s.step, "level": asdict(s.level), "metrics": metrics,
+                    "server": dict(s.server_metrics), "elapsed_s": s.elapsed_s,
+                    "meets_slo": s.meets_slo})
+    return out
 
 
 def _fmt(value: float) -> str:

@@ -136,8 +136,15 @@ def step_value(objective: str, step: StepMetrics) -> float:
 def objective_value(objective: str, steps: Sequence[StepMetrics]) -> float | None:
     """A trial's value over its load levels: the largest of them. For goodput and throughput
     that is the best level (the engine's capacity); for latencies, the worst level (what a
-    user at peak load sees)."""
-    values = [step_value(objective, s) for s in steps if s.metrics.completed > 0]
+    user at peak load sees). After a capacity search only the probes within the SLO count:
+    goodput at capacity, 0 when no load met the SLO."""
+    measured = [s for s in steps if s.metrics.completed > 0]
+    if any(s.meets_slo is not None for s in measured):
+        within = [s for s in measured if s.meets_slo]
+        if not within:
+            return 0.0 if objective in ("goodput", "throughput") else None
+        measured = within
+    values = [step_value(objective, s) for s in measured]
     values = [v for v in values if math.isfinite(v)]
     return max(values) if values else None
 
@@ -160,5 +167,9 @@ def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     if not complete:
         return None
     if len(study.directions) == 1:
-        return study.best_trial
+        try:
+            return study.best_trial  # the best that met the SLO somewhere (constraint "slo")
+        except ValueError:  # none did: the best of all, which the report calls out
+            sign = 1.0 if study.direction.name == "MAXIMIZE" else -1.0
+            return max(complete, key=lambda t: sign * float(t.value or 0.0))
     return study.best_trials[0] if study.best_trials else None

@@ -66,7 +66,8 @@ def _vllm_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None) -> Any:
     from runners.engine import EngineRunner
     from runners.vllm_server import VllmLauncher
 
-    launcher = VllmLauncher(cache_root=spec.cache_root)
+    # Dev mode for /reset_prefix_cache between load levels (127.0.0.1 only).
+    launcher = VllmLauncher(cache_root=spec.cache_root, dev_mode=True)
     return EngineRunner(launcher, spec.registry_dir, stall_timeout_s=spec.stall_timeout_s,
                         gpu_indices=gpu_indices)
 

@@ -9,7 +9,10 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from runners.capacity import CapacitySearch
 
 FlagValue = str | int | float | bool | None
 
@@ -102,6 +105,9 @@ class Workload:
     profile: bool = False  # capture a torch-profiler trace in a window after the levels
     profile_num_requests: int = 32
     startup_timeout_s: float = 900.0
+    # When set, the levels are found, not given: the highest load within the SLO, bracketed
+    # on one running server (runners/capacity.py); `levels` is then unused.
+    capacity: CapacitySearch | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +158,7 @@ class StepMetrics:
     metrics: BenchmarkMetrics
     server_metrics: Mapping[str, float] = field(default_factory=dict)  # /metrics, vLLM names
     elapsed_s: float = 0.0  # since the engine process started
+    meets_slo: bool | None = None  # set by a capacity search: p99s within the SLO
 
 
 class FailureReason(enum.StrEnum):

@@ -28,6 +28,7 @@ from runners.base import (
     StepMetrics,
     Workload,
 )
+from runners.capacity import meets_slo
 from runners.process import EngineProcess, free_port, tail, wait_healthy
 from runners.telemetry import TelemetrySampler
 
@@ -183,7 +184,8 @@ class EngineRunner:
             return
         requests = loadgen.build_requests(workload, workload.num_warmup_requests,
                                           seed=workload.seed + 7919)
-        first = workload.levels[0]
+        first = workload.capacity.level(workload.capacity.low) if workload.capacity else \
+            workload.levels[0]
         level = LoadLevel(max_concurrency=min(first.max_concurrency or 8,
                                               workload.num_warmup_requests))
         loadgen.run_level_sync(base_url, config.served_model_name, requests, level,
@@ -195,51 +197,86 @@ class EngineRunner:
     def _drive_levels(self, proc: EngineProcess, base_url: str, config: EngineConfig,
                       workload: Workload, log_path: Path, started: float,
                       steps: list[StepMetrics], on_step: OnStep | None) -> RunStatus:
-        for index, level in enumerate(workload.levels):
-            num = workload.num_requests or _DURATION_POOL
-            # The same prompts for every trial: the seed depends only on the level's index.
-            requests = loadgen.build_requests(workload, num, seed=workload.seed * 1000 + index)
-            before = prometheus.scrape(base_url)
-            poller = prometheus.MetricsPoller(base_url)
-            poller.start()
-            try:
-                result = loadgen.run_level_sync(
-                    base_url, config.served_model_name, requests, level, workload.slo,
-                    timeout_s=workload.request_timeout_s, seed=workload.seed + index,
-                    duration_s=None if workload.num_requests else workload.duration_s,
-                    stall_timeout_s=self.stall_timeout_s)
-            finally:
-                polled = poller.stop()
-            # An engine that died mid-level closes its sockets before it is reaped: wait a
-            # moment so a crash is not mistaken for failed requests.
-            if (result.metrics.failed and proc.wait(timeout_s=0.5) is not None) or \
-                    not proc.is_alive():
-                raise _Abort(self._failure(proc, log_path, "run"))
-            if result.stalled:
-                raise _Abort(Failure(
-                    FailureReason.HANG,
-                    f"{self.launcher.name} (pid {proc.pid}) stopped producing tokens for "
-                    f"{self.stall_timeout_s:g} s at load {level.label}; see {log_path}.",
-                    tail(log_path, 2000)))
-            m = result.metrics
-            total = m.completed + m.failed
-            if total and m.failed / total > workload.max_failed_fraction:
-                first_error = next((o.error for o in result.outputs if not o.success), "")
-                raise _Abort(Failure(
-                    FailureReason.TOO_MANY_ERRORS,
-                    f"{m.failed} of {total} requests failed at load {level.label} (allowed "
-                    f"{workload.max_failed_fraction:.0%}); first error: {first_error[:200]}.",
-                    tail(log_path, 2000)))
-            after = prometheus.scrape(base_url)
-            server = {**prometheus.delta(before, after), **polled}
-            step = StepMetrics(step=index, level=level, metrics=m, server_metrics=server,
-                               elapsed_s=time.monotonic() - started)
+        search = workload.capacity
+        if search is None:
+            for index, level in enumerate(workload.levels):
+                step = self._measure_level(proc, base_url, config, workload, log_path, started,
+                                           index, level)
+                steps.append(step)
+                if on_step is not None and on_step(step):
+                    return "stopped"
+            return "complete"
+        history: list[tuple[float, bool]] = []
+        while (load := search.next_load(history)) is not None:
+            index = len(history)
+            step = self._measure_level(proc, base_url, config, workload, log_path, started,
+                                       index, search.level(load))
+            ok = meets_slo(step.metrics, workload.slo, workload.max_failed_fraction)
+            step = replace(step, meets_slo=ok)
+            history.append((load, ok))
             steps.append(step)
-            logger.info("level %d (%s): %.2f req/s, %.0f tok/s, TPOT p99 %.1f ms", index,
-                        level.label, m.request_throughput, m.output_throughput, m.p99_tpot_ms)
+            logger.info("capacity probe %d at %s: SLO %s", index, step.level.label,
+                        "met" if ok else "missed")
             if on_step is not None and on_step(step):
                 return "stopped"
         return "complete"
+
+    def _measure_level(self, proc: EngineProcess, base_url: str, config: EngineConfig,
+                       workload: Workload, log_path: Path, started: float, index: int,
+                       level: LoadLevel) -> StepMetrics:
+        """One load level on the running server; raises `_Abort` when the engine failed."""
+        num = workload.num_requests or _DURATION_POOL
+        # The same prompts for every trial: the seed depends only on the level's index.
+        requests = loadgen.build_requests(workload, num, seed=workload.seed * 1000 + index)
+        # Each level starts from a cold prefix cache, so levels (and trials) compare: a level
+        # must not be served from the blocks its predecessor computed.
+        self._reset_prefix_cache(base_url)
+        before = prometheus.scrape(base_url)
+        poller = prometheus.MetricsPoller(base_url)
+        poller.start()
+        try:
+            result = loadgen.run_level_sync(
+                base_url, config.served_model_name, requests, level, workload.slo,
+                timeout_s=workload.request_timeout_s, seed=workload.seed + index,
+                duration_s=None if workload.num_requests else workload.duration_s,
+                stall_timeout_s=self.stall_timeout_s)
+        finally:
+            polled = poller.stop()
+        # An engine that died mid-level closes its sockets before it is reaped: wait a
+        # moment so a crash is not mistaken for failed requests.
+        if (result.metrics.failed and proc.wait(timeout_s=0.5) is not None) or \
+                not proc.is_alive():
+            raise _Abort(self._failure(proc, log_path, "run"))
+        if result.stalled:
+            raise _Abort(Failure(
+                FailureReason.HANG,
+                f"{self.launcher.name} (pid {proc.pid}) stopped producing tokens for "
+                f"{self.stall_timeout_s:g} s at load {level.label}; see {log_path}.",
+                tail(log_path, 2000)))
+        m = result.metrics
+        total = m.completed + m.failed
+        if total and m.failed / total > workload.max_failed_fraction:
+            first_error = next((o.error for o in result.outputs if not o.success), "")
+            raise _Abort(Failure(
+                FailureReason.TOO_MANY_ERRORS,
+                f"{m.failed} of {total} requests failed at load {level.label} (allowed "
+                f"{workload.max_failed_fraction:.0%}); first error: {first_error[:200]}.",
+                tail(log_path, 2000)))
+        after = prometheus.scrape(base_url)
+        server = {**prometheus.delta(before, after), **polled}
+        logger.info("level %d (%s): %.2f req/s, %.0f tok/s, TPOT p99 %.1f ms", index,
+                    level.label, m.request_throughput, m.output_throughput, m.p99_tpot_ms)
+        return StepMetrics(step=index, level=level, metrics=m, server_metrics=server,
+                           elapsed_s=time.monotonic() - started)
+
+    def _reset_prefix_cache(self, base_url: str) -> None:
+        """POST /reset_prefix_cache where the engine has it (vLLM with VLLM_SERVER_DEV_MODE=1,
+        the simulated engine); a server without it keeps its cache, and the level says so in
+        its prefix-cache hit counters."""
+        try:
+            httpx.post(f"{base_url}/reset_prefix_cache", timeout=10.0)
+        except httpx.HTTPError as exc:
+            logger.debug("prefix cache not reset: %s", exc)
 
     def _profile(self, base_url: str, config: EngineConfig, workload: Workload,
                  profile_dir: Path) -> tuple[Path | None, Mapping[str, Any] | None]:

@@ -621,6 +621,10 @@ class Scheduler:
     def add(self, request: SimRequest) -> None:
         self.waiting.append(request)
 
+    def reset_prefix_cache(self) -> None:
+        """Forget computed blocks (vLLM's /reset_prefix_cache): later prompts miss."""
+        self._cached_blocks.clear()
+
     def abort(self, request: SimRequest) -> None:
         if request in self.running:
             self.running.remove(request)

@@ -649,6 +649,11 @@ def build_app(engine: SimulatedEngine) -> Starlette:
         engine.start_profile()
         return Response(status_code=200)
 
+    async def reset_prefix_cache(_: Request) -> Response:
+        for replica in engine.replicas:
+            replica.scheduler.reset_prefix_cache()
+        return Response(status_code=200)
+
     async def stop_profile(_: Request) -> Response:
         await asyncio.to_thread(engine.stop_profile)
         return Response(status_code=200)
@@ -656,7 +661,9 @@ def build_app(engine: SimulatedEngine) -> Starlette:
     routes = [Route("/health", health, methods=["GET"]),
               Route("/v1/models", models, methods=["GET"]),
               Route("/metrics", metrics, methods=["GET"]),
-              Route("/v1/completions", completions, methods=["POST"])]
+              Route("/v1/completions", completions, methods=["POST"]),
+              # vLLM serves it under VLLM_SERVER_DEV_MODE=1, which nightshift sets.
+              Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"])]
     if engine.settings.profile_dir is not None:
         routes += [Route("/start_profile", start_profile, methods=["POST"]),
                    Route("/stop_profile", stop_profile, methods=["POST"])]

@@ -224,3 +224,30 @@ def test_sentence_gives_advice_for_every_label() -> None:
     for _, evidence, label, _ in CASES:
         line = sentence("x=1", "", classify(evidence))
         assert line.startswith(f"x=1: {label}") and line.endswith(".")
+
+
+@pytest.mark.parametrize(("hardware", "model", "flags", "problem"), [
+    # The H200 study's OOM probe: 14.3 GiB of bf16 weights in 6% of 141 GiB.
+    ("h200", "qwen2.5-7b", {"gpu_memory_utilization": 0.06, "max_model_len": 4096},
+     "the weights need 14.2 GiB per GPU but gpu_memory_utilization 0.06"),
+    ("h200", "qwen2.5-7b", {}, None),
+    # fp8 weights fit where bf16 did not.
+    ("h200", "qwen2.5-7b", {"gpu_memory_utilization": 0.08, "quantization": "fp8"}, None),
+    # An 8B model on a 24 GB card: the weights fit, one 128k-token request's KV does not.
+    ("rtx4090-2x-pcie", "llama-3.1-8b", {"gpu_memory_utilization": 0.9}, "KV cache of one"),
+    ("rtx4090-2x-pcie", "llama-3.1-8b", {"gpu_memory_utilization": 0.9,
+                                         "max_model_len": 8192}, None),
+    # Split over two cards by TP, it fits.
+    ("rtx4090-2x-pcie", "llama-3.1-8b", {"gpu_memory_utilization": 0.9,
+                                         "tensor_parallel_size": 2}, None),
+])
+def test_memory_check_rejects_only_configs_that_cannot_fit(
+        hardware: str, model: str, flags: dict, problem: str | None) -> None:
+    from optimizer.bottleneck import memory_problem
+
+    found = memory_problem(EngineConfig(model, flags), load_preset(hardware),
+                           load_model_info(model))
+    if problem is None:
+        assert found is None, found
+    else:
+        assert found is not None and problem in found, found

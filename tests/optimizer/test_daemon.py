@@ -66,7 +66,8 @@ def test_study_of_twelve_trials_runs_two_at_a_time_and_logs_everything(
     assert main(["start", str(path), "--no-progress"]) == 0
 
     study = load(tmp_path)
-    finished = [t for t in study.trials if t.state.is_finished()]
+    finished = [t for t in study.trials if t.state.is_finished()
+                and "duplicate_of" not in t.user_attrs]  # a repeat of a config launches nothing
     assert len(finished) == 12, "the budget is 12 trials"
     assert finished[0].user_attrs.get("baseline") is True, "the defaults run first"
     assert finished[0].user_attrs["record"]["flags"] == {}, \
@@ -164,7 +165,8 @@ def test_resume_after_sigkill_keeps_finished_trials(tmp_path: Path) -> None:
         retries = [t for t in study.trials if t.user_attrs.get("retry_of") == number]
         assert len(retries) == 1, f"trial {number} re-queued exactly once"
         assert retries[0].params == after[number].params
-    counted = [t for t in study.trials if t.state.is_finished() and t.number not in running]
+    counted = [t for t in study.trials if t.state.is_finished() and t.number not in running
+               and "duplicate_of" not in t.user_attrs]  # a repeat launched nothing
     assert len(counted) == 8, "the budget counts each finished trial once"
 
     runs = trial_runs(tmp_path)
@@ -320,3 +322,37 @@ def test_a_measured_config_is_never_launched_twice_and_an_exhausted_space_ends_t
         assert repeat.state == original.state and repeat.values == original.values, \
             "a repeat tells the sampler the outcome its original measured"
     assert len(trial_runs(tmp_path)) == 4, "only launched trials get an MLflow run"
+
+
+def test_capacity_studies_score_goodput_at_capacity_and_teach_the_sampler_slo_misses(
+        tmp_path: Path, ray_cluster: None) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"name": "eager-or-not", "parameters": {
+        "enforce_eager": {"type": "categorical", "choices": [False, True], "default": "vllm"},
+        "gpu_memory_utilization": {"type": "categorical", "choices": [0.92, 0.05],
+                                   "default": "vllm"}}}))
+    path = write_study(tmp_path, trials=3, max_parallel_trials=1, search_space=str(space),
+                       seed_trials=[{"enforce_eager": True}, {"gpu_memory_utilization": 0.05}],
+                       workload={
+        "input_len": 128, "output_len": 24, "num_requests": 32, "warmup_requests": 2,
+        "capacity": {"axis": "concurrency", "low": 2, "high": 32, "max_probes": 5}},
+        slo={"tpot_p99_ms": 12})
+    assert main(["start", str(path), "--no-progress"]) == 0
+
+    trials = sorted(load(tmp_path).trials, key=lambda t: t.number)
+    defaults, eager, tiny = trials[:3]
+    record = defaults.user_attrs["record"]
+    probes = [(s["level"]["max_concurrency"], s["meets_slo"]) for s in record["steps"]]
+    assert probes[0][0] == 32, "the heaviest load is probed first"
+    capacity = record["metrics"]["capacity.concurrency"]
+    assert capacity == max(c for c, ok in probes if ok)
+    assert defaults.values[0] == max(s["metrics"]["request_goodput"] for s in record["steps"]
+                                     if s["meets_slo"]), "goodput at capacity"
+    assert all("offered_concurrency" in s["metrics"] for s in record["steps"]), \
+        "the latency-vs-load curve is logged per probe"
+    assert defaults.constraints == {"slo": 0.0}, "the defaults meet the SLO somewhere"
+    assert eager.values == [0.0] and eager.constraints == {"slo": 1.0}, \
+        "eager misses a 12 ms TPOT everywhere: goodput 0 and an infeasible trial for TPE"
+    assert tiny.user_attrs["record"]["failure_reason"] == "infeasible", \
+        "5% of the GPU cannot hold the weights: refused before launch"
+    assert "gpu_memory_utilization 0.05" in tiny.user_attrs["record"]["failure_message"]

@@ -1,0 +1,99 @@
+"""The capacity search: the bracketing logic on its own, then through the whole runner on the
+simulated engine, where the knee it finds in real time is checked against the knee of the same
+model computed in virtual time (`simulate_benchmark`, no sleeping)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runners.base import SLO, EngineConfig, LengthDistribution, Workload
+from runners.capacity import CapacitySearch
+from runners.engine import EngineRunner
+from runners.hardware import load_preset
+from runners.simulated.launcher import SimulatedLauncher
+from runners.simulated.model import PerformanceModel, simulate_benchmark
+
+
+def _search_against(search: CapacitySearch, knee: float) -> list[tuple[float, bool]]:
+    history: list[tuple[float, bool]] = []
+    while (load := search.next_load(history)) is not None:
+        history.append((load, load <= knee))
+    return history
+
+
+@pytest.mark.parametrize("knee", [17.0, 40.0, 70.0, 129.0, 255.0])
+def test_bisection_brackets_any_knee_within_the_tolerance(knee: float) -> None:
+    search = CapacitySearch("concurrency", low=8, high=256, tolerance=0.05, max_probes=10)
+    history = _search_against(search, knee)
+    found = CapacitySearch.capacity(history)
+    assert found <= knee, "the capacity is a load that met the SLO"
+    assert knee - found <= max(1.0, 0.05 * knee), f"found {found} for a knee at {knee}"
+    assert history[0][0] == 256 and history[1][0] == 8, "heaviest load first, then lightest"
+
+
+def test_search_stops_at_once_when_the_heaviest_load_meets_the_slo() -> None:
+    search = CapacitySearch("request_rate", low=1.0, high=64.0)
+    assert _search_against(search, knee=100.0) == [(64.0, True)]
+
+
+def test_a_config_that_misses_the_slo_even_at_the_lightest_load_has_no_capacity() -> None:
+    search = CapacitySearch("concurrency", low=4, high=128)
+    history = _search_against(search, knee=1.0)
+    assert history == [(128.0, False), (4.0, False)]
+    assert CapacitySearch.capacity(history) == 0.0
+
+
+def test_probes_are_capped() -> None:
+    search = CapacitySearch("request_rate", low=0.5, high=512.0, tolerance=0.001, max_probes=4)
+    assert len(_search_against(search, knee=33.3)) == 4
+
+
+WORKLOAD = Workload(input_len=LengthDistribution(mean=256), output_len=LengthDistribution(
+    mean=64), num_requests=96, num_warmup_requests=4, slo=SLO(tpot_p99_ms=10.0))
+CONFIG = EngineConfig("qwen2.5-7b", {"max_model_len": 4096}, load_format="dummy",
+                      skip_tokenizer_init=True)
+
+
+def _virtual_tpot_p99(concurrency: float) -> float:
+    model = PerformanceModel.from_config(CONFIG, load_preset("h200"))
+    return simulate_benchmark(model, input_len=256, output_len=64,
+                              max_concurrency=int(concurrency), num_requests=96).p99_tpot_ms
+
+
+def test_search_finds_the_simulated_engines_knee_within_five_percent() -> None:
+    # The simulated engine's own answer, in virtual time (deterministic, no sleeping): the
+    # highest concurrency whose TPOT p99 meets 10 ms, by brute force...
+    knee = max(c for c in range(8, 97) if _virtual_tpot_p99(c) <= 10.0)
+    # ...and the search's, probing the same model as the runner probes a server.
+    search = CapacitySearch("concurrency", low=8, high=256, tolerance=0.05, max_probes=10)
+    history: list[tuple[float, bool]] = []
+    while (load := search.next_load(history)) is not None:
+        history.append((load, _virtual_tpot_p99(load) <= 10.0))
+    found = CapacitySearch.capacity(history)
+    assert abs(found - knee) <= 0.05 * knee, f"found {found}, knee {knee}: {history}"
+    assert len(history) <= 10
+
+
+@pytest.mark.slow
+def test_capacity_search_probes_one_running_server_and_brackets_its_knee(
+        tmp_path: Path) -> None:
+    search = CapacitySearch("concurrency", low=8, high=256, tolerance=0.05, max_probes=9)
+    runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
+                          tmp_path / "engines", stall_timeout_s=10.0)
+    try:
+        result = runner.run(CONFIG, Workload(**{**WORKLOAD.__dict__, "capacity": search}),
+                            tmp_path / "trial")
+    finally:
+        runner.close()
+    assert result.status == "complete", result.failure
+    probes = [(float(s.level.max_concurrency or 0), bool(s.meets_slo)) for s in result.steps]
+    assert probes[:2] == [(256.0, False), (8.0, True)], "heaviest first, then lightest"
+    found = CapacitySearch.capacity(probes)
+    misses = [load for load, ok in probes if not ok and load > found]
+    assert misses and min(misses) <= found * 1.05 + 1, \
+        f"the search ends with a bracket of 5%: {probes}"
+    assert all(ok for load, ok in probes if load <= found), "monotone: below capacity, met"
+    assert result.engine.startup_s is not None and len(probes) >= 4, \
+        "one start-up for the whole latency-vs-load curve"
