@@ -119,6 +119,10 @@ class WorkloadSpec(_Strict):
     stall_timeout_s: float = Field(default=120.0, gt=0)  # no token this long = a hung engine
     profile: bool = False
     capacity: CapacitySpec | None = None  # bracket the load within the SLO; levels unused
+    repeats: int = Field(default=1, ge=1, le=10)  # measurements of each level (noise)
+    # A trial whose objective varies more than this across repeats (max-min over median) is
+    # flagged unstable.
+    max_spread: float = Field(default=0.10, gt=0)
 
     _coerce_lengths = field_validator("input_len", "output_len", mode="before")(
         classmethod(lambda cls, v: _length(v)))
@@ -306,6 +310,7 @@ class StudyConfig:
             max_failed_fraction=w.max_failed_fraction,
             profile=w.profile,
             startup_timeout_s=w.startup_timeout_s,
+            repeats=w.repeats,
             capacity=CapacitySearch(axis=w.capacity.axis, low=w.capacity.low,
                                     high=w.capacity.high, tolerance=w.capacity.tolerance,
                                     max_probes=w.capacity.max_probes) if w.capacity else None,

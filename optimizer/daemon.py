@@ -497,6 +497,14 @@ class Daemon:
             is_baseline=item.is_baseline, best=best, pruned_at=item.pruned_at,
             prune_reason=item.prune_reason)
         metrics = records.summary_metrics(result, self.cfg.objectives)
+        objective_spread = metrics.get(f"spread.{self.cfg.objectives[0]}")
+        is_unstable = objective_spread is not None and \
+            objective_spread > self.cfg.spec.workload.max_spread
+        if is_unstable and state != TrialState.FAIL:
+            conclusion += (f" Unstable: its {self.cfg.objectives[0]} varied "
+                           f"{objective_spread:.0%} across {self.workload.repeats} repeats "
+                           f"(limit {self.cfg.spec.workload.max_spread:.0%}); re-measure "
+                           "before trusting it.")
         verdict = None
         if result.steps:
             verdict = self._verdict(study, result.steps, item.config, result)
@@ -520,6 +528,7 @@ class Daemon:
             "wall_s": result.wall_s,
             "is_baseline": item.is_baseline,
             "host": result.host,
+            "is_unstable": is_unstable,
         }
         item.trial.set_user_attr(ATTR_RECORD, record)
         self._remember(item.trial.number, record)
@@ -707,6 +716,8 @@ def tracking_payload(record: Mapping[str, Any], result: RunResult | None) -> dic
         tags["baseline"] = "true"
     if record.get("host"):
         tags["host"] = str(record["host"])
+    if record.get("is_unstable"):
+        tags["unstable"] = "true"
     verdict = record.get("verdict") or {}
     if verdict.get("label"):
         tags["bottleneck"] = str(verdict["label"])

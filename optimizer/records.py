@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from optimizer.config import OBJECTIVE_DIRECTIONS
-from optimizer.study import step_value
+from optimizer.study import metrics_value, step_value
 from runners.base import RunResult, StepMetrics
 
 _UNITS = {"goodput": "req/s", "throughput": "tok/s", "tpot": "ms TPOT p99",
@@ -31,6 +31,10 @@ def summary_metrics(result: RunResult, objectives: Sequence[str]) -> dict[str, f
     if step is not None:
         out.update(step.metrics.as_dict())
         out["headline_level"] = float(step.step)
+        for objective in objectives:
+            value = spread(objective, step)
+            if value is not None:
+                out[f"spread.{objective}"] = value
         for k, v in step.server_metrics.items():
             out[f"server.{k.replace(':', '_')}"] = float(v)
     for objective in objectives:
@@ -54,6 +58,16 @@ def summary_metrics(result: RunResult, objectives: Sequence[str]) -> dict[str, f
     return out
 
 
+def spread(objective: str, step: StepMetrics) -> float | None:
+    """How much a repeated level's objective varied: (max - min) / median; None when the level
+    ran once (or its median is 0)."""
+    if len(step.repeats) < 2:
+        return None
+    values = sorted(metrics_value(objective, m) for m in step.repeats)
+    median = values[len(values) // 2]
+    return (values[-1] - values[0]) / abs(median) if median else None
+
+
 def step_records(steps: Sequence[StepMetrics]) -> list[dict[str, Any]]:
     """Each load level (or capacity probe) with its offered load, so the latency-vs-load curve
     is in the record and in MLflow (metrics at step = level)."""
@@ -66,6 +80,12 @@ def step_records(steps: Sequence[StepMetrics]) -> list[dict[str, Any]]:
             metrics["offered_rate_rps"] = s.level.request_rate_rps
         if s.meets_slo is not None:
             metrics["meets_slo"] = float(s.meets_slo)
+        if s.repeats:
+            metrics["repeats"] = float(len(s.repeats))
+            for objective in ("goodput", "throughput", "tpot"):
+                value = spread(objective, s)
+                if value is not None:
+                    metrics[f"spread.{objective}"] = value
         out.append({"step": s.step, "level": asdict(s.level), "metrics": metrics,
                     "server": dict(s.server_metrics), "elapsed_s": s.elapsed_s,
                     "meets_slo": s.meets_slo})

@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
 from optimizer.pruning import BottleneckPruner, MarginPruner
-from runners.base import EngineConfig, RunResult, StepMetrics
+from runners.base import BenchmarkMetrics, EngineConfig, RunResult, StepMetrics
 from runners.model_info import resolve_model_dir
 
 # Keys under which a trial's record lives in Optuna's user attributes (the source of truth the
@@ -121,7 +121,10 @@ def state_of(result: RunResult) -> TrialState:
 
 
 def step_value(objective: str, step: StepMetrics) -> float:
-    m = step.metrics
+    return metrics_value(objective, step.metrics)
+
+
+def metrics_value(objective: str, m: BenchmarkMetrics) -> float:
     if objective == "goodput":
         return m.request_goodput if m.request_goodput is not None else 0.0
     if objective == "throughput":

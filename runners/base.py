@@ -108,6 +108,7 @@ class Workload:
     # When set, the levels are found, not given: the highest load within the SLO, bracketed
     # on one running server (runners/capacity.py); `levels` is then unused.
     capacity: CapacitySearch | None = None
+    repeats: int = 1  # measurements of each level on the same server (same prompts)
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,9 @@ class StepMetrics:
     server_metrics: Mapping[str, float] = field(default_factory=dict)  # /metrics, vLLM names
     elapsed_s: float = 0.0  # since the engine process started
     meets_slo: bool | None = None  # set by a capacity search: p99s within the SLO
+    # Every measurement of this level when it was repeated; `metrics` is their median (by
+    # output throughput), one real run, so its figures belong together.
+    repeats: tuple[BenchmarkMetrics, ...] = ()
 
 
 class FailureReason(enum.StrEnum):

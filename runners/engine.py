@@ -200,8 +200,8 @@ class EngineRunner:
         search = workload.capacity
         if search is None:
             for index, level in enumerate(workload.levels):
-                step = self._measure_level(proc, base_url, config, workload, log_path, started,
-                                           index, level)
+                step = self._measure_repeated(proc, base_url, config, workload, log_path,
+                                              started, index, level)
                 steps.append(step)
                 if on_step is not None and on_step(step):
                     return "stopped"
@@ -209,8 +209,8 @@ class EngineRunner:
         history: list[tuple[float, bool]] = []
         while (load := search.next_load(history)) is not None:
             index = len(history)
-            step = self._measure_level(proc, base_url, config, workload, log_path, started,
-                                       index, search.level(load))
+            step = self._measure_repeated(proc, base_url, config, workload, log_path, started,
+                                          index, search.level(load))
             ok = meets_slo(step.metrics, workload.slo, workload.max_failed_fraction)
             step = replace(step, meets_slo=ok)
             history.append((load, ok))
@@ -220,6 +220,18 @@ class EngineRunner:
             if on_step is not None and on_step(step):
                 return "stopped"
         return "complete"
+
+    def _measure_repeated(self, proc: EngineProcess, base_url: str, config: EngineConfig,
+                          workload: Workload, log_path: Path, started: float, index: int,
+                          level: LoadLevel) -> StepMetrics:
+        """A level measured `workload.repeats` times; its median run stands for it."""
+        runs = [self._measure_level(proc, base_url, config, workload, log_path, started, index,
+                                    level) for _ in range(max(1, workload.repeats))]
+        if len(runs) == 1:
+            return runs[0]
+        median = sorted(runs, key=lambda s: s.metrics.output_throughput)[len(runs) // 2]
+        return replace(median, repeats=tuple(s.metrics for s in runs),
+                       elapsed_s=runs[-1].elapsed_s)
 
     def _measure_level(self, proc: EngineProcess, base_url: str, config: EngineConfig,
                        workload: Workload, log_path: Path, started: float, index: int,

@@ -25,6 +25,9 @@ class Faults:
     oom_at_start: bool = False  # vLLM's KV-cache OOM message, exit 1
     graph_capture_fail: bool = False  # CUDA OOM while "Capturing CUDA graphs", exit 1
     error_rate: float = 0.0  # fraction of requests answered HTTP 500
+    # A noisy neighbour: from each prefix-cache reset (the start of a level) the engine runs at
+    # a random 1/(1+u) of its modelled speed, u uniform in [0, unstable].
+    unstable: float = 0.0
 
     @property
     def is_any(self) -> bool:
@@ -63,6 +66,8 @@ class Faults:
     def _validate(self) -> None:
         if not 0.0 <= float(self.error_rate) <= 1.0:
             raise ValueError(f"sim_error_rate must be in [0, 1] but got {self.error_rate}.")
+        if float(self.unstable) < 0:
+            raise ValueError(f"sim_unstable must be >= 0 but got {self.unstable}.")
         if float(self.slow_start_s) < 0:
             raise ValueError(f"sim_slow_start_s must be >= 0 but got {self.slow_start_s}.")
 

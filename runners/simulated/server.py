@@ -204,8 +204,10 @@ class SimulatedEngine:
         self.is_hung = False
         self._rng = random.Random(settings.seed)
         self._error_rng = random.Random(settings.seed + 1)
+        self._neighbour_rng = random.Random(settings.seed + 2)  # the `unstable` fault's draws
         self._streams: dict[SimRequest, _Stream] = {}
         self._num_requests_started = 0
+        self._slowdown = 1.0  # > 1 under the `unstable` fault
         self._profile: list[_ProfiledStep] | None = None
         self._profile_events = 0
         self._reported_queries = 0
@@ -304,7 +306,8 @@ class SimulatedEngine:
             if plan is None:
                 replica.wakeup.clear()
                 continue
-            step_s = plan.breakdown.total_s * self._rng.lognormvariate(0.0, self._sigma)
+            step_s = plan.breakdown.total_s * self._slowdown * \
+                self._rng.lognormvariate(0.0, self._sigma)
             if replica.index == 0:  # the trace is rank 0's, as vLLM's first worker writes it
                 self._record_profile(plan, step_s)
             # Sleep to a deadline, not for a duration, so timer lateness does not accumulate.
@@ -404,6 +407,12 @@ class SimulatedEngine:
             if not request.is_finished:
                 replica.scheduler.abort(request)  # the client went away
                 self._update_gauges()
+
+    def reset_prefix_cache(self) -> None:
+        for replica in self.replicas:
+            replica.scheduler.reset_prefix_cache()
+        if self.faults.unstable:  # a new level: the noisy neighbour draws again
+            self._slowdown = 1.0 + self._neighbour_rng.uniform(0.0, float(self.faults.unstable))
 
     # --- profiler ------------------------------------------------------------------------------
     def start_profile(self) -> None:
@@ -650,8 +659,7 @@ def build_app(engine: SimulatedEngine) -> Starlette:
         return Response(status_code=200)
 
     async def reset_prefix_cache(_: Request) -> Response:
-        for replica in engine.replicas:
-            replica.scheduler.reset_prefix_cache()
+        engine.reset_prefix_cache()
         return Response(status_code=200)
 
     async def stop_profile(_: Request) -> Response:

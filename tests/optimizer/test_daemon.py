@@ -171,7 +171,8 @@ def test_resume_after_sigkill_keeps_finished_trials(tmp_path: Path) -> None:
 
     runs = trial_runs(tmp_path)
     assert not [r for r in runs if r.info.status == "RUNNING"], "no MLflow run left RUNNING"
-    run_ids = [t.user_attrs.get("mlflow_run_id") for t in study.trials]
+    run_ids = [t.user_attrs.get("mlflow_run_id") for t in study.trials
+               if "duplicate_of" not in t.user_attrs]  # a repeat launched nothing: no run
     assert len(set(run_ids)) == len(run_ids) == len(runs), "one MLflow run per Optuna trial"
     for pid in in_flight_engines:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", \
@@ -356,3 +357,27 @@ def test_capacity_studies_score_goodput_at_capacity_and_teach_the_sampler_slo_mi
     assert tiny.user_attrs["record"]["failure_reason"] == "infeasible", \
         "5% of the GPU cannot hold the weights: refused before launch"
     assert "gpu_memory_utilization 0.05" in tiny.user_attrs["record"]["failure_message"]
+
+
+@pytest.mark.parametrize(("fault", "is_unstable"), [({"sim_unstable": 1.5}, True), ({}, False)])
+def test_repeats_flag_a_config_whose_measurements_spread(
+        tmp_path: Path, ray_cluster: None, fault: dict[str, Any], is_unstable: bool) -> None:
+    # A noisy neighbour slows each run of the level by a random 0-60%: three repeats disagree
+    # (by 120% with the simulator's seed), far beyond the 25% allowed here, which the engine's
+    # own noise and a loaded CI machine's timer jitter stay under.
+    path = write_study(tmp_path, trials=1, fixed_flags=fault, workload={
+        "input_len": 128, "output_len": 64, "levels": [{"concurrency": 8}],
+        "num_requests": 64, "warmup_requests": 4, "repeats": 3, "max_spread": 0.25},
+        objective="throughput")
+    assert main(["start", str(path), "--no-progress"]) == 0
+
+    (trial,) = load(tmp_path).trials
+    record = trial.user_attrs["record"]
+    assert record["steps"][0]["metrics"]["repeats"] == 3.0, "the level ran three times"
+    spread = record["metrics"]["spread.throughput"]
+    assert record["is_unstable"] is is_unstable, f"spread {spread:.0%}"
+    assert ("Unstable" in record["conclusion"]) is is_unstable
+    if is_unstable:
+        assert spread > 0.25
+        (run,) = trial_runs(tmp_path)
+        assert run.data.tags["unstable"] == "true"
