@@ -224,6 +224,9 @@ class StudySpec(_Strict):
     # space. For coverage a short study must have, or a config the user already suspects.
     seed_trials: list[dict[str, Any]] = Field(default_factory=list, max_length=256)
     retries: int = Field(default=1, ge=0, le=5)  # re-queues of a trial lost to infrastructure
+    # At the end, the best config and the defaults are measured again, interleaved (A B A B
+    # for 2 rounds), and the gain is stated with its confidence interval. 0 = skip.
+    confirm_rounds: int = Field(default=2, ge=0, le=10)
 
     @field_validator("name")
     @classmethod

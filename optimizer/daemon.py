@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import math
 import os
 import shlex
 import socket
@@ -23,7 +24,7 @@ import optuna
 from optuna.trial import TrialState
 
 from optimizer import bottleneck, records
-from optimizer.config import StudyConfig
+from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
 from optimizer.errors import StudyLockedError, WorkerLost
 from optimizer.study import (
     ATTR_BASELINE,
@@ -50,6 +51,8 @@ logger = logging.getLogger(__name__)
 ATTR_RETRIES = "retries"
 ATTR_SEEDED = "seeded"  # enqueued from the study file's seed_trials
 ATTR_DUPLICATE_OF = "duplicate_of"  # the sampler asked again for a config already measured
+ATTR_CONFIRM = "confirm"  # "defaults" or "best": a re-measurement of the final comparison
+STUDY_ATTR_CONFIRM = "confirm"  # the study's user attribute holding the confirmed gain
 # A config that failed for one of these reasons fails again: it is never launched twice.
 _CONFIG_FAILURES = frozenset({
     FailureReason.OOM_AT_START, FailureReason.KV_CACHE_TOO_SMALL,
@@ -225,6 +228,8 @@ class Daemon:
                               resources=self.cfg.spec.ray.resources)
             try:
                 self._loop(study, pool)
+                if not self.stopping:
+                    self._confirm(study, pool)
             finally:
                 for item in list(self._inflight):  # an exception escaped: fail, never orphan
                     self._cancel_and_collect(study, item, pool)
@@ -256,6 +261,57 @@ class Daemon:
                 self._poll_steps(study)  # steps that arrived just before the result
                 self._collect(study, item, pool)
 
+    # -- the final comparison ---------------------------------------------------------------
+
+    def _confirm(self, study: optuna.Study, pool: WorkerPool) -> None:
+        """Measure the best config and the defaults again, one at a time and interleaved
+        (defaults, best, defaults, best, ...), so drift in the machine hits both alike; state
+        the gain as the mean of the per-round ratios with a 95% confidence interval."""
+        rounds = self.cfg.spec.confirm_rounds
+        best = best_trial(study)
+        trials = study.get_trials(deepcopy=False)
+        baseline = next((t for t in trials if t.user_attrs.get(ATTR_BASELINE)
+                         and t.state == TrialState.COMPLETE), None)
+        if not rounds or self.cfg.is_multi_objective or best is None or baseline is None or \
+                best.number == baseline.number or ATTR_CONFIRM in best.user_attrs:
+            return
+        if study.user_attrs.get(STUDY_ATTR_CONFIRM):
+            return  # a resumed study that was confirmed already
+        logger.info("confirming: trial %d (best) vs trial %d (defaults), %d interleaved rounds",
+                    best.number, baseline.number, rounds)
+        pairs: list[dict[str, float]] = []
+        for _ in range(rounds):
+            values: dict[str, float] = {}
+            for label, source in (("defaults", baseline), ("best", best)):
+                if self.stopping:
+                    return
+                params = dict((source.user_attrs.get(ATTR_RECORD) or {}).get("params") or
+                              source.params)
+                study.enqueue_trial(params, user_attrs={ATTR_CONFIRM: label})
+                trial = study.ask()
+                sampled = self.space.sample(trial)
+                self._launch(study, pool, trial, sampled,
+                             engine_config(self.cfg, self.space.to_flags(sampled)))
+                while self._inflight:  # one at a time: the interleaving is the point
+                    self._poll_steps(study)
+                    for item in [i for i in self._inflight
+                                 if i.handle in wait_any([i.handle], self.poll_s)]:
+                        self._poll_steps(study)
+                        self._collect(study, item, pool)
+                    if self._stop == "now":
+                        for item in list(self._inflight):
+                            self._cancel_and_collect(study, item, pool)
+                measured = study.get_trials(deepcopy=False)[trial.number]
+                if measured.state != TrialState.COMPLETE or not measured.values:
+                    logger.warning("confirmation run %d failed; the comparison stops",
+                                   trial.number)
+                    return
+                values[label] = float(measured.values[0])
+            pairs.append(values)
+        summary = confirm_summary(self.cfg.objectives[0], best.number, baseline.number, pairs)
+        study.set_user_attr(STUDY_ATTR_CONFIRM, summary)
+        logger.info("confirmed: %s", summary["sentence"])
+
     def _budget_left(self, study: optuna.Study) -> bool:
         if self._is_exhausted:
             return False
@@ -269,7 +325,8 @@ class Daemon:
             # nor does a repeat of a measured config, which cost nothing.
             requeued = {t.user_attrs.get(ATTR_RETRY_OF) for t in trials}
             done = sum(1 for t in trials if t.state.is_finished() and t.number not in requeued
-                       and ATTR_DUPLICATE_OF not in t.user_attrs)
+                       and ATTR_DUPLICATE_OF not in t.user_attrs
+                       and ATTR_CONFIRM not in t.user_attrs)
             return done + len(self._inflight) + (self._waiting is not None) < budget.trials
         return True
 
@@ -295,7 +352,7 @@ class Daemon:
         trial = study.ask()
         params = self.space.sample(trial)
         earlier = self._measured.get(_config_key(params))
-        if earlier is not None:
+        if earlier is not None and ATTR_CONFIRM not in trial.user_attrs:
             self._tell_duplicate(study, trial, params, earlier)
             return None
         self._duplicates_in_a_row = 0
@@ -386,8 +443,9 @@ class Daemon:
                     time.monotonic() - item.started))
 
     def _should_prune(self, study: optuna.Study, item: _InFlight, step: StepMetrics) -> bool:
-        if self.cfg.is_multi_objective or item.is_baseline:
-            return False  # Optuna prunes single-objective only; the baseline always completes
+        if self.cfg.is_multi_objective or item.is_baseline or \
+                ATTR_CONFIRM in item.trial.user_attrs:
+            return False  # Optuna prunes single-objective only; these always complete
         values = objective_values(self.cfg.objectives, item.steps)
         if values is None:
             return False
@@ -689,6 +747,13 @@ class Daemon:
             tags["best_trial"] = str(best.number)
             record = best.user_attrs.get(ATTR_RECORD, {})
             tags["conclusion"] = f"best: trial {best.number}: {record.get('conclusion', '')}"
+        confirmed = study.user_attrs.get(STUDY_ATTR_CONFIRM)
+        if confirmed:
+            tags["confirm"] = str(confirmed["sentence"])
+            metrics["confirm.gain"] = float(confirmed["gain"])
+            for key in ("ci_low", "ci_high"):
+                if confirmed.get(key) is not None:
+                    metrics[f"confirm.gain_{key}"] = float(confirmed[key])
         try:
             self.tracker.finish_study(self._parent_run, metrics, tags, is_done=done)
         except Exception as exc:  # any store error: the results are safe in Optuna
@@ -698,6 +763,38 @@ class Daemon:
         return DaemonSummary(self._finished_here, len(finished), self.stopping and not done,
                              best.number if best else None, list(best.values)
                              if best and best.values else None)
+
+
+# Two-sided 95% quantiles of Student's t by degrees of freedom (1-30); beyond, the normal's.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def confirm_summary(objective: str, best: int, baseline: int,
+                    pairs: Sequence[Mapping[str, float]]) -> dict[str, Any]:
+    """The gain of `best` over `baseline` from interleaved rounds: the mean per-round ratio
+    (oriented so > 1 is better) and its 95% t-interval, or None bounds from one round."""
+    maximize = OBJECTIVE_DIRECTIONS[objective] == "maximize"
+    ratios = []
+    for pair in pairs:
+        a, b = pair["defaults"], pair["best"]
+        ratio = (b / a if a > 0 else math.inf) if maximize else (a / b if b > 0 else math.inf)
+        ratios.append(ratio)
+    n = len(ratios)
+    mean = sum(ratios) / n
+    low = high = None
+    if n > 1 and all(math.isfinite(r) for r in ratios):
+        sd = math.sqrt(sum((r - mean) ** 2 for r in ratios) / (n - 1))
+        half = (_T975[n - 2] if n - 1 <= len(_T975) else 1.96) * sd / math.sqrt(n)
+        low, high = mean - half, mean + half
+    interval = f" [{low:.2f}, {high:.2f}] (95% CI over {n} rounds)" if low is not None else \
+        " (one round: no interval)"
+    sentence = (f"best trial {best} vs the defaults (trial {baseline}), re-measured "
+                f"interleaved: {objective} {mean:.2f}x{interval}")
+    return {"objective": objective, "best_trial": best, "baseline_trial": baseline,
+            "rounds": [dict(p) for p in pairs], "ratios": ratios, "gain": mean,
+            "ci_low": low, "ci_high": high, "sentence": sentence}
 
 
 def _config_key(params: Mapping[str, Any]) -> str:

@@ -65,6 +65,7 @@ class Report:
     importances: Mapping[str, float]
     failures: Mapping[str, int]  # failure reason -> trials
     slo: Mapping[str, float]
+    confirm: str = ""  # the interleaved re-measurement of best vs defaults, when it ran
     generated: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S %Z"))
 
     @property
@@ -143,8 +144,10 @@ def _importances(study: optuna.Study) -> dict[str, float]:
 
 
 def build_report(study: optuna.Study, cfg: StudyConfig) -> Report:
-    # A repeat of a measured config launched nothing: its original stands for it.
-    trials = [t for t in study.get_trials(deepcopy=False) if "duplicate_of" not in t.user_attrs]
+    # A repeat of a measured config launched nothing: its original stands for it. The final
+    # interleaved re-measurements are reported as the confirmation, not as trials.
+    trials = [t for t in study.get_trials(deepcopy=False)
+              if "duplicate_of" not in t.user_attrs and "confirm" not in t.user_attrs]
     baseline_trial = next((t for t in trials if t.user_attrs.get("baseline")
                            and t.state == TrialState.COMPLETE), None)
     baseline_flags = ((baseline_trial.user_attrs.get(ATTR_RECORD) or {}).get("flags") or {}
@@ -165,7 +168,7 @@ def build_report(study: optuna.Study, cfg: StudyConfig) -> Report:
         importances=_importances(study),
         failures=dict(Counter(r.failure_reason for r in rows
                               if r.state == "failed" and r.failure_reason)),
-        slo=slo)
+        slo=slo, confirm=str((study.user_attrs.get("confirm") or {}).get("sentence") or ""))
 
 
 # --- plots ----------------------------------------------------------------------------------
@@ -284,7 +287,10 @@ def headline(report: Report) -> str:
     if gain is not None and report.baseline is not None:
         text += (f", {gain:.2f}x the vLLM defaults (trial {report.baseline.number}: "
                  f"{_fmt(report.baseline.value)}) measured in the same study")
-    return text + "."
+    text += "."
+    if report.confirm:
+        text += f" Confirmed: {report.confirm}."
+    return text
 
 
 _HTML = """<!doctype html>

@@ -38,6 +38,7 @@ def write_study(tmp_path: Path, *, name: str = "e2e", trials: int = 12,
         "search_space": "hopper",
         "budget": {"trials": trials},
         "simulated": {"hardware": "h200", "num_gpus": 2, "startup_time_scale": 0.002},
+        "confirm_rounds": 0,  # the final re-measurement has a test of its own
         "results_dir": str(tmp_path / "results"),
         "tracking_uri": f"sqlite:///{tmp_path}/mlruns/mlflow.db",
         **overrides,
@@ -381,3 +382,34 @@ def test_repeats_flag_a_config_whose_measurements_spread(
         assert spread > 0.25
         (run,) = trial_runs(tmp_path)
         assert run.data.tags["unstable"] == "true"
+
+
+def test_the_best_is_confirmed_against_the_defaults_interleaved_with_an_interval(
+        tmp_path: Path, ray_cluster: None) -> None:
+    # fp8 weights beat the defaults by a wide margin on the simulated H200.
+    path = write_study(tmp_path, trials=2, confirm_rounds=2, max_parallel_trials=2,
+                       seed_trials=[{"quantization": "fp8", "kv_cache_dtype": "fp8"}],
+                       objective="throughput", workload={
+                           "input_len": 256, "output_len": 48, "levels": [{"concurrency": 32}],
+                           "num_requests": 64, "warmup_requests": 2})
+    assert main(["start", str(path), "--no-progress"]) == 0
+
+    study = load(tmp_path)
+    confirms = sorted((t for t in study.trials if "confirm" in t.user_attrs),
+                      key=lambda t: t.datetime_start)
+    assert [t.user_attrs["confirm"] for t in confirms] == ["defaults", "best"] * 2, \
+        "defaults and best alternate, A B A B"
+    for first, second in itertools.pairwise(confirms):
+        assert second.datetime_start >= first.datetime_complete, "one at a time"
+    summary = study.user_attrs["confirm"]
+    assert summary["best_trial"] == 1 and summary["baseline_trial"] == 0
+    assert summary["gain"] > 1.1 and summary["ci_low"] <= summary["gain"] <= summary["ci_high"]
+    assert len([t for t in study.trials if "confirm" not in t.user_attrs]) == 2, \
+        "re-measurements are not budget trials"
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    parent = client.search_runs([client.get_experiment_by_name("e2e").experiment_id],
+                                filter_string="tags.`nightshift.kind` = 'study'")[0]
+    assert "95% CI over 2 rounds" in parent.data.tags["confirm"]
+    assert parent.data.metrics["confirm.gain"] == pytest.approx(summary["gain"])
+    report = (tmp_path / "results" / "report" / "report.md").read_text()
+    assert "Confirmed: best trial 1 vs the defaults" in report

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from optimizer.records import conclude, headline_step, param_changes, summary_metrics
 from runners.base import BenchmarkMetrics, EngineInfo, LoadLevel, RunResult, StepMetrics
 
@@ -64,3 +66,19 @@ def test_conclusions_say_change_effect_and_lesson() -> None:
 
 def test_param_changes_lists_only_differences() -> None:
     assert param_changes({"a": 1, "b": 2}, {"a": 1, "b": 3}) == ["b=3→2"]
+
+
+def test_confirmed_gain_is_the_mean_paired_ratio_with_a_t_interval() -> None:
+    from optimizer.daemon import confirm_summary
+
+    pairs = [{"defaults": 10.0, "best": 13.0}, {"defaults": 10.0, "best": 14.0},
+             {"defaults": 11.0, "best": 14.3}]
+    summary = confirm_summary("goodput", 5, 0, pairs)
+    assert summary["gain"] == pytest.approx((1.3 + 1.4 + 1.3) / 3)
+    half = 4.303 * 0.057735 / 3 ** 0.5  # t(0.975, 2) x sd / sqrt(n)
+    assert summary["ci_low"] == pytest.approx(summary["gain"] - half, rel=1e-3)
+    assert "95% CI over 3 rounds" in summary["sentence"]
+    # Lower is better for latency: the ratio is oriented so > 1 still means better.
+    tpot = confirm_summary("tpot", 5, 0, [{"defaults": 10.0, "best": 8.0}])
+    assert tpot["gain"] == pytest.approx(1.25) and tpot["ci_low"] is None
+    assert "one round: no interval" in tpot["sentence"]
