@@ -450,8 +450,17 @@ class Daemon:
         if values is None:
             return False
         item.trial.report(values[0], step.step)
-        if step.step >= len(self.workload.levels) - 1:
-            return False  # the last level: stopping now saves nothing, the trial completes
+        if step.step >= len(self.workload.levels) - 1 or self.workload.capacity is not None:
+            # The last level: stopping now saves nothing. A capacity search's probes are at
+            # loads of its own, not comparable between trials.
+            return False
+        m = step.metrics
+        if m.request_goodput is not None and m.request_throughput > 0 and \
+                m.request_goodput >= 0.95 * m.request_throughput:
+            # Every request met the SLO: this load is below the trial's capacity, where configs
+            # differ by latency, not by what they can serve (two replicas look like one at a
+            # light load). Judge it where it saturates.
+            return False
         # The pruner reads the verdict the trial stores (BottleneckPruner): classify first.
         verdict = self._verdict(study, item.steps, item.config)
         item.trial.set_user_attr(bottleneck.ATTR_VERDICT, verdict.as_user_attr(

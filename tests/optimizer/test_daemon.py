@@ -413,3 +413,29 @@ def test_the_best_is_confirmed_against_the_defaults_interleaved_with_an_interval
     assert parent.data.metrics["confirm.gain"] == pytest.approx(summary["gain"])
     report = (tmp_path / "results" / "report" / "report.md").read_text()
     assert "Confirmed: best trial 1 vs the defaults" in report
+
+
+@pytest.mark.parametrize(("tpot_slo_ms", "is_pruned"), [(12.0, True), (60.0, False)])
+def test_a_trial_is_pruned_only_at_a_load_where_it_misses_the_slo(
+        tmp_path: Path, ray_cluster: None, tpot_slo_ms: float, is_pruned: bool) -> None:
+    # Eager decodes 2-3x slower. With a 12 ms TPOT SLO it misses the SLO at the light first
+    # level: hopeless, pruned there. With 60 ms every request meets it: its lower goodput at a
+    # light load says nothing of its capacity, so it runs on to the heavy level.
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"name": "eager", "parameters": {
+        "enforce_eager": {"type": "categorical", "choices": [False, True], "default": "vllm"},
+        "attention_backend": {"type": "categorical", "choices": ["auto", "TRITON_ATTN"],
+                              "default": "vllm"}}}))
+    path = write_study(tmp_path, trials=3, max_parallel_trials=1, search_space=str(space),
+                       seed_trials=[{"attention_backend": "TRITON_ATTN"},
+                                    {"enforce_eager": True}],
+                       pruner={"name": "bottleneck", "n_startup_trials": 2},
+                       slo={"tpot_p99_ms": tpot_slo_ms}, workload={
+                           "input_len": 128, "output_len": 32,
+                           "levels": [{"concurrency": 2}, {"concurrency": 16}],
+                           "num_requests": 16, "warmup_requests": 2})
+    assert main(["start", str(path), "--no-progress"]) == 0
+    eager = sorted(load(tmp_path).trials, key=lambda t: t.number)[2]
+    assert eager.params.get("enforce_eager") is True
+    assert (eager.state == TrialState.PRUNED) is is_pruned, \
+        eager.user_attrs["record"]["conclusion"]
