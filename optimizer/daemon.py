@@ -58,6 +58,8 @@ _CONFIG_FAILURES = frozenset({
     FailureReason.OOM_AT_START, FailureReason.KV_CACHE_TOO_SMALL,
     FailureReason.CUDA_GRAPH_CAPTURE, FailureReason.UNSUPPORTED_CONFIG,
     FailureReason.INVALID_ARGUMENT, FailureReason.INFEASIBLE})
+# What a config that cannot run scores, by direction (finite: samplers sort values).
+_WORST = {"maximize": 0.0, "minimize": 1e9}
 # This many proposals in a row of configs already measured: the sampler has nothing new to offer.
 MAX_CONSECUTIVE_DUPLICATES = 200
 _STATE_NAMES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned",
@@ -608,6 +610,8 @@ class Daemon:
             item.trial.set_constraint("slo", 0.0 if met else 1.0)
         if state == TrialState.COMPLETE:
             study.tell(item.trial, values)
+        elif failure is not None and failure.reason in _CONFIG_FAILURES:
+            self._tell_config_failure(study, item.trial)
         else:
             study.tell(item.trial, state=state)
         self._finished_here += 1
@@ -639,6 +643,16 @@ class Daemon:
             ATTR_RETRY_OF: trial.number, ATTR_RETRIES: int(trial.user_attrs.get(ATTR_RETRIES, 0)),
             ATTR_BASELINE: bool(trial.user_attrs.get(ATTR_BASELINE))})
 
+    def _tell_config_failure(self, study: optuna.Study, trial: optuna.Trial) -> None:
+        """A config that cannot run (OOM, graph capture, unsupported, infeasible) teaches the
+        sampler: Optuna's TPE ignores FAIL trials, so it is told as a complete trial with the
+        worst value and a violated constraint (never the best, and avoided). Its record keeps
+        `state: failed` for every reader of ours."""
+        trial.set_constraint("runs", 1.0)
+        if self._has_slo:
+            trial.set_constraint("slo", 1.0)
+        study.tell(trial, [_WORST[OBJECTIVE_DIRECTIONS[o]] for o in self.cfg.objectives])
+
     @property
     def _has_slo(self) -> bool:
         slo = self.workload.slo
@@ -656,7 +670,10 @@ class Daemon:
         trial.set_user_attr(ATTR_RECORD, record)
         self._remember(trial.number, record)
         run_id = self._open_run(trial, params)
-        study.tell(trial, state=TrialState.FAIL)
+        if failure.reason in _CONFIG_FAILURES:
+            self._tell_config_failure(study, trial)
+        else:
+            study.tell(trial, state=TrialState.FAIL)
         self._close_run(trial.number, run_id, tracking_payload(record, None))
         logger.info("trial %d %s", trial.number, conclusion)
         self.on_event(TrialEvent("finished", trial.number, params, "failed", None, None,
@@ -746,8 +763,11 @@ class Daemon:
         finished = [t for t in trials if t.state.is_finished()]
         best = best_trial(study)
         done = not self._budget_left(study)
-        counts = {name: sum(1 for t in finished if t.state == s)
-                  for s, name in _STATE_NAMES.items()}
+        # By the record's state: a config failure is a COMPLETE trial to Optuna (it teaches
+        # the sampler) but a failed one to the user.
+        states = [(t.user_attrs.get(ATTR_RECORD) or {}).get("state") or _STATE_NAMES[t.state]
+                  for t in finished if t.state in _STATE_NAMES]
+        counts = {name: states.count(name) for name in _STATE_NAMES.values()}
         metrics: dict[str, float] = {f"trials_{k}": float(v) for k, v in counts.items()}
         tags = {}
         if best is not None and best.values:

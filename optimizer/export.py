@@ -31,9 +31,11 @@ def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = 
         if not found:
             raise ConfigError(f"--trial {number}: no such trial in study {cfg.name!r}; "
                               f"see `nightshift status` for the numbers.")
-        if found[0].state != TrialState.COMPLETE:
-            raise ConfigError(f"--trial {number}: the trial is {found[0].state.name.lower()}, "
-                              "not complete; export a complete trial.")
+        state = (found[0].user_attrs.get(ATTR_RECORD) or {}).get("state") or \
+            found[0].state.name.lower()
+        if found[0].state != TrialState.COMPLETE or state != "complete":
+            raise ConfigError(f"--trial {number}: the trial is {state}, not complete; export a "
+                              "complete trial.")
         return found[0]
     if max_tpot_ms is not None:
         within = [t for t in complete

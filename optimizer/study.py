@@ -172,7 +172,11 @@ def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     if len(study.directions) == 1:
         try:
             return study.best_trial  # the best that met the SLO somewhere (constraint "slo")
-        except ValueError:  # none did: the best of all, which the report calls out
+        except ValueError:  # none did: the best of the measured ones, which the report calls out
+            measured = [t for t in complete
+                        if (t.user_attrs.get(ATTR_RECORD) or {}).get("state") == "complete"]
+            if not measured:
+                return None
             sign = 1.0 if study.direction.name == "MAXIMIZE" else -1.0
-            return max(complete, key=lambda t: sign * float(t.value or 0.0))
+            return max(measured, key=lambda t: sign * float(t.value or 0.0))
     return study.best_trials[0] if study.best_trials else None

@@ -358,6 +358,9 @@ def test_capacity_studies_score_goodput_at_capacity_and_teach_the_sampler_slo_mi
     assert tiny.user_attrs["record"]["failure_reason"] == "infeasible", \
         "5% of the GPU cannot hold the weights: refused before launch"
     assert "gpu_memory_utilization 0.05" in tiny.user_attrs["record"]["failure_message"]
+    assert tiny.state == TrialState.COMPLETE and tiny.values == [0.0] and \
+        tiny.constraints == {"runs": 1.0, "slo": 1.0}, \
+        "a config that cannot run teaches TPE (which ignores FAIL trials): worst and infeasible"
 
 
 @pytest.mark.parametrize(("fault", "is_unstable"), [({"sim_unstable": 1.5}, True), ({}, False)])
