@@ -605,7 +605,8 @@ class Daemon:
             # The sampler learns where configs miss the SLO at every load: infeasible for
             # Optuna's constrained TPE (and never the study's best while one meets it).
             met = any(s.meets_slo if s.meets_slo is not None else
-                      meets_slo(s.metrics, self.workload.slo, self.workload.max_failed_fraction)
+                      meets_slo(s.metrics, self.workload.slo, self.workload.max_failed_fraction,
+                                s.server_metrics.get("is_saturated", 0.0) > 0)
                       for s in result.steps if s.metrics.completed > 0)
             item.trial.set_constraint("slo", 0.0 if met else 1.0)
         if state == TrialState.COMPLETE:

@@ -76,8 +76,12 @@ class CapacitySearch:
         return max((load for load, ok in history if ok), default=0.0)
 
 
-def meets_slo(metrics: BenchmarkMetrics, slo: SLO, max_failed_fraction: float) -> bool:
-    """Whether a level's p99 latencies are within the SLO and its requests succeeded."""
+def meets_slo(metrics: BenchmarkMetrics, slo: SLO, max_failed_fraction: float,
+              is_saturated: bool = False) -> bool:
+    """Whether a level's p99 latencies are within the SLO and its requests succeeded (a level
+    stopped for saturation never is)."""
+    if is_saturated:
+        return False
     total = metrics.completed + metrics.failed
     if not metrics.completed or (total and metrics.failed / total > max_failed_fraction):
         return False

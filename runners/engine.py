@@ -6,6 +6,7 @@ that knows one engine's argv and log (vLLM or the simulated engine).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -211,7 +212,8 @@ class EngineRunner:
             index = len(history)
             step = self._measure_repeated(proc, base_url, config, workload, log_path, started,
                                           index, search.level(load))
-            ok = meets_slo(step.metrics, workload.slo, workload.max_failed_fraction)
+            ok = meets_slo(step.metrics, workload.slo, workload.max_failed_fraction,
+                           step.server_metrics.get("is_saturated", 0.0) > 0)
             step = replace(step, meets_slo=ok)
             history.append((load, ok))
             steps.append(step)
@@ -244,16 +246,22 @@ class EngineRunner:
         # must not be served from the blocks its predecessor computed.
         self._reset_prefix_cache(base_url)
         before = prometheus.scrape(base_url)
-        poller = prometheus.MetricsPoller(base_url)
+        # An open-loop level (a request rate) above what the engine serves grows its queue
+        # without end: stop it once the queue has clearly grown; it is a saturated level.
+        saturated = threading.Event() if level.request_rate_rps is not None else None
+        poller = prometheus.MetricsPoller(
+            base_url, saturated=saturated,
+            saturation_rise_requests=max(16.0, 0.1 * len(requests)))
         poller.start()
         try:
             result = loadgen.run_level_sync(
                 base_url, config.served_model_name, requests, level, workload.slo,
                 timeout_s=workload.request_timeout_s, seed=workload.seed + index,
                 duration_s=None if workload.num_requests else workload.duration_s,
-                stall_timeout_s=self.stall_timeout_s)
+                stall_timeout_s=self.stall_timeout_s, stop_event=saturated)
         finally:
             polled = poller.stop()
+        is_saturated = bool(saturated is not None and saturated.is_set() and result.stopped)
         # An engine that died mid-level closes its sockets before it is reaped: wait a
         # moment so a crash is not mistaken for failed requests.
         if (result.metrics.failed and proc.wait(timeout_s=0.5) is not None) or \
@@ -267,7 +275,10 @@ class EngineRunner:
                 tail(log_path, 2000)))
         m = result.metrics
         total = m.completed + m.failed
-        if total and m.failed / total > workload.max_failed_fraction:
+        if is_saturated:  # the cancelled requests are ours, not the engine's failures
+            logger.info("level %d (%s) stopped early: the queue kept growing (saturated)",
+                        index, level.label)
+        elif total and m.failed / total > workload.max_failed_fraction:
             first_error = next((o.error for o in result.outputs if not o.success), "")
             raise _Abort(Failure(
                 FailureReason.TOO_MANY_ERRORS,
@@ -275,7 +286,8 @@ class EngineRunner:
                 f"{workload.max_failed_fraction:.0%}); first error: {first_error[:200]}.",
                 tail(log_path, 2000)))
         after = prometheus.scrape(base_url)
-        server = {**prometheus.delta(before, after), **polled}
+        server = {**prometheus.delta(before, after), **polled,
+                  "is_saturated": 1.0 if is_saturated else 0.0}
         logger.info("level %d (%s): %.2f req/s, %.0f tok/s, TPOT p99 %.1f ms", index,
                     level.label, m.request_throughput, m.output_throughput, m.p99_tpot_ms)
         return StepMetrics(step=index, level=level, metrics=m, server_metrics=server,

@@ -112,13 +112,19 @@ class MetricsPoller:
     """
 
     def __init__(self, base_url: str, interval_s: float = 1.0, *, timeout_s: float = 5.0,
-                 min_rise_requests: float = 1.0) -> None:
+                 min_rise_requests: float = 1.0,
+                 saturated: threading.Event | None = None,
+                 saturation_rise_requests: float = 16.0) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0 but got {interval_s}.")
         self.base_url = base_url
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.min_rise_requests = min_rise_requests  # least rise of the waiting line to count
+        # Set, when given, once the queue has grown by `saturation_rise_requests` over at least
+        # five samples: the offered load is above what the engine serves and will not settle.
+        self.saturated = saturated
+        self.saturation_rise_requests = saturation_rise_requests
         self.samples: list[tuple[float, dict[str, float]]] = []  # (monotonic s, scrape)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -155,6 +161,20 @@ class MetricsPoller:
         values = scrape(self.base_url, client=client, timeout_s=self.timeout_s)
         if values:
             self.samples.append((time.monotonic(), values))
+            if self.saturated is not None and not self.saturated.is_set() and \
+                    self._is_saturating():
+                self.saturated.set()
+
+    def _is_saturating(self) -> bool:
+        points = [(t, s[NUM_REQUESTS_WAITING]) for t, s in self.samples[-10:]
+                  if NUM_REQUESTS_WAITING in s]
+        if len(points) < 5:
+            return False
+        times = np.array([t for t, _ in points]) - points[0][0]
+        waiting = [w for _, w in points]
+        slope = float(np.polyfit(times, waiting, 1)[0])
+        return slope * float(times[-1]) >= self.saturation_rise_requests and \
+            waiting[-1] >= self.saturation_rise_requests
 
     def summary(self) -> dict[str, float]:
         """Figures over the samples taken so far, by name (absent when never reported):

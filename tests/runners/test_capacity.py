@@ -97,3 +97,36 @@ def test_capacity_search_probes_one_running_server_and_brackets_its_knee(
     assert all(ok for load, ok in probes if load <= found), "monotone: below capacity, met"
     assert result.engine.startup_s is not None and len(probes) >= 4, \
         "one start-up for the whole latency-vs-load curve"
+
+
+@pytest.mark.slow
+def test_an_open_loop_level_above_capacity_is_stopped_once_its_queue_keeps_growing(
+        tmp_path: Path) -> None:
+    import time
+
+    from runners.base import LoadLevel
+
+    # Eager decode serves a few dozen requests a second; 400 a second is far above it. Run to
+    # the end, the 1200 requests would take a minute of queueing; the level stops in seconds.
+    workload = Workload(input_len=LengthDistribution(mean=128), output_len=LengthDistribution(
+        mean=64), num_requests=1200, num_warmup_requests=2, slo=SLO(tpot_p99_ms=50.0),
+        levels=(LoadLevel(request_rate_rps=400.0),))
+    runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
+                          tmp_path / "engines", stall_timeout_s=30.0)
+    config = EngineConfig("qwen2.5-7b", {"enforce_eager": True, "max_num_seqs": 32},
+                          load_format="dummy", skip_tokenizer_init=True)
+    light = Workload(**{**workload.__dict__, "num_requests": 12,
+                        "levels": (LoadLevel(request_rate_rps=4.0),)})
+    try:
+        calm = runner.run(config, light, tmp_path / "calm")
+        started = time.monotonic()
+        result = runner.run(config, workload, tmp_path / "flood")
+        took_s = time.monotonic() - started
+    finally:
+        runner.close()
+    assert calm.status == "complete" and calm.steps[0].server_metrics["is_saturated"] == 0.0
+    assert result.status == "complete", result.failure
+    (step,) = result.steps
+    assert step.server_metrics["is_saturated"] == 1.0, step.server_metrics
+    assert step.metrics.completed < 1200 and took_s < 40, \
+        f"stopped early: {step.metrics.completed} requests done in {took_s:.0f} s"
