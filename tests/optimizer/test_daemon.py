@@ -48,6 +48,16 @@ def write_study(tmp_path: Path, *, name: str = "e2e", trials: int = 12,
     return path
 
 
+def categorical_space(tmp_path: Path, **choices: list[Any]) -> Path:
+    """A small search space file: each param categorical over `choices`, vLLM's default first
+    (the defaults baseline runs it)."""
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump({"name": "small", "parameters": {
+        name: {"type": "categorical", "choices": values, "default": "vllm"}
+        for name, values in choices.items()}}))
+    return path
+
+
 def load(tmp_path: Path, name: str = "e2e") -> optuna.Study:
     return optuna.load_study(study_name=name,
                              storage=f"sqlite:///{tmp_path}/results/optuna.db")
@@ -302,11 +312,8 @@ def test_seed_trial_outside_the_space_is_refused_before_anything_is_written(
 
 def test_a_measured_config_is_never_launched_twice_and_an_exhausted_space_ends_the_study(
         tmp_path: Path, ray_cluster: None) -> None:
-    space = tmp_path / "two.yaml"
-    space.write_text(yaml.safe_dump({"name": "two", "parameters": {
-        "enforce_eager": {"type": "categorical", "choices": [False, True], "default": "vllm"},
-        "gpu_memory_utilization": {"type": "categorical", "choices": [0.92, 0.06],
-                                   "default": "vllm"}}}))
+    space = categorical_space(tmp_path, enforce_eager=[False, True],
+                              gpu_memory_utilization=[0.92, 0.06])
     # Three configs can run and one (0.06 of the GPU) fails for the config: 4 in all.
     path = write_study(tmp_path, trials=10, search_space=str(space), max_parallel_trials=1,
                        sampler={"name": "random", "seed": 0})
@@ -328,11 +335,8 @@ def test_a_measured_config_is_never_launched_twice_and_an_exhausted_space_ends_t
 
 def test_capacity_studies_score_goodput_at_capacity_and_teach_the_sampler_slo_misses(
         tmp_path: Path, ray_cluster: None) -> None:
-    space = tmp_path / "space.yaml"
-    space.write_text(yaml.safe_dump({"name": "eager-or-not", "parameters": {
-        "enforce_eager": {"type": "categorical", "choices": [False, True], "default": "vllm"},
-        "gpu_memory_utilization": {"type": "categorical", "choices": [0.92, 0.05],
-                                   "default": "vllm"}}}))
+    space = categorical_space(tmp_path, enforce_eager=[False, True],
+                              gpu_memory_utilization=[0.92, 0.05])
     path = write_study(tmp_path, trials=3, max_parallel_trials=1, search_space=str(space),
                        seed_trials=[{"enforce_eager": True}, {"gpu_memory_utilization": 0.05}],
                        workload={
@@ -424,11 +428,8 @@ def test_a_trial_is_pruned_only_at_a_load_where_it_misses_the_slo(
     # Eager decodes 2-3x slower. With a 12 ms TPOT SLO it misses the SLO at the light first
     # level: hopeless, pruned there. With 60 ms every request meets it: its lower goodput at a
     # light load says nothing of its capacity, so it runs on to the heavy level.
-    space = tmp_path / "space.yaml"
-    space.write_text(yaml.safe_dump({"name": "eager", "parameters": {
-        "enforce_eager": {"type": "categorical", "choices": [False, True], "default": "vllm"},
-        "attention_backend": {"type": "categorical", "choices": ["auto", "TRITON_ATTN"],
-                              "default": "vllm"}}}))
+    space = categorical_space(tmp_path, enforce_eager=[False, True],
+                              attention_backend=["auto", "TRITON_ATTN"])
     path = write_study(tmp_path, trials=3, max_parallel_trials=1, search_space=str(space),
                        seed_trials=[{"attention_backend": "TRITON_ATTN"},
                                     {"enforce_eager": True}],
