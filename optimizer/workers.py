@@ -290,8 +290,11 @@ _TRACE_DATA_MAX_BYTES = 64 << 20  # the trimmed trace: a few MB; anything larger
 
 
 def _where_label() -> str:
+    """Host, Ray node and the GPUs Ray gave this worker (its engine inherits them)."""
     node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-    return f"{socket.gethostname()} node {node[:12]}" if node else socket.gethostname()
+    label = f"{socket.gethostname()} node {node[:12]}" if node else socket.gethostname()
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return f"{label} gpus {gpus}" if gpus else label
 
 
 def _small_file(path: Path | None) -> bytes | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shlex
 import signal
@@ -42,6 +43,9 @@ NEGATABLE_FLAGS = frozenset({
 })
 
 # Set by the launcher itself; a flag of the same name would fight the runner's own port/host.
+# NVLink multicast switches: kept off on shared machines (a program using multicast can take
+# the host's GPUs out of service); carried into a multi-GPU trial's recorded environment.
+_MULTICAST_OFF = frozenset({"TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"})
 _RESERVED_FLAGS = frozenset({
     "model", "host", "port", "served_model_name", "load_format", "skip_tokenizer_init",
 })
@@ -180,6 +184,11 @@ class VllmLauncher:
                 continue
             argv.extend(_flag_args(key, value))
 
+        if config.num_gpus > 1:
+            # A multi-GPU engine's collectives follow the NCCL (and multicast) variables it
+            # inherits: keep them with the trial, so they are logged and exported with it.
+            env.update({k: v for k, v in os.environ.items()
+                        if k.startswith("NCCL_") or k in _MULTICAST_OFF})
         env.update(config.env)
         if "VLLM_ATTENTION_BACKEND" in config.env and version >= ATTENTION_ENV_IGNORED_SINCE:
             logger.warning("VLLM_ATTENTION_BACKEND is silently ignored by vLLM %s; set the "

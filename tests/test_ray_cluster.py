@@ -54,7 +54,7 @@ def test_trials_spread_over_the_nodes_and_their_results_reach_the_driver(
     assert out["exit_code"] == 0
     complete = [t for t in out["trials"] if t["state"] == "complete"]
     assert len(complete) == 4, "the study reached its budget of four measured trials"
-    nodes = {t["host"].split(" node ")[-1] for t in complete}
+    nodes = {t["host"].split(" node ")[-1].split()[0] for t in complete}
     assert len(nodes) == 2, f"trials ran on both one-GPU worker nodes: {nodes}"
 
 

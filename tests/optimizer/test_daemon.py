@@ -104,6 +104,7 @@ def test_study_of_twelve_trials_runs_two_at_a_time_and_logs_everything(
             assert run.data.metrics["engine.kv_cache_tokens"] > 0
             assert "runners.simulated" in run.data.tags["launch_command"]
             assert run.data.tags["engine.attention_backend"], "the backend vLLM chose is a tag"
+            assert " gpus " in run.data.tags["host"], "where it ran: host, node, its GPUs"
 
     out = tmp_path / "best.yaml"
     assert main(["export", str(path), "-o", str(out)]) == 0

@@ -129,7 +129,7 @@ def test_attention_env_var_from_config_is_passed_but_warned_about(
     assert "silently ignored" in caplog.text
 
 
-def test_cache_root_and_dev_mode_env(tmp_path: Path) -> None:
+def test_cache_root_and_dev_mode_env(tmp_path: Path, clean_environ: dict[str, str]) -> None:
     launcher = VllmLauncher(vllm_version="0.26.0", cache_root=tmp_path / "cache", dev_mode=True)
     _, env = launcher.command(EngineConfig(model="m", env={"NCCL_DEBUG": "WARN"}), 8000,
                               tmp_path, None)
@@ -323,3 +323,19 @@ def test_launcher_methods_delegate_to_module_functions() -> None:
     text = load_log("eager.log")
     assert launcher.parse_log(text) == parse_log(text)
     assert launcher.classify_failure(text, 1, "startup") == classify_failure(text, 1, "startup")
+
+
+def test_multi_gpu_trials_keep_the_nccl_and_multicast_variables_they_inherit(
+        tmp_path: Path, clean_environ: dict[str, str]) -> None:
+    import os
+
+    os.environ.update({"NCCL_NVLS_ENABLE": "0", "NCCL_P2P_DISABLE": "0",
+                       "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "HOME": "/root"})
+    launcher = VllmLauncher(vllm_version="0.26.0")
+    _, tp2 = launcher.command(EngineConfig(model="m", flags={"tensor_parallel_size": 2},
+                                           env={"NCCL_P2P_DISABLE": "1"}), 8000, tmp_path, None)
+    assert tp2 == {"NCCL_NVLS_ENABLE": "0", "NCCL_P2P_DISABLE": "1",
+                   "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}, \
+        "inherited NCCL settings are recorded with the trial; the study's own win"
+    _, tp1 = launcher.command(EngineConfig(model="m"), 8000, tmp_path, None)
+    assert tp1 == {}, "one GPU: no collectives, nothing to record"
