@@ -22,7 +22,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
-from optimizer.study import ATTR_RECORD
+from optimizer.study import ATTR_RECORD, best_trial
 
 logger = logging.getLogger(__name__)
 
@@ -155,8 +155,10 @@ def build_report(study: optuna.Study, cfg: StudyConfig) -> Report:
     rows = tuple(_row(t, baseline_flags) for t in trials)
     objective = cfg.objectives[0]
     is_max = OBJECTIVE_DIRECTIONS[objective] == "maximize"
-    complete = [r for r in rows if r.state == "complete" and r.value is not None]
-    best = (max if is_max else min)(complete, key=lambda r: r.value or 0.0) if complete else None
+    # The study's own best: one that met the SLO somewhere, when any did (constraint "slo").
+    chosen = best_trial(study)
+    best = next((r for r in rows if chosen is not None and r.number == chosen.number
+                 and r.state == "complete"), None)
     baseline = next((r for r in rows if r.is_baseline and r.state == "complete"), None)
     argv_texts = [" ".join((t.user_attrs.get(ATTR_RECORD) or {}).get("argv") or [])
                   for t in trials]
