@@ -44,6 +44,7 @@ STUDY: dict[str, Any] = {
     "search_space": "hopper",
     "sampler": {"name": "tpe", "seed": 7, "n_startup_trials": 6},
     "simulated": {"hardware": "h200", "num_gpus": 2, "startup_time_scale": 0.002},
+    "confirm_rounds": 0,  # the final re-measurement is the same for both: not compared here
 }
 
 
@@ -68,7 +69,8 @@ def run(pruner: str, trials: int, root: Path, sampler: str, level_s: float) -> d
     if nightshift(["start", str(path), "--no-progress"]) != 0:
         raise SystemExit(f"study {name} failed")
     loaded = optuna.load_study(study_name=name, storage=f"sqlite:///{root / name}/optuna.db")
-    finished = [t for t in loaded.trials if t.state.is_finished()]
+    finished = [t for t in loaded.trials if t.state.is_finished()
+                and "confirm" not in t.user_attrs and "duplicate_of" not in t.user_attrs]
     complete = [t for t in finished if t.state == optuna.trial.TrialState.COMPLETE]
     best = max(complete, key=lambda t: float(t.value or 0.0), default=None)
     return {"pruner": pruner, "trials": len(finished),

@@ -28,6 +28,7 @@ from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
 from optimizer.errors import StudyLockedError, WorkerLost
 from optimizer.study import (
     ATTR_BASELINE,
+    ATTR_CONFIRM,
     ATTR_MLFLOW_RUN,
     ATTR_RECORD,
     ATTR_RETRY_OF,
@@ -51,7 +52,6 @@ logger = logging.getLogger(__name__)
 ATTR_RETRIES = "retries"
 ATTR_SEEDED = "seeded"  # enqueued from the study file's seed_trials
 ATTR_DUPLICATE_OF = "duplicate_of"  # the sampler asked again for a config already measured
-ATTR_CONFIRM = "confirm"  # "defaults" or "best": a re-measurement of the final comparison
 STUDY_ATTR_CONFIRM = "confirm"  # the study's user attribute holding the confirmed gain
 # A config that failed for one of these reasons fails again: it is never launched twice.
 _CONFIG_FAILURES = frozenset({
@@ -565,6 +565,10 @@ class Daemon:
             failure_message=failure.message if failure else None,
             is_baseline=item.is_baseline, best=best, pruned_at=item.pruned_at,
             prune_reason=item.prune_reason)
+        label = item.trial.user_attrs.get(ATTR_CONFIRM)
+        if label and primary is not None:  # a final re-measurement competes with nothing
+            conclusion = (f"confirmation run of the {label} config: {self.cfg.objectives[0]} "
+                          f"{primary:.4g}.")
         metrics = records.summary_metrics(result, self.cfg.objectives)
         objective_spread = metrics.get(f"spread.{self.cfg.objectives[0]}")
         is_unstable = objective_spread is not None and \

@@ -22,6 +22,7 @@ from runners.model_info import resolve_model_dir
 # Keys under which a trial's record lives in Optuna's user attributes (the source of truth the
 # tracker and reports are rebuilt from).
 ATTR_RECORD = "record"
+ATTR_CONFIRM = "confirm"  # "defaults" or "best": a final re-measurement, not a search trial
 ATTR_BASELINE = "baseline"
 ATTR_RETRY_OF = "retry_of"
 ATTR_MLFLOW_RUN = "mlflow_run_id"
@@ -165,18 +166,19 @@ def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 
 
 def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-    """Best complete trial (single objective), or the first of the Pareto front."""
-    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-    if not complete:
+    """The study's best: among measured trials (not a config failure, which Optuna holds as
+    complete to teach the sampler, nor a final confirmation run), one that met the SLO
+    somewhere (constraints all <= 0) when any did; else the best measured. For two
+    objectives, the first of the feasible Pareto front."""
+    measured = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if (t.user_attrs.get(ATTR_RECORD) or {}).get("state", "complete") == "complete"
+                and ATTR_CONFIRM not in t.user_attrs and t.values is not None]
+    if not measured:
         return None
     if len(study.directions) == 1:
-        try:
-            return study.best_trial  # the best that met the SLO somewhere (constraint "slo")
-        except ValueError:  # none did: the best of the measured ones, which the report calls out
-            measured = [t for t in complete
-                        if (t.user_attrs.get(ATTR_RECORD) or {}).get("state") == "complete"]
-            if not measured:
-                return None
-            sign = 1.0 if study.direction.name == "MAXIMIZE" else -1.0
-            return max(measured, key=lambda t: sign * float(t.value or 0.0))
-    return study.best_trials[0] if study.best_trials else None
+        feasible = [t for t in measured if all(v <= 0 for v in t.constraints.values())]
+        sign = 1.0 if study.direction.name == "MAXIMIZE" else -1.0
+        return max(feasible or measured, key=lambda t: sign * float(t.values[0]))
+    numbers = {t.number for t in measured}
+    front = [t for t in study.best_trials if t.number in numbers]
+    return front[0] if front else None

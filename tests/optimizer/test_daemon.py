@@ -411,6 +411,11 @@ def test_the_best_is_confirmed_against_the_defaults_interleaved_with_an_interval
         assert second.datetime_start >= first.datetime_complete, "one at a time"
     summary = study.user_attrs["confirm"]
     assert summary["best_trial"] == 1 and summary["baseline_trial"] == 0
+    from optimizer.study import best_trial
+
+    assert best_trial(study).number == 1, "a confirmation run never becomes the study's best"
+    assert all(t.user_attrs["record"]["conclusion"].startswith("confirmation run of the")
+               for t in confirms)
     assert summary["gain"] > 1.1 and summary["ci_low"] <= summary["gain"] <= summary["ci_high"]
     assert len([t for t in study.trials if "confirm" not in t.user_attrs]) == 2, \
         "re-measurements are not budget trials"
