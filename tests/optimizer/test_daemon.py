@@ -398,8 +398,8 @@ def test_the_best_is_confirmed_against_the_defaults_interleaved_with_an_interval
     path = write_study(tmp_path, trials=2, confirm_rounds=2, max_parallel_trials=2,
                        seed_trials=[{"quantization": "fp8", "kv_cache_dtype": "fp8"}],
                        objective="throughput", workload={
-                           "input_len": 256, "output_len": 48, "levels": [{"concurrency": 32}],
-                           "num_requests": 64, "warmup_requests": 2})
+                           "input_len": 128, "output_len": 64, "levels": [{"concurrency": 64}],
+                           "num_requests": 128, "warmup_requests": 2})
     assert main(["start", str(path), "--no-progress"]) == 0
 
     study = load(tmp_path)
