@@ -33,6 +33,7 @@ def _run(tmp_path: Path, *extra: str) -> dict[str, Any]:
         "budget": {"trials": 4},
         "max_parallel_trials": 2,
         "pruner": {"name": "none"},
+        "confirm_rounds": 0,  # four measured trials, nothing after them
         # A node of one GPU (the space is resolved for it); the cluster has two such nodes.
         "simulated": {"hardware": "h200", "num_gpus": 1, "startup_time_scale": 0.002},
         "results_dir": str(tmp_path / "results"),
