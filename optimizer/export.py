@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 
 from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
 from optimizer.errors import ConfigError, NightshiftError
-from optimizer.study import ATTR_CONFIRM, ATTR_RECORD, best_trial, engine_config
+from optimizer.study import ATTR_RECORD, best_trial, engine_config, is_measured
 from runners.vllm_server import config_to_yaml_dict
 
 FORMATS = ("yaml", "sh", "env")
@@ -28,8 +28,7 @@ def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = 
     # Measured configs: not a config failure (complete to Optuna, failed to us), not a final
     # confirmation run (a copy of the best or of the defaults).
     complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if (t.user_attrs.get(ATTR_RECORD) or {}).get("state", "complete") == "complete"
-                and ATTR_CONFIRM not in t.user_attrs]
+                if is_measured(t)]
     if number is not None:
         found = [t for t in study.get_trials(deepcopy=False) if t.number == number]
         if not found:

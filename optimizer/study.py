@@ -165,14 +165,20 @@ def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
 
 
+def is_measured(trial: optuna.trial.FrozenTrial) -> bool:
+    """A complete trial that measured its config: not a config failure (held complete in
+    Optuna to teach the sampler, `failed` in its record) nor a final confirmation run."""
+    return trial.state == TrialState.COMPLETE and ATTR_CONFIRM not in trial.user_attrs and \
+        (trial.user_attrs.get(ATTR_RECORD) or {}).get("state", "complete") == "complete"
+
+
 def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     """The study's best: among measured trials (not a config failure, which Optuna holds as
     complete to teach the sampler, nor a final confirmation run), one that met the SLO
     somewhere (constraints all <= 0) when any did; else the best measured. For two
     objectives, the first of the feasible Pareto front."""
     measured = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if (t.user_attrs.get(ATTR_RECORD) or {}).get("state", "complete") == "complete"
-                and ATTR_CONFIRM not in t.user_attrs and t.values is not None]
+                if is_measured(t) and t.values is not None]
     if not measured:
         return None
     if len(study.directions) == 1:
