@@ -765,7 +765,9 @@ class Daemon:
 
     def _finish(self, study: optuna.Study) -> DaemonSummary:
         trials = study.get_trials(deepcopy=False)
-        finished = [t for t in trials if t.state.is_finished()]
+        # The search's trials: not a repeat that launched nothing, nor a confirmation run.
+        finished = [t for t in trials if t.state.is_finished()
+                    and ATTR_DUPLICATE_OF not in t.user_attrs and ATTR_CONFIRM not in t.user_attrs]
         best = best_trial(study)
         done = not self._budget_left(study)
         # By the record's state: a config failure is a COMPLETE trial to Optuna (it teaches
