@@ -3,7 +3,8 @@
 #   bash bench/h200/run_study.sh start    # install vLLM, start the study in its own session
 #   bash bench/h200/run_study.sh wait N   # wait up to N s, print progress
 #   bash bench/h200/run_study.sh collect [gpu-test]  # stop it, (run the GPU test,) pack into $OUT
-# STUDY=bench/h200/study3.yaml picks another study file; TRIM=1 cuts trace fixtures at collect.
+# STUDY=bench/h200/study3.yaml picks another study file; TRIALS=N overrides its budget.trials;
+# TRIM=1 cuts trace fixtures at collect.
 set -uo pipefail
 # The daemon outlives this call, and the repo copy here is replaced by the next one: run from a
 # private copy so a Ray worker starting mid-replacement never imports a half-written file.
@@ -24,13 +25,17 @@ case "${1:-}" in
     (cd "$OLDPWD" && bash .gpu/setup.sh install) || exit 3
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     mkdir -p /root/h200-results
-    setsid nohup python3 -m optimizer.cli start $study --no-progress \
+    setsid nohup python3 -m optimizer.cli start $study --no-progress ${TRIALS:+--trials $TRIALS} \
       > /root/h200-results/daemon.out 2>&1 < /dev/null &
     sleep 45; tail -20 /root/h200-results/daemon.out ;;
   wait)
     # The daemon's pid is in its lock file (never pgrep -f: it matches this very command line).
     end=$((SECONDS + ${2:-500}))
-    while [ $SECONDS -lt $end ] && running; do sleep 10; done
+    # Packs every minute too: a call cut off by the device's time limit returns what $OUT holds.
+    last=$SECONDS
+    while [ $SECONDS -lt $end ] && running; do
+      sleep 10; if [ $((SECONDS - last)) -ge 60 ]; then pack; last=$SECONDS; fi
+    done
     grep -E "INFO trial|ERROR|Traceback" /root/h200-results/daemon.out | cut -c1-400 | tail -30
     status; pack ;;
   collect)
