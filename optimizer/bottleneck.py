@@ -44,6 +44,9 @@ class Thresholds:
     communication_share: float = 0.25  # of kernel time
     tp_slowdown: float = 1.15  # TPOT at TP>1 over the TP=1 reference
     launch_busy_fraction: float = 0.4  # GPU busy over the kernel span
+    # NVML's share of time with a kernel running, sampled in the unprofiled measured window; at or
+    # over this, the profiled window's gaps are the profiler's own host overhead, not the engine's.
+    launch_max_gpu_util_pct: float = 80.0
     eager_roofline_fraction: float = 0.35  # without a trace: eager and this far off the roofline
     compute_gemm_share: float = 0.8
     compute_busy_fraction: float = 0.8
@@ -260,7 +263,12 @@ def classify(evidence: Evidence, thresholds: Thresholds = DEFAULT_THRESHOLDS) ->
                         "the same load", ["metrics", "config"])
 
     busy = e.gpu_busy_fraction
-    if busy is not None and busy < t.launch_busy_fraction:
+    util = e.gpu_util_mean_pct
+    # The trace comes from a profiled window, whose host-side overhead widens the gaps between
+    # kernels; NVML, sampled while the load ran unprofiled, says whether they exist without it.
+    profiler_gaps = busy is not None and busy < t.launch_busy_fraction and \
+        util is not None and util >= t.launch_max_gpu_util_pct
+    if busy is not None and busy < t.launch_busy_fraction and not profiler_gaps:
         return _verdict("launch-bound", rf,
                         {"gpu_busy_fraction": busy, "median_gap_us": e.median_gap_us,
                          "is_enforce_eager": _flag(e.is_enforce_eager), **rf_ev},
@@ -290,7 +298,6 @@ def classify(evidence: Evidence, thresholds: Thresholds = DEFAULT_THRESHOLDS) ->
                         f"GEMMs fill {gemm:.0%} of a GPU busy {busy:.0%} of the time",
                         ["trace"])
     if busy is None and terms is not None and not terms.is_memory_dominated:
-        util = e.gpu_util_mean_pct
         if util is None or util >= t.compute_gpu_util_pct:
             sources: list[Source] = ["roofline"]
             if util is not None:
@@ -307,9 +314,12 @@ def classify(evidence: Evidence, thresholds: Thresholds = DEFAULT_THRESHOLDS) ->
                "decode_batch": e.decode_batch, **rf_ev}
         at = f" at {rf:.0%} of it" if rf is not None else ""
         used: list[Source] = ["roofline", "trace"] if busy is not None else ["roofline"]
-        return _verdict("memory-bound", rf, ev2, f"bandwidth roofline{at}",
-                        f"reading weights and KV dominates the decode roofline{at}",
-                        used)
+        why = f"reading weights and KV dominates the decode roofline{at}"
+        if profiler_gaps:
+            used.append("telemetry")
+            why += (f"; the profiled window's gaps (GPU busy {busy:.0%}) are the profiler's: "
+                    f"unprofiled, a kernel ran {util:.0f}% of the time")
+        return _verdict("memory-bound", rf, ev2, f"bandwidth roofline{at}", why, used)
     if terms is None and e.mem_util_mean_pct is not None \
             and e.mem_util_mean_pct >= t.memory_util_pct:
         return _verdict("memory-bound", rf, {"mem_util_mean_pct": e.mem_util_mean_pct},

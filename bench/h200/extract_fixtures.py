@@ -2,7 +2,7 @@
 Optuna records, as tests/fixtures/traces/h200/trials.json (flags, the measured level's metrics,
 telemetry, engine figures and the verdict the device logged).
 
-    python bench/h200/extract_fixtures.py RESULTS_DIR/optuna.db STUDY_NAME OUT_JSON
+    python bench/h200/extract_fixtures.py RESULTS_DIR/optuna.db STUDY_NAME OUT_JSON ["WHAT, WHEN"]
 """
 
 from __future__ import annotations
@@ -17,7 +17,12 @@ KEEP_SERVER = ("max_num_requests_running", "max_kv_cache_usage_perc", "max_num_r
                "num_preemptions", "is_waiting_rising")
 
 
-def main(db: str, study_name: str, out: Path) -> int:
+RECORDED = ("nightshift study h200-proof-2 on the lent H200, 2026-12-02 (vLLM 0.26.0, torch "
+            "2.11.0+cu130, driver 580.159.04), Qwen2.5-7B shape, dummy weights, 64 concurrent, "
+            "512 in / 256 out")
+
+
+def main(db: str, study_name: str, out: Path, recorded: str = RECORDED) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{db}")
     trials = {}
@@ -36,13 +41,11 @@ def main(db: str, study_name: str, out: Path) -> int:
             "engine": {k: v for k, v in record["engine"].items() if v is not None},
             "device_verdict": {k: record["verdict"][k] for k in ("label", "reason", "sources")},
         }
-    out.write_text(json.dumps({"_recorded": (
-        "nightshift study h200-proof-2 on the lent H200, 2026-12-02 (vLLM 0.26.0, torch "
-        "2.11.0+cu130, driver 580.159.04), Qwen2.5-7B shape, dummy weights, 64 concurrent, "
-        "512 in / 256 out; extracted by bench/h200/extract_fixtures.py"),
+    out.write_text(json.dumps({
+        "_recorded": f"{recorded}; extracted by bench/h200/extract_fixtures.py",
         "trials": trials}, indent=1, sort_keys=True))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2], Path(sys.argv[3])))
+    sys.exit(main(sys.argv[1], sys.argv[2], Path(sys.argv[3]), *sys.argv[4:5]))

@@ -178,11 +178,12 @@ def test_evidence_from_steps_reads_fp8_and_eager_flags() -> None:
 def test_evidence_from_a_profiled_run_uses_the_trace(fixture: str, flags: dict[str, object],
                                                      label: str) -> None:
     summary = trace.summarize(TRACES / f"{fixture}.pt.trace.json.gz")
+    # NVML as the H200 saw an eager trial unprofiled (study 2, trial 2): a kernel ran 49% of it.
     result = RunResult(status="complete", steps=(_step(18.0, 3000.0),), trace_summary=summary,
-                       telemetry={"gpu_util_mean_pct": 88.0, "mem_util_mean_pct": 40.0})
+                       telemetry={"gpu_util_mean_pct": 49.0, "mem_util_mean_pct": 30.0})
     evidence = evidence_from(result, EngineConfig("qwen2.5-7b", flags), H200, QWEN_7B)
     assert evidence.gpu_busy_fraction == summary["gpu_busy_fraction"]
-    assert evidence.gpu_util_mean_pct == 88.0
+    assert evidence.gpu_util_mean_pct == 49.0
     verdict = classify(evidence)
     assert verdict.label == label, verdict.reason
     assert "trace" in verdict.sources
