@@ -199,6 +199,8 @@ def status(study: StudyArg,
 
     Example: nightshift status examples/quickstart.yaml
     """
+    from optuna.trial import TrialState
+
     from optimizer.daemon import read_lock
     from optimizer.study import ATTR_RECORD, best_trial, open_study
 
@@ -216,6 +218,8 @@ def status(study: StudyArg,
     for col in ("trial", "state", *cfg.objectives, "flags beyond defaults", "conclusion"):
         table.add_column(col, overflow="fold")
     for t in trials:
+        if t.state == TrialState.WAITING:
+            continue  # queued, never started: counted in the line above
         record = t.user_attrs.get(ATTR_RECORD) or {}
         values = t.values if t.values else [None] * len(cfg.objectives)
         table.add_row(str(t.number), record.get("state", t.state.name.lower()),

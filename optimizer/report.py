@@ -66,6 +66,7 @@ class Report:
     failures: Mapping[str, int]  # failure reason -> trials
     slo: Mapping[str, float]
     confirm: str = ""  # the interleaved re-measurement of best vs defaults, when it ran
+    queued: int = 0  # configs enqueued (seeds, a grid) that no worker has started yet
     generated: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S %Z"))
 
     @property
@@ -146,8 +147,11 @@ def _importances(study: optuna.Study) -> dict[str, float]:
 def build_report(study: optuna.Study, cfg: StudyConfig) -> Report:
     # A repeat of a measured config launched nothing: its original stands for it. The final
     # interleaved re-measurements are reported as the confirmation, not as trials.
+    # Enqueued configs no worker has started (a grid's or the seeds' tail) are counted, not rows.
     trials = [t for t in study.get_trials(deepcopy=False)
               if "duplicate_of" not in t.user_attrs and "confirm" not in t.user_attrs]
+    queued = sum(t.state == TrialState.WAITING for t in trials)
+    trials = [t for t in trials if t.state != TrialState.WAITING]
     baseline_trial = next((t for t in trials if t.user_attrs.get("baseline")
                            and t.state == TrialState.COMPLETE), None)
     baseline_flags = ((baseline_trial.user_attrs.get(ATTR_RECORD) or {}).get("flags") or {}
@@ -170,7 +174,8 @@ def build_report(study: optuna.Study, cfg: StudyConfig) -> Report:
         importances=_importances(study),
         failures=dict(Counter(r.failure_reason for r in rows
                               if r.state == "failed" and r.failure_reason)),
-        slo=slo, confirm=str((study.user_attrs.get("confirm") or {}).get("sentence") or ""))
+        slo=slo, confirm=str((study.user_attrs.get("confirm") or {}).get("sentence") or ""),
+        queued=queued)
 
 
 # --- plots ----------------------------------------------------------------------------------
@@ -317,7 +322,8 @@ _HTML = """<!doctype html>
 <h1>nightshift report: {{ r.study }}</h1>
 <p class="meta">objective: {{ r.objective }} ({{ "higher" if r.is_maximize else "lower" }} is
 better){% if r.slo %}; SLO: {% for k, v in r.slo.items() %}{{ k }} {{ v }}{% if not loop.last
-%}, {% endif %}{% endfor %}{% endif %}; {{ r.rows|length }} trials; written {{ r.generated }}</p>
+%}, {% endif %}{% endfor %}{% endif %}; {{ r.rows|length }} trials{% if r.queued %}
+({{ r.queued }} more queued, not run yet){% endif %}; written {{ r.generated }}</p>
 {% if r.is_simulated %}<div class="banner" id="simulated"><b>Simulated engine.</b> These figures
 come from nightshift's roofline model of the config and hardware, not from a GPU: they test the
 pipeline, they are not measurements.</div>{% endif %}
@@ -392,7 +398,9 @@ def render_markdown(report: Report) -> str:
                   "they are not measurements.", ""]
     slo = ", ".join(f"{k} {v:g}" for k, v in report.slo.items())
     lines += [f"Objective: {report.objective}" + (f"; SLO: {slo}" if slo else "") +
-              f"; {len(report.rows)} trials; written {report.generated}.", "",
+              f"; {len(report.rows)} trials" +
+              (f" ({report.queued} more queued, not run yet)" if report.queued else "") +
+              f"; written {report.generated}.", "",
               headline(report), "", "![Pareto front](pareto.png)", "",
               "![objective per trial](history.png)", "", "## Pareto front", "",
               "| trial | change vs defaults | out tok/s | TPOT p99 ms | bottleneck |",

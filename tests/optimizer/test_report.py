@@ -71,6 +71,9 @@ def study_file(tmp_path: Path) -> Path:
         study.add_trial(optuna.trial.create_trial(
             params=params, distributions=DISTRIBUTIONS, state=state,
             value=record["values"][0] if record["values"] else None, user_attrs=attrs))
+    # The tail of a grid: enqueued, never started (a report counts them, it has no row for them).
+    for _ in range(3):
+        study.enqueue_trial({"quantization": "none", "enforce_eager": True})
     tracker = Tracker(cfg.tracking_uri)
     tracker.start_study(cfg.name, params={"objective": "goodput"}, artifacts={})
     return path
@@ -105,6 +108,8 @@ def test_report_states_best_gain_over_defaults_front_labels_and_failures(
     assert "Simulated engine" in md
     assert "| 2 | complete | enforce_eager=True |" in md
     assert "- oom_at_start: 1" in md
+    assert [r.number for r in report.rows] == [0, 1, 2, 3, 4] and report.queued == 3
+    assert "5 trials (3 more queued, not run yet)" in md
 
 
 def test_report_command_writes_files_and_logs_them_to_the_parent_run(
