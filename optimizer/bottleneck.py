@@ -297,16 +297,14 @@ def classify(evidence: Evidence, thresholds: Thresholds = DEFAULT_THRESHOLDS) ->
                         f"GEMM {gemm:.0%} of kernel time, GPU busy {busy:.0%}",
                         f"GEMMs fill {gemm:.0%} of a GPU busy {busy:.0%} of the time",
                         ["trace"])
-    if busy is None and terms is not None and not terms.is_memory_dominated:
-        if util is None or util >= t.compute_gpu_util_pct:
-            sources: list[Source] = ["roofline"]
-            if util is not None:
-                sources.append("telemetry")
-            return _verdict("compute-bound", rf,
-                            {"compute_over_memory": terms.compute_s / terms.memory_s,
-                             "gpu_util_mean_pct": util, **rf_ev},
-                            "FLOPs dominate the roofline",
-                            "the roofline's FLOP term exceeds its byte term", sources)
+    if busy is None and terms is not None and not terms.is_memory_dominated and \
+            (util is None or util >= t.compute_gpu_util_pct):
+        sources: list[Source] = ["roofline"] if util is None else ["roofline", "telemetry"]
+        return _verdict("compute-bound", rf,
+                        {"compute_over_memory": terms.compute_s / terms.memory_s,
+                         "gpu_util_mean_pct": util, **rf_ev},
+                        "FLOPs dominate the roofline",
+                        "the roofline's FLOP term exceeds its byte term", sources)
 
     if terms is not None and terms.is_memory_dominated:
         ev2 = {"memory_over_compute": terms.memory_s / terms.compute_s,
