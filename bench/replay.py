@@ -13,6 +13,10 @@ as a share of the whole grid's cost (what a grid search pays to know its best).
     python bench/replay.py build-sim --out bench/data/sim_grid.json      # ~2 min, 1152 configs
     python bench/replay.py replay bench/data/sim_grid.json --out bench/data/replay_sim.json
     python bench/replay.py from-study RESULTS/optuna.db h200-grid --out bench/data/h200_grid.json
+    python bench/replay.py replay bench/data/h200_grid.json --only kv_cache_dtype=auto
+
+`--only KEY=VALUE` replays the complete sub-grid of a table still being measured (a grid study
+resumes across device sessions; the replay needs every config of the grid it walks).
 """
 
 from __future__ import annotations
@@ -110,8 +114,8 @@ def table_from_study(db: Path, study_name: str) -> dict[str, Any]:
     for trial in study.get_trials(deepcopy=False):
         record = trial.user_attrs.get("record") or {}
         if not trial.state.is_finished() or "duplicate_of" in trial.user_attrs or \
-                record.get("state") not in ("complete", "failed"):
-            continue
+                "confirm" in trial.user_attrs or record.get("state") not in ("complete", "failed"):
+            continue  # a final re-measurement (confirm) is not a grid point
         params = dict(record["params"])
         if record["state"] == "failed":
             if record.get("failure_reason") in ("daemon_lost", "interrupted", "worker_lost"):
@@ -135,6 +139,27 @@ def table_from_study(db: Path, study_name: str) -> dict[str, Any]:
             "space": space, "rows": list(rows.values())}
 
 
+def restrict(data: Mapping[str, Any], only: Mapping[str, str]) -> dict[str, Any]:
+    """The rows of a table whose params match every KEY=VALUE of `only` (values compared as
+    text), with the space those rows span: a complete sub-grid of a table still being filled."""
+    unknown = sorted(set(only) - set(data["space"]))
+    if unknown:
+        raise SystemExit(f"--only {unknown[0]}: not a parameter of this table; use one of "
+                         f"{', '.join(data['space'])}.")
+    rows = [r for r in data["rows"]
+            if all(str(r["params"].get(k)) == v for k, v in only.items())]
+    space: dict[str, list[Any]] = {}
+    for row in rows:
+        for k, v in row["params"].items():
+            if v not in space.setdefault(k, []):
+                space[k].append(v)
+    # Keep the table's value order (its grid order), restricted to what the rows span.
+    space = {k: [v for v in data["space"][k] if v in space[k]] for k in data["space"]
+             if k in space}
+    where = ", ".join(f"{k}={v}" for k, v in only.items())
+    return {**data, "source": f"{data['source']}, only {where}", "space": space, "rows": rows}
+
+
 # --- replay -----------------------------------------------------------------------------------
 
 
@@ -146,7 +171,8 @@ class Table:
                    if _key(dict(zip(self.space, p, strict=True))) not in self.rows]
         if missing:
             raise SystemExit(f"the table lacks {len(missing)} configs of its grid (e.g. "
-                             f"{missing[0]}); measure the whole grid before replaying.")
+                             f"{missing[0]}); measure the whole grid, or replay a complete "
+                             "sub-grid with --only KEY=VALUE.")
         values = [r["value"] for r in self.rows.values() if r["value"] is not None]
         self.best = max(values)
         self.target = WITHIN * self.best
@@ -277,6 +303,8 @@ def main() -> int:
     run.add_argument("table", type=Path)
     run.add_argument("--seeds", type=int, default=20)
     run.add_argument("--out", type=Path, default=None)
+    run.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
+                     help="replay the sub-grid where KEY is VALUE (repeatable)")
     args = parser.parse_args()
     if args.cmd == "build-sim":
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -287,7 +315,13 @@ def main() -> int:
         args.out.write_text(json.dumps(table, indent=1))
         sys.stdout.write(f"{len(table['rows'])} configs measured\n")
         return 0
-    result = replay(json.loads(args.table.read_text()), range(args.seeds))
+    bad = [o for o in args.only if "=" not in o]
+    if bad:
+        parser.error(f"--only {bad[0]}: write KEY=VALUE, e.g. --only kv_cache_dtype=auto")
+    data = json.loads(args.table.read_text())
+    if args.only:
+        data = restrict(data, dict(o.split("=", 1) for o in args.only))
+    result = replay(data, range(args.seeds))
     sys.stdout.write(f"{result['configs']} configs, grid cost {result['grid_cost_s']:.0f} GPU-s, "
                      f"best {result['best']:.3g}; GPU-s to reach {WITHIN:.0%} of it "
                      f"(median over {args.seeds} seeds):\n")
