@@ -58,6 +58,49 @@ def test_model_reproduces_h200_calibration_within_tolerance(name, flags, through
         f"{name}: modelled median TPOT must be within 15% of the H200 measurement")
 
 
+# The H200 grid (study h200-grid, 2026-12-03, docs/h200-study.md "Study 4"): 192 requests of
+# 512 in / 256 out at two closed-loop concurrencies, max_model_len 4096, vLLM 0.26.0.
+# (flags, concurrency, output tok/s, median TPOT ms).
+H200_GRID = [
+    ({}, 16, 2751.0, 5.20), ({}, 64, 7498.0, 6.19),
+    ({"max_num_batched_tokens": 2048}, 16, 2773.0, 5.27),
+    ({"max_num_batched_tokens": 2048}, 64, 7502.0, 6.80),
+    ({"quantization": "fp8"}, 16, 3837.0, 3.63), ({"quantization": "fp8"}, 64, 9891.0, 5.00),
+    ({"quantization": "fp8", "max_num_batched_tokens": 2048}, 16, 3931.0, 3.66),
+    ({"quantization": "fp8", "max_num_batched_tokens": 2048}, 64, 9935.0, 4.98),
+    ({"kv_cache_dtype": "fp8"}, 16, 2758.0, 5.07), ({"kv_cache_dtype": "fp8"}, 64, 7592.0, 6.46),
+    ({"kv_cache_dtype": "fp8", "max_num_batched_tokens": 2048}, 16, 2737.0, 5.32),
+    ({"kv_cache_dtype": "fp8", "max_num_batched_tokens": 2048}, 64, 7330.0, 6.76),
+]
+
+
+@pytest.mark.parametrize(("flags", "concurrency", "throughput", "tpot_ms"), H200_GRID,
+                         ids=[f"{'+'.join(f'{k}={v}' for k, v in f.items()) or 'defaults'}-c{c}"
+                              for f, c, _, _ in H200_GRID])
+def test_model_tracks_the_h200_grid(flags, concurrency, throughput, tpot_ms):
+    """Throughput within 15% at both loads; TPOT within 20% at 16 concurrent (fp8 weights:
+    -16%) but only within 30% at 64, where the model overestimates it by 18-29% (and
+    underestimates TTFT 3-10x: docs/simulated-engine.md, "Known gaps")."""
+    estimate = bench(model_for({"max_model_len": 4096, **flags}),
+                     max_concurrency=concurrency, num_requests=192)
+    assert estimate.output_throughput == pytest.approx(throughput, rel=0.15)
+    assert estimate.median_tpot_ms == pytest.approx(tpot_ms,
+                                                    rel=0.20 if concurrency <= 16 else 0.30)
+
+
+def test_model_ranks_the_h200_grid_as_measured():
+    """What a search needs from the double: fp8 weights first, the rest within noise."""
+    def goodput_order(rows):
+        return [i for i, _ in sorted(enumerate(rows), key=lambda kv: -kv[1])]
+
+    at_64 = [row for row in H200_GRID if row[1] == 64]
+    modelled = [bench(model_for({"max_model_len": 4096, **f}), max_concurrency=64,
+                      num_requests=192).output_throughput for f, _, _, _ in at_64]
+    measured = [t for _, _, t, _ in at_64]
+    assert set(goodput_order(modelled)[:2]) == set(goodput_order(measured)[:2]), \
+        "both fp8-weight configs lead, modelled and measured"
+
+
 def test_eager_decode_is_about_2_6x_slower_than_cuda_graphs():
     graphs = model_for().step_time(64, 64 * 640).total_s
     eager = model_for({"enforce_eager": True}).step_time(64, 64 * 640).total_s
