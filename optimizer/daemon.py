@@ -26,6 +26,7 @@ from optuna.trial import TrialState
 from optimizer import bottleneck, records
 from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
 from optimizer.errors import StudyLockedError, WorkerLost
+from optimizer.report import build_report, headline
 from optimizer.study import (
     ATTR_BASELINE,
     ATTR_CONFIRM,
@@ -781,8 +782,9 @@ class Daemon:
             for name, v in zip(self.cfg.objectives, best.values, strict=True):
                 metrics[f"best.{name}"] = v
             tags["best_trial"] = str(best.number)
-            record = best.user_attrs.get(ATTR_RECORD, {})
-            tags["conclusion"] = f"best: trial {best.number}: {record.get('conclusion', '')}"
+            # The study's conclusion is the best against the defaults (the trial's own one
+            # compares it with the best before it).
+            tags["conclusion"] = headline(build_report(study, self.cfg, with_importances=False))
         confirmed = study.user_attrs.get(STUDY_ATTR_CONFIRM)
         if confirmed:
             tags["confirm"] = str(confirmed["sentence"])

@@ -144,7 +144,8 @@ def _importances(study: optuna.Study) -> dict[str, float]:
         return {}
 
 
-def build_report(study: optuna.Study, cfg: StudyConfig) -> Report:
+def build_report(study: optuna.Study, cfg: StudyConfig, *,
+                 with_importances: bool = True) -> Report:
     # A repeat of a measured config launched nothing: its original stands for it. The final
     # interleaved re-measurements are reported as the confirmation, not as trials.
     # Enqueued configs no worker has started (a grid's or the seeds' tail) are counted, not rows.
@@ -171,7 +172,7 @@ def build_report(study: optuna.Study, cfg: StudyConfig) -> Report:
         study=cfg.name, objective=objective, is_maximize=is_max,
         is_simulated=any("runners.simulated" in a for a in argv_texts),
         rows=rows, baseline=baseline, best=best, pareto=pareto_front(rows),
-        importances=_importances(study),
+        importances=_importances(study) if with_importances else {},
         failures=dict(Counter(r.failure_reason for r in rows
                               if r.state == "failed" and r.failure_reason)),
         slo=slo, confirm=str((study.user_attrs.get("confirm") or {}).get("sentence") or ""),
@@ -294,6 +295,8 @@ def headline(report: Report) -> str:
     if gain is not None and report.baseline is not None:
         text += (f", {gain:.2f}x the vLLM defaults (trial {report.baseline.number}: "
                  f"{_fmt(report.baseline.value)}) measured in the same study")
+    if best.label:
+        text += f"; {best.label}"
     text += "."
     if report.confirm:
         text += f" Confirmed: {report.confirm}."

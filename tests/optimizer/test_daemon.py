@@ -284,6 +284,12 @@ def test_profiled_trials_log_trace_shares_verdict_and_trimmed_trace(
         assert run.data.tags["bottleneck"] in run.data.tags["conclusion"]
         names = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert "trace.trimmed.pt.trace.json.gz" in names, "the trimmed trace is an artifact"
+    parent = client.search_runs(
+        [client.get_experiment_by_name("e2e").experiment_id],
+        filter_string="tags.`nightshift.kind` = 'study'")[0]
+    conclusion = parent.data.tags["conclusion"]
+    assert conclusion.startswith("Best: trial ") and "the vLLM defaults" in conclusion, \
+        "the study's conclusion weighs the best against the defaults"
 
 
 def test_seed_trials_run_right_after_the_baseline_in_order(
