@@ -4,7 +4,9 @@
 #   bash bench/h200/run_study.sh wait N   # wait up to N s, print progress
 #   bash bench/h200/run_study.sh collect [gpu-test]  # stop it, (run the GPU test,) pack into $OUT
 # STUDY=bench/h200/study3.yaml picks another study file; TRIALS=N overrides its budget.trials;
-# TRIM=1 cuts trace fixtures at collect.
+# RESUME=docs/h200/grid/optuna.db starts from an earlier session's Optuna storage (the grid goes on
+# where it stopped; each session's MLflow store holds that session's trials); TRIM=1 cuts trace
+# fixtures at collect.
 set -uo pipefail
 # The daemon outlives this call, and the repo copy here is replaced by the next one: run from a
 # private copy so a Ray worker starting mid-replacement never imports a half-written file.
@@ -25,6 +27,9 @@ case "${1:-}" in
     (cd "$OLDPWD" && bash .gpu/setup.sh install) || exit 3
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     mkdir -p /root/h200-results
+    if [ -n "${RESUME:-}" ] && [ ! -e /root/h200-results/optuna.db ]; then
+      cp "$src/$RESUME" /root/h200-results/optuna.db || exit 3
+    fi
     setsid nohup python3 -m optimizer.cli start $study --no-progress ${TRIALS:+--trials $TRIALS} \
       > /root/h200-results/daemon.out 2>&1 < /dev/null &
     sleep 45; tail -20 /root/h200-results/daemon.out ;;
