@@ -273,7 +273,9 @@ def stop(study: StudyArg,
 @app.command()
 def export(
     study: StudyArg,
-    trial: Annotated[int | None, typer.Option(help="Trial number (default: the best).")] = None,
+    trial: Annotated[int | None, typer.Option(
+        help="Trial number (default: the recommended: the best, or the config with the fewest "
+             "changes from the defaults within 2% of it).")] = None,
     fmt: Annotated[str, typer.Option("--format", help="yaml, sh or env.")] = "yaml",
     output: Annotated[Path | None, typer.Option("--output", "-o",
                                                 help="File to write (default stdout).")] = None,
@@ -285,13 +287,14 @@ def export(
 
     Example: nightshift export examples/quickstart.yaml --format sh -o serve.sh
     """
-    from optimizer.export import render, select_trial
+    from optimizer.export import choice_note, render, select_trial
     from optimizer.study import open_study
 
     cfg = _load(study).with_overrides(storage=storage)
-    chosen = select_trial(open_study(cfg, create=False), cfg, number=trial,
-                          max_tpot_ms=max_tpot_ms)
-    text = render(chosen, cfg, fmt)
+    opened = open_study(cfg, create=False)
+    chosen = select_trial(opened, cfg, number=trial, max_tpot_ms=max_tpot_ms)
+    note = choice_note(opened, chosen) if trial is None and max_tpot_ms is None else ""
+    text = render(chosen, cfg, fmt, note=note)
     if output is None:
         sys.stdout.write(text)
     else:

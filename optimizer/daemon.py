@@ -37,6 +37,7 @@ from optimizer.study import (
     engine_config,
     objective_values,
     open_study,
+    recommended_trial,
     state_of,
 )
 from optimizer.tracking import Tracker
@@ -267,11 +268,12 @@ class Daemon:
     # -- the final comparison ---------------------------------------------------------------
 
     def _confirm(self, study: optuna.Study, pool: WorkerPool) -> None:
-        """Measure the best config and the defaults again, one at a time and interleaved
-        (defaults, best, defaults, best, ...), so drift in the machine hits both alike; state
-        the gain as the mean of the per-round ratios with a 95% confidence interval."""
+        """Measure the recommended config (what `export` writes: the best, or the simplest
+        within noise of it) and the defaults again, one at a time and interleaved (defaults,
+        best, defaults, best, ...), so drift in the machine hits both alike; state the gain as
+        the mean of the per-round ratios with a 95% confidence interval."""
         rounds = self.cfg.spec.confirm_rounds
-        best = best_trial(study)
+        best = recommended_trial(study)
         trials = study.get_trials(deepcopy=False)
         baseline = next((t for t in trials if t.user_attrs.get(ATTR_BASELINE)
                          and t.state == TrialState.COMPLETE), None)
@@ -782,6 +784,9 @@ class Daemon:
             for name, v in zip(self.cfg.objectives, best.values, strict=True):
                 metrics[f"best.{name}"] = v
             tags["best_trial"] = str(best.number)
+            recommended = recommended_trial(study)
+            if recommended is not None:
+                tags["recommended_trial"] = str(recommended.number)
             # The study's conclusion is the best against the defaults (the trial's own one
             # compares it with the best before it).
             tags["conclusion"] = headline(build_report(study, self.cfg, with_importances=False))

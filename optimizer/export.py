@@ -14,7 +14,15 @@ from optuna.trial import TrialState
 
 from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
 from optimizer.errors import ConfigError, NightshiftError
-from optimizer.study import ATTR_RECORD, best_trial, engine_config, is_measured
+from optimizer.study import (
+    ATTR_BASELINE,
+    ATTR_RECORD,
+    NOISE_FRACTION,
+    best_trial,
+    engine_config,
+    is_measured,
+    recommended_trial,
+)
 from runners.vllm_server import config_to_yaml_dict
 
 FORMATS = ("yaml", "sh", "env")
@@ -49,11 +57,23 @@ def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = 
                               "that low; raise the limit or run more trials.")
         sign = 1 if OBJECTIVE_DIRECTIONS[cfg.objectives[0]] == "maximize" else -1
         return max(within, key=lambda t: sign * t.values[0])
-    best = best_trial(study)
-    if best is None:
+    chosen = recommended_trial(study)
+    if chosen is None:
         raise NightshiftError(f"study {cfg.name!r} has no complete trial yet; wait for one or "
                               "check `nightshift status`.")
-    return best
+    return chosen
+
+
+def choice_note(study: optuna.Study, chosen: optuna.trial.FrozenTrial) -> str:
+    """Why the recommendation is not the nominal best (empty when it is)."""
+    best = best_trial(study)
+    if best is None or best.number == chosen.number or not best.values or not chosen.values:
+        return ""
+    what = "the vLLM defaults" if chosen.user_attrs.get(ATTR_BASELINE) else \
+        f"trial {chosen.number}"
+    return (f"{what}: within {NOISE_FRACTION:.0%} of the best measured (trial {best.number}, "
+            f"{best.values[0]:.4g} vs {chosen.values[0]:.4g}) with fewer changes from the "
+            f"vLLM defaults; `--trial {best.number}` exports that one")
 
 
 def _metric(trial: optuna.trial.FrozenTrial, key: str) -> float | None:
@@ -75,7 +95,8 @@ def serve_argv(model: str, options: Mapping[str, Any]) -> list[str]:
     return argv
 
 
-def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str) -> str:
+def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
+           note: str = "") -> str:
     if fmt not in FORMATS:
         raise ConfigError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}.")
     record = trial.user_attrs.get(ATTR_RECORD) or {}
@@ -87,6 +108,8 @@ def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str) -> str:
         options.pop("load-format", None)
         options.pop("skip-tokenizer-init", None)
         notes.append("measured with dummy weights and token-id prompts; serves real weights as is")
+    if note:
+        notes.insert(0, note)
     env = trial_env(record)
     values = ", ".join(f"{o}={v:.4g}" for o, v in zip(cfg.objectives, trial.values or [],
                                                       strict=False))

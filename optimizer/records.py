@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from optimizer.config import OBJECTIVE_DIRECTIONS
-from optimizer.study import metrics_value, step_value
+from optimizer.study import NOISE_FRACTION, metrics_value, step_value
 from runners.base import RunResult, StepMetrics
 
 _UNITS = {"goodput": "req/s", "throughput": "tok/s", "tpot": "ms TPOT p99",
@@ -131,7 +131,7 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
     if state == "pruned":
         why = prune_reason or "below the median of earlier trials there"
         return f"{head} at level {pruned_at}; pruned: {why.rstrip('.')}."
-    if abs(delta) < 2:
+    if abs(delta) < NOISE_FRACTION * 100:
         nominal = " (nominally the new best)" if better else ""
         return f"{head}: within noise of the best{nominal}; this change does not matter here."
     if better:

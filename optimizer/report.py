@@ -22,7 +22,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
-from optimizer.study import ATTR_RECORD, best_trial
+from optimizer.study import ATTR_RECORD, NOISE_FRACTION, best_trial, recommended_trial
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,7 @@ class Report:
     slo: Mapping[str, float]
     confirm: str = ""  # the interleaved re-measurement of best vs defaults, when it ran
     queued: int = 0  # configs enqueued (seeds, a grid) that no worker has started yet
+    recommended: TrialRow | None = None  # what `export` writes, when it is not the best
     generated: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S %Z"))
 
     @property
@@ -165,6 +166,9 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
     best = next((r for r in rows if chosen is not None and r.number == chosen.number
                  and r.state == "complete"), None)
     baseline = next((r for r in rows if r.is_baseline and r.state == "complete"), None)
+    pick = recommended_trial(study)
+    recommended = next((r for r in rows if pick is not None and r.number == pick.number
+                        and best is not None and r.number != best.number), None)
     argv_texts = [" ".join((t.user_attrs.get(ATTR_RECORD) or {}).get("argv") or [])
                   for t in trials]
     slo = {k: float(v) for k, v in cfg.spec.slo.model_dump().items() if v is not None}
@@ -176,7 +180,7 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
         failures=dict(Counter(r.failure_reason for r in rows
                               if r.state == "failed" and r.failure_reason)),
         slo=slo, confirm=str((study.user_attrs.get("confirm") or {}).get("sentence") or ""),
-        queued=queued)
+        queued=queued, recommended=recommended)
 
 
 # --- plots ----------------------------------------------------------------------------------
@@ -298,6 +302,10 @@ def headline(report: Report) -> str:
     if best.label:
         text += f"; {best.label}"
     text += "."
+    if report.recommended is not None:
+        text += (f" Recommended: trial {report.recommended.number} "
+                 f"({_changes(report.recommended)}), {_fmt(report.recommended.value)}: within "
+                 f"{NOISE_FRACTION:.0%} of the best with fewer changes from the defaults.")
     if report.confirm:
         text += f" Confirmed: {report.confirm}."
     return text

@@ -172,6 +172,11 @@ def is_measured(trial: optuna.trial.FrozenTrial) -> bool:
         (trial.user_attrs.get(ATTR_RECORD) or {}).get("state", "complete") == "complete"
 
 
+# Two measurements of one config differ by about this much: a change whose effect is smaller
+# "does not matter here" (records.conclude) and is not worth deploying (recommended_trial).
+NOISE_FRACTION = 0.02
+
+
 def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     """The study's best: among measured trials (not a config failure, which Optuna holds as
     complete to teach the sampler, nor a final confirmation run), one that met the SLO
@@ -188,3 +193,36 @@ def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     numbers = {t.number for t in measured}
     front = [t for t in study.best_trials if t.number in numbers]
     return front[0] if front else None
+
+
+def recommended_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    """The config to ship: among measured trials within NOISE_FRACTION of the best's value (and
+    meeting the SLO where the best does), the one that changes the fewest flags from the vLLM
+    defaults, then the better value. A flag whose measured effect is noise is not deployed: if
+    the defaults themselves are within noise of the best, they are the recommendation. Two
+    objectives, or no defaults trial to count changes from: the best."""
+    best = best_trial(study)
+    if best is None or len(study.directions) > 1 or best.values is None:
+        return best
+    measured = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if is_measured(t) and t.values is not None]
+    baseline = next((t for t in measured if t.user_attrs.get(ATTR_BASELINE)), None)
+    if baseline is None:
+        return best
+    defaults = _params_of(baseline)
+    top = float(best.values[0])
+    best_feasible = all(v <= 0 for v in best.constraints.values())
+    sign = 1.0 if study.direction.name == "MAXIMIZE" else -1.0
+    candidates = [t for t in measured
+                  if abs(float(t.values[0]) - top) <= NOISE_FRACTION * abs(top)
+                  and (not best_feasible or all(v <= 0 for v in t.constraints.values()))]
+
+    def changes(trial: optuna.trial.FrozenTrial) -> int:
+        params = _params_of(trial)
+        return sum(params.get(k) != defaults.get(k) for k in set(params) | set(defaults))
+
+    return min(candidates, key=lambda t: (changes(t), -sign * float(t.values[0]), t.number))
+
+
+def _params_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    return dict((trial.user_attrs.get(ATTR_RECORD) or {}).get("params") or trial.params)

@@ -76,3 +76,61 @@ def test_env_export_and_pareto_choice() -> None:
     empty = optuna.create_study()
     with pytest.raises(NightshiftError, match="no complete trial yet"):
         select_trial(empty, cfg)
+
+
+def _grid_study(values: dict[str, float], constraints: dict[str, float] | None = None
+                ) -> tuple[optuna.Study, object]:
+    """The H200 grid's shape: the defaults, then configs named by their changes."""
+    cfg = parse_study({"name": "g", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 4},
+                       "slo": {"tpot_p99_ms": 10}})
+    study = optuna.create_study(direction="maximize")
+    dists = {"quantization": optuna.distributions.CategoricalDistribution(["none", "fp8"]),
+             "max_num_batched_tokens": optuna.distributions.CategoricalDistribution([8192, 2048])}
+    configs = {"defaults": {}, "fp8": {"quantization": "fp8"},
+               "fp8+2048": {"quantization": "fp8", "max_num_batched_tokens": 2048},
+               "2048": {"max_num_batched_tokens": 2048}}
+    for name, value in values.items():
+        params = {"quantization": "none", "max_num_batched_tokens": 8192, **configs[name]}
+        attrs = {"record": {"state": "complete", "params": params, "flags": configs[name],
+                            "metrics": {}, "conclusion": name}}
+        if name == "defaults":
+            attrs["baseline"] = True
+        c = (constraints or {}).get(name)
+        study.add_trial(optuna.trial.create_trial(
+            params=params, distributions=dists, value=value, user_attrs=attrs,
+            constraints={"slo": c} if c is not None else None))
+    return study, cfg
+
+
+def test_export_recommends_the_fewest_changes_within_noise_of_the_best() -> None:
+    from optimizer.export import choice_note
+    from optimizer.study import best_trial, recommended_trial
+
+    # Measured on the H200 (study h200-grid): fp8 38.64, fp8 + a 2048-token budget 38.81.
+    study, cfg = _grid_study({"defaults": 29.3, "fp8": 38.64, "fp8+2048": 38.81})
+    assert best_trial(study).number == 2
+    chosen = select_trial(study, cfg)
+    assert chosen.number == 1, "the budget change is noise: it is not shipped"
+    note = choice_note(study, chosen)
+    assert "within 2% of the best measured (trial 2" in note and "--trial 2" in note
+    assert note in render(chosen, cfg, "yaml", note=note)
+    assert select_trial(study, cfg, number=2).number == 2, "--trial still exports the best"
+
+    # A change that beats noise is kept; the defaults win when nothing beats them.
+    study, _ = _grid_study({"defaults": 29.3, "fp8": 38.0, "fp8+2048": 38.81})
+    assert recommended_trial(study).number == 2
+    study, _ = _grid_study({"defaults": 29.3, "2048": 29.5})
+    assert recommended_trial(study).number == 0, "the defaults are within noise of the best"
+    # A candidate that misses the SLO (constraint > 0) never replaces a best that meets it.
+    study, _ = _grid_study({"defaults": 29.3, "fp8": 38.64, "fp8+2048": 38.81},
+                           constraints={"defaults": 1.0, "fp8": 1.0, "fp8+2048": -1.0})
+    assert recommended_trial(study).number == 2
+
+
+def test_report_headline_names_the_recommendation() -> None:
+    from optimizer.report import build_report, headline
+
+    study, cfg = _grid_study({"defaults": 29.3, "fp8": 38.64, "fp8+2048": 38.81})
+    text = headline(build_report(study, cfg, with_importances=False))
+    assert text.startswith("Best: trial 2 (quantization=fp8, max_num_batched_tokens=2048)")
+    assert "Recommended: trial 1 (quantization=fp8), 38.6: within 2% of the best" in text
