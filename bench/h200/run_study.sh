@@ -2,7 +2,8 @@
 # ON the lent H200, after the chunks of ../shared/gpu/bundle.sh were stashed (.gpu/setup.sh):
 #   bash bench/h200/run_study.sh start    # install vLLM, start the study in its own session
 #   bash bench/h200/run_study.sh wait N   # wait up to N s, print progress
-#   bash bench/h200/run_study.sh collect [gpu-test]  # stop it, (run the GPU test,) pack into $OUT
+#   bash bench/h200/run_study.sh collect [gpu-test]  # stop it (GRACE=S: let the trial in
+#                                      flight finish first), (run the GPU test,) pack into $OUT
 # STUDY=bench/h200/study3.yaml picks another study file; TRIALS=N overrides its budget.trials;
 # RESUME=docs/h200/grid/optuna.db starts from an earlier session's Optuna storage (the grid goes on
 # where it stopped; each session's MLflow store holds that session's trials); TRIM=1 cuts trace
@@ -46,7 +47,12 @@ case "${1:-}" in
   collect)
     # collect [gpu-test]: stop the daemon, export, cut trace fixtures, pack what comes back
     # (8 files of 16 MiB at most: full traces stay on the device).
-    running && python3 -m optimizer.cli stop $study --now --timeout-s 120
+    # GRACE=S lets the trial in flight finish for up to S s first (study 4 lost a trial whose
+    # levels were measured, to --now in its profile window); then --now.
+    if running; then
+      { [ "${GRACE:-0}" -gt 0 ] && python3 -m optimizer.cli stop $study --timeout-s "$GRACE"; } ||
+        python3 -m optimizer.cli stop $study --now --timeout-s 120
+    fi
     status
     if [ "${2:-}" = gpu-test ]; then
       python3 -m pytest -q -p no:cacheprovider -m gpu tests/runners/test_vllm_gpu.py \
