@@ -31,6 +31,7 @@ import optuna
 import yaml
 
 from optimizer.cli import main as nightshift
+from optimizer.study import is_search_trial
 
 STUDY: dict[str, Any] = {
     "engine": "simulated",
@@ -69,8 +70,7 @@ def run(pruner: str, trials: int, root: Path, sampler: str, level_s: float) -> d
     if nightshift(["start", str(path), "--no-progress"]) != 0:
         raise SystemExit(f"study {name} failed")
     loaded = optuna.load_study(study_name=name, storage=f"sqlite:///{root / name}/optuna.db")
-    finished = [t for t in loaded.trials if t.state.is_finished()
-                and "confirm" not in t.user_attrs and "duplicate_of" not in t.user_attrs]
+    finished = [t for t in loaded.trials if t.state.is_finished() and is_search_trial(t)]
     complete = [t for t in finished if t.state == optuna.trial.TrialState.COMPLETE]
     best = max(complete, key=lambda t: float(t.value or 0.0), default=None)
     return {"pruner": pruner, "trials": len(finished),

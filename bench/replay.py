@@ -36,6 +36,7 @@ import optuna
 from optuna.trial import TrialState
 
 from optimizer.pruning import MarginPruner
+from optimizer.study import is_search_trial
 
 WITHIN = 0.97  # "found": a trial at >= 97% of the grid's best objective
 SIM_SPACE: dict[str, list[Any]] = {
@@ -113,9 +114,9 @@ def table_from_study(db: Path, study_name: str) -> dict[str, Any]:
     space: dict[str, list[Any]] = {}
     for trial in study.get_trials(deepcopy=False):
         record = trial.user_attrs.get("record") or {}
-        if not trial.state.is_finished() or "duplicate_of" in trial.user_attrs or \
-                "confirm" in trial.user_attrs or record.get("state") not in ("complete", "failed"):
-            continue  # a final re-measurement (confirm) is not a grid point
+        if not trial.state.is_finished() or not is_search_trial(trial) or \
+                record.get("state") not in ("complete", "failed"):
+            continue  # a repeat or a final re-measurement (confirm) is not a grid point
         params = dict(record["params"])
         if record["state"] == "failed":
             if record.get("failure_reason") in ("daemon_lost", "interrupted", "worker_lost"):

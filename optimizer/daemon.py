@@ -30,11 +30,13 @@ from optimizer.report import build_report, headline
 from optimizer.study import (
     ATTR_BASELINE,
     ATTR_CONFIRM,
+    ATTR_DUPLICATE_OF,
     ATTR_MLFLOW_RUN,
     ATTR_RECORD,
     ATTR_RETRY_OF,
     best_trial,
     engine_config,
+    is_search_trial,
     objective_values,
     open_study,
     recommended_trial,
@@ -53,7 +55,6 @@ logger = logging.getLogger(__name__)
 
 ATTR_RETRIES = "retries"
 ATTR_SEEDED = "seeded"  # enqueued from the study file's seed_trials
-ATTR_DUPLICATE_OF = "duplicate_of"  # the sampler asked again for a config already measured
 STUDY_ATTR_CONFIRM = "confirm"  # the study's user attribute holding the confirmed gain
 # A config that failed for one of these reasons fails again: it is never launched twice.
 _CONFIG_FAILURES = frozenset({
@@ -330,8 +331,7 @@ class Daemon:
             # nor does a repeat of a measured config, which cost nothing.
             requeued = {t.user_attrs.get(ATTR_RETRY_OF) for t in trials}
             done = sum(1 for t in trials if t.state.is_finished() and t.number not in requeued
-                       and ATTR_DUPLICATE_OF not in t.user_attrs
-                       and ATTR_CONFIRM not in t.user_attrs)
+                       and is_search_trial(t))
             return done + len(self._inflight) + (self._waiting is not None) < budget.trials
         return True
 
@@ -769,8 +769,7 @@ class Daemon:
     def _finish(self, study: optuna.Study) -> DaemonSummary:
         trials = study.get_trials(deepcopy=False)
         # The search's trials: not a repeat that launched nothing, nor a confirmation run.
-        finished = [t for t in trials if t.state.is_finished()
-                    and ATTR_DUPLICATE_OF not in t.user_attrs and ATTR_CONFIRM not in t.user_attrs]
+        finished = [t for t in trials if t.state.is_finished() and is_search_trial(t)]
         best = best_trial(study)
         done = not self._budget_left(study)
         # By the record's state: a config failure is a COMPLETE trial to Optuna (it teaches

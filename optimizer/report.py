@@ -22,7 +22,13 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
-from optimizer.study import ATTR_RECORD, NOISE_FRACTION, best_trial, recommended_trial
+from optimizer.study import (
+    ATTR_RECORD,
+    NOISE_FRACTION,
+    best_trial,
+    is_search_trial,
+    recommended_trial,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -150,8 +156,7 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
     # A repeat of a measured config launched nothing: its original stands for it. The final
     # interleaved re-measurements are reported as the confirmation, not as trials.
     # Enqueued configs no worker has started (a grid's or the seeds' tail) are counted, not rows.
-    trials = [t for t in study.get_trials(deepcopy=False)
-              if "duplicate_of" not in t.user_attrs and "confirm" not in t.user_attrs]
+    trials = [t for t in study.get_trials(deepcopy=False) if is_search_trial(t)]
     queued = sum(t.state == TrialState.WAITING for t in trials)
     trials = [t for t in trials if t.state != TrialState.WAITING]
     baseline_trial = next((t for t in trials if t.user_attrs.get("baseline")

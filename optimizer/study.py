@@ -23,6 +23,7 @@ from runners.model_info import resolve_model_dir
 # tracker and reports are rebuilt from).
 ATTR_RECORD = "record"
 ATTR_CONFIRM = "confirm"  # "defaults" or "best": a final re-measurement, not a search trial
+ATTR_DUPLICATE_OF = "duplicate_of"  # the sampler asked again for a config already measured
 ATTR_BASELINE = "baseline"
 ATTR_RETRY_OF = "retry_of"
 ATTR_MLFLOW_RUN = "mlflow_run_id"
@@ -163,6 +164,12 @@ def objective_values(objectives: Sequence[str],
 
 def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+
+
+def is_search_trial(trial: optuna.trial.FrozenTrial) -> bool:
+    """A trial of the search itself: not a repeat of a config already measured (it launched
+    nothing; the original stands for it) nor a final confirmation run."""
+    return ATTR_DUPLICATE_OF not in trial.user_attrs and ATTR_CONFIRM not in trial.user_attrs
 
 
 def is_measured(trial: optuna.trial.FrozenTrial) -> bool:
