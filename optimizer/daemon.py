@@ -43,7 +43,13 @@ from optimizer.study import (
     state_of,
 )
 from optimizer.tracking import Tracker
-from optimizer.workers import RunnerSpec, TrialHandle, WorkerPool, wait_any
+from optimizer.workers import (
+    RunnerSpec,
+    TrialHandle,
+    WorkerPool,
+    reap_on_other_nodes,
+    wait_any,
+)
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics, Workload
 from runners.capacity import meets_slo
 from runners.hardware import HardwareProfile
@@ -218,6 +224,9 @@ class Daemon:
             if killed:
                 logger.warning("reaped %d engine processes left by a dead daemon: %s",
                                len(killed), killed)
+            for node_id, pids in reap_on_other_nodes(self.registry_dir).items():
+                logger.warning("reaped %d engine processes left by a dead daemon on node %s: "
+                               "%s", len(pids), node_id[:12], pids)
             study = open_study(self.cfg)
             self._parent_run = self.tracker.start_study(
                 self.cfg.name, params=self.study_params, artifacts=self.study_artifacts)

@@ -22,6 +22,7 @@ from ray.exceptions import (
     LocalRayletDiedError,
     NodeDiedError,
     RayActorError,
+    RayError,
     RayTaskError,
     WorkerCrashedError,
 )
@@ -331,6 +332,43 @@ def largest_node_gpus() -> int:
     """The most GPUs one live node of the cluster has: a trial's GPUs must share a node."""
     nodes = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
     return int(max((n.get("Resources", {}).get("GPU", 0) for n in nodes), default=0))
+
+
+def _reap(registry_dir: str) -> list[int]:
+    from runners.process import reap_strays
+
+    return reap_strays(Path(registry_dir))
+
+
+def reap_on_other_nodes(registry_dir: Path, timeout_s: float = 60.0) -> dict[str, list[int]]:
+    """Kill the engines a dead daemon left on the cluster's other live nodes: a worker there
+    launched them and recorded them under `registry_dir` on that node's disk, which the daemon
+    cannot read. One task pinned to each node reaps them (`runners.process.reap_strays`, which
+    acts only on a pid alive with its recorded create time). Call with the study lock held.
+    Returns node id -> pids killed, for the nodes where any were."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not ray.is_initialized():
+        return {}
+    here = ray.get_runtime_context().get_node_id()
+    pending = {}
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
+        if not node.get("Alive") or node["NodeID"] == here:
+            continue
+        strategy = NodeAffinitySchedulingStrategy(node_id=node["NodeID"], soft=False)
+        pending[node["NodeID"]] = ray.remote(_reap).options(
+            num_cpus=0, scheduling_strategy=strategy).remote(str(registry_dir))
+    reaped: dict[str, list[int]] = {}
+    for node_id, ref in pending.items():
+        try:
+            pids = ray.get(ref, timeout=timeout_s)
+        except (GetTimeoutError, RayError) as exc:
+            logger.warning("could not reap stray engines on node %s (%s: %s); they may still "
+                           "hold its GPUs", node_id[:12], type(exc).__name__, str(exc)[:200])
+            continue
+        if pids:
+            reaped[node_id] = list(pids)
+    return reaped
 
 
 def _probe_hardware() -> dict[str, Any]:

@@ -6,6 +6,7 @@ A process of its own: the test session's local Ray (tests/conftest.py) cannot sh
 with a second cluster.
 
     python -m tests.cluster_driver STUDY.yaml [--kill-node]
+    python -m tests.cluster_driver --reap REGISTRY_DIR   # reap_on_other_nodes on that cluster
 """
 
 from __future__ import annotations
@@ -33,7 +34,32 @@ def _running(db: Path, name: str) -> int:
                if t.state == optuna.trial.TrialState.RUNNING)
 
 
+def reap(registry: Path) -> int:
+    """An engine recorded in `registry` as a dead daemon's worker would have left it, then
+    `reap_on_other_nodes` from a driver on the head: which node reaped what, and whether the
+    engine is gone."""
+    from optimizer.workers import reap_on_other_nodes
+    from runners.process import EngineProcess
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
+    nodes = [cluster.add_node(num_cpus=2, num_gpus=1) for _ in range(2)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    engine = EngineProcess.start(["sleep", "300"], {}, registry.parent / "stray.log", registry)
+    reaped = reap_on_other_nodes(registry)
+    time.sleep(0.5)
+    print(json.dumps({"reaped": reaped, "pid": engine.pid, "alive": engine.is_alive(),
+                      "driver_node": ray.get_runtime_context().get_node_id(),
+                      "worker_nodes": [n.node_id for n in nodes],
+                      "records_left": [p.name for p in registry.glob("*.json")]}))
+    ray.shutdown()
+    cluster.shutdown()
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[0] == "--reap":
+        return reap(Path(argv[1]))
     study_path = Path(argv[0])
     kill = "--kill-node" in argv
     spec = yaml.safe_load(study_path.read_text())

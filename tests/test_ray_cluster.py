@@ -73,3 +73,20 @@ def test_a_node_dying_mid_trial_costs_one_rerun_and_the_study_goes_on(tmp_path: 
     assert all(out["killed_node"][:12] not in t["host"] for t in complete)
     registry = tmp_path / "results" / "engines"
     assert not list(registry.glob("*.json")), "no engine outlives its trial, the lost one too"
+
+
+def test_a_dead_daemons_engines_on_other_nodes_are_reaped(tmp_path: Path) -> None:
+    """A worker on another node launched an engine and recorded it on that node's disk; the
+    daemon that starts after a crash reaps it with a task pinned to the node (here every node
+    shares this machine's disk, so the record is where the task looks)."""
+    registry = tmp_path / "engines"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled"}
+    proc = subprocess.run([sys.executable, "-m", "tests.cluster_driver", "--reap", str(registry)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    assert not out["alive"], "the recorded engine was killed"
+    assert out["records_left"] == []
+    assert [out["pid"]] in out["reaped"].values()
+    assert out["driver_node"] not in out["reaped"], "the driver's own node is reaped locally"
+    assert set(out["reaped"]) <= set(out["worker_nodes"])
