@@ -112,6 +112,13 @@ def test_profiler_config_flag_on_new_versions(tmp_path: Path) -> None:
     assert "VLLM_TORCH_PROFILER_DIR" not in env
 
 
+def test_profiler_config_keys_beyond_the_dir_only_where_they_were_read(tmp_path: Path) -> None:
+    argv, _ = build(profile_dir=tmp_path, version="0.20.1")
+    config = json.loads(argv[argv.index("--profiler-config") + 1])
+    assert config == {"profiler": "torch", "torch_profiler_dir": str(tmp_path)}, \
+        "ProfilerConfig refuses unknown keys: an older vLLM gets only what it has always had"
+
+
 def test_profiler_env_on_versions_before_0_16(tmp_path: Path) -> None:
     argv, env = build(profile_dir=tmp_path, version="0.10.1.1")
     assert "--profiler-config" not in argv
