@@ -333,13 +333,16 @@ class EngineRunner:
             newest[candidate.name.split(".")[0]] = candidate
         ranks = sorted(newest.values())
         try:
-            summary = trace.summarize_many(ranks) if len(ranks) > 1 else \
-                trace.summarize(ranks[0])
             # The artifact is a trimmed copy (kernel events only): full traces run to
             # hundreds of MB; the full one stays in the trial's directory.
             trimmed = profile_dir.parent / "trace.trimmed.pt.trace.json.gz"
-            trace.trim(ranks[0], trimmed, max_events=_TRACE_ARTIFACT_EVENTS,
-                       note=f"kernel events of {ranks[0].name}, trimmed by nightshift")
+            note = f"kernel events of {ranks[0].name}, trimmed by nightshift"
+            if len(ranks) > 1:
+                summary = trace.summarize_many(ranks)
+                trace.trim(ranks[0], trimmed, max_events=_TRACE_ARTIFACT_EVENTS, note=note)
+            else:
+                summary = trace.summarize_and_trim(ranks[0], trimmed,
+                                                   max_events=_TRACE_ARTIFACT_EVENTS, note=note)
         except (ValueError, OSError) as exc:  # a cut or corrupt trace: keep the measurements
             logger.warning("trace %s could not be read (%s)", ranks[0], exc)
             return ranks[0], None

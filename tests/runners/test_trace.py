@@ -268,3 +268,13 @@ def test_trim_skips_to_the_requested_window(tmp_path: Path) -> None:
     assert starts == [500.0 + 10 * i for i in range(10)]
     with pytest.raises(ValueError, match="max_events"):
         trace.trim(path, out, max_events=0)
+
+
+@pytest.mark.parametrize("name", ["sim_graphs", "sim_eager", "sim_tp2"])
+def test_summarize_and_trim_in_one_read_equals_the_two(name: str, tmp_path: Path) -> None:
+    path = FIXTURES / f"{name}.pt.trace.json.gz"
+    one = trace.summarize_and_trim(path, tmp_path / "one.json.gz", max_events=300, note="n")
+    trace.trim(path, tmp_path / "two.json.gz", max_events=300, note="n")
+    assert one == trace.summarize(path)
+    assert gzip.decompress((tmp_path / "one.json.gz").read_bytes()) == \
+        gzip.decompress((tmp_path / "two.json.gz").read_bytes())
