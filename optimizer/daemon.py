@@ -841,8 +841,8 @@ def confirm_summary(objective: str, best: int, baseline: int,
         low, high = mean - half, mean + half
     interval = f" [{low:.2f}, {high:.2f}] (95% CI over {n} rounds)" if low is not None else \
         " (one round: no interval)"
-    sentence = (f"best trial {best} vs the defaults (trial {baseline}), re-measured "
-                f"interleaved: {objective} {mean:.2f}x{interval}")
+    sentence = (f"trial {best} (the exported config) vs the defaults (trial {baseline}), "
+                f"re-measured interleaved: {objective} {mean:.2f}x{interval}")
     return {"objective": objective, "best_trial": best, "baseline_trial": baseline,
             "rounds": [dict(p) for p in pairs], "ratios": ratios, "gain": mean,
             "ci_low": low, "ci_high": high, "sentence": sentence}

@@ -433,7 +433,7 @@ def test_the_best_is_confirmed_against_the_defaults_interleaved_with_an_interval
     assert "95% CI over 2 rounds" in parent.data.tags["confirm"]
     assert parent.data.metrics["confirm.gain"] == pytest.approx(summary["gain"])
     report = (tmp_path / "results" / "report" / "report.md").read_text()
-    assert "Confirmed: best trial 1 vs the defaults" in report
+    assert "Confirmed: trial 1 (the exported config) vs the defaults" in report
 
 
 @pytest.mark.parametrize(("tpot_slo_ms", "is_pruned"), [(12.0, True), (60.0, False)])
