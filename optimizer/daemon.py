@@ -249,6 +249,13 @@ class Daemon:
                     self._cancel_and_collect(study, item, pool)
                 self._release_waiting(study)
                 pool.shutdown()
+                # Every trial was collected, so an engine still recorded has no worker left (Ray
+                # went down under it, as a killed driver takes its local cluster): end it now
+                # rather than at the next start.
+                orphans = reap_strays(self.registry_dir)
+                if orphans:
+                    logger.warning("reaped %d engine processes whose workers were gone: %s",
+                                   len(orphans), orphans)
             return self._finish(study)
         finally:
             lock.release()

@@ -457,3 +457,27 @@ def test_a_trial_is_pruned_only_at_a_load_where_it_misses_the_slo(
     assert eager.params.get("enforce_eager") is True
     assert (eager.state == TrialState.PRUNED) is is_pruned, \
         eager.user_attrs["record"]["conclusion"]
+
+
+def test_an_engine_left_without_its_worker_is_reaped_when_the_daemon_ends(
+        tmp_path: Path, ray_cluster: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """If Ray goes down under a trial (a killed driver takes its local cluster with it), the
+    worker dies and its engine, in a session of its own, lives on: the daemon ends it on the
+    way out instead of leaving it to the next start."""
+    from optimizer.workers import WorkerPool
+    from runners.process import EngineProcess
+
+    path = write_study(tmp_path, trials=1)
+    registry = tmp_path / "results" / "engines"
+    orphans: list[EngineProcess] = []
+    shutdown = WorkerPool.shutdown
+
+    def shutdown_leaving_an_orphan(self: WorkerPool) -> None:
+        shutdown(self)
+        orphans.append(EngineProcess.start(["sleep", "300"], {}, tmp_path / "orphan.log",
+                                           registry))
+
+    monkeypatch.setattr(WorkerPool, "shutdown", shutdown_leaving_an_orphan)
+    assert main(["start", str(path), "--no-progress"]) == 0
+    assert orphans and not orphans[0].is_alive(), "the orphaned engine was killed"
+    assert not list(registry.glob("*.json")), "and its record cleared"
