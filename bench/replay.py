@@ -149,14 +149,9 @@ def restrict(data: Mapping[str, Any], only: Mapping[str, str]) -> dict[str, Any]
                          f"{', '.join(data['space'])}.")
     rows = [r for r in data["rows"]
             if all(str(r["params"].get(k)) == v for k, v in only.items())]
-    space: dict[str, list[Any]] = {}
-    for row in rows:
-        for k, v in row["params"].items():
-            if v not in space.setdefault(k, []):
-                space[k].append(v)
-    # Keep the table's value order (its grid order), restricted to what the rows span.
-    space = {k: [v for v in data["space"][k] if v in space[k]] for k in data["space"]
-             if k in space}
+    # The table's values in its order (its grid order), restricted to what the rows span.
+    space = {k: spanned for k, values in data["space"].items()
+             if (spanned := [v for v in values if any(r["params"].get(k) == v for r in rows)])}
     where = ", ".join(f"{k}={v}" for k, v in only.items())
     return {**data, "source": f"{data['source']}, only {where}", "space": space, "rows": rows}
 

@@ -39,6 +39,7 @@ from optimizer.study import (
     is_search_trial,
     objective_values,
     open_study,
+    params_of,
     recommended_trial,
     state_of,
 )
@@ -307,9 +308,7 @@ class Daemon:
             for label, source in (("defaults", baseline), ("best", best)):
                 if self.stopping:
                     return
-                params = dict((source.user_attrs.get(ATTR_RECORD) or {}).get("params") or
-                              source.params)
-                study.enqueue_trial(params, user_attrs={ATTR_CONFIRM: label})
+                study.enqueue_trial(params_of(source), user_attrs={ATTR_CONFIRM: label})
                 trial = study.ask()
                 sampled = self.space.sample(trial)
                 self._launch(study, pool, trial, sampled,
@@ -799,12 +798,11 @@ class Daemon:
             for name, v in zip(self.cfg.objectives, best.values, strict=True):
                 metrics[f"best.{name}"] = v
             tags["best_trial"] = str(best.number)
-            recommended = recommended_trial(study)
-            if recommended is not None:
-                tags["recommended_trial"] = str(recommended.number)
+            report = build_report(study, self.cfg, with_importances=False)
+            tags["recommended_trial"] = str((report.recommended or report.best or best).number)
             # The study's conclusion is the best against the defaults (the trial's own one
             # compares it with the best before it).
-            tags["conclusion"] = headline(build_report(study, self.cfg, with_importances=False))
+            tags["conclusion"] = headline(report)
         confirmed = study.user_attrs.get(STUDY_ATTR_CONFIRM)
         if confirmed:
             tags["confirm"] = str(confirmed["sentence"])

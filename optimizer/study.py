@@ -189,8 +189,7 @@ def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     complete to teach the sampler, nor a final confirmation run), one that met the SLO
     somewhere (constraints all <= 0) when any did; else the best measured. For two
     objectives, the first of the feasible Pareto front."""
-    measured = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if is_measured(t) and t.values is not None]
+    measured = _measured_trials(study)
     if not measured:
         return None
     if len(study.directions) == 1:
@@ -211,12 +210,11 @@ def recommended_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     best = best_trial(study)
     if best is None or len(study.directions) > 1 or best.values is None:
         return best
-    measured = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if is_measured(t) and t.values is not None]
+    measured = _measured_trials(study)
     baseline = next((t for t in measured if t.user_attrs.get(ATTR_BASELINE)), None)
     if baseline is None:
         return best
-    defaults = _params_of(baseline)
+    defaults = params_of(baseline)
     top = float(best.values[0])
     best_feasible = all(v <= 0 for v in best.constraints.values())
     sign = 1.0 if study.direction.name == "MAXIMIZE" else -1.0
@@ -225,11 +223,17 @@ def recommended_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
                   and (not best_feasible or all(v <= 0 for v in t.constraints.values()))]
 
     def changes(trial: optuna.trial.FrozenTrial) -> int:
-        params = _params_of(trial)
+        params = params_of(trial)
         return sum(params.get(k) != defaults.get(k) for k in set(params) | set(defaults))
 
     return min(candidates, key=lambda t: (changes(t), -sign * float(t.values[0]), t.number))
 
 
-def _params_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+def params_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """The config a trial ran: its record's params, else Optuna's."""
     return dict((trial.user_attrs.get(ATTR_RECORD) or {}).get("params") or trial.params)
+
+
+def _measured_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if is_measured(t) and t.values is not None]

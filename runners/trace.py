@@ -491,12 +491,14 @@ def summarize_and_trim(path: Path, out_path: Path, max_events: int = 2000, *,
     if max_events < 1:
         raise ValueError(f"max_events must be >= 1 but got {max_events}.")
     kept: list[dict[str, Any]] = []
-    acc = _Accumulator(reorder_window)
-    for event in iter_gpu_events(path):
-        acc.add(event)
-        if len(kept) < max_events:
-            with contextlib.suppress(KeyError, TypeError, ValueError):  # no usable ts
-                kept.append(_slim(event, float(event["ts"])))
-    acc.finish()
+
+    def keeping_the_first() -> Iterator[dict[str, Any]]:
+        for event in iter_gpu_events(path):
+            if len(kept) < max_events:
+                with contextlib.suppress(KeyError, TypeError, ValueError):  # no usable ts
+                    kept.append(_slim(event, float(event["ts"])))
+            yield event
+
+    summary = summarize_events(keeping_the_first(), reorder_window=reorder_window)
     _write_trimmed(kept, path, out_path, max_events, 0.0, note)
-    return acc.summary()
+    return summary

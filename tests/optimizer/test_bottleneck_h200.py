@@ -37,16 +37,25 @@ def _summary(name: str) -> dict[str, float]:
     return trace.summarize(H200_TRACES / f"{name}.pt.trace.json.gz")
 
 
-def _result(name: str) -> tuple[RunResult, EngineConfig]:
-    facts = TRIALS[name]
-    step = StepMetrics(step=0, level=LoadLevel(max_concurrency=64),
-                       metrics=BenchmarkMetrics(**facts["step_metrics"]),
-                       server_metrics=facts["server_metrics"])
+def _as_result(facts: dict[str, Any], summary: dict[str, float] | None,
+               step: int = 0) -> tuple[RunResult, EngineConfig]:
+    """A trial's extracted facts (bench/h200/extract_fixtures.py) as the daemon held them:
+    its measured level at 64 concurrent, engine figures, NVML telemetry and trace summary."""
+    fields = BenchmarkMetrics.__dataclass_fields__
+    measured = StepMetrics(step=step, level=LoadLevel(max_concurrency=64),
+                           metrics=BenchmarkMetrics(**{k: v for k, v in
+                                                       facts["step_metrics"].items()
+                                                       if k in fields}),
+                           server_metrics=facts["server_metrics"])
     engine = EngineInfo(**{k: v for k, v in facts["engine"].items()
                            if k in EngineInfo.__dataclass_fields__})
-    result = RunResult(status="complete", steps=(step,), engine=engine,
-                       trace_summary=_summary(name), telemetry=facts["telemetry"])
+    result = RunResult(status="complete", steps=(measured,), engine=engine,
+                       trace_summary=summary, telemetry=facts["telemetry"])
     return result, EngineConfig(model="qwen2.5-7b", flags=facts["flags"])
+
+
+def _result(name: str) -> tuple[RunResult, EngineConfig]:
+    return _as_result(TRIALS[name], _summary(name))
 
 
 @pytest.mark.parametrize("name", sorted(TRIALS))
@@ -114,19 +123,9 @@ def _grid_result(name: str) -> tuple[RunResult, EngineConfig]:
     """A grid trial as the daemon saw it: its measured level, NVML telemetry of the unprofiled
     load, and the summary of its whole profiled window where the fixture keeps one (trials 0
     and 3; the others are judged as an unprofiled trial would be)."""
-    facts = GRID_TRIALS[name]
-    fields = BenchmarkMetrics.__dataclass_fields__
-    step = StepMetrics(step=1, level=LoadLevel(max_concurrency=64),
-                       metrics=BenchmarkMetrics(**{k: v for k, v in facts["step_metrics"].items()
-                                                   if k in fields}),
-                       server_metrics=facts["server_metrics"])
-    engine = EngineInfo(**{k: v for k, v in facts["engine"].items()
-                           if k in EngineInfo.__dataclass_fields__})
     path = GRID / f"{name}.summary.json"
     summary = json.loads(path.read_text()) if path.exists() else None
-    return (RunResult(status="complete", steps=(step,), engine=engine, trace_summary=summary,
-                      telemetry=facts["telemetry"]),
-            EngineConfig(model="qwen2.5-7b", flags=facts["flags"]))
+    return _as_result(GRID_TRIALS[name], summary, step=1)
 
 
 def test_profiler_gaps_under_a_busy_gpu_are_not_launch_bound() -> None:
