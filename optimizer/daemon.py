@@ -30,6 +30,7 @@ from optimizer.report import build_report, headline
 from optimizer.study import (
     ATTR_BASELINE,
     ATTR_CONFIRM,
+    ATTR_CUT_SHORT,
     ATTR_DUPLICATE_OF,
     ATTR_MLFLOW_RUN,
     ATTR_RECORD,
@@ -742,6 +743,10 @@ class Daemon:
         """Trials a dead daemon left RUNNING become FAIL (daemon_lost) and are re-queued once;
         MLflow runs are closed to match Optuna."""
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            unsampled = self.space.unsampled(trial.params)
+            if unsampled and ATTR_MLFLOW_RUN not in trial.user_attrs:
+                self._drop_cut_short(study, trial, unsampled)
+                continue
             retries = int(trial.user_attrs.get(ATTR_RETRIES, 0))
             record = records.failed_record(
                 trial.params, FailureReason.DAEMON_LOST.value,
@@ -769,8 +774,8 @@ class Daemon:
             saved = frozen.user_attrs.get(ATTR_RECORD)
             if not (saved and frozen.state.is_finished()):
                 continue
-            if ATTR_DUPLICATE_OF in frozen.user_attrs:
-                continue  # a repeat launched nothing and has no run: its original's stands
+            if ATTR_DUPLICATE_OF in frozen.user_attrs or ATTR_CUT_SHORT in frozen.user_attrs:
+                continue  # launched nothing and has no run (a repeat: its original's stands)
             if not mlflow_run:  # the store refused it at the time: log it now (a finished
                 # Optuna trial is immutable, so its run is found again by its trial tag)
                 mlflow_run = self.tracker.find_trial_run(self.cfg.name, frozen.number) or \
@@ -780,6 +785,23 @@ class Daemon:
         closed = self.tracker.reconcile(self.cfg.name, finished)
         if closed:
             logger.info("closed %d MLflow runs left RUNNING by a dead daemon", closed)
+
+    def _drop_cut_short(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                        unsampled: list[str]) -> None:
+        """A dead daemon's trial still being sampled has half a config, never launched: it
+        fails without a run and is not re-queued (pinning half a config would not retry
+        anything); it counts for no budget, and the sampler simply asks again."""
+        record = records.failed_record(
+            trial.params, FailureReason.DAEMON_LOST.value,
+            "the daemon died while this trial's config was being sampled.",
+            f"the daemon died before sampling {', '.join(unsampled)}: nothing launched, "
+            "not re-queued.",
+            is_baseline=False)
+        study._storage.set_trial_user_attr(trial._trial_id, ATTR_RECORD, record)
+        study._storage.set_trial_user_attr(trial._trial_id, ATTR_CUT_SHORT, True)
+        study.tell(trial.number, state=TrialState.FAIL)
+        logger.warning("trial %d was being sampled when the daemon died: failed, not "
+                       "re-queued (no %s yet)", trial.number, ", ".join(unsampled))
 
     def _finish(self, study: optuna.Study) -> DaemonSummary:
         trials = study.get_trials(deepcopy=False)

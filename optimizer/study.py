@@ -26,6 +26,7 @@ ATTR_CONFIRM = "confirm"  # "defaults" or "best": a final re-measurement, not a 
 ATTR_DUPLICATE_OF = "duplicate_of"  # the sampler asked again for a config already measured
 ATTR_BASELINE = "baseline"
 ATTR_RETRY_OF = "retry_of"
+ATTR_CUT_SHORT = "sampling_cut_short"  # its daemon died mid-ask: no config, nothing launched
 ATTR_MLFLOW_RUN = "mlflow_run_id"
 _STORAGE_ATTEMPTS = 4
 _RACE_ERRORS = frozenset({"IntegrityError", "OperationalError"})
@@ -168,8 +169,10 @@ def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 
 def is_search_trial(trial: optuna.trial.FrozenTrial) -> bool:
     """A trial of the search itself: not a repeat of a config already measured (it launched
-    nothing; the original stands for it) nor a final confirmation run."""
-    return ATTR_DUPLICATE_OF not in trial.user_attrs and ATTR_CONFIRM not in trial.user_attrs
+    nothing; the original stands for it), nor one whose sampling a dying daemon cut short (it
+    has no config), nor a final confirmation run."""
+    return not any(attr in trial.user_attrs
+                   for attr in (ATTR_DUPLICATE_OF, ATTR_CUT_SHORT, ATTR_CONFIRM))
 
 
 def is_measured(trial: optuna.trial.FrozenTrial) -> bool:

@@ -738,6 +738,19 @@ class ResolvedSpace:
 
         return self._walk(suggest)
 
+    def unsampled(self, params: Mapping[str, Any]) -> list[str]:
+        """The params `sample` would have suggested that `params` lacks: non-empty for a trial
+        whose sampling was cut short (its daemon died between two suggestions)."""
+        missing: list[str] = []
+
+        def recorded(spec: ParamSpec) -> Value:
+            if spec.name not in params:
+                missing.append(spec.name)
+            return params.get(spec.name)
+
+        self._walk(recorded)
+        return missing
+
     def defaults(self) -> dict[str, Value]:
         """The vLLM-defaults baseline as a full config; pass it to `study.enqueue_trial`."""
         return self._walk(lambda spec: spec.default)

@@ -128,6 +128,21 @@ def test_ask_tell_with_distributions_accepts_every_sampled_config() -> None:
         study.tell(trial, 1.0)
 
 
+def test_unsampled_names_what_a_cut_short_sampling_left_out() -> None:
+    resolved = load_space("default").resolve(CONTEXTS["2x4090_pcie"])
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(10):
+        trial = study.ask()
+        resolved.sample(trial)
+        assert resolved.unsampled(trial.params) == [], "a whole config lacks nothing"
+        study.tell(trial, 1.0)
+    names = [p.name for p in resolved.params]
+    assert names[0] == "tensor_parallel_size"
+    assert resolved.unsampled({"tensor_parallel_size": 1}) == names[1:]
+    whole = resolved.defaults()
+    assert resolved.unsampled({k: v for k, v in whole.items() if k != names[-1]}) == names[-1:]
+
+
 def test_vllm_defaults_follow_the_gpu() -> None:
     h200 = load_space("default").resolve(CONTEXTS["h200"]).defaults()
     a100 = load_space("default").resolve(CONTEXTS["a100"]).defaults()
