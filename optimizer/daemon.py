@@ -235,10 +235,13 @@ class Daemon:
             self._recover(study)
             for frozen in study.get_trials(deepcopy=False):
                 self._remember(frozen.number, frozen.user_attrs.get(ATTR_RECORD))
-            if not study.get_trials(deepcopy=False):
+            # On every start, not just the first: a daemon killed between these writes left
+            # some seeds out, and a seed added to the study file since runs on resume.
+            if not any(ATTR_BASELINE in t.user_attrs for t in study.get_trials(deepcopy=False)):
                 study.enqueue_trial(self.space.defaults(), user_attrs={ATTR_BASELINE: True})
-                for params in self.seed_trials:
-                    study.enqueue_trial(dict(params), user_attrs={ATTR_SEEDED: True})
+            for params in self.seed_trials:
+                study.enqueue_trial(dict(params), user_attrs={ATTR_SEEDED: True},
+                                    skip_if_exists=True)
             pool = WorkerPool(self.runner, self.total_gpus,
                               accelerator_type=self.cfg.spec.ray.accelerator_type,
                               resources=self.cfg.spec.ray.resources)

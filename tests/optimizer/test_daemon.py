@@ -342,6 +342,15 @@ def test_seed_trials_run_right_after_the_baseline_in_order(
         assert others == {k: v for k, v in trials[0].params.items() if k not in seed}, \
             "params a seed trial does not name stay at the defaults"
 
+    # A seed added to the study file runs when the study resumes; the others do not run again.
+    write_study(tmp_path, trials=4, seed_trials=[*seeds, {"max_num_seqs": 256}],
+                max_parallel_trials=1)
+    assert main(["start", str(path), "--no-progress"]) == 0
+    trials = sorted(load(tmp_path).trials, key=lambda t: t.number)
+    assert len(trials) == 4 and [t.user_attrs.get("seeded") for t in trials[1:]] == [True] * 3
+    assert trials[3].params["max_num_seqs"] == 256
+    assert [t.user_attrs.get("baseline") for t in trials].count(True) == 1
+
 
 def test_seed_trial_outside_the_space_is_refused_before_anything_is_written(
         tmp_path: Path, ray_cluster: None, capsys: pytest.CaptureFixture[str]) -> None:
