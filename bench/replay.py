@@ -6,7 +6,8 @@ nightshift runs it, paying each config's GPU-seconds (start-up + load levels) wh
 asks for it: grid (the Cartesian product in order, as vLLM's `auto_tune` and `bench sweep`
 walk it), random, TPE (nightshift's settings), TPE with nightshift's MarginPruner (a pruned
 trial pays start-up and its first level only), and GP where torch is installed. A config asked
-again costs nothing (the daemon never launches one twice). The figure of merit is the
+again costs nothing (the daemon never launches one twice), and 200 such repeats in a row end
+the search unfinished (the daemon's "space exhausted"). The figure of merit is the
 GPU-seconds spent until a trial within 3% of the grid's best was measured, median over seeds,
 as a share of the whole grid's cost (what a grid search pays to know its best).
 
@@ -35,6 +36,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from optimizer.daemon import MAX_CONSECUTIVE_DUPLICATES
 from optimizer.pruning import MarginPruner
 from optimizer.study import is_search_trial
 
@@ -202,6 +204,7 @@ def _replay_optuna(table: Table, sampler: optuna.samplers.BaseSampler, *,
     # The defaults run first in every study: the first grid config stands in for them.
     study.enqueue_trial(table.grid_order()[0])
     spent = 0.0
+    repeats = 0
     for _ in range(max_asks):
         trial = study.ask(distributions)
         key = _key(trial.params)
@@ -209,7 +212,11 @@ def _replay_optuna(table: Table, sampler: optuna.samplers.BaseSampler, *,
             state, value = seen[key]
             study.tell(trial, value if state == TrialState.COMPLETE else None,
                        state=state)
+            repeats += 1
+            if repeats >= MAX_CONSECUTIVE_DUPLICATES:  # the daemon's end: "space exhausted"
+                return math.inf
             continue
+        repeats = 0
         row = table.rows[key]
         if row["failed"]:
             spent += row["gpu_s"]
@@ -280,7 +287,8 @@ def replay(data: Mapping[str, Any], seeds: Sequence[int]) -> dict[str, Any]:
             continue
         median = statistics.median(costs)
         summary[name] = {"median_gpu_s": median, "share_of_grid": median / table.grid_cost_s,
-                         "min_gpu_s": min(costs), "max_gpu_s": max(costs), "runs": len(costs)}
+                         "min_gpu_s": min(costs), "max_gpu_s": max(costs), "runs": len(costs),
+                         "reached": sum(math.isfinite(c) for c in costs)}
     return {"source": data["source"], "objective": data["objective"],
             "configs": len(table.rows), "best": table.best, "within": WITHIN,
             "grid_cost_s": table.grid_cost_s, "seeds": list(seeds), "summary": summary}
@@ -327,7 +335,8 @@ def main() -> int:
             continue
         sys.stdout.write(f"  {name:>12}: {s['median_gpu_s']:8.0f} GPU-s = "
                          f"{s['share_of_grid']:6.1%} of the grid's cost "
-                         f"(range {s['min_gpu_s']:.0f}-{s['max_gpu_s']:.0f})\n")
+                         f"(range {s['min_gpu_s']:.0f}-{s['max_gpu_s']:.0f}; "
+                         f"{s['reached']} of {s['runs']} seeds reached it)\n")
     if args.out is not None:
         args.out.write_text(json.dumps(result, indent=2))
     return 0

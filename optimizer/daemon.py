@@ -791,20 +791,26 @@ class Daemon:
 
     def _drop_cut_short(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
                         unsampled: list[str]) -> None:
-        """A dead daemon's trial still being sampled has half a config, never launched: it
-        fails without a run and is not re-queued (pinning half a config would not retry
-        anything); it counts for no budget, and the sampler simply asks again."""
+        """A dead daemon's trial still being sampled has half a config and never launched: it
+        fails without a run and counts for no budget. One the sampler proposed is not
+        re-queued (pinning half a config would retry nothing; the sampler asks again); one
+        enqueued whole (the defaults, a seed, a retry) goes back in the queue as it was."""
+        attrs = dict(trial.user_attrs)
+        enqueued = trial.system_attrs.get("fixed_params")
+        fate = "re-queued as enqueued" if enqueued else "not re-queued"
         record = records.failed_record(
             trial.params, FailureReason.DAEMON_LOST.value,
             "the daemon died while this trial's config was being sampled.",
             f"the daemon died before sampling {', '.join(unsampled)}: nothing launched, "
-            "not re-queued.",
-            is_baseline=False)
+            f"{fate}.",
+            is_baseline=bool(attrs.get(ATTR_BASELINE)))
         study._storage.set_trial_user_attr(trial._trial_id, ATTR_RECORD, record)
         study._storage.set_trial_user_attr(trial._trial_id, ATTR_CUT_SHORT, True)
         study.tell(trial.number, state=TrialState.FAIL)
-        logger.warning("trial %d was being sampled when the daemon died: failed, not "
-                       "re-queued (no %s yet)", trial.number, ", ".join(unsampled))
+        if enqueued:
+            study.enqueue_trial(dict(enqueued), user_attrs={**attrs, ATTR_RETRY_OF: trial.number})
+        logger.warning("trial %d was being sampled when the daemon died (no %s yet): failed, "
+                       "%s", trial.number, ", ".join(unsampled), fate)
 
     def _finish(self, study: optuna.Study) -> DaemonSummary:
         trials = study.get_trials(deepcopy=False)

@@ -10,7 +10,8 @@ is failed (or retried) with its reason, Optuna and MLflow agree, and no engine o
 | CUDA graph capture failure     | sim_graph_capture_fail         | failed cuda_graph_capture    |
 | port taken before engine binds | a socket held on that port     | relaunched; completes        |
 | daemon SIGKILLed, restarted    | kill -9 (optimizer/test_daemon)| daemon_lost, re-queued once  |
-| daemon killed mid-sampling     | half-asked trial (test_daemon) | daemon_lost, not re-queued   |
+| daemon killed mid-sampling     | half-asked trial (test_daemon) | daemon_lost, no run; only an |
+|                                |                                | enqueued config re-queued    |
 | daemon stopped / stop --now    | nightshift stop (test_daemon)  | finished / failed+re-queued  |
 | Ray worker process killed      | SIGKILL to the actor process   | worker_lost, re-queued once  |
 | tracking store fails mid-study | mlflow.db overwritten in place | goes on; resume logs the rest|

@@ -197,34 +197,41 @@ def test_resume_after_sigkill_keeps_finished_trials(tmp_path: Path) -> None:
     assert _engine_pids(tmp_path) == []
 
 
-def test_a_trial_whose_sampling_the_dead_daemon_cut_short_is_failed_not_requeued(
+def test_a_trial_whose_sampling_the_dead_daemon_cut_short_launches_nothing(
         tmp_path: Path, ray_cluster: None) -> None:
     path = write_study(tmp_path, trials=2)
     assert main(["start", str(path), "--no-progress"]) == 0
-    # A daemon killed between two suggestions leaves a RUNNING trial with half a config.
+    # A daemon killed between two suggestions leaves a RUNNING trial with half a config: one
+    # enqueued whole (a seed) and one the sampler was proposing.
     study = load(tmp_path)
-    backend = study.trials[1].distributions["attention_backend"]
-    half = study.ask()
-    half.suggest_categorical("attention_backend", list(backend.choices))
+    tp = study.trials[0].distributions["tensor_parallel_size"]
+    seed = {**study.trials[0].params, "kv_cache_dtype": "fp8"}
+    study.enqueue_trial(seed, user_attrs={"seeded": True})
+    enqueued, proposed = study.ask(), study.ask()
+    for trial in (enqueued, proposed):
+        trial.suggest_categorical("tensor_parallel_size", list(tp.choices))
 
-    write_study(tmp_path, trials=3)
+    write_study(tmp_path, trials=4)
     assert main(["start", str(path), "--no-progress"]) == 0
 
     study = load(tmp_path)
-    cut = study.trials[half.number]
-    assert cut.state == TrialState.FAIL and cut.user_attrs["sampling_cut_short"] is True
-    record = cut.user_attrs["record"]
-    assert record["failure_reason"] == "daemon_lost"
-    assert "before sampling" in record["conclusion"] and "not re-queued" in record["conclusion"]
-    assert not [t for t in study.trials if t.user_attrs.get("retry_of") == half.number], \
-        "half a config is not retried: the sampler asks afresh"
+    for number in (enqueued.number, proposed.number):
+        cut = study.trials[number]
+        assert cut.state == TrialState.FAIL and cut.user_attrs["sampling_cut_short"] is True
+        assert cut.user_attrs["record"]["failure_reason"] == "daemon_lost"
+        assert "mlflow_run_id" not in cut.user_attrs, "it launched nothing: no MLflow run"
+    assert "not re-queued" in study.trials[proposed.number].user_attrs["record"]["conclusion"]
+    assert not [t for t in study.trials if t.user_attrs.get("retry_of") == proposed.number], \
+        "half a config the sampler proposed is not retried: the sampler asks afresh"
+    again = [t for t in study.trials if t.user_attrs.get("retry_of") == enqueued.number]
+    assert len(again) == 1 and again[0].params == seed and again[0].user_attrs["seeded"], \
+        "an enqueued config goes back in the queue whole, with its attributes"
+    assert again[0].state == TrialState.COMPLETE
     search = [t for t in study.trials if t.state.is_finished() and not
               {"duplicate_of", "sampling_cut_short"} & t.user_attrs.keys()]
-    assert len(search) == 3, "the cut-short trial counts for no budget"
+    assert len(search) == 4, "cut-short trials count for no budget"
     runs = trial_runs(tmp_path)
-    assert len(runs) == 3 and "mlflow_run_id" not in cut.user_attrs, \
-        "it launched nothing: no MLflow run"
-    assert not [r for r in runs if r.info.status == "RUNNING"]
+    assert len(runs) == 4 and not [r for r in runs if r.info.status == "RUNNING"]
 
 
 def _start_daemon(path: Path, log: Path) -> subprocess.Popen[bytes]:
