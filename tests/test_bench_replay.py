@@ -71,3 +71,23 @@ def test_confirmation_runs_are_not_grid_points(tmp_path: Path) -> None:
     table = replay_mod.table_from_study(db, "g")
     values = {r["params"]["quantization"]: r["value"] for r in table["rows"]}
     assert values == {"none": 29.0, "fp8": 39.0}, "the grid's own measurement stands"
+
+
+class _StuckSampler(optuna.samplers.RandomSampler):
+    """Proposes the defaults forever, as a GP sampler stalled on its incumbent does."""
+
+    def sample_independent(self, study, trial, name, distribution):  # type: ignore[no-untyped-def]
+        return distribution.choices[0]
+
+
+def test_a_search_stalled_on_measured_configs_ends_unfinished_as_the_daemon_ends_it() -> None:
+    table = replay_mod.Table(replay_mod.restrict(H200_TABLE, {"kv_cache_dtype": "auto"}))
+    cost = replay_mod._replay_optuna(table, _StuckSampler(seed=0), prune=False, max_asks=10_000)
+    assert cost == float("inf"), "200 repeats in a row: the space counts as exhausted"
+
+
+def test_gp_replays_where_torch_is_installed() -> None:
+    pytest.importorskip("torch", reason="GPSampler needs torch (bench/README.md: GP)")
+    result = replay_mod.replay(replay_mod.restrict(H200_TABLE, {"kv_cache_dtype": "auto"}),
+                               range(2))
+    assert result["summary"]["gp"]["reached"] == 2
