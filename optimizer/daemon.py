@@ -643,10 +643,9 @@ class Daemon:
             study.tell(item.trial, state=state)
         self._finished_here += 1
         self._close_run(item.trial.number, item.run_id, tracking_payload(record, result))
-        if failure is not None and failure.is_retryable and item.retries < self.cfg.spec.retries:
-            study.enqueue_trial(item.params, user_attrs={
-                ATTR_RETRY_OF: item.trial.number, ATTR_RETRIES: item.retries + 1,
-                ATTR_BASELINE: item.is_baseline})
+        if failure is not None and failure.is_retryable and item.retries < self.cfg.spec.retries \
+                and self._requeue(study, item.trial.number, item.params,
+                                  item.trial.user_attrs, item.retries + 1):
             logger.info("trial %d re-queued after %s", item.trial.number, failure.reason)
         logger.info("trial %d %s: %s params=%s", item.trial.number, state_name, conclusion,
                     item.params)
@@ -665,10 +664,9 @@ class Daemon:
         self._waiting = None
         failure = Failure(FailureReason.INTERRUPTED,
                           "the daemon stopped before this trial was launched; re-queued.")
+        attrs = dict(trial.user_attrs)
         self._tell_without_run(study, trial, params, failure)
-        study.enqueue_trial(params, user_attrs={
-            ATTR_RETRY_OF: trial.number, ATTR_RETRIES: int(trial.user_attrs.get(ATTR_RETRIES, 0)),
-            ATTR_BASELINE: bool(trial.user_attrs.get(ATTR_BASELINE))})
+        self._requeue(study, trial.number, params, attrs, int(attrs.get(ATTR_RETRIES, 0)))
 
     def _tell_config_failure(self, study: optuna.Study, trial: optuna.Trial) -> None:
         """A config that cannot run (OOM, graph capture, unsupported, infeasible) teaches the
@@ -743,19 +741,27 @@ class Daemon:
     # -- resume -----------------------------------------------------------------------------
 
     def _recover(self, study: optuna.Study) -> None:
-        """Trials a dead daemon left RUNNING become FAIL (daemon_lost) and are re-queued once;
-        MLflow runs are closed to match Optuna."""
+        """Trials a dead daemon left RUNNING become FAIL (daemon_lost) and are re-queued once
+        (a confirmation run is not: the comparison runs whole again); MLflow runs are closed
+        to match Optuna."""
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             unsampled = self.space.unsampled(trial.params)
             if unsampled and ATTR_MLFLOW_RUN not in trial.user_attrs:
                 self._drop_cut_short(study, trial, unsampled)
                 continue
-            retries = int(trial.user_attrs.get(ATTR_RETRIES, 0))
+            attrs = dict(trial.user_attrs)
+            retries = int(attrs.get(ATTR_RETRIES, 0))
+            if ATTR_CONFIRM in attrs:
+                fate = "the confirmation runs again whole on this start"
+            elif retries < self.cfg.spec.retries:
+                fate = "re-queued"
+            else:
+                fate = f"not re-queued (retried {retries} times already)"
             record = records.failed_record(
                 trial.params, FailureReason.DAEMON_LOST.value,
                 "the daemon died with this trial in flight.",
-                "the daemon died with this trial in flight; re-queued.",
-                is_baseline=bool(trial.user_attrs.get(ATTR_BASELINE)))
+                f"the daemon died with this trial in flight; {fate}.",
+                is_baseline=bool(attrs.get(ATTR_BASELINE)))
             storage = study._storage
             storage.set_trial_user_attr(trial._trial_id, ATTR_RECORD, record)
             if not trial.user_attrs.get(ATTR_MLFLOW_RUN):
@@ -765,12 +771,10 @@ class Daemon:
                                                   trial.number, trial.params)
                 storage.set_trial_user_attr(trial._trial_id, ATTR_MLFLOW_RUN, run_id)
             study.tell(trial.number, state=TrialState.FAIL)
-            if trial.params and retries < self.cfg.spec.retries:
-                study.enqueue_trial(trial.params, user_attrs={
-                    ATTR_RETRY_OF: trial.number, ATTR_RETRIES: retries + 1,
-                    ATTR_BASELINE: bool(trial.user_attrs.get(ATTR_BASELINE))})
-            logger.warning("trial %d was in flight when the daemon died: failed, re-queued",
-                           trial.number)
+            if fate == "re-queued":
+                self._requeue(study, trial.number, trial.params, attrs, retries + 1)
+            logger.warning("trial %d was in flight when the daemon died: failed, %s",
+                           trial.number, fate)
         finished: dict[str, dict[str, Any]] = {}
         for frozen in study.get_trials(deepcopy=False):
             mlflow_run = frozen.user_attrs.get(ATTR_MLFLOW_RUN)
@@ -788,6 +792,19 @@ class Daemon:
         closed = self.tracker.reconcile(self.cfg.name, finished)
         if closed:
             logger.info("closed %d MLflow runs left RUNNING by a dead daemon", closed)
+
+    @staticmethod
+    def _requeue(study: optuna.Study, number: int, params: Mapping[str, Any],
+                 attrs: Mapping[str, Any], retries: int) -> bool:
+        """Queue again a trial lost to infrastructure, as what it was (the defaults, a seed).
+        A confirmation run is not: the interleaved comparison stops at a failed run and runs
+        whole again when the study resumes."""
+        if ATTR_CONFIRM in attrs:
+            return False
+        kept = {key: attrs[key] for key in (ATTR_BASELINE, ATTR_SEEDED) if key in attrs}
+        study.enqueue_trial(dict(params), user_attrs={
+            **kept, ATTR_RETRY_OF: number, ATTR_RETRIES: retries})
+        return True
 
     def _drop_cut_short(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
                         unsampled: list[str]) -> None:
@@ -808,7 +825,7 @@ class Daemon:
         study._storage.set_trial_user_attr(trial._trial_id, ATTR_CUT_SHORT, True)
         study.tell(trial.number, state=TrialState.FAIL)
         if enqueued:
-            study.enqueue_trial(dict(enqueued), user_attrs={**attrs, ATTR_RETRY_OF: trial.number})
+            self._requeue(study, trial.number, enqueued, attrs, int(attrs.get(ATTR_RETRIES, 0)))
         logger.warning("trial %d was being sampled when the daemon died (no %s yet): failed, "
                        "%s", trial.number, ", ".join(unsampled), fate)
 

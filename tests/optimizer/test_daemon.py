@@ -234,6 +234,35 @@ def test_a_trial_whose_sampling_the_dead_daemon_cut_short_launches_nothing(
     assert len(runs) == 4 and not [r for r in runs if r.info.status == "RUNNING"]
 
 
+def test_a_dead_daemons_trials_are_re_queued_as_what_they_were(
+        tmp_path: Path, ray_cluster: None) -> None:
+    path = write_study(tmp_path, trials=2)
+    assert main(["start", str(path), "--no-progress"]) == 0
+    # What a kill -9 leaves: a seed and a confirmation run asked whole, both RUNNING.
+    study = load(tmp_path)
+    measured = study.trials[1]
+    seed = {**study.trials[0].params, "kv_cache_dtype": "fp8"}
+    study.enqueue_trial(seed, user_attrs={"seeded": True})
+    study.enqueue_trial(measured.params, user_attrs={"confirm": "best"})
+    in_flight = [study.ask(), study.ask()]
+    for trial in in_flight:
+        for name, distribution in measured.distributions.items():
+            trial._suggest(name, distribution)
+
+    write_study(tmp_path, trials=3)
+    assert main(["start", str(path), "--no-progress"]) == 0
+    study = load(tmp_path)
+    seeded, confirm = (study.trials[t.number] for t in in_flight)
+    assert seeded.state == confirm.state == TrialState.FAIL
+    again = [t for t in study.trials if t.user_attrs.get("retry_of") == seeded.number]
+    assert len(again) == 1 and again[0].user_attrs.get("seeded") is True, \
+        "a seed is re-queued as a seed"
+    assert again[0].params == seed and again[0].state == TrialState.COMPLETE
+    assert not [t for t in study.trials if t.user_attrs.get("retry_of") == confirm.number], \
+        "a confirmation run is not re-queued: the comparison runs whole again"
+    assert "confirmation runs again" in confirm.user_attrs["record"]["conclusion"]
+
+
 def _start_daemon(path: Path, log: Path) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "optimizer.cli", "start", str(path), "--no-progress"]
     with open(log, "a") as out:
