@@ -33,7 +33,8 @@ PROFILER_CONFIG_FLAG_SINCE = (0, 16, 0)  # before: env VLLM_TORCH_PROFILER_DIR
 # What nightshift's trace analysis never reads, and vLLM records by default: Python stacks, the
 # CUDA-time table it prints, the front end's CPU trace. On the H200 (vLLM 0.26, study h200-grid)
 # /stop_profile took 54 s to export a 3-second window with them, over a third of each trial.
-# ProfilerConfig refuses unknown keys: they go only to versions whose config was read (0.26).
+# ProfilerConfig refuses unknown keys: they go only to versions whose config was read (0.26;
+# its field names, read from the 0.26.0 wheel, are a test fixture).
 PROFILER_LEAN_SINCE = (0, 26, 0)
 _PROFILER_LEAN: Final = {"torch_profiler_with_stack": False,
                          "torch_profiler_dump_cuda_time_total": False, "ignore_frontend": True}

@@ -112,6 +112,17 @@ def test_profiler_config_flag_on_new_versions(tmp_path: Path) -> None:
     assert "VLLM_TORCH_PROFILER_DIR" not in env
 
 
+def test_every_profiler_config_key_is_a_field_of_vllm_0_26s_profiler_config(
+        tmp_path: Path) -> None:
+    # ProfilerConfig forbids unknown keys: a misspelt one would fail every profiled start.
+    fields = json.loads((Path(__file__).parents[1] / "fixtures" /
+                         "vllm_0.26.0_profiler_config_fields.json").read_text())["fields"]
+    argv, _ = build(profile_dir=tmp_path, version="0.26.0")
+    config = json.loads(argv[argv.index("--profiler-config") + 1])
+    assert set(config) <= set(fields)
+    assert all(fields[key] == "bool" for key in config if isinstance(config[key], bool))
+
+
 def test_profiler_config_keys_beyond_the_dir_only_where_they_were_read(tmp_path: Path) -> None:
     argv, _ = build(profile_dir=tmp_path, version="0.20.1")
     config = json.loads(argv[argv.index("--profiler-config") + 1])
