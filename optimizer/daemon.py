@@ -562,9 +562,11 @@ class Daemon:
         item.handle.cancel()
         pool.release(item.handle.actor, healthy=False)
         self._inflight.remove(item)
+        again = "the confirmation runs whole again" if ATTR_CONFIRM in item.trial.user_attrs \
+            else "it is re-queued"
         result = RunResult(status="failed", steps=tuple(item.steps), failure=Failure(
             FailureReason.INTERRUPTED,
-            "the daemon was stopped with this trial in flight; it is re-queued on resume."))
+            f"the daemon was stopped with this trial in flight; {again} on resume."))
         self._record(study, item, result)
 
     def _record(self, study: optuna.Study, item: _InFlight, result: RunResult) -> None:
