@@ -562,8 +562,8 @@ class Daemon:
         item.handle.cancel()
         pool.release(item.handle.actor, healthy=False)
         self._inflight.remove(item)
-        again = "the confirmation runs whole again" if ATTR_CONFIRM in item.trial.user_attrs \
-            else "it is re-queued"
+        again = "it is re-queued" if _requeueable(item.trial.user_attrs) \
+            else "the confirmation runs whole again"
         result = RunResult(status="failed", steps=tuple(item.steps), failure=Failure(
             FailureReason.INTERRUPTED,
             f"the daemon was stopped with this trial in flight; {again} on resume."))
@@ -753,7 +753,7 @@ class Daemon:
                 continue
             attrs = dict(trial.user_attrs)
             retries = int(attrs.get(ATTR_RETRIES, 0))
-            if ATTR_CONFIRM in attrs:
+            if not _requeueable(attrs):
                 fate = "the confirmation runs again whole on this start"
             elif retries < self.cfg.spec.retries:
                 fate = "re-queued"
@@ -798,10 +798,9 @@ class Daemon:
     @staticmethod
     def _requeue(study: optuna.Study, number: int, params: Mapping[str, Any],
                  attrs: Mapping[str, Any], retries: int) -> bool:
-        """Queue again a trial lost to infrastructure, as what it was (the defaults, a seed).
-        A confirmation run is not: the interleaved comparison stops at a failed run and runs
-        whole again when the study resumes."""
-        if ATTR_CONFIRM in attrs:
+        """Queue again a trial lost to infrastructure, as what it was (the defaults, a seed),
+        unless it is a confirmation run (`_requeueable`); says whether it did."""
+        if not _requeueable(attrs):
             return False
         kept = {key: attrs[key] for key in (ATTR_BASELINE, ATTR_SEEDED) if key in attrs}
         study.enqueue_trial(dict(params), user_attrs={
@@ -816,7 +815,8 @@ class Daemon:
         enqueued whole (the defaults, a seed, a retry) goes back in the queue as it was."""
         attrs = dict(trial.user_attrs)
         enqueued = trial.system_attrs.get("fixed_params")
-        fate = "re-queued as enqueued" if enqueued else "not re-queued"
+        again = enqueued if enqueued and _requeueable(attrs) else None  # what goes back
+        fate = "re-queued as enqueued" if again else "not re-queued"
         record = records.failed_record(
             trial.params, FailureReason.DAEMON_LOST.value,
             "the daemon died while this trial's config was being sampled.",
@@ -826,8 +826,8 @@ class Daemon:
         study._storage.set_trial_user_attr(trial._trial_id, ATTR_RECORD, record)
         study._storage.set_trial_user_attr(trial._trial_id, ATTR_CUT_SHORT, True)
         study.tell(trial.number, state=TrialState.FAIL)
-        if enqueued:
-            self._requeue(study, trial.number, enqueued, attrs, int(attrs.get(ATTR_RETRIES, 0)))
+        if again:
+            self._requeue(study, trial.number, again, attrs, int(attrs.get(ATTR_RETRIES, 0)))
         logger.warning("trial %d was being sampled when the daemon died (no %s yet): failed, "
                        "%s", trial.number, ", ".join(unsampled), fate)
 
@@ -875,6 +875,12 @@ class Daemon:
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
          2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
          2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def _requeueable(attrs: Mapping[str, Any]) -> bool:
+    """Whether a trial lost to infrastructure goes back in the queue: all but a confirmation
+    run, whose interleaved comparison runs whole again when the study resumes."""
+    return ATTR_CONFIRM not in attrs
 
 
 def confirm_summary(objective: str, best: int, baseline: int,
