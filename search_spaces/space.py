@@ -614,7 +614,8 @@ class SearchSpace:
         problem = resolved.token_budget_problem(None)
         if problem is not None:
             raise SpaceError(f"{self.source}: {problem}; raise the max_num_batched_tokens "
-                             "choices or lower the max_num_seqs ones.")
+                             "choices or lower the max_num_seqs values (its choices, or a "
+                             "rule's fix).")
         return resolved
 
     def _with_default(self, spec: ParamSpec, context: Mapping[str, Any]) -> ParamSpec:
@@ -783,6 +784,9 @@ class ResolvedSpace:
                 spec = by_name[name]
                 numbers = [c for c in spec.choices if is_number(c)] if (
                     spec.type == "categorical") else [spec.low, spec.high]
+                # A conditional rule sets its value outright, outside the domain if it says so.
+                numbers += [v for r in self.conditional_rules for t, v in r.targets
+                            if t == name and is_number(v)]
                 value = pick(numbers) if numbers else None
             else:
                 value = self.vllm_defaults.get(name)

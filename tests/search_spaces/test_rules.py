@@ -214,6 +214,18 @@ def test_token_budget_below_max_num_seqs_is_rejected() -> None:
         space.resolve(CONTEXTS["h200"])
 
 
+def test_token_budget_counts_the_values_a_conditional_rule_fixes() -> None:
+    # Found by test_fuzz: a rule fixing max_num_seqs above vLLM's default token budget made a
+    # space whose own defaults broke it.
+    space = parse_space({"parameters": {
+        "dtype": {"type": "categorical", "choices": ["auto"]},
+        "max_num_seqs": {"type": "categorical", "choices": [1]}},
+        "rules": [{"name": "x", "reason": "r", "when": {"params.dtype": "auto"},
+                   "fix": {"max_num_seqs": 16384}}]}, source="s.yaml")
+    with pytest.raises(SpaceError, match=r"needs max_num_batched_tokens >= max_num_seqs.*rule"):
+        space.resolve(CONTEXTS["h200"])
+
+
 def test_eager_fixes_cudagraph_mode() -> None:
     space = parse_space({"parameters": {
         "enforce_eager": {"type": "categorical", "choices": [False, True]},
