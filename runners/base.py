@@ -219,6 +219,9 @@ class EngineInfo:
     attention_backend: str | None = None  # the one actually chosen
     engine_version: str | None = None
     max_model_len: int | None = None
+    # Kernels vLLM's JIT monitor saw compiled (or autotuned) after warm-up, i.e. while serving:
+    # each one stalls the steps that wait for it. None where the log was not read after the load.
+    num_runtime_jit_compiles: int | None = None
 
     def as_metrics(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.__dict__.items()

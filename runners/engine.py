@@ -36,6 +36,7 @@ from runners.telemetry import TelemetrySampler
 logger = logging.getLogger(__name__)
 
 LOG_TAIL_BYTES = 64_000
+_RUNTIME_LOG_BYTES = 8_000_000  # the log's end read after the load (per-request access lines)
 _DURATION_POOL = 4096  # requests synthesised for a duration-bound level (cycled)
 _READINESS_ATTEMPTS = 3
 _TRACE_ARTIFACT_EVENTS = 20_000
@@ -116,6 +117,10 @@ class EngineRunner:
                                             started, steps, on_step)
             finally:
                 telemetry = sampler.stop()
+            # What the log says of the load itself (kernels compiled while serving), read once
+            # the measured levels are over.
+            served = self.launcher.parse_log(tail(log_path, _RUNTIME_LOG_BYTES))
+            engine = replace(engine, num_runtime_jit_compiles=served.num_runtime_jit_compiles)
             if workload.profile and status == "complete" and profile_dir is not None:
                 trace_path, trace_summary = self._profile(base_url, config, workload,
                                                           profile_dir)

@@ -4,9 +4,11 @@ samples it in the background during a load level (queue growth, KV-cache pressur
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Final
 
 import httpx
@@ -23,6 +25,16 @@ PROMPT_TOKENS: Final = "vllm:prompt_tokens_total"
 GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
 PREFIX_CACHE_QUERIES: Final = "vllm:prefix_cache_queries_total"
 PREFIX_CACHE_HITS: Final = "vllm:prefix_cache_hits_total"
+# Prompt tokens served from a cache (local prefix cache + external KV), not computed: vLLM 0.26
+# (vllm/v1/metrics/loggers.py). `PROMPT_TOKENS` counts every prompt token once, cached or not.
+PROMPT_TOKENS_CACHED: Final = "vllm:prompt_tokens_cached_total"
+# One observation per engine step that reached the API server: its count is the step count.
+ITERATION_TOKENS_COUNT: Final = "vllm:iteration_tokens_total_count"
+# `--enable-mfu-metrics` (vLLM 0.26, vllm/v1/metrics/perf.py): per-GPU analytic estimates of
+# each step, summed over the data-parallel engines by `parse` (one label set per engine).
+ESTIMATED_FLOPS: Final = "vllm:estimated_flops_per_gpu_total"
+ESTIMATED_READ_BYTES: Final = "vllm:estimated_read_bytes_per_gpu_total"
+ESTIMATED_WRITE_BYTES: Final = "vllm:estimated_write_bytes_per_gpu_total"
 
 # Cumulative series: a delta over a window means something; a gauge's does not.
 _CUMULATIVE_SUFFIXES: Final = ("_total", "_sum", "_count")
@@ -219,3 +231,51 @@ class MetricsPoller:
         if queries > 0:
             out["prefix_cache_hit_rate"] = growth.get(PREFIX_CACHE_HITS, 0.0) / queries
         return out
+
+
+@dataclass(frozen=True)
+class LevelCounters:
+    """What the engine did over one load level, from the growth of its counters (`delta`):
+    every figure is None where the engine did not expose the counter."""
+
+    prompt_tokens: float | None  # every prompt token of the requests that started
+    cached_prompt_tokens: float | None  # of those, served from a cache (not computed)
+    generation_tokens: float | None
+    num_steps: float | None  # engine steps, summed over data-parallel engines
+    estimated_flops_per_gpu: float | None  # vLLM's MFU estimate, summed over DP engines
+    estimated_read_bytes_per_gpu: float | None
+    estimated_write_bytes_per_gpu: float | None
+
+    @property
+    def computed_prompt_tokens(self) -> float | None:
+        if self.prompt_tokens is None:
+            return None
+        return max(self.prompt_tokens - (self.cached_prompt_tokens or 0.0), 0.0)
+
+    @property
+    def has_mfu(self) -> bool:
+        """vLLM filled its MFU counters (they exist but stay 0 without --enable-mfu-metrics)."""
+        return bool(self.estimated_flops_per_gpu or self.estimated_read_bytes_per_gpu)
+
+
+def level_counters(growth: Mapping[str, float]) -> LevelCounters:
+    """`LevelCounters` from a level's counter growth (a step's `server_metrics`). Cached prompt
+    tokens come from `vllm:prompt_tokens_cached_total` (vLLM 0.26), else from the prefix-cache
+    hits (in tokens), which miss external KV transfers only."""
+
+    def get(name: str) -> float | None:
+        value = growth.get(name)
+        if value is None or isinstance(value, bool):
+            return None
+        value = float(value)
+        return value if math.isfinite(value) and value >= 0 else None
+
+    cached = get(PROMPT_TOKENS_CACHED)
+    if cached is None:
+        cached = get(PREFIX_CACHE_HITS)
+    return LevelCounters(
+        prompt_tokens=get(PROMPT_TOKENS), cached_prompt_tokens=cached,
+        generation_tokens=get(GENERATION_TOKENS), num_steps=get(ITERATION_TOKENS_COUNT),
+        estimated_flops_per_gpu=get(ESTIMATED_FLOPS),
+        estimated_read_bytes_per_gpu=get(ESTIMATED_READ_BYTES),
+        estimated_write_bytes_per_gpu=get(ESTIMATED_WRITE_BYTES))

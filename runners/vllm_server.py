@@ -39,6 +39,12 @@ PROFILER_LEAN_SINCE = (0, 26, 0)
 _PROFILER_LEAN: Final = {"torch_profiler_with_stack": False,
                          "torch_profiler_dump_cuda_time_total": False, "ignore_frontend": True}
 ATTENTION_ENV_IGNORED_SINCE = (0, 16, 0)  # VLLM_ATTENTION_BACKEND silently ignored from here
+# `--enable-mfu-metrics` fills vllm:estimated_{flops,read_bytes,write_bytes}_per_gpu_total (read
+# in the 0.26.0 wheel: vllm/config/observability.py, vllm/v1/metrics/perf.py); older versions
+# were not checked, and an unknown flag makes vLLM's parser exit 2, so it goes to >= 0.26 only.
+# Its cost is host arithmetic in the scheduler, once per step (one pass over the scheduled
+# requests and a few dozen products); the GPU does nothing more.
+MFU_METRICS_SINCE = (0, 26, 0)
 
 # Boolean flags whose `False` differs from leaving them out (their default is on or "auto"), so
 # `False` must be spelled `--no-...`. Every other boolean `False` is simply omitted: vLLM's
@@ -192,6 +198,10 @@ class VllmLauncher:
                 continue
             argv.extend(_flag_args(key, value))
 
+        if version >= MFU_METRICS_SINCE and "enable_mfu_metrics" not in config.flags:
+            # vLLM's own FLOP and byte accounting, cross-checked against nightshift's roofline.
+            argv.append("--enable-mfu-metrics")
+
         if config.num_gpus > 1:
             # A multi-GPU engine's collectives follow the NCCL (and multicast) variables it
             # inherits: keep them with the trial, so they are logged and exported with it.
@@ -247,6 +257,12 @@ _INIT_ENGINE = re.compile(
     rf"init engine \(.*?\) took {_NUM} s(?:econds)?(?: \(compilation: {_NUM} s)?")
 _TORCH_COMPILE = re.compile(rf"torch\.compile (?:takes|took) {_NUM} s in total")
 _MAX_MODEL_LEN = re.compile(r"Using max model len ([\d,]+)")
+# vLLM 0.26's JIT monitor (vllm/utils/jit_monitor.py), active after warm-up: one warning per
+# kernel compiled during inference ("Triton kernel JIT compilation during inference: NAME."),
+# and Triton's own line for each autotuning it then runs.
+_RUNTIME_JIT = re.compile(r"JIT compilation during inference: (\S+?)\.?(?: |$)", re.MULTILINE)
+_RUNTIME_AUTOTUNE = re.compile(r"Triton autotuning for function (\w+)")
+_JIT_MONITOR_ON = "Kernel JIT monitor activated"
 _VERSION_PATTERNS = (
     re.compile(r"vLLM API server version (\S+)"),
     re.compile(r"Initializing a V1 LLM engine \(v([^)\s]+)\)"),
@@ -293,6 +309,11 @@ def parse_log(log_text: str) -> EngineInfo:
             fields["compile_s"] = _num(m.group(2))
     if "compile_s" not in fields and (m := _TORCH_COMPILE.search(text)):
         fields["compile_s"] = _num(m.group(1))
+    if _JIT_MONITOR_ON in text:
+        serving = text[text.index(_JIT_MONITOR_ON):]
+        # Distinct kernels: every tensor-parallel rank logs its own compiles of the same ones.
+        fields["num_runtime_jit_compiles"] = len(set(_RUNTIME_JIT.findall(serving))) + \
+            len(set(_RUNTIME_AUTOTUNE.findall(serving)))
     return EngineInfo(**fields)
 
 
