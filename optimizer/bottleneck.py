@@ -877,8 +877,8 @@ def advice(verdict: Verdict, *,
     if label == "compute-bound":
         if not fp8_weights:
             return "fewer FLOPs per token at the same rate: fp8 weights (quantization fp8)"
-        return ("the GEMMs already run in fp8: only fewer prefill FLOPs (prefix caching of "
-                "shared prompts, shorter prompts) or more GPUs (data_parallel_size) help")
+        return ("only fewer prefill FLOPs help now: prefix caching of shared prompts, "
+                "shorter prompts, or more GPUs (data_parallel_size)")
     if label == "memory-bound":
         levers = []
         if not fp8_weights:
@@ -887,8 +887,8 @@ def advice(verdict: Verdict, *,
             levers.append("an fp8 KV cache (kv_cache_dtype fp8)")
         if levers:
             return "read fewer bytes per token: " + " or ".join(levers)
-        return ("weights and KV are already fp8: read them for more sequences per step (a "
-                "larger max_num_seqs where the KV cache has room) or add replicas")
+        return ("read the weights for more sequences per step (a larger max_num_seqs where "
+                "the KV cache has room) or add replicas (data_parallel_size)")
     if label == "kv-capacity-bound":
         levers = []
         if not fp8_kv:

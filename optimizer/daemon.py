@@ -511,6 +511,15 @@ class Daemon:
                                             self.hardware, self.model, tp1_tpot_ms=tp1)
         return bottleneck.classify(evidence)
 
+    def _step_records(self, steps: Any, config: EngineConfig) -> list[dict[str, Any]]:
+        """Each level's record, with its step-mix roofline (`roofline.*`, `vllm_mfu.*`): the
+        per-level figures MLflow logs at step = level."""
+        out = records.step_records(steps)
+        for record, figures in zip(out, bottleneck.level_metrics(steps, config, self.hardware,
+                                                                  self.model), strict=True):
+            record["metrics"].update(figures)
+        return out
+
     @staticmethod
     def _tp1_tpot_ms(study: optuna.Study, step_index: int) -> float | None:
         """The best median TPOT at this load level among finished TP=1 trials: what a TP>1
@@ -614,7 +623,7 @@ class Daemon:
             "flags": dict(item.config.flags),
             "values": values,
             "metrics": metrics,
-            "steps": records.step_records(result.steps),
+            "steps": self._step_records(result.steps, item.config),
             "failure_reason": failure.reason.value if failure else None,
             "failure_message": failure.message if failure else None,
             "conclusion": conclusion,

@@ -54,7 +54,9 @@ class SimulatedLauncher:
 
     def command(self, config: EngineConfig, port: int, workdir: Path,
                 profile_dir: Path | None) -> tuple[list[str], dict[str, str]]:
-        payload = {"model": config.model, "flags": dict(config.flags), "env": dict(config.env),
+        # As `VllmLauncher` does for vLLM >= 0.26: the engine's own FLOP and byte counters on.
+        flags = {"enable_mfu_metrics": True, **config.flags}
+        payload = {"model": config.model, "flags": flags, "env": dict(config.env),
                    "load_format": config.load_format,
                    "served_model_name": config.served_model_name}
         argv = [sys.executable, "-m", "runners.simulated", "--host", "127.0.0.1",

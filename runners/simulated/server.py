@@ -53,6 +53,7 @@ from runners.simulated.model import (
     StepPlan,
     TokenEvent,
     block_hashes,
+    vllm_mfu_estimate,
 )
 
 logger = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ class ServerSettings:
 class EngineMetrics:
     """vLLM's /metrics names on a private registry (several engines may share a test process)."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, *, is_mfu_enabled: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         labels = ["model_name"]
         r = self.registry
@@ -110,6 +111,8 @@ class EngineMetrics:
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent.")
         self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.prompt_tokens_cached = counter(
+            "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
         self.generation_tokens = counter("vllm:generation_tokens",
                                          "Number of generation tokens processed.")
         self.prefix_queries = counter("vllm:prefix_cache_queries",
@@ -126,10 +129,20 @@ class EngineMetrics:
         self.iteration_tokens = histogram("vllm:iteration_tokens_total",
                                           "Histogram of number of tokens per engine_step.",
                                           ITERATION_TOKEN_BUCKETS)
+        # vLLM registers these only under --enable-mfu-metrics (vllm/v1/metrics/perf.py).
+        self.mfu: tuple[Counter, Counter, Counter] | None = None
+        if is_mfu_enabled:
+            self.mfu = (
+                counter("vllm:estimated_flops_per_gpu", "Estimated number of floating point "
+                        "operations per GPU (for Model Flops Utilization calculations)."),
+                counter("vllm:estimated_read_bytes_per_gpu", "Estimated number of bytes read "
+                        "from memory per GPU (for Model Flops Utilization calculations)."),
+                counter("vllm:estimated_write_bytes_per_gpu", "Estimated number of bytes "
+                        "written to memory per GPU (for Model Flops Utilization calculations)."))
         for metric in (self.running, self.waiting, self.kv_usage, self.preemptions,
-                       self.prompt_tokens, self.generation_tokens, self.prefix_queries,
-                       self.prefix_hits, self.ttft, self.itl, self.e2e, self.queue,
-                       self.iteration_tokens):
+                       self.prompt_tokens, self.prompt_tokens_cached, self.generation_tokens,
+                       self.prefix_queries, self.prefix_hits, self.ttft, self.itl, self.e2e,
+                       self.queue, self.iteration_tokens, *(self.mfu or ())):
             metric.labels(model_name=model_name)  # present from the start, as vLLM's are
         self.model_name = model_name
 
@@ -153,6 +166,12 @@ class _ProfiledStep:
     num_decode_seqs: int
 
 
+def _flag_on(value: object) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in {"1", "true", "yes", "on"}
+    return bool(value)
+
+
 def _tokenize(text: str, vocab_size: int) -> list[int]:
     """A stand-in tokenizer: one token per whitespace-separated word, stable across runs."""
     return [zlib.crc32(word.encode()) % vocab_size for word in text.split()] or [0]
@@ -164,7 +183,8 @@ def _compile_cache_marker(config: EngineConfig) -> Path | None:
     root = config.env.get("VLLM_CACHE_ROOT")
     if not root:
         return None
-    keyed = {k: config.flags.get(k) for k in sorted(config.flags) if not k.startswith("sim_")}
+    keyed = {k: config.flags.get(k) for k in sorted(config.flags)
+             if not k.startswith("sim_") and k != "enable_mfu_metrics"}  # metrics: no compile
     digest = hashlib.sha256(json.dumps([config.model, keyed], default=str).encode()).hexdigest()
     return Path(root) / "torch_compile_cache" / f"simulated-{digest[:16]}" / "done"
 
@@ -197,7 +217,9 @@ class SimulatedEngine:
         self.model = PerformanceModel.from_config(
             config, settings.hardware, is_compile_cache_warm=bool(marker and marker.is_file()))
         self.faults = settings.faults
-        self.metrics = EngineMetrics(config.served_model_name)
+        self.metrics = EngineMetrics(
+            config.served_model_name,
+            is_mfu_enabled=_flag_on(config.flags.get("enable_mfu_metrics")))
         self.replicas = [_Replica(i, Scheduler(self.model))
                          for i in range(config.data_parallel_size)]
         self.is_ready = False
@@ -324,6 +346,16 @@ class SimulatedEngine:
     def _complete(self, scheduler: Scheduler, plan: StepPlan, now: float) -> None:
         m, name = self.metrics, self.metrics.model_name
         m.iteration_tokens.labels(model_name=name).observe(plan.num_tokens)
+        if m.mfu is not None:
+            # Counted as vLLM counts a step: per GPU, from what was scheduled (before it ran).
+            estimate = vllm_mfu_estimate(
+                self.model, [(take, request.num_computed_tokens + take,
+                              take > 1 or request.num_output_tokens == 0)
+                             for request, take in plan.scheduled],
+                data_parallel_size=len(self.replicas))
+            for counter, value in zip(m.mfu, (estimate.flops, estimate.read_bytes,
+                                              estimate.write_bytes), strict=True):
+                counter.labels(model_name=name).inc(value)
         if plan.num_preempted:
             m.preemptions.labels(model_name=name).inc(plan.num_preempted)
         events = scheduler.complete(plan, now)
@@ -333,6 +365,7 @@ class SimulatedEngine:
             if event.is_first:
                 # As vLLM: the whole prompt counts once, cached or recomputed after preemption.
                 m.prompt_tokens.labels(model_name=name).inc(request.num_prompt_tokens)
+                m.prompt_tokens_cached.labels(model_name=name).inc(request.num_cached_tokens)
                 m.ttft.labels(model_name=name).observe(now - request.arrival_s)
                 if request.first_scheduled_s is not None:
                     m.queue.labels(model_name=name).observe(

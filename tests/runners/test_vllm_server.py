@@ -38,8 +38,9 @@ def build(flags: dict[str, object] | None = None, *, version: str = "0.26.0",
 
 
 def flags_part(argv: list[str]) -> list[str]:
-    """argv after the fixed prefix the launcher always emits."""
-    return argv[argv.index("--load-format") + 2:]
+    """argv after the fixed prefix the launcher always emits, less the switch it adds on its
+    own (`--enable-mfu-metrics`, tested on its own below)."""
+    return [a for a in argv[argv.index("--load-format") + 2:] if a != "--enable-mfu-metrics"]
 
 
 # ---------------------------------------------------------------------------------- argv
