@@ -314,3 +314,23 @@ def test_simulated_mfu_counters_agree_with_our_roofline_where_vllm_knows_the_met
     block = step_roofline(step, config, H200, LLAMA_8B)
     assert block is not None and block.vllm_compute_utilization is not None
     assert block.vllm_compute_utilization < 0.1 * block.compute_utilization
+
+
+# --- recorded H200 trials, judged as an unprofiled trial would be --------------------------------
+
+@pytest.mark.parametrize("name", ["trial0", "trial1", "trial2", "trial4", "trial5", "trial6",
+                                  "trial7"])
+def test_recorded_h200_trials_without_their_trace_keep_their_label(name: str) -> None:
+    """Study h200-proof-2 (vLLM 0.26, Qwen2.5-7B shape, 512/256 at 64 concurrent): without the
+    profiled window, the step mix and NVML alone still tell eager (NVML 49%, 25% of bandwidth)
+    from the CUDA-graph trials (NVML 91-99%, 41-58% of bandwidth)."""
+    from tests.optimizer.test_bottleneck_h200 import TRIALS, _as_result
+
+    result, config = _as_result(TRIALS[name], None)
+    verdict = classify(evidence_from(result, config, H200, QWEN_7B))
+    assert verdict.label == TRIALS[name]["device_verdict"]["label"], verdict.reason
+    assert "trace" not in verdict.sources and "roofline" in verdict.sources
+    if name == "trial2":
+        assert "eager mode" in verdict.reason and verdict.evidence["gpu_util_mean_pct"] < 50
+    else:
+        assert 0.4 <= verdict.evidence["bandwidth_utilization"] < 0.6
