@@ -106,6 +106,7 @@ class Evidence:
     compute_utilization: float | None = None  # seconds of FLOPs at peak per second
     bandwidth_utilization: float | None = None  # bytes/s over HBM bandwidth
     prefill_flop_share: float | None = None  # of the level's FLOPs, prefill's (0-1)
+    kv_read_share: float | None = None  # of the level's bytes, KV read by decode (0-1)
     prefill_tokens_per_s: float | None = None  # computed prompt tokens, whole engine
     decode_tokens_per_s: float | None = None  # generated tokens, whole engine
     vllm_compute_utilization: float | None = None  # the same from vLLM's MFU counters
@@ -282,11 +283,12 @@ def step_roofline(step: StepMetrics, config: EngineConfig, hardware: HardwarePro
 
     counters = prometheus.level_counters(step.server_metrics)
     duration = m.duration_s
-    prompt = counters.prompt_tokens if counters.prompt_tokens else float(m.total_input_tokens)
-    computed = counters.computed_prompt_tokens if counters.prompt_tokens else prompt
+    prompt = counters.prompt_tokens or float(m.total_input_tokens)
+    computed = counters.computed_prompt_tokens if counters.prompt_tokens else None
+    if computed is None:
+        computed = prompt
     cached_fraction = 1.0 - computed / prompt if prompt > 0 else 0.0
-    generated = counters.generation_tokens if counters.generation_tokens \
-        else float(m.total_output_tokens)
+    generated = counters.generation_tokens or float(m.total_output_tokens)
     mean_prompt = m.total_input_tokens / m.completed
     mean_output = m.total_output_tokens / m.completed
     prefill_tps, decode_tps = computed / duration, generated / duration
@@ -423,7 +425,8 @@ def _verdict(label: Label, rf: float | None, evidence: Mapping[str, float | None
 # vLLM's), and the config facts `advice` must not contradict.
 _CONTEXT_FIELDS: Final = ("compute_utilization", "bandwidth_utilization",
                           "vllm_compute_utilization", "vllm_bandwidth_utilization",
-                          "prefill_flop_share", "requests_in_flight", "num_runtime_jit_compiles",
+                          "prefill_flop_share", "kv_read_share", "requests_in_flight",
+                          "num_runtime_jit_compiles",
                           "is_fp8_weights", "is_fp8_kv", "is_enforce_eager")
 
 
@@ -744,6 +747,7 @@ def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
     rooflines = [(s, step_roofline(s, config, hardware, model)) for s in measured]
     with_terms = [(s, r) for s, r in rooflines if r is not None]
     mix: StepRoofline | None = None
+    step: StepMetrics | None
     if with_terms:
         step, mix = max(with_terms, key=lambda pair: pair[1].roofline_fraction)
     else:
@@ -827,6 +831,7 @@ def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
         compute_utilization=mix.compute_utilization if mix else None,
         bandwidth_utilization=mix.bandwidth_utilization if mix else None,
         prefill_flop_share=mix.prefill_flop_share if mix else None,
+        kv_read_share=mix.kv_read_share if mix else None,
         prefill_tokens_per_s=mix.prefill_tokens_per_s if mix else None,
         decode_tokens_per_s=mix.decode_tokens_per_s if mix else None,
         vllm_compute_utilization=mix.vllm_compute_utilization if mix else None,
@@ -883,7 +888,8 @@ def advice(verdict: Verdict, *,
         levers = []
         if not fp8_weights:
             levers.append("fp8 weights (quantization fp8)")
-        if not fp8_kv and (ev.get("kv_read_share") is None or ev["kv_read_share"] >= 0.1):
+        # fp8 KV halves only the KV part of the bytes: named where that part is worth it.
+        if not fp8_kv and ev.get("kv_read_share", 1.0) >= 0.1:
             levers.append("an fp8 KV cache (kv_cache_dtype fp8)")
         if levers:
             return "read fewer bytes per token: " + " or ".join(levers)
