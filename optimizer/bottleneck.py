@@ -808,7 +808,10 @@ def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
         communication_share=_finite(trace.get("communication_share")),
         gpu_busy_fraction=_finite(trace.get("gpu_busy_fraction")),
         median_gap_us=_finite(trace.get("median_gap_us")),
-        gpu_util_mean_pct=_finite(tel.get("gpu_util_mean_pct")),
+        # NVML over the operating level where the runner sampled it, else over the whole run.
+        gpu_util_mean_pct=_finite(server.get("gpu_util_mean_pct"))
+        if _finite(server.get("gpu_util_mean_pct")) is not None
+        else _finite(tel.get("gpu_util_mean_pct")),
         mem_util_mean_pct=_finite(tel.get("mem_util_mean_pct")),
         power_mean_w=_finite(tel.get("power_mean_w")),
         sm_clock_mean_mhz=_finite(tel.get("sm_clock_mean_mhz")),

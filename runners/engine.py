@@ -68,6 +68,7 @@ class EngineRunner:
         self.port_retries = port_retries
         self.gpu_indices = gpu_indices
         self._proc: EngineProcess | None = None
+        self._sampler: TelemetrySampler | None = None  # NVML over the levels of this run
 
     def run(self, config: EngineConfig, workload: Workload, workdir: Path,
             on_step: OnStep | None = None) -> RunResult:
@@ -112,10 +113,12 @@ class EngineRunner:
             self._warm_up(base_url, config, workload, proc, log_path)
             sampler = TelemetrySampler(self.gpu_indices)
             sampler.start()
+            self._sampler = sampler
             try:
                 status = self._drive_levels(proc, base_url, config, workload, log_path,
                                             started, steps, on_step)
             finally:
+                self._sampler = None
                 telemetry = sampler.stop()
             # What the log says of the load itself (kernels compiled while serving), read once
             # the measured levels are over.
@@ -251,6 +254,7 @@ class EngineRunner:
         # must not be served from the blocks its predecessor computed.
         self._reset_prefix_cache(base_url)
         before = prometheus.scrape(base_url)
+        level_start_s = time.monotonic()
         # An open-loop level (a request rate) above what the engine serves grows its queue
         # without end: stop it once the queue has clearly grown; it is a saturated level.
         saturated = threading.Event() if level.request_rate_rps is not None else None
@@ -293,6 +297,10 @@ class EngineRunner:
         after = prometheus.scrape(base_url)
         server = {**prometheus.delta(before, after), **polled,
                   "is_saturated": 1.0 if is_saturated else 0.0}
+        # NVML over this level alone: the run's mean mixes light and heavy levels.
+        util = self._sampler.gpu_util_mean_pct_since(level_start_s) if self._sampler else None
+        if util is not None:
+            server["gpu_util_mean_pct"] = util
         logger.info("level %d (%s): %.2f req/s, %.0f tok/s, TPOT p99 %.1f ms", index,
                     level.label, m.request_throughput, m.output_throughput, m.p99_tpot_ms)
         return StepMetrics(step=index, level=level, metrics=m, server_metrics=server,

@@ -10,6 +10,7 @@ import logging
 import os
 import statistics
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -89,6 +90,8 @@ class TelemetrySampler:
         self._handles: list[Any] = []
         self._samples: dict[str, list[float]] = {q: [] for q in QUANTITIES}
         self._power_totals_w: list[float] = []
+        # (monotonic s, mean utilisation over the GPUs) of each sample: a load level's own mean.
+        self._util_series: list[tuple[float, float]] = []
         self._num_samples = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -151,6 +154,13 @@ class TelemetrySampler:
                 out["power_total_mean_w"] = round(statistics.fmean(self._power_totals_w), 3)
             return out
 
+    def gpu_util_mean_pct_since(self, start_s: float) -> float | None:
+        """Mean NVML utilisation (a kernel running, all GPUs) of the samples taken since
+        `start_s` (`time.monotonic()`), e.g. over one load level; None without such samples."""
+        with self._lock:
+            values = [u for t, u in self._util_series if t >= start_s]
+        return round(statistics.fmean(values), 3) if values else None
+
     def sample_once(self) -> None:
         """Take one sample of every GPU now (the thread calls this; tests may too)."""
         nvml = self._nvml
@@ -178,6 +188,9 @@ class TelemetrySampler:
         if not any(values.values()):
             return
         with self._lock:
+            if values["gpu_util_pct"]:
+                self._util_series.append((time.monotonic(),
+                                          statistics.fmean(values["gpu_util_pct"])))
             for quantity, got in values.items():
                 self._samples[quantity].extend(got)
             if has_power:

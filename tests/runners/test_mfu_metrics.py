@@ -95,3 +95,26 @@ def test_simulated_engine_without_the_flag_has_no_mfu_counters(launch) -> None: 
     text = httpx.get(f"{engine.url}/metrics").text
     assert "vllm:estimated_flops_per_gpu" not in text
     assert "vllm:prompt_tokens_cached_total" in text
+
+
+def test_nvml_utilisation_is_kept_per_load_level() -> None:
+    """Recorded 8x H100 answers: device 6 reads 77% first, then 90%. A level that started after
+    the first sample sees only its own samples; the run's mean mixes both."""
+    import time
+
+    from runners.telemetry import TelemetrySampler
+    from tests.runners.test_hardware import ReplayNvml
+
+    nvml = ReplayNvml("8xh100_nvlink")
+    uuids = [d["nvmlDeviceGetUUID"] for d in nvml.data["devices"]]
+    sampler = TelemetrySampler([0], interval_s=60, nvml=nvml, visible_devices=uuids[6])
+    sampler.start()  # the thread's first sample: 77%
+    deadline = time.monotonic() + 30.0
+    while sampler.summary().get("num_samples", 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.01)  # monotonic time moves on past that sample
+    level_start = time.monotonic()
+    assert sampler.gpu_util_mean_pct_since(level_start) is None, "no sample of the level yet"
+    sampler.sample_once()
+    assert sampler.gpu_util_mean_pct_since(level_start) == 90.0
+    assert sampler.stop()["gpu_util_mean_pct"] == pytest.approx((77 + 90) / 2)
