@@ -742,16 +742,13 @@ def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
     else:
         steps = result
     measured = [s for s in steps if s.metrics.completed > 0]
-    # The operating point: the level that ran closest to the hardware (a capacity search's
-    # probes are not in load order); without a step-mix roofline, the last measured level.
-    rooflines = [(s, step_roofline(s, config, hardware, model)) for s in measured]
-    with_terms = [(s, r) for s, r in rooflines if r is not None]
-    mix: StepRoofline | None = None
-    step: StepMetrics | None
-    if with_terms:
-        step, mix = max(with_terms, key=lambda pair: pair[1].roofline_fraction)
-    else:
-        step = measured[-1] if measured else None
+    # The operating point: the level that served the most requests per second, the latest of
+    # equals (a capacity search's probes are not in load order). Not the one closest to a
+    # ceiling: a light level of small decode batches streams weights all the time and would
+    # call a prefill-heavy trial memory-bound.
+    step = max(reversed(measured), key=lambda s: _finite(s.metrics.request_throughput) or 0.0,
+               default=None)
+    mix = step_roofline(step, config, hardware, model) if step is not None else None
     trace = trace_summary or {}
     tel = telemetry or {}
     server = step.server_metrics if step is not None else {}

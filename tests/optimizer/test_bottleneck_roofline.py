@@ -334,3 +334,16 @@ def test_recorded_h200_trials_without_their_trace_keep_their_label(name: str) ->
         assert "eager mode" in verdict.reason and verdict.evidence["gpu_util_mean_pct"] < 50
     else:
         assert 0.4 <= verdict.evidence["bandwidth_utilization"] < 0.6
+
+
+def test_the_operating_point_is_the_level_that_served_most_not_a_light_one() -> None:
+    """At 4 in flight the prefill-heavy Llama's steps are mostly small decode batches that
+    stream the weights (simulated: ~0.6 of bandwidth); at 64 prefill dominates. The trial is
+    judged where it served the most requests, whatever order the levels ran in."""
+    light, config = _simulated_level("llama-3.1-8b", {}, (1000, 3000), 128, 4, 16)
+    heavy, _ = _simulated_level("llama-3.1-8b", {}, (1000, 3000), 128, 64, 64)
+    light_terms = step_roofline(light, config, H200, LLAMA_8B)
+    assert light_terms is not None and light_terms.bandwidth_utilization > 0.5
+    for order in ([light, heavy], [heavy, light]):
+        verdict = classify(evidence_from(order, config, H200, LLAMA_8B))
+        assert verdict.label == "compute-bound", verdict.reason
