@@ -2,8 +2,8 @@
 each load level's figures, tell Optuna and log MLflow, until the budget ends or a stop.
 
 One daemon per Optuna study, wherever it is started (a file lock keyed by the storage and the
-study name); a restarted daemon fails and re-queues what the dead one
-had in flight, reaps its engines, and brings MLflow into agreement with Optuna.
+study name); a restarted daemon fails and re-queues what the dead one had in flight, reaps its
+engines, and brings MLflow into agreement with Optuna.
 """
 
 from __future__ import annotations
