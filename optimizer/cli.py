@@ -201,12 +201,12 @@ def status(study: StudyArg,
     """
     from optuna.trial import TrialState
 
-    from optimizer.daemon import read_lock, study_lock_path
+    from optimizer.daemon import read_lease, read_lock, study_lock_path
     from optimizer.study import ATTR_RECORD, best_trial, open_study
 
     cfg = _load(study).with_overrides(storage=storage)
     opened = open_study(cfg, create=False)
-    holder = read_lock(study_lock_path(cfg))
+    holder = read_lock(study_lock_path(cfg)) or read_lease(opened)
     trials = opened.get_trials(deepcopy=False)
     counts: dict[str, int] = {}
     for t in trials:

@@ -17,7 +17,9 @@ import os
 import re
 import shlex
 import socket
+import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
@@ -146,6 +148,18 @@ class DaemonSummary:
 LOCK_DIR = Path.home() / ".cache" / "nightshift" / "locks"  # for storages not in a local file
 
 
+def is_local_file_storage(url: str) -> bool:
+    """Whether the storage is a SQLite file on this machine (its lock file sits beside it)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # SQLAlchemy's parse errors vary by version; the storage check reports
+        return False
+    database = parsed.database if parsed.get_backend_name() == "sqlite" else None
+    return bool(database) and database != ":memory:" and not str(database).startswith("file:")
+
+
 def study_lock_path(cfg: StudyConfig) -> Path:
     """The lock file of one Optuna study: keyed by the storage and the study name, not by the
     directory the daemon is started from (two daemons on one study fail each other's trials).
@@ -158,13 +172,8 @@ def study_lock_path(cfg: StudyConfig) -> Path:
     slug = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:64]
     if slug != name:  # two names that sanitise alike must not share a lock
         slug += "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
-    try:
-        url = make_url(cfg.storage_url)
-        database = url.database if url.get_backend_name() == "sqlite" else None
-    except Exception:  # SQLAlchemy's parse errors vary by version; the storage check reports
-        database = None
-    if database and database != ":memory:" and not database.startswith("file:"):
-        db = Path(database).expanduser().resolve()
+    if is_local_file_storage(cfg.storage_url):
+        db = Path(str(make_url(cfg.storage_url).database)).expanduser().resolve()
         return db.parent / f"{db.name}.{slug}.lock"
     digest = hashlib.sha256(f"{cfg.storage_url}\0{name}".encode()).hexdigest()[:16]
     return LOCK_DIR / f"{slug}-{digest}.lock"
@@ -204,6 +213,92 @@ class StudyLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+LEASE_ATTR = "nightshift.daemon"  # the study's system attribute naming the daemon that runs it
+LEASE_TTL_S = 60.0  # a lease not renewed for this long is a dead daemon's
+LEASE_SETTLE_S = 1.0  # after writing a lease, re-read it this much later: two starts race
+
+
+class StorageLease:
+    """The lock of a study in a server RDB (postgresql, mysql), shared by daemons on several
+    hosts: a study system attribute naming the holder (host, pid, a random token) with a
+    heartbeat a thread renews every LEASE_TTL_S / 4. A lease not renewed for LEASE_TTL_S is a
+    dead daemon's and is taken over (hosts' clocks must agree within that). Two starts racing
+    for a free lease both write and re-read it LEASE_SETTLE_S later: the last writer holds it,
+    the other refuses."""
+
+    def __init__(self, study: optuna.Study, name: str) -> None:
+        self.study = study
+        self.name = name
+        self.token = uuid.uuid4().hex
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.is_lost = False  # another daemon took the lease (this one stalled past the TTL)
+
+    def _read(self) -> dict[str, Any]:
+        attrs = self.study._storage.get_study_system_attrs(self.study._study_id)
+        lease = attrs.get(LEASE_ATTR)
+        return lease if isinstance(lease, dict) else {}
+
+    def _write(self, lease: Mapping[str, Any]) -> None:
+        self.study._storage.set_study_system_attr(self.study._study_id, LEASE_ATTR, dict(lease))
+
+    def _refuse(self, holder: Mapping[str, Any]) -> StudyLockedError:
+        return StudyLockedError(
+            f"study {self.name!r} is already run by pid {holder.get('pid', '?')} on "
+            f"{holder.get('host', '?')} (its lease in the storage was renewed "
+            f"{max(0.0, time.time() - float(holder.get('heartbeat', 0))):.0f} s ago); "
+            "`nightshift stop` it first or give this study another name or storage.")
+
+    def acquire(self) -> None:
+        holder = self._read()
+        if holder.get("token") and time.time() - float(holder.get("heartbeat", 0)) < LEASE_TTL_S:
+            raise self._refuse(holder)
+        mine = {"token": self.token, "pid": os.getpid(), "host": socket.gethostname(),
+                "started": time.time(), "heartbeat": time.time()}
+        self._write(mine)
+        time.sleep(LEASE_SETTLE_S)
+        holder = self._read()
+        if holder.get("token") != self.token:
+            raise self._refuse(holder)
+        self._thread = threading.Thread(target=self._renew, args=(mine,), daemon=True,
+                                        name="nightshift-lease")
+        self._thread.start()
+
+    def _renew(self, mine: dict[str, Any]) -> None:
+        while not self._stop.wait(LEASE_TTL_S / 4):
+            try:
+                if self._read().get("token") != self.token:
+                    self.is_lost = True
+                    logger.error("another daemon took study %r's lease (this one was not "
+                                 "heard from for %g s); stopping", self.name, LEASE_TTL_S)
+                    return
+                self._write({**mine, "heartbeat": time.time()})
+            except Exception as exc:  # a storage hiccup: the next beat tries again
+                logger.warning("could not renew the study's lease (%s: %s)",
+                               type(exc).__name__, str(exc)[:200])
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        try:
+            if self._read().get("token") == self.token:
+                self._write({})
+        except Exception as exc:  # the lease then runs out after LEASE_TTL_S
+            logger.warning("could not release the study's lease (%s: %s)",
+                           type(exc).__name__, str(exc)[:200])
+
+
+def read_lease(study: optuna.Study) -> dict[str, Any] | None:
+    """The daemon holding a study's lease in the storage, or None when no live one does."""
+    attrs = study._storage.get_study_system_attrs(study._study_id)
+    lease = attrs.get(LEASE_ATTR)
+    if not isinstance(lease, dict) or not lease.get("token") or \
+            time.time() - float(lease.get("heartbeat", 0)) >= LEASE_TTL_S:
+        return None
+    return lease
 
 
 def _without_password(url: str) -> str:
@@ -271,6 +366,7 @@ class Daemon:
         self._measured: dict[str, int] = {}  # config key -> the finished trial that holds it
         self._duplicates_in_a_row = 0
         self._is_exhausted = False
+        self._lease: StorageLease | None = None  # the study's lock in a server RDB
 
     # -- control ----------------------------------------------------------------------------
 
@@ -289,6 +385,11 @@ class Daemon:
         lock = StudyLock(study_lock_path(self.cfg))
         lock.acquire(self.cfg.name, self.cfg.storage_url)
         try:
+            study = open_study(self.cfg)
+            if not is_local_file_storage(self.cfg.storage_url):  # daemons on other hosts
+                lease = StorageLease(study, self.cfg.name)
+                lease.acquire()
+                self._lease = lease
             killed = reap_strays(self.registry_dir)
             if killed:
                 logger.warning("reaped %d engine processes left by a dead daemon: %s",
@@ -296,7 +397,6 @@ class Daemon:
             for node_id, pids in reap_on_other_nodes(self.registry_dir).items():
                 logger.warning("reaped %d engine processes left by a dead daemon on node %s: "
                                "%s", len(pids), node_id[:12], pids)
-            study = open_study(self.cfg)
             self._parent_run = self.tracker.start_study(
                 self.cfg.name, params=self.study_params, artifacts=self.study_artifacts)
             self._recover(study)
@@ -330,6 +430,9 @@ class Daemon:
                                    len(orphans), orphans)
             return self._finish(study)
         finally:
+            if self._lease is not None:
+                self._lease.release()
+                self._lease = None
             lock.release()
 
     @property
@@ -338,6 +441,8 @@ class Daemon:
 
     def _loop(self, study: optuna.Study, pool: WorkerPool) -> None:
         while True:
+            if self._lease is not None and self._lease.is_lost:
+                self.request_stop(now=True)  # another daemon runs the study now
             if self._stop == "now":
                 for item in list(self._inflight):
                     self._cancel_and_collect(study, item, pool)
@@ -535,6 +640,8 @@ class Daemon:
             record = dict(frozen.user_attrs.get(ATTR_RECORD) or {})
             record["conclusion"] = (f"same config as trial {earlier}: not launched again; its "
                                     f"outcome stands ({record.get('state')}).")
+            for key in ("engine_started_unix_s", "engine_ended_unix_s"):
+                record.pop(key, None)  # no engine of its own ran
         else:
             stage = "queued" if frozen.state == TrialState.WAITING else "in flight"
             record = records.failed_record(
