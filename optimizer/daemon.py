@@ -2,8 +2,9 @@
 each load level's figures, tell Optuna and log MLflow, until the budget ends or a stop.
 
 One daemon per Optuna study, wherever it is started (a file lock keyed by the storage and the
-study name); a restarted daemon fails and re-queues what the dead one had in flight, reaps its
-engines, and brings MLflow into agreement with Optuna.
+study name, and for a server RDB a lease in the storage); a restarted daemon fails and
+re-queues what the dead one had in flight, reaps its engines, and brings MLflow into agreement
+with Optuna.
 """
 
 from __future__ import annotations
@@ -164,8 +165,8 @@ def study_lock_path(cfg: StudyConfig) -> Path:
     """The lock file of one Optuna study: keyed by the storage and the study name, not by the
     directory the daemon is started from (two daemons on one study fail each other's trials).
     A SQLite storage keeps it next to its database file; a server RDB (postgresql, mysql)
-    under LOCK_DIR, named by a hash of the URL and the name, which covers daemons on this
-    host only."""
+    under LOCK_DIR, named by a hash of the URL and the name: that covers daemons on this host,
+    and a `StorageLease` those on others."""
     from sqlalchemy.engine import make_url
 
     name = cfg.name
