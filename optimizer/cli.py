@@ -201,12 +201,12 @@ def status(study: StudyArg,
     """
     from optuna.trial import TrialState
 
-    from optimizer.daemon import read_lock
+    from optimizer.daemon import read_lease, read_lock, study_lock_path
     from optimizer.study import ATTR_RECORD, best_trial, open_study
 
     cfg = _load(study).with_overrides(storage=storage)
     opened = open_study(cfg, create=False)
-    holder = read_lock(cfg.results_dir / "daemon.lock")
+    holder = read_lock(study_lock_path(cfg)) or read_lease(opened)
     trials = opened.get_trials(deepcopy=False)
     counts: dict[str, int] = {}
     for t in trials:
@@ -239,15 +239,16 @@ def stop(study: StudyArg,
                                                          "of letting them finish.")] = False,
          wait: Annotated[bool, typer.Option("--wait/--no-wait")] = True,
          timeout_s: Annotated[float, typer.Option(help="How long --wait waits.")] = 600.0,
+         storage: Annotated[str | None, typer.Option(help="Optuna RDB URL.")] = None,
          ) -> None:
     """Stop a running daemon (it finishes the trials in flight unless --now).
 
     Example: nightshift stop examples/quickstart.yaml --now
     """
-    from optimizer.daemon import read_lock
+    from optimizer.daemon import read_lock, study_lock_path
 
-    cfg = _load(study)
-    lock_path = cfg.results_dir / "daemon.lock"
+    cfg = _load(study).with_overrides(storage=storage)
+    lock_path = study_lock_path(cfg)
     holder = read_lock(lock_path)
     if holder is None or not holder.get("pid"):
         raise ConfigError(f"no daemon is running study {cfg.name!r}; nothing to stop.")

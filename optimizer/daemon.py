@@ -1,22 +1,29 @@
 """The daemon loop: ask Optuna for configs, run them on Ray workers as GPUs allow, prune from
 each load level's figures, tell Optuna and log MLflow, until the budget ends or a stop.
 
-One daemon per study (a file lock); a restarted daemon fails and re-queues what the dead one
-had in flight, reaps its engines, and brings MLflow into agreement with Optuna.
+One daemon per Optuna study, wherever it is started (a file lock keyed by the storage and the
+study name, and for a server RDB a lease in the storage); a restarted daemon fails and
+re-queues what the dead one had in flight, reaps its engines, and brings MLflow into agreement
+with Optuna.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import math
 import os
+import re
 import shlex
 import socket
+import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,6 +45,7 @@ from optimizer.study import (
     best_trial,
     engine_config,
     is_search_trial,
+    no_baseline_reason,
     objective_values,
     open_study,
     params_of,
@@ -69,6 +77,16 @@ _CONFIG_FAILURES = frozenset({
     FailureReason.OOM_AT_START, FailureReason.KV_CACHE_TOO_SMALL,
     FailureReason.CUDA_GRAPH_CAPTURE, FailureReason.UNSUPPORTED_CONFIG,
     FailureReason.INVALID_ARGUMENT, FailureReason.INFEASIBLE})
+# A lost baseline is worth another try when it failed for one of these: they can be one-off
+# (a crash, a hang, a slow start on a busy host), and every gain is measured against the
+# defaults. Config failures (above) repeat; other trials are not retried for these, as a
+# crash there is as likely the config's own doing and a retry costs a whole trial.
+_ONE_OFF_FAILURES = frozenset({
+    FailureReason.CRASH_MID_RUN, FailureReason.HANG, FailureReason.STARTUP_TIMEOUT,
+    FailureReason.STARTUP_CRASH})
+# A trial waiting for GPUs that later, smaller trials have overtaken this many times holds the
+# next free GPUs: nothing behind it starts until it has (no starving a 2-GPU trial by 1-GPU ones).
+MAX_OVERTAKEN = 2
 # What a config that cannot run scores, by direction (finite: samplers sort values).
 _WORST = {"maximize": 0.0, "minimize": 1e9}
 # This many proposals in a row of configs already measured: the sampler has nothing new to offer.
@@ -108,6 +126,16 @@ class _InFlight:
     prune_reason: str | None = None
 
 
+@dataclass
+class _Waiting:
+    """A trial asked of Optuna whose GPUs are not free yet."""
+
+    trial: optuna.Trial
+    params: dict[str, Any]
+    config: EngineConfig
+    overtaken: int = 0  # later trials launched while this one waited
+
+
 @dataclass(frozen=True)
 class DaemonSummary:
     finished: int  # trials finished by this daemon run
@@ -115,16 +143,52 @@ class DaemonSummary:
     stopped_early: bool  # by a signal or `nightshift stop`
     best_number: int | None
     best_values: list[float] | None
+    no_baseline: str = ""  # why the defaults could not be measured, when they could not
+
+
+LOCK_DIR = Path.home() / ".cache" / "nightshift" / "locks"  # for storages not in a local file
+
+
+def is_local_file_storage(url: str) -> bool:
+    """Whether the storage is a SQLite file on this machine (its lock file sits beside it)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # SQLAlchemy's parse errors vary by version; the storage check reports
+        return False
+    database = parsed.database if parsed.get_backend_name() == "sqlite" else None
+    return bool(database) and database != ":memory:" and not str(database).startswith("file:")
+
+
+def study_lock_path(cfg: StudyConfig) -> Path:
+    """The lock file of one Optuna study: keyed by the storage and the study name, not by the
+    directory the daemon is started from (two daemons on one study fail each other's trials).
+    A SQLite storage keeps it next to its database file; a server RDB (postgresql, mysql)
+    under LOCK_DIR, named by a hash of the URL and the name: that covers daemons on this host,
+    and a `StorageLease` those on others."""
+    from sqlalchemy.engine import make_url
+
+    name = cfg.name
+    slug = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:64]
+    if slug != name:  # two names that sanitise alike must not share a lock
+        slug += "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    if is_local_file_storage(cfg.storage_url):
+        db = Path(str(make_url(cfg.storage_url).database)).expanduser().resolve()
+        return db.parent / f"{db.name}.{slug}.lock"
+    digest = hashlib.sha256(f"{cfg.storage_url}\0{name}".encode()).hexdigest()[:16]
+    return LOCK_DIR / f"{slug}-{digest}.lock"
 
 
 class StudyLock:
-    """An exclusive `flock` on `<results>/daemon.lock`, holding the daemon's pid for `stop`."""
+    """An exclusive `flock` on the study's lock file (`study_lock_path`), holding the daemon's
+    pid and host for `status` and `stop`."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd: int | None = None
 
-    def acquire(self, study: str) -> None:
+    def acquire(self, study: str, storage: str = "") -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -134,10 +198,14 @@ class StudyLock:
             holder = read_lock(self.path) or {}
             raise StudyLockedError(
                 f"study {study!r} is already run by pid {holder.get('pid', '?')} on "
-                f"{holder.get('host', '?')}; `nightshift stop` it first.") from None
+                f"{holder.get('host', '?')} (started in {holder.get('cwd', '?')}, lock "
+                f"{self.path}); `nightshift stop` it first or give this study another "
+                "name or storage.") from None
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                 "started": time.time(), "study": study}).encode())
+                                 "started": time.time(), "study": study,
+                                 "storage": _without_password(storage),
+                                 "cwd": os.getcwd()}).encode())
         self._fd = fd
 
     def release(self) -> None:
@@ -146,6 +214,101 @@ class StudyLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+LEASE_ATTR = "nightshift.daemon"  # the study's system attribute naming the daemon that runs it
+LEASE_TTL_S = 60.0  # a lease not renewed for this long is a dead daemon's
+LEASE_SETTLE_S = 1.0  # after writing a lease, re-read it this much later: two starts race
+
+
+class StorageLease:
+    """The lock of a study in a server RDB (postgresql, mysql), shared by daemons on several
+    hosts: a study system attribute naming the holder (host, pid, a random token) with a
+    heartbeat a thread renews every LEASE_TTL_S / 4. A lease not renewed for LEASE_TTL_S is a
+    dead daemon's and is taken over (hosts' clocks must agree within that). Two starts racing
+    for a free lease both write and re-read it LEASE_SETTLE_S later: the last writer holds it,
+    the other refuses."""
+
+    def __init__(self, study: optuna.Study, name: str) -> None:
+        self.study = study
+        self.name = name
+        self.token = uuid.uuid4().hex
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.is_lost = False  # another daemon took the lease (this one stalled past the TTL)
+
+    def _read(self) -> dict[str, Any]:
+        attrs = self.study._storage.get_study_system_attrs(self.study._study_id)
+        lease = attrs.get(LEASE_ATTR)
+        return lease if isinstance(lease, dict) else {}
+
+    def _write(self, lease: Mapping[str, Any]) -> None:
+        self.study._storage.set_study_system_attr(self.study._study_id, LEASE_ATTR, dict(lease))
+
+    def _refuse(self, holder: Mapping[str, Any]) -> StudyLockedError:
+        return StudyLockedError(
+            f"study {self.name!r} is already run by pid {holder.get('pid', '?')} on "
+            f"{holder.get('host', '?')} (its lease in the storage was renewed "
+            f"{max(0.0, time.time() - float(holder.get('heartbeat', 0))):.0f} s ago); "
+            "`nightshift stop` it first or give this study another name or storage.")
+
+    def acquire(self) -> None:
+        holder = self._read()
+        if holder.get("token") and time.time() - float(holder.get("heartbeat", 0)) < LEASE_TTL_S:
+            raise self._refuse(holder)
+        mine = {"token": self.token, "pid": os.getpid(), "host": socket.gethostname(),
+                "started": time.time(), "heartbeat": time.time()}
+        self._write(mine)
+        time.sleep(LEASE_SETTLE_S)
+        holder = self._read()
+        if holder.get("token") != self.token:
+            raise self._refuse(holder)
+        self._thread = threading.Thread(target=self._renew, args=(mine,), daemon=True,
+                                        name="nightshift-lease")
+        self._thread.start()
+
+    def _renew(self, mine: dict[str, Any]) -> None:
+        while not self._stop.wait(LEASE_TTL_S / 4):
+            try:
+                if self._read().get("token") != self.token:
+                    self.is_lost = True
+                    logger.error("another daemon took study %r's lease (this one was not "
+                                 "heard from for %g s); stopping", self.name, LEASE_TTL_S)
+                    return
+                self._write({**mine, "heartbeat": time.time()})
+            except Exception as exc:  # a storage hiccup: the next beat tries again
+                logger.warning("could not renew the study's lease (%s: %s)",
+                               type(exc).__name__, str(exc)[:200])
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        try:
+            if self._read().get("token") == self.token:
+                self._write({})
+        except Exception as exc:  # the lease then runs out after LEASE_TTL_S
+            logger.warning("could not release the study's lease (%s: %s)",
+                           type(exc).__name__, str(exc)[:200])
+
+
+def read_lease(study: optuna.Study) -> dict[str, Any] | None:
+    """The daemon holding a study's lease in the storage, or None when no live one does."""
+    attrs = study._storage.get_study_system_attrs(study._study_id)
+    lease = attrs.get(LEASE_ATTR)
+    if not isinstance(lease, dict) or not lease.get("token") or \
+            time.time() - float(lease.get("heartbeat", 0)) >= LEASE_TTL_S:
+        return None
+    return lease
+
+
+def _without_password(url: str) -> str:
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy parses: keep nothing of it
+        return ""
 
 
 def read_lock(path: Path) -> dict[str, Any] | None:
@@ -200,10 +363,11 @@ class Daemon:
         self._finished_here = 0
         self._started = time.monotonic()
         self._parent_run = ""
-        self._waiting: tuple[optuna.Trial, dict[str, Any], EngineConfig] | None = None
+        self._waiting: list[_Waiting] = []  # asked, in order, waiting for their GPUs
         self._measured: dict[str, int] = {}  # config key -> the finished trial that holds it
         self._duplicates_in_a_row = 0
         self._is_exhausted = False
+        self._lease: StorageLease | None = None  # the study's lock in a server RDB
 
     # -- control ----------------------------------------------------------------------------
 
@@ -219,9 +383,14 @@ class Daemon:
     # -- main loop --------------------------------------------------------------------------
 
     def run(self) -> DaemonSummary:
-        lock = StudyLock(self.cfg.results_dir / "daemon.lock")
-        lock.acquire(self.cfg.name)
+        lock = StudyLock(study_lock_path(self.cfg))
+        lock.acquire(self.cfg.name, self.cfg.storage_url)
         try:
+            study = open_study(self.cfg)
+            if not is_local_file_storage(self.cfg.storage_url):  # daemons on other hosts
+                lease = StorageLease(study, self.cfg.name)
+                lease.acquire()
+                self._lease = lease
             killed = reap_strays(self.registry_dir)
             if killed:
                 logger.warning("reaped %d engine processes left by a dead daemon: %s",
@@ -229,7 +398,6 @@ class Daemon:
             for node_id, pids in reap_on_other_nodes(self.registry_dir).items():
                 logger.warning("reaped %d engine processes left by a dead daemon on node %s: "
                                "%s", len(pids), node_id[:12], pids)
-            study = open_study(self.cfg)
             self._parent_run = self.tracker.start_study(
                 self.cfg.name, params=self.study_params, artifacts=self.study_artifacts)
             self._recover(study)
@@ -263,6 +431,9 @@ class Daemon:
                                    len(orphans), orphans)
             return self._finish(study)
         finally:
+            if self._lease is not None:
+                self._lease.release()
+                self._lease = None
             lock.release()
 
     @property
@@ -271,6 +442,8 @@ class Daemon:
 
     def _loop(self, study: optuna.Study, pool: WorkerPool) -> None:
         while True:
+            if self._lease is not None and self._lease.is_lost:
+                self.request_stop(now=True)  # another daemon runs the study now
             if self._stop == "now":
                 for item in list(self._inflight):
                     self._cancel_and_collect(study, item, pool)
@@ -351,31 +524,62 @@ class Daemon:
             requeued = {t.user_attrs.get(ATTR_RETRY_OF) for t in trials}
             done = sum(1 for t in trials if t.state.is_finished() and t.number not in requeued
                        and is_search_trial(t))
-            return done + len(self._inflight) + (self._waiting is not None) < budget.trials
+            return done + len(self._inflight) + len(self._waiting) < budget.trials
         return True
 
     def _max_parallel(self) -> int:
         return self.cfg.spec.max_parallel_trials or self.total_gpus
 
-    def _dispatch(self, study: optuna.Study, pool: WorkerPool) -> None:
-        while len(self._inflight) < self._max_parallel():
-            if self._waiting is None:
-                if not self._budget_left(study):
-                    return
-                self._waiting = self._ask(study)
-                if self._waiting is None:
-                    continue  # the asked trial was rejected before launch; ask again
-            trial, params, config = self._waiting
-            if not pool.can_start(config.num_gpus):
-                return  # wait for GPUs to free up
-            self._waiting = None
-            self._launch(study, pool, trial, params, config)
+    def _max_waiting(self) -> int:
+        """How many asked trials may wait for GPUs at once: enough to find one that fits the
+        GPUs left free (on 2 GPUs most configs of a space need both), few enough that the
+        sampler is not asked far ahead of what it has learnt."""
+        return 2 * self._max_parallel()
 
-    def _ask(self, study: optuna.Study) -> tuple[optuna.Trial, dict[str, Any],
-                                                  EngineConfig] | None:
+    def _dispatch(self, study: optuna.Study, pool: WorkerPool) -> None:
+        """Start every waiting trial whose GPUs are free, in the order asked, and ask for more
+        while GPUs stay free: a trial that needs more GPUs than are free does not hold back one
+        that fits (a trial that can never fit was refused in `_ask`). One overtaken
+        MAX_OVERTAKEN times reserves the GPUs: nothing behind it starts, nothing more is asked,
+        until it has started."""
+        while len(self._inflight) < self._max_parallel():
+            if self._start_waiting(study, pool):
+                continue
+            if not pool.can_start(1) or len(self._waiting) >= self._max_waiting() or \
+                    any(w.overtaken >= MAX_OVERTAKEN for w in self._waiting) or \
+                    not self._budget_left(study):
+                return
+            asked = self._ask(study)  # None: rejected before launch or a repeat; ask again
+            if asked is not None:
+                self._waiting.append(asked)
+
+    def _start_waiting(self, study: optuna.Study, pool: WorkerPool) -> bool:
+        """Launch the first waiting trial whose GPUs are free; whether one was."""
+        for index, waiting in enumerate(self._waiting):
+            if waiting.config.num_gpus > pool.total_gpus:  # a node died while it waited
+                del self._waiting[index]
+                self._tell_without_run(study, waiting.trial, waiting.params, Failure(
+                    FailureReason.NODE_LOST,
+                    f"it needs {waiting.config.num_gpus} GPUs but the cluster has "
+                    f"{pool.total_gpus} left after a node died; not re-queued."))
+                return True
+            if pool.can_start(waiting.config.num_gpus):
+                del self._waiting[index]
+                for earlier in self._waiting[:index]:
+                    earlier.overtaken += 1
+                self._launch(study, pool, waiting.trial, waiting.params, waiting.config)
+                return True
+            if waiting.overtaken >= MAX_OVERTAKEN:
+                return False  # it holds the next free GPUs
+        return False
+
+    def _ask(self, study: optuna.Study) -> _Waiting | None:
         trial = study.ask()
         params = self.space.sample(trial)
-        earlier = self._measured.get(_config_key(params))
+        key = _config_key(params)
+        earlier = self._measured.get(key)
+        if earlier is None:
+            earlier = self._unfinished_with(study, key, trial.number)
         if earlier is not None and ATTR_CONFIRM not in trial.user_attrs:
             self._tell_duplicate(study, trial, params, earlier)
             return None
@@ -395,7 +599,24 @@ class Daemon:
             failure = Failure(FailureReason.INFEASIBLE, "; ".join(problems))
             self._tell_without_run(study, trial, params, failure)
             return None
-        return trial, params, config
+        return _Waiting(trial, params, config)
+
+    def _unfinished_with(self, study: optuna.Study, key: str, asking: int) -> int | None:
+        """The trial that already holds this config and has not finished: in flight, asked and
+        waiting for GPUs, or queued in the storage (a retry, a seed, the defaults). A config is
+        launched at most once per study, whatever stage its first trial is at."""
+        for item in self._inflight:
+            if _config_key(item.params) == key:
+                return item.trial.number
+        for waiting in self._waiting:
+            if _config_key(waiting.params) == key:
+                return waiting.trial.number
+        for queued in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            fixed = queued.system_attrs.get("fixed_params")
+            if queued.number != asking and fixed and _config_key(fixed) == key and \
+                    ATTR_CONFIRM not in queued.user_attrs:
+                return queued.number
+        return None
 
     def _remember(self, number: int, record: Mapping[str, Any] | None) -> None:
         """Keep a finished trial's config (as sampled, fixed params included) if its outcome
@@ -410,19 +631,32 @@ class Daemon:
 
     def _tell_duplicate(self, study: optuna.Study, trial: optuna.Trial,
                         params: dict[str, Any], earlier: int) -> None:
-        """The sampler proposed a config already measured: reuse its outcome, launch nothing.
-        The trial tells the sampler the same value (so TPE keeps learning) and counts for no
-        budget; a long run of them ends the study, the space being exhausted."""
+        """The sampler proposed (or the queue held) a config another trial holds: launch
+        nothing. A measured original's outcome is reused: the trial tells the sampler the same
+        value (so TPE keeps learning). One still queued or running has no outcome yet: the
+        repeat fails (the sampler already sees the original as running). Either way it counts
+        for no budget; a long run of them ends the study, the space being exhausted."""
         frozen = study.get_trials(deepcopy=False)[earlier]
-        record = dict(frozen.user_attrs.get(ATTR_RECORD) or {})
-        record["conclusion"] = (f"same config as trial {earlier}: not launched again; its "
-                                f"outcome stands ({record.get('state')}).")
+        if frozen.state.is_finished():
+            record = dict(frozen.user_attrs.get(ATTR_RECORD) or {})
+            record["conclusion"] = (f"same config as trial {earlier}: not launched again; its "
+                                    f"outcome stands ({record.get('state')}).")
+            for key in ("engine_started_unix_s", "engine_ended_unix_s"):
+                record.pop(key, None)  # no engine of its own ran
+        else:
+            stage = "queued" if frozen.state == TrialState.WAITING else "in flight"
+            record = records.failed_record(
+                params, "duplicate", f"trial {earlier} holds this config ({stage}).",
+                f"same config as trial {earlier}, {stage}: not launched; trial {earlier} "
+                "measures it.")
         record["is_baseline"] = False
         trial.set_user_attr(ATTR_RECORD, record)
         trial.set_user_attr(ATTR_DUPLICATE_OF, earlier)
         for key, value in frozen.constraints.items():
             trial.set_constraint(key, value)
-        if frozen.state == TrialState.COMPLETE and frozen.values is not None:
+        if not frozen.state.is_finished():
+            study.tell(trial, state=TrialState.FAIL)
+        elif frozen.state == TrialState.COMPLETE and frozen.values is not None:
             study.tell(trial, frozen.values)
         else:
             study.tell(trial, state=frozen.state)
@@ -632,6 +866,9 @@ class Daemon:
             "engine": asdict(result.engine),
             "verdict": verdict.as_user_attr() if verdict is not None else None,
             "wall_s": result.wall_s,
+            # The engine process's life (Unix s): which trials really ran side by side.
+            "engine_started_unix_s": result.engine_started_unix_s,
+            "engine_ended_unix_s": result.engine_ended_unix_s,
             "is_baseline": item.is_baseline,
             "host": result.host,
             "is_unstable": is_unstable,
@@ -654,10 +891,14 @@ class Daemon:
             study.tell(item.trial, state=state)
         self._finished_here += 1
         self._close_run(item.trial.number, item.run_id, tracking_payload(record, result))
-        if failure is not None and failure.is_retryable and item.retries < self.cfg.spec.retries \
+        if failure is not None and item.retries < self.cfg.spec.retries and (
+                failure.is_retryable or
+                (item.is_baseline and failure.reason in _ONE_OFF_FAILURES)) \
                 and self._requeue(study, item.trial.number, item.params,
                                   item.trial.user_attrs, item.retries + 1):
-            logger.info("trial %d re-queued after %s", item.trial.number, failure.reason)
+            logger.info("trial %d re-queued after %s%s", item.trial.number, failure.reason,
+                        " (the defaults: every gain is measured against them)"
+                        if item.is_baseline and not failure.is_retryable else "")
         logger.info("trial %d %s: %s params=%s", item.trial.number, state_name, conclusion,
                     item.params)
         self.on_event(TrialEvent("finished", item.trial.number, self._changed(item.config),
@@ -667,17 +908,16 @@ class Daemon:
                                  verdict.label if verdict is not None else ""))
 
     def _release_waiting(self, study: optuna.Study) -> None:
-        """A trial asked but never launched (it waited for GPUs) must not stay RUNNING: fail
-        it without a run and queue its params again for the resume."""
-        if self._waiting is None:
-            return
-        trial, params, _ = self._waiting
-        self._waiting = None
-        failure = Failure(FailureReason.INTERRUPTED,
-                          "the daemon stopped before this trial was launched; re-queued.")
-        attrs = dict(trial.user_attrs)
-        self._tell_without_run(study, trial, params, failure)
-        self._requeue(study, trial.number, params, attrs, int(attrs.get(ATTR_RETRIES, 0)))
+        """Trials asked but never launched (they waited for GPUs) must not stay RUNNING: fail
+        them without a run and queue their params again for the resume."""
+        waiting, self._waiting = self._waiting, []
+        for item in waiting:
+            failure = Failure(FailureReason.INTERRUPTED,
+                              "the daemon stopped before this trial was launched; re-queued.")
+            attrs = dict(item.trial.user_attrs)
+            self._tell_without_run(study, item.trial, item.params, failure)
+            self._requeue(study, item.trial.number, item.params, attrs,
+                          int(attrs.get(ATTR_RETRIES, 0)))
 
     def _tell_config_failure(self, study: optuna.Study, trial: optuna.Trial) -> None:
         """A config that cannot run (OOM, graph capture, unsupported, infeasible) teaches the
@@ -756,6 +996,9 @@ class Daemon:
         (a confirmation run is not: the comparison runs whole again); MLflow runs are closed
         to match Optuna."""
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if ATTR_DUPLICATE_OF in trial.user_attrs:  # died between marking a repeat and
+                study.tell(trial.number, state=TrialState.FAIL)  # telling it: it launched
+                continue  # nothing and has no run
             unsampled = self.space.unsampled(trial.params)
             if unsampled and ATTR_MLFLOW_RUN not in trial.user_attrs:
                 self._drop_cut_short(study, trial, unsampled)
@@ -862,6 +1105,11 @@ class Daemon:
             # The study's conclusion is the best against the defaults (the trial's own one
             # compares it with the best before it).
             tags["conclusion"] = headline(report)
+        no_baseline = no_baseline_reason(study) or ""
+        if no_baseline:
+            tags["no_baseline"] = no_baseline[:5000]
+            logger.warning("no baseline: the defaults could not be measured (%s); no gain over "
+                           "the defaults can be stated", no_baseline)
         confirmed = study.user_attrs.get(STUDY_ATTR_CONFIRM)
         if confirmed:
             tags["confirm"] = str(confirmed["sentence"])
@@ -877,7 +1125,7 @@ class Daemon:
         self.on_event(TrialEvent("study", message="done" if done else "stopped"))
         return DaemonSummary(self._finished_here, len(finished), self.stopping and not done,
                              best.number if best else None, list(best.values)
-                             if best and best.values else None)
+                             if best and best.values else None, no_baseline)
 
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (1-30); beyond, the normal's.
@@ -941,6 +1189,10 @@ def tracking_payload(record: Mapping[str, Any], result: RunResult | None) -> dic
         tags["bottleneck"] = str(verdict["label"])
         tags["bottleneck.reason"] = str(verdict.get("reason", ""))[:5000]
         tags["bottleneck.sources"] = ",".join(verdict.get("sources") or [])
+    for key in ("engine_started_unix_s", "engine_ended_unix_s"):
+        if record.get(key) is not None:  # "engine.started" / "engine.ended", UTC
+            tags[f"engine.{key.split('_')[1]}"] = datetime.fromtimestamp(
+                float(record[key]), UTC).isoformat(timespec="milliseconds")
     engine = record.get("engine") or {}
     for key in ("attention_backend", "engine_version"):  # what the engine chose, as tags
         if engine.get(key):

@@ -27,6 +27,7 @@ from optimizer.study import (
     NOISE_FRACTION,
     best_trial,
     is_search_trial,
+    no_baseline_reason,
     recommended_trial,
 )
 
@@ -74,6 +75,7 @@ class Report:
     confirm: str = ""  # the interleaved re-measurement of best vs defaults, when it ran
     queued: int = 0  # configs enqueued (seeds, a grid) that no worker has started yet
     recommended: TrialRow | None = None  # what `export` writes, when it is not the best
+    no_baseline: str = ""  # why the defaults could not be measured (no gain is stated then)
     generated: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S %Z"))
 
     @property
@@ -185,7 +187,8 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
         failures=dict(Counter(r.failure_reason for r in rows
                               if r.state == "failed" and r.failure_reason)),
         slo=slo, confirm=str((study.user_attrs.get("confirm") or {}).get("sentence") or ""),
-        queued=queued, recommended=recommended)
+        queued=queued, recommended=recommended,
+        no_baseline=no_baseline_reason(study) or "")
 
 
 # --- plots ----------------------------------------------------------------------------------
@@ -295,8 +298,10 @@ def _changes(row: TrialRow) -> str:
 
 def headline(report: Report) -> str:
     """One sentence: the best config and its gain over the defaults."""
+    missing = (f" No baseline: the defaults could not be measured ({report.no_baseline})."
+               if report.no_baseline else "")
     if report.best is None:
-        return "No trial has completed yet."
+        return "No trial has completed yet." + missing
     best = report.best
     text = (f"Best: trial {best.number} ({_changes(best)}), {report.objective} "
             f"{_fmt(best.value)}")
@@ -306,7 +311,7 @@ def headline(report: Report) -> str:
                  f"{_fmt(report.baseline.value)}) measured in the same study")
     if best.label:
         text += f"; {best.label}"
-    text += "."
+    text += "." + missing
     if report.recommended is not None:
         text += (f" Recommended: trial {report.recommended.number} "
                  f"({_changes(report.recommended)}), {_fmt(report.recommended.value)}: within "

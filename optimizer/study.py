@@ -53,19 +53,30 @@ def make_storage(url: str) -> optuna.storages.RDBStorage:
     raise AssertionError("unreachable")
 
 
-def make_sampler(cfg: StudyConfig) -> optuna.samplers.BaseSampler:
+def sampler_seed(seed: int | None, num_trials: int) -> int | None:
+    """The sampler's seed for a start of the daemon that finds `num_trials` trials in the
+    storage: the study's seed on the first start, another on each resume. A sampler seeded
+    alike on every start proposes, after a restart, the configs it proposed before it."""
+    if seed is None or num_trials == 0:
+        return seed
+    return (seed * 1_000_003 + num_trials) % 2**32
+
+
+def make_sampler(cfg: StudyConfig, num_trials: int = 0) -> optuna.samplers.BaseSampler:
+    """The study's sampler, seeded for a start that finds `num_trials` trials stored."""
     spec = cfg.spec.sampler
+    seed = sampler_seed(spec.seed, num_trials)
     if spec.name == "random":
-        return optuna.samplers.RandomSampler(seed=spec.seed)
+        return optuna.samplers.RandomSampler(seed=seed)
     if spec.name == "gp":
-        return optuna.samplers.GPSampler(seed=spec.seed, n_startup_trials=spec.n_startup_trials)
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=spec.n_startup_trials)
     if spec.name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=spec.seed)
+        return optuna.samplers.NSGAIISampler(seed=seed)
     # multivariate + group: the space is conditional (rules fix some params for some configs);
     # constant_liar spreads out trials that run in parallel. Both are marked experimental.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=spec.n_startup_trials,
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.n_startup_trials,
                                           multivariate=True, group=True, constant_liar=True)
 
 
@@ -96,6 +107,9 @@ def open_study(cfg: StudyConfig, *, create: bool = True) -> optuna.Study:
         raise ConfigError(f"study {cfg.name!r} in {cfg.storage_url} optimizes "
                           f"{[d.name.lower() for d in study.directions]}, not {cfg.directions}; "
                           "keep the objective or give the study a new name.")
+    stored = len(study.get_trials(deepcopy=False))
+    if stored:  # a resume: seeded afresh, so it does not replay the proposals made before
+        study.sampler = make_sampler(cfg, stored)
     return study
 
 
@@ -240,3 +254,19 @@ def params_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
 def _measured_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             if is_measured(t) and t.values is not None]
+
+
+def no_baseline_reason(study: optuna.Study) -> str | None:
+    """Why the study has no measurement of the defaults (every gain is stated against it):
+    the last defaults trial's failure, once none was measured and none is queued or running
+    (a retry may still measure them); None otherwise."""
+    baselines = [t for t in study.get_trials(deepcopy=False)
+                 if t.user_attrs.get(ATTR_BASELINE) and is_search_trial(t)]
+    if not baselines or any(is_measured(t) or not t.state.is_finished() for t in baselines):
+        return None
+    last = max(baselines, key=lambda t: t.number)
+    record = last.user_attrs.get(ATTR_RECORD) or {}
+    reason = record.get("failure_reason") or last.state.name.lower()
+    message = str(record.get("failure_message") or "").strip()[:300]
+    tries = f"; tried {len(baselines)} times" if len(baselines) > 1 else ""
+    return f"{reason}{tries}" + (f": {message}" if message else "")

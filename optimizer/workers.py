@@ -111,6 +111,8 @@ class TrialWorker:
             return RunResult(status="failed", steps=result.steps, engine=result.engine,
                              argv=result.argv, env=result.env, server_log=result.server_log,
                              workdir=result.workdir, wall_s=result.wall_s, host=result.host,
+                             engine_started_unix_s=result.engine_started_unix_s,
+                             engine_ended_unix_s=result.engine_ended_unix_s,
                              failure=Failure(FailureReason.INTERRUPTED,
                                              "the daemon was stopped with this trial in flight; "
                                              "it is re-queued on resume."))

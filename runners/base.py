@@ -247,6 +247,10 @@ class RunResult:
     trace_path: Path | None = None
     telemetry: Mapping[str, float] = field(default_factory=dict)  # NVML summary over the load
     wall_s: float = 0.0  # whole run, launch to teardown
+    # The engine process's life, wall-clock (Unix seconds): launched, and ended (torn down or
+    # found dead). None when no engine was launched. What shows trials really ran side by side.
+    engine_started_unix_s: float | None = None
+    engine_ended_unix_s: float | None = None
     host: str = ""  # where it ran (set by the worker: host name and cluster node)
     # The trimmed trace's bytes, for a driver on another machine than the worker (trace_path
     # names a file on the worker's disk).

@@ -106,6 +106,7 @@ class EngineRunner:
         trace_summary: Mapping[str, Any] | None = None
         telemetry: dict[str, float] = {}
         proc = EngineProcess.start(argv, env, log_path, self.registry_dir)
+        engine_started_unix_s = time.time()
         self._proc = proc
         logger.info("engine %s started (pid %d, port %d)", self.launcher.name, proc.pid, port)
         try:
@@ -132,6 +133,7 @@ class EngineRunner:
             logger.info("engine run failed: %s: %s", failure.reason, failure.message)
         finally:
             proc.terminate()
+            engine_ended_unix_s = time.time()
             self._proc = None
         return RunResult(
             status=status,
@@ -146,6 +148,8 @@ class EngineRunner:
             trace_path=trace_path,
             telemetry=telemetry,
             wall_s=time.monotonic() - started,
+            engine_started_unix_s=engine_started_unix_s,
+            engine_ended_unix_s=engine_ended_unix_s,
         )
 
     def _failure(self, proc: EngineProcess, log_path: Path, phase: str) -> Failure:

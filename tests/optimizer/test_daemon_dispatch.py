@@ -1,0 +1,56 @@
+"""Trials run side by side where their GPUs allow, judged by the engine processes' own lives
+(launch to teardown), not by when Optuna asked for the trials."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from optimizer.cli import main
+from tests.optimizer.test_daemon import categorical_space, load, write_study
+
+pytestmark = pytest.mark.slow
+
+
+def engine_intervals(tmp_path: Path) -> dict[int, tuple[float, float]]:
+    """Trial number -> (engine launched, engine ended), Unix seconds, of every launched trial."""
+    out = {}
+    for trial in load(tmp_path).trials:
+        record = trial.user_attrs.get("record") or {}
+        start, end = record.get("engine_started_unix_s"), record.get("engine_ended_unix_s")
+        if start is not None and end is not None:
+            out[trial.number] = (float(start), float(end))
+    return out
+
+
+def overlapping(intervals: dict[int, tuple[float, float]]) -> set[frozenset[int]]:
+    return {frozenset((a, b)) for (a, (s1, e1)), (b, (s2, e2))
+            in itertools.combinations(intervals.items(), 2) if s1 < e2 and s2 < e1}
+
+
+def test_a_trial_waiting_for_two_gpus_does_not_hold_back_one_that_fits(
+        tmp_path: Path, ray_cluster: None) -> None:
+    # Two GPUs. The defaults take one; the next config asked (TP 2) needs both and must wait;
+    # the one after it (TP 1) fits beside the defaults and must not wait behind it.
+    space = categorical_space(tmp_path, tensor_parallel_size=[1, 2],
+                              kv_cache_dtype=["auto", "fp8"])
+    path = write_study(tmp_path, trials=3, search_space=str(space),
+                       seed_trials=[{"tensor_parallel_size": 2}, {"kv_cache_dtype": "fp8"}],
+                       workload={"input_len": 128, "output_len": 160,
+                                 "levels": [{"concurrency": 4}], "num_requests": 24,
+                                 "warmup_requests": 1})
+    assert main(["start", str(path), "--no-progress"]) == 0
+
+    intervals = engine_intervals(tmp_path)
+    assert sorted(intervals) == [0, 1, 2], "the defaults and both seeds ran an engine"
+    trials = {t.number: t for t in load(tmp_path).trials}
+    assert trials[1].params["tensor_parallel_size"] == 2
+    pairs = overlapping(intervals)
+    assert frozenset((0, 2)) in pairs, \
+        f"the 1-GPU trial ran beside the defaults, not behind the 2-GPU one: {intervals}"
+    assert not [p for p in pairs if 1 in p], \
+        f"the 2-GPU trial ran alone: two GPUs hold no third engine: {intervals}"
+    record = trials[2].user_attrs["record"]
+    assert record["engine_started_unix_s"] < record["engine_ended_unix_s"]

@@ -1,0 +1,180 @@
+"""Faults of the daemon itself (issue 19, items 1, 2, 4), each on real processes; rows for the
+table of tests/test_faults.py:
+
+| fault                          | injected by                   | outcome                     |
+|--------------------------------|-------------------------------|-----------------------------|
+| stop --now, restart (one seed) | nightshift stop --now         | no config measured twice;   |
+|                                |                               | no proposal replayed        |
+| second daemon on one study,    | start from another dir, same  | one line, exit 2; the       |
+| another directory              | storage                       | first's trials untouched    |
+| defaults crash once            | SIGKILL to the defaults' pid  | retried once; measured      |
+| defaults always crash          | sim_crash_after_requests      | retried once; "No baseline" |
+|                                |                               | at the end and in report    |
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from optimizer.cli import main
+from tests.optimizer.test_daemon import (
+    _engine_pids,
+    _start_daemon,
+    _wait_for,
+    load,
+    write_study,
+)
+from tests.test_faults import assert_consistent
+
+pytestmark = pytest.mark.slow
+
+_SHORT = {"input_len": 64, "output_len": 96, "levels": [{"concurrency": 4}],
+          "num_requests": 12, "warmup_requests": 0}
+
+
+def _measured_configs(tmp_path: Path) -> list[tuple[Any, ...]]:
+    """The config of every trial that measured (or pruned) one: not a repeat, a confirmation
+    run, nor a failure lost to infrastructure."""
+    out = []
+    for t in load(tmp_path).trials:
+        record = t.user_attrs.get("record") or {}
+        if record.get("state") in ("complete", "pruned") and \
+                not {"duplicate_of", "confirm"} & t.user_attrs.keys():
+            out.append(tuple(sorted(record["params"].items())))
+    return out
+
+
+def test_a_restart_after_stop_now_measures_no_config_twice(tmp_path: Path,
+                                                           ray_cluster: None) -> None:
+    path = write_study(tmp_path, trials=6, workload=_SHORT)
+    log = tmp_path / "daemon.log"
+    daemon = _start_daemon(path, log)
+    try:  # stop --now while trial 1 (the sampler's first proposal) runs
+        _wait_for(lambda: (tmp_path / "results" / "trials" / "0001").is_dir()
+                  and bool(_engine_pids(tmp_path)), daemon, log)
+        assert main(["stop", str(path), "--now"]) == 0
+        assert daemon.wait(60) == 0
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    first = {t.number for t in load(tmp_path).trials}
+    assert main(["start", str(path), "--no-progress"]) == 0
+
+    configs = _measured_configs(tmp_path)
+    assert len(configs) == len(set(configs)), \
+        "a config is measured at most once per study, across a restart"
+    study = load(tmp_path)
+    replayed = [t.number for t in study.trials if t.number not in first
+                and "duplicate_of" in t.user_attrs and "retry_of" not in t.user_attrs]
+    assert not replayed, f"the resumed sampler replayed earlier proposals: trials {replayed}"
+    counted = [t for t in study.trials if t.state.is_finished() and not
+               {"duplicate_of", "sampling_cut_short"} & t.user_attrs.keys()
+               and t.number not in {u.user_attrs.get("retry_of") for u in study.trials}]
+    assert len(counted) == 6, "the budget counts each config once"
+    assert_consistent(tmp_path)
+
+
+def test_a_second_daemon_on_the_same_study_from_another_directory_is_refused(
+        tmp_path: Path, ray_cluster: None, capsys: pytest.CaptureFixture[str]) -> None:
+    shared = {"storage": f"sqlite:///{tmp_path}/shared/optuna.db", "workload": _SHORT}
+    first_dir, second_dir = tmp_path / "a", tmp_path / "b"
+    first_dir.mkdir()
+    second_dir.mkdir()
+    first = write_study(first_dir, trials=40, results_dir=str(first_dir / "results"),
+                        tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db", **shared)
+    second = write_study(second_dir, trials=40, results_dir=str(second_dir / "results"),
+                         tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db", **shared)
+    log = tmp_path / "first.log"
+    daemon = _start_daemon(first, log)
+    try:
+        _wait_for(lambda: bool(_engine_pids(first_dir)), daemon, log)
+        storage = shared["storage"]
+        before = {t.number: t.state for t in _trials(storage)}
+        capsys.readouterr()
+        assert main(["start", str(second), "--no-progress"]) == 2, "refused as bad input"
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1 and "already run by pid" in lines[0] and \
+            str(daemon.pid) in lines[0], err
+        after = {t.number: t for t in _trials(storage)}
+        for number, state in before.items():
+            if state.is_finished():
+                assert after[number].state == state, f"finished trial {number} left alone"
+        assert not [t for t in after.values() if (t.user_attrs.get("record") or {})
+                    .get("failure_reason") == "daemon_lost"], "no live trial failed as lost"
+        # status and stop find the daemon by the study's storage, from either directory.
+        assert main(["status", str(second)]) == 0
+        assert f"running (pid {daemon.pid})" in capsys.readouterr().out
+        assert main(["stop", str(second), "--now"]) == 0
+        assert daemon.wait(60) == 0
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+def _trials(storage: str) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name="e2e", storage=storage).trials
+
+
+def _kill_first_engine(registry: Path, killed: dict[str, int]) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        records = list(registry.glob("*.json")) if registry.is_dir() else []
+        if records:
+            time.sleep(0.3)
+            killed["engine"] = int(records[0].stem)
+            os.kill(killed["engine"], signal.SIGKILL)
+            return
+        time.sleep(0.02)
+
+
+def test_a_one_off_crash_of_the_defaults_is_retried_and_the_gain_stands(
+        tmp_path: Path, ray_cluster: None) -> None:
+    path = write_study(tmp_path, trials=2, max_parallel_trials=1, workload=_SHORT)
+    killed: dict[str, int] = {}
+    killer = threading.Thread(target=_kill_first_engine,
+                              args=(tmp_path / "results" / "engines", killed))
+    killer.start()
+    assert main(["start", str(path), "--no-progress"]) == 0
+    killer.join()
+    assert killed, "the defaults' engine was killed"
+
+    trials = sorted(load(tmp_path).trials, key=lambda t: t.number)
+    lost = trials[0]
+    assert lost.user_attrs["baseline"] is True and lost.state == TrialState.FAIL
+    assert lost.user_attrs["record"]["failure_reason"] in ("crash_mid_run", "startup_crash")
+    retry = [t for t in trials if t.user_attrs.get("retry_of") == lost.number]
+    assert len(retry) == 1 and retry[0].user_attrs.get("baseline") is True, \
+        "the defaults are queued again, as the defaults"
+    assert retry[0].user_attrs["record"]["state"] == "complete", "and measured the second time"
+    report = (tmp_path / "results" / "report" / "report.md").read_text()
+    assert "No baseline" not in report
+    assert_consistent(tmp_path)
+
+
+def test_defaults_that_cannot_be_measured_are_named_at_the_end_and_in_the_report(
+        tmp_path: Path, ray_cluster: None, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_study(tmp_path, trials=2, max_parallel_trials=1, workload=_SHORT,
+                       fixed_flags={"sim_crash_after_requests": 3})
+    assert main(["start", str(path), "--no-progress"]) == 0
+
+    trials = load(tmp_path).trials
+    baselines = [t for t in trials if t.user_attrs.get("baseline")]
+    assert len(baselines) == 2, "the defaults were tried twice: once, and one retry"
+    assert {t.user_attrs["record"]["failure_reason"] for t in baselines} == {"crash_mid_run"}
+    end = [line for line in capsys.readouterr().err.splitlines() if "no baseline" in line]
+    assert end and "the defaults could not be measured (crash_mid_run" in end[-1], \
+        "the end of the run says the defaults were not measured, and why"
+    report = (tmp_path / "results" / "report" / "report.md").read_text()
+    assert "No baseline: the defaults could not be measured (crash_mid_run" in report
+    assert_consistent(tmp_path)
