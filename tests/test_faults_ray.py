@@ -64,7 +64,7 @@ def _sockets(root: psutil.Process) -> list[tuple[str, str, int, str]]:
         tree = [root, *root.children(recursive=True)]
     except psutil.Error:
         return []
-    found = []
+    found: list[tuple[str, str, int, str]] = []
     for process in tree:
         try:
             connections = process.net_connections(kind="inet")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow import MlflowClient
@@ -74,9 +75,11 @@ def test_finish_trial_replayed_logs_nothing_twice(tmp_path: Path) -> None:
     tracker = Tracker(uri)
     parent = tracker.start_study("s3", params={}, artifacts={})
     child = tracker.start_trial(parent, "s3", 0, {})
-    payload = {"state": "complete", "metrics": {"goodput": 3.0, "tpot": 9.0},
-               "step_metrics": [(0, {"goodput": 2.0}), (1, {"goodput": 3.0})],
-               "texts": {"server.log": "tail"}, "dicts": {"record.json": {"a": 1}}}
+    payload: dict[str, Any] = {"state": "complete",
+                               "metrics": {"goodput": 3.0, "tpot": 9.0},
+                               "step_metrics": [(0, {"goodput": 2.0}), (1, {"goodput": 3.0})],
+                               "texts": {"server.log": "tail"},
+                               "dicts": {"record.json": {"a": 1}}}
     tracker.finish_trial(child, **payload)
     tracker.finish_trial(child, **payload)  # a replay of a call that died halfway
     client = MlflowClient(uri)
