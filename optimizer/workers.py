@@ -425,8 +425,9 @@ def start_local_ray(**kwargs: Any) -> None:
     `address="local"` starts a new cluster even with `RAY_ADDRESS` set or a `ray start` left
     running (which `ray.init()` without an address would join). Ray 2.60 binds its gRPC servers
     (GCS, raylet and object manager, every core worker and the driver), the runtime-env agent,
-    the autoscaler monitor's metrics server and (by its source; a minimal install has none) the
-    dashboard agent to loopback when the node's IP is a loopback one. `ray.init` would turn
+    the autoscaler monitor's metrics server and (by its source; in a minimal install it opens
+    no port) the dashboard agent to loopback when the node's IP is a loopback one; the
+    dashboard process gets `--host=127.0.0.1`, Ray's default. `ray.init` would turn
     `_node_ip_address="127.0.0.1"` into the machine's address unless multi-node clusters are
     switched off, so the switch is off for this call: in the environment, for the processes Ray
     starts (its workers inherit the raylet's), and in the constant already imported, for this
