@@ -30,7 +30,7 @@ from typing import Any, Literal
 import optuna
 from optuna.trial import TrialState
 
-from optimizer import bottleneck, records
+from optimizer import bottleneck, records, recovery_tracking
 from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
 from optimizer.errors import StudyLockedError, WorkerLost
 from optimizer.report import build_report, headline
@@ -993,8 +993,8 @@ class Daemon:
 
     def _recover(self, study: optuna.Study) -> None:
         """Trials a dead daemon left RUNNING become FAIL (daemon_lost) and are re-queued once
-        (a confirmation run is not: the comparison runs whole again); MLflow runs are closed
-        to match Optuna."""
+        (a confirmation run is not: the comparison runs whole again); MLflow is then caught up
+        with Optuna (`recovery_tracking.catch_up`)."""
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if ATTR_DUPLICATE_OF in trial.user_attrs:  # died between marking a repeat and
                 study.tell(trial.number, state=TrialState.FAIL)  # telling it: it launched
@@ -1018,34 +1018,15 @@ class Daemon:
                 is_baseline=bool(attrs.get(ATTR_BASELINE)))
             storage = study._storage
             storage.set_trial_user_attr(trial._trial_id, ATTR_RECORD, record)
-            if not trial.user_attrs.get(ATTR_MLFLOW_RUN):
-                # Asked but never launched (it waited for GPUs): give it its run all the same,
-                # so every Optuna trial has exactly one MLflow run.
-                run_id = self.tracker.start_trial(self._parent_run, self.cfg.name,
-                                                  trial.number, trial.params)
-                storage.set_trial_user_attr(trial._trial_id, ATTR_MLFLOW_RUN, run_id)
             study.tell(trial.number, state=TrialState.FAIL)
             if fate == "re-queued":
                 self._requeue(study, trial.number, trial.params, attrs, retries + 1)
             logger.warning("trial %d was in flight when the daemon died: failed, %s",
                            trial.number, fate)
-        finished: dict[str, dict[str, Any]] = {}
-        for frozen in study.get_trials(deepcopy=False):
-            mlflow_run = frozen.user_attrs.get(ATTR_MLFLOW_RUN)
-            saved = frozen.user_attrs.get(ATTR_RECORD)
-            if not (saved and frozen.state.is_finished()):
-                continue
-            if ATTR_DUPLICATE_OF in frozen.user_attrs or ATTR_CUT_SHORT in frozen.user_attrs:
-                continue  # launched nothing and has no run (a repeat: its original's stands)
-            if not mlflow_run:  # the store refused it at the time: log it now (a finished
-                # Optuna trial is immutable, so its run is found again by its trial tag)
-                mlflow_run = self.tracker.find_trial_run(self.cfg.name, frozen.number) or \
-                    self.tracker.start_trial(self._parent_run, self.cfg.name, frozen.number,
-                                             frozen.params)
-            finished[str(mlflow_run)] = tracking_payload(saved, None)
-        closed = self.tracker.reconcile(self.cfg.name, finished)
-        if closed:
-            logger.info("closed %d MLflow runs left RUNNING by a dead daemon", closed)
+        # MLflow: a run for every finished trial (one asked but never launched included), each
+        # finished once from its record; a failing store is a warning, as mid-study.
+        recovery_tracking.catch_up(self.tracker, self._parent_run, study, self.cfg.results_dir,
+                                   tracking_payload)
 
     @staticmethod
     def _requeue(study: optuna.Study, number: int, params: Mapping[str, Any],

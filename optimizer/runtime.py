@@ -133,9 +133,9 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
     if fixed_tp > hardware.num_gpus:
         raise ConfigError(f"fixed_flags.tensor_parallel_size: {fixed_tp} needs {fixed_tp} GPUs "
                           f"but this host has {hardware.num_gpus}; lower it.")
-    try:  # an unreachable store is bad input: refuse before anything else is written
+    try:  # an unreachable or read-only store is bad input: refuse before anything is written
         tracker = Tracker(cfg.tracking_uri)
-        tracker.experiment_id(cfg.name)
+        tracker.check_writable(cfg.name)
     except TrackingError as exc:
         raise ConfigError(f"tracking_uri: {exc}") from None
     total_gpus = init_ray(sim.num_gpus if engine == "simulated" else None, address)

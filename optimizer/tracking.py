@@ -1,20 +1,23 @@
 """MLflow tracking: one parent run per study, one nested child run per trial.
 
 The daemon is the only writer. Optuna's storage is the source of truth; MLflow is brought into
-agreement with it on every resume (`reconcile`), so a crash between the two never leaves a run
-RUNNING or a finished trial unlogged.
+agreement with it on every start (`catch_up`), so a crash between the two never leaves a run
+RUNNING or a finished trial unlogged, and a replay never logs a value twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from optimizer.errors import TrackingError
 
@@ -31,6 +34,28 @@ TAG_FAILURE = "failure_reason"
 TAG_CONCLUSION = "conclusion"
 _STATUS = {"complete": "FINISHED", "pruned": "KILLED", "failed": "FAILED"}
 _MAX_PARAM_LEN = 6000  # MLflow 3 param value limit is 6000 characters
+_PROBE_TAG = "nightshift.write_probe"
+SERVER_LOG = "server.log"  # a trial's engine log, in its workdir and as its run's artifact
+TRACE_FILE = "trace.trimmed.pt.trace.json.gz"  # runners.engine writes it beside server.log
+
+
+@dataclass(frozen=True)
+class TrialLog:
+    """A finished trial, as `Tracker.catch_up` brings its MLflow run up to date."""
+
+    number: int
+    run_id: str | None  # the run Optuna recorded for it; None if the store refused it then
+    params: Mapping[str, Any]
+    payload: Mapping[str, Any]  # `Tracker.finish_trial`'s arguments, from the trial's record
+    workdir: Path | None = None  # its server log and trace, when it ran on this machine
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """What `Tracker.catch_up` did."""
+
+    left_running: int  # trial runs found RUNNING (a dead daemon's), all closed now
+    created: int  # finished trials the store had no run for, logged now
 
 
 def artifact_root_for(tracking_uri: str) -> Path | None:
@@ -74,6 +99,28 @@ class Tracker:
             raise TrackingError(f"MLflow store {self.tracking_uri} refused the study "
                                 f"({type(exc).__name__}: {first}); check --tracking-uri or "
                                 "the study's tracking_uri.") from exc
+
+    def check_writable(self, study_name: str) -> str:
+        """The study's experiment id, once the store has taken a write: a probe tag set on the
+        experiment and deleted, and, for a local artifact location, a probe file written and
+        removed there (a folder it had to create is removed too). Reading alone would pass a
+        store that refuses writes, and the daemon would then fail in its first write.
+        Raises `TrackingError` naming what refused."""
+        exp_id = self.experiment_id(study_name)
+        try:
+            with _quiet("mlflow"):  # it logs the refusal with a traceback; ours is one line
+                self.client.set_experiment_tag(exp_id, _PROBE_TAG, str(os.getpid()))
+                self.client.delete_experiment_tag(exp_id, _PROBE_TAG)
+                location = self.client.get_experiment(exp_id).artifact_location
+        except Exception as exc:  # MLflow raises many types; all mean "store read-only"
+            first = (str(exc).splitlines() or [""])[0][:160]
+            raise TrackingError(f"MLflow store {self.tracking_uri} can be read but refused a "
+                                f"write ({type(exc).__name__}: {first}); make it writable or "
+                                "pass another --tracking-uri.") from exc
+        folder = _local_path(location)
+        if folder is not None:
+            _probe_folder(folder)
+        return exp_id
 
     def start_study(self, study_name: str, *, params: Mapping[str, Any],
                     artifacts: Mapping[str, Any]) -> str:
@@ -123,24 +170,32 @@ class Tracker:
                      tags: Mapping[str, str] = {}, params: Mapping[str, Any] = {},
                      texts: Mapping[str, str] = {}, dicts: Mapping[str, Any] = {},
                      files: Iterable[Path] = ()) -> None:
-        """Log a trial's outcome and close its run. Idempotent enough to be replayed by
-        `reconcile`: params already logged with the same value are skipped."""
-        self.log_params(run_id, params)
-        now = int(time.time() * 1000)
+        """Log a trial's outcome and close its run. Idempotent: what the run holds already (a
+        param, a metric's value at its step, an artifact of the same size) is not logged again,
+        so `catch_up` replaying a call that failed halfway logs only the rest."""
         from mlflow.entities import Metric
 
-        batch = [Metric(k, float(v), now, 0) for k, v in metrics.items() if _finite(v)]
+        run = self.client.get_run(run_id)
+        self._log_missing_params(run_id, params, run.data.params)
+        logged = self._metric_points(run_id, run.data.metrics)
+        now = int(time.time() * 1000)
+        points = [(k, v, 0) for k, v in metrics.items()]
         for step, values in step_metrics:
-            batch.extend(Metric(k, float(v), now, step) for k, v in values.items()
-                         if _finite(v))
+            points.extend((k, v, step) for k, v in values.items())
+        batch = [Metric(k, float(v), now, step) for k, v, step in points
+                 if _finite(v) and (k, step, float(v)) not in logged]
         for i in range(0, len(batch), 1000):
             self.client.log_batch(run_id, metrics=batch[i:i + 1000])
+        artifacts = {a.path: a.file_size for a in self.client.list_artifacts(run_id)
+                     if not a.is_dir}
         for name, text in texts.items():
-            self.client.log_text(run_id, text, name)
+            if artifacts.get(name) != len(text.encode()):
+                self.client.log_text(run_id, text, name)
         for name, data in dicts.items():
-            self.client.log_dict(run_id, data, name)
+            if not artifacts.get(name):
+                self.client.log_dict(run_id, data, name)
         for path in files:
-            if path.is_file():
+            if path.is_file() and artifacts.get(path.name) != path.stat().st_size:
                 self.client.log_artifact(run_id, str(path))
         for k, v in {**tags, TAG_STATE: state}.items():
             self.client.set_tag(run_id, k, str(v)[:5000])
@@ -175,42 +230,81 @@ class Tracker:
                           f"'{trial_number}'")
         return str(found[0].info.run_id) if found else None
 
-    def reconcile(self, study_name: str, trials: Mapping[str, Mapping[str, Any]]) -> int:
-        """Close every RUNNING trial run whose trial is no longer in flight.
+    def catch_up(self, study_name: str, parent_run_id: str,
+                 trials: Sequence[TrialLog]) -> CatchUp:
+        """Bring the study's trial runs into agreement with Optuna's finished `trials`.
 
-        `trials` maps MLflow run id -> the trial's record (as `record_for_tracking` builds it)
-        for finished trials; runs not in it are marked FAILED with `daemon_lost`."""
+        A trial without a run (the store refused it at the time) gets one, found again by its
+        trial tag if it was created after all, else created now, with its server log and trace
+        from its workdir. A run left RUNNING is finished from its trial's record, logging only
+        what it lacks (`finish_trial` is idempotent), its server log and trace included; a run
+        left RUNNING whose trial Optuna does not hold finished is closed FAILED (`daemon_lost`).
+        Runs already closed are not touched. Only runs found RUNNING count as left running."""
         exp = self.client.get_experiment_by_name(study_name)
         if exp is None:
-            return 0
-        stale = self.client.search_runs(
-            [exp.experiment_id],
-            filter_string=f"tags.`{TAG_KIND}` = 'trial' and attributes.status = 'RUNNING'",
-            max_results=10000)
-        for run in stale:
-            run_id = str(run.info.run_id)
-            record = trials.get(run_id)
-            if record is not None:
-                self.finish_trial(run_id, **record)
-            else:
-                self.client.set_tag(run_id, TAG_FAILURE, "daemon_lost")
-                self.client.set_tag(run_id, TAG_CONCLUSION,
-                                    "the daemon died with this trial in flight; re-queued.")
-                self.client.set_tag(run_id, TAG_STATE, "failed")
-                self.client.set_terminated(run_id, "FAILED")
-        return len(stale)
+            return CatchUp(0, 0)
+        runs = self._trial_runs(str(exp.experiment_id))
+        running = {rid for rid, (_, status) in runs.items() if status == "RUNNING"}
+        by_number: dict[int, str] = {}
+        for rid, (number, _) in runs.items():
+            # Prefer the run left RUNNING: it is the one to finish.
+            if number is not None and (number not in by_number or rid in running):
+                by_number[number] = rid
+        seen: set[str] = set()
+        created = 0
+        for trial in trials:
+            run_id = trial.run_id if trial.run_id in runs else by_number.get(trial.number)
+            is_new = run_id is None
+            if run_id is None:
+                run_id = self.start_trial(parent_run_id, study_name, trial.number,
+                                          trial.params)
+                created += 1
+            seen.add(run_id)
+            if is_new or run_id in running:
+                self.finish_trial(run_id, **_with_workdir_files(trial))
+        for run_id in sorted(running - seen):
+            self.client.set_tag(run_id, TAG_FAILURE, "daemon_lost")
+            self.client.set_tag(run_id, TAG_CONCLUSION,
+                                "the daemon died with this trial in flight; re-queued.")
+            self.client.set_tag(run_id, TAG_STATE, "failed")
+            self.client.set_terminated(run_id, "FAILED")
+        return CatchUp(left_running=len(running), created=created)
+
+    def _trial_runs(self, exp_id: str) -> dict[str, tuple[int | None, str]]:
+        """Every trial run of the experiment: run id -> (trial number, status)."""
+        out: dict[str, tuple[int | None, str]] = {}
+        token: str | None = None
+        while True:
+            page = self.client.search_runs([exp_id], filter_string=f"tags.`{TAG_KIND}` = 'trial'",
+                                           max_results=1000, page_token=token)
+            for run in page:
+                tag = run.data.tags.get(TAG_TRIAL, "")
+                out[str(run.info.run_id)] = (int(tag) if tag.isdigit() else None,
+                                             str(run.info.status))
+            token = page.token
+            if not token:
+                return out
 
     # -- helpers ----------------------------------------------------------------------------
 
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
         if not params:
             return
+        self._log_missing_params(run_id, params, self.client.get_run(run_id).data.params)
+
+    def _log_missing_params(self, run_id: str, params: Mapping[str, Any],
+                            existing: Mapping[str, str]) -> None:
         from mlflow.entities import Param
 
-        existing = self.client.get_run(run_id).data.params
         items = [Param(k, _param_text(v)) for k, v in params.items() if k not in existing]
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i:i + 100])
+
+    def _metric_points(self, run_id: str, latest: Mapping[str, float]
+                       ) -> set[tuple[str, int, float]]:
+        """(key, step, value) of every metric value the run holds (none on a fresh run)."""
+        return {(key, int(m.step), float(m.value)) for key in latest
+                for m in self.client.get_metric_history(run_id, key)}
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, float]) -> None:
         from mlflow.entities import Metric
@@ -229,3 +323,67 @@ def _finite(value: Any) -> bool:
 def _param_text(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     return text[:_MAX_PARAM_LEN]
+
+
+def _with_workdir_files(trial: TrialLog) -> dict[str, Any]:
+    """`finish_trial`'s arguments for a catch-up: the record's, plus the server log's tail and
+    the trimmed trace from the trial's workdir where they are on this machine (a trial that ran
+    on another node of a cluster left them there)."""
+    from runners.engine import LOG_TAIL_BYTES
+    from runners.process import tail
+
+    payload = dict(trial.payload)
+    if trial.workdir is None:
+        return payload
+    texts = dict(payload.get("texts") or {})
+    log = trial.workdir / SERVER_LOG
+    if SERVER_LOG not in texts and log.is_file():
+        texts[SERVER_LOG] = tail(log, LOG_TAIL_BYTES)
+    files = list(payload.get("files") or [])
+    trace = trial.workdir / TRACE_FILE
+    if trace.is_file() and all(f.name != TRACE_FILE for f in files):
+        files.append(trace)
+    return {**payload, "texts": texts, "files": files}
+
+
+@contextlib.contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """Nothing below CRITICAL from logger `name` (and its children that set no level)."""
+    target = logging.getLogger(name)
+    level = target.level
+    target.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        target.setLevel(level)
+
+
+def _local_path(location: str | None) -> Path | None:
+    """The folder of a `file:` (or plain path) artifact location; None for a remote one."""
+    if not location:
+        return None
+    parsed = urlparse(location)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if parsed.scheme == "" or len(parsed.scheme) == 1:  # a path (or a Windows drive letter)
+        return Path(location)
+    return None
+
+
+def _probe_folder(folder: Path) -> None:
+    """Write and remove a file in `folder`, creating it (and removing what was created) if it
+    is missing; raises `TrackingError` if the file system refuses."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    probe = folder / f".nightshift-write-probe-{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise TrackingError(f"the MLflow artifact location {folder} is not writable "
+                            f"({exc.strerror or exc}); make it writable or pass another "
+                            "--tracking-uri.") from exc
+    finally:
+        for path in missing:  # deepest first
+            with contextlib.suppress(OSError):
+                path.rmdir()

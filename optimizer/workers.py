@@ -27,7 +27,7 @@ from ray.exceptions import (
     WorkerCrashedError,
 )
 
-from optimizer.errors import ConfigError, WorkerLost
+from optimizer.errors import ConfigError, NightshiftError, WorkerLost
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics, Workload
 
 logger = logging.getLogger(__name__)
@@ -399,6 +399,13 @@ def probe_on_cluster(accelerator_type: str | None = None,
     return HardwareProfile.from_dict(data)
 
 
+LOOPBACK = "127.0.0.1"
+# Ray resolves a loopback `_node_ip_address` to the machine's address unless it believes
+# multi-node clusters are off (ray/_private/services.py `resolve_ip_for_localhost` and
+# `get_node_ip_address`); this switch, read by `ray._private.ray_constants` at import, says so.
+_RAY_CLUSTERS_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
 def init_ray(num_gpus: int | None, address: str | None = None) -> int:
     """Join `address` or start a local cluster (declaring `num_gpus` for the simulated engine);
     returns the GPUs the cluster has."""
@@ -408,6 +415,45 @@ def init_ray(num_gpus: int | None, address: str | None = None) -> int:
         if address:
             ray.init(address=address, **kwargs)
         else:
-            ray.init(num_gpus=num_gpus, num_cpus=max(2, (num_gpus or 0) + 2), **kwargs)
+            start_local_ray(num_gpus=num_gpus, num_cpus=max(2, (num_gpus or 0) + 2), **kwargs)
     resources: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
     return int(resources.get("GPU", 0))
+
+
+def start_local_ray(**kwargs: Any) -> None:
+    """A Ray of the daemon's own on this machine, bound to 127.0.0.1 only, whatever the
+    environment holds.
+
+    `address="local"` starts a new cluster even with `RAY_ADDRESS` set or a `ray start` left
+    running (which `ray.init()` without an address would join). Ray 2.60 binds its gRPC servers
+    (GCS, raylet and object manager, every core worker and the driver), the runtime-env agent,
+    the autoscaler monitor's metrics server and (by its source; in a minimal install it opens
+    no port) the dashboard agent to loopback when the node's IP is a loopback one; the
+    dashboard process gets `--host=127.0.0.1`, Ray's default. `ray.init` would turn
+    `_node_ip_address="127.0.0.1"` into the machine's address unless multi-node clusters are
+    switched off, so the switch is off for this call: in the environment, for the processes Ray
+    starts (its workers inherit the raylet's), and in the constant already imported, for this
+    process. Raises `NightshiftError` (Ray shut down again) if the node came up on another
+    address all the same."""
+    from ray._private import ray_constants
+
+    saved = {name: os.environ.get(name) for name in ("RAY_ADDRESS", _RAY_CLUSTERS_SWITCH)}
+    saved_switch = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ.pop("RAY_ADDRESS", None)
+    os.environ[_RAY_CLUSTERS_SWITCH] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(address="local", _node_ip_address=LOOPBACK, **kwargs)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_switch
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    nodes = [n.get("NodeManagerAddress") for n in ray.nodes()]  # type: ignore[no-untyped-call]
+    if nodes != [LOOPBACK]:
+        ray.shutdown()
+        raise NightshiftError(f"the local Ray came up on {', '.join(map(str, nodes))}, not "
+                              f"{LOOPBACK} only; this Ray version binds differently: pin ray "
+                              "2.60 or pass --ray-address to use a cluster you run.")

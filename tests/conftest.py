@@ -45,11 +45,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
-    """One local Ray for the session, with two GPUs declared (no real GPU needed)."""
+    """One local Ray for the session, with two GPUs declared (no real GPU needed), started as
+    the daemon starts its own: on 127.0.0.1 only, whatever RAY_ADDRESS says."""
     import ray
 
+    from optimizer.workers import start_local_ray
+
     if not ray.is_initialized():
-        ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+        start_local_ray(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
+                        configure_logging=False)
     yield
     ray.shutdown()

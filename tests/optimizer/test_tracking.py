@@ -1,14 +1,15 @@
-"""MLflow tracking on a real sqlite store: parent/child runs, states, and reconcile on resume."""
+"""MLflow tracking on a real sqlite store: parent/child runs, states, the catch-up on resume."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow import MlflowClient
 
 from optimizer.errors import TrackingError
-from optimizer.tracking import Tracker, artifact_root_for
+from optimizer.tracking import CatchUp, Tracker, TrialLog, artifact_root_for
 
 
 def test_parent_and_child_runs_nest_with_states(tmp_path: Path) -> None:
@@ -42,21 +43,49 @@ def test_parent_and_child_runs_nest_with_states(tmp_path: Path) -> None:
     assert root is not None and (root / "s1").is_dir(), "artifacts live beside the database"
 
 
-def test_reconcile_closes_runs_left_running(tmp_path: Path) -> None:
+def test_catch_up_closes_runs_left_running_and_counts_only_those(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     tracker = Tracker(uri)
     parent = tracker.start_study("s2", params={}, artifacts={})
     finished_in_optuna = tracker.start_trial(parent, "s2", 0, {})
     lost = tracker.start_trial(parent, "s2", 1, {})
-    closed = tracker.reconcile("s2", {finished_in_optuna: {
-        "state": "pruned", "metrics": {"x": 1.0}, "tags": {"conclusion": "pruned."}}})
-    assert closed == 2
+    workdir = tmp_path / "trials" / "0002"
+    workdir.mkdir(parents=True)
+    (workdir / "server.log").write_text("engine log")
+    done = tracker.catch_up("s2", parent, [
+        TrialLog(0, finished_in_optuna, {}, {"state": "pruned", "metrics": {"x": 1.0},
+                                             "tags": {"conclusion": "pruned."}}),
+        TrialLog(2, None, {"max_num_seqs": 64}, {"state": "complete", "metrics": {"x": 2.0}},
+                 workdir)])
+    assert done == CatchUp(left_running=2, created=1), "the run it created is not counted"
     client = MlflowClient(uri)
     assert client.get_run(finished_in_optuna).info.status == "KILLED"
     lost_run = client.get_run(lost)
     assert lost_run.info.status == "FAILED"
     assert lost_run.data.tags["failure_reason"] == "daemon_lost"
-    assert tracker.reconcile("s2", {}) == 0, "nothing left RUNNING"
+    created = tracker.find_trial_run("s2", 2)
+    assert created is not None and client.get_run(created).info.status == "FINISHED"
+    assert {a.path for a in client.list_artifacts(created)} == {"server.log"}, \
+        "a run the catch-up creates gets the server log from the trial's workdir"
+    assert tracker.catch_up("s2", parent, []) == CatchUp(0, 0), "nothing left RUNNING"
+
+
+def test_finish_trial_replayed_logs_nothing_twice(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(uri)
+    parent = tracker.start_study("s3", params={}, artifacts={})
+    child = tracker.start_trial(parent, "s3", 0, {})
+    payload: dict[str, Any] = {"state": "complete",
+                               "metrics": {"goodput": 3.0, "tpot": 9.0},
+                               "step_metrics": [(0, {"goodput": 2.0}), (1, {"goodput": 3.0})],
+                               "texts": {"server.log": "tail"},
+                               "dicts": {"record.json": {"a": 1}}}
+    tracker.finish_trial(child, **payload)
+    tracker.finish_trial(child, **payload)  # a replay of a call that died halfway
+    client = MlflowClient(uri)
+    history = client.get_metric_history(child, "goodput")
+    assert sorted((m.step, m.value) for m in history) == [(0, 2.0), (0, 3.0), (1, 3.0)]
+    assert len(client.get_metric_history(child, "tpot")) == 1
 
 
 def test_unusable_store_is_a_tracking_error(tmp_path: Path) -> None:

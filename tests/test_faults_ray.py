@@ -1,0 +1,158 @@
+"""Local mode's Ray is the daemon's own and listens on loopback only, whatever the environment
+holds: each study runs as `nightshift start` in a process of its own (a Ray per process), and
+every socket of it and its descendants (the driver, Ray's GCS, raylet, agents, monitor and
+workers, the simulated engines) is listed while it runs.
+
+| fault                          | injected by                    | outcome                      |
+|--------------------------------|--------------------------------|------------------------------|
+| RAY_ADDRESS names no cluster   | RAY_ADDRESS=127.0.0.1:9        | its own Ray; exit 0          |
+| RAY_ADDRESS names a live Ray   | a second Ray the test starts   | its own Ray, not the other   |
+| a socket beyond loopback       | (none: checked on every socket | every socket of the study on |
+|                                | of a running local study)      | 127.0.0.0/8 or ::1           |
+
+(To be folded into tests/test_faults.py's table.)
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.optimizer.test_daemon import load, write_study
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+_OTHER_RAY = """
+import json, sys, time
+import ray
+ctx = ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+print(json.dumps({"address": ctx.address_info["gcs_address"],
+                  "node": ray.get_runtime_context().get_node_id()}), flush=True)
+sys.stdin.read()  # until the test closes it
+ray.shutdown()
+"""
+
+
+def _is_loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip.split("%")[0])
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
+
+
+def _label(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())[:160] or process.name()
+    except psutil.Error:
+        return "?"
+
+
+def _sockets(root: psutil.Process) -> list[tuple[str, str, int, str]]:
+    """(process, local ip, local port, status) of every inet socket of `root` and all its
+    descendants; processes that end while being read are skipped."""
+    try:
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+    found: list[tuple[str, str, int, str]] = []
+    for process in tree:
+        try:
+            connections = process.net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        label = _label(process)
+        found.extend((label, c.laddr.ip, c.laddr.port, c.status) for c in connections
+                     if c.laddr)
+    return found
+
+
+def _run_study(tmp_path: Path, *, trials: int) -> tuple[int, str, list[tuple[str, str, int,
+                                                                             str]]]:
+    """`nightshift start` on a simulated local study in a process of its own, with the test's
+    environment; its exit code, stderr and every socket seen while it ran."""
+    path = write_study(tmp_path, trials=trials, workload={
+        "input_len": 64, "output_len": 16, "levels": [{"concurrency": 4}],
+        "duration_s": 2.0, "num_requests": None, "warmup_requests": 0},
+        simulated={"hardware": "h200", "num_gpus": 1, "startup_time_scale": 0.002})
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled",
+           "PYTHONUNBUFFERED": "1"}
+    seen: set[tuple[str, str, int, str]] = set()
+    with open(tmp_path / "daemon.err", "w") as err:
+        daemon = subprocess.Popen([sys.executable, "-m", "optimizer.cli", "start", str(path),
+                                   "--no-progress"], cwd=REPO, env=env,
+                                  stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            root = psutil.Process(daemon.pid)
+            deadline = time.monotonic() + 280
+            while daemon.poll() is None and time.monotonic() < deadline:
+                seen.update(_sockets(root))
+                time.sleep(0.1)
+        finally:
+            if daemon.poll() is None:
+                daemon.kill()
+            code = daemon.wait(30)
+    return code, (tmp_path / "daemon.err").read_text(), sorted(seen)
+
+
+@pytest.fixture
+def other_ray(clean_environ: dict[str, str]) -> Iterator[dict[str, Any]]:
+    """A second Ray on this machine, as a `ray start` left running would be, in a process of
+    the test's own (ended by its pid)."""
+    proc = subprocess.Popen([sys.executable, "-c", _OTHER_RAY], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    try:
+        assert proc.stdout is not None
+        yield json.loads(proc.stdout.readline())
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+        finally:
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+def _trial_hosts(tmp_path: Path) -> list[str]:
+    return [str((t.user_attrs.get("record") or {}).get("host", ""))
+            for t in load(tmp_path).trials if t.state.is_finished()]
+
+
+def test_a_local_study_ignores_a_ray_address_naming_no_cluster(
+        tmp_path: Path, clean_environ: dict[str, str]) -> None:
+    os.environ["RAY_ADDRESS"] = "127.0.0.1:9"  # nothing listens there
+    code, err, _ = _run_study(tmp_path, trials=1)
+    assert code == 0, err[-3000:]
+    assert "Traceback" not in err
+    assert [h for h in _trial_hosts(tmp_path) if " node " in h], "the trial ran on Ray"
+
+
+def test_a_local_study_runs_its_own_ray_on_loopback_only_beside_another_cluster(
+        tmp_path: Path, other_ray: dict[str, Any]) -> None:
+    os.environ["RAY_ADDRESS"] = other_ray["address"]
+    code, err, sockets = _run_study(tmp_path, trials=2)
+    assert code == 0, err[-3000:]
+    hosts = _trial_hosts(tmp_path)
+    assert len(hosts) == 2 and all(" node " in h for h in hosts)
+    assert not [h for h in hosts if other_ray["node"][:12] in h], \
+        "no trial ran on the cluster RAY_ADDRESS names: local mode starts its own Ray"
+
+    listening = [s for s in sockets if s[3] == psutil.CONN_LISTEN]
+    for part in ("gcs_server", "raylet", "runners.simulated", "optimizer.cli"):
+        assert [s for s in listening if part in s[0]], f"{part} was seen listening: {sockets}"
+    beyond = [s for s in sockets if not _is_loopback(s[1])]
+    assert not beyond, f"every socket of the study is on loopback; not these: {beyond}"
