@@ -514,10 +514,11 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     if err["type"] == "missing":
         return f"{source}: {where} is required; add it (see examples/quickstart.yaml)."
     msg = str(err["msg"]).removeprefix("Value error, ")
+    end = "" if msg.endswith((".", "?")) else "."
     if msg.startswith(where.split("[")[0]) and err["type"] == "value_error":
-        return f"{source}: {msg}."  # the check named the field itself (fixed_flags.x: ...)
+        return f"{source}: {msg}{end}"  # the check named the field itself (fixed_flags.x: ...)
     if where == "(top level)" and err["type"] == "value_error":
-        return f"{source}: {msg}."
+        return f"{source}: {msg}{end}"
     got = err.get("input")
     got_text = "" if isinstance(got, dict | list) or got is None else f" but got {got!r:.80}"
     return f"{source}: {where}: {msg}{got_text}."
@@ -620,7 +621,13 @@ def load_study(path: Path) -> StudyConfig:
         raise ConfigError(f"{path.name}: over {MAX_FILE_BYTES:,} bytes, far more than a study "
                           "file holds; check that this is the study YAML.")
     try:
-        data = load_yaml(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        data = load_yaml(text)
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise ConfigError(f"{path.name}: not valid YAML at line {line}: character "
+                          f"#x{exc.character:04x} is not allowed in YAML text; remove it."
+                          ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -669,7 +676,8 @@ def fixed_flag_problem(name: object, value: object) -> str | None:
         close = difflib.get_close_matches(name, list(KNOWN_FLAGS), n=1) or \
             [_snake(c) for c in [table.closest(name)] if c is not None]
         hint = f"did you mean {close[0]!r}?" if close else "see `vllm serve --help`."
-        return f"{where}: not a vLLM {table.version} engine flag; {hint}"
+        version = ".".join(table.version.split(".")[:2])
+        return f"{where}: not a vLLM {version} engine flag; {hint}"
     if "-" in name:
         return f"{where}: spell vLLM flags in snake_case here ({_snake(name)})"
     if kebab is not None:
@@ -750,7 +758,8 @@ def extra_args_problem(args: list[str]) -> str | None:
         if kebab is None:
             close = table.closest(written.lstrip("-"))
             hint = f"did you mean --{close}?" if close else "see `vllm serve --help`."
-            return f"{where}: {token!r:.60} is not a flag of vLLM {table.version}; {hint}"
+            version = ".".join(table.version.split(".")[:2])
+            return f"{where}: {token!r:.60} is not a flag of vLLM {version}; {hint}"
         if kebab in OWNED_FLAGS:
             return f"{where}: nightshift sets --{kebab} itself; {OWNED_FLAGS[kebab]}"
         if _snake(kebab) in KNOWN_FLAGS:
@@ -843,14 +852,16 @@ def check_before_start(cfg: StudyConfig) -> None:
 
 def _check_parent(field: str, path: Path, made_by_us: list[Path], source: str) -> None:
     parent = path.expanduser().absolute().parent
-    if parent.is_dir():
+    # nightshift makes the store's own directory (`.../mlruns/`), never a missing path above
+    # it: a typo there would otherwise become a new directory tree.
+    if parent.is_dir() or parent.parent.is_dir():
         return
     for ours in made_by_us:
         ours = ours.expanduser().absolute()
         if parent == ours or ours in parent.parents:
             return  # nightshift makes its own results and mlruns directories
-    raise ConfigError(f"{source}: {field}: directory {str(parent)!r:.120} does not exist; "
-                      "create it or name a file in an existing directory.")
+    raise ConfigError(f"{source}: {field}: neither directory {str(parent)!r:.120} nor its "
+                      "parent exists; create it or name a file in an existing directory.")
 
 
 def _check_prompts_file(path: Path, source: str) -> int:
@@ -858,8 +869,9 @@ def _check_prompts_file(path: Path, source: str) -> int:
 
     where = f"{source}: workload.prompts_file"
     if not path.is_file():
-        raise ConfigError(f"{where}: no such file {str(path)!r:.120}; give a JSONL file with "
-                          "one {\"prompt\": ...} object a line.")
+        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise ConfigError(f"{where}: {str(path)!r:.120} {what}; give a JSONL file with one "
+                          "{\"prompt\": ...} object a line.")
     if path.stat().st_size > MAX_PROMPTS_FILE_BYTES:
         raise ConfigError(f"{where}: {str(path)!r:.120} is over {MAX_PROMPTS_FILE_BYTES:,} "
                           "bytes; a benchmark needs a sample of prompts, not a corpus.")
