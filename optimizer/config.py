@@ -672,7 +672,9 @@ def fixed_flag_problem(name: object, value: object) -> str | None:
     if name.replace("_", "-") in OWNED_FLAGS:
         return f"{where}: nightshift sets --{name.replace('_', '-')} itself; " \
                f"{OWNED_FLAGS[name.replace('_', '-')]}"
-    if kebab is None and name not in KNOWN_FLAGS:
+    # A space's own name counts only where it stands for a nested setting (cudagraph_mode ->
+    # compilation_config.cudagraph_mode); swap_space, say, is gone from vLLM 0.26.
+    if kebab is None and (name not in KNOWN_FLAGS or KNOWN_FLAGS[name].cli_name is None):
         close = difflib.get_close_matches(name, list(KNOWN_FLAGS), n=1) or \
             [_snake(c) for c in [table.closest(name)] if c is not None]
         hint = f"did you mean {close[0]!r}?" if close else "see `vllm serve --help`."

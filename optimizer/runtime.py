@@ -182,6 +182,12 @@ def seed_trial_params(cfg: StudyConfig, space: ResolvedSpace) -> list[dict[str, 
     defaults = space.defaults()
     out: list[dict[str, Any]] = []
     for index, changes in enumerate(cfg.spec.seed_trials):
+        for name, value in changes.items():
+            fixed = cfg.spec.fixed_flags.get(name)
+            if name in cfg.spec.fixed_flags and value != fixed:
+                raise ConfigError(f"seed_trials[{index}].{name}: fixed_flags fixes it to "
+                                  f"{fixed!r} for every trial; drop it from the seed or from "
+                                  "fixed_flags.")
         params = {**defaults, **changes}
         problems = space.check(params)
         if problems:
