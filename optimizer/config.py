@@ -557,18 +557,22 @@ class StudyLoader(yaml.SafeLoader):
         self._sizes: dict[int, int] = {}  # id(node) -> its size with aliases expanded
 
     def compose_node(self, parent: Any, index: Any) -> Any:
+        peek: Any = self.peek_event
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
+            event = peek()
             anchored = self.anchors.get(event.anchor)
+            if anchored is not None and id(anchored) not in self._sizes:
+                raise _YamlLimit(f"alias *{event.anchor} is used inside the value it names (a "
+                                 "value that contains itself); write it out", event.start_mark)
             if anchored is not None:
-                self._count(self._sizes.get(id(anchored), 1), event.start_mark)
+                self._count(self._sizes[id(anchored)], event.start_mark)
             return super().compose_node(parent, index)
         self._depth += 1
         if self._depth > MAX_YAML_DEPTH:
             raise _YamlLimit(f"nested deeper than {MAX_YAML_DEPTH} levels; a study file "
-                             "is a few levels deep", self.peek_event().start_mark)
+                             "is a few levels deep", peek().start_mark)
         before = self._nodes
-        node = super().compose_node(parent, index)
+        node: Any = super().compose_node(parent, index)
         self._depth -= 1
         self._count(1, node.start_mark)
         self._sizes[id(node)] = self._nodes - before

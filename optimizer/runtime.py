@@ -125,6 +125,8 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
     except SpaceError as exc:
         raise ConfigError(f"{cfg.source_name}: {exc}") from None
     notes.extend(removed)  # one line per param the study's fixed flags take out of the search
+    if cfg.spec.fixed_flags:
+        notes.append(f"baseline: {cfg.baseline_name}; every trial runs these fixed flags too")
     seed_trials = seed_trial_params(cfg, resolved)
     workload = cfg.workload(vocab_size=model.vocab_size if model else 32000)
     for name in cfg.spec.fixed_flags:  # the flags themselves were checked with the study file

@@ -183,7 +183,7 @@ def test_extra_args_that_would_override_nightshift_are_refused(args: list, expec
 
 
 def test_an_extra_arg_repeating_a_fixed_flag_is_refused() -> None:
-    with pytest.raises(ConfigError, match="repeats fixed_flags.max_loras"):
+    with pytest.raises(ConfigError, match=r"repeats fixed_flags\.max_loras"):
         parse_study({**BASE, "fixed_flags": {"max_loras": 2},
                      "vllm": {"extra_args": ["--max-loras", "4"]}})
 
