@@ -2,15 +2,15 @@
 refused in one line with exit 2 before anything is written, whichever way it arrives (study
 file, command-line override, environment), and a fixed flag fixes what every trial runs.
 
-| input                                   | before                        | now                    |
-|-----------------------------------------|-------------------------------|------------------------|
-| --storage bogus://x                     | exit 2 after daemon.log, lock | one line, exit 2, no   |
-|                                         | and an MLflow experiment      | writes                 |
-| --storage in a missing directory tree   | tree created, study ran       | one line, exit 2       |
-| MLFLOW_TRACKING_URI=bogus://x           | traceback, exit 1             | one line, exit 2       |
-| prompts_file not UTF-8                  | every trial failed            | one line, exit 2       |
-| vllm.extra_args: [--host, 0.0.0.0]      | engine listened on 0.0.0.0    | one line, exit 2       |
-| fixed_flags: {max_num_seqs: 64}         | trials ran 64, 512, 256       | every trial runs 64    |
+| input                              | before (issue 19)              | now                  |
+|------------------------------------|--------------------------------|----------------------|
+| --storage bogus://x                | exit 2 after daemon.log, lock, | one line, exit 2,    |
+|                                    | an MLflow experiment           | nothing written      |
+| --storage in a missing dir tree    | the tree was created           | one line, exit 2     |
+| MLFLOW_TRACKING_URI=bogus://x      | traceback, exit 1              | one line, exit 2     |
+| prompts_file not UTF-8             | accepted; every trial failed   | one line, exit 2     |
+| vllm.extra_args: [--host, 0.0.0.0] | passed after --host 127.0.0.1  | one line, exit 2     |
+| fixed_flags: {max_num_seqs: 64}    | trials ran 64, 512, 256        | every trial runs 64  |
 
 The held-out corpus of malformed study files is tests/test_bad_study_files.py.
 """
