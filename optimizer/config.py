@@ -27,6 +27,7 @@ from pydantic import (
 from optimizer.errors import ConfigError
 from runners.base import SLO, LengthDistribution, LoadLevel, Workload
 from runners.capacity import CapacitySearch
+from search_spaces.bounded_yaml import YamlLimitError, load_yaml
 
 ObjectiveName = Literal["goodput", "throughput", "tpot", "ttft"]
 OBJECTIVE_DIRECTIONS: dict[str, str] = {
@@ -52,8 +53,6 @@ MAX_SEED = 2**32 - 1  # numpy's seeds (Optuna's samplers, the load generator)
 # The study file itself: a study is a page of YAML, never megabytes.
 MAX_FILE_BYTES = 1_000_000
 MAX_PROMPTS_FILE_BYTES = 1 << 30
-MAX_YAML_DEPTH = 32
-MAX_YAML_NODES = 20_000  # after alias expansion: a YAML alias bomb stops here
 
 # Flags nightshift sets on every engine itself, and the study key that says what they become.
 # Each entry: what to write instead, as a clause.
@@ -535,81 +534,6 @@ def parse_study(data: Any, source: str = "study.yaml", path: Path | None = None)
     return StudyConfig(spec, path)
 
 
-class _YamlLimit(yaml.YAMLError):
-    """A study file beyond what a study needs: too deep, too many nodes, a duplicate key."""
-
-    def __init__(self, message: str, mark: Any) -> None:
-        super().__init__(message)
-        self.problem = message
-        self.problem_mark = mark
-
-
-class StudyLoader(yaml.SafeLoader):
-    """YAML's safe loader, less what lets a study file say something else than it seems or
-    take unbounded memory: a duplicate key (YAML keeps the last silently), nesting beyond
-    MAX_YAML_DEPTH, more than MAX_YAML_NODES nodes once aliases are expanded (an alias bomb
-    is a few lines that expand to billions)."""
-
-    def __init__(self, stream: Any) -> None:
-        super().__init__(stream)
-        self._depth = 0
-        self._nodes = 0
-        self._sizes: dict[int, int] = {}  # id(node) -> its size with aliases expanded
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        peek: Any = self.peek_event
-        if self.check_event(yaml.AliasEvent):
-            event = peek()
-            anchored = self.anchors.get(event.anchor)
-            if anchored is not None and id(anchored) not in self._sizes:
-                raise _YamlLimit(f"alias *{event.anchor} is used inside the value it names (a "
-                                 "value that contains itself); write it out", event.start_mark)
-            if anchored is not None:
-                self._count(self._sizes[id(anchored)], event.start_mark)
-            return super().compose_node(parent, index)
-        self._depth += 1
-        if self._depth > MAX_YAML_DEPTH:
-            raise _YamlLimit(f"nested deeper than {MAX_YAML_DEPTH} levels; a study file "
-                             "is a few levels deep", peek().start_mark)
-        before = self._nodes
-        node: Any = super().compose_node(parent, index)
-        self._depth -= 1
-        self._count(1, node.start_mark)
-        self._sizes[id(node)] = self._nodes - before
-        return node
-
-    def _count(self, size: int, mark: Any) -> None:
-        self._nodes += size
-        if self._nodes > MAX_YAML_NODES:
-            raise _YamlLimit(f"more than {MAX_YAML_NODES:,} values once aliases are expanded "
-                             "(an alias bomb?); write the values out", mark)
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        if isinstance(node, yaml.MappingNode):
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=deep)
-                try:
-                    if key in seen:
-                        raise _YamlLimit(f"duplicate key {key!r:.60} (YAML would keep only the "
-                                         "last); keep one", key_node.start_mark)
-                    seen.add(key)
-                except TypeError:
-                    continue  # an unhashable key: the base class says so
-        return super().construct_mapping(node, deep=deep)
-
-
-def load_yaml(text: str) -> Any:
-    """A YAML document through `StudyLoader`; raises yaml.YAMLError."""
-    loader = StudyLoader(text)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
 def load_study(path: Path) -> StudyConfig:
     """Read and validate a study file; raises ConfigError (one line) on any problem."""
     if not path.is_file():
@@ -636,7 +560,7 @@ def load_study(path: Path) -> StudyConfig:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line
-        if isinstance(exc, _YamlLimit):
+        if isinstance(exc, YamlLimitError):
             raise ConfigError(f"{path.name}{where}: {problem[:200]}.") from None
         raise ConfigError(f"{path.name}: not valid YAML{where}: {problem[:200]}; fix the "
                           "syntax.") from None

@@ -23,6 +23,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
+from search_spaces.bounded_yaml import YamlLimitError, load_yaml
 from search_spaces.rules import (
     BUILTIN_ORDER,
     STATIC_BUILTINS,
@@ -53,6 +54,7 @@ PARAM_TYPES: tuple[ParamType, ...] = ("categorical", "int", "float")
 _TOP_KEYS = ("name", "description", "parameters", "rules")
 _PARAM_KEYS = ("type", "choices", "low", "high", "log", "step", "default", "help")
 _RANGE_KEYS = ("low", "high", "log", "step")
+_MAX_SPACE_CHARS = 1_000_000
 _INT_CEILING = 2**53  # larger ints lose precision in Optuna's float internal representation
 
 ATTENTION_BACKENDS = ("auto", "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION")
@@ -311,12 +313,17 @@ def load_space(path_or_name: str | Path) -> SearchSpace:
     except (OSError, UnicodeDecodeError) as exc:
         raise SpaceError(f"{source}: cannot read the search space ({type(exc).__name__}: "
                          f"{show(str(exc), 120)}); check the path and permissions.") from exc
+    if len(text) > _MAX_SPACE_CHARS:
+        _fail(source, f"over {_MAX_SPACE_CHARS:,} characters, far more than a search space "
+                      "holds; check that this is the space YAML")
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or type(exc).__name__
+        if isinstance(exc, YamlLimitError):
+            raise SpaceError(f"{source}{where}: {_sentence(problem)}") from exc
         raise SpaceError(f"{source}: not valid YAML{where} ({show(str(problem), 80)}); fix "
                          "the syntax.") from exc
     except RecursionError as exc:
