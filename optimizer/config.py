@@ -6,6 +6,7 @@ the fix (`ConfigError`, exit code 2). Environment variables are read here and no
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import os
@@ -696,7 +697,40 @@ def extra_args_problem(args: list[str]) -> str | None:
             return (f"{where}: --{kebab} is a flag nightshift searches, and extra_args (passed "
                     f"last) would override every trial's value; set fixed_flags.{_snake(kebab)} "
                     "to fix it instead")
+        problem = _extra_value_problem(args, index, written, kebab)
+        if problem is not None:
+            return f"{where}: {problem}"
     return None
+
+
+def _extra_value_problem(args: list[str], index: int, written: str, kebab: str) -> str | None:
+    """Why the value `args[index]` gives its flag would be refused by vLLM's parser, or None.
+    Checked where the table knows the type: a boolean takes no value; an int, float or choice
+    flag takes one (`--x=v` or the next word). Dotted (`--x.y=v`) and `-O3` forms pass."""
+    from runners.vllm_flags import flag_table, value_problem
+
+    token = args[index]
+    if "." in token.split("=", 1)[0] or written == "optimization-level":
+        return None
+    flag = flag_table().types[kebab]
+    following = args[index + 1] if index + 1 < len(args) else None
+    is_value_next = following is not None and _arg_flag(following) is None
+    if flag.kind == "bool" or written.startswith("no-"):
+        if "=" in token or is_value_next:
+            shown = token if "=" in token else f"{token} {following}"
+            return f"--{written} takes no value but got {shown!r:.60}; drop the value"
+        return None
+    if flag.kind not in ("int", "float", "choice"):
+        return None
+    raw = token.split("=", 1)[1] if "=" in token else (following if is_value_next else None)
+    if raw is None:
+        return f"--{kebab} needs a value; give it as --{kebab}=VALUE or as the next word"
+    value: object = raw
+    if flag.kind == "float" or (flag.kind == "int" and re.fullmatch(r"-?\d+", raw)):
+        with contextlib.suppress(ValueError):  # a word stays a word: refused below
+            value = int(raw) if flag.kind == "int" else float(raw)
+    problem = value_problem(flag, value)
+    return None if problem is None else f"--{kebab} {problem}"
 
 
 def storage_problem(url: str) -> str | None:

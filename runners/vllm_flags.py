@@ -25,7 +25,7 @@ class FlagType:
     """What one flag takes, as vLLM's parser would check it."""
 
     kind: FlagKind
-    choices: tuple[str, ...] = ()  # for "choice"
+    choices: tuple[str, ...] = ()  # for "choice", as written on a command line
     ge: float | None = None  # inclusive lower bound, where vLLM's config states one
     gt: float | None = None
     le: float | None = None
@@ -61,7 +61,8 @@ def _bundled() -> VllmFlags:
     types: dict[str, FlagType] = {}
     for name, kind in data["flags"].items():
         entry = data.get("types", {}).get(name) or {"type": "bool" if kind == "bool" else "any"}
-        types[name] = FlagType(kind=entry["type"], choices=tuple(entry.get("choices", ())),
+        types[name] = FlagType(kind=entry["type"],
+                               choices=tuple(str(c) for c in entry.get("choices", ())),
                                ge=entry.get("ge"), gt=entry.get("gt"), le=entry.get("le"),
                                lt=entry.get("lt"),
                                is_human_readable=bool(entry.get("human_readable")))
@@ -153,8 +154,8 @@ def value_problem(flag: FlagType, value: object) -> str | None:
         if not isinstance(value, int | float) or not math.isfinite(value):
             return f"must be a finite number but got {_show(value)}"
         return _bound_problem(flag, value)
-    if flag.kind == "choice":
-        if isinstance(value, str) and value in flag.choices:
+    if flag.kind == "choice":  # compared as argparse compares them: as written (`16`)
+        if isinstance(value, str | int) and str(value) in flag.choices:
             return None
         close = difflib.get_close_matches(str(value), flag.choices, n=1)
         hint = f"; did you mean {close[0]!r}" if close else ""

@@ -153,7 +153,8 @@ def test_a_fixed_value_that_breaks_the_token_budget_is_refused() -> None:
 @pytest.mark.parametrize("flags", [{"enable_lora": True}, {"max_loras": 4},
                                    {"max_model_len": "8k"}, {"kv_cache_dtype": "fp8_e5m2"},
                                    {"compilation_config": {"mode": 3}},
-                                   {"cudagraph_capture_sizes": [1, 2, 4]}, {"seed": 7}])
+                                   {"cudagraph_capture_sizes": [1, 2, 4]}, {"seed": 7},
+                                   {"max_lora_rank": 16}])
 def test_any_flag_of_vllm_can_be_fixed(flags: dict) -> None:
     assert parse_study({**BASE, "fixed_flags": flags}).spec.fixed_flags == flags
 
@@ -162,7 +163,10 @@ def test_any_flag_of_vllm_can_be_fixed(flags: dict) -> None:
 
 
 @pytest.mark.parametrize("args", [["-O3"], ["--enable-log-requests"], ["--max-loras", "2"],
-                                  ["--compilation-config.mode=3"], ["--enable-lora"]])
+                                  ["--compilation-config.mode=3"], ["--enable-lora"],
+                                  ["--max-loras=4", "--enable-lora", "--max-lora-rank", "16"],
+                                  ["--cudagraph-capture-sizes", "1", "2", "4"],
+                                  ["--max-num-scheduled-tokens", "8k"]])
 def test_extra_args_of_flags_nightshift_neither_sets_nor_searches_pass(args: list) -> None:
     assert parse_study({**BASE, "vllm": {"extra_args": args}}).spec.vllm.extra_args == args
 
@@ -175,6 +179,13 @@ def test_extra_args_of_flags_nightshift_neither_sets_nor_searches_pass(args: lis
     (["--no-enable-prefix-caching"], "set fixed_flags.enable_prefix_caching"),
     (["--max-loras", "2", "--uds", "/tmp/s"], "vllm.extra_args[2]: nightshift sets --uds"),
     (["--enable-lorra"], "did you mean --enable-lora?"),
+    (["--max-loras", "many"], "vllm.extra_args[0]: --max-loras must be an integer"),
+    (["--max-loras=-2"], "--max-loras must be >= 1"),
+    (["--max-cpu-loras"], "--max-cpu-loras needs a value"),
+    (["--enable-lora", "yes"], "--enable-lora takes no value"),
+    (["--enable-lora=true"], "--enable-lora takes no value"),
+    (["--lora-dtype", "auto", "--logprobs-mode", "word"], "vllm.extra_args[2]: --logprobs-mode "
+                                                          "must be one of"),
 ])
 def test_extra_args_that_would_override_nightshift_are_refused(args: list, expected: str) -> None:
     with pytest.raises(ConfigError) as info:
