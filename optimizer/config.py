@@ -865,6 +865,19 @@ def _human_int(value: object) -> int | None:
     return None
 
 
+def _has_rope_scaling(model_path: str) -> bool:
+    import json
+
+    from runners.model_info import resolve_model_dir
+
+    directory = resolve_model_dir(model_path)
+    if directory is None:
+        return False
+    config = json.loads((directory / "config.json").read_text())
+    sections = [config, config.get("text_config") or {}]
+    return any(isinstance(c, dict) and c.get("rope_scaling") for c in sections)
+
+
 def _check_fits_model(cfg: StudyConfig, longest_prompt: int) -> None:
     """A request's prompt and output must fit the engine's context (vLLM refuses it otherwise,
     and every request of every trial would fail)."""
@@ -878,8 +891,10 @@ def _check_fits_model(cfg: StudyConfig, longest_prompt: int) -> None:
             model = load_model_info(cfg.spec.model.path)
         except (OSError, ValueError, TypeError, KeyError):
             return  # a model the runtime cannot read either: it says so itself
-        if model is None:
-            return  # a hub id: its context length is not known offline
+        if model is None or _has_rope_scaling(cfg.spec.model.path):
+            # A hub id: not known offline. RoPE scaling: vLLM derives a longer context from
+            # it than max_position_embeddings, by rules this check does not repeat.
+            return
         limit, why = model.max_position_embeddings, f"{model.name}'s max_position_embeddings"
     longest = longest_prompt + cfg.spec.workload.output_len.longest
     if longest > limit:

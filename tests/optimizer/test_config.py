@@ -230,3 +230,20 @@ def test_duplicate_keys_and_alias_bombs_are_refused(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(BASE) + "x: &x {k: 1}\ny: {<<: *x, j: 2}\n")
     with pytest.raises(ConfigError, match="unknown key 'x'"):  # merge keys still load
         load_study(path)
+
+
+def test_the_workload_must_fit_the_models_context_unless_rope_scaling_extends_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from optimizer.config import check_before_start
+
+    monkeypatch.chdir(tmp_path)
+    long = {"input_len": 40_000, "output_len": 16, "num_requests": 8}
+    with pytest.raises(ConfigError, match="over the max_model_len of 32768"):
+        check_before_start(parse_study({**BASE, "workload": long}))
+    fixed = {**BASE, "workload": long, "fixed_flags": {"max_model_len": "64k"}}
+    check_before_start(parse_study(fixed))  # 64k = 64,000 tokens: it fits
+    # llama-3.1's rope_scaling gives vLLM a longer context than max_position_embeddings says:
+    # this check does not second-guess it.
+    check_before_start(parse_study({**BASE, "model": {"path": "llama-3.1-8b"},
+                                    "workload": {**long, "input_len": 140_000}}))
+    assert not (tmp_path / "results").exists() and not (tmp_path / "mlruns").exists()
