@@ -6,10 +6,12 @@ the fix (`ConfigError`, exit code 2). Environment variables are read here and no
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -26,6 +28,7 @@ from pydantic import (
 from optimizer.errors import ConfigError
 from runners.base import SLO, LengthDistribution, LoadLevel, Workload
 from runners.capacity import CapacitySearch
+from search_spaces.bounded_yaml import YamlLimitError, load_yaml
 
 ObjectiveName = Literal["goodput", "throughput", "tpot", "ttft"]
 OBJECTIVE_DIRECTIONS: dict[str, str] = {
@@ -37,9 +40,45 @@ OBJECTIVE_DIRECTIONS: dict[str, str] = {
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
 
+# Bounds on what a study may ask for, so that a typo (10**9 requests) is refused up front rather
+# than exhausting memory hours later. Each is far beyond any real benchmark.
+MAX_TOKENS = 10_000_000  # one prompt or output: longer than any model's context today
+MAX_REQUESTS = 100_000  # per load level (and warm-up)
+# The load generator holds a level's prompts in memory as token ids, about 36 bytes a token in
+# Python: 2*10^7 tokens is ~0.7 GB.
+MAX_PROMPT_TOKENS_PER_LEVEL = 20_000_000
+MAX_CONCURRENCY = 100_000
+MAX_RATE_RPS = 1_000_000.0
+MAX_SECONDS = 86_400.0  # a timeout or a level's duration: one day
+MAX_SEED = 2**32 - 1  # numpy's seeds (Optuna's samplers, the load generator)
+# The study file itself: a study is a page of YAML, never megabytes.
+MAX_FILE_BYTES = 1_000_000
+MAX_PROMPTS_FILE_BYTES = 1 << 30
+
+# Flags nightshift sets on every engine itself, and the study key that says what they become.
+# Each entry: what to write instead, as a clause.
+OWNED_FLAGS: dict[str, str] = {
+    "model": "set model.path instead",
+    "host": "remove it: nightshift binds every engine to 127.0.0.1",
+    "port": "remove it: nightshift gives every engine a free port",
+    "uds": "remove it: nightshift talks to every engine over TCP on 127.0.0.1",
+    "headless": "remove it: nightshift measures through the API server",
+    "served-model-name": "set model.served_model_name instead",
+    "load-format": "set model.load_format instead",
+    "skip-tokenizer-init": "set model.skip_tokenizer_init instead",
+    "profiler-config": "set workload.profile instead",
+    "config": "set fixed_flags instead (a --config file could override what nightshift sets)",
+    "api-key": "remove it: nightshift's load generator sends no API key",
+}
+_TRACKING_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https",
+                     "databricks", "databricks-uc", "uc")
+_STORAGE_BACKENDS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
+_NUMBER_RE = re.compile(r"^-?\d+(\.\d*)?([eE][-+]?\d+)?$")
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no `true` for an int, no "5" for a number; allow_inf_nan: no .inf or .nan.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):
@@ -51,10 +90,16 @@ class ModelSpec(_Strict):
 
 class LengthSpec(_Strict):
     kind: Literal["fixed", "uniform", "normal", "lognormal"] = "fixed"
-    mean: int = Field(default=512, ge=1)
-    low: int | None = Field(default=None, ge=1)
-    high: int | None = Field(default=None, ge=1)
-    std: float = Field(default=0.0, ge=0)
+    mean: int = Field(default=512, ge=1, le=MAX_TOKENS)  # tokens
+    low: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    high: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    std: float = Field(default=0.0, ge=0, le=MAX_TOKENS)
+
+    @property
+    def longest(self) -> int:
+        """The longest length this can draw, as far as it is bounded: `high`, else the mean
+        (a normal or lognormal tail without `high` is not bounded)."""
+        return self.high if self.high is not None else self.mean
 
     @model_validator(mode="after")
     def _range(self) -> LengthSpec:
@@ -66,8 +111,8 @@ class LengthSpec(_Strict):
 
 
 class LevelSpec(_Strict):
-    request_rate: float | None = Field(default=None, gt=0)  # requests/s; None = all at once
-    concurrency: int | None = Field(default=None, ge=1)
+    request_rate: float | None = Field(default=None, gt=0, le=MAX_RATE_RPS)  # None = all at once
+    concurrency: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY)
 
     @model_validator(mode="after")
     def _some(self) -> LevelSpec:
@@ -82,8 +127,8 @@ class CapacitySpec(_Strict):
     """Find each config's capacity under the SLO instead of measuring fixed levels."""
 
     axis: Literal["concurrency", "request_rate"] = "concurrency"
-    low: float = Field(gt=0)  # the lightest load probed
-    high: float = Field(gt=0)  # the heaviest load of interest
+    low: float = Field(gt=0, le=MAX_RATE_RPS)  # the lightest load probed
+    high: float = Field(gt=0, le=MAX_RATE_RPS)  # the heaviest load of interest
     tolerance: float = Field(default=0.05, gt=0, le=1)
     max_probes: int = Field(default=8, ge=2, le=32)
 
@@ -106,23 +151,24 @@ def _length(value: Any) -> Any:
 class WorkloadSpec(_Strict):
     input_len: Annotated[LengthSpec, Field(default_factory=lambda: LengthSpec(mean=512))]
     output_len: Annotated[LengthSpec, Field(default_factory=lambda: LengthSpec(mean=128))]
-    prompts_file: Path | None = None
+    prompts_file: Annotated[Path | None, Field(strict=False)] = None
     levels: list[LevelSpec] = Field(default_factory=lambda: [LevelSpec(concurrency=16)],
                                     min_length=1, max_length=32)
-    num_requests: int | None = Field(default=128, ge=1)
-    duration_s: float | None = Field(default=None, gt=0)
-    warmup_requests: int = Field(default=8, ge=0)
-    seed: int = 0
-    request_timeout_s: float = Field(default=600.0, gt=0)
+    num_requests: int | None = Field(default=128, ge=1, le=MAX_REQUESTS)
+    duration_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    warmup_requests: int = Field(default=8, ge=0, le=MAX_REQUESTS)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    request_timeout_s: float = Field(default=600.0, gt=0, le=MAX_SECONDS)
     max_failed_fraction: float = Field(default=0.05, ge=0, le=1)
-    startup_timeout_s: float = Field(default=900.0, gt=0)
-    stall_timeout_s: float = Field(default=120.0, gt=0)  # no token this long = a hung engine
+    startup_timeout_s: float = Field(default=900.0, gt=0, le=MAX_SECONDS)
+    # no token this long = a hung engine
+    stall_timeout_s: float = Field(default=120.0, gt=0, le=MAX_SECONDS)
     profile: bool = False
     capacity: CapacitySpec | None = None  # bracket the load within the SLO; levels unused
     repeats: int = Field(default=1, ge=1, le=10)  # measurements of each level (noise)
     # A trial whose objective varies more than this across repeats (max-min over median) is
     # flagged unstable.
-    max_spread: float = Field(default=0.10, gt=0)
+    max_spread: float = Field(default=0.10, gt=0, le=100)
 
     _coerce_lengths = field_validator("input_len", "output_len", mode="before")(
         classmethod(lambda cls, v: _length(v)))
@@ -131,6 +177,14 @@ class WorkloadSpec(_Strict):
     def _bound(self) -> WorkloadSpec:
         if self.num_requests is None and self.duration_s is None:
             raise ValueError("set num_requests or duration_s to bound each load level")
+        if self.prompts_file is None:
+            count = max(self.num_requests or 0, self.warmup_requests)
+            tokens = count * self.input_len.longest
+            if tokens > MAX_PROMPT_TOKENS_PER_LEVEL:
+                raise ValueError(
+                    f"{count} requests of up to {self.input_len.longest} prompt tokens make "
+                    f"{tokens:,} tokens a level, over the {MAX_PROMPT_TOKENS_PER_LEVEL:,} the "
+                    "load generator holds in memory; lower num_requests or input_len")
         return self
 
 
@@ -141,8 +195,8 @@ class SLOSpec(_Strict):
 
 
 class BudgetSpec(_Strict):
-    trials: int | None = Field(default=None, ge=1)
-    wall_hours: float | None = Field(default=None, gt=0)
+    trials: int | None = Field(default=None, ge=1, le=100_000)
+    wall_hours: float | None = Field(default=None, gt=0, le=24 * 365)
 
     @model_validator(mode="after")
     def _some(self) -> BudgetSpec:
@@ -155,20 +209,20 @@ class SimulatedSpec(_Strict):
     hardware: str = "h200"  # a preset under runners/hardware_profiles/
     num_gpus: int = Field(default=2, ge=1, le=64)  # GPUs declared to Ray
     startup_time_scale: float = Field(default=0.01, gt=0, le=1)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
 
 
 class SamplerSpec(_Strict):
     name: Literal["tpe", "random", "gp", "nsga2"] = "tpe"
-    seed: int | None = 0
-    n_startup_trials: int = Field(default=6, ge=0)
+    seed: int | None = Field(default=0, ge=0, le=MAX_SEED)
+    n_startup_trials: int = Field(default=6, ge=0, le=100_000)
 
 
 class PrunerSpec(_Strict):
     # bottleneck: MarginPruner + classifier verdicts (`pruning.BottleneckPruner`);
     # median: `pruning.MarginPruner` alone; none: every trial runs all its levels.
     name: Literal["bottleneck", "median", "none"] = "bottleneck"
-    n_startup_trials: int = Field(default=4, ge=0)
+    n_startup_trials: int = Field(default=4, ge=0, le=100_000)
     min_relative_gap: float = Field(default=0.10, ge=0, le=1)  # prune only when this much worse
 
 
@@ -194,8 +248,19 @@ class RaySpec(_Strict):
 
 
 class VllmSpec(_Strict):
-    cache_root: Path | None = None  # VLLM_CACHE_ROOT shared by every trial
-    extra_args: list[str] = Field(default_factory=list)
+    # VLLM_CACHE_ROOT shared by every trial
+    cache_root: Annotated[Path | None, Field(strict=False)] = None
+    # Passed verbatim after the flags: only flags of vLLM that nightshift neither sets nor
+    # searches (checked by `extra_args_problem`).
+    extra_args: list[str] = Field(default_factory=list, max_length=256)
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_args(cls, v: list[str]) -> list[str]:
+        problem = extra_args_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
 
 
 class StudySpec(_Strict):
@@ -213,12 +278,12 @@ class StudySpec(_Strict):
     pruner: Annotated[PrunerSpec, Field(default_factory=PrunerSpec)]
     vllm: Annotated[VllmSpec, Field(default_factory=VllmSpec)]
     ray: Annotated[RaySpec, Field(default_factory=RaySpec)]
-    results_dir: Path | None = None  # default: results/<name>
+    results_dir: Annotated[Path | None, Field(strict=False)] = None  # default: results/<name>
     storage: str | None = None  # Optuna RDB URL; default sqlite under results_dir
     tracking_uri: str | None = None  # MLflow; default sqlite:///mlruns/mlflow.db
     env: dict[str, str] = Field(default_factory=dict)  # added to every trial's engine
     fixed_flags: dict[str, Any] = Field(default_factory=dict)  # vLLM flags every trial gets
-    max_parallel_trials: int | None = Field(default=None, ge=1)
+    max_parallel_trials: int | None = Field(default=None, ge=1, le=1024)
     # Configs measured right after the defaults baseline, before the sampler's own: each names
     # only the params it changes (the rest stay at the defaults) and is checked against the
     # space. For coverage a short study must have, or a config the user already suspects.
@@ -251,6 +316,40 @@ class StudySpec(_Strict):
                 raise ValueError(f"{key!r} is not an environment variable name")
         return v
 
+    @field_validator("fixed_flags")
+    @classmethod
+    def _fixed_flags(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for name, value in v.items():
+            problem = fixed_flag_problem(name, value)
+            if problem is not None:
+                raise ValueError(problem)
+        return v
+
+    @field_validator("storage")
+    @classmethod
+    def _storage(cls, v: str | None) -> str | None:
+        problem = None if v is None else storage_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _tracking_uri(cls, v: str | None) -> str | None:
+        problem = None if v is None else tracking_uri_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
+
+    @model_validator(mode="after")
+    def _extra_args_vs_fixed(self) -> StudySpec:
+        for token in self.vllm.extra_args:
+            name = _arg_flag(token)
+            if name is not None and name.replace("-", "_") in self.fixed_flags:
+                raise ValueError(f"vllm.extra_args: {token} repeats fixed_flags."
+                                 f"{name.replace('-', '_')}; set it in one place")
+        return self
+
     @model_validator(mode="after")
     def _goodput_needs_slo(self) -> StudySpec:
         objectives = self.objective if isinstance(self.objective, list) else [self.objective]
@@ -279,6 +378,30 @@ class StudyConfig:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def source_name(self) -> str:
+        """The study file's name, for messages."""
+        return self.source.name if self.source is not None else "study.yaml"
+
+    @property
+    def baseline_name(self) -> str:
+        return baseline_name(self.spec.fixed_flags)
+
+    @property
+    def engine_fixed_flags(self) -> dict[str, Any]:
+        """`fixed_flags` as engine flags: a searchable flag rendered as the space renders it
+        (`cudagraph_mode` -> `compilation_config.cudagraph_mode`, `enable_prefix_caching:
+        false` -> `no_enable_prefix_caching`), any other flag as written."""
+        from search_spaces import KNOWN_FLAGS, to_flags
+
+        out: dict[str, Any] = {}
+        for name, value in self.spec.fixed_flags.items():
+            if name in KNOWN_FLAGS:
+                out.update(to_flags({name: value}))
+            else:
+                out[name] = value
+        return out
 
     @property
     def objectives(self) -> list[str]:
@@ -391,8 +514,13 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     if err["type"] == "missing":
         return f"{source}: {where} is required; add it (see examples/quickstart.yaml)."
     msg = str(err["msg"]).removeprefix("Value error, ")
+    end = "" if msg.endswith((".", "?")) else "."
+    if msg.startswith(where.split("[")[0]) and err["type"] == "value_error":
+        return f"{source}: {msg}{end}"  # the check named the field itself (fixed_flags.x: ...)
+    if where == "(top level)" and err["type"] == "value_error":
+        return f"{source}: {msg}{end}"
     got = err.get("input")
-    got_text = "" if isinstance(got, dict | list) or got is None else f" but got {got!r}"
+    got_text = "" if isinstance(got, dict | list) or got is None else f" but got {got!r:.80}"
     return f"{source}: {where}: {msg}{got_text}."
 
 
@@ -413,13 +541,365 @@ def load_study(path: Path) -> StudyConfig:
         raise ConfigError(f"{path}: no such study file; pass the path of a study YAML "
                           "(e.g. examples/quickstart.yaml).")
     try:
-        data = yaml.safe_load(path.read_text())
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path.name}: cannot read the study file ({type(exc).__name__}); "
+                          "check its permissions.") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(f"{path.name}: over {MAX_FILE_BYTES:,} bytes, far more than a study "
+                          "file holds; check that this is the study YAML.")
+    try:
+        text = raw.decode("utf-8")
+        data = load_yaml(text)
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise ConfigError(f"{path.name}: not valid YAML at line {line}: character "
+                          f"#x{exc.character:04x} is not allowed in YAML text; remove it."
+                          ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line
+        if isinstance(exc, YamlLimitError):
+            raise ConfigError(f"{path.name}{where}: {problem[:200]}.") from None
         raise ConfigError(f"{path.name}: not valid YAML{where}: {problem[:200]}; fix the "
                           "syntax.") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path.name}: not UTF-8 text; save the study file as UTF-8.") from None
+    except RecursionError:
+        raise ConfigError(f"{path.name}: nested too deeply; a study file is a few levels "
+                          "deep.") from None
+    if data is None:
+        raise ConfigError(f"{path.name}: the file is empty; see examples/quickstart.yaml for "
+                          "a study.")
     return parse_study(data, path.name, path.resolve())
+
+
+# -- checks of single fields (pure: no file system) --------------------------------------------
+
+
+def _snake(kebab: str) -> str:
+    return kebab.replace("-", "_")
+
+
+def fixed_flag_problem(name: object, value: object) -> str | None:
+    """Why `fixed_flags.<name>: <value>` would not run, or None: a flag of vLLM (any flag of the
+    installed vLLM, else of 0.26) with a value of its type, or a simulated-engine fault."""
+    from runners.simulated.faults import FAULT_PREFIX
+    from runners.vllm_flags import flag_table, value_problem
+    from search_spaces import KNOWN_FLAGS
+    from search_spaces.space import value_problem as space_value_problem
+
+    if not isinstance(name, str) or not name.isprintable() or len(name) > 100:
+        return f"fixed_flags: keys are vLLM flag names such as max_num_seqs but got {name!r:.60}"
+    where = f"fixed_flags.{name}"
+    if name.startswith(FAULT_PREFIX):
+        return _fault_problem(name, value)
+    table = flag_table()
+    kebab = table.resolve(name)
+    if name.replace("_", "-") in OWNED_FLAGS:
+        return f"{where}: nightshift sets --{name.replace('_', '-')} itself; " \
+               f"{OWNED_FLAGS[name.replace('_', '-')]}"
+    # A space's own name counts only where it stands for a nested setting (cudagraph_mode ->
+    # compilation_config.cudagraph_mode); swap_space, say, is gone from vLLM 0.26.
+    if kebab is None and (name not in KNOWN_FLAGS or KNOWN_FLAGS[name].cli_name is None):
+        close = difflib.get_close_matches(name, list(KNOWN_FLAGS), n=1) or \
+            [_snake(c) for c in [table.closest(name)] if c is not None]
+        hint = f"did you mean {close[0]!r}?" if close else "see `vllm serve --help`."
+        version = ".".join(table.version.split(".")[:2])
+        return f"{where}: not a vLLM {version} engine flag; {hint}"
+    if "-" in name:
+        return f"{where}: spell vLLM flags in snake_case here ({_snake(name)})"
+    if kebab is not None:
+        problem = value_problem(table.types[kebab], value)
+    else:  # a space's own name for a nested setting (cudagraph_mode)
+        problem = space_value_problem(name, value)
+    if problem is not None:
+        return f"{where}: {problem}; give a value --{name.replace('_', '-')} accepts"
+    return None
+
+
+def _fault_problem(name: str, value: object) -> str | None:
+    from dataclasses import fields
+
+    from runners.simulated.faults import FAULT_PREFIX, Faults
+
+    kinds = {f"{FAULT_PREFIX}{f.name}": str(f.type) for f in fields(Faults)}
+    where = f"fixed_flags.{name}"
+    if name not in kinds:
+        close = difflib.get_close_matches(name, list(kinds), n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"valid: {', '.join(sorted(kinds))}."
+        return f"{where}: not a simulated-engine fault; {hint}"
+    kind = kinds[name]
+    if value is None:
+        return None
+    if kind.startswith("bool"):
+        ok = isinstance(value, bool)
+    elif kind.startswith("int"):
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    else:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and \
+            math.isfinite(value) and value >= 0
+    if not ok:
+        want = {"bool": "true or false", "int": "a whole number >= 0"}.get(
+            kind.split(" ")[0], "a finite number >= 0")
+        return f"{where}: must be {want} but got {value!r:.60}"
+    try:
+        Faults.from_mapping({name: value})
+    except ValueError as exc:
+        return f"{where}: {str(exc).rstrip('.')}"
+    return None
+
+
+def _arg_flag(token: str) -> str | None:
+    """The flag an `extra_args` token names, as written (`--max-num-seqs`, `-tp`); None for a
+    value."""
+    if not token.startswith("-") or token == "-" or _NUMBER_RE.match(token):
+        return None
+    if re.match(r"^-O(\d|\.|=|$)", token):  # -O3, -O.level=3: vLLM's optimization level
+        return "optimization-level"
+    if token.startswith("--"):
+        return token[2:].split("=", 1)[0].split(".", 1)[0]
+    return token.split("=", 1)[0].split(".", 1)[0]
+
+
+def extra_args_problem(args: list[str]) -> str | None:
+    """Why `vllm.extra_args` would not run as meant, or None: each flag is one of vLLM's, not
+    one nightshift sets itself or searches (extra_args come last, so theirs would win)."""
+    from runners.vllm_flags import flag_table
+    from search_spaces import KNOWN_FLAGS
+
+    table = flag_table()
+    for index, token in enumerate(args):
+        where = f"vllm.extra_args[{index}]"
+        if not token or "\n" in token or "\0" in token or len(token) > 10_000:
+            return f"{where}: expected one command-line word but got {token!r:.60}"
+        written = _arg_flag(token)
+        if written is None:
+            if index == 0:
+                return f"{where}: {token!r:.60} is not a flag; extra_args start with a --flag"
+            continue
+        if written.startswith("-"):  # a short alias such as -tp
+            kebab = table.aliases.get(written)
+        elif written.startswith("no-") and table.resolve(written[3:]) is not None:
+            kebab = table.resolve(written[3:])
+        else:
+            kebab = table.resolve(written)
+        if kebab is None:
+            close = table.closest(written.lstrip("-"))
+            hint = f"did you mean --{close}?" if close else "see `vllm serve --help`."
+            version = ".".join(table.version.split(".")[:2])
+            return f"{where}: {token!r:.60} is not a flag of vLLM {version}; {hint}"
+        if kebab in OWNED_FLAGS:
+            return f"{where}: nightshift sets --{kebab} itself; {OWNED_FLAGS[kebab]}"
+        if _snake(kebab) in KNOWN_FLAGS:
+            return (f"{where}: --{kebab} is a flag nightshift searches, and extra_args (passed "
+                    f"last) would override every trial's value; set fixed_flags.{_snake(kebab)} "
+                    "to fix it instead")
+        problem = _extra_value_problem(args, index, written, kebab)
+        if problem is not None:
+            return f"{where}: {problem}"
+    return None
+
+
+def _extra_value_problem(args: list[str], index: int, written: str, kebab: str) -> str | None:
+    """Why the value `args[index]` gives its flag would be refused by vLLM's parser, or None.
+    Checked where the table knows the type: a boolean takes no value; an int, float or choice
+    flag takes one (`--x=v` or the next word). Dotted (`--x.y=v`) and `-O3` forms pass."""
+    from runners.vllm_flags import flag_table, value_problem
+
+    token = args[index]
+    if "." in token.split("=", 1)[0] or written == "optimization-level":
+        return None
+    flag = flag_table().types[kebab]
+    following = args[index + 1] if index + 1 < len(args) else None
+    is_value_next = following is not None and _arg_flag(following) is None
+    if flag.kind == "bool" or written.startswith("no-"):
+        if "=" in token or is_value_next:
+            shown = token if "=" in token else f"{token} {following}"
+            return f"--{written} takes no value but got {shown!r:.60}; drop the value"
+        return None
+    if flag.kind not in ("int", "float", "choice"):
+        return None
+    raw = token.split("=", 1)[1] if "=" in token else (following if is_value_next else None)
+    if raw is None:
+        return f"--{kebab} needs a value; give it as --{kebab}=VALUE or as the next word"
+    value: object = raw
+    if flag.kind == "float" or (flag.kind == "int" and re.fullmatch(r"-?\d+", raw)):
+        with contextlib.suppress(ValueError):  # a word stays a word: refused below
+            value = int(raw) if flag.kind == "int" else float(raw)
+    problem = value_problem(flag, value)
+    return None if problem is None else f"--{kebab} {problem}"
+
+
+def storage_problem(url: str) -> str | None:
+    """Why `storage` is not an Optuna RDB URL nightshift can use, or None (parse, scheme and
+    driver only: nothing is created or connected to)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return (f"storage: {url!r:.80} is not a database URL; give one such as "
+                "sqlite:///results/optuna.db")
+    backend = parsed.get_backend_name()
+    if backend not in _STORAGE_BACKENDS:
+        return (f"storage: {backend!r} is not a database Optuna stores to (valid: "
+                f"{', '.join(_STORAGE_BACKENDS)}); give one such as sqlite:///results/optuna.db")
+    if backend == "sqlite" and (not parsed.database or parsed.database == ":memory:"):
+        return ("storage: an in-memory SQLite database loses the study when the daemon ends; "
+                "give a file such as sqlite:///results/optuna.db")
+    try:
+        parsed.get_dialect().import_dbapi()
+    except Exception as exc:  # NoSuchModuleError, ImportError: per dialect
+        return (f"storage: the {parsed.drivername} driver is not installed here "
+                f"({type(exc).__name__}); install it or use sqlite:///results/optuna.db")
+    return None
+
+
+def tracking_uri_problem(uri: str) -> str | None:
+    """Why `tracking_uri` is not an MLflow store, or None (parse and scheme only)."""
+    from urllib.parse import urlparse
+
+    try:
+        parsed = urlparse(uri)
+    except ValueError:
+        return f"tracking_uri: {uri!r:.80} is not a URI; give sqlite:///mlruns/mlflow.db"
+    scheme = parsed.scheme.split("+")[0]
+    if scheme not in _TRACKING_SCHEMES:
+        return (f"tracking_uri: MLflow does not store to scheme {parsed.scheme!r:.40}; give "
+                "sqlite:///mlruns/mlflow.db or an http(s):// tracking server")
+    if scheme == "sqlite" and not uri.startswith("sqlite:///"):
+        return ("tracking_uri: a SQLite URI is sqlite:///relative/path.db or "
+                "sqlite:////absolute/path.db (three or four slashes)")
+    if scheme == "sqlite" and not uri.removeprefix("sqlite:///").strip():
+        return "tracking_uri: the SQLite URI names no file; give sqlite:///mlruns/mlflow.db"
+    if scheme in ("http", "https") and not parsed.hostname:
+        return f"tracking_uri: {uri!r:.80} names no host; give http://HOST:PORT"
+    return None
+
+
+def baseline_name(fixed_flags: Mapping[str, Any]) -> str:
+    """What the baseline trial runs: vLLM's defaults, plus the study's fixed flags (which every
+    trial gets) when it has any."""
+    if not fixed_flags:
+        return "vLLM defaults"
+    shown = ", ".join(f"{k}={v}" for k, v in list(fixed_flags.items())[:6])
+    more = f" (+{len(fixed_flags) - 6} more)" if len(fixed_flags) > 6 else ""
+    return f"vLLM defaults + your fixed flags ({shown}{more})"
+
+
+# -- checks against the file system and the model, before `start` writes anything -------------
+
+
+def check_before_start(cfg: StudyConfig) -> None:
+    """What `nightshift start` checks before it writes or starts anything: the stores can be
+    made where they are named (without making them), the prompts file reads as the load
+    generator reads it, and the workload fits the model. Raises ConfigError (one line)."""
+    for problem in (storage_problem(cfg.storage_url), tracking_uri_problem(cfg.tracking_uri)):
+        if problem is not None:
+            raise ConfigError(f"{cfg.source_name}: {problem}.")
+    made_by_us = [cfg.results_dir, Path("mlruns")]
+    if cfg.storage_url.startswith("sqlite:///"):
+        _check_parent("storage", Path(cfg.storage_url.removeprefix("sqlite:///")), made_by_us,
+                      cfg.source_name)
+    if cfg.tracking_uri.startswith("sqlite:///"):
+        _check_parent("tracking_uri", Path(cfg.tracking_uri.removeprefix("sqlite:///")),
+                      made_by_us, cfg.source_name)
+    longest_prompt = cfg.spec.workload.input_len.longest
+    if cfg.prompts_file is not None:
+        longest_prompt = _check_prompts_file(cfg.prompts_file, cfg.source_name)
+    _check_fits_model(cfg, longest_prompt)
+
+
+def _check_parent(field: str, path: Path, made_by_us: list[Path], source: str) -> None:
+    parent = path.expanduser().absolute().parent
+    # nightshift makes the store's own directory (`.../mlruns/`), never a missing path above
+    # it: a typo there would otherwise become a new directory tree.
+    if parent.is_dir() or parent.parent.is_dir():
+        return
+    for ours in made_by_us:
+        ours = ours.expanduser().absolute()
+        if parent == ours or ours in parent.parents:
+            return  # nightshift makes its own results and mlruns directories
+    raise ConfigError(f"{source}: {field}: neither directory {str(parent)!r:.120} nor its "
+                      "parent exists; create it or name a file in an existing directory.")
+
+
+def _check_prompts_file(path: Path, source: str) -> int:
+    from runners.loadgen import check_prompts_file
+
+    where = f"{source}: workload.prompts_file"
+    if not path.is_file():
+        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise ConfigError(f"{where}: {str(path)!r:.120} {what}; give a JSONL file with one "
+                          "{\"prompt\": ...} object a line.")
+    if path.stat().st_size > MAX_PROMPTS_FILE_BYTES:
+        raise ConfigError(f"{where}: {str(path)!r:.120} is over {MAX_PROMPTS_FILE_BYTES:,} "
+                          "bytes; a benchmark needs a sample of prompts, not a corpus.")
+    try:
+        longest = check_prompts_file(path)
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read {str(path)!r:.120} ({type(exc).__name__}); "
+                          "check its permissions.") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: {str(path)!r:.120} is not UTF-8 text; give a JSONL "
+                          "file.") from None
+    except (ValueError, TypeError) as exc:
+        message = " ".join(str(exc).split())[:300].rstrip(".")
+        raise ConfigError(f"{where}: {message}.") from None
+    return longest
+
+
+def _human_int(value: object) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", value)
+        if m:
+            scale = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+                     "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[m.group(2)]
+            return int(float(m.group(1)) * scale)
+    return None
+
+
+def _has_rope_scaling(model_path: str) -> bool:
+    import json
+
+    from runners.model_info import resolve_model_dir
+
+    directory = resolve_model_dir(model_path)
+    if directory is None:
+        return False
+    config = json.loads((directory / "config.json").read_text())
+    sections = [config, config.get("text_config") or {}]
+    return any(isinstance(c, dict) and c.get("rope_scaling") for c in sections)
+
+
+def _check_fits_model(cfg: StudyConfig, longest_prompt: int) -> None:
+    """A request's prompt and output must fit the engine's context (vLLM refuses it otherwise,
+    and every request of every trial would fail)."""
+    from runners.model_info import load_model_info
+
+    fixed = _human_int(cfg.spec.fixed_flags.get("max_model_len"))
+    if fixed is not None and fixed > 0:
+        limit, why = fixed, "fixed_flags.max_model_len"
+    else:
+        try:
+            model = load_model_info(cfg.spec.model.path)
+        except (OSError, ValueError, TypeError, KeyError):
+            return  # a model the runtime cannot read either: it says so itself
+        if model is None or _has_rope_scaling(cfg.spec.model.path):
+            # A hub id: not known offline. RoPE scaling: vLLM derives a longer context from
+            # it than max_position_embeddings, by rules this check does not repeat.
+            return
+        limit, why = model.max_position_embeddings, f"{model.name}'s max_position_embeddings"
+    longest = longest_prompt + cfg.spec.workload.output_len.longest
+    if longest > limit:
+        raise ConfigError(
+            f"{cfg.source_name}: workload: a prompt of up to {longest_prompt} tokens plus an "
+            f"output of up to {cfg.spec.workload.output_len.longest} is {longest} tokens, over "
+            f"the max_model_len of {limit} ({why}); shorten input_len/output_len or raise "
+            "fixed_flags.max_model_len.")

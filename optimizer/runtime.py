@@ -4,7 +4,6 @@ composition is testable without a terminal."""
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import logging
 import shutil
@@ -12,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from optimizer.config import StudyConfig
+from optimizer.config import StudyConfig, check_before_start
 from optimizer.daemon import Daemon, TrialEvent
 from optimizer.errors import ConfigError, TrackingError
 from optimizer.tracking import Tracker
@@ -20,7 +19,6 @@ from optimizer.workers import RunnerSpec, init_ray, largest_node_gpus, probe_on_
 from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names, probe
 from runners.model_info import ModelInfo, bundled_shapes, load_model_info
 from search_spaces import (
-    KNOWN_FLAGS,
     ResolvedSpace,
     SpaceError,
     load_space,
@@ -84,6 +82,7 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
                  ) -> tuple[Daemon, list[str]]:
     """Everything `start` needs, validated before anything is written; returns the daemon and
     notes for the user (engine chosen, rules applied)."""
+    check_before_start(cfg)  # stores, prompts, model fit: before anything is written
     notes: list[str] = []
     address = ray_address or cfg.spec.ray.address
     engine = choose_engine(cfg, dry_run and not address) if not address else \
@@ -121,14 +120,19 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
         raise ConfigError(f"search_space: {exc}") from None
     for rule in resolved.applied_rules:
         notes.append(f"rule {rule.name}: {rule.effect} ({rule.reason})")
+    try:
+        resolved, removed = resolved.with_fixed(cfg.spec.fixed_flags)
+    except SpaceError as exc:
+        raise ConfigError(f"{cfg.source_name}: {exc}") from None
+    notes.extend(removed)  # one line per param the study's fixed flags take out of the search
+    if cfg.spec.fixed_flags:
+        notes.append(f"baseline: {cfg.baseline_name}; every trial runs these fixed flags too")
     seed_trials = seed_trial_params(cfg, resolved)
     workload = cfg.workload(vocab_size=model.vocab_size if model else 32000)
-    for name in cfg.spec.fixed_flags:
-        simulated_fault = engine == "simulated" and name.startswith("sim_")
-        if name not in KNOWN_FLAGS and not simulated_fault:
-            close = difflib.get_close_matches(name, list(KNOWN_FLAGS), n=1)
-            hint = f"did you mean {close[0]!r}?" if close else "see search_spaces/space.py."
-            raise ConfigError(f"fixed_flags.{name}: not a vLLM 0.26 engine flag; {hint}")
+    for name in cfg.spec.fixed_flags:  # the flags themselves were checked with the study file
+        if name.startswith("sim_") and engine != "simulated":
+            raise ConfigError(f"fixed_flags.{name}: a simulated-engine fault, but this study "
+                              f"runs on {engine}; remove it or run with --dry-run.")
     fixed_tp = int(cfg.spec.fixed_flags.get("tensor_parallel_size") or 1)
     if fixed_tp > hardware.num_gpus:
         raise ConfigError(f"fixed_flags.tensor_parallel_size: {fixed_tp} needs {fixed_tp} GPUs "
@@ -180,6 +184,12 @@ def seed_trial_params(cfg: StudyConfig, space: ResolvedSpace) -> list[dict[str, 
     defaults = space.defaults()
     out: list[dict[str, Any]] = []
     for index, changes in enumerate(cfg.spec.seed_trials):
+        for name, value in changes.items():
+            fixed = cfg.spec.fixed_flags.get(name)
+            if name in cfg.spec.fixed_flags and value != fixed:
+                raise ConfigError(f"seed_trials[{index}].{name}: fixed_flags fixes it to "
+                                  f"{fixed!r} for every trial; drop it from the seed or from "
+                                  "fixed_flags.")
         params = {**defaults, **changes}
         problems = space.check(params)
         if problems:

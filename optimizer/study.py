@@ -119,7 +119,9 @@ def engine_config(cfg: StudyConfig, flags: Mapping[str, Any]) -> EngineConfig:
     directory = resolve_model_dir(model.path)
     return EngineConfig(
         model=str(directory.resolve()) if directory is not None else model.path,
-        flags={**cfg.spec.fixed_flags, **flags},
+        # The study's fixed flags win: the space no longer searches them (`with_fixed`), and a
+        # flag rendered from a config must never override one the study fixed.
+        flags={**flags, **cfg.engine_fixed_flags},
         env=dict(cfg.spec.env),
         load_format=model.load_format,
         served_model_name=model.served_model_name,

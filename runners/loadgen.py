@@ -169,6 +169,20 @@ def _requests_from_file(
     return specs
 
 
+def check_prompts_file(path: Path) -> int:
+    """Read a prompts file line by line as `build_requests` reads it; the longest prompt's
+    length in tokens. Raises ValueError naming the first line it would refuse (OSError or
+    UnicodeDecodeError where it cannot read the file)."""
+    longest = 0
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if line.strip():
+                longest = max(longest, _parse_prompt_line(path, line_no, line)[1])
+    if longest == 0:
+        raise ValueError(f"{path}: expected JSONL lines with a 'prompt' but the file is empty.")
+    return longest
+
+
 def _parse_prompt_line(path: Path, line_no: int, line: str) -> tuple[str | list[int], int,
                                                                      int | None]:
     where = f"{path}:{line_no}"

@@ -23,6 +23,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
+from search_spaces.bounded_yaml import YamlLimitError, load_yaml
 from search_spaces.rules import (
     BUILTIN_ORDER,
     STATIC_BUILTINS,
@@ -53,6 +54,7 @@ PARAM_TYPES: tuple[ParamType, ...] = ("categorical", "int", "float")
 _TOP_KEYS = ("name", "description", "parameters", "rules")
 _PARAM_KEYS = ("type", "choices", "low", "high", "log", "step", "default", "help")
 _RANGE_KEYS = ("low", "high", "log", "step")
+_MAX_SPACE_CHARS = 1_000_000
 _INT_CEILING = 2**53  # larger ints lose precision in Optuna's float internal representation
 
 ATTENTION_BACKENDS = ("auto", "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION")
@@ -311,12 +313,17 @@ def load_space(path_or_name: str | Path) -> SearchSpace:
     except (OSError, UnicodeDecodeError) as exc:
         raise SpaceError(f"{source}: cannot read the search space ({type(exc).__name__}: "
                          f"{show(str(exc), 120)}); check the path and permissions.") from exc
+    if len(text) > _MAX_SPACE_CHARS:
+        _fail(source, f"over {_MAX_SPACE_CHARS:,} characters, far more than a search space "
+                      "holds; check that this is the space YAML")
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or type(exc).__name__
+        if isinstance(exc, YamlLimitError):
+            raise SpaceError(f"{source}{where}: {_sentence(problem)}") from exc
         raise SpaceError(f"{source}: not valid YAML{where} ({show(str(problem), 80)}); fix "
                          "the syntax.") from exc
     except RecursionError as exc:
@@ -696,6 +703,34 @@ class ResolvedSpace:
     applied_rules: tuple[AppliedRule, ...]  # every rule that changed this space, for the log
     source: str = "<space>"
     vllm_defaults: Mapping[str, Value] = field(default_factory=dict)  # before any rule
+    # The study's fixed flags: every trial and the baseline run them; those the space
+    # searched are single-valued params now (`with_fixed`).
+    study_fixed: Mapping[str, Value] = field(default_factory=dict)
+
+    def with_fixed(self, fixed: Mapping[str, Any]) -> tuple[ResolvedSpace, list[str]]:
+        """This space with the study's fixed flags taken out of the search: a param the study
+        fixes keeps that one value in every config, the baseline included. Returns the space
+        and one line per param taken out, for the log. Raises `SpaceError` when a fixed value
+        breaks vLLM's token budget against what the space still searches."""
+        specs = []
+        removed: list[str] = []
+        for spec in self.params:
+            if spec.name in fixed:
+                value = cast(Value, fixed[spec.name])
+                removed.append(f"fixed_flags.{spec.name}={value}: {spec.name} is not searched "
+                               f"(space {self.name} had {spec.describe_domain()}); every trial "
+                               "and the baseline run it")
+                spec = replace(spec, type="categorical", choices=(value,), low=None,
+                               high=None, log=False, step=None, default=value,
+                               is_vllm_default=False)
+            specs.append(spec)
+        space = replace(self, params=tuple(specs),
+                        study_fixed={k: cast(Value, v) for k, v in fixed.items()})
+        problem = space.token_budget_problem(None)
+        if problem is not None:
+            raise SpaceError(f"fixed_flags: {problem}; change the fixed value or the space's "
+                             "range.")
+        return space, removed
 
     def _active_fix(self, name: str, values: Mapping[str, Any]) -> Rule | None:
         """The first conditional rule that fixes `name` given the earlier values."""
@@ -708,7 +743,9 @@ class ResolvedSpace:
         values: dict[str, Value] = {}
         for spec in self.params:
             rule = self._active_fix(spec.name, values)
-            if rule is not None:
+            if spec.name in self.study_fixed:  # the study's word is final; `check` says when
+                values[spec.name] = self.study_fixed[spec.name]  # it breaks a rule
+            elif rule is not None:
                 values[spec.name] = rule.fix_value(spec.name)
             elif spec.is_fixed:
                 values[spec.name] = spec.fixed_value
@@ -788,6 +825,8 @@ class ResolvedSpace:
                 numbers += [v for r in self.conditional_rules for t, v in r.targets
                             if t == name and is_number(v)]
                 value = pick(numbers) if numbers else None
+            elif name in self.study_fixed:
+                value = self.study_fixed[name]
             else:
                 value = self.vllm_defaults.get(name)
             return cast(float, value) if is_number(value) else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -91,3 +92,158 @@ def test_overrides_from_the_command_line() -> None:
 def test_multi_objective_pair() -> None:
     cfg = parse_study({**BASE, "objective": ["throughput", "tpot"]})
     assert cfg.directions == ["maximize", "minimize"] and cfg.is_multi_objective
+
+
+# -- issue 19 item 3: fixed flags fix what the space samples ----------------------------------
+
+
+def _hopper_space() -> Any:
+    from optimizer.runtime import space_context
+    from runners.hardware import load_preset
+    from runners.model_info import load_model_info
+    from search_spaces import load_space
+
+    return load_space("hopper").resolve(space_context(load_preset("h200"),
+                                                      load_model_info("qwen2.5-7b")))
+
+
+def test_a_fixed_flag_is_no_longer_searched_and_every_trial_and_the_baseline_run_it() -> None:
+    import optuna
+
+    space, removed = _hopper_space().with_fixed({"max_num_seqs": 64, "enable_lora": True})
+    assert "max_num_seqs" not in space.distributions(), "taken out of the search"
+    assert len(removed) == 1 and removed[0].startswith("fixed_flags.max_num_seqs=64"), \
+        "one log line per param taken out (enable_lora was never searched)"
+    assert space.defaults()["max_num_seqs"] == 64, "the baseline runs the fixed value"
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(12):
+        params = space.sample(study.ask())
+        assert params["max_num_seqs"] == 64, "no trial samples a fixed flag"
+        assert not [p for p in space.check(params) if "max_num_seqs" in p]
+
+
+def test_fixed_flags_win_over_a_sampled_value_in_the_engine_config() -> None:
+    from optimizer.study import engine_config
+
+    cfg = parse_study({**BASE, "fixed_flags": {"max_num_seqs": 64, "cudagraph_mode": "PIECEWISE",
+                                               "enable_prefix_caching": False}})
+    flags = engine_config(cfg, {"max_num_seqs": 512}).flags
+    assert flags["max_num_seqs"] == 64
+    assert flags["compilation_config.cudagraph_mode"] == "PIECEWISE", "rendered as the space does"
+    assert flags["no_enable_prefix_caching"] is True and "enable_prefix_caching" not in flags
+
+
+def test_the_baseline_is_named_with_the_fixed_flags() -> None:
+    from optimizer.config import baseline_name
+
+    assert baseline_name({}) == "vLLM defaults"
+    assert baseline_name({"max_num_seqs": 64}) == \
+        "vLLM defaults + your fixed flags (max_num_seqs=64)"
+    assert parse_study({**BASE, "fixed_flags": {"max_num_seqs": 64}}).baseline_name.startswith(
+        "vLLM defaults + your fixed flags")
+
+
+def test_a_fixed_value_that_breaks_the_token_budget_is_refused() -> None:
+    from search_spaces import SpaceError
+
+    with pytest.raises(SpaceError, match="fixed_flags: max_num_batched_tokens can be 16"):
+        _hopper_space().with_fixed({"max_num_batched_tokens": 16})
+
+
+@pytest.mark.parametrize("flags", [{"enable_lora": True}, {"max_loras": 4},
+                                   {"max_model_len": "8k"}, {"kv_cache_dtype": "fp8_e5m2"},
+                                   {"compilation_config": {"mode": 3}},
+                                   {"cudagraph_capture_sizes": [1, 2, 4]}, {"seed": 7},
+                                   {"max_lora_rank": 16}])
+def test_any_flag_of_vllm_can_be_fixed(flags: dict) -> None:
+    assert parse_study({**BASE, "fixed_flags": flags}).spec.fixed_flags == flags
+
+
+# -- issue 19 items 6, 7: extra_args and values checked against vLLM's flag table --------------
+
+
+@pytest.mark.parametrize("args", [["-O3"], ["--enable-log-requests"], ["--max-loras", "2"],
+                                  ["--compilation-config.mode=3"], ["--enable-lora"],
+                                  ["--max-loras=4", "--enable-lora", "--max-lora-rank", "16"],
+                                  ["--cudagraph-capture-sizes", "1", "2", "4"],
+                                  ["--max-num-scheduled-tokens", "8k"]])
+def test_extra_args_of_flags_nightshift_neither_sets_nor_searches_pass(args: list) -> None:
+    assert parse_study({**BASE, "vllm": {"extra_args": args}}).spec.vllm.extra_args == args
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--host", "0.0.0.0"], "vllm.extra_args[0]: nightshift sets --host itself"),
+    (["--port", "9000"], "nightshift sets --port itself"),
+    (["--load-format", "auto"], "set model.load_format instead"),
+    (["-tp", "2"], "--tensor-parallel-size is a flag nightshift searches"),
+    (["--no-enable-prefix-caching"], "set fixed_flags.enable_prefix_caching"),
+    (["--max-loras", "2", "--uds", "/tmp/s"], "vllm.extra_args[2]: nightshift sets --uds"),
+    (["--enable-lorra"], "did you mean --enable-lora?"),
+    (["--max-loras", "many"], "vllm.extra_args[0]: --max-loras must be an integer"),
+    (["--max-loras=-2"], "--max-loras must be >= 1"),
+    (["--max-cpu-loras"], "--max-cpu-loras needs a value"),
+    (["--enable-lora", "yes"], "--enable-lora takes no value"),
+    (["--enable-lora=true"], "--enable-lora takes no value"),
+    (["--lora-dtype", "auto", "--logprobs-mode", "word"], "vllm.extra_args[2]: --logprobs-mode "
+                                                          "must be one of"),
+])
+def test_extra_args_that_would_override_nightshift_are_refused(args: list, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_study({**BASE, "vllm": {"extra_args": args}})
+    assert expected in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+def test_an_extra_arg_repeating_a_fixed_flag_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"repeats fixed_flags\.max_loras"):
+        parse_study({**BASE, "fixed_flags": {"max_loras": 2},
+                     "vllm": {"extra_args": ["--max-loras", "4"]}})
+
+
+def test_the_installed_parser_makes_a_table_when_vllm_imports() -> None:
+    import argparse
+
+    from runners.vllm_flags import flags_from_parser, value_problem
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--max-num-seqs", type=int)
+    parser.add_argument("--kv-cache-dtype", choices=["auto", "fp8"])
+    parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction)
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int)
+    table = flags_from_parser(parser, version="9.9")
+    assert table.resolve("max_num_seqs") == "max-num-seqs" and table.resolve("-tp")
+    assert value_problem(table.types["kv-cache-dtype"], "fp9") is not None
+    assert value_problem(table.types["enforce-eager"], True) is None
+    assert value_problem(table.types["max-num-seqs"], "many") is not None
+
+
+def test_duplicate_keys_and_alias_bombs_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(BASE) + "name: t\n")
+    with pytest.raises(ConfigError, match="line 8: duplicate key 'name'"):
+        load_study(path)
+    bomb = "a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"b{i}: &b{i} [" + ", ".join([f"*{'a' if i == 0 else f'b{i - 1}'}"] * 10) + "]\n"
+        for i in range(6))
+    path.write_text(yaml.safe_dump(BASE) + bomb)
+    with pytest.raises(ConfigError, match="once aliases are expanded"):
+        load_study(path)
+    path.write_text(yaml.safe_dump(BASE) + "x: &x {k: 1}\ny: {<<: *x, j: 2}\n")
+    with pytest.raises(ConfigError, match="unknown key 'x'"):  # merge keys still load
+        load_study(path)
+
+
+def test_the_workload_must_fit_the_models_context_unless_rope_scaling_extends_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from optimizer.config import check_before_start
+
+    monkeypatch.chdir(tmp_path)
+    long = {"input_len": 40_000, "output_len": 16, "num_requests": 8}
+    with pytest.raises(ConfigError, match="over the max_model_len of 32768"):
+        check_before_start(parse_study({**BASE, "workload": long}))
+    fixed = {**BASE, "workload": long, "fixed_flags": {"max_model_len": "64k"}}
+    check_before_start(parse_study(fixed))  # 64k = 64,000 tokens: it fits
+    # llama-3.1's rope_scaling gives vLLM a longer context than max_position_embeddings says:
+    # this check does not second-guess it.
+    check_before_start(parse_study({**BASE, "model": {"path": "llama-3.1-8b"},
+                                    "workload": {**long, "input_len": 140_000}}))
+    assert not (tmp_path / "results").exists() and not (tmp_path / "mlruns").exists()

@@ -1,0 +1,185 @@
+"""What `vllm serve` accepts, flag by flag: the installed vLLM's own argument parser where vLLM
+imports, else the table of 0.26's flags bundled as `runners/vllm_flags_0.26.json` (read from the
+wheel by `scripts/vllm_flag_table.py`: value types, choices and bounds as vLLM's sources state
+them). A study's `fixed_flags` and `vllm.extra_args` are checked against it before anything runs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Literal
+
+FlagKind = Literal["bool", "int", "float", "str", "choice", "json", "list", "any"]
+_HUMAN_INT = re.compile(r"^\d+(\.\d+)?[kKmMgGtT]?$")
+
+
+@dataclass(frozen=True)
+class FlagType:
+    """What one flag takes, as vLLM's parser would check it."""
+
+    kind: FlagKind
+    choices: tuple[str, ...] = ()  # for "choice", as written on a command line
+    ge: float | None = None  # inclusive lower bound, where vLLM's config states one
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    is_human_readable: bool = False  # an int that vLLM also takes as "8k", "1G" (or "auto")
+
+
+@dataclass(frozen=True)
+class VllmFlags:
+    version: str
+    source: str  # for messages: "the bundled table of vLLM 0.26.0's flags"
+    types: Mapping[str, FlagType]  # kebab-case name -> type
+    aliases: Mapping[str, str] = field(default_factory=dict)  # -tp -> tensor-parallel-size
+
+    def resolve(self, name: str) -> str | None:
+        """The kebab-case flag `name` means (snake_case, kebab-case or a short alias), or None."""
+        kebab = self.aliases.get(name) or name.replace("_", "-")
+        return kebab if kebab in self.types else None
+
+    def closest(self, name: str) -> str | None:
+        close = difflib.get_close_matches(name.replace("_", "-"), list(self.types), n=1)
+        return close[0] if close else None
+
+
+def bundled_flags() -> VllmFlags:
+    """vLLM 0.26's flags as the bundled table records them."""
+    return _bundled()
+
+
+@functools.cache
+def _bundled() -> VllmFlags:
+    data = json.loads(resources.files("runners").joinpath("vllm_flags_0.26.json").read_text())
+    types: dict[str, FlagType] = {}
+    for name, kind in data["flags"].items():
+        entry = data.get("types", {}).get(name) or {"type": "bool" if kind == "bool" else "any"}
+        types[name] = FlagType(kind=entry["type"],
+                               choices=tuple(str(c) for c in entry.get("choices", ())),
+                               ge=entry.get("ge"), gt=entry.get("gt"), le=entry.get("le"),
+                               lt=entry.get("lt"),
+                               is_human_readable=bool(entry.get("human_readable")))
+    return VllmFlags(version=data["vllm_version"],
+                     source=f"vLLM {data['vllm_version']}'s flags (bundled table)",
+                     types=types, aliases=data.get("aliases", {}))
+
+
+def installed_flags() -> VllmFlags | None:
+    """The installed vLLM's own parser as a table; None where vLLM does not import."""
+    try:
+        import vllm
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except Exception:  # absent, or present without its GPU stack: the bundled table serves
+        return None
+    return flags_from_parser(make_arg_parser(FlexibleArgumentParser()),
+                             version=str(vllm.__version__))
+
+
+def flags_from_parser(parser: Any, version: str) -> VllmFlags:
+    """A table from an argparse parser (vLLM's `make_arg_parser`): kinds from each action's
+    type, nargs and choices; no bounds (argparse does not state them)."""
+    import argparse
+
+    types: dict[str, FlagType] = {}
+    aliases: dict[str, str] = {}
+    for action in parser._actions:
+        longs = [o[2:] for o in action.option_strings if o.startswith("--")]
+        if not longs:
+            continue
+        kind: FlagKind
+        choices: tuple[str, ...] = ()
+        type_name = getattr(action.type, "__name__", "")
+        if isinstance(action, argparse.BooleanOptionalAction) or action.nargs == 0:
+            kind = "bool"
+        elif action.choices:
+            kind, choices = "choice", tuple(str(c) for c in action.choices)
+        elif action.nargs in ("+", "*"):
+            kind = "list"
+        elif action.type is int or "human_readable_int" in type_name:
+            kind = "int"
+        elif action.type is float:
+            kind = "float"
+        elif action.type in (None, str):
+            kind = "str"
+        else:
+            kind = "any"
+        flag = FlagType(kind=kind, choices=choices,
+                        is_human_readable="human_readable_int" in type_name)
+        for name in longs:
+            if not (name.startswith("no-") and name[3:] in longs):
+                types[name] = flag
+        for short in (o for o in action.option_strings if not o.startswith("--")):
+            aliases[short] = longs[0]
+    return VllmFlags(version=version, source=f"installed vLLM {version}'s argument parser",
+                     types=types, aliases=aliases)
+
+
+@functools.cache
+def flag_table() -> VllmFlags:
+    """The installed vLLM's parser where it imports, else the bundled 0.26 table."""
+    return installed_flags() or bundled_flags()
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def value_problem(flag: FlagType, value: object) -> str | None:
+    """Why vLLM would refuse `value` for a flag of this type, or None. None (no flag) always
+    passes; so does anything for a flag whose type the table does not know."""
+    if value is None or flag.kind == "any":
+        return None
+    if flag.kind == "bool":
+        return None if isinstance(value, bool) else f"must be true or false but got {_show(value)}"
+    if isinstance(value, bool):
+        return f"takes a value, not {_show(value)}"
+    if flag.kind == "int":
+        if isinstance(value, str) and flag.is_human_readable and (
+                _HUMAN_INT.match(value) or value == "auto"):
+            return None
+        if not isinstance(value, int):
+            spelled = " (or a size such as 8k)" if flag.is_human_readable else ""
+            return f"must be an integer{spelled} but got {_show(value)}"
+        return _bound_problem(flag, value)
+    if flag.kind == "float":
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            return f"must be a finite number but got {_show(value)}"
+        return _bound_problem(flag, value)
+    if flag.kind == "choice":  # compared as argparse compares them: as written (`16`)
+        if isinstance(value, str | int) and str(value) in flag.choices:
+            return None
+        close = difflib.get_close_matches(str(value), flag.choices, n=1)
+        hint = f"; did you mean {close[0]!r}" if close else ""
+        return f"must be one of {', '.join(flag.choices)} but got {_show(value)}{hint}"
+    if flag.kind == "str":
+        return None if isinstance(value, str | int | float) else \
+            f"must be a single value but got {_show(value)}"
+    if flag.kind == "json":
+        return None if isinstance(value, dict | str) else \
+            f"must be a mapping (passed as JSON) but got {_show(value)}"
+    # list: one value or a list of values (nargs="+")
+    items = value if isinstance(value, list) else [value]
+    if any(isinstance(v, dict | list | bool) for v in items):
+        return f"must be a value or a list of values but got {_show(value)}"
+    return None
+
+
+def _bound_problem(flag: FlagType, value: float) -> str | None:
+    if flag.ge is not None and value < flag.ge:
+        return f"must be >= {flag.ge:g} but got {_show(value)}"
+    if flag.gt is not None and value <= flag.gt:
+        return f"must be > {flag.gt:g} but got {_show(value)}"
+    if flag.le is not None and value > flag.le:
+        return f"must be <= {flag.le:g} but got {_show(value)}"
+    if flag.lt is not None and value >= flag.lt:
+        return f"must be < {flag.lt:g} but got {_show(value)}"
+    return None

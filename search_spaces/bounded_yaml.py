@@ -1,0 +1,89 @@
+"""A bounded YAML loader for the files users hand nightshift (study files, search spaces): a
+duplicate key, nesting beyond a few dozen levels, an alias bomb or a value containing itself is
+an error with its line, never a silent last-wins value or a runaway in memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+MAX_YAML_DEPTH = 32
+MAX_YAML_NODES = 20_000  # after alias expansion: a YAML alias bomb stops here
+
+
+class YamlLimitError(yaml.YAMLError):
+    """A file beyond what a study or space needs: too deep, too many nodes, a duplicate key,
+    a value that contains itself. `problem` is one line, `problem_mark` where it is."""
+
+    def __init__(self, message: str, mark: Any) -> None:
+        super().__init__(message)
+        self.problem = message
+        self.problem_mark = mark
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """YAML's safe loader, less what lets a study or space file say something else than it
+    seems or take unbounded memory: a duplicate key (YAML keeps the last silently), nesting
+    beyond MAX_YAML_DEPTH, more than MAX_YAML_NODES nodes once aliases are expanded (an alias
+    bomb is a few lines that expand to billions)."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._nodes = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> its size with aliases expanded
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        peek: Any = self.peek_event
+        if self.check_event(yaml.AliasEvent):
+            event = peek()
+            anchored = self.anchors.get(event.anchor)
+            if anchored is not None and id(anchored) not in self._sizes:
+                raise YamlLimitError(f"alias *{event.anchor} is used inside the value it names (a "
+                                 "value that contains itself); write it out", event.start_mark)
+            if anchored is not None:
+                self._count(self._sizes[id(anchored)], event.start_mark)
+            return super().compose_node(parent, index)
+        self._depth += 1
+        if self._depth > MAX_YAML_DEPTH:
+            raise YamlLimitError(f"nested deeper than {MAX_YAML_DEPTH} levels; a study or "
+                             "space file is a few levels deep", peek().start_mark)
+        before = self._nodes
+        node: Any = super().compose_node(parent, index)
+        self._depth -= 1
+        self._count(1, node.start_mark)
+        self._sizes[id(node)] = self._nodes - before
+        return node
+
+    def _count(self, size: int, mark: Any) -> None:
+        self._nodes += size
+        if self._nodes > MAX_YAML_NODES:
+            raise YamlLimitError(f"more than {MAX_YAML_NODES:,} values once aliases are expanded "
+                             "(an alias bomb?); write the values out", mark)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    if key in seen:
+                        raise YamlLimitError(f"duplicate key {key!r:.60} (YAML would keep "
+                                             "only the last); keep one", key_node.start_mark)
+                    seen.add(key)
+                except TypeError:
+                    continue  # an unhashable key: the base class says so
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """A YAML document through `BoundedLoader`; raises yaml.YAMLError (YamlLimitError for
+    what the loader bounds)."""
+    loader = BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()

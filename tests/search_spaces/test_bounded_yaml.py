@@ -1,0 +1,43 @@
+"""The YAML loader for user files (study files, search spaces): what YAML would take silently or
+without bound is an error with its line."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from search_spaces.bounded_yaml import MAX_YAML_DEPTH, YamlLimitError, load_yaml
+
+
+def test_plain_yaml_and_merge_keys_load_as_yaml_loads_them() -> None:
+    text = "a: &x {k: 1, j: [1, 2]}\nb: {<<: *x, j: 3}\nc: *x\n"
+    assert load_yaml(text) == yaml.safe_load(text)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("a: 1\nb: 2\na: 3\n", "duplicate key 'a'"),
+    ("a: {x: 1, x: 1}\n", "duplicate key 'x'"),
+    ("a: " + "[" * (MAX_YAML_DEPTH + 1) + "]" * (MAX_YAML_DEPTH + 1) + "\n", "nested deeper"),
+    ("a: &a [*a]\n", "used inside the value it names"),
+    ("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"b{i}: &b{i} [" + ", ".join([f"*{'a' if i == 0 else f'b{i - 1}'}"] * 10) + "]\n"
+        for i in range(4)), "once aliases are expanded"),
+])
+def test_what_yaml_takes_silently_or_without_bound_is_refused_with_its_line(
+        text: str, expected: str) -> None:
+    with pytest.raises(YamlLimitError) as info:
+        load_yaml(text)
+    assert expected in str(info.value.problem)
+    assert info.value.problem_mark is not None, "the error says where"
+
+
+def test_a_search_space_with_a_duplicate_param_is_refused(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from search_spaces import SpaceError, load_space
+
+    path = Path(str(tmp_path)) / "space.yaml"
+    path.write_text("parameters:\n  max_num_seqs: {type: categorical, choices: [64]}\n"
+                    "  max_num_seqs: {type: categorical, choices: [8]}\n")
+    with pytest.raises(SpaceError, match="line 3, column 3: duplicate key 'max_num_seqs'"):
+        load_space(path)
