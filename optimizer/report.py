@@ -21,7 +21,9 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from optimizer import gains
 from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
+from optimizer.records import shorten
 from optimizer.study import (
     ATTR_RECORD,
     NOISE_FRACTION,
@@ -29,6 +31,7 @@ from optimizer.study import (
     is_search_trial,
     recommended_trial,
 )
+from runners.capacity import Bracket, bracket_from_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +59,8 @@ class TrialRow:
     conclusion: str
     failure_reason: str
     is_baseline: bool
+    capacity: Bracket | None = None  # after a capacity search: where its capacity lies
+    conclusion_short: str = ""  # the conclusion for a table cell (<= ~70 characters)
 
 
 @dataclass(frozen=True)
@@ -78,15 +83,21 @@ class Report:
 
     @property
     def gain(self) -> float | None:
-        """How many times better the best is than the defaults (>1 = better), or None."""
+        """How many times better the best is than the defaults (>1 = better), or None: the
+        point only; `gain_bounds` says what bounds it."""
+        bounds = self.gain_bounds
+        return bounds.value if bounds is not None else None
+
+    @property
+    def gain_bounds(self) -> gains.Gain | None:
+        """The best's gain over the defaults with its bounds: the ratio their capacity
+        brackets allow after a capacity search, else one measurement each (no bounds)."""
         if self.best is None or self.baseline is None:
             return None
-        best, base = self.best.value, self.baseline.value
-        if best is None or base is None:
-            return None
-        if self.is_maximize:
-            return best / base if base > 0 else None
-        return base / best if best > 0 else None
+        if self.best.capacity is not None and self.baseline.capacity is not None:
+            return gains.capacity_gain(self.best.capacity, self.baseline.capacity)
+        return gains.point_gain(self.best.value, self.baseline.value,
+                                maximize=self.is_maximize)
 
 
 def _number(value: Any) -> float | None:
@@ -95,7 +106,8 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _row(trial: FrozenTrial, baseline_flags: Mapping[str, Any]) -> TrialRow:
+def _row(trial: FrozenTrial, baseline_flags: Mapping[str, Any],
+         axis: str | None = None) -> TrialRow:
     record: Mapping[str, Any] = trial.user_attrs.get(ATTR_RECORD) or {}
     metrics: Mapping[str, Any] = record.get("metrics") or {}
     flags: Mapping[str, Any] = record.get("flags") or {}
@@ -119,6 +131,9 @@ def _row(trial: FrozenTrial, baseline_flags: Mapping[str, Any]) -> TrialRow:
         conclusion=str(record.get("conclusion") or ""),
         failure_reason=str(record.get("failure_reason") or ""),
         is_baseline=bool(record.get("is_baseline") or trial.user_attrs.get("baseline")),
+        capacity=bracket_from_metrics(axis, metrics)  # type: ignore[arg-type]
+        if axis in ("concurrency", "request_rate") else None,
+        conclusion_short=str(record.get("conclusion_short") or ""),
     )
 
 
@@ -163,7 +178,9 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
                            and t.state == TrialState.COMPLETE), None)
     baseline_flags = ((baseline_trial.user_attrs.get(ATTR_RECORD) or {}).get("flags") or {}
                       if baseline_trial is not None else {})
-    rows = tuple(_row(t, baseline_flags) for t in trials)
+    capacity = cfg.spec.workload.capacity
+    axis = capacity.axis if capacity is not None else None
+    rows = tuple(_row(t, baseline_flags, axis) for t in trials)
     objective = cfg.objectives[0]
     is_max = OBJECTIVE_DIRECTIONS[objective] == "maximize"
     # The study's own best: one that met the SLO somewhere, when any did (constraint "slo").
@@ -293,17 +310,29 @@ def _changes(row: TrialRow) -> str:
     return ", ".join(f"{k}={v}" for k, v in row.changes.items()) or "(same flags as defaults)"
 
 
+def _bracket(row: TrialRow) -> str:
+    if row.capacity is None:
+        return ""
+    unresolved = "" if row.capacity.is_resolved else ", unresolved: wider than the tolerance"
+    return f"capacity {row.capacity.describe()}{unresolved}"
+
+
 def headline(report: Report) -> str:
-    """One sentence: the best config and its gain over the defaults."""
+    """One sentence: the best config and its gain over the defaults, with what bounds it."""
     if report.best is None:
         return "No trial has completed yet."
     best = report.best
     text = (f"Best: trial {best.number} ({_changes(best)}), {report.objective} "
             f"{_fmt(best.value)}")
-    gain = report.gain
-    if gain is not None and report.baseline is not None:
-        text += (f", {gain:.2f}x the vLLM defaults (trial {report.baseline.number}: "
-                 f"{_fmt(report.baseline.value)}) measured in the same study")
+    if best.capacity is not None:
+        text += f" ({_bracket(best)})"
+    bounds = report.gain_bounds
+    if bounds is not None and report.baseline is not None and \
+            best.number != report.baseline.number:
+        base = report.baseline
+        base_capacity = f", {_bracket(base)}" if base.capacity is not None else ""
+        text += (f", {gains.format_gain(bounds)} (trial {base.number}: "
+                 f"{_fmt(base.value)}{base_capacity}) measured in the same study")
     if best.label:
         text += f"; {best.label}"
     text += "."
@@ -312,7 +341,7 @@ def headline(report: Report) -> str:
                  f"({_changes(report.recommended)}), {_fmt(report.recommended.value)}: within "
                  f"{NOISE_FRACTION:.0%} of the best with fewer changes from the defaults.")
     if report.confirm:
-        text += f" Confirmed: {report.confirm}."
+        text += f" Re-measured: {report.confirm}."
     return text
 
 
@@ -369,7 +398,8 @@ pipeline, they are not measurements.</div>{% endif %}
 <td class="num">{{ fmt(row.p99_tpot_ms) }}</td>
 <td class="num">{{ fmt(row.p99_ttft_ms) }}</td><td class="num">{{ fmt(row.startup_s) }}</td>
 <td>{% if row.label %}<span class="label" style="background: {{ colours.get(row.label, '#7f7f7f')
-}}">{{ row.label }}</span>{% endif %}</td><td>{{ row.conclusion }}</td></tr>
+}}">{{ row.label }}</span>{% endif %}</td><td title="{{ row.conclusion }}">{{ short(row)
+}}</td></tr>
 {% endfor %}</table>
 <h2>Parameter importances</h2>
 <img src="importances.png" alt="parameter importances" style="max-width: 700px">
@@ -400,7 +430,13 @@ def render_html(report: Report) -> str:
     front = [r for r in report.rows if r.number in report.pareto]
     return env.from_string(_HTML).render(
         r=report, headline=headline(report), front=front, changes=_changes, fmt=_fmt,
+        short=_short,
         colours=_LABEL_COLOURS, labels=_labels(report))
+
+
+def _short(row: TrialRow) -> str:
+    """A table's conclusion: the short form the daemon stored, else the full one cut."""
+    return row.conclusion_short or shorten(row.conclusion)
 
 
 def _md_cell(text: str) -> str:
@@ -432,7 +468,7 @@ def render_markdown(report: Report) -> str:
     for row in report.rows:
         lines.append(f"| {row.number} | {row.state} | {_md_cell(_changes(row))} | "
                      f"{_fmt(row.value)} | {_fmt(row.output_throughput)} | "
-                     f"{_fmt(row.p99_tpot_ms)} | {row.label} | {_md_cell(row.conclusion)} |")
+                     f"{_fmt(row.p99_tpot_ms)} | {row.label} | {_md_cell(_short(row))} |")
     lines += ["", "## Parameter importances", "", "![importances](importances.png)", ""]
     for name, value in sorted(report.importances.items(), key=lambda kv: -kv[1]):
         lines.append(f"- {name}: {value:.2f}")
