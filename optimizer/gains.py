@@ -104,7 +104,8 @@ def format_gain(gain: Gain, what: str = "the vLLM defaults") -> str:
             return f"at least {_x(gain.low)} {what} (capacity brackets{point})"
         if gain.high is not None:
             return f"at most {_x(gain.high)} {what} (capacity brackets{point})"
-        return f"not bounded against {what} by the capacity brackets{point.replace(';', ':')}"
+        lower_ends = f" (lower ends {_x(gain.value)})" if gain.value is not None else ""
+        return f"no bound on the ratio to {what} from the capacity brackets{lower_ends}"
     if gain.value is None:
         return f"no ratio to {what}"
     if gain.basis == "interval" and gain.low is not None and gain.high is not None:

@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer import gains
 from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
-from optimizer.records import shorten
+from optimizer.records import capacity_text, shorten
 from optimizer.study import (
     ATTR_RECORD,
     NOISE_FRACTION,
@@ -313,8 +313,7 @@ def _changes(row: TrialRow) -> str:
 def _bracket(row: TrialRow) -> str:
     if row.capacity is None:
         return ""
-    unresolved = "" if row.capacity.is_resolved else ", unresolved: wider than the tolerance"
-    return f"capacity {row.capacity.describe()}{unresolved}"
+    return capacity_text(row.capacity, None)
 
 
 def headline(report: Report) -> str:

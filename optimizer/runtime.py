@@ -123,6 +123,14 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
         notes.append(f"rule {rule.name}: {rule.effect} ({rule.reason})")
     seed_trials = seed_trial_params(cfg, resolved)
     workload = cfg.workload(vocab_size=model.vocab_size if model else 32000)
+    search = workload.capacity
+    if search is not None and search.worst_case_probes() > search.max_probes:
+        notes.append(
+            f"capacity: bisecting [{search.low:g}, {search.high:g}] to {search.tolerance:.0%} "
+            f"can take {search.worst_case_probes()} probes but max_probes is "
+            f"{search.max_probes}: a trial whose probes run out before that (when no probe's "
+            "served rate narrows it) is flagged unresolved; raise max_probes or tolerance, or "
+            "narrow low/high")
     for name in cfg.spec.fixed_flags:
         simulated_fault = engine == "simulated" and name.startswith("sim_")
         if name not in KNOWN_FLAGS and not simulated_fault:

@@ -28,6 +28,7 @@ from runners.base import SLO, BenchmarkMetrics, LoadLevel
 # requests/s completed, or most requests running at once; None when unknown).
 Probe = tuple[float, bool] | tuple[float, bool, float | None]
 BracketStatus = Literal["resolved", "at_least", "none", "unresolved"]
+_MIN_GAUGE_SAMPLES = 3  # /metrics samples a probe needs before its running peak is trusted
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class Bracket:
 
     @property
     def unit(self) -> str:
-        return "req/s" if self.axis == "request_rate" else "concurrent"
+        return "req/s" if self.axis == "request_rate" else "concurrent requests"
 
     @property
     def is_resolved(self) -> bool:
@@ -62,12 +63,13 @@ class Bracket:
         return self.missed_load / self.met_load - 1.0
 
     def describe(self) -> str:
-        """`[8.9, 18.9) req/s`, `>= 64 req/s`, `< 1 req/s`: what was shown, nothing more."""
+        """`[8.9, 18.9) req/s`, `>= 64 req/s` (met at every probe), `< 1 req/s` (met at
+        none): what was shown, nothing more."""
         unit = self.unit
         if self.met_load is None:
-            return f"< {_num(self.missed_load or 0.0)} {unit} (no probed load met the SLO)"
+            return f"< {_num(self.missed_load or 0.0)} {unit}"
         if self.missed_load is None:
-            return f">= {_num(self.met_load)} {unit} (the SLO held at every probed load)"
+            return f">= {_num(self.met_load)} {unit}"
         return f"[{_num(self.met_load)}, {_num(self.missed_load)}) {unit}"
 
     def as_metrics(self) -> dict[str, float]:
@@ -151,9 +153,13 @@ class CapacitySearch:
         """The load a probe actually served: completed requests/s for a rate, the most
         requests the engine ran at once (`/metrics`) for a concurrency; None when unknown."""
         if self.axis == "request_rate":
-            return metrics.request_throughput if metrics.completed else 0.0
+            return metrics.request_throughput if metrics.completed else None
+        # A gauge sampled once a second: a short probe's few samples can miss its peak.
         running = server.get("max_num_requests_running")
-        return float(running) if running is not None and math.isfinite(running) else None
+        if running is None or not math.isfinite(running) or running <= 0 or \
+                server.get("num_samples", 0.0) < _MIN_GAUGE_SAMPLES:
+            return None
+        return float(running)
 
     def next_load(self, history: Sequence[Probe]) -> float | None:
         """The load to probe next given the probes so far, or None when done."""
@@ -179,7 +185,7 @@ class CapacitySearch:
         # What the server could serve where it missed for want of throughput: the most any
         # such probe served (a probe stopped early under-reads it; the largest reads best).
         served = [s for load, s in misses
-                  if s is not None and s * (1.0 + self.tolerance) < load]
+                  if s is not None and 0 < s and s * (1.0 + self.tolerance) < load]
         estimate = max(served) if served else None
         step = self.step_ratio
         candidate: float | None = None
@@ -190,7 +196,7 @@ class CapacitySearch:
             if estimate is not None and hi <= estimate * step:
                 # Came down to the estimate and still missed: the knee is just below; step
                 # down, doubling the step after each further miss, never below `low`.
-                near = sum(load <= estimate * step for load, _ in misses)
+                near = sum(load <= estimate * (1.0 + self.tolerance) for load, _ in misses)
                 candidate = max(self.low, hi / step ** (2 ** (near - 1)))
                 if candidate <= self.low * (1.0 + self.tolerance):
                     candidate = self.low
@@ -199,7 +205,7 @@ class CapacitySearch:
         else:
             mid = math.sqrt(lo * hi)
             candidate = mid
-            if estimate is not None and lo * step >= estimate:
+            if estimate is not None and estimate / step <= lo <= estimate * step:
                 # Met the SLO near what the server could serve: the knee is just above;
                 # step up, doubling after each further pass, never past the midpoint.
                 near = sum(load * step >= estimate for load in passed)
