@@ -93,7 +93,7 @@ class Bracket:
                 "resolved", "at_least", "none", "unresolved"):
             return None
         met, missed, count = data.get("met_load"), data.get("missed_load"), data.get("num_probes")
-        return cls(axis=axis, status=status,  # type: ignore[arg-type]
+        return cls(axis=axis, status=status,
                    met_load=float(met) if isinstance(met, int | float) else None,
                    missed_load=float(missed) if isinstance(missed, int | float) else None,
                    num_probes=int(count) if isinstance(count, int | float) else 0)
@@ -185,7 +185,7 @@ class CapacitySearch:
         # What the server could serve where it missed for want of throughput: the most any
         # such probe served (a probe stopped early under-reads it; the largest reads best).
         served = [s for load, s in misses
-                  if s is not None and 0 < s and s * (1.0 + self.tolerance) < load]
+                  if s is not None and s > 0 and s * (1.0 + self.tolerance) < load]
         estimate = max(served) if served else None
         step = self.step_ratio
         candidate: float | None = None
@@ -256,7 +256,7 @@ class CapacitySearch:
 
 
 def _unpack(probe: Probe) -> tuple[float, bool, float | None]:
-    served = probe[2] if len(probe) > 2 else None  # type: ignore[misc]
+    served = probe[2] if len(probe) > 2 else None
     return float(probe[0]), bool(probe[1]), None if served is None else float(served)
 
 
