@@ -150,13 +150,20 @@ class CapacitySearch:
         return float(value or 0.0)
 
     def served_of(self, metrics: BenchmarkMetrics, server: Mapping[str, float]) -> float | None:
-        """The load a probe actually served: completed requests/s for a rate, the most
-        requests the engine ran at once (`/metrics`) for a concurrency; None when unknown."""
+        """The load a probe actually served where it could not keep up: completed requests/s
+        of a rate probe stopped for saturation (its queue kept growing), the most requests the
+        engine ran at once (`/metrics`) for a concurrency probe that left some waiting; None
+        when unknown. A rate probe that
+        kept up serves less than offered only by its drain time: no evidence of a limit."""
         if self.axis == "request_rate":
-            return metrics.request_throughput if metrics.completed else None
-        # A gauge sampled once a second: a short probe's few samples can miss its peak.
+            is_saturated = server.get("is_saturated", 0.0) > 0
+            return metrics.request_throughput if is_saturated and metrics.completed else None
+        # Only an engine that queued requests (it ran fewer than it was sent) shows a limit;
+        # and the gauges are sampled once a second: a short probe's few samples can miss the
+        # peak.
         running = server.get("max_num_requests_running")
         if running is None or not math.isfinite(running) or running <= 0 or \
+                server.get("max_num_requests_waiting", 0.0) < 1 or \
                 server.get("num_samples", 0.0) < _MIN_GAUGE_SAMPLES:
             return None
         return float(running)
@@ -215,8 +222,11 @@ class CapacitySearch:
     def _round(self, load: float, lo: float | None, hi: float) -> float | None:
         """`load` on the axis' grid, strictly inside (lo, hi); None when nothing is left."""
         if self.axis == "request_rate":
-            value = float(f"{load:.3g}")  # 3 significant figures: readable labels
-            if (lo is not None and value <= lo) or value >= hi:
+            # 3 significant figures, rounded down: readable labels, never above a guess.
+            digits = 2 - math.floor(math.log10(load))
+            value = math.floor(load * 10.0 ** digits + 1e-6) / 10.0 ** digits
+            value = round(value, max(0, digits))
+            if (lo is not None and value <= lo) or value >= hi or value <= 0:
                 value = load
             return value
         # Whole requests: a guess rounds down ("not above what it could serve").

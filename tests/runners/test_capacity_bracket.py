@@ -145,13 +145,49 @@ def test_a_served_figure_is_trusted_only_when_it_was_measured() -> None:
 
     concurrency = CapacitySearch("concurrency", low=2, high=32)
     assert concurrency.served_of(_metrics(5.0, 9.0), {"max_num_requests_running": 24.0,
+                                                      "max_num_requests_waiting": 40.0,
                                                       "num_samples": 6.0}) == 24.0
+    assert concurrency.served_of(_metrics(5.0, 9.0), {"max_num_requests_running": 24.0,
+                                                      "max_num_requests_waiting": 0.0,
+                                                      "num_samples": 6.0}) is None, \
+        "an engine that queued nothing ran all it was sent: no evidence of a limit"
     assert concurrency.served_of(_metrics(5.0, 9.0), {"max_num_requests_running": 0.0,
                                                       "num_samples": 2.0}) is None, \
         "two samples of a short probe can miss its peak"
     rate = CapacitySearch("request_rate", low=1.0, high=64.0)
-    assert rate.served_of(_metrics(7.5, 9.0), {}) == 7.5
-    assert rate.served_of(_metrics(0.0, 0.0, completed=0), {}) is None
+    assert rate.served_of(_metrics(7.5, 9.0), {"is_saturated": 1.0}) == 7.5
+    assert rate.served_of(_metrics(7.5, 9.0), {"is_saturated": 0.0}) is None, \
+        "a probe that kept up is no evidence of a limit"
+    assert rate.served_of(_metrics(0.0, 0.0, completed=0), {"is_saturated": 1.0}) is None
     # A pass far above a served figure shows that figure was wrong: bisect, do not creep.
     assert rate.next_load([(64.0, False, 0.5), (1.0, True, None), (8.0, True, None)]) == \
         pytest.approx(22.6)
+
+
+@pytest.mark.slow
+def test_a_saturated_rate_probe_steers_the_search_on_the_simulated_engine(
+        tmp_path: Path) -> None:
+    # Eager decode with 32 sequences serves a few dozen requests a second: 400/s saturates.
+    search = CapacitySearch("request_rate", low=1.0, high=400.0, tolerance=0.1, max_probes=3,
+                            probe_duration_s=8.0)
+    workload = Workload(input_len=LengthDistribution(mean=128), output_len=LengthDistribution(
+        mean=64), num_requests=600, num_warmup_requests=2, slo=SLO(tpot_p99_ms=50.0),
+        capacity=search)
+    runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
+                          tmp_path / "engines", stall_timeout_s=30.0)
+    config = EngineConfig("qwen2.5-7b", {"enforce_eager": True, "max_num_seqs": 32},
+                          load_format="dummy", skip_tokenizer_init=True)
+    try:
+        result = runner.run(config, workload, tmp_path / "trial")
+    finally:
+        runner.close()
+    assert result.status == "complete", result.failure
+    first, second = result.steps[:2]
+    assert first.server_metrics["is_saturated"] == 1.0 and first.meets_slo is False
+    served = search.served_of(first.metrics, first.server_metrics)
+    assert served is not None and second.level.request_rate_rps is not None
+    assert 1.0 < second.level.request_rate_rps <= served * 1.001, \
+        "the next probe goes to what the saturated one served, not to low"
+    assert result.capacity is not None and result.capacity.missed_load is not None
+    assert result.capacity.met_load is None or result.capacity.met_load < \
+        result.capacity.missed_load
