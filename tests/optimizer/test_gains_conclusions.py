@@ -140,3 +140,25 @@ def test_the_report_states_a_capacity_gain_with_both_brackets(tmp_path: Path) ->
     md = render_markdown(report)
     assert "| short form |" in md and "a long conclusion a long" not in md, \
         "tables show the short form"
+
+
+def test_a_capacity_study_is_told_when_its_probes_cannot_close_the_bracket() -> None:
+    from optimizer.runtime import capacity_notes
+
+    def notes(**capacity: Any) -> list[str]:
+        data = {"name": "n", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 1},
+                "slo": {"ttft_p99_ms": 500},
+                "workload": {"num_requests": 128, "capacity": {"axis": "request_rate",
+                                                               **capacity}}}
+        return capacity_notes(parse_study(data).workload())
+
+    tight = notes(low=1, high=64, tolerance=0.05, max_probes=8)
+    assert any("can take 9 probes but max_probes is 8" in n for n in tight)
+    assert any("set num_requests to 1920 or more" in n for n in tight), \
+        "at 64 req/s 128 requests last 2 s, not the 30 s probe duration"
+    roomy = notes(low=1, high=4, tolerance=0.1, max_probes=8, probe_duration_s=25)
+    assert roomy == [], roomy
+    default = parse_study({"name": "n", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 1},
+                           "slo": {"ttft_p99_ms": 500},
+                           "workload": {"capacity": {"low": 1, "high": 8}}}).workload()
+    assert default.capacity is not None and default.capacity.probe_duration_s == 30.0
