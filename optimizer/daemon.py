@@ -849,6 +849,7 @@ class Daemon:
             # The study's conclusion is the best against the defaults (the trial's own one
             # compares it with the best before it).
             tags["conclusion"] = headline(report)
+            tags["mlflow.note.content"] = tags["conclusion"]  # the run's description
             if report.gain_bounds is not None:
                 metrics.update(report.gain_bounds.as_metrics("gain"))
         confirmed = study.user_attrs.get(STUDY_ATTR_CONFIRM)

@@ -25,6 +25,7 @@ from optimizer import gains
 from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
 from optimizer.records import capacity_text, shorten
 from optimizer.study import (
+    ATTR_CONFIRM,
     ATTR_RECORD,
     NOISE_FRACTION,
     best_trial,
@@ -201,8 +202,40 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
         importances=_importances(study) if with_importances else {},
         failures=dict(Counter(r.failure_reason for r in rows
                               if r.state == "failed" and r.failure_reason)),
-        slo=slo, confirm=str((study.user_attrs.get("confirm") or {}).get("sentence") or ""),
+        slo=slo, confirm=_confirmation(study, axis),
         queued=queued, recommended=recommended)
+
+
+def _confirmation(study: optuna.Study, axis: str | None) -> str:
+    """The re-measurement's sentence; after a capacity search, also the capacity ratio every
+    round's two brackets allow (each round's runs re-bracket both configs, so the ratio lies
+    in each round's range, hence in their overlap)."""
+    sentence = str((study.user_attrs.get("confirm") or {}).get("sentence") or "")
+    if not sentence or axis not in ("concurrency", "request_rate"):
+        return sentence
+    runs = sorted((t for t in study.get_trials(deepcopy=False)
+                   if t.user_attrs.get(ATTR_CONFIRM) and t.state == TrialState.COMPLETE),
+                  key=lambda t: t.number)
+    brackets: dict[str, list[Bracket]] = {"defaults": [], "best": []}
+    for t in runs:
+        metrics = (t.user_attrs.get(ATTR_RECORD) or {}).get("metrics") or {}
+        bracket = bracket_from_metrics(axis, metrics)  # type: ignore[arg-type]
+        label = str(t.user_attrs[ATTR_CONFIRM])
+        if bracket is not None and label in brackets:
+            brackets[label].append(bracket)
+    rounds = [gains.capacity_gain(b, d) for d, b in zip(brackets["defaults"], brackets["best"],
+                                                         strict=False)]
+    if not rounds:
+        return sentence
+    lows = [g.low for g in rounds if g.low is not None]
+    highs = [g.high for g in rounds if g.high is not None]
+    low, high = (max(lows) if lows else None), (min(highs) if highs else None)
+    if low is not None and high is not None and low > high:
+        return (f"{sentence}; the re-measured capacity brackets disagree between rounds "
+                "(no common ratio): noise beyond the brackets")
+    overlap = gains.format_gain(gains.Gain(None, low, high, "capacity"))
+    return f"{sentence}; re-measured capacity brackets, in every one of {len(rounds)} " \
+        f"rounds: {overlap}"
 
 
 # --- plots ----------------------------------------------------------------------------------

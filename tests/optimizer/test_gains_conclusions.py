@@ -116,21 +116,31 @@ def _record(flags: dict[str, Any], value: float, bracket: Bracket,
             "is_baseline": is_baseline, "capacity": bracket.to_dict()}
 
 
-def test_the_report_states_a_capacity_gain_with_both_brackets(tmp_path: Path) -> None:
+def _capacity_study(tmp_path: Path) -> tuple[optuna.Study, Any]:
     data = {"name": "brackets", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 2},
             "slo": {"tpot_p99_ms": 50}, "results_dir": str(tmp_path / "results"),
             "workload": {"capacity": {"axis": "request_rate", "low": 1, "high": 40}},
             "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db"}
     cfg = parse_study(data)
     study = open_study(cfg)
-    dist = {"quantization": optuna.distributions.CategoricalDistribution(["none", "fp8"])}
     for params, record, attrs in (
             ({"quantization": "none"}, _record({}, 8.7, DEFAULTS_BRACKET, True),
              {"baseline": True}),
             ({"quantization": "fp8"}, _record({"quantization": "fp8"}, 18.5, FP8_BRACKET), {})):
-        study.add_trial(optuna.trial.create_trial(
-            params=params, distributions=dist, value=record["values"][0],
-            user_attrs={"record": record, **attrs}))
+        _add(study, params, record, attrs)
+    return study, cfg
+
+
+def _add(study: optuna.Study, params: dict[str, Any], record: dict[str, Any],
+         attrs: dict[str, Any]) -> None:
+    dist = {"quantization": optuna.distributions.CategoricalDistribution(["none", "fp8"])}
+    study.add_trial(optuna.trial.create_trial(
+        params=params, distributions=dist, value=record["values"][0],
+        user_attrs={"record": record, **attrs}))
+
+
+def test_the_report_states_a_capacity_gain_with_both_brackets(tmp_path: Path) -> None:
+    study, cfg = _capacity_study(tmp_path)
     report = build_report(study, cfg, with_importances=False)
     line = headline(report)
     assert "capacity [18.9, 40) req/s, unresolved" in line
@@ -162,3 +172,24 @@ def test_a_capacity_study_is_told_when_its_probes_cannot_close_the_bracket() -> 
                            "slo": {"ttft_p99_ms": 500},
                            "workload": {"capacity": {"low": 1, "high": 8}}}).workload()
     assert default.capacity is not None and default.capacity.probe_duration_s == 30.0
+
+
+def test_a_capacity_confirmation_states_the_ratio_every_rounds_brackets_allow(
+        tmp_path: Path) -> None:
+    study, cfg = _capacity_study(tmp_path)
+    rounds = [(Bracket("request_rate", 9.5, 10.0, "resolved", 6),
+               Bracket("request_rate", 19.0, 20.0, "resolved", 6)),
+              (Bracket("request_rate", 9.0, 9.5, "resolved", 6),
+               Bracket("request_rate", 19.5, 20.5, "resolved", 6))]
+    for defaults, best in rounds:
+        _add(study, {"quantization": "none"}, _record({}, 9.0, defaults), {"confirm": "defaults"})
+        _add(study, {"quantization": "fp8"}, _record({"quantization": "fp8"}, 19.0, best),
+             {"confirm": "best"})
+    study.set_user_attr("confirm", confirm_summary(
+        "goodput", 1, 0, [{"defaults": 9.0, "best": 19.0}, {"defaults": 9.0, "best": 19.5}]))
+    report = build_report(study, cfg, with_importances=False)
+    # Round 1 allows [19/10, 20/9.5], round 2 [19.5/9.5, 20.5/9]: both hold in [2.05, 2.11].
+    assert report.confirm.endswith("re-measured capacity brackets, in every one of 2 rounds: "
+                                   "between 2.05x and 2.11x the vLLM defaults (capacity "
+                                   "brackets)"), report.confirm
+    assert "Re-measured: trial 1 (the exported config)" in headline(report)
