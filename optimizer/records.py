@@ -184,13 +184,16 @@ def shorten(text: str, limit: int = SHORT_CHARS) -> str:
     return text if len(text) <= limit else text[:limit - 1].rstrip(" ,;:") + "…"
 
 
-def capacity_text(bracket: Bracket, tolerance: float | None) -> str:
+def capacity_text(bracket: Bracket, tolerance: float | None, *,
+                  is_stopped: bool = False) -> str:
     text = f"capacity {bracket.describe()}"
     if bracket.met_load is None:
         text += ", no probed load met the SLO"
     elif bracket.missed_load is None and bracket.is_resolved:
         text += ", the SLO held at the heaviest load of interest"
-    if not bracket.is_resolved:
+    if not bracket.is_resolved and is_stopped:
+        text += ", unresolved: the search was stopped"
+    elif not bracket.is_resolved:
         limit = f"the {tolerance:.0%} tolerance" if tolerance is not None else "the tolerance"
         text += (f", unresolved: the bracket is wider than {limit} after "
                  f"{bracket.num_probes} probes")
@@ -264,7 +267,8 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
     tail = f" {bottleneck.sentence('', '', verdict)}" if verdict is not None else ""
     note = f" {note.strip()}" if note.strip() else ""
     shown = f"{objective} {_fmt(value)} {unit}" if value is not None else "no measurement"
-    cap = f" ({capacity_text(capacity, tolerance)})" if capacity is not None else ""
+    cap = f" ({capacity_text(capacity, tolerance, is_stopped=state == 'pruned')})" \
+        if capacity is not None else ""
     unresolved = " unresolved" if capacity is not None and not capacity.is_resolved else ""
     if state == "failed":
         text = f"{change}: failed ({failure_reason}): {failure_message or 'no detail'}"

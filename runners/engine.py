@@ -261,12 +261,18 @@ class EngineRunner:
         # An open-loop level (a request rate) above what the engine serves grows its queue
         # without end: stop it once the queue has clearly grown; it is a saturated level.
         saturated = threading.Event() if level.request_rate_rps is not None else None
-        poller = prometheus.MetricsPoller(
-            base_url, saturated=saturated,
-            saturation_rise_requests=max(16.0, 0.1 * len(requests)))
         duration_s = None if workload.num_requests else workload.duration_s
         if duration_s is not None and max_duration_s is not None:
             duration_s, max_duration_s = min(duration_s, max_duration_s), None
+        # The queue's rise that means "saturated" scales with what the level sends: a time
+        # bound sends at most rate x duration of a large request pool.
+        num_sent = float(len(requests))
+        bound_s = duration_s if duration_s is not None else max_duration_s
+        if bound_s is not None and level.request_rate_rps is not None:
+            num_sent = min(num_sent, level.request_rate_rps * bound_s)
+        poller = prometheus.MetricsPoller(
+            base_url, saturated=saturated,
+            saturation_rise_requests=max(16.0, 0.1 * num_sent))
         poller.start()
         try:
             result = loadgen.run_level_sync(
