@@ -260,7 +260,7 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
     defaults = vllm_defaults if vllm_defaults is not None else \
         (baseline.params if baseline is not None else {})
     changed = [f"{k}={v}" for k, v in changes_from_defaults(params, defaults).items()]
-    change = _listing(changed) if changed else "vLLM defaults (no flag changed)"
+    change = _listing(changed) if changed else "vLLM defaults"
     short_change = (changed[0] + (f" +{len(changed) - 1}" if len(changed) > 1 else "")) \
         if changed else "defaults"
     label = verdict.label if verdict is not None else ""
@@ -282,9 +282,16 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
         cell = f"defaults: {_fmt(value)} {unit}" if value is not None else "defaults"
         return Conclusion(text, shorten(f"{cell}{unresolved}; {label}" if label else
                                         f"{cell}{unresolved}"))
-    effect, effect_cell = _vs_defaults(value, capacity, baseline, objective)
-    parts = [f"{change} vs the vLLM defaults: {shown}{cap}, {effect}"]
-    if best is not None and best.number != number and \
+    # A trial pruned at a fixed level has a value over the levels it ran only: no ratio to a
+    # trial that ran them all is true. A bracket's ends were measured, pruned or not.
+    is_comparable = state != "pruned" or capacity is not None
+    if is_comparable:
+        effect, effect_cell = _vs_defaults(value, capacity, baseline, objective)
+    else:
+        effect, effect_cell = "not compared: its load levels were cut short", ""
+    head = f"{change} vs the vLLM defaults" if changed else "same flags as the vLLM defaults"
+    parts = [f"{head}: {shown}{cap}, {effect}"]
+    if is_comparable and best is not None and best.number != number and \
             (baseline is None or best.number != baseline.number):
         parts.append(_vs_best(value, capacity, best, objective))
     if state == "pruned":

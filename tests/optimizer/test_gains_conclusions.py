@@ -193,3 +193,18 @@ def test_a_capacity_confirmation_states_the_ratio_every_rounds_brackets_allow(
                                    "between 2.05x and 2.11x the vLLM defaults (capacity "
                                    "brackets)"), report.confirm
     assert "Re-measured: trial 1 (the exported config)" in headline(report)
+
+
+def test_a_trial_pruned_at_a_fixed_level_is_not_given_a_ratio() -> None:
+    baseline = Reference(0, {}, 10.0)
+    pruned = conclude(params={"max_num_seqs": 64}, state="pruned", objective="goodput",
+                      value=2.0, best=Reference(3, {}, 12.0), baseline=baseline,
+                      vllm_defaults=VLLM, pruned_at=0, prune_reason="below the median",
+                      number=4)
+    assert "not compared: its load levels were cut short" in pruned.text
+    assert "x the vLLM defaults" not in pruned.text and "vs best" not in pruned.text
+    same = conclude(params={"max_num_seqs": 1024, "quantization": None}, state="complete",
+                    objective="goodput", value=10.1, baseline=baseline, vllm_defaults=VLLM,
+                    number=5)
+    assert same.text.startswith("same flags as the vLLM defaults: goodput 10.1 req/s, within "
+                                "noise of the vLLM defaults"), same.text
