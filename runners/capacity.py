@@ -29,6 +29,9 @@ from runners.base import SLO, BenchmarkMetrics, LoadLevel
 Probe = tuple[float, bool] | tuple[float, bool, float | None]
 BracketStatus = Literal["resolved", "at_least", "none", "unresolved"]
 _MIN_GAUGE_SAMPLES = 3  # /metrics samples a probe needs before its running peak is trusted
+# vLLM's counters (runners/prometheus.py names them; not imported: capacity stays pure).
+_PROMPT_TOKENS = "vllm:prompt_tokens_total"
+_GENERATION_TOKENS = "vllm:generation_tokens_total"
 
 
 @dataclass(frozen=True)
@@ -149,15 +152,31 @@ class CapacitySearch:
         value = level.max_concurrency if self.axis == "concurrency" else level.request_rate_rps
         return float(value or 0.0)
 
-    def served_of(self, metrics: BenchmarkMetrics, server: Mapping[str, float]) -> float | None:
-        """The load a probe actually served where it could not keep up: completed requests/s
-        of a rate probe stopped for saturation (its queue kept growing), the most requests the
-        engine ran at once (`/metrics`) for a concurrency probe that left some waiting; None
-        when unknown. A rate probe that
-        kept up serves less than offered only by its drain time: no evidence of a limit."""
+    def served_of(self, metrics: BenchmarkMetrics, server: Mapping[str, float],
+                  mean_input_tokens: float | None = None,
+                  mean_output_tokens: float | None = None) -> float | None:
+        """The load a probe actually served where it could not keep up; None when unknown.
+
+        A rate probe stopped for saturation (its queue kept growing): the requests/s its work
+        progressed at, from the server's token counters over the probe (prefill tokens / mean
+        prompt, generated tokens / mean output: the smaller binds), or at least the requests/s
+        that completed. The counters matter: a flood of long prompts is stopped within seconds,
+        before a single request completes. A rate probe that kept up serves less than offered
+        only by its drain time: no evidence of a limit. A concurrency probe that left requests
+        waiting: the most requests the engine ran at once (`/metrics`)."""
         if self.axis == "request_rate":
-            is_saturated = server.get("is_saturated", 0.0) > 0
-            return metrics.request_throughput if is_saturated and metrics.completed else None
+            if server.get("is_saturated", 0.0) <= 0 or not metrics.duration_s > 0:
+                return None
+            rates = []
+            prompt = server.get(_PROMPT_TOKENS)
+            if prompt and mean_input_tokens:
+                rates.append(prompt / metrics.duration_s / mean_input_tokens)
+            generated = server.get(_GENERATION_TOKENS)
+            if generated and mean_output_tokens:
+                rates.append(generated / metrics.duration_s / mean_output_tokens)
+            completed = metrics.request_throughput if metrics.completed else 0.0
+            served = max(min(rates), completed) if rates else completed
+            return served if served > 0 and math.isfinite(served) else None
         # Only an engine that queued requests (it ran fewer than it was sent) shows a limit;
         # and the gauges are sampled once a second: a short probe's few samples can miss the
         # peak.

@@ -22,6 +22,7 @@ from runners.base import (
     EngineLauncher,
     Failure,
     FailureReason,
+    LengthDistribution,
     LoadLevel,
     OnStep,
     RunResult,
@@ -220,7 +221,11 @@ class EngineRunner:
             ok = meets_slo(step.metrics, workload.slo, workload.max_failed_fraction,
                            step.server_metrics.get("is_saturated", 0.0) > 0)
             step = replace(step, meets_slo=ok)
-            served = search.served_of(step.metrics, step.server_metrics)
+            served = search.served_of(
+                step.metrics, step.server_metrics,
+                mean_input_tokens=None if workload.prompts_file else
+                _mean_tokens(workload.input_len),
+                mean_output_tokens=_mean_tokens(workload.output_len))
             history.append((load, ok, served))
             steps.append(step)
             logger.info("capacity probe %d at %s: SLO %s (served %s); bracket %s", index,
@@ -368,6 +373,13 @@ class EngineRunner:
             logger.warning("trace %s could not be read (%s)", ranks[0], exc)
             return ranks[0], None
         return trimmed, summary
+
+
+def _mean_tokens(dist: LengthDistribution) -> float:
+    """The mean length a distribution draws (a uniform one's `mean` may be left unset)."""
+    if dist.kind == "uniform" and dist.low is not None and dist.high is not None:
+        return (dist.low + dist.high) / 2
+    return float(dist.mean)
 
 
 def _settled_traces(profile_dir: Path, timeout_s: float, poll_s: float = 1.0) -> list[Path]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,17 @@ def test_a_saturated_rate_probe_steers_the_search_on_the_simulated_engine(
     assert result.capacity is not None and result.capacity.missed_load is not None
     assert result.capacity.met_load is None or result.capacity.met_load < \
         result.capacity.missed_load
+
+
+def test_a_flood_that_completed_nothing_is_read_from_the_servers_token_counters() -> None:
+    from tests.optimizer.test_records import _metrics
+
+    # 120 req/s of 2000-token prompts stopped after 4 s with nothing complete: the engine had
+    # prefilled 160k tokens (20 req/s of prompts) and generated 12k tokens (94 req/s of 32).
+    flood = replace(_metrics(0.0, 0.0, completed=0), duration_s=4.0)
+    server = {"is_saturated": 1.0, "vllm:prompt_tokens_total": 160_000.0,
+              "vllm:generation_tokens_total": 12_000.0}
+    rate = CapacitySearch("request_rate", low=2.0, high=120.0)
+    assert rate.served_of(flood, server, mean_input_tokens=2000,
+                          mean_output_tokens=32) == pytest.approx(20.0)
+    assert rate.served_of(flood, server) is None, "no lengths, nothing completed: unknown"
