@@ -15,6 +15,7 @@ from optimizer.study import (
     NOISE_FRACTION,
     is_measured,
     metrics_value,
+    objective_value,
     params_of,
     step_value,
 )
@@ -54,9 +55,9 @@ def summary_metrics(result: RunResult, objectives: Sequence[str]) -> dict[str, f
         for k, v in step.server_metrics.items():
             out[f"server.{k.replace(':', '_')}"] = float(v)
     for objective in objectives:
-        values = [step_value(objective, s) for s in result.steps if s.metrics.completed > 0]
-        if values:
-            out[f"objective.{objective}"] = max(values)
+        value = objective_value(objective, result.steps)  # the trial's value, as Optuna has it
+        if value is not None:
+            out[f"objective.{objective}"] = value
     out.update({f"engine.{k}": v for k, v in result.engine.as_metrics().items()})
     out.update({f"gpu.{k}": float(v) for k, v in result.telemetry.items()})
     if result.trace_summary:

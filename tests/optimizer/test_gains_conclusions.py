@@ -208,3 +208,22 @@ def test_a_trial_pruned_at_a_fixed_level_is_not_given_a_ratio() -> None:
                     number=5)
     assert same.text.startswith("same flags as the vLLM defaults: goodput 10.1 req/s, within "
                                 "noise of the vLLM defaults"), same.text
+
+
+def test_a_request_rate_capacity_trial_scores_its_brackets_lower_end() -> None:
+    from optimizer.records import summary_metrics
+    from optimizer.study import objective_value
+    from runners.base import LoadLevel, RunResult, StepMetrics
+    from tests.optimizer.test_records import _metrics
+
+    def probe(i: int, rate: float, goodput: float, ok: bool) -> StepMetrics:
+        return StepMetrics(step=i, level=LoadLevel(request_rate_rps=rate),
+                           metrics=_metrics(goodput, 9.0), meets_slo=ok)
+
+    # A 6 s probe at 9.23 req/s completed 45 requests in 6.2 s (drain): 7.25 "req/s".
+    steps = [probe(0, 120.0, 0.5, False), probe(1, 2.0, 1.79, True),
+             probe(2, 9.23, 7.25, True), probe(3, 11.9, 9.38, False)]
+    assert objective_value("goodput", steps) == 9.23, "the highest rate that met the SLO"
+    assert objective_value("throughput", steps) == 725.0, "other objectives: measured"
+    metrics = summary_metrics(RunResult(status="complete", steps=tuple(steps)), ["goodput"])
+    assert metrics["objective.goodput"] == 9.23, "MLflow's objective is the trial's value"
