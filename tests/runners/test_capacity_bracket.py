@@ -185,7 +185,8 @@ def test_a_saturated_rate_probe_steers_the_search_on_the_simulated_engine(
     assert result.status == "complete", result.failure
     first, second = result.steps[:2]
     assert first.server_metrics["is_saturated"] == 1.0 and first.meets_slo is False
-    served = search.served_of(first.metrics, first.server_metrics)
+    served = search.served_of(first.metrics, first.server_metrics, mean_input_tokens=128,
+                              mean_output_tokens=64)
     assert served is not None and second.level.request_rate_rps is not None
     assert 1.0 < second.level.request_rate_rps <= served * 1.001, \
         "the next probe goes to what the saturated one served, not to low"
