@@ -117,12 +117,13 @@ def format_gain(gain: Gain, what: str = "the vLLM defaults") -> str:
 
 
 def short_gain(gain: Gain) -> str:
-    """A table cell: `2.12x [1.00, 4.49]`, `>=1.0x`, `1.25x (1 run)`."""
+    """A table cell: `2.12x (1.00, 4.49)` (the ratio lies strictly inside: each capacity is
+    at least its lower end and below its upper one), `1.33x [1.19, 1.48]`, `1.25x (1 run)`."""
     if gain.basis == "capacity":
         lo = f"{gain.low:.2f}" if gain.low is not None else "0"
         hi = f"{gain.high:.2f}" if gain.high is not None else "inf"
         point = _x(gain.value) if gain.value is not None else "?x"
-        return f"{point} [{lo}, {hi})"
+        return f"{point} ({lo}, {hi})"
     if gain.value is None:
         return "n/a"
     if gain.basis == "interval" and gain.low is not None and gain.high is not None:

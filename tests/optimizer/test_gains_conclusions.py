@@ -79,7 +79,7 @@ def test_a_conclusion_names_only_real_changes_from_the_vllm_defaults() -> None:
                                 "between 1.00x and 4.49x the vLLM defaults"), told.text
     assert "None" not in told.text and "→" not in told.text and "keep" not in told.text
     assert "tensor_parallel_size" not in told.text, "TP=1 is vLLM's default: no change"
-    assert told.short == "quantization=fp8 +1: 2.12x [1.00, 4.49) vs defaults unresolved"
+    assert told.short == "quantization=fp8 +1: 2.12x (1.00, 4.49) vs defaults unresolved"
     assert len(told.short) <= SHORT_CHARS
 
 
