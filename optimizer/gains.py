@@ -45,17 +45,22 @@ class Gain:
     @property
     def excludes_one(self) -> bool:
         """Whether the bounds show a difference: the whole range above 1, or below it."""
-        return (self.low is not None and self.low > 1.0) or \
-            (self.high is not None and self.high < 1.0)
+        return self.is_better or self.is_worse
 
     @property
     def is_better(self) -> bool:
-        """Shown better than the defaults (the whole range above 1)."""
-        return self.low is not None and self.low > 1.0
+        """Shown better than the defaults: the whole range above 1. A capacity range is open
+        (each capacity is at least its lower end and below its upper one), so brackets that
+        only touch, [8.9, 18.9) and [18.9, 40), already show it: the ratio exceeds 1.00."""
+        if self.low is None:
+            return False
+        return self.low >= 1.0 if self.basis == "capacity" else self.low > 1.0
 
     @property
     def is_worse(self) -> bool:
-        return self.high is not None and self.high < 1.0
+        if self.high is None:
+            return False
+        return self.high <= 1.0 if self.basis == "capacity" else self.high < 1.0
 
 
 def capacity_gain(best: Bracket, defaults: Bracket) -> Gain:
@@ -92,18 +97,19 @@ def _x(value: float) -> str:
 
 
 def format_gain(gain: Gain, what: str = "the vLLM defaults") -> str:
-    """One phrase: `1.98x the vLLM defaults (95% CI [1.52x, 2.44x] over 3 rounds)`, `between
-    1.00x and 4.49x the vLLM defaults (capacity brackets; lower ends 2.12x)`, `1.25x the vLLM
-    defaults (one measurement each: no interval)`. Never a bare ratio."""
+    """One phrase: `1.98x the vLLM defaults (95% CI [1.52x, 2.44x] over 3 rounds)`, `more than
+    1.00x and less than 4.49x the vLLM defaults (capacity brackets; lower ends 2.12x)`, `1.25x
+    the vLLM defaults (one measurement each: no interval)`. Never a bare ratio."""
     if gain.basis == "capacity":
         point = f"; lower ends {_x(gain.value)}" if gain.value is not None else ""
+        # Open ends: each capacity is at least its lower end and below its upper one.
         if gain.low is not None and gain.high is not None:
-            return (f"between {_x(gain.low)} and {_x(gain.high)} {what} (capacity "
-                    f"brackets{point})")
+            return (f"more than {_x(gain.low)} and less than {_x(gain.high)} {what} "
+                    f"(capacity brackets{point})")
         if gain.low is not None:
-            return f"at least {_x(gain.low)} {what} (capacity brackets{point})"
+            return f"more than {_x(gain.low)} {what} (capacity brackets{point})"
         if gain.high is not None:
-            return f"at most {_x(gain.high)} {what} (capacity brackets{point})"
+            return f"less than {_x(gain.high)} {what} (capacity brackets{point})"
         lower_ends = f" (lower ends {_x(gain.value)})" if gain.value is not None else ""
         return f"no bound on the ratio to {what} from the capacity brackets{lower_ends}"
     if gain.value is None:

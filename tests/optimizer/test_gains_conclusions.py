@@ -26,9 +26,12 @@ def test_a_capacity_gain_lies_between_the_ratios_the_brackets_allow() -> None:
     gain = gains.capacity_gain(FP8_BRACKET, DEFAULTS_BRACKET)
     assert gain.low == pytest.approx(1.0) and gain.high == pytest.approx(40.0 / 8.9)
     text = gains.format_gain(gain)
-    assert text == ("between 1.00x and 4.49x the vLLM defaults (capacity brackets; lower ends "
-                    "2.12x)")
-    assert not gain.is_better, "a range reaching 1.0 shows no gain"
+    assert text == ("more than 1.00x and less than 4.49x the vLLM defaults (capacity brackets; "
+                    "lower ends 2.12x)")
+    assert gain.is_better, "touching brackets: fp8 >= 18.9 > the defaults, strictly"
+    overlapping = gains.capacity_gain(Bracket("request_rate", 17.0, 40.0, "unresolved", 8),
+                                      DEFAULTS_BRACKET)
+    assert not overlapping.is_better and not overlapping.is_worse, "overlap shows nothing"
 
 
 def test_open_bracket_ends_give_open_gain_ends() -> None:
@@ -36,10 +39,10 @@ def test_open_bracket_ends_give_open_gain_ends() -> None:
     resolved = Bracket("concurrency", 20.0, 21.0, "resolved", 6)
     gain = gains.capacity_gain(at_least, resolved)
     assert gain.high is None and gain.low == pytest.approx(64 / 21)
-    assert gains.format_gain(gain).startswith("at least 3.05x the vLLM defaults")
+    assert gains.format_gain(gain).startswith("more than 3.05x the vLLM defaults")
     none = Bracket("concurrency", None, 4.0, "none", 2)
     assert gains.capacity_gain(resolved, none).value is None, "no ratio to a capacity of 0"
-    assert gains.format_gain(gains.capacity_gain(resolved, none)).startswith("at least 5.00x")
+    assert gains.format_gain(gains.capacity_gain(resolved, none)).startswith("more than 5.00x")
     assert gains.capacity_gain(none, resolved).low is None
 
 
@@ -76,7 +79,7 @@ def test_a_conclusion_names_only_real_changes_from_the_vllm_defaults() -> None:
     assert told.text.startswith("quantization=fp8, kv_cache_dtype=fp8 vs the vLLM defaults: "
                                 "goodput 18.5 req/s (capacity [18.9, 40) req/s, unresolved: "
                                 "the bracket is wider than the 5% tolerance after 8 probes), "
-                                "between 1.00x and 4.49x the vLLM defaults"), told.text
+                                "more than 1.00x and less than 4.49x the vLLM defaults"), told.text
     assert "None" not in told.text and "→" not in told.text and "keep" not in told.text
     assert "tensor_parallel_size" not in told.text, "TP=1 is vLLM's default: no change"
     assert told.short == "quantization=fp8 +1: 2.12x (1.00, 4.49) vs defaults unresolved"
@@ -144,8 +147,8 @@ def test_the_report_states_a_capacity_gain_with_both_brackets(tmp_path: Path) ->
     report = build_report(study, cfg, with_importances=False)
     line = headline(report)
     assert "capacity [18.9, 40) req/s, unresolved" in line
-    assert "between 1.00x and 4.49x the vLLM defaults (capacity brackets; lower ends 2.12x)" \
-        in line
+    assert "more than 1.00x and less than 4.49x the vLLM defaults (capacity brackets; lower " \
+        "ends 2.12x)" in line
     assert "capacity [8.9, 18.9) req/s" in line, "the defaults' bracket is stated too"
     md = render_markdown(report)
     assert "| short form |" in md and "a long conclusion a long" not in md, \
@@ -190,8 +193,8 @@ def test_a_capacity_confirmation_states_the_ratio_every_rounds_brackets_allow(
     report = build_report(study, cfg, with_importances=False)
     # Round 1 allows [19/10, 20/9.5], round 2 [19.5/9.5, 20.5/9]: both hold in [2.05, 2.11].
     assert report.confirm.endswith("re-measured capacity brackets, in every one of 2 rounds: "
-                                   "between 2.05x and 2.11x the vLLM defaults (capacity "
-                                   "brackets)"), report.confirm
+                                   "more than 2.05x and less than 2.11x the vLLM "
+                                   "defaults (capacity brackets)"), report.confirm
     assert "Re-measured: trial 1 (the exported config)" in headline(report)
 
 
