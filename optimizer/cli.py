@@ -202,6 +202,7 @@ def status(study: StudyArg,
     from optuna.trial import TrialState
 
     from optimizer.daemon import read_lease, read_lock, study_lock_path
+    from optimizer.records import shorten
     from optimizer.study import ATTR_RECORD, best_trial, open_study
 
     cfg = _load(study).with_overrides(storage=storage)
@@ -226,7 +227,7 @@ def status(study: StudyArg,
                       *["" if v is None else f"{v:.4g}" for v in values],
                       " ".join(f"{k}={v}" for k, v in (record.get("flags") or {}).items())
                       or ("(defaults)" if record.get("flags") == {} else ""),
-                      record.get("conclusion", ""))
+                      record.get("conclusion_short") or shorten(record.get("conclusion", "")))
     out.print(table)
     best = best_trial(opened)
     if best is not None:

@@ -131,6 +131,9 @@ class CapacitySpec(_Strict):
     high: float = Field(gt=0, le=MAX_RATE_RPS)  # the heaviest load of interest
     tolerance: float = Field(default=0.05, gt=0, le=1)
     max_probes: int = Field(default=8, ge=2, le=32)
+    # No probe sends new requests after this long (in-flight ones finish), whatever
+    # num_requests: a light probe (few requests/s) must not take minutes.
+    probe_duration_s: float = Field(default=30.0, gt=0, le=3600)
 
     @model_validator(mode="after")
     def _bracket(self) -> CapacitySpec:
@@ -439,7 +442,9 @@ class StudyConfig:
             repeats=w.repeats,
             capacity=CapacitySearch(axis=w.capacity.axis, low=w.capacity.low,
                                     high=w.capacity.high, tolerance=w.capacity.tolerance,
-                                    max_probes=w.capacity.max_probes) if w.capacity else None,
+                                    max_probes=w.capacity.max_probes,
+                                    probe_duration_s=w.capacity.probe_duration_s)
+            if w.capacity else None,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import optuna
 from optuna.trial import TrialState
 
-from optimizer import bottleneck, records, recovery_tracking
+from optimizer import bottleneck, gains, records, recovery_tracking
 from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
 from optimizer.errors import StudyLockedError, WorkerLost
 from optimizer.report import build_report, headline
@@ -508,7 +508,7 @@ class Daemon:
             pairs.append(values)
         summary = confirm_summary(self.cfg.objectives[0], best.number, baseline.number, pairs)
         study.set_user_attr(STUDY_ATTR_CONFIRM, summary)
-        logger.info("confirmed: %s", summary["sentence"])
+        logger.info("re-measured against the defaults: %s", summary["sentence"])
 
     def _budget_left(self, study: optuna.Study) -> bool:
         if self._is_exhausted:
@@ -821,36 +821,37 @@ class Daemon:
             state, failure = TrialState.FAIL, Failure(
                 FailureReason.TOO_MANY_ERRORS, "no load level completed a request.")
         state_name = _STATE_NAMES[state]
-        best = self._best_reference(study)
         primary = values[0] if values else None
         if state == TrialState.PRUNED and item.steps:
             pruned_values = objective_values(self.cfg.objectives, item.steps)
             primary = pruned_values[0] if pruned_values else None
-        conclusion = records.conclude(
-            params=item.params, state=state_name, objective=self.cfg.objectives[0],
-            value=primary, failure_reason=failure.reason.value if failure else None,
-            failure_message=failure.message if failure else None,
-            is_baseline=item.is_baseline, best=best, pruned_at=item.pruned_at,
-            prune_reason=item.prune_reason)
-        label = item.trial.user_attrs.get(ATTR_CONFIRM)
-        if label and primary is not None:  # a final re-measurement competes with nothing
-            conclusion = (f"confirmation run of the {label} config: {self.cfg.objectives[0]} "
-                          f"{primary:.4g}.")
         metrics = records.summary_metrics(result, self.cfg.objectives)
         objective_spread = metrics.get(f"spread.{self.cfg.objectives[0]}")
         is_unstable = objective_spread is not None and \
             objective_spread > self.cfg.spec.workload.max_spread
-        if is_unstable and state != TrialState.FAIL:
-            conclusion += (f" Unstable: its {self.cfg.objectives[0]} varied "
-                           f"{objective_spread:.0%} across {self.workload.repeats} repeats "
-                           f"(limit {self.cfg.spec.workload.max_spread:.0%}); re-measure "
-                           "before trusting it.")
         verdict = None
         if result.steps:
             verdict = self._verdict(study, result.steps, item.config, result)
             metrics.update(verdict.as_metrics())
-            if state != TrialState.FAIL:
-                conclusion = f"{conclusion} {bottleneck.sentence('', '', verdict)}"
+        search = self.cfg.spec.workload.capacity
+        axis = search.axis if search is not None else None
+        told = records.conclude(
+            params=item.params, state=state_name, objective=self.cfg.objectives[0],
+            value=primary, failure_reason=failure.reason.value if failure else None,
+            failure_message=failure.message if failure else None,
+            is_baseline=item.is_baseline, number=item.trial.number,
+            best=records.reference_of(best_trial(study), axis),
+            baseline=records.reference_of(records.baseline_trial(study), axis),
+            vllm_defaults=self.space.vllm_defaults, capacity=result.capacity,
+            tolerance=search.tolerance if search is not None else None,
+            pruned_at=item.pruned_at, prune_reason=item.prune_reason,
+            verdict=verdict if state != TrialState.FAIL else None,
+            confirm_label=item.trial.user_attrs.get(ATTR_CONFIRM),
+            note=(f"Unstable: its {self.cfg.objectives[0]} varied {objective_spread:.0%} "
+                  f"across {self.workload.repeats} repeats (limit "
+                  f"{self.cfg.spec.workload.max_spread:.0%}); re-measure before trusting it."
+                  if is_unstable and objective_spread is not None else ""))
+        conclusion = told.text
         record = {
             "state": state_name,
             "params": item.params,
@@ -861,6 +862,8 @@ class Daemon:
             "failure_reason": failure.reason.value if failure else None,
             "failure_message": failure.message if failure else None,
             "conclusion": conclusion,
+            "conclusion_short": told.short,
+            "capacity": result.capacity.to_dict() if result.capacity is not None else None,
             "argv": list(result.argv),
             "env": dict(result.env),
             "engine": asdict(result.engine),
@@ -903,7 +906,7 @@ class Daemon:
                     item.params)
         self.on_event(TrialEvent("finished", item.trial.number, self._changed(item.config),
                                  state_name, primary,
-                                 metrics.get("p99_tpot_ms"), conclusion,
+                                 metrics.get("p99_tpot_ms"), told.short,
                                  time.monotonic() - item.started,
                                  verdict.label if verdict is not None else ""))
 
@@ -981,13 +984,6 @@ class Daemon:
         logger.warning("trial %d: MLflow %s failed (%s: %s); the trial is kept in Optuna and "
                        "logged to MLflow on the next resume", number, action,
                        type(exc).__name__, str(exc)[:200])
-
-    def _best_reference(self, study: optuna.Study) -> tuple[int, Mapping[str, Any],
-                                                           float] | None:
-        best = best_trial(study)
-        if best is None or best.values is None:
-            return None
-        return best.number, best.params, best.values[0]
 
     # -- resume -----------------------------------------------------------------------------
 
@@ -1086,6 +1082,9 @@ class Daemon:
             # The study's conclusion is the best against the defaults (the trial's own one
             # compares it with the best before it).
             tags["conclusion"] = headline(report)
+            tags["mlflow.note.content"] = tags["conclusion"]  # the run's description
+            if report.gain_bounds is not None:
+                metrics.update(report.gain_bounds.as_metrics("gain"))
         no_baseline = no_baseline_reason(study) or ""
         if no_baseline:
             tags["no_baseline"] = no_baseline[:5000]
@@ -1094,6 +1093,7 @@ class Daemon:
         confirmed = study.user_attrs.get(STUDY_ATTR_CONFIRM)
         if confirmed:
             tags["confirm"] = str(confirmed["sentence"])
+            tags["confirmed"] = "true" if confirmed.get("is_confirmed") else "false"
             metrics["confirm.gain"] = float(confirmed["gain"])
             for key in ("ci_low", "ci_high"):
                 if confirmed.get(key) is not None:
@@ -1138,12 +1138,13 @@ def confirm_summary(objective: str, best: int, baseline: int,
         sd = math.sqrt(sum((r - mean) ** 2 for r in ratios) / (n - 1))
         half = (_T975[n - 2] if n - 1 <= len(_T975) else 1.96) * sd / math.sqrt(n)
         low, high = mean - half, mean + half
-    interval = f" [{low:.2f}, {high:.2f}] (95% CI over {n} rounds)" if low is not None else \
-        " (one round: no interval)"
+    gain = gains.interval_gain(mean, low, high, n)
+    verdict = gains.confirmation_verdict(gain)
     sentence = (f"trial {best} (the exported config) vs the defaults (trial {baseline}), "
-                f"re-measured interleaved: {objective} {mean:.2f}x{interval}")
+                f"re-measured interleaved: {objective} {gains.format_gain(gain)}: {verdict}")
     return {"objective": objective, "best_trial": best, "baseline_trial": baseline,
             "rounds": [dict(p) for p in pairs], "ratios": ratios, "gain": mean,
+            "is_confirmed": gain.is_better, "verdict": verdict,
             "ci_low": low, "ci_high": high, "sentence": sentence}
 
 
@@ -1165,6 +1166,13 @@ def tracking_payload(record: Mapping[str, Any], result: RunResult | None) -> dic
         tags["host"] = str(record["host"])
     if record.get("is_unstable"):
         tags["unstable"] = "true"
+    if record.get("conclusion"):
+        tags["mlflow.note.content"] = str(record["conclusion"])  # the run's description
+    capacity = record.get("capacity") or {}
+    if capacity.get("status"):
+        tags["capacity.status"] = str(capacity["status"])
+        if capacity["status"] == "unresolved":
+            tags["unresolved"] = "true"
     verdict = record.get("verdict") or {}
     if verdict.get("label"):
         tags["bottleneck"] = str(verdict["label"])

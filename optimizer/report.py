@@ -21,8 +21,11 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from optimizer import gains
 from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
+from optimizer.records import capacity_text, shorten
 from optimizer.study import (
+    ATTR_CONFIRM,
     ATTR_RECORD,
     NOISE_FRACTION,
     best_trial,
@@ -30,6 +33,7 @@ from optimizer.study import (
     no_baseline_reason,
     recommended_trial,
 )
+from runners.capacity import Bracket, bracket_from_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +61,8 @@ class TrialRow:
     conclusion: str
     failure_reason: str
     is_baseline: bool
+    capacity: Bracket | None = None  # after a capacity search: where its capacity lies
+    conclusion_short: str = ""  # the conclusion for a table cell (<= ~70 characters)
 
 
 @dataclass(frozen=True)
@@ -80,15 +86,21 @@ class Report:
 
     @property
     def gain(self) -> float | None:
-        """How many times better the best is than the defaults (>1 = better), or None."""
+        """How many times better the best is than the defaults (>1 = better), or None: the
+        point only; `gain_bounds` says what bounds it."""
+        bounds = self.gain_bounds
+        return bounds.value if bounds is not None else None
+
+    @property
+    def gain_bounds(self) -> gains.Gain | None:
+        """The best's gain over the defaults with its bounds: the ratio their capacity
+        brackets allow after a capacity search, else one measurement each (no bounds)."""
         if self.best is None or self.baseline is None:
             return None
-        best, base = self.best.value, self.baseline.value
-        if best is None or base is None:
-            return None
-        if self.is_maximize:
-            return best / base if base > 0 else None
-        return base / best if best > 0 else None
+        if self.best.capacity is not None and self.baseline.capacity is not None:
+            return gains.capacity_gain(self.best.capacity, self.baseline.capacity)
+        return gains.point_gain(self.best.value, self.baseline.value,
+                                maximize=self.is_maximize)
 
 
 def _number(value: Any) -> float | None:
@@ -97,7 +109,8 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _row(trial: FrozenTrial, baseline_flags: Mapping[str, Any]) -> TrialRow:
+def _row(trial: FrozenTrial, baseline_flags: Mapping[str, Any],
+         axis: str | None = None) -> TrialRow:
     record: Mapping[str, Any] = trial.user_attrs.get(ATTR_RECORD) or {}
     metrics: Mapping[str, Any] = record.get("metrics") or {}
     flags: Mapping[str, Any] = record.get("flags") or {}
@@ -121,6 +134,9 @@ def _row(trial: FrozenTrial, baseline_flags: Mapping[str, Any]) -> TrialRow:
         conclusion=str(record.get("conclusion") or ""),
         failure_reason=str(record.get("failure_reason") or ""),
         is_baseline=bool(record.get("is_baseline") or trial.user_attrs.get("baseline")),
+        capacity=bracket_from_metrics(axis, metrics)  # type: ignore[arg-type]
+        if axis in ("concurrency", "request_rate") else None,
+        conclusion_short=str(record.get("conclusion_short") or ""),
     )
 
 
@@ -165,7 +181,9 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
                            and t.state == TrialState.COMPLETE), None)
     baseline_flags = ((baseline_trial.user_attrs.get(ATTR_RECORD) or {}).get("flags") or {}
                       if baseline_trial is not None else {})
-    rows = tuple(_row(t, baseline_flags) for t in trials)
+    capacity = cfg.spec.workload.capacity
+    axis = capacity.axis if capacity is not None else None
+    rows = tuple(_row(t, baseline_flags, axis) for t in trials)
     objective = cfg.objectives[0]
     is_max = OBJECTIVE_DIRECTIONS[objective] == "maximize"
     # The study's own best: one that met the SLO somewhere, when any did (constraint "slo").
@@ -186,9 +204,41 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
         importances=_importances(study) if with_importances else {},
         failures=dict(Counter(r.failure_reason for r in rows
                               if r.state == "failed" and r.failure_reason)),
-        slo=slo, confirm=str((study.user_attrs.get("confirm") or {}).get("sentence") or ""),
+        slo=slo, confirm=_confirmation(study, axis),
         queued=queued, recommended=recommended,
         no_baseline=no_baseline_reason(study) or "")
+
+
+def _confirmation(study: optuna.Study, axis: str | None) -> str:
+    """The re-measurement's sentence; after a capacity search, also the capacity ratio every
+    round's two brackets allow (each round's runs re-bracket both configs, so the ratio lies
+    in each round's range, hence in their overlap)."""
+    sentence = str((study.user_attrs.get("confirm") or {}).get("sentence") or "")
+    if not sentence or axis not in ("concurrency", "request_rate"):
+        return sentence
+    runs = sorted((t for t in study.get_trials(deepcopy=False)
+                   if t.user_attrs.get(ATTR_CONFIRM) and t.state == TrialState.COMPLETE),
+                  key=lambda t: t.number)
+    brackets: dict[str, list[Bracket]] = {"defaults": [], "best": []}
+    for t in runs:
+        metrics = (t.user_attrs.get(ATTR_RECORD) or {}).get("metrics") or {}
+        bracket = bracket_from_metrics(axis, metrics)  # type: ignore[arg-type]
+        label = str(t.user_attrs[ATTR_CONFIRM])
+        if bracket is not None and label in brackets:
+            brackets[label].append(bracket)
+    rounds = [gains.capacity_gain(b, d) for d, b in zip(brackets["defaults"], brackets["best"],
+                                                         strict=False)]
+    if not rounds:
+        return sentence
+    lows = [g.low for g in rounds if g.low is not None]
+    highs = [g.high for g in rounds if g.high is not None]
+    low, high = (max(lows) if lows else None), (min(highs) if highs else None)
+    if low is not None and high is not None and low > high:
+        return (f"{sentence}; the re-measured capacity brackets disagree between rounds "
+                "(no common ratio): noise beyond the brackets")
+    overlap = gains.format_gain(gains.Gain(None, low, high, "capacity"))
+    return f"{sentence}; re-measured capacity brackets, in every one of {len(rounds)} " \
+        f"rounds: {overlap}"
 
 
 # --- plots ----------------------------------------------------------------------------------
@@ -296,8 +346,14 @@ def _changes(row: TrialRow) -> str:
     return ", ".join(f"{k}={v}" for k, v in row.changes.items()) or "(same flags as defaults)"
 
 
+def _bracket(row: TrialRow) -> str:
+    if row.capacity is None:
+        return ""
+    return capacity_text(row.capacity, None)
+
+
 def headline(report: Report) -> str:
-    """One sentence: the best config and its gain over the defaults."""
+    """One sentence: the best config and its gain over the defaults, with what bounds it."""
     missing = (f" No baseline: the defaults could not be measured ({report.no_baseline})."
                if report.no_baseline else "")
     if report.best is None:
@@ -305,10 +361,15 @@ def headline(report: Report) -> str:
     best = report.best
     text = (f"Best: trial {best.number} ({_changes(best)}), {report.objective} "
             f"{_fmt(best.value)}")
-    gain = report.gain
-    if gain is not None and report.baseline is not None:
-        text += (f", {gain:.2f}x the vLLM defaults (trial {report.baseline.number}: "
-                 f"{_fmt(report.baseline.value)}) measured in the same study")
+    if best.capacity is not None:
+        text += f" ({_bracket(best)})"
+    bounds = report.gain_bounds
+    if bounds is not None and report.baseline is not None and \
+            best.number != report.baseline.number:
+        base = report.baseline
+        base_capacity = f", {_bracket(base)}" if base.capacity is not None else ""
+        text += (f", {gains.format_gain(bounds)} (trial {base.number}: "
+                 f"{_fmt(base.value)}{base_capacity}) measured in the same study")
     if best.label:
         text += f"; {best.label}"
     text += "." + missing
@@ -317,7 +378,7 @@ def headline(report: Report) -> str:
                  f"({_changes(report.recommended)}), {_fmt(report.recommended.value)}: within "
                  f"{NOISE_FRACTION:.0%} of the best with fewer changes from the defaults.")
     if report.confirm:
-        text += f" Confirmed: {report.confirm}."
+        text += f" Re-measured: {report.confirm}."
     return text
 
 
@@ -374,7 +435,8 @@ pipeline, they are not measurements.</div>{% endif %}
 <td class="num">{{ fmt(row.p99_tpot_ms) }}</td>
 <td class="num">{{ fmt(row.p99_ttft_ms) }}</td><td class="num">{{ fmt(row.startup_s) }}</td>
 <td>{% if row.label %}<span class="label" style="background: {{ colours.get(row.label, '#7f7f7f')
-}}">{{ row.label }}</span>{% endif %}</td><td>{{ row.conclusion }}</td></tr>
+}}">{{ row.label }}</span>{% endif %}</td><td title="{{ row.conclusion }}">{{ short(row)
+}}</td></tr>
 {% endfor %}</table>
 <h2>Parameter importances</h2>
 <img src="importances.png" alt="parameter importances" style="max-width: 700px">
@@ -405,7 +467,13 @@ def render_html(report: Report) -> str:
     front = [r for r in report.rows if r.number in report.pareto]
     return env.from_string(_HTML).render(
         r=report, headline=headline(report), front=front, changes=_changes, fmt=_fmt,
+        short=_short,
         colours=_LABEL_COLOURS, labels=_labels(report))
+
+
+def _short(row: TrialRow) -> str:
+    """A table's conclusion: the short form the daemon stored, else the full one cut."""
+    return row.conclusion_short or shorten(row.conclusion)
 
 
 def _md_cell(text: str) -> str:
@@ -437,7 +505,7 @@ def render_markdown(report: Report) -> str:
     for row in report.rows:
         lines.append(f"| {row.number} | {row.state} | {_md_cell(_changes(row))} | "
                      f"{_fmt(row.value)} | {_fmt(row.output_throughput)} | "
-                     f"{_fmt(row.p99_tpot_ms)} | {row.label} | {_md_cell(row.conclusion)} |")
+                     f"{_fmt(row.p99_tpot_ms)} | {row.label} | {_md_cell(_short(row))} |")
     lines += ["", "## Parameter importances", "", "![importances](importances.png)", ""]
     for name, value in sorted(report.importances.items(), key=lambda kv: -kv[1]):
         lines.append(f"- {name}: {value:.2f}")

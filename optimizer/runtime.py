@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ from optimizer.daemon import Daemon, TrialEvent
 from optimizer.errors import ConfigError, TrackingError
 from optimizer.tracking import Tracker
 from optimizer.workers import RunnerSpec, init_ray, largest_node_gpus, probe_on_cluster
+from runners.base import Workload
 from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names, probe
 from runners.model_info import ModelInfo, bundled_shapes, load_model_info
 from search_spaces import (
@@ -129,6 +131,7 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
         notes.append(f"baseline: {cfg.baseline_name}; every trial runs these fixed flags too")
     seed_trials = seed_trial_params(cfg, resolved)
     workload = cfg.workload(vocab_size=model.vocab_size if model else 32000)
+    notes.extend(capacity_notes(workload))
     for name in cfg.spec.fixed_flags:  # the flags themselves were checked with the study file
         if name.startswith("sim_") and engine != "simulated":
             raise ConfigError(f"fixed_flags.{name}: a simulated-engine fault, but this study "
@@ -197,3 +200,28 @@ def seed_trial_params(cfg: StudyConfig, space: ResolvedSpace) -> list[dict[str, 
                               f"search space {space.name!r}.")
         out.append(params)
     return out
+
+
+def capacity_notes(workload: Workload) -> list[str]:
+    """What to know before a capacity search runs: whether max_probes can close the bracket by
+    bisection alone, and whether num_requests cuts fast probes short of probe_duration_s."""
+    notes: list[str] = []
+    search = workload.capacity
+    if search is not None and search.worst_case_probes() > search.max_probes:
+        notes.append(
+            f"capacity: bisecting [{search.low:g}, {search.high:g}] to {search.tolerance:.0%} "
+            f"can take {search.worst_case_probes()} probes but max_probes is "
+            f"{search.max_probes}: a trial whose probes run out before that (when no probe's "
+            "served rate narrows it) is flagged unresolved; raise max_probes or tolerance, or "
+            "narrow low/high")
+    if search is not None and search.axis == "request_rate" and workload.num_requests and \
+            search.probe_duration_s and workload.num_requests < search.high * \
+            search.probe_duration_s:
+        notes.append(
+            f"capacity: at {search.high:g} req/s a probe's {workload.num_requests} requests "
+            f"last {workload.num_requests / search.high:.1f} s, less than probe_duration_s "
+            f"({search.probe_duration_s:g} s): a short probe above capacity can end before "
+            "its growing queue is seen, and what it served cannot steer the search; set "
+            f"num_requests to {math.ceil(search.high * search.probe_duration_s)} or more to "
+            "let the duration bound every probe")
+    return notes

@@ -159,12 +159,17 @@ def objective_value(objective: str, steps: Sequence[StepMetrics]) -> float | Non
     """A trial's value over its load levels: the largest of them. For goodput and throughput
     that is the best level (the engine's capacity); for latencies, the worst level (what a
     user at peak load sees). After a capacity search only the probes within the SLO count:
-    goodput at capacity, 0 when no load met the SLO."""
+    goodput at capacity, 0 when no load met the SLO; on the request-rate axis that is the
+    bracket's lower end itself, the highest offered rate that met the SLO (a short probe's
+    completed/duration reads it low by its drain time, or off by its Poisson count)."""
     measured = [s for s in steps if s.metrics.completed > 0]
     if any(s.meets_slo is not None for s in measured):
         within = [s for s in measured if s.meets_slo]
         if not within:
             return 0.0 if objective in ("goodput", "throughput") else None
+        rates = [s.level.request_rate_rps for s in within]
+        if objective == "goodput" and all(r is not None for r in rates):
+            return max(r for r in rates if r is not None)
         measured = within
     values = [step_value(objective, s) for s in measured]
     values = [v for v in values if math.isfinite(v)]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
-    from runners.capacity import CapacitySearch
+    from runners.capacity import Bracket, CapacitySearch
 
 FlagValue = str | int | float | bool | None
 
@@ -255,6 +255,9 @@ class RunResult:
     # The trimmed trace's bytes, for a driver on another machine than the worker (trace_path
     # names a file on the worker's disk).
     trace_data: bytes | None = field(default=None, repr=False)
+    # After a capacity search: where the capacity lies (the highest load that met the SLO,
+    # the lowest that missed it) and whether that is within the tolerance.
+    capacity: Bracket | None = None
 
 
 OnStep = Callable[[StepMetrics], bool]

@@ -22,6 +22,7 @@ from runners.base import (
     EngineLauncher,
     Failure,
     FailureReason,
+    LengthDistribution,
     LoadLevel,
     OnStep,
     RunResult,
@@ -29,7 +30,7 @@ from runners.base import (
     StepMetrics,
     Workload,
 )
-from runners.capacity import meets_slo
+from runners.capacity import Probe, meets_slo
 from runners.process import EngineProcess, free_port, tail, wait_healthy
 from runners.telemetry import TelemetrySampler
 
@@ -135,9 +136,13 @@ class EngineRunner:
             proc.terminate()
             engine_ended_unix_s = time.time()
             self._proc = None
+        search = workload.capacity
+        probes = [(search.load_of(s.level), bool(s.meets_slo)) for s in steps
+                  if s.meets_slo is not None] if search is not None else []
         return RunResult(
             status=status,
             steps=tuple(steps),
+            capacity=search.bracket(probes) if search is not None and probes else None,
             failure=failure,
             engine=engine,
             argv=tuple(argv),
@@ -219,28 +224,37 @@ class EngineRunner:
                 if on_step is not None and on_step(step):
                     return "stopped"
             return "complete"
-        history: list[tuple[float, bool]] = []
+        history: list[Probe] = []
         while (load := search.next_load(history)) is not None:
             index = len(history)
             step = self._measure_repeated(proc, base_url, config, workload, log_path, started,
-                                          index, search.level(load))
+                                          index, search.level(load),
+                                          max_duration_s=search.probe_duration_s)
             ok = meets_slo(step.metrics, workload.slo, workload.max_failed_fraction,
                            step.server_metrics.get("is_saturated", 0.0) > 0)
             step = replace(step, meets_slo=ok)
-            history.append((load, ok))
+            served = search.served_of(
+                step.metrics, step.server_metrics,
+                mean_input_tokens=None if workload.prompts_file else
+                _mean_tokens(workload.input_len),
+                mean_output_tokens=_mean_tokens(workload.output_len))
+            history.append((load, ok, served))
             steps.append(step)
-            logger.info("capacity probe %d at %s: SLO %s", index, step.level.label,
-                        "met" if ok else "missed")
+            logger.info("capacity probe %d at %s: SLO %s (served %s); bracket %s", index,
+                        step.level.label, "met" if ok else "missed",
+                        "?" if served is None else f"{served:.3g}",
+                        search.bracket(history).describe())
             if on_step is not None and on_step(step):
                 return "stopped"
         return "complete"
 
     def _measure_repeated(self, proc: EngineProcess, base_url: str, config: EngineConfig,
                           workload: Workload, log_path: Path, started: float, index: int,
-                          level: LoadLevel) -> StepMetrics:
+                          level: LoadLevel, max_duration_s: float | None = None) -> StepMetrics:
         """A level measured `workload.repeats` times; its median run stands for it."""
         runs = [self._measure_level(proc, base_url, config, workload, log_path, started, index,
-                                    level) for _ in range(max(1, workload.repeats))]
+                                    level, max_duration_s)
+                for _ in range(max(1, workload.repeats))]
         if len(runs) == 1:
             return runs[0]
         median = sorted(runs, key=lambda s: s.metrics.output_throughput)[len(runs) // 2]
@@ -249,8 +263,11 @@ class EngineRunner:
 
     def _measure_level(self, proc: EngineProcess, base_url: str, config: EngineConfig,
                        workload: Workload, log_path: Path, started: float, index: int,
-                       level: LoadLevel) -> StepMetrics:
-        """One load level on the running server; raises `_Abort` when the engine failed."""
+                       level: LoadLevel, max_duration_s: float | None = None) -> StepMetrics:
+        """One load level on the running server; raises `_Abort` when the engine failed.
+
+        `max_duration_s` (a capacity probe's bound) stops sending new requests after that long,
+        whether the level is bounded by requests or by `workload.duration_s`."""
         num = workload.num_requests or _DURATION_POOL
         # The same prompts for every trial: the seed depends only on the level's index.
         requests = loadgen.build_requests(workload, num, seed=workload.seed * 1000 + index)
@@ -262,15 +279,24 @@ class EngineRunner:
         # An open-loop level (a request rate) above what the engine serves grows its queue
         # without end: stop it once the queue has clearly grown; it is a saturated level.
         saturated = threading.Event() if level.request_rate_rps is not None else None
+        duration_s = None if workload.num_requests else workload.duration_s
+        if duration_s is not None and max_duration_s is not None:
+            duration_s, max_duration_s = min(duration_s, max_duration_s), None
+        # The queue's rise that means "saturated" scales with what the level sends: a time
+        # bound sends at most rate x duration of a large request pool.
+        num_sent = float(len(requests))
+        bound_s = duration_s if duration_s is not None else max_duration_s
+        if bound_s is not None and level.request_rate_rps is not None:
+            num_sent = min(num_sent, level.request_rate_rps * bound_s)
         poller = prometheus.MetricsPoller(
             base_url, saturated=saturated,
-            saturation_rise_requests=max(16.0, 0.1 * len(requests)))
+            saturation_rise_requests=max(16.0, 0.1 * num_sent))
         poller.start()
         try:
             result = loadgen.run_level_sync(
                 base_url, config.served_model_name, requests, level, workload.slo,
                 timeout_s=workload.request_timeout_s, seed=workload.seed + index,
-                duration_s=None if workload.num_requests else workload.duration_s,
+                duration_s=duration_s, max_duration_s=max_duration_s,
                 stall_timeout_s=self.stall_timeout_s, stop_event=saturated)
         finally:
             polled = poller.stop()
@@ -364,6 +390,13 @@ class EngineRunner:
             logger.warning("trace %s could not be read (%s)", ranks[0], exc)
             return ranks[0], None
         return trimmed, summary
+
+
+def _mean_tokens(dist: LengthDistribution) -> float:
+    """The mean length a distribution draws (a uniform one's `mean` may be left unset)."""
+    if dist.kind == "uniform" and dist.low is not None and dist.high is not None:
+        return (dist.low + dist.high) / 2
+    return float(dist.mean)
 
 
 def _settled_traces(profile_dir: Path, timeout_s: float, poll_s: float = 1.0) -> list[Path]:

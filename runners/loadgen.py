@@ -356,6 +356,7 @@ class _LevelDriver:
         duration_s: float | None,
         stop_event: StopFlag | None,
         stall_timeout_s: float | None,
+        max_duration_s: float | None = None,
     ) -> None:
         self.base_url = base_url
         self.model = model
@@ -364,6 +365,7 @@ class _LevelDriver:
         self.timeout_s = timeout_s
         self.seed = seed
         self.duration_s = duration_s
+        self.max_duration_s = max_duration_s
         self.stop_event = stop_event
         self.stall_timeout_s = stall_timeout_s
         cap = level.max_concurrency
@@ -408,7 +410,8 @@ class _LevelDriver:
         return task.result()
 
     def _is_past_duration(self, start: float) -> bool:
-        return self.duration_s is not None and time.perf_counter() - start >= self.duration_s
+        limit = self.duration_s if self.duration_s is not None else self.max_duration_s
+        return limit is not None and time.perf_counter() - start >= limit
 
     async def _issue(self, client: httpx.AsyncClient, start: float) -> None:
         rate = self.level.request_rate_rps
@@ -421,7 +424,8 @@ class _LevelDriver:
             specs = itertools.cycle(self.requests)
             offsets = _open_ended_offsets_s(rate, self.seed)
         for spec, offset in zip(specs, offsets, strict=False):
-            if self.duration_s is not None and offset >= self.duration_s:
+            limit = self.duration_s if self.duration_s is not None else self.max_duration_s
+            if limit is not None and offset >= limit:
                 return
             delay = start + offset - time.perf_counter()
             if delay > 0:
@@ -513,18 +517,23 @@ async def run_level(
     stop_event: StopFlag | None = None,
     stall_timeout_s: float | None = None,
     duration_s: float | None = None,
+    max_duration_s: float | None = None,
 ) -> LevelResult:
     """Drive one load level against an OpenAI-compatible server and measure it.
 
     Requests arrive as a Poisson process at `level.request_rate_rps` (all at once when None),
     at most `level.max_concurrency` in flight. Without `duration_s` each request is sent once;
     with it, requests cycle and no new one is sent after `duration_s` (those in flight finish).
+    `max_duration_s` bounds a request-bound level by time too: each request is sent at most
+    once, and none after `max_duration_s` (a light capacity probe must not take minutes).
     `stop_event` (checked every 50 ms) or a stall (no chunk from any in-flight request for
     `stall_timeout_s`) cancels the requests in flight; they come back failed, with the error
     "stopped" or "stalled", and the result says which. Raises only ValueError, for bad
     arguments.
     """
     _check_level_args(requests, level, timeout_s, duration_s, stall_timeout_s)
+    if max_duration_s is not None and not max_duration_s > 0:
+        raise ValueError(f"max_duration_s must be > 0 but got {max_duration_s}.")
     cap = level.max_concurrency
     # httpx defaults (100 connections, 5 s timeouts) would queue requests in the client and
     # cut long streams: size the pool to the load and leave reads unbounded; the per-request
@@ -533,7 +542,7 @@ async def run_level(
     timeout = httpx.Timeout(None, connect=_CONNECT_TIMEOUT_S)
     driver = _LevelDriver(base_url, model, requests, level, timeout_s=timeout_s, seed=seed,
                           duration_s=duration_s, stop_event=stop_event,
-                          stall_timeout_s=stall_timeout_s)
+                          stall_timeout_s=stall_timeout_s, max_duration_s=max_duration_s)
     # trust_env=False: an http_proxy from the environment must not capture 127.0.0.1.
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
         outputs, duration = await driver.run(client)
@@ -564,12 +573,14 @@ def run_level_sync(
     stop_event: StopFlag | None = None,
     stall_timeout_s: float | None = None,
     duration_s: float | None = None,
+    max_duration_s: float | None = None,
 ) -> LevelResult:
     """`run_level` on a fresh event loop, for callers that are threads (runners, Ray actors).
     Pass a `threading.Event` as `stop_event` to stop it from another thread."""
     return asyncio.run(run_level(
         base_url, model, requests, level, slo, timeout_s=timeout_s, seed=seed,
         stop_event=stop_event, stall_timeout_s=stall_timeout_s, duration_s=duration_s,
+        max_duration_s=max_duration_s,
     ))
 
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from optimizer.records import conclude, headline_step, param_changes, summary_metrics
+from optimizer.records import (
+    Reference,
+    conclude,
+    headline_step,
+    param_changes,
+    summary_metrics,
+)
 from runners.base import BenchmarkMetrics, EngineInfo, LoadLevel, RunResult, StepMetrics
 
 
@@ -42,30 +48,40 @@ def test_summary_metrics_flatten_level_engine_and_objectives() -> None:
 
 
 def test_conclusions_say_change_effect_and_lesson() -> None:
-    best = (3, {"enforce_eager": False, "max_num_seqs": 256}, 10.0)
+    vllm = {"enforce_eager": False, "max_num_seqs": 256}
+    defaults = Reference(0, vllm, 9.0)
+    best = Reference(3, {"enforce_eager": False, "max_num_seqs": 512}, 10.0)
     worse = conclude(params={"enforce_eager": True, "max_num_seqs": 256}, state="complete",
-                     objective="goodput", value=4.0, best=best)
-    assert worse.startswith("enforce_eager=False→True vs best trial 3: goodput 4 req/s (-60%)")
-    assert "worse; keep enforce_eager=False as in the best" in worse
-    better = conclude(params={"enforce_eager": False, "max_num_seqs": 512}, state="complete",
-                      objective="goodput", value=12.0, best=best)
-    assert better.endswith("(+20%): new best.")
-    same = conclude(params=best[1], state="complete", objective="goodput", value=10.1, best=best)
-    assert "within noise" in same
+                     objective="goodput", value=4.0, best=best, baseline=defaults,
+                     vllm_defaults=vllm).text
+    assert worse.startswith("enforce_eager=True vs the vLLM defaults: goodput 4 req/s, 0.44x "
+                            "the vLLM defaults (one measurement each: no interval)"), worse
+    assert "vs best trial 3 (10 req/s): -60%, worse." in worse
+    assert "keep" not in worse and "→" not in worse, "no keep-advice, no arrows"
+    better = conclude(params={"enforce_eager": False, "max_num_seqs": 1024}, state="complete",
+                      objective="goodput", value=12.0, best=best, baseline=defaults,
+                      vllm_defaults=vllm).text
+    assert better.endswith("+20%, new best."), better
+    same = conclude(params=best.params, state="complete", objective="goodput", value=10.1,
+                    best=best, baseline=defaults, vllm_defaults=vllm).text
+    assert "within noise of the best" in same
     failed = conclude(params={"kv_cache_dtype": "fp8"}, state="failed", objective="goodput",
                       value=None, failure_reason="unsupported_config",
                       failure_message="FLEX_ATTENTION has no fp8 KV.", best=None)
-    assert failed == "failed (unsupported_config): FLEX_ATTENTION has no fp8 KV."
+    assert failed.text == ("kv_cache_dtype=fp8: failed (unsupported_config): FLEX_ATTENTION "
+                           "has no fp8 KV.")
     baseline = conclude(params={}, state="complete", objective="tpot", value=7.1,
                         is_baseline=True)
-    assert baseline.startswith("vLLM defaults: tpot 7.1 ms TPOT p99")
+    assert baseline.text.startswith("vLLM defaults: tpot 7.1 ms TPOT p99")
     pruned = conclude(params={"max_num_seqs": 64}, state="pruned", objective="goodput",
-                      value=1.0, best=best, pruned_at=0)
-    assert "at level 0; pruned" in pruned
+                      value=1.0, best=best, baseline=defaults, vllm_defaults=vllm, pruned_at=0)
+    assert "pruned at level 0" in pruned.text and pruned.short == "max_num_seqs=64: pruned at 0"
 
 
 def test_param_changes_lists_only_differences() -> None:
-    assert param_changes({"a": 1, "b": 2}, {"a": 1, "b": 3}) == ["b=3→2"]
+    assert param_changes({"a": 1, "b": 2}, {"a": 1, "b": 3}) == ["b=2"]
+    assert param_changes({"a": None, "b": 2}, {"a": 4, "b": 2}) == [], \
+        "None is the default: not a change"
 
 
 def test_confirmed_gain_is_the_mean_paired_ratio_with_a_t_interval() -> None:
@@ -77,8 +93,8 @@ def test_confirmed_gain_is_the_mean_paired_ratio_with_a_t_interval() -> None:
     assert summary["gain"] == pytest.approx((1.3 + 1.4 + 1.3) / 3)
     half = 4.303 * 0.057735 / 3 ** 0.5  # t(0.975, 2) x sd / sqrt(n)
     assert summary["ci_low"] == pytest.approx(summary["gain"] - half, rel=1e-3)
-    assert "95% CI over 3 rounds" in summary["sentence"]
+    assert "(95% CI [1.19x, 1.48x] over 3 rounds): confirmed" in summary["sentence"]
     # Lower is better for latency: the ratio is oriented so > 1 still means better.
     tpot = confirm_summary("tpot", 5, 0, [{"defaults": 10.0, "best": 8.0}])
     assert tpot["gain"] == pytest.approx(1.25) and tpot["ci_low"] is None
-    assert "one round: no interval" in tpot["sentence"]
+    assert "one round: no interval, not confirmed" in tpot["sentence"]

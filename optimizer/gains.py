@@ -1,0 +1,150 @@
+"""A gain over the vLLM defaults, always with what bounds it: the capacity brackets of both
+configs, a confidence interval from re-measurement, or nothing (one measurement each, said so).
+
+Every "Nx the defaults" nightshift prints (report, MLflow tags, CLI, daemon log, conclusions)
+is formatted here, so none can state a bare ratio.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from runners.capacity import Bracket
+
+Basis = Literal["capacity", "interval", "single"]
+
+
+@dataclass(frozen=True)
+class Gain:
+    """How many times better a config is than the defaults (> 1 = better), and its bounds.
+
+    `basis` says what the bounds are: "capacity": the ratio the two capacity brackets allow
+    (best_low / defaults_high to best_high / defaults_low; an open end is None); "interval": a
+    95% confidence interval over interleaved re-measurements; "single": one measurement each,
+    no bounds.
+    """
+
+    value: float | None  # the point ratio; None when it is undefined (a capacity of 0)
+    low: float | None  # lower bound; None = open (nothing shown)
+    high: float | None  # upper bound; None = open (unbounded)
+    basis: Basis
+    num_rounds: int = 1  # measurements behind an "interval"
+
+    def as_metrics(self, prefix: str) -> dict[str, float]:
+        """`<prefix>` (the point) and `<prefix>.low` / `<prefix>.high` where the ends are
+        closed: an open end is left out, never written as a number."""
+        out = {}
+        for key, value in ((prefix, self.value), (f"{prefix}.low", self.low),
+                           (f"{prefix}.high", self.high)):
+            if value is not None and math.isfinite(value):
+                out[key] = float(value)
+        return out
+
+    @property
+    def excludes_one(self) -> bool:
+        """Whether the bounds show a difference: the whole range above 1, or below it."""
+        return self.is_better or self.is_worse
+
+    @property
+    def is_better(self) -> bool:
+        """Shown better than the defaults: the whole range above 1. A capacity range is open
+        (each capacity is at least its lower end and below its upper one), so brackets that
+        only touch, [8.9, 18.9) and [18.9, 40), already show it: the ratio exceeds 1.00."""
+        if self.low is None:
+            return False
+        return self.low >= 1.0 if self.basis == "capacity" else self.low > 1.0
+
+    @property
+    def is_worse(self) -> bool:
+        if self.high is None:
+            return False
+        return self.high <= 1.0 if self.basis == "capacity" else self.high < 1.0
+
+
+def capacity_gain(best: Bracket, defaults: Bracket) -> Gain:
+    """The capacity ratio two brackets allow. The point is the ratio of their lower ends (the
+    loads each was shown to sustain); it is None when the defaults met the SLO nowhere."""
+    b_low, b_high = best.met_load, best.missed_load
+    d_low, d_high = defaults.met_load, defaults.missed_load
+    value = b_low / d_low if b_low and d_low else None
+    low = (b_low or 0.0) / d_high if d_high else None
+    if low == 0.0:
+        low = None  # nothing shown above 0: an open end
+    high = b_high / d_low if b_high is not None and d_low else None
+    return Gain(value, low, high, "capacity")
+
+
+def point_gain(best: float | None, defaults: float | None, *, maximize: bool) -> Gain:
+    """One measurement each: the ratio (oriented so > 1 is better), with no bounds."""
+    value: float | None = None
+    if best is not None and defaults is not None and math.isfinite(best) and \
+            math.isfinite(defaults):
+        if maximize:
+            value = best / defaults if defaults > 0 else None
+        else:
+            value = defaults / best if best > 0 else None
+    return Gain(value, None, None, "single")
+
+
+def interval_gain(mean: float, low: float | None, high: float | None, num_rounds: int) -> Gain:
+    return Gain(mean, low, high, "interval" if low is not None else "single", num_rounds)
+
+
+def _x(value: float) -> str:
+    return f"{value:.2f}x"
+
+
+def format_gain(gain: Gain, what: str = "the vLLM defaults") -> str:
+    """One phrase: `1.98x the vLLM defaults (95% CI [1.52x, 2.44x] over 3 rounds)`, `more than
+    1.00x and less than 4.49x the vLLM defaults (capacity brackets; lower ends 2.12x)`, `1.25x
+    the vLLM defaults (one measurement each: no interval)`. Never a bare ratio."""
+    if gain.basis == "capacity":
+        point = f"; lower ends {_x(gain.value)}" if gain.value is not None else ""
+        # Open ends: each capacity is at least its lower end and below its upper one.
+        if gain.low is not None and gain.high is not None:
+            return (f"more than {_x(gain.low)} and less than {_x(gain.high)} {what} "
+                    f"(capacity brackets{point})")
+        if gain.low is not None:
+            return f"more than {_x(gain.low)} {what} (capacity brackets{point})"
+        if gain.high is not None:
+            return f"less than {_x(gain.high)} {what} (capacity brackets{point})"
+        lower_ends = f" (lower ends {_x(gain.value)})" if gain.value is not None else ""
+        return f"no bound on the ratio to {what} from the capacity brackets{lower_ends}"
+    if gain.value is None:
+        return f"no ratio to {what}"
+    if gain.basis == "interval" and gain.low is not None and gain.high is not None:
+        return (f"{_x(gain.value)} {what} (95% CI [{_x(gain.low)}, {_x(gain.high)}] over "
+                f"{gain.num_rounds} rounds)")
+    if gain.num_rounds > 1:
+        return f"{_x(gain.value)} {what} ({gain.num_rounds} rounds, no interval)"
+    return f"{_x(gain.value)} {what} (one measurement each: no interval)"
+
+
+def short_gain(gain: Gain) -> str:
+    """A table cell: `2.12x (1.00, 4.49)` (the ratio lies strictly inside: each capacity is
+    at least its lower end and below its upper one), `1.33x [1.19, 1.48]`, `1.25x (1 run)`."""
+    if gain.basis == "capacity":
+        lo = f"{gain.low:.2f}" if gain.low is not None else "0"
+        hi = f"{gain.high:.2f}" if gain.high is not None else "inf"
+        point = _x(gain.value) if gain.value is not None else "?x"
+        return f"{point} ({lo}, {hi})"
+    if gain.value is None:
+        return "n/a"
+    if gain.basis == "interval" and gain.low is not None and gain.high is not None:
+        return f"{_x(gain.value)} [{gain.low:.2f}, {gain.high:.2f}]"
+    return f"{_x(gain.value)} (1 run)"
+
+
+def confirmation_verdict(gain: Gain) -> str:
+    """"confirmed" only when the 95% interval excludes 1.0; otherwise says why not."""
+    if gain.basis != "interval" or gain.low is None or gain.high is None:
+        if gain.num_rounds > 1:
+            return "no interval (a round had nothing to compare), not confirmed"
+        return "one round: no interval, not confirmed"
+    if gain.is_better:
+        return "confirmed: the 95% interval excludes 1.0"
+    if gain.is_worse:
+        return "confirmed worse than the defaults: the 95% interval lies below 1.0"
+    return "not confirmed: within noise (the 95% interval contains 1.0)"

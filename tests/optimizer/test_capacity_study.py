@@ -1,0 +1,55 @@
+"""End to end on the simulated engine: a capacity study's brackets land in MLflow (metrics,
+tags, the run description) and its gain over the defaults is stated with them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from optimizer.cli import main
+from tests.optimizer.test_daemon import load, trial_runs, write_study
+
+pytestmark = pytest.mark.slow
+
+
+def test_capacity_brackets_land_in_mlflow_and_bound_the_gain(
+        tmp_path: Path, ray_cluster: None) -> None:
+    path = write_study(tmp_path, trials=2, max_parallel_trials=1,
+                       seed_trials=[{"quantization": "fp8", "kv_cache_dtype": "fp8"}],
+                       workload={"input_len": 128, "output_len": 24, "num_requests": 32,
+                                 "warmup_requests": 2,
+                                 "capacity": {"axis": "concurrency", "low": 2, "high": 32,
+                                              "max_probes": 4, "probe_duration_s": 10}},
+                       slo={"tpot_p99_ms": 7})
+    assert main(["start", str(path), "--no-progress"]) == 0
+
+    records = {t.number: t.user_attrs["record"] for t in load(tmp_path).trials}
+    runs = {int(r.data.tags["nightshift.trial"]): r for r in trial_runs(tmp_path)}
+    for number, run in runs.items():
+        record = records[number]
+        capacity = record["capacity"]
+        probes = {s["level"]["max_concurrency"]: s["meets_slo"] for s in record["steps"]}
+        metrics, tags = run.data.metrics, run.data.tags
+        met = capacity["met_load"]
+        assert metrics["capacity.bracket_low"] == (met or 0.0)
+        assert met is None or probes[met] is True, "the lower end met the SLO"
+        if capacity["missed_load"] is None:
+            assert "capacity.bracket_high" not in metrics, "absent when no probe missed"
+        else:
+            assert metrics["capacity.bracket_high"] == capacity["missed_load"]
+            assert probes[capacity["missed_load"]] is False, "the upper end missed it"
+        assert tags["capacity.status"] == capacity["status"]
+        assert (tags.get("unresolved") == "true") == (capacity["status"] == "unresolved")
+        assert tags["mlflow.note.content"] == tags["conclusion"] == record["conclusion"]
+        assert len(record["conclusion_short"]) <= 70
+        assert "None" not in record["conclusion"] and "→" not in record["conclusion"]
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    parent = client.search_runs([client.get_experiment_by_name("e2e").experiment_id],
+                                filter_string="tags.`nightshift.kind` = 'study'")[0]
+    if parent.data.tags.get("best_trial") not in (None, "0"):
+        assert "capacity brackets" in parent.data.tags["conclusion"], \
+            "the gain over the defaults is stated with both brackets"
+    report = (tmp_path / "results" / "report" / "report.md").read_text()
+    assert "x the vLLM defaults (" not in report or "capacity brackets" in report

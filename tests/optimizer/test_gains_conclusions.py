@@ -1,0 +1,232 @@
+"""Gains are stated with what bounds them, "confirmed" only when the interval excludes 1.0, and
+a trial's conclusion compares it with the vLLM defaults first (None is vLLM's default)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from optimizer import gains
+from optimizer.config import parse_study
+from optimizer.daemon import confirm_summary
+from optimizer.records import SHORT_CHARS, Reference, conclude
+from optimizer.report import build_report, headline, render_markdown
+from optimizer.study import open_study
+from runners.capacity import Bracket
+
+DEFAULTS_BRACKET = Bracket("request_rate", 8.9, 18.9, "unresolved", 8)
+FP8_BRACKET = Bracket("request_rate", 18.9, 40.0, "unresolved", 8)
+
+
+def test_a_capacity_gain_lies_between_the_ratios_the_brackets_allow() -> None:
+    # The H200 study: defaults in [8.9, 18.9), fp8 in [18.9, 40) req/s. Not "2.03x".
+    gain = gains.capacity_gain(FP8_BRACKET, DEFAULTS_BRACKET)
+    assert gain.low == pytest.approx(1.0) and gain.high == pytest.approx(40.0 / 8.9)
+    text = gains.format_gain(gain)
+    assert text == ("more than 1.00x and less than 4.49x the vLLM defaults (capacity brackets; "
+                    "lower ends 2.12x)")
+    assert gain.is_better, "touching brackets: fp8 >= 18.9 > the defaults, strictly"
+    overlapping = gains.capacity_gain(Bracket("request_rate", 17.0, 40.0, "unresolved", 8),
+                                      DEFAULTS_BRACKET)
+    assert not overlapping.is_better and not overlapping.is_worse, "overlap shows nothing"
+
+
+def test_open_bracket_ends_give_open_gain_ends() -> None:
+    at_least = Bracket("concurrency", 64.0, None, "at_least", 1)
+    resolved = Bracket("concurrency", 20.0, 21.0, "resolved", 6)
+    gain = gains.capacity_gain(at_least, resolved)
+    assert gain.high is None and gain.low == pytest.approx(64 / 21)
+    assert gains.format_gain(gain).startswith("more than 3.05x the vLLM defaults")
+    none = Bracket("concurrency", None, 4.0, "none", 2)
+    assert gains.capacity_gain(resolved, none).value is None, "no ratio to a capacity of 0"
+    assert gains.format_gain(gains.capacity_gain(resolved, none)).startswith("more than 5.00x")
+    assert gains.capacity_gain(none, resolved).low is None
+
+
+def test_confirmed_only_when_the_interval_excludes_one() -> None:
+    # The quickstart's "Confirmed: ... 1.25x [0.79, 1.71]".
+    wide = confirm_summary("goodput", 5, 0, [{"defaults": 10.0, "best": 9.0},
+                                             {"defaults": 10.0, "best": 16.0}])
+    assert wide["ci_low"] < 1.0 < wide["ci_high"] and not wide["is_confirmed"]
+    assert wide["sentence"].endswith("not confirmed: within noise (the 95% interval contains "
+                                     "1.0)")
+    tight = confirm_summary("goodput", 5, 0, [{"defaults": 10.0, "best": 13.0},
+                                              {"defaults": 10.0, "best": 13.2}])
+    assert tight["is_confirmed"] and tight["sentence"].endswith(
+        "confirmed: the 95% interval excludes 1.0")
+    worse = confirm_summary("tpot", 5, 0, [{"defaults": 10.0, "best": 13.0},
+                                           {"defaults": 10.0, "best": 13.2}])
+    assert not worse["is_confirmed"] and "confirmed worse" in worse["sentence"]
+    one = confirm_summary("goodput", 5, 0, [{"defaults": 10.0, "best": 13.0}])
+    assert one["sentence"].endswith("one round: no interval, not confirmed")
+
+
+VLLM = {"tensor_parallel_size": 1, "data_parallel_size": 1, "quantization": "none",
+        "kv_cache_dtype": "auto", "max_num_seqs": 1024}
+
+
+def test_a_conclusion_names_only_real_changes_from_the_vllm_defaults() -> None:
+    # The defaults trial stores None for what it leaves to vLLM; the fp8 trial has TP=1, DP=1.
+    baseline = Reference(0, dict.fromkeys(VLLM), 8.7, DEFAULTS_BRACKET)
+    fp8 = {"tensor_parallel_size": 1, "data_parallel_size": 1, "quantization": "fp8",
+           "kv_cache_dtype": "fp8", "max_num_seqs": None}
+    told = conclude(params=fp8, state="complete", objective="goodput", value=18.5,
+                    best=baseline, baseline=baseline, vllm_defaults=VLLM,
+                    capacity=FP8_BRACKET, tolerance=0.05, number=4)
+    assert told.text.startswith("quantization=fp8, kv_cache_dtype=fp8 vs the vLLM defaults: "
+                                "goodput 18.5 req/s (capacity [18.9, 40) req/s, unresolved: "
+                                "the bracket is wider than the 5% tolerance after 8 probes), "
+                                "more than 1.00x and less than 4.49x the vLLM defaults"), told.text
+    assert "None" not in told.text and "→" not in told.text and "keep" not in told.text
+    assert "tensor_parallel_size" not in told.text, "TP=1 is vLLM's default: no change"
+    assert told.short == "quantization=fp8 +1: 2.12x (1.00, 4.49) vs defaults unresolved"
+    assert len(told.short) <= SHORT_CHARS
+
+
+def test_a_conclusion_compares_with_the_best_after_the_defaults() -> None:
+    baseline = Reference(0, {}, 10.0)
+    best = Reference(3, {"max_num_seqs": 256}, 13.0)
+    told = conclude(params={"max_num_seqs": 512}, state="complete", objective="goodput",
+                    value=12.0, best=best, baseline=baseline, vllm_defaults=VLLM, number=5)
+    assert told.text.startswith("max_num_seqs=512 vs the vLLM defaults: goodput 12 req/s, "
+                                "1.20x the vLLM defaults (one measurement each: no interval); "
+                                "vs best trial 3 (13 req/s): -8%, worse."), told.text
+    first = conclude(params={}, state="complete", objective="goodput", value=10.0,
+                     best=baseline, baseline=baseline, vllm_defaults=VLLM, is_baseline=True,
+                     number=0)
+    assert first.text.startswith("vLLM defaults: goodput 10 req/s; the baseline")
+
+
+def test_every_short_form_fits_a_table_cell() -> None:
+    many = {f"flag_{i}": i for i in range(12)}
+    for state in ("complete", "pruned", "failed"):
+        told = conclude(params=many, state=state, objective="throughput", value=1234.5,
+                        failure_reason="oom_at_start", failure_message="x" * 300,
+                        best=Reference(1, {}, 1000.0), baseline=Reference(0, {}, 900.0),
+                        vllm_defaults={}, pruned_at=2, number=7)
+        assert len(told.short) <= SHORT_CHARS, told.short
+
+
+def _record(flags: dict[str, Any], value: float, bracket: Bracket,
+            is_baseline: bool = False) -> dict[str, Any]:
+    return {"state": "complete", "params": flags, "flags": flags, "values": [value],
+            "metrics": bracket.as_metrics(), "steps": [], "failure_reason": None,
+            "conclusion": "a long conclusion " * 10, "conclusion_short": "short form",
+            "argv": ["vllm", "serve"], "env": {}, "verdict": None, "wall_s": 1.0,
+            "is_baseline": is_baseline, "capacity": bracket.to_dict()}
+
+
+def _capacity_study(tmp_path: Path) -> tuple[optuna.Study, Any]:
+    data = {"name": "brackets", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 2},
+            "slo": {"tpot_p99_ms": 50}, "results_dir": str(tmp_path / "results"),
+            "workload": {"capacity": {"axis": "request_rate", "low": 1, "high": 40}},
+            "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db"}
+    cfg = parse_study(data)
+    study = open_study(cfg)
+    for params, record, attrs in (
+            ({"quantization": "none"}, _record({}, 8.7, DEFAULTS_BRACKET, True),
+             {"baseline": True}),
+            ({"quantization": "fp8"}, _record({"quantization": "fp8"}, 18.5, FP8_BRACKET), {})):
+        _add(study, params, record, attrs)
+    return study, cfg
+
+
+def _add(study: optuna.Study, params: dict[str, Any], record: dict[str, Any],
+         attrs: dict[str, Any]) -> None:
+    dist = {"quantization": optuna.distributions.CategoricalDistribution(["none", "fp8"])}
+    study.add_trial(optuna.trial.create_trial(
+        params=params, distributions=dist, value=record["values"][0],
+        user_attrs={"record": record, **attrs}))
+
+
+def test_the_report_states_a_capacity_gain_with_both_brackets(tmp_path: Path) -> None:
+    study, cfg = _capacity_study(tmp_path)
+    report = build_report(study, cfg, with_importances=False)
+    line = headline(report)
+    assert "capacity [18.9, 40) req/s, unresolved" in line
+    assert "more than 1.00x and less than 4.49x the vLLM defaults (capacity brackets; lower " \
+        "ends 2.12x)" in line
+    assert "capacity [8.9, 18.9) req/s" in line, "the defaults' bracket is stated too"
+    md = render_markdown(report)
+    assert "| short form |" in md and "a long conclusion a long" not in md, \
+        "tables show the short form"
+
+
+def test_a_capacity_study_is_told_when_its_probes_cannot_close_the_bracket() -> None:
+    from optimizer.runtime import capacity_notes
+
+    def notes(**capacity: Any) -> list[str]:
+        data = {"name": "n", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 1},
+                "slo": {"ttft_p99_ms": 500},
+                "workload": {"num_requests": 128, "capacity": {"axis": "request_rate",
+                                                               **capacity}}}
+        return capacity_notes(parse_study(data).workload())
+
+    tight = notes(low=1, high=64, tolerance=0.05, max_probes=8)
+    assert any("can take 9 probes but max_probes is 8" in n for n in tight)
+    assert any("set num_requests to 1920 or more" in n for n in tight), \
+        "at 64 req/s 128 requests last 2 s, not the 30 s probe duration"
+    roomy = notes(low=1, high=4, tolerance=0.1, max_probes=8, probe_duration_s=25)
+    assert roomy == [], roomy
+    default = parse_study({"name": "n", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 1},
+                           "slo": {"ttft_p99_ms": 500},
+                           "workload": {"capacity": {"low": 1, "high": 8}}}).workload()
+    assert default.capacity is not None and default.capacity.probe_duration_s == 30.0
+
+
+def test_a_capacity_confirmation_states_the_ratio_every_rounds_brackets_allow(
+        tmp_path: Path) -> None:
+    study, cfg = _capacity_study(tmp_path)
+    rounds = [(Bracket("request_rate", 9.5, 10.0, "resolved", 6),
+               Bracket("request_rate", 19.0, 20.0, "resolved", 6)),
+              (Bracket("request_rate", 9.0, 9.5, "resolved", 6),
+               Bracket("request_rate", 19.5, 20.5, "resolved", 6))]
+    for defaults, best in rounds:
+        _add(study, {"quantization": "none"}, _record({}, 9.0, defaults), {"confirm": "defaults"})
+        _add(study, {"quantization": "fp8"}, _record({"quantization": "fp8"}, 19.0, best),
+             {"confirm": "best"})
+    study.set_user_attr("confirm", confirm_summary(
+        "goodput", 1, 0, [{"defaults": 9.0, "best": 19.0}, {"defaults": 9.0, "best": 19.5}]))
+    report = build_report(study, cfg, with_importances=False)
+    # Round 1 allows [19/10, 20/9.5], round 2 [19.5/9.5, 20.5/9]: both hold in [2.05, 2.11].
+    assert report.confirm.endswith("re-measured capacity brackets, in every one of 2 rounds: "
+                                   "more than 2.05x and less than 2.11x the vLLM "
+                                   "defaults (capacity brackets)"), report.confirm
+    assert "Re-measured: trial 1 (the exported config)" in headline(report)
+
+
+def test_a_trial_pruned_at_a_fixed_level_is_not_given_a_ratio() -> None:
+    baseline = Reference(0, {}, 10.0)
+    pruned = conclude(params={"max_num_seqs": 64}, state="pruned", objective="goodput",
+                      value=2.0, best=Reference(3, {}, 12.0), baseline=baseline,
+                      vllm_defaults=VLLM, pruned_at=0, prune_reason="below the median",
+                      number=4)
+    assert "not compared: its load levels were cut short" in pruned.text
+    assert "x the vLLM defaults" not in pruned.text and "vs best" not in pruned.text
+    same = conclude(params={"max_num_seqs": 1024, "quantization": None}, state="complete",
+                    objective="goodput", value=10.1, baseline=baseline, vllm_defaults=VLLM,
+                    number=5)
+    assert same.text.startswith("same flags as the vLLM defaults: goodput 10.1 req/s, within "
+                                "noise of the vLLM defaults"), same.text
+
+
+def test_a_request_rate_capacity_trial_scores_its_brackets_lower_end() -> None:
+    from optimizer.records import summary_metrics
+    from optimizer.study import objective_value
+    from runners.base import LoadLevel, RunResult, StepMetrics
+    from tests.optimizer.test_records import _metrics
+
+    def probe(i: int, rate: float, goodput: float, ok: bool) -> StepMetrics:
+        return StepMetrics(step=i, level=LoadLevel(request_rate_rps=rate),
+                           metrics=_metrics(goodput, 9.0), meets_slo=ok)
+
+    # A 6 s probe at 9.23 req/s completed 45 requests in 6.2 s (drain): 7.25 "req/s".
+    steps = [probe(0, 120.0, 0.5, False), probe(1, 2.0, 1.79, True),
+             probe(2, 9.23, 7.25, True), probe(3, 11.9, 9.38, False)]
+    assert objective_value("goodput", steps) == 9.23, "the highest rate that met the SLO"
+    assert objective_value("throughput", steps) == 725.0, "other objectives: measured"
+    metrics = summary_metrics(RunResult(status="complete", steps=tuple(steps)), ["goodput"])
+    assert metrics["objective.goodput"] == 9.23, "MLflow's objective is the trial's value"
