@@ -1,13 +1,13 @@
 #!/bin/bash
 # ON the lent H200, after the chunks of ../shared/gpu/bundle.sh were stashed (.gpu/setup.sh):
-#   bash bench/h200/run_study.sh start    # install vLLM, start the study in its own session
+#   bash bench/h200/run_study.sh start    # install vLLM, start the study (or studies) in its own session
 #   bash bench/h200/run_study.sh wait N   # wait up to N s, print progress
 #   bash bench/h200/run_study.sh collect [gpu-test]  # stop it (GRACE=S: let the trial in
 #                                      flight finish first), (run the GPU test,) pack into $OUT
-# STUDY=bench/h200/study3.yaml picks another study file; TRIALS=N overrides its budget.trials;
-# RESUME=docs/h200/grid/optuna.db starts from an earlier session's Optuna storage (the grid goes on
-# where it stopped; each session's MLflow store holds that session's trials); TRIM=1 cuts trace
-# fixtures at collect.
+# STUDY=bench/h200/study3.yaml picks another study file; STUDY="a.yaml b.yaml" runs several one
+# after the other in one background session (one GPU: never side by side); TRIALS=N overrides
+# budget.trials; RESUME=docs/h200/grid/optuna.db starts from an earlier session's Optuna storage
+# (single study only); TRIM=1 cuts trace fixtures at collect.
 set -uo pipefail
 # The daemon outlives this call, and the repo copy here is replaced by the next one: run from a
 # private copy so a Ray worker starting mid-replacement never imports a half-written file.
@@ -16,13 +16,15 @@ if [ "${1:-}" = start ]; then rm -rf $src; mkdir -p $src; tar cf - --exclude=.gp
 cd $src 2>/dev/null || { echo "no $src: run 'start' first"; exit 3; }
 export PYTHONPATH=$src:/tmp/site PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
 export MLFLOW_LOGGING_LEVEL=WARNING
-study=${STUDY:-bench/h200/study.yaml}
-status() { python3 -m optimizer.cli status $study 2>&1 | tail -40; }
+studies=${STUDY:-bench/h200/study.yaml}
+status() { for s in $studies; do python3 -m optimizer.cli status $s 2>&1 | tail -40; done; }
 # Every call that waits also brings back what exists so far: a machine given back between two
 # calls (30 s idle) takes everything on it, as it did to study 3 (docs/NOTES.md).
 pack() { mkdir -p $OUT/r; tar czf $OUT/r/h200-results.tar.gz -C /root \
   --exclude='*.pt.trace.json*' h200-results 2>/dev/null; }
-running() { local s; s=$(python3 -m optimizer.cli status $study 2>/dev/null); [[ $s == *"daemon running"* ]]; }
+# The sequence's pid is in a file (never pgrep -f: it matches this very command line).
+running() { local pid; pid=$(cat /root/h200-results/sequence.pid 2>/dev/null) &&
+  kill -0 "$pid" 2>/dev/null; }
 case "${1:-}" in
   start)
     (cd "$OLDPWD" && bash .gpu/setup.sh install) || exit 3
@@ -31,11 +33,14 @@ case "${1:-}" in
     if [ -n "${RESUME:-}" ] && [ ! -e /root/h200-results/optuna.db ]; then
       cp "$src/$RESUME" /root/h200-results/optuna.db || exit 3
     fi
-    setsid nohup python3 -m optimizer.cli start $study --no-progress ${TRIALS:+--trials $TRIALS} \
-      > /root/h200-results/daemon.out 2>&1 < /dev/null &
+    export TRIALS=${TRIALS:-}
+    # One background session runs the studies in order; each study's daemon output is appended.
+    setsid nohup bash -c 'for s in "$@"; do echo "=== $s $(date -u +%FT%TZ)";
+        python3 -m optimizer.cli start "$s" --no-progress ${TRIALS:+--trials $TRIALS}; done' \
+      seq $studies > /root/h200-results/daemon.out 2>&1 < /dev/null &
+    echo $! > /root/h200-results/sequence.pid
     sleep 45; tail -20 /root/h200-results/daemon.out ;;
   wait)
-    # The daemon's pid is in its lock file (never pgrep -f: it matches this very command line).
     end=$((SECONDS + ${2:-500}))
     # Packs every minute too: a call cut off by the device's time limit returns what $OUT holds.
     last=$SECONDS
@@ -50,15 +55,22 @@ case "${1:-}" in
     # GRACE=S lets the trial in flight finish for up to S s first (study 4 lost a trial whose
     # levels were measured, to --now in its profile window); then --now.
     if running; then
-      { [ "${GRACE:-0}" -gt 0 ] && python3 -m optimizer.cli stop $study --timeout-s "$GRACE"; } ||
-        python3 -m optimizer.cli stop $study --now --timeout-s 120
+      kill -STOP "$(cat /root/h200-results/sequence.pid)" 2>/dev/null  # no next study starts
+      for s in $studies; do
+        { [ "${GRACE:-0}" -gt 0 ] && python3 -m optimizer.cli stop $s --timeout-s "$GRACE"; } ||
+          python3 -m optimizer.cli stop $s --now --timeout-s 120
+      done
+      kill -9 "$(cat /root/h200-results/sequence.pid)" 2>/dev/null
     fi
     status
     if [ "${2:-}" = gpu-test ]; then
       python3 -m pytest -q -p no:cacheprovider -m gpu tests/runners/test_vllm_gpu.py \
         -W ignore::DeprecationWarning 2>&1 | tail -30 | tee /root/h200-results/gpu-test.txt
     fi
-    python3 -m optimizer.cli export $study > /root/h200-results/best.yaml
+    for s in $studies; do
+      python3 -m optimizer.cli export $s > /root/h200-results/best-$(basename $s .yaml).yaml
+      python3 -m optimizer.cli report $s 2>&1 | tail -3
+    done
     pack
     if [ "${TRIM:-0}" = 1 ]; then
       timeout 150 python3 bench/h200/trim_traces.py /root/h200-results /root/h200-fixtures \
