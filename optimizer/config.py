@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import yaml
 from pydantic import (
@@ -764,6 +764,33 @@ def storage_problem(url: str) -> str | None:
     return None
 
 
+_CONNECT_TIMEOUT_S: Final = 10  # a database server that does not answer in this long is down
+
+
+def server_storage_problem(url: str) -> str | None:
+    """Why a database server named by `storage` cannot be used, or None: one connection is
+    opened and closed (nothing is created). A SQLite file is left alone here: connecting would
+    create it, and `_check_parent` covers it."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return None
+    timeout = {"postgresql": "connect_timeout", "mysql": "connect_timeout",
+               "mariadb": "connect_timeout"}.get(parsed.get_backend_name())
+    engine = create_engine(parsed, connect_args={timeout: _CONNECT_TIMEOUT_S} if timeout else {})
+    try:
+        with engine.connect():
+            return None
+    except Exception as exc:  # OperationalError, InterfaceError, ...: per driver
+        detail = " ".join(str(getattr(exc, "orig", None) or exc).split())[:120]
+        return (f"storage: cannot connect to {parsed.render_as_string(hide_password=True)} "
+                f"({detail}); start the database server or use sqlite:///results/optuna.db")
+    finally:
+        engine.dispose()
+
+
 def tracking_uri_problem(uri: str) -> str | None:
     """Why `tracking_uri` is not an MLflow store, or None (parse and scheme only)."""
     from urllib.parse import urlparse
@@ -806,6 +833,9 @@ def check_before_start(cfg: StudyConfig) -> None:
     for problem in (storage_problem(cfg.storage_url), tracking_uri_problem(cfg.tracking_uri)):
         if problem is not None:
             raise ConfigError(f"{cfg.source_name}: {problem}.")
+    problem = server_storage_problem(cfg.storage_url)
+    if problem is not None:
+        raise ConfigError(f"{cfg.source_name}: {problem}.")
     made_by_us = [cfg.results_dir, Path("mlruns")]
     if cfg.storage_url.startswith("sqlite:///"):
         _check_parent("storage", Path(cfg.storage_url.removeprefix("sqlite:///")), made_by_us,

@@ -939,7 +939,7 @@ class Daemon:
 
     def _changed(self, config: EngineConfig) -> dict[str, Any]:
         """The flags a trial sets beyond vLLM's defaults and the study's fixed flags."""
-        return {k: v for k, v in config.flags.items() if k not in self.cfg.spec.fixed_flags}
+        return {k: v for k, v in config.flags.items() if k not in self.cfg.engine_fixed_flags}
 
     def _tell_without_run(self, study: optuna.Study, trial: optuna.Trial,
                           params: dict[str, Any], failure: Failure) -> None:

@@ -247,3 +247,22 @@ def test_the_workload_must_fit_the_models_context_unless_rope_scaling_extends_it
     check_before_start(parse_study({**BASE, "model": {"path": "llama-3.1-8b"},
                                     "workload": {**long, "input_len": 140_000}}))
     assert not (tmp_path / "results").exists() and not (tmp_path / "mlruns").exists()
+
+
+def test_a_database_server_that_refuses_is_named_before_anything_is_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 19 item 7: a storage URL that parses and whose driver is installed, but whose server
+    does not answer, is one line and exit 2 before the daemon writes its log, lock or MLflow
+    experiment (port 9 on loopback refuses; pymysql is a real, pure-Python driver)."""
+    from optimizer.cli import main
+    from tests.optimizer.test_daemon import write_study
+
+    path = write_study(tmp_path)
+    argv = ["start", str(path), "--no-progress",
+            "--storage", "mysql+pymysql://u:secret@127.0.0.1:9/optuna"]
+    assert main(argv) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "storage: cannot connect to" in lines[0], lines
+    assert "secret" not in lines[0], "the password is never printed"
+    assert not (tmp_path / "results").exists() and not (tmp_path / "mlruns").exists(), \
+        "bad input writes nothing"
