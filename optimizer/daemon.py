@@ -1014,6 +1014,15 @@ class Daemon:
                 is_baseline=bool(attrs.get(ATTR_BASELINE)))
             storage = study._storage
             storage.set_trial_user_attr(trial._trial_id, ATTR_RECORD, record)
+            if not trial.user_attrs.get(ATTR_MLFLOW_RUN):
+                # Asked but never launched (it waited for GPUs): give it its run now, while the
+                # trial can still take the run's id, so every Optuna trial names its one run.
+                try:
+                    run_id = self.tracker.start_trial(self._parent_run, self.cfg.name,
+                                                      trial.number, trial.params)
+                    storage.set_trial_user_attr(trial._trial_id, ATTR_MLFLOW_RUN, run_id)
+                except Exception as exc:  # any store error: the catch-up finds it by its tag
+                    self._tracking_failed("start_trial", trial.number, exc)
             study.tell(trial.number, state=TrialState.FAIL)
             if fate == "re-queued":
                 self._requeue(study, trial.number, trial.params, attrs, retries + 1)
