@@ -32,6 +32,11 @@ _UNITS = {"goodput": "req/s", "throughput": "tok/s", "tpot": "ms TPOT p99",
           "ttft": "ms TTFT p99"}
 
 
+def objective_unit(objective: str) -> str:
+    """The unit an objective's value is printed in ("" where it has none)."""
+    return _UNITS.get(objective, "")
+
+
 def headline_step(objective: str, steps: Sequence[StepMetrics]) -> StepMetrics | None:
     """The load level that gave the trial its value (see `study.objective_value`)."""
     measured = [s for s in steps if s.metrics.completed > 0]

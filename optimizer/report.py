@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer import gains
 from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
-from optimizer.records import capacity_text, shorten
+from optimizer.records import capacity_text, objective_unit, shorten
 from optimizer.study import (
     ATTR_CONFIRM,
     ATTR_RECORD,
@@ -37,6 +37,8 @@ from runners.capacity import Bracket, bracket_from_metrics
 
 logger = logging.getLogger(__name__)
 
+TOO_FEW_FOR_IMPORTANCES = ("too few complete trials to rank parameters (a ranking needs two more "
+                           "than the parameters that varied, and at least 4)")
 REPORT_FILES = ("report.html", "report.md", "pareto.png", "history.png", "importances.png")
 _LABEL_COLOURS = {
     "compute-bound": "#d62728", "memory-bound": "#1f77b4", "communication-bound": "#9467bd",
@@ -155,9 +157,22 @@ def pareto_front(rows: Sequence[TrialRow]) -> tuple[int, ...]:
     return tuple(sorted(front))
 
 
+def importances_floor(trials: Sequence[optuna.trial.FrozenTrial]) -> int:
+    """How many complete trials a ranking of parameters needs: one observation per varied
+    parameter's main effect, one for the mean and one for noise, and never fewer than 4. With
+    fewer, fANOVA still returns numbers (a 2-trial study ranked two parameters 0.59 and 0.41),
+    but they describe which value the two trials happened to differ in, not an effect."""
+    varied = {name for name in {k for t in trials for k in t.params}
+              if len({repr(t.params.get(name)) for t in trials}) > 1}
+    return max(4, len(varied) + 2)
+
+
 def _importances(study: optuna.Study) -> dict[str, float]:
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if len(complete) < 2:
+    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if is_search_trial(t)]
+    if len(complete) < importances_floor(complete):
+        logger.info("no parameter importances: %d complete trials, fewer than the %d a ranking "
+                    "needs", len(complete), importances_floor(complete))
         return {}
     try:
         # fANOVA explains the variance of the objective, whichever way it is optimised.
@@ -322,7 +337,7 @@ def _plots(report: Report, out_dir: Path) -> None:
         ax.barh([k for k, _ in items], [v for _, v in items], color="#1f77b4")
         ax.set_xlabel(f"importance for {objective} (fANOVA)")
     else:
-        ax.text(0.5, 0.5, "too few complete trials to rank parameters", ha="center",
+        ax.text(0.5, 0.5, TOO_FEW_FOR_IMPORTANCES, ha="center",
                 va="center", transform=ax.transAxes)
         ax.set_axis_off()
     ax.set_title("Parameter importances")
@@ -332,6 +347,10 @@ def _plots(report: Report, out_dir: Path) -> None:
 
 
 # --- text -----------------------------------------------------------------------------------
+
+
+def _with_unit(value: float | None, objective: str) -> str:
+    return f"{_fmt(value)} {objective_unit(objective)}".rstrip()
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -360,7 +379,7 @@ def headline(report: Report) -> str:
         return "No trial has completed yet." + missing
     best = report.best
     text = (f"Best: trial {best.number} ({_changes(best)}), {report.objective} "
-            f"{_fmt(best.value)}")
+            f"{_with_unit(best.value, report.objective)}")
     if best.capacity is not None:
         text += f" ({_bracket(best)})"
     bounds = report.gain_bounds
@@ -369,13 +388,15 @@ def headline(report: Report) -> str:
         base = report.baseline
         base_capacity = f", {_bracket(base)}" if base.capacity is not None else ""
         text += (f", {gains.format_gain(bounds)} (trial {base.number}: "
-                 f"{_fmt(base.value)}{base_capacity}) measured in the same study")
+                 f"{_with_unit(base.value, report.objective)}{base_capacity}) measured in the "
+                 "same study")
     if best.label:
         text += f"; {best.label}"
     text += "." + missing
     if report.recommended is not None:
         text += (f" Recommended: trial {report.recommended.number} "
-                 f"({_changes(report.recommended)}), {_fmt(report.recommended.value)}: within "
+                 f"({_changes(report.recommended)}), "
+                 f"{_with_unit(report.recommended.value, report.objective)}: within "
                  f"{NOISE_FRACTION:.0%} of the best with fewer changes from the defaults.")
     if report.confirm:
         text += f" Re-measured: {report.confirm}."
@@ -426,7 +447,7 @@ pipeline, they are not measurements.</div>{% endif %}
 (the best {{ r.objective }} whose TPOT p99 is at most N) or <code>--trial N</code>.</p>
 <h2>Every trial</h2>
 <table id="trials"><tr><th>trial</th><th>state</th><th>change vs defaults</th>
-<th>{{ r.objective }}</th><th>out tok/s</th><th>TPOT p99 ms</th><th>TTFT p99 ms</th>
+<th>{{ r.objective }} {{ unit }}</th><th>out tok/s</th><th>TPOT p99 ms</th><th>TTFT p99 ms</th>
 <th>start-up s</th><th>bottleneck</th><th>conclusion</th></tr>
 {% for row in r.rows %}<tr class="{{ 'best' if r.best and row.number == r.best.number else
  ('baseline' if row.is_baseline else '') }}"><td>{{ row.number }}</td><td>{{ row.state }}</td>
@@ -439,7 +460,8 @@ pipeline, they are not measurements.</div>{% endif %}
 }}</td></tr>
 {% endfor %}</table>
 <h2>Parameter importances</h2>
-<img src="importances.png" alt="parameter importances" style="max-width: 700px">
+{% if r.importances %}<img src="importances.png" alt="parameter importances"
+style="max-width: 700px">{% else %}<p>{{ too_few }}</p>{% endif %}
 <h2>Bottlenecks</h2>
 <table id="labels"><tr><th>label</th><th>trials</th></tr>
 {% for label, numbers in labels.items() %}<tr><td>{{ label }}</td><td>{{ numbers|join(", ") }}</td>
@@ -467,7 +489,7 @@ def render_html(report: Report) -> str:
     front = [r for r in report.rows if r.number in report.pareto]
     return env.from_string(_HTML).render(
         r=report, headline=headline(report), front=front, changes=_changes, fmt=_fmt,
-        short=_short,
+        short=_short, too_few=TOO_FEW_FOR_IMPORTANCES, unit=objective_unit(report.objective),
         colours=_LABEL_COLOURS, labels=_labels(report))
 
 
@@ -500,7 +522,8 @@ def render_markdown(report: Report) -> str:
                          f"{_fmt(row.output_throughput)} | {_fmt(row.p99_tpot_ms)} | "
                          f"{row.label} |")
     lines += ["", "## Every trial", "",
-              f"| trial | state | change vs defaults | {report.objective} | out tok/s | "
+              f"| trial | state | change vs defaults | {report.objective} "
+              f"{objective_unit(report.objective)} | out tok/s | "
               "TPOT p99 ms | bottleneck | conclusion |", "|---|---|---|---|---|---|---|---|"]
     for row in report.rows:
         lines.append(f"| {row.number} | {row.state} | {_md_cell(_changes(row))} | "
@@ -509,6 +532,8 @@ def render_markdown(report: Report) -> str:
     lines += ["", "## Parameter importances", "", "![importances](importances.png)", ""]
     for name, value in sorted(report.importances.items(), key=lambda kv: -kv[1]):
         lines.append(f"- {name}: {value:.2f}")
+    if not report.importances:
+        lines.append(TOO_FEW_FOR_IMPORTANCES + ".")
     lines += ["", "## Failures by reason", ""]
     lines += [f"- {reason}: {count}" for reason, count in report.failures.items()] or \
         ["No trial failed."]

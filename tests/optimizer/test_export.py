@@ -133,4 +133,4 @@ def test_report_headline_names_the_recommendation() -> None:
     study, cfg = _grid_study({"defaults": 29.3, "fp8": 38.64, "fp8+2048": 38.81})
     text = headline(build_report(study, cfg, with_importances=False))
     assert text.startswith("Best: trial 2 (quantization=fp8, max_num_batched_tokens=2048)")
-    assert "Recommended: trial 1 (quantization=fp8), 38.6: within 2% of the best" in text
+    assert "Recommended: trial 1 (quantization=fp8), 38.6 req/s: within 2% of the best" in text

@@ -183,3 +183,28 @@ def test_live_progress_shows_labels_changes_and_an_eta(tmp_path: Path) -> None:
     for shown in ("1/4 trials", "ETA", "(defaults)", "quantization=fp8", "memory-bound",
                   "29.6", "running"):
         assert shown in screen, f"the live table shows {shown!r}"
+
+
+def test_too_few_trials_rank_no_parameters_and_values_carry_units(study_file: Path) -> None:
+    """Issue 18 (every claim true): two measured trials differing in two parameters gave fANOVA
+    numbers (0.59 / 0.41) that only said which values the two happened to differ in; a report
+    ranks parameters only from enough trials, and says so otherwise. Values carry units."""
+    import yaml
+
+    from optimizer.report import TOO_FEW_FOR_IMPORTANCES, importances_floor
+
+    cfg = parse_study(yaml.safe_load(study_file.read_text()), path=study_file)
+    study = open_study(cfg, create=False)
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert importances_floor(complete) == 4, "two varied params: 2 + 2, and at least 4"
+    assert importances_floor(complete[:2]) == 4
+    two = optuna.create_study()
+    for t in complete[:2]:
+        two.add_trial(t)
+    assert build_report(two, cfg).importances == {}, "two trials rank nothing"
+    md = render_markdown(build_report(two, cfg))
+    assert TOO_FEW_FOR_IMPORTANCES in md
+    import re
+
+    assert re.search(r"Best: trial \d+ .*goodput [\d.]+ req/s", md) and \
+        "| goodput req/s |" in md, "values carry their unit"
