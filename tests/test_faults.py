@@ -18,6 +18,40 @@ is failed (or retried) with its reason, Optuna and MLflow agree, and no engine o
 | tracking store unreachable     | tracking_uri 127.0.0.1:9       | one line, exit 2, no writes  |
 | bad study / space / flags      | see the last test              | one line, exit 2, no writes  |
 
+Issue 19's faults, each held by a test in the module named (M: module::test):
+
+| fault                          | injected by                    | outcome                      |
+|--------------------------------|--------------------------------|------------------------------|
+| stop --now, restart            | nightshift stop --now          | no config measured twice; no |
+|                                |                                | proposal replayed (D::a_restart_after_stop_now...) |
+| second daemon, same storage,   | start from another directory   | one line, exit 2; the first's|
+| another directory              |                                | trials untouched (D::a_second_daemon...) |
+| defaults crash once            | SIGKILL to the defaults' pid   | retried once (D::a_one_off_crash...) |
+| defaults always crash          | sim_crash_after_requests       | "No baseline" at the end and |
+|                                |                                | in the report (D::defaults_that_cannot...) |
+| RAY_ADDRESS names no cluster   | RAY_ADDRESS=127.0.0.1:9        | its own Ray (R::...naming_no_cluster) |
+| RAY_ADDRESS names a live Ray   | a second Ray the test starts   | its own Ray on loopback only |
+|                                |                                | (R::...beside_another_cluster) |
+| a socket beyond loopback       | every socket of a running study| all on 127.0.0.0/8 or ::1 (R, same test) |
+| restart, store read-only       | chattr +i on mlflow.db or the  | one line, exit 2, nothing    |
+|                                | artifact folder                | written (T::a_restart_with_a_read_only...) |
+| finish_trial cut halfway;      | run set back to RUNNING, store | caught up once, server logs, |
+| store fails mid-study          | zeroed in place and restored   | right count (T::the_catch_up...) |
+| bad --storage / --tracking-uri | command line, environment      | one line, exit 2, no writes  |
+|                                |                                | (V::bad_store..., V::bad_tracking_uri...) |
+| database server refuses        | mysql+pymysql://...:9          | one line, exit 2, no writes  |
+|                                |                                | (optimizer/test_config.py::test_a_database_server...) |
+| prompts file unreadable        | a file that is not UTF-8       | one line, exit 2 (V::a_prompts_file...) |
+| extra_args --host 0.0.0.0      | vllm.extra_args                | one line, exit 2 (V::extra_args_cannot...) |
+| fixed flag vs sampled value    | fixed_flags: {max_num_seqs: 64}| every trial and the baseline |
+|                                |                                | run 64 (V::a_fixed_flag_is...) |
+| ~80 malformed/hostile files    | tests/fixtures/bad_studies/    | one line naming the field,   |
+|                                |                                | exit 2, no writes, bounded   |
+|                                |                                | time and memory (tests/test_bad_study_files.py) |
+
+D: tests/test_faults_daemon.py, R: tests/test_faults_ray.py, T: tests/test_faults_tracking.py,
+V: tests/test_faults_validation.py (test names abbreviated: each starts `test_`).
+
 In every case the study goes on (or resumes), Optuna and MLflow agree, and no engine survives.
 """
 

@@ -10,7 +10,7 @@ workers, the simulated engines) is listed while it runs.
 | a socket beyond loopback       | (none: checked on every socket | every socket of the study on |
 |                                | of a running local study)      | 127.0.0.0/8 or ::1           |
 
-(To be folded into tests/test_faults.py's table.)
+(Rows of tests/test_faults.py's table.)
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ MLflow missed exactly once, server logs included.
 |                                | zeroed in place, restored      | server.log; only runs found  |
 |                                |                                | RUNNING counted as left so   |
 
-(To be folded into tests/test_faults.py's table.)
+(Rows of tests/test_faults.py's table.)
 """
 
 from __future__ import annotations
