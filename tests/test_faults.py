@@ -18,39 +18,42 @@ is failed (or retried) with its reason, Optuna and MLflow agree, and no engine o
 | tracking store unreachable     | tracking_uri 127.0.0.1:9       | one line, exit 2, no writes  |
 | bad study / space / flags      | see the last test              | one line, exit 2, no writes  |
 
-Issue 19's faults, each held by a test in the module named (M: module::test):
+Issue 19's faults, each held by a test of its own module:
 
-| fault                          | injected by                    | outcome                      |
-|--------------------------------|--------------------------------|------------------------------|
-| stop --now, restart            | nightshift stop --now          | no config measured twice; no |
-|                                |                                | proposal replayed (D::a_restart_after_stop_now...) |
-| second daemon, same storage,   | start from another directory   | one line, exit 2; the first's|
-| another directory              |                                | trials untouched (D::a_second_daemon...) |
-| defaults crash once            | SIGKILL to the defaults' pid   | retried once (D::a_one_off_crash...) |
-| defaults always crash          | sim_crash_after_requests       | "No baseline" at the end and |
-|                                |                                | in the report (D::defaults_that_cannot...) |
-| RAY_ADDRESS names no cluster   | RAY_ADDRESS=127.0.0.1:9        | its own Ray (R::...naming_no_cluster) |
-| RAY_ADDRESS names a live Ray   | a second Ray the test starts   | its own Ray on loopback only |
-|                                |                                | (R::...beside_another_cluster) |
-| a socket beyond loopback       | every socket of a running study| all on 127.0.0.0/8 or ::1 (R, same test) |
-| restart, store read-only       | chattr +i on mlflow.db or the  | one line, exit 2, nothing    |
-|                                | artifact folder                | written (T::a_restart_with_a_read_only...) |
-| finish_trial cut halfway;      | run set back to RUNNING, store | caught up once, server logs, |
-| store fails mid-study          | zeroed in place and restored   | right count (T::the_catch_up...) |
-| bad --storage / --tracking-uri | command line, environment      | one line, exit 2, no writes  |
-|                                |                                | (V::bad_store..., V::bad_tracking_uri...) |
-| database server refuses        | mysql+pymysql://...:9          | one line, exit 2, no writes  |
-|                                |                                | (optimizer/test_config.py::test_a_database_server...) |
-| prompts file unreadable        | a file that is not UTF-8       | one line, exit 2 (V::a_prompts_file...) |
-| extra_args --host 0.0.0.0      | vllm.extra_args                | one line, exit 2 (V::extra_args_cannot...) |
-| fixed flag vs sampled value    | fixed_flags: {max_num_seqs: 64}| every trial and the baseline |
-|                                |                                | run 64 (V::a_fixed_flag_is...) |
-| ~80 malformed/hostile files    | tests/fixtures/bad_studies/    | one line naming the field,   |
-|                                |                                | exit 2, no writes, bounded   |
-|                                |                                | time and memory (tests/test_bad_study_files.py) |
+| fault                    | injected by              | outcome                    | test   |
+|--------------------------|--------------------------|----------------------------|--------|
+| stop --now, restart      | nightshift stop --now    | no config twice, no replay | D1     |
+| 2nd daemon, other dir    | same storage and study   | one line, exit 2           | D2     |
+| defaults crash once      | SIGKILL to its engine    | retried once, measured     | D3     |
+| defaults always crash    | sim_crash_after_requests | 'No baseline' named        | D4     |
+| RAY_ADDRESS: no cluster  | RAY_ADDRESS=127.0.0.1:9  | its own Ray                | R1     |
+| RAY_ADDRESS: live Ray    | a second Ray             | its own Ray, loopback      | R2     |
+| socket beyond loopback   | every socket listed      | all on 127/8 or ::1        | R2     |
+| restart, store read-only | chattr +i db / artifacts | one line, exit 2           | T1     |
+| finish cut halfway       | run reset, store zeroed  | caught up once             | T2     |
+| bad store on CLI / env   | --storage, env var       | one line, exit 2           | V1, V2 |
+| database server refuses  | mysql+pymysql://...:9    | one line, exit 2           | C1     |
+| prompts file unreadable  | not UTF-8                | one line, exit 2           | V3     |
+| extra_args --host        | 0.0.0.0 in extra_args    | one line, exit 2           | V4     |
+| fixed vs sampled flag    | fixed max_num_seqs 64    | every trial runs 64        | V5     |
+| malformed study files    | fixtures/bad_studies     | one line, exit 2           | B      |
 
-D: tests/test_faults_daemon.py, R: tests/test_faults_ray.py, T: tests/test_faults_tracking.py,
-V: tests/test_faults_validation.py (test names abbreviated: each starts `test_`).
+D1-D4: tests/test_faults_daemon.py (test_a_restart_after_stop_now_measures_no_config_twice,
+test_a_second_daemon_on_the_same_study_from_another_directory_is_refused,
+test_a_one_off_crash_of_the_defaults_is_retried_and_the_gain_stands,
+test_defaults_that_cannot_be_measured_are_named_at_the_end_and_in_the_report);
+R1-R2: tests/test_faults_ray.py (test_a_local_study_ignores_a_ray_address_naming_no_cluster,
+test_a_local_study_runs_its_own_ray_on_loopback_only_beside_another_cluster);
+T1-T2: tests/test_faults_tracking.py (test_a_restart_with_a_read_only_store_is_refused_up_front_
+and_writes_nothing, test_the_catch_up_logs_what_mlflow_missed_once_with_server_logs);
+V1-V5: tests/test_faults_validation.py (test_bad_store_on_the_command_line_is_refused_before_
+anything_is_written, test_bad_tracking_uri_from_the_environment_is_refused,
+test_a_prompts_file_the_load_generator_cannot_read_is_refused_up_front,
+test_extra_args_cannot_move_the_engine_off_loopback,
+test_a_fixed_flag_is_what_every_trial_and_the_baseline_run);
+C1: tests/optimizer/test_config.py::test_a_database_server_that_refuses_is_named_before_anything_
+is_written; B: tests/test_bad_study_files.py (about 80 files: one line naming the field, exit 2,
+no writes, bounded time and memory).
 
 In every case the study goes on (or resumes), Optuna and MLflow agree, and no engine survives.
 """
