@@ -364,6 +364,9 @@ class Daemon:
         self._started = time.monotonic()
         self._parent_run = ""
         self._waiting: list[_Waiting] = []  # asked, in order, waiting for their GPUs
+        # Measured before the defaults were: recorded once the defaults are, so that every
+        # conclusion compares its trial with them (`_collect`).
+        self._deferred: list[tuple[_InFlight, RunResult]] = []
         self._measured: dict[str, int] = {}  # config key -> the finished trial that holds it
         self._duplicates_in_a_row = 0
         self._is_exhausted = False
@@ -420,6 +423,7 @@ class Daemon:
             finally:
                 for item in list(self._inflight):  # an exception escaped: fail, never orphan
                     self._cancel_and_collect(study, item, pool)
+                self._record_deferred(study, force=True)
                 self._release_waiting(study)
                 pool.shutdown()
                 # Every trial was collected, so an engine still recorded has no worker left (Ray
@@ -450,6 +454,7 @@ class Daemon:
             if not self.stopping:
                 self._dispatch(study, pool)
             if not self._inflight and (self.stopping or not self._budget_left(study)):
+                self._record_deferred(study, force=True)
                 return
             self._poll_steps(study)
             if not self._inflight:
@@ -524,7 +529,8 @@ class Daemon:
             requeued = {t.user_attrs.get(ATTR_RETRY_OF) for t in trials}
             done = sum(1 for t in trials if t.state.is_finished() and t.number not in requeued
                        and is_search_trial(t))
-            return done + len(self._inflight) + len(self._waiting) < budget.trials
+            return done + len(self._inflight) + len(self._waiting) + len(self._deferred) < \
+                budget.trials
         return True
 
     def _max_parallel(self) -> int:
@@ -605,7 +611,7 @@ class Daemon:
         """The trial that already holds this config and has not finished: in flight, asked and
         waiting for GPUs, or queued in the storage (a retry, a seed, the defaults). A config is
         launched at most once per study, whatever stage its first trial is at."""
-        for item in self._inflight:
+        for item in [*self._inflight, *(held for held, _ in self._deferred)]:
             if _config_key(item.params) == key:
                 return item.trial.number
         for waiting in self._waiting:
@@ -799,7 +805,35 @@ class Daemon:
             local.parent.mkdir(parents=True, exist_ok=True)
             local.write_bytes(result.trace_data)
             result = replace(result, trace_path=local)
+        if not item.is_baseline and ATTR_CONFIRM not in item.trial.user_attrs and \
+                self._baseline_pending(study):
+            # Trials run beside the defaults and may end first: held until the defaults are
+            # measured, so its conclusion (Optuna, MLflow, the report) compares it with them.
+            logger.info("trial %d measured; recorded once the defaults are", item.trial.number)
+            self._deferred.append((item, result))
+            return
         self._record(study, item, result)
+        self._record_deferred(study)
+
+    def _baseline_pending(self, study: optuna.Study) -> bool:
+        """Whether this run is still to measure the defaults: in flight, waiting for GPUs, or
+        queued (a retry included)."""
+        if records.baseline_trial(study) is not None:
+            return False
+        return any(i.is_baseline for i in self._inflight) or \
+            any(ATTR_BASELINE in w.trial.user_attrs for w in self._waiting) or \
+            any(ATTR_BASELINE in t.user_attrs
+                for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+    def _record_deferred(self, study: optuna.Study, *, force: bool = False) -> None:
+        """Record the trials held for the defaults once they are measured (or can no longer
+        be: then their conclusions say there is no defaults measurement); `force` when the
+        run ends with the defaults still queued."""
+        if not self._deferred or (self._baseline_pending(study) and not force):
+            return
+        held, self._deferred = self._deferred, []
+        for item, result in held:
+            self._record(study, item, result)
 
     def _cancel_and_collect(self, study: optuna.Study, item: _InFlight, pool: WorkerPool) -> None:
         item.handle.cancel()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from optimizer.cli import main
-from tests.optimizer.test_daemon import categorical_space, load, write_study
+from tests.optimizer.test_daemon import categorical_space, load, trial_runs, write_study
 
 pytestmark = pytest.mark.slow
 
@@ -54,3 +54,32 @@ def test_a_trial_waiting_for_two_gpus_does_not_hold_back_one_that_fits(
         f"the 2-GPU trial ran alone: two GPUs hold no third engine: {intervals}"
     record = trials[2].user_attrs["record"]
     assert record["engine_started_unix_s"] < record["engine_ended_unix_s"]
+    # A trial beside the defaults may end first: its conclusion still compares it with them
+    # (it is recorded once they are measured), in Optuna and so in MLflow and the report.
+    for number in (1, 2):
+        conclusion = trials[number].user_attrs["record"]["conclusion"]
+        assert "x the vLLM defaults" in conclusion and "no defaults measurement" not in \
+            conclusion, f"trial {number} is compared with the defaults: {conclusion}"
+
+
+def test_a_trial_that_ends_before_the_defaults_is_still_compared_with_them(
+        tmp_path: Path, ray_cluster: None) -> None:
+    # Two GPUs, two 1-GPU trials side by side: the defaults and fp8 weights, which the
+    # simulated engine serves faster, so it usually ends first. Its conclusion (Optuna, MLflow)
+    # compares it with the defaults all the same: it is recorded once they are measured.
+    space = categorical_space(tmp_path, quantization=["none", "fp8"])
+    path = write_study(tmp_path, trials=2, search_space=str(space),
+                       seed_trials=[{"quantization": "fp8"}],
+                       workload={"input_len": 128, "output_len": 256,
+                                 "levels": [{"concurrency": 4}], "num_requests": 24,
+                                 "warmup_requests": 1})
+    assert main(["start", str(path), "--no-progress"]) == 0
+
+    intervals = engine_intervals(tmp_path)
+    assert frozenset((0, 1)) in overlapping(intervals), f"side by side: {intervals}"
+    fp8 = load(tmp_path).trials[1]
+    conclusion = fp8.user_attrs["record"]["conclusion"]
+    assert "x the vLLM defaults" in conclusion and "no defaults measurement" not in conclusion, \
+        f"compared with the defaults whichever ended first ({intervals}): {conclusion}"
+    run = next(r for r in trial_runs(tmp_path) if r.data.tags["nightshift.trial"] == "1")
+    assert run.data.tags["conclusion"] == conclusion, "MLflow holds the same conclusion"
