@@ -96,6 +96,16 @@ def _x(value: float) -> str:
     return f"{value:.2f}x"
 
 
+def _down(value: float) -> str:
+    """A lower bound shown to 2 decimals, rounded down so that "more than" stays true."""
+    return f"{math.floor(value * 100 + 1e-9) / 100:.2f}"
+
+
+def _up(value: float) -> str:
+    """An upper bound shown to 2 decimals, rounded up so that "less than" stays true."""
+    return f"{math.ceil(value * 100 - 1e-9) / 100:.2f}"
+
+
 def format_gain(gain: Gain, what: str = "the vLLM defaults") -> str:
     """One phrase: `1.98x the vLLM defaults (95% CI [1.52x, 2.44x] over 3 rounds)`, `more than
     1.00x and less than 4.49x the vLLM defaults (capacity brackets; lower ends 2.12x)`, `1.25x
@@ -104,18 +114,18 @@ def format_gain(gain: Gain, what: str = "the vLLM defaults") -> str:
         point = f"; lower ends {_x(gain.value)}" if gain.value is not None else ""
         # Open ends: each capacity is at least its lower end and below its upper one.
         if gain.low is not None and gain.high is not None:
-            return (f"more than {_x(gain.low)} and less than {_x(gain.high)} {what} "
+            return (f"more than {_down(gain.low)}x and less than {_up(gain.high)}x {what} "
                     f"(capacity brackets{point})")
         if gain.low is not None:
-            return f"more than {_x(gain.low)} {what} (capacity brackets{point})"
+            return f"more than {_down(gain.low)}x {what} (capacity brackets{point})"
         if gain.high is not None:
-            return f"less than {_x(gain.high)} {what} (capacity brackets{point})"
+            return f"less than {_up(gain.high)}x {what} (capacity brackets{point})"
         lower_ends = f" (lower ends {_x(gain.value)})" if gain.value is not None else ""
         return f"no bound on the ratio to {what} from the capacity brackets{lower_ends}"
     if gain.value is None:
         return f"no ratio to {what}"
     if gain.basis == "interval" and gain.low is not None and gain.high is not None:
-        return (f"{_x(gain.value)} {what} (95% CI [{_x(gain.low)}, {_x(gain.high)}] over "
+        return (f"{_x(gain.value)} {what} (95% CI [{_down(gain.low)}x, {_up(gain.high)}x] over "
                 f"{gain.num_rounds} rounds)")
     if gain.num_rounds > 1:
         return f"{_x(gain.value)} {what} ({gain.num_rounds} rounds, no interval)"
@@ -126,14 +136,14 @@ def short_gain(gain: Gain) -> str:
     """A table cell: `2.12x (1.00, 4.49)` (the ratio lies strictly inside: each capacity is
     at least its lower end and below its upper one), `1.33x [1.19, 1.48]`, `1.25x (1 run)`."""
     if gain.basis == "capacity":
-        lo = f"{gain.low:.2f}" if gain.low is not None else "0"
-        hi = f"{gain.high:.2f}" if gain.high is not None else "inf"
+        lo = _down(gain.low) if gain.low is not None else "0"
+        hi = _up(gain.high) if gain.high is not None else "inf"
         point = _x(gain.value) if gain.value is not None else "?x"
         return f"{point} ({lo}, {hi})"
     if gain.value is None:
         return "n/a"
     if gain.basis == "interval" and gain.low is not None and gain.high is not None:
-        return f"{_x(gain.value)} [{gain.low:.2f}, {gain.high:.2f}]"
+        return f"{_x(gain.value)} [{_down(gain.low)}, {_up(gain.high)}]"
     return f"{_x(gain.value)} (1 run)"
 
 

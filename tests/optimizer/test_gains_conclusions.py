@@ -26,7 +26,7 @@ def test_a_capacity_gain_lies_between_the_ratios_the_brackets_allow() -> None:
     gain = gains.capacity_gain(FP8_BRACKET, DEFAULTS_BRACKET)
     assert gain.low == pytest.approx(1.0) and gain.high == pytest.approx(40.0 / 8.9)
     text = gains.format_gain(gain)
-    assert text == ("more than 1.00x and less than 4.49x the vLLM defaults (capacity brackets; "
+    assert text == ("more than 1.00x and less than 4.50x the vLLM defaults (capacity brackets; "
                     "lower ends 2.12x)")
     assert gain.is_better, "touching brackets: fp8 >= 18.9 > the defaults, strictly"
     overlapping = gains.capacity_gain(Bracket("request_rate", 17.0, 40.0, "unresolved", 8),
@@ -39,7 +39,7 @@ def test_open_bracket_ends_give_open_gain_ends() -> None:
     resolved = Bracket("concurrency", 20.0, 21.0, "resolved", 6)
     gain = gains.capacity_gain(at_least, resolved)
     assert gain.high is None and gain.low == pytest.approx(64 / 21)
-    assert gains.format_gain(gain).startswith("more than 3.05x the vLLM defaults")
+    assert gains.format_gain(gain).startswith("more than 3.04x the vLLM defaults")
     none = Bracket("concurrency", None, 4.0, "none", 2)
     assert gains.capacity_gain(resolved, none).value is None, "no ratio to a capacity of 0"
     assert gains.format_gain(gains.capacity_gain(resolved, none)).startswith("more than 5.00x")
@@ -79,10 +79,10 @@ def test_a_conclusion_names_only_real_changes_from_the_vllm_defaults() -> None:
     assert told.text.startswith("quantization=fp8, kv_cache_dtype=fp8 vs the vLLM defaults: "
                                 "goodput 18.5 req/s (capacity [18.9, 40) req/s, unresolved: "
                                 "the bracket is wider than the 5% tolerance after 8 probes), "
-                                "more than 1.00x and less than 4.49x the vLLM defaults"), told.text
+                                "more than 1.00x and less than 4.50x the vLLM defaults"), told.text
     assert "None" not in told.text and "→" not in told.text and "keep" not in told.text
     assert "tensor_parallel_size" not in told.text, "TP=1 is vLLM's default: no change"
-    assert told.short == "quantization=fp8 +1: 2.12x (1.00, 4.49) vs defaults unresolved"
+    assert told.short == "quantization=fp8 +1: 2.12x (1.00, 4.50) vs defaults unresolved"
     assert len(told.short) <= SHORT_CHARS
 
 
@@ -147,7 +147,7 @@ def test_the_report_states_a_capacity_gain_with_both_brackets(tmp_path: Path) ->
     report = build_report(study, cfg, with_importances=False)
     line = headline(report)
     assert "capacity [18.9, 40) req/s, unresolved" in line
-    assert "more than 1.00x and less than 4.49x the vLLM defaults (capacity brackets; lower " \
+    assert "more than 1.00x and less than 4.50x the vLLM defaults (capacity brackets; lower " \
         "ends 2.12x)" in line
     assert "capacity [8.9, 18.9) req/s" in line, "the defaults' bracket is stated too"
     md = render_markdown(report)
@@ -230,3 +230,14 @@ def test_a_request_rate_capacity_trial_scores_its_brackets_lower_end() -> None:
     assert objective_value("throughput", steps) == 725.0, "other objectives: measured"
     metrics = summary_metrics(RunResult(status="complete", steps=tuple(steps)), ["goodput"])
     assert metrics["objective.goodput"] == 9.23, "MLflow's objective is the trial's value"
+
+
+def test_shown_bounds_round_outwards_so_more_than_and_less_than_stay_true() -> None:
+    """A bound shown to two decimals is rounded away from the ratio it bounds: 1.2468 is
+    "more than 1.24x", never "more than 1.25x" (false), and 1.3811 "less than 1.39x"."""
+    from optimizer import gains as g
+
+    text = g.format_gain(g.Gain(1.3, 1.2468, 1.3811, "capacity"))
+    assert "more than 1.24x and less than 1.39x" in text, text
+    assert g.short_gain(g.Gain(1.3, 1.2468, 1.3811, "capacity")) == "1.30x (1.24, 1.39)"
+    assert "[1.49x, 1.59x]" in g.format_gain(g.Gain(1.54, 1.4999, 1.5801, "interval", 2))
