@@ -1,133 +1,216 @@
-"""Issue 18's H200 run read back: labels, utilisation figures, capacity brackets and gains.
+"""Recorded on one NVIDIA H200 with vLLM 0.26.0 on 2026-12-04 (docs/h200/labels/; issue 18).
 
-Recorded 2026-12-04 on one lent NVIDIA H200 (driver 580.159.04), vLLM 0.26.0, by
-`bench/h200/run_study.sh` with bench/h200/decode.yaml and bench/h200/prefill.yaml; the stores are
-docs/h200/labels/ (write-up docs/h200-labels.md). Each study is the vLLM defaults (trial 0)
-against fp8 weights + fp8 KV (trial 1). The stores are copied before they are opened, so a test
-never writes into docs/.
+Two capacity studies, each the vLLM defaults against fp8 weights + an fp8 KV cache: decode/ (a
+Qwen2.5-7B shape, 512 tokens in, 256 out, capacity on concurrency) and prefill/ (a Llama-3.1-8B
+shape, 1000-3000 in, 128 out, capacity on request rate). Each trial's evidence is rebuilt from
+its Optuna record (the steps, engine figures and NVML telemetry it stored) the way the daemon's
+`_verdict` built it, and classified again; the capacity brackets give the gains the conclusions
+state. The stores are copied to tmp_path first: opening one never writes into docs/.
+
+What the record does not hold, and is taken from elsewhere: the hardware profile the daemon
+classified with (the study run's `hardware.json` artifact in the MLflow store) and the model
+shape (the bundled `runners/model_configs/<name>`, the path in the trial's argv). The runs were
+not profiled: there is no trace summary to rebuild, and none was used.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
-from mlflow.tracking import MlflowClient
+from mlflow import MlflowClient
 
-from optimizer import bottleneck, gains
+from optimizer.bottleneck import LABELS, Verdict, advice, classify, evidence_from, level_metrics
+from optimizer.gains import capacity_gain, format_gain
+from runners.base import (
+    BenchmarkMetrics,
+    EngineConfig,
+    EngineInfo,
+    LoadLevel,
+    RunResult,
+    StepMetrics,
+)
 from runners.capacity import Bracket
+from runners.hardware import HardwareProfile
+from runners.model_info import load_model_info, resolve_model_dir
 
-LABELS = Path(__file__).resolve().parents[2] / "docs" / "h200" / "labels"
-# (study, trial) -> (label, compute utilisation, bandwidth utilisation), as recorded.
+LABELS_DIR = Path(__file__).resolve().parents[2] / "docs" / "h200" / "labels"
+# study -> (folder, bundled model shape)
+STUDIES = {"h200-decode": ("decode", "qwen2.5-7b"), "h200-prefill": ("prefill", "llama-3.1-8b")}
+# (study, trial) -> the label and the operating point's utilisations (%, rounded) the run logged
 RECORDED = {
-    ("decode", 0): ("compute-bound", 0.443, 0.215),
-    ("decode", 1): ("unknown", 0.270, 0.236),
-    ("prefill", 0): ("kv-capacity-bound", 0.519, 0.151),
-    ("prefill", 1): ("compute-bound", 0.407, 0.117),
+    ("h200-decode", 0): ("compute-bound", 44, 21),
+    ("h200-decode", 1): ("unknown", 27, 24),
+    ("h200-prefill", 0): ("kv-capacity-bound", 52, 15),
+    ("h200-prefill", 1): ("compute-bound", 41, 12),
 }
-BRACKETS = {  # (study, trial) -> (met, missed) in the study's load unit
-    ("decode", 0): (95.0, 100.0), ("decode", 1): (124.0, 132.0),
-    ("prefill", 0): (19.4, 21.0), ("prefill", 1): (32.0, None),
-}
+FP8_TRIALS = (("h200-decode", 1), ("h200-prefill", 1))
+_FIELDS = BenchmarkMetrics.__dataclass_fields__
 
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], dict[str, Any]]:
-    tmp = tmp_path_factory.mktemp("h200-labels")
+    """Every trial's record, read from a copy of its study's Optuna storage."""
     out = {}
-    for name in ("decode", "prefill"):
-        shutil.copy(LABELS / name / "optuna.db", tmp / f"{name}.db")
-        study = optuna.load_study(study_name=f"h200-{name}", storage=f"sqlite:///{tmp}/{name}.db")
+    for study_name, (folder, _) in STUDIES.items():
+        db = tmp_path_factory.mktemp(folder) / "optuna.db"
+        shutil.copyfile(LABELS_DIR / folder / "optuna.db", db)
+        study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{db}")
         for trial in study.trials:
-            out[(name, trial.number)] = trial.user_attrs["record"]
+            out[(study_name, trial.number)] = trial.user_attrs["record"]
+    assert set(out) == set(RECORDED), "two trials a study: the defaults and fp8 + fp8 KV"
     return out
 
 
-def _evidence(verdict: dict[str, Any]) -> bottleneck.Evidence:
-    """The classifier's input rebuilt from the numbers the recorded verdict kept."""
-    fields = {f.name: f.type for f in dataclasses.fields(bottleneck.Evidence)}
-    return bottleneck.Evidence(**{
-        k: (bool(v) if "bool" in str(fields[k]) else v)
-        for k, v in verdict["evidence"].items() if k in fields})
+def _hardware(study_name: str) -> HardwareProfile:
+    """The profile the daemon classified with: the study run's `hardware.json` artifact."""
+    path, = (LABELS_DIR / "mlruns" / "artifacts" / study_name).glob("*/artifacts/hardware.json")
+    return HardwareProfile.from_dict(json.loads(path.read_text()))
+
+
+def _steps(record: dict[str, Any]) -> tuple[StepMetrics, ...]:
+    return tuple(StepMetrics(step=s["step"], level=LoadLevel(**s["level"]),
+                             metrics=BenchmarkMetrics(**{k: v for k, v in s["metrics"].items()
+                                                         if k in _FIELDS}),
+                             server_metrics=s["server"], elapsed_s=s["elapsed_s"],
+                             meets_slo=s["meets_slo"])
+                 for s in record["steps"])
+
+
+def _rebuilt(record: dict[str, Any], study_name: str) -> tuple[Verdict, EngineConfig]:
+    """The daemon's `_verdict` on the trial's whole result: `evidence_from(result, config,
+    hardware, model)` then `classify` (TP=1: no TP=1 reference TPOT is needed)."""
+    _, model_name = STUDIES[study_name]
+    assert f"runners/model_configs/{model_name}" in " ".join(record["argv"]), \
+        "the trial served the bundled shape this test loads"
+    result = RunResult(status="complete", steps=_steps(record),
+                       engine=EngineInfo(**record["engine"]),
+                       telemetry={k.removeprefix("gpu."): v
+                                  for k, v in record["metrics"].items() if k.startswith("gpu.")})
+    # As `optimizer.study.engine_config` builds it: the flags the trial ran (fixed ones in).
+    config = EngineConfig(model=str(resolve_model_dir(model_name)), flags=record["flags"],
+                          load_format="dummy", skip_tokenizer_init=True)
+    assert config.tensor_parallel_size == 1
+    evidence = evidence_from(result, config, _hardware(study_name), load_model_info(model_name))
+    return classify(evidence), config
 
 
 @pytest.mark.parametrize("key", sorted(RECORDED))
-def test_the_recorded_evidence_gives_the_recorded_label_and_figures(
+def test_each_trial_rebuilt_from_its_record_gets_the_recorded_label_and_figures(
         records: dict[tuple[str, int], dict[str, Any]], key: tuple[str, int]) -> None:
-    label, compute, bandwidth = RECORDED[key]
-    verdict = records[key]["verdict"]
-    assert verdict["label"] == label
-    assert bottleneck.classify(_evidence(verdict)).label == label, \
-        "today's classifier gives the label the H200 run recorded, from the same evidence"
-    assert verdict["evidence"]["compute_utilization"] == pytest.approx(compute, abs=0.001)
-    assert verdict["evidence"]["bandwidth_utilization"] == pytest.approx(bandwidth, abs=0.001)
-    # vLLM's own estimate (--enable-mfu-metrics) agrees on FLOPs within 4% on every trial.
-    assert verdict["evidence"]["vllm_compute_utilization"] == pytest.approx(compute, rel=0.04)
+    record = records[key]
+    verdict, _ = _rebuilt(record, key[0])
+    label, compute_pct, bandwidth_pct = RECORDED[key]
+    assert record["verdict"]["label"] == label, "the label the run recorded"
+    assert verdict.label == label, verdict.reason
+    assert label in record["conclusion"]
+    figures = verdict.evidence
+    assert round(100 * figures["compute_utilization"]) == compute_pct
+    assert round(100 * figures["bandwidth_utilization"]) == bandwidth_pct
+    for name, value in record["verdict"]["evidence"].items():
+        assert figures[name] == pytest.approx(value, rel=1e-9), name
 
 
-def test_no_trial_is_called_memory_bound_below_both_ceilings(
+def test_the_per_level_roofline_figures_rebuild_from_the_recorded_steps(
         records: dict[tuple[str, int], dict[str, Any]]) -> None:
-    for key, record in records.items():
-        ev = record["verdict"]["evidence"]
-        if record["verdict"]["label"] == "memory-bound":
-            assert ev["bandwidth_utilization"] >= 0.4, key
+    for (study_name, _), record in records.items():
+        _, model_name = STUDIES[study_name]
+        config = EngineConfig(model=model_name, flags=record["flags"])
+        rebuilt = level_metrics(_steps(record), config, _hardware(study_name),
+                                load_model_info(model_name))
+        for step, figures in zip(record["steps"], rebuilt, strict=True):
+            logged = {k: v for k, v in step["metrics"].items()
+                      if k.startswith(("roofline.", "vllm_mfu."))}
+            assert figures.keys() == logged.keys()
+            for name, value in logged.items():
+                assert figures[name] == pytest.approx(value, rel=1e-9), (step["step"], name)
 
 
-@pytest.mark.parametrize("study", ["decode", "prefill"])
-def test_the_fp8_trials_are_never_told_to_use_fp8(
-        records: dict[tuple[str, int], dict[str, Any]], study: str) -> None:
-    record = records[(study, 1)]
-    params = record["params"]
-    assert params["quantization"] == "fp8" and params["kv_cache_dtype"] == "fp8"
-    advice = bottleneck.advice(bottleneck.Verdict.from_user_attr(record["verdict"]))
-    assert "fp8" not in advice.lower(), advice
-    label_part = record["conclusion"].split("the vLLM defaults")[-1]
-    assert "fp8" not in label_part.lower(), record["conclusion"]
+def test_the_labels_rest_on_the_recorded_evidence(
+        records: dict[tuple[str, int], dict[str, Any]]) -> None:
+    decode_fp8, _ = _rebuilt(records[("h200-decode", 1)], "h200-decode")
+    assert decode_fp8.evidence["gpu_util_mean_pct"] == pytest.approx(91.3, abs=0.05), \
+        "busy GPU below both ceilings: unknown, not a ceiling"
+    prefill_defaults, _ = _rebuilt(records[("h200-prefill", 0)], "h200-prefill")
+    ev = prefill_defaults.evidence
+    assert ev["max_kv_cache_usage_perc"] >= 0.99 and ev["num_preemptions"] == 3
+    assert ev["is_waiting_rising"] == 1.0
 
 
-@pytest.mark.parametrize("key", sorted(BRACKETS))
-def test_the_recorded_brackets(records: dict[tuple[str, int], dict[str, Any]],
-                               key: tuple[str, int]) -> None:
-    capacity = records[key]["capacity"]
-    met, missed = BRACKETS[key]
-    assert capacity["met_load"] == pytest.approx(met)
-    assert capacity["missed_load"] == (None if missed is None else pytest.approx(missed))
-    assert capacity["status"] == ("at_least" if missed is None else "resolved")
+@pytest.mark.parametrize("key", FP8_TRIALS)
+def test_the_advice_for_fp8_weights_and_fp8_kv_never_suggests_fp8(
+        records: dict[tuple[str, int], dict[str, Any]], key: tuple[str, int]) -> None:
+    record = records[key]
+    verdict, config = _rebuilt(record, key[0])
+    assert config.flags["quantization"] == "fp8" and config.flags["kv_cache_dtype"] == "fp8"
+    told = advice(verdict, config=config)
+    assert "fp8" not in told, told
+    assert told in record["conclusion"], "the recorded conclusion gives the same advice"
+    assert "fp8" not in record["conclusion"].split(record["verdict"]["label"], 1)[1]
+    for label in LABELS:  # whatever the label had been
+        other = advice(replace(verdict, label=label), config=config)
+        assert "fp8" not in other, (label, other)
 
 
 def _bracket(record: dict[str, Any]) -> Bracket:
-    c = record["capacity"]
-    return Bracket(c["axis"], c["met_load"], c["missed_load"], c["status"], c["num_probes"])
+    return Bracket(**record["capacity"])
 
 
-def test_the_gains_are_the_ranges_the_brackets_allow(
+def test_the_capacity_brackets_and_the_gains_they_bound(
         records: dict[tuple[str, int], dict[str, Any]]) -> None:
-    decode = gains.capacity_gain(_bracket(records[("decode", 1)]),
-                                 _bracket(records[("decode", 0)]))
-    assert (decode.low, decode.high) == (pytest.approx(124 / 100), pytest.approx(132 / 95))
-    assert "more than 1.24x and less than 1.39x" in gains.format_gain(decode)
-    prefill = gains.capacity_gain(_bracket(records[("prefill", 1)]),
-                                  _bracket(records[("prefill", 0)]))
-    assert prefill.low == pytest.approx(32 / 21) and prefill.high is None, "open above"
-    assert "more than 1.52x" in gains.format_gain(prefill)
-    assert "less than" not in gains.format_gain(prefill)
+    brackets = {key: _bracket(record) for key, record in records.items()}
+    ends = {key: (b.axis, b.met_load, b.missed_load) for key, b in brackets.items()}
+    assert ends == {
+        ("h200-decode", 0): ("concurrency", 95, 100),
+        ("h200-decode", 1): ("concurrency", 124, 132),
+        ("h200-prefill", 0): ("request_rate", 19.4, 21),
+        ("h200-prefill", 1): ("request_rate", 32, None),  # >= 32 req/s: the SLO held at 32
+    }
+    assert brackets[("h200-prefill", 1)].status == "at_least"
+
+    decode = capacity_gain(brackets[("h200-decode", 1)], brackets[("h200-decode", 0)])
+    assert decode.low is not None and decode.high is not None
+    assert (round(decode.low, 2), round(decode.high, 2)) == (1.24, 1.39)  # 124/100, 132/95
+    assert decode.is_better
+    prefill = capacity_gain(brackets[("h200-prefill", 1)], brackets[("h200-prefill", 0)])
+    assert prefill.low is not None and prefill.low > 1.52 and prefill.high is None  # 32/21
+    for key, gain in ((("h200-decode", 1), decode), (("h200-prefill", 1), prefill)):
+        assert format_gain(gain) in records[key]["conclusion"], "the conclusion states it"
 
 
-def test_the_mlflow_store_reads_back(tmp_path: Path) -> None:
-    shutil.copy(LABELS / "mlruns" / "mlflow.db", tmp_path / "mlflow.db")
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
-    for name in ("h200-decode", "h200-prefill"):
-        exp = client.get_experiment_by_name(name)
-        assert exp is not None, name
-        runs = client.search_runs([exp.experiment_id],
-                                  filter_string="tags.`nightshift.kind` = 'trial'")
-        assert len(runs) == 2, name
-        for run in runs:
-            for metric in ("capacity.bracket_low", "roofline.compute_util",
-                           "roofline.bandwidth_util", "vllm_mfu.compute_util"):
-                assert metric in run.data.metrics, (name, metric)
-            assert run.data.tags.get("bottleneck"), name
+def test_the_mlflow_store_reads_back_each_trial_with_its_figures_and_label(
+        records: dict[tuple[str, int], dict[str, Any]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A copy: opening a store may migrate its schema. Artifact URIs are relative to the repo.
+    shutil.copytree(LABELS_DIR / "mlruns", tmp_path / "docs" / "h200" / "labels" / "mlruns")
+    monkeypatch.chdir(tmp_path)
+    client = MlflowClient("sqlite:///docs/h200/labels/mlruns/mlflow.db")
+    seen = set()
+    for study_name in STUDIES:
+        experiment = client.get_experiment_by_name(study_name)
+        assert experiment is not None, study_name
+        for run in client.search_runs([experiment.experiment_id]):
+            if "nightshift.trial" not in run.data.tags:
+                continue  # the study's own run
+            key = (study_name, int(run.data.tags["nightshift.trial"]))
+            seen.add(key)
+            metrics = run.data.metrics
+            for name in ("capacity.bracket_low", "roofline.compute_util",
+                         "roofline.bandwidth_util", "vllm_mfu.compute_util"):
+                assert name in metrics, f"{key}: {name}"
+            record = records[key]
+            assert metrics["capacity.bracket_low"] == record["capacity"]["met_load"]
+            assert run.data.tags["bottleneck"] == record["verdict"]["label"]
+            # The label's figure is the operating point's; the run's roofline.compute_util is
+            # logged per level (the latest shown is the last probe's), the label's among them.
+            history = client.get_metric_history(run.info.run_id, "roofline.compute_util")
+            assert record["verdict"]["evidence"]["compute_utilization"] in \
+                {m.value for m in history}
+            assert metrics["bottleneck.compute_utilization"] == \
+                record["verdict"]["evidence"]["compute_utilization"]
+    assert seen == set(RECORDED), "a run for every trial"
