@@ -231,9 +231,10 @@ class CapacitySearch:
         else:
             mid = math.sqrt(lo * hi)
             candidate = mid
-            if estimate is not None and estimate / step <= lo <= estimate * step:
-                # Met the SLO near what the server could serve: the knee is just above;
-                # step up, doubling after each further pass, never past the midpoint.
+            if estimate is not None and estimate / step <= lo < estimate:
+                # Met the SLO just below what the server could serve: the knee is just above;
+                # step up, doubling after each further pass, never past the midpoint. A pass
+                # at or above the estimate shows it read low: bisect from there.
                 near = sum(load * step >= estimate for load in passed)
                 candidate = min(mid, lo * step ** (2 ** (near - 1)))
         return self._round(candidate, lo, hi)
