@@ -208,11 +208,10 @@ def test_killed_ray_worker_fails_the_trial_requeues_it_and_reaps_its_engine(
     assert_consistent(tmp_path)
 
 
-def test_tracking_store_failing_mid_study_loses_nothing(tmp_path: Path,
-                                                        ray_cluster: None) -> None:
-    path = write_study(tmp_path, trials=4, workload={
-        "input_len": 64, "output_len": 64, "levels": [{"concurrency": 4}],
-        "num_requests": 8, "warmup_requests": 0})
+def break_store_when_trial_1_starts(tmp_path: Path) -> tuple[threading.Thread, Path, Path]:
+    """A thread that, once trial 0 is logged and trial 1 has its run, saves the MLflow store
+    and zeroes it in place (open connections see it too); returns it (started), the store and
+    the saved copy."""
     db = tmp_path / "mlruns" / "mlflow.db"
     saved = tmp_path / "mlflow.db.saved"
 
@@ -221,13 +220,22 @@ def test_tracking_store_failing_mid_study_loses_nothing(tmp_path: Path,
         while time.monotonic() < deadline:
             if (tmp_path / "results" / "trials" / "0001").is_dir():
                 shutil.copyfile(db, saved)
-                with open(db, "r+b") as f:  # in place: open connections see it too
+                with open(db, "r+b") as f:
                     f.write(b"\0" * 4096)
                 return
             time.sleep(0.05)
 
     breaker = threading.Thread(target=break_store)
     breaker.start()
+    return breaker, db, saved
+
+
+def test_tracking_store_failing_mid_study_loses_nothing(tmp_path: Path,
+                                                        ray_cluster: None) -> None:
+    path = write_study(tmp_path, trials=4, workload={
+        "input_len": 64, "output_len": 64, "levels": [{"concurrency": 4}],
+        "num_requests": 8, "warmup_requests": 0})
+    breaker, db, saved = break_store_when_trial_1_starts(tmp_path)
     assert main(["start", str(path), "--no-progress"]) == 0, "a failing store never stops it"
     breaker.join()
     study = load(tmp_path)

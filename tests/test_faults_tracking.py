@@ -21,8 +21,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,7 +31,7 @@ from mlflow import MlflowClient
 
 from optimizer.cli import main
 from tests.optimizer.test_daemon import load, trial_runs, write_study
-from tests.test_faults import assert_consistent
+from tests.test_faults import assert_consistent, break_store_when_trial_1_starts
 
 pytestmark = pytest.mark.slow
 
@@ -108,21 +106,7 @@ def test_the_catch_up_logs_what_mlflow_missed_once_with_server_logs(
     path = write_study(tmp_path, trials=4, workload={
         "input_len": 64, "output_len": 32, "levels": [{"concurrency": 4}],
         "num_requests": 8, "warmup_requests": 0}, max_parallel_trials=1)
-    db = tmp_path / "mlruns" / "mlflow.db"
-    saved = tmp_path / "mlflow.db.saved"
-
-    def break_store() -> None:  # once trial 0 is logged and trial 1 has its run
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if (tmp_path / "results" / "trials" / "0001").is_dir():
-                shutil.copyfile(db, saved)
-                with open(db, "r+b") as f:  # in place: open connections see it too
-                    f.write(b"\0" * 4096)
-                return
-            time.sleep(0.05)
-
-    breaker = threading.Thread(target=break_store)
-    breaker.start()
+    breaker, db, saved = break_store_when_trial_1_starts(tmp_path)
     assert main(["start", str(path), "--no-progress"]) == 0, "a failing store never stops it"
     breaker.join()
     shutil.copyfile(saved, db)  # the store is back, missing what came after the break
