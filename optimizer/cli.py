@@ -201,13 +201,15 @@ def status(study: StudyArg,
     """
     from optuna.trial import TrialState
 
-    from optimizer.daemon import read_lease, read_lock, study_lock_path
-    from optimizer.records import shorten
-    from optimizer.study import ATTR_RECORD, best_trial, open_study
+    from optimizer.conclusions import shorten
+    from optimizer.lock import read_lease, read_lock, study_lock_path
+    from optimizer.study import ATTR_RECORD, best_trial, make_storage, open_study
 
     cfg = _load(study).with_overrides(storage=storage)
-    opened = open_study(cfg, create=False)
-    holder = read_lock(study_lock_path(cfg)) or read_lease(opened)
+    store = make_storage(cfg.storage_url)
+    opened = open_study(cfg, create=False, storage=store)
+    holder = read_lock(study_lock_path(cfg)) or \
+        read_lease(store, store.get_study_id_from_name(cfg.name))
     trials = opened.get_trials(deepcopy=False)
     counts: dict[str, int] = {}
     for t in trials:
@@ -246,7 +248,7 @@ def stop(study: StudyArg,
 
     Example: nightshift stop examples/quickstart.yaml --now
     """
-    from optimizer.daemon import read_lock, study_lock_path
+    from optimizer.lock import read_lock, study_lock_path
 
     cfg = _load(study).with_overrides(storage=storage)
     lock_path = study_lock_path(cfg)

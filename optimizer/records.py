@@ -1,32 +1,92 @@
-"""A finished trial as data: the record kept in Optuna's user attributes (the source of truth),
-its headline metrics, and the one-line conclusion a user reads in the morning."""
+"""A finished trial as data: `TrialRecord`, kept in Optuna's user attributes (the source of truth
+MLflow, the report and `export` are rebuilt from), its headline metrics, and what the tracker
+is given of it."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, field, fields
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
-from optimizer import bottleneck, gains
-from optimizer.config import OBJECTIVE_DIRECTIONS
-from optimizer.study import (
-    ATTR_BASELINE,
-    ATTR_RECORD,
-    NOISE_FRACTION,
-    is_measured,
-    metrics_value,
-    objective_value,
-    params_of,
-    step_value,
-)
+from optimizer.study import ATTR_RECORD, metrics_value, objective_value, step_value
 from runners.base import RunResult, StepMetrics
-from runners.capacity import Bracket, bracket_from_metrics
 
 if TYPE_CHECKING:
-    import optuna
     from optuna.trial import FrozenTrial
 
-    from optimizer.bottleneck import Verdict
+RECORD_VERSION = 1  # bump when a field changes meaning; `from_user_attr` reads every version
+RecordState = Literal["complete", "pruned", "failed"]
+_NULLABLE = frozenset({"values", "capacity", "verdict", "failure_reason", "failure_message",
+                       "engine_started_unix_s", "engine_ended_unix_s"})
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """What one trial ran and what came of it; written once per trial (by the search policy),
+    read by every report. Version 0 records (before this type) have the same keys, some absent."""
+
+    state: RecordState  # a config failure is "failed" here though Optuna holds it COMPLETE
+    params: Mapping[str, Any]  # the config as sampled (fixed params included)
+    conclusion: str  # one line: MLflow's `conclusion` tag and the run's description
+    conclusion_short: str = ""  # the same, as a table cell
+    flags: Mapping[str, Any] = field(default_factory=dict)  # what vLLM was given
+    values: tuple[float, ...] | None = None  # the objectives, as told to Optuna
+    metrics: Mapping[str, float] = field(default_factory=dict)  # headline, engine, gpu, ...
+    steps: tuple[Mapping[str, Any], ...] = ()  # `step_records`: one per load level or probe
+    failure_reason: str | None = None  # a `FailureReason` value
+    failure_message: str | None = None
+    capacity: Mapping[str, Any] | None = None  # `Bracket.to_dict()` after a capacity search
+    argv: tuple[str, ...] = ()  # the engine's command line
+    env: Mapping[str, str] = field(default_factory=dict)
+    engine: Mapping[str, Any] = field(default_factory=dict)  # `EngineInfo`: what vLLM chose
+    verdict: Mapping[str, Any] | None = None  # `Verdict.as_user_attr()`
+    wall_s: float = 0.0  # the trial's wall time, start-up included
+    engine_started_unix_s: float | None = None  # the engine process's life: which trials
+    engine_ended_unix_s: float | None = None  # really ran side by side
+    is_baseline: bool = False  # the vLLM defaults
+    host: str = ""  # where it ran (host, Ray node, GPUs)
+    is_unstable: bool = False  # its repeats spread beyond workload.max_spread
+    version: int = RECORD_VERSION
+
+    @classmethod
+    def failed(cls, params: Mapping[str, Any], reason: str, message: str, conclusion: str,
+               *, is_baseline: bool = False) -> TrialRecord:
+        """A trial that produced no measurement (rejected, lost, interrupted)."""
+        return cls(state="failed", params=dict(params), conclusion=conclusion,
+                   failure_reason=reason, failure_message=message, is_baseline=is_baseline)
+
+    def to_user_attr(self) -> dict[str, Any]:
+        """JSON for `trial.set_user_attr(ATTR_RECORD, ...)`."""
+        out = asdict(self)
+        out["values"] = list(self.values) if self.values is not None else None
+        out["steps"] = [dict(s) for s in self.steps]
+        out["argv"] = list(self.argv)
+        return out
+
+    @classmethod
+    def from_user_attr(cls, data: Mapping[str, Any]) -> TrialRecord:
+        """A stored record of any version; keys this version does not know are ignored."""
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items()
+                  if k in known and (v is not None or k in _NULLABLE)}
+        if kwargs.get("values") is not None:
+            kwargs["values"] = tuple(float(v) for v in kwargs["values"])
+        kwargs["steps"] = tuple(kwargs.get("steps") or ())
+        kwargs["argv"] = tuple(kwargs.get("argv") or ())
+        kwargs.setdefault("version", 0)
+        kwargs.setdefault("conclusion", "")
+        kwargs.setdefault("params", {})
+        kwargs.setdefault("state", "failed")
+        return cls(**kwargs)
+
+
+def record_of(trial: FrozenTrial) -> TrialRecord | None:
+    """The trial's record, or None for a trial that has none yet (queued, running)."""
+    data = trial.user_attrs.get(ATTR_RECORD)
+    return TrialRecord.from_user_attr(data) if isinstance(data, Mapping) and data else None
 
 _UNITS = {"goodput": "req/s", "throughput": "tok/s", "tpot": "ms TPOT p99",
           "ttft": "ms TTFT p99"}
@@ -116,203 +176,56 @@ def step_records(steps: Sequence[StepMetrics]) -> list[dict[str, Any]]:
     return out
 
 
-def _fmt(value: float) -> str:
-    return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
 
 
-SHORT_CHARS = 70  # a table cell
-
-
-@dataclass(frozen=True)
-class Reference:
-    """A finished trial another one is compared with (the vLLM defaults, the best so far)."""
-
-    number: int
-    params: Mapping[str, Any]
-    value: float | None  # the first objective
-    capacity: Bracket | None = None  # after a capacity search
-
-
-@dataclass(frozen=True)
-class Conclusion:
-    """What a trial taught, in one line (`text`: MLflow's `conclusion` tag and run description,
-    logs) and as a table cell (`short`, at most SHORT_CHARS characters)."""
-
-    text: str
-    short: str
-
-
-def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
-    """The study's measured vLLM-defaults trial (not a confirmation re-run of it), or None."""
-    return next((t for t in study.get_trials(deepcopy=False)
-                 if t.user_attrs.get(ATTR_BASELINE) and is_measured(t)), None)
-
-
-def reference_of(trial: FrozenTrial | None, axis: str | None = None) -> Reference | None:
-    """A finished trial as a comparison point: its record's params (what it ran), value and
-    capacity bracket (read back from its metrics, for a capacity search on `axis`)."""
-    if trial is None or not trial.values:
-        return None
-    record = trial.user_attrs.get(ATTR_RECORD) or {}
-    capacity = None
-    if axis in ("concurrency", "request_rate"):
-        capacity = bracket_from_metrics(axis, record.get("metrics") or {})  # type: ignore[arg-type]
-    return Reference(trial.number, params_of(trial), float(trial.values[0]), capacity)
-
-
-def _is_default(value: Any, default: Any) -> bool:
-    """None is "no flag": vLLM's default. A value equal to vLLM's default changes nothing."""
-    if value is None:
-        return True
-    return default is not None and value == default and \
-        isinstance(value, bool) == isinstance(default, bool)
-
-
-def changes_from_defaults(params: Mapping[str, Any],
-                          vllm_defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """The params a config sets away from vLLM's own defaults (for this host and model)."""
-    return {k: v for k, v in params.items() if not _is_default(v, vllm_defaults.get(k))}
-
-
-def param_changes(params: Mapping[str, Any], reference: Mapping[str, Any]) -> list[str]:
-    """`name=value` for each param that differs from `reference`, None counting as the
-    default: never `None→x`."""
-    return [f"{k}={v}" for k, v in params.items() if not _is_default(v, reference.get(k))]
-
-
-def _listing(changes: Sequence[str], limit: int = 4) -> str:
-    shown = ", ".join(changes[:limit])
-    return shown + (f" (+{len(changes) - limit} more)" if len(changes) > limit else "")
-
-
-def shorten(text: str, limit: int = SHORT_CHARS) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 1].rstrip(" ,;:") + "…"
-
-
-def capacity_text(bracket: Bracket, tolerance: float | None, *,
-                  is_stopped: bool = False) -> str:
-    text = f"capacity {bracket.describe()}"
-    if bracket.met_load is None:
-        text += ", no probed load met the SLO"
-    elif bracket.missed_load is None and bracket.is_resolved:
-        text += ", the SLO held at the heaviest load of interest"
-    if not bracket.is_resolved and is_stopped:
-        text += ", unresolved: the search was stopped"
-    elif not bracket.is_resolved:
-        limit = f"the {tolerance:.0%} tolerance" if tolerance is not None else "the tolerance"
-        text += (f", unresolved: the bracket is wider than {limit} after "
-                 f"{bracket.num_probes} probes")
-    return text
-
-
-def _vs_defaults(value: float | None, capacity: Bracket | None,
-                 baseline: Reference | None, objective: str) -> tuple[str, str]:
-    """The effect against the defaults, as a phrase and a table cell."""
-    if baseline is None:
-        return "no defaults measurement to compare with", "vs defaults: n/a"
-    if capacity is not None and baseline.capacity is not None:
-        gain = gains.capacity_gain(capacity, baseline.capacity)
-    else:
-        gain = gains.point_gain(value, baseline.value,
-                                maximize=OBJECTIVE_DIRECTIONS[objective] == "maximize")
-    if gain.basis == "single" and gain.value is not None and \
-            abs(gain.value - 1.0) < NOISE_FRACTION:
-        return (f"within noise of the vLLM defaults ({gains.format_gain(gain)})",
-                "= defaults (noise)")
-    return gains.format_gain(gain), f"{gains.short_gain(gain)} vs defaults"
-
-
-def _vs_best(value: float | None, capacity: Bracket | None, best: Reference,
-             objective: str) -> str:
-    unit = _UNITS.get(objective, "")
-    if value is None or best.value is None:
-        return f"vs best trial {best.number}: no value to compare"
-    delta = (value - best.value) / best.value * 100 if best.value else 0.0
-    maximize = OBJECTIVE_DIRECTIONS[objective] == "maximize"
-    better = value > best.value if maximize else value < best.value
-    head = f"vs best trial {best.number} ({_fmt(best.value)} {unit}): {delta:+.0f}%"
-    if capacity is not None and best.capacity is not None:
-        gain = gains.capacity_gain(capacity, best.capacity)
-        if gain.is_better:
-            return f"{head}, new best (its bracket lies above the best's)"
-        if gain.is_worse:
-            return f"{head}, worse (its bracket lies below the best's)"
-        nominal = ", nominally the new best" if better else ""
-        return f"{head}: the brackets overlap, not distinguishable{nominal}"
-    if abs(delta) < NOISE_FRACTION * 100:
-        nominal = ", nominally the new best" if better else ""
-        return f"{head}, within noise of the best{nominal}"
-    return f"{head}, new best" if better else f"{head}, worse"
-
-
-def conclude(*, params: Mapping[str, Any], state: str, objective: str,
-             value: float | None, failure_reason: str | None = None,
-             failure_message: str | None = None, is_baseline: bool = False,
-             best: Reference | None = None, baseline: Reference | None = None,
-             vllm_defaults: Mapping[str, Any] | None = None,
-             capacity: Bracket | None = None, tolerance: float | None = None,
-             pruned_at: int | None = None, prune_reason: str | None = None,
-             verdict: Verdict | None = None, confirm_label: str | None = None,
-             note: str = "", number: int | None = None) -> Conclusion:
-    """One line: what this config changes from the vLLM defaults and what that did to the
-    objective (with the bracket or interval that bounds it), then against the best so far,
-    then the bottleneck's label and its one piece of advice.
-
-    `vllm_defaults`: vLLM's own value of each param on this host (None, or a value equal to
-    it, is no change); `capacity`: this trial's bracket after a capacity search, `tolerance`
-    the search's; `note`: a sentence to append (e.g. an unstable measurement)."""
-    unit = _UNITS.get(objective, "")
-    defaults = vllm_defaults if vllm_defaults is not None else \
-        (baseline.params if baseline is not None else {})
-    changed = [f"{k}={v}" for k, v in changes_from_defaults(params, defaults).items()]
-    change = _listing(changed) if changed else "vLLM defaults"
-    short_change = (changed[0] + (f" +{len(changed) - 1}" if len(changed) > 1 else "")) \
-        if changed else "defaults"
-    label = verdict.label if verdict is not None else ""
-    tail = f" {bottleneck.sentence('', '', verdict)}" if verdict is not None else ""
-    note = f" {note.strip()}" if note.strip() else ""
-    shown = f"{objective} {_fmt(value)} {unit}" if value is not None else "no measurement"
-    cap = f" ({capacity_text(capacity, tolerance, is_stopped=state == 'pruned')})" \
-        if capacity is not None else ""
-    unresolved = " unresolved" if capacity is not None and not capacity.is_resolved else ""
-    if state == "failed":
-        text = f"{change}: failed ({failure_reason}): {failure_message or 'no detail'}"
-        return Conclusion(text, shorten(f"{short_change}: failed ({failure_reason})"))
-    if confirm_label:
-        text = f"confirmation run of the {confirm_label} config: {shown}{cap}.{note}"
-        return Conclusion(text, shorten(f"confirmation ({confirm_label}): {shown}"))
-    if is_baseline:
-        text = (f"vLLM defaults: {shown}{cap}; the baseline every other trial is compared "
-                f"with.{tail}{note}")
-        cell = f"defaults: {_fmt(value)} {unit}" if value is not None else "defaults"
-        return Conclusion(text, shorten(f"{cell}{unresolved}; {label}" if label else
-                                        f"{cell}{unresolved}"))
-    # A trial pruned at a fixed level has a value over the levels it ran only: no ratio to a
-    # trial that ran them all is true. A bracket's ends were measured, pruned or not.
-    is_comparable = state != "pruned" or capacity is not None
-    if is_comparable:
-        effect, effect_cell = _vs_defaults(value, capacity, baseline, objective)
-    else:
-        effect, effect_cell = "not compared: its load levels were cut short", ""
-    head = f"{change} vs the vLLM defaults" if changed else "same flags as the vLLM defaults"
-    parts = [f"{head}: {shown}{cap}, {effect}"]
-    if is_comparable and best is not None and best.number != number and \
-            (baseline is None or best.number != baseline.number):
-        parts.append(_vs_best(value, capacity, best, objective))
-    if state == "pruned":
-        why = (prune_reason or "below the median of earlier trials there").rstrip(".")
-        parts.append(f"pruned at level {pruned_at}: {why}")
-        effect_cell = f"pruned at {pruned_at}"
-    text = "; ".join(parts) + "." + tail + note
-    cell = f"{short_change}: {effect_cell}{unresolved}" + (f"; {label}" if label else "")
-    return Conclusion(text, shorten(cell))
-
-
-def failed_record(params: Mapping[str, Any], reason: str, message: str, conclusion: str,
-                  *, is_baseline: bool = False) -> dict[str, Any]:
-    """The record of a trial that produced no measurement (rejected, lost, interrupted)."""
-    return {"state": "failed", "params": dict(params), "flags": {}, "values": None,
-            "metrics": {}, "steps": [], "failure_reason": reason, "failure_message": message,
-            "conclusion": conclusion, "argv": [], "env": {}, "wall_s": 0.0,
-            "is_baseline": is_baseline}
+def tracking_payload(record: TrialRecord, result: RunResult | None) -> dict[str, Any]:
+    """Arguments of `Tracker.finish_trial` from a trial record (and its fresh result, whose
+    files exist only the first time)."""
+    tags = {"conclusion": record.conclusion}
+    if record.argv:
+        tags["launch_command"] = shlex.join(record.argv)
+    if record.failure_reason:
+        tags["failure_reason"] = record.failure_reason
+    if record.is_baseline:
+        tags["baseline"] = "true"
+    if record.host:
+        tags["host"] = str(record.host)
+    if record.is_unstable:
+        tags["unstable"] = "true"
+    if record.conclusion:
+        tags["mlflow.note.content"] = record.conclusion  # the run's description
+    capacity = record.capacity or {}
+    if capacity.get("status"):
+        tags["capacity.status"] = str(capacity["status"])
+        if capacity["status"] == "unresolved":
+            tags["unresolved"] = "true"
+    verdict = record.verdict or {}
+    if verdict.get("label"):
+        tags["bottleneck"] = str(verdict["label"])
+        tags["bottleneck.reason"] = str(verdict.get("reason", ""))[:5000]
+        tags["bottleneck.sources"] = ",".join(verdict.get("sources") or [])
+    for key, when in (("started", record.engine_started_unix_s),
+                      ("ended", record.engine_ended_unix_s)):
+        if when is not None:  # "engine.started" / "engine.ended", UTC
+            tags[f"engine.{key}"] = datetime.fromtimestamp(float(when), UTC).isoformat(
+                timespec="milliseconds")
+    for key in ("attention_backend", "engine_version"):  # what the engine chose, as tags
+        if record.engine.get(key):
+            tags[f"engine.{key}"] = str(record.engine[key])
+    texts: dict[str, str] = {}
+    files: list[Path] = []
+    if result is not None:
+        if result.server_log:
+            texts["server.log"] = result.server_log
+        if result.trace_path is not None:
+            files.append(result.trace_path)
+    launch = {"argv": list(record.argv), "env": dict(record.env), "flags": dict(record.flags)}
+    return {
+        "state": record.state,
+        "metrics": dict(record.metrics),
+        "step_metrics": [(s["step"], s["metrics"]) for s in record.steps],
+        "tags": tags,
+        "texts": texts,
+        "dicts": {"launch.json": launch, "record.json": record.to_user_attr()},
+        "files": files,
+    }

@@ -22,8 +22,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer import gains
+from optimizer.conclusions import capacity_text, shorten
 from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
-from optimizer.records import capacity_text, objective_unit, shorten
+from optimizer.records import objective_unit
 from optimizer.study import (
     ATTR_CONFIRM,
     ATTR_RECORD,

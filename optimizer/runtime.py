@@ -15,8 +15,10 @@ from typing import Any
 from optimizer.config import StudyConfig, check_before_start
 from optimizer.daemon import Daemon, TrialEvent
 from optimizer.errors import ConfigError, TrackingError
+from optimizer.executor import RunnerSpec
+from optimizer.study_summary import study_summary
 from optimizer.tracking import Tracker
-from optimizer.workers import RunnerSpec, init_ray, largest_node_gpus, probe_on_cluster
+from optimizer.workers import RayExecutor, init_ray, largest_node_gpus, probe_on_cluster
 from runners.base import Workload
 from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names, probe
 from runners.model_info import ModelInfo, bundled_shapes, load_model_info
@@ -174,10 +176,13 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
         "hardware.json": hw_dict,
         "applied_rules.json": [rule.__dict__ for rule in resolved.applied_rules],
     }
-    daemon = Daemon(cfg, space=resolved, runner=runner, total_gpus=total_gpus, tracker=tracker,
-                    workload=workload, study_params=study_params, study_artifacts=artifacts,
-                    on_event=on_event, hardware=hardware, model=model,
-                    seed_trials=seed_trials, max_gpus_per_node=node_gpus)
+    executor = RayExecutor(runner, total_gpus, accelerator_type=cfg.spec.ray.accelerator_type,
+                           resources=cfg.spec.ray.resources)
+    daemon = Daemon(cfg, space=resolved, executor=executor, registry_dir=runner.registry_dir,
+                    tracker=tracker, workload=workload, study_params=study_params,
+                    study_artifacts=artifacts, summarize=study_summary, on_event=on_event,
+                    hardware=hardware, model=model, seed_trials=seed_trials,
+                    max_gpus_per_node=node_gpus)
     return daemon, notes
 
 

@@ -13,10 +13,10 @@ from typing import Any, Literal, cast
 import optuna
 from optuna.trial import TrialState
 
-from optimizer.config import StudyConfig
+from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
 from optimizer.errors import ConfigError
 from optimizer.pruning import BottleneckPruner, MarginPruner
-from runners.base import BenchmarkMetrics, EngineConfig, RunResult, StepMetrics
+from runners.base import BenchmarkMetrics, EngineConfig, FailureReason, RunResult, StepMetrics
 from runners.model_info import resolve_model_dir
 
 # Keys under which a trial's record lives in Optuna's user attributes (the source of truth the
@@ -28,6 +28,16 @@ ATTR_BASELINE = "baseline"
 ATTR_RETRY_OF = "retry_of"
 ATTR_CUT_SHORT = "sampling_cut_short"  # its daemon died mid-ask: no config, nothing launched
 ATTR_MLFLOW_RUN = "mlflow_run_id"
+ATTR_RETRIES = "retries"
+ATTR_SEEDED = "seeded"  # enqueued from the study file's seed_trials
+# A config that failed for one of these reasons fails again: it is never launched twice, and
+# the sampler is told it as the worst value with a violated constraint (`tell_config_failure`).
+CONFIG_FAILURES = frozenset({
+    FailureReason.OOM_AT_START, FailureReason.KV_CACHE_TOO_SMALL,
+    FailureReason.CUDA_GRAPH_CAPTURE, FailureReason.UNSUPPORTED_CONFIG,
+    FailureReason.INVALID_ARGUMENT, FailureReason.INFEASIBLE})
+# What a config that cannot run scores, by direction (finite: samplers sort values).
+_WORST = {"maximize": 0.0, "minimize": 1e9}
 _STORAGE_ATTEMPTS = 4
 _RACE_ERRORS = frozenset({"IntegrityError", "OperationalError"})
 
@@ -89,8 +99,11 @@ def make_pruner(cfg: StudyConfig) -> optuna.pruners.BasePruner:
     return BottleneckPruner(margin) if spec.name == "bottleneck" else margin
 
 
-def open_study(cfg: StudyConfig, *, create: bool = True) -> optuna.Study:
-    storage = make_storage(cfg.storage_url)
+def open_study(cfg: StudyConfig, *, create: bool = True,
+               storage: optuna.storages.BaseStorage | None = None) -> optuna.Study:
+    """The study of `cfg` (created unless `create=False`), over `storage` when the caller keeps
+    it (for the storage's own API: a lease, recovery's writes to dead trials)."""
+    storage = storage if storage is not None else make_storage(cfg.storage_url)
     if not create:
         try:
             return optuna.load_study(study_name=cfg.name, storage=storage,
@@ -137,6 +150,36 @@ def state_of(result: RunResult) -> TrialState:
     if result.status == "stopped":
         return TrialState.PRUNED
     return TrialState.FAIL
+
+
+def tell_config_failure(study: optuna.Study, trial: optuna.Trial, objectives: Sequence[str],
+                        has_slo: bool) -> None:
+    """A config that cannot run (OOM, graph capture, unsupported, infeasible) teaches the
+    sampler: Optuna's TPE ignores FAIL trials, so it is told as a complete trial with the
+    worst value and a violated constraint (never the best, and avoided). Its record keeps
+    `state: failed` for every reader of ours."""
+    trial.set_constraint("runs", 1.0)
+    if has_slo:
+        trial.set_constraint("slo", 1.0)
+    study.tell(trial, [_WORST[OBJECTIVE_DIRECTIONS[o]] for o in objectives])
+
+
+def requeueable(attrs: Mapping[str, Any]) -> bool:
+    """Whether a trial lost to infrastructure goes back in the queue: all but a confirmation
+    run, whose interleaved comparison runs whole again when the study resumes."""
+    return ATTR_CONFIRM not in attrs
+
+
+def requeue(study: optuna.Study, number: int, params: Mapping[str, Any],
+            attrs: Mapping[str, Any], retries: int) -> bool:
+    """Queue again a trial lost to infrastructure, as what it was (the defaults, a seed),
+    unless it is a confirmation run (`requeueable`); says whether it did."""
+    if not requeueable(attrs):
+        return False
+    kept = {key: attrs[key] for key in (ATTR_BASELINE, ATTR_SEEDED) if key in attrs}
+    study.enqueue_trial(dict(params), user_attrs={
+        **kept, ATTR_RETRY_OF: number, ATTR_RETRIES: retries})
+    return True
 
 
 def step_value(objective: str, step: StepMetrics) -> float:

@@ -1,6 +1,7 @@
-"""Ray workers: an actor per trial's GPUs runs a `Runner`, relaying each load level's figures to
-the driver and waiting for its verdict (go on / stop). The driver stays the only writer of the
-Optuna storage and MLflow; workers send results back through Ray.
+"""The Ray executor and the cluster around it: an actor per trial's GPUs runs a `Runner`,
+relaying each load level's figures to the driver and waiting for its verdict (go on / stop);
+the driver stays the only writer of the Optuna storage and MLflow. The only module of
+`optimizer` that imports Ray (start, probe, reap on other nodes).
 """
 
 from __future__ import annotations
@@ -9,10 +10,9 @@ import logging
 import os
 import re
 import socket
-import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,134 +28,37 @@ from ray.exceptions import (
 )
 
 from optimizer.errors import ConfigError, NightshiftError, WorkerLost
+from optimizer.executor import RunnerSpec, TrialHandle, TrialSession, build_runner
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics, Workload
 
 logger = logging.getLogger(__name__)
 
 _RAY_LOST: tuple[type[BaseException], ...] = (RayActorError, WorkerCrashedError, RayTaskError)
 _POLL_ERRORS: tuple[type[BaseException], ...] = (*_RAY_LOST, GetTimeoutError)
-DECISION_TIMEOUT_S = 3600.0  # a driver that never answers is dead; Ray then kills us anyway
 
 
-@dataclass(frozen=True)
-class RunnerSpec:
-    """Everything a worker needs to build its runner; plain data so it pickles through Ray."""
-
-    kind: str  # a key of RUNNERS
-    registry_dir: Path  # engine pid records, for reaping strays after a crash
-    hardware: dict[str, Any] | None = None  # simulated engine only: the host it pretends to be
-    startup_time_scale: float = 0.01  # simulated engine only
-    seed: int = 0
-    cache_root: Path | None = None  # VLLM_CACHE_ROOT shared by every trial
-    stall_timeout_s: float = 120.0
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-def _simulated_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None) -> Any:
-    from runners.engine import EngineRunner
-    from runners.hardware import HardwareProfile
-    from runners.simulated.launcher import SimulatedLauncher
-
-    hardware = HardwareProfile.from_dict(spec.hardware) if spec.hardware else "h200"
-    launcher = SimulatedLauncher(hardware=hardware,
-                                 startup_time_scale=spec.startup_time_scale, seed=spec.seed)
-    return EngineRunner(launcher, spec.registry_dir, stall_timeout_s=spec.stall_timeout_s,
-                        gpu_indices=None)
-
-
-def _vllm_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None) -> Any:
-    from runners.engine import EngineRunner
-    from runners.vllm_server import VllmLauncher
-
-    # Dev mode for /reset_prefix_cache between load levels (127.0.0.1 only).
-    launcher = VllmLauncher(cache_root=spec.cache_root, dev_mode=True)
-    return EngineRunner(launcher, spec.registry_dir, stall_timeout_s=spec.stall_timeout_s,
-                        gpu_indices=gpu_indices)
-
-
-RUNNERS: dict[str, Callable[[RunnerSpec, tuple[int, ...] | None], Any]] = {
-    "simulated": _simulated_runner,
-    "vllm": _vllm_runner,
-}
-
-
-def build_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None = None) -> Any:
-    try:
-        factory = RUNNERS[spec.kind]
-    except KeyError:
-        raise ValueError(f"unknown runner {spec.kind!r}; valid: {', '.join(RUNNERS)}") from None
-    return factory(spec, gpu_indices)
-
-
-class TrialWorker:
-    """Runs one trial at a time. Threaded (max_concurrency > 1): `run` blocks in one thread
-    while the driver calls `poll`, `decide` and `cancel` from others."""
+class TrialWorker(TrialSession):
+    """The Ray actor of one trial's GPUs: a `TrialSession` on the GPUs Ray gave it, whose
+    results say where they ran and carry the trimmed trace back (the driver may be elsewhere)."""
 
     def __init__(self, spec: RunnerSpec) -> None:
         gpu_ids = tuple(int(g) for g in ray.get_gpu_ids()) if ray.is_initialized() else ()
         self._gpu_ids = gpu_ids
-        self._runner = build_runner(spec, gpu_ids or None)
-        self._cond = threading.Condition()
-        self._pending: list[StepMetrics] = []
-        self._decisions: dict[int, bool] = {}
-        self._cancelled = False
+        super().__init__(build_runner(spec, gpu_ids or None))
 
     def run(self, config: EngineConfig, workload: Workload, workdir: str) -> RunResult:
-        with self._cond:
-            self._pending.clear()
-            self._decisions.clear()
-            self._cancelled = False
-        result: RunResult = self._runner.run(config, workload, Path(workdir), self._on_step)
-        result = replace(result, host=_where_label(), trace_data=_small_file(result.trace_path))
-        if self._cancelled:
-            return RunResult(status="failed", steps=result.steps, engine=result.engine,
-                             argv=result.argv, env=result.env, server_log=result.server_log,
-                             workdir=result.workdir, wall_s=result.wall_s, host=result.host,
-                             engine_started_unix_s=result.engine_started_unix_s,
-                             engine_ended_unix_s=result.engine_ended_unix_s,
-                             failure=Failure(FailureReason.INTERRUPTED,
-                                             "the daemon was stopped with this trial in flight; "
-                                             "it is re-queued on resume."))
-        return result
-
-    def _on_step(self, step: StepMetrics) -> bool:
-        with self._cond:
-            if self._cancelled:
-                return True
-            self._pending.append(step)
-            self._cond.notify_all()
-            ok = self._cond.wait_for(lambda: step.step in self._decisions or self._cancelled,
-                                     timeout=DECISION_TIMEOUT_S)
-            return self._cancelled or not ok or self._decisions.get(step.step, False)
-
-    def poll(self) -> list[StepMetrics]:
-        with self._cond:
-            steps, self._pending = self._pending, []
-            return steps
-
-    def decide(self, step: int, stop: bool) -> None:
-        with self._cond:
-            self._decisions[step] = stop
-            self._cond.notify_all()
-
-    def cancel(self) -> None:
-        with self._cond:
-            self._cancelled = True
-            self._cond.notify_all()
-        self._runner.close()  # kills the engine in flight; `run` then returns at once
+        result = super().run(config, workload, workdir)
+        return replace(result, host=_where_label(), trace_data=_small_file(result.trace_path))
 
     def where(self) -> dict[str, Any]:
         return {"host": socket.gethostname(), "pid": os.getpid(), "gpu_ids": list(self._gpu_ids),
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
 
-    def shutdown(self) -> None:
-        self._runner.close()
-
 
 _RemoteWorker = ray.remote(max_concurrency=4)(TrialWorker)  # type: ignore[call-overload]
 
 
-class TrialHandle:
+class RayTrialHandle:
     """The driver's view of one trial running on a worker: every Ray call the daemon makes
     goes through here, so Ray's exceptions become `WorkerLost` at this boundary."""
 
@@ -189,13 +92,15 @@ class TrialHandle:
             logger.debug("cancel failed", exc_info=True)
 
 
-def wait_any(handles: list[TrialHandle], timeout_s: float) -> list[TrialHandle]:
+def wait_any(handles: Sequence[TrialHandle], timeout_s: float) -> list[TrialHandle]:
     """The handles whose run has ended, after at most `timeout_s`."""
-    if not handles:
+    refs = {h.ref.hex(): h for h in handles if isinstance(h, RayTrialHandle)}
+    if not refs:
         return []
-    ready, _ = ray.wait([h.ref for h in handles], num_returns=len(handles), timeout=timeout_s)
+    ready, _ = ray.wait([h.ref for h in refs.values()], num_returns=len(refs),
+                        timeout=timeout_s)
     ready_ids = {r.hex() for r in ready}
-    return [h for h in handles if h.ref.hex() in ready_ids]
+    return [h for key, h in refs.items() if key in ready_ids]
 
 
 @dataclass
@@ -205,9 +110,9 @@ class _Slot:
     busy: bool = False
 
 
-class WorkerPool:
-    """Actors keyed by how many GPUs they own; idle ones are reused by trials of the same size
-    and killed when a trial of another size needs their GPUs."""
+class RayExecutor:
+    """The `Executor` on Ray: actors keyed by how many GPUs they own; idle ones are reused by
+    trials of the same size and killed when a trial of another size needs their GPUs."""
 
     def __init__(self, spec: RunnerSpec, total_gpus: int, *,
                  accelerator_type: str | None = None,
@@ -230,7 +135,13 @@ class WorkerPool:
     def submit(self, config: EngineConfig, workload: Workload, workdir: Path) -> TrialHandle:
         """Start a trial on a worker owning `config.num_gpus` GPUs (check `can_start` first)."""
         actor = self.acquire(config.num_gpus)
-        return TrialHandle(actor, actor.run.remote(config, workload, str(workdir)))
+        return RayTrialHandle(actor, actor.run.remote(config, workload, str(workdir)))
+
+    def wait_any(self, handles: Sequence[TrialHandle], timeout_s: float) -> list[TrialHandle]:
+        return wait_any(handles, timeout_s)
+
+    def reap_elsewhere(self, registry_dir: Path) -> dict[str, list[int]]:
+        return reap_on_other_nodes(registry_dir)
 
     def acquire(self, num_gpus: int) -> Any:
         for slot in self._slots:
@@ -262,7 +173,8 @@ class WorkerPool:
         self.total_gpus = min(self.total_gpus, live)
         return self.total_gpus
 
-    def release(self, actor: Any, *, healthy: bool = True) -> None:
+    def release(self, handle: TrialHandle, *, healthy: bool = True) -> None:
+        actor = handle.actor if isinstance(handle, RayTrialHandle) else None
         for slot in self._slots:
             if slot.actor is actor:
                 if healthy:

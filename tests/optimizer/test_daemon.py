@@ -559,20 +559,20 @@ def test_an_engine_left_without_its_worker_is_reaped_when_the_daemon_ends(
     """If Ray goes down under a trial (a killed driver takes its local cluster with it), the
     worker dies and its engine, in a session of its own, lives on: the daemon ends it on the
     way out instead of leaving it to the next start."""
-    from optimizer.workers import WorkerPool
+    from optimizer.workers import RayExecutor
     from runners.process import EngineProcess
 
     path = write_study(tmp_path, trials=1)
     registry = tmp_path / "results" / "engines"
     orphans: list[EngineProcess] = []
-    shutdown = WorkerPool.shutdown
+    shutdown = RayExecutor.shutdown
 
-    def shutdown_leaving_an_orphan(self: WorkerPool) -> None:
+    def shutdown_leaving_an_orphan(self: RayExecutor) -> None:
         shutdown(self)
         orphans.append(EngineProcess.start(["sleep", "300"], {}, tmp_path / "orphan.log",
                                            registry))
 
-    monkeypatch.setattr(WorkerPool, "shutdown", shutdown_leaving_an_orphan)
+    monkeypatch.setattr(RayExecutor, "shutdown", shutdown_leaving_an_orphan)
     assert main(["start", str(path), "--no-progress"]) == 0
     assert orphans and not orphans[0].is_alive(), "the orphaned engine was killed"
     assert not list(registry.glob("*.json")), "and its record cleared"

@@ -9,17 +9,18 @@ from pathlib import Path
 
 import optuna
 import pytest
+from optuna.storages import BaseStorage
 
-from optimizer import daemon as daemon_module
+from optimizer import lock as lock_module
 from optimizer.config import load_study
-from optimizer.daemon import (
+from optimizer.errors import StudyLockedError
+from optimizer.lock import (
     LEASE_ATTR,
     LEASE_TTL_S,
     StorageLease,
     read_lease,
     study_lock_path,
 )
-from optimizer.errors import StudyLockedError
 from tests.optimizer.test_daemon import write_study
 
 
@@ -40,41 +41,44 @@ def test_the_lock_follows_the_storage_and_study_name_not_the_directory(
     # loaded config is pointed at it afterwards (only the lock's path is under test).
     server = load_study(write_study(tmp_path / "a"))
     server.storage_url = "postgresql://u:pw@db:5432/optuna"
-    assert study_lock_path(server).parent == daemon_module.LOCK_DIR
+    assert study_lock_path(server).parent == lock_module.LOCK_DIR
     assert "pw" not in study_lock_path(server).name
 
 
 @pytest.fixture
-def study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> optuna.Study:
-    monkeypatch.setattr(daemon_module, "LEASE_SETTLE_S", 0.01)  # the race window, shortened
-    return optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path}/optuna.db")
+def study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[BaseStorage, int]:
+    """The study's storage and id: the lease speaks to the storage's own API."""
+    monkeypatch.setattr(lock_module, "LEASE_SETTLE_S", 0.01)  # the race window, shortened
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/optuna.db")
+    optuna.create_study(study_name="s", storage=storage)
+    return storage, storage.get_study_id_from_name("s")
 
 
 def test_a_live_lease_refuses_a_second_daemon_and_release_frees_it(
-        study: optuna.Study) -> None:
-    first = StorageLease(study, "s")
+        study: tuple[BaseStorage, int]) -> None:
+    first = StorageLease(*study, "s")
     first.acquire()
     try:
-        holder = read_lease(study)
+        holder = read_lease(*study)
         assert holder is not None and holder["token"] == first.token
         with pytest.raises(StudyLockedError, match="already run by pid"):
-            StorageLease(study, "s").acquire()
+            StorageLease(*study, "s").acquire()
     finally:
         first.release()
-    assert read_lease(study) is None, "released: no holder"
-    second = StorageLease(study, "s")
+    assert read_lease(*study) is None, "released: no holder"
+    second = StorageLease(*study, "s")
     second.acquire()
     second.release()
 
 
-def test_a_dead_daemons_lease_runs_out_and_is_taken_over(study: optuna.Study) -> None:
-    study._storage.set_study_system_attr(study._study_id, LEASE_ATTR, {
+def test_a_dead_daemons_lease_runs_out_and_is_taken_over(study: tuple[BaseStorage, int]) -> None:
+    study[0].set_study_system_attr(study[1], LEASE_ATTR, {
         "token": "dead", "pid": 1, "host": "elsewhere",
         "heartbeat": time.time() - LEASE_TTL_S - 1})
-    assert read_lease(study) is None, "a lease not renewed for the TTL holds nothing"
-    lease = StorageLease(study, "s")
+    assert read_lease(*study) is None, "a lease not renewed for the TTL holds nothing"
+    lease = StorageLease(*study, "s")
     lease.acquire()
     try:
-        assert read_lease(study)["token"] == lease.token  # type: ignore[index]
+        assert read_lease(*study)["token"] == lease.token  # type: ignore[index]
     finally:
         lease.release()

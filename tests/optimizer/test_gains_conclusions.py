@@ -10,9 +10,9 @@ import optuna
 import pytest
 
 from optimizer import gains
+from optimizer.conclusions import SHORT_CHARS, Reference, conclude
 from optimizer.config import parse_study
-from optimizer.daemon import confirm_summary
-from optimizer.records import SHORT_CHARS, Reference, conclude
+from optimizer.confirm import confirm_summary
 from optimizer.report import build_report, headline, render_markdown
 from optimizer.study import open_study
 from runners.capacity import Bracket

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from optimizer.records import (
-    Reference,
-    conclude,
-    headline_step,
-    param_changes,
-    summary_metrics,
-)
+from optimizer.conclusions import Reference, conclude, param_changes
+from optimizer.records import headline_step, summary_metrics
 from runners.base import BenchmarkMetrics, EngineInfo, LoadLevel, RunResult, StepMetrics
 
 
@@ -85,7 +80,7 @@ def test_param_changes_lists_only_differences() -> None:
 
 
 def test_confirmed_gain_is_the_mean_paired_ratio_with_a_t_interval() -> None:
-    from optimizer.daemon import confirm_summary
+    from optimizer.confirm import confirm_summary
 
     pairs = [{"defaults": 10.0, "best": 13.0}, {"defaults": 10.0, "best": 14.0},
              {"defaults": 11.0, "best": 14.3}]

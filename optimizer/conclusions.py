@@ -1,0 +1,214 @@
+"""The one-line conclusion a user reads in the morning: what a trial's config changes from the
+vLLM defaults and what that did, against the defaults and the best so far, with the bracket or
+interval that bounds it and the bottleneck's label."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from optimizer import bottleneck, gains
+from optimizer.config import OBJECTIVE_DIRECTIONS
+from optimizer.records import objective_unit, record_of
+from optimizer.study import ATTR_BASELINE, NOISE_FRACTION, is_measured, params_of
+from runners.capacity import Bracket, bracket_from_metrics
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+    from optimizer.bottleneck import Verdict
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
+
+
+SHORT_CHARS = 70  # a table cell
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A finished trial another one is compared with (the vLLM defaults, the best so far)."""
+
+    number: int
+    params: Mapping[str, Any]
+    value: float | None  # the first objective
+    capacity: Bracket | None = None  # after a capacity search
+
+
+@dataclass(frozen=True)
+class Conclusion:
+    """What a trial taught, in one line (`text`: MLflow's `conclusion` tag and run description,
+    logs) and as a table cell (`short`, at most SHORT_CHARS characters)."""
+
+    text: str
+    short: str
+
+
+def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The study's measured vLLM-defaults trial (not a confirmation re-run of it), or None."""
+    return next((t for t in study.get_trials(deepcopy=False)
+                 if t.user_attrs.get(ATTR_BASELINE) and is_measured(t)), None)
+
+
+def reference_of(trial: FrozenTrial | None, axis: str | None = None) -> Reference | None:
+    """A finished trial as a comparison point: its record's params (what it ran), value and
+    capacity bracket (read back from its metrics, for a capacity search on `axis`)."""
+    if trial is None or not trial.values:
+        return None
+    record = record_of(trial)
+    capacity = None
+    if axis in ("concurrency", "request_rate"):
+        capacity = bracket_from_metrics(axis, record.metrics if record else {})  # type: ignore[arg-type]
+    return Reference(trial.number, params_of(trial), float(trial.values[0]), capacity)
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    """None is "no flag": vLLM's default. A value equal to vLLM's default changes nothing."""
+    if value is None:
+        return True
+    return default is not None and value == default and \
+        isinstance(value, bool) == isinstance(default, bool)
+
+
+def changes_from_defaults(params: Mapping[str, Any],
+                          vllm_defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The params a config sets away from vLLM's own defaults (for this host and model)."""
+    return {k: v for k, v in params.items() if not _is_default(v, vllm_defaults.get(k))}
+
+
+def param_changes(params: Mapping[str, Any], reference: Mapping[str, Any]) -> list[str]:
+    """`name=value` for each param that differs from `reference`, None counting as the
+    default: never `None→x`."""
+    return [f"{k}={v}" for k, v in params.items() if not _is_default(v, reference.get(k))]
+
+
+def _listing(changes: Sequence[str], limit: int = 4) -> str:
+    shown = ", ".join(changes[:limit])
+    return shown + (f" (+{len(changes) - limit} more)" if len(changes) > limit else "")
+
+
+def shorten(text: str, limit: int = SHORT_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1].rstrip(" ,;:") + "…"
+
+
+def capacity_text(bracket: Bracket, tolerance: float | None, *,
+                  is_stopped: bool = False) -> str:
+    text = f"capacity {bracket.describe()}"
+    if bracket.met_load is None:
+        text += ", no probed load met the SLO"
+    elif bracket.missed_load is None and bracket.is_resolved:
+        text += ", the SLO held at the heaviest load of interest"
+    if not bracket.is_resolved and is_stopped:
+        text += ", unresolved: the search was stopped"
+    elif not bracket.is_resolved:
+        limit = f"the {tolerance:.0%} tolerance" if tolerance is not None else "the tolerance"
+        text += (f", unresolved: the bracket is wider than {limit} after "
+                 f"{bracket.num_probes} probes")
+    return text
+
+
+def _vs_defaults(value: float | None, capacity: Bracket | None,
+                 baseline: Reference | None, objective: str) -> tuple[str, str]:
+    """The effect against the defaults, as a phrase and a table cell."""
+    if baseline is None:
+        return "no defaults measurement to compare with", "vs defaults: n/a"
+    if capacity is not None and baseline.capacity is not None:
+        gain = gains.capacity_gain(capacity, baseline.capacity)
+    else:
+        gain = gains.point_gain(value, baseline.value,
+                                maximize=OBJECTIVE_DIRECTIONS[objective] == "maximize")
+    if gain.basis == "single" and gain.value is not None and \
+            abs(gain.value - 1.0) < NOISE_FRACTION:
+        return (f"within noise of the vLLM defaults ({gains.format_gain(gain)})",
+                "= defaults (noise)")
+    return gains.format_gain(gain), f"{gains.short_gain(gain)} vs defaults"
+
+
+def _vs_best(value: float | None, capacity: Bracket | None, best: Reference,
+             objective: str) -> str:
+    unit = objective_unit(objective)
+    if value is None or best.value is None:
+        return f"vs best trial {best.number}: no value to compare"
+    delta = (value - best.value) / best.value * 100 if best.value else 0.0
+    maximize = OBJECTIVE_DIRECTIONS[objective] == "maximize"
+    better = value > best.value if maximize else value < best.value
+    head = f"vs best trial {best.number} ({_fmt(best.value)} {unit}): {delta:+.0f}%"
+    if capacity is not None and best.capacity is not None:
+        gain = gains.capacity_gain(capacity, best.capacity)
+        if gain.is_better:
+            return f"{head}, new best (its bracket lies above the best's)"
+        if gain.is_worse:
+            return f"{head}, worse (its bracket lies below the best's)"
+        nominal = ", nominally the new best" if better else ""
+        return f"{head}: the brackets overlap, not distinguishable{nominal}"
+    if abs(delta) < NOISE_FRACTION * 100:
+        nominal = ", nominally the new best" if better else ""
+        return f"{head}, within noise of the best{nominal}"
+    return f"{head}, new best" if better else f"{head}, worse"
+
+
+def conclude(*, params: Mapping[str, Any], state: str, objective: str,
+             value: float | None, failure_reason: str | None = None,
+             failure_message: str | None = None, is_baseline: bool = False,
+             best: Reference | None = None, baseline: Reference | None = None,
+             vllm_defaults: Mapping[str, Any] | None = None,
+             capacity: Bracket | None = None, tolerance: float | None = None,
+             pruned_at: int | None = None, prune_reason: str | None = None,
+             verdict: Verdict | None = None, confirm_label: str | None = None,
+             note: str = "", number: int | None = None) -> Conclusion:
+    """One line: what this config changes from the vLLM defaults and what that did to the
+    objective (with the bracket or interval that bounds it), then against the best so far,
+    then the bottleneck's label and its one piece of advice.
+
+    `vllm_defaults`: vLLM's own value of each param on this host (None, or a value equal to
+    it, is no change); `capacity`: this trial's bracket after a capacity search, `tolerance`
+    the search's; `note`: a sentence to append (e.g. an unstable measurement)."""
+    unit = objective_unit(objective)
+    defaults = vllm_defaults if vllm_defaults is not None else \
+        (baseline.params if baseline is not None else {})
+    changed = [f"{k}={v}" for k, v in changes_from_defaults(params, defaults).items()]
+    change = _listing(changed) if changed else "vLLM defaults"
+    short_change = (changed[0] + (f" +{len(changed) - 1}" if len(changed) > 1 else "")) \
+        if changed else "defaults"
+    label = verdict.label if verdict is not None else ""
+    tail = f" {bottleneck.sentence('', '', verdict)}" if verdict is not None else ""
+    note = f" {note.strip()}" if note.strip() else ""
+    shown = f"{objective} {_fmt(value)} {unit}" if value is not None else "no measurement"
+    cap = f" ({capacity_text(capacity, tolerance, is_stopped=state == 'pruned')})" \
+        if capacity is not None else ""
+    unresolved = " unresolved" if capacity is not None and not capacity.is_resolved else ""
+    if state == "failed":
+        text = f"{change}: failed ({failure_reason}): {failure_message or 'no detail'}"
+        return Conclusion(text, shorten(f"{short_change}: failed ({failure_reason})"))
+    if confirm_label:
+        text = f"confirmation run of the {confirm_label} config: {shown}{cap}.{note}"
+        return Conclusion(text, shorten(f"confirmation ({confirm_label}): {shown}"))
+    if is_baseline:
+        text = (f"vLLM defaults: {shown}{cap}; the baseline every other trial is compared "
+                f"with.{tail}{note}")
+        cell = f"defaults: {_fmt(value)} {unit}" if value is not None else "defaults"
+        return Conclusion(text, shorten(f"{cell}{unresolved}; {label}" if label else
+                                        f"{cell}{unresolved}"))
+    # A trial pruned at a fixed level has a value over the levels it ran only: no ratio to a
+    # trial that ran them all is true. A bracket's ends were measured, pruned or not.
+    is_comparable = state != "pruned" or capacity is not None
+    if is_comparable:
+        effect, effect_cell = _vs_defaults(value, capacity, baseline, objective)
+    else:
+        effect, effect_cell = "not compared: its load levels were cut short", ""
+    head = f"{change} vs the vLLM defaults" if changed else "same flags as the vLLM defaults"
+    parts = [f"{head}: {shown}{cap}, {effect}"]
+    if is_comparable and best is not None and best.number != number and \
+            (baseline is None or best.number != baseline.number):
+        parts.append(_vs_best(value, capacity, best, objective))
+    if state == "pruned":
+        why = (prune_reason or "below the median of earlier trials there").rstrip(".")
+        parts.append(f"pruned at level {pruned_at}: {why}")
+        effect_cell = f"pruned at {pruned_at}"
+    text = "; ".join(parts) + "." + tail + note
+    cell = f"{short_change}: {effect_cell}{unresolved}" + (f"; {label}" if label else "")
+    return Conclusion(text, shorten(cell))

@@ -1,0 +1,90 @@
+"""The final comparison: the recommended config and the defaults re-measured one at a time,
+interleaved, and the gain stated as the mean per-round ratio with a 95% t-interval."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from optimizer import gains
+from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
+from optimizer.study import ATTR_BASELINE, ATTR_CONFIRM, params_of, recommended_trial
+
+logger = logging.getLogger(__name__)
+
+STUDY_ATTR_CONFIRM = "confirm"  # the study's user attribute holding the confirmed gain
+
+# Two-sided 95% quantiles of Student's t by degrees of freedom (1-30); beyond, the normal's.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def confirm(study: optuna.Study, cfg: StudyConfig,
+            measure: Callable[[Mapping[str, Any], str], FrozenTrial | None],
+            is_stopping: Callable[[], bool]) -> None:
+    """Measure the recommended config (what `export` writes: the best, or the simplest
+    within noise of it) and the defaults again, one at a time and interleaved (defaults,
+    best, defaults, best, ...), so drift in the machine hits both alike. `measure(params,
+    label)` runs one confirmation trial to its end and returns it (None when stopped)."""
+    rounds = cfg.spec.confirm_rounds
+    best = recommended_trial(study)
+    trials = study.get_trials(deepcopy=False)
+    baseline = next((t for t in trials if t.user_attrs.get(ATTR_BASELINE)
+                     and t.state == TrialState.COMPLETE), None)
+    if not rounds or cfg.is_multi_objective or best is None or baseline is None or \
+            best.number == baseline.number or ATTR_CONFIRM in best.user_attrs:
+        return
+    if study.user_attrs.get(STUDY_ATTR_CONFIRM):
+        return  # a resumed study that was confirmed already
+    logger.info("confirming: trial %d (best) vs trial %d (defaults), %d interleaved rounds",
+                best.number, baseline.number, rounds)
+    pairs: list[dict[str, float]] = []
+    for _ in range(rounds):
+        values: dict[str, float] = {}
+        for label, source in (("defaults", baseline), ("best", best)):
+            if is_stopping():
+                return
+            measured = measure(params_of(source), label)
+            if measured is None or measured.state != TrialState.COMPLETE or \
+                    not measured.values:
+                logger.warning("confirmation run %s failed; the comparison stops",
+                               measured.number if measured is not None else "?")
+                return
+            values[label] = float(measured.values[0])
+        pairs.append(values)
+    summary = confirm_summary(cfg.objectives[0], best.number, baseline.number, pairs)
+    study.set_user_attr(STUDY_ATTR_CONFIRM, summary)
+    logger.info("re-measured against the defaults: %s", summary["sentence"])
+
+
+def confirm_summary(objective: str, best: int, baseline: int,
+                    pairs: Sequence[Mapping[str, float]]) -> dict[str, Any]:
+    """The gain of `best` over `baseline` from interleaved rounds: the mean per-round ratio
+    (oriented so > 1 is better) and its 95% t-interval, or None bounds from one round."""
+    maximize = OBJECTIVE_DIRECTIONS[objective] == "maximize"
+    ratios = []
+    for pair in pairs:
+        a, b = pair["defaults"], pair["best"]
+        ratio = (b / a if a > 0 else math.inf) if maximize else (a / b if b > 0 else math.inf)
+        ratios.append(ratio)
+    n = len(ratios)
+    mean = sum(ratios) / n
+    low = high = None
+    if n > 1 and all(math.isfinite(r) for r in ratios):
+        sd = math.sqrt(sum((r - mean) ** 2 for r in ratios) / (n - 1))
+        half = (_T975[n - 2] if n - 1 <= len(_T975) else 1.96) * sd / math.sqrt(n)
+        low, high = mean - half, mean + half
+    gain = gains.interval_gain(mean, low, high, n)
+    verdict = gains.confirmation_verdict(gain)
+    sentence = (f"trial {best} (the exported config) vs the defaults (trial {baseline}), "
+                f"re-measured interleaved: {objective} {gains.format_gain(gain)}: {verdict}")
+    return {"objective": objective, "best_trial": best, "baseline_trial": baseline,
+            "rounds": [dict(p) for p in pairs], "ratios": ratios, "gain": mean,
+            "is_confirmed": gain.is_better, "verdict": verdict,
+            "ci_low": low, "ci_high": high, "sentence": sentence}

@@ -1,0 +1,154 @@
+"""A restarted daemon's first step: the trials a dead daemon left RUNNING are failed (and
+re-queued once), a trial whose sampling it cut short is dropped, and MLflow is caught up with
+Optuna, which holds the truth: every finished trial's run brought up to date once, without
+logging anything twice (`Tracker.catch_up`). A store that fails now is a warning, as it is
+mid-study: the trials are safe in Optuna and the next start logs them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial, TrialState
+
+from optimizer.records import TrialRecord, record_of, tracking_payload
+from optimizer.study import (
+    ATTR_BASELINE,
+    ATTR_CUT_SHORT,
+    ATTR_DUPLICATE_OF,
+    ATTR_MLFLOW_RUN,
+    ATTR_RECORD,
+    ATTR_RETRIES,
+    requeue,
+    requeueable,
+)
+from optimizer.tracking import Tracker, TrialLog
+from runners.base import FailureReason
+from search_spaces import ResolvedSpace
+
+logger = logging.getLogger(__name__)
+
+
+def trial_workdir(results_dir: Path, number: int) -> Path:
+    """Where a trial's engine writes its server log and trace."""
+    return (results_dir / "trials" / f"{number:04d}").resolve()
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What a restart needs: the study, its storage's own API (to write a dead trial's
+    attributes), the space (to tell a half-sampled config), and the tracker."""
+
+    study: optuna.Study
+    storage: BaseStorage
+    space: ResolvedSpace
+    tracker: Tracker
+    parent_run: str
+    study_name: str
+    results_dir: Path
+    max_retries: int
+
+    def _set_attr(self, trial: FrozenTrial, key: str, value: Any) -> None:
+        study_id = self.storage.get_study_id_from_name(self.study_name)
+        trial_id = self.storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+        self.storage.set_trial_user_attr(trial_id, key, value)
+
+    def run(self) -> None:
+        """Trials a dead daemon left RUNNING become FAIL (daemon_lost) and are re-queued once
+        (a confirmation run is not: the comparison runs whole again); MLflow is then caught
+        up with Optuna."""
+        study = self.study
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if ATTR_DUPLICATE_OF in trial.user_attrs:  # died between marking a repeat and
+                study.tell(trial.number, state=TrialState.FAIL)  # telling it: it launched
+                continue  # nothing and has no run
+            unsampled = self.space.unsampled(trial.params)
+            if unsampled and ATTR_MLFLOW_RUN not in trial.user_attrs:
+                self._drop_cut_short(trial, unsampled)
+                continue
+            attrs = dict(trial.user_attrs)
+            retries = int(attrs.get(ATTR_RETRIES, 0))
+            if not requeueable(attrs):
+                fate = "the confirmation runs again whole on this start"
+            elif retries < self.max_retries:
+                fate = "re-queued"
+            else:
+                fate = f"not re-queued (retried {retries} times already)"
+            record = TrialRecord.failed(
+                trial.params, FailureReason.DAEMON_LOST.value,
+                "the daemon died with this trial in flight.",
+                f"the daemon died with this trial in flight; {fate}.",
+                is_baseline=bool(attrs.get(ATTR_BASELINE)))
+            self._set_attr(trial, ATTR_RECORD, record.to_user_attr())
+            if not trial.user_attrs.get(ATTR_MLFLOW_RUN):
+                # Asked but never launched (it waited for GPUs): give it its run now, while the
+                # trial can still take the run's id, so every Optuna trial names its one run.
+                try:
+                    run_id = self.tracker.start_trial(self.parent_run, self.study_name,
+                                                      trial.number, trial.params)
+                    self._set_attr(trial, ATTR_MLFLOW_RUN, run_id)
+                except Exception as exc:  # any store error: the catch-up finds it by its tag
+                    logger.warning("trial %d: MLflow start_trial failed (%s: %s); logged on "
+                                   "the next resume", trial.number, type(exc).__name__,
+                                   str(exc)[:200])
+            study.tell(trial.number, state=TrialState.FAIL)
+            if fate == "re-queued":
+                requeue(study, trial.number, trial.params, attrs, retries + 1)
+            logger.warning("trial %d was in flight when the daemon died: failed, %s",
+                           trial.number, fate)
+        self.catch_up()
+
+    def _drop_cut_short(self, trial: FrozenTrial, unsampled: list[str]) -> None:
+        """A dead daemon's trial still being sampled has half a config and never launched: it
+        fails without a run and counts for no budget. One the sampler proposed is not
+        re-queued (pinning half a config would retry nothing; the sampler asks again); one
+        enqueued whole (the defaults, a seed, a retry) goes back in the queue as it was."""
+        attrs = dict(trial.user_attrs)
+        enqueued = trial.system_attrs.get("fixed_params")
+        again = enqueued if enqueued and requeueable(attrs) else None  # what goes back
+        fate = "re-queued as enqueued" if again else "not re-queued"
+        record = TrialRecord.failed(
+            trial.params, FailureReason.DAEMON_LOST.value,
+            "the daemon died while this trial's config was being sampled.",
+            f"the daemon died before sampling {', '.join(unsampled)}: nothing launched, "
+            f"{fate}.",
+            is_baseline=bool(attrs.get(ATTR_BASELINE)))
+        self._set_attr(trial, ATTR_RECORD, record.to_user_attr())
+        self._set_attr(trial, ATTR_CUT_SHORT, True)
+        self.study.tell(trial.number, state=TrialState.FAIL)
+        if again:
+            requeue(self.study, trial.number, again, attrs, int(attrs.get(ATTR_RETRIES, 0)))
+        logger.warning("trial %d was being sampled when the daemon died (no %s yet): failed, "
+                       "%s", trial.number, ", ".join(unsampled), fate)
+
+    def catch_up(self) -> None:
+        """Log to MLflow what it missed of the study's finished trials and close the runs a
+        dead daemon left RUNNING."""
+        trials = []
+        for frozen in self.study.get_trials(deepcopy=False):
+            record = record_of(frozen)
+            if record is None or not frozen.state.is_finished():
+                continue
+            if ATTR_DUPLICATE_OF in frozen.user_attrs or ATTR_CUT_SHORT in frozen.user_attrs:
+                continue  # launched nothing and has no run (a repeat: its original's stands)
+            trials.append(TrialLog(
+                number=frozen.number, run_id=frozen.user_attrs.get(ATTR_MLFLOW_RUN) or None,
+                params=frozen.params, payload=tracking_payload(record, None),
+                workdir=trial_workdir(self.results_dir, frozen.number)))
+        try:
+            done = self.tracker.catch_up(self.study_name, self.parent_run, trials)
+        except Exception as exc:  # any store error: the trials are safe in Optuna
+            logger.warning("MLflow catch-up failed (%s: %s); every trial is kept in Optuna and "
+                           "the next start logs what MLflow lacks", type(exc).__name__,
+                           str(exc)[:200])
+            return
+        if done.left_running:
+            logger.info("closed %d MLflow runs left RUNNING by a dead daemon", done.left_running)
+        if done.created:
+            logger.info("logged %d finished trials the MLflow store had missed", done.created)
+

@@ -1,0 +1,515 @@
+"""The search policy: which config runs next, when a trial is pruned, and what Optuna is told of
+each trial. Pure policy over an Optuna study: no processes, GPUs, Ray or MLflow. The daemon
+drives it with real engines; `bench/replay.py` drives it with a table of measured configs.
+
+How a trial goes through it: `next_launch` asks Optuna (or takes the queue: the defaults,
+seeds, retries), refuses a config measured before (its outcome is reused) or one that cannot
+run here (told as a config failure), and hands out a `Running` once its GPUs are free;
+`on_step` judges each load level (prune or go on); `on_result` writes the record, tells Optuna
+(the one state mapping: `study.state_of`) and re-queues what infrastructure lost. Everything
+told is passed to the `TrialLog` (the daemon logs it to MLflow).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import optuna
+from optuna.trial import TrialState
+
+from optimizer import bottleneck
+from optimizer.config import StudyConfig
+from optimizer.outcomes import record_result
+from optimizer.records import TrialRecord, record_of
+from optimizer.study import (
+    ATTR_BASELINE,
+    ATTR_CONFIRM,
+    ATTR_DUPLICATE_OF,
+    ATTR_RECORD,
+    ATTR_RETRIES,
+    ATTR_RETRY_OF,
+    ATTR_SEEDED,
+    CONFIG_FAILURES,
+    engine_config,
+    is_search_trial,
+    objective_values,
+    requeue,
+    tell_config_failure,
+)
+from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics, Workload
+from runners.hardware import HardwareProfile
+from runners.model_info import ModelInfo
+from search_spaces import ResolvedSpace
+
+logger = logging.getLogger(__name__)
+
+# A trial waiting for GPUs that later, smaller trials have overtaken this many times holds the
+# next free GPUs: nothing behind it starts until it has (no starving a 2-GPU trial by 1-GPU ones).
+MAX_OVERTAKEN = 2
+# This many proposals in a row of configs already measured: the sampler has nothing new to offer.
+MAX_CONSECUTIVE_DUPLICATES = 200
+
+
+@dataclass
+class Running:
+    """A trial handed out to run: what the policy needs to judge its steps and record it."""
+
+    trial: optuna.Trial
+    params: dict[str, Any]  # as sampled (fixed params included)
+    config: EngineConfig
+    is_baseline: bool
+    retries: int
+    started: float = field(default_factory=time.monotonic)
+    run_id: str | None = None  # the tracker's run, set by whoever launches it
+    steps: list[StepMetrics] = field(default_factory=list)
+    pruned_at: int | None = None
+    prune_reason: str | None = None
+
+
+@dataclass
+class _Waiting:
+    """A trial asked of Optuna whose GPUs are not free yet."""
+
+    trial: optuna.Trial
+    params: dict[str, Any]
+    config: EngineConfig
+    overtaken: int = 0  # later trials launched while this one waited
+
+
+@dataclass(frozen=True)
+class Told:
+    """A trial the policy has told Optuna about, for the log: `kind` "measured" (it ran),
+    "rejected" (refused before launch: it has a run of its own) or "duplicate" (no run)."""
+
+    kind: str
+    number: int
+    record: TrialRecord
+    run_id: str | None = None
+    result: RunResult | None = None
+    running: Running | None = None
+
+
+class TrialLog(Protocol):
+    """Hears what the policy tells Optuna (the daemon: MLflow and the progress display)."""
+
+    def open_run(self, trial: optuna.Trial, params: Mapping[str, Any]) -> str | None:
+        """Give a trial that never launched its run, before it is told (the run id can then
+        still be stored on the trial); None when the tracker refuses."""
+        ...
+
+    def told(self, told: Told) -> None: ...
+
+
+class NoLog:
+    """A `TrialLog` that keeps nothing (the replay)."""
+
+    def open_run(self, trial: optuna.Trial, params: Mapping[str, Any]) -> str | None:
+        return None
+
+    def told(self, told: Told) -> None:
+        return None
+
+
+def config_key(params: Mapping[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+class SearchPolicy:
+    """One study's policy. Not thread-safe: one caller drives it."""
+
+    def __init__(self, cfg: StudyConfig, space: ResolvedSpace, study: optuna.Study, *,
+                 workload: Workload, total_gpus: int, max_gpus_per_node: int | None = None,
+                 hardware: HardwareProfile | None = None, model: ModelInfo | None = None,
+                 log: TrialLog | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.space = space
+        self.study = study
+        self.workload = workload
+        self.total_gpus = total_gpus  # lowered by the caller when a cluster node dies
+        self.max_gpus_per_node = max_gpus_per_node or total_gpus  # a trial's GPUs share a node
+        self.hardware = hardware  # for the roofline of the bottleneck classifier
+        self.model = model
+        self.log: TrialLog = log or NoLog()
+        self.clock = clock
+        self.started = clock()
+        self.running: list[Running] = []
+        self.waiting: list[_Waiting] = []  # asked, in order, waiting for their GPUs
+        # Measured before the defaults were: recorded once the defaults are, so that every
+        # conclusion compares its trial with them.
+        self.deferred: list[tuple[Running, RunResult]] = []
+        self.finished_here = 0
+        self._measured: dict[str, int] = {}  # config key -> the finished trial that holds it
+        self._duplicates_in_a_row = 0
+        self.is_exhausted = False
+
+    # -- the queue ----------------------------------------------------------------------------
+
+    def prepare(self, seed_trials: Sequence[Mapping[str, Any]] = ()) -> None:
+        """Learn the configs the study holds and queue the defaults (unless there) and the
+        seeds. On every start, not just the first: a daemon killed between these writes left
+        some seeds out, and a seed added to the study file since runs on resume."""
+        trials = self.study.get_trials(deepcopy=False)
+        for frozen in trials:
+            self.remember(frozen.number, record_of(frozen))
+        if not any(ATTR_BASELINE in t.user_attrs for t in trials):
+            self.study.enqueue_trial(self.space.defaults(), user_attrs={ATTR_BASELINE: True})
+        for params in seed_trials:
+            self.study.enqueue_trial(dict(params), user_attrs={ATTR_SEEDED: True},
+                                     skip_if_exists=True)
+
+    def remember(self, number: int, record: TrialRecord | None) -> None:
+        """Keep a finished trial's config if its outcome would repeat: a measurement, a prune,
+        or a failure the config causes (not one lost to infrastructure)."""
+        if record is None or not record.params:
+            return
+        if record.state in ("complete", "pruned") or (
+                record.state == "failed" and record.failure_reason in CONFIG_FAILURES):
+            self._measured.setdefault(config_key(record.params), number)
+
+    def budget_left(self) -> bool:
+        if self.is_exhausted:
+            return False
+        budget = self.cfg.spec.budget
+        if budget.wall_hours is not None and \
+                self.clock() - self.started >= budget.wall_hours * 3600:
+            return False
+        if budget.trials is not None:
+            trials = self.study.get_trials(deepcopy=False)
+            # A failure lost to infrastructure and re-queued does not count: its re-run does;
+            # nor does a repeat of a measured config, which cost nothing.
+            requeued = {t.user_attrs.get(ATTR_RETRY_OF) for t in trials}
+            done = sum(1 for t in trials if t.state.is_finished() and t.number not in requeued
+                       and is_search_trial(t))
+            return done + len(self.running) + len(self.waiting) + len(self.deferred) < \
+                budget.trials
+        return True
+
+    def max_parallel(self) -> int:
+        return self.cfg.spec.max_parallel_trials or self.total_gpus
+
+    def _max_waiting(self) -> int:
+        """How many asked trials may wait for GPUs at once: enough to find one that fits the
+        GPUs left free (on 2 GPUs most configs of a space need both), few enough that the
+        sampler is not asked far ahead of what it has learnt."""
+        return 2 * self.max_parallel()
+
+    def next_launch(self, can_start: Callable[[int], bool]) -> Running | None:
+        """The next trial to launch now, or None. Starts waiting trials whose GPUs are free,
+        in the order asked, and asks for more while GPUs stay free: a trial that needs more
+        GPUs than are free does not hold back one that fits. One overtaken MAX_OVERTAKEN times
+        reserves the GPUs: nothing behind it starts, nothing more is asked, until it has."""
+        while len(self.running) < self.max_parallel():
+            started = self._start_waiting(can_start)
+            if started is not None:
+                return started
+            if not can_start(1) or len(self.waiting) >= self._max_waiting() or \
+                    any(w.overtaken >= MAX_OVERTAKEN for w in self.waiting) or \
+                    not self.budget_left():
+                return None
+            asked = self._ask()  # None: rejected before launch or a repeat; ask again
+            if asked is not None:
+                self.waiting.append(asked)
+        return None
+
+    def _start_waiting(self, can_start: Callable[[int], bool]) -> Running | None:
+        for index, waiting in enumerate(self.waiting):
+            if waiting.config.num_gpus > self.total_gpus:  # a node died while it waited
+                del self.waiting[index]
+                self._tell_without_run(waiting.trial, waiting.params, Failure(
+                    FailureReason.NODE_LOST,
+                    f"it needs {waiting.config.num_gpus} GPUs but the cluster has "
+                    f"{self.total_gpus} left after a node died; not re-queued."))
+                return self._start_waiting(can_start)
+            if can_start(waiting.config.num_gpus):
+                del self.waiting[index]
+                for earlier in self.waiting[:index]:
+                    earlier.overtaken += 1
+                return self._running(waiting.trial, waiting.params, waiting.config)
+            if waiting.overtaken >= MAX_OVERTAKEN:
+                return None  # it holds the next free GPUs
+        return None
+
+    def _running(self, trial: optuna.Trial, params: dict[str, Any],
+                 config: EngineConfig) -> Running:
+        attrs = trial.user_attrs
+        running = Running(trial, params, config, bool(attrs.get(ATTR_BASELINE)),
+                          int(attrs.get(ATTR_RETRIES, 0)), started=self.clock())
+        self.running.append(running)
+        return running
+
+    def _ask(self) -> _Waiting | None:
+        trial = self.study.ask()
+        params = self.space.sample(trial)
+        key = config_key(params)
+        earlier = self._measured.get(key)
+        if earlier is None:
+            earlier = self._unfinished_with(key, trial.number)
+        if earlier is not None and ATTR_CONFIRM not in trial.user_attrs:
+            self._tell_duplicate(trial, params, earlier)
+            return None
+        self._duplicates_in_a_row = 0
+        config = engine_config(self.cfg, self.space.to_flags(params))
+        problems = list(self.space.check(params))
+        if config.num_gpus > self.total_gpus:
+            problems.append(f"needs {config.num_gpus} GPUs but the cluster has "
+                            f"{self.total_gpus}")
+        elif config.num_gpus > self.max_gpus_per_node:
+            problems.append(f"needs {config.num_gpus} GPUs on one node but the largest node of "
+                            f"the cluster has {self.max_gpus_per_node}")
+        memory = bottleneck.memory_problem(config, self.hardware, self.model)
+        if memory is not None:
+            problems.append(memory)
+        if problems:
+            failure = Failure(FailureReason.INFEASIBLE, "; ".join(problems))
+            self._tell_without_run(trial, params, failure)
+            return None
+        return _Waiting(trial, params, config)
+
+    def ask_confirm(self, params: Mapping[str, Any], label: str) -> Running:
+        """A final re-measurement of `params` ("defaults" or "best"), launched at once."""
+        self.study.enqueue_trial(dict(params), user_attrs={ATTR_CONFIRM: label})
+        trial = self.study.ask()
+        sampled = self.space.sample(trial)
+        return self._running(trial, sampled,
+                             engine_config(self.cfg, self.space.to_flags(sampled)))
+
+    def _unfinished_with(self, key: str, asking: int) -> int | None:
+        """The trial that already holds this config and has not finished: in flight, asked and
+        waiting for GPUs, or queued in the storage (a retry, a seed, the defaults). A config is
+        launched at most once per study, whatever stage its first trial is at."""
+        for item in [*self.running, *(held for held, _ in self.deferred)]:
+            if config_key(item.params) == key:
+                return item.trial.number
+        for waiting in self.waiting:
+            if config_key(waiting.params) == key:
+                return waiting.trial.number
+        for queued in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            fixed = queued.system_attrs.get("fixed_params")
+            if queued.number != asking and fixed and config_key(fixed) == key and \
+                    ATTR_CONFIRM not in queued.user_attrs:
+                return queued.number
+        return None
+
+    def _tell_duplicate(self, trial: optuna.Trial, params: dict[str, Any],
+                        earlier: int) -> None:
+        """The sampler proposed (or the queue held) a config another trial holds: launch
+        nothing. A measured original's outcome is reused: the trial tells the sampler the same
+        value (so TPE keeps learning). One still queued or running has no outcome yet: the
+        repeat fails (the sampler already sees the original as running). Either way it counts
+        for no budget; a long run of them ends the study, the space being exhausted."""
+        from dataclasses import replace
+
+        frozen = self.study.get_trials(deepcopy=False)[earlier]
+        original = record_of(frozen)
+        if frozen.state.is_finished() and original is not None:
+            record = replace(original, is_baseline=False, engine_started_unix_s=None,
+                             engine_ended_unix_s=None,  # no engine of its own ran
+                             conclusion=f"same config as trial {earlier}: not launched again; "
+                                        f"its outcome stands ({original.state}).")
+        else:
+            stage = "queued" if frozen.state == TrialState.WAITING else "in flight"
+            record = TrialRecord.failed(
+                params, "duplicate", f"trial {earlier} holds this config ({stage}).",
+                f"same config as trial {earlier}, {stage}: not launched; trial {earlier} "
+                "measures it.")
+        trial.set_user_attr(ATTR_RECORD, record.to_user_attr())
+        trial.set_user_attr(ATTR_DUPLICATE_OF, earlier)
+        for key, value in frozen.constraints.items():
+            trial.set_constraint(key, value)
+        if not frozen.state.is_finished():
+            self.study.tell(trial, state=TrialState.FAIL)
+        elif frozen.state == TrialState.COMPLETE and frozen.values is not None:
+            self.study.tell(trial, frozen.values)
+        else:
+            self.study.tell(trial, state=frozen.state)
+        self.log.told(Told("duplicate", trial.number, record))
+        self._duplicates_in_a_row += 1
+        if self._duplicates_in_a_row >= MAX_CONSECUTIVE_DUPLICATES:
+            self.is_exhausted = True
+            logger.warning("the sampler proposed %d measured configs in a row: the space is "
+                           "exhausted; the study ends", self._duplicates_in_a_row)
+        logger.debug("trial %d repeats trial %d: not launched", trial.number, earlier)
+
+    def _tell_without_run(self, trial: optuna.Trial, params: dict[str, Any],
+                          failure: Failure) -> None:
+        conclusion = f"rejected before launch ({failure.reason.value}): {failure.message}"
+        record = TrialRecord.failed(params, failure.reason.value, failure.message, conclusion)
+        trial.set_user_attr(ATTR_RECORD, record.to_user_attr())
+        self.remember(trial.number, record)
+        run_id = self.log.open_run(trial, params)
+        if failure.reason in CONFIG_FAILURES:
+            tell_config_failure(self.study, trial, self.cfg.objectives, self.has_slo)
+        else:
+            self.study.tell(trial, state=TrialState.FAIL)
+        logger.info("trial %d %s", trial.number, conclusion)
+        self.log.told(Told("rejected", trial.number, record, run_id=run_id))
+
+    # -- steps and pruning ----------------------------------------------------------------------
+
+    def on_step(self, running: Running, step: StepMetrics) -> bool:
+        """Judge one load level of a running trial; True stops it there (pruned)."""
+        running.steps.append(step)
+        stop = self._should_prune(running, step)
+        if stop:
+            running.pruned_at = step.step
+        return stop
+
+    def _should_prune(self, item: Running, step: StepMetrics) -> bool:
+        if self.cfg.is_multi_objective or item.is_baseline or \
+                ATTR_CONFIRM in item.trial.user_attrs:
+            return False  # Optuna prunes single-objective only; these always complete
+        values = objective_values(self.cfg.objectives, item.steps)
+        if values is None:
+            return False
+        item.trial.report(values[0], step.step)
+        if step.step >= len(self.workload.levels) - 1 or self.workload.capacity is not None:
+            # The last level: stopping now saves nothing. A capacity search's probes are at
+            # loads of its own, not comparable between trials.
+            return False
+        m = step.metrics
+        if m.request_goodput is not None and m.request_throughput > 0 and \
+                m.request_goodput >= 0.95 * m.request_throughput:
+            # Every request met the SLO: this load is below the trial's capacity, where configs
+            # differ by latency, not by what they can serve (two replicas look like one at a
+            # light load). Judge it where it saturates.
+            return False
+        # The pruner reads the verdict the trial stores (BottleneckPruner): classify first.
+        verdict = self.verdict(item.steps, item.config)
+        item.trial.set_user_attr(bottleneck.ATTR_VERDICT, verdict.as_user_attr(
+            tensor_parallel_size=item.config.tensor_parallel_size,
+            objective_value=values[0], step=step.step))
+        if not item.trial.should_prune():
+            return False
+        frozen = next(t for t in self.study.get_trials(deepcopy=False,
+                                                       states=(TrialState.RUNNING,))
+                      if t.number == item.trial.number)
+        explain = getattr(self.study.pruner, "explain", None)
+        item.prune_reason = (explain(self.study, frozen) if explain else None) or \
+            f"{self.cfg.objectives[0]} {values[0]:.3g} below the median of earlier trials"
+        logger.info("trial %d pruned at step %d: %s params=%s", item.trial.number, step.step,
+                    item.prune_reason, item.params)
+        return True
+
+    def verdict(self, steps: Sequence[StepMetrics], config: EngineConfig,
+                result: RunResult | None = None) -> bottleneck.Verdict:
+        """Classify a trial from what it has measured so far (or its whole result)."""
+        measured = [s for s in (result.steps if result else steps) if s.metrics.completed > 0]
+        tp1 = self._tp1_tpot_ms(measured[-1].step) if measured and \
+            config.tensor_parallel_size > 1 else None
+        evidence = bottleneck.evidence_from(result if result is not None else steps, config,
+                                            self.hardware, self.model, tp1_tpot_ms=tp1)
+        return bottleneck.classify(evidence)
+
+    def _tp1_tpot_ms(self, step_index: int) -> float | None:
+        """The best median TPOT at this load level among finished TP=1 trials: what a TP>1
+        trial must beat for its split to be worth the communication."""
+        best: float | None = None
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            record = record_of(t)
+            if record is None or int(record.flags.get("tensor_parallel_size") or 1) != 1:
+                continue
+            for s in record.steps:
+                tpot = (s.get("metrics") or {}).get("median_tpot_ms")
+                if s.get("step") == step_index and tpot and (best is None or tpot < best):
+                    best = float(tpot)
+        return best
+
+    # -- results --------------------------------------------------------------------------------
+
+    def on_result(self, running: Running, result: RunResult) -> None:
+        """Record a finished trial and tell Optuna, or hold it until the defaults are measured
+        (trials run beside the defaults and may end first: its conclusion compares it with
+        them)."""
+        if running in self.running:
+            self.running.remove(running)
+        if not running.is_baseline and ATTR_CONFIRM not in running.trial.user_attrs and \
+                self.baseline_pending():
+            logger.info("trial %d measured; recorded once the defaults are",
+                        running.trial.number)
+            self.deferred.append((running, result))
+            return
+        self._record(running, result)
+        self.record_deferred()
+
+    def baseline_pending(self) -> bool:
+        """Whether this run is still to measure the defaults: in flight, waiting for GPUs, or
+        queued (a retry included)."""
+        from optimizer.conclusions import baseline_trial
+
+        if baseline_trial(self.study) is not None:
+            return False
+        return any(i.is_baseline for i in self.running) or \
+            any(ATTR_BASELINE in w.trial.user_attrs for w in self.waiting) or \
+            any(ATTR_BASELINE in t.user_attrs
+                for t in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+    def record_deferred(self, *, force: bool = False) -> None:
+        """Record the trials held for the defaults once they are measured (or can no longer
+        be: then their conclusions say there is no defaults measurement); `force` when the
+        run ends with the defaults still queued."""
+        if not self.deferred or (self.baseline_pending() and not force):
+            return
+        held, self.deferred = self.deferred, []
+        for item, result in held:
+            self._record(item, result)
+
+    def interrupted(self, running: Running) -> None:
+        """A trial stopped in flight (the daemon is stopping now): failed, re-queued unless it
+        is a confirmation run."""
+        again = "it is re-queued" if ATTR_CONFIRM not in running.trial.user_attrs \
+            else "the confirmation runs whole again"
+        if running in self.running:
+            self.running.remove(running)
+        self._record(running, RunResult(status="failed", steps=tuple(running.steps),
+                                        failure=Failure(
+            FailureReason.INTERRUPTED,
+            f"the daemon was stopped with this trial in flight; {again} on resume.")))
+
+    def _record(self, item: Running, result: RunResult) -> None:
+        record = record_result(self, item, result)
+        self.remember(item.trial.number, record)
+        self.finished_here += 1
+        failure = Failure(FailureReason(record.failure_reason), record.failure_message or "") \
+            if record.failure_reason else None
+        retryable = failure is not None and failure.is_retryable
+        if failure is not None and item.retries < self.cfg.spec.retries and (
+                retryable or (item.is_baseline and failure.reason in ONE_OFF_FAILURES)) \
+                and requeue(self.study, item.trial.number, item.params,
+                            item.trial.user_attrs, item.retries + 1):
+            logger.info("trial %d re-queued after %s%s", item.trial.number, failure.reason,
+                        " (the defaults: every gain is measured against them)"
+                        if item.is_baseline and not retryable else "")
+        self.log.told(Told("measured", item.trial.number, record, run_id=item.run_id,
+                           result=result, running=item))
+
+    def release_waiting(self) -> None:
+        """Trials asked but never launched (they waited for GPUs) must not stay RUNNING: fail
+        them without a run and queue their params again for the resume."""
+        waiting, self.waiting = self.waiting, []
+        for item in waiting:
+            failure = Failure(FailureReason.INTERRUPTED,
+                              "the daemon stopped before this trial was launched; re-queued.")
+            attrs = dict(item.trial.user_attrs)
+            self._tell_without_run(item.trial, item.params, failure)
+            requeue(self.study, item.trial.number, item.params, attrs,
+                    int(attrs.get(ATTR_RETRIES, 0)))
+
+    @property
+    def has_slo(self) -> bool:
+        slo = self.workload.slo
+        return any(v is not None for v in (slo.ttft_p99_ms, slo.tpot_p99_ms, slo.e2el_ms))
+
+
+# A lost baseline is worth another try when it failed for one of these: they can be one-off
+# (a crash, a hang, a slow start on a busy host), and every gain is measured against the
+# defaults. Config failures repeat; other trials are not retried for these, as a crash there
+# is as likely the config's own doing and a retry costs a whole trial.
+ONE_OFF_FAILURES = frozenset({
+    FailureReason.CRASH_MID_RUN, FailureReason.HANG, FailureReason.STARTUP_TIMEOUT,
+    FailureReason.STARTUP_CRASH})

@@ -1,0 +1,59 @@
+"""The study run's closing figures and tags in MLflow: trial counts by state, the best and the
+recommended trial, the headline conclusion against the defaults, why there is no baseline, and
+the confirmed gain. Given to the daemon by the composition root (`runtime.build_daemon`)."""
+
+from __future__ import annotations
+
+import optuna
+
+from optimizer.config import StudyConfig
+from optimizer.confirm import STUDY_ATTR_CONFIRM
+from optimizer.records import record_of
+from optimizer.report import build_report, headline
+from optimizer.study import best_trial, is_search_trial, no_baseline_reason
+
+_STATE_NAMES = ("complete", "pruned", "failed")
+
+
+def study_summary(study: optuna.Study,
+                  cfg: StudyConfig) -> tuple[dict[str, float], dict[str, str]]:
+    """(metrics, tags) for `Tracker.finish_study`."""
+    finished = [t for t in study.get_trials(deepcopy=False)
+                if t.state.is_finished() and is_search_trial(t)]
+    # By the record's state: a config failure is a COMPLETE trial to Optuna (it teaches the
+    # sampler) but a failed one to the user.
+    states = []
+    for t in finished:
+        record = record_of(t)
+        name = record.state if record is not None else t.state.name.lower()
+        if name == "fail":
+            name = "failed"
+        if name in _STATE_NAMES:
+            states.append(name)
+    metrics: dict[str, float] = {f"trials_{k}": float(states.count(k)) for k in _STATE_NAMES}
+    tags: dict[str, str] = {}
+    best = best_trial(study)
+    if best is not None and best.values:
+        for name, v in zip(cfg.objectives, best.values, strict=True):
+            metrics[f"best.{name}"] = v
+        tags["best_trial"] = str(best.number)
+        report = build_report(study, cfg, with_importances=False)
+        tags["recommended_trial"] = str((report.recommended or report.best or best).number)
+        # The study's conclusion is the best against the defaults (the trial's own one
+        # compares it with the best before it).
+        tags["conclusion"] = headline(report)
+        tags["mlflow.note.content"] = tags["conclusion"]  # the run's description
+        if report.gain_bounds is not None:
+            metrics.update(report.gain_bounds.as_metrics("gain"))
+    no_baseline = no_baseline_reason(study) or ""
+    if no_baseline:
+        tags["no_baseline"] = no_baseline[:5000]
+    confirmed = study.user_attrs.get(STUDY_ATTR_CONFIRM)
+    if confirmed:
+        tags["confirm"] = str(confirmed["sentence"])
+        tags["confirmed"] = "true" if confirmed.get("is_confirmed") else "false"
+        metrics["confirm.gain"] = float(confirmed["gain"])
+        for key in ("ci_low", "ci_high"):
+            if confirmed.get(key) is not None:
+                metrics[f"confirm.gain_{key}"] = float(confirmed[key])
+    return metrics, tags
