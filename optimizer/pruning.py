@@ -3,7 +3,7 @@
 A plain median rule prunes on noise: at a light load level every config serves the offered load,
 so half of them sit a hair under the median. `MarginPruner` prunes only a trial that is worse
 than a percentile of earlier trials at the same load level by a clear relative margin.
-`BottleneckPruner` adds rules on the trial's bottleneck verdict (optimizer/bottleneck.py).
+`BottleneckPruner` adds rules on the trial's bottleneck verdict (optimizer/bottleneck/).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Wiring for `nightshift start`: pick the engine, know the hardware and model, resolve the
-search space against them, start Ray, and build the daemon. Kept apart from `cli.py` so the
-composition is testable without a terminal."""
+search space against them, start Ray, and build the daemon. Kept apart from `optimizer/cli/` so
+the composition is testable without a terminal."""
 
 from __future__ import annotations
 

@@ -166,13 +166,13 @@ def test_live_progress_shows_labels_changes_and_an_eta(tmp_path: Path) -> None:
 
     from rich.console import Console
 
-    from optimizer.cli import _LiveProgress
+    from optimizer.cli.live import LiveProgress
     from optimizer.daemon import TrialEvent
 
     cfg = parse_study({"name": "live", "model": {"path": "qwen2.5-7b"},
                        "budget": {"trials": 4}, "slo": {"tpot_p99_ms": 10},
                        "results_dir": str(tmp_path)})
-    progress = _LiveProgress(cfg)
+    progress = LiveProgress(cfg)
     progress.on_event(TrialEvent("started", 0, {}))
     progress.on_event(TrialEvent("finished", 0, {}, "complete", 29.6, 8.1, "vLLM defaults",
                                  180.0, "memory-bound"))

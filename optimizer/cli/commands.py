@@ -1,7 +1,5 @@
-"""`nightshift` command line: the composition root. Builds typed config once, wires the study,
-workers, tracker and progress display, and maps errors to exit codes (0 ok, 1 failure, 2 bad
-input). Only this module installs logging handlers or prints.
-"""
+"""The `nightshift` subcommands (start, status, stop, export, report, audit, hw) on one typer
+app, registered in the order `--help` lists them."""
 
 from __future__ import annotations
 
@@ -14,47 +12,18 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.logging import RichHandler
 from rich.table import Table
 
+from optimizer.cli.live import LiveProgress
+from optimizer.cli.output import add_log_file, console, out, setup_logging
 from optimizer.config import StudyConfig, load_study
 from optimizer.errors import ConfigError, NightshiftError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="nightshift: tune vLLM serving configs overnight (Optuna + Ray + MLflow).")
-console = Console(stderr=True)
-out = Console()
 logger = logging.getLogger("optimizer.cli")
 
 StudyArg = Annotated[Path, typer.Argument(help="The study YAML (see examples/quickstart.yaml).")]
-
-
-def _add_log_file(path: Path) -> logging.Handler:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger().addHandler(handler)
-    return handler
-
-
-def _setup_logging(verbose: bool) -> None:
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-        old.close()
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    handler: logging.Handler
-    if console.is_terminal:
-        handler = RichHandler(console=console, show_path=False, rich_tracebacks=False)
-    else:  # a log file or CI: one plain line per event, never wrapped
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s",
-                                               "%H:%M:%S"))
-    handler.setLevel(logging.DEBUG if verbose else logging.INFO)
-    root.addHandler(handler)
-    for noisy in ("mlflow", "alembic", "optuna", "ray", "httpx", "urllib3", "filelock"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _load(study: Path) -> StudyConfig:
@@ -89,12 +58,12 @@ def start(
 
     cfg = _load(study)
     cfg = cfg.with_overrides(tracking_uri=tracking_uri, storage=storage, trials=trials)
-    _setup_logging(verbose)
-    progress = None if no_progress or not console.is_terminal else _LiveProgress(cfg)
+    setup_logging(verbose)
+    progress = None if no_progress or not console.is_terminal else LiveProgress(cfg)
     daemon, notes = build_daemon(cfg, dry_run=dry_run, ray_address=ray_address,
                                  on_event=progress.on_event if progress else None)
     # Only now, with the study validated, does anything get written under results_dir.
-    log_file = _add_log_file(cfg.results_dir / "daemon.log")
+    log_file = add_log_file(cfg.results_dir / "daemon.log")
     for note in notes:
         logger.info(note)
     resume = f"nightshift start {study}" + (" --dry-run" if dry_run else "")
@@ -132,62 +101,6 @@ def start(
     except Exception as exc:  # the report is a view: the study's results are safe in Optuna
         logger.warning("could not write the report (%s: %s); run `nightshift report %s`",
                        type(exc).__name__, exc, study)
-
-
-class _LiveProgress:
-    """A rich table of trials and a bar against the trial budget, redrawn from daemon events."""
-
-    def __init__(self, cfg: StudyConfig) -> None:
-        from rich.live import Live
-
-        self.cfg = cfg
-        self.rows: dict[int, dict[str, Any]] = {}
-        self.started = time.monotonic()
-        self.live = Live(self._render(), console=console, refresh_per_second=4)
-
-    def __enter__(self) -> _LiveProgress:
-        self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.live.__exit__(*exc)
-
-    def on_event(self, event: Any) -> None:
-        if event.kind == "study":
-            return
-        row = self.rows.setdefault(event.number, {"params": event.params, "label": ""})
-        row.update(state=event.state, value=event.value, tpot=event.tpot_p99_ms,
-                   message=event.message, elapsed=event.elapsed_s)
-        if event.label:
-            row["label"] = event.label
-        self.live.update(self._render())
-
-    def _render(self) -> Table:
-        objective = self.cfg.objectives[0]
-        budget = self.cfg.spec.budget.trials
-        done = sum(1 for r in self.rows.values() if r["state"] in ("complete", "pruned",
-                                                                      "failed"))
-        elapsed = time.monotonic() - self.started
-        title = f"{self.cfg.name}: {done}" + (f"/{budget}" if budget else "") + \
-            f" trials, {elapsed / 60:.0f} min"
-        if budget:
-            filled = int(20 * min(1.0, done / budget))
-            title += "  [" + "#" * filled + "-" * (20 - filled) + "]"
-            if 0 < done < budget:  # at the pace so far, trials in parallel included
-                title += f"  ETA ~{elapsed / done * (budget - done) / 60:.0f} min"
-        table = Table(title=title, expand=True)
-        for col in ("trial", "changes vs defaults", "state", objective, "TPOT p99 ms",
-                    "bottleneck", "s", "conclusion"):
-            table.add_column(col, overflow="fold")
-        for number in sorted(self.rows)[-25:]:
-            r = self.rows[number]
-            params = " ".join(f"{k}={v}" for k, v in r["params"].items()) or "(defaults)"
-            table.add_row(str(number), params[:80], r["state"],
-                          "" if r["value"] is None else f"{r['value']:.3g}",
-                          "" if r["tpot"] is None else f"{r['tpot']:.1f}", r["label"],
-                          f"{r['elapsed']:.0f}", (r["message"] or "")[:100])
-        return table
-
 
 # -- status / stop --------------------------------------------------------------------------
 
@@ -442,35 +355,3 @@ def hw(output: Annotated[Path | None, typer.Option("--output", "-o",
     out.print_json(json.dumps(data, default=str))
     if output is not None:
         output.write_text(json.dumps(data, indent=2, default=str))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit code: 0 ok, 1 failure, 2 bad input."""
-    import click
-
-    # MLflow configures its own logger at import, at INFO; its table-creation chatter is noise.
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-    # An unreachable tracking server must fail in seconds, not after MLflow's long back-off.
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
-    try:
-        # Without standalone mode click returns a command's `typer.Exit(code)` as a value.
-        code = app(args=argv if argv is not None else sys.argv[1:], standalone_mode=False,
-                   prog_name="nightshift")
-        if isinstance(code, int) and not isinstance(code, bool):
-            return code
-    except click.exceptions.Exit as exc:
-        return int(exc.exit_code or 0)
-    except click.exceptions.Abort:
-        return 1
-    except click.ClickException as exc:
-        exc.show()
-        return 2
-    except NightshiftError as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        return exc.exit_code
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,58 @@
+"""What limits a measured config: a pure classifier from evidence (profiler trace shares, NVML
+telemetry, /metrics, the roofline of the measured prefill/decode step mix, vLLM's own MFU
+counters) to a `Verdict`, and the one-line conclusion built on it. This package's public face:
+callers import from here (`from optimizer import bottleneck; bottleneck.classify(...)`).
+
+Rules and thresholds are explained in docs/bottleneck.md; `classify` never does I/O, so it is
+tested on recorded summaries. Modules, each importing only those before it:
+`memory` (bytes per weight, fp8 facts, `memory_problem`), `roofline` (decode and step-mix
+rooflines, `level_metrics`), `evidence` (`Evidence`, `evidence_from`), `classify` (labels,
+`Thresholds`, `Verdict`, `classify`), `advice` (`advice`, `sentence`).
+"""
+
+from optimizer.bottleneck.advice import advice, sentence
+from optimizer.bottleneck.classify import (
+    ATTR_VERDICT,
+    DEFAULT_THRESHOLDS,
+    LABELS,
+    Label,
+    Source,
+    Thresholds,
+    Verdict,
+    classify,
+)
+from optimizer.bottleneck.evidence import Evidence, evidence_from
+from optimizer.bottleneck.memory import GIB, is_fp8_kv, is_fp8_weights, memory_problem
+from optimizer.bottleneck.roofline import (
+    Roofline,
+    StepRoofline,
+    level_metrics,
+    roofline_decode_s,
+    roofline_terms,
+    step_roofline,
+)
+
+__all__ = [
+    "ATTR_VERDICT",
+    "DEFAULT_THRESHOLDS",
+    "GIB",
+    "LABELS",
+    "Evidence",
+    "Label",
+    "Roofline",
+    "Source",
+    "StepRoofline",
+    "Thresholds",
+    "Verdict",
+    "advice",
+    "classify",
+    "evidence_from",
+    "is_fp8_kv",
+    "is_fp8_weights",
+    "level_metrics",
+    "memory_problem",
+    "roofline_decode_s",
+    "roofline_terms",
+    "sentence",
+    "step_roofline",
+]

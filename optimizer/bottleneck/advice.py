@@ -1,0 +1,89 @@
+"""The conclusion built on a verdict: `advice` (what to do next, never what the config already
+does) and `sentence` ("change -> metric -> conclusion" in one line)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from optimizer.bottleneck.classify import Label, Verdict
+from optimizer.bottleneck.evidence import is_true
+from optimizer.bottleneck.memory import FP8_METHODS
+from runners.base import EngineConfig
+
+_ADVICE: Final[Mapping[Label, str]] = {
+    "communication-bound": "prefer a smaller tensor_parallel_size (replicas instead)",
+    "at-physical-limit": "this is the hardware's limit for this batch; stop tuning this config",
+    "unknown": "profile the trial to tell",
+}
+
+
+def advice(verdict: Verdict, *,
+           config: EngineConfig | Mapping[str, Any] | None = None) -> str:
+    """What to do next, given the verdict; never what the config already does. `config` (an
+    `EngineConfig` or its flags) adds what the verdict's evidence does not say (quantization
+    method, memory utilisation, max_num_seqs); without it the evidence's fp8/eager facts rule
+    out the levers already pulled."""
+    flags: Mapping[str, Any] = {}
+    if isinstance(config, EngineConfig):
+        flags = config.flags
+    elif config is not None:
+        flags = config
+    ev = verdict.evidence
+    quantization = str(flags.get("quantization") or "").lower()
+    fp8_weights = ev.get("is_fp8_weights") == 1.0 or quantization in FP8_METHODS
+    kv_dtype = str(flags.get("kv_cache_dtype") or "").lower()
+    fp8_kv = ev.get("is_fp8_kv") == 1.0 or kv_dtype.startswith("fp8")
+    eager = ev.get("is_enforce_eager") == 1.0 or is_true(flags.get("enforce_eager") or False)
+    label = verdict.label
+    if label == "launch-bound":
+        if eager:
+            return "keep CUDA graphs on"
+        if (ev.get("num_runtime_jit_compiles") or 0) > 0:
+            fix = ("use quantization fp8 (precompiled kernels) instead of "
+                   f"{quantization}" if quantization.startswith("fp8_per") else
+                   "warm up the shapes it serves or pick kernels that need no compile")
+            return f"kernels were JIT-compiled while serving: {fix}"
+        return "cut host overhead: CUDA graph capture sizes covering the batch, scheduling"
+    if label == "compute-bound":
+        if not fp8_weights:
+            return "fewer FLOPs per token at the same rate: fp8 weights (quantization fp8)"
+        return ("only fewer prefill FLOPs help now: prefix caching of shared prompts, "
+                "shorter prompts, or more GPUs (data_parallel_size)")
+    if label == "memory-bound":
+        levers = []
+        if not fp8_weights:
+            levers.append("fp8 weights (quantization fp8)")
+        # fp8 KV halves only the KV part of the bytes: named where that part is worth it.
+        if not fp8_kv and ev.get("kv_read_share", 1.0) >= 0.1:
+            levers.append("an fp8 KV cache (kv_cache_dtype fp8)")
+        if levers:
+            return "read fewer bytes per token: " + " or ".join(levers)
+        return ("read the weights for more sequences per step (a larger max_num_seqs where "
+                "the KV cache has room) or add replicas (data_parallel_size)")
+    if label == "kv-capacity-bound":
+        levers = []
+        if not fp8_kv:
+            levers.append("kv_cache_dtype fp8")
+        gmu = flags.get("gpu_memory_utilization")
+        if gmu is None or float(gmu) < 0.95:
+            levers.append("a higher gpu_memory_utilization")
+        if not fp8_weights:
+            levers.append("fp8 weights (more memory left for KV)")
+        levers.append("a smaller max_num_seqs")
+        return "give the KV cache room: " + ", ".join(levers)
+    if label == "unknown" and ev.get("gpu_busy_fraction") is not None:
+        return "compare kernel times with a faster config at this load"
+    return _ADVICE[label]
+
+
+def sentence(params_change: str | Mapping[str, Any], metric_change: str,
+             verdict: Verdict) -> str:
+    """"change -> metric -> conclusion" in one line, e.g. `enforce_eager=True: TPOT p99 18.8 ms
+    (+165% vs best): launch-bound (GPU busy 19% of the kernel span); keep CUDA graphs on.`"""
+    change = params_change if isinstance(params_change, str) else ", ".join(
+        f"{k}={v}" for k, v in params_change.items())
+    head = f"{change}: " if change else ""
+    metric = f"{metric_change}: " if metric_change else ""
+    detail = f" ({verdict.detail})" if verdict.detail else ""
+    return f"{head}{metric}{verdict.label}{detail}; {advice(verdict)}."

@@ -1,0 +1,355 @@
+"""The labels, the thresholds where each rule fires, and `classify`: the pure function from
+`Evidence` to a `Verdict` (docs/bottleneck.md gives the rules in order, and the reason for
+every number)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Final, Literal, get_args
+
+from optimizer.bottleneck.evidence import Evidence
+
+Label = Literal["compute-bound", "memory-bound", "communication-bound", "launch-bound",
+                "kv-capacity-bound", "at-physical-limit", "unknown"]
+LABELS: Final[tuple[Label, ...]] = get_args(Label)
+Source = Literal["trace", "telemetry", "metrics", "roofline", "config"]
+
+ATTR_VERDICT: Final = "verdict"  # trial user attribute holding `Verdict.as_user_attr()`
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Where each rule fires; docs/bottleneck.md gives the reason for every number."""
+
+    at_limit_roofline_fraction: float = 0.8  # measured step within 1.25x of the roofline
+    kv_full_perc: float = 0.95  # KV cache usage, 0-1
+    communication_share: float = 0.25  # of kernel time
+    tp_slowdown: float = 1.15  # TPOT at TP>1 over the TP=1 reference
+    launch_busy_fraction: float = 0.4  # GPU busy over the kernel span
+    # NVML's share of time with a kernel running, sampled in the unprofiled measured window; at or
+    # over this, the profiled window's gaps are the profiler's own host overhead, not the engine's.
+    launch_max_gpu_util_pct: float = 80.0
+    eager_roofline_fraction: float = 0.35  # without a trace: eager and this far off the roofline
+    compute_gemm_share: float = 0.8
+    compute_busy_fraction: float = 0.8
+    compute_gpu_util_pct: float = 90.0  # without a trace, with a compute-dominated roofline
+    memory_dominance: float = 2.0  # bytes term over FLOPs term that makes busy GEMMs memory-bound
+    memory_util_pct: float = 50.0  # without a roofline: NVML memory-controller busy
+    # The step-mix roofline (time-averaged utilisation of the FLOP and bandwidth ceilings):
+    # at or over this, the dominant ceiling is what the level is bound by.
+    bound_fraction: float = 0.4
+    # Below `bound_fraction` on both: the GPU idled between kernels while it had work when
+    # NVML saw a kernel running less than this share of the time (or eager / runtime JIT).
+    launch_idle_gpu_util_pct: float = 50.0
+    # Little's law at the level: fewer requests than this in flight on average is a load that
+    # leaves the engine idle, which no ceiling explains.
+    min_requests_in_flight: float = 1.0
+
+
+DEFAULT_THRESHOLDS: Final = Thresholds()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The classifier's answer. `evidence` holds only the numbers that decided it."""
+
+    label: Label
+    roofline_fraction: float | None  # roofline time / measured step time; None without inputs
+    evidence: dict[str, float] = field(default_factory=dict)
+    reason: str = ""  # one sentence, naming the evidence used
+    detail: str = ""  # the short phrase `sentence` puts in parentheses
+    sources: tuple[Source, ...] = ()  # the kinds of evidence that decided
+
+    def as_user_attr(self, **extra: float | int | str | None) -> dict[str, Any]:
+        """JSON-able, for `trial.set_user_attr(ATTR_VERDICT, ...)`; `extra` adds what
+        `BottleneckPruner` reads (`tensor_parallel_size`, `objective_value`, `step`)."""
+        out: dict[str, Any] = {**asdict(self), "sources": list(self.sources)}
+        out.update({k: v for k, v in extra.items() if v is not None})
+        return out
+
+    @classmethod
+    def from_user_attr(cls, data: Mapping[str, Any]) -> Verdict:
+        label = data.get("label")
+        rf = data.get("roofline_fraction")
+        return cls(label=label if label in LABELS else "unknown",
+                   roofline_fraction=float(rf) if isinstance(rf, int | float) else None,
+                   evidence={str(k): float(v) for k, v in (data.get("evidence") or {}).items()
+                             if isinstance(v, int | float)},
+                   reason=str(data.get("reason") or ""), detail=str(data.get("detail") or ""),
+                   sources=tuple(data.get("sources") or ()))
+
+    def as_metrics(self) -> dict[str, float]:
+        """Flat figures for the tracker (`bottleneck.<name>`), and the operating point's two
+        utilisations under the names the per-level figures use (`roofline.compute_util`,
+        `roofline.bandwidth_util`, `vllm_mfu.compute_util`, `vllm_mfu.bandwidth_util`)."""
+        out = {f"bottleneck.{k}": v for k, v in self.evidence.items()}
+        if self.roofline_fraction is not None:
+            out["bottleneck.roofline_fraction"] = self.roofline_fraction
+        for key, name in (("compute_utilization", "roofline.compute_util"),
+                          ("bandwidth_utilization", "roofline.bandwidth_util"),
+                          ("vllm_compute_utilization", "vllm_mfu.compute_util"),
+                          ("vllm_bandwidth_utilization", "vllm_mfu.bandwidth_util")):
+            if key in self.evidence:
+                out[name] = self.evidence[key]
+        return out
+
+
+# --- the rules ----------------------------------------------------------------------------------
+
+
+def _num(values: Mapping[str, float | None]) -> dict[str, float]:
+    return {k: float(v) for k, v in values.items() if v is not None}
+
+
+def _verdict(label: Label, rf: float | None, evidence: Mapping[str, float | None],
+             detail: str, why: str, sources: Sequence[Source]) -> Verdict:
+    used = ", ".join(sources)
+    return Verdict(label=label, roofline_fraction=rf, evidence=_num(evidence),
+                   reason=f"{label}: {why} (from {used}).", detail=detail,
+                   sources=tuple(sources))
+
+
+# Figures every verdict carries when measured, whatever rule decided: the two utilisations (and
+# vLLM's), and the config facts `advice` must not contradict.
+_CONTEXT_FIELDS: Final = ("compute_utilization", "bandwidth_utilization",
+                          "vllm_compute_utilization", "vllm_bandwidth_utilization",
+                          "prefill_flop_share", "kv_read_share", "requests_in_flight",
+                          "num_runtime_jit_compiles",
+                          "is_fp8_weights", "is_fp8_kv", "is_enforce_eager")
+
+
+def classify(evidence: Evidence, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Verdict:
+    """The first rule that the evidence supports, in this order: kv-capacity-bound,
+    at-physical-limit, communication-bound, launch-bound, compute-bound, memory-bound; else
+    unknown. Each rule has a form for partial evidence (no trace: telemetry, metrics, config).
+    The verdict's evidence also carries the level's utilisations and fp8/eager facts."""
+    verdict = _classify(evidence, thresholds)
+    extra: dict[str, float] = {}
+    for name in _CONTEXT_FIELDS:
+        value = getattr(evidence, name)
+        if value is not None and name not in verdict.evidence:
+            extra[name] = float(value)
+    if not extra:
+        return verdict
+    return replace(verdict, evidence={**verdict.evidence, **extra})
+
+
+def _classify(evidence: Evidence, thresholds: Thresholds) -> Verdict:
+    e, t = evidence, thresholds
+    rf = e.roofline_fraction()
+    terms = e.roofline()
+    rf_ev: dict[str, float | None] = {"roofline_fraction": rf}
+
+    # A full KV cache that preempts or lets the queue grow caps the batch, however fast each
+    # step is; it has its own levers (KV dtype, memory utilisation), so it is named first.
+    kv = e.max_kv_cache_usage_perc
+    pressure = (e.num_preemptions or 0.0) > 0 or bool(e.is_waiting_rising)
+    if kv is not None and kv >= t.kv_full_perc and pressure:
+        return _verdict(
+            "kv-capacity-bound", rf,
+            {"max_kv_cache_usage_perc": kv, "num_preemptions": e.num_preemptions,
+             "is_waiting_rising": float(e.is_waiting_rising) if e.is_waiting_rising is not None
+             else None},
+            f"KV cache {kv:.0%} full, {_pressure(e)}",
+            f"the KV cache was {kv:.0%} full with {_pressure(e)}", ["metrics"])
+
+    if rf is not None and rf >= t.at_limit_roofline_fraction and e.has_mix:
+        ceiling = _dominant_ceiling(e)
+        return _verdict("at-physical-limit", rf, rf_ev, f"{rf:.0%} of the {ceiling} ceiling",
+                        f"the level ran at {e.compute_utilization:.0%} of the FLOP ceiling and "
+                        f"{e.bandwidth_utilization:.0%} of the bandwidth ceiling",
+                        ["roofline", "metrics"])
+    if rf is not None and rf >= t.at_limit_roofline_fraction:
+        return _verdict("at-physical-limit", rf, rf_ev, f"{rf:.0%} of the roofline",
+                        f"a decode step takes {e.tpot_ms:.3g} ms, within "
+                        f"{1 / rf:.2f}x of the roofline", ["roofline", "metrics"])
+
+    if e.communication_share is not None and e.communication_share > t.communication_share:
+        share = e.communication_share
+        return _verdict("communication-bound", rf,
+                        {"communication_share": share, **rf_ev,
+                         "tensor_parallel_size": e.tensor_parallel_size},
+                        f"communication {share:.0%} of kernel time",
+                        f"collectives take {share:.0%} of GPU kernel time", ["trace"])
+    if (e.tensor_parallel_size > 1 and e.tpot_ms is not None and e.tp1_tpot_ms is not None
+            and e.tp1_tpot_ms > 0 and e.tpot_ms > t.tp_slowdown * e.tp1_tpot_ms):
+        ratio = e.tpot_ms / e.tp1_tpot_ms
+        return _verdict("communication-bound", rf,
+                        {"tp_slowdown": ratio, "tpot_ms": e.tpot_ms, "tp1_tpot_ms": e.tp1_tpot_ms,
+                         "tensor_parallel_size": e.tensor_parallel_size},
+                        f"TPOT {ratio:.2f}x the TP=1 reference",
+                        f"TP={e.tensor_parallel_size} decodes {ratio:.2f}x slower than TP=1 at "
+                        "the same load", ["metrics", "config"])
+
+    busy = e.gpu_busy_fraction
+    util = e.gpu_util_mean_pct
+    # The trace comes from a profiled window, whose host-side overhead widens the gaps between
+    # kernels; NVML, sampled while the load ran unprofiled, says whether they exist without it.
+    profiler_gaps = busy is not None and busy < t.launch_busy_fraction and \
+        util is not None and util >= t.launch_max_gpu_util_pct
+    if busy is not None and busy < t.launch_busy_fraction and not profiler_gaps:
+        return _verdict("launch-bound", rf,
+                        {"gpu_busy_fraction": busy, "median_gap_us": e.median_gap_us,
+                         "is_enforce_eager": _flag(e.is_enforce_eager), **rf_ev},
+                        f"GPU busy {busy:.0%} of the kernel span",
+                        f"the GPU was busy only {busy:.0%} of the kernel span, idle between "
+                        "kernels", ["trace"])
+    if e.has_mix and rf is not None:
+        return _classify_mix(e, t, rf, busy, util, profiler_gaps)
+    if (busy is None and e.is_enforce_eager and rf is not None
+            and rf < t.eager_roofline_fraction):
+        return _verdict("launch-bound", rf, {"is_enforce_eager": 1.0, **rf_ev},
+                        f"eager mode at {rf:.0%} of the roofline",
+                        f"enforce_eager runs {rf:.0%} of the roofline with no trace to show "
+                        "the gaps", ["config", "roofline"])
+
+    gemm = e.gemm_share
+    if (gemm is not None and busy is not None and gemm > t.compute_gemm_share
+            and busy > t.compute_busy_fraction):
+        ev = {"gemm_share": gemm, "gpu_busy_fraction": busy, **rf_ev}
+        # Decode GEMMs at a small batch stream weights: busy GEMMs are then memory-bound.
+        if terms is not None and terms.memory_s > t.memory_dominance * terms.compute_s:
+            return _verdict("memory-bound", rf,
+                            {**ev, "memory_over_compute": terms.memory_s / terms.compute_s},
+                            f"GEMM {gemm:.0%} of a {busy:.0%}-busy GPU, streaming weights",
+                            f"GEMMs fill {gemm:.0%} of a {busy:.0%}-busy GPU but the roofline "
+                            "is bandwidth-dominated", ["trace", "roofline"])
+        return _verdict("compute-bound", rf, ev,
+                        f"GEMM {gemm:.0%} of kernel time, GPU busy {busy:.0%}",
+                        f"GEMMs fill {gemm:.0%} of a GPU busy {busy:.0%} of the time",
+                        ["trace"])
+    if busy is None and terms is not None and not terms.is_memory_dominated and \
+            (util is None or util >= t.compute_gpu_util_pct):
+        sources: list[Source] = ["roofline"] if util is None else ["roofline", "telemetry"]
+        return _verdict("compute-bound", rf,
+                        {"compute_over_memory": terms.compute_s / terms.memory_s,
+                         "gpu_util_mean_pct": util, **rf_ev},
+                        "FLOPs dominate the roofline",
+                        "the roofline's FLOP term exceeds its byte term", sources)
+
+    if terms is not None and terms.is_memory_dominated:
+        ev2 = {"memory_over_compute": terms.memory_s / terms.compute_s,
+               "gpu_busy_fraction": busy, "gpu_util_mean_pct": e.gpu_util_mean_pct,
+               "decode_batch": e.decode_batch, **rf_ev}
+        at = f" at {rf:.0%} of it" if rf is not None else ""
+        used: list[Source] = ["roofline", "trace"] if busy is not None else ["roofline"]
+        why = f"reading weights and KV dominates the decode roofline{at}"
+        if profiler_gaps:
+            used.append("telemetry")
+            why += (f"; the profiled window's gaps (GPU busy {busy:.0%}) are the profiler's: "
+                    f"unprofiled, a kernel ran {util:.0f}% of the time")
+        return _verdict("memory-bound", rf, ev2, f"bandwidth roofline{at}", why, used)
+    if terms is None and e.mem_util_mean_pct is not None \
+            and e.mem_util_mean_pct >= t.memory_util_pct:
+        return _verdict("memory-bound", rf, {"mem_util_mean_pct": e.mem_util_mean_pct},
+                        f"memory controller busy {e.mem_util_mean_pct:.0f}%",
+                        f"the memory controller was busy {e.mem_util_mean_pct:.0f}% of the "
+                        "time", ["telemetry"])
+
+    missing = [name for name, present in (("trace", e.has_trace), ("telemetry", e.has_telemetry),
+                                          ("metrics", e.has_metrics),
+                                          ("roofline", terms is not None)) if not present]
+    have: list[Source] = [s for s in ("trace", "telemetry", "metrics", "roofline")
+                          if s not in missing]
+    why = "no rule fired"
+    if missing:
+        why += f"; missing {', '.join(missing)}"
+    return Verdict(label="unknown", roofline_fraction=rf, evidence=_num(rf_ev),
+                   reason=f"unknown: {why} (from {', '.join(have) or 'nothing'}).",
+                   detail="not enough evidence", sources=tuple(have))
+
+
+def _dominant_ceiling(e: Evidence) -> str:
+    return "FLOP" if (e.compute_utilization or 0.0) >= (e.bandwidth_utilization or 0.0) \
+        else "bandwidth"
+
+
+def _mix_figures(e: Evidence) -> str:
+    return (f"{e.compute_utilization:.0%} of the FLOP ceiling, {e.bandwidth_utilization:.0%} of "
+            "the bandwidth ceiling")
+
+
+def _classify_mix(e: Evidence, t: Thresholds, rf: float, busy: float | None,
+                  util: float | None, profiler_gaps: bool) -> Verdict:
+    """The rules on the step-mix roofline, below the physical limit, once kv-capacity,
+    communication and a trace's launch gaps have been ruled out."""
+    cu, bu = e.compute_utilization or 0.0, e.bandwidth_utilization or 0.0
+    rf_ev: dict[str, float | None] = {"roofline_fraction": rf, "compute_utilization": cu,
+                                      "bandwidth_utilization": bu}
+    sources: list[Source] = ["roofline", "metrics"]
+    if busy is not None:
+        sources.append("trace")  # it showed no launch gaps (or only the profiler's)
+    note = ""
+    if profiler_gaps:
+        sources.append("telemetry")
+        note = (f"; the profiled window's gaps (GPU busy {busy:.0%}) are the profiler's: "
+                f"unprofiled, a kernel ran {util:.0f}% of the time")
+    is_far = rf < t.bound_fraction
+    in_flight = e.requests_in_flight
+    had_work = in_flight is None or in_flight >= t.min_requests_in_flight
+    jit = e.num_runtime_jit_compiles or 0.0
+    is_gpu_busy = util is not None and util >= t.launch_max_gpu_util_pct
+    is_gpu_idle = util is not None and util < t.launch_idle_gpu_util_pct
+    # Far below both ceilings with work waiting, and a sign that the GPU waited on the host:
+    # Python launching kernels (eager), kernels compiled while serving, or NVML saw it idle.
+    signs = [s for s, on in (("eager mode", bool(e.is_enforce_eager)),
+                             (f"{jit:.0f} kernels JIT-compiled while serving", jit > 0),
+                             (f"NVML saw a kernel running {util or 0:.0f}% of the time",
+                              is_gpu_idle)) if on]
+    if is_far and had_work and busy is None and not is_gpu_busy and signs:
+        used: list[Source] = ["roofline", "config"]
+        if util is not None:
+            used.insert(1, "telemetry")
+        return _verdict(
+            "launch-bound", rf,
+            {**rf_ev, "gpu_util_mean_pct": util, "is_enforce_eager": _flag(e.is_enforce_eager),
+             "num_runtime_jit_compiles": jit if jit else None,
+             "requests_in_flight": in_flight},
+            f"{signs[0]}, {rf:.0%} of the {_dominant_ceiling(e)} ceiling",
+            f"with work waiting the level reached only {_mix_figures(e)}; "
+            + "; ".join(signs), used)
+    if not is_far and cu >= bu:
+        share = e.prefill_flop_share
+        mix = f"prefill {share:.0%} of the FLOPs, " if share is not None else ""
+        return _verdict("compute-bound", rf, {**rf_ev, "prefill_flop_share": share},
+                        f"{mix}{cu:.0%} of the FLOP ceiling",
+                        f"the step mix ran at {_mix_figures(e)}{note}", sources)
+    if not is_far:
+        return _verdict("memory-bound", rf, {**rf_ev, "prefill_flop_share": e.prefill_flop_share},
+                        f"{bu:.0%} of the bandwidth ceiling, {cu:.0%} of FLOPs",
+                        f"the step mix ran at {_mix_figures(e)}{note}", sources)
+    # Far below both ceilings and no sign of host gaps: no ceiling explains the level.
+    if not had_work:
+        why = (f"the load left the engine idle ({in_flight:.2f} requests in flight on "
+               f"average) at {_mix_figures(e)}")
+    elif is_gpu_busy or (busy is not None and busy >= t.launch_busy_fraction):
+        seen = f"NVML saw a kernel running {util:.0f}% of the time" if is_gpu_busy \
+            else f"the trace shows the GPU busy {busy:.0%} of the kernel span"
+        why = (f"the GPU was busy ({seen}) yet the level reached only {_mix_figures(e)}: its "
+               "kernels run well below the hardware's rates for this mix")
+    else:
+        why = f"the level reached only {_mix_figures(e)} and no other evidence explains it"
+    have: list[Source] = ["roofline", "metrics"]
+    if util is not None:
+        have.append("telemetry")
+    if busy is not None:
+        have.append("trace")
+    return Verdict(label="unknown", roofline_fraction=rf,
+                   evidence=_num({**rf_ev, "gpu_util_mean_pct": util,
+                                  "gpu_busy_fraction": busy, "requests_in_flight": in_flight}),
+                   reason=f"unknown: {why} (from {', '.join(have)}).",
+                   detail=f"below both ceilings: {_mix_figures(e)}", sources=tuple(have))
+
+
+def _pressure(e: Evidence) -> str:
+    parts = []
+    if e.num_preemptions:
+        parts.append(f"{e.num_preemptions:.0f} preemptions")
+    if e.is_waiting_rising:
+        parts.append("the queue rising")
+    return " and ".join(parts)
+
+
+def _flag(value: bool | None) -> float | None:
+    return None if value is None else float(value)

@@ -1,0 +1,69 @@
+"""What a config's weights and KV cache take per GPU: bytes per weight by quantization, the fp8
+facts (weights, KV cache), and `memory_problem`, the check before launch that they can fit."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from runners.base import EngineConfig
+from runners.hardware import HardwareProfile
+from runners.model_info import ModelInfo
+
+GIB: Final = 1 << 30
+# Bytes per weight by `--quantization` (or the checkpoint's quant_method): 4-bit methods pack
+# two weights a byte; scales are left out (under 2% of the bytes).
+_BYTES_PER_PARAM: Final[Mapping[str, float]] = {
+    "fp8": 1.0, "fp8_per_tensor": 1.0, "fp8_per_block": 1.0, "fp8_per_channel": 1.0,
+    "modelopt": 1.0, "compressed-tensors": 1.0, "awq": 0.5, "awq_marlin": 0.5, "gptq": 0.5,
+    "gptq_marlin": 0.5, "bitsandbytes": 0.5, "gguf": 0.5,
+}
+FP8_METHODS: Final = frozenset({"fp8", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel",
+                                "modelopt"})
+
+
+def is_fp8_weights(config: EngineConfig, model: ModelInfo | None = None) -> bool:
+    """The GEMMs run on fp8 weights: `--quantization` an fp8 method, or an fp8 checkpoint."""
+    method = str(config.flags.get("quantization") or (model.quant_method if model else "")
+                 or "").lower()
+    return method in FP8_METHODS or method.startswith("fp8")
+
+
+def is_fp8_kv(config: EngineConfig) -> bool:
+    return str(config.flags.get("kv_cache_dtype") or "auto").lower().startswith("fp8")
+
+
+def memory_problem(config: EngineConfig, hardware: HardwareProfile | None,
+                   model: ModelInfo | None) -> str | None:
+    """Why a config cannot fit its GPUs, judged before launch (None when it may): the weights
+    alone, or the weights and the KV cache of one longest request, above what
+    `gpu_memory_utilization` lets vLLM take. Deliberately lenient (activations and CUDA graphs
+    are left out): it rejects only the impossible, and vLLM judges the rest."""
+    if hardware is None or model is None or hardware.gpu_memory_gib <= 0:
+        return None
+    tp = config.tensor_parallel_size * config.pipeline_parallel_size
+    gmu = float(config.flags.get("gpu_memory_utilization") or 0.92)
+    budget_gib = gmu * hardware.gpu_memory_gib
+    embeddings = model.vocab_size * model.hidden_size * (1 if model.tie_word_embeddings else 2)
+    linear = max(model.num_params - embeddings, 0)
+    weights_gib = (linear * bytes_per_param(config, model) + embeddings * 2.0) / tp / GIB
+    if weights_gib > budget_gib:
+        return (f"the weights need {weights_gib:.1f} GiB per GPU but gpu_memory_utilization "
+                f"{gmu:g} of {hardware.gpu_memory_gib:.0f} GiB allows {budget_gib:.1f} GiB")
+    kv_dtype = str(config.flags.get("kv_cache_dtype") or "auto").lower()
+    max_len = int(config.flags.get("max_model_len") or model.max_position_embeddings)
+    kv_gib = model.kv_bytes_per_token(1.0 if kv_dtype.startswith("fp8") else 2.0) * \
+        max_len / tp / GIB
+    if weights_gib + kv_gib > budget_gib:
+        return (f"the weights ({weights_gib:.1f} GiB per GPU) and the KV cache of one "
+                f"{max_len}-token request ({kv_gib:.1f} GiB) exceed the {budget_gib:.1f} GiB "
+                f"gpu_memory_utilization {gmu:g} allows")
+    return None
+
+
+def bytes_per_param(config: EngineConfig, model: ModelInfo | None) -> float:
+    method = str(config.flags.get("quantization") or (model.quant_method if model else "") or "")
+    if method:
+        return _BYTES_PER_PARAM.get(method.lower(), 2.0)
+    dtype = (model.dtype if model else "bfloat16").lower()
+    return 4.0 if dtype in ("float32", "fp32") else 2.0

@@ -1,0 +1,243 @@
+"""The report's data: one `TrialRow` per trial and the study's `Report` (best, defaults, gain
+with its bounds, Pareto front, importances, failures), built by `build_report` from the trial
+records in Optuna's storage."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from optimizer import gains
+from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
+from optimizer.study import (
+    ATTR_CONFIRM,
+    ATTR_RECORD,
+    best_trial,
+    is_search_trial,
+    no_baseline_reason,
+    recommended_trial,
+)
+from runners.capacity import Bracket, bracket_from_metrics
+
+logger = logging.getLogger(__name__)
+
+TOO_FEW_FOR_IMPORTANCES = ("too few complete trials to rank parameters (a ranking needs two more "
+                           "than the parameters that varied, and at least 4)")
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One trial as the report shows it."""
+
+    number: int
+    state: str  # complete, pruned, failed, running, waiting
+    changes: Mapping[str, Any]  # flags that differ from the defaults baseline's
+    value: float | None  # the first objective
+    output_throughput: float | None  # tok/s at the headline level
+    p99_tpot_ms: float | None
+    p99_ttft_ms: float | None
+    startup_s: float | None
+    wall_s: float | None
+    label: str  # bottleneck label, "" when unclassified
+    conclusion: str
+    failure_reason: str
+    is_baseline: bool
+    capacity: Bracket | None = None  # after a capacity search: where its capacity lies
+    conclusion_short: str = ""  # the conclusion for a table cell (<= ~70 characters)
+
+
+@dataclass(frozen=True)
+class Report:
+    study: str
+    objective: str
+    is_maximize: bool
+    is_simulated: bool  # figures from the simulated engine: never measurements
+    rows: tuple[TrialRow, ...]
+    baseline: TrialRow | None
+    best: TrialRow | None
+    pareto: tuple[int, ...]  # trial numbers on the throughput / TPOT p99 front
+    importances: Mapping[str, float]
+    failures: Mapping[str, int]  # failure reason -> trials
+    slo: Mapping[str, float]
+    confirm: str = ""  # the interleaved re-measurement of best vs defaults, when it ran
+    queued: int = 0  # configs enqueued (seeds, a grid) that no worker has started yet
+    recommended: TrialRow | None = None  # what `export` writes, when it is not the best
+    no_baseline: str = ""  # why the defaults could not be measured (no gain is stated then)
+    generated: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+
+    @property
+    def gain(self) -> float | None:
+        """How many times better the best is than the defaults (>1 = better), or None: the
+        point only; `gain_bounds` says what bounds it."""
+        bounds = self.gain_bounds
+        return bounds.value if bounds is not None else None
+
+    @property
+    def gain_bounds(self) -> gains.Gain | None:
+        """The best's gain over the defaults with its bounds: the ratio their capacity
+        brackets allow after a capacity search, else one measurement each (no bounds)."""
+        if self.best is None or self.baseline is None:
+            return None
+        if self.best.capacity is not None and self.baseline.capacity is not None:
+            return gains.capacity_gain(self.best.capacity, self.baseline.capacity)
+        return gains.point_gain(self.best.value, self.baseline.value,
+                                maximize=self.is_maximize)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _row(trial: FrozenTrial, baseline_flags: Mapping[str, Any],
+         axis: str | None = None) -> TrialRow:
+    record: Mapping[str, Any] = trial.user_attrs.get(ATTR_RECORD) or {}
+    metrics: Mapping[str, Any] = record.get("metrics") or {}
+    flags: Mapping[str, Any] = record.get("flags") or {}
+    changes = {k: v for k, v in flags.items() if baseline_flags.get(k) != v}
+    values = record.get("values") or (trial.values if trial.state == TrialState.COMPLETE
+                                      else None)
+    value = _number(values[0]) if values else None
+    if value is None and trial.state == TrialState.PRUNED:
+        value = _number(trial.intermediate_values.get(max(trial.intermediate_values, default=0)))
+    verdict = record.get("verdict") or {}
+    return TrialRow(
+        number=trial.number,
+        state=str(record.get("state") or trial.state.name.lower()),
+        changes=changes, value=value,
+        output_throughput=_number(metrics.get("output_throughput")),
+        p99_tpot_ms=_number(metrics.get("p99_tpot_ms")),
+        p99_ttft_ms=_number(metrics.get("p99_ttft_ms")),
+        startup_s=_number(metrics.get("engine.startup_s")),
+        wall_s=_number(record.get("wall_s")),
+        label=str(verdict.get("label") or ""),
+        conclusion=str(record.get("conclusion") or ""),
+        failure_reason=str(record.get("failure_reason") or ""),
+        is_baseline=bool(record.get("is_baseline") or trial.user_attrs.get("baseline")),
+        capacity=bracket_from_metrics(axis, metrics)  # type: ignore[arg-type]
+        if axis in ("concurrency", "request_rate") else None,
+        conclusion_short=str(record.get("conclusion_short") or ""),
+    )
+
+
+def pareto_front(rows: Sequence[TrialRow]) -> tuple[int, ...]:
+    """Complete trials no other beats on both output throughput (higher) and TPOT p99 (lower)."""
+    points: list[tuple[int, float, float]] = [
+        (r.number, r.output_throughput, r.p99_tpot_ms) for r in rows
+        if r.state == "complete" and r.output_throughput is not None
+        and r.p99_tpot_ms is not None]
+    front = []
+    for number, tput, tpot in points:
+        dominated = any(t2 >= tput and p2 <= tpot and (t2 > tput or p2 < tpot)
+                        for n2, t2, p2 in points if n2 != number)
+        if not dominated:
+            front.append(number)
+    return tuple(sorted(front))
+
+
+def importances_floor(trials: Sequence[optuna.trial.FrozenTrial]) -> int:
+    """How many complete trials a ranking of parameters needs: one observation per varied
+    parameter's main effect, one for the mean and one for noise, and never fewer than 4. With
+    fewer, fANOVA still returns numbers (a 2-trial study ranked two parameters 0.59 and 0.41),
+    but they describe which value the two trials happened to differ in, not an effect."""
+    varied = {name for name in {k for t in trials for k in t.params}
+              if len({repr(t.params.get(name)) for t in trials}) > 1}
+    return max(4, len(varied) + 2)
+
+
+def _importances(study: optuna.Study) -> dict[str, float]:
+    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if is_search_trial(t)]
+    if len(complete) < importances_floor(complete):
+        logger.info("no parameter importances: %d complete trials, fewer than the %d a ranking "
+                    "needs", len(complete), importances_floor(complete))
+        return {}
+    try:
+        # fANOVA explains the variance of the objective, whichever way it is optimised.
+        return {k: float(v) for k, v in optuna.importance.get_param_importances(
+            study, target=lambda t: t.values[0],
+            evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0)).items()}
+    except (RuntimeError, ValueError) as exc:  # e.g. one param value only: nothing to rank
+        logger.info("no parameter importances: %s", exc)
+        return {}
+
+
+def build_report(study: optuna.Study, cfg: StudyConfig, *,
+                 with_importances: bool = True) -> Report:
+    # A repeat of a measured config launched nothing: its original stands for it. The final
+    # interleaved re-measurements are reported as the confirmation, not as trials.
+    # Enqueued configs no worker has started (a grid's or the seeds' tail) are counted, not rows.
+    trials = [t for t in study.get_trials(deepcopy=False) if is_search_trial(t)]
+    queued = sum(t.state == TrialState.WAITING for t in trials)
+    trials = [t for t in trials if t.state != TrialState.WAITING]
+    baseline_trial = next((t for t in trials if t.user_attrs.get("baseline")
+                           and t.state == TrialState.COMPLETE), None)
+    baseline_flags = ((baseline_trial.user_attrs.get(ATTR_RECORD) or {}).get("flags") or {}
+                      if baseline_trial is not None else {})
+    capacity = cfg.spec.workload.capacity
+    axis = capacity.axis if capacity is not None else None
+    rows = tuple(_row(t, baseline_flags, axis) for t in trials)
+    objective = cfg.objectives[0]
+    is_max = OBJECTIVE_DIRECTIONS[objective] == "maximize"
+    # The study's own best: one that met the SLO somewhere, when any did (constraint "slo").
+    chosen = best_trial(study)
+    best = next((r for r in rows if chosen is not None and r.number == chosen.number
+                 and r.state == "complete"), None)
+    baseline = next((r for r in rows if r.is_baseline and r.state == "complete"), None)
+    pick = recommended_trial(study)
+    recommended = next((r for r in rows if pick is not None and r.number == pick.number
+                        and best is not None and r.number != best.number), None)
+    argv_texts = [" ".join((t.user_attrs.get(ATTR_RECORD) or {}).get("argv") or [])
+                  for t in trials]
+    slo = {k: float(v) for k, v in cfg.spec.slo.model_dump().items() if v is not None}
+    return Report(
+        study=cfg.name, objective=objective, is_maximize=is_max,
+        is_simulated=any("runners.simulated" in a for a in argv_texts),
+        rows=rows, baseline=baseline, best=best, pareto=pareto_front(rows),
+        importances=_importances(study) if with_importances else {},
+        failures=dict(Counter(r.failure_reason for r in rows
+                              if r.state == "failed" and r.failure_reason)),
+        slo=slo, confirm=_confirmation(study, axis),
+        queued=queued, recommended=recommended,
+        no_baseline=no_baseline_reason(study) or "")
+
+
+def _confirmation(study: optuna.Study, axis: str | None) -> str:
+    """The re-measurement's sentence; after a capacity search, also the capacity ratio every
+    round's two brackets allow (each round's runs re-bracket both configs, so the ratio lies
+    in each round's range, hence in their overlap)."""
+    sentence = str((study.user_attrs.get("confirm") or {}).get("sentence") or "")
+    if not sentence or axis not in ("concurrency", "request_rate"):
+        return sentence
+    runs = sorted((t for t in study.get_trials(deepcopy=False)
+                   if t.user_attrs.get(ATTR_CONFIRM) and t.state == TrialState.COMPLETE),
+                  key=lambda t: t.number)
+    brackets: dict[str, list[Bracket]] = {"defaults": [], "best": []}
+    for t in runs:
+        metrics = (t.user_attrs.get(ATTR_RECORD) or {}).get("metrics") or {}
+        bracket = bracket_from_metrics(axis, metrics)  # type: ignore[arg-type]
+        label = str(t.user_attrs[ATTR_CONFIRM])
+        if bracket is not None and label in brackets:
+            brackets[label].append(bracket)
+    rounds = [gains.capacity_gain(b, d) for d, b in zip(brackets["defaults"], brackets["best"],
+                                                         strict=False)]
+    if not rounds:
+        return sentence
+    lows = [g.low for g in rounds if g.low is not None]
+    highs = [g.high for g in rounds if g.high is not None]
+    low, high = (max(lows) if lows else None), (min(highs) if highs else None)
+    if low is not None and high is not None and low > high:
+        return (f"{sentence}; the re-measured capacity brackets disagree between rounds "
+                "(no common ratio): noise beyond the brackets")
+    overlap = gains.format_gain(gains.Gain(None, low, high, "capacity"))
+    return f"{sentence}; re-measured capacity brackets, in every one of {len(rounds)} " \
+        f"rounds: {overlap}"

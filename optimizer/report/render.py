@@ -1,0 +1,215 @@
+"""The report as text: the `headline` sentence, Markdown and HTML (jinja2), and `write_report`,
+which writes them with the plots into one folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from optimizer import gains
+from optimizer.conclusions import capacity_text, shorten
+from optimizer.records import objective_unit
+from optimizer.report.build import TOO_FEW_FOR_IMPORTANCES, Report, TrialRow
+from optimizer.report.plots import LABEL_COLOURS, write_plots
+from optimizer.study import NOISE_FRACTION
+
+REPORT_FILES = ("report.html", "report.md", "pareto.png", "history.png", "importances.png")
+
+
+def _with_unit(value: float | None, objective: str) -> str:
+    return f"{_fmt(value)} {objective_unit(objective)}".rstrip()
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return ""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.{digits}g}"
+
+
+def _changes(row: TrialRow) -> str:
+    if row.is_baseline:
+        return "(vLLM defaults)"
+    return ", ".join(f"{k}={v}" for k, v in row.changes.items()) or "(same flags as defaults)"
+
+
+def _bracket(row: TrialRow) -> str:
+    if row.capacity is None:
+        return ""
+    return capacity_text(row.capacity, None)
+
+
+def headline(report: Report) -> str:
+    """One sentence: the best config and its gain over the defaults, with what bounds it."""
+    missing = (f" No baseline: the defaults could not be measured ({report.no_baseline})."
+               if report.no_baseline else "")
+    if report.best is None:
+        return "No trial has completed yet." + missing
+    best = report.best
+    text = (f"Best: trial {best.number} ({_changes(best)}), {report.objective} "
+            f"{_with_unit(best.value, report.objective)}")
+    if best.capacity is not None:
+        text += f" ({_bracket(best)})"
+    bounds = report.gain_bounds
+    if bounds is not None and report.baseline is not None and \
+            best.number != report.baseline.number:
+        base = report.baseline
+        base_capacity = f", {_bracket(base)}" if base.capacity is not None else ""
+        text += (f", {gains.format_gain(bounds)} (trial {base.number}: "
+                 f"{_with_unit(base.value, report.objective)}{base_capacity}) measured in the "
+                 "same study")
+    if best.label:
+        text += f"; {best.label}"
+    text += "." + missing
+    if report.recommended is not None:
+        text += (f" Recommended: trial {report.recommended.number} "
+                 f"({_changes(report.recommended)}), "
+                 f"{_with_unit(report.recommended.value, report.objective)}: within "
+                 f"{NOISE_FRACTION:.0%} of the best with fewer changes from the defaults.")
+    if report.confirm:
+        text += f" Re-measured: {report.confirm}."
+    return text
+
+
+_HTML = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>nightshift report: {{ r.study }}</title>
+<style>
+ body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+ h1 { margin-bottom: 0.2em; } .meta { color: #666; }
+ .banner { background: #fff3cd; border: 1px solid #e0c36a; padding: 0.6em 1em; margin: 1em 0; }
+ .headline { font-size: 1.15em; background: #eef6ee; border-left: 4px solid #2ca02c;
+             padding: 0.6em 1em; }
+ table { border-collapse: collapse; width: 100%; font-size: 0.85em; margin: 0.5em 0 1.5em; }
+ th, td { border-bottom: 1px solid #ddd; padding: 4px 6px; text-align: left;
+          vertical-align: top; }
+ th { background: #f4f4f4; } td.num { text-align: right; white-space: nowrap; }
+ tr.best td { background: #eef6ee; } tr.baseline td { background: #f3f3fb; }
+ .label { border-radius: 3px; padding: 1px 5px; color: white; font-size: 0.9em;
+          white-space: nowrap; }
+ img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
+ .plots { display: grid; grid-template-columns: 1fr 1fr; gap: 1em; }
+</style></head><body>
+<h1>nightshift report: {{ r.study }}</h1>
+<p class="meta">objective: {{ r.objective }} ({{ "higher" if r.is_maximize else "lower" }} is
+better){% if r.slo %}; SLO: {% for k, v in r.slo.items() %}{{ k }} {{ v }}{% if not loop.last
+%}, {% endif %}{% endfor %}{% endif %}; {{ r.rows|length }} trials{% if r.queued %}
+({{ r.queued }} more queued, not run yet){% endif %}; written {{ r.generated }}</p>
+{% if r.is_simulated %}<div class="banner" id="simulated"><b>Simulated engine.</b> These figures
+come from nightshift's roofline model of the config and hardware, not from a GPU: they test the
+pipeline, they are not measurements.</div>{% endif %}
+<p class="headline" id="headline">{{ headline }}</p>
+<div class="plots">
+ <img src="pareto.png" alt="Pareto front: output throughput vs TPOT p99">
+ <img src="history.png" alt="objective per trial">
+</div>
+<h2>Pareto front (throughput vs TPOT p99)</h2>
+<table id="pareto"><tr><th>trial</th><th>change vs defaults</th><th>out tok/s</th>
+<th>TPOT p99 ms</th><th>TTFT p99 ms</th><th>bottleneck</th></tr>
+{% for row in front %}<tr><td>{{ row.number }}</td><td>{{ changes(row) }}</td>
+<td class="num">{{ fmt(row.output_throughput) }}</td>
+<td class="num">{{ fmt(row.p99_tpot_ms) }}</td>
+<td class="num">{{ fmt(row.p99_ttft_ms) }}</td><td>{{ row.label }}</td></tr>
+{% endfor %}</table>
+<p>Export a point of the front: <code>nightshift export STUDY.yaml --max-tpot-ms N</code>
+(the best {{ r.objective }} whose TPOT p99 is at most N) or <code>--trial N</code>.</p>
+<h2>Every trial</h2>
+<table id="trials"><tr><th>trial</th><th>state</th><th>change vs defaults</th>
+<th>{{ r.objective }} {{ unit }}</th><th>out tok/s</th><th>TPOT p99 ms</th><th>TTFT p99 ms</th>
+<th>start-up s</th><th>bottleneck</th><th>conclusion</th></tr>
+{% for row in r.rows %}<tr class="{{ 'best' if r.best and row.number == r.best.number else
+ ('baseline' if row.is_baseline else '') }}"><td>{{ row.number }}</td><td>{{ row.state }}</td>
+<td>{{ changes(row) }}</td><td class="num">{{ fmt(row.value) }}</td>
+<td class="num">{{ fmt(row.output_throughput) }}</td>
+<td class="num">{{ fmt(row.p99_tpot_ms) }}</td>
+<td class="num">{{ fmt(row.p99_ttft_ms) }}</td><td class="num">{{ fmt(row.startup_s) }}</td>
+<td>{% if row.label %}<span class="label" style="background: {{ colours.get(row.label, '#7f7f7f')
+}}">{{ row.label }}</span>{% endif %}</td><td title="{{ row.conclusion }}">{{ short(row)
+}}</td></tr>
+{% endfor %}</table>
+<h2>Parameter importances</h2>
+{% if r.importances %}<img src="importances.png" alt="parameter importances"
+style="max-width: 700px">{% else %}<p>{{ too_few }}</p>{% endif %}
+<h2>Bottlenecks</h2>
+<table id="labels"><tr><th>label</th><th>trials</th></tr>
+{% for label, numbers in labels.items() %}<tr><td>{{ label }}</td><td>{{ numbers|join(", ") }}</td>
+</tr>{% endfor %}</table>
+<h2>Failures by reason</h2>
+{% if r.failures %}<table id="failures"><tr><th>reason</th><th>trials</th></tr>
+{% for reason, count in r.failures.items() %}<tr><td>{{ reason }}</td><td class="num">{{ count }}
+</td></tr>{% endfor %}</table>{% else %}<p>No trial failed.</p>{% endif %}
+</body></html>
+"""
+
+
+def _labels(report: Report) -> dict[str, list[int]]:
+    labels: dict[str, list[int]] = {}
+    for row in report.rows:
+        if row.label:
+            labels.setdefault(row.label, []).append(row.number)
+    return labels
+
+
+def render_html(report: Report) -> str:
+    import jinja2
+
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    front = [r for r in report.rows if r.number in report.pareto]
+    return env.from_string(_HTML).render(
+        r=report, headline=headline(report), front=front, changes=_changes, fmt=_fmt,
+        short=_short, too_few=TOO_FEW_FOR_IMPORTANCES, unit=objective_unit(report.objective),
+        colours=LABEL_COLOURS, labels=_labels(report))
+
+
+def _short(row: TrialRow) -> str:
+    """A table's conclusion: the short form the daemon stored, else the full one cut."""
+    return row.conclusion_short or shorten(row.conclusion)
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(report: Report) -> str:
+    lines = [f"# nightshift report: {report.study}", ""]
+    if report.is_simulated:
+        lines += ["> **Simulated engine**: figures come from a roofline model, not a GPU; "
+                  "they are not measurements.", ""]
+    slo = ", ".join(f"{k} {v:g}" for k, v in report.slo.items())
+    lines += [f"Objective: {report.objective}" + (f"; SLO: {slo}" if slo else "") +
+              f"; {len(report.rows)} trials" +
+              (f" ({report.queued} more queued, not run yet)" if report.queued else "") +
+              f"; written {report.generated}.", "",
+              headline(report), "", "![Pareto front](pareto.png)", "",
+              "![objective per trial](history.png)", "", "## Pareto front", "",
+              "| trial | change vs defaults | out tok/s | TPOT p99 ms | bottleneck |",
+              "|---|---|---|---|---|"]
+    for row in report.rows:
+        if row.number in report.pareto:
+            lines.append(f"| {row.number} | {_md_cell(_changes(row))} | "
+                         f"{_fmt(row.output_throughput)} | {_fmt(row.p99_tpot_ms)} | "
+                         f"{row.label} |")
+    lines += ["", "## Every trial", "",
+              f"| trial | state | change vs defaults | {report.objective} "
+              f"{objective_unit(report.objective)} | out tok/s | "
+              "TPOT p99 ms | bottleneck | conclusion |", "|---|---|---|---|---|---|---|---|"]
+    for row in report.rows:
+        lines.append(f"| {row.number} | {row.state} | {_md_cell(_changes(row))} | "
+                     f"{_fmt(row.value)} | {_fmt(row.output_throughput)} | "
+                     f"{_fmt(row.p99_tpot_ms)} | {row.label} | {_md_cell(_short(row))} |")
+    lines += ["", "## Parameter importances", "", "![importances](importances.png)", ""]
+    for name, value in sorted(report.importances.items(), key=lambda kv: -kv[1]):
+        lines.append(f"- {name}: {value:.2f}")
+    if not report.importances:
+        lines.append(TOO_FEW_FOR_IMPORTANCES + ".")
+    lines += ["", "## Failures by reason", ""]
+    lines += [f"- {reason}: {count}" for reason, count in report.failures.items()] or \
+        ["No trial failed."]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: Report, out_dir: Path) -> list[Path]:
+    """Write the HTML, Markdown and PNGs into `out_dir`; returns the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_plots(report, out_dir)
+    (out_dir / "report.html").write_text(render_html(report))
+    (out_dir / "report.md").write_text(render_markdown(report))
+    return [out_dir / name for name in REPORT_FILES]
