@@ -26,8 +26,7 @@ from pydantic import (
 )
 
 from optimizer.errors import ConfigError
-from runners.base import SLO, LengthDistribution, LoadLevel, Workload
-from runners.capacity import CapacitySearch
+from runners.workload import SLO, CapacitySearch, LengthDistribution, LoadLevel, Workload
 from search_spaces.bounded_yaml import YamlLimitError, load_yaml
 
 ObjectiveName = Literal["goodput", "throughput", "tpot", "ttft"]

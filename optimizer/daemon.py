@@ -60,11 +60,12 @@ from optimizer.workers import (
     reap_on_other_nodes,
     wait_any,
 )
-from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics, Workload
+from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics
 from runners.capacity import meets_slo
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
 from runners.process import reap_strays
+from runners.workload import Workload
 from search_spaces import ResolvedSpace
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,8 @@ from optimizer.study import (
     step_value,
 )
 from runners.base import RunResult, StepMetrics
-from runners.capacity import Bracket, bracket_from_metrics
+from runners.capacity import bracket_from_metrics
+from runners.workload import Bracket
 
 if TYPE_CHECKING:
     import optuna

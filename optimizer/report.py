@@ -33,7 +33,8 @@ from optimizer.study import (
     no_baseline_reason,
     recommended_trial,
 )
-from runners.capacity import Bracket, bracket_from_metrics
+from runners.capacity import bracket_from_metrics
+from runners.workload import Bracket
 
 logger = logging.getLogger(__name__)
 

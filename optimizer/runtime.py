@@ -17,9 +17,9 @@ from optimizer.daemon import Daemon, TrialEvent
 from optimizer.errors import ConfigError, TrackingError
 from optimizer.tracking import Tracker
 from optimizer.workers import RunnerSpec, init_ray, largest_node_gpus, probe_on_cluster
-from runners.base import Workload
 from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names, probe
 from runners.model_info import ModelInfo, bundled_shapes, load_model_info
+from runners.workload import Workload
 from search_spaces import (
     ResolvedSpace,
     SpaceError,

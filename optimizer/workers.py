@@ -28,7 +28,8 @@ from ray.exceptions import (
 )
 
 from optimizer.errors import ConfigError, NightshiftError, WorkerLost
-from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics, Workload
+from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics
+from runners.workload import Workload
 
 logger = logging.getLogger(__name__)
 

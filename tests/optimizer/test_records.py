@@ -11,7 +11,8 @@ from optimizer.records import (
     param_changes,
     summary_metrics,
 )
-from runners.base import BenchmarkMetrics, EngineInfo, LoadLevel, RunResult, StepMetrics
+from runners.base import BenchmarkMetrics, EngineInfo, RunResult, StepMetrics
+from runners.workload import LoadLevel
 
 
 def _metrics(goodput: float, tpot: float, completed: int = 10) -> BenchmarkMetrics:
