@@ -25,17 +25,14 @@ from pydantic import (
     model_validator,
 )
 
+from optimizer.engines import RUNNERS
 from optimizer.errors import ConfigError
+from optimizer.objectives import OBJECTIVES
+from optimizer.pruning import PRUNERS
+from optimizer.samplers import SAMPLERS
 from runners.workload import SLO, CapacitySearch, LengthDistribution, LoadLevel, Workload
 from search_spaces.bounded_yaml import YamlLimitError, load_yaml
 
-ObjectiveName = Literal["goodput", "throughput", "tpot", "ttft"]
-OBJECTIVE_DIRECTIONS: dict[str, str] = {
-    "goodput": "maximize",  # requests/s meeting the SLO (vllm bench serve's request_goodput)
-    "throughput": "maximize",  # output tokens/s
-    "tpot": "minimize",  # p99 time per output token, ms
-    "ttft": "minimize",  # p99 time to first token, ms
-}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
 
@@ -73,6 +70,17 @@ _TRACKING_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql", "http
                      "databricks", "databricks-uc", "uc")
 _STORAGE_BACKENDS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
 _NUMBER_RE = re.compile(r"^-?\d+(\.\d*)?([eE][-+]?\d+)?$")
+
+
+def registered(field: str, name: object, registry: Mapping[str, object],
+               also: tuple[str, ...] = ()) -> str:
+    """`name` when it is a key of the plug-in `registry` (or one of `also`); else a ValueError
+    that names the field, lists the valid names and shows what was given."""
+    valid = [*registry, *also]
+    if not isinstance(name, str) or name not in valid:
+        raise ValueError(f"{field}: expected one of {', '.join(map(repr, valid))} but got "
+                         f"{name!r:.60}")
+    return name
 
 
 class _Strict(BaseModel):
@@ -215,17 +223,25 @@ class SimulatedSpec(_Strict):
 
 
 class SamplerSpec(_Strict):
-    name: Literal["tpe", "random", "gp", "nsga2"] = "tpe"
+    name: str = "tpe"  # a key of `samplers.SAMPLERS`
     seed: int | None = Field(default=0, ge=0, le=MAX_SEED)
     n_startup_trials: int = Field(default=6, ge=0, le=100_000)
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return registered("sampler.name", v, SAMPLERS)
+
 
 class PrunerSpec(_Strict):
-    # bottleneck: MarginPruner + classifier verdicts (`pruning.BottleneckPruner`);
-    # median: `pruning.MarginPruner` alone; none: every trial runs all its levels.
-    name: Literal["bottleneck", "median", "none"] = "bottleneck"
+    name: str = "bottleneck"  # a key of `pruning.PRUNERS`
     n_startup_trials: int = Field(default=4, ge=0, le=100_000)
     min_relative_gap: float = Field(default=0.10, ge=0, le=1)  # prune only when this much worse
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return registered("pruner.name", v, PRUNERS)
 
 
 class RaySpec(_Strict):
@@ -270,11 +286,11 @@ class StudySpec(_Strict):
     model: ModelSpec
     workload: Annotated[WorkloadSpec, Field(default_factory=WorkloadSpec)]
     slo: Annotated[SLOSpec, Field(default_factory=SLOSpec)]
-    objective: ObjectiveName | list[ObjectiveName] = "goodput"
+    objective: str | list[str] = "goodput"  # key(s) of `objectives.OBJECTIVES`
     search_space: str = "auto"  # bundled name, path, or "auto" (by hardware class)
     budget: BudgetSpec
     # "auto": vLLM where a GPU and vllm are present, else the simulated engine (said loudly).
-    engine: Literal["vllm", "simulated", "auto"] = "vllm"
+    engine: str = "vllm"  # a key of `engines.RUNNERS`, or "auto"
     simulated: Annotated[SimulatedSpec, Field(default_factory=SimulatedSpec)]
     sampler: Annotated[SamplerSpec, Field(default_factory=SamplerSpec)]
     pruner: Annotated[PrunerSpec, Field(default_factory=PrunerSpec)]
@@ -308,7 +324,14 @@ class StudySpec(_Strict):
     def _objective(cls, v: Any) -> Any:
         if isinstance(v, list) and (not 1 <= len(v) <= 2 or len(set(v)) != len(v)):
             raise ValueError("give one objective or a pair of distinct ones")
+        for name in v if isinstance(v, list) else [v]:
+            registered("objective", name, OBJECTIVES)
         return v
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, v: str) -> str:
+        return registered("engine", v, RUNNERS, also=("auto",))
 
     @field_validator("env")
     @classmethod
@@ -353,11 +376,13 @@ class StudySpec(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _goodput_needs_slo(self) -> StudySpec:
+    def _objectives_need_slo(self) -> StudySpec:
         objectives = self.objective if isinstance(self.objective, list) else [self.objective]
         no_slo = self.slo.ttft_p99_ms is None and self.slo.tpot_p99_ms is None
-        if "goodput" in objectives and no_slo:
-            raise ValueError("objective goodput needs slo.ttft_p99_ms and/or slo.tpot_p99_ms")
+        for name in objectives:
+            if OBJECTIVES[name].needs_slo and no_slo:
+                raise ValueError(f"objective {name} needs slo.ttft_p99_ms and/or "
+                                 "slo.tpot_p99_ms")
         return self
 
 
@@ -412,7 +437,7 @@ class StudyConfig:
 
     @property
     def directions(self) -> list[str]:
-        return [OBJECTIVE_DIRECTIONS[o] for o in self.objectives]
+        return [OBJECTIVES[o].direction for o in self.objectives]
 
     @property
     def is_multi_objective(self) -> bool:
@@ -478,10 +503,10 @@ def _resolve(base: Path, p: Path) -> Path:
 
 def _loc(loc: tuple[int | str, ...]) -> str:
     out = ""
-    for part in loc:
+    for part in loc:  # a union member's tag (`str`, `list[str]`, `literal[..]`) is pydantic's
         if isinstance(part, int):
             out += f"[{part}]"
-        elif not str(part).startswith(("function-", "literal[", "list[")):
+        elif not str(part).startswith(("function-", "literal[", "list[")) and part != "str":
             out += ("." if out else "") + str(part)
     return out or "(top level)"
 

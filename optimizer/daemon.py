@@ -31,8 +31,10 @@ import optuna
 from optuna.trial import TrialState
 
 from optimizer import bottleneck, gains, records, recovery_tracking
-from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
+from optimizer.config import StudyConfig
+from optimizer.engines import RunnerSpec
 from optimizer.errors import StudyLockedError, WorkerLost
+from optimizer.objectives import OBJECTIVES
 from optimizer.report import build_report, headline
 from optimizer.study import (
     ATTR_BASELINE,
@@ -54,7 +56,6 @@ from optimizer.study import (
 )
 from optimizer.tracking import Tracker
 from optimizer.workers import (
-    RunnerSpec,
     TrialHandle,
     WorkerPool,
     reap_on_other_nodes,
@@ -965,7 +966,7 @@ class Daemon:
         trial.set_constraint("runs", 1.0)
         if self._has_slo:
             trial.set_constraint("slo", 1.0)
-        study.tell(trial, [_WORST[OBJECTIVE_DIRECTIONS[o]] for o in self.cfg.objectives])
+        study.tell(trial, [_WORST[OBJECTIVES[o].direction] for o in self.cfg.objectives])
 
     @property
     def _has_slo(self) -> bool:
@@ -1169,7 +1170,7 @@ def confirm_summary(objective: str, best: int, baseline: int,
                     pairs: Sequence[Mapping[str, float]]) -> dict[str, Any]:
     """The gain of `best` over `baseline` from interleaved rounds: the mean per-round ratio
     (oriented so > 1 is better) and its 95% t-interval, or None bounds from one round."""
-    maximize = OBJECTIVE_DIRECTIONS[objective] == "maximize"
+    maximize = OBJECTIVES[objective].direction == "maximize"
     ratios = []
     for pair in pairs:
         a, b = pair["defaults"], pair["best"]

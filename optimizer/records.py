@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from optimizer import bottleneck, gains
-from optimizer.config import OBJECTIVE_DIRECTIONS
+from optimizer.objectives import OBJECTIVES
 from optimizer.study import (
     ATTR_BASELINE,
     ATTR_RECORD,
@@ -29,13 +29,9 @@ if TYPE_CHECKING:
 
     from optimizer.bottleneck import Verdict
 
-_UNITS = {"goodput": "req/s", "throughput": "tok/s", "tpot": "ms TPOT p99",
-          "ttft": "ms TTFT p99"}
-
-
 def objective_unit(objective: str) -> str:
     """The unit an objective's value is printed in ("" where it has none)."""
-    return _UNITS.get(objective, "")
+    return OBJECTIVES[objective].unit if objective in OBJECTIVES else ""
 
 
 def headline_step(objective: str, steps: Sequence[StepMetrics]) -> StepMetrics | None:
@@ -216,7 +212,7 @@ def _vs_defaults(value: float | None, capacity: Bracket | None,
         gain = gains.capacity_gain(capacity, baseline.capacity)
     else:
         gain = gains.point_gain(value, baseline.value,
-                                maximize=OBJECTIVE_DIRECTIONS[objective] == "maximize")
+                                maximize=OBJECTIVES[objective].direction == "maximize")
     if gain.basis == "single" and gain.value is not None and \
             abs(gain.value - 1.0) < NOISE_FRACTION:
         return (f"within noise of the vLLM defaults ({gains.format_gain(gain)})",
@@ -226,11 +222,11 @@ def _vs_defaults(value: float | None, capacity: Bracket | None,
 
 def _vs_best(value: float | None, capacity: Bracket | None, best: Reference,
              objective: str) -> str:
-    unit = _UNITS.get(objective, "")
+    unit = objective_unit(objective)
     if value is None or best.value is None:
         return f"vs best trial {best.number}: no value to compare"
     delta = (value - best.value) / best.value * 100 if best.value else 0.0
-    maximize = OBJECTIVE_DIRECTIONS[objective] == "maximize"
+    maximize = OBJECTIVES[objective].direction == "maximize"
     better = value > best.value if maximize else value < best.value
     head = f"vs best trial {best.number} ({_fmt(best.value)} {unit}): {delta:+.0f}%"
     if capacity is not None and best.capacity is not None:
@@ -263,7 +259,7 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
     `vllm_defaults`: vLLM's own value of each param on this host (None, or a value equal to
     it, is no change); `capacity`: this trial's bracket after a capacity search, `tolerance`
     the search's; `note`: a sentence to append (e.g. an unstable measurement)."""
-    unit = _UNITS.get(objective, "")
+    unit = objective_unit(objective)
     defaults = vllm_defaults if vllm_defaults is not None else \
         (baseline.params if baseline is not None else {})
     changed = [f"{k}={v}" for k, v in changes_from_defaults(params, defaults).items()]

@@ -11,8 +11,8 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from ray.exceptions import (
     WorkerCrashedError,
 )
 
+from optimizer.engines import RunnerSpec, build_runner
 from optimizer.errors import ConfigError, NightshiftError, WorkerLost
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics
 from runners.workload import Workload
@@ -36,56 +37,6 @@ logger = logging.getLogger(__name__)
 _RAY_LOST: tuple[type[BaseException], ...] = (RayActorError, WorkerCrashedError, RayTaskError)
 _POLL_ERRORS: tuple[type[BaseException], ...] = (*_RAY_LOST, GetTimeoutError)
 DECISION_TIMEOUT_S = 3600.0  # a driver that never answers is dead; Ray then kills us anyway
-
-
-@dataclass(frozen=True)
-class RunnerSpec:
-    """Everything a worker needs to build its runner; plain data so it pickles through Ray."""
-
-    kind: str  # a key of RUNNERS
-    registry_dir: Path  # engine pid records, for reaping strays after a crash
-    hardware: dict[str, Any] | None = None  # simulated engine only: the host it pretends to be
-    startup_time_scale: float = 0.01  # simulated engine only
-    seed: int = 0
-    cache_root: Path | None = None  # VLLM_CACHE_ROOT shared by every trial
-    stall_timeout_s: float = 120.0
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-def _simulated_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None) -> Any:
-    from runners.engine import EngineRunner
-    from runners.hardware import HardwareProfile
-    from runners.simulated.launcher import SimulatedLauncher
-
-    hardware = HardwareProfile.from_dict(spec.hardware) if spec.hardware else "h200"
-    launcher = SimulatedLauncher(hardware=hardware,
-                                 startup_time_scale=spec.startup_time_scale, seed=spec.seed)
-    return EngineRunner(launcher, spec.registry_dir, stall_timeout_s=spec.stall_timeout_s,
-                        gpu_indices=None)
-
-
-def _vllm_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None) -> Any:
-    from runners.engine import EngineRunner
-    from runners.vllm_server import VllmLauncher
-
-    # Dev mode for /reset_prefix_cache between load levels (127.0.0.1 only).
-    launcher = VllmLauncher(cache_root=spec.cache_root, dev_mode=True)
-    return EngineRunner(launcher, spec.registry_dir, stall_timeout_s=spec.stall_timeout_s,
-                        gpu_indices=gpu_indices)
-
-
-RUNNERS: dict[str, Callable[[RunnerSpec, tuple[int, ...] | None], Any]] = {
-    "simulated": _simulated_runner,
-    "vllm": _vllm_runner,
-}
-
-
-def build_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None = None) -> Any:
-    try:
-        factory = RUNNERS[spec.kind]
-    except KeyError:
-        raise ValueError(f"unknown runner {spec.kind!r}; valid: {', '.join(RUNNERS)}") from None
-    return factory(spec, gpu_indices)
 
 
 class TrialWorker:
