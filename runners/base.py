@@ -1,4 +1,5 @@
-"""Value objects and the `Runner` protocol: what one engine measurement takes and gives back.
+"""Value objects and the `Runner` protocol: the engine config one measurement takes and all it
+gives back (the workload it is asked to drive is runners/workload.py).
 
 Runners know nothing of Optuna or MLflow; everything here is plain data that pickles through Ray.
 """

@@ -370,6 +370,7 @@ class Workload:
     profile_num_requests: int = 32
     startup_timeout_s: float = 900.0
     # When set, the levels are found, not given: the highest load within the SLO, bracketed
-    # on one running server (runners/capacity.py); `levels` is then unused.
+    # on one running server (`CapacitySearch`, run by runners/engine.py); `levels` is then
+    # unused.
     capacity: CapacitySearch | None = None
     repeats: int = 1  # measurements of each level on the same server (same prompts)
