@@ -140,7 +140,8 @@ def objective_value(objective: str, steps: Sequence[StepMetrics]) -> float | Non
     user at peak load sees). After a capacity search only the probes within the SLO count:
     goodput at capacity, 0 when no load met the SLO; on the request-rate axis that is the
     bracket's lower end itself, the highest offered rate that met the SLO (a short probe's
-    completed/duration reads it low by its drain time, or off by its Poisson count)."""
+    completed/duration reads it low by its drain time, or off by its Poisson count). The
+    objective's entry says which of these rules it follows (`objectives.Objective`)."""
     entry = get_objective(objective)
     measured = [s for s in steps if s.metrics.completed > 0]
     if any(s.meets_slo is not None for s in measured):
