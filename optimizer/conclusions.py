@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from optimizer import bottleneck, gains
-from optimizer.config import OBJECTIVE_DIRECTIONS
+from optimizer.objectives import OBJECTIVES
 from optimizer.records import objective_unit, record_of
 from optimizer.study import ATTR_BASELINE, NOISE_FRACTION, is_measured, params_of
-from runners.capacity import Bracket, bracket_from_metrics
+from runners.capacity import bracket_from_metrics
+from runners.workload import Bracket
 
 if TYPE_CHECKING:
     import optuna
@@ -120,7 +121,7 @@ def _vs_defaults(value: float | None, capacity: Bracket | None,
         gain = gains.capacity_gain(capacity, baseline.capacity)
     else:
         gain = gains.point_gain(value, baseline.value,
-                                maximize=OBJECTIVE_DIRECTIONS[objective] == "maximize")
+                                maximize=OBJECTIVES[objective].direction == "maximize")
     if gain.basis == "single" and gain.value is not None and \
             abs(gain.value - 1.0) < NOISE_FRACTION:
         return (f"within noise of the vLLM defaults ({gains.format_gain(gain)})",
@@ -134,7 +135,7 @@ def _vs_best(value: float | None, capacity: Bracket | None, best: Reference,
     if value is None or best.value is None:
         return f"vs best trial {best.number}: no value to compare"
     delta = (value - best.value) / best.value * 100 if best.value else 0.0
-    maximize = OBJECTIVE_DIRECTIONS[objective] == "maximize"
+    maximize = OBJECTIVES[objective].direction == "maximize"
     better = value > best.value if maximize else value < best.value
     head = f"vs best trial {best.number} ({_fmt(best.value)} {unit}): {delta:+.0f}%"
     if capacity is not None and best.capacity is not None:

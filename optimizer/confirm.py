@@ -12,7 +12,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer import gains
-from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
+from optimizer.config import StudyConfig
+from optimizer.objectives import OBJECTIVES
 from optimizer.study import ATTR_BASELINE, ATTR_CONFIRM, params_of, recommended_trial
 
 logger = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def confirm_summary(objective: str, best: int, baseline: int,
                     pairs: Sequence[Mapping[str, float]]) -> dict[str, Any]:
     """The gain of `best` over `baseline` from interleaved rounds: the mean per-round ratio
     (oriented so > 1 is better) and its 95% t-interval, or None bounds from one round."""
-    maximize = OBJECTIVE_DIRECTIONS[objective] == "maximize"
+    maximize = OBJECTIVES[objective].direction == "maximize"
     ratios = []
     for pair in pairs:
         a, b = pair["defaults"], pair["best"]

@@ -28,10 +28,11 @@ from optimizer.recovery import Recovery, trial_workdir
 from optimizer.search import Running, SearchPolicy, Told
 from optimizer.study import ATTR_MLFLOW_RUN, best_trial, make_storage, open_study
 from optimizer.tracking import Tracker
-from runners.base import EngineConfig, FailureReason, RunResult, Workload
+from runners.base import EngineConfig, FailureReason, RunResult
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
 from runners.process import reap_strays
+from runners.workload import Workload
 from search_spaces import ResolvedSpace
 
 logger = logging.getLogger(__name__)

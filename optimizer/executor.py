@@ -1,7 +1,7 @@
-"""Where trials run: the `Executor` protocol the daemon dispatches to, the runner registry, and
-`InlineExecutor`, which runs trials on threads of this process (tests, the replay). The Ray pool
-(`optimizer.workers.RayExecutor`) is the other implementation and the only module here that
-imports Ray.
+"""Where trials run: the `Executor` protocol the daemon dispatches to, `TrialSession` (a runner
+relaying each load level and waiting for the verdict), and `InlineExecutor`, which runs trials
+on threads of this process (tests, the replay). The Ray pool (`optimizer.workers.RayExecutor`)
+is the other implementation, and `optimizer.workers` the only module that imports Ray.
 
 A trial's life on an executor: `submit` starts it (the caller checked `can_start`), the caller
 `poll`s its handle for each load level's figures and answers each with `decide` (stop or go
@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from runners.base import (
     EngineConfig,
@@ -24,60 +23,10 @@ from runners.base import (
     Runner,
     RunResult,
     StepMetrics,
-    Workload,
 )
+from runners.workload import Workload
 
 DECISION_TIMEOUT_S = 3600.0  # a driver that never answers is dead (Ray then kills its workers)
-
-
-@dataclass(frozen=True)
-class RunnerSpec:
-    """Everything a worker needs to build its runner; plain data so it pickles through Ray."""
-
-    kind: str  # a key of RUNNERS
-    registry_dir: Path  # engine pid records, for reaping strays after a crash
-    hardware: dict[str, Any] | None = None  # simulated engine only: the host it pretends to be
-    startup_time_scale: float = 0.01  # simulated engine only
-    seed: int = 0
-    cache_root: Path | None = None  # VLLM_CACHE_ROOT shared by every trial
-    stall_timeout_s: float = 120.0
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-def _simulated_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None) -> Runner:
-    from runners.engine import EngineRunner
-    from runners.hardware import HardwareProfile
-    from runners.simulated.launcher import SimulatedLauncher
-
-    hardware = HardwareProfile.from_dict(spec.hardware) if spec.hardware else "h200"
-    launcher = SimulatedLauncher(hardware=hardware,
-                                 startup_time_scale=spec.startup_time_scale, seed=spec.seed)
-    return EngineRunner(launcher, spec.registry_dir, stall_timeout_s=spec.stall_timeout_s,
-                        gpu_indices=None)
-
-
-def _vllm_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None) -> Runner:
-    from runners.engine import EngineRunner
-    from runners.vllm_server import VllmLauncher
-
-    # Dev mode for /reset_prefix_cache between load levels (127.0.0.1 only).
-    launcher = VllmLauncher(cache_root=spec.cache_root, dev_mode=True)
-    return EngineRunner(launcher, spec.registry_dir, stall_timeout_s=spec.stall_timeout_s,
-                        gpu_indices=gpu_indices)
-
-
-RUNNERS: dict[str, Callable[[RunnerSpec, tuple[int, ...] | None], Runner]] = {
-    "simulated": _simulated_runner,
-    "vllm": _vllm_runner,
-}
-
-
-def build_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None = None) -> Runner:
-    try:
-        factory = RUNNERS[spec.kind]
-    except KeyError:
-        raise ValueError(f"unknown runner {spec.kind!r}; valid: {', '.join(RUNNERS)}") from None
-    return factory(spec, gpu_indices)
 
 
 class TrialSession:

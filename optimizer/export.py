@@ -12,8 +12,9 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
-from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
+from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError, NightshiftError
+from optimizer.objectives import OBJECTIVES
 from optimizer.study import (
     ATTR_BASELINE,
     ATTR_RECORD,
@@ -55,7 +56,7 @@ def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = 
         if not within:
             raise ConfigError(f"--max-tpot-ms {max_tpot_ms:g}: no complete trial has a TPOT p99 "
                               "that low; raise the limit or run more trials.")
-        sign = 1 if OBJECTIVE_DIRECTIONS[cfg.objectives[0]] == "maximize" else -1
+        sign = 1 if OBJECTIVES[cfg.objectives[0]].direction == "maximize" else -1
         return max(within, key=lambda t: sign * t.values[0])
     chosen = recommended_trial(study)
     if chosen is None:

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from runners.capacity import Bracket
+from runners.workload import Bracket
 
 Basis = Literal["capacity", "interval", "single"]
 

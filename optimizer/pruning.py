@@ -9,7 +9,7 @@ than a percentile of earlier trials at the same load level by a clear relative m
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import optuna
@@ -129,6 +129,21 @@ class BottleneckPruner(optuna.pruners.BasePruner):
                         f"{self.launch_margin:.0%} margin.")
         return None
 
+
+def _margin(n_startup_trials: int, min_relative_gap: float) -> MarginPruner:
+    return MarginPruner(percentile=50.0, min_relative_gap=min_relative_gap,
+                        n_startup_trials=n_startup_trials)
+
+
+PrunerFactory = Callable[[int, float], optuna.pruners.BasePruner]
+# The pruners a study can use, by name (`pruner.name` in the study file); each factory takes
+# the number of startup trials and the relative gap a trial must be worse by.
+PRUNERS: dict[str, PrunerFactory] = {
+    # MarginPruner + the classifier's verdicts
+    "bottleneck": lambda n, gap: BottleneckPruner(_margin(n, gap)),
+    "median": _margin,  # MarginPruner alone
+    "none": lambda n, gap: optuna.pruners.NopPruner(),  # every trial runs all its levels
+}
 
 def _tensor_parallel_size(trial: FrozenTrial) -> int:
     """TP of a trial: its sampled param, else what its verdict recorded, else vLLM's default."""

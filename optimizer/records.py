@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from optimizer.objectives import OBJECTIVES
 from optimizer.study import ATTR_RECORD, metrics_value, objective_value, step_value
 from runners.base import RunResult, StepMetrics
 
@@ -88,13 +89,9 @@ def record_of(trial: FrozenTrial) -> TrialRecord | None:
     data = trial.user_attrs.get(ATTR_RECORD)
     return TrialRecord.from_user_attr(data) if isinstance(data, Mapping) and data else None
 
-_UNITS = {"goodput": "req/s", "throughput": "tok/s", "tpot": "ms TPOT p99",
-          "ttft": "ms TTFT p99"}
-
-
 def objective_unit(objective: str) -> str:
     """The unit an objective's value is printed in ("" where it has none)."""
-    return _UNITS.get(objective, "")
+    return OBJECTIVES[objective].unit if objective in OBJECTIVES else ""
 
 
 def headline_step(objective: str, steps: Sequence[StepMetrics]) -> StepMetrics | None:

@@ -14,14 +14,14 @@ from typing import Any
 
 from optimizer.config import StudyConfig, check_before_start
 from optimizer.daemon import Daemon, TrialEvent
+from optimizer.engines import RunnerSpec
 from optimizer.errors import ConfigError, TrackingError
-from optimizer.executor import RunnerSpec
 from optimizer.study_summary import study_summary
 from optimizer.tracking import Tracker
 from optimizer.workers import RayExecutor, init_ray, largest_node_gpus, probe_on_cluster
-from runners.base import Workload
 from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names, probe
 from runners.model_info import ModelInfo, bundled_shapes, load_model_info
+from runners.workload import Workload
 from search_spaces import (
     ResolvedSpace,
     SpaceError,

@@ -41,9 +41,10 @@ from optimizer.study import (
     requeue,
     tell_config_failure,
 )
-from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics, Workload
+from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
+from runners.workload import Workload
 from search_spaces import ResolvedSpace
 
 logger = logging.getLogger(__name__)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -13,9 +12,11 @@ from typing import Any, Literal, cast
 import optuna
 from optuna.trial import TrialState
 
-from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
+from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
-from optimizer.pruning import BottleneckPruner, MarginPruner
+from optimizer.objectives import get_objective
+from optimizer.pruning import PRUNERS
+from optimizer.samplers import SAMPLERS
 from runners.base import BenchmarkMetrics, EngineConfig, FailureReason, RunResult, StepMetrics
 from runners.model_info import resolve_model_dir
 
@@ -75,28 +76,14 @@ def sampler_seed(seed: int | None, num_trials: int) -> int | None:
 def make_sampler(cfg: StudyConfig, num_trials: int = 0) -> optuna.samplers.BaseSampler:
     """The study's sampler, seeded for a start that finds `num_trials` trials stored."""
     spec = cfg.spec.sampler
-    seed = sampler_seed(spec.seed, num_trials)
-    if spec.name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if spec.name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=spec.n_startup_trials)
-    if spec.name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed)
-    # multivariate + group: the space is conditional (rules fix some params for some configs);
-    # constant_liar spreads out trials that run in parallel. Both are marked experimental.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.n_startup_trials,
-                                          multivariate=True, group=True, constant_liar=True)
+    return SAMPLERS[spec.name](sampler_seed(spec.seed, num_trials), spec.n_startup_trials)
 
 
 def make_pruner(cfg: StudyConfig) -> optuna.pruners.BasePruner:
     spec = cfg.spec.pruner
-    if spec.name == "none" or cfg.is_multi_objective:
+    if cfg.is_multi_objective:
         return optuna.pruners.NopPruner()
-    margin = MarginPruner(percentile=50.0, min_relative_gap=spec.min_relative_gap,
-                          n_startup_trials=spec.n_startup_trials)
-    return BottleneckPruner(margin) if spec.name == "bottleneck" else margin
+    return PRUNERS[spec.name](spec.n_startup_trials, spec.min_relative_gap)
 
 
 def open_study(cfg: StudyConfig, *, create: bool = True,
@@ -161,7 +148,7 @@ def tell_config_failure(study: optuna.Study, trial: optuna.Trial, objectives: Se
     trial.set_constraint("runs", 1.0)
     if has_slo:
         trial.set_constraint("slo", 1.0)
-    study.tell(trial, [_WORST[OBJECTIVE_DIRECTIONS[o]] for o in objectives])
+    study.tell(trial, [_WORST[get_objective(o).direction] for o in objectives])
 
 
 def requeueable(attrs: Mapping[str, Any]) -> bool:
@@ -187,15 +174,7 @@ def step_value(objective: str, step: StepMetrics) -> float:
 
 
 def metrics_value(objective: str, m: BenchmarkMetrics) -> float:
-    if objective == "goodput":
-        return m.request_goodput if m.request_goodput is not None else 0.0
-    if objective == "throughput":
-        return m.output_throughput
-    if objective == "tpot":
-        return m.p99_tpot_ms
-    if objective == "ttft":
-        return m.p99_ttft_ms
-    raise ValueError(f"unknown objective {objective!r}")
+    return get_objective(objective).value(m)
 
 
 def objective_value(objective: str, steps: Sequence[StepMetrics]) -> float | None:
@@ -204,14 +183,16 @@ def objective_value(objective: str, steps: Sequence[StepMetrics]) -> float | Non
     user at peak load sees). After a capacity search only the probes within the SLO count:
     goodput at capacity, 0 when no load met the SLO; on the request-rate axis that is the
     bracket's lower end itself, the highest offered rate that met the SLO (a short probe's
-    completed/duration reads it low by its drain time, or off by its Poisson count)."""
+    completed/duration reads it low by its drain time, or off by its Poisson count). The
+    objective's entry says which of these rules it follows (`objectives.Objective`)."""
+    entry = get_objective(objective)
     measured = [s for s in steps if s.metrics.completed > 0]
     if any(s.meets_slo is not None for s in measured):
         within = [s for s in measured if s.meets_slo]
         if not within:
-            return 0.0 if objective in ("goodput", "throughput") else None
+            return entry.value_when_none_met_slo
         rates = [s.level.request_rate_rps for s in within]
-        if objective == "goodput" and all(r is not None for r in rates):
+        if entry.is_offered_rate_at_capacity and all(r is not None for r in rates):
             return max(r for r in rates if r is not None)
         measured = within
     values = [step_value(objective, s) for s in measured]

@@ -27,9 +27,11 @@ from ray.exceptions import (
     WorkerCrashedError,
 )
 
+from optimizer.engines import RunnerSpec, build_runner
 from optimizer.errors import ConfigError, NightshiftError, WorkerLost
-from optimizer.executor import RunnerSpec, TrialHandle, TrialSession, build_runner
-from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics, Workload
+from optimizer.executor import TrialHandle, TrialSession
+from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics
+from runners.workload import Workload
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""Value objects and the `Runner` protocol: what one engine measurement takes and gives back.
+"""Value objects and the `Runner` protocol: the engine config one measurement takes and all it
+gives back (the workload it is asked to drive is runners/workload.py).
 
 Runners know nothing of Optuna or MLflow; everything here is plain data that pickles through Ray.
 """
@@ -9,10 +10,9 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
-if TYPE_CHECKING:
-    from runners.capacity import Bracket, CapacitySearch
+from runners.workload import Bracket, LoadLevel, Workload
 
 FlagValue = str | int | float | bool | None
 
@@ -46,69 +46,6 @@ class EngineConfig:
     @property
     def num_gpus(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
-
-
-@dataclass(frozen=True)
-class LengthDistribution:
-    """Token-length distribution of prompts or outputs; `sample` lives in the load generator."""
-
-    kind: Literal["fixed", "uniform", "normal", "lognormal"] = "fixed"
-    mean: int = 512  # tokens; the value for "fixed"
-    low: int | None = None  # tokens, inclusive clip (uniform: range start)
-    high: int | None = None  # tokens, inclusive clip (uniform: range end)
-    std: float = 0.0  # tokens for "normal"; sigma of log for "lognormal"
-
-
-@dataclass(frozen=True)
-class LoadLevel:
-    """One step of offered load: a Poisson request rate, a fixed concurrency, or both (a rate
-    capped by a concurrency, as `vllm bench serve --max-concurrency` does)."""
-
-    request_rate_rps: float | None = None  # None = send all at once (infinite rate)
-    max_concurrency: int | None = None
-
-    @property
-    def label(self) -> str:
-        parts = []
-        if self.request_rate_rps is not None:
-            parts.append(f"rate={self.request_rate_rps:g}")
-        if self.max_concurrency is not None:
-            parts.append(f"concurrency={self.max_concurrency}")
-        return ",".join(parts) or "rate=inf"
-
-
-@dataclass(frozen=True)
-class SLO:
-    """Per-request latency targets, as `vllm bench serve --goodput ttft:MS tpot:MS` uses them."""
-
-    ttft_p99_ms: float | None = None
-    tpot_p99_ms: float | None = None
-    e2el_ms: float | None = None
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What load a trial drives. Every trial of a study gets the same prompts (same seed)."""
-
-    input_len: LengthDistribution = field(default_factory=LengthDistribution)
-    output_len: LengthDistribution = field(default_factory=lambda: LengthDistribution(mean=128))
-    prompts_file: Path | None = None  # JSONL: {"prompt": str | [ids], "output_len": int?}
-    levels: tuple[LoadLevel, ...] = (LoadLevel(max_concurrency=16),)
-    num_requests: int | None = 128  # per level; None = run for duration_s
-    duration_s: float | None = None  # per level, when num_requests is None
-    num_warmup_requests: int = 8
-    seed: int = 0
-    slo: SLO = field(default_factory=SLO)
-    vocab_size: int = 32000  # token ids are drawn below this when prompts are synthesised
-    request_timeout_s: float = 600.0
-    max_failed_fraction: float = 0.05  # a level with more failed requests is not a measurement
-    profile: bool = False  # capture a torch-profiler trace in a window after the levels
-    profile_num_requests: int = 32
-    startup_timeout_s: float = 900.0
-    # When set, the levels are found, not given: the highest load within the SLO, bracketed
-    # on one running server (runners/capacity.py); `levels` is then unused.
-    capacity: CapacitySearch | None = None
-    repeats: int = 1  # measurements of each level on the same server (same prompts)
 
 
 @dataclass(frozen=True)

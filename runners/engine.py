@@ -22,17 +22,15 @@ from runners.base import (
     EngineLauncher,
     Failure,
     FailureReason,
-    LengthDistribution,
-    LoadLevel,
     OnStep,
     RunResult,
     RunStatus,
     StepMetrics,
-    Workload,
 )
-from runners.capacity import Probe, meets_slo
+from runners.capacity import meets_slo
 from runners.process import EngineProcess, free_port, tail, wait_healthy
 from runners.telemetry import TelemetrySampler
+from runners.workload import LengthDistribution, LoadLevel, Probe, Workload
 
 logger = logging.getLogger(__name__)
 

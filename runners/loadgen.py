@@ -23,7 +23,8 @@ from typing import Any, Final, Protocol
 import httpx
 import numpy as np
 
-from runners.base import SLO, BenchmarkMetrics, LengthDistribution, LoadLevel, Workload
+from runners.base import BenchmarkMetrics
+from runners.workload import SLO, LengthDistribution, LoadLevel, Workload
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer import gains
-from optimizer.config import OBJECTIVE_DIRECTIONS, StudyConfig
+from optimizer.config import StudyConfig
+from optimizer.objectives import OBJECTIVES
 from optimizer.study import (
     ATTR_CONFIRM,
     ATTR_RECORD,
@@ -25,7 +26,8 @@ from optimizer.study import (
     no_baseline_reason,
     recommended_trial,
 )
-from runners.capacity import Bracket, bracket_from_metrics
+from runners.capacity import bracket_from_metrics
+from runners.workload import Bracket
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +189,7 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
     axis = capacity.axis if capacity is not None else None
     rows = tuple(_row(t, baseline_flags, axis) for t in trials)
     objective = cfg.objectives[0]
-    is_max = OBJECTIVE_DIRECTIONS[objective] == "maximize"
+    is_max = OBJECTIVES[objective].direction == "maximize"
     # The study's own best: one that met the SLO somewhere, when any did (constraint "slo").
     chosen = best_trial(study)
     best = next((r for r in rows if chosen is not None and r.number == chosen.number

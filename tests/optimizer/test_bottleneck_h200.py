@@ -12,16 +12,10 @@ import pytest
 
 from optimizer.bottleneck import classify, evidence_from
 from runners import trace
-from runners.base import (
-    BenchmarkMetrics,
-    EngineConfig,
-    EngineInfo,
-    LoadLevel,
-    RunResult,
-    StepMetrics,
-)
+from runners.base import BenchmarkMetrics, EngineConfig, EngineInfo, RunResult, StepMetrics
 from runners.hardware import load_preset
 from runners.model_info import load_model_info
+from runners.workload import LoadLevel
 
 H200_TRACES = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "h200"
 TRIALS: dict[str, dict[str, Any]] = json.loads(

@@ -27,17 +27,10 @@ from mlflow import MlflowClient
 
 from optimizer.bottleneck import LABELS, Verdict, advice, classify, evidence_from, level_metrics
 from optimizer.gains import capacity_gain, format_gain
-from runners.base import (
-    BenchmarkMetrics,
-    EngineConfig,
-    EngineInfo,
-    LoadLevel,
-    RunResult,
-    StepMetrics,
-)
-from runners.capacity import Bracket
+from runners.base import BenchmarkMetrics, EngineConfig, EngineInfo, RunResult, StepMetrics
 from runners.hardware import HardwareProfile
 from runners.model_info import load_model_info, resolve_model_dir
+from runners.workload import Bracket, LoadLevel
 
 LABELS_DIR = Path(__file__).resolve().parents[2] / "docs" / "h200" / "labels"
 # study -> (folder, bundled model shape)

@@ -15,7 +15,7 @@ from optimizer.config import parse_study
 from optimizer.confirm import confirm_summary
 from optimizer.report import build_report, headline, render_markdown
 from optimizer.study import open_study
-from runners.capacity import Bracket
+from runners.workload import Bracket
 
 DEFAULTS_BRACKET = Bracket("request_rate", 8.9, 18.9, "unresolved", 8)
 FP8_BRACKET = Bracket("request_rate", 18.9, 40.0, "unresolved", 8)
@@ -216,7 +216,8 @@ def test_a_trial_pruned_at_a_fixed_level_is_not_given_a_ratio() -> None:
 def test_a_request_rate_capacity_trial_scores_its_brackets_lower_end() -> None:
     from optimizer.records import summary_metrics
     from optimizer.study import objective_value
-    from runners.base import LoadLevel, RunResult, StepMetrics
+    from runners.base import RunResult, StepMetrics
+    from runners.workload import LoadLevel
     from tests.optimizer.test_records import _metrics
 
     def probe(i: int, rate: float, goodput: float, ok: bool) -> StepMetrics:

@@ -6,7 +6,8 @@ import pytest
 
 from optimizer.conclusions import Reference, conclude, param_changes
 from optimizer.records import headline_step, summary_metrics
-from runners.base import BenchmarkMetrics, EngineInfo, LoadLevel, RunResult, StepMetrics
+from runners.base import BenchmarkMetrics, EngineInfo, RunResult, StepMetrics
+from runners.workload import LoadLevel
 
 
 def _metrics(goodput: float, tpot: float, completed: int = 10) -> BenchmarkMetrics:

@@ -19,17 +19,8 @@ from types import TracebackType
 import psutil
 import pytest
 
-from runners.base import (
-    SLO,
-    EngineConfig,
-    FailureReason,
-    LengthDistribution,
-    LoadLevel,
-    Runner,
-    RunResult,
-    StepMetrics,
-    Workload,
-)
+from runners.base import EngineConfig, FailureReason, Runner, RunResult, StepMetrics
+from runners.workload import SLO, LengthDistribution, LoadLevel, Workload
 
 NUM_REQUESTS = 8  # per level: enough for percentiles, few enough to finish in well under a second
 INPUT_LEN = 32  # tokens

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from runners.base import SLO, EngineConfig, LengthDistribution, Workload
-from runners.capacity import Bracket, CapacitySearch, Probe, bracket_from_metrics
+from runners.base import EngineConfig
+from runners.capacity import bracket_from_metrics
 from runners.engine import EngineRunner
 from runners.simulated.launcher import SimulatedLauncher
+from runners.workload import SLO, Bracket, CapacitySearch, LengthDistribution, Probe, Workload
 
 
 def _served(load: float, knee: float, ceiling: float, under_read: float) -> float:

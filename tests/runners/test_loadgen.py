@@ -16,7 +16,6 @@ import httpx
 import numpy as np
 import pytest
 
-from runners.base import SLO, LengthDistribution, LoadLevel, Workload
 from runners.loadgen import (
     STALLED_ERROR,
     RequestOutput,
@@ -28,6 +27,7 @@ from runners.loadgen import (
     sample_length,
 )
 from runners.process import EngineProcess, free_port, wait_healthy
+from runners.workload import SLO, LengthDistribution, LoadLevel, Workload
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TTFT_MS = 20.0

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from runners.base import EngineConfig, FailureReason, FlagValue, Runner, RunResult, Workload
+from runners.base import EngineConfig, FailureReason, FlagValue, Runner, RunResult
 from runners.engine import EngineRunner
 from runners.simulated.launcher import SimulatedLauncher
+from runners.workload import Workload
 from tests.runners.contract import EngineWatcher, RunnerContract, small_workload
 
 STARTUP_TIME_SCALE = 0.001  # a modelled ~200 s start sleeps ~0.2 s

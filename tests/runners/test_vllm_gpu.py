@@ -10,10 +10,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runners.base import SLO, EngineConfig, LengthDistribution, LoadLevel, Workload
+from runners.base import EngineConfig
 from runners.engine import EngineRunner
 from runners.model_info import resolve_model_dir
 from runners.vllm_server import VllmLauncher
+from runners.workload import SLO, LengthDistribution, LoadLevel, Workload
 
 pytestmark = pytest.mark.gpu
 

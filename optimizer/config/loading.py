@@ -1,0 +1,251 @@
+"""The study file read and validated once into a typed `StudyConfig`, with paths resolved against
+the file's directory; every problem is one line naming the field and the fix (`ConfigError`, exit
+code 2). Environment variables are read here and nowhere else."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from optimizer.config.schema import MAX_FILE_BYTES, LengthSpec, StudySpec
+from optimizer.errors import ConfigError
+from optimizer.objectives import OBJECTIVES
+from runners.workload import SLO, CapacitySearch, LengthDistribution, LoadLevel, Workload
+from search_spaces.bounded_yaml import YamlLimitError, load_yaml
+
+DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
+
+
+class StudyConfig:
+    """The validated study, with paths resolved against the study file's directory."""
+
+    def __init__(self, spec: StudySpec, source: Path | None = None) -> None:
+        self.spec = spec
+        self.source = source
+        base = source.parent if source is not None else Path.cwd()
+        self.base_dir = base
+        self.results_dir = _resolve(base, spec.results_dir) if spec.results_dir else \
+            Path("results") / spec.name
+        self.storage_url = spec.storage or f"sqlite:///{self.results_dir / 'optuna.db'}"
+        self.tracking_uri = (spec.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+                             or DEFAULT_TRACKING_URI)
+        self.prompts_file = _resolve(base, spec.workload.prompts_file) \
+            if spec.workload.prompts_file else None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def source_name(self) -> str:
+        """The study file's name, for messages."""
+        return self.source.name if self.source is not None else "study.yaml"
+
+    @property
+    def baseline_name(self) -> str:
+        return baseline_name(self.spec.fixed_flags)
+
+    @property
+    def engine_fixed_flags(self) -> dict[str, Any]:
+        """`fixed_flags` as engine flags: a searchable flag rendered as the space renders it
+        (`cudagraph_mode` -> `compilation_config.cudagraph_mode`, `enable_prefix_caching:
+        false` -> `no_enable_prefix_caching`), any other flag as written."""
+        from search_spaces import KNOWN_FLAGS, to_flags
+
+        out: dict[str, Any] = {}
+        for name, value in self.spec.fixed_flags.items():
+            if name in KNOWN_FLAGS:
+                out.update(to_flags({name: value}))
+            else:
+                out[name] = value
+        return out
+
+    @property
+    def objectives(self) -> list[str]:
+        o = self.spec.objective
+        return list(o) if isinstance(o, list) else [o]
+
+    @property
+    def directions(self) -> list[str]:
+        return [OBJECTIVES[o].direction for o in self.objectives]
+
+    @property
+    def is_multi_objective(self) -> bool:
+        return len(self.objectives) > 1
+
+    def workload(self, vocab_size: int = 32000) -> Workload:
+        w = self.spec.workload
+        return Workload(
+            input_len=_dist(w.input_len),
+            output_len=_dist(w.output_len),
+            prompts_file=self.prompts_file,
+            levels=tuple(LoadLevel(request_rate_rps=lv.request_rate,
+                                   max_concurrency=lv.concurrency) for lv in w.levels),
+            num_requests=w.num_requests,
+            duration_s=w.duration_s,
+            num_warmup_requests=w.warmup_requests,
+            seed=w.seed,
+            slo=SLO(ttft_p99_ms=self.spec.slo.ttft_p99_ms,
+                    tpot_p99_ms=self.spec.slo.tpot_p99_ms,
+                    e2el_ms=self.spec.slo.e2el_ms),
+            vocab_size=vocab_size,
+            request_timeout_s=w.request_timeout_s,
+            max_failed_fraction=w.max_failed_fraction,
+            profile=w.profile,
+            startup_timeout_s=w.startup_timeout_s,
+            repeats=w.repeats,
+            capacity=CapacitySearch(axis=w.capacity.axis, low=w.capacity.low,
+                                    high=w.capacity.high, tolerance=w.capacity.tolerance,
+                                    max_probes=w.capacity.max_probes,
+                                    probe_duration_s=w.capacity.probe_duration_s)
+            if w.capacity else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.spec.model_dump(mode="json")
+
+    def with_overrides(self, *, tracking_uri: str | None = None, storage: str | None = None,
+                       trials: int | None = None) -> StudyConfig:
+        """The same study with command-line overrides applied (None leaves a value as is)."""
+        update: dict[str, Any] = {}
+        if tracking_uri is not None:
+            update["tracking_uri"] = tracking_uri
+        if storage is not None:
+            update["storage"] = storage
+        if trials is not None:
+            if trials < 1:
+                raise ConfigError(f"--trials must be >= 1 but got {trials}.")
+            update["budget"] = self.spec.budget.model_copy(update={"trials": trials})
+        if not update:
+            return self
+        return StudyConfig(self.spec.model_copy(update=update), self.source)
+
+
+def _dist(spec: LengthSpec) -> LengthDistribution:
+    return LengthDistribution(kind=spec.kind, mean=spec.mean, low=spec.low, high=spec.high,
+                              std=spec.std)
+
+
+def _resolve(base: Path, p: Path) -> Path:
+    p = p.expanduser()
+    return p if p.is_absolute() else base / p
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:  # a union member's tag (`str`, `list[str]`, `literal[..]`) is pydantic's
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not str(part).startswith(("function-", "literal[", "list[")) and part != "str":
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
+    """The valid keys of the model at a location, for did-you-mean suggestions."""
+    model: Any = StudySpec
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        candidates = [ann, *getattr(ann, "__args__", ())]
+        model = next((c for c in candidates if isinstance(c, type)
+                      and issubclass(c, BaseModel)), None)
+    return list(getattr(model, "model_fields", {}).keys()) if model else []
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    """One line for the first problem: file, field, what was wrong, how to fix it."""
+    errors = exc.errors()
+    # A typo'd key also makes its intended key "missing": report the typo, it is the cause.
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    loc = tuple(err["loc"])
+    where = _loc(loc)
+    if err["type"] == "extra_forbidden":
+        key = str(loc[-1])
+        valid = _fields_at(loc[:-1])
+        close = difflib.get_close_matches(key, valid, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(valid)}."
+        return f"{source}: unknown key {where!r}; {hint}"
+    if err["type"] == "missing":
+        return f"{source}: {where} is required; add it (see examples/quickstart.yaml)."
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    end = "" if msg.endswith((".", "?")) else "."
+    if msg.startswith(where.split("[")[0]) and err["type"] == "value_error":
+        return f"{source}: {msg}{end}"  # the check named the field itself (fixed_flags.x: ...)
+    if where == "(top level)" and err["type"] == "value_error":
+        return f"{source}: {msg}{end}"
+    got = err.get("input")
+    got_text = "" if isinstance(got, dict | list) or got is None else f" but got {got!r:.80}"
+    return f"{source}: {where}: {msg}{got_text}."
+
+
+def parse_study(data: Any, source: str = "study.yaml", path: Path | None = None) -> StudyConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of study settings at the top level, "
+                          f"got {type(data).__name__}; see examples/quickstart.yaml.")
+    try:
+        spec = StudySpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+    return StudyConfig(spec, path)
+
+
+def load_study(path: Path) -> StudyConfig:
+    """Read and validate a study file; raises ConfigError (one line) on any problem."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such study file; pass the path of a study YAML "
+                          "(e.g. examples/quickstart.yaml).")
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path.name}: cannot read the study file ({type(exc).__name__}); "
+                          "check its permissions.") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(f"{path.name}: over {MAX_FILE_BYTES:,} bytes, far more than a study "
+                          "file holds; check that this is the study YAML.")
+    try:
+        text = raw.decode("utf-8")
+        data = load_yaml(text)
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise ConfigError(f"{path.name}: not valid YAML at line {line}: character "
+                          f"#x{exc.character:04x} is not allowed in YAML text; remove it."
+                          ) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line
+        if isinstance(exc, YamlLimitError):
+            raise ConfigError(f"{path.name}{where}: {problem[:200]}.") from None
+        raise ConfigError(f"{path.name}: not valid YAML{where}: {problem[:200]}; fix the "
+                          "syntax.") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path.name}: not UTF-8 text; save the study file as UTF-8.") from None
+    except RecursionError:
+        raise ConfigError(f"{path.name}: nested too deeply; a study file is a few levels "
+                          "deep.") from None
+    if data is None:
+        raise ConfigError(f"{path.name}: the file is empty; see examples/quickstart.yaml for "
+                          "a study.")
+    return parse_study(data, path.name, path.resolve())
+
+
+def baseline_name(fixed_flags: Mapping[str, Any]) -> str:
+    """What the baseline trial runs: vLLM's defaults, plus the study's fixed flags (which every
+    trial gets) when it has any."""
+    if not fixed_flags:
+        return "vLLM defaults"
+    shown = ", ".join(f"{k}={v}" for k, v in list(fixed_flags.items())[:6])
+    more = f" (+{len(fixed_flags) - 6} more)" if len(fixed_flags) > 6 else ""
+    return f"vLLM defaults + your fixed flags ({shown}{more})"

@@ -1,0 +1,133 @@
+"""What `nightshift start` checks against the file system, the stores and the model before it
+writes or starts anything; each problem is one line (`ConfigError`)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from optimizer.config.schema import MAX_PROMPTS_FILE_BYTES
+from optimizer.config.store_checks import (
+    server_storage_problem,
+    storage_problem,
+    tracking_uri_problem,
+)
+from optimizer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from optimizer.config.loading import StudyConfig
+
+
+def check_before_start(cfg: StudyConfig) -> None:
+    """What `nightshift start` checks before it writes or starts anything: the stores can be
+    made where they are named (without making them), the prompts file reads as the load
+    generator reads it, and the workload fits the model. Raises ConfigError (one line)."""
+    for problem in (storage_problem(cfg.storage_url), tracking_uri_problem(cfg.tracking_uri)):
+        if problem is not None:
+            raise ConfigError(f"{cfg.source_name}: {problem}.")
+    problem = server_storage_problem(cfg.storage_url)
+    if problem is not None:
+        raise ConfigError(f"{cfg.source_name}: {problem}.")
+    made_by_us = [cfg.results_dir, Path("mlruns")]
+    if cfg.storage_url.startswith("sqlite:///"):
+        _check_parent("storage", Path(cfg.storage_url.removeprefix("sqlite:///")), made_by_us,
+                      cfg.source_name)
+    if cfg.tracking_uri.startswith("sqlite:///"):
+        _check_parent("tracking_uri", Path(cfg.tracking_uri.removeprefix("sqlite:///")),
+                      made_by_us, cfg.source_name)
+    longest_prompt = cfg.spec.workload.input_len.longest
+    if cfg.prompts_file is not None:
+        longest_prompt = _check_prompts_file(cfg.prompts_file, cfg.source_name)
+    _check_fits_model(cfg, longest_prompt)
+
+
+def _check_parent(field: str, path: Path, made_by_us: list[Path], source: str) -> None:
+    parent = path.expanduser().absolute().parent
+    # nightshift makes the store's own directory (`.../mlruns/`), never a missing path above
+    # it: a typo there would otherwise become a new directory tree.
+    if parent.is_dir() or parent.parent.is_dir():
+        return
+    for ours in made_by_us:
+        ours = ours.expanduser().absolute()
+        if parent == ours or ours in parent.parents:
+            return  # nightshift makes its own results and mlruns directories
+    raise ConfigError(f"{source}: {field}: neither directory {str(parent)!r:.120} nor its "
+                      "parent exists; create it or name a file in an existing directory.")
+
+
+def _check_prompts_file(path: Path, source: str) -> int:
+    from runners.loadgen import check_prompts_file
+
+    where = f"{source}: workload.prompts_file"
+    if not path.is_file():
+        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise ConfigError(f"{where}: {str(path)!r:.120} {what}; give a JSONL file with one "
+                          "{\"prompt\": ...} object a line.")
+    if path.stat().st_size > MAX_PROMPTS_FILE_BYTES:
+        raise ConfigError(f"{where}: {str(path)!r:.120} is over {MAX_PROMPTS_FILE_BYTES:,} "
+                          "bytes; a benchmark needs a sample of prompts, not a corpus.")
+    try:
+        longest = check_prompts_file(path)
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read {str(path)!r:.120} ({type(exc).__name__}); "
+                          "check its permissions.") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: {str(path)!r:.120} is not UTF-8 text; give a JSONL "
+                          "file.") from None
+    except (ValueError, TypeError) as exc:
+        message = " ".join(str(exc).split())[:300].rstrip(".")
+        raise ConfigError(f"{where}: {message}.") from None
+    return longest
+
+
+def _human_int(value: object) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", value)
+        if m:
+            scale = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+                     "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[m.group(2)]
+            return int(float(m.group(1)) * scale)
+    return None
+
+
+def _has_rope_scaling(model_path: str) -> bool:
+    import json
+
+    from runners.model_info import resolve_model_dir
+
+    directory = resolve_model_dir(model_path)
+    if directory is None:
+        return False
+    config = json.loads((directory / "config.json").read_text())
+    sections = [config, config.get("text_config") or {}]
+    return any(isinstance(c, dict) and c.get("rope_scaling") for c in sections)
+
+
+def _check_fits_model(cfg: StudyConfig, longest_prompt: int) -> None:
+    """A request's prompt and output must fit the engine's context (vLLM refuses it otherwise,
+    and every request of every trial would fail)."""
+    from runners.model_info import load_model_info
+
+    fixed = _human_int(cfg.spec.fixed_flags.get("max_model_len"))
+    if fixed is not None and fixed > 0:
+        limit, why = fixed, "fixed_flags.max_model_len"
+    else:
+        try:
+            model = load_model_info(cfg.spec.model.path)
+        except (OSError, ValueError, TypeError, KeyError):
+            return  # a model the runtime cannot read either: it says so itself
+        if model is None or _has_rope_scaling(cfg.spec.model.path):
+            # A hub id: not known offline. RoPE scaling: vLLM derives a longer context from
+            # it than max_position_embeddings, by rules this check does not repeat.
+            return
+        limit, why = model.max_position_embeddings, f"{model.name}'s max_position_embeddings"
+    longest = longest_prompt + cfg.spec.workload.output_len.longest
+    if longest > limit:
+        raise ConfigError(
+            f"{cfg.source_name}: workload: a prompt of up to {longest_prompt} tokens plus an "
+            f"output of up to {cfg.spec.workload.output_len.longest} is {longest} tokens, over "
+            f"the max_model_len of {limit} ({why}); shorten input_len/output_len or raise "
+            "fixed_flags.max_model_len.")

@@ -1,0 +1,357 @@
+"""The study file's schema: pydantic models of every section, the bounds a study may ask for, and
+the plug-in names checked against their registries (samplers, pruners, runners, objectives).
+Building a `StudySpec` validates; `optimizer.config.loading` turns its errors into one line."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from optimizer.config.flag_checks import _arg_flag, extra_args_problem, fixed_flag_problem
+from optimizer.config.store_checks import storage_problem, tracking_uri_problem
+from optimizer.engines import RUNNERS
+from optimizer.objectives import OBJECTIVES
+from optimizer.pruning import PRUNERS
+from optimizer.samplers import SAMPLERS
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+# Bounds on what a study may ask for, so that a typo (10**9 requests) is refused up front rather
+# than exhausting memory hours later. Each is far beyond any real benchmark.
+MAX_TOKENS = 10_000_000  # one prompt or output: longer than any model's context today
+MAX_REQUESTS = 100_000  # per load level (and warm-up)
+# The load generator holds a level's prompts in memory as token ids, about 36 bytes a token in
+# Python: 2*10^7 tokens is ~0.7 GB.
+MAX_PROMPT_TOKENS_PER_LEVEL = 20_000_000
+MAX_CONCURRENCY = 100_000
+MAX_RATE_RPS = 1_000_000.0
+MAX_SECONDS = 86_400.0  # a timeout or a level's duration: one day
+MAX_SEED = 2**32 - 1  # numpy's seeds (Optuna's samplers, the load generator)
+# The study file itself: a study is a page of YAML, never megabytes.
+MAX_FILE_BYTES = 1_000_000
+MAX_PROMPTS_FILE_BYTES = 1 << 30
+
+
+def registered(field: str, name: object, registry: Mapping[str, object],
+               also: tuple[str, ...] = ()) -> str:
+    """`name` when it is a key of the plug-in `registry` (or one of `also`); else a ValueError
+    that names the field, lists the valid names and shows what was given."""
+    valid = [*registry, *also]
+    if not isinstance(name, str) or name not in valid:
+        raise ValueError(f"{field}: expected one of {', '.join(map(repr, valid))} but got "
+                         f"{name!r:.60}")
+    return name
+
+
+class _Strict(BaseModel):
+    # strict: no `true` for an int, no "5" for a number; allow_inf_nan: no .inf or .nan.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class ModelSpec(_Strict):
+    path: str = Field(min_length=1)  # local dir with config.json, bundled shape or hub id
+    load_format: Literal["auto", "dummy"] = "auto"
+    skip_tokenizer_init: bool = False
+    served_model_name: str = "model"
+
+
+class LengthSpec(_Strict):
+    kind: Literal["fixed", "uniform", "normal", "lognormal"] = "fixed"
+    mean: int = Field(default=512, ge=1, le=MAX_TOKENS)  # tokens
+    low: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    high: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    std: float = Field(default=0.0, ge=0, le=MAX_TOKENS)
+
+    @property
+    def longest(self) -> int:
+        """The longest length this can draw, as far as it is bounded: `high`, else the mean
+        (a normal or lognormal tail without `high` is not bounded)."""
+        return self.high if self.high is not None else self.mean
+
+    @model_validator(mode="after")
+    def _range(self) -> LengthSpec:
+        if self.low is not None and self.high is not None and self.low > self.high:
+            raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
+        if self.kind == "uniform" and (self.low is None or self.high is None):
+            raise ValueError("a uniform length needs both low and high")
+        return self
+
+
+class LevelSpec(_Strict):
+    request_rate: float | None = Field(default=None, gt=0, le=MAX_RATE_RPS)  # None = all at once
+    concurrency: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY)
+
+    @model_validator(mode="after")
+    def _some(self) -> LevelSpec:
+        if self.request_rate is not None and not math.isfinite(self.request_rate):
+            raise ValueError("request_rate must be finite; leave it out for 'all at once'")
+        if self.request_rate is None and self.concurrency is None:
+            raise ValueError("a load level needs request_rate and/or concurrency")
+        return self
+
+
+class CapacitySpec(_Strict):
+    """Find each config's capacity under the SLO instead of measuring fixed levels."""
+
+    axis: Literal["concurrency", "request_rate"] = "concurrency"
+    low: float = Field(gt=0, le=MAX_RATE_RPS)  # the lightest load probed
+    high: float = Field(gt=0, le=MAX_RATE_RPS)  # the heaviest load of interest
+    tolerance: float = Field(default=0.05, gt=0, le=1)
+    max_probes: int = Field(default=8, ge=2, le=32)
+    # No probe sends new requests after this long (in-flight ones finish), whatever
+    # num_requests: a light probe (few requests/s) must not take minutes.
+    probe_duration_s: float = Field(default=30.0, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _bracket(self) -> CapacitySpec:
+        if self.low >= self.high:
+            raise ValueError(f"low ({self.low:g}) must be below high ({self.high:g})")
+        if self.axis == "concurrency" and (self.low != int(self.low) or
+                                           self.high != int(self.high)):
+            raise ValueError("concurrency bounds are whole numbers of requests")
+        if not math.isfinite(self.high):
+            raise ValueError("high must be finite")
+        return self
+
+
+def _length(value: Any) -> Any:
+    return {"kind": "fixed", "mean": value} if isinstance(value, int) else value
+
+
+class WorkloadSpec(_Strict):
+    input_len: Annotated[LengthSpec, Field(default_factory=lambda: LengthSpec(mean=512))]
+    output_len: Annotated[LengthSpec, Field(default_factory=lambda: LengthSpec(mean=128))]
+    prompts_file: Annotated[Path | None, Field(strict=False)] = None
+    levels: list[LevelSpec] = Field(default_factory=lambda: [LevelSpec(concurrency=16)],
+                                    min_length=1, max_length=32)
+    num_requests: int | None = Field(default=128, ge=1, le=MAX_REQUESTS)
+    duration_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    warmup_requests: int = Field(default=8, ge=0, le=MAX_REQUESTS)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    request_timeout_s: float = Field(default=600.0, gt=0, le=MAX_SECONDS)
+    max_failed_fraction: float = Field(default=0.05, ge=0, le=1)
+    startup_timeout_s: float = Field(default=900.0, gt=0, le=MAX_SECONDS)
+    # no token this long = a hung engine
+    stall_timeout_s: float = Field(default=120.0, gt=0, le=MAX_SECONDS)
+    profile: bool = False
+    capacity: CapacitySpec | None = None  # bracket the load within the SLO; levels unused
+    repeats: int = Field(default=1, ge=1, le=10)  # measurements of each level (noise)
+    # A trial whose objective varies more than this across repeats (max-min over median) is
+    # flagged unstable.
+    max_spread: float = Field(default=0.10, gt=0, le=100)
+
+    _coerce_lengths = field_validator("input_len", "output_len", mode="before")(
+        classmethod(lambda cls, v: _length(v)))
+
+    @model_validator(mode="after")
+    def _bound(self) -> WorkloadSpec:
+        if self.num_requests is None and self.duration_s is None:
+            raise ValueError("set num_requests or duration_s to bound each load level")
+        if self.prompts_file is None:
+            count = max(self.num_requests or 0, self.warmup_requests)
+            tokens = count * self.input_len.longest
+            if tokens > MAX_PROMPT_TOKENS_PER_LEVEL:
+                raise ValueError(
+                    f"{count} requests of up to {self.input_len.longest} prompt tokens make "
+                    f"{tokens:,} tokens a level, over the {MAX_PROMPT_TOKENS_PER_LEVEL:,} the "
+                    "load generator holds in memory; lower num_requests or input_len")
+        return self
+
+
+class SLOSpec(_Strict):
+    ttft_p99_ms: float | None = Field(default=None, gt=0)
+    tpot_p99_ms: float | None = Field(default=None, gt=0)
+    e2el_ms: float | None = Field(default=None, gt=0)
+
+
+class BudgetSpec(_Strict):
+    trials: int | None = Field(default=None, ge=1, le=100_000)
+    wall_hours: float | None = Field(default=None, gt=0, le=24 * 365)
+
+    @model_validator(mode="after")
+    def _some(self) -> BudgetSpec:
+        if self.trials is None and self.wall_hours is None:
+            raise ValueError("set trials and/or wall_hours")
+        return self
+
+
+class SimulatedSpec(_Strict):
+    hardware: str = "h200"  # a preset under runners/hardware_profiles/
+    num_gpus: int = Field(default=2, ge=1, le=64)  # GPUs declared to Ray
+    startup_time_scale: float = Field(default=0.01, gt=0, le=1)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+
+
+class SamplerSpec(_Strict):
+    name: str = "tpe"  # a key of `samplers.SAMPLERS`
+    seed: int | None = Field(default=0, ge=0, le=MAX_SEED)
+    n_startup_trials: int = Field(default=6, ge=0, le=100_000)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return registered("sampler.name", v, SAMPLERS)
+
+
+class PrunerSpec(_Strict):
+    name: str = "bottleneck"  # a key of `pruning.PRUNERS`
+    n_startup_trials: int = Field(default=4, ge=0, le=100_000)
+    min_relative_gap: float = Field(default=0.10, ge=0, le=1)  # prune only when this much worse
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return registered("pruner.name", v, PRUNERS)
+
+
+class RaySpec(_Strict):
+    """Where trials may run on a shared Ray cluster (`nightshift start --ray-address`)."""
+
+    address: str | None = None  # "auto" or ray://host:10001; None = a local Ray in-process
+    # Run only on nodes of this GPU model (Ray's accelerator_type label, e.g. "H100").
+    accelerator_type: str | None = None
+    # Custom resources a trial's worker needs, e.g. {"tuning_pool": 1}.
+    resources: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, amount in v.items():
+            if name in ("CPU", "GPU", "memory", "object_store_memory"):
+                raise ValueError(f"{name!r} is set by nightshift per trial; name a custom "
+                                 "resource")
+            if not amount > 0:
+                raise ValueError(f"{name} must be > 0 but got {amount}")
+        return v
+
+
+class VllmSpec(_Strict):
+    # VLLM_CACHE_ROOT shared by every trial
+    cache_root: Annotated[Path | None, Field(strict=False)] = None
+    # Passed verbatim after the flags: only flags of vLLM that nightshift neither sets nor
+    # searches (checked by `extra_args_problem`).
+    extra_args: list[str] = Field(default_factory=list, max_length=256)
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_args(cls, v: list[str]) -> list[str]:
+        problem = extra_args_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
+
+
+class StudySpec(_Strict):
+    name: str
+    model: ModelSpec
+    workload: Annotated[WorkloadSpec, Field(default_factory=WorkloadSpec)]
+    slo: Annotated[SLOSpec, Field(default_factory=SLOSpec)]
+    objective: str | list[str] = "goodput"  # key(s) of `objectives.OBJECTIVES`
+    search_space: str = "auto"  # bundled name, path, or "auto" (by hardware class)
+    budget: BudgetSpec
+    # "auto": vLLM where a GPU and vllm are present, else the simulated engine (said loudly).
+    engine: str = "vllm"  # a key of `engines.RUNNERS`, or "auto"
+    simulated: Annotated[SimulatedSpec, Field(default_factory=SimulatedSpec)]
+    sampler: Annotated[SamplerSpec, Field(default_factory=SamplerSpec)]
+    pruner: Annotated[PrunerSpec, Field(default_factory=PrunerSpec)]
+    vllm: Annotated[VllmSpec, Field(default_factory=VllmSpec)]
+    ray: Annotated[RaySpec, Field(default_factory=RaySpec)]
+    results_dir: Annotated[Path | None, Field(strict=False)] = None  # default: results/<name>
+    storage: str | None = None  # Optuna RDB URL; default sqlite under results_dir
+    tracking_uri: str | None = None  # MLflow; default sqlite:///mlruns/mlflow.db
+    env: dict[str, str] = Field(default_factory=dict)  # added to every trial's engine
+    fixed_flags: dict[str, Any] = Field(default_factory=dict)  # vLLM flags every trial gets
+    max_parallel_trials: int | None = Field(default=None, ge=1, le=1024)
+    # Configs measured right after the defaults baseline, before the sampler's own: each names
+    # only the params it changes (the rest stay at the defaults) and is checked against the
+    # space. For coverage a short study must have, or a config the user already suspects.
+    seed_trials: list[dict[str, Any]] = Field(default_factory=list, max_length=256)
+    retries: int = Field(default=1, ge=0, le=5)  # re-queues of a trial lost to infrastructure
+    # At the end, the best config and the defaults are measured again, interleaved (A B A B
+    # for 2 rounds), and the gain is stated with its confidence interval. 0 = skip.
+    confirm_rounds: int = Field(default=2, ge=0, le=10)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError(
+                "must be 1-100 letters, digits, '.', '_' or '-' (it becomes a directory name)")
+        return v
+
+    @field_validator("objective")
+    @classmethod
+    def _objective(cls, v: Any) -> Any:
+        if isinstance(v, list) and (not 1 <= len(v) <= 2 or len(set(v)) != len(v)):
+            raise ValueError("give one objective or a pair of distinct ones")
+        for name in v if isinstance(v, list) else [v]:
+            registered("objective", name, OBJECTIVES)
+        return v
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, v: str) -> str:
+        return registered("engine", v, RUNNERS, also=("auto",))
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not re.match(r"^[A-Z_][A-Z0-9_]*$", key):
+                raise ValueError(f"{key!r} is not an environment variable name")
+        return v
+
+    @field_validator("fixed_flags")
+    @classmethod
+    def _fixed_flags(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for name, value in v.items():
+            problem = fixed_flag_problem(name, value)
+            if problem is not None:
+                raise ValueError(problem)
+        return v
+
+    @field_validator("storage")
+    @classmethod
+    def _storage(cls, v: str | None) -> str | None:
+        problem = None if v is None else storage_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _tracking_uri(cls, v: str | None) -> str | None:
+        problem = None if v is None else tracking_uri_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
+
+    @model_validator(mode="after")
+    def _extra_args_vs_fixed(self) -> StudySpec:
+        for token in self.vllm.extra_args:
+            name = _arg_flag(token)
+            if name is not None and name.replace("-", "_") in self.fixed_flags:
+                raise ValueError(f"vllm.extra_args: {token} repeats fixed_flags."
+                                 f"{name.replace('-', '_')}; set it in one place")
+        return self
+
+    @model_validator(mode="after")
+    def _objectives_need_slo(self) -> StudySpec:
+        objectives = self.objective if isinstance(self.objective, list) else [self.objective]
+        no_slo = self.slo.ttft_p99_ms is None and self.slo.tpot_p99_ms is None
+        for name in objectives:
+            if OBJECTIVES[name].needs_slo and no_slo:
+                raise ValueError(f"objective {name} needs slo.ttft_p99_ms and/or "
+                                 "slo.tpot_p99_ms")
+        return self

@@ -1,0 +1,85 @@
+"""Checks of where a study stores: the Optuna `storage` URL and the MLflow `tracking_uri` (parse,
+scheme and driver; `server_storage_problem` alone opens one connection)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+_TRACKING_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https",
+                     "databricks", "databricks-uc", "uc")
+_STORAGE_BACKENDS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
+
+
+def storage_problem(url: str) -> str | None:
+    """Why `storage` is not an Optuna RDB URL nightshift can use, or None (parse, scheme and
+    driver only: nothing is created or connected to)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return (f"storage: {url!r:.80} is not a database URL; give one such as "
+                "sqlite:///results/optuna.db")
+    backend = parsed.get_backend_name()
+    if backend not in _STORAGE_BACKENDS:
+        return (f"storage: {backend!r} is not a database Optuna stores to (valid: "
+                f"{', '.join(_STORAGE_BACKENDS)}); give one such as sqlite:///results/optuna.db")
+    if backend == "sqlite" and (not parsed.database or parsed.database == ":memory:"):
+        return ("storage: an in-memory SQLite database loses the study when the daemon ends; "
+                "give a file such as sqlite:///results/optuna.db")
+    try:
+        parsed.get_dialect().import_dbapi()
+    except Exception as exc:  # NoSuchModuleError, ImportError: per dialect
+        return (f"storage: the {parsed.drivername} driver is not installed here "
+                f"({type(exc).__name__}); install it or use sqlite:///results/optuna.db")
+    return None
+
+
+_CONNECT_TIMEOUT_S: Final = 10  # a database server that does not answer in this long is down
+
+
+def server_storage_problem(url: str) -> str | None:
+    """Why a database server named by `storage` cannot be used, or None: one connection is
+    opened and closed (nothing is created). A SQLite file is left alone here: connecting would
+    create it, and `_check_parent` covers it."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return None
+    timeout = {"postgresql": "connect_timeout", "mysql": "connect_timeout",
+               "mariadb": "connect_timeout"}.get(parsed.get_backend_name())
+    engine = create_engine(parsed, connect_args={timeout: _CONNECT_TIMEOUT_S} if timeout else {})
+    try:
+        with engine.connect():
+            return None
+    except Exception as exc:  # OperationalError, InterfaceError, ...: per driver
+        detail = " ".join(str(getattr(exc, "orig", None) or exc).split())[:120]
+        return (f"storage: cannot connect to {parsed.render_as_string(hide_password=True)} "
+                f"({detail}); start the database server or use sqlite:///results/optuna.db")
+    finally:
+        engine.dispose()
+
+
+def tracking_uri_problem(uri: str) -> str | None:
+    """Why `tracking_uri` is not an MLflow store, or None (parse and scheme only)."""
+    from urllib.parse import urlparse
+
+    try:
+        parsed = urlparse(uri)
+    except ValueError:
+        return f"tracking_uri: {uri!r:.80} is not a URI; give sqlite:///mlruns/mlflow.db"
+    scheme = parsed.scheme.split("+")[0]
+    if scheme not in _TRACKING_SCHEMES:
+        return (f"tracking_uri: MLflow does not store to scheme {parsed.scheme!r:.40}; give "
+                "sqlite:///mlruns/mlflow.db or an http(s):// tracking server")
+    if scheme == "sqlite" and not uri.startswith("sqlite:///"):
+        return ("tracking_uri: a SQLite URI is sqlite:///relative/path.db or "
+                "sqlite:////absolute/path.db (three or four slashes)")
+    if scheme == "sqlite" and not uri.removeprefix("sqlite:///").strip():
+        return "tracking_uri: the SQLite URI names no file; give sqlite:///mlruns/mlflow.db"
+    if scheme in ("http", "https") and not parsed.hostname:
+        return f"tracking_uri: {uri!r:.80} names no host; give http://HOST:PORT"
+    return None

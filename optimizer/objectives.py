@@ -1,0 +1,54 @@
+"""The objectives a study can optimize, by name: each says its direction, its unit and how one
+load level's figures give its value. A new objective is one entry of `OBJECTIVES`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from runners.base import BenchmarkMetrics
+
+Direction = Literal["maximize", "minimize"]
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One objective. `value` reads a load level's figures; a trial's value over its levels is
+    `study.objective_value` (the best level for a rate, the worst for a latency)."""
+
+    name: str  # as the study file writes it (`objective: goodput`)
+    direction: Direction
+    unit: str  # printed after a value ("req/s"); "" where it has none
+    value: Callable[[BenchmarkMetrics], float]
+    # After a capacity search in which no probe met the SLO: the trial's value. 0 for a rate
+    # (nothing was served within the SLO); None for a latency (nothing to say).
+    value_when_none_met_slo: float | None = None
+    # On the request-rate axis of a capacity search, the value is the highest offered rate that
+    # met the SLO (the bracket's lower end) rather than a probe's measured figure.
+    is_offered_rate_at_capacity: bool = False
+    needs_slo: bool = False  # meaningless without slo.ttft_p99_ms and/or slo.tpot_p99_ms
+
+
+def _goodput(m: BenchmarkMetrics) -> float:
+    return m.request_goodput if m.request_goodput is not None else 0.0
+
+
+OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
+    # requests/s meeting the SLO (vllm bench serve's request_goodput)
+    Objective("goodput", "maximize", "req/s", _goodput, value_when_none_met_slo=0.0,
+              is_offered_rate_at_capacity=True, needs_slo=True),
+    Objective("throughput", "maximize", "tok/s", lambda m: m.output_throughput,
+              value_when_none_met_slo=0.0),  # output tokens/s
+    Objective("tpot", "minimize", "ms TPOT p99", lambda m: m.p99_tpot_ms),
+    Objective("ttft", "minimize", "ms TTFT p99", lambda m: m.p99_ttft_ms),
+)}
+
+
+def get_objective(name: str) -> Objective:
+    """The registered objective called `name`; ValueError naming the valid ones otherwise."""
+    try:
+        return OBJECTIVES[name]
+    except KeyError:
+        raise ValueError(f"unknown objective {name!r}; valid: {', '.join(OBJECTIVES)}.") from None
