@@ -592,7 +592,7 @@ def fixed_flag_problem(name: object, value: object) -> str | None:
     """Why `fixed_flags.<name>: <value>` would not run, or None: a flag of vLLM (any flag of the
     installed vLLM, else of 0.26) with a value of its type, or a simulated-engine fault."""
     from runners.simulated.faults import FAULT_PREFIX
-    from runners.vllm_flags import flag_table, value_problem
+    from runners.vllm.flags import flag_table, value_problem
     from search_spaces import KNOWN_FLAGS
     from search_spaces.space import value_problem as space_value_problem
 
@@ -672,7 +672,7 @@ def _arg_flag(token: str) -> str | None:
 def extra_args_problem(args: list[str]) -> str | None:
     """Why `vllm.extra_args` would not run as meant, or None: each flag is one of vLLM's, not
     one nightshift sets itself or searches (extra_args come last, so theirs would win)."""
-    from runners.vllm_flags import flag_table
+    from runners.vllm.flags import flag_table
     from search_spaces import KNOWN_FLAGS
 
     table = flag_table()
@@ -712,7 +712,7 @@ def _extra_value_problem(args: list[str], index: int, written: str, kebab: str) 
     """Why the value `args[index]` gives its flag would be refused by vLLM's parser, or None.
     Checked where the table knows the type: a boolean takes no value; an int, float or choice
     flag takes one (`--x=v` or the next word). Dotted (`--x.y=v`) and `-O3` forms pass."""
-    from runners.vllm_flags import flag_table, value_problem
+    from runners.vllm.flags import flag_table, value_problem
 
     token = args[index]
     if "." in token.split("=", 1)[0] or written == "optimization-level":

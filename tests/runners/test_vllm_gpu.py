@@ -13,7 +13,7 @@ import pytest
 from runners.base import SLO, EngineConfig, LengthDistribution, LoadLevel, Workload
 from runners.engine import EngineRunner
 from runners.model_info import resolve_model_dir
-from runners.vllm_server import VllmLauncher
+from runners.vllm.launcher import VllmLauncher
 
 pytestmark = pytest.mark.gpu
 

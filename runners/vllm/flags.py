@@ -1,7 +1,12 @@
-"""What `vllm serve` accepts, flag by flag: the installed vLLM's own argument parser where vLLM
-imports, else the table of 0.26's flags bundled as `runners/vllm_flags_0.26.json` (read from the
-wheel by `scripts/vllm_flag_table.py`: value types, choices and bounds as vLLM's sources state
-them). A study's `fixed_flags` and `vllm.extra_args` are checked against it before anything runs.
+"""The one table of what `vllm serve` accepts, and the one renderer of flags onto its command line.
+
+The table is the installed vLLM's own argument parser where vLLM imports, else the table of
+0.26's flags bundled as `runners/vllm/flags_0.26.json` (read from the wheel by
+`scripts/vllm_flag_table.py`: value types, choices and bounds as vLLM's sources state them; the
+defaults and negatable booleans nightshift relies on, checked against REFERENCE.md). A study's
+`fixed_flags` and `vllm.extra_args`, `nightshift audit` and the exported commands all read it.
+The renderer turns snake_case flags into argv (`--max-num-seqs 256`, `--no-enable-prefix-caching`)
+or a `vllm serve --config` mapping, as vLLM's own `ParameterSweepItem.apply_to_cmd` does.
 """
 
 from __future__ import annotations
@@ -31,6 +36,12 @@ class FlagType:
     le: float | None = None
     lt: float | None = None
     is_human_readable: bool = False  # an int that vLLM also takes as "8k", "1G" (or "auto")
+    # A boolean whose False differs from leaving it out (its default is on or "auto"): False is
+    # spelled `--no-<flag>`. Any other boolean False is left out (a store_true flag has no
+    # `--no-` form, and argparse would exit 2).
+    is_negatable: bool = False
+    default: object = None  # vLLM's value when the flag is not given, where has_default
+    has_default: bool = False
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,28 @@ class VllmFlags:
     source: str  # for messages: "the bundled table of vLLM 0.26.0's flags"
     types: Mapping[str, FlagType]  # kebab-case name -> type
     aliases: Mapping[str, str] = field(default_factory=dict)  # -tp -> tensor-parallel-size
+    env_vars: frozenset[str] = frozenset()  # the environment variables this version reads
+
+    @property
+    def names(self) -> frozenset[str]:
+        """Every long flag, kebab-case."""
+        return frozenset(self.types)
+
+    @property
+    def bool_flags(self) -> frozenset[str]:
+        return frozenset(k for k, t in self.types.items() if t.kind == "bool")
+
+    def is_negatable(self, key: str) -> bool:
+        """`key` (snake_case or kebab-case) is a boolean whose False is `--no-<flag>`."""
+        flag = self.types.get(flag_name(key).partition(".")[0])
+        return flag is not None and flag.is_negatable
+
+    def default(self, key: str) -> object:
+        """vLLM's value for the flag `key` left unset; KeyError where the table does not know."""
+        flag = self.types.get(flag_name(key))
+        if flag is None or not flag.has_default:
+            raise KeyError(key)
+        return flag.default
 
     def resolve(self, name: str) -> str | None:
         """The kebab-case flag `name` means (snake_case, kebab-case or a short alias), or None."""
@@ -57,7 +90,9 @@ def bundled_flags() -> VllmFlags:
 
 @functools.cache
 def _bundled() -> VllmFlags:
-    data = json.loads(resources.files("runners").joinpath("vllm_flags_0.26.json").read_text())
+    data = json.loads(resources.files("runners.vllm").joinpath("flags_0.26.json").read_text())
+    negatable = set(data["negatable"])
+    defaults: dict[str, Any] = data["defaults"]
     types: dict[str, FlagType] = {}
     for name, kind in data["flags"].items():
         entry = data.get("types", {}).get(name) or {"type": "bool" if kind == "bool" else "any"}
@@ -65,25 +100,34 @@ def _bundled() -> VllmFlags:
                                choices=tuple(str(c) for c in entry.get("choices", ())),
                                ge=entry.get("ge"), gt=entry.get("gt"), le=entry.get("le"),
                                lt=entry.get("lt"),
-                               is_human_readable=bool(entry.get("human_readable")))
+                               is_human_readable=bool(entry.get("human_readable")),
+                               is_negatable=name in negatable,
+                               default=defaults.get(name), has_default=name in defaults)
+    unknown = (negatable | set(defaults)) - set(types)
+    if unknown:  # a typo in the table itself: caught by the tests that load it
+        raise ValueError(f"flags_0.26.json: defaults/negatable name unknown flags {unknown}")
     return VllmFlags(version=data["vllm_version"],
                      source=f"vLLM {data['vllm_version']}'s flags (bundled table)",
-                     types=types, aliases=data.get("aliases", {}))
+                     types=types, aliases=data.get("aliases", {}),
+                     env_vars=frozenset(data.get("env_vars", ())))
 
 
 def installed_flags() -> VllmFlags | None:
     """The installed vLLM's own parser as a table; None where vLLM does not import."""
     try:
         import vllm
+        import vllm.envs as vllm_envs
         from vllm.entrypoints.openai.cli_args import make_arg_parser
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except Exception:  # absent, or present without its GPU stack: the bundled table serves
         return None
     return flags_from_parser(make_arg_parser(FlexibleArgumentParser()),
-                             version=str(vllm.__version__))
+                             version=str(vllm.__version__),
+                             env_vars=frozenset(vllm_envs.environment_variables))
 
 
-def flags_from_parser(parser: Any, version: str) -> VllmFlags:
+def flags_from_parser(parser: Any, version: str,
+                      env_vars: frozenset[str] = frozenset()) -> VllmFlags:
     """A table from an argparse parser (vLLM's `make_arg_parser`): kinds from each action's
     type, nargs and choices; no bounds (argparse does not state them)."""
     import argparse
@@ -111,15 +155,21 @@ def flags_from_parser(parser: Any, version: str) -> VllmFlags:
             kind = "str"
         else:
             kind = "any"
+        # argparse's default is vLLM's default only where it is not resolved later (None
+        # means "decided at start-up"); a boolean that has a `--no-` form and a default other
+        # than False is negatable.
+        is_optional_bool = isinstance(action, argparse.BooleanOptionalAction)
         flag = FlagType(kind=kind, choices=choices,
-                        is_human_readable="human_readable_int" in type_name)
+                        is_human_readable="human_readable_int" in type_name,
+                        is_negatable=is_optional_bool and action.default is not False,
+                        default=action.default, has_default=action.default is not None)
         for name in longs:
             if not (name.startswith("no-") and name[3:] in longs):
                 types[name] = flag
         for short in (o for o in action.option_strings if not o.startswith("--")):
             aliases[short] = longs[0]
     return VllmFlags(version=version, source=f"installed vLLM {version}'s argument parser",
-                     types=types, aliases=aliases)
+                     types=types, aliases=aliases, env_vars=env_vars)
 
 
 @functools.cache
@@ -183,3 +233,59 @@ def _bound_problem(flag: FlagType, value: float) -> str | None:
     if flag.lt is not None and value >= flag.lt:
         return f"must be < {flag.lt:g} but got {_show(value)}"
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The renderer: snake_case flags -> argv or a `--config` mapping, at the process boundary only.
+
+def flag_name(key: str) -> str:
+    """`max_num_seqs` -> `max-num-seqs`; `compilation_config.cudagraph_mode` keeps the part after
+    the dot as vLLM spells it (`--compilation-config.cudagraph_mode`)."""
+    head, dot, tail = key.partition(".")
+    return head.replace("_", "-") + dot + tail
+
+
+def flag_args(key: str, value: object, table: VllmFlags | None = None) -> list[str]:
+    """One snake_case flag as argv elements; [] when the flag is to be left out."""
+    name = flag_name(key)
+    if value is None:
+        return []
+    if isinstance(value, bool):
+        if value:
+            return [f"--{name}"]
+        return [f"--no-{name}"] if (table or flag_table()).is_negatable(key) else []
+    if isinstance(value, Mapping):
+        return [f"--{name}", json.dumps(dict(value), separators=(",", ":"))]
+    if isinstance(value, list | tuple):
+        # vLLM's list flags are nargs="+": `--cudagraph-capture-sizes 1 2 4`.
+        return [f"--{name}", *(str(v) for v in value)] if value else []
+    return [f"--{name}", str(value)]
+
+
+def to_argv(flags: Mapping[str, object], table: VllmFlags | None = None) -> list[str]:
+    """snake_case flags as `vllm serve` arguments, in the mapping's order."""
+    return [arg for key, value in flags.items() for arg in flag_args(key, value, table)]
+
+
+def to_config_dict(flags: Mapping[str, object],
+                   table: VllmFlags | None = None) -> dict[str, Any]:
+    """snake_case flags as `vllm serve MODEL --config x.yaml` reads them: kebab-case keys, and
+    never a YAML `false` (vLLM drops it silently) but `no-<flag>: true` where False differs from
+    leaving the flag out; a mapping as the JSON its flag parses (the config-file loader turns
+    values into argv strings)."""
+    out: dict[str, Any] = {}
+    for key, value in flags.items():
+        if value is None:
+            continue
+        name = flag_name(key)
+        if isinstance(value, bool):
+            if value:
+                out[name] = True
+            elif (table or flag_table()).is_negatable(key):
+                out[f"no-{name}"] = True
+            continue
+        if isinstance(value, Mapping):
+            out[name] = json.dumps(dict(value), separators=(",", ":"))
+            continue
+        out[name] = value
+    return out
