@@ -28,6 +28,7 @@ from pydantic import (
 from optimizer.errors import ConfigError
 from runners.base import SLO, LengthDistribution, LoadLevel, Workload
 from runners.capacity import CapacitySearch
+from runners.vllm.flags import VllmFlags
 from search_spaces.bounded_yaml import YamlLimitError, load_yaml
 
 ObjectiveName = Literal["goodput", "throughput", "tpot", "ttft"]
@@ -588,9 +589,11 @@ def _snake(kebab: str) -> str:
     return kebab.replace("-", "_")
 
 
-def fixed_flag_problem(name: object, value: object) -> str | None:
+def fixed_flag_problem(name: object, value: object,
+                       table: VllmFlags | None = None) -> str | None:
     """Why `fixed_flags.<name>: <value>` would not run, or None: a flag of vLLM (any flag of the
-    installed vLLM, else of 0.26) with a value of its type, or a simulated-engine fault."""
+    installed vLLM, else of 0.26; or of `table`) with a value of its type, or a
+    simulated-engine fault."""
     from runners.simulated.faults import FAULT_PREFIX
     from runners.vllm.flags import flag_table, value_problem
     from search_spaces import KNOWN_FLAGS
@@ -601,7 +604,7 @@ def fixed_flag_problem(name: object, value: object) -> str | None:
     where = f"fixed_flags.{name}"
     if name.startswith(FAULT_PREFIX):
         return _fault_problem(name, value)
-    table = flag_table()
+    table = table or flag_table()
     kebab = table.resolve(name)
     if name.replace("_", "-") in OWNED_FLAGS:
         return f"{where}: nightshift sets --{name.replace('_', '-')} itself; " \

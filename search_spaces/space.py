@@ -110,7 +110,6 @@ KNOWN_FLAGS: dict[str, FlagSpec] = {
     "max_cudagraph_capture_size": FlagSpec("int", low=1),
     "async_scheduling": FlagSpec("bool"),
     "scheduling_policy": FlagSpec("enum", ("fcfs", "priority")),
-    "swap_space": FlagSpec("float", low=0.0, high=4096.0),  # GiB per GPU
     "cpu_offload_gb": FlagSpec("float", low=0.0, high=4096.0),  # GiB per GPU
     "kv_cache_memory_bytes": FlagSpec("int", low=1),
     "num_gpu_blocks_override": FlagSpec("int", low=1),

@@ -41,3 +41,11 @@ VLLM_DEFAULT_GPU_MEMORY_UTILIZATION: Final = float(
 
 # Environment variables that change what vLLM does, kept with a launch (audit, export).
 ENV_PREFIXES: Final = ("VLLM_", "NCCL_", "CUDA_", "TORCH_", "PYTORCH_")
+
+
+def vllm_scheduler_defaults(gpu_memory_gib: float, gpu_name: str) -> dict[str, int]:
+    """vLLM 0.26's `max_num_seqs` and `max_num_batched_tokens` when unset (REFERENCE.md): the
+    larger 1024 / 8192 on a GPU of >= 70 GiB that is not an A100, else 256 / 2048."""
+    is_high_end = gpu_memory_gib >= 70 and "A100" not in gpu_name
+    return {"max_num_seqs": 1024 if is_high_end else 256,
+            "max_num_batched_tokens": 8192 if is_high_end else 2048}

@@ -40,8 +40,6 @@ class FlagType:
     # spelled `--no-<flag>`. Any other boolean False is left out (a store_true flag has no
     # `--no-` form, and argparse would exit 2).
     is_negatable: bool = False
-    default: object = None  # vLLM's value when the flag is not given, where has_default
-    has_default: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,6 +49,10 @@ class VllmFlags:
     types: Mapping[str, FlagType]  # kebab-case name -> type
     aliases: Mapping[str, str] = field(default_factory=dict)  # -tp -> tensor-parallel-size
     env_vars: frozenset[str] = frozenset()  # the environment variables this version reads
+    # vLLM's value for a flag not given, by kebab-case name (a nested setting dotted:
+    # `compilation-config.cudagraph_mode`); None: decided at start-up. Only flags listed here
+    # have a known default.
+    defaults: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def names(self) -> frozenset[str]:
@@ -67,11 +69,9 @@ class VllmFlags:
         return flag is not None and flag.is_negatable
 
     def default(self, key: str) -> object:
-        """vLLM's value for the flag `key` left unset; KeyError where the table does not know."""
-        flag = self.types.get(flag_name(key))
-        if flag is None or not flag.has_default:
-            raise KeyError(key)
-        return flag.default
+        """vLLM's value for the flag `key` (snake_case or kebab-case, nested dotted) left unset;
+        KeyError where the table does not know it."""
+        return self.defaults[flag_name(key)]
 
     def resolve(self, name: str) -> str | None:
         """The kebab-case flag `name` means (snake_case, kebab-case or a short alias), or None."""
@@ -90,9 +90,16 @@ def bundled_flags() -> VllmFlags:
 
 @functools.cache
 def _bundled() -> VllmFlags:
-    data = json.loads(resources.files("runners.vllm").joinpath("flags_0.26.json").read_text())
-    negatable = set(data["negatable"])
-    defaults: dict[str, Any] = data["defaults"]
+    return flags_from_data(
+        json.loads(resources.files("runners.vllm").joinpath("flags_0.26.json").read_text()))
+
+
+def flags_from_data(data: Mapping[str, Any]) -> VllmFlags:
+    """A table from the bundled JSON's shape: `flags` (name -> "bool" or "value"), `types`,
+    `aliases`, `env_vars`, `negatable` and `defaults`; a new flag is one entry in `flags` (and
+    `types` for a value type other than "any")."""
+    negatable = set(data.get("negatable", ()))
+    defaults: dict[str, Any] = dict(data.get("defaults", {}))
     types: dict[str, FlagType] = {}
     for name, kind in data["flags"].items():
         entry = data.get("types", {}).get(name) or {"type": "bool" if kind == "bool" else "any"}
@@ -101,15 +108,14 @@ def _bundled() -> VllmFlags:
                                ge=entry.get("ge"), gt=entry.get("gt"), le=entry.get("le"),
                                lt=entry.get("lt"),
                                is_human_readable=bool(entry.get("human_readable")),
-                               is_negatable=name in negatable,
-                               default=defaults.get(name), has_default=name in defaults)
-    unknown = (negatable | set(defaults)) - set(types)
+                               is_negatable=name in negatable)
+    unknown = {n for n in (negatable | set(defaults)) if n.partition(".")[0] not in types}
     if unknown:  # a typo in the table itself: caught by the tests that load it
-        raise ValueError(f"flags_0.26.json: defaults/negatable name unknown flags {unknown}")
+        raise ValueError(f"flag table: defaults/negatable name unknown flags {sorted(unknown)}")
     return VllmFlags(version=data["vllm_version"],
                      source=f"vLLM {data['vllm_version']}'s flags (bundled table)",
                      types=types, aliases=data.get("aliases", {}),
-                     env_vars=frozenset(data.get("env_vars", ())))
+                     env_vars=frozenset(data.get("env_vars", ())), defaults=defaults)
 
 
 def installed_flags() -> VllmFlags | None:
@@ -134,6 +140,7 @@ def flags_from_parser(parser: Any, version: str,
 
     types: dict[str, FlagType] = {}
     aliases: dict[str, str] = {}
+    defaults: dict[str, object] = {}
     for action in parser._actions:
         longs = [o[2:] for o in action.option_strings if o.startswith("--")]
         if not longs:
@@ -155,21 +162,22 @@ def flags_from_parser(parser: Any, version: str,
             kind = "str"
         else:
             kind = "any"
-        # argparse's default is vLLM's default only where it is not resolved later (None
-        # means "decided at start-up"); a boolean that has a `--no-` form and a default other
-        # than False is negatable.
+        # argparse's default is vLLM's where it is not None ("decided at start-up", left out
+        # of `defaults`); a boolean with a `--no-` form and a default other than False is
+        # negatable.
         is_optional_bool = isinstance(action, argparse.BooleanOptionalAction)
         flag = FlagType(kind=kind, choices=choices,
                         is_human_readable="human_readable_int" in type_name,
-                        is_negatable=is_optional_bool and action.default is not False,
-                        default=action.default, has_default=action.default is not None)
+                        is_negatable=is_optional_bool and action.default is not False)
         for name in longs:
             if not (name.startswith("no-") and name[3:] in longs):
                 types[name] = flag
+                if action.default is not None and action.default is not argparse.SUPPRESS:
+                    defaults[name] = action.default
         for short in (o for o in action.option_strings if not o.startswith("--")):
             aliases[short] = longs[0]
     return VllmFlags(version=version, source=f"installed vLLM {version}'s argument parser",
-                     types=types, aliases=aliases, env_vars=env_vars)
+                     types=types, aliases=aliases, env_vars=env_vars, defaults=defaults)
 
 
 @functools.cache
