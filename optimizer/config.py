@@ -610,7 +610,7 @@ def fixed_flag_problem(name: object, value: object,
         return f"{where}: nightshift sets --{name.replace('_', '-')} itself; " \
                f"{OWNED_FLAGS[name.replace('_', '-')]}"
     # A space's own name counts only where it stands for a nested setting (cudagraph_mode ->
-    # compilation_config.cudagraph_mode); swap_space, say, is gone from vLLM 0.26.
+    # compilation_config.cudagraph_mode); any other name must be a flag of the table.
     if kebab is None and (name not in KNOWN_FLAGS or KNOWN_FLAGS[name].cli_name is None):
         close = difflib.get_close_matches(name, list(KNOWN_FLAGS), n=1) or \
             [_snake(c) for c in [table.closest(name)] if c is not None]

@@ -18,14 +18,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from runners.base import EngineConfig, EngineInfo, Failure, Phase
-from runners.vllm.flags import flag_args, to_config_dict
+from runners.vllm.flags import bundled_flags, flag_args, to_config_dict
 from runners.vllm.logs import classify_failure, parse_log
 
 logger = logging.getLogger(__name__)
-
-# What we assume when vLLM is not importable here (the launcher may run on a CPU-only host that
-# only builds commands, e.g. for `nightshift export`): the version REFERENCE.md documents.
-DEFAULT_VLLM_VERSION = "0.26.0"
 
 # Versions at which the CLI changed under us.
 ATTENTION_BACKEND_FLAG_SINCE = (0, 11, 0)  # before: env VLLM_ATTENTION_BACKEND
@@ -121,8 +117,10 @@ class VllmLauncher:
             try:
                 self._vllm_version = version("vllm")
             except PackageNotFoundError:
-                logger.debug("vllm is not installed here; assuming %s", DEFAULT_VLLM_VERSION)
-                self._vllm_version = DEFAULT_VLLM_VERSION
+                # A CPU-only host that only builds commands (`nightshift export`): assume the
+                # version of the bundled flag table, the one REFERENCE.md documents.
+                self._vllm_version = bundled_flags().version
+                logger.debug("vllm is not installed here; assuming %s", self._vllm_version)
         return self._vllm_version
 
     def command(self, config: EngineConfig, port: int, workdir: Path,
