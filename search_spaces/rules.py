@@ -58,6 +58,8 @@ CONTEXT_ENUMS: dict[str, tuple[str, ...]] = {
 }
 
 FP8_KV_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+# The online fp8 methods: runners/vllm/facts.py's FP8_ONLINE_QUANTIZATIONS, copied because
+# search_spaces may not import runners; tests/runners/test_vllm_flags.py holds the two equal.
 FP8_QUANTIZATIONS = ("fp8", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel")
 # Methods that quantize bf16 weights while loading; the rest read a pre-quantized checkpoint.
 ON_THE_FLY_QUANTIZATIONS = (*FP8_QUANTIZATIONS, "bitsandbytes")

@@ -79,12 +79,15 @@ class FlagSpec:
     high: float | None = None  # largest valid value
     is_low_exclusive: bool = False
     no_flag: tuple[str, ...] = ()  # values that mean "pass no flag"
-    bool_default: bool | None = None  # vLLM's default for a boolean; None when it varies
     is_categorical_only: bool = False  # only a few values are valid: rules drop the rest
     cli_name: str | None = None  # when the flag is not --<name> (nested config keys)
 
 
-# vLLM 0.26 engine flags a space may search, by snake_case name.
+# vLLM 0.26 engine flags a space may search, by snake_case name, with the domain a space may
+# give each. search_spaces may not import runners, so the few vLLM facts the space needs to
+# resolve `default: vllm` and to render a config (the defaults below, a nested flag's name) are
+# kept here; tests/runners/test_vllm_flags.py holds them equal to runners/vllm's flag table and
+# engine facts (names, types, defaults, negation, host defaults, the fp8 methods).
 KNOWN_FLAGS: dict[str, FlagSpec] = {
     "attention_backend": FlagSpec("enum", ATTENTION_BACKENDS, no_flag=("auto",)),
     "kv_cache_dtype": FlagSpec("enum", KV_CACHE_DTYPES, no_flag=("auto",)),
@@ -98,10 +101,10 @@ KNOWN_FLAGS: dict[str, FlagSpec] = {
     "max_num_seqs": FlagSpec("int", low=1),
     "max_model_len": FlagSpec("int", low=1),
     "gpu_memory_utilization": FlagSpec("float", low=0.0, high=1.0, is_low_exclusive=True),
-    "enforce_eager": FlagSpec("bool", bool_default=False),
+    "enforce_eager": FlagSpec("bool"),
     "block_size": FlagSpec("int", low=1, high=1024),
-    "enable_prefix_caching": FlagSpec("bool", bool_default=True),
-    "enable_chunked_prefill": FlagSpec("bool", bool_default=True),
+    "enable_prefix_caching": FlagSpec("bool"),
+    "enable_chunked_prefill": FlagSpec("bool"),
     "max_num_partial_prefills": FlagSpec("int", low=1),
     "max_long_partial_prefills": FlagSpec("int", low=1),
     "long_prefill_token_threshold": FlagSpec("int", low=0),
@@ -113,9 +116,9 @@ KNOWN_FLAGS: dict[str, FlagSpec] = {
     "cpu_offload_gb": FlagSpec("float", low=0.0, high=4096.0),  # GiB per GPU
     "kv_cache_memory_bytes": FlagSpec("int", low=1),
     "num_gpu_blocks_override": FlagSpec("int", low=1),
-    "disable_custom_all_reduce": FlagSpec("bool", bool_default=False),
-    "enable_expert_parallel": FlagSpec("bool", bool_default=False),
-    "calculate_kv_scales": FlagSpec("bool", bool_default=False),
+    "disable_custom_all_reduce": FlagSpec("bool"),
+    "enable_expert_parallel": FlagSpec("bool"),
+    "calculate_kv_scales": FlagSpec("bool"),
 }
 
 # vLLM's own defaults that do not depend on the host; the rest are in `_vllm_default`.
@@ -599,7 +602,8 @@ def to_flags(params: Mapping[str, Value]) -> dict[str, Value]:
         if value is None or (isinstance(value, str) and value in flag.no_flag):
             continue
         if isinstance(value, bool):
-            if flag.bool_default is not None and value == flag.bool_default:
+            default = _VLLM_DEFAULTS.get(name)  # None: decided at start-up (async_scheduling)
+            if default is not None and value == default:
                 continue
             flags[name if value else f"no_{name}"] = True
             continue
