@@ -2,11 +2,14 @@
 
 The table is the installed vLLM's own argument parser where vLLM imports, else the table of
 0.26's flags bundled as `runners/vllm/flags_0.26.json` (read from the wheel by
-`scripts/vllm_flag_table.py`: value types, choices and bounds as vLLM's sources state them; the
-defaults and negatable booleans nightshift relies on, checked against REFERENCE.md). A study's
+`scripts/vllm_flag_table.py`: value types, choices and bounds as vLLM's sources state them),
+plus the defaults and negatable booleans nightshift relies on, kept by hand (`defaults_source`
+in the file says from where). A study's
 `fixed_flags` and `vllm.extra_args`, `nightshift audit` and the exported commands all read it.
 The renderer turns snake_case flags into argv (`--max-num-seqs 256`, `--no-enable-prefix-caching`)
-or a `vllm serve --config` mapping, as vLLM's own `ParameterSweepItem.apply_to_cmd` does.
+or a `vllm serve --config` mapping at the process boundary, as vLLM's own
+`ParameterSweepItem.apply_to_cmd` does (kebab-case keys up to a dot, mappings as JSON); unlike
+it, a False becomes `--no-<flag>` only where the table says the flag has that form.
 """
 
 from __future__ import annotations
