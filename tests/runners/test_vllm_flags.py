@@ -144,7 +144,8 @@ def test_the_spaces_vllm_defaults_and_negation_are_the_tables(name: str) -> None
         return
     if default is None and spec.no_flag:
         default = spec.no_flag[0]
-    assert vllm_default(name) == default, f"{name}: space {vllm_default(name)!r}, table {default!r}"
+    assert vllm_default(name) == default, \
+        f"{name}: space {vllm_default(name)!r}, table {default!r}"
 
 
 @pytest.mark.parametrize(("memory_gib", "gpu"), [(139.8, "NVIDIA H200"), (79.6, "NVIDIA A100"),
@@ -163,3 +164,25 @@ def test_the_spaces_fp8_methods_are_the_engine_facts() -> None:
     assert set(facts.FP8_ONLINE_QUANTIZATIONS) <= facts.FP8_WEIGHT_METHODS
     assert facts.bytes_per_param("AWQ") == facts.bytes_per_param("gptq") == 0.5
     assert facts.bytes_per_param(None) == facts.DEFAULT_BYTES_PER_PARAM == 2.0
+
+
+def test_the_installed_parser_gives_negation_and_defaults_as_argparse_states_them() -> None:
+    import argparse
+
+    from runners.vllm.flags import flags_from_parser
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction)
+    parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--enable-log-requests", action="store_true")
+    parser.add_argument("--max-num-seqs", type=int, default=None)
+    parser.add_argument("--block-size", type=int, default=16)
+    table = flags_from_parser(parser, version="9.9")
+    assert table.is_negatable("enable_prefix_caching"), "None: decided at start-up"
+    assert not table.is_negatable("enforce_eager") and not table.is_negatable(
+        "enable_log_requests"), "False is the default, or there is no --no- form"
+    assert to_argv({"enable_prefix_caching": False, "enforce_eager": False,
+                    "enable_log_requests": False}, table) == ["--no-enable-prefix-caching"]
+    assert table.default("block_size") == 16 and table.default("enforce_eager") is False
+    with pytest.raises(KeyError):
+        table.default("max_num_seqs")
