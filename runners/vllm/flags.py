@@ -189,6 +189,13 @@ def flag_table() -> VllmFlags:
     return installed_flags() or bundled_flags()
 
 
+def table_for(version: str) -> VllmFlags:
+    """The table for launching vLLM `version`: the bundled one where it is that release (no
+    vLLM import), else the installed parser's (or the bundled one where vLLM does not import)."""
+    bundled = bundled_flags()
+    return bundled if version.split("+")[0] == bundled.version else flag_table()
+
+
 def _show(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

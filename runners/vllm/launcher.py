@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from runners.base import EngineConfig, EngineInfo, Failure, Phase
-from runners.vllm.flags import bundled_flags, flag_args, to_config_dict
+from runners.vllm.flags import bundled_flags, flag_args, table_for, to_config_dict
 from runners.vllm.logs import classify_failure, parse_log
 
 logger = logging.getLogger(__name__)
@@ -127,6 +127,7 @@ class VllmLauncher:
                 profile_dir: Path | None) -> tuple[list[str], dict[str, str]]:
         """argv (no shell) and the environment variables to add for one launch on 127.0.0.1."""
         version = _version_tuple(self.vllm_version)
+        table = table_for(self.vllm_version)
         argv = [self.python, "-m", "vllm.entrypoints.cli.main", "serve", config.model,
                 "--host", "127.0.0.1", "--port", str(port),
                 "--served-model-name", config.served_model_name,
@@ -153,7 +154,7 @@ class VllmLauncher:
                 if value is not None:
                     env["VLLM_ATTENTION_BACKEND"] = str(value)
                 continue
-            argv.extend(flag_args(key, value))
+            argv.extend(flag_args(key, value, table))
 
         if version >= MFU_METRICS_SINCE and "enable_mfu_metrics" not in config.flags:
             # vLLM's own FLOP and byte accounting, cross-checked against nightshift's roofline.

@@ -186,3 +186,10 @@ def test_the_installed_parser_gives_negation_and_defaults_as_argparse_states_the
     assert table.default("block_size") == 16 and table.default("enforce_eager") is False
     with pytest.raises(KeyError):
         table.default("max_num_seqs")
+
+
+def test_launching_the_bundled_release_renders_with_the_bundled_table() -> None:
+    from runners.vllm.flags import table_for
+
+    assert table_for("0.26.0") is bundled_flags(), "no vLLM import to launch 0.26.0"
+    assert table_for("0.26.0+cu129") is bundled_flags()
