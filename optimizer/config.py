@@ -595,7 +595,7 @@ def fixed_flag_problem(name: object, value: object,
     installed vLLM, else of 0.26; or of `table`) with a value of its type, or a
     simulated-engine fault."""
     from runners.simulated.faults import FAULT_PREFIX
-    from runners.vllm.flags import flag_table, value_problem
+    from runners.vllm.flags import flag_name, flag_table, value_problem
     from search_spaces import KNOWN_FLAGS
     from search_spaces.space import value_problem as space_value_problem
 
@@ -620,11 +620,12 @@ def fixed_flag_problem(name: object, value: object,
     if "-" in name:
         return f"{where}: spell vLLM flags in snake_case here ({_snake(name)})"
     if kebab is not None:
-        problem = value_problem(table.types[kebab], value)
+        problem, shown = value_problem(table.types[kebab], value), kebab
     else:  # a space's own name for a nested setting (cudagraph_mode)
         problem = space_value_problem(name, value)
+        shown = flag_name(KNOWN_FLAGS[name].cli_name or name)
     if problem is not None:
-        return f"{where}: {problem}; give a value --{name.replace('_', '-')} accepts"
+        return f"{where}: {problem}; give a value --{shown} accepts"
     return None
 
 
