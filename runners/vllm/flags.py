@@ -47,8 +47,11 @@ class FlagType:
 
 @dataclass(frozen=True)
 class VllmFlags:
+    """Every `vllm serve` flag of one vLLM version: type, negation, default, aliases, and the
+    environment variables that version reads."""
+
     version: str
-    source: str  # for messages: "the bundled table of vLLM 0.26.0's flags"
+    source: str  # for messages: "vLLM 0.26.0's flags (bundled table)"
     types: Mapping[str, FlagType]  # kebab-case name -> type
     aliases: Mapping[str, str] = field(default_factory=dict)  # -tp -> tensor-parallel-size
     env_vars: frozenset[str] = frozenset()  # the environment variables this version reads
