@@ -3,9 +3,9 @@ before tuning it, and report what costs performance or does nothing, each with t
 the expected cost. The first rule of the tuning practice: a forgotten `--enforce-eager` costs
 more than every kernel tweak together.
 
-Flags are checked against the installed vLLM's own argument parser when vLLM imports, else
-against the table of 0.26's flags bundled as `runners/vllm_flags_0.26.json` (made from the wheel
-by `scripts/vllm_flag_table.py`).
+Flags are checked against the one flag table (`runners.vllm.flags`): the installed vLLM's own
+argument parser when vLLM imports, else the table of 0.26's flags bundled as
+`runners/vllm/flags_0.26.json` (made from the wheel by `scripts/vllm_flag_table.py`).
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
 from optimizer.errors import ConfigError
+from runners.vllm.facts import ENV_PREFIXES
+from runners.vllm.flags import VllmFlags, bundled_flags, flag_table
 
 Severity = Literal["error", "warning", "info"]
-ENV_PREFIXES = ("VLLM_", "NCCL_", "CUDA_", "TORCH_", "PYTORCH_")
 # Variables vLLM removed and now silently ignores: what to use instead.
 REMOVED_ENV = {
     "VLLM_ATTENTION_BACKEND": "--attention-backend NAME (removed around vLLM 0.16)",
@@ -59,59 +59,6 @@ class Launch:
     flag_source: str = ""
 
 
-@dataclass(frozen=True)
-class FlagTable:
-    version: str
-    bool_flags: frozenset[str]  # kebab-case
-    value_flags: frozenset[str]
-    aliases: Mapping[str, str]  # -tp -> tensor-parallel-size
-    env_vars: frozenset[str]
-    source: str
-
-    @property
-    def names(self) -> frozenset[str]:
-        return self.bool_flags | self.value_flags
-
-
-def bundled_table() -> FlagTable:
-    data = json.loads(resources.files("runners").joinpath("vllm_flags_0.26.json").read_text())
-    flags: dict[str, str] = data["flags"]
-    return FlagTable(version=data["vllm_version"],
-                     bool_flags=frozenset(k for k, v in flags.items() if v == "bool"),
-                     value_flags=frozenset(k for k, v in flags.items() if v != "bool"),
-                     aliases=data["aliases"], env_vars=frozenset(data["env_vars"]),
-                     source=f"bundled table of vLLM {data['vllm_version']}'s flags")
-
-
-def installed_table() -> FlagTable | None:
-    """The installed vLLM's own parser, as a table; None where vLLM does not import."""
-    try:
-        import argparse
-
-        import vllm
-        import vllm.envs as vllm_envs
-        from vllm.entrypoints.openai.cli_args import make_arg_parser
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-    except Exception:  # absent, or present without its GPU stack: use the bundled table
-        return None
-    parser = make_arg_parser(FlexibleArgumentParser())
-    bools: set[str] = set()
-    values: set[str] = set()
-    aliases: dict[str, str] = {}
-    for action in parser._actions:
-        longs = [o[2:] for o in action.option_strings if o.startswith("--")]
-        if not longs:
-            continue
-        is_bool = isinstance(action, argparse.BooleanOptionalAction) or action.nargs == 0
-        (bools if is_bool else values).update(n for n in longs if not n.startswith("no-"))
-        for short in (o for o in action.option_strings if not o.startswith("--")):
-            aliases[short] = longs[0]
-    return FlagTable(version=str(vllm.__version__), bool_flags=frozenset(bools),
-                     value_flags=frozenset(values), aliases=aliases,
-                     env_vars=frozenset(vllm_envs.environment_variables),
-                     source=f"installed vLLM {vllm.__version__}'s argument parser")
-
-
 def _serve_args(argv: Sequence[str]) -> list[str]:
     """The arguments after `vllm serve` (or `python -m vllm.entrypoints... serve`)."""
     args = list(argv)
@@ -132,8 +79,8 @@ def _value(text: str) -> Any:
 
 
 def parse_launch(argv: Sequence[str], env: Mapping[str, str],
-                 table: FlagTable | None = None) -> Launch:
-    table = table or installed_table() or bundled_table()
+                 table: VllmFlags | None = None) -> Launch:
+    table = table or flag_table()
     args = _serve_args(argv)
     flags: dict[str, Any] = {}
     unknown: list[str] = []
@@ -187,12 +134,12 @@ def _is_true(value: Any) -> bool:
     return value is True or str(value).lower() in ("1", "true", "yes")
 
 
-def audit(launch: Launch, *, table: FlagTable | None = None,
+def audit(launch: Launch, *, table: VllmFlags | None = None,
           interconnect: str | None = None, compute_capability: float | None = None,
           max_request_tokens: int | None = None) -> list[Finding]:
     """What the launch gets wrong, most expensive first. Hardware facts and the workload's
     longest request are optional: the checks that need them are skipped without."""
-    table = table or bundled_table()
+    table = table or bundled_flags()
     flags, env, out = launch.flags, launch.env, []
     for token in launch.unknown:
         name = token.lstrip("-").split("=")[0]

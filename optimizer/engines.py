@@ -38,7 +38,7 @@ def _simulated_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None) -> 
 
 def _vllm_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None) -> Any:
     from runners.engine import EngineRunner
-    from runners.vllm_server import VllmLauncher
+    from runners.vllm.launcher import VllmLauncher
 
     # Dev mode for /reset_prefix_cache between load levels (127.0.0.1 only).
     launcher = VllmLauncher(cache_root=spec.cache_root, dev_mode=True)

@@ -24,12 +24,13 @@ from optimizer.study import (
     is_measured,
     recommended_trial,
 )
-from runners.vllm_server import config_to_yaml_dict
+from runners.vllm.facts import ENV_PREFIXES
+from runners.vllm.flags import to_argv, to_config_dict
+from runners.vllm.launcher import config_flags
 
 FORMATS = ("yaml", "sh", "env")
 # Variables that describe where a trial ran, not how the engine is configured.
 _PLACEMENT_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "VLLM_CACHE_ROOT", "VLLM_SERVER_DEV_MODE"})
-_ENV_PREFIXES = ("VLLM_", "NCCL_", "CUDA_", "TORCH_", "PYTORCH_")
 
 
 def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = None,
@@ -86,14 +87,12 @@ def trial_env(record: Mapping[str, Any]) -> dict[str, str]:
     """The engine-relevant variables the trial ran with (VLLM_*, NCCL_*, ...), in one place."""
     env = record.get("env") or {}
     return {k: str(v) for k, v in sorted(env.items())
-            if k.startswith(_ENV_PREFIXES) and k not in _PLACEMENT_ENV}
+            if k.startswith(ENV_PREFIXES) and k not in _PLACEMENT_ENV}
 
 
-def serve_argv(model: str, options: Mapping[str, Any]) -> list[str]:
-    argv = ["vllm", "serve", model]
-    for key, value in options.items():
-        argv += [f"--{key}"] if value is True else [f"--{key}", str(value)]
-    return argv
+def serve_argv(model: str, flags: Mapping[str, Any]) -> list[str]:
+    """`vllm serve MODEL` with snake_case `flags` rendered by the one flag renderer."""
+    return ["vllm", "serve", model, *to_argv(flags)]
 
 
 def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
@@ -102,12 +101,12 @@ def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
         raise ConfigError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}.")
     record = trial.user_attrs.get(ATTR_RECORD) or {}
     config = engine_config(cfg, record.get("flags") or {})
-    options = config_to_yaml_dict(config)
+    flags = config_flags(config)
     notes = []
     if config.load_format == "dummy" or config.skip_tokenizer_init:
         # Benchmark artefacts: speed does not depend on weight values or the tokenizer.
-        options.pop("load-format", None)
-        options.pop("skip-tokenizer-init", None)
+        flags.pop("load_format", None)
+        flags.pop("skip_tokenizer_init", None)
         notes.append("measured with dummy weights and token-id prompts; serves real weights as is")
     if note:
         notes.insert(0, note)
@@ -123,11 +122,11 @@ def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
         lines = ["#!/usr/bin/env bash", *(f"# {line}" for line in about.splitlines()),
                  "set -euo pipefail"]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
-        lines.append("exec " + shlex.join(serve_argv(config.model, options)) + ' "$@"')
+        lines.append("exec " + shlex.join(serve_argv(config.model, flags)) + ' "$@"')
         return "\n".join(lines) + "\n"
     comments = [*(f"# {line}" for line in about.splitlines()),
                 f"# run: vllm serve {shlex.quote(config.model)} --config THIS_FILE"]
     # A comment is one line: values go JSON-escaped (a newline would end the comment).
     comments += [f"# env: {k}={json.dumps(v)}" for k, v in env.items()]
-    body: str = yaml.safe_dump(dict(options), sort_keys=False, default_flow_style=False)
+    body: str = yaml.safe_dump(to_config_dict(flags), sort_keys=False, default_flow_style=False)
     return "\n".join(comments) + "\n" + body

@@ -1,10 +1,10 @@
-"""Make `runners/vllm_flags_<version>.json`, the table `nightshift audit` and the study-file check
+"""Make `runners/vllm/flags_<version>.json`, the table `nightshift audit` and the study-file check
 read where vLLM is not installed: every `vllm serve` flag (booleans apart, as argparse needs to
 know), its value type, choices and bounds where the sources state them, its short aliases, and the
 environment variables that version reads. Read from a vLLM wheel's sources with `ast` (no import:
 vLLM needs torch and a GPU stack).
 
-    python scripts/vllm_flag_table.py vllm-0.26.0-...whl runners/vllm_flags_0.26.json
+    python scripts/vllm_flag_table.py vllm-0.26.0-...whl runners/vllm/flags_0.26.json
 
 A flag's type comes from its `EngineArgs` / `FrontendArgs` annotation, as vLLM's own
 `_compute_kwargs` derives the argparse type from it: `Literal` aliases are resolved across the
@@ -219,12 +219,16 @@ def main(wheel: Path, out: Path) -> int:
                   if isinstance(node, ast.Dict) for k in node.keys
                   if isinstance(k, ast.Constant) and isinstance(k.value, str)
                   and k.value.startswith("VLLM_")})
+    # The defaults and negatable booleans are kept by hand (the wheel's dataclass defaults are
+    # often None, resolved at start-up): carried over from the table being replaced.
+    kept = json.loads(out.read_text()) if out.is_file() else {}
     out.write_text(json.dumps({
         "vllm_version": version.group(1) if version else "?",
         "source": f"{wheel.name}: {', '.join(SOURCES)}, vllm/envs.py (scripts/vllm_flag_table.py)",
         "flags": dict(sorted(flags.items())), "aliases": dict(sorted(aliases.items())),
         "env_vars": env,
-        "types": {k: types.get(k, {"type": "any", "nullable": True}) for k in sorted(flags)}},
+        "types": {k: types.get(k, {"type": "any", "nullable": True}) for k in sorted(flags)},
+        **{k: kept[k] for k in ("negatable", "defaults", "defaults_source") if k in kept}},
         indent=1))
     return 0
 

@@ -1,9 +1,9 @@
 """Search spaces as YAML data, their loader and validation, and hardware-aware rules."""
 
+from search_spaces.params import ParamSpec
 from search_spaces.rules import AppliedRule, Condition, Rule
 from search_spaces.space import (
     KNOWN_FLAGS,
-    ParamSpec,
     ResolvedSpace,
     SearchSpace,
     SpaceError,

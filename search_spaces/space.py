@@ -18,12 +18,10 @@ import yaml
 from optuna.distributions import (
     BaseDistribution,
     CategoricalChoiceType,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
 )
 
 from search_spaces.bounded_yaml import YamlLimitError, load_yaml
+from search_spaces.params import ParamSpec, ParamType, Value
 from search_spaces.rules import (
     BUILTIN_ORDER,
     STATIC_BUILTINS,
@@ -33,20 +31,20 @@ from search_spaces.rules import (
     apply_static,
     builtin_names,
     conditional_builtins,
-    contains,
     could_hold,
+    parse_rule,
+)
+from search_spaces.values import (
+    contains,
     did_you_mean,
     is_number,
     is_scalar,
     lookup,
     on_grid,
-    parse_rule,
     same,
     show,
 )
 
-Value = str | int | float | bool | None
-ParamType = Literal["categorical", "int", "float"]
 FlagKind = Literal["bool", "int", "float", "enum"]
 
 BUNDLED_DIR = Path(__file__).parent
@@ -81,12 +79,15 @@ class FlagSpec:
     high: float | None = None  # largest valid value
     is_low_exclusive: bool = False
     no_flag: tuple[str, ...] = ()  # values that mean "pass no flag"
-    bool_default: bool | None = None  # vLLM's default for a boolean; None when it varies
     is_categorical_only: bool = False  # only a few values are valid: rules drop the rest
     cli_name: str | None = None  # when the flag is not --<name> (nested config keys)
 
 
-# vLLM 0.26 engine flags a space may search, by snake_case name.
+# vLLM 0.26 engine flags a space may search, by snake_case name, with the domain a space may
+# give each. search_spaces may not import runners, so the few vLLM facts the space needs to
+# resolve `default: vllm` and to render a config (the defaults below, a nested flag's name) are
+# kept here; tests/runners/test_vllm_flags.py holds them equal to runners/vllm's flag table and
+# engine facts (names, types, defaults, negation, host defaults, the fp8 methods).
 KNOWN_FLAGS: dict[str, FlagSpec] = {
     "attention_backend": FlagSpec("enum", ATTENTION_BACKENDS, no_flag=("auto",)),
     "kv_cache_dtype": FlagSpec("enum", KV_CACHE_DTYPES, no_flag=("auto",)),
@@ -100,10 +101,10 @@ KNOWN_FLAGS: dict[str, FlagSpec] = {
     "max_num_seqs": FlagSpec("int", low=1),
     "max_model_len": FlagSpec("int", low=1),
     "gpu_memory_utilization": FlagSpec("float", low=0.0, high=1.0, is_low_exclusive=True),
-    "enforce_eager": FlagSpec("bool", bool_default=False),
+    "enforce_eager": FlagSpec("bool"),
     "block_size": FlagSpec("int", low=1, high=1024),
-    "enable_prefix_caching": FlagSpec("bool", bool_default=True),
-    "enable_chunked_prefill": FlagSpec("bool", bool_default=True),
+    "enable_prefix_caching": FlagSpec("bool"),
+    "enable_chunked_prefill": FlagSpec("bool"),
     "max_num_partial_prefills": FlagSpec("int", low=1),
     "max_long_partial_prefills": FlagSpec("int", low=1),
     "long_prefill_token_threshold": FlagSpec("int", low=0),
@@ -112,13 +113,12 @@ KNOWN_FLAGS: dict[str, FlagSpec] = {
     "max_cudagraph_capture_size": FlagSpec("int", low=1),
     "async_scheduling": FlagSpec("bool"),
     "scheduling_policy": FlagSpec("enum", ("fcfs", "priority")),
-    "swap_space": FlagSpec("float", low=0.0, high=4096.0),  # GiB per GPU
     "cpu_offload_gb": FlagSpec("float", low=0.0, high=4096.0),  # GiB per GPU
     "kv_cache_memory_bytes": FlagSpec("int", low=1),
     "num_gpu_blocks_override": FlagSpec("int", low=1),
-    "disable_custom_all_reduce": FlagSpec("bool", bool_default=False),
-    "enable_expert_parallel": FlagSpec("bool", bool_default=False),
-    "calculate_kv_scales": FlagSpec("bool", bool_default=False),
+    "disable_custom_all_reduce": FlagSpec("bool"),
+    "enable_expert_parallel": FlagSpec("bool"),
+    "calculate_kv_scales": FlagSpec("bool"),
 }
 
 # vLLM's own defaults that do not depend on the host; the rest are in `_vllm_default`.
@@ -205,89 +205,6 @@ def value_problem(name: str, value: object) -> str | None:
     if number > high:
         return f"must be <= {high:g} but got {show(value)}"
     return None
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """One searched engine flag: its domain, its default and a line of help."""
-
-    name: str  # vLLM's snake_case name, e.g. max_num_seqs
-    type: ParamType
-    choices: tuple[Value, ...] = ()  # categorical only, in declaration order
-    low: int | float | None = None  # int/float only, inclusive
-    high: int | float | None = None  # int/float only, inclusive
-    log: bool = False
-    step: int | float | None = None  # None: continuous float, 1 for int
-    default: Value = None  # the literal default; the resolved one after `resolve`
-    is_vllm_default: bool = True  # `default: vllm`, resolved against the context
-    help: str = ""
-
-    @property
-    def is_fixed(self) -> bool:
-        if self.type == "categorical":
-            return len(self.choices) == 1
-        return self.low == self.high
-
-    @property
-    def fixed_value(self) -> Value:
-        return self.choices[0] if self.type == "categorical" else self.low
-
-    def contains(self, value: object) -> bool:
-        if self.type == "categorical":
-            return contains(self.choices, value)
-        if not is_number(value) or self.low is None or self.high is None:
-            return False
-        if self.type == "int" and not isinstance(value, int):
-            return False
-        number = cast(float, value)
-        if not self.low <= number <= self.high:
-            return False
-        if self.step is None:
-            return True
-        # Optuna's own tolerance: it samples 0.85 + 6 * 0.01 as 0.9099999999999999.
-        steps = (number - self.low) / self.step
-        return abs(steps - round(steps)) < 1e-8
-
-    def distribution(self) -> BaseDistribution:
-        if self.type == "categorical":
-            return CategoricalDistribution(cast(list[CategoricalChoiceType], list(self.choices)))
-        low, high = cast(float, self.low), cast(float, self.high)
-        if self.type == "int":
-            return IntDistribution(int(low), int(high), log=self.log, step=int(self.step or 1))
-        return FloatDistribution(low, high, log=self.log, step=self.step)
-
-    def count(self) -> int | None:
-        """How many values the domain holds; None for a continuous float range."""
-        if self.type == "categorical":
-            return len(self.choices)
-        if self.low is None or self.high is None:
-            return None
-        if self.low == self.high:
-            return 1
-        if self.type == "int":
-            return (int(self.high) - int(self.low)) // int(self.step or 1) + 1
-        if self.step is None:
-            return None
-        span = (Decimal(str(self.high)) - Decimal(str(self.low))) / Decimal(str(self.step))
-        return int(span) + 1
-
-    def describe_domain(self) -> str:
-        if self.type == "categorical":
-            return "[" + ", ".join(str(c) for c in self.choices) + "]"
-        suffix = (f" step {self.step}" if self.step is not None else "") + (
-            " log" if self.log else "")
-        return f"[{self.low}, {self.high}]{suffix}"
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"type": self.type}
-        if self.type == "categorical":
-            d["choices"] = list(self.choices)
-        else:
-            d.update(low=self.low, high=self.high, log=self.log, step=self.step)
-        d["default"] = "vllm" if self.is_vllm_default and self.default is None else self.default
-        d["is_fixed"] = self.is_fixed
-        d["help"] = self.help
-        return d
 
 
 # ----------------------------------------------------------------------------- loading
@@ -685,7 +602,8 @@ def to_flags(params: Mapping[str, Value]) -> dict[str, Value]:
         if value is None or (isinstance(value, str) and value in flag.no_flag):
             continue
         if isinstance(value, bool):
-            if flag.bool_default is not None and value == flag.bool_default:
+            default = _VLLM_DEFAULTS.get(name)  # None: decided at start-up (async_scheduling)
+            if default is not None and value == default:
                 continue
             flags[name if value else f"no_{name}"] = True
             continue
@@ -926,7 +844,6 @@ __all__ = [
     "KNOWN_FLAGS",
     "AppliedRule",
     "FlagSpec",
-    "ParamSpec",
     "ResolvedSpace",
     "SearchSpace",
     "SpaceError",

@@ -22,7 +22,7 @@ RAY_ALLOWED = frozenset({"optimizer.workers", "optimizer.daemon", "optimizer.run
 # Named in the house style: each must import light, whatever else discovery finds.
 REQUIRED_MODULES = (
     "search_spaces", "runners", "runners.base", "runners.engine", "runners.loadgen",
-    "runners.hardware", "runners.telemetry", "runners.vllm_server",
+    "runners.hardware", "runners.telemetry", "runners.vllm.launcher",
     "runners.simulated.launcher", "optimizer", "optimizer.config", "optimizer.cli",
     "optimizer.study", "optimizer.export", "optimizer.tracking", "optimizer.records",
     *sorted(RAY_ALLOWED),

@@ -8,8 +8,8 @@ from typing import Any, Final
 
 from optimizer.bottleneck.classify import Label, Verdict
 from optimizer.bottleneck.evidence import is_true
-from optimizer.bottleneck.memory import FP8_METHODS
 from runners.base import EngineConfig
+from runners.vllm.facts import FP8_WEIGHT_METHODS
 
 _ADVICE: Final[Mapping[Label, str]] = {
     "communication-bound": "prefer a smaller tensor_parallel_size (replicas instead)",
@@ -31,7 +31,7 @@ def advice(verdict: Verdict, *,
         flags = config
     ev = verdict.evidence
     quantization = str(flags.get("quantization") or "").lower()
-    fp8_weights = ev.get("is_fp8_weights") == 1.0 or quantization in FP8_METHODS
+    fp8_weights = ev.get("is_fp8_weights") == 1.0 or quantization in FP8_WEIGHT_METHODS
     kv_dtype = str(flags.get("kv_cache_dtype") or "").lower()
     fp8_kv = ev.get("is_fp8_kv") == 1.0 or kv_dtype.startswith("fp8")
     eager = ev.get("is_enforce_eager") == 1.0 or is_true(flags.get("enforce_eager") or False)

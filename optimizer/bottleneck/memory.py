@@ -3,30 +3,23 @@ facts (weights, KV cache), and `memory_problem`, the check before launch that th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Final
 
 from runners.base import EngineConfig
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
+from runners.vllm.facts import (
+    BYTES_PER_PARAM,
+    FP8_WEIGHT_METHODS,
+    VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
+)
 
 GIB: Final = 1 << 30
-# Bytes per weight by `--quantization` (or the checkpoint's quant_method): 4-bit methods pack
-# two weights a byte; scales are left out (under 2% of the bytes).
-_BYTES_PER_PARAM: Final[Mapping[str, float]] = {
-    "fp8": 1.0, "fp8_per_tensor": 1.0, "fp8_per_block": 1.0, "fp8_per_channel": 1.0,
-    "modelopt": 1.0, "compressed-tensors": 1.0, "awq": 0.5, "awq_marlin": 0.5, "gptq": 0.5,
-    "gptq_marlin": 0.5, "bitsandbytes": 0.5, "gguf": 0.5,
-}
-FP8_METHODS: Final = frozenset({"fp8", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel",
-                                "modelopt"})
-
-
 def is_fp8_weights(config: EngineConfig, model: ModelInfo | None = None) -> bool:
     """The GEMMs run on fp8 weights: `--quantization` an fp8 method, or an fp8 checkpoint."""
     method = str(config.flags.get("quantization") or (model.quant_method if model else "")
                  or "").lower()
-    return method in FP8_METHODS or method.startswith("fp8")
+    return method in FP8_WEIGHT_METHODS or method.startswith("fp8")
 
 
 def is_fp8_kv(config: EngineConfig) -> bool:
@@ -42,7 +35,7 @@ def memory_problem(config: EngineConfig, hardware: HardwareProfile | None,
     if hardware is None or model is None or hardware.gpu_memory_gib <= 0:
         return None
     tp = config.tensor_parallel_size * config.pipeline_parallel_size
-    gmu = float(config.flags.get("gpu_memory_utilization") or 0.92)
+    gmu = float(config.flags.get("gpu_memory_utilization") or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
     budget_gib = gmu * hardware.gpu_memory_gib
     embeddings = model.vocab_size * model.hidden_size * (1 if model.tie_word_embeddings else 2)
     linear = max(model.num_params - embeddings, 0)
@@ -64,6 +57,6 @@ def memory_problem(config: EngineConfig, hardware: HardwareProfile | None,
 def bytes_per_param(config: EngineConfig, model: ModelInfo | None) -> float:
     method = str(config.flags.get("quantization") or (model.quant_method if model else "") or "")
     if method:
-        return _BYTES_PER_PARAM.get(method.lower(), 2.0)
+        return BYTES_PER_PARAM.get(method.lower(), 2.0)
     dtype = (model.dtype if model else "bfloat16").lower()
     return 4.0 if dtype in ("float32", "fp32") else 2.0

@@ -285,6 +285,7 @@ def audit(
     """
     from optimizer import audit as auditing
     from runners.hardware import load_preset, probe
+    from runners.vllm.flags import flag_table
 
     if sum(x is not None for x in (from_file, pid)) + bool(ctx.args) != 1:
         raise ConfigError("audit: give exactly one launch: `-- vllm serve ...`, --from-file F "
@@ -295,7 +296,7 @@ def audit(
         argv, env = auditing.read_pid(pid)
     else:
         argv, env = list(ctx.args), dict(os.environ)
-    table = auditing.installed_table() or auditing.bundled_table()
+    table = flag_table()
     launch = auditing.parse_launch(argv, env, table)
     profile = load_preset(hardware) if hardware else probe()
     cfg = _load(study) if study is not None else None

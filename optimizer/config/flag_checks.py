@@ -8,6 +8,10 @@ import contextlib
 import difflib
 import math
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runners.vllm.flags import VllmFlags
 
 # Flags nightshift sets on every engine itself, and the study key that says what they become.
 # Each entry: what to write instead, as a clause.
@@ -32,11 +36,13 @@ def _snake(kebab: str) -> str:
     return kebab.replace("-", "_")
 
 
-def fixed_flag_problem(name: object, value: object) -> str | None:
+def fixed_flag_problem(name: object, value: object,
+                       table: VllmFlags | None = None) -> str | None:
     """Why `fixed_flags.<name>: <value>` would not run, or None: a flag of vLLM (any flag of the
-    installed vLLM, else of 0.26) with a value of its type, or a simulated-engine fault."""
+    installed vLLM, else of 0.26; or of `table`) with a value of its type, or a
+    simulated-engine fault."""
     from runners.simulated.faults import FAULT_PREFIX
-    from runners.vllm_flags import flag_table, value_problem
+    from runners.vllm.flags import flag_name, flag_table, value_problem
     from search_spaces import KNOWN_FLAGS
     from search_spaces.space import value_problem as space_value_problem
 
@@ -45,13 +51,13 @@ def fixed_flag_problem(name: object, value: object) -> str | None:
     where = f"fixed_flags.{name}"
     if name.startswith(FAULT_PREFIX):
         return _fault_problem(name, value)
-    table = flag_table()
+    table = table or flag_table()
     kebab = table.resolve(name)
     if name.replace("_", "-") in OWNED_FLAGS:
         return f"{where}: nightshift sets --{name.replace('_', '-')} itself; " \
                f"{OWNED_FLAGS[name.replace('_', '-')]}"
     # A space's own name counts only where it stands for a nested setting (cudagraph_mode ->
-    # compilation_config.cudagraph_mode); swap_space, say, is gone from vLLM 0.26.
+    # compilation_config.cudagraph_mode); any other name must be a flag of the table.
     if kebab is None and (name not in KNOWN_FLAGS or KNOWN_FLAGS[name].cli_name is None):
         close = difflib.get_close_matches(name, list(KNOWN_FLAGS), n=1) or \
             [_snake(c) for c in [table.closest(name)] if c is not None]
@@ -61,11 +67,12 @@ def fixed_flag_problem(name: object, value: object) -> str | None:
     if "-" in name:
         return f"{where}: spell vLLM flags in snake_case here ({_snake(name)})"
     if kebab is not None:
-        problem = value_problem(table.types[kebab], value)
+        problem, shown = value_problem(table.types[kebab], value), kebab
     else:  # a space's own name for a nested setting (cudagraph_mode)
         problem = space_value_problem(name, value)
+        shown = flag_name(KNOWN_FLAGS[name].cli_name or name)
     if problem is not None:
-        return f"{where}: {problem}; give a value --{name.replace('_', '-')} accepts"
+        return f"{where}: {problem}; give a value --{shown} accepts"
     return None
 
 
@@ -116,7 +123,7 @@ def _arg_flag(token: str) -> str | None:
 def extra_args_problem(args: list[str]) -> str | None:
     """Why `vllm.extra_args` would not run as meant, or None: each flag is one of vLLM's, not
     one nightshift sets itself or searches (extra_args come last, so theirs would win)."""
-    from runners.vllm_flags import flag_table
+    from runners.vllm.flags import flag_table
     from search_spaces import KNOWN_FLAGS
 
     table = flag_table()
@@ -156,7 +163,7 @@ def _extra_value_problem(args: list[str], index: int, written: str, kebab: str) 
     """Why the value `args[index]` gives its flag would be refused by vLLM's parser, or None.
     Checked where the table knows the type: a boolean takes no value; an int, float or choice
     flag takes one (`--x=v` or the next word). Dotted (`--x.y=v`) and `-O3` forms pass."""
-    from runners.vllm_flags import flag_table, value_problem
+    from runners.vllm.flags import flag_table, value_problem
 
     token = args[index]
     if "." in token.split("=", 1)[0] or written == "optimization-level":

@@ -2,7 +2,7 @@
 
 Builds the `python -m runners.simulated` command line and reads back the vLLM-style lines the
 simulated engine prints; the parser is deliberately small (the full vLLM one lives in
-runners/vllm_server.py).
+runners/vllm/logs.py).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from runners import vllm_server
 from runners.base import EngineConfig, EngineInfo, Failure, FailureReason, Phase
 from runners.hardware import HardwareProfile, load_preset
+from runners.vllm import logs as vllm_logs
 
 # The engine prints vLLM's own start-up lines, read by vLLM's parser; this line is its own.
 _MODELLED_STARTUP = re.compile(r"modelled start-up ([0-9][0-9,]*(?:\.[0-9]+)?) s")
@@ -70,7 +70,7 @@ class SimulatedLauncher:
         return argv, {}
 
     def parse_log(self, log_text: str) -> EngineInfo:
-        info = vllm_server.parse_log(log_text)
+        info = vllm_logs.parse_log(log_text)
         modelled = _MODELLED_STARTUP.findall(log_text)
         if not modelled:
             return info

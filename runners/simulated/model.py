@@ -19,6 +19,11 @@ from typing import Literal
 from runners.base import EngineConfig, Failure, FailureReason, FlagValue
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo, load_model_info
+from runners.vllm.facts import (
+    BYTES_PER_PARAM,
+    FP8_WEIGHT_METHODS,
+    VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
+)
 
 GIB = 1024**3
 ENGINE_VERSION = "0.26.0"
@@ -29,13 +34,6 @@ ATTENTION_BACKENDS: tuple[AttentionBackend, ...] = (
     "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION")
 
 # --- memory --------------------------------------------------------------------------------
-# Bytes per parameter of each weight format. AWQ/GPTQ int4 carry group scales and zeros
-# (group 128, fp16): 0.5 B + ~0.05 B.
-BYTES_PER_PARAM: Mapping[str, float] = {
-    "bf16": 2.0, "fp8": 1.0, "awq": 0.55, "gptq": 0.55, "awq_marlin": 0.55, "gptq_marlin": 0.55}
-FP8_QUANTIZATIONS = frozenset({
-    "fp8", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "modelopt",
-    "compressed-tensors"})
 # CUDA context, cuBLAS workspaces, allocator fragmentation: the "non-torch" memory vLLM's
 # profiler sees (0.5-0.7 GiB on H200), plus NCCL buffers once there is a peer.
 NON_TORCH_BYTES = 0.6 * GIB
@@ -198,7 +196,7 @@ class PerformanceModel:
     model: ModelInfo
     hardware: HardwareProfile
     tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.92
+    gpu_memory_utilization: float = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
     max_model_len: int = 32768  # tokens
     max_num_seqs: int = 1024
     max_num_batched_tokens: int = 8192  # tokens per step
@@ -237,7 +235,8 @@ class PerformanceModel:
             model=info,
             hardware=hardware,
             tensor_parallel_size=config.tensor_parallel_size,
-            gpu_memory_utilization=float(flags.get("gpu_memory_utilization") or 0.92),
+            gpu_memory_utilization=float(flags.get("gpu_memory_utilization")
+                                         or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION),
             max_model_len=_flag_int(flags, "max_model_len", info.max_position_embeddings),
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=_flag_int(flags, "max_num_batched_tokens",
@@ -271,7 +270,7 @@ class PerformanceModel:
     # --- sizes -------------------------------------------------------------------------------
     @property
     def is_fp8_weights(self) -> bool:
-        return self.quantization in FP8_QUANTIZATIONS
+        return self.quantization in FP8_WEIGHT_METHODS
 
     @property
     def weight_bytes_per_param(self) -> float:

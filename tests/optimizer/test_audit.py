@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from optimizer.audit import audit, bundled_table, parse_launch, read_launch_file, read_pid
+from optimizer.audit import audit, parse_launch, read_launch_file, read_pid
 from optimizer.cli import main
+from runners.vllm.flags import bundled_flags
 
-TABLE = bundled_table()
+TABLE = bundled_flags()
 H200_EAGER = ("python -m vllm.entrypoints.cli.main serve /root/ns-src/runners/model_configs/"
               "qwen2.5-7b --host 127.0.0.1 --port 47857 --max-model-len 4096 --quantization fp8 "
               "--enforce-eager --skip-tokenizer-init --served-model-name model --load-format "

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from optimizer.config import parse_study
 from optimizer.errors import ConfigError
 from optimizer.study import engine_config
-from runners.vllm_server import VllmLauncher
+from runners.vllm.launcher import VllmLauncher
 
 BASE = {"name": "s", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 2},
         "slo": {"tpot_p99_ms": 50}}

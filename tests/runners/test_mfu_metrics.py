@@ -11,7 +11,8 @@ import pytest
 
 from runners import prometheus
 from runners.base import EngineConfig
-from runners.vllm_server import VllmLauncher, parse_log
+from runners.vllm.launcher import VllmLauncher
+from runners.vllm.logs import parse_log
 from tests.runners.test_simulated_server import _stream, _wait_healthy, launch  # noqa: F401
 
 LOGS = Path(__file__).parents[1] / "fixtures" / "vllm_logs"

@@ -13,7 +13,7 @@ import pytest
 from runners.base import EngineConfig
 from runners.engine import EngineRunner
 from runners.model_info import resolve_model_dir
-from runners.vllm_server import VllmLauncher
+from runners.vllm.launcher import VllmLauncher
 from runners.workload import SLO, LengthDistribution, LoadLevel, Workload
 
 pytestmark = pytest.mark.gpu

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from runners.base import FailureReason
-from runners.vllm_server import classify_failure, parse_log
+from runners.vllm.logs import classify_failure, parse_log
 
 H200 = Path(__file__).parents[1] / "fixtures" / "vllm_logs" / "h200"
 

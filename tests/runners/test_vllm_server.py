@@ -11,13 +11,8 @@ from pathlib import Path
 import pytest
 
 from runners.base import EngineConfig, EngineLauncher, FailureReason
-from runners.vllm_server import (
-    VllmLauncher,
-    classify_failure,
-    command_to_shell,
-    config_to_yaml_dict,
-    parse_log,
-)
+from runners.vllm.launcher import VllmLauncher, command_to_shell, config_to_yaml_dict
+from runners.vllm.logs import classify_failure, parse_log
 
 LOGS = Path(__file__).parents[1] / "fixtures" / "vllm_logs"
 

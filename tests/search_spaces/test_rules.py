@@ -10,7 +10,8 @@ import pytest
 from runners.hardware import load_preset
 from runners.model_info import load_model_info
 from search_spaces import SpaceError, load_space, parse_space
-from search_spaces.rules import MISSING, Condition
+from search_spaces.rules import Condition
+from search_spaces.values import MISSING
 from tests.search_spaces.test_space import CONTEXTS, QWEN_7B, SPACES
 
 
