@@ -36,8 +36,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from optimizer.outcomes import MAX_CONSECUTIVE_DUPLICATES
 from optimizer.pruning import MarginPruner
-from optimizer.search import MAX_CONSECUTIVE_DUPLICATES
 from optimizer.study import is_search_trial
 
 WITHIN = 0.97  # "found": a trial at >= 97% of the grid's best objective

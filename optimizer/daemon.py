@@ -23,9 +23,10 @@ from optimizer.confirm import confirm
 from optimizer.errors import WorkerLost
 from optimizer.executor import Executor, TrialHandle
 from optimizer.lock import StorageLease, StudyLock, is_local_file_storage, study_lock_path
+from optimizer.outcomes import Running, Told
 from optimizer.records import tracking_payload
 from optimizer.recovery import Recovery, trial_workdir
-from optimizer.search import Running, SearchPolicy, Told
+from optimizer.search import SearchPolicy
 from optimizer.study import ATTR_MLFLOW_RUN, best_trial, make_storage, open_study
 from optimizer.tracking import Tracker
 from runners.base import EngineConfig, FailureReason, RunResult

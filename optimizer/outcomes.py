@@ -1,18 +1,27 @@
-"""A finished run made into its trial's record and told to Optuna: the state (through the one
-mapping, `study.state_of`), the objective values, the SLO constraint, the bottleneck verdict,
-the conclusion against the defaults and the best, and the per-level figures MLflow logs."""
+"""What the search policy tells Optuna of each trial, and the types a trial passes through
+(`Waiting`, `Running`, `Told`, the `TrialLog` that hears it): a finished run made into its
+record (the state through the one mapping, `study.state_of`; the objective values, the SLO
+constraint, the bottleneck verdict, the conclusion against the defaults and the best, the
+per-level figures MLflow logs), a repeat of a measured config, a config refused before launch."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
+import optuna
 from optuna.trial import TrialState
 
 from optimizer import bottleneck
 from optimizer.conclusions import baseline_trial, conclude, reference_of
-from optimizer.records import TrialRecord, step_records, summary_metrics
+from optimizer.records import TrialRecord, record_of, step_records, summary_metrics
 from optimizer.study import (
     ATTR_CONFIRM,
+    ATTR_DUPLICATE_OF,
     ATTR_RECORD,
     CONFIG_FAILURES,
     best_trial,
@@ -24,10 +33,12 @@ from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMe
 from runners.capacity import meets_slo
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from optimizer.search import SearchPolicy
 
-    from optimizer.search import Running, SearchPolicy
+logger = logging.getLogger(__name__)
 
+# This many proposals in a row of configs already measured: the sampler has nothing new to offer.
+MAX_CONSECUTIVE_DUPLICATES = 200
 _STATE_NAMES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned",
                 TrialState.FAIL: "failed"}
 
@@ -115,8 +126,6 @@ def record_result(policy: SearchPolicy, item: Running, result: RunResult) -> Tri
 
 
 def _engine_dict(result: RunResult) -> dict[str, Any]:
-    from dataclasses import asdict
-
     return asdict(result.engine)
 
 
@@ -133,3 +142,123 @@ def _step_records(policy: SearchPolicy, steps: Sequence[StepMetrics],
 
 def state_name(state: TrialState) -> str:
     return _STATE_NAMES.get(state, state.name.lower())
+
+
+@dataclass
+class Running:
+    """A trial handed out to run: what the policy needs to judge its steps and record it."""
+
+    trial: optuna.Trial
+    params: dict[str, Any]  # as sampled (fixed params included)
+    config: EngineConfig
+    is_baseline: bool
+    retries: int
+    started: float = field(default_factory=time.monotonic)
+    run_id: str | None = None  # the tracker's run, set by whoever launches it
+    steps: list[StepMetrics] = field(default_factory=list)
+    pruned_at: int | None = None
+    prune_reason: str | None = None
+
+
+@dataclass
+class Waiting:
+    """A trial asked of Optuna whose GPUs are not free yet."""
+
+    trial: optuna.Trial
+    params: dict[str, Any]
+    config: EngineConfig
+    overtaken: int = 0  # later trials launched while this one waited
+
+
+@dataclass(frozen=True)
+class Told:
+    """A trial the policy has told Optuna about, for the log: `kind` "measured" (it ran),
+    "rejected" (refused before launch: it has a run of its own) or "duplicate" (no run)."""
+
+    kind: str
+    number: int
+    record: TrialRecord
+    run_id: str | None = None
+    result: RunResult | None = None
+    running: Running | None = None
+
+
+class TrialLog(Protocol):
+    """Hears what the policy tells Optuna (the daemon: MLflow and the progress display)."""
+
+    def open_run(self, trial: optuna.Trial, params: Mapping[str, Any]) -> str | None:
+        """Give a trial that never launched its run, before it is told (the run id can then
+        still be stored on the trial); None when the tracker refuses."""
+        ...
+
+    def told(self, told: Told) -> None: ...
+
+
+class NoLog:
+    """A `TrialLog` that keeps nothing (the replay)."""
+
+    def open_run(self, trial: optuna.Trial, params: Mapping[str, Any]) -> str | None:
+        return None
+
+    def told(self, told: Told) -> None:
+        return None
+
+
+def config_key(params: Mapping[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+def tell_duplicate(policy: SearchPolicy, trial: optuna.Trial, params: dict[str, Any],
+                    earlier: int) -> None:
+    """The sampler proposed (or the queue held) a config another trial holds: launch
+    nothing. A measured original's outcome is reused: the trial tells the sampler the same
+    value (so TPE keeps learning). One still queued or running has no outcome yet: the
+    repeat fails (the sampler already sees the original as running). Either way it counts
+    for no budget; a long run of them ends the study, the space being exhausted."""
+    frozen = policy.study.get_trials(deepcopy=False)[earlier]
+    original = record_of(frozen)
+    if frozen.state.is_finished() and original is not None:
+        record = replace(original, is_baseline=False, engine_started_unix_s=None,
+                         engine_ended_unix_s=None,  # no engine of its own ran
+                         conclusion=f"same config as trial {earlier}: not launched again; "
+                                    f"its outcome stands ({original.state}).")
+    else:
+        stage = "queued" if frozen.state == TrialState.WAITING else "in flight"
+        record = TrialRecord.failed(
+            params, "duplicate", f"trial {earlier} holds this config ({stage}).",
+            f"same config as trial {earlier}, {stage}: not launched; trial {earlier} "
+            "measures it.")
+    trial.set_user_attr(ATTR_RECORD, record.to_user_attr())
+    trial.set_user_attr(ATTR_DUPLICATE_OF, earlier)
+    for key, value in frozen.constraints.items():
+        trial.set_constraint(key, value)
+    if not frozen.state.is_finished():
+        policy.study.tell(trial, state=TrialState.FAIL)
+    elif frozen.state == TrialState.COMPLETE and frozen.values is not None:
+        policy.study.tell(trial, frozen.values)
+    else:
+        policy.study.tell(trial, state=frozen.state)
+    policy.log.told(Told("duplicate", trial.number, record))
+    policy.duplicates_in_a_row += 1
+    if policy.duplicates_in_a_row >= MAX_CONSECUTIVE_DUPLICATES:
+        policy.is_exhausted = True
+        logger.warning("the sampler proposed %d measured configs in a row: the space is "
+                       "exhausted; the study ends", policy.duplicates_in_a_row)
+    logger.debug("trial %d repeats trial %d: not launched", trial.number, earlier)
+
+
+def tell_without_run(policy: SearchPolicy, trial: optuna.Trial, params: dict[str, Any],
+                      failure: Failure) -> None:
+    conclusion = f"rejected before launch ({failure.reason.value}): {failure.message}"
+    record = TrialRecord.failed(params, failure.reason.value, failure.message, conclusion)
+    trial.set_user_attr(ATTR_RECORD, record.to_user_attr())
+    policy.remember(trial.number, record)
+    run_id = policy.log.open_run(trial, params)
+    if failure.reason in CONFIG_FAILURES:
+        tell_config_failure(policy.study, trial, policy.cfg.objectives, policy.has_slo)
+    else:
+        policy.study.tell(trial, state=TrialState.FAIL)
+    logger.info("trial %d %s", trial.number, conclusion)
+    policy.log.told(Told("rejected", trial.number, record, run_id=run_id))
+
+# -- steps and pruning ----------------------------------------------------------------------

@@ -12,25 +12,31 @@ told is passed to the `TrialLog` (the daemon logs it to MLflow).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
 from optimizer import bottleneck
 from optimizer.config import StudyConfig
-from optimizer.outcomes import record_result
+from optimizer.outcomes import (
+    NoLog,
+    Running,
+    Told,
+    TrialLog,
+    Waiting,
+    config_key,
+    record_result,
+    tell_duplicate,
+    tell_without_run,
+)
 from optimizer.records import TrialRecord, record_of
 from optimizer.study import (
     ATTR_BASELINE,
     ATTR_CONFIRM,
-    ATTR_DUPLICATE_OF,
-    ATTR_RECORD,
     ATTR_RETRIES,
     ATTR_RETRY_OF,
     ATTR_SEEDED,
@@ -39,7 +45,6 @@ from optimizer.study import (
     is_search_trial,
     objective_values,
     requeue,
-    tell_config_failure,
 )
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics
 from runners.hardware import HardwareProfile
@@ -52,72 +57,6 @@ logger = logging.getLogger(__name__)
 # A trial waiting for GPUs that later, smaller trials have overtaken this many times holds the
 # next free GPUs: nothing behind it starts until it has (no starving a 2-GPU trial by 1-GPU ones).
 MAX_OVERTAKEN = 2
-# This many proposals in a row of configs already measured: the sampler has nothing new to offer.
-MAX_CONSECUTIVE_DUPLICATES = 200
-
-
-@dataclass
-class Running:
-    """A trial handed out to run: what the policy needs to judge its steps and record it."""
-
-    trial: optuna.Trial
-    params: dict[str, Any]  # as sampled (fixed params included)
-    config: EngineConfig
-    is_baseline: bool
-    retries: int
-    started: float = field(default_factory=time.monotonic)
-    run_id: str | None = None  # the tracker's run, set by whoever launches it
-    steps: list[StepMetrics] = field(default_factory=list)
-    pruned_at: int | None = None
-    prune_reason: str | None = None
-
-
-@dataclass
-class _Waiting:
-    """A trial asked of Optuna whose GPUs are not free yet."""
-
-    trial: optuna.Trial
-    params: dict[str, Any]
-    config: EngineConfig
-    overtaken: int = 0  # later trials launched while this one waited
-
-
-@dataclass(frozen=True)
-class Told:
-    """A trial the policy has told Optuna about, for the log: `kind` "measured" (it ran),
-    "rejected" (refused before launch: it has a run of its own) or "duplicate" (no run)."""
-
-    kind: str
-    number: int
-    record: TrialRecord
-    run_id: str | None = None
-    result: RunResult | None = None
-    running: Running | None = None
-
-
-class TrialLog(Protocol):
-    """Hears what the policy tells Optuna (the daemon: MLflow and the progress display)."""
-
-    def open_run(self, trial: optuna.Trial, params: Mapping[str, Any]) -> str | None:
-        """Give a trial that never launched its run, before it is told (the run id can then
-        still be stored on the trial); None when the tracker refuses."""
-        ...
-
-    def told(self, told: Told) -> None: ...
-
-
-class NoLog:
-    """A `TrialLog` that keeps nothing (the replay)."""
-
-    def open_run(self, trial: optuna.Trial, params: Mapping[str, Any]) -> str | None:
-        return None
-
-    def told(self, told: Told) -> None:
-        return None
-
-
-def config_key(params: Mapping[str, Any]) -> str:
-    return json.dumps(params, sort_keys=True, default=str)
 
 
 class SearchPolicy:
@@ -140,13 +79,13 @@ class SearchPolicy:
         self.clock = clock
         self.started = clock()
         self.running: list[Running] = []
-        self.waiting: list[_Waiting] = []  # asked, in order, waiting for their GPUs
+        self.waiting: list[Waiting] = []  # asked, in order, waiting for their GPUs
         # Measured before the defaults were: recorded once the defaults are, so that every
         # conclusion compares its trial with them.
         self.deferred: list[tuple[Running, RunResult]] = []
         self.finished_here = 0
         self._measured: dict[str, int] = {}  # config key -> the finished trial that holds it
-        self._duplicates_in_a_row = 0
+        self.duplicates_in_a_row = 0
         self.is_exhausted = False
 
     # -- the queue ----------------------------------------------------------------------------
@@ -222,7 +161,7 @@ class SearchPolicy:
         for index, waiting in enumerate(self.waiting):
             if waiting.config.num_gpus > self.total_gpus:  # a node died while it waited
                 del self.waiting[index]
-                self._tell_without_run(waiting.trial, waiting.params, Failure(
+                tell_without_run(self, waiting.trial, waiting.params, Failure(
                     FailureReason.NODE_LOST,
                     f"it needs {waiting.config.num_gpus} GPUs but the cluster has "
                     f"{self.total_gpus} left after a node died; not re-queued."))
@@ -244,7 +183,7 @@ class SearchPolicy:
         self.running.append(running)
         return running
 
-    def _ask(self) -> _Waiting | None:
+    def _ask(self) -> Waiting | None:
         trial = self.study.ask()
         params = self.space.sample(trial)
         key = config_key(params)
@@ -252,9 +191,9 @@ class SearchPolicy:
         if earlier is None:
             earlier = self._unfinished_with(key, trial.number)
         if earlier is not None and ATTR_CONFIRM not in trial.user_attrs:
-            self._tell_duplicate(trial, params, earlier)
+            tell_duplicate(self, trial, params, earlier)
             return None
-        self._duplicates_in_a_row = 0
+        self.duplicates_in_a_row = 0
         config = engine_config(self.cfg, self.space.to_flags(params))
         problems = list(self.space.check(params))
         if config.num_gpus > self.total_gpus:
@@ -268,9 +207,9 @@ class SearchPolicy:
             problems.append(memory)
         if problems:
             failure = Failure(FailureReason.INFEASIBLE, "; ".join(problems))
-            self._tell_without_run(trial, params, failure)
+            tell_without_run(self, trial, params, failure)
             return None
-        return _Waiting(trial, params, config)
+        return Waiting(trial, params, config)
 
     def ask_confirm(self, params: Mapping[str, Any], label: str) -> Running:
         """A final re-measurement of `params` ("defaults" or "best"), launched at once."""
@@ -296,62 +235,6 @@ class SearchPolicy:
                     ATTR_CONFIRM not in queued.user_attrs:
                 return queued.number
         return None
-
-    def _tell_duplicate(self, trial: optuna.Trial, params: dict[str, Any],
-                        earlier: int) -> None:
-        """The sampler proposed (or the queue held) a config another trial holds: launch
-        nothing. A measured original's outcome is reused: the trial tells the sampler the same
-        value (so TPE keeps learning). One still queued or running has no outcome yet: the
-        repeat fails (the sampler already sees the original as running). Either way it counts
-        for no budget; a long run of them ends the study, the space being exhausted."""
-        from dataclasses import replace
-
-        frozen = self.study.get_trials(deepcopy=False)[earlier]
-        original = record_of(frozen)
-        if frozen.state.is_finished() and original is not None:
-            record = replace(original, is_baseline=False, engine_started_unix_s=None,
-                             engine_ended_unix_s=None,  # no engine of its own ran
-                             conclusion=f"same config as trial {earlier}: not launched again; "
-                                        f"its outcome stands ({original.state}).")
-        else:
-            stage = "queued" if frozen.state == TrialState.WAITING else "in flight"
-            record = TrialRecord.failed(
-                params, "duplicate", f"trial {earlier} holds this config ({stage}).",
-                f"same config as trial {earlier}, {stage}: not launched; trial {earlier} "
-                "measures it.")
-        trial.set_user_attr(ATTR_RECORD, record.to_user_attr())
-        trial.set_user_attr(ATTR_DUPLICATE_OF, earlier)
-        for key, value in frozen.constraints.items():
-            trial.set_constraint(key, value)
-        if not frozen.state.is_finished():
-            self.study.tell(trial, state=TrialState.FAIL)
-        elif frozen.state == TrialState.COMPLETE and frozen.values is not None:
-            self.study.tell(trial, frozen.values)
-        else:
-            self.study.tell(trial, state=frozen.state)
-        self.log.told(Told("duplicate", trial.number, record))
-        self._duplicates_in_a_row += 1
-        if self._duplicates_in_a_row >= MAX_CONSECUTIVE_DUPLICATES:
-            self.is_exhausted = True
-            logger.warning("the sampler proposed %d measured configs in a row: the space is "
-                           "exhausted; the study ends", self._duplicates_in_a_row)
-        logger.debug("trial %d repeats trial %d: not launched", trial.number, earlier)
-
-    def _tell_without_run(self, trial: optuna.Trial, params: dict[str, Any],
-                          failure: Failure) -> None:
-        conclusion = f"rejected before launch ({failure.reason.value}): {failure.message}"
-        record = TrialRecord.failed(params, failure.reason.value, failure.message, conclusion)
-        trial.set_user_attr(ATTR_RECORD, record.to_user_attr())
-        self.remember(trial.number, record)
-        run_id = self.log.open_run(trial, params)
-        if failure.reason in CONFIG_FAILURES:
-            tell_config_failure(self.study, trial, self.cfg.objectives, self.has_slo)
-        else:
-            self.study.tell(trial, state=TrialState.FAIL)
-        logger.info("trial %d %s", trial.number, conclusion)
-        self.log.told(Told("rejected", trial.number, record, run_id=run_id))
-
-    # -- steps and pruning ----------------------------------------------------------------------
 
     def on_step(self, running: Running, step: StepMetrics) -> bool:
         """Judge one load level of a running trial; True stops it there (pruned)."""
@@ -497,7 +380,7 @@ class SearchPolicy:
             failure = Failure(FailureReason.INTERRUPTED,
                               "the daemon stopped before this trial was launched; re-queued.")
             attrs = dict(item.trial.user_attrs)
-            self._tell_without_run(item.trial, item.params, failure)
+            tell_without_run(self, item.trial, item.params, failure)
             requeue(self.study, item.trial.number, item.params, attrs,
                     int(attrs.get(ATTR_RETRIES, 0)))
 
