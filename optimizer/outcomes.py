@@ -33,7 +33,11 @@ from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMe
 from runners.capacity import meets_slo
 
 if TYPE_CHECKING:
-    from optimizer.search import SearchPolicy
+    from optimizer.config import StudyConfig
+    from runners.hardware import HardwareProfile
+    from runners.model_info import ModelInfo
+    from runners.workload import Workload
+    from search_spaces import ResolvedSpace
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +47,7 @@ _STATE_NAMES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned",
                 TrialState.FAIL: "failed"}
 
 
-def record_result(policy: SearchPolicy, item: Running, result: RunResult) -> TrialRecord:
+def record_result(policy: PolicyState, item: Running, result: RunResult) -> TrialRecord:
     """Write `item`'s record from its run's `result` and tell Optuna; returns the record."""
     cfg, study, workload = policy.cfg, policy.study, policy.workload
     state = state_of(result)
@@ -129,7 +133,7 @@ def _engine_dict(result: RunResult) -> dict[str, Any]:
     return asdict(result.engine)
 
 
-def _step_records(policy: SearchPolicy, steps: Sequence[StepMetrics],
+def _step_records(policy: PolicyState, steps: Sequence[StepMetrics],
                   config: EngineConfig) -> list[dict[str, Any]]:
     """Each level's record, with its step-mix roofline (`roofline.*`, `vllm_mfu.*`): the
     per-level figures MLflow logs at step = level."""
@@ -204,11 +208,33 @@ class NoLog:
         return None
 
 
+class PolicyState(Protocol):
+    """What telling Optuna needs of the search policy (`search.SearchPolicy` is the one)."""
+
+    cfg: StudyConfig
+    study: optuna.Study
+    workload: Workload
+    space: ResolvedSpace
+    hardware: HardwareProfile | None
+    model: ModelInfo | None
+    log: TrialLog
+    duplicates_in_a_row: int
+    is_exhausted: bool
+
+    @property
+    def has_slo(self) -> bool: ...
+
+    def verdict(self, steps: Sequence[StepMetrics], config: EngineConfig,
+                result: RunResult | None = None) -> bottleneck.Verdict: ...
+
+    def remember(self, number: int, record: TrialRecord | None) -> None: ...
+
+
 def config_key(params: Mapping[str, Any]) -> str:
     return json.dumps(params, sort_keys=True, default=str)
 
 
-def tell_duplicate(policy: SearchPolicy, trial: optuna.Trial, params: dict[str, Any],
+def tell_duplicate(policy: PolicyState, trial: optuna.Trial, params: dict[str, Any],
                     earlier: int) -> None:
     """The sampler proposed (or the queue held) a config another trial holds: launch
     nothing. A measured original's outcome is reused: the trial tells the sampler the same
@@ -247,7 +273,7 @@ def tell_duplicate(policy: SearchPolicy, trial: optuna.Trial, params: dict[str, 
     logger.debug("trial %d repeats trial %d: not launched", trial.number, earlier)
 
 
-def tell_without_run(policy: SearchPolicy, trial: optuna.Trial, params: dict[str, Any],
+def tell_without_run(policy: PolicyState, trial: optuna.Trial, params: dict[str, Any],
                       failure: Failure) -> None:
     conclusion = f"rejected before launch ({failure.reason.value}): {failure.message}"
     record = TrialRecord.failed(params, failure.reason.value, failure.message, conclusion)

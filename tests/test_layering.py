@@ -18,14 +18,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("search_spaces", "runners", "optimizer")
 HEAVY = frozenset({"torch", "vllm", "ray", "pynvml"})
 # The daemon side runs on Ray by design; the GPU stack stays out of it all the same.
-RAY_ALLOWED = frozenset({"optimizer.workers", "optimizer.daemon", "optimizer.runtime"})
+# The composition root builds the Ray executor; the loop and the policy never load Ray.
+RAY_ALLOWED = frozenset({"optimizer.workers", "optimizer.runtime", "optimizer.cli.commands"})
 # Named in the house style: each must import light, whatever else discovery finds.
 REQUIRED_MODULES = (
     "search_spaces", "runners", "runners.base", "runners.engine", "runners.loadgen",
     "runners.hardware", "runners.telemetry", "runners.vllm.launcher",
     "runners.simulated.launcher", "optimizer", "optimizer.config", "optimizer.cli",
     "optimizer.study", "optimizer.export", "optimizer.tracking", "optimizer.records",
-    *sorted(RAY_ALLOWED),
+    "optimizer.daemon", "optimizer.search", "optimizer.executor", *sorted(RAY_ALLOWED),
 )
 SEARCH_SPACES_THIRD_PARTY = frozenset({"yaml", "optuna"})
 _SHELL_TRUE = re.compile(r"\bshell\s*=\s*True\b")
@@ -132,3 +133,91 @@ def test_no_source_starts_a_process_through_a_shell() -> None:
                  for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                  if _SHELL_TRUE.search(text)]
     assert not offenders, f"argv lists only, never shell=True (quoting, injection): {offenders}"
+
+
+def _module_files() -> dict[str, Path]:
+    return {_module_name(path): path for path in _source_files(*PACKAGES)}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the modules of ours it imports, at any depth (function bodies and
+    `TYPE_CHECKING` blocks too). `from a.b import c` names the module `a.b.c` when there is
+    one, else `a.b`; a package's `__init__` is an edge only when it is the module named."""
+    files = _module_files()
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, path in files.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - (node.level - 1)])
+                    module = ".".join(filter(None, [base, node.module]))
+                else:
+                    module = node.module or ""
+                targets = [f"{module}.{alias.name}" if f"{module}.{alias.name}" in files
+                           else module for alias in node.names]
+            for target in targets:
+                while target and target not in files:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles() -> None:
+    cycles = _cycles(_import_graph())
+    assert not cycles, f"modules that import each other (directly or round a loop): {cycles}"
+
+
+def test_cycle_check_finds_a_loop() -> None:
+    """The check itself: a loop of three modules is one cycle; a chain is none."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_only_the_ray_executor_imports_ray() -> None:
+    """Ray is one implementation of the executor: the policy, the loop and everything else in
+    optimizer/ reach it through `optimizer.executor.Executor`."""
+    offenders = sorted({line.split(":")[0] for line in _imports_of(("optimizer",), "ray")})
+    assert offenders == ["optimizer/workers.py"], \
+        f"optimizer imports Ray only in optimizer/workers.py; also in {offenders}"
