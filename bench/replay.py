@@ -1,15 +1,17 @@
 """Benchmark: search efficiency, replayed on a table of measured configs.
 
 Every config of a grid is measured once (on the H200 by a grid study, or here on the simulated
-engine's virtual-time benchmark); then each search strategy is replayed against the table as
-nightshift runs it, paying each config's GPU-seconds (start-up + load levels) when it first
-asks for it: grid (the Cartesian product in order, as vLLM's `auto_tune` and `bench sweep`
-walk it), random, TPE (nightshift's settings), TPE with nightshift's MarginPruner (a pruned
-trial pays start-up and its first level only), and GP where torch is installed. A config asked
-again costs nothing (the daemon never launches one twice), and 200 such repeats in a row end
-the search unfinished (the daemon's "space exhausted"). The figure of merit is the
-GPU-seconds spent until a trial within 3% of the grid's best was measured, median over seeds,
-as a share of the whole grid's cost (what a grid search pays to know its best).
+engine's virtual-time benchmark); then each search strategy is replayed against the table by
+the shipped search policy (`optimizer.search.SearchPolicy`, the one the daemon drives, with the
+samplers and pruners of the study file's registries), paying each config's GPU-seconds
+(start-up + the load levels it ran) when the policy launches it: grid (the Cartesian product in
+order, as vLLM's `auto_tune` and `bench sweep` walk it), random, TPE, TPE with the default
+pruner (`bottleneck`: a pruned trial pays start-up and the levels it ran), and GP where torch
+is installed. A config asked again costs nothing (the policy never launches one twice), and
+200 such repeats in a row end the search unfinished (the policy's "space exhausted"). The
+figure of merit is the GPU-seconds spent until a trial within 3% of the grid's best was
+measured, median over seeds, as a share of the whole grid's cost (what a grid search pays to
+know its best).
 
     python bench/replay.py build-sim --out bench/data/sim_grid.json      # ~2 min, 1152 configs
     python bench/replay.py replay bench/data/sim_grid.json --out bench/data/replay_sim.json
@@ -28,16 +30,12 @@ import json
 import math
 import statistics
 import sys
-import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
 
-from optimizer.outcomes import MAX_CONSECUTIVE_DUPLICATES
-from optimizer.pruning import MarginPruner
 from optimizer.study import is_search_trial
 
 WITHIN = 0.97  # "found": a trial at >= 97% of the grid's best objective
@@ -96,6 +94,7 @@ def build_sim_table() -> dict[str, Any]:
             good = sum(1 for ttft, tpot in run.per_request
                        if ttft * 1e3 <= w["slo_ttft_ms"] and tpot * 1e3 <= w["slo_tpot_ms"])
             levels.append({"concurrency": concurrency, "value": good / run.duration_s,
+                           "request_throughput": len(run.per_request) / run.duration_s,
                            "measure_s": run.duration_s})
         rows.append({"params": params, "failed": False, "startup_s": startup_s,
                      "levels": levels, "value": max(lv["value"] for lv in levels),
@@ -129,6 +128,8 @@ def table_from_study(db: Path, study_name: str) -> dict[str, Any]:
         else:
             levels = [{"concurrency": s["level"].get("max_concurrency"),
                        "value": float(s["metrics"]["request_goodput"]),
+                       "request_throughput": float(s["metrics"].get("request_throughput")
+                                                   or s["metrics"]["request_goodput"]),
                        "measure_s": float(s["metrics"]["duration_s"])} for s in record["steps"]]
             startup = float(record["metrics"].get("engine.startup_s") or 0.0)
             row = {"params": params, "failed": False, "startup_s": startup, "levels": levels,
@@ -191,75 +192,108 @@ def _replay_grid(table: Table) -> float:
     return spent
 
 
-def _replay_optuna(table: Table, sampler: optuna.samplers.BaseSampler, *,
-                   prune: bool, max_asks: int) -> float:
-    """GPU-seconds until a trial within 3% of the best, nightshift's way: each config paid
-    once; with `prune`, MarginPruner may stop a trial after its first level."""
-    pruner = MarginPruner(n_startup_trials=4, min_relative_gap=0.10) if prune \
-        else optuna.pruners.NopPruner()
-    study = optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
-    distributions = {k: optuna.distributions.CategoricalDistribution(v)
-                     for k, v in table.space.items()}
-    seen: dict[str, tuple[TrialState, float | None]] = {}
-    # The defaults run first in every study: the first grid config stands in for them.
-    study.enqueue_trial(table.grid_order()[0])
+def _level_metrics(level: Mapping[str, Any]) -> Any:
+    """A table level as the figures a runner reports: goodput, duration and, where the table
+    has it, the request throughput (the policy judges a level only where the SLO was missed,
+    goodput below throughput; a table without throughput gives it no level to judge)."""
+    from runners.base import BenchmarkMetrics
+
+    goodput = float(level["value"])
+    duration = float(level["measure_s"]) or 1.0
+    throughput = float(level.get("request_throughput") or goodput)
+    latencies = {f"{s}_{m}_ms": 0.0 for s in ("mean", "median", "std", "p90", "p99")
+                 for m in ("ttft", "tpot", "itl", "e2el")}
+    completed = max(1, round(throughput * duration))
+    return BenchmarkMetrics(completed=completed, failed=0, duration_s=duration,
+                            total_input_tokens=0, total_output_tokens=0,
+                            request_throughput=throughput, request_goodput=goodput,
+                            output_throughput=0.0, total_token_throughput=0.0, **latencies)
+
+
+def _study_config(table: Table, sampler: str, seed: int, pruner: str) -> Any:
+    """The shipped study config for a replay: the sampler and pruner by name (their defaults
+    otherwise), one level per table level, the budget the whole table."""
+    from optimizer.config import parse_study
+
+    levels = [{"concurrency": int(lv.get("concurrency") or 1)}
+              for lv in next(r for r in table.rows.values() if r["levels"])["levels"]]
+    return parse_study({
+        "name": "replay", "engine": "simulated",
+        "model": {"path": "qwen2.5-7b", "load_format": "dummy", "skip_tokenizer_init": True},
+        "workload": {"input_len": 128, "output_len": 16, "levels": levels, "num_requests": 16},
+        "slo": {"ttft_p99_ms": 1000, "tpot_p99_ms": 10},
+        "search_space": "default", "budget": {"trials": len(table.rows)},
+        "sampler": {"name": sampler, "seed": seed}, "pruner": {"name": pruner},
+        "confirm_rounds": 0})  # the study is opened in memory by the replay, not from here
+
+
+def _space(table: Table) -> Any:
+    """The table's grid as a search space; each param's first value stands for vLLM's
+    default (the defaults run first in every study)."""
+    from search_spaces import parse_space
+
+    return parse_space({"name": "replay", "parameters": {
+        name: {"type": "categorical", "choices": values, "default": values[0]}
+        for name, values in table.space.items()}}).resolve({})
+
+
+def _replay_optuna(table: Table, sampler: str | optuna.samplers.BaseSampler, seed: int, *,
+                   pruner: str) -> float:
+    """GPU-seconds until a trial within 3% of the best, by the shipped search policy
+    (`optimizer.search.SearchPolicy`: the defaults first, a repeat reused and never paid, a
+    config failure told as the worst value with a violated constraint, pruning by the study's
+    pruner): each config paid once; a pruned trial pays its start-up and the levels it ran."""
+    from optimizer.search import SearchPolicy
+    from optimizer.study import make_pruner, make_sampler
+    from runners.base import Failure, FailureReason, RunResult, StepMetrics
+
+    cfg = _study_config(table, sampler if isinstance(sampler, str) else "tpe", seed, pruner)
+    space = _space(table)
+    study = optuna.create_study(  # a sampler object: a test's own, in place of the registry's
+        directions=cfg.directions, pruner=make_pruner(cfg),
+        sampler=make_sampler(cfg) if isinstance(sampler, str) else sampler)
+    policy = SearchPolicy(cfg, space, study, workload=cfg.workload(vocab_size=32000),
+                          total_gpus=1)
+    policy.prepare()
     spent = 0.0
-    repeats = 0
-    for _ in range(max_asks):
-        trial = study.ask(distributions)
-        key = _key(trial.params)
-        if key in seen:  # the daemon reuses the outcome and launches nothing
-            state, value = seen[key]
-            study.tell(trial, value if state == TrialState.COMPLETE else None,
-                       state=state)
-            repeats += 1
-            if repeats >= MAX_CONSECUTIVE_DUPLICATES:  # the daemon's end: "space exhausted"
-                return math.inf
-            continue
-        repeats = 0
-        row = table.rows[key]
+    while (running := policy.next_launch(lambda num_gpus: not policy.running)) is not None:
+        row = table.rows[_key({k: running.params[k] for k in table.space})]
         if row["failed"]:
             spent += row["gpu_s"]
-            seen[key] = (TrialState.FAIL, None)
-            study.tell(trial, state=TrialState.FAIL)
+            policy.on_result(running, RunResult(status="failed", failure=Failure(
+                FailureReason.OOM_AT_START, "failed at start in the measured table")))
             continue
         spent += row["startup_s"]
-        state, value = TrialState.COMPLETE, row["value"]
-        for step, level in enumerate(row["levels"]):
+        steps: list[StepMetrics] = []
+        status = "complete"
+        for index, level in enumerate(row["levels"]):
             spent += level["measure_s"]
-            best_so_far = max(lv["value"] for lv in row["levels"][:step + 1])
-            trial.report(best_so_far, step)
-            if step < len(row["levels"]) - 1 and trial.should_prune():
-                state, value = TrialState.PRUNED, None
+            step = StepMetrics(step=index, level=cfg.workload(vocab_size=32000).levels[index],
+                               metrics=_level_metrics(level))
+            steps.append(step)
+            if policy.on_step(running, step):
+                status = "stopped"
                 break
-        seen[key] = (state, value)
-        study.tell(trial, value, state=state) if state == TrialState.COMPLETE else \
-            study.tell(trial, state=state)
-        if state == TrialState.COMPLETE and value is not None and value >= table.target:
+        policy.on_result(running, RunResult(status=status, steps=tuple(steps)))  # type: ignore[arg-type]
+        if status == "complete" and row["value"] is not None and row["value"] >= table.target:
             return spent
     return math.inf
 
 
-def _tpe(seed: int) -> optuna.samplers.BaseSampler:
-    with warnings.catch_warnings():  # nightshift's own settings (optimizer/study.py)
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=6, multivariate=True,
-                                          group=True, constant_liar=True)
-
-
-def _gp(seed: int) -> optuna.samplers.BaseSampler | None:
+def _gp_available() -> bool:
     try:
         import torch  # noqa: F401  (GPSampler needs it)
     except ImportError:
-        return None
-    return optuna.samplers.GPSampler(seed=seed, n_startup_trials=6)
+        return False
+    return True
 
 
-STRATEGIES: dict[str, tuple[Callable[[int], optuna.samplers.BaseSampler | None], bool]] = {
-    "random": (lambda seed: optuna.samplers.RandomSampler(seed=seed), False),
-    "tpe": (_tpe, False),
-    "tpe+pruning": (_tpe, True),
-    "gp": (_gp, False),
+# name -> (the sampler's registry name, the pruner's): the study file's own names.
+STRATEGIES: dict[str, tuple[str, str]] = {
+    "random": ("random", "none"),
+    "tpe": ("tpe", "none"),
+    "tpe+pruning": ("tpe", "bottleneck"),  # the shipped defaults
+    "gp": ("gp", "none"),
 }
 
 
@@ -270,14 +304,13 @@ def replay(data: Mapping[str, Any], seeds: Sequence[int]) -> dict[str, Any]:
     table = Table(data)
     grid_s = _replay_grid(table)
     results: dict[str, Any] = {"grid": {"gpu_s_to_target": [grid_s]}}
-    max_asks = 4 * len(table.rows)
-    for name, (make, prune) in STRATEGIES.items():
+    for name, (sampler, pruner) in STRATEGIES.items():
         costs = []
+        if sampler == "gp" and not _gp_available():
+            results[name] = {"gpu_s_to_target": costs}
+            continue
         for seed in track(list(seeds), description=name):
-            sampler = make(seed)
-            if sampler is None:
-                break
-            costs.append(_replay_optuna(table, sampler, prune=prune, max_asks=max_asks))
+            costs.append(_replay_optuna(table, sampler, seed, pruner=pruner))
         results[name] = {"gpu_s_to_target": costs}
     summary: dict[str, Any] = {}
     for name, result in results.items():
