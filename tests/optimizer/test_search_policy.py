@@ -1,0 +1,167 @@
+"""The search policy and the daemon loop without Ray or engines: a scripted runner on the inline
+executor, a real Optuna storage and a real MLflow store, a study in seconds."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from optimizer.config import load_study
+from optimizer.daemon import Daemon
+from optimizer.executor import InlineExecutor
+from optimizer.records import record_of
+from optimizer.search import SearchPolicy
+from optimizer.study import ATTR_BASELINE, ATTR_DUPLICATE_OF, make_pruner, make_sampler
+from optimizer.study_summary import study_summary
+from optimizer.tracking import Tracker
+from runners.base import (
+    BenchmarkMetrics,
+    EngineConfig,
+    Failure,
+    FailureReason,
+    RunResult,
+    StepMetrics,
+)
+from runners.workload import Workload
+from search_spaces import load_space
+from tests.optimizer.test_daemon import categorical_space, write_study
+
+Script = Callable[[Mapping[str, Any]], float | None]  # flags -> goodput (None: OOM at start)
+
+
+def _metrics(goodput: float, throughput: float) -> BenchmarkMetrics:
+    zero = {f"{s}_{m}_ms": 1.0 for s in ("mean", "median", "std", "p90", "p99")
+            for m in ("ttft", "tpot", "itl", "e2el")}
+    return BenchmarkMetrics(completed=16, failed=0, duration_s=1.0, total_input_tokens=1,
+                            total_output_tokens=1, request_throughput=throughput,
+                            request_goodput=goodput, output_throughput=100 * goodput,
+                            total_token_throughput=1.0, **zero)
+
+
+class ScriptedRunner:
+    """A `Runner` whose goodput at each level is `script(flags)` (half of it, with twice the
+    throughput, at the first level: a level that missed the SLO); None fails at start."""
+
+    def __init__(self, script: Script, launched: list[dict[str, Any]]) -> None:
+        self.script = script
+        self.launched = launched
+
+    def run(self, config: EngineConfig, workload: Workload, workdir: Path,
+            on_step: Callable[[StepMetrics], bool] | None = None) -> RunResult:
+        self.launched.append(dict(config.flags))
+        value = self.script(config.flags)
+        if value is None:
+            return RunResult(status="failed", failure=Failure(FailureReason.OOM_AT_START,
+                                                              "scripted OOM"))
+        steps = []
+        for index, level in enumerate(workload.levels):
+            goodput = value * (0.5 if index == 0 else 1.0)
+            step = StepMetrics(step=index, level=level, metrics=_metrics(goodput, 2 * value))
+            steps.append(step)
+            if on_step is not None and on_step(step):
+                return RunResult(status="stopped", steps=tuple(steps))
+        return RunResult(status="complete", steps=tuple(steps))
+
+    def close(self) -> None:
+        return None
+
+
+def _run_daemon(tmp_path: Path, script: Script, *, trials: int,
+                **choices: list[Any]) -> tuple[optuna.Study, list[dict[str, Any]]]:
+    space_path = categorical_space(tmp_path, **choices)
+    cfg = load_study(write_study(tmp_path, trials=trials, search_space=str(space_path)))
+    space = load_space(space_path).resolve({})
+    launched: list[dict[str, Any]] = []
+    daemon = Daemon(cfg, space=space, executor=InlineExecutor(
+        lambda: ScriptedRunner(script, launched), total_gpus=2),
+        registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
+        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        summarize=study_summary, poll_s=0.01)
+    summary = daemon.run()
+    assert summary.total_finished >= 1
+    return optuna.load_study(study_name=cfg.name, storage=cfg.storage_url), launched
+
+
+def test_the_daemon_runs_a_study_on_the_inline_executor_without_ray(tmp_path: Path) -> None:
+    seqs = [256, 64, 128, 512]
+    study, launched = _run_daemon(tmp_path, lambda flags: float(flags.get("max_num_seqs") or
+                                                                256) / 10,
+                                  trials=6, max_num_seqs=seqs, kv_cache_dtype=["auto", "fp8"])
+    trials = study.get_trials(deepcopy=False)
+    first = min(trials, key=lambda t: t.number)
+    assert first.user_attrs.get(ATTR_BASELINE), "the defaults run first"
+    keys = [tuple(sorted(flags.items())) for flags in launched]
+    assert len(keys) == len(set(keys)), "no config is launched twice"
+    records = [r for t in trials if (r := record_of(t)) is not None]
+    assert all(r.conclusion for r in records), "every finished trial has its conclusion"
+    assert sum(1 for t in trials if ATTR_DUPLICATE_OF not in t.user_attrs
+               and t.state.is_finished()) == 6, "the budget counts launched trials"
+
+
+def test_a_config_failure_teaches_the_sampler_with_the_worst_value_and_a_constraint(
+        tmp_path: Path) -> None:
+    study, _ = _run_daemon(tmp_path, lambda flags: None if flags.get("kv_cache_dtype") ==
+                           "fp8" else 10.0, trials=3, kv_cache_dtype=["auto", "fp8"],
+                           max_num_seqs=[256, 512])
+    failed = [t for t in study.get_trials(deepcopy=False)
+              if (r := record_of(t)) is not None and r.state == "failed"
+              and r.failure_reason == "oom_at_start"]
+    assert failed, "the scripted OOM ran"
+    for trial in failed:
+        assert trial.state == TrialState.COMPLETE and trial.values == [0.0], \
+            "TPE learns from it: complete, with the worst value"
+        assert trial.constraints and max(trial.constraints.values()) > 0, "and infeasible"
+
+
+def _policy(tmp_path: Path, seed: int = 0, **choices: list[Any]) -> SearchPolicy:
+    space_path = categorical_space(tmp_path, **choices)
+    cfg = load_study(write_study(tmp_path, trials=20, search_space=str(space_path),
+                                 sampler={"name": "tpe", "seed": seed}))
+    study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
+                                pruner=make_pruner(cfg))
+    policy = SearchPolicy(cfg, load_space(space_path).resolve({}), study,
+                          workload=cfg.workload(vocab_size=32000), total_gpus=2)
+    policy.prepare()
+    return policy
+
+
+def test_a_trial_measured_before_the_defaults_is_recorded_after_them(tmp_path: Path) -> None:
+    policy = _policy(tmp_path, max_num_seqs=[256, 512, 1024])
+    defaults = policy.next_launch(lambda num_gpus: True)
+    other = policy.next_launch(lambda num_gpus: True)
+    assert defaults is not None and defaults.is_baseline and other is not None
+    levels = policy.workload.levels
+    done = RunResult(status="complete", steps=tuple(
+        StepMetrics(step=i, level=level, metrics=_metrics(5.0, 5.0))
+        for i, level in enumerate(levels)))
+    policy.on_result(other, done)
+    assert record_of(policy.study.get_trials(deepcopy=False)[other.trial.number]) is None, \
+        "held: the defaults are still running"
+    policy.on_result(defaults, done)
+    held = record_of(policy.study.get_trials(deepcopy=False)[other.trial.number])
+    assert held is not None, "recorded once the defaults were"
+    assert "vs the vLLM defaults" in held.conclusion and \
+        "no defaults measurement" not in held.conclusion, held.conclusion
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_policy_never_hands_out_a_config_twice(tmp_path: Path, seed: int) -> None:
+    (tmp_path / str(seed)).mkdir()
+    policy = _policy(tmp_path / str(seed), seed, max_num_seqs=[256, 512],
+                     kv_cache_dtype=["auto"])
+    handed: list[str] = []
+    for _ in itertools.repeat(None, 10):
+        running = policy.next_launch(lambda num_gpus: not policy.running)
+        if running is None:
+            break
+        handed.append(repr(sorted(running.params.items())))
+        policy.on_result(running, RunResult(status="complete", steps=tuple(
+            StepMetrics(step=i, level=level, metrics=_metrics(5.0, 5.0))
+            for i, level in enumerate(policy.workload.levels))))
+    assert len(handed) == len(set(handed)) == 2, "two configs in the space, each once"
