@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from optimizer.config import fixed_flag_problem
+from optimizer.config.flag_checks import fixed_flag_problem
 from runners.base import EngineConfig
 from runners.vllm import facts
 from runners.vllm.flags import (
