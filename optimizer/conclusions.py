@@ -11,7 +11,12 @@ from typing import TYPE_CHECKING, Any
 from optimizer import bottleneck, gains
 from optimizer.objectives import OBJECTIVES
 from optimizer.records import objective_unit, record_of
-from optimizer.study import ATTR_BASELINE, NOISE_FRACTION, is_measured, params_of
+from optimizer.study import (
+    ATTR_BASELINE,
+    NOISE_FRACTION,
+    is_measured,
+    params_of,
+)
 from runners.capacity import bracket_from_metrics
 from runners.workload import Bracket
 

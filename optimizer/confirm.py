@@ -14,7 +14,12 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer import gains
 from optimizer.config import StudyConfig
 from optimizer.objectives import OBJECTIVES
-from optimizer.study import ATTR_BASELINE, ATTR_CONFIRM, params_of, recommended_trial
+from optimizer.study import (
+    ATTR_BASELINE,
+    ATTR_CONFIRM,
+    params_of,
+    recommended_trial,
+)
 
 logger = logging.getLogger(__name__)
 

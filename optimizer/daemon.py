@@ -27,7 +27,12 @@ from optimizer.outcomes import Running, Told
 from optimizer.records import tracking_payload
 from optimizer.recovery import Recovery, trial_workdir
 from optimizer.search import SearchPolicy
-from optimizer.study import ATTR_MLFLOW_RUN, best_trial, make_storage, open_study
+from optimizer.study import (
+    ATTR_MLFLOW_RUN,
+    best_trial,
+    make_storage,
+    open_study,
+)
 from optimizer.tracking import Tracker
 from runners.base import EngineConfig, FailureReason, RunResult
 from runners.hardware import HardwareProfile
@@ -370,7 +375,7 @@ class _MlflowLog:
 
 
 def _first_value(policy: SearchPolicy | None, running: Running) -> float | None:
-    from optimizer.study import objective_values
+    from optimizer.objectives import objective_values
 
     if policy is None:
         return None

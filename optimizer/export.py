@@ -15,9 +15,9 @@ from optuna.trial import TrialState
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError, NightshiftError
 from optimizer.objectives import OBJECTIVES
+from optimizer.records import ATTR_RECORD
 from optimizer.study import (
     ATTR_BASELINE,
-    ATTR_RECORD,
     NOISE_FRACTION,
     best_trial,
     engine_config,

@@ -18,14 +18,13 @@ from optuna.trial import TrialState
 
 from optimizer import bottleneck
 from optimizer.conclusions import baseline_trial, conclude, reference_of
-from optimizer.records import TrialRecord, record_of, step_records, summary_metrics
+from optimizer.objectives import objective_values
+from optimizer.records import ATTR_RECORD, TrialRecord, record_of, step_records, summary_metrics
 from optimizer.study import (
     ATTR_CONFIRM,
     ATTR_DUPLICATE_OF,
-    ATTR_RECORD,
     CONFIG_FAILURES,
     best_trial,
-    objective_values,
     state_of,
     tell_config_failure,
 )

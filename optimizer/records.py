@@ -11,13 +11,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from optimizer.objectives import OBJECTIVES
-from optimizer.study import ATTR_RECORD, metrics_value, objective_value, step_value
+from optimizer.objectives import OBJECTIVES, metrics_value, objective_value, step_value
 from runners.base import RunResult, StepMetrics
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
+# The trial user attribute holding its `TrialRecord` (the source of truth the tracker, the report
+# and export are rebuilt from).
+ATTR_RECORD = "record"
 RECORD_VERSION = 1  # bump when a field changes meaning; `from_user_attr` reads every version
 RecordState = Literal["complete", "pruned", "failed"]
 _NULLABLE = frozenset({"values", "capacity", "verdict", "failure_reason", "failure_message",

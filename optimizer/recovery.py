@@ -16,13 +16,12 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer.records import TrialRecord, record_of, tracking_payload
+from optimizer.records import ATTR_RECORD, TrialRecord, record_of, tracking_payload
 from optimizer.study import (
     ATTR_BASELINE,
     ATTR_CUT_SHORT,
     ATTR_DUPLICATE_OF,
     ATTR_MLFLOW_RUN,
-    ATTR_RECORD,
     ATTR_RETRIES,
     requeue,
     requeueable,

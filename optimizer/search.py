@@ -22,6 +22,7 @@ from optuna.trial import TrialState
 
 from optimizer import bottleneck
 from optimizer.config import StudyConfig
+from optimizer.objectives import objective_values
 from optimizer.outcomes import (
     NoLog,
     Running,
@@ -43,7 +44,6 @@ from optimizer.study import (
     CONFIG_FAILURES,
     engine_config,
     is_search_trial,
-    objective_values,
     requeue,
 )
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics

@@ -3,7 +3,6 @@ from a runner's result to an Optuna trial state."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,13 +15,13 @@ from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
 from optimizer.objectives import get_objective
 from optimizer.pruning import PRUNERS
+from optimizer.records import record_of
 from optimizer.samplers import SAMPLERS
-from runners.base import BenchmarkMetrics, EngineConfig, FailureReason, RunResult, StepMetrics
+from runners.base import EngineConfig, FailureReason, RunResult
 from runners.model_info import resolve_model_dir
 
 # Keys under which a trial's record lives in Optuna's user attributes (the source of truth the
 # tracker and reports are rebuilt from).
-ATTR_RECORD = "record"
 ATTR_CONFIRM = "confirm"  # "defaults" or "best": a final re-measurement, not a search trial
 ATTR_DUPLICATE_OF = "duplicate_of"  # the sampler asked again for a config already measured
 ATTR_BASELINE = "baseline"
@@ -169,45 +168,6 @@ def requeue(study: optuna.Study, number: int, params: Mapping[str, Any],
     return True
 
 
-def step_value(objective: str, step: StepMetrics) -> float:
-    return metrics_value(objective, step.metrics)
-
-
-def metrics_value(objective: str, m: BenchmarkMetrics) -> float:
-    return get_objective(objective).value(m)
-
-
-def objective_value(objective: str, steps: Sequence[StepMetrics]) -> float | None:
-    """A trial's value over its load levels: the largest of them. For goodput and throughput
-    that is the best level (the engine's capacity); for latencies, the worst level (what a
-    user at peak load sees). After a capacity search only the probes within the SLO count:
-    goodput at capacity, 0 when no load met the SLO; on the request-rate axis that is the
-    bracket's lower end itself, the highest offered rate that met the SLO (a short probe's
-    completed/duration reads it low by its drain time, or off by its Poisson count). The
-    objective's entry says which of these rules it follows (`objectives.Objective`)."""
-    entry = get_objective(objective)
-    measured = [s for s in steps if s.metrics.completed > 0]
-    if any(s.meets_slo is not None for s in measured):
-        within = [s for s in measured if s.meets_slo]
-        if not within:
-            return entry.value_when_none_met_slo
-        rates = [s.level.request_rate_rps for s in within]
-        if entry.is_offered_rate_at_capacity and all(r is not None for r in rates):
-            return max(r for r in rates if r is not None)
-        measured = within
-    values = [step_value(objective, s) for s in measured]
-    values = [v for v in values if math.isfinite(v)]
-    return max(values) if values else None
-
-
-def objective_values(objectives: Sequence[str],
-                     steps: Sequence[StepMetrics]) -> list[float] | None:
-    values = [objective_value(o, steps) for o in objectives]
-    if any(v is None for v in values):
-        return None
-    return [float(v) for v in values if v is not None]
-
-
 def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
 
@@ -224,7 +184,7 @@ def is_measured(trial: optuna.trial.FrozenTrial) -> bool:
     """A complete trial that measured its config: not a config failure (held complete in
     Optuna to teach the sampler, `failed` in its record) nor a final confirmation run."""
     return trial.state == TrialState.COMPLETE and ATTR_CONFIRM not in trial.user_attrs and \
-        (trial.user_attrs.get(ATTR_RECORD) or {}).get("state", "complete") == "complete"
+        _record_state(trial) == "complete"
 
 
 # Two measurements of one config differ by about this much: a change whose effect is smaller
@@ -277,9 +237,16 @@ def recommended_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     return min(candidates, key=lambda t: (changes(t), -sign * float(t.values[0]), t.number))
 
 
+def _record_state(trial: optuna.trial.FrozenTrial) -> str:
+    """The record's state; a trial without a record is taken as Optuna holds it (complete)."""
+    record = record_of(trial)
+    return record.state if record is not None else "complete"
+
+
 def params_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     """The config a trial ran: its record's params, else Optuna's."""
-    return dict((trial.user_attrs.get(ATTR_RECORD) or {}).get("params") or trial.params)
+    record = record_of(trial)
+    return dict(record.params if record is not None and record.params else trial.params)
 
 
 def _measured_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
@@ -296,8 +263,8 @@ def no_baseline_reason(study: optuna.Study) -> str | None:
     if not baselines or any(is_measured(t) or not t.state.is_finished() for t in baselines):
         return None
     last = max(baselines, key=lambda t: t.number)
-    record = last.user_attrs.get(ATTR_RECORD) or {}
-    reason = record.get("failure_reason") or last.state.name.lower()
-    message = str(record.get("failure_message") or "").strip()[:300]
+    record = record_of(last)
+    reason = (record.failure_reason if record else None) or last.state.name.lower()
+    message = str((record.failure_message if record else None) or "").strip()[:300]
     tries = f"; tried {len(baselines)} times" if len(baselines) > 1 else ""
     return f"{reason}{tries}" + (f": {message}" if message else "")

@@ -116,7 +116,8 @@ def status(study: StudyArg,
 
     from optimizer.conclusions import shorten
     from optimizer.lock import read_lease, read_lock, study_lock_path
-    from optimizer.study import ATTR_RECORD, best_trial, make_storage, open_study
+    from optimizer.records import ATTR_RECORD
+    from optimizer.study import best_trial, make_storage, open_study
 
     cfg = _load(study).with_overrides(storage=storage)
     store = make_storage(cfg.storage_url)

@@ -18,9 +18,9 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer import gains
 from optimizer.config import StudyConfig
 from optimizer.objectives import OBJECTIVES
+from optimizer.records import ATTR_RECORD
 from optimizer.study import (
     ATTR_CONFIRM,
-    ATTR_RECORD,
     best_trial,
     is_search_trial,
     no_baseline_reason,

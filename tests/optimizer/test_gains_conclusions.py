@@ -214,8 +214,8 @@ def test_a_trial_pruned_at_a_fixed_level_is_not_given_a_ratio() -> None:
 
 
 def test_a_request_rate_capacity_trial_scores_its_brackets_lower_end() -> None:
+    from optimizer.objectives import objective_value
     from optimizer.records import summary_metrics
-    from optimizer.study import objective_value
     from runners.base import RunResult, StepMetrics
     from runners.workload import LoadLevel
     from tests.optimizer.test_records import _metrics

@@ -17,7 +17,12 @@ from optimizer.daemon import Daemon
 from optimizer.executor import InlineExecutor
 from optimizer.records import record_of
 from optimizer.search import SearchPolicy
-from optimizer.study import ATTR_BASELINE, ATTR_DUPLICATE_OF, make_pruner, make_sampler
+from optimizer.study import (
+    ATTR_BASELINE,
+    ATTR_DUPLICATE_OF,
+    make_pruner,
+    make_sampler,
+)
 from optimizer.study_summary import study_summary
 from optimizer.tracking import Tracker
 from runners.base import (
