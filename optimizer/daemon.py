@@ -20,7 +20,7 @@ from optuna.trial import FrozenTrial
 
 from optimizer.config import StudyConfig
 from optimizer.confirm import confirm
-from optimizer.errors import WorkerLost
+from optimizer.errors import TrackingError, WorkerLost
 from optimizer.executor import Executor, TrialHandle
 from optimizer.lock import StorageLease, StudyLock, is_local_file_storage, study_lock_path
 from optimizer.outcomes import Running, Told
@@ -139,8 +139,14 @@ class Daemon:
                 lease.acquire()
                 self._lease = lease
             self._reap_strays()
-            self._parent_run = self.tracker.start_study(
-                self.cfg.name, params=self.study_params, artifacts=self.study_artifacts)
+            try:
+                self._parent_run = self.tracker.start_study(
+                    self.cfg.name, params=self.study_params, artifacts=self.study_artifacts)
+            except Exception as exc:  # the store broke since the start-up check: start nothing
+                raise TrackingError(
+                    f"MLflow refused the study's run at {self.cfg.tracking_uri} "
+                    f"({type(exc).__name__}: {str(exc)[:200]}); nothing was launched; fix the "
+                    "store and run `nightshift start` again.") from exc
             Recovery(study, storage, self.space, self.tracker, self._parent_run, self.cfg.name,
                      self.cfg.results_dir, self.cfg.spec.retries).run()
             policy = SearchPolicy(self.cfg, self.space, study, workload=self.workload,

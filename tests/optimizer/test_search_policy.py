@@ -170,3 +170,30 @@ def test_the_policy_never_hands_out_a_config_twice(tmp_path: Path, seed: int) ->
             StepMetrics(step=i, level=level, metrics=_metrics(5.0, 5.0))
             for i, level in enumerate(policy.workload.levels))))
     assert len(handed) == len(set(handed)) == 2, "two configs in the space, each once"
+
+
+def test_a_store_that_refuses_the_study_run_starts_nothing_with_one_clear_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store passed the start-up check and broke before the study's run was opened."""
+    from optimizer.errors import TrackingError
+
+    space_path = categorical_space(tmp_path, max_num_seqs=[256, 512])
+    cfg = load_study(write_study(tmp_path, trials=2, search_space=str(space_path)))
+    tracker = Tracker(cfg.tracking_uri)
+
+    def refuse(*args: Any, **kwargs: Any) -> str:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tracker, "start_study", refuse)
+    launched: list[dict[str, Any]] = []
+    daemon = Daemon(cfg, space=load_space(space_path).resolve({}), executor=InlineExecutor(
+        lambda: ScriptedRunner(lambda flags: 1.0, launched), total_gpus=1),
+        registry_dir=tmp_path / "engines", tracker=tracker,
+        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        summarize=study_summary, poll_s=0.01)
+    with pytest.raises(TrackingError, match="nothing was launched"):
+        daemon.run()
+    assert not launched, "no engine started"
+    from optimizer.lock import read_lock, study_lock_path
+
+    assert read_lock(study_lock_path(cfg)) is None, "the study's lock is free again"
