@@ -36,6 +36,7 @@ from typing import Any
 
 import optuna
 
+from optimizer.records import record_of
 from optimizer.study import is_search_trial
 
 WITHIN = 0.97  # "found": a trial at >= 97% of the grid's best objective
@@ -114,15 +115,15 @@ def table_from_study(db: Path, study_name: str) -> dict[str, Any]:
     rows: dict[str, dict[str, Any]] = {}
     space: dict[str, list[Any]] = {}
     for trial in study.get_trials(deepcopy=False):
-        record = trial.user_attrs.get("record") or {}
-        if not trial.state.is_finished() or not is_search_trial(trial) or \
-                record.get("state") not in ("complete", "failed"):
+        record = record_of(trial)
+        if record is None or not trial.state.is_finished() or not is_search_trial(trial) or \
+                record.state not in ("complete", "failed"):
             continue  # a repeat or a final re-measurement (confirm) is not a grid point
-        params = dict(record["params"])
-        if record["state"] == "failed":
-            if record.get("failure_reason") in ("daemon_lost", "interrupted", "worker_lost"):
+        params = dict(record.params)
+        if record.state == "failed":
+            if record.failure_reason in ("daemon_lost", "interrupted", "worker_lost"):
                 continue  # lost to infrastructure: its re-run is the measurement
-            wall = float(record.get("wall_s") or FAILED_STARTUP_S)
+            wall = float(record.wall_s or FAILED_STARTUP_S)
             row = {"params": params, "failed": True, "startup_s": wall, "levels": [],
                    "value": None, "gpu_s": wall}
         else:
@@ -130,8 +131,8 @@ def table_from_study(db: Path, study_name: str) -> dict[str, Any]:
                        "value": float(s["metrics"]["request_goodput"]),
                        "request_throughput": float(s["metrics"].get("request_throughput")
                                                    or s["metrics"]["request_goodput"]),
-                       "measure_s": float(s["metrics"]["duration_s"])} for s in record["steps"]]
-            startup = float(record["metrics"].get("engine.startup_s") or 0.0)
+                       "measure_s": float(s["metrics"]["duration_s"])} for s in record.steps]
+            startup = float(record.metrics.get("engine.startup_s") or 0.0)
             row = {"params": params, "failed": False, "startup_s": startup, "levels": levels,
                    "value": max(lv["value"] for lv in levels),
                    "gpu_s": startup + sum(lv["measure_s"] for lv in levels)}
