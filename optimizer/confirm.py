@@ -1,5 +1,6 @@
 """The final comparison: the recommended config and the defaults re-measured one at a time,
-interleaved, and the gain stated as the mean per-round ratio with a 95% t-interval."""
+interleaved, and the gain stated as the geometric mean of the per-round ratios with a 95%
+t-interval on their logs."""
 
 from __future__ import annotations
 
@@ -71,8 +72,10 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
 
 def confirm_summary(objective: str, best: int, baseline: int,
                     pairs: Sequence[Mapping[str, float]]) -> dict[str, Any]:
-    """The gain of `best` over `baseline` from interleaved rounds: the mean per-round ratio
-    (oriented so > 1 is better) and its 95% t-interval, or None bounds from one round."""
+    """The gain of `best` over `baseline` from interleaved rounds: the per-round ratios
+    (oriented so > 1 is better), their geometric mean and its 95% t-interval, taken on the log
+    ratios so that both ends are ratios too (an interval on the ratios themselves can reach
+    below zero with two rounds); None bounds from one round."""
     maximize = OBJECTIVES[objective].direction == "maximize"
     ratios = []
     for pair in pairs:
@@ -80,12 +83,15 @@ def confirm_summary(objective: str, best: int, baseline: int,
         ratio = (b / a if a > 0 else math.inf) if maximize else (a / b if b > 0 else math.inf)
         ratios.append(ratio)
     n = len(ratios)
-    mean = sum(ratios) / n
+    is_finite = all(math.isfinite(r) and r > 0 for r in ratios)
+    logs = [math.log(r) for r in ratios] if is_finite else []
+    mean = math.exp(sum(logs) / n) if is_finite else sum(ratios) / n
     low = high = None
-    if n > 1 and all(math.isfinite(r) for r in ratios):
-        sd = math.sqrt(sum((r - mean) ** 2 for r in ratios) / (n - 1))
+    if n > 1 and is_finite:
+        mean_log = sum(logs) / n
+        sd = math.sqrt(sum((x - mean_log) ** 2 for x in logs) / (n - 1))
         half = (_T975[n - 2] if n - 1 <= len(_T975) else 1.96) * sd / math.sqrt(n)
-        low, high = mean - half, mean + half
+        low, high = math.exp(mean_log - half), math.exp(mean_log + half)
     gain = gains.interval_gain(mean, low, high, n)
     verdict = gains.confirmation_verdict(gain)
     sentence = (f"trial {best} (the exported config) vs the defaults (trial {baseline}), "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from optimizer.conclusions import Reference, conclude, param_changes
@@ -86,10 +88,17 @@ def test_confirmed_gain_is_the_mean_paired_ratio_with_a_t_interval() -> None:
     pairs = [{"defaults": 10.0, "best": 13.0}, {"defaults": 10.0, "best": 14.0},
              {"defaults": 11.0, "best": 14.3}]
     summary = confirm_summary("goodput", 5, 0, pairs)
-    assert summary["gain"] == pytest.approx((1.3 + 1.4 + 1.3) / 3)
-    half = 4.303 * 0.057735 / 3 ** 0.5  # t(0.975, 2) x sd / sqrt(n)
-    assert summary["ci_low"] == pytest.approx(summary["gain"] - half, rel=1e-3)
-    assert "(95% CI [1.18x, 1.48x] over 3 rounds): confirmed" in summary["sentence"]
+    logs = [math.log(r) for r in (1.3, 1.4, 1.3)]
+    mean_log = sum(logs) / 3
+    assert summary["gain"] == pytest.approx(math.exp(mean_log)), "the geometric mean"
+    sd = math.sqrt(sum((x - mean_log) ** 2 for x in logs) / 2)
+    half = 4.303 * sd / 3 ** 0.5  # t(0.975, 2) x sd / sqrt(n), on the log ratios
+    assert summary["ci_low"] == pytest.approx(math.exp(mean_log - half), rel=1e-3)
+    assert "(95% CI [1.19x, 1.49x] over 3 rounds): confirmed" in summary["sentence"]
+    # Two rounds that disagree: a wide interval, but both ends are ratios (never below 0).
+    apart = confirm_summary("goodput", 5, 0, [{"defaults": 10.0, "best": 4.0},
+                                             {"defaults": 10.0, "best": 9.0}])
+    assert 0 < apart["ci_low"] < 1 < apart["ci_high"], "an interval of ratios stays positive"
     # Lower is better for latency: the ratio is oriented so > 1 still means better.
     tpot = confirm_summary("tpot", 5, 0, [{"defaults": 10.0, "best": 8.0}])
     assert tpot["gain"] == pytest.approx(1.25) and tpot["ci_low"] is None
