@@ -62,9 +62,14 @@ def objective_header(name: str) -> str:
     return unit if name.lower() in unit.lower() else f"{name} {unit}".rstrip()
 
 
+_SHORT_LABELS = {"communication-bound": "comm", "kv-capacity-bound": "kv-cap",
+                 "at-physical-limit": "at limit"}
+
+
 def short_label(label: str) -> str:
-    """A bottleneck label for a narrow column: `memory` for memory-bound."""
-    return {"at-physical-limit": "at limit"}.get(label, label.removesuffix("-bound"))
+    """A bottleneck label for a narrow column: `memory` for memory-bound, `comm` for
+    communication-bound."""
+    return _SHORT_LABELS.get(label, label.removesuffix("-bound"))
 
 
 def clip(text: str, width: int, lines: int) -> str:
@@ -106,22 +111,34 @@ def _changes_text(row: TableRow) -> list[str]:
 
 def trial_table(rows: Sequence[TableRow], objectives: Sequence[str], width: int,
                 title: str | None = None) -> Table:
-    """The trials as a rich table at most `width` columns wide. Where there is room
-    (WIDE_TEXT_COLUMNS for the two text columns): trial, changes, state, the objectives, TPOT
-    p99, bottleneck, seconds, conclusion; else the bottleneck is shortened (`memory`), the
-    seconds dropped, and each trial's changes sit over its conclusion in the last column.
-    Cells wrap at spaces, never inside a flag that fits its column; a cell too long for its
-    lines ends in "…" (a conclusion) or "+N more" (the changes)."""
+    """The trials as a rich table at most `width` columns wide. Side by side where there is
+    room: trial, changes, state, the objectives, TPOT p99, bottleneck, seconds, conclusion
+    (the bottleneck shortened to `memory` and then the seconds dropped before a conclusion
+    wraps); where the two text columns would have less than WIDE_TEXT_COLUMNS, each trial's
+    changes sit over its conclusion in the last column. Cells wrap at spaces, never inside a
+    flag that fits its column; a cell too long for its lines ends in "…" (a conclusion) or
+    "+N more" (the changes)."""
     show_tpot = "tpot" not in objectives
     values = [[figure(v) for v in r.values] for r in rows]
-    wide = _fixed_columns(rows, values, objectives, show_tpot, wide=True)
-    free = width - sum(w for _, w in wide) - _GAP * (len(wide) + 1)
-    is_wide = free >= WIDE_TEXT_COLUMNS
-    fixed = wide if is_wide else _fixed_columns(rows, values, objectives, show_tpot, wide=False)
+    longest = max((len(r.conclusion) for r in rows), default=0)
+    # Side by side, the first layout that shows the conclusions whole beside the flags: full
+    # labels and seconds, then short labels, then no seconds; else the last that leaves the
+    # two text columns room enough; else stacked.
+    layout: tuple[bool, bool] | None = None  # (full labels, seconds)
+    for full_labels, seconds in ((True, True), (False, True), (False, False)):
+        fixed = _fixed_columns(rows, values, objectives, show_tpot, full_labels, seconds)
+        free = width - sum(w for _, w in fixed) - _GAP * (len(fixed) + 1)
+        if free >= longest + _CHANGES_MIN or \
+                ((full_labels, seconds) == (False, False) and free >= WIDE_TEXT_COLUMNS):
+            layout = (full_labels, seconds)
+            break
+    is_wide = layout is not None
+    full_labels, seconds = layout if layout is not None else (False, False)
+    if not is_wide:
+        fixed = _fixed_columns(rows, values, objectives, show_tpot, False, False)
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                   padding=(0, 1), title_justify="left")
     if is_wide:
-        longest = max((len(r.conclusion) for r in rows), default=0)
         # The conclusion whole where it fits beside the longest flag (+ "+N more").
         conclusion_w = max(24, min(longest, free - _CHANGES_MIN))
         changes_w = free - conclusion_w
@@ -141,9 +158,10 @@ def trial_table(rows: Sequence[TableRow], objectives: Sequence[str], width: int,
         middle = [r.state, *cells, *[""] * (len(objectives) - len(cells))]
         if show_tpot:
             middle.append(figure(r.tpot_p99_ms))
-        middle.append(r.label if is_wide else short_label(r.label))
-        if is_wide:
+        middle.append(r.label if full_labels else short_label(r.label))
+        if seconds:
             middle.append(figure(r.elapsed_s))
+        if is_wide:
             table.add_row(str(r.number), clip_changes(_changes_text(r), changes_w,
                                                       _CHANGE_LINES),
                           *middle, clip(r.conclusion, conclusion_w, _CONCLUSION_LINES))
@@ -161,8 +179,8 @@ _TEXT_HEADERS = ("state", "bottleneck", "bound")
 
 
 def _fixed_columns(rows: Sequence[TableRow], values: Sequence[Sequence[str]],
-                   objectives: Sequence[str], show_tpot: bool,
-                   wide: bool) -> list[tuple[str, int]]:
+                   objectives: Sequence[str], show_tpot: bool, full_labels: bool,
+                   seconds: bool) -> list[tuple[str, int]]:
     """(header, width) of each column but the text ones, in order; each as wide as its
     longest cell or header word."""
     def width_of(header: str, cells: Sequence[str], least: int) -> tuple[str, int]:
@@ -176,9 +194,10 @@ def _fixed_columns(rows: Sequence[TableRow], values: Sequence[Sequence[str]],
                                 7))
     if show_tpot:
         columns.append(width_of("TPOT p99 ms", [figure(r.tpot_p99_ms) for r in rows], 8))
-    if wide:
+    if full_labels:
         columns.append(width_of("bottleneck", [r.label for r in rows], 10))
-        columns.append(width_of("s", [figure(r.elapsed_s) for r in rows], 5))
     else:
         columns.append(width_of("bound", [short_label(r.label) for r in rows], 6))
+    if seconds:
+        columns.append(width_of("s", [figure(r.elapsed_s) for r in rows], 5))
     return columns
