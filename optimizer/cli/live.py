@@ -3,6 +3,7 @@ events (no progress object passes into the core) and fitted to the terminal's wi
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -24,6 +25,8 @@ class LiveProgress:
 
         self.cfg = cfg
         self.rows: dict[int, dict[str, Any]] = {}
+        # The daemon's thread writes rows; rich's refresh thread draws them.
+        self._lock = threading.Lock()
         self.started = time.monotonic()
         self.live = Live(self, console=console or stderr_console, refresh_per_second=4)
 
@@ -37,23 +40,30 @@ class LiveProgress:
     def on_event(self, event: Any) -> None:
         if event.kind == "study":
             return
-        row = self.rows.setdefault(event.number, {"params": event.params, "label": "",
-                                                  "confirm": event.confirm})
-        row.update(state=event.state, value=event.value, tpot=event.tpot_p99_ms,
-                   message=event.message, elapsed=event.elapsed_s)
-        if event.label:
-            row["label"] = event.label
+        with self._lock:
+            row = dict(self.rows.get(event.number) or {"params": event.params, "label": "",
+                                                       "confirm": event.confirm})
+            row.update(state=event.state, value=event.value, tpot=event.tpot_p99_ms,
+                       message=event.message, elapsed=event.elapsed_s)
+            if event.label:
+                row["label"] = event.label
+            self.rows[event.number] = row
         self.live.refresh()
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         """Drawn at the width the terminal has at each refresh."""
         yield self.render(options.max_width)
 
-    def title(self) -> str:
+    def _snapshot(self) -> dict[int, dict[str, Any]]:
+        with self._lock:
+            return dict(self.rows)
+
+    def title(self, rows: dict[int, dict[str, Any]] | None = None) -> str:
+        rows = self._snapshot() if rows is None else rows
         budget = self.cfg.spec.budget.trials
-        search = [r for r in self.rows.values() if not r["confirm"]]
+        search = [r for r in rows.values() if not r["confirm"]]
         done = sum(1 for r in search if r["state"] in ("complete", "pruned", "failed"))
-        confirmations = len(self.rows) - len(search)
+        confirmations = len(rows) - len(search)
         elapsed = time.monotonic() - self.started
         title = f"{self.cfg.name}: {done}" + (f"/{budget}" if budget else "") + \
             f" trials, {elapsed / 60:.0f} min"
@@ -67,12 +77,13 @@ class LiveProgress:
         return title
 
     def render(self, width: int) -> Any:
+        snapshot = self._snapshot()
         rows = []
-        for number in sorted(self.rows)[-_SHOWN_ROWS:]:
-            r = self.rows[number]
+        for number in sorted(snapshot)[-_SHOWN_ROWS:]:
+            r = snapshot[number]
             rows.append(TableRow(
                 number=number, state=r["state"], changes=r["params"],
                 values=(r["value"],), tpot_p99_ms=r["tpot"], label=r["label"],
                 conclusion=r["message"] or "", elapsed_s=r["elapsed"],
                 changes_note=f"(confirmation: {r['confirm']})" if r["confirm"] else ""))
-        return trial_table(rows, self.cfg.objectives[:1], width, title=self.title())
+        return trial_table(rows, self.cfg.objectives[:1], width, title=self.title(snapshot))
