@@ -27,12 +27,7 @@ from optimizer.outcomes import Running, Told
 from optimizer.records import tracking_payload
 from optimizer.recovery import Recovery, trial_workdir
 from optimizer.search import SearchPolicy
-from optimizer.study import (
-    ATTR_MLFLOW_RUN,
-    best_trial,
-    make_storage,
-    open_study,
-)
+from optimizer.study import ATTR_CONFIRM, ATTR_MLFLOW_RUN, best_trial, make_storage, open_study
 from optimizer.tracking import Tracker
 from runners.base import EngineConfig, FailureReason, RunResult
 from runners.hardware import HardwareProfile
@@ -61,6 +56,11 @@ class TrialEvent:
     message: str = ""
     elapsed_s: float = 0.0
     label: str = ""  # the bottleneck classifier's verdict, once there is one
+    confirm: str = ""  # "defaults" or "best": a final confirmation run, not a search trial
+
+
+def _confirm_of(running: Running) -> str:
+    return str(running.trial.user_attrs.get(ATTR_CONFIRM) or "")
 
 
 @dataclass
@@ -235,7 +235,8 @@ class Daemon:
         handle = self.executor.submit(config, self.workload, workdir)
         self._inflight.append(_InFlight(running, handle, workdir))
         logger.info("trial %d started: params=%s", trial.number, running.params)
-        self.on_event(TrialEvent("started", trial.number, self._changed(config)))
+        self.on_event(TrialEvent("started", trial.number, self._changed(config),
+                                 confirm=_confirm_of(running)))
 
     def _poll_steps(self, policy: SearchPolicy) -> None:
         for item in list(self._inflight):
@@ -250,7 +251,7 @@ class Daemon:
                     "step", item.running.trial.number, self._changed(item.running.config),
                     "pruning" if stop else "running", _first_value(policy, item.running),
                     step.metrics.p99_tpot_ms, f"level {step.step} ({step.level.label})",
-                    time.monotonic() - item.running.started))
+                    time.monotonic() - item.running.started, confirm=_confirm_of(item.running)))
 
     def _collect(self, policy: SearchPolicy, item: _InFlight) -> None:
         self._inflight.remove(item)
@@ -324,7 +325,7 @@ class Daemon:
         self._close_run(told.number, told.run_id, tracking_payload(record, told.result))
         if told.kind == "rejected":
             self.on_event(TrialEvent("finished", told.number, dict(record.params), "failed",
-                                     None, None, record.conclusion))
+                                     None, None, record.conclusion_short or record.conclusion))
             return
         running = told.running
         assert running is not None  # a measured trial ran
@@ -337,7 +338,8 @@ class Daemon:
                                  record.state, primary, record.metrics.get("p99_tpot_ms"),
                                  record.conclusion_short,
                                  time.monotonic() - running.started,
-                                 str((record.verdict or {}).get("label") or "")))
+                                 str((record.verdict or {}).get("label") or ""),
+                                 _confirm_of(running)))
 
     def _changed(self, config: EngineConfig) -> dict[str, Any]:
         """The flags a trial sets beyond vLLM's defaults and the study's fixed flags."""

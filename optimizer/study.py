@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -178,6 +179,69 @@ def is_search_trial(trial: optuna.trial.FrozenTrial) -> bool:
     has no config), nor a final confirmation run."""
     return not any(attr in trial.user_attrs
                    for attr in (ATTR_DUPLICATE_OF, ATTR_CUT_SHORT, ATTR_CONFIRM))
+
+
+_STATE_NAMES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned",
+                TrialState.FAIL: "failed", TrialState.RUNNING: "running",
+                TrialState.WAITING: "queued"}
+
+
+@dataclass(frozen=True)
+class TrialCounts:
+    """A study's trials counted apart, as `status`, the CLI, the report and MLflow say them:
+    the search's trials by state (a config failure, which Optuna holds complete, is failed),
+    the final confirmation runs, the repeats of a config already measured (they launched
+    nothing) and the configs queued that no worker has started."""
+
+    by_state: Mapping[str, int]  # search trials started: complete, pruned, failed, running
+    queued: int  # search trials enqueued, not started (a grid's tail, seeds)
+    confirmation_runs: int  # re-measurements of the recommended config and the defaults
+    repeats: int  # the sampler asked again for a config already held: nothing launched
+    cut_short: int = 0  # a dying daemon cut their sampling short: no config, nothing launched
+
+    @property
+    def trials(self) -> int:
+        """The search's trials that started: what "N trials" means everywhere."""
+        return sum(self.by_state.values())
+
+    def describe(self) -> str:
+        """`12 trials (9 complete, 2 pruned, 1 failed); 4 confirmation runs; 3 repeats of a
+        measured config (not launched); 5 queued`: the parts that are not zero."""
+        states = ", ".join(f"{n} {state}" for state, n in self.by_state.items() if n)
+        parts = [f"{self.trials} trial{'s' if self.trials != 1 else ''}"
+                 + (f" ({states})" if states else "")]
+        if self.confirmation_runs:
+            parts.append(f"{self.confirmation_runs} confirmation "
+                         f"run{'s' if self.confirmation_runs != 1 else ''}")
+        if self.repeats:
+            parts.append(f"{self.repeats} repeat{'s' if self.repeats != 1 else ''} of a "
+                         "measured config (not launched)")
+        if self.cut_short:
+            parts.append(f"{self.cut_short} cut short before sampling (not launched)")
+        if self.queued:
+            parts.append(f"{self.queued} queued")
+        return "; ".join(parts)
+
+
+def count_trials(trials: Sequence[optuna.trial.FrozenTrial]) -> TrialCounts:
+    """The trials counted apart (`TrialCounts`)."""
+    by_state = {"complete": 0, "pruned": 0, "failed": 0, "running": 0}
+    queued = confirmation_runs = repeats = cut_short = 0
+    for t in trials:
+        if ATTR_CONFIRM in t.user_attrs:
+            confirmation_runs += 1
+        elif ATTR_DUPLICATE_OF in t.user_attrs:
+            repeats += 1
+        elif ATTR_CUT_SHORT in t.user_attrs:
+            cut_short += 1
+        elif t.state == TrialState.WAITING:
+            queued += 1
+        else:
+            record = record_of(t)
+            state = (record.state if record is not None else _STATE_NAMES[t.state]) \
+                if t.state.is_finished() else "running"
+            by_state[state] = by_state.get(state, 0) + 1
+    return TrialCounts(by_state, queued, confirmation_runs, repeats, cut_short)
 
 
 def is_measured(trial: optuna.trial.FrozenTrial) -> bool:

@@ -2,13 +2,21 @@
 workers, tracker and progress display, and maps errors to exit codes (0 ok, 1 failure, 2 bad
 input). Only this package installs logging handlers or prints. This module is its public face
 (`main`, the `nightshift` entry point); `commands` holds the subcommands, `live` the live table,
-`output` the consoles and logging handlers.
+`table` the trial table it and `status` draw, `output` the consoles and logging handlers.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+
+import typer
+from rich.text import Text
+
+# typer 0.29 bundles its own click (`typer._click`); the `click` package's exceptions never
+# match what it raises. pyproject.toml pins typer to 0.29.x, and tests/optimizer/test_cli.py
+# runs `main` on the installed version's usage errors.
+from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
 
 from optimizer.cli.commands import app
 from optimizer.cli.output import console
@@ -19,27 +27,50 @@ __all__ = ["app", "main"]
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code: 0 ok, 1 failure, 2 bad input."""
-    import click
-
     # MLflow configures its own logger at import, at INFO; its table-creation chatter is noise.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     # An unreachable tracking server must fail in seconds, not after MLflow's long back-off.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
     try:
-        # Without standalone mode click returns a command's `typer.Exit(code)` as a value.
+        # Without standalone mode typer returns a command's `typer.Exit(code)` (and --help's
+        # exit) as a value and raises usage errors to us instead of printing them itself.
         code = app(args=argv if argv is not None else sys.argv[1:], standalone_mode=False,
                    prog_name="nightshift")
         if isinstance(code, int) and not isinstance(code, bool):
             return code
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         return int(exc.exit_code or 0)
-    except click.exceptions.Abort:
+    except typer.Abort:
         return 1
-    except click.ClickException as exc:
-        exc.show()
+    except UsageError as exc:
+        _show_usage_error(exc)
+        return 2
+    except ClickException as exc:  # a file typer could not open, say: bad input too
+        console.print(Text.assemble(("error: ", "red"), " ".join(exc.format_message().split())),
+                      soft_wrap=True)
         return 2
     except NightshiftError as exc:
         console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return exc.exit_code
     return 0
+
+
+def _show_usage_error(exc: UsageError) -> None:
+    """One line naming what is wrong, then the command's usage and where its help is."""
+    ctx = exc.ctx
+    root = ctx.find_root() if ctx is not None else None
+    names = root.command.list_commands(root) if root is not None and \
+        hasattr(root.command, "list_commands") else []
+    commands = ", ".join(names)
+    if isinstance(exc, NoArgsIsHelpError):  # its message is the whole help text
+        message = f"no command given; the commands are: {commands}."
+    else:
+        message = " ".join(exc.format_message().split())
+        if message.startswith("No such command"):
+            message = f"{message.rstrip('.')}; the commands are: {commands}."
+    console.print(Text.assemble(("error: ", "red"), message), soft_wrap=True)
+    if ctx is not None:
+        usage = " ".join(ctx.get_usage().split())
+        console.print(Text(f"{usage}  (see `{ctx.command_path} --help`)"), soft_wrap=True)
+

@@ -4,26 +4,54 @@ app, registered in the order `--help` lists them."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
+from typer.core import TyperCommand
 
 from optimizer.cli.live import LiveProgress
 from optimizer.cli.output import add_log_file, console, out, setup_logging
+from optimizer.cli.table import TableRow, figure, objective_header, trial_table
 from optimizer.config import StudyConfig, load_study
 from optimizer.errors import ConfigError, NightshiftError
+from optimizer.records import objective_unit
 
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+class _Command(TyperCommand):
+    """A subcommand whose usage line names a required argument plainly (`STUDY.yaml`), where
+    typer 0.29 writes `{STUDY.yaml}`."""
+
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:  # type: ignore[override]
+        pieces = [piece[1:-1] if piece.startswith("{") and piece.endswith("}") else piece
+                  for piece in super().collect_usage_pieces(ctx)]
+        if self.context_settings.get("allow_extra_args"):  # audit: the launch it checks
+            pieces.append("[-- vllm serve MODEL ...]")
+        return pieces
+
+
+# Click's plain help (rich_markup_mode=None): paragraphs rewrapped to the terminal, no type
+# column; a paragraph that starts with \b (the examples) is kept as written.
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="nightshift: tune vLLM serving configs overnight (Optuna + Ray + MLflow).")
+                  rich_markup_mode=None,
+                  help="nightshift: tune vLLM serving configs overnight (Optuna + Ray + MLflow)."
+                       "\n\nRun `nightshift COMMAND --help` for a command's options and an "
+                       "example. Exit codes: 0 ok, 1 failure, 2 bad input.")
 logger = logging.getLogger("optimizer.cli")
 
-StudyArg = Annotated[Path, typer.Argument(help="The study YAML (see examples/quickstart.yaml).")]
+StudyArg = Annotated[Path, typer.Argument(
+    metavar="STUDY.yaml", show_default=False,
+    help="The study file (see examples/quickstart.yaml).")]
+StorageOpt = Annotated[str | None, typer.Option(
+    metavar="URL", help="Optuna RDB URL, where the study file's storage is not the one to read.")]
 
 
 def _load(study: Path) -> StudyConfig:
@@ -33,26 +61,36 @@ def _load(study: Path) -> StudyConfig:
 # -- start ----------------------------------------------------------------------------------
 
 
-@app.command()
+@app.command(cls=_Command, short_help="Create or resume a study and run it to its budget.")
 def start(
     study: StudyArg,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Run on the simulated engine (no GPU needed); figures are "
                           "simulated, never measurements.")] = False,
     tracking_uri: Annotated[str | None, typer.Option(
-        help="MLflow tracking URI (default sqlite:///mlruns/mlflow.db).")] = None,
+        metavar="URI", help="MLflow tracking URI (default: the study file's, else "
+                            "sqlite:///mlruns/mlflow.db).")] = None,
     storage: Annotated[str | None, typer.Option(
-        help="Optuna RDB URL (default sqlite under the results dir).")] = None,
+        metavar="URL", help="Optuna RDB URL (default: sqlite under the results dir).")] = None,
     ray_address: Annotated[str | None, typer.Option(
-        help="Join an existing Ray cluster (auto or ray://host:10001).")] = None,
-    trials: Annotated[int | None, typer.Option(help="Override budget.trials.")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+        metavar="ADDRESS", help="Join an existing Ray cluster: auto, or ray://HOST:10001.")
+    ] = None,
+    trials: Annotated[int | None, typer.Option(
+        metavar="N", help="Run N trials instead of the study file's budget.trials.")] = None,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Log DEBUG lines too (each level, each pruning decision).")
+    ] = False,
     no_progress: Annotated[bool, typer.Option("--no-progress",
                                               help="Log lines only, no live table.")] = False,
 ) -> None:
     """Create or resume a study and run it until its budget ends or it is stopped.
 
-    Example: nightshift start examples/quickstart.yaml --dry-run
+    Ctrl-C (or `nightshift stop`) finishes the trials in flight; a second Ctrl-C fails them.
+    Starting again resumes where it stopped.
+
+    \b
+    Example:
+      nightshift start examples/quickstart.yaml --dry-run
     """
     from optimizer.runtime import build_daemon
 
@@ -73,7 +111,7 @@ def start(
         daemon.request_stop(now=now)
         what = ("stopping now: failing trials in flight" if now else
                 "stopping: finishing trials in flight (signal again to stop now)")
-        console.print(f"[yellow]{what}[/]; resume with: {resume}")
+        console.print(f"[yellow]{what}[/]; resume with: {resume}", soft_wrap=True)
 
     old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -87,37 +125,51 @@ def start(
             signal.signal(s, handler)
         logging.getLogger().removeHandler(log_file)
         log_file.close()
+    counts = _counts(cfg)
     if summary.stopped_early:
-        console.print(f"study {cfg.name} stopped with {summary.total_finished} trials "
-                      f"finished; resume with: {resume}")
+        console.print(f"study {cfg.name} stopped: {counts}.", soft_wrap=True)
+        console.print(f"resume with: {resume}", soft_wrap=True)
     else:
-        console.print(f"study {cfg.name} done: {summary.total_finished} trials finished.")
-    if summary.best_number is not None:
-        console.print(f"best: trial {summary.best_number} {summary.best_values}; export with: "
-                      f"nightshift export {study}")
+        console.print(f"study {cfg.name} done: {counts}.", soft_wrap=True)
+    if summary.best_number is not None and summary.best_values:
+        console.print(f"best: trial {summary.best_number}, "
+                      f"{values_text(cfg.objectives, summary.best_values)}", soft_wrap=True)
     try:
         paths = _write_report(cfg, None, log_to_mlflow=True)
-        console.print(f"report: {paths[0]}")
+        console.print(f"report: {paths[0]}", soft_wrap=True)
     except Exception as exc:  # the report is a view: the study's results are safe in Optuna
         logger.warning("could not write the report (%s: %s); run `nightshift report %s`",
                        type(exc).__name__, exc, study)
+    if summary.best_number is not None:
+        # On a line of its own, never broken: it is meant to be copied.
+        console.print(f"export with: nightshift export {study}", soft_wrap=True)
+
+
+def _counts(cfg: StudyConfig) -> str:
+    from optimizer.study import count_trials, open_study
+
+    try:
+        return count_trials(open_study(cfg, create=False).get_trials(deepcopy=False)).describe()
+    except Exception as exc:  # a summary line: never worth failing a finished study over
+        logger.warning("could not count the study's trials (%s: %s)", type(exc).__name__, exc)
+        return "trials counted by `nightshift status`"
+
 
 # -- status / stop --------------------------------------------------------------------------
 
 
-@app.command()
-def status(study: StudyArg,
-           storage: Annotated[str | None, typer.Option(help="Optuna RDB URL.")] = None) -> None:
-    """Show the progress of a running or finished study.
+@app.command(cls=_Command, short_help="Show the trials of a running or finished study.")
+def status(study: StudyArg, storage: StorageOpt = None) -> None:
+    """Show the progress of a running or finished study: its trials counted by state (the
+    final confirmation runs and repeats of a measured config apart), a table of them fitted to
+    the terminal (short conclusions; the full ones are in MLflow and the report) and the best.
 
-    Example: nightshift status examples/quickstart.yaml
+    \b
+    Example:
+      nightshift status examples/quickstart.yaml
     """
-    from optuna.trial import TrialState
-
-    from optimizer.conclusions import shorten
     from optimizer.lock import read_lease, read_lock, study_lock_path
-    from optimizer.records import ATTR_RECORD
-    from optimizer.study import best_trial, make_storage, open_study
+    from optimizer.study import best_trial, count_trials, make_storage, open_study
 
     cfg = _load(study).with_overrides(storage=storage)
     store = make_storage(cfg.storage_url)
@@ -125,42 +177,95 @@ def status(study: StudyArg,
     holder = read_lock(study_lock_path(cfg)) or \
         read_lease(store, store.get_study_id_from_name(cfg.name))
     trials = opened.get_trials(deepcopy=False)
-    counts: dict[str, int] = {}
-    for t in trials:
-        counts[t.state.name.lower()] = counts.get(t.state.name.lower(), 0) + 1
     running = f"running (pid {holder.get('pid')})" if holder is not None else "not running"
     out.print(f"study [bold]{cfg.name}[/]: daemon {running}; "
-              + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
-    table = Table(expand=True)
-    for col in ("trial", "state", *cfg.objectives, "flags beyond defaults", "conclusion"):
-        table.add_column(col, overflow="fold")
-    for t in trials:
-        if t.state == TrialState.WAITING:
-            continue  # queued, never started: counted in the line above
-        record = t.user_attrs.get(ATTR_RECORD) or {}
-        values = t.values if t.values else [None] * len(cfg.objectives)
-        table.add_row(str(t.number), record.get("state", t.state.name.lower()),
-                      *["" if v is None else f"{v:.4g}" for v in values],
-                      " ".join(f"{k}={v}" for k, v in (record.get("flags") or {}).items())
-                      or ("(defaults)" if record.get("flags") == {} else ""),
-                      record.get("conclusion_short") or shorten(record.get("conclusion", "")))
-    out.print(table)
+              f"{count_trials(trials).describe()}", highlight=False, soft_wrap=True)
+    out.print(trial_table(status_rows(trials), cfg.objectives, out.width))
     best = best_trial(opened)
-    if best is not None:
-        out.print(f"best: trial {best.number} values={best.values}")
+    if best is not None and best.values:
+        out.print(f"best: trial {best.number}, {values_text(cfg.objectives, best.values)}",
+                  highlight=False, soft_wrap=True)
+    confirmed = (opened.user_attrs.get("confirm") or {}).get("sentence")
+    if confirmed:
+        out.print(f"re-measured: {confirmed}", highlight=False, soft_wrap=True)
 
 
-@app.command()
+def status_rows(trials: Sequence[FrozenTrial]) -> list[TableRow]:
+    """The table's rows: every trial that started, the search's and the confirmation runs (a
+    repeat of a measured config launched nothing; the status line counts it)."""
+    from optuna.trial import TrialState
+
+    from optimizer.records import ATTR_RECORD
+    from optimizer.study import ATTR_BASELINE, ATTR_CONFIRM, ATTR_CUT_SHORT, ATTR_DUPLICATE_OF
+
+    baseline = next((t for t in trials if t.user_attrs.get(ATTR_BASELINE)
+                     and ATTR_CONFIRM not in t.user_attrs
+                     and t.state == TrialState.COMPLETE), None)
+    base_flags = ((baseline.user_attrs.get(ATTR_RECORD) or {}).get("flags") or {}) \
+        if baseline is not None else {}
+    rows = []
+    for t in trials:
+        if t.state == TrialState.WAITING or ATTR_DUPLICATE_OF in t.user_attrs or \
+                ATTR_CUT_SHORT in t.user_attrs:
+            continue
+        record = t.user_attrs.get(ATTR_RECORD) or {}
+        state = str(record.get("state") or ("running" if t.state == TrialState.RUNNING
+                                             else t.state.name.lower()))
+        values: list[float | None] = []
+        if state == "complete" and t.values:
+            values = list(t.values)
+        elif state == "pruned" and t.intermediate_values:
+            values = [t.intermediate_values[max(t.intermediate_values)]]
+        flags = record.get("flags")
+        changes = None if flags is None else \
+            {k: v for k, v in flags.items() if base_flags.get(k) != v}
+        confirm = t.user_attrs.get(ATTR_CONFIRM)
+        note = f"(confirmation: {confirm})" if confirm else \
+            ("(vLLM defaults)" if t.user_attrs.get(ATTR_BASELINE) else "")
+        metrics = record.get("metrics") or {}
+        rows.append(TableRow(
+            number=t.number, state=state, changes=changes, values=values,
+            tpot_p99_ms=_finite(metrics.get("p99_tpot_ms")),
+            label=str((record.get("verdict") or {}).get("label") or ""),
+            conclusion=str(record.get("conclusion_short") or record.get("conclusion") or ""),
+            elapsed_s=_finite(record.get("wall_s")), changes_note=note))
+    return rows
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def values_text(objectives: Sequence[str], values: Sequence[float]) -> str:
+    """`goodput 34.4 req/s`; several objectives joined: `throughput 8,190 tok/s, 8.10 ms TPOT
+    p99`."""
+    parts = []
+    for name, value in zip(objectives, values, strict=False):
+        header = objective_header(name)
+        unit = objective_unit(name)
+        parts.append(figure(value, unit) if header == unit else f"{name} {figure(value, unit)}")
+    return ", ".join(parts)
+
+
+@app.command(cls=_Command, short_help="Stop a running daemon.")
 def stop(study: StudyArg,
          now: Annotated[bool, typer.Option("--now", help="Fail the trials in flight instead "
                                                          "of letting them finish.")] = False,
-         wait: Annotated[bool, typer.Option("--wait/--no-wait")] = True,
-         timeout_s: Annotated[float, typer.Option(help="How long --wait waits.")] = 600.0,
-         storage: Annotated[str | None, typer.Option(help="Optuna RDB URL.")] = None,
+         wait: Annotated[bool, typer.Option(
+             "--wait/--no-wait", help="Return once the daemon has exited (at most --timeout-s),"
+                                      " or as soon as the signal is sent.")] = True,
+         timeout_s: Annotated[float, typer.Option(
+             metavar="SECONDS", help="How long --wait waits.")] = 600.0,
+         storage: StorageOpt = None,
          ) -> None:
-    """Stop a running daemon (it finishes the trials in flight unless --now).
+    """Stop a running daemon: it finishes the trials in flight unless --now. Resume the study
+    with `nightshift start`.
 
-    Example: nightshift stop examples/quickstart.yaml --now
+    \b
+    Example:
+      nightshift stop examples/quickstart.yaml --now
     """
     from optimizer.lock import read_lock, study_lock_path
 
@@ -188,22 +293,31 @@ def stop(study: StudyArg,
 # -- export ---------------------------------------------------------------------------------
 
 
-@app.command()
+@app.command(cls=_Command,
+             short_help="Write a trial's config for vllm serve (YAML, shell or env).")
 def export(
     study: StudyArg,
     trial: Annotated[int | None, typer.Option(
-        help="Trial number (default: the recommended: the best, or the config with the fewest "
-             "changes from the defaults within 2% of it).")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="yaml, sh or env.")] = "yaml",
-    output: Annotated[Path | None, typer.Option("--output", "-o",
-                                                help="File to write (default stdout).")] = None,
+        metavar="N", help="Export trial N (default: the recommended one: the best, or the "
+                          "config with the fewest changes from the defaults within 2% of it)."
+    )] = None,
+    fmt: Annotated[str, typer.Option(
+        "--format", metavar="FORMAT", help="yaml (for `vllm serve --config`), sh (a launcher) "
+                                           "or env (environment variables).")] = "yaml",
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", metavar="FILE", help="File to write (default: stdout).")] = None,
     max_tpot_ms: Annotated[float | None, typer.Option(
-        help="Choose the best trial whose TPOT p99 is at most this (a Pareto choice).")] = None,
-    storage: Annotated[str | None, typer.Option(help="Optuna RDB URL.")] = None,
+        metavar="MS", help="Export the best trial whose TPOT p99 is at most MS milliseconds "
+                           "(a point of the Pareto front).")] = None,
+    storage: StorageOpt = None,
 ) -> None:
-    """Write a trial's config as a `vllm serve --config` YAML, a shell command or env vars.
+    """Write a trial's config as a `vllm serve --config` YAML, a shell launcher or environment
+    variables.
 
-    Example: nightshift export examples/quickstart.yaml --format sh -o serve.sh
+    \b
+    Examples:
+      nightshift export examples/quickstart.yaml -o best.yaml
+      nightshift export examples/quickstart.yaml --format sh --max-tpot-ms 20 -o serve.sh
     """
     from optimizer.export import choice_note, render, select_trial
     from optimizer.study import open_study
@@ -219,7 +333,7 @@ def export(
         output.write_text(text)
         if fmt == "sh":
             output.chmod(0o755)
-        console.print(f"wrote trial {chosen.number} as {fmt} to {output}")
+        console.print(f"wrote trial {chosen.number} as {fmt} to {output}", soft_wrap=True)
 
 
 # -- report ---------------------------------------------------------------------------------
@@ -237,52 +351,63 @@ def _write_report(cfg: StudyConfig, output: Path | None, *, log_to_mlflow: bool)
     return paths
 
 
-@app.command()
+@app.command(cls=_Command, short_help="Write the study's report (HTML, Markdown, plots).")
 def report(
     study: StudyArg,
     output: Annotated[Path | None, typer.Option(
-        "--output", "-o", help="Folder to write into (default <results_dir>/report).")] = None,
+        "--output", "-o", metavar="DIR",
+        help="Folder to write into (default: <results_dir>/report).")] = None,
     mlflow: Annotated[bool, typer.Option(
         "--mlflow/--no-mlflow", help="Also log the files to the study's MLflow parent run.")
     ] = True,
-    storage: Annotated[str | None, typer.Option(help="Optuna RDB URL.")] = None,
+    storage: StorageOpt = None,
 ) -> None:
-    """Write the study's report: report.html and report.md with PNG plots (best config and its
-    gain over the defaults, Pareto front, importances, bottlenecks, failures).
+    """Write the study's report: report.html and report.md with PNG plots (the best config and
+    its gain over the defaults, the Pareto front, parameter importances, bottlenecks,
+    failures). A finished study writes it already; this writes it again at any time.
 
-    Example: nightshift report examples/quickstart.yaml -o morning/
+    \b
+    Example:
+      nightshift report examples/quickstart.yaml -o morning/
     """
     cfg = _load(study).with_overrides(storage=storage)
     paths = _write_report(cfg, output, log_to_mlflow=mlflow)
-    out.print(f"wrote {', '.join(str(p) for p in paths)}")
+    out.print(f"wrote {', '.join(str(p) for p in paths)}", soft_wrap=True)
 
 
 # -- audit ----------------------------------------------------------------------------------
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+# Extra arguments are the launch after `--`; an unknown option before it is a usage error.
+@app.command(cls=_Command, context_settings={"allow_extra_args": True},
+             short_help="Check a vllm serve launch before tuning it.")
 def audit(
     ctx: typer.Context,
     from_file: Annotated[Path | None, typer.Option(
-        "--from-file", help="A shell launcher holding the `vllm serve` line (and exports).")
-    ] = None,
+        "--from-file", metavar="FILE",
+        help="A shell launcher holding the `vllm serve` line (and its exports).")] = None,
     pid: Annotated[int | None, typer.Option(
-        help="A running server: read /proc/PID/cmdline and environ.")] = None,
+        metavar="PID", help="A running server: read /proc/PID/cmdline and environ.")] = None,
     hardware: Annotated[str | None, typer.Option(
-        help="A hardware preset (h200, a100, ...) instead of probing this machine.")] = None,
+        metavar="PRESET", help="A hardware preset (see `nightshift hw`) instead of probing "
+                               "this machine.")] = None,
     study: Annotated[Path | None, typer.Option(
-        help="A study file: its workload bounds --max-model-len, and --measure runs on it.")
-    ] = None,
+        metavar="STUDY.yaml", help="A study file: its workload bounds --max-model-len, and "
+                                   "--measure runs on it.")] = None,
     measure: Annotated[bool, typer.Option(
         "--measure", help="Measure each fix against the launch as is (needs --study).")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Findings as JSON, for scripts.")
                        ] = False,
 ) -> None:
-    """Check a `vllm serve` launch before tuning it: flags, env and --config file, each finding
-    with its reason and expected cost. Exit code 0 clean, 1 findings, 2 bad input.
+    """Check a `vllm serve` launch before tuning it: flags, environment and --config file, each
+    finding with its reason and expected cost. Exit code 0 clean, 1 findings, 2 bad input.
+    The launch goes after `--`.
 
-    Example: nightshift audit -- vllm serve Qwen/Qwen2.5-7B --enforce-eager
+    \b
+    Examples:
+      nightshift audit -- vllm serve Qwen/Qwen2.5-7B --enforce-eager
+      nightshift audit --json --from-file launch.sh
     """
     from optimizer import audit as auditing
     from runners.hardware import load_preset, probe
@@ -327,7 +452,7 @@ def audit(
                               "engine) to measure on.")
         path = auditing.paired_study(cfg.to_dict(), launch, findings,
                                      cfg.results_dir.parent / f"{cfg.name}-audit")
-        console.print(f"measuring the launch as is against each fix: {path}")
+        console.print(f"measuring the launch as is against each fix: {path}", soft_wrap=True)
         start(path, dry_run=False, tracking_uri=None, storage=None, ray_address=None,
               trials=None, verbose=False, no_progress=True)
     if findings:
@@ -337,22 +462,49 @@ def audit(
 # -- hw -------------------------------------------------------------------------------------
 
 
-@app.command()
-def hw(output: Annotated[Path | None, typer.Option("--output", "-o",
-                                                   help="Save the profile as JSON.")] = None,
-       measure: Annotated[bool, typer.Option(help="Measure bandwidth and FLOP/s with torch.")
-                          ] = False) -> None:
-    """Print (and save) this machine's GPU profile, read through NVML.
+@app.command(cls=_Command, short_help="Show this machine's GPU profile, or a preset's.")
+def hw(output: Annotated[Path | None, typer.Option(
+           "--output", "-o", metavar="FILE", help="Also save the profile as JSON.")] = None,
+       measure: Annotated[bool, typer.Option(
+           "--measure", help="Measure bandwidth and FLOP/s with torch (needs a GPU).")
+       ] = False,
+       preset: Annotated[str | None, typer.Option(
+           metavar="NAME", help="Show a recorded preset (what a simulated study models) "
+                                "instead of this machine.")] = None) -> None:
+    """Print (and save) this machine's GPU profile, read through NVML, or a hardware preset's.
+    Without a GPU it says so and which preset a simulated study models.
 
-    Example: nightshift hw -o hw.json
+    \b
+    Examples:
+      nightshift hw -o hw.json
+      nightshift hw --preset a100-80gb
     """
     import json
 
-    from runners.hardware import probe
+    from optimizer.config.schema import SimulatedSpec
+    from runners.hardware import load_preset, preset_names, probe
 
-    profile = probe(measure=measure)
+    if preset is not None:
+        if preset not in preset_names():
+            raise ConfigError(f"hw --preset: expected one of {', '.join(preset_names())} but "
+                              f"got {preset!r}; pick one of those.")
+        profile = load_preset(preset)
+    else:
+        profile = probe(measure=measure)
     if not profile.has_gpu:
-        out.print("no NVIDIA GPU found (NVML unavailable); the profile is empty.")
+        default = SimulatedSpec.model_fields["hardware"].default
+        for line in (
+                "no NVIDIA GPU found on this machine (NVML is missing or sees none): no "
+                "profile to show.",
+                "A simulated study (engine: simulated, or start --dry-run) models a preset: "
+                f"simulated.hardware in its study file, {default} unless set.",
+                f"The presets: {', '.join(preset_names())}; see one with "
+                "`nightshift hw --preset NAME`."):
+            out.print(line, highlight=False, soft_wrap=True)
+        if output is not None:
+            raise NightshiftError(f"hw: no GPU profile to save, so {output} was not written; "
+                                  "run on a machine with a GPU, or give --preset NAME.")
+        return
     data = profile.to_dict()
     out.print_json(json.dumps(data, default=str))
     if output is not None:

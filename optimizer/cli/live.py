@@ -1,27 +1,34 @@
 """The live table of trials the `start` command draws on a terminal, redrawn from the daemon's
-events (no progress object passes into the core)."""
+events (no progress object passes into the core) and fitted to the terminal's width."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
-from rich.table import Table
+from rich.console import Console, ConsoleOptions, RenderResult
 
-from optimizer.cli.output import console
+from optimizer.cli.output import console as stderr_console
+from optimizer.cli.table import TableRow, trial_table
 from optimizer.config import StudyConfig
+
+_SHOWN_ROWS = 25  # the latest trials; `nightshift status` lists them all
 
 
 class LiveProgress:
-    """A rich table of trials and a bar against the trial budget, redrawn from daemon events."""
+    """A table of trials and a bar against the trial budget, redrawn from daemon events. The
+    final confirmation runs are shown and counted apart from the budget's trials."""
 
-    def __init__(self, cfg: StudyConfig) -> None:
+    def __init__(self, cfg: StudyConfig, console: Console | None = None) -> None:
         from rich.live import Live
 
         self.cfg = cfg
         self.rows: dict[int, dict[str, Any]] = {}
+        # The daemon's thread writes rows; rich's refresh thread draws them.
+        self._lock = threading.Lock()
         self.started = time.monotonic()
-        self.live = Live(self._render(), console=console, refresh_per_second=4)
+        self.live = Live(self, console=console or stderr_console, refresh_per_second=4)
 
     def __enter__(self) -> LiveProgress:
         self.live.__enter__()
@@ -33,18 +40,30 @@ class LiveProgress:
     def on_event(self, event: Any) -> None:
         if event.kind == "study":
             return
-        row = self.rows.setdefault(event.number, {"params": event.params, "label": ""})
-        row.update(state=event.state, value=event.value, tpot=event.tpot_p99_ms,
-                   message=event.message, elapsed=event.elapsed_s)
-        if event.label:
-            row["label"] = event.label
-        self.live.update(self._render())
+        with self._lock:
+            row = dict(self.rows.get(event.number) or {"params": event.params, "label": "",
+                                                       "confirm": event.confirm})
+            row.update(state=event.state, value=event.value, tpot=event.tpot_p99_ms,
+                       message=event.message, elapsed=event.elapsed_s)
+            if event.label:
+                row["label"] = event.label
+            self.rows[event.number] = row
+        self.live.refresh()
 
-    def _render(self) -> Table:
-        objective = self.cfg.objectives[0]
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        """Drawn at the width the terminal has at each refresh."""
+        yield self.render(options.max_width)
+
+    def _snapshot(self) -> dict[int, dict[str, Any]]:
+        with self._lock:
+            return dict(self.rows)
+
+    def title(self, rows: dict[int, dict[str, Any]] | None = None) -> str:
+        rows = self._snapshot() if rows is None else rows
         budget = self.cfg.spec.budget.trials
-        done = sum(1 for r in self.rows.values() if r["state"] in ("complete", "pruned",
-                                                                      "failed"))
+        search = [r for r in rows.values() if not r["confirm"]]
+        done = sum(1 for r in search if r["state"] in ("complete", "pruned", "failed"))
+        confirmations = len(rows) - len(search)
         elapsed = time.monotonic() - self.started
         title = f"{self.cfg.name}: {done}" + (f"/{budget}" if budget else "") + \
             f" trials, {elapsed / 60:.0f} min"
@@ -53,15 +72,18 @@ class LiveProgress:
             title += "  [" + "#" * filled + "-" * (20 - filled) + "]"
             if 0 < done < budget:  # at the pace so far, trials in parallel included
                 title += f"  ETA ~{elapsed / done * (budget - done) / 60:.0f} min"
-        table = Table(title=title, expand=True)
-        for col in ("trial", "changes vs defaults", "state", objective, "TPOT p99 ms",
-                    "bottleneck", "s", "conclusion"):
-            table.add_column(col, overflow="fold")
-        for number in sorted(self.rows)[-25:]:
-            r = self.rows[number]
-            params = " ".join(f"{k}={v}" for k, v in r["params"].items()) or "(defaults)"
-            table.add_row(str(number), params[:80], r["state"],
-                          "" if r["value"] is None else f"{r['value']:.3g}",
-                          "" if r["tpot"] is None else f"{r['tpot']:.1f}", r["label"],
-                          f"{r['elapsed']:.0f}", (r["message"] or "")[:100])
-        return table
+        if confirmations:
+            title += f"; {confirmations} confirmation run{'s' if confirmations > 1 else ''}"
+        return title
+
+    def render(self, width: int) -> Any:
+        snapshot = self._snapshot()
+        rows = []
+        for number in sorted(snapshot)[-_SHOWN_ROWS:]:
+            r = snapshot[number]
+            rows.append(TableRow(
+                number=number, state=r["state"], changes=r["params"],
+                values=(r["value"],), tpot_p99_ms=r["tpot"], label=r["label"],
+                conclusion=r["message"] or "", elapsed_s=r["elapsed"],
+                changes_note=f"(confirmation: {r['confirm']})" if r["confirm"] else ""))
+        return trial_table(rows, self.cfg.objectives[:1], width, title=self.title(snapshot))

@@ -22,6 +22,7 @@ from optimizer.records import ATTR_RECORD
 from optimizer.study import (
     ATTR_CONFIRM,
     best_trial,
+    count_trials,
     is_search_trial,
     no_baseline_reason,
     recommended_trial,
@@ -71,6 +72,8 @@ class Report:
     slo: Mapping[str, float]
     confirm: str = ""  # the interleaved re-measurement of best vs defaults, when it ran
     queued: int = 0  # configs enqueued (seeds, a grid) that no worker has started yet
+    confirmation_runs: int = 0  # the final re-measurements: counted apart, never as trials
+    repeats: int = 0  # the sampler asked again for a config already held: nothing launched
     recommended: TrialRow | None = None  # what `export` writes, when it is not the best
     no_baseline: str = ""  # why the defaults could not be measured (no gain is stated then)
     generated: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S %Z"))
@@ -178,6 +181,7 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
     # A repeat of a measured config launched nothing: its original stands for it. The final
     # interleaved re-measurements are reported as the confirmation, not as trials.
     # Enqueued configs no worker has started (a grid's or the seeds' tail) are counted, not rows.
+    counts = count_trials(study.get_trials(deepcopy=False))
     trials = [t for t in study.get_trials(deepcopy=False) if is_search_trial(t)]
     queued = sum(t.state == TrialState.WAITING for t in trials)
     trials = [t for t in trials if t.state != TrialState.WAITING]
@@ -209,7 +213,8 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
         failures=dict(Counter(r.failure_reason for r in rows
                               if r.state == "failed" and r.failure_reason)),
         slo=slo, confirm=_confirmation(study, axis),
-        queued=queued, recommended=recommended,
+        queued=queued, confirmation_runs=counts.confirmation_runs, repeats=counts.repeats,
+        recommended=recommended,
         no_baseline=no_baseline_reason(study) or "")
 
 

@@ -1,12 +1,16 @@
 """The report's PNG plots (matplotlib, files only): throughput vs TPOT p99 with the Pareto
-front, the objective per trial, and parameter importances."""
+front (`pareto_figure`), the objective per trial, and parameter importances."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from optimizer.report.build import TOO_FEW_FOR_IMPORTANCES, Report
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 LABEL_COLOURS = {
     "compute-bound": "#d62728", "memory-bound": "#1f77b4", "communication-bound": "#9467bd",
@@ -15,13 +19,22 @@ LABEL_COLOURS = {
 
 
 def write_plots(report: Report, out_dir: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = pareto_figure(report)
+    fig.savefig(out_dir / "pareto.png")
+    plt.close(fig)
+    _write_history_and_importances(report, out_dir)
+
+
+def pareto_figure(report: Report) -> Figure:
+    """Throughput against TPOT p99, coloured by bottleneck label, with the Pareto front drawn
+    as the legend says: its trials boxed and joined (a front of one trial is a box)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display, no GUI toolkit
     import matplotlib.pyplot as plt
 
-    objective = report.objective
-    # Pareto: throughput against TPOT p99, coloured by bottleneck label.
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
     # (trial, TPOT p99 ms, output tok/s) of each measured complete trial
     points = [(r, r.p99_tpot_ms, r.output_throughput) for r in report.rows
@@ -33,8 +46,10 @@ def write_plots(report: Report, out_dir: Path) -> None:
                    alpha=0.85)
     front = sorted((x, y) for r, x, y in points if r.number in report.pareto)
     if front:
+        # Markers as well as the line: a front of one trial has no segment to draw.
         ax.plot([x for x, _ in front], [y for _, y in front], color="black", lw=1, ls="--",
-                label="Pareto front")
+                marker="s", markersize=10, markerfacecolor="none", markeredgewidth=1,
+                label=f"Pareto front ({len(front)} trial{'s' if len(front) > 1 else ''})")
     for row, marker, name in ((report.baseline, "*", "defaults"), (report.best, "o", "best")):
         if row is not None and row.output_throughput and row.p99_tpot_ms:
             ax.scatter([row.p99_tpot_ms], [row.output_throughput], s=220, marker=marker,
@@ -51,9 +66,16 @@ def write_plots(report: Report, out_dir: Path) -> None:
     if points:
         ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
-    fig.savefig(out_dir / "pareto.png")
-    plt.close(fig)
+    return fig
 
+
+def _write_history_and_importances(report: Report, out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    objective = report.objective
     # History: the objective per trial, by state, with the best so far and the defaults.
     fig, ax = plt.subplots(figsize=(7.5, 3.6), dpi=110)
     styles = {"complete": ("o", "#1f77b4"), "pruned": ("v", "#ff7f0e"), "failed": ("x", "#d62728")}

@@ -91,8 +91,8 @@ _HTML = """<!doctype html>
 <h1>nightshift report: {{ r.study }}</h1>
 <p class="meta">objective: {{ r.objective }} ({{ "higher" if r.is_maximize else "lower" }} is
 better){% if r.slo %}; SLO: {% for k, v in r.slo.items() %}{{ k }} {{ v }}{% if not loop.last
-%}, {% endif %}{% endfor %}{% endif %}; {{ r.rows|length }} trials{% if r.queued %}
-({{ r.queued }} more queued, not run yet){% endif %}; written {{ r.generated }}</p>
+%}, {% endif %}{% endfor %}{% endif %}; <span id="counts">{{ counts }}</span>; written
+{{ r.generated }}</p>
 {% if r.is_simulated %}<div class="banner" id="simulated"><b>Simulated engine.</b> These figures
 come from nightshift's roofline model of the config and hardware, not from a GPU: they test the
 pipeline, they are not measurements.</div>{% endif %}
@@ -140,6 +140,22 @@ style="max-width: 700px">{% else %}<p>{{ too_few }}</p>{% endif %}
 """
 
 
+def trial_counts(report: Report) -> str:
+    """`12 trials (3 more queued, not run yet); 4 confirmation runs (...)`: the search's
+    trials, and apart from them what is not one."""
+    text = f"{len(report.rows)} trial{'s' if len(report.rows) != 1 else ''}"
+    if report.queued:
+        text += f" ({report.queued} more queued, not run yet)"
+    if report.confirmation_runs:
+        text += (f"; {report.confirmation_runs} confirmation "
+                 f"run{'s' if report.confirmation_runs != 1 else ''} besides (re-measurements "
+                 "of the recommended config and the defaults, not trials)")
+    if report.repeats:
+        text += (f"; {report.repeats} repeat{'s' if report.repeats != 1 else ''} of a "
+                 "measured config, not launched")
+    return text
+
+
 def _labels(report: Report) -> dict[str, list[int]]:
     labels: dict[str, list[int]] = {}
     for row in report.rows:
@@ -155,6 +171,7 @@ def render_html(report: Report) -> str:
     front = [r for r in report.rows if r.number in report.pareto]
     return env.from_string(_HTML).render(
         r=report, headline=headline(report), front=front, changes=_changes, fmt=_fmt,
+        counts=trial_counts(report),
         short=_short, too_few=TOO_FEW_FOR_IMPORTANCES, unit=objective_unit(report.objective),
         colours=LABEL_COLOURS, labels=_labels(report))
 
@@ -175,9 +192,7 @@ def render_markdown(report: Report) -> str:
                   "they are not measurements.", ""]
     slo = ", ".join(f"{k} {v:g}" for k, v in report.slo.items())
     lines += [f"Objective: {report.objective}" + (f"; SLO: {slo}" if slo else "") +
-              f"; {len(report.rows)} trials" +
-              (f" ({report.queued} more queued, not run yet)" if report.queued else "") +
-              f"; written {report.generated}.", "",
+              f"; {trial_counts(report)}; written {report.generated}.", "",
               headline(report), "", "![Pareto front](pareto.png)", "",
               "![objective per trial](history.png)", "", "## Pareto front", "",
               "| trial | change vs defaults | out tok/s | TPOT p99 ms | bottleneck |",

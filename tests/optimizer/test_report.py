@@ -12,6 +12,7 @@ from typing import Any
 
 import optuna
 import pytest
+import yaml
 from mlflow import MlflowClient
 
 from optimizer.cli import main
@@ -178,7 +179,7 @@ def test_live_progress_shows_labels_changes_and_an_eta(tmp_path: Path) -> None:
                                  180.0, "memory-bound"))
     progress.on_event(TrialEvent("started", 1, {"quantization": "fp8"}))
     text = io.StringIO()
-    Console(file=text, width=220).print(progress._render())
+    Console(file=text, width=220).print(progress)  # drawn at the console's width
     screen = text.getvalue()
     for shown in ("1/4 trials", "ETA", "(defaults)", "quantization=fp8", "memory-bound",
                   "29.6", "running"):
@@ -208,3 +209,42 @@ def test_too_few_trials_rank_no_parameters_and_values_carry_units(study_file: Pa
 
     assert re.search(r"Best: trial \d+ .*goodput [\d.]+ req/s", md) and \
         "| goodput req/s |" in md, "values carry their unit"
+
+
+def test_pareto_plot_draws_every_line_its_legend_lists(study_file: Path) -> None:
+    """Issue 22: the legend listed a "Pareto front" line a one-trial front did not draw (a
+    dashed line through one point has no segment)."""
+    import dataclasses
+
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PathCollection
+    from matplotlib.lines import Line2D
+
+    from optimizer.report.plots import pareto_figure
+
+    cfg = parse_study(yaml.safe_load(study_file.read_text()), path=study_file)
+    built = build_report(open_study(cfg, create=False), cfg, with_importances=False)
+    for report in (built, dataclasses.replace(built, pareto=built.pareto[:1])):
+        fig = pareto_figure(report)
+        try:
+            ax = fig.axes[0]
+            listed = [t.get_text() for t in ax.get_legend().get_texts()]
+            artists = {a.get_label(): a for a in [*ax.get_lines(), *ax.collections]}
+            front = next(name for name in listed if name.startswith("Pareto front"))
+            assert front == f"Pareto front ({len(report.pareto)} trial" + \
+                ("s)" if len(report.pareto) > 1 else ")")
+            for name in listed:
+                artist = artists[name]
+                if isinstance(artist, Line2D):
+                    has_segment = len(artist.get_xdata()) >= 2 and \
+                        artist.get_linestyle() not in ("None", "")
+                    has_marker = artist.get_marker() not in ("None", "", None) and \
+                        len(artist.get_xdata()) >= 1
+                    assert has_segment or has_marker, f"{name!r} is listed and drawn"
+                else:
+                    assert isinstance(artist, PathCollection) and len(artist.get_offsets())
+            line = artists[front]
+            tpots = sorted(r.p99_tpot_ms for r in report.rows if r.number in report.pareto)
+            assert list(line.get_xdata()) == tpots, "the front passes through its trials"
+        finally:
+            plt.close(fig)

@@ -1,0 +1,203 @@
+"""The trial table that `status` prints and the live display redraws, fitted to the terminal's
+width: rounded figures with units and short forms in its cells (a trial's `conclusion_short`);
+the full conclusions are in MLflow and the report."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from optimizer.objectives import OBJECTIVES
+
+# The room the changes and conclusion columns need side by side (a long flag and most of a
+# short conclusion); with less, each trial's changes sit over its conclusion in one column.
+WIDE_TEXT_COLUMNS = 72
+_GAP = 3  # rich's column separator and padding (SIMPLE_HEAD box, no outer edge)
+_CHANGES_MIN = 32  # a long flag (max_num_batched_tokens=16384) and its "+N more"
+_CHANGE_LINES = 3  # a trial's flags beyond the defaults: at most this many lines, then "+N"
+_CONCLUSION_LINES = 2
+
+
+@dataclass(frozen=True)
+class TableRow:
+    """One trial as the table shows it."""
+
+    number: int
+    state: str  # complete, pruned, failed, running, pruning, confirm ...
+    changes: Mapping[str, Any] | None  # flags beyond the defaults; None: not known yet
+    values: Sequence[float | None] = ()  # one per objective, in the study's order
+    tpot_p99_ms: float | None = None
+    label: str = ""  # the bottleneck classifier's verdict
+    conclusion: str = ""  # the short form (a record's `conclusion_short`)
+    elapsed_s: float | None = None
+    # shown in place of the changes, e.g. "(vLLM defaults)"; "" to list `changes`
+    changes_note: str = field(default="")
+
+
+def figure(value: float | None, unit: str = "") -> str:
+    """A measured figure to three significant digits (thousands grouped, no digits below the
+    unit past them), with its unit: `34.4 req/s`, `8,192 tok/s`, `0.981`."""
+    if value is None or not math.isfinite(value):
+        return ""
+    if abs(value) >= 1000:
+        text = f"{value:,.0f}"
+    elif value == 0:
+        text = "0"
+    else:
+        digits = max(0, 2 - math.floor(math.log10(abs(value))))
+        text = f"{value:.{digits}f}"
+    return f"{text} {unit}".rstrip()
+
+
+def objective_header(name: str) -> str:
+    """`goodput req/s`; an objective whose unit names it already is its unit: `ms TPOT p99`."""
+    unit = OBJECTIVES[name].unit if name in OBJECTIVES else ""
+    return unit if name.lower() in unit.lower() else f"{name} {unit}".rstrip()
+
+
+_SHORT_LABELS = {"communication-bound": "comm", "kv-capacity-bound": "kv-cap",
+                 "at-physical-limit": "at limit"}
+
+
+def short_label(label: str) -> str:
+    """A bottleneck label for a narrow column: `memory` for memory-bound, `comm` for
+    communication-bound."""
+    return _SHORT_LABELS.get(label, label.removesuffix("-bound"))
+
+
+def clip(text: str, width: int, lines: int) -> str:
+    """`text` wrapped at spaces to `width` columns in at most `lines` lines; cut at a word
+    with "…" where it is longer (a word longer than the width is broken, as nothing else
+    fits)."""
+    width = max(width, 2)
+    wrapped = textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+    if len(wrapped) <= lines:
+        return "\n".join(wrapped)
+    kept = wrapped[:lines]
+    last = kept[-1]
+    while len(last) + 1 > width and " " in last:
+        last = last.rsplit(" ", 1)[0]
+    kept[-1] = (last[:width - 1] if len(last) + 1 > width else last).rstrip(" ,;:") + "…"
+    return "\n".join(kept)
+
+
+def clip_changes(changes: Sequence[str], width: int, lines: int) -> str:
+    """`name=value` tokens wrapped to `width` in at most `lines` lines; those that do not fit
+    are counted: `+3 more`."""
+    width = max(width, 8)
+    for shown in range(len(changes), -1, -1):
+        more = f"+{len(changes) - shown} more" if shown < len(changes) else ""
+        tokens = [*changes[:shown], *([more] if more else [])]
+        wrapped = textwrap.wrap(" ".join(tokens), width, break_on_hyphens=False)
+        if len(wrapped) <= lines or shown == 0:
+            return "\n".join(wrapped[:lines])
+    return ""  # unreachable: shown == 0 returns
+
+
+def _changes_text(row: TableRow) -> list[str]:
+    if row.changes_note:
+        return [row.changes_note]
+    if row.changes is None:
+        return []
+    return [f"{k}={v}" for k, v in row.changes.items()] or ["(defaults)"]
+
+
+def trial_table(rows: Sequence[TableRow], objectives: Sequence[str], width: int,
+                title: str | None = None) -> Table:
+    """The trials as a rich table at most `width` columns wide. Side by side where there is
+    room: trial, changes, state, the objectives, TPOT p99, bottleneck, seconds, conclusion
+    (the bottleneck shortened to `memory` and then the seconds dropped before a conclusion
+    wraps); where the two text columns would have less than WIDE_TEXT_COLUMNS, each trial's
+    changes sit over its conclusion in the last column. Cells wrap at spaces, never inside a
+    flag that fits its column; a cell too long for its lines ends in "…" (a conclusion) or
+    "+N more" (the changes)."""
+    show_tpot = "tpot" not in objectives
+    values = [[figure(v) for v in r.values] for r in rows]
+    longest = max((len(r.conclusion) for r in rows), default=0)
+    # Side by side, the first layout that shows the conclusions whole beside the flags: full
+    # labels and seconds, then short labels, then no seconds; else the last that leaves the
+    # two text columns room enough; else stacked.
+    layout: tuple[bool, bool] | None = None  # (full labels, seconds)
+    for full_labels, seconds in ((True, True), (False, True), (False, False)):
+        fixed = _fixed_columns(rows, values, objectives, show_tpot, full_labels, seconds)
+        free = width - sum(w for _, w in fixed) - _GAP * (len(fixed) + 1)
+        if free >= longest + _CHANGES_MIN or \
+                ((full_labels, seconds) == (False, False) and free >= WIDE_TEXT_COLUMNS):
+            layout = (full_labels, seconds)
+            break
+    is_wide = layout is not None
+    full_labels, seconds = layout if layout is not None else (False, False)
+    if not is_wide:
+        fixed = _fixed_columns(rows, values, objectives, show_tpot, False, False)
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  padding=(0, 1), title_justify="left")
+    if is_wide:
+        # The conclusion whole where it fits beside the longest flag (+ "+N more").
+        conclusion_w = max(24, min(longest, free - _CHANGES_MIN))
+        changes_w = free - conclusion_w
+        table.add_column("trial", width=fixed[0][1], justify="right", no_wrap=True)
+        table.add_column("changes vs defaults", width=changes_w, overflow="fold")
+        for header, w in fixed[1:]:
+            table.add_column(header, width=w, overflow="fold",
+                             justify="left" if header in _TEXT_HEADERS else "right")
+        table.add_column("conclusion", width=conclusion_w, overflow="fold")
+    else:
+        text_w = max(16, width - sum(w for _, w in fixed) - _GAP * len(fixed))
+        for header, w in fixed:
+            table.add_column(header, width=w, overflow="fold",
+                             justify="left" if header in _TEXT_HEADERS else "right")
+        table.add_column("changes vs defaults / conclusion", width=text_w, overflow="fold")
+    for r, cells in zip(rows, values, strict=True):
+        middle = [r.state, *cells, *[""] * (len(objectives) - len(cells))]
+        if show_tpot:
+            middle.append(figure(r.tpot_p99_ms))
+        middle.append(r.label if full_labels else short_label(r.label))
+        if seconds:
+            middle.append(figure(r.elapsed_s))
+        if is_wide:
+            table.add_row(str(r.number), clip_changes(_changes_text(r), changes_w,
+                                                      _CHANGE_LINES),
+                          *middle, clip(r.conclusion, conclusion_w, _CONCLUSION_LINES))
+        else:
+            stacked = Text(clip_changes(_changes_text(r), text_w, _CHANGE_LINES - 1))
+            if r.conclusion:
+                if stacked:
+                    stacked.append("\n")
+                stacked.append(clip(r.conclusion, text_w, _CONCLUSION_LINES), style="dim")
+            table.add_row(str(r.number), *middle, stacked)
+    return table
+
+
+_TEXT_HEADERS = ("state", "bottleneck", "bound")
+
+
+def _fixed_columns(rows: Sequence[TableRow], values: Sequence[Sequence[str]],
+                   objectives: Sequence[str], show_tpot: bool, full_labels: bool,
+                   seconds: bool) -> list[tuple[str, int]]:
+    """(header, width) of each column but the text ones, in order; each as wide as its
+    longest cell or header word."""
+    def width_of(header: str, cells: Sequence[str], least: int) -> tuple[str, int]:
+        words = [len(w) for w in header.split()]
+        return header, max(least, *words, *(len(c) for c in cells))
+
+    columns = [width_of("trial", [str(r.number) for r in rows], 5),
+               width_of("state", [r.state for r in rows], 8)]
+    for i, name in enumerate(objectives):
+        columns.append(width_of(objective_header(name), [v[i] for v in values if i < len(v)],
+                                7))
+    if show_tpot:
+        columns.append(width_of("TPOT p99 ms", [figure(r.tpot_p99_ms) for r in rows], 8))
+    if full_labels:
+        columns.append(width_of("bottleneck", [r.label for r in rows], 10))
+    else:
+        columns.append(width_of("bound", [short_label(r.label) for r in rows], 6))
+    if seconds:
+        columns.append(width_of("s", [figure(r.elapsed_s) for r in rows], 5))
+    return columns

@@ -1,0 +1,269 @@
+"""The `nightshift` command as a user meets it: usage errors, help, `hw` without a GPU, and the
+trial table `status` prints and the live display draws, at 80 and 160 columns. Every case runs
+the real `main` on the installed typer (issue 22)."""
+
+from __future__ import annotations
+
+import inspect
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import typer
+import yaml
+from rich.console import Console
+
+from optimizer.cli import app, main
+from optimizer.cli.table import TableRow, clip, clip_changes, figure, trial_table
+from optimizer.config import parse_study
+from optimizer.study import count_trials, open_study
+
+USAGE_ERRORS = [
+    pytest.param([], id="bare"),
+    pytest.param(["status"], id="missing-argument"),
+    pytest.param(["bogus"], id="unknown-command"),
+    pytest.param(["--bogus"], id="unknown-top-option"),
+    pytest.param(["status", "--bogus", "study.yaml"], id="unknown-option"),
+    pytest.param(["export", "study.yaml", "--trial", "abc"], id="bad-value"),
+    pytest.param(["stop", "study.yaml", "--wait", "3"], id="extra-argument"),
+    pytest.param(["audit", "--bogus", "--", "vllm", "serve", "x"], id="audit-unknown-option"),
+    pytest.param(["audit", "--jsn", "--", "vllm", "serve", "x"], id="audit-misspelt-json"),
+]
+
+
+def test_installed_typer_raises_its_bundled_clicks_usage_errors() -> None:
+    """What `main` relies on (pyproject pins typer 0.29.x): typer's own click, not `click`."""
+    from typer._click.exceptions import UsageError
+
+    assert typer.__version__.startswith("0.29."), "pyproject.toml pins typer 0.29.x"
+    with pytest.raises(UsageError):
+        app(args=["status"], standalone_mode=False, prog_name="nightshift")
+
+
+@pytest.mark.parametrize("argv", USAGE_ERRORS)
+def test_usage_error_is_one_line_and_the_usage_with_exit_2(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2, "a usage error is bad input"
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    assert captured.out == "", "nothing on stdout: a script reading it sees no output"
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 2, f"one line and the usage, got {lines}"
+    assert lines[0].startswith("error: ")
+    assert lines[1].startswith("Usage: nightshift") and "--help" in lines[1]
+    assert "{" not in lines[1], "the usage names arguments plainly"
+
+
+def test_bare_and_unknown_command_name_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    main([])
+    first = capsys.readouterr().err.splitlines()[0]
+    assert "no command given" in first and "start, status, stop" in first
+    main(["stup"])
+    assert "Did you mean 'stop'" in capsys.readouterr().err
+
+
+def test_audit_refuses_an_unknown_option_rather_than_auditing(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 22: `audit --bogus -- vllm serve x` said "no findings", exit 0."""
+    assert main(["audit", "--bogus", "--", "vllm", "serve", "x"]) == 2
+    captured = capsys.readouterr()
+    assert "no findings" not in captured.out and "--bogus" in captured.err
+    assert main(["audit", "--jsn", "--", "vllm", "serve", "x"]) == 2
+    assert "--json" in capsys.readouterr().err, "the close option is suggested"
+
+
+def _commands() -> dict[str, Any]:
+    group = typer.main.get_command(app)
+    return dict(group.commands)  # type: ignore[attr-defined]
+
+
+def test_help_has_plain_placeholders_whole_sentences_and_an_example(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    top = capsys.readouterr().out
+    for name in _commands():
+        line = next(x for x in top.splitlines() if x.strip().startswith(name + " "))
+        assert "..." not in line, f"{name}'s summary is whole in the command list: {line!r}"
+    for name, command in _commands().items():
+        assert main([name, "--help"]) == 0
+        text = capsys.readouterr().out
+        assert "Example" in text, f"{name} --help has an example"
+        assert "{" not in text and "<bool>" not in text and "<str>" not in text, \
+            f"{name} --help shows placeholders, not typer's type tags"
+        summary = " ".join(inspect.getdoc(command.callback).split("\n\n")[0].split())
+        assert summary in " ".join(text.split()), f"{name}: the description reads as written"
+        for param in command.params:
+            if param.param_type_name == "option" and param.name != "help":
+                assert param.help, f"{name} {param.opts[0]} has a description"
+
+
+def test_hw_without_a_gpu_names_the_simulated_preset_and_how_to_choose(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from runners.hardware import preset_names, probe
+
+    if probe().has_gpu:
+        pytest.skip("this machine has a GPU")
+    assert main(["hw"]) == 0
+    text = capsys.readouterr().out
+    assert "no NVIDIA GPU found" in text and "simulated.hardware" in text
+    assert "h200 unless set" in text, "the schema's default preset"
+    assert all(name in text for name in preset_names()), "every preset is listed"
+    assert '"gpus": []' not in text, "no all-zero profile"
+    saved = tmp_path / "hw.json"
+    assert main(["hw", "-o", str(saved)]) == 1 and not saved.exists(), "nothing to save"
+    capsys.readouterr()
+    assert main(["hw", "--preset", "l4"]) == 0 and "NVIDIA L4" in capsys.readouterr().out
+    assert main(["hw", "--preset", "nope"]) == 2
+
+
+def test_figures_are_rounded_to_three_digits_with_units() -> None:
+    from optimizer.cli.commands import values_text
+
+    assert figure(34.378811948857305, "req/s") == "34.4 req/s"
+    assert figure(8192.4, "tok/s") == "8,192 tok/s"
+    assert figure(0.98123) == "0.981" and figure(7.0) == "7.00" and figure(None) == ""
+    assert values_text(["goodput"], [34.378811948857305]) == "goodput 34.4 req/s"
+    assert values_text(["throughput", "tpot"], [8190.4, 8.1]) == \
+        "throughput 8,190 tok/s, 8.10 ms TPOT p99"
+
+
+def test_clipping_cuts_at_words_and_counts_the_flags_left_out() -> None:
+    text = "tensor_parallel_size=2 +6: 4.15x (1 run) vs defaults; memory-bound"
+    assert clip(text, 30, 2) == "tensor_parallel_size=2 +6:\n4.15x (1 run) vs defaults…"
+    assert clip(text, 80, 1) == text
+    flags = ["tensor_parallel_size=2", "attention_backend=TRITON_ATTN", "quantization=fp8"]
+    assert clip_changes(flags, 30, 1) == "tensor_parallel_size=2 +2 more"
+    assert clip_changes(flags, 80, 1) == " ".join(flags)
+
+
+FLAGS = {"tensor_parallel_size": 2, "attention_backend": "TRITON_ATTN", "kv_cache_dtype": "fp8",
+         "max_num_batched_tokens": 16384, "max_num_seqs": 512, "gpu_memory_utilization": 0.94,
+         "max_model_len": 8192}
+# As the daemon stores it: at most conclusions.SHORT_CHARS (70) characters.
+SHORT = "tensor_parallel_size=2 +6: 4.15x (1 run) vs defaults; memory-bound"
+
+
+def _rows() -> list[TableRow]:
+    return [
+        TableRow(0, "complete", {}, (3.9612,), 13.61, "memory-bound",
+                 "defaults: 3.96 req/s; memory-bound", 28.1, "(vLLM defaults)"),
+        *[TableRow(n, "complete", FLAGS, (16.43,), 12.52, "communication-bound", SHORT, 16.3)
+          for n in range(1, 12)],
+        TableRow(12, "failed", {"max_num_seqs": 2048}, (), None, "",
+                 "max_num_seqs=2048: failed (oom_at_start)", 4.0),
+        TableRow(13, "complete", FLAGS, (7.54,), 11.6, "", "confirmation (best): goodput "
+                 "7.54 req/s", 18.4, "(confirmation: best)"),
+    ]
+
+
+def _draw(renderable: Any, width: int) -> list[str]:
+    buffer = io.StringIO()
+    Console(file=buffer, width=width, color_system=None).print(renderable)
+    return buffer.getvalue().splitlines()
+
+
+def _row_heights(lines: list[str]) -> list[int]:
+    """Lines per trial: a row starts where the trial column holds a number."""
+    starts = [i for i, line in enumerate(lines) if re.match(r"^\s*\d+\s", line)]
+    return [b - a for a, b in zip(starts, [*starts[1:], len(lines)], strict=True)]
+
+
+def test_trial_table_fits_80_columns_in_at_most_three_lines_a_trial() -> None:
+    """Issue 22: at 80 columns every conclusion wrapped to 10+ lines."""
+    lines = _draw(trial_table(_rows(), ["goodput"], 80), 80)
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    assert max(_row_heights(lines)) <= 3, "changes over a short conclusion, clipped"
+    text = "\n".join(lines)
+    assert "tensor_parallel_size=2 +6 more" in text, "the flags left out are counted"
+    assert "comm " in text, "labels shortened: communication-bound"
+
+
+def test_trial_table_at_160_columns_keeps_every_token_whole() -> None:
+    """Issue 22: at 160 columns cells were cut mid-token."""
+    lines = _draw(trial_table(_rows(), ["goodput"], 160), 160)
+    assert max(len(line.rstrip()) for line in lines) <= 160
+    text = "\n".join(lines)
+    assert SHORT in text, "the short conclusion whole, on one line"
+    tokens = set(text.split())
+    shown = [f"{k}={v}" for k, v in FLAGS.items() if f"{k}={v}" in tokens]
+    assert len(shown) >= 3 and "+4 more" in text, "whole flags, the rest counted"
+    for word in " ".join(SHORT.split()).split():
+        assert word in tokens, f"{word!r} is whole"
+    assert "16.4" in tokens and "…" not in text, "nothing cut"
+
+
+def test_live_table_counts_confirmation_runs_apart_and_fits_the_terminal(
+        tmp_path: Path) -> None:
+    from optimizer.cli.live import LiveProgress
+    from optimizer.daemon import TrialEvent
+
+    cfg = parse_study({"name": "live", "model": {"path": "qwen2.5-7b"},
+                       "budget": {"trials": 2}, "slo": {"tpot_p99_ms": 10},
+                       "results_dir": str(tmp_path)})
+    progress = LiveProgress(cfg)
+    progress.on_event(TrialEvent("finished", 0, {}, "complete", 3.9612, 13.6,
+                                 "defaults: 3.96 req/s; memory-bound", 28.0, "memory-bound"))
+    progress.on_event(TrialEvent("finished", 1, FLAGS, "complete", 16.43, 12.5, SHORT, 16.0,
+                                 "communication-bound"))
+    progress.on_event(TrialEvent("started", 2, FLAGS, confirm="best"))
+    for width in (80, 160):
+        lines = _draw(progress, width)
+        assert max(len(line.rstrip()) for line in lines) <= width
+        assert "2/2 trials" in lines[0] and "1 confirmation run" in lines[0], \
+            "a confirmation run is no trial of the budget"
+        assert "(confirmation: best)" in "\n".join(lines)
+    assert SHORT in "\n".join(_draw(progress, 160))
+
+
+def _record(state: str, flags: dict[str, Any], value: float | None, short: str) -> dict[str, Any]:
+    return {"state": state, "params": {}, "flags": flags,
+            "values": [value] if value is not None else None,
+            "metrics": {"p99_tpot_ms": 8.123456} if value is not None else {},
+            "conclusion": short + " and a long explanation " * 12, "conclusion_short": short,
+            "verdict": {"label": "memory-bound"}, "wall_s": 61.26}
+
+
+def test_status_counts_confirmations_and_repeats_apart_with_rounded_figures(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22: `status` said "16 complete" where the report said "12 trials"."""
+    from optimizer.cli import commands
+
+    data = {"name": "counted", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 3},
+            "slo": {"tpot_p99_ms": 10}, "results_dir": str(tmp_path / "results")}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(data))
+    study = open_study(parse_study(data, path=path))
+    dist = {"quantization": optuna.distributions.CategoricalDistribution(["none", "fp8"])}
+    trials = [
+        ({"baseline": True}, "complete", {}, 29.612345, "defaults: 29.6 req/s"),
+        ({}, "complete", {"quantization": "fp8"}, 34.378811948857305,
+         "quantization=fp8: 1.16x (1 run) vs defaults; memory-bound"),
+        ({"duplicate_of": 1}, "complete", {"quantization": "fp8"}, 34.378811948857305,
+         "same config as trial 1"),
+        ({"confirm": "defaults"}, "complete", {}, 29.1, "confirmation (defaults)"),
+        ({"confirm": "best"}, "complete", {"quantization": "fp8"}, 33.9, "confirmation (best)"),
+    ]
+    for attrs, state, flags, value, short in trials:
+        study.add_trial(optuna.trial.create_trial(
+            params={"quantization": flags.get("quantization", "none")}, distributions=dist,
+            value=value, user_attrs={**attrs, "record": _record(state, flags, value, short)}))
+    study.enqueue_trial({"quantization": "none"})
+    counts = count_trials(study.get_trials(deepcopy=False))
+    assert (counts.trials, counts.confirmation_runs, counts.repeats, counts.queued) == \
+        (2, 2, 1, 1)
+
+    buffer = io.StringIO()
+    monkeypatch.setattr(commands, "out", Console(file=buffer, width=80, color_system=None))
+    assert main(["status", str(path)]) == 0
+    text = buffer.getvalue()
+    first = text.splitlines()[0]
+    assert "2 trials (2 complete); 2 confirmation runs; 1 repeat of a measured config " \
+           "(not launched); 1 queued" in first
+    assert "best: trial 1, goodput 34.4 req/s" in text
+    assert not re.search(r"\d\.\d{4,}", text), "no raw floats"
+    assert "(confirmation: best)" in text and "and a long explanation" not in text, \
+        "short conclusions in the table; the full ones are in MLflow and the report"
