@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from runners import loadgen, prometheus, quality
+from runners import loadgen, prometheus
 from runners.base import (
     EngineConfig,
     EngineInfo,
@@ -29,7 +29,7 @@ from runners.base import (
 )
 from runners.capacity import meets_slo
 from runners.process import EngineProcess, free_port, tail, wait_healthy
-from runners.quality import QualityRun
+from runners.quality import QualityRun, run_eval
 from runners.telemetry import TelemetrySampler
 from runners.workload import LengthDistribution, LoadLevel, Probe, QualityEval, Workload
 
@@ -347,7 +347,7 @@ class EngineRunner:
             return QualityRun(error="skipped: the engine runs without a tokenizer "
                                     "(skip_tokenizer_init); the evaluation sends text.")
         self._reset_prefix_cache(base_url)
-        run = quality.run_eval(base_url, config.served_model_name, spec, workdir)
+        run = run_eval(base_url, config.served_model_name, spec, workdir)
         logger.info("quality evaluation: %s in %.1f s", run.error or "sampled", run.wall_s)
         return run
 

@@ -91,6 +91,7 @@ class PromptSample:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PromptSample:
+        """The inverse of `to_dict` (samples are rounded to 1e-5 nats when parsed)."""
         return cls(prompt_token_ids=tuple(int(t) for t in data["prompt_token_ids"]),
                    prompt_logprobs=tuple(float(x) for x in data["prompt_logprobs"]),
                    prompt_top=tuple(_top_in(t) for t in data["prompt_top"]),
@@ -323,13 +324,13 @@ def parse_choice(choice: Mapping[str, Any]) -> PromptSample:
     logprobs: list[float] = []
     prompt_top: list[dict[int, float]] = []
     for position, entry in enumerate(raw_prompt[1:], start=1):
-        top = {int(k): float(v["logprob"]) for k, v in entry.items()}
+        top = {int(k): round(float(v["logprob"]), _LOGPROB_DIGITS) for k, v in entry.items()}
         logprobs.append(top[prompt_ids[position]])
         prompt_top.append(top)
     lp = choice["logprobs"]
     tokens = lp["tokens"]
     greedy_ids = [int(t) for t in choice.get("token_ids") or [_token_id(t) for t in tokens]]
-    greedy_top = [{_token_id(k): float(v) for k, v in (top or {}).items()}
+    greedy_top = [{_token_id(k): round(float(v), _LOGPROB_DIGITS) for k, v in (top or {}).items()}
                   for top in lp["top_logprobs"]]
     return PromptSample(prompt_token_ids=tuple(prompt_ids), prompt_logprobs=tuple(logprobs),
                         prompt_top=tuple(prompt_top), greedy_token_ids=tuple(greedy_ids),
