@@ -188,3 +188,32 @@ def assess(cfg: StudyConfig, *, is_baseline: bool, params: Mapping[str, Any],
 def is_quality_violation(constraints: Mapping[str, float]) -> bool:
     """Whether a trial's Optuna constraints say it failed the quality gate."""
     return constraints.get(CONSTRAINT, 0.0) > 0
+
+
+def header_line(stored: Mapping[str, Any] | None, skipped: str | None = None) -> str:
+    """The export header's quality line for a trial's stored assessment ("" when the study
+    predates the gate and skips nothing)."""
+    if stored:
+        assessment = QualityAssessment.from_dict(stored)
+        if assessment.failed:
+            return ("quality: REFUSED by the quality gate, exported with --force-quality: "
+                    + assessment.summary)
+        return f"quality: {assessment.summary}"
+    return f"quality: {skipped}" if skipped else ""
+
+
+def table_cell(stored: Mapping[str, Any] | None, skipped: str | None = None) -> str:
+    """A report table's quality cell ("" when the study predates the gate)."""
+    if not stored:
+        return skipped or ""
+    a = QualityAssessment.from_dict(stored)
+    if a.status == "scored" and a.scores is not None:
+        cell = (f"ppl {a.scores.ppl_increase:+.1%}, KL {a.scores.mean_kl:.2g}, "
+                f"top-1 {a.scores.top1_agreement:.0%}, greedy {a.scores.greedy_match_tokens:.1f}")
+        return ("REFUSED: " + cell) if a.failed else cell
+    if a.status == "reference" and a.floor is not None:
+        return (f"reference; floor: KL {a.floor.mean_kl:.2g}, top-1 "
+                f"{a.floor.top1_agreement:.0%}, greedy {a.floor.greedy_match_tokens:.1f}")
+    if a.status == "identical":
+        return "= reference (same numerics)"
+    return a.summary

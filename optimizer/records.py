@@ -193,6 +193,8 @@ def tracking_payload(record: TrialRecord, result: RunResult | None) -> dict[str,
         tags["host"] = str(record.host)
     if record.is_unstable:
         tags["unstable"] = "true"
+    if record.quality and record.quality.get("summary"):  # the quality gate's one line
+        tags["quality"] = str(record.quality["summary"])[:5000]
     if record.conclusion:
         tags["mlflow.note.content"] = record.conclusion  # the run's description
     capacity = record.capacity or {}

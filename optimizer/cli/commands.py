@@ -200,6 +200,8 @@ def export(
     max_tpot_ms: Annotated[float | None, typer.Option(
         help="Choose the best trial whose TPOT p99 is at most this (a Pareto choice).")] = None,
     storage: Annotated[str | None, typer.Option(help="Optuna RDB URL.")] = None,
+    force_quality: Annotated[bool, typer.Option(
+        help="Export a --trial the quality gate refused (its header says so).")] = False,
 ) -> None:
     """Write a trial's config as a `vllm serve --config` YAML, a shell command or env vars.
 
@@ -210,7 +212,8 @@ def export(
 
     cfg = _load(study).with_overrides(storage=storage)
     opened = open_study(cfg, create=False)
-    chosen = select_trial(opened, cfg, number=trial, max_tpot_ms=max_tpot_ms)
+    chosen = select_trial(opened, cfg, number=trial, max_tpot_ms=max_tpot_ms,
+                          force_quality=force_quality)
     note = choice_note(opened, chosen) if trial is None and max_tpot_ms is None else ""
     text = render(chosen, cfg, fmt, note=note)
     if output is None:

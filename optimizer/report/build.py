@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer import gains
 from optimizer.config import StudyConfig
 from optimizer.objectives import OBJECTIVES
+from optimizer.quality import table_cell
 from optimizer.records import ATTR_RECORD
 from optimizer.study import (
     ATTR_CONFIRM,
@@ -54,6 +55,7 @@ class TrialRow:
     is_baseline: bool
     capacity: Bracket | None = None  # after a capacity search: where its capacity lies
     conclusion_short: str = ""  # the conclusion for a table cell (<= ~70 characters)
+    quality: str = ""  # the quality gate's cell (optimizer/quality.py `table_cell`)
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,7 @@ def _row(trial: FrozenTrial, baseline_flags: Mapping[str, Any],
         capacity=bracket_from_metrics(axis, metrics)  # type: ignore[arg-type]
         if axis in ("concurrency", "request_rate") else None,
         conclusion_short=str(record.get("conclusion_short") or ""),
+        quality=table_cell(record.get("quality")),
     )
 
 
