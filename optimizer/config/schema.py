@@ -183,6 +183,12 @@ class QualitySpec(_Strict):
     max_tokens: int = Field(default=16, ge=1, le=256)  # greedy continuation per prompt
     top_k: int = Field(default=5, ge=1, le=20)  # logprobs per position
 
+    @field_validator("enabled", mode="before")
+    @classmethod
+    def _yaml_bool(cls, v: Any) -> Any:
+        # YAML 1.1 reads a bare `on` / `off` as a boolean.
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
 
 class SLOSpec(_Strict):
     ttft_p99_ms: float | None = Field(default=None, gt=0)

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 # Logit noise (standard deviation, nats) each numerics change adds; independent sources add in
 # quadrature. Chosen so that fp8 weights land near a 1% perplexity increase on the corpus and
 # fp8 KV below it: the ordering real measurements show, not their values.
-WEIGHT_NOISE = {"fp8": 0.12, "fbgemm_fp8": 0.12, "awq": 0.25, "gptq": 0.25, "awq_marlin": 0.25,
-                "gptq_marlin": 0.25, "bitsandbytes": 0.3}
+WEIGHT_NOISE = {"fp8": 0.12, "fp8_per_tensor": 0.12, "fp8_per_channel": 0.1,
+                "fp8_per_block": 0.08, "fbgemm_fp8": 0.12, "awq": 0.25, "gptq": 0.25,
+                "awq_marlin": 0.25, "gptq_marlin": 0.25, "bitsandbytes": 0.3}
 OTHER_WEIGHT_NOISE = 0.2  # any other quantization method
 KV_NOISE = {"fp8": 0.07, "fp8_e4m3": 0.07, "fp8_e5m2": 0.1}
 FLOAT16_NOISE = 0.01  # --dtype float16 against a bf16 checkpoint
