@@ -138,3 +138,12 @@ def test_a_dummy_weights_study_says_the_gate_was_skipped_everywhere(tmp_path: Pa
     assert "# quality: skipped: dummy weights" in header, header
     markdown = render_markdown(build_report(study, cfg, with_importances=False))
     assert "skipped: dummy weights" in markdown
+
+
+def test_quality_on_with_dummy_weights_is_refused_naming_the_field(tmp_path: Path) -> None:
+    path = write_study(tmp_path, quality={"enabled": "on"})
+    with pytest.raises(ConfigError, match=r"quality\.enabled: on needs real weights"):
+        load_study(path)
+    real = load_study(write_study(tmp_path, model={"path": "qwen2.5-0.5b"},
+                                  quality={"enabled": True}))  # YAML's bare `on`
+    assert real.spec.quality.enabled == "on" and real.quality_eval is not None
