@@ -207,7 +207,9 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
     return Report(
         study=cfg.name, objective=objective, is_maximize=is_max,
         is_simulated=any("runners.simulated" in a for a in argv_texts),
-        rows=rows, baseline=baseline, best=best, pareto=pareto_front(rows),
+        rows=rows, baseline=baseline, best=best,
+        # a config the quality gate refused is no point to deploy
+        pareto=pareto_front([r for r in rows if not r.quality.startswith("REFUSED")]),
         importances=_importances(study) if with_importances else {},
         failures=dict(Counter(r.failure_reason for r in rows
                               if r.state == "failed" and r.failure_reason)),

@@ -112,6 +112,8 @@ def test_a_lossy_config_over_the_limit_is_refused_never_best_and_export_shows_qu
     assert "REFUSED by the quality gate" in forced
 
     markdown = render_markdown(build_report(study, cfg, with_importances=False))
+    report = build_report(study, cfg, with_importances=False)
+    assert lossy.number not in report.pareto, "a refused config is no point of the front"
     assert "| quality |" in markdown and "REFUSED: " in markdown and "reference; floor" in \
         markdown, markdown
 
