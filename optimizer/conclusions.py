@@ -165,14 +165,16 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
              capacity: Bracket | None = None, tolerance: float | None = None,
              pruned_at: int | None = None, prune_reason: str | None = None,
              verdict: Verdict | None = None, confirm_label: str | None = None,
-             note: str = "", number: int | None = None) -> Conclusion:
+             note: str = "", number: int | None = None,
+             quality_failed: Sequence[str] = ()) -> Conclusion:
     """One line: what this config changes from the vLLM defaults and what that did to the
     objective (with the bracket or interval that bounds it), then against the best so far,
     then the bottleneck's label and its one piece of advice.
 
     `vllm_defaults`: vLLM's own value of each param on this host (None, or a value equal to
     it, is no change); `capacity`: this trial's bracket after a capacity search, `tolerance`
-    the search's; `note`: a sentence to append (e.g. an unstable measurement)."""
+    the search's; `note`: a sentence to append (e.g. an unstable measurement);
+    `quality_failed`: the quality figures outside the study's limits (the gate refuses it)."""
     unit = objective_unit(objective)
     defaults = vllm_defaults if vllm_defaults is not None else \
         (baseline.params if baseline is not None else {})
@@ -217,4 +219,8 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
         effect_cell = f"pruned at {pruned_at}"
     text = "; ".join(parts) + "." + tail + note
     cell = f"{short_change}: {effect_cell}{unresolved}" + (f"; {label}" if label else "")
+    if quality_failed:  # outside the quality limits: never the best, whatever its speed
+        text = (f"refused by the quality gate ({'; '.join(quality_failed)}), never the "
+                f"recommendation: {text}")
+        cell = f"{short_change}: quality refused ({quality_failed[0]})"
     return Conclusion(text, shorten(cell))

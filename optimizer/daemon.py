@@ -18,6 +18,7 @@ from typing import Any, Literal
 import optuna
 from optuna.trial import FrozenTrial
 
+from optimizer import quality
 from optimizer.config import StudyConfig
 from optimizer.confirm import confirm
 from optimizer.errors import TrackingError, WorkerLost
@@ -232,7 +233,9 @@ class Daemon:
         trial, config = running.trial, running.config
         running.run_id = self._open_run(trial, {**running.params, "launch.model": config.model})
         workdir = trial_workdir(self.cfg.results_dir, trial.number)
-        handle = self.executor.submit(config, self.workload, workdir)
+        # The defaults trial also measures the quality reference and its noise floor.
+        workload = quality.workload_for(self.workload, running.is_baseline)
+        handle = self.executor.submit(config, workload, workdir)
         self._inflight.append(_InFlight(running, handle, workdir))
         logger.info("trial %d started: params=%s", trial.number, running.params)
         self.on_event(TrialEvent("started", trial.number, self._changed(config),

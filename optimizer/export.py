@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError, NightshiftError
 from optimizer.objectives import OBJECTIVES
+from optimizer.quality import header_line, is_quality_violation
 from optimizer.records import ATTR_RECORD
 from optimizer.study import (
     ATTR_BASELINE,
@@ -34,11 +35,12 @@ _PLACEMENT_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "VLLM_CACHE_ROOT", "VLLM_SER
 
 
 def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = None,
-                 max_tpot_ms: float | None = None) -> optuna.trial.FrozenTrial:
+                 max_tpot_ms: float | None = None,
+                 force_quality: bool = False) -> optuna.trial.FrozenTrial:
     # Measured configs: not a config failure (complete to Optuna, failed to us), not a final
-    # confirmation run (a copy of the best or of the defaults).
+    # confirmation run (a copy of the best or of the defaults), not refused by the quality gate.
     complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if is_measured(t)]
+                if is_measured(t) and not is_quality_violation(t.constraints)]
     if number is not None:
         found = [t for t in study.get_trials(deepcopy=False) if t.number == number]
         if not found:
@@ -49,6 +51,12 @@ def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = 
         if found[0].state != TrialState.COMPLETE or state != "complete":
             raise ConfigError(f"--trial {number}: the trial is {state}, not complete; export a "
                               "complete trial.")
+        if is_quality_violation(found[0].constraints) and not force_quality:
+            failed = ((found[0].user_attrs.get(ATTR_RECORD) or {}).get("quality") or {}).get(
+                "failed") or ["outside the limits"]
+            raise ConfigError(f"--trial {number}: the quality gate refused it "
+                              f"({'; '.join(failed)}); export another trial, or pass "
+                              "--force-quality to export it anyway.")
         return found[0]
     if max_tpot_ms is not None:
         within = [t for t in complete
@@ -110,6 +118,9 @@ def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
         notes.append("measured with dummy weights and token-id prompts; serves real weights as is")
     if note:
         notes.insert(0, note)
+    quality_note = header_line(record.get("quality"), cfg.quality_skip_reason)
+    if quality_note:
+        notes.append(quality_note)
     env = trial_env(record)
     values = ", ".join(f"{o}={v:.4g}" for o, v in zip(cfg.objectives, trial.values or [],
                                                       strict=False))

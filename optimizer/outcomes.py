@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import optuna
 from optuna.trial import TrialState
 
-from optimizer import bottleneck
+from optimizer import bottleneck, quality
 from optimizer.conclusions import baseline_trial, conclude, reference_of
 from optimizer.objectives import objective_values
 from optimizer.records import ATTR_RECORD, TrialRecord, record_of, step_records, summary_metrics
@@ -69,6 +69,12 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
     if result.steps:
         verdict = policy.verdict(result.steps, item.config, result)
         metrics.update(verdict.as_metrics())
+    assessed = quality.assess(cfg, is_baseline=item.is_baseline, params=item.params,
+                              defaults=policy.space.defaults(), result=result,
+                              trial_number=item.trial.number) \
+        if state == TrialState.COMPLETE else None
+    if assessed is not None:
+        metrics.update(assessed.metrics())
     search = cfg.spec.workload.capacity
     axis = search.axis if search is not None else None
     told = conclude(
@@ -86,7 +92,8 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
         note=(f"Unstable: its {cfg.objectives[0]} varied {objective_spread:.0%} "
               f"across {workload.repeats} repeats (limit "
               f"{cfg.spec.workload.max_spread:.0%}); re-measure before trusting it."
-              if is_unstable and objective_spread is not None else ""))
+              if is_unstable and objective_spread is not None else ""),
+        quality_failed=assessed.failed if assessed is not None else ())
     record = TrialRecord(
         state=state_name,  # type: ignore[arg-type]
         params=item.params,
@@ -109,8 +116,12 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
         is_baseline=item.is_baseline,
         host=result.host or "",
         is_unstable=is_unstable,
+        quality=assessed.to_dict() if assessed is not None else None,
     )
     item.trial.set_user_attr(ATTR_RECORD, record.to_user_attr())
+    if assessed is not None and assessed.status == "scored":
+        # Outside the limits: infeasible for the sampler, never the best (study.best_trial).
+        item.trial.set_constraint(quality.CONSTRAINT, 1.0 if assessed.is_violation else 0.0)
     if state == TrialState.COMPLETE and policy.has_slo:
         # The sampler learns where configs miss the SLO at every load: infeasible for
         # Optuna's constrained TPE (and never the study's best while one meets it).

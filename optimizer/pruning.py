@@ -47,7 +47,9 @@ class MarginPruner(optuna.pruners.BasePruner):
             return True
         others = [t.intermediate_values[step] for t in study.get_trials(
             deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-            if step in t.intermediate_values and math.isfinite(t.intermediate_values[step])]
+            if step in t.intermediate_values and math.isfinite(t.intermediate_values[step])
+            # a trial the quality gate refused is no yardstick for others' speed
+            and t.constraints.get("quality", 0.0) <= 0]
         if len(others) < self.n_startup_trials:
             return False
         maximize = study.direction == StudyDirection.MAXIMIZE

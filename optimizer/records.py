@@ -23,7 +23,7 @@ ATTR_RECORD = "record"
 RECORD_VERSION = 1  # bump when a field changes meaning; `from_user_attr` reads every version
 RecordState = Literal["complete", "pruned", "failed"]
 _NULLABLE = frozenset({"values", "capacity", "verdict", "failure_reason", "failure_message",
-                       "engine_started_unix_s", "engine_ended_unix_s"})
+                       "engine_started_unix_s", "engine_ended_unix_s", "quality"})
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,8 @@ class TrialRecord:
     is_baseline: bool = False  # the vLLM defaults
     host: str = ""  # where it ran (host, Ray node, GPUs)
     is_unstable: bool = False  # its repeats spread beyond workload.max_spread
+    # `QualityAssessment.to_dict()` (optimizer/quality.py): scored, the reference, or why not
+    quality: Mapping[str, Any] | None = None
     version: int = RECORD_VERSION
 
     @classmethod
@@ -191,6 +193,8 @@ def tracking_payload(record: TrialRecord, result: RunResult | None) -> dict[str,
         tags["host"] = str(record.host)
     if record.is_unstable:
         tags["unstable"] = "true"
+    if record.quality and record.quality.get("summary"):  # the quality gate's one line
+        tags["quality"] = str(record.quality["summary"])[:5000]
     if record.conclusion:
         tags["mlflow.note.content"] = record.conclusion  # the run's description
     capacity = record.capacity or {}

@@ -31,6 +31,8 @@ ATTR_CUT_SHORT = "sampling_cut_short"  # its daemon died mid-ask: no config, not
 ATTR_MLFLOW_RUN = "mlflow_run_id"
 ATTR_RETRIES = "retries"
 ATTR_SEEDED = "seeded"  # enqueued from the study file's seed_trials
+# The Optuna constraint a trial outside the quality limits violates (optimizer/quality.py).
+QUALITY_CONSTRAINT = "quality"
 # A config that failed for one of these reasons fails again: it is never launched twice, and
 # the sampler is told it as the worst value with a violated constraint (`tell_config_failure`).
 CONFIG_FAILURES = frozenset({
@@ -270,7 +272,21 @@ def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
         return max(feasible or measured, key=lambda t: sign * float(t.values[0]))
     numbers = {t.number for t in measured}
     front = [t for t in study.best_trials if t.number in numbers]
+    if not front:  # the front held only refused trials: the front of the rest
+        front = _pareto_front(measured, [d.name == "MAXIMIZE" for d in study.directions])
     return front[0] if front else None
+
+
+def _pareto_front(trials: list[optuna.trial.FrozenTrial],
+                  maximize: list[bool]) -> list[optuna.trial.FrozenTrial]:
+    def oriented(t: optuna.trial.FrozenTrial) -> list[float]:
+        return [float(v) if up else -float(v) for v, up in zip(t.values, maximize, strict=True)]
+
+    def dominates(a: list[float], b: list[float]) -> bool:
+        return all(x >= y for x, y in zip(a, b, strict=True)) and a != b
+
+    points = [(t, oriented(t)) for t in trials]
+    return [t for t, p in points if not any(dominates(q, p) for _, q in points)]
 
 
 def recommended_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
@@ -314,8 +330,11 @@ def params_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
 
 
 def _measured_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Measured trials that may be the best: a trial the quality gate refused never is, even
+    when no trial met the SLO (its speed was bought with the model's outputs)."""
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if is_measured(t) and t.values is not None]
+            if is_measured(t) and t.values is not None
+            and t.constraints.get(QUALITY_CONSTRAINT, 0.0) <= 0]
 
 
 def no_baseline_reason(study: optuna.Study) -> str | None:

@@ -10,9 +10,12 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from runners.workload import Bracket, LoadLevel, Workload
+
+if TYPE_CHECKING:
+    from runners.quality import QualityRun
 
 FlagValue = str | int | float | bool | None
 
@@ -195,6 +198,9 @@ class RunResult:
     # After a capacity search: where the capacity lies (the highest load that met the SLO,
     # the lowest that missed it) and whether that is within the tolerance.
     capacity: Bracket | None = None
+    # With `workload.quality`: the output-quality sample(s) taken after the levels (~100 KB
+    # JSON for 32 prompts; each sample also in workdir/quality.json), or why none was taken.
+    quality: QualityRun | None = field(default=None, repr=False)
 
 
 OnStep = Callable[[StepMetrics], bool]

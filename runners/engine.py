@@ -29,8 +29,9 @@ from runners.base import (
 )
 from runners.capacity import meets_slo
 from runners.process import EngineProcess, free_port, tail, wait_healthy
+from runners.quality import QualityRun, run_eval
 from runners.telemetry import TelemetrySampler
-from runners.workload import LengthDistribution, LoadLevel, Probe, Workload
+from runners.workload import LengthDistribution, LoadLevel, Probe, QualityEval, Workload
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ class EngineRunner:
         trace_path: Path | None = None
         trace_summary: Mapping[str, Any] | None = None
         telemetry: dict[str, float] = {}
+        quality: QualityRun | None = None
         proc = EngineProcess.start(argv, env, log_path, self.registry_dir)
         engine_started_unix_s = time.time()
         self._proc = proc
@@ -120,6 +122,8 @@ class EngineRunner:
             finally:
                 self._sampler = None
                 telemetry = sampler.stop()
+            if workload.quality is not None and status == "complete":
+                quality = self._quality(base_url, config, workload.quality, workdir)
             # What the log says of the load itself (kernels compiled while serving), read once
             # the measured levels are over.
             served = self.launcher.parse_log(tail(log_path, _RUNTIME_LOG_BYTES))
@@ -153,6 +157,7 @@ class EngineRunner:
             wall_s=time.monotonic() - started,
             engine_started_unix_s=engine_started_unix_s,
             engine_ended_unix_s=engine_ended_unix_s,
+            quality=quality,
         )
 
     def _failure(self, proc: EngineProcess, log_path: Path, phase: str) -> Failure:
@@ -333,6 +338,18 @@ class EngineRunner:
                     level.label, m.request_throughput, m.output_throughput, m.p99_tpot_ms)
         return StepMetrics(step=index, level=level, metrics=m, server_metrics=server,
                            elapsed_s=time.monotonic() - started)
+
+    def _quality(self, base_url: str, config: EngineConfig, spec: QualityEval,
+                 workdir: Path) -> QualityRun:
+        """The output-quality evaluation on the running server, after the measured levels (so
+        it never disturbs them). Its failures are data on the result, never the run's."""
+        if config.skip_tokenizer_init:
+            return QualityRun(error="skipped: the engine runs without a tokenizer "
+                                    "(skip_tokenizer_init); the evaluation sends text.")
+        self._reset_prefix_cache(base_url)
+        run = run_eval(base_url, config.served_model_name, spec, workdir)
+        logger.info("quality evaluation: %s in %.1f s", run.error or "sampled", run.wall_s)
+        return run
 
     def _reset_prefix_cache(self, base_url: str) -> None:
         """POST /reset_prefix_cache where the engine has it (vLLM with VLLM_SERVER_DEV_MODE=1,

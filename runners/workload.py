@@ -351,6 +351,21 @@ def _unpack(probe: Probe) -> tuple[float, bool, float | None]:
 
 
 @dataclass(frozen=True)
+class QualityEval:
+    """The output-quality evaluation a run adds after its load levels (runners/quality.py):
+    the first `num_prompts` prompts of the built-in corpus, each scored teacher-forced
+    (`prompt_logprobs`) and continued greedily for `max_tokens` with top-`top_k` logprobs."""
+
+    num_prompts: int = 32  # prompts of the built-in corpus (45 at most)
+    max_tokens: int = 16  # greedy continuation per prompt, tokens
+    top_k: int = 5  # logprobs per position
+    # Also measure the prompts one at a time (the reference) besides all at once: the defaults
+    # trial's two samples give the reference and the noise floor.
+    measure_floor: bool = False
+    timeout_s: float = 300.0  # the whole evaluation
+
+
+@dataclass(frozen=True)
 class Workload:
     """What load a trial drives. Every trial of a study gets the same prompts (same seed)."""
 
@@ -374,3 +389,4 @@ class Workload:
     # unused.
     capacity: CapacitySearch | None = None
     repeats: int = 1  # measurements of each level on the same server (same prompts)
+    quality: QualityEval | None = None  # an output-quality evaluation after the levels

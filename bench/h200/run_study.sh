@@ -65,6 +65,7 @@ case "${1:-}" in
     status
     if [ "${2:-}" = gpu-test ]; then
       python3 -m pytest -q -p no:cacheprovider -m gpu tests/runners/test_vllm_gpu.py \
+        tests/runners/test_quality_gpu.py \
         -W ignore::DeprecationWarning 2>&1 | tail -30 | tee /root/h200-results/gpu-test.txt
     fi
     for s in $studies; do

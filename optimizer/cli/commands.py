@@ -310,6 +310,8 @@ def export(
         metavar="MS", help="Export the best trial whose TPOT p99 is at most MS milliseconds "
                            "(a point of the Pareto front).")] = None,
     storage: StorageOpt = None,
+    force_quality: Annotated[bool, typer.Option(
+        help="Export a --trial the quality gate refused (its header says so).")] = False,
 ) -> None:
     """Write a trial's config as a `vllm serve --config` YAML, a shell launcher or environment
     variables.
@@ -324,7 +326,8 @@ def export(
 
     cfg = _load(study).with_overrides(storage=storage)
     opened = open_study(cfg, create=False)
-    chosen = select_trial(opened, cfg, number=trial, max_tpot_ms=max_tpot_ms)
+    chosen = select_trial(opened, cfg, number=trial, max_tpot_ms=max_tpot_ms,
+                          force_quality=force_quality)
     note = choice_note(opened, chosen) if trial is None and max_tpot_ms is None else ""
     text = render(chosen, cfg, fmt, note=note)
     if output is None:

@@ -16,7 +16,14 @@ from pydantic import BaseModel, ValidationError
 from optimizer.config.schema import MAX_FILE_BYTES, LengthSpec, StudySpec
 from optimizer.errors import ConfigError
 from optimizer.objectives import OBJECTIVES
-from runners.workload import SLO, CapacitySearch, LengthDistribution, LoadLevel, Workload
+from runners.workload import (
+    SLO,
+    CapacitySearch,
+    LengthDistribution,
+    LoadLevel,
+    QualityEval,
+    Workload,
+)
 from search_spaces.bounded_yaml import YamlLimitError, load_yaml
 
 DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
@@ -79,6 +86,26 @@ class StudyConfig:
     def is_multi_objective(self) -> bool:
         return len(self.objectives) > 1
 
+    @property
+    def quality_skip_reason(self) -> str | None:
+        """Why the study scores no output quality (shown wherever quality is); None when it
+        does (optimizer/quality.py)."""
+        if self.spec.quality.enabled == "off":
+            return "skipped: quality.enabled is off"
+        if self.spec.model.load_format == "dummy":
+            return "skipped: dummy weights"
+        if self.spec.model.skip_tokenizer_init:
+            return "skipped: no tokenizer (model.skip_tokenizer_init)"
+        return None
+
+    @property
+    def quality_eval(self) -> QualityEval | None:
+        """The evaluation each trial's workload carries; None when the gate is skipped."""
+        if self.quality_skip_reason is not None:
+            return None
+        q = self.spec.quality
+        return QualityEval(num_prompts=q.num_prompts, max_tokens=q.max_tokens, top_k=q.top_k)
+
     def workload(self, vocab_size: int = 32000) -> Workload:
         w = self.spec.workload
         return Workload(
@@ -100,6 +127,7 @@ class StudyConfig:
             profile=w.profile,
             startup_timeout_s=w.startup_timeout_s,
             repeats=w.repeats,
+            quality=self.quality_eval,
             capacity=CapacitySearch(axis=w.capacity.axis, low=w.capacity.low,
                                     high=w.capacity.high, tolerance=w.capacity.tolerance,
                                     max_probes=w.capacity.max_probes,

@@ -169,6 +169,27 @@ class WorkloadSpec(_Strict):
         return self
 
 
+class QualitySpec(_Strict):
+    """The quality gate (optimizer/quality.py). The limits are provisional until measured on
+    real weights (docs/quality.md): a limit set to null is not checked."""
+
+    # auto: on with real weights and a tokenizer, skipped (and said so) otherwise.
+    enabled: Literal["auto", "on", "off"] = "auto"
+    max_ppl_increase: float | None = Field(default=0.02, ge=0, le=100)  # 0.02 = +2%
+    max_mean_kl: float | None = Field(default=0.02, ge=0, le=100)  # nats
+    min_top1_agreement: float | None = Field(default=0.90, ge=0, le=1)  # fraction
+    min_greedy_match_tokens: float | None = Field(default=None, ge=0, le=4096)
+    num_prompts: int = Field(default=32, ge=1, le=45)  # of the built-in corpus (45 prompts)
+    max_tokens: int = Field(default=16, ge=1, le=256)  # greedy continuation per prompt
+    top_k: int = Field(default=5, ge=1, le=20)  # logprobs per position
+
+    @field_validator("enabled", mode="before")
+    @classmethod
+    def _yaml_bool(cls, v: Any) -> Any:
+        # YAML 1.1 reads a bare `on` / `off` as a boolean.
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
+
 class SLOSpec(_Strict):
     ttft_p99_ms: float | None = Field(default=None, gt=0)
     tpot_p99_ms: float | None = Field(default=None, gt=0)
@@ -257,6 +278,7 @@ class StudySpec(_Strict):
     model: ModelSpec
     workload: Annotated[WorkloadSpec, Field(default_factory=WorkloadSpec)]
     slo: Annotated[SLOSpec, Field(default_factory=SLOSpec)]
+    quality: Annotated[QualitySpec, Field(default_factory=QualitySpec)]
     objective: str | list[str] = "goodput"  # key(s) of `objectives.OBJECTIVES`
     search_space: str = "auto"  # bundled name, path, or "auto" (by hardware class)
     budget: BudgetSpec
@@ -344,6 +366,15 @@ class StudySpec(_Strict):
             if name is not None and name.replace("-", "_") in self.fixed_flags:
                 raise ValueError(f"vllm.extra_args: {token} repeats fixed_flags."
                                  f"{name.replace('-', '_')}; set it in one place")
+        return self
+
+    @model_validator(mode="after")
+    def _quality_needs_weights(self) -> StudySpec:
+        if self.quality.enabled == "on" and (self.model.load_format == "dummy"
+                                            or self.model.skip_tokenizer_init):
+            raise ValueError("quality.enabled: on needs real weights and a tokenizer but "
+                             "model.load_format is dummy or model.skip_tokenizer_init is set; "
+                             "set quality.enabled: auto (skipped, and said so) or off")
         return self
 
     @model_validator(mode="after")

@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer import gains
 from optimizer.config import StudyConfig
 from optimizer.objectives import OBJECTIVES
+from optimizer.quality import table_cell
 from optimizer.records import ATTR_RECORD
 from optimizer.study import (
     ATTR_CONFIRM,
@@ -55,6 +56,7 @@ class TrialRow:
     is_baseline: bool
     capacity: Bracket | None = None  # after a capacity search: where its capacity lies
     conclusion_short: str = ""  # the conclusion for a table cell (<= ~70 characters)
+    quality: str = ""  # the quality gate's cell (optimizer/quality.py `table_cell`)
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ def _row(trial: FrozenTrial, baseline_flags: Mapping[str, Any],
         capacity=bracket_from_metrics(axis, metrics)  # type: ignore[arg-type]
         if axis in ("concurrency", "request_rate") else None,
         conclusion_short=str(record.get("conclusion_short") or ""),
+        quality=table_cell(record.get("quality")),
     )
 
 
@@ -208,7 +211,9 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
     return Report(
         study=cfg.name, objective=objective, is_maximize=is_max,
         is_simulated=any("runners.simulated" in a for a in argv_texts),
-        rows=rows, baseline=baseline, best=best, pareto=pareto_front(rows),
+        rows=rows, baseline=baseline, best=best,
+        # a config the quality gate refused is no point to deploy
+        pareto=pareto_front([r for r in rows if not r.quality.startswith("REFUSED")]),
         importances=_importances(study) if with_importances else {},
         failures=dict(Counter(r.failure_reason for r in rows
                               if r.state == "failed" and r.failure_reason)),

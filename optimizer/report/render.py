@@ -114,7 +114,7 @@ pipeline, they are not measurements.</div>{% endif %}
 <h2>Every trial</h2>
 <table id="trials"><tr><th>trial</th><th>state</th><th>change vs defaults</th>
 <th>{{ r.objective }} {{ unit }}</th><th>out tok/s</th><th>TPOT p99 ms</th><th>TTFT p99 ms</th>
-<th>start-up s</th><th>bottleneck</th><th>conclusion</th></tr>
+<th>start-up s</th><th>bottleneck</th><th>quality</th><th>conclusion</th></tr>
 {% for row in r.rows %}<tr class="{{ 'best' if r.best and row.number == r.best.number else
  ('baseline' if row.is_baseline else '') }}"><td>{{ row.number }}</td><td>{{ row.state }}</td>
 <td>{{ changes(row) }}</td><td class="num">{{ fmt(row.value) }}</td>
@@ -122,8 +122,8 @@ pipeline, they are not measurements.</div>{% endif %}
 <td class="num">{{ fmt(row.p99_tpot_ms) }}</td>
 <td class="num">{{ fmt(row.p99_ttft_ms) }}</td><td class="num">{{ fmt(row.startup_s) }}</td>
 <td>{% if row.label %}<span class="label" style="background: {{ colours.get(row.label, '#7f7f7f')
-}}">{{ row.label }}</span>{% endif %}</td><td title="{{ row.conclusion }}">{{ short(row)
-}}</td></tr>
+}}">{{ row.label }}</span>{% endif %}</td><td>{{ row.quality }}</td>
+<td title="{{ row.conclusion }}">{{ short(row) }}</td></tr>
 {% endfor %}</table>
 <h2>Parameter importances</h2>
 {% if r.importances %}<img src="importances.png" alt="parameter importances"
@@ -205,11 +205,13 @@ def render_markdown(report: Report) -> str:
     lines += ["", "## Every trial", "",
               f"| trial | state | change vs defaults | {report.objective} "
               f"{objective_unit(report.objective)} | out tok/s | "
-              "TPOT p99 ms | bottleneck | conclusion |", "|---|---|---|---|---|---|---|---|"]
+              "TPOT p99 ms | bottleneck | quality | conclusion |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for row in report.rows:
         lines.append(f"| {row.number} | {row.state} | {_md_cell(_changes(row))} | "
                      f"{_fmt(row.value)} | {_fmt(row.output_throughput)} | "
-                     f"{_fmt(row.p99_tpot_ms)} | {row.label} | {_md_cell(_short(row))} |")
+                     f"{_fmt(row.p99_tpot_ms)} | {row.label} | {_md_cell(row.quality)} | "
+                     f"{_md_cell(_short(row))} |")
     lines += ["", "## Parameter importances", "", "![importances](importances.png)", ""]
     for name, value in sorted(report.importances.items(), key=lambda kv: -kv[1]):
         lines.append(f"- {name}: {value:.2f}")

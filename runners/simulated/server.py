@@ -41,6 +41,7 @@ from starlette.routing import Route
 
 from runners.base import EngineConfig, Failure, FailureReason
 from runners.hardware import HardwareProfile
+from runners.simulated import quality as sim_quality
 from runners.simulated.faults import Faults
 from runners.simulated.model import (
     ATTENTION_BACKENDS,
@@ -634,6 +635,9 @@ def build_app(engine: SimulatedEngine) -> Starlette:
     served = config.served_model_name
     created = int(time.time())
     vocab = engine.model.model.vocab_size
+    logits = sim_quality.LogitModel(vocab, sim_quality.noise_sigma(config.flags),
+                                    sim_quality.numerics_seed(config.flags))
+    in_flight = [0]  # logprob requests being answered
 
     async def health(_: Request) -> Response:
         if engine.is_hung:
@@ -676,6 +680,20 @@ def build_app(engine: SimulatedEngine) -> Starlette:
             return StreamingResponse(
                 _sse(engine, prompt_ids, max_tokens, request_id, model_name, include_usage),
                 media_type="text/event-stream")
+        if sim_quality.wants_logprobs(body):  # the quality evaluation's requests
+            in_flight[0] += 1
+            try:
+                batch_key = in_flight[0]  # 1 = alone; batching moves logprobs a little
+                async for _event in engine.generate(prompt_ids, max_tokens):
+                    pass
+                choice = sim_quality.completion_choice(logits, prompt_ids, body, max_tokens,
+                                                       batch_key)
+            finally:
+                in_flight[0] -= 1
+            return JSONResponse({
+                "id": request_id, "object": "text_completion", "created": int(time.time()),
+                "model": model_name, "choices": [choice],
+                "usage": _usage(len(prompt_ids), max_tokens)})
         words: list[str] = []
         async for event in engine.generate(prompt_ids, max_tokens):
             words.append(_word(event.request.num_output_tokens))
