@@ -600,6 +600,7 @@ class TokenEvent:
     request: SimRequest
     is_first: bool
     is_finished: bool
+    time_s: float = 0.0  # when the step that produced it ended, on the caller's clock
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
@@ -786,7 +787,7 @@ class Scheduler:
                 request.finished_s = now_s
                 self.running.remove(request)
                 self._free(request)
-            events.append(TokenEvent(request, is_first, is_finished))
+            events.append(TokenEvent(request, is_first, is_finished, now_s))
         return events
 
 
