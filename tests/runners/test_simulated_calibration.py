@@ -22,7 +22,7 @@ from runners.simulated.model import BenchmarkEstimate, PerformanceModel, simulat
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "h200_calibration.json"
 RECORDS: list[dict[str, Any]] = json.loads(FIXTURE.read_text())["records"]
-MAX_REPLAYED_REQUESTS = 384  # closed-loop steady state is reached well before; keeps it fast
+MAX_REPLAYED_REQUESTS = 192  # closed-loop steady state is reached well before; keeps it fast
 
 # Relative tolerance per figure, where the model covers it.
 TOLERANCE = {"output_throughput": 0.20, "request_throughput": 0.20, "request_goodput": 0.20,
@@ -80,7 +80,8 @@ def _replay(record: dict[str, Any], concurrency: int | None) -> BenchmarkEstimat
         input_len=length if isinstance(length, int) else 0,
         input_len_range=(length["low"], length["high"]) if isinstance(length, dict) else None,
         output_len=work["output_len"], max_concurrency=concurrency,
-        num_requests=min(work["num_requests"], max(MAX_REPLAYED_REQUESTS, 3 * (concurrency or 0))),
+        num_requests=min(work["num_requests"],
+                         max(MAX_REPLAYED_REQUESTS, 2 * (concurrency or 0))),
         request_rate_rps=rate, slo_ttft_p99_ms=slo.get("ttft_p99_ms"),
         slo_tpot_p99_ms=slo.get("tpot_p99_ms"))
 
