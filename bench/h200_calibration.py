@@ -96,7 +96,7 @@ def _documented() -> Iterator[dict[str, Any]]:
                      "max_model_len": 4096},
            "workload": {**DECODE_64, "num_requests": 192}, "slo": QWEN_SLO, "measured": {},
            "failure": "oom_at_start"}
-    study3 = [  # docs/h200-study.md, study 3 (the daemon's log: goodput at the better level)
+    study3: list[tuple[int, dict[str, Any], float]] = [  # docs/h200-study.md, study 3 (log)
         (0, {}, 29.4), (1, {"kv_cache_dtype": "fp8", "quantization": "fp8"}, 39.2),
         (2, {"quantization": "fp8", "max_num_batched_tokens": 2048}, 37.2),
         (3, {"kv_cache_dtype": "fp8", "quantization": "fp8", "max_num_batched_tokens": 2048},
