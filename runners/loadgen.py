@@ -422,6 +422,7 @@ class _LevelDriver:
         self.max_in_flight = 0
         self.last_progress = time.perf_counter()
         self.abort_reason: str | None = None
+        self.slowest_latency_s: float | None = None  # wall, of the requests ended so far
 
     def _heartbeat(self) -> None:
         self.last_progress = time.perf_counter()
@@ -484,12 +485,7 @@ class _LevelDriver:
                 if self.semaphore is not None:
                     self.semaphore.release()
                 return
-            # In a closed loop over a fixed list, this slot is refilled when this request ends
-            # while at least a slot's worth of requests remain to be sent.
-            is_refilled = (rate is None and self.semaphore is not None
-                           and self.duration_s is None and self.level.max_concurrency is not None
-                           and len(self.tasks) + self.level.max_concurrency
-                           < len(self.requests))
+            is_refilled = self._is_refilled(start)
             burst = 0
             if rate is None and self.level.max_concurrency is not None \
                     and len(self.tasks) < self.level.max_concurrency:
@@ -497,17 +493,36 @@ class _LevelDriver:
             task = asyncio.create_task(self._one(client, spec, is_refilled, burst))
             self.tasks.append((task, spec, time.perf_counter()))
 
+    def _is_refilled(self, start: float) -> bool:
+        """Whether the request about to be sent will be followed at once, in its slot, by
+        another: a closed loop over a fixed list with a slot's worth of requests left, and, on a
+        time-bound level, ending (by the slowest latency seen so far, x1.5) before the limit."""
+        cap = self.level.max_concurrency
+        if self.level.request_rate_rps is not None or cap is None or self.duration_s is not None:
+            return False
+        if len(self.tasks) + cap >= len(self.requests):
+            return False
+        if self.max_duration_s is None:
+            return True
+        if self.slowest_latency_s is None:
+            return False
+        ends_s = time.perf_counter() - start + 1.5 * self.slowest_latency_s
+        return ends_s < self.max_duration_s
+
     async def _one(self, client: httpx.AsyncClient, spec: RequestSpec,
                    is_refilled: bool = False, burst_size: int = 0) -> RequestOutput:
         if self.num_in_flight == 0:
             self._heartbeat()  # the stall clock runs only while something is in flight
         self.num_in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.num_in_flight)
+        sent = time.perf_counter()
         try:
             return await send_request(client, self.base_url, self.model, spec, self.timeout_s,
                                       on_chunk=self._heartbeat, is_refilled=is_refilled,
                                       burst_size=burst_size)
         finally:
+            self.slowest_latency_s = max(self.slowest_latency_s or 0.0,
+                                         time.perf_counter() - sent)
             self.num_in_flight -= 1
             self._heartbeat()
             if self.semaphore is not None:

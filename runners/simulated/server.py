@@ -74,7 +74,7 @@ MODELLED_CLOCK_HEADERS = {MODELLED_CLOCK_HEADER: "modelled"}
 # MODELLED_REFILL_HEADER), the engine holds its modelled clock up to this long (wall seconds)
 # for those arrivals, and stamps them at the step's end: the model of a client that reacts at
 # once, whatever the host's scheduling delay. A promise not kept costs this much wall time.
-REFILL_GRACE_S = 1.0
+REFILL_GRACE_S = 10.0
 # Likewise a burst the client sends at once (MODELLED_BURST_HEADER: its size, the first requests
 # of a closed-loop level) is admitted together, stamped at its first request's arrival.
 DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
@@ -424,6 +424,10 @@ class SimulatedEngine:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), deadline - loop.time())
+        if self._num_arrivals < num_arrivals:
+            logger.warning("Simulated engine: %d announced request(s) did not arrive within "
+                           "%g s; the modelled clock goes on without them.",
+                           num_arrivals - self._num_arrivals, REFILL_GRACE_S)
 
     @property
     def _sigma(self) -> float:
