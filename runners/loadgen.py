@@ -47,6 +47,9 @@ MODELLED_TIME_FIELD: Final = "simulated_time_s"
 # next one as soon as it ends" (a closed loop with requests left), so the server can stamp that
 # next arrival at this one's modelled end instead of after the host's scheduling delay.
 MODELLED_REFILL_HEADER: Final = "x-simulated-refill"
+# With it, how many requests the level still sends after this one: a refill is awaited only
+# while some remain (a failed request frees its slot early, so a promise can outlive its level).
+MODELLED_REMAINING_HEADER: Final = "x-simulated-remaining"
 # Likewise "this request is one of N the client sends at once" (a closed-loop level's first N).
 MODELLED_BURST_HEADER: Final = "x-simulated-burst"
 _modelled_servers: set[str] = set()  # base URLs whose last answer declared a modelled clock
@@ -279,6 +282,7 @@ async def send_request(
     on_chunk: Callable[[], None] | None = None,
     is_refilled: bool = False,
     burst_size: int = 0,
+    num_remaining: int | None = None,
 ) -> RequestOutput:
     """POST one streaming completion and time it; never raises (failures come back as
     `success=False`, as vLLM's request functions do).
@@ -290,6 +294,8 @@ async def send_request(
     headers: dict[str, str] | None = None
     if base_url in _modelled_servers:  # never sent to a server that did not declare its clock
         headers = {MODELLED_REFILL_HEADER: "1"} if is_refilled else {}
+        if num_remaining is not None:
+            headers[MODELLED_REMAINING_HEADER] = str(num_remaining)
         if burst_size > 1:
             headers[MODELLED_BURST_HEADER] = str(burst_size)
     payload: dict[str, Any] = {
@@ -490,7 +496,11 @@ class _LevelDriver:
             if rate is None and self.level.max_concurrency is not None \
                     and len(self.tasks) < self.level.max_concurrency:
                 burst = min(self.level.max_concurrency, len(self.requests))
-            task = asyncio.create_task(self._one(client, spec, is_refilled, burst))
+            closed = rate is None and self.level.max_concurrency is not None \
+                and self.duration_s is None
+            task = asyncio.create_task(self._one(
+                client, spec, is_refilled, burst,
+                len(self.requests) - len(self.tasks) - 1 if closed else None))
             self.tasks.append((task, spec, time.perf_counter()))
 
     def _is_refilled(self, start: float) -> bool:
@@ -510,7 +520,8 @@ class _LevelDriver:
         return ends_s < self.max_duration_s
 
     async def _one(self, client: httpx.AsyncClient, spec: RequestSpec,
-                   is_refilled: bool = False, burst_size: int = 0) -> RequestOutput:
+                   is_refilled: bool = False, burst_size: int = 0,
+                   num_remaining: int | None = None) -> RequestOutput:
         if self.num_in_flight == 0:
             self._heartbeat()  # the stall clock runs only while something is in flight
         self.num_in_flight += 1
@@ -519,7 +530,7 @@ class _LevelDriver:
         try:
             return await send_request(client, self.base_url, self.model, spec, self.timeout_s,
                                       on_chunk=self._heartbeat, is_refilled=is_refilled,
-                                      burst_size=burst_size)
+                                      burst_size=burst_size, num_remaining=num_remaining)
         finally:
             self.slowest_latency_s = max(self.slowest_latency_s or 0.0,
                                          time.perf_counter() - sent)

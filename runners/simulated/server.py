@@ -46,6 +46,7 @@ from runners.loadgen import (
     MODELLED_BURST_HEADER,
     MODELLED_CLOCK_HEADER,
     MODELLED_REFILL_HEADER,
+    MODELLED_REMAINING_HEADER,
     MODELLED_TIME_FIELD,
 )
 from runners.simulated.faults import Faults
@@ -268,9 +269,10 @@ class SimulatedEngine:
         self._reported_hits = 0
         self._epoch_offset_s = 0.0  # wall epoch of modelled time 0, set when the loops start
         self._refilled: set[SimRequest] = set()  # their client sends another when they end
+        self._num_remaining = 0  # requests the refilling client still sends, as it last said
         self._num_arrivals = 0
         self._arrived = asyncio.Event()
-        self._burst_left = 0  # requests of a burst still to arrive
+        self._burst_until = 0  # arrivals counted when the current burst is complete
         self._burst_s = 0.0  # the burst's modelled arrival
 
     # --- start-up ------------------------------------------------------------------------------
@@ -364,24 +366,12 @@ class SimulatedEngine:
         loop = asyncio.get_running_loop()
         while True:
             if not replica.scheduler.has_work:
-                replica.wakeup.clear()
-                await replica.wakeup.wait()
-                if self._burst_left:
-                    await self._await_arrivals(self._num_arrivals + self._burst_left)
-                    self._burst_left = 0
-                # Idle time passes on the modelled clock as on the wall, up to the first
-                # arrival: the engine starts then, however late the loop woke.
-                waiting = replica.scheduler.waiting
-                start_s = (min(r.arrival_s for r in waiting) if waiting
-                           else replica.modelled_now(loop.time()))
-                replica.clock_s = max(replica.clock_s, start_s)
-                replica.lag_s = max(replica.lag_s, loop.time() - replica.clock_s)
+                await self._idle(replica)
             if self.is_hung:
                 await asyncio.Event().wait()  # a wedged engine: alive, silent
             plan = replica.scheduler.schedule(replica.clock_s)
-            if plan is None:
-                replica.wakeup.clear()
-                await replica.wakeup.wait()
+            if plan is None:  # work that cannot be scheduled yet: wait for a change
+                await self._idle(replica)
                 continue
             step_s = plan.breakdown.total_s * self._slowdown * \
                 self._rng.lognormvariate(0.0, self._sigma)
@@ -400,9 +390,24 @@ class SimulatedEngine:
                 await asyncio.Event().wait()
             replica.clock_s, replica.step_start_s = replica.step_end_s, None
             arrivals_before = self._num_arrivals
-            num_refills = self._complete(replica.scheduler, plan, replica.clock_s)
+            num_refills = min(self._complete(replica.scheduler, plan, replica.clock_s),
+                              self._num_remaining)
             if num_refills:
                 await self._await_refills(replica, arrivals_before + num_refills)
+
+    async def _idle(self, replica: _Replica) -> None:
+        """Wait for a request. Idle time passes on the modelled clock as on the wall, up to the
+        first waiting request's arrival: the engine starts then, however late the loop woke."""
+        loop = asyncio.get_running_loop()
+        replica.wakeup.clear()
+        await replica.wakeup.wait()
+        if self._burst_until > self._num_arrivals:
+            await self._await_arrivals(self._burst_until)
+        waiting = replica.scheduler.waiting
+        start_s = (min(r.arrival_s for r in waiting) if waiting
+                   else replica.modelled_now(loop.time()))
+        replica.clock_s = max(replica.clock_s, start_s)
+        replica.lag_s = max(replica.lag_s, loop.time() - replica.clock_s)
 
     async def _await_refills(self, replica: _Replica, num_arrivals: int) -> None:
         """Hold the modelled clock at the step's end until `num_arrivals` requests have arrived
@@ -507,27 +512,36 @@ class SimulatedEngine:
     def should_fail_request(self) -> bool:
         return self._error_rng.random() < float(self.faults.error_rate)
 
+    def note_arrival(self, burst_size: int = 0, arrival_s: float | None = None,
+                     num_remaining: int | None = None) -> None:
+        """A completion request arrived (served, or answered with an error): an announced
+        refill or burst member the engine waits for is kept either way."""
+        if num_remaining is not None:
+            self._num_remaining = num_remaining
+        if burst_size > 1 and self._num_arrivals >= self._burst_until:  # a new burst
+            self._burst_until = self._num_arrivals + burst_size
+            self._burst_s = arrival_s if arrival_s is not None else \
+                self.replicas[0].modelled_now(asyncio.get_running_loop().time())
+        self._num_arrivals += 1
+        self._arrived.set()
+
     async def generate(self, prompt_ids: list[int], max_tokens: int,
-                       is_refilled: bool = False,
-                       burst_size: int = 0) -> AsyncIterator[TokenEvent]:
+                       is_refilled: bool = False, burst_size: int = 0,
+                       num_remaining: int | None = None) -> AsyncIterator[TokenEvent]:
         """The request's tokens as the engine produces them; each event's request carries its
         modelled arrival (`arrival_s`) and token time (`last_token_s`)."""
         loop = asyncio.get_running_loop()
         replica = min(self.replicas, key=lambda r: (r.load, r.index))
         arrival_s = replica.modelled_now(loop.time())
-        if burst_size > 1 and not self._burst_left:  # the first of a burst
-            self._burst_left, self._burst_s = burst_size, arrival_s
-        if self._burst_left and burst_size > 1:
+        self.note_arrival(burst_size, arrival_s, num_remaining)
+        if burst_size > 1:  # a burst is stamped at its first request's arrival
             arrival_s = max(self._burst_s, replica.clock_s)
-            self._burst_left -= 1
         request = SimRequest(uuid.uuid4().hex, len(prompt_ids), max_tokens, arrival_s,
                              block_hashes(prompt_ids, self.model.block_size))
         stream = _Stream(request)
         self._streams[request] = stream
         if is_refilled:
             self._refilled.add(request)
-        self._num_arrivals += 1
-        self._arrived.set()
         replica.scheduler.add(request)
         self._update_gauges()
         replica.wakeup.set()
@@ -772,11 +786,17 @@ def build_app(engine: SimulatedEngine) -> Starlette:
             return _error("Request body must be a JSON object.", 400, "BadRequestError")
         checked = _check_completion(body, served, config.model, vocab,
                                     engine.model.max_model_len)
+        burst_size = _int_or_zero(request.headers.get(MODELLED_BURST_HEADER))
+        is_refilled = request.headers.get(MODELLED_REFILL_HEADER) == "1"
+        remaining_text = request.headers.get(MODELLED_REMAINING_HEADER)
+        num_remaining = _int_or_zero(remaining_text) if remaining_text is not None else None
         if isinstance(checked, JSONResponse):
+            engine.note_arrival(burst_size, num_remaining=num_remaining)
             return checked
         prompt_ids, max_tokens = checked
         engine.request_started()
         if engine.should_fail_request():
+            engine.note_arrival(burst_size, num_remaining=num_remaining)
             return _error("Simulated internal error (sim_error_rate).", 500,
                           "InternalServerError")
         request_id = f"cmpl-{uuid.uuid4().hex}"
@@ -787,8 +807,7 @@ def build_app(engine: SimulatedEngine) -> Starlette:
                 options, Mapping) else False
             return StreamingResponse(
                 _sse(engine, prompt_ids, max_tokens, request_id, model_name, include_usage,
-                     request.headers.get(MODELLED_REFILL_HEADER) == "1",
-                     _int_or_zero(request.headers.get(MODELLED_BURST_HEADER))),
+                     is_refilled, burst_size, num_remaining),
                 media_type="text/event-stream", headers=MODELLED_CLOCK_HEADERS)
         words: list[str] = []
         async for event in engine.generate(prompt_ids, max_tokens):
@@ -870,10 +889,12 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
 
 async def _sse(engine: SimulatedEngine, prompt_ids: list[int], max_tokens: int, request_id: str,
                model_name: str, include_usage: bool,
-               is_refilled: bool = False, burst_size: int = 0) -> AsyncIterator[str]:
+               is_refilled: bool = False, burst_size: int = 0,
+               num_remaining: int | None = None) -> AsyncIterator[str]:
     created = int(time.time())
     num_tokens = 0
-    async for event in engine.generate(prompt_ids, max_tokens, is_refilled, burst_size):
+    async for event in engine.generate(prompt_ids, max_tokens, is_refilled, burst_size,
+                                       num_remaining):
         num_tokens += 1
         chunk = {"id": request_id, "object": "text_completion", "created": created,
                  "model": model_name,
