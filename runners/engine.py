@@ -330,6 +330,8 @@ class EngineRunner:
         after = prometheus.scrape(base_url)
         server = {**prometheus.delta(before, after), **polled,
                   "is_saturated": 1.0 if is_saturated else 0.0}
+        if result.is_modelled_clock:  # the record says its times are a model's clock
+            server["is_modelled_clock"] = 1.0
         # NVML over this level alone: the run's mean mixes light and heavy levels.
         util = self._sampler.gpu_util_mean_pct_since(level_start_s) if self._sampler else None
         if util is not None:

@@ -37,6 +37,23 @@ _CONNECT_TIMEOUT_S = 10.0
 _ERROR_EXCERPT_CHARS = 300
 _WATCH_INTERVAL_S = 0.05  # how often the watchdog looks at stop_event and the stall clock
 _MS_PER_S = 1000.0
+# A simulated engine answers with this header set to "modelled" and puts its modelled clock's
+# times in every chunk: the request's arrival and the token's time, in seconds. Only then are
+# a request's figures read from those times (a real vLLM server never sends the header, so its
+# figures are always the client's own clock); the level's result says which it was.
+MODELLED_CLOCK_HEADER: Final = "x-simulated-clock"
+MODELLED_ARRIVAL_FIELD: Final = "simulated_arrival_s"
+MODELLED_TIME_FIELD: Final = "simulated_time_s"
+# Sent only to a server that declared a modelled clock before: "this request's client sends the
+# next one as soon as it ends" (a closed loop with requests left), so the server can stamp that
+# next arrival at this one's modelled end instead of after the host's scheduling delay.
+MODELLED_REFILL_HEADER: Final = "x-simulated-refill"
+# With it, how many requests the level still sends after this one: a refill is awaited only
+# while some remain (a failed request frees its slot early, so a promise can outlive its level).
+MODELLED_REMAINING_HEADER: Final = "x-simulated-remaining"
+# Likewise "this request is one of N the client sends at once" (a closed-loop level's first N).
+MODELLED_BURST_HEADER: Final = "x-simulated-burst"
+_modelled_servers: set[str] = set()  # base URLs whose last answer declared a modelled clock
 
 
 class StopFlag(Protocol):
@@ -66,6 +83,9 @@ class RequestOutput:
     prompt_len: int = 0  # tokens; the server's usage.prompt_tokens when it sent one
     output_tokens: int = 0  # tokens; usage.completion_tokens, else the number of chunks
     start_time: float = 0.0  # time.perf_counter() when the request was sent
+    # Set only for a server that declared a modelled clock (MODELLED_CLOCK_HEADER): the
+    # request's modelled arrival and last token, and then every time above is modelled too.
+    modelled_span_s: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +96,9 @@ class LevelResult:
     outputs: list[RequestOutput]
     stalled: bool = False  # no chunk from any in-flight request for stall_timeout_s: a hang
     stopped: bool = False  # stop_event ended the level early; not a measurement
+    # The server declared a modelled clock (the simulated engine) and the figures, duration
+    # included, are on it: a model's times, never a measurement.
+    is_modelled_clock: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,6 +281,9 @@ async def send_request(
     timeout_s: float,
     *,
     on_chunk: Callable[[], None] | None = None,
+    is_refilled: bool = False,
+    burst_size: int = 0,
+    num_remaining: int | None = None,
 ) -> RequestOutput:
     """POST one streaming completion and time it; never raises (failures come back as
     `success=False`, as vLLM's request functions do).
@@ -266,6 +292,13 @@ async def send_request(
     watchdog uses it as a heartbeat.
     """
     url = base_url.rstrip("/") + "/v1/completions"
+    headers: dict[str, str] | None = None
+    if base_url in _modelled_servers:  # never sent to a server that did not declare its clock
+        headers = {MODELLED_REFILL_HEADER: "1"} if is_refilled else {}
+        if num_remaining is not None:
+            headers[MODELLED_REMAINING_HEADER] = str(num_remaining)
+        if burst_size > 1:
+            headers[MODELLED_BURST_HEADER] = str(burst_size)
     payload: dict[str, Any] = {
         "model": model,
         "prompt": spec.prompt,
@@ -282,13 +315,20 @@ async def send_request(
     num_chunks = 0
     usage_output_tokens = 0
     prompt_len = spec.prompt_len
+    modelled: list[float] = []  # arrival, then each token's time, on a modelled clock
     try:
-        async with asyncio.timeout(timeout_s), client.stream("POST", url, json=payload) as resp:
+        async with asyncio.timeout(timeout_s), client.stream("POST", url, json=payload,
+                                                         headers=headers) as resp:
             if resp.status_code != 200:
                 body = await resp.aread()
                 excerpt = body[:_ERROR_EXCERPT_CHARS].decode("utf-8", "replace")
                 excerpt = " ".join(excerpt.split())
                 return _failed(spec, start, f"HTTP {resp.status_code}: {excerpt}")
+            is_modelled = resp.headers.get(MODELLED_CLOCK_HEADER) == "modelled"
+            if is_modelled:
+                _modelled_servers.add(base_url)
+            else:
+                _modelled_servers.discard(base_url)
             async for line in resp.aiter_lines():
                 # Comments (":" pings) and event/id fields carry no tokens.
                 if not line.startswith("data:"):
@@ -309,6 +349,10 @@ async def send_request(
                 # Any chunk with choices counts as a token (its text may be empty for special
                 # tokens), as in vLLM; the usage chunk at the end has choices [].
                 if data.get("choices"):
+                    if is_modelled:
+                        if not modelled:
+                            modelled.append(float(data[MODELLED_ARRIVAL_FIELD]))
+                        modelled.append(float(data[MODELLED_TIME_FIELD]))
                     if ttft is None:
                         ttft = timestamp - start
                     else:
@@ -326,14 +370,22 @@ async def send_request(
         return _failed(spec, start, f"{type(exc).__name__}: {exc}")
     if ttft is None:
         return _failed(spec, start, "stream ended without a chunk carrying a token")
+    output_tokens = usage_output_tokens or num_chunks  # a chunk may carry several tokens
+    if modelled:
+        # The server's modelled clock: the same definitions, on times a busy host can't stretch.
+        arrival, first, last = modelled[0], modelled[1], modelled[-1]
+        return RequestOutput(
+            success=True, ttft_s=first - arrival,
+            itl_s=tuple(b - a for a, b in itertools.pairwise(modelled[1:])),
+            latency_s=last - arrival, prompt_len=prompt_len, output_tokens=output_tokens,
+            start_time=start, modelled_span_s=(arrival, last))
     return RequestOutput(
         success=True,
         ttft_s=ttft,
         itl_s=tuple(itls),
         latency_s=most_recent - start,
         prompt_len=prompt_len,
-        # A chunk may carry several tokens: trust usage, fall back to chunks.
-        output_tokens=usage_output_tokens or num_chunks,
+        output_tokens=output_tokens,
         start_time=start,
     )
 
@@ -377,6 +429,7 @@ class _LevelDriver:
         self.max_in_flight = 0
         self.last_progress = time.perf_counter()
         self.abort_reason: str | None = None
+        self.slowest_latency_s: float | None = None  # wall, of the requests ended so far
 
     def _heartbeat(self) -> None:
         self.last_progress = time.perf_counter()
@@ -439,18 +492,49 @@ class _LevelDriver:
                 if self.semaphore is not None:
                     self.semaphore.release()
                 return
-            task = asyncio.create_task(self._one(client, spec))
+            is_refilled = self._is_refilled(start)
+            burst = 0
+            if rate is None and self.level.max_concurrency is not None \
+                    and len(self.tasks) < self.level.max_concurrency:
+                burst = min(self.level.max_concurrency, len(self.requests))
+            closed = rate is None and self.level.max_concurrency is not None \
+                and self.duration_s is None
+            task = asyncio.create_task(self._one(
+                client, spec, is_refilled, burst,
+                len(self.requests) - len(self.tasks) - 1 if closed else None))
             self.tasks.append((task, spec, time.perf_counter()))
 
-    async def _one(self, client: httpx.AsyncClient, spec: RequestSpec) -> RequestOutput:
+    def _is_refilled(self, start: float) -> bool:
+        """Whether the request about to be sent will be followed at once, in its slot, by
+        another: a closed loop over a fixed list with a slot's worth of requests left, and, on a
+        time-bound level, ending (by the slowest latency seen so far, x1.5) before the limit."""
+        cap = self.level.max_concurrency
+        if self.level.request_rate_rps is not None or cap is None or self.duration_s is not None:
+            return False
+        if len(self.tasks) + cap >= len(self.requests):
+            return False
+        if self.max_duration_s is None:
+            return True
+        if self.slowest_latency_s is None:
+            return False
+        ends_s = time.perf_counter() - start + 1.5 * self.slowest_latency_s
+        return ends_s < self.max_duration_s
+
+    async def _one(self, client: httpx.AsyncClient, spec: RequestSpec,
+                   is_refilled: bool = False, burst_size: int = 0,
+                   num_remaining: int | None = None) -> RequestOutput:
         if self.num_in_flight == 0:
             self._heartbeat()  # the stall clock runs only while something is in flight
         self.num_in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.num_in_flight)
+        sent = time.perf_counter()
         try:
             return await send_request(client, self.base_url, self.model, spec, self.timeout_s,
-                                      on_chunk=self._heartbeat)
+                                      on_chunk=self._heartbeat, is_refilled=is_refilled,
+                                      burst_size=burst_size, num_remaining=num_remaining)
         finally:
+            self.slowest_latency_s = max(self.slowest_latency_s or 0.0,
+                                         time.perf_counter() - sent)
             self.num_in_flight -= 1
             self._heartbeat()
             if self.semaphore is not None:
@@ -547,10 +631,17 @@ async def run_level(
     # trust_env=False: an http_proxy from the environment must not capture 127.0.0.1.
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
         outputs, duration = await driver.run(client)
+    spans = [o.modelled_span_s for o in outputs if o.success]
+    is_modelled = bool(spans) and all(span is not None for span in spans)
+    if is_modelled:
+        # The level's duration on the same clock: first arrival to last token.
+        starts, ends = zip(*(span for span in spans if span is not None), strict=True)
+        duration = max(max(ends) - min(starts), 1e-9)
     metrics = compute_metrics(outputs, duration, slo, max_concurrency_seen=driver.max_in_flight)
     logger.info(
-        "level %s: %d completed, %d failed in %.1f s, %.2f req/s, %.1f output tok/s%s",
-        level.label, metrics.completed, metrics.failed, duration, metrics.request_throughput,
+        "level %s: %d completed, %d failed in %.1f s%s, %.2f req/s, %.1f output tok/s%s",
+        level.label, metrics.completed, metrics.failed, duration,
+        " (the server's modelled clock)" if is_modelled else "", metrics.request_throughput,
         metrics.output_throughput,
         f" ({driver.abort_reason})" if driver.abort_reason else "",
     )
@@ -559,6 +650,7 @@ async def run_level(
         outputs=outputs,
         stalled=driver.abort_reason == STALLED_ERROR,
         stopped=driver.abort_reason == STOPPED_ERROR,
+        is_modelled_clock=is_modelled,
     )
 
 

@@ -63,7 +63,10 @@ TP_INIT_S_PER_RANK = 4.0  # NCCL communicator set-up and custom all-reduce IPC h
 # --- step time ------------------------------------------------------------------------------
 GEMM_BW_EFF = 0.85  # share of profile bandwidth a skinny (decode) GEMM streams weights at
 GEMM_FLOP_EFF = 0.90  # share of the measured bf16 peak a large GEMM reaches (nvjet)
-FP8_GEMM_FLOP_EFF = 0.45  # calibrated: per-tensor fp8 prefill was no faster than bf16 on H200
+FP8_GEMM_FLOP_EFF = 0.55  # calibrated: fp8 prefill ~1.2x bf16 at the decode-mix knee (H200 labels)
+# fp8 GEMMs at decode batch sizes stream their (halved) weights less well than bf16's nvjet
+# (calibrated: fp8 TPOT 3.6 ms at 8 concurrent, 4.7-5.0 ms at 64, H200 studies 2-4 and labels).
+FP8_GEMM_BW_EFF = 0.70
 FP8_ACT_QUANT_PASSES = 4  # dynamic activation quant: one read+write of the input per GEMM
 ATTN_DECODE_BW_EFF = 0.75  # share of bandwidth paged decode attention reaches reading KV
 ATTN_PREFILL_FLOP_EFF = 0.50  # causal prefill attention at short lengths
@@ -75,7 +78,7 @@ FLASHINFER_PLAN_S = 0.35e-3
 FLASHINFER_PLAN_PER_SEQ_S = 4e-6
 # fp8 KV on prefill: Q and new K/V are quantized per chunk and the fp8 prefill kernel runs at
 # lower occupancy (calibrated: TTFT worse with fp8 KV on H200); per prefill token per layer.
-KV_FP8_PREFILL_S_PER_TOKEN_LAYER = 0.10e-6
+KV_FP8_PREFILL_S_PER_TOKEN_LAYER = 0.07e-6
 ELEMENTWISE_PASSES_COMPILED = 8  # hidden-sized reads+writes per layer once Inductor fused them
 ELEMENTWISE_PASSES_EAGER = 14  # separate norm, rope, residual, activation kernels
 # Host work per engine step that the GPU waits for: scheduling, input preparation, sampling,
@@ -90,6 +93,18 @@ EAGER_DISPATCH_S = 40e-6  # torch module dispatch + launch per kernel (eager TPO
 COMPILED_KERNELS_PER_LAYER = 9
 COMPILED_DISPATCH_S = 12e-6  # Inductor's wrapper launches kernels with little Python
 PIECEWISE_ATTN_KERNELS_PER_LAYER = 2  # attention runs between graph pieces in mixed batches
+# Eager extras per layer (calibrated on H200 study 1): fp8 weights launch a dynamic activation
+# quant kernel before each of the 4 GEMMs (eager fp8 TPOT 19.6-21.5 vs 16.1-18.8 ms bf16);
+# FlashInfer's Python wrapper runs per layer (eager FLASHINFER +2.8 to +7.4 ms TPOT).
+EAGER_FP8_QUANT_KERNELS_PER_LAYER = 4
+EAGER_FLASHINFER_KERNELS_PER_LAYER = 4
+# Online block-wise fp8 (`quantization: fp8_per_block`) on vLLM 0.26 / H200 JIT-compiles its
+# kernels at start and again while serving (Llama-3.1-8B shape, 2026-12-04: start-up 306 s vs
+# 153 s, TPOT p99 475 ms at 2 req/s, GPU 14% busy). Modelled as measured, not explained: extra
+# start-up, and every step stalls on the host. Fitted to those two figures only.
+JIT_WHILE_SERVING_QUANTIZATIONS = frozenset({"fp8_per_block"})
+JIT_STARTUP_S = 153.0
+JIT_STEP_STALL_S = 0.45
 # Two all-reduces per layer (after o_proj and down_proj).
 ALLREDUCE_LATENCY_S: Mapping[str, float] = {"nvlink": 15e-6, "pcie": 60e-6, "none": 60e-6}
 ALLREDUCE_BW_EFF = 0.7
@@ -273,6 +288,11 @@ class PerformanceModel:
         return self.quantization in FP8_WEIGHT_METHODS
 
     @property
+    def is_jit_while_serving(self) -> bool:
+        """A kernel path measured to JIT-compile while serving (see JIT_STEP_STALL_S)."""
+        return self.quantization in JIT_WHILE_SERVING_QUANTIZATIONS
+
+    @property
     def weight_bytes_per_param(self) -> float:
         if self.quantization is None:
             return 2.0 if self.model.dtype in {"bfloat16", "float16", "half"} else 4.0
@@ -433,7 +453,7 @@ class PerformanceModel:
             profile_s=PROFILE_RUN_S,
             compile_s=compile_s,
             graph_capture_s=graph_s,
-            misc_s=ENGINE_MISC_S,
+            misc_s=ENGINE_MISC_S + (JIT_STARTUP_S if self.is_jit_while_serving else 0.0),
         )
 
     # --- step time -----------------------------------------------------------------------------
@@ -468,7 +488,8 @@ class PerformanceModel:
             linear_peak = bf16_flops * GEMM_FLOP_EFF
         linear_s = 2 * self.linear_params / tp * tokens / linear_peak
         lm_head_s = 2 * self.lm_head_params / tp * logit_rows / (bf16_flops * GEMM_FLOP_EFF)
-        gemm_s = max(gemm_bytes / (bandwidth * GEMM_BW_EFF), linear_s + lm_head_s)
+        bw_eff = FP8_GEMM_BW_EFF if self.is_fp8_weights else GEMM_BW_EFF
+        gemm_s = max(gemm_bytes / (bandwidth * bw_eff), linear_s + lm_head_s)
 
         # Attention: decode reads the KV of every context token; prefill is causal compute.
         backend_eff = BACKEND_EFF.get(self.attention_backend, 1.0)
@@ -502,7 +523,12 @@ class PerformanceModel:
         if uses_graph:
             launch_s = GRAPH_REPLAY_S
         elif self.enforce_eager:
-            launch_s = layers * EAGER_KERNELS_PER_LAYER * EAGER_DISPATCH_S
+            kernels = EAGER_KERNELS_PER_LAYER
+            if self.is_fp8_weights:
+                kernels += EAGER_FP8_QUANT_KERNELS_PER_LAYER
+            if self.attention_backend == "FLASHINFER":
+                kernels += EAGER_FLASHINFER_KERNELS_PER_LAYER
+            launch_s = layers * kernels * EAGER_DISPATCH_S
         elif tokens <= self.max_cudagraph_capture_size:
             # Mixed batches replay the piecewise graphs; attention is launched between them.
             launch_s = GRAPH_REPLAY_S * layers + (
@@ -515,6 +541,8 @@ class PerformanceModel:
         host_s += HOST_PER_PREFILL_TOKEN_S * num_prefill_tokens
         if self.attention_backend == "FLASHINFER":
             host_s += FLASHINFER_PLAN_S + FLASHINFER_PLAN_PER_SEQ_S * num_seqs
+        if self.is_jit_while_serving:
+            host_s += JIT_STEP_STALL_S
         return StepBreakdown(gemm_s=gemm_s, attention_s=attention_s, kv_write_s=kv_write_s,
                              elementwise_s=elementwise_s, quant_s=quant_s, comm_s=comm_s,
                              launch_s=launch_s, host_s=host_s, uses_cuda_graph=uses_graph)
@@ -571,6 +599,7 @@ class TokenEvent:
     request: SimRequest
     is_first: bool
     is_finished: bool
+    time_s: float = 0.0  # when the step that produced it ended, on the caller's clock
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
@@ -757,7 +786,7 @@ class Scheduler:
                 request.finished_s = now_s
                 self.running.remove(request)
                 self._free(request)
-            events.append(TokenEvent(request, is_first, is_finished))
+            events.append(TokenEvent(request, is_first, is_finished, now_s))
         return events
 
 
@@ -781,6 +810,9 @@ class BenchmarkEstimate:
     total_input_tokens: int = 0  # of the finished requests
     total_output_tokens: int = 0
     mean_e2el_ms: float = 0.0
+    p99_ttft_ms: float = 0.0
+    request_throughput: float = 0.0  # requests/s
+    request_goodput: float | None = None  # requests/s meeting the SLO; None without one
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -794,20 +826,37 @@ def _quantile(values: Sequence[float], q: float) -> float:
 
 
 def simulate_benchmark(model: PerformanceModel, *, input_len: int, output_len: int,
-                       max_concurrency: int, num_requests: int,
+                       max_concurrency: int | None, num_requests: int,
                        noise_sigma: float = 0.0, seed: int = 0,
-                       prompts: Iterable[Sequence[int]] | None = None) -> BenchmarkEstimate:
-    """Replay a closed-loop `vllm bench serve --max-concurrency` run through the scheduler in
-    virtual time (no sleeping): the model's answer to the calibration table."""
+                       prompts: Iterable[Sequence[int]] | None = None,
+                       request_rate_rps: float | None = None,
+                       input_len_range: tuple[int, int] | None = None,
+                       slo_ttft_p99_ms: float | None = None,
+                       slo_tpot_p99_ms: float | None = None) -> BenchmarkEstimate:
+    """Replay a `vllm bench serve` run through the scheduler in virtual time (no sleeping): the
+    model's answer to the calibration set.
+
+    Closed loop at `max_concurrency` by default; with `request_rate_rps`, Poisson arrivals
+    (seeded) capped at `max_concurrency` when that is set too. `input_len_range` (low, high)
+    draws each prompt's length uniformly (seeded) instead of `input_len`. With an SLO bound the
+    estimate carries goodput, counted per request as vLLM does."""
     rng = random.Random(seed)
+    arrival_rng = random.Random(seed + 1)
     scheduler = Scheduler(model)
     prompt_iter = iter(prompts) if prompts is not None else None
     now = 0.0
     submitted = 0
     in_flight = 0
     finished: list[SimRequest] = []
+    cap = max_concurrency if max_concurrency is not None else num_requests
+    arrivals: deque[float] = deque()
+    if request_rate_rps is not None:
+        at = 0.0
+        for _ in range(num_requests):
+            arrivals.append(at)
+            at += arrival_rng.expovariate(request_rate_rps)
 
-    def submit() -> None:
+    def submit(arrival_s: float) -> None:
         nonlocal submitted, in_flight
         hashes: tuple[int, ...] = ()
         length = input_len
@@ -815,18 +864,31 @@ def simulate_benchmark(model: PerformanceModel, *, input_len: int, output_len: i
             ids = next(prompt_iter)
             length = len(ids)
             hashes = block_hashes(ids, model.block_size)
-        scheduler.add(SimRequest(f"r{submitted}", length, output_len, now, hashes))
+        elif input_len_range is not None:
+            length = arrival_rng.randint(*input_len_range)
+        scheduler.add(SimRequest(f"r{submitted}", length, output_len, arrival_s, hashes))
         submitted += 1
         in_flight += 1
 
-    while submitted < min(max_concurrency, num_requests):
-        submit()
+    def submit_due() -> None:
+        if request_rate_rps is None:
+            while submitted < num_requests and in_flight < cap:
+                submit(now)
+            return
+        while arrivals and arrivals[0] <= now and in_flight < cap:
+            submit(arrivals.popleft())
+
+    submit_due()
     counters = dict.fromkeys((
         "vllm:prompt_tokens_total", "vllm:prompt_tokens_cached_total",
         "vllm:generation_tokens_total", "vllm:iteration_tokens_total_count",
         "vllm:estimated_flops_per_gpu_total", "vllm:estimated_read_bytes_per_gpu_total",
         "vllm:estimated_write_bytes_per_gpu_total"), 0.0)
-    while scheduler.has_work:
+    while scheduler.has_work or arrivals:
+        if not scheduler.has_work:  # open loop, idle: jump to the next arrival
+            now = max(now, arrivals[0])
+            submit_due()
+            continue
         plan = scheduler.schedule(now)
         if plan is None:
             raise RuntimeError("scheduler stalled: a request does not fit the KV cache")
@@ -849,8 +911,7 @@ def simulate_benchmark(model: PerformanceModel, *, input_len: int, output_len: i
             if event.is_finished:
                 finished.append(event.request)
                 in_flight -= 1
-                if submitted < num_requests:
-                    submit()
+        submit_due()
     per_request: list[tuple[float, float]] = []
     for request in finished:
         if request.first_token_s is None or request.finished_s is None:
@@ -861,9 +922,19 @@ def simulate_benchmark(model: PerformanceModel, *, input_len: int, output_len: i
         per_request.append((ttft, tpot))
     ttfts = [t * 1e3 for t, _ in per_request]
     tpots = [t * 1e3 for _, t in per_request]
+    goodput: float | None = None
+    if slo_ttft_p99_ms is not None or slo_tpot_p99_ms is not None:
+        num_good = sum(
+            (slo_ttft_p99_ms is None or ttft <= slo_ttft_p99_ms)
+            and (slo_tpot_p99_ms is None or tpot <= slo_tpot_p99_ms)
+            for ttft, tpot in zip(ttfts, tpots, strict=True))
+        goodput = num_good / now if now > 0 else 0.0
     return BenchmarkEstimate(
         num_requests=len(finished),
         duration_s=now,
+        p99_ttft_ms=_quantile(ttfts, 0.99),
+        request_throughput=len(finished) / now if now > 0 else 0.0,
+        request_goodput=goodput,
         output_throughput=len(finished) * output_len / now if now > 0 else 0.0,
         mean_ttft_ms=sum(ttfts) / len(ttfts),
         median_ttft_ms=_quantile(ttfts, 0.5),

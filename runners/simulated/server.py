@@ -41,12 +41,21 @@ from starlette.routing import Route
 
 from runners.base import EngineConfig, Failure, FailureReason
 from runners.hardware import HardwareProfile
+from runners.loadgen import (
+    MODELLED_ARRIVAL_FIELD,
+    MODELLED_BURST_HEADER,
+    MODELLED_CLOCK_HEADER,
+    MODELLED_REFILL_HEADER,
+    MODELLED_REMAINING_HEADER,
+    MODELLED_TIME_FIELD,
+)
 from runners.simulated import quality as sim_quality
 from runners.simulated.faults import Faults
 from runners.simulated.model import (
     ATTENTION_BACKENDS,
     ENGINE_VERSION,
     GIB,
+    JIT_STEP_STALL_S,
     PerformanceModel,
     Scheduler,
     SimRequest,
@@ -60,6 +69,16 @@ from runners.simulated.model import (
 logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
+# Every stream says its times are the model's: the load generator then reads TTFT/ITL/latency
+# from the chunks' modelled times, which a busy host CPU cannot stretch (runners/loadgen.py).
+MODELLED_CLOCK_HEADERS = {MODELLED_CLOCK_HEADER: "modelled"}
+# After a step that ended requests whose client promised the next one at once (a closed loop:
+# MODELLED_REFILL_HEADER), the engine holds its modelled clock up to this long (wall seconds)
+# for those arrivals, and stamps them at the step's end: the model of a client that reacts at
+# once, whatever the host's scheduling delay. A promise not kept costs this much wall time.
+REFILL_GRACE_S = 10.0
+# Likewise a burst the client sends at once (MODELLED_BURST_HEADER: its size, the first requests
+# of a closed-loop level) is admitted together, stamped at its first request's arrival.
 DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
 DEFAULT_NOISE_SIGMA = 0.025  # lognormal sigma on step times: run-to-run jitter of a real GPU
 MAX_TRACE_EVENTS = 4000  # keeps a trace small enough for tests and the trace summariser
@@ -198,8 +217,22 @@ class _Replica:
     index: int
     scheduler: Scheduler
     wakeup: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-    deadline: float = 0.0  # loop time the step in flight ends
     task: asyncio.Task[None] | None = None
+    # The modelled clock (seconds, the loop's time base): it advances by modelled step times
+    # only, so a busy host CPU that wakes the loop late stretches no latency. `lag_s` is how
+    # far the loop's clock has run ahead of it (the lateness of every wake-up, summed).
+    clock_s: float = 0.0  # modelled time at the end of the last step (or of the idle wait)
+    lag_s: float = 0.0
+    step_start_s: float | None = None  # modelled span of the step in flight, if any
+    step_end_s: float = 0.0
+
+    def modelled_now(self, loop_time_s: float) -> float:
+        """The modelled time of an event the loop sees at `loop_time_s` (a request arriving):
+        inside the step in flight while one runs, never before the last step's end."""
+        now = loop_time_s - self.lag_s
+        if self.step_start_s is not None:
+            return min(max(now, self.step_start_s), self.step_end_s)
+        return max(now, self.clock_s)
 
     @property
     def load(self) -> int:
@@ -235,6 +268,13 @@ class SimulatedEngine:
         self._profile_events = 0
         self._reported_queries = 0
         self._reported_hits = 0
+        self._epoch_offset_s = 0.0  # wall epoch of modelled time 0, set when the loops start
+        self._refilled: set[SimRequest] = set()  # their client sends another when they end
+        self._num_remaining = 0  # requests the refilling client still sends, as it last said
+        self._num_arrivals = 0
+        self._arrived = asyncio.Event()
+        self._burst_until = 0  # arrivals counted when the current burst is complete
+        self._burst_s = 0.0  # the burst's modelled arrival
 
     # --- start-up ------------------------------------------------------------------------------
     async def _sleep_scaled(self, modelled_s: float) -> None:
@@ -314,37 +354,93 @@ class SimulatedEngine:
         logger.info("Application startup complete.")
         for replica in self.replicas:
             replica.task = asyncio.create_task(self._run_loop(replica))
+        self._epoch_offset_s = time.time() - asyncio.get_running_loop().time()
         self.is_ready = True
         return None
 
     # --- engine loop ---------------------------------------------------------------------------
     async def _run_loop(self, replica: _Replica) -> None:
+        """Step the replica's scheduler on its modelled clock. Each step is slept to its
+        deadline so tokens stream in real time, but every time the engine reports (token times,
+        TTFT/ITL histograms, the trace) is modelled: a wake-up the busy host delays is added to
+        `lag_s`, not to any latency."""
         loop = asyncio.get_running_loop()
         while True:
-            await replica.wakeup.wait()
+            if not replica.scheduler.has_work:
+                await self._idle(replica)
             if self.is_hung:
                 await asyncio.Event().wait()  # a wedged engine: alive, silent
-            now = loop.time()
-            plan = replica.scheduler.schedule(now)
-            if plan is None:
-                replica.wakeup.clear()
+            plan = replica.scheduler.schedule(replica.clock_s)
+            if plan is None:  # work that cannot be scheduled yet: wait for a change
+                await self._idle(replica)
                 continue
             step_s = plan.breakdown.total_s * self._slowdown * \
                 self._rng.lognormvariate(0.0, self._sigma)
+            replica.step_start_s, replica.step_end_s = replica.clock_s, replica.clock_s + step_s
             if replica.index == 0:  # the trace is rank 0's, as vLLM's first worker writes it
-                self._record_profile(plan, step_s)
-            # Sleep to a deadline, not for a duration, so timer lateness does not accumulate.
-            replica.deadline = max(replica.deadline, now) + step_s
-            await asyncio.sleep(max(0.0, replica.deadline - loop.time()))
+                self._record_profile(plan, step_s, replica.clock_s)
+            if self.model.is_jit_while_serving:
+                # The JIT stall is modelled in full but slept time-scaled, as start-up is: the
+                # figures read the modelled clock, and a dry run need not wait out the JIT.
+                replica.lag_s -= min(step_s, JIT_STEP_STALL_S) * (
+                    1.0 - self.settings.startup_time_scale)
+            deadline = replica.step_end_s + replica.lag_s
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            replica.lag_s += max(0.0, loop.time() - deadline)
             if self.is_hung:
                 await asyncio.Event().wait()
-            self._complete(replica.scheduler, plan, loop.time())
+            replica.clock_s, replica.step_start_s = replica.step_end_s, None
+            arrivals_before = self._num_arrivals
+            num_refills = min(self._complete(replica.scheduler, plan, replica.clock_s),
+                              self._num_remaining)
+            if num_refills:
+                await self._await_refills(replica, arrivals_before + num_refills)
+
+    async def _idle(self, replica: _Replica) -> None:
+        """Wait for a request. Idle time passes on the modelled clock as on the wall, up to the
+        first waiting request's arrival: the engine starts then, however late the loop woke."""
+        loop = asyncio.get_running_loop()
+        replica.wakeup.clear()
+        await replica.wakeup.wait()
+        if self._burst_until > self._num_arrivals:
+            await self._await_arrivals(self._burst_until)
+        waiting = replica.scheduler.waiting
+        start_s = (min(r.arrival_s for r in waiting) if waiting
+                   else replica.modelled_now(loop.time()))
+        replica.clock_s = max(replica.clock_s, start_s)
+        replica.lag_s = max(replica.lag_s, loop.time() - replica.clock_s)
+
+    async def _await_refills(self, replica: _Replica, num_arrivals: int) -> None:
+        """Hold the modelled clock at the step's end until `num_arrivals` requests have arrived
+        (closed-loop refills) or REFILL_GRACE_S of wall time passed; the wait is lag."""
+        loop = asyncio.get_running_loop()
+        waited_from = loop.time()
+        replica.step_start_s = replica.step_end_s = replica.clock_s  # arrivals stamp here
+        try:
+            await self._await_arrivals(num_arrivals)
+        finally:
+            replica.step_start_s = None
+            replica.lag_s += loop.time() - waited_from
+
+    async def _await_arrivals(self, num_arrivals: int) -> None:
+        """Until `num_arrivals` requests have arrived in all, or REFILL_GRACE_S passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REFILL_GRACE_S
+        while self._num_arrivals < num_arrivals and loop.time() < deadline:
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), deadline - loop.time())
+        if self._num_arrivals < num_arrivals:
+            logger.warning("Simulated engine: %d announced request(s) did not arrive within "
+                           "%g s; the modelled clock goes on without them.",
+                           num_arrivals - self._num_arrivals, REFILL_GRACE_S)
 
     @property
     def _sigma(self) -> float:
         return self.settings.noise_sigma
 
-    def _complete(self, scheduler: Scheduler, plan: StepPlan, now: float) -> None:
+    def _complete(self, scheduler: Scheduler, plan: StepPlan, now: float) -> int:
+        """Apply a finished step; the number of ended requests whose client refills at once."""
         m, name = self.metrics, self.metrics.model_name
         m.iteration_tokens.labels(model_name=name).observe(plan.num_tokens)
         if m.mfu is not None:
@@ -360,6 +456,7 @@ class SimulatedEngine:
         if plan.num_preempted:
             m.preemptions.labels(model_name=name).inc(plan.num_preempted)
         events = scheduler.complete(plan, now)
+        num_refills = 0
         m.generation_tokens.labels(model_name=name).inc(len(events))
         for event in events:
             request = event.request
@@ -374,7 +471,11 @@ class SimulatedEngine:
             stream = self._streams.get(request)
             if stream is not None:
                 stream.events.put_nowait(event)
+            if event.is_finished and request in self._refilled:
+                self._refilled.discard(request)
+                num_refills += 1
         self._update_gauges()
+        return num_refills
 
     def _update_gauges(self) -> None:
         m, name = self.metrics, self.metrics.model_name
@@ -412,13 +513,36 @@ class SimulatedEngine:
     def should_fail_request(self) -> bool:
         return self._error_rng.random() < float(self.faults.error_rate)
 
-    async def generate(self, prompt_ids: list[int], max_tokens: int) -> AsyncIterator[TokenEvent]:
+    def note_arrival(self, burst_size: int = 0, arrival_s: float | None = None,
+                     num_remaining: int | None = None) -> None:
+        """A completion request arrived (served, or answered with an error): an announced
+        refill or burst member the engine waits for is kept either way."""
+        if num_remaining is not None:
+            self._num_remaining = num_remaining
+        if burst_size > 1 and self._num_arrivals >= self._burst_until:  # a new burst
+            self._burst_until = self._num_arrivals + burst_size
+            self._burst_s = arrival_s if arrival_s is not None else \
+                self.replicas[0].modelled_now(asyncio.get_running_loop().time())
+        self._num_arrivals += 1
+        self._arrived.set()
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int,
+                       is_refilled: bool = False, burst_size: int = 0,
+                       num_remaining: int | None = None) -> AsyncIterator[TokenEvent]:
+        """The request's tokens as the engine produces them; each event's request carries its
+        modelled arrival (`arrival_s`) and token time (`last_token_s`)."""
         loop = asyncio.get_running_loop()
-        request = SimRequest(uuid.uuid4().hex, len(prompt_ids), max_tokens, loop.time(),
+        replica = min(self.replicas, key=lambda r: (r.load, r.index))
+        arrival_s = replica.modelled_now(loop.time())
+        self.note_arrival(burst_size, arrival_s, num_remaining)
+        if burst_size > 1:  # a burst is stamped at its first request's arrival
+            arrival_s = max(self._burst_s, replica.clock_s)
+        request = SimRequest(uuid.uuid4().hex, len(prompt_ids), max_tokens, arrival_s,
                              block_hashes(prompt_ids, self.model.block_size))
         stream = _Stream(request)
         self._streams[request] = stream
-        replica = min(self.replicas, key=lambda r: (r.load, r.index))
+        if is_refilled:
+            self._refilled.add(request)
         replica.scheduler.add(request)
         self._update_gauges()
         replica.wakeup.set()
@@ -426,7 +550,7 @@ class SimulatedEngine:
         try:
             while True:
                 event = await stream.events.get()
-                now = loop.time()
+                now = event.time_s
                 if not event.is_first:
                     self.metrics.itl.labels(model_name=self.metrics.model_name).observe(
                         now - last_s)
@@ -438,6 +562,7 @@ class SimulatedEngine:
                     return
         finally:
             self._streams.pop(request, None)
+            self._refilled.discard(request)
             if not request.is_finished:
                 replica.scheduler.abort(request)  # the client went away
                 self._update_gauges()
@@ -453,7 +578,7 @@ class SimulatedEngine:
         self._profile = []
         self._profile_events = 0
 
-    def _record_profile(self, plan: StepPlan, step_s: float) -> None:
+    def _record_profile(self, plan: StepPlan, step_s: float, start_s: float) -> None:
         if self._profile is None or self._profile_events >= MAX_TRACE_EVENTS:
             return
         # The trace shows the noisy step actually slept, so scale every part alike.
@@ -464,8 +589,9 @@ class SimulatedEngine:
             kv_write_s=b.kv_write_s * scale, elementwise_s=b.elementwise_s * scale,
             quant_s=b.quant_s * scale, comm_s=b.comm_s * scale, launch_s=b.launch_s * scale,
             host_s=b.host_s * scale)
-        self._profile.append(_ProfiledStep(time.time() * 1e6, breakdown, plan.num_tokens,
-                                           plan.num_decode_seqs))
+        # Steps sit on the modelled clock (epoch-anchored), so a busy host adds no gaps.
+        self._profile.append(_ProfiledStep((self._epoch_offset_s + start_s) * 1e6, breakdown,
+                                           plan.num_tokens, plan.num_decode_seqs))
         self._profile_events += _events_per_step(self.model)
 
     def stop_profile(self) -> Path | None:
@@ -664,11 +790,17 @@ def build_app(engine: SimulatedEngine) -> Starlette:
             return _error("Request body must be a JSON object.", 400, "BadRequestError")
         checked = _check_completion(body, served, config.model, vocab,
                                     engine.model.max_model_len)
+        burst_size = _int_or_zero(request.headers.get(MODELLED_BURST_HEADER))
+        is_refilled = request.headers.get(MODELLED_REFILL_HEADER) == "1"
+        remaining_text = request.headers.get(MODELLED_REMAINING_HEADER)
+        num_remaining = _int_or_zero(remaining_text) if remaining_text is not None else None
         if isinstance(checked, JSONResponse):
+            engine.note_arrival(burst_size, num_remaining=num_remaining)
             return checked
         prompt_ids, max_tokens = checked
         engine.request_started()
         if engine.should_fail_request():
+            engine.note_arrival(burst_size, num_remaining=num_remaining)
             return _error("Simulated internal error (sim_error_rate).", 500,
                           "InternalServerError")
         request_id = f"cmpl-{uuid.uuid4().hex}"
@@ -678,8 +810,9 @@ def build_app(engine: SimulatedEngine) -> Starlette:
             include_usage = bool(options.get("include_usage")) if isinstance(
                 options, Mapping) else False
             return StreamingResponse(
-                _sse(engine, prompt_ids, max_tokens, request_id, model_name, include_usage),
-                media_type="text/event-stream")
+                _sse(engine, prompt_ids, max_tokens, request_id, model_name, include_usage,
+                     is_refilled, burst_size, num_remaining),
+                media_type="text/event-stream", headers=MODELLED_CLOCK_HEADERS)
         if sim_quality.wants_logprobs(body):  # the quality evaluation's requests
             in_flight[0] += 1
             try:
@@ -759,6 +892,10 @@ def _check_completion(body: Mapping[str, Any], served: str, model_path: str, voc
     return prompt_ids, raw_max
 
 
+def _int_or_zero(text: str | None) -> int:
+    return int(text) if text is not None and text.isdigit() else 0
+
+
 def _word(index: int) -> str:
     return " " + FAKE_WORDS[(index * 7 + 3) % len(FAKE_WORDS)]
 
@@ -769,17 +906,23 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
 
 
 async def _sse(engine: SimulatedEngine, prompt_ids: list[int], max_tokens: int, request_id: str,
-               model_name: str, include_usage: bool) -> AsyncIterator[str]:
+               model_name: str, include_usage: bool,
+               is_refilled: bool = False, burst_size: int = 0,
+               num_remaining: int | None = None) -> AsyncIterator[str]:
     created = int(time.time())
     num_tokens = 0
-    async for event in engine.generate(prompt_ids, max_tokens):
+    async for event in engine.generate(prompt_ids, max_tokens, is_refilled, burst_size,
+                                       num_remaining):
         num_tokens += 1
         chunk = {"id": request_id, "object": "text_completion", "created": created,
                  "model": model_name,
                  "choices": [{"index": 0, "text": _word(event.request.num_output_tokens),
                               "logprobs": None,
                               "finish_reason": "length" if event.is_finished else None,
-                              "stop_reason": None}]}
+                              "stop_reason": None}],
+                 # Not in vLLM's schema: the modelled clock's times (MODELLED_CLOCK_HEADER).
+                 MODELLED_ARRIVAL_FIELD: event.request.arrival_s,
+                 MODELLED_TIME_FIELD: event.time_s}
         yield f"data: {json.dumps(chunk)}\n\n"
     if include_usage:
         final = {"id": request_id, "object": "text_completion", "created": created,

@@ -263,8 +263,9 @@ def test_decode_latency_follows_the_model_in_real_time(launch):
 
 def _serve_concurrently(flags: dict[str, object], num_requests: int,
                         max_tokens: int) -> tuple[float, list[int]]:
-    """In-process: `num_requests` streams at once on a 7B-shape engine; the wall time they took
-    and how many requests each replica was handed."""
+    """In-process: `num_requests` streams at once on a 7B-shape engine; the time they took on
+    the engine's modelled clock (first arrival to last token: what the load generator reads, so
+    a busy host does not stretch it) and how many requests each replica was handed."""
     import asyncio
 
     from runners.hardware import load_preset
@@ -276,16 +277,18 @@ def _serve_concurrently(flags: dict[str, object], num_requests: int,
             startup_time_scale=1e-5, noise_sigma=0.0))
         assert await engine.start() is None
 
-        async def one(index: int) -> None:
-            async for _ in engine.generate(list(range(index, index + 16)), max_tokens):
-                pass
+        spans: list[tuple[float, float]] = []
 
-        started = time.monotonic()
+        async def one(index: int) -> None:
+            async for event in engine.generate(list(range(index, index + 16)), max_tokens):
+                if event.is_finished:
+                    spans.append((event.request.arrival_s, event.time_s))
+
         tasks = [asyncio.create_task(one(i)) for i in range(num_requests)]
         await asyncio.sleep(0)  # every generator has handed its request to a replica
         handed = [len(r.scheduler.waiting) + len(r.scheduler.running) for r in engine.replicas]
         await asyncio.gather(*tasks)
-        return time.monotonic() - started, handed
+        return max(end for _, end in spans) - min(start for start, _ in spans), handed
 
     return asyncio.run(main())
 
@@ -300,3 +303,68 @@ def test_data_parallel_replicas_split_the_load_and_multiply_decode_throughput():
     # each on its own GPU with half the batch, take about half the time. (At a small batch
     # they would not: per-token latency stays, only capacity doubles.)
     assert one_s / two_s > 1.6, f"DP=2 took {two_s:.2f} s vs {one_s:.2f} s at DP=1"
+
+
+_HOG = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end:\n    pass\n"
+
+
+def _level_figures(engine: Engine) -> dict[str, float]:
+    from runners import loadgen
+    from runners.base import SLO, LengthDistribution, LoadLevel, Workload
+
+    workload = Workload(input_len=LengthDistribution(mean=256),
+                        output_len=LengthDistribution(mean=64), vocab_size=1000)
+    requests = loadgen.build_requests(workload, 96, seed=0)
+    slo = SLO(ttft_p99_ms=200, tpot_p99_ms=10)
+    # As the runner does: one readiness completion first (the load generator learns there
+    # that the server runs a modelled clock), then the measured level.
+    loadgen.run_level_sync(engine.url, "sim", requests[:1], LoadLevel(max_concurrency=1), slo,
+                           timeout_s=60, seed=0)
+    result = loadgen.run_level_sync(
+        engine.url, "sim", requests, LoadLevel(max_concurrency=32), slo, timeout_s=120, seed=0)
+    assert result.is_modelled_clock and result.metrics.completed == 96
+    m = result.metrics
+    return {"output_throughput": m.output_throughput, "request_goodput": m.request_goodput or 0,
+            "median_tpot_ms": m.median_tpot_ms, "p99_tpot_ms": m.p99_tpot_ms,
+            "median_ttft_ms": m.median_ttft_ms, "mean_e2el_ms": m.mean_e2el_ms}
+
+
+def test_one_config_measures_the_same_twice_while_the_cpu_is_busy(launch):
+    """Two servers of one config, each driven by the load generator over HTTP while two
+    processes spin both of a small machine's cores: the figures agree within 2% (they come from
+    the server's modelled clock, which a late-waking event loop does not stretch)."""
+    hogs = [subprocess.Popen([os.sys.executable, "-c", _HOG]) for _ in range(2)]
+    try:
+        runs = []
+        for _ in range(2):
+            engine = launch({"max_model_len": 4096})
+            _wait_healthy(engine, timeout_s=30.0)
+            runs.append(_level_figures(engine))
+            engine.proc.send_signal(signal.SIGTERM)
+            engine.proc.wait(timeout=10)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    first, second = runs
+    spread = {k: abs(second[k] - first[k]) / first[k] for k in first}
+    assert all(v <= 0.02 for v in spread.values()), f"{spread}: {first} vs {second}"
+
+
+def test_a_kernel_path_that_jit_compiles_while_serving_reports_the_measured_stall(launch):
+    """`quantization: fp8_per_block` served TPOT p99 475 ms on the H200 (kernels JIT-compiled
+    while serving): the figures say so, on the modelled clock, without the test sleeping it."""
+    from runners import loadgen
+    from runners.base import SLO, LengthDistribution, LoadLevel, Workload
+
+    engine = launch({"quantization": "fp8_per_block"})
+    _wait_healthy(engine, timeout_s=30.0)
+    workload = Workload(input_len=LengthDistribution(mean=64),
+                        output_len=LengthDistribution(mean=8), vocab_size=1000)
+    requests = loadgen.build_requests(workload, 4, seed=0)
+    started = time.monotonic()
+    result = loadgen.run_level_sync(engine.url, "sim", requests, LoadLevel(max_concurrency=2),
+                                    SLO(tpot_p99_ms=10), timeout_s=60, seed=0)
+    assert result.is_modelled_clock and result.metrics.completed == 4
+    assert result.metrics.median_tpot_ms > 400 and result.metrics.request_goodput == 0
+    assert time.monotonic() - started < 5.0, "the stall is slept time-scaled, as start-up"
