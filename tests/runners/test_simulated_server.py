@@ -310,7 +310,7 @@ _HOG = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end:
 
 def _level_figures(engine: Engine) -> dict[str, float]:
     from runners import loadgen
-    from runners.base import SLO, LengthDistribution, LoadLevel, Workload
+    from runners.workload import SLO, LengthDistribution, LoadLevel, Workload
 
     workload = Workload(input_len=LengthDistribution(mean=256),
                         output_len=LengthDistribution(mean=64), vocab_size=1000)
@@ -355,7 +355,7 @@ def test_a_kernel_path_that_jit_compiles_while_serving_reports_the_measured_stal
     """`quantization: fp8_per_block` served TPOT p99 475 ms on the H200 (kernels JIT-compiled
     while serving): the figures say so, on the modelled clock, without the test sleeping it."""
     from runners import loadgen
-    from runners.base import SLO, LengthDistribution, LoadLevel, Workload
+    from runners.workload import SLO, LengthDistribution, LoadLevel, Workload
 
     engine = launch({"quantization": "fp8_per_block"})
     _wait_healthy(engine, timeout_s=30.0)
