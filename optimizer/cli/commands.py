@@ -211,7 +211,7 @@ def export(
     opened = open_study(cfg, create=False)
     chosen = select_trial(opened, cfg, number=trial, max_tpot_ms=max_tpot_ms)
     note = choice_note(opened, chosen) if trial is None and max_tpot_ms is None else ""
-    text = render(chosen, cfg, fmt, note=note)
+    text = render(chosen, cfg, fmt, note=note, path=output)
     if output is None:
         sys.stdout.write(text)
     else:
