@@ -27,7 +27,7 @@ from optimizer.outcomes import Running, Told
 from optimizer.records import tracking_payload
 from optimizer.recovery import Recovery, trial_workdir
 from optimizer.search import SearchPolicy
-from optimizer.study import ATTR_MLFLOW_RUN, best_trial, make_storage, open_study
+from optimizer.study import ATTR_CONFIRM, ATTR_MLFLOW_RUN, best_trial, make_storage, open_study
 from optimizer.tracking import Tracker
 from runners.base import EngineConfig, FailureReason, RunResult
 from runners.hardware import HardwareProfile
@@ -137,7 +137,8 @@ class Daemon:
             self._parent_run = self.tracker.start_study(
                 self.cfg.name, params=self.study_params, artifacts=self.study_artifacts)
             Recovery(study, storage, self.space, self.tracker, self._parent_run, self.cfg.name,
-                     self.cfg.results_dir, self.cfg.spec.retries).run()
+                     self.cfg.results_dir, self.cfg.spec.retries,
+                     fixed_flags=self.cfg.engine_fixed_flags).run()
             policy = SearchPolicy(self.cfg, self.space, study, workload=self.workload,
                                   total_gpus=self.executor.total_gpus,
                                   max_gpus_per_node=self.max_gpus_per_node,
@@ -283,7 +284,8 @@ class Daemon:
     def _open_run(self, trial: optuna.Trial, params: Mapping[str, Any]) -> str | None:
         try:
             run_id = self.tracker.start_trial(self._parent_run, self.cfg.name, trial.number,
-                                              params)
+                                              params,
+                                              confirm=trial.user_attrs.get(ATTR_CONFIRM))
         except Exception as exc:  # any store error: the study must go on
             self._tracking_failed("start_trial", trial.number, exc)
             return None
@@ -310,7 +312,10 @@ class Daemon:
         if told.kind == "duplicate":
             return  # launched nothing, has no run: its original's stands
         record = told.record
-        self._close_run(told.number, told.run_id, tracking_payload(record, told.result))
+        confirm = told.running.trial.user_attrs.get(ATTR_CONFIRM) if told.running else None
+        self._close_run(told.number, told.run_id, tracking_payload(
+            record, told.result, number=told.number, fixed_flags=self.cfg.engine_fixed_flags,
+            confirm=confirm))
         if told.kind == "rejected":
             self.on_event(TrialEvent("finished", told.number, dict(record.params), "failed",
                                      None, None, record.conclusion))
