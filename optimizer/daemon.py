@@ -135,7 +135,8 @@ class Daemon:
                 self._lease = lease
             self._reap_strays()
             self._parent_run = self.tracker.start_study(
-                self.cfg.name, params=self.study_params, artifacts=self.study_artifacts)
+                self.cfg.name, params=self.study_params, artifacts=self.study_artifacts,
+                objectives=dict(zip(self.cfg.objectives, self.cfg.directions, strict=True)))
             Recovery(study, storage, self.space, self.tracker, self._parent_run, self.cfg.name,
                      self.cfg.results_dir, self.cfg.spec.retries,
                      fixed_flags=self.cfg.engine_fixed_flags).run()

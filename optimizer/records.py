@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from optimizer.objectives import OBJECTIVES
 from optimizer.study import ATTR_RECORD, metrics_value, objective_value, step_value
 from optimizer.tracking import KIND_CONFIRMATION, TAG_CONFIRM, TAG_KIND
-from runners.base import RunResult, StepMetrics
+from runners.base import BenchmarkMetrics, RunResult, StepMetrics
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -186,6 +186,8 @@ _SHORT_PREFIX = {
 }
 _VALUE_ONLY = frozenset({"quantization", "attention_backend"})  # `fp8`, `flashinfer`
 RUN_NAME_CHARS = 48  # beyond this the rest is counted (`+3`): the runs table's name column
+_LEVEL_KEYS = frozenset({f.name for f in fields(BenchmarkMetrics)} |
+                        {f"spread.{o}" for o in ("goodput", "throughput", "tpot")})
 HEADLINE_PREFIX = "headline."  # the headline level's figures, apart from the per-level series
 
 
@@ -285,7 +287,9 @@ def tracking_payload(record: TrialRecord, result: RunResult | None, *, number: i
             files.append(result.trace_path)
     launch = {"argv": list(record.argv), "env": dict(record.env), "flags": dict(record.flags)}
     step_metrics = [(s["step"], s["metrics"]) for s in record.steps]
-    per_level = {k for _, values in step_metrics for k in values}
+    # A fixed rule, so a name means one thing in every run: every figure a load level has
+    # (vLLM's benchmark keys, `spread.*`) and anything else some level of this trial logged.
+    per_level = {k for _, values in step_metrics for k in values} | _LEVEL_KEYS
     # `objective.*` is the trial's value as Optuna holds it: a complete trial's only (a failed
     # or pruned one has none, whatever its levels measured before it ended).
     metrics = {(HEADLINE_PREFIX + k if k in per_level else k): v

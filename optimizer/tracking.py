@@ -32,8 +32,43 @@ KIND_TRIAL, KIND_CONFIRMATION = "trial", "confirmation"  # a trial's run: search
 TAG_CONFIRM = "nightshift.confirm"  # a confirmation run's side: "defaults" or "best"
 # MLflow 3's experiment kind (the UI reads it: mlflow/server/js, 3.17.2): a GenAI experiment
 # opens on an Overview of traces, a custom-model one on its runs table, which is what a study is.
+# MLflow 3.17's UI reads it only where its GenAI / Model training selector is off, and that
+# selector is on by default: the page opens on runs with `?workflowType=machine_learning`, or
+# after one click on "Model training" (remembered by the browser); `runs_page` builds that URL.
 TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
 EXPERIMENT_KIND_RUNS = "custom_model_development"
+# A saved view of the runs table (MLflow 3.17: the experiment tag `mlflow.sharedViewState.<key>`
+# holding `{name, createdAt, updatedAt, state}`, opened by `?viewStateShareKey=<key>` or from the
+# page's Views menu): the trials without the parent, best first, with the columns that matter.
+VIEW_KEY = "nightshift"
+_VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
+# The headline figures a view shows beside the objectives (see `records.tracking_payload`).
+VIEW_METRICS = ("headline.request_goodput", "headline.output_throughput",
+                "headline.p99_ttft_ms", "headline.p99_tpot_ms", "engine.startup_s")
+VIEW_TAGS = ("state", "bottleneck")
+
+
+def runs_view(objectives: Mapping[str, str]) -> dict[str, Any]:
+    """The runs table's state for a study with `objectives` (name -> "maximize"/"minimize")."""
+    first = next(iter(objectives), None)
+    state: dict[str, Any] = {
+        "searchFilter": f"tags.`{TAG_KIND}` != 'study'",
+        "selectedColumns": ["attributes.`Description`",
+                            *(f"metrics.`objective.{o}`" for o in objectives),
+                            *(f"metrics.`{m}`" for m in VIEW_METRICS),
+                            *(f"tags.`{t}`" for t in VIEW_TAGS)],
+    }
+    if first is not None:
+        state.update(orderByKey=f"metrics.`objective.{first}`",
+                     orderByAsc=objectives[first] == "minimize")
+    return state
+
+
+def runs_page(server_url: str, experiment_id: str) -> str:
+    """The study's runs table in the MLflow UI at `server_url` (`mlflow ui` prints it), with
+    nightshift's view: the trials, best first, their conclusions and headline figures."""
+    return (f"{server_url.rstrip('/')}/#/experiments/{experiment_id}/runs?"
+            f"viewStateShareKey={VIEW_KEY}&workflowType=machine_learning")
 TAG_TRIAL = "nightshift.trial"
 TAG_STATE = "state"  # complete | pruned | failed | running
 TAG_FAILURE = "failure_reason"
@@ -131,12 +166,12 @@ class Tracker:
         return exp_id
 
     def start_study(self, study_name: str, *, params: Mapping[str, Any],
-                    artifacts: Mapping[str, Any]) -> str:
+                    artifacts: Mapping[str, Any], objectives: Mapping[str, str] = {}) -> str:
         """The parent run of a study: reused when the study resumes. The experiment is marked
-        to open on its runs (a store written before that mark gets it now)."""
+        as one of runs and given nightshift's view of its runs table (`runs_view`, sorted by
+        the first of `objectives`: name -> direction); a store written before gets both now."""
         exp_id = self.experiment_id(study_name)
-        if self.client.get_experiment(exp_id).tags.get(TAG_EXPERIMENT_KIND) is None:
-            self.client.set_experiment_tag(exp_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND_RUNS)
+        self.mark_experiment(exp_id, objectives)
         found = self.client.search_runs(
             [exp_id], filter_string=f"tags.`{TAG_KIND}` = 'study'", max_results=1)
         if found:
@@ -151,6 +186,25 @@ class Tracker:
         for name, data in artifacts.items():
             self.client.log_dict(run_id, data, name)
         return run_id
+
+    def mark_experiment(self, exp_id: str, objectives: Mapping[str, str]) -> None:
+        """The experiment-kind tag and the runs view (`runs_view`), each written where it is
+        missing or differs (a resume writes nothing)."""
+        tags = self.client.get_experiment(exp_id).tags
+        if tags.get(TAG_EXPERIMENT_KIND) is None:
+            self.client.set_experiment_tag(exp_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND_RUNS)
+        state = json.dumps(runs_view(objectives), sort_keys=True)
+        try:
+            previous = json.loads(tags.get(_VIEW_TAG) or "{}")
+        except ValueError:
+            previous = {}
+        if previous.get("state") != state:
+            now_ms = int(time.time() * 1000)
+            created_ms = previous.get("createdAt") if isinstance(
+                previous.get("createdAt"), int) else now_ms
+            self.client.set_experiment_tag(exp_id, _VIEW_TAG, json.dumps(
+                {"name": VIEW_KEY, "createdAt": created_ms, "updatedAt": now_ms,
+                 "state": state}))
 
     def log_study_event(self, parent_run_id: str, key: str, value: str) -> None:
         self.client.set_tag(parent_run_id, key, value[:5000])
