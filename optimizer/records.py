@@ -240,9 +240,9 @@ def tracking_payload(record: TrialRecord, result: RunResult | None, *, number: i
     """Arguments of `Tracker.finish_trial` from a trial record (and its fresh result, whose
     files exist only the first time): the run's name and description, its kind (a trial or a
     confirmation), and the metrics. A load level's figures are series over the levels (step =
-    level); the headline level's copies of them go under `headline.` (`headline.
-    request_goodput`), never at step 0 on top of level 0's. The daemon and the catch-up both
-    call it, so a replayed run is the same run."""
+    level); the headline level's copies of them are named `headline.<name>`
+    (`headline.request_goodput`), never a second point at step 0 on top of level 0's. The
+    daemon and the catch-up both call it, so a replayed run is the same run."""
     tags = {"conclusion": record.conclusion, "mlflow.runName": run_name(
         number, record, fixed_flags, confirm)}
     if confirm:
