@@ -142,14 +142,16 @@ class Daemon:
             self._reap_strays()
             try:
                 self._parent_run = self.tracker.start_study(
-                    self.cfg.name, params=self.study_params, artifacts=self.study_artifacts)
+                    self.cfg.name, params=self.study_params, artifacts=self.study_artifacts,
+                    objectives=dict(zip(self.cfg.objectives, self.cfg.directions, strict=True)))
             except Exception as exc:  # the store broke since the start-up check: start nothing
                 raise TrackingError(
                     f"MLflow refused the study's run at {self.cfg.tracking_uri} "
                     f"({type(exc).__name__}: {str(exc)[:200]}); nothing was launched; fix the "
                     "store and run `nightshift start` again.") from exc
             Recovery(study, storage, self.space, self.tracker, self._parent_run, self.cfg.name,
-                     self.cfg.results_dir, self.cfg.spec.retries).run()
+                     self.cfg.results_dir, self.cfg.spec.retries,
+                     fixed_flags=self.cfg.engine_fixed_flags).run()
             policy = SearchPolicy(self.cfg, self.space, study, workload=self.workload,
                                   total_gpus=self.executor.total_gpus,
                                   max_gpus_per_node=self.max_gpus_per_node,
@@ -298,7 +300,8 @@ class Daemon:
     def _open_run(self, trial: optuna.Trial, params: Mapping[str, Any]) -> str | None:
         try:
             run_id = self.tracker.start_trial(self._parent_run, self.cfg.name, trial.number,
-                                              params)
+                                              params,
+                                              confirm=trial.user_attrs.get(ATTR_CONFIRM))
         except Exception as exc:  # any store error: the study must go on
             self._tracking_failed("start_trial", trial.number, exc)
             return None
@@ -325,7 +328,10 @@ class Daemon:
         if told.kind == "duplicate":
             return  # launched nothing, has no run: its original's stands
         record = told.record
-        self._close_run(told.number, told.run_id, tracking_payload(record, told.result))
+        confirm = told.running.trial.user_attrs.get(ATTR_CONFIRM) if told.running else None
+        self._close_run(told.number, told.run_id, tracking_payload(
+            record, told.result, number=told.number, fixed_flags=self.cfg.engine_fixed_flags,
+            confirm=confirm))
         if told.kind == "rejected":
             self.on_event(TrialEvent("finished", told.number, dict(record.params), "failed",
                                      None, None, record.conclusion_short or record.conclusion))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -25,6 +26,7 @@ from optimizer.study import (
     is_measured,
     recommended_trial,
 )
+from runners.model_info import BUNDLED_CHECKPOINTS, bundled_shape_of
 from runners.vllm.facts import ENV_PREFIXES
 from runners.vllm.flags import to_argv, to_config_dict
 from runners.vllm.launcher import config_flags
@@ -98,29 +100,62 @@ def trial_env(record: Mapping[str, Any]) -> dict[str, str]:
             if k.startswith(ENV_PREFIXES) and k not in _PLACEMENT_ENV}
 
 
-def serve_argv(model: str, flags: Mapping[str, Any]) -> list[str]:
-    """`vllm serve MODEL` with snake_case `flags` rendered by the one flag renderer."""
-    return ["vllm", "serve", model, *to_argv(flags)]
+def serve_argv(model: str, flags: Mapping[str, Any], extra_args: Sequence[str] = ()) -> list[str]:
+    """`vllm serve MODEL` with snake_case `flags` rendered by the one flag renderer, then the
+    study's `vllm.extra_args` verbatim (as the runner passed them)."""
+    return ["vllm", "serve", model, *to_argv(flags), *extra_args]
 
 
-def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
-           note: str = "") -> str:
-    if fmt not in FORMATS:
-        raise ConfigError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}.")
-    record = trial.user_attrs.get(ATTR_RECORD) or {}
+def deploy_model(cfg: StudyConfig) -> tuple[str, str]:
+    """The model a deployment serves and, where it is not what the study measured, why: the
+    hub id or path the user gave, as given; for a bundled shape (config.json only, measured
+    with dummy weights), the real checkpoint it stands for."""
+    given = cfg.spec.model.path
+    shape = bundled_shape_of(given)
+    if shape is None:
+        return given, ""
+    checkpoint = BUNDLED_CHECKPOINTS.get(shape)
+    if checkpoint is None:
+        return given, (f"model: {given!r} is a bundled shape (config.json only): replace it "
+                       "with the checkpoint of that shape you serve")
+    return checkpoint, (f"model: the study measured the bundled shape {shape!r} (config.json "
+                        f"only, dummy weights), which stands for {checkpoint}; any checkpoint "
+                        "of that shape runs the same")
+
+
+def deploy_flags(cfg: StudyConfig, record: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """What a deployment passes besides the model (snake_case): the trial's flags and the
+    study's `fixed_flags`, without the benchmark's artefacts (dummy weights, no tokenizer) and
+    with a served name only where the study file set one (nightshift's own is `model`)."""
     config = engine_config(cfg, record.get("flags") or {})
     flags = config_flags(config)
+    if "served_model_name" not in cfg.spec.model.model_fields_set:
+        flags.pop("served_model_name", None)
     notes = []
     if config.load_format == "dummy" or config.skip_tokenizer_init:
         # Benchmark artefacts: speed does not depend on weight values or the tokenizer.
         flags.pop("load_format", None)
         flags.pop("skip_tokenizer_init", None)
         notes.append("measured with dummy weights and token-id prompts; serves real weights as is")
+    return flags, notes
+
+
+def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
+           note: str = "", path: Path | None = None) -> str:
+    """The trial as `fmt`; `path` is the file it is written to (the YAML's run line names it)."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}.")
+    record = trial.user_attrs.get(ATTR_RECORD) or {}
+    flags, notes = deploy_flags(cfg, record)
+    model, model_note = deploy_model(cfg)
+    if model_note:
+        notes.append(model_note)
     if note:
         notes.insert(0, note)
     quality_note = header_line(record.get("quality"), cfg.quality_skip_reason)
     if quality_note:
         notes.append(quality_note)
+    extra_args = tuple(cfg.spec.vllm.extra_args)
     env = trial_env(record)
     values = ", ".join(f"{o}={v:.4g}" for o, v in zip(cfg.objectives, trial.values or [],
                                                       strict=False))
@@ -128,15 +163,21 @@ def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
              f"{record.get('conclusion', '')}" + "".join(f"\n{n}" for n in notes))
     if fmt == "env":
         header = "".join(f"# {line}\n" for line in about.splitlines())
+        if not env:
+            return header + ("# environment: none needed (the trial ran with no VLLM_, NCCL_, "
+                             "CUDA_, TORCH_ or PYTORCH_ variable set)\n")
         return header + "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items())
     if fmt == "sh":
         lines = ["#!/usr/bin/env bash", *(f"# {line}" for line in about.splitlines()),
                  "set -euo pipefail"]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
-        lines.append("exec " + shlex.join(serve_argv(config.model, flags)) + ' "$@"')
+        lines.append("exec " + shlex.join(serve_argv(model, flags, extra_args)) + ' "$@"')
         return "\n".join(lines) + "\n"
+    config_file = shlex.quote(str(path)) if path is not None else "THIS_FILE"
+    run = shlex.join(["vllm", "serve", model]) + f" --config {config_file}" + \
+        "".join(f" {shlex.quote(a)}" for a in extra_args)
     comments = [*(f"# {line}" for line in about.splitlines()),
-                f"# run: vllm serve {shlex.quote(config.model)} --config THIS_FILE"]
+                f"# run: {run}" + (" (with the env: variables below set)" if env else "")]
     # A comment is one line: values go JSON-escaped (a newline would end the comment).
     comments += [f"# env: {k}={json.dumps(v)}" for k, v in env.items()]
     body: str = yaml.safe_dump(to_config_dict(flags), sort_keys=False, default_flow_style=False)

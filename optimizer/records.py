@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from optimizer.objectives import OBJECTIVES, metrics_value, objective_value, step_value
-from runners.base import RunResult, StepMetrics
+from optimizer.tracking import KIND_CONFIRMATION, TAG_CONFIRM, TAG_KIND
+from runners.base import BenchmarkMetrics, RunResult, StepMetrics
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -179,10 +180,78 @@ def step_records(steps: Sequence[StepMetrics]) -> list[dict[str, Any]]:
 
 
 
-def tracking_payload(record: TrialRecord, result: RunResult | None) -> dict[str, Any]:
+# A run's name: `t003 fp8+kv-fp8`, the flags a trial changed in a few characters each.
+_SHORT_PREFIX = {
+    "kv_cache_dtype": "kv-", "tensor_parallel_size": "tp", "data_parallel_size": "dp",
+    "pipeline_parallel_size": "pp", "max_num_batched_tokens": "mnbt", "max_num_seqs": "seqs",
+    "gpu_memory_utilization": "gmu", "max_model_len": "len", "block_size": "block",
+    "compilation_config.cudagraph_mode": "cg-", "max_cudagraph_capture_size": "cgmax",
+    "cpu_offload_gb": "offload", "dtype": "dtype-",
+}
+_VALUE_ONLY = frozenset({"quantization", "attention_backend"})  # `fp8`, `flashinfer`
+RUN_NAME_CHARS = 48  # beyond this the rest is counted (`+3`): the runs table's name column
+_LEVEL_KEYS = frozenset({f.name for f in fields(BenchmarkMetrics)} |
+                        {f"spread.{o}" for o in ("goodput", "throughput", "tpot")})
+HEADLINE_PREFIX = "headline."  # the headline level's figures, apart from the per-level series
+
+
+def _short_value(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1024 \
+            and value % 1024 == 0:
+        return f"{value // 1024}k"
+    return str(value).lower().replace("_", "-")
+
+
+def short_change(name: str, value: Any) -> str:
+    """One changed flag in a few characters: `kv-fp8`, `tp2`, `mnbt2k`, `eager`."""
+    if isinstance(value, bool):
+        base = name.removeprefix("no_")
+        negated = name.startswith("no_") == value  # `no_x: true` and `x: false` both drop x
+        return ("no-" if negated else "") + base.replace("_", "-")
+    if name in _VALUE_ONLY:
+        return _short_value(value)
+    prefix = _SHORT_PREFIX.get(name)
+    if prefix is None:
+        return f"{name.rsplit('.', 1)[-1].replace('_', '-')}={_short_value(value)}"
+    return prefix + _short_value(value)
+
+
+def run_name(number: int, record: TrialRecord, fixed_flags: Mapping[str, Any] = {},
+             confirm: str | None = None) -> str:
+    """`t003 fp8+kv-fp8`: the trial number and the flags it set beyond vLLM's defaults and the
+    study's fixed flags; `t000 defaults`; `c014 confirm best` for a confirmation run."""
+    if confirm:
+        return f"c{number:03d} confirm {confirm}"
+    changed = [short_change(k, v) for k, v in record.flags.items()
+               if k not in fixed_flags or fixed_flags[k] != v]
+    if record.is_baseline and not changed:
+        return f"t{number:03d} defaults"
+    shown: list[str] = []
+    for i, change in enumerate(changed):
+        rest = len(changed) - i - 1
+        text = f"t{number:03d} " + "+".join([*shown, change]) + (f" +{rest}" if rest else "")
+        if shown and len(text) > RUN_NAME_CHARS:
+            break
+        shown.append(change)
+    hidden = len(changed) - len(shown)
+    return f"t{number:03d}" + (" " + "+".join(shown) if shown else "") + \
+        (f" +{hidden}" if hidden else "")
+
+
+def tracking_payload(record: TrialRecord, result: RunResult | None, *, number: int,
+                     fixed_flags: Mapping[str, Any] = {},
+                     confirm: str | None = None) -> dict[str, Any]:
     """Arguments of `Tracker.finish_trial` from a trial record (and its fresh result, whose
-    files exist only the first time)."""
-    tags = {"conclusion": record.conclusion}
+    files exist only the first time): the run's name and description, its kind (a trial or a
+    confirmation), and the metrics. A load level's figures are series over the levels (step =
+    level); the headline level's copies of them are named `headline.<name>`
+    (`headline.request_goodput`), never a second point at step 0 on top of level 0's. The
+    daemon and the catch-up both call it, so a replayed run is the same run."""
+    tags = {"conclusion": record.conclusion, "mlflow.runName": run_name(
+        number, record, fixed_flags, confirm)}
+    if confirm:
+        tags[TAG_KIND] = KIND_CONFIRMATION
+        tags[TAG_CONFIRM] = confirm
     if record.argv:
         tags["launch_command"] = shlex.join(record.argv)
     if record.failure_reason:
@@ -223,10 +292,19 @@ def tracking_payload(record: TrialRecord, result: RunResult | None) -> dict[str,
         if result.trace_path is not None:
             files.append(result.trace_path)
     launch = {"argv": list(record.argv), "env": dict(record.env), "flags": dict(record.flags)}
+    step_metrics = [(s["step"], s["metrics"]) for s in record.steps]
+    # A fixed rule, so a name means one thing in every run: every figure a load level has
+    # (vLLM's benchmark keys, `spread.*`) and anything else some level of this trial logged.
+    per_level = {k for _, values in step_metrics for k in values} | _LEVEL_KEYS
+    # `objective.*` is the trial's value as Optuna holds it: a complete trial's only (a failed
+    # or pruned one has none, whatever its levels measured before it ended).
+    metrics = {(HEADLINE_PREFIX + k if k in per_level else k): v
+               for k, v in record.metrics.items()
+               if record.state == "complete" or not k.startswith("objective.")}
     return {
         "state": record.state,
-        "metrics": dict(record.metrics),
-        "step_metrics": [(s["step"], s["metrics"]) for s in record.steps],
+        "metrics": metrics,
+        "step_metrics": step_metrics,
         "tags": tags,
         "texts": texts,
         "dicts": {"launch.json": launch, "record.json": record.to_user_attr()},

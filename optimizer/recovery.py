@@ -8,7 +8,8 @@ mid-study: the trials are safe in Optuna and the next start logs them.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer.records import ATTR_RECORD, TrialRecord, record_of, tracking_payload
 from optimizer.study import (
     ATTR_BASELINE,
+    ATTR_CONFIRM,
     ATTR_CUT_SHORT,
     ATTR_DUPLICATE_OF,
     ATTR_MLFLOW_RUN,
@@ -51,6 +53,7 @@ class Recovery:
     study_name: str
     results_dir: Path
     max_retries: int
+    fixed_flags: Mapping[str, Any] = field(default_factory=dict)  # the study's: not in run names
 
     def _set_attr(self, trial: FrozenTrial, key: str, value: Any) -> None:
         study_id = self.storage.get_study_id_from_name(self.study_name)
@@ -88,8 +91,9 @@ class Recovery:
                 # Asked but never launched (it waited for GPUs): give it its run now, while the
                 # trial can still take the run's id, so every Optuna trial names its one run.
                 try:
-                    run_id = self.tracker.start_trial(self.parent_run, self.study_name,
-                                                      trial.number, trial.params)
+                    run_id = self.tracker.start_trial(
+                        self.parent_run, self.study_name, trial.number, trial.params,
+                        confirm=attrs.get(ATTR_CONFIRM))
                     self._set_attr(trial, ATTR_MLFLOW_RUN, run_id)
                 except Exception as exc:  # any store error: the catch-up finds it by its tag
                     logger.warning("trial %d: MLflow start_trial failed (%s: %s); logged on "
@@ -137,7 +141,9 @@ class Recovery:
                 continue  # launched nothing and has no run (a repeat: its original's stands)
             trials.append(TrialLog(
                 number=frozen.number, run_id=frozen.user_attrs.get(ATTR_MLFLOW_RUN) or None,
-                params=frozen.params, payload=tracking_payload(record, None),
+                params=frozen.params, payload=tracking_payload(
+                    record, None, number=frozen.number, fixed_flags=self.fixed_flags,
+                    confirm=frozen.user_attrs.get(ATTR_CONFIRM)),
                 workdir=trial_workdir(self.results_dir, frozen.number)))
         try:
             done = self.tracker.catch_up(self.study_name, self.parent_run, trials)

@@ -1,6 +1,7 @@
-"""The study run's closing figures and tags in MLflow: trial counts by state, the best and the
-recommended trial, the headline conclusion against the defaults, why there is no baseline, and
-the confirmed gain. Given to the daemon by the composition root (`runtime.build_daemon`)."""
+"""The study run's closing figures and tags in MLflow: trial counts by state (confirmation runs
+apart), the best and the recommended trial, the headline conclusion against the defaults, why
+there is no baseline, and the confirmed gain. Given to the daemon by the composition root
+(`runtime.build_daemon`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from optimizer.config import StudyConfig
 from optimizer.confirm import STUDY_ATTR_CONFIRM
 from optimizer.records import record_of
 from optimizer.report import build_report, headline
-from optimizer.study import best_trial, is_search_trial, no_baseline_reason
+from optimizer.study import ATTR_CONFIRM, best_trial, is_search_trial, no_baseline_reason
 
 _STATE_NAMES = ("complete", "pruned", "failed")
 
@@ -31,6 +32,10 @@ def study_summary(study: optuna.Study,
         if name in _STATE_NAMES:
             states.append(name)
     metrics: dict[str, float] = {f"trials_{k}": float(states.count(k)) for k in _STATE_NAMES}
+    # The final re-measurements are counted apart: they are not trials of the search.
+    metrics["confirmation_runs"] = float(sum(
+        t.state.is_finished() and ATTR_CONFIRM in t.user_attrs
+        for t in study.get_trials(deepcopy=False)))
     tags: dict[str, str] = {}
     best = best_trial(study)
     if best is not None and best.values:

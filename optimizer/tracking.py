@@ -27,7 +27,48 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TAG_STUDY = "nightshift.study"
-TAG_KIND = "nightshift.kind"  # "study" or "trial"
+TAG_KIND = "nightshift.kind"  # "study", "trial" or "confirmation"
+KIND_TRIAL, KIND_CONFIRMATION = "trial", "confirmation"  # a trial's run: search or re-measure
+TAG_CONFIRM = "nightshift.confirm"  # a confirmation run's side: "defaults" or "best"
+# MLflow 3's experiment kind (the UI reads it: mlflow/server/js, 3.17.2): a GenAI experiment
+# opens on an Overview of traces, a custom-model one on its runs table, which is what a study is.
+# MLflow 3.17's UI reads it only where its GenAI / Model training selector is off, and that
+# selector is on by default: the page opens on runs with `?workflowType=machine_learning`, or
+# after one click on "Model training" (remembered by the browser); `runs_page` builds that URL.
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND_RUNS = "custom_model_development"
+# A saved view of the runs table (MLflow 3.17: the experiment tag `mlflow.sharedViewState.<key>`
+# holding `{name, createdAt, updatedAt, state}`, opened by `?viewStateShareKey=<key>` or from the
+# page's Views menu): the trials without the parent, best first, with the columns that matter.
+VIEW_KEY = "nightshift"
+_VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
+# The headline figures a view shows beside the objectives (see `records.tracking_payload`).
+VIEW_METRICS = ("headline.request_goodput", "headline.output_throughput",
+                "headline.p99_ttft_ms", "headline.p99_tpot_ms", "engine.startup_s")
+VIEW_TAGS = ("state", "bottleneck")
+
+
+def runs_view(objectives: Mapping[str, str]) -> dict[str, Any]:
+    """The runs table's state for a study with `objectives` (name -> "maximize"/"minimize")."""
+    first = next(iter(objectives), None)
+    state: dict[str, Any] = {
+        "searchFilter": f"tags.`{TAG_KIND}` != 'study'",
+        "selectedColumns": ["attributes.`Description`",
+                            *(f"metrics.`objective.{o}`" for o in objectives),
+                            *(f"metrics.`{m}`" for m in VIEW_METRICS),
+                            *(f"tags.`{t}`" for t in VIEW_TAGS)],
+    }
+    if first is not None:
+        state.update(orderByKey=f"metrics.`objective.{first}`",
+                     orderByAsc=objectives[first] == "minimize")
+    return state
+
+
+def runs_page(server_url: str, experiment_id: str) -> str:
+    """The study's runs table in the MLflow UI at `server_url` (`mlflow ui` prints it), with
+    nightshift's view: the trials, best first, their conclusions and headline figures."""
+    return (f"{server_url.rstrip('/')}/#/experiments/{experiment_id}/runs?"
+            f"viewStateShareKey={VIEW_KEY}&workflowType=machine_learning")
 TAG_TRIAL = "nightshift.trial"
 TAG_STATE = "state"  # complete | pruned | failed | running
 TAG_FAILURE = "failure_reason"
@@ -93,7 +134,9 @@ class Tracker:
                 return str(exp.experiment_id)
             root = artifact_root_for(self.tracking_uri)
             location = (root / name).resolve().as_uri() if root is not None else None
-            return str(self.client.create_experiment(name, artifact_location=location))
+            return str(self.client.create_experiment(
+                name, artifact_location=location,
+                tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND_RUNS}))
         except Exception as exc:  # MLflow raises many types; all mean "store unusable"
             first = (str(exc).splitlines() or [""])[0][:160]
             raise TrackingError(f"MLflow store {self.tracking_uri} refused the study "
@@ -123,9 +166,12 @@ class Tracker:
         return exp_id
 
     def start_study(self, study_name: str, *, params: Mapping[str, Any],
-                    artifacts: Mapping[str, Any]) -> str:
-        """The parent run of a study: reused when the study resumes."""
+                    artifacts: Mapping[str, Any], objectives: Mapping[str, str] = {}) -> str:
+        """The parent run of a study: reused when the study resumes. The experiment is marked
+        as one of runs and given nightshift's view of its runs table (`runs_view`, sorted by
+        the first of `objectives`: name -> direction); a store written before gets both now."""
         exp_id = self.experiment_id(study_name)
+        self.mark_experiment(exp_id, objectives)
         found = self.client.search_runs(
             [exp_id], filter_string=f"tags.`{TAG_KIND}` = 'study'", max_results=1)
         if found:
@@ -141,6 +187,25 @@ class Tracker:
             self.client.log_dict(run_id, data, name)
         return run_id
 
+    def mark_experiment(self, exp_id: str, objectives: Mapping[str, str]) -> None:
+        """The experiment-kind tag and the runs view (`runs_view`), each written where it is
+        missing or differs (a resume writes nothing)."""
+        tags = self.client.get_experiment(exp_id).tags
+        if tags.get(TAG_EXPERIMENT_KIND) is None:
+            self.client.set_experiment_tag(exp_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND_RUNS)
+        state = json.dumps(runs_view(objectives), sort_keys=True)
+        try:
+            previous = json.loads(tags.get(_VIEW_TAG) or "{}")
+        except ValueError:
+            previous = {}
+        if previous.get("state") != state:
+            now_ms = int(time.time() * 1000)
+            created_ms = previous.get("createdAt") if isinstance(
+                previous.get("createdAt"), int) else now_ms
+            self.client.set_experiment_tag(exp_id, _VIEW_TAG, json.dumps(
+                {"name": VIEW_KEY, "createdAt": created_ms, "updatedAt": now_ms,
+                 "state": state}))
+
     def log_study_event(self, parent_run_id: str, key: str, value: str) -> None:
         self.client.set_tag(parent_run_id, key, value[:5000])
 
@@ -155,12 +220,16 @@ class Tracker:
     # -- trials -----------------------------------------------------------------------------
 
     def start_trial(self, parent_run_id: str, study_name: str, trial_number: int,
-                    params: Mapping[str, Any]) -> str:
+                    params: Mapping[str, Any], *, confirm: str | None = None) -> str:
+        """A trial's run, named `t003` (`c014` for a confirmation run, `confirm` naming its
+        side) until `finish_trial` gives it the name that says what it changed."""
         exp_id = self.client.get_run(parent_run_id).info.experiment_id
+        tags = {"mlflow.parentRunId": parent_run_id, TAG_STUDY: study_name, TAG_KIND: KIND_TRIAL,
+                TAG_TRIAL: str(trial_number), TAG_STATE: "running"}
+        if confirm:
+            tags.update({TAG_KIND: KIND_CONFIRMATION, TAG_CONFIRM: confirm})
         run = self.client.create_run(
-            exp_id, run_name=f"trial-{trial_number:03d}",
-            tags={"mlflow.parentRunId": parent_run_id, TAG_STUDY: study_name,
-                  TAG_KIND: "trial", TAG_TRIAL: str(trial_number), TAG_STATE: "running"})
+            exp_id, run_name=f"{'c' if confirm else 't'}{trial_number:03d}", tags=tags)
         run_id = str(run.info.run_id)
         self.log_params(run_id, params)
         return run_id
@@ -226,7 +295,7 @@ class Tracker:
             return None
         found = self.client.search_runs(
             [exp.experiment_id], max_results=1,
-            filter_string=f"tags.`{TAG_KIND}` = 'trial' and tags.`{TAG_TRIAL}` = "
+            filter_string=f"tags.`{TAG_KIND}` != 'study' and tags.`{TAG_TRIAL}` = "
                           f"'{trial_number}'")
         return str(found[0].info.run_id) if found else None
 
@@ -256,8 +325,9 @@ class Tracker:
             run_id = trial.run_id if trial.run_id in runs else by_number.get(trial.number)
             is_new = run_id is None
             if run_id is None:
-                run_id = self.start_trial(parent_run_id, study_name, trial.number,
-                                          trial.params)
+                run_id = self.start_trial(
+                    parent_run_id, study_name, trial.number, trial.params,
+                    confirm=(trial.payload.get("tags") or {}).get(TAG_CONFIRM))
                 created += 1
             seen.add(run_id)
             if is_new or run_id in running:
@@ -271,11 +341,13 @@ class Tracker:
         return CatchUp(left_running=len(running), created=created)
 
     def _trial_runs(self, exp_id: str) -> dict[str, tuple[int | None, str]]:
-        """Every trial run of the experiment: run id -> (trial number, status)."""
+        """Every trial run of the experiment (confirmation runs included): run id -> (trial
+        number, status)."""
         out: dict[str, tuple[int | None, str]] = {}
         token: str | None = None
         while True:
-            page = self.client.search_runs([exp_id], filter_string=f"tags.`{TAG_KIND}` = 'trial'",
+            page = self.client.search_runs([exp_id],
+                                           filter_string=f"tags.`{TAG_KIND}` != 'study'",
                                            max_results=1000, page_token=token)
             for run in page:
                 tag = run.data.tags.get(TAG_TRIAL, "")

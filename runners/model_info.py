@@ -12,6 +12,14 @@ from pathlib import Path
 from typing import Any
 
 MODEL_CONFIGS_DIR = Path(__file__).parent / "model_configs"
+# The checkpoint each bundled shape was copied from (its `config.json` as published; the base
+# and instruct checkpoints of one size share the shape, the eos ids name the instruct one). A
+# study on a bundled shape measures dummy weights of this shape: it stands for this checkpoint.
+BUNDLED_CHECKPOINTS = {
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
+    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
+}
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,14 @@ class ModelInfo:
 
 def bundled_shapes() -> list[str]:
     return sorted(p.name for p in MODEL_CONFIGS_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def bundled_shape_of(model: str) -> str | None:
+    """The bundled shape `model` names (`qwen2.5-7b`), or None for a local path or a hub id."""
+    if (Path(model).expanduser() / "config.json").is_file():
+        return None  # a local directory of that name wins, as in `resolve_model_dir`
+    name = model.lower()
+    return name if (MODEL_CONFIGS_DIR / name / "config.json").is_file() else None
 
 
 def resolve_model_dir(model: str) -> Path | None:

@@ -329,7 +329,7 @@ def export(
     chosen = select_trial(opened, cfg, number=trial, max_tpot_ms=max_tpot_ms,
                           force_quality=force_quality)
     note = choice_note(opened, chosen) if trial is None and max_tpot_ms is None else ""
-    text = render(chosen, cfg, fmt, note=note)
+    text = render(chosen, cfg, fmt, note=note, path=output)
     if output is None:
         sys.stdout.write(text)
     else:

@@ -26,6 +26,7 @@ from optimizer.study import (
     count_trials,
     is_search_trial,
     no_baseline_reason,
+    params_of,
     recommended_trial,
 )
 from runners.capacity import bracket_from_metrics
@@ -157,9 +158,51 @@ def importances_floor(trials: Sequence[optuna.trial.FrozenTrial]) -> int:
     parameter's main effect, one for the mean and one for noise, and never fewer than 4. With
     fewer, fANOVA still returns numbers (a 2-trial study ranked two parameters 0.59 and 0.41),
     but they describe which value the two trials happened to differ in, not an effect."""
-    varied = {name for name in {k for t in trials for k in t.params}
-              if len({repr(t.params.get(name)) for t in trials}) > 1}
+    configs = [params_of(t) for t in trials]
+    varied = {name for name in {k for c in configs for k in c}
+              if len({repr(c.get(name)) for c in configs}) > 1}
     return max(4, len(varied) + 2)
+
+
+def _holds(dist: optuna.distributions.BaseDistribution, value: Any) -> bool:
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return value in dist.choices
+    low, high = getattr(dist, "low", None), getattr(dist, "high", None)
+    return isinstance(value, int | float) and low is not None and high is not None and \
+        low <= value <= high
+
+
+def _merged(dists: Sequence[optuna.distributions.BaseDistribution], values: Sequence[Any]
+            ) -> optuna.distributions.BaseDistribution:
+    """One distribution for a parameter across trials: Optuna's where every trial that sampled
+    it had the same, else categorical over the choices and values seen."""
+    if dists and all(d == dists[0] for d in dists) and all(_holds(dists[0], v) for v in values):
+        return dists[0]
+    choices: list[Any] = []
+    for d in dists:
+        for c in getattr(d, "choices", ()):
+            if c not in choices:
+                choices.append(c)
+    for v in values:
+        if v not in choices:
+            choices.append(v)
+    return optuna.distributions.CategoricalDistribution(choices)
+
+
+def _complete_configs(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """The trials with every parameter each ran with: a conditional parameter Optuna did not
+    sample (a rule fixed it: `data_parallel_size` is 1 at TP 2 on two GPUs) is in the record's
+    params, and Optuna's importance evaluators rank only parameters that every trial holds."""
+    configs = [params_of(t) for t in trials]
+    names = sorted({k for c in configs for k in c})
+    varied = [n for n in names
+              if n in {k for t in trials for k in t.distributions}
+              and all(n in c for c in configs) and len({repr(c[n]) for c in configs}) > 1]
+    dists = {n: _merged([t.distributions[n] for t in trials if n in t.distributions],
+                        [c[n] for c in configs]) for n in varied}
+    return [optuna.trial.create_trial(params={n: c[n] for n in varied}, distributions=dists,
+                                      values=t.values) for t, c in zip(trials, configs,
+                                                                       strict=True)]
 
 
 def _importances(study: optuna.Study) -> dict[str, float]:
@@ -169,10 +212,12 @@ def _importances(study: optuna.Study) -> dict[str, float]:
         logger.info("no parameter importances: %d complete trials, fewer than the %d a ranking "
                     "needs", len(complete), importances_floor(complete))
         return {}
+    ranked = optuna.create_study(directions=study.directions)
     try:
+        ranked.add_trials(_complete_configs(complete))
         # fANOVA explains the variance of the objective, whichever way it is optimised.
         return {k: float(v) for k, v in optuna.importance.get_param_importances(
-            study, target=lambda t: t.values[0],
+            ranked, target=lambda t: t.values[0],
             evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0)).items()}
     except (RuntimeError, ValueError) as exc:  # e.g. one param value only: nothing to rank
         logger.info("no parameter importances: %s", exc)

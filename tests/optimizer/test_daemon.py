@@ -64,10 +64,12 @@ def load(tmp_path: Path, name: str = "e2e") -> optuna.Study:
 
 
 def trial_runs(tmp_path: Path, name: str = "e2e") -> list[Any]:
+    """The run of every Optuna trial: search trials and confirmation runs (kind
+    `confirmation`), not the study's own run."""
     client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
     exp = client.get_experiment_by_name(name)
     return client.search_runs([exp.experiment_id],
-                              filter_string="tags.`nightshift.kind` = 'trial'",
+                              filter_string="tags.`nightshift.kind` != 'study'",
                               max_results=1000)
 
 
@@ -518,6 +520,16 @@ def test_the_best_is_confirmed_against_the_defaults_interleaved_with_an_interval
     parent = client.search_runs([client.get_experiment_by_name("e2e").experiment_id],
                                 filter_string="tags.`nightshift.kind` = 'study'")[0]
     assert "over 2 rounds)" in parent.data.tags["confirm"]
+    runs = {int(r.data.tags["nightshift.trial"]): r for r in trial_runs(tmp_path)}
+    for t in confirms:  # issue 22: a confirmation run says so, in its kind and its name
+        run, side = runs[t.number], t.user_attrs["confirm"]
+        assert (run.data.tags["nightshift.kind"], run.data.tags["nightshift.confirm"]) == \
+            ("confirmation", side)
+        assert run.info.run_name == f"c{t.number:03d} confirm {side}"
+    name = runs[1].info.run_name
+    assert runs[1].data.tags["nightshift.kind"] == "trial" and name.startswith("t001 ") and \
+        set(name.removeprefix("t001 ").split("+")) == {"fp8", "kv-fp8"}, \
+        "a search trial is named by the flags it changed"
     # "confirmed" only when the 95% interval excludes 1.0 (2 rounds on a loaded machine often
     # leave it wide): the tag and the sentence say which.
     is_confirmed = summary["ci_low"] > 1.0
@@ -526,6 +538,9 @@ def test_the_best_is_confirmed_against_the_defaults_interleaved_with_an_interval
         "confirmed: the 95% interval excludes 1.0" if is_confirmed else
         "not confirmed: within noise (the 95% interval contains 1.0)")
     assert parent.data.metrics["confirm.gain"] == pytest.approx(summary["gain"])
+    assert parent.data.metrics["confirmation_runs"] == 4, "counted apart from the trials"
+    assert parent.data.metrics["trials_complete"] + parent.data.metrics["trials_failed"] + \
+        parent.data.metrics["trials_pruned"] == 2
     report = (tmp_path / "results" / "report" / "report.md").read_text()
     assert "Re-measured: trial 1 (the exported config) vs the defaults" in report
     assert "Confirmed:" not in report, "the word is the interval's to give, not a heading"

@@ -134,3 +134,86 @@ def test_report_headline_names_the_recommendation() -> None:
     text = headline(build_report(study, cfg, with_importances=False))
     assert text.startswith("Best: trial 2 (quantization=fp8, max_num_batched_tokens=2048)")
     assert "Recommended: trial 1 (quantization=fp8), 38.6 req/s: within 2% of the best" in text
+
+
+def _deploy_study(model: dict[str, object], **spec: object) -> tuple[optuna.Study, object]:
+    """One complete trial measured the way the quickstart measures: dummy weights, no
+    tokenizer, a fixed flag; its record holds the flags the trial changed."""
+    cfg = parse_study({"name": "d", "model": model, "budget": {"trials": 2},
+                       "slo": {"tpot_p99_ms": 10}, **spec})
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    trial.set_user_attr("record", {"state": "complete", "flags": {"quantization": "fp8"},
+                                   "env": {}, "metrics": {}, "conclusion": "new best."})
+    study.tell(trial, 30.0)
+    return study, cfg
+
+
+def test_export_of_a_bundled_shape_names_the_checkpoint_it_stands_for() -> None:
+    from runners.model_info import BUNDLED_CHECKPOINTS, bundled_shapes
+
+    assert set(BUNDLED_CHECKPOINTS) == set(bundled_shapes()), "every bundled shape names one"
+    study, cfg = _deploy_study({"path": "qwen2.5-7b", "load_format": "dummy",
+                                "skip_tokenizer_init": True})
+    trial = select_trial(study, cfg)
+    text = render(trial, cfg, "yaml")
+    assert "# run: vllm serve Qwen/Qwen2.5-7B-Instruct --config THIS_FILE" in text
+    assert "bundled shape 'qwen2.5-7b'" in text and "stands for Qwen/Qwen2.5-7B-Instruct" in text
+    assert "--config serve.yaml" in render(trial, cfg, "yaml", path=Path("serve.yaml"))
+    for fmt in ("yaml", "sh", "env"):
+        assert "model_configs" not in render(trial, cfg, fmt), \
+            f"{fmt}: no path into nightshift's checkout"
+    assert "exec vllm serve Qwen/Qwen2.5-7B-Instruct --quantization fp8" in \
+        render(trial, cfg, "sh")
+
+
+def test_export_serves_the_model_as_the_user_gave_it() -> None:
+    for given in ("Qwen/Qwen2.5-7B-Instruct", "/models/qwen-7b"):
+        study, cfg = _deploy_study({"path": given})
+        text = render(select_trial(study, cfg), cfg, "sh")
+        assert f"exec {shlex.join(['vllm', 'serve', given])} --quantization fp8" in text
+        assert "bundled shape" not in text
+
+
+def test_export_has_a_served_name_only_where_the_study_set_one() -> None:
+    study, cfg = _deploy_study({"path": "Qwen/Qwen2.5-7B-Instruct"})
+    chosen = select_trial(study, cfg)
+    assert "served-model-name" not in yaml.safe_load(render(chosen, cfg, "yaml")), \
+        "nightshift's internal name `model` is not deployed"
+    assert "--served-model-name" not in render(chosen, cfg, "sh")
+    study, cfg = _deploy_study({"path": "Qwen/Qwen2.5-7B-Instruct",
+                                "served_model_name": "chat"})
+    assert yaml.safe_load(render(select_trial(study, cfg), cfg, "yaml"))[
+        "served-model-name"] == "chat"
+
+
+def test_export_keeps_fixed_flags_and_extra_args_but_not_benchmark_artefacts() -> None:
+    study, cfg = _deploy_study({"path": "qwen2.5-7b", "load_format": "dummy",
+                                "skip_tokenizer_init": True},
+                               fixed_flags={"max_model_len": 4096},
+                               vllm={"extra_args": ["--enable-log-requests"]})
+    chosen = select_trial(study, cfg)
+    data = yaml.safe_load(render(chosen, cfg, "yaml"))
+    assert data == {"quantization": "fp8", "max-model-len": 4096}, \
+        "the trial's change and the fixed flag; no dummy weights, no tokenizer skip"
+    sh = render(chosen, cfg, "sh")
+    assert "--max-model-len 4096 --enable-log-requests" in sh
+    assert "--load-format" not in sh and "--skip-tokenizer-init" not in sh
+    assert "--enable-log-requests" in render(chosen, cfg, "yaml"), "extra_args on the run line"
+
+
+def test_env_export_writes_the_variables_or_says_none_are_needed(tmp_path: Path) -> None:
+    study, cfg = _deploy_study({"path": "Qwen/Qwen2.5-7B-Instruct"})
+    text = render(select_trial(study, cfg), cfg, "env")
+    assert "# environment: none needed" in text
+    assert all(line.startswith("#") for line in text.splitlines())
+    study, cfg = _study()
+    text = render(select_trial(study, cfg), cfg, "env")
+    assert text.endswith(f"\nVLLM_LOGGING_LEVEL={shlex.quote(HOSTILE)}\n"), \
+        "the one engine variable, quoted; placement and non-engine variables left out"
+    env_file = tmp_path / "vllm.env"
+    env_file.write_text(text)
+    out = subprocess.run(["bash", "-c", 'set -a; . "$1"; printf %s "$VLLM_LOGGING_LEVEL"', "-",
+                          str(env_file)], capture_output=True, text=True, check=True)
+    assert out.stdout == HOSTILE, "the file sources back to the exact value"
+    assert not Path("/tmp/nightshift-pwned").exists()

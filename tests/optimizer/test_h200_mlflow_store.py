@@ -64,3 +64,22 @@ def test_the_trimmed_trace_artifact_reads_back(client: MlflowClient, tmp_path: P
     summary = trace.summarize(Path(local))
     assert summary["num_kernels"] == 20000
     assert summary["quantize_share"] > 0.1, "fp8 weights: Inductor's fused dynamic quantization"
+
+
+def test_the_showcase_says_what_it_is_and_its_failed_trial_shows_no_objective(
+        client: MlflowClient) -> None:
+    """Issue 22: a KILLED study run and a FAILED trial with an objective read as a crash and a
+    measurement; the store says it is the first 6 of 48 configs, cut when device time ended
+    (bench/h200/annotate_grid_store.py), and the interrupted trial has no objective value."""
+    experiment = client.get_experiment_by_name("h200-grid")
+    assert "first 6 of 48 configs" in experiment.tags["mlflow.note.content"]
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    runs = client.search_runs([experiment.experiment_id])
+    parent = next(r for r in runs if r.data.tags.get("nightshift.kind") == "study")
+    assert parent.info.status == "KILLED" and "stopped before its budget" in \
+        parent.data.tags["mlflow.note.content"]
+    for run in runs:
+        if run.info.status == "FAILED":
+            assert not any(k.startswith("objective.") for k in run.data.metrics), \
+                f"{run.info.run_name}: a failed trial has no objective value"
+            assert "no objective" in run.data.tags["mlflow.note.content"]

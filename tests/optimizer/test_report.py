@@ -248,3 +248,31 @@ def test_pareto_plot_draws_every_line_its_legend_lists(study_file: Path) -> None
             assert list(line.get_xdata()) == tpots, "the front passes through its trials"
         finally:
             plt.close(fig)
+
+
+def test_importances_rank_a_parameter_a_rule_fixed_in_some_trials() -> None:
+    """The quickstart's winner changed data_parallel_size; Optuna sampled it only at TP 1 (the
+    rule replicas-fit-gpus fixed it to 1 at TP 2), and its evaluators rank only parameters
+    every trial holds: it was left out. Each trial's record holds the value it ran with."""
+    from optimizer.report.build import _importances
+
+    tp = optuna.distributions.CategoricalDistribution([1, 2])
+    dp = optuna.distributions.CategoricalDistribution([1, 2])
+    q = optuna.distributions.CategoricalDistribution(["none", "fp8"])
+    study = optuna.create_study(direction="maximize")
+    configs = [(1, 1, "none", 22.6), (2, 1, "none", 21.2), (2, 1, "fp8", 24.4),
+               (1, 2, "fp8", 41.5), (1, 2, "none", 39.1), (2, 1, "fp8", 24.2),
+               (1, 1, "fp8", 25.8), (1, 2, "fp8", 43.7)]
+    for tp_size, dp_size, quant, value in configs:
+        params: dict[str, Any] = {"tensor_parallel_size": tp_size, "quantization": quant}
+        dists: dict[str, Any] = {"tensor_parallel_size": tp, "quantization": q}
+        if tp_size == 1:
+            params["data_parallel_size"] = dp_size
+            dists["data_parallel_size"] = dp
+        record = {"state": "complete", "params": {**params, "data_parallel_size": dp_size}}
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=dists,
+                                                  value=value, user_attrs={"record": record}))
+    importances = _importances(study)
+    assert set(importances) == {"tensor_parallel_size", "data_parallel_size", "quantization"}
+    assert max(importances, key=importances.__getitem__) == "data_parallel_size", \
+        "replicas double goodput here: the parameter that matters most is ranked first"

@@ -94,3 +94,81 @@ def test_unusable_store_is_a_tracking_error(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(TrackingError, match="pass a writable --tracking-uri"):
         Tracker(f"sqlite:///{blocker}/sub/mlflow.db")
+
+
+def _record(**kw: Any) -> Any:
+    from optimizer.records import TrialRecord
+
+    base: dict[str, Any] = {
+        "state": "complete", "params": {}, "conclusion": "fp8 weights: 1.32x the defaults.",
+        "flags": {"quantization": "fp8", "kv_cache_dtype": "fp8", "max_model_len": 4096},
+        "values": (34.38,),
+        "metrics": {"request_goodput": 34.38, "objective.goodput": 34.38,
+                    "engine.startup_s": 90.0},
+        "steps": ({"step": 0, "metrics": {"request_goodput": 10.58}},
+                  {"step": 1, "metrics": {"request_goodput": 34.38}})}
+    return TrialRecord(**{**base, **kw})
+
+
+def test_runs_are_named_described_and_headline_figures_never_sit_on_a_level(
+        tmp_path: Path) -> None:
+    from optimizer.records import tracking_payload
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(uri)
+    parent = tracker.start_study("s4", params={}, artifacts={})
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("s4")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development", \
+        "the UI opens the study on its runs, not on a GenAI overview"
+    run = tracker.start_trial(parent, "s4", 3, {})
+    tracker.finish_trial(run, **tracking_payload(
+        _record(), None, number=3, fixed_flags={"max_model_len": 4096}))
+    logged = client.get_run(run)
+    assert logged.info.run_name == "t003 fp8+kv-fp8", "the changes, not the fixed flag"
+    assert logged.data.tags["mlflow.note.content"] == "fp8 weights: 1.32x the defaults."
+    levels = client.get_metric_history(run, "request_goodput")
+    assert sorted((m.step, m.value) for m in levels) == [(0, 10.58), (1, 34.38)], \
+        "the per-level series holds each level once"
+    assert logged.data.metrics["headline.request_goodput"] == 34.38
+    assert logged.data.metrics["objective.goodput"] == 34.38
+    assert logged.data.metrics["engine.startup_s"] == 90.0, "a figure of no level keeps its name"
+
+
+def test_confirmation_and_failed_runs_say_what_they_are(tmp_path: Path) -> None:
+    from optimizer.records import tracking_payload
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(uri)
+    parent = tracker.start_study("s5", params={}, artifacts={})
+    client = MlflowClient(uri)
+    confirm = tracker.start_trial(parent, "s5", 14, {}, confirm="best")
+    tracker.finish_trial(confirm, **tracking_payload(_record(), None, number=14,
+                                                     confirm="best"))
+    run = client.get_run(confirm)
+    assert (run.data.tags["nightshift.kind"], run.data.tags["nightshift.confirm"]) == \
+        ("confirmation", "best")
+    assert run.info.run_name == "c014 confirm best"
+    failed = tracker.start_trial(parent, "s5", 6, {})
+    tracker.finish_trial(failed, **tracking_payload(
+        _record(state="failed", values=None, failure_reason="interrupted"), None, number=6))
+    metrics = client.get_run(failed).data.metrics
+    assert "objective.goodput" not in metrics, "a failed trial has no objective value"
+    assert metrics["headline.request_goodput"] == 34.38, "what its levels measured stays"
+    # The catch-up finds a confirmation run by its trial number and replays the same payload.
+    client.update_run(confirm, status="RUNNING")
+    done = tracker.catch_up("s5", parent, [TrialLog(14, None, {}, tracking_payload(
+        _record(), None, number=14, confirm="best"))])
+    assert done == CatchUp(left_running=1, created=0)
+    assert client.get_run(confirm).info.status == "FINISHED"
+    assert len(client.get_metric_history(confirm, "request_goodput")) == 2, "nothing twice"
+    assert tracker.find_trial_run("s5", 14) == confirm
+
+
+def test_a_store_written_before_the_mark_opens_on_runs_after_a_restart(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    client.create_experiment("old")
+    Tracker(uri).start_study("old", params={}, artifacts={})
+    assert client.get_experiment_by_name("old").tags["mlflow.experimentKind"] == \
+        "custom_model_development"
