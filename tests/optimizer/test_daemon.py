@@ -115,7 +115,9 @@ def test_study_of_twelve_trials_runs_two_at_a_time_and_logs_everything(
     out = tmp_path / "best.yaml"
     assert main(["export", str(path), "-o", str(out)]) == 0
     exported = yaml.safe_load(out.read_text())
-    assert isinstance(exported, dict) and "served-model-name" in exported
+    assert isinstance(exported, dict) and exported, "the export is a vLLM --config mapping"
+    assert "served-model-name" not in exported, \
+        "nightshift's internal served name stays out of a deploy file the study did not name"
     assert False not in exported.values(), "a YAML false is dropped by vLLM: never export one"
     assert main(["status", str(path)]) == 0
 
