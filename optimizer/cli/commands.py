@@ -140,9 +140,25 @@ def start(
     except Exception as exc:  # the report is a view: the study's results are safe in Optuna
         logger.warning("could not write the report (%s: %s); run `nightshift report %s`",
                        type(exc).__name__, exc, study)
+    review = _mlflow_review(cfg)
+    if review:
+        console.print(review, soft_wrap=True)
     if summary.best_number is not None:
         # On a line of its own, never broken: it is meant to be copied.
         console.print(f"export with: nightshift export {study}", soft_wrap=True)
+
+
+def _mlflow_review(cfg: StudyConfig) -> str:
+    """How to open the study's runs in the MLflow UI (`mlflow ui` serves on 127.0.0.1:5000);
+    "" when the store cannot be read now (the study's results are safe in Optuna)."""
+    from optimizer.tracking import Tracker, runs_page
+
+    try:
+        experiment = Tracker(cfg.tracking_uri).experiment_id(cfg.name)
+    except Exception:  # a view: a store that fails here has its own warnings already
+        return ""
+    return (f"review in MLflow: mlflow ui --backend-store-uri {cfg.tracking_uri}\n"
+            f"  then open {runs_page('http://127.0.0.1:5000', experiment)}")
 
 
 def _counts(cfg: StudyConfig) -> str:

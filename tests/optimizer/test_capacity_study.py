@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_capacity_brackets_land_in_mlflow_and_bound_the_gain(
-        tmp_path: Path, ray_cluster: None) -> None:
+        tmp_path: Path, ray_cluster: None, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_study(tmp_path, trials=2, max_parallel_trials=1,
                        seed_trials=[{"quantization": "fp8", "kv_cache_dtype": "fp8"}],
                        workload={"input_len": 128, "output_len": 24, "num_requests": 32,
@@ -24,6 +24,9 @@ def test_capacity_brackets_land_in_mlflow_and_bound_the_gain(
                                               "max_probes": 4, "probe_duration_s": 10}},
                        slo={"tpot_p99_ms": 7})
     assert main(["start", str(path), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "review in MLflow: mlflow ui --backend-store-uri" in err and \
+        "workflowType=machine_learning" in err, "start says where the runs table opens"
 
     records = {t.number: t.user_attrs["record"] for t in load(tmp_path).trials}
     runs = {int(r.data.tags["nightshift.trial"]): r for r in trial_runs(tmp_path)}
