@@ -206,6 +206,13 @@ def test_zero_duration_is_refused() -> None:
 # Real runs against the echo engine
 
 
+# The echo engine runs on the wall clock: these tests hold the load generator's figures to its
+# latencies within tens of milliseconds, which a host stall (the suite's other worker, an engine
+# starting) can exceed once. A stall is retried (pytest-rerunfailures); a wrong measurement
+# fails every run.
+WALL_CLOCK = pytest.mark.flaky(reruns=2, reruns_delay=1)
+
+
 @pytest.fixture(scope="module")
 def echo_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     workdir = tmp_path_factory.mktemp("echo")
@@ -227,6 +234,7 @@ def _specs(num: int, output_len: int, prompt_len: int = 8) -> list[RequestSpec]:
                         output_len=output_len) for _ in range(num)]
 
 
+@WALL_CLOCK
 def test_measured_latencies_match_the_servers(echo_url: str) -> None:
     result = run_level_sync(echo_url, "echo", _specs(16, 20), LoadLevel(max_concurrency=4),
                             SLO(), timeout_s=30, seed=0)
@@ -243,6 +251,7 @@ def test_measured_latencies_match_the_servers(echo_url: str) -> None:
     assert m.request_throughput > 0 and not result.stalled and not result.stopped
 
 
+@WALL_CLOCK
 def test_tokens_are_counted_from_usage_when_chunks_carry_several(echo_url: str) -> None:
     result = run_level_sync(echo_url, "chunked", _specs(2, 9), LoadLevel(), SLO(),
                             timeout_s=30, seed=0)
@@ -256,6 +265,7 @@ def test_tokens_are_counted_from_usage_when_chunks_carry_several(echo_url: str) 
     assert expected_tpot_ms * 0.9 <= result.metrics.mean_tpot_ms <= expected_tpot_ms + 3
 
 
+@WALL_CLOCK
 def test_goodput_against_real_latencies(echo_url: str) -> None:
     level, specs = LoadLevel(max_concurrency=8), _specs(8, 10)
     loose = run_level_sync(echo_url, "echo", specs, level, SLO(ttft_p99_ms=2000,
@@ -266,6 +276,7 @@ def test_goodput_against_real_latencies(echo_url: str) -> None:
     assert tight.request_goodput == 0.0, "no request streams faster than 1 ms a token"
 
 
+@WALL_CLOCK
 def test_poisson_arrivals_follow_the_rate(echo_url: str) -> None:
     rate, num = 50.0, 100
     result = run_level_sync(echo_url, "echo", _specs(num, 2), LoadLevel(request_rate_rps=rate),
@@ -278,6 +289,7 @@ def test_poisson_arrivals_follow_the_rate(echo_url: str) -> None:
     assert 0.6 <= float(np.std(gaps) / np.mean(gaps)) <= 1.4
 
 
+@WALL_CLOCK
 def test_duration_bound_level_cycles_requests_and_stops_issuing(echo_url: str) -> None:
     rate, duration = 40.0, 1.0
     started = time.perf_counter()

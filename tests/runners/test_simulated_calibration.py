@@ -1,5 +1,6 @@
-"""The simulated engine against every committed H200 measurement (the calibration set
-tests/fixtures/h200_calibration.json, built by bench/h200_calibration.py): each record replayed
+"""The simulated engine against every committed H200 measurement of a bundled model shape (the
+calibration set tests/fixtures/h200_calibration.json, built by bench/h200_calibration.py; the
+SmolLM2 quality-gate run is outside it, docs/simulated-engine.md): each record replayed
 through the model's virtual-time path with its config and workload, each figure held to a stated
 tolerance, and per study the measured order of configs and the sign of each knob's effect.
 Tolerances and what the model does not cover: docs/simulated-engine.md ("Calibration against
