@@ -24,6 +24,7 @@ from optimizer.study import (
     ATTR_CONFIRM,
     ATTR_DUPLICATE_OF,
     CONFIG_FAILURES,
+    STATE_NAMES,
     best_trial,
     state_of,
     tell_config_failure,
@@ -42,8 +43,6 @@ logger = logging.getLogger(__name__)
 
 # This many proposals in a row of configs already measured: the sampler has nothing new to offer.
 MAX_CONSECUTIVE_DUPLICATES = 200
-_STATE_NAMES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned",
-                TrialState.FAIL: "failed"}
 
 
 def record_result(policy: PolicyState, item: Running, result: RunResult) -> TrialRecord:
@@ -56,7 +55,7 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
     if state == TrialState.COMPLETE and values is None:
         state, failure = TrialState.FAIL, Failure(
             FailureReason.TOO_MANY_ERRORS, "no load level completed a request.")
-    state_name = _STATE_NAMES[state]
+    state_name = STATE_NAMES[state]
     primary = values[0] if values else None
     if state == TrialState.PRUNED and item.steps:
         pruned_values = objective_values(cfg.objectives, item.steps)
@@ -152,10 +151,6 @@ def _step_records(policy: PolicyState, steps: Sequence[StepMetrics],
                                                               policy.model), strict=True):
         record["metrics"].update(figures)
     return out
-
-
-def state_name(state: TrialState) -> str:
-    return _STATE_NAMES.get(state, state.name.lower())
 
 
 @dataclass

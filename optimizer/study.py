@@ -183,7 +183,8 @@ def is_search_trial(trial: optuna.trial.FrozenTrial) -> bool:
                    for attr in (ATTR_DUPLICATE_OF, ATTR_CUT_SHORT, ATTR_CONFIRM))
 
 
-_STATE_NAMES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned",
+# The one naming of Optuna's trial states for records, the CLI and MLflow ("failed", "queued").
+STATE_NAMES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned",
                 TrialState.FAIL: "failed", TrialState.RUNNING: "running",
                 TrialState.WAITING: "queued"}
 
@@ -240,7 +241,7 @@ def count_trials(trials: Sequence[optuna.trial.FrozenTrial]) -> TrialCounts:
             queued += 1
         else:
             record = record_of(t)
-            state = (record.state if record is not None else _STATE_NAMES[t.state]) \
+            state = (record.state if record is not None else STATE_NAMES[t.state]) \
                 if t.state.is_finished() else "running"
             by_state[state] = by_state.get(state, 0) + 1
     return TrialCounts(by_state, queued, confirmation_runs, repeats, cut_short)

@@ -9,29 +9,18 @@ import optuna
 
 from optimizer.config import StudyConfig
 from optimizer.confirm import STUDY_ATTR_CONFIRM
-from optimizer.records import record_of
 from optimizer.report import build_report, headline
-from optimizer.study import ATTR_CONFIRM, best_trial, is_search_trial, no_baseline_reason
-
-_STATE_NAMES = ("complete", "pruned", "failed")
+from optimizer.study import ATTR_CONFIRM, best_trial, count_trials, no_baseline_reason
 
 
 def study_summary(study: optuna.Study,
                   cfg: StudyConfig) -> tuple[dict[str, float], dict[str, str]]:
     """(metrics, tags) for `Tracker.finish_study`."""
-    finished = [t for t in study.get_trials(deepcopy=False)
-                if t.state.is_finished() and is_search_trial(t)]
-    # By the record's state: a config failure is a COMPLETE trial to Optuna (it teaches the
-    # sampler) but a failed one to the user.
-    states = []
-    for t in finished:
-        record = record_of(t)
-        name = record.state if record is not None else t.state.name.lower()
-        if name == "fail":
-            name = "failed"
-        if name in _STATE_NAMES:
-            states.append(name)
-    metrics: dict[str, float] = {f"trials_{k}": float(states.count(k)) for k in _STATE_NAMES}
+    # By the record's state (`study.count_trials`): a config failure is a COMPLETE trial to
+    # Optuna (it teaches the sampler) but a failed one to the user.
+    by_state = count_trials(study.get_trials(deepcopy=False)).by_state
+    metrics: dict[str, float] = {f"trials_{k}": float(by_state.get(k, 0))
+                                 for k in ("complete", "pruned", "failed")}
     # The final re-measurements are counted apart: they are not trials of the search.
     metrics["confirmation_runs"] = float(sum(
         t.state.is_finished() and ATTR_CONFIRM in t.user_attrs
