@@ -7,7 +7,10 @@
 # STUDY=bench/h200/study3.yaml picks another study file; STUDY="a.yaml b.yaml" runs several one
 # after the other in one background session (one GPU: never side by side); TRIALS=N overrides
 # budget.trials; RESUME=docs/h200/grid/optuna.db starts from an earlier session's Optuna storage
-# (single study only); TRIM=1 cuts trace fixtures at collect.
+# (single study only); TRIM=1 cuts trace fixtures at collect. An entry `regress:LIB.yaml` in STUDY
+# runs `nightshift regress` on a benchmark library (issue 24) in the same sequence, its report
+# under /root/h200-results/regress/<library file name>. SMOLLM2=1 converts SmolLM2-135M (the real
+# model, scripts/convert_smollm2.py) into /root/smollm2-135m-bf16 before the sequence starts.
 set -uo pipefail
 # The daemon outlives this call, and the repo copy here is replaced by the next one: run from a
 # private copy so a Ray worker starting mid-replacement never imports a half-written file.
@@ -17,7 +20,8 @@ cd $src 2>/dev/null || { echo "no $src: run 'start' first"; exit 3; }
 export PYTHONPATH=$src:/tmp/site PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
 export MLFLOW_LOGGING_LEVEL=WARNING
 studies=${STUDY:-bench/h200/study.yaml}
-status() { for s in $studies; do python3 -m optimizer.cli status $s 2>&1 | tail -40; done; }
+status() { for s in $studies; do case $s in regress:*) continue;; esac
+  python3 -m optimizer.cli status $s 2>&1 | tail -40; done; }
 # Every call that waits also brings back what exists so far: a machine given back between two
 # calls (30 s idle) takes everything on it, as it did to study 3 (docs/NOTES.md).
 pack() { mkdir -p $OUT/r; tar czf $OUT/r/h200-results.tar.gz -C /root \
@@ -34,10 +38,17 @@ case "${1:-}" in
       cp "$src/$RESUME" /root/h200-results/optuna.db || exit 3
     fi
     export TRIALS=${TRIALS:-}
-    # One background session runs the studies in order; each study's daemon output is appended.
-    setsid nohup bash -c 'for s in "$@"; do echo "=== $s $(date -u +%FT%TZ)";
-        python3 -m optimizer.cli start "$s" --no-progress ${TRIALS:+--trials $TRIALS}; done' \
-      seq $studies > /root/h200-results/daemon.out 2>&1 < /dev/null &
+    if [ "${SMOLLM2:-0}" = 1 ] && [ ! -e /root/smollm2-135m-bf16/config.json ]; then
+      python3 scripts/convert_smollm2.py --out /root/smollm2-135m-bf16 2>&1 | tail -3 || exit 3
+    fi
+    # One background session runs the studies (and regress libraries) in order; each one's
+    # output is appended.
+    setsid nohup bash -c 'for s in "$@"; do echo "=== $s $(date -u +%FT%TZ)"; case $s in
+        regress:*) lib=${s#regress:}; python3 -m optimizer.cli regress "$lib" \
+          --report /root/h200-results/regress/$(basename $lib .yaml)
+          echo "regress exit $?";;
+        *) python3 -m optimizer.cli start "$s" --no-progress ${TRIALS:+--trials $TRIALS};;
+        esac; done' seq $studies > /root/h200-results/daemon.out 2>&1 < /dev/null &
     echo $! > /root/h200-results/sequence.pid
     sleep 45; tail -20 /root/h200-results/daemon.out ;;
   wait)
@@ -57,6 +68,7 @@ case "${1:-}" in
     if running; then
       kill -STOP "$(cat /root/h200-results/sequence.pid)" 2>/dev/null  # no next study starts
       for s in $studies; do
+        case $s in regress:*) continue;; esac
         { [ "${GRACE:-0}" -gt 0 ] && python3 -m optimizer.cli stop $s --timeout-s "$GRACE"; } ||
           python3 -m optimizer.cli stop $s --now --timeout-s 120
       done
@@ -69,6 +81,7 @@ case "${1:-}" in
         -W ignore::DeprecationWarning 2>&1 | tail -30 | tee /root/h200-results/gpu-test.txt
     fi
     for s in $studies; do
+      case $s in regress:*) continue;; esac
       python3 -m optimizer.cli export $s > /root/h200-results/best-$(basename $s .yaml).yaml
       python3 -m optimizer.cli report $s 2>&1 | tail -3
     done
