@@ -292,7 +292,8 @@ class EngineRunner:
         saturated = threading.Event() if level.request_rate_rps is not None else None
         duration_s = None if workload.num_requests else workload.duration_s
         if send_offsets_s is not None and duration_s is not None:  # a trace is never cycled
-            duration_s, max_duration_s = None, min(duration_s, max_duration_s or duration_s)
+            max_duration_s = min(duration_s, max_duration_s or duration_s)
+            duration_s = None
         if duration_s is not None and max_duration_s is not None:
             duration_s, max_duration_s = min(duration_s, max_duration_s), None
         # The queue's rise that means "saturated" scales with what the level sends: a time

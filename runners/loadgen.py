@@ -192,7 +192,8 @@ def token_id_maker(vocab_size: int) -> prefixes.MakeTokens[list[int]]:
     """"N tokens of prompt" as token ids drawn uniformly from the vocabulary (above the special
     ids): the prefix maker for servers started without a tokenizer (dummy weights)."""
     def make(num_tokens: int, rng: np.random.Generator) -> list[int]:
-        return rng.integers(_FIRST_TOKEN_ID, vocab_size, size=num_tokens).tolist()
+        ids: list[int] = rng.integers(_FIRST_TOKEN_ID, vocab_size, size=num_tokens).tolist()
+        return ids
     return make
 
 
@@ -641,8 +642,9 @@ async def run_level(
     Requests arrive at `level.request_rate_rps` (all at once when None), with gamma gaps of
     shape `burstiness` (default: the level's, else 1 = Poisson; runners/arrivals.py), at most
     `level.max_concurrency` in flight. `send_offsets_s` (a trace replay) gives each request's
-    send time instead, in seconds from the level's start, one per request, non-decreasing. Without `duration_s` each request is sent once;
-    with it, requests cycle and no new one is sent after `duration_s` (those in flight finish).
+    send time instead, in seconds from the level's start, one per request, non-decreasing.
+    Without `duration_s` each request is sent once; with it, requests cycle and no new one is
+    sent after `duration_s` (those in flight finish).
     `max_duration_s` bounds a request-bound level by time too: each request is sent at most
     once, and none after `max_duration_s` (a light capacity probe must not take minutes).
     `stop_event` (checked every 50 ms) or a stall (no chunk from any in-flight request for
