@@ -166,6 +166,9 @@ def step_records(steps: Sequence[StepMetrics]) -> list[dict[str, Any]]:
             metrics["offered_rate_rps"] = s.level.request_rate_rps
         if s.meets_slo is not None:
             metrics["meets_slo"] = float(s.meets_slo)
+        hit_rate = s.server_metrics.get("prefix_cache_hit_rate")
+        if hit_rate is not None:  # hits / queries over the level, from vLLM's counters
+            metrics["prefix_cache.hit_rate"] = float(hit_rate)
         if s.repeats:
             metrics["repeats"] = float(len(s.repeats))
             for objective in ("goodput", "throughput", "tpot"):

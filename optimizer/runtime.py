@@ -169,6 +169,7 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
         "hardware_class": hardware.hardware_class,
         "budget.trials": cfg.spec.budget.trials, "budget.wall_hours": cfg.spec.budget.wall_hours,
         "sampler": cfg.spec.sampler.name, "pruner": cfg.spec.pruner.name,
+        "workload": workload.describe(),
     }
     artifacts = {
         "study.json": cfg.to_dict(),

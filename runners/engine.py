@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from runners import loadgen, prometheus
+from runners import arrivals, loadgen, prometheus
 from runners.base import (
     EngineConfig,
     EngineInfo,
@@ -182,7 +182,8 @@ class EngineRunner:
         # engine serves (and a dead engine core answers 503 only later). A live engine that
         # only answers errors is not a start-up crash: the load levels judge it.
         probe = loadgen.build_requests(
-            replace(workload, prompts_file=None), 1, seed=workload.seed)
+            replace(workload, prompts_file=None, trace=None, shared_prefix=None), 1,
+            seed=workload.seed)
         for attempt in range(_READINESS_ATTEMPTS):
             level = loadgen.run_level_sync(
                 base_url, config.served_model_name, probe, LoadLevel(max_concurrency=1),
@@ -238,9 +239,9 @@ class EngineRunner:
             step = replace(step, meets_slo=ok)
             served = search.served_of(
                 step.metrics, step.server_metrics,
-                mean_input_tokens=None if workload.prompts_file else
-                _mean_tokens(workload.input_len),
-                mean_output_tokens=_mean_tokens(workload.output_len))
+                mean_input_tokens=_mean_prompt_tokens(workload),
+                mean_output_tokens=None if workload.trace else
+                _mean_tokens(workload.output_len))
             history.append((load, ok, served))
             steps.append(step)
             logger.info("capacity probe %d at %s: SLO %s (served %s); bracket %s", index,
@@ -272,10 +273,17 @@ class EngineRunner:
         `max_duration_s` (a capacity probe's bound) stops sending new requests after that long,
         whether the level is bounded by requests or by `workload.duration_s`."""
         num = workload.num_requests or _DURATION_POOL
+        send_offsets_s: list[float] | None = None
+        if workload.trace is not None:  # the whole trace (or its first num_requests), once
+            entries = arrivals.read_trace(workload.trace.path, workload.trace.timestamp_unit_s)
+            num = min(workload.num_requests or len(entries), len(entries))
+            send_offsets_s = arrivals.trace_offsets_s([e.arrival_s for e in entries[:num]],
+                                                      level.request_rate_rps)
         # The same prompts for every trial: the seed depends only on the level's index.
         requests = loadgen.build_requests(workload, num, seed=workload.seed * 1000 + index)
         # Each level starts from a cold prefix cache, so levels (and trials) compare: a level
-        # must not be served from the blocks its predecessor computed.
+        # must not be served from the blocks its predecessor computed (a shared-prefix
+        # workload's hit rate is then the level's own: its first request of each prefix misses).
         self._reset_prefix_cache(base_url)
         before = prometheus.scrape(base_url)
         level_start_s = time.monotonic()
@@ -283,6 +291,9 @@ class EngineRunner:
         # without end: stop it once the queue has clearly grown; it is a saturated level.
         saturated = threading.Event() if level.request_rate_rps is not None else None
         duration_s = None if workload.num_requests else workload.duration_s
+        if send_offsets_s is not None and duration_s is not None:  # a trace is never cycled
+            max_duration_s = min(duration_s, max_duration_s or duration_s)
+            duration_s = None
         if duration_s is not None and max_duration_s is not None:
             duration_s, max_duration_s = min(duration_s, max_duration_s), None
         # The queue's rise that means "saturated" scales with what the level sends: a time
@@ -300,7 +311,8 @@ class EngineRunner:
                 base_url, config.served_model_name, requests, level, workload.slo,
                 timeout_s=workload.request_timeout_s, seed=workload.seed + index,
                 duration_s=duration_s, max_duration_s=max_duration_s,
-                stall_timeout_s=self.stall_timeout_s, stop_event=saturated)
+                stall_timeout_s=self.stall_timeout_s, stop_event=saturated,
+                burstiness=workload.burstiness_of(level), send_offsets_s=send_offsets_s)
         finally:
             polled = poller.stop()
         is_saturated = bool(saturated is not None and saturated.is_set() and result.stopped)
@@ -330,6 +342,10 @@ class EngineRunner:
         after = prometheus.scrape(base_url)
         server = {**prometheus.delta(before, after), **polled,
                   "is_saturated": 1.0 if is_saturated else 0.0}
+        # Over the whole level (the scrapes around it), not the poller's first-to-last sample.
+        hit_rate = prometheus.prefix_cache_hit_rate(server)
+        if hit_rate is not None:
+            server["prefix_cache_hit_rate"] = hit_rate
         if result.is_modelled_clock:  # the record says its times are a model's clock
             server["is_modelled_clock"] = 1.0
         # NVML over this level alone: the run's mean mixes light and heavy levels.
@@ -407,6 +423,16 @@ class EngineRunner:
             logger.warning("trace %s could not be read (%s)", ranks[0], exc)
             return ranks[0], None
         return trimmed, summary
+
+
+def _mean_prompt_tokens(workload: Workload) -> float | None:
+    """The mean prompt a level sends, shared prefix included; None when the prompts come from
+    a file or a trace (not known without reading it)."""
+    if workload.prompts_file is not None or workload.trace is not None:
+        return None
+    shared = workload.shared_prefix
+    extra = shared.fraction * shared.num_tokens if shared is not None else 0.0
+    return _mean_tokens(workload.input_len) + extra
 
 
 def _mean_tokens(dist: LengthDistribution) -> float:

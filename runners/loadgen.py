@@ -23,6 +23,7 @@ from typing import Any, Final, Protocol
 import httpx
 import numpy as np
 
+from runners import arrivals, prefixes
 from runners.base import BenchmarkMetrics
 from runners.workload import SLO, LengthDistribution, LoadLevel, Workload
 
@@ -158,11 +159,24 @@ def build_requests(workload: Workload, num: int, seed: int) -> list[RequestSpec]
     _check_distribution(workload.output_len, "output_len")
     rng = np.random.default_rng(seed)
     if workload.prompts_file is not None:
-        return _requests_from_file(workload.prompts_file, workload.output_len, num, rng)
+        specs = _requests_from_file(workload.prompts_file, workload.output_len, num, rng)
+        return _with_shared_prefix(specs, workload, seed)
     if workload.vocab_size <= _FIRST_TOKEN_ID:
         raise ValueError(
             f"workload.vocab_size must be > {_FIRST_TOKEN_ID} but got {workload.vocab_size}."
         )
+    if workload.trace is not None:
+        entries = arrivals.read_trace(workload.trace.path, workload.trace.timestamp_unit_s)
+        specs = []
+        for entry in entries[:num]:  # a trace is replayed once, never cycled
+            # Ids drawn for every entry, used or not: entry i's prompt does not depend on i's
+            # neighbours carrying their own.
+            ids = rng.integers(_FIRST_TOKEN_ID, workload.vocab_size,
+                               size=entry.input_len).tolist()
+            prompt = entry.prompt if entry.prompt is not None else ids
+            prompt_len = entry.input_len if not isinstance(prompt, list) else len(prompt)
+            specs.append(RequestSpec(prompt, prompt_len, entry.output_len))
+        return _with_shared_prefix(specs, workload, seed)
     specs = []
     for _ in range(num):
         # Lengths and ids drawn per request (not vectorised) so that request i is the same
@@ -171,7 +185,38 @@ def build_requests(workload: Workload, num: int, seed: int) -> list[RequestSpec]
         output_len = sample_length(workload.output_len, rng)
         ids = rng.integers(_FIRST_TOKEN_ID, workload.vocab_size, size=input_len).tolist()
         specs.append(RequestSpec(prompt=ids, prompt_len=input_len, output_len=output_len))
-    return specs
+    return _with_shared_prefix(specs, workload, seed)
+
+
+def token_id_maker(vocab_size: int) -> prefixes.MakeTokens[list[int]]:
+    """"N tokens of prompt" as token ids drawn uniformly from the vocabulary (above the special
+    ids): the prefix maker for servers started without a tokenizer (dummy weights)."""
+    def make(num_tokens: int, rng: np.random.Generator) -> list[int]:
+        ids: list[int] = rng.integers(_FIRST_TOKEN_ID, vocab_size, size=num_tokens).tolist()
+        return ids
+    return make
+
+
+def _with_shared_prefix(specs: list[RequestSpec], workload: Workload, seed: int
+                        ) -> list[RequestSpec]:
+    """`specs` with `workload.shared_prefix` applied: the prompts so far are the parts after
+    the prefix. Token-id prompts only, for now: a text prompt needs a maker of text tokens (a
+    tokenizer's), passed to `prefixes.apply_shared_prefix` the same way."""
+    shared = workload.shared_prefix
+    if shared is None or not specs:
+        return specs
+    prompts = [s.prompt for s in specs]
+    if not all(isinstance(p, list) for p in prompts):
+        raise ValueError("workload.shared_prefix needs token-id prompts but the prompts are "
+                         "text; give token ids or leave shared_prefix out.")
+    ids = [p for p in prompts if isinstance(p, list)]
+    # The prefixes depend on the study's seed only (not the level's): levels and trials share
+    # the same system prompts.
+    joined = prefixes.apply_shared_prefix(ids, shared, workload.seed,
+                                          token_id_maker(workload.vocab_size))
+    return [RequestSpec(prompt, spec.prompt_len + (shared.num_tokens if index is not None
+                                                   else 0), spec.output_len)
+            for spec, (prompt, index) in zip(specs, joined, strict=True)]
 
 
 def _requests_from_file(
@@ -236,32 +281,10 @@ def _parse_prompt_line(path: Path, line_no: int, line: str) -> tuple[str | list[
     return prompt, prompt_len, output_len
 
 
-def arrival_offsets_s(num: int, request_rate_rps: float | None, seed: int) -> list[float]:
-    """Send times, in seconds from the level's start, of `num` Poisson arrivals.
-
-    As vLLM's `get_request` with burstiness 1: exponential gaps, then rescaled so the last
-    arrival falls at exactly num / rate (which steadies throughput across seeds). All zeros
-    for an infinite rate (None).
-    """
-    if request_rate_rps is None or math.isinf(request_rate_rps) or num == 0:
-        return [0.0] * num
-    rng = np.random.default_rng(seed)
-    offsets = np.cumsum(rng.exponential(1.0 / request_rate_rps, size=num))
-    if offsets[-1] > 0:
-        offsets *= (num / request_rate_rps) / offsets[-1]
-    return [float(x) for x in offsets]
-
-
-def _open_ended_offsets_s(request_rate_rps: float | None, seed: int) -> Iterator[float]:
-    """Poisson send times without end, for duration-bound levels (no rescaling possible)."""
-    if request_rate_rps is None or math.isinf(request_rate_rps):
-        yield from itertools.repeat(0.0)
-        return
-    rng = np.random.default_rng(seed)
-    t = 0.0
-    while True:
-        t += float(rng.exponential(1.0 / request_rate_rps))
-        yield t
+# Arrivals live in runners/arrivals.py (gamma gaps as `vllm bench serve --burstiness`, trace
+# replay); the names stay importable from here.
+arrival_offsets_s = arrivals.arrival_offsets_s
+_open_ended_offsets_s = arrivals.open_ended_offsets_s
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,8 +433,12 @@ class _LevelDriver:
         stop_event: StopFlag | None,
         stall_timeout_s: float | None,
         max_duration_s: float | None = None,
+        burstiness: float = 1.0,
+        send_offsets_s: Sequence[float] | None = None,
     ) -> None:
         self.base_url = base_url
+        self.burstiness = burstiness
+        self.send_offsets_s = send_offsets_s
         self.model = model
         self.requests = requests
         self.level = level
@@ -471,12 +498,16 @@ class _LevelDriver:
         rate = self.level.request_rate_rps
         specs: Iterator[RequestSpec]
         offsets: Iterator[float]
-        if self.duration_s is None:
+        if self.send_offsets_s is not None:  # a trace replay: its times, its requests once
             specs = iter(self.requests)
-            offsets = iter(arrival_offsets_s(len(self.requests), rate, self.seed))
+            offsets = iter(self.send_offsets_s)
+        elif self.duration_s is None:
+            specs = iter(self.requests)
+            offsets = iter(arrival_offsets_s(len(self.requests), rate, self.seed,
+                                             self.burstiness))
         else:
             specs = itertools.cycle(self.requests)
-            offsets = _open_ended_offsets_s(rate, self.seed)
+            offsets = _open_ended_offsets_s(rate, self.seed, self.burstiness)
         for spec, offset in zip(specs, offsets, strict=False):
             limit = self.duration_s if self.duration_s is not None else self.max_duration_s
             if limit is not None and offset >= limit:
@@ -603,12 +634,17 @@ async def run_level(
     stall_timeout_s: float | None = None,
     duration_s: float | None = None,
     max_duration_s: float | None = None,
+    burstiness: float | None = None,
+    send_offsets_s: Sequence[float] | None = None,
 ) -> LevelResult:
     """Drive one load level against an OpenAI-compatible server and measure it.
 
-    Requests arrive as a Poisson process at `level.request_rate_rps` (all at once when None),
-    at most `level.max_concurrency` in flight. Without `duration_s` each request is sent once;
-    with it, requests cycle and no new one is sent after `duration_s` (those in flight finish).
+    Requests arrive at `level.request_rate_rps` (all at once when None), with gamma gaps of
+    shape `burstiness` (default: the level's, else 1 = Poisson; runners/arrivals.py), at most
+    `level.max_concurrency` in flight. `send_offsets_s` (a trace replay) gives each request's
+    send time instead, in seconds from the level's start, one per request, non-decreasing.
+    Without `duration_s` each request is sent once; with it, requests cycle and no new one is
+    sent after `duration_s` (those in flight finish).
     `max_duration_s` bounds a request-bound level by time too: each request is sent at most
     once, and none after `max_duration_s` (a light capacity probe must not take minutes).
     `stop_event` (checked every 50 ms) or a stall (no chunk from any in-flight request for
@@ -619,6 +655,18 @@ async def run_level(
     _check_level_args(requests, level, timeout_s, duration_s, stall_timeout_s)
     if max_duration_s is not None and not max_duration_s > 0:
         raise ValueError(f"max_duration_s must be > 0 but got {max_duration_s}.")
+    if burstiness is None:
+        burstiness = level.burstiness if level.burstiness is not None else 1.0
+    arrivals.check_burstiness(burstiness)
+    if send_offsets_s is not None:
+        if duration_s is not None:
+            raise ValueError("a trace replay sends each request once; bound it with "
+                             "max_duration_s, not duration_s.")
+        if len(send_offsets_s) != len(requests) or any(
+                not math.isfinite(t) or t < 0 for t in send_offsets_s) or any(
+                b < a for a, b in itertools.pairwise(send_offsets_s)):
+            raise ValueError(f"send_offsets_s must hold {len(requests)} finite, non-negative, "
+                             "non-decreasing times, one per request.")
     cap = level.max_concurrency
     # httpx defaults (100 connections, 5 s timeouts) would queue requests in the client and
     # cut long streams: size the pool to the load and leave reads unbounded; the per-request
@@ -627,7 +675,8 @@ async def run_level(
     timeout = httpx.Timeout(None, connect=_CONNECT_TIMEOUT_S)
     driver = _LevelDriver(base_url, model, requests, level, timeout_s=timeout_s, seed=seed,
                           duration_s=duration_s, stop_event=stop_event,
-                          stall_timeout_s=stall_timeout_s, max_duration_s=max_duration_s)
+                          stall_timeout_s=stall_timeout_s, max_duration_s=max_duration_s,
+                          burstiness=burstiness, send_offsets_s=send_offsets_s)
     # trust_env=False: an http_proxy from the environment must not capture 127.0.0.1.
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
         outputs, duration = await driver.run(client)
@@ -667,13 +716,15 @@ def run_level_sync(
     stall_timeout_s: float | None = None,
     duration_s: float | None = None,
     max_duration_s: float | None = None,
+    burstiness: float | None = None,
+    send_offsets_s: Sequence[float] | None = None,
 ) -> LevelResult:
     """`run_level` on a fresh event loop, for callers that are threads (runners, Ray actors).
     Pass a `threading.Event` as `stop_event` to stop it from another thread."""
     return asyncio.run(run_level(
         base_url, model, requests, level, slo, timeout_s=timeout_s, seed=seed,
         stop_event=stop_event, stall_timeout_s=stall_timeout_s, duration_s=duration_s,
-        max_duration_s=max_duration_s,
+        max_duration_s=max_duration_s, burstiness=burstiness, send_offsets_s=send_offsets_s,
     ))
 
 

@@ -227,10 +227,22 @@ class MetricsPoller:
         growth = delta(self.samples[0][1], self.samples[-1][1])
         if NUM_PREEMPTIONS in growth:
             out["num_preemptions"] = growth[NUM_PREEMPTIONS]
-        queries = growth.get(PREFIX_CACHE_QUERIES, 0.0)
-        if queries > 0:
-            out["prefix_cache_hit_rate"] = growth.get(PREFIX_CACHE_HITS, 0.0) / queries
+        hit_rate = prefix_cache_hit_rate(growth)
+        if hit_rate is not None:
+            out["prefix_cache_hit_rate"] = hit_rate
         return out
+
+
+def prefix_cache_hit_rate(growth: Mapping[str, float]) -> float | None:
+    """Prefix-cache hits over queries (both in tokens) from counter growth over a window:
+    vLLM 0.26's `vllm:prefix_cache_hits` / `vllm:prefix_cache_queries` (vllm/v1/metrics/
+    loggers.py:584-601; the local cache only, not `vllm:external_prefix_cache_*`). None when the
+    engine counted no query (prefix caching off: vLLM then records no stats)."""
+    queries = growth.get(PREFIX_CACHE_QUERIES)
+    if queries is None or not math.isfinite(queries) or queries <= 0:
+        return None
+    hits = growth.get(PREFIX_CACHE_HITS, 0.0)
+    return min(max(hits / queries, 0.0), 1.0) if math.isfinite(hits) else None
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,16 @@ class LengthDistribution:
 
 @dataclass(frozen=True)
 class LoadLevel:
-    """One step of offered load: a Poisson request rate, a fixed concurrency, or both (a rate
-    capped by a concurrency, as `vllm bench serve --max-concurrency` does)."""
+    """One step of offered load: a request rate, a fixed concurrency, or both (a rate capped by
+    a concurrency, as `vllm bench serve --max-concurrency` does). A rate's arrivals are Poisson,
+    or gamma with `burstiness` (runners/arrivals.py); with a trace (`Workload.trace`) a rate is
+    the replay's mean rate."""
 
     request_rate_rps: float | None = None  # None = send all at once (infinite rate)
     max_concurrency: int | None = None
+    # Gamma shape of the gaps between arrivals, as `vllm bench serve --burstiness`: 1 = Poisson,
+    # lower = burstier; None = the workload's `burstiness`.
+    burstiness: float | None = None
 
     @property
     def label(self) -> str:
@@ -40,6 +45,8 @@ class LoadLevel:
             parts.append(f"rate={self.request_rate_rps:g}")
         if self.max_concurrency is not None:
             parts.append(f"concurrency={self.max_concurrency}")
+        if self.burstiness is not None and self.burstiness != 1.0:
+            parts.append(f"burstiness={self.burstiness:g}")
         return ",".join(parts) or "rate=inf"
 
 
@@ -366,6 +373,40 @@ class QualityEval:
 
 
 @dataclass(frozen=True)
+class SharedPrefix:
+    """A fraction of the requests start with one of a few fixed prefixes (a shared system
+    prompt); the rest are unique. The workload's `input_len` is the part *after* the prefix: a
+    request that shares is `num_tokens` + input_len tokens long (runners/prefixes.py)."""
+
+    fraction: float  # of requests, 0-1, that start with a shared prefix
+    num_tokens: int  # tokens of each prefix
+    num_prefixes: int = 1  # distinct prefixes, each request that shares picks one (uniform)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.fraction <= 1:
+            raise ValueError(f"shared_prefix.fraction must be in [0, 1] but got "
+                             f"{self.fraction}.")
+        if self.num_tokens < 1 or self.num_prefixes < 1:
+            raise ValueError(f"shared_prefix needs tokens >= 1 and num_prefixes >= 1 but got "
+                             f"{self.num_tokens} and {self.num_prefixes}.")
+
+    def describe(self) -> str:
+        count = f"one of {self.num_prefixes} prefixes" if self.num_prefixes > 1 else \
+            "one prefix"
+        return f"{self.fraction:.0%} share {count} of {self.num_tokens} tokens"
+
+
+@dataclass(frozen=True)
+class TraceReplay:
+    """Requests and their arrival times from a JSONL trace, replayed in time from the first
+    arrival (runners/arrivals.py `read_trace` reads and checks it). A level's request rate is
+    the replay's mean rate: the recorded gaps compressed or stretched to it."""
+
+    path: Path
+    timestamp_unit_s: float = 1.0  # seconds per timestamp unit: 0.001 for milliseconds
+
+
+@dataclass(frozen=True)
 class Workload:
     """What load a trial drives. Every trial of a study gets the same prompts (same seed)."""
 
@@ -390,3 +431,32 @@ class Workload:
     capacity: CapacitySearch | None = None
     repeats: int = 1  # measurements of each level on the same server (same prompts)
     quality: QualityEval | None = None  # an output-quality evaluation after the levels
+    # Gamma shape of the gaps between rate-level arrivals (a level's own `burstiness` wins):
+    # 1 = Poisson, lower = burstier, as `vllm bench serve --burstiness`.
+    burstiness: float = 1.0
+    shared_prefix: SharedPrefix | None = None  # prompts that start with a shared prefix
+    trace: TraceReplay | None = None  # requests and arrival times from a trace file
+
+    def burstiness_of(self, level: LoadLevel) -> float:
+        return level.burstiness if level.burstiness is not None else self.burstiness
+
+    def describe(self) -> str:
+        """One line on the workload's shape, for the study's parameters and the report."""
+        def length(dist: LengthDistribution) -> str:
+            if dist.kind == "fixed":
+                return str(dist.mean)
+            if dist.kind == "uniform":
+                return f"{dist.low}-{dist.high}"
+            return f"{dist.kind}({dist.mean})"
+
+        if self.trace is not None:
+            parts = [f"trace {self.trace.path.name}"]
+        elif self.prompts_file is not None:
+            parts = [f"prompts {self.prompts_file.name}, output {length(self.output_len)}"]
+        else:
+            parts = [f"input {length(self.input_len)}, output {length(self.output_len)} tokens"]
+        if self.shared_prefix is not None:
+            parts.append(self.shared_prefix.describe() + " (before the input)")
+        if self.burstiness != 1.0:
+            parts.append(f"burstiness {self.burstiness:g}")
+        return "; ".join(parts)

@@ -18,7 +18,7 @@ from runners.model_info import load_model_info
 from search_spaces import ResolvedSpace, load_space
 
 ROOT = Path(__file__).resolve().parents[1]
-STUDIES = sorted(p for p in [*ROOT.glob("bench/h200/*.yaml"), ROOT / "examples/quickstart.yaml"]
+STUDIES = sorted(p for p in [*ROOT.glob("bench/h200/*.yaml"), *ROOT.glob("examples/*.yaml")]
                  if "model" in (yaml.safe_load(p.read_text()) or {}))
 
 

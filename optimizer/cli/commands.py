@@ -450,6 +450,8 @@ def audit(
         w = cfg.spec.workload
         longest = (w.input_len.high or w.input_len.mean) + (w.output_len.high or
                                                              w.output_len.mean)
+        if w.shared_prefix is not None:  # input_len is the part after the prefix
+            longest += w.shared_prefix.tokens
     findings = auditing.audit(
         launch, table=table, interconnect=profile.interconnect if profile.has_gpu else None,
         compute_capability=profile.compute_capability if profile.has_gpu else None,

@@ -22,6 +22,8 @@ from runners.workload import (
     LengthDistribution,
     LoadLevel,
     QualityEval,
+    SharedPrefix,
+    TraceReplay,
     Workload,
 )
 from search_spaces.bounded_yaml import YamlLimitError, load_yaml
@@ -44,6 +46,8 @@ class StudyConfig:
                              or DEFAULT_TRACKING_URI)
         self.prompts_file = _resolve(base, spec.workload.prompts_file) \
             if spec.workload.prompts_file else None
+        self.trace_file = _resolve(base, spec.workload.trace.path) \
+            if spec.workload.trace else None
 
     @property
     def name(self) -> str:
@@ -108,13 +112,24 @@ class StudyConfig:
 
     def workload(self, vocab_size: int = 32000) -> Workload:
         w = self.spec.workload
+        levels = tuple(LoadLevel(request_rate_rps=lv.request_rate, max_concurrency=lv.concurrency,
+                                 burstiness=lv.burstiness) for lv in w.levels)
+        num_requests = w.num_requests
+        trace = None
+        if w.trace is not None and self.trace_file is not None:
+            trace = TraceReplay(self.trace_file, w.trace.timestamp_unit_s)
+            if "num_requests" not in w.model_fields_set:
+                num_requests = None  # the whole trace
+            if "levels" not in w.model_fields_set:  # one level: as recorded, x time_scale
+                levels = (LoadLevel(request_rate_rps=_trace_rate(
+                    self.trace_file, w.trace.timestamp_unit_s, num_requests,
+                    self.source_name) * w.trace.time_scale),)
         return Workload(
             input_len=_dist(w.input_len),
             output_len=_dist(w.output_len),
             prompts_file=self.prompts_file,
-            levels=tuple(LoadLevel(request_rate_rps=lv.request_rate,
-                                   max_concurrency=lv.concurrency) for lv in w.levels),
-            num_requests=w.num_requests,
+            levels=levels,
+            num_requests=num_requests,
             duration_s=w.duration_s,
             num_warmup_requests=w.warmup_requests,
             seed=w.seed,
@@ -133,6 +148,12 @@ class StudyConfig:
                                     max_probes=w.capacity.max_probes,
                                     probe_duration_s=w.capacity.probe_duration_s)
             if w.capacity else None,
+            burstiness=w.burstiness,
+            shared_prefix=SharedPrefix(fraction=w.shared_prefix.fraction,
+                                       num_tokens=w.shared_prefix.tokens,
+                                       num_prefixes=w.shared_prefix.num_prefixes)
+            if w.shared_prefix else None,
+            trace=trace,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -153,6 +174,19 @@ class StudyConfig:
         if not update:
             return self
         return StudyConfig(self.spec.model_copy(update=update), self.source)
+
+
+def _trace_rate(path: Path, unit_s: float, num_requests: int | None, source: str) -> float:
+    """The mean rate of the trace's replayed lines, requests/s (`check_before_start` has read
+    the file already; a file changed since is refused here in one line)."""
+    from runners.arrivals import read_trace, trace_rate_rps
+
+    try:
+        entries = read_trace(path, unit_s)
+        return trace_rate_rps([e.arrival_s for e in entries[:num_requests or len(entries)]])
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        message = " ".join(str(exc).split())[:300].rstrip(".")
+        raise ConfigError(f"{source}: workload.trace: {message}.") from None
 
 
 def _dist(spec: LengthSpec) -> LengthDistribution:

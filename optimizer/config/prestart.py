@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from optimizer.config.schema import MAX_PROMPTS_FILE_BYTES
+from optimizer.config.schema import MAX_PROMPTS_FILE_BYTES, MAX_TRACE_FILE_BYTES
 from optimizer.config.store_checks import (
     server_storage_problem,
     storage_problem,
@@ -36,10 +36,18 @@ def check_before_start(cfg: StudyConfig) -> None:
     if cfg.tracking_uri.startswith("sqlite:///"):
         _check_parent("tracking_uri", Path(cfg.tracking_uri.removeprefix("sqlite:///")),
                       made_by_us, cfg.source_name)
-    longest_prompt = cfg.spec.workload.input_len.longest
+    workload = cfg.spec.workload
+    longest_prompt = workload.input_len.longest
+    longest_output = workload.output_len.longest
     if cfg.prompts_file is not None:
         longest_prompt = _check_prompts_file(cfg.prompts_file, cfg.source_name)
-    _check_fits_model(cfg, longest_prompt)
+    if cfg.trace_file is not None and workload.trace is not None:
+        longest_prompt, longest_output = _check_trace_file(
+            cfg.trace_file, workload.trace.timestamp_unit_s, cfg.source_name,
+            has_shared_prefix=workload.shared_prefix is not None)
+    if workload.shared_prefix is not None:
+        longest_prompt += workload.shared_prefix.tokens
+    _check_fits_model(cfg, longest_prompt, longest_output)
 
 
 def _check_parent(field: str, path: Path, made_by_us: list[Path], source: str) -> None:
@@ -81,6 +89,39 @@ def _check_prompts_file(path: Path, source: str) -> int:
     return longest
 
 
+def _check_trace_file(path: Path, timestamp_unit_s: float, source: str, *,
+                      has_shared_prefix: bool) -> tuple[int, int]:
+    """The trace read as the runner reads it: its longest prompt and output, in tokens."""
+    from runners.arrivals import read_trace
+
+    where = f"{source}: workload.trace.path"
+    fix = ("give a JSONL file with one {\"timestamp\": s, \"input_length\": n, "
+           "\"output_length\": n} object a line")
+    if not path.is_file():
+        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise ConfigError(f"{where}: {str(path)!r:.120} {what}; {fix}.")
+    if path.stat().st_size > MAX_TRACE_FILE_BYTES:
+        raise ConfigError(f"{where}: {str(path)!r:.120} is over {MAX_TRACE_FILE_BYTES:,} "
+                          "bytes; replay a slice of the trace.")
+    try:
+        entries = read_trace(path, timestamp_unit_s)
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read {str(path)!r:.120} ({type(exc).__name__}); "
+                          "check its permissions.") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: {str(path)!r:.120} is not UTF-8 text; {fix}.") from None
+    except (ValueError, TypeError) as exc:
+        message = " ".join(str(exc).split())[:300].rstrip(".")
+        raise ConfigError(f"{where}: {message}.") from None
+    if has_shared_prefix:
+        text = next((i for i, e in enumerate(entries) if isinstance(e.prompt, str)), None)
+        if text is not None:
+            raise ConfigError(f"{where}: request {text + 1} has a text prompt but "
+                              "workload.shared_prefix builds token-id prompts; give token ids "
+                              "or leave shared_prefix out.")
+    return max(e.input_len for e in entries), max(e.output_len for e in entries)
+
+
 def _human_int(value: object) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -106,7 +147,7 @@ def _has_rope_scaling(model_path: str) -> bool:
     return any(isinstance(c, dict) and c.get("rope_scaling") for c in sections)
 
 
-def _check_fits_model(cfg: StudyConfig, longest_prompt: int) -> None:
+def _check_fits_model(cfg: StudyConfig, longest_prompt: int, longest_output: int) -> None:
     """A request's prompt and output must fit the engine's context (vLLM refuses it otherwise,
     and every request of every trial would fail)."""
     from runners.model_info import load_model_info
@@ -124,10 +165,10 @@ def _check_fits_model(cfg: StudyConfig, longest_prompt: int) -> None:
             # it than max_position_embeddings, by rules this check does not repeat.
             return
         limit, why = model.max_position_embeddings, f"{model.name}'s max_position_embeddings"
-    longest = longest_prompt + cfg.spec.workload.output_len.longest
+    longest = longest_prompt + longest_output
     if longest > limit:
         raise ConfigError(
             f"{cfg.source_name}: workload: a prompt of up to {longest_prompt} tokens plus an "
-            f"output of up to {cfg.spec.workload.output_len.longest} is {longest} tokens, over "
+            f"output of up to {longest_output} is {longest} tokens, over "
             f"the max_model_len of {limit} ({why}); shorten input_len/output_len or raise "
             "fixed_flags.max_model_len.")

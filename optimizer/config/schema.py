@@ -41,6 +41,10 @@ MAX_SEED = 2**32 - 1  # numpy's seeds (Optuna's samplers, the load generator)
 # The study file itself: a study is a page of YAML, never megabytes.
 MAX_FILE_BYTES = 1_000_000
 MAX_PROMPTS_FILE_BYTES = 1 << 30
+MAX_TRACE_FILE_BYTES = 1 << 30
+# Gamma shape: 1000 gives gaps within ~3% of 1/rate, as regular as a benchmark needs.
+MAX_BURSTINESS = 1000.0
+MAX_SHARED_PREFIXES = 1024
 
 
 def registered(field: str, name: object, registry: Mapping[str, object],
@@ -91,6 +95,9 @@ class LengthSpec(_Strict):
 class LevelSpec(_Strict):
     request_rate: float | None = Field(default=None, gt=0, le=MAX_RATE_RPS)  # None = all at once
     concurrency: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY)
+    # Gamma shape of this level's arrival gaps (`vllm bench serve --burstiness`); None = the
+    # workload's burstiness.
+    burstiness: float | None = Field(default=None, gt=0, le=MAX_BURSTINESS)
 
     @model_validator(mode="after")
     def _some(self) -> LevelSpec:
@@ -125,6 +132,28 @@ class CapacitySpec(_Strict):
         return self
 
 
+class SharedPrefixSpec(_Strict):
+    """`fraction` of the requests start with one of `num_prefixes` fixed prefixes of `tokens`
+    tokens (a shared system prompt); the rest are unique. `input_len` is the part after the
+    prefix: a request that shares is tokens + input_len long."""
+
+    fraction: float = Field(ge=0, le=1)
+    tokens: int = Field(ge=1, le=MAX_TOKENS)
+    num_prefixes: int = Field(default=1, ge=1, le=MAX_SHARED_PREFIXES)
+
+
+class TraceSpec(_Strict):
+    """Requests and arrival times from a JSONL trace (vLLM's timed_trace fields: `timestamp`,
+    `input_length`, `output_length`, optionally `prompt`), replayed in time from the first
+    arrival; timestamps may be relative or absolute."""
+
+    path: Annotated[Path, Field(strict=False)]
+    timestamp_unit_s: float = Field(default=1.0, gt=0, le=3600)  # 0.001: timestamps in ms
+    # Replay speed of the default level (when `levels` is left out): 2 = twice as fast as
+    # recorded. A level's request_rate, when given, is the replay's mean rate instead.
+    time_scale: float = Field(default=1.0, gt=0, le=MAX_RATE_RPS)
+
+
 def _length(value: Any) -> Any:
     return {"kind": "fixed", "mean": value} if isinstance(value, int) else value
 
@@ -150,20 +179,53 @@ class WorkloadSpec(_Strict):
     # A trial whose objective varies more than this across repeats (max-min over median) is
     # flagged unstable.
     max_spread: float = Field(default=0.10, gt=0, le=100)
+    # Gamma shape of the gaps between arrivals at a request rate, as `vllm bench serve
+    # --burstiness`: 1 = Poisson, lower = burstier, higher = more regular. A level may set its own.
+    burstiness: float = Field(default=1.0, gt=0, le=MAX_BURSTINESS)
+    # A fraction of the prompts start with a shared prefix; input_len is the part after it.
+    shared_prefix: SharedPrefixSpec | None = None
+    # Replay a trace's requests at its arrival times; levels' request_rate = its mean rate.
+    trace: TraceSpec | None = None
 
     _coerce_lengths = field_validator("input_len", "output_len", mode="before")(
         classmethod(lambda cls, v: _length(v)))
 
     @model_validator(mode="after")
+    def _trace(self) -> WorkloadSpec:
+        if self.shared_prefix is not None and self.prompts_file is not None:
+            raise ValueError("shared_prefix builds token-id prompts and does not yet apply to "
+                             "a prompts_file; leave one out")
+        if self.trace is None:
+            return self
+        if self.prompts_file is not None:
+            raise ValueError("trace and prompts_file both give the requests; keep one")
+        if self.capacity is not None and self.capacity.axis == "concurrency":
+            raise ValueError("a trace sets its own arrivals, so a capacity search over "
+                             "concurrency does not apply; use capacity.axis: request_rate (the "
+                             "replay's mean rate) or leave capacity out")
+        if "levels" in self.model_fields_set and any(lv.request_rate is None
+                                                     for lv in self.levels):
+            raise ValueError("with a trace each level's request_rate is the replay's mean "
+                             "rate (the recorded gaps compressed or stretched to it); give "
+                             "every level a request_rate, or leave levels out to replay it as "
+                             "recorded")
+        if self.burstiness != 1.0 or any(lv.burstiness is not None for lv in self.levels):
+            raise ValueError("a trace replays its own arrival times, so burstiness does not "
+                             "apply; leave burstiness out")
+        return self
+
+    @model_validator(mode="after")
     def _bound(self) -> WorkloadSpec:
-        if self.num_requests is None and self.duration_s is None:
+        if self.num_requests is None and self.duration_s is None and self.trace is None:
             raise ValueError("set num_requests or duration_s to bound each load level")
-        if self.prompts_file is None:
+        if self.prompts_file is None and self.trace is None:
             count = max(self.num_requests or 0, self.warmup_requests)
-            tokens = count * self.input_len.longest
+            prefix = self.shared_prefix.tokens if self.shared_prefix else 0
+            tokens = count * (self.input_len.longest + prefix)
             if tokens > MAX_PROMPT_TOKENS_PER_LEVEL:
+                longest = self.input_len.longest + prefix
                 raise ValueError(
-                    f"{count} requests of up to {self.input_len.longest} prompt tokens make "
+                    f"{count} requests of up to {longest} prompt tokens make "
                     f"{tokens:,} tokens a level, over the {MAX_PROMPT_TOKENS_PER_LEVEL:,} the "
                     "load generator holds in memory; lower num_requests or input_len")
         return self

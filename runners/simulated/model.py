@@ -724,8 +724,11 @@ class Scheduler:
                 request = self.waiting[0]
                 if not request.is_admitted_once:
                     hit = self._prefix_hit_tokens(request)
-                    self.stats.prefix_cache_queries += request.num_prompt_tokens
-                    self.stats.prefix_cache_hits += hit
+                    # vLLM records no query with prefix caching off (kv_cache_manager.py:
+                    # 224-228 returns before `prefix_cache_stats.record`, 272-277).
+                    if self.model.enable_prefix_caching:
+                        self.stats.prefix_cache_queries += request.num_prompt_tokens
+                        self.stats.prefix_cache_hits += hit
                     request.num_computed_tokens = hit
                     request.num_cached_tokens = hit
                 else:  # a preempted request recomputes, minus what the cache still holds

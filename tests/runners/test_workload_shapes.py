@@ -1,0 +1,169 @@
+"""Production-shaped workloads: bursty (gamma) arrivals as `vllm bench serve --burstiness`,
+shared-prefix prompts and the prefix-cache hit rate the simulated engine reports for them, and
+trace replay in time. CPU only; the engine tests run the simulated engine as a real process."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runners import arrivals, loadgen
+from runners.base import EngineConfig
+from runners.engine import EngineRunner
+from runners.simulated.launcher import SimulatedLauncher
+from runners.workload import (
+    SLO,
+    LengthDistribution,
+    LoadLevel,
+    SharedPrefix,
+    TraceReplay,
+    Workload,
+)
+
+
+def _gaps(offsets: list[float]) -> np.ndarray:
+    return np.diff(np.array([0.0, *offsets]))
+
+
+def _vllm_gaps(num: int, rate: float, burstiness: float, seed: int) -> np.ndarray:
+    """vLLM 0.26's draw (vllm/benchmarks/serve.py:463-485) with its global RandomState."""
+    np.random.seed(seed)
+    theta = 1.0 / (rate * burstiness)
+    delays = np.cumsum([np.random.gamma(shape=burstiness, scale=theta) for _ in range(num)])
+    delays *= (num / rate) / delays[-1]
+    return np.diff(np.array([0.0, *delays]))
+
+
+@pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])
+def test_gamma_arrivals_have_vllms_mean_and_coefficient_of_variation(burstiness: float) -> None:
+    num, rate = 20_000, 10.0
+    ours = _gaps(arrivals.arrival_offsets_s(num, rate, seed=3, burstiness=burstiness))
+    theirs = _vllm_gaps(num, rate, burstiness, seed=3)
+    assert ours.sum() == pytest.approx(num / rate), "rescaled: the last arrival at num / rate"
+    assert ours.mean() == pytest.approx(theirs.mean(), rel=1e-9)
+    cv_ours, cv_theirs = ours.std() / ours.mean(), theirs.std() / theirs.mean()
+    assert cv_ours == pytest.approx(1 / math.sqrt(burstiness), rel=0.05), \
+        "a gamma of shape k has CV 1/sqrt(k)"
+    assert cv_ours == pytest.approx(cv_theirs, rel=0.05)
+
+
+def test_burstiness_one_is_the_poisson_draw_number_for_number() -> None:
+    rng = np.random.default_rng(7)
+    poisson = np.cumsum(rng.exponential(1 / 5.0, size=200))
+    poisson *= (200 / 5.0) / poisson[-1]
+    assert arrivals.arrival_offsets_s(200, 5.0, seed=7, burstiness=1.0) == \
+        [float(x) for x in poisson]
+    assert arrivals.arrival_offsets_s(200, 5.0, seed=7, burstiness=0.3) == \
+        arrivals.arrival_offsets_s(200, 5.0, seed=7, burstiness=0.3), "deterministic in the seed"
+    endless = arrivals.open_ended_offsets_s(5.0, seed=7, burstiness=0.3)
+    first = [next(endless) for _ in range(50)]
+    again = arrivals.open_ended_offsets_s(5.0, seed=7, burstiness=0.3)
+    assert first == [next(again) for _ in range(50)]
+    with pytest.raises(ValueError, match="burstiness must be > 0"):
+        arrivals.arrival_offsets_s(3, 1.0, seed=0, burstiness=0.0)
+
+
+def test_shared_prefix_requests_share_exactly_the_prefix_and_keep_their_own_part() -> None:
+    shared = SharedPrefix(fraction=0.5, num_tokens=48, num_prefixes=2)
+    plain = Workload(input_len=LengthDistribution(mean=20), output_len=LengthDistribution(mean=4),
+                     seed=11)
+    workload = Workload(input_len=plain.input_len, output_len=plain.output_len, seed=11,
+                        shared_prefix=shared)
+    unique = loadgen.build_requests(plain, 40, seed=5)
+    specs = loadgen.build_requests(workload, 40, seed=5)
+    prefixes = {tuple(s.prompt[:48]) for s in specs if len(s.prompt) == 68}
+    assert len(prefixes) == 2, "two distinct prefixes, each used"
+    num_shared = 0
+    for spec, alone in zip(specs, unique, strict=True):
+        assert isinstance(spec.prompt, list) and isinstance(alone.prompt, list)
+        if len(spec.prompt) == 68:
+            num_shared += 1
+            assert tuple(spec.prompt[:48]) in prefixes
+            assert spec.prompt[48:] == alone.prompt, "input_len is the part after the prefix"
+            assert spec.prompt_len == 68
+        else:
+            assert spec.prompt == alone.prompt and spec.prompt_len == 20
+    assert num_shared == 20, "exactly floor(n x fraction) requests share"
+    assert loadgen.build_requests(workload, 10, seed=5) == specs[:10], \
+        "request i does not depend on how many are built"
+    other_level = loadgen.build_requests(workload, 40, seed=6)
+    assert {tuple(s.prompt[:48]) for s in other_level if len(s.prompt) == 68} == prefixes, \
+        "every level (and trial) of a study shares the same prefixes"
+
+
+def _run(tmp_path: Path, workload: Workload, flags: dict[str, object] | None = None):
+    runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
+                          tmp_path / "engines", stall_timeout_s=30.0)
+    config = EngineConfig("qwen2.5-0.5b", {"max_model_len": 4096, **(flags or {})},
+                          load_format="dummy", skip_tokenizer_init=True)
+    try:
+        result = runner.run(config, workload, tmp_path / "trial")
+    finally:
+        runner.close()
+    assert result.status == "complete", result.failure
+    return result
+
+
+def _shaped(shared: SharedPrefix | None) -> Workload:
+    return Workload(input_len=LengthDistribution(mean=32), output_len=LengthDistribution(mean=4),
+                    levels=(LoadLevel(max_concurrency=2),), num_requests=40,
+                    num_warmup_requests=0, slo=SLO(tpot_p99_ms=1000.0), shared_prefix=shared)
+
+
+def test_simulated_hit_rate_follows_the_shared_tokens_and_is_zero_without_sharing(
+        tmp_path: Path) -> None:
+    shared = SharedPrefix(fraction=0.8, num_tokens=512)
+    (step,) = _run(tmp_path / "shared", _shaped(shared)).steps
+    hit_rate = step.server_metrics["prefix_cache_hit_rate"]
+    # Tokens: 32 requests share 512 prefix tokens (+32 own), 8 send 32. The first request of
+    # the prefix (and one beside it at concurrency 2) computes it; the others hit all of it.
+    total = 32 * (512 + 32) + 8 * 32
+    assert (32 - 2) * 512 / total <= hit_rate <= (32 - 1) * 512 / total + 1e-9, hit_rate
+    assert hit_rate > 0.8, "mostly shared tokens: the hit rate is near the shared fraction"
+
+    (plain,) = _run(tmp_path / "plain", _shaped(None)).steps
+    assert plain.server_metrics["prefix_cache_hit_rate"] < 0.01, "unique prompts hit nothing"
+
+    (off,) = _run(tmp_path / "off", _shaped(shared), {"enable_prefix_caching": False}).steps
+    assert "prefix_cache_hit_rate" not in off.server_metrics, \
+        "with prefix caching off vLLM counts no query, so there is no rate"
+    assert off.metrics.mean_ttft_ms > step.metrics.mean_ttft_ms, \
+        "cached prefixes skip prefill work"
+
+
+def test_trace_offsets_keep_the_recorded_gaps_and_scale_to_a_mean_rate() -> None:
+    times = [10.0, 10.5, 10.6, 12.0, 14.0]  # absolute: replayed from the first arrival
+    assert arrivals.trace_offsets_s(times, None) == pytest.approx([0.0, 0.5, 0.6, 2.0, 4.0])
+    assert arrivals.trace_rate_rps(times) == pytest.approx(1.0)
+    assert arrivals.trace_offsets_s(times, 2.0) == pytest.approx([0.0, 0.25, 0.3, 1.0, 2.0]), \
+        "a level's rate is the replay's mean rate: twice as fast"
+
+
+def test_bad_trace_lines_are_refused_with_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 1, "input_length": 8, "output_length": 2}\n'
+                    '{"timestamp": 2, "input_length": 0, "output_length": 2}\n')
+    with pytest.raises(ValueError, match=r"t\.jsonl:2: 'input_length' must be an integer >= 1"):
+        arrivals.read_trace(path)
+    path.write_text('{"timestamp": 1, "input_length": 8, "output_length": 2}\n')
+    with pytest.raises(ValueError, match="spanning more than 0 s"):
+        arrivals.read_trace(path)
+
+
+def test_trace_replay_sends_at_the_traces_times_on_the_modelled_clock(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    recorded = [100.0, 100.4, 100.5, 101.5, 101.6, 102.4]  # absolute seconds
+    trace.write_text("".join(
+        f'{{"timestamp": {t}, "input_length": 16, "output_length": 2}}\n' for t in recorded))
+    workload = Workload(output_len=LengthDistribution(mean=2), levels=(LoadLevel(),),
+                        num_requests=None, num_warmup_requests=0, slo=SLO(tpot_p99_ms=1000.0),
+                        trace=TraceReplay(trace))
+    (step,) = _run(tmp_path, workload).steps
+    assert step.metrics.completed == len(recorded)
+    assert step.server_metrics.get("is_modelled_clock") == 1.0
+    # The level's duration on the engine's clock spans the trace (2.4 s) plus the last request
+    # (a few ms), within a relative tolerance for the host's scheduling of the sends.
+    assert 2.4 * 0.9 <= step.metrics.duration_s <= 2.4 * 1.15, step.metrics.duration_s
