@@ -1,0 +1,134 @@
+"""The model's own tokenizer (its `tokenizer.json`, through the `tokenizers` library): counts the
+tokens of text prompts as the server will, and synthesises text of an exact token length.
+
+No chat template is applied: the load generator sends raw text to `/v1/completions`, which
+tokenizes the prompt as it is, adding the tokenizer's special tokens (BOS) by default
+(vllm/entrypoints/openai/completion/protocol.py:113, `add_special_tokens` defaults to True).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    from tokenizers import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+TOKENIZER_FILE = "tokenizer.json"
+# As vLLM's `gen_prompt_decode_to_target_len` (vllm/benchmarks/datasets/datasets.py:495):
+# decode, re-encode, trim or extend, at most this many times.
+_MAX_RETRIES = 10
+
+
+@dataclass(frozen=True)
+class PromptTokenizer:
+    """A model's tokenizer, as the load generator uses it."""
+
+    path: Path  # the tokenizer.json it was read from
+    tokenizer: Tokenizer
+    vocab_size: int  # tokens, added tokens included
+    num_special_tokens: int  # tokens the server adds to a single prompt (BOS/EOS), >= 0
+    special_ids: frozenset[int]  # never drawn into a synthesised prompt
+
+    def count(self, text: str) -> int:
+        """Tokens of `text` as `/v1/completions` counts them: special tokens added."""
+        return len(self.tokenizer.encode(text, add_special_tokens=True).ids)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` alone, without the special tokens."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+    def draw_ids(self, rng: np.random.Generator, num: int) -> list[int]:
+        """`num` ids drawn uniformly from the vocabulary, special tokens left out."""
+        out: list[int] = []
+        while len(out) < num:
+            drawn = rng.integers(0, self.vocab_size, size=num - len(out)).tolist()
+            out.extend(t for t in drawn if t not in self.special_ids)
+        return out
+
+    def synthesise(self, num_tokens: int, rng: np.random.Generator) -> tuple[str, int]:
+        """Text the server counts as `num_tokens` tokens (special tokens included, as vLLM's
+        RandomDataset subtracts them: vllm/benchmarks/datasets/utils.py:70), and that count.
+
+        vLLM's way (`gen_prompt_decode_to_target_len`): random ids decoded to text, the text
+        re-encoded (a decoded sequence does not always re-encode to as many tokens), then
+        trimmed or extended with more random ids until the re-encoded length is the target.
+        Where ten rounds do not get there (rare) the count returned is the true count of the
+        text, not the target."""
+        target = max(1, num_tokens - self.num_special_tokens)
+        ids = self.draw_ids(rng, target)
+        text = ""
+        for attempt in range(_MAX_RETRIES + 1):
+            text = self.decode(ids)
+            ids = self.encode(text)
+            if len(ids) == target or attempt == _MAX_RETRIES:
+                break
+            if len(ids) < target:
+                ids.extend(self.draw_ids(rng, target - len(ids)))
+            else:
+                ids = ids[:target]
+        return text, len(ids) + self.num_special_tokens
+
+
+def tokenizer_dir_for(model_dir: Path | None, *, skip_tokenizer_init: bool) -> Path | None:
+    """The directory whose tokenizer the load generator uses, or None (and why, once, in the
+    log): a server started with --skip-tokenizer-init takes token ids only; a model that is a
+    hub id or a config-only directory (a bundled shape for dummy weights) has no tokenizer
+    here."""
+    if skip_tokenizer_init:
+        _say_once("no tokenizer: the engine runs with skip_tokenizer_init, so prompts are token "
+                  "ids")
+        return None
+    if model_dir is None:
+        _say_once("no tokenizer: the model is not a local directory, so synthesised prompts are "
+                  "token ids and text prompts' lengths are estimates")
+        return None
+    if not (model_dir / TOKENIZER_FILE).is_file():
+        _say_once(f"no tokenizer: {model_dir} has no {TOKENIZER_FILE} (a config-only model), "
+                  "so synthesised prompts are token ids and text prompts' lengths are estimates")
+        return None
+    return model_dir
+
+
+@functools.cache
+def _say_once(message: str) -> None:
+    logger.info("%s", message)
+
+
+@functools.cache
+def load_tokenizer(model_dir: Path | None) -> PromptTokenizer | None:
+    """The tokenizer in `model_dir/tokenizer.json`, read once per process; None where there is
+    none (said once in the log). Raises ValueError where the file is there but unreadable."""
+    if model_dir is None:
+        return None
+    path = model_dir / TOKENIZER_FILE
+    if not path.is_file():
+        _say_once(f"no tokenizer: {model_dir} has no {TOKENIZER_FILE}")
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # the library raises its own Exception subclasses
+        message = " ".join(str(exc).split())[:200]
+        raise ValueError(f"{path}: expected a tokenizers-library tokenizer.json but it could "
+                         f"not be read ({message}); re-save it with the model's tokenizer.") \
+            from exc
+    special = frozenset(i for i, tok in tokenizer.get_added_tokens_decoder().items()
+                        if tok.special)
+    logger.info("tokenizer: %s (%d tokens); prompt lengths are counted with it", path,
+                tokenizer.get_vocab_size())
+    return PromptTokenizer(
+        path=path, tokenizer=tokenizer,
+        vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
+        num_special_tokens=int(tokenizer.num_special_tokens_to_add(False)),
+        special_ids=special)
