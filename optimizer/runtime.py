@@ -135,6 +135,7 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
     workload = cfg.workload(vocab_size=model.vocab_size if model else 32000)
     notes.extend(capacity_notes(workload))
     prompt_lengths = _prompt_lengths(cfg, workload)
+    notes.append(cfg.tokenizer_note)
     if prompt_lengths == "estimated":
         notes.append("workload: text prompts' lengths are ESTIMATES (chars / 4): the model has "
                      "no tokenizer.json here; the server's usage.prompt_tokens is logged beside "

@@ -80,28 +80,26 @@ class PromptTokenizer:
 
 
 def tokenizer_dir_for(model_dir: Path | None, *, skip_tokenizer_init: bool) -> Path | None:
-    """The directory whose tokenizer the load generator uses, or None (and why, once, in the
-    log): a server started with --skip-tokenizer-init takes token ids only; a model that is a
-    hub id or a config-only directory (a bundled shape for dummy weights) has no tokenizer
-    here."""
-    if skip_tokenizer_init:
-        _say_once("no tokenizer: the engine runs with skip_tokenizer_init, so prompts are token "
-                  "ids")
-        return None
-    if model_dir is None:
-        _say_once("no tokenizer: the model is not a local directory, so synthesised prompts are "
-                  "token ids and text prompts' lengths are estimates")
-        return None
-    if not (model_dir / TOKENIZER_FILE).is_file():
-        _say_once(f"no tokenizer: {model_dir} has no {TOKENIZER_FILE} (a config-only model), "
-                  "so synthesised prompts are token ids and text prompts' lengths are estimates")
+    """The directory whose tokenizer the load generator uses, or None (`why_no_tokenizer`
+    says why)."""
+    if skip_tokenizer_init or model_dir is None or not (model_dir / TOKENIZER_FILE).is_file():
         return None
     return model_dir
 
 
-@functools.cache
-def _say_once(message: str) -> None:
-    logger.info("%s", message)
+def why_no_tokenizer(model_dir: Path | None, *, skip_tokenizer_init: bool) -> str | None:
+    """Why `tokenizer_dir_for` gives None, in a sentence; None where it gives a directory."""
+    if skip_tokenizer_init:
+        return ("no tokenizer: the engine runs with skip_tokenizer_init, so prompts are token "
+                "ids")
+    if model_dir is None:
+        return ("no tokenizer: the model is not a local directory, so synthesised prompts are "
+                "token ids and text prompts' lengths are estimates (chars / 4)")
+    if not (model_dir / TOKENIZER_FILE).is_file():
+        return (f"no tokenizer: {model_dir} has no {TOKENIZER_FILE} (a config-only model), so "
+                "synthesised prompts are token ids and text prompts' lengths are estimates "
+                "(chars / 4)")
+    return None
 
 
 @functools.cache
@@ -112,7 +110,7 @@ def load_tokenizer(model_dir: Path | None) -> PromptTokenizer | None:
         return None
     path = model_dir / TOKENIZER_FILE
     if not path.is_file():
-        _say_once(f"no tokenizer: {model_dir} has no {TOKENIZER_FILE}")
+        logger.debug("no tokenizer: %s has no %s", model_dir, TOKENIZER_FILE)
         return None
     from tokenizers import Tokenizer
 
@@ -125,7 +123,7 @@ def load_tokenizer(model_dir: Path | None) -> PromptTokenizer | None:
             from exc
     special = frozenset(i for i, tok in tokenizer.get_added_tokens_decoder().items()
                         if tok.special)
-    logger.info("tokenizer: %s (%d tokens); prompt lengths are counted with it", path,
+    logger.debug("tokenizer: %s (%d tokens); prompt lengths are counted with it", path,
                 tokenizer.get_vocab_size())
     return PromptTokenizer(
         path=path, tokenizer=tokenizer,

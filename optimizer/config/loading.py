@@ -121,6 +121,20 @@ class StudyConfig:
         return tokenizer_dir_for(directory.resolve() if directory is not None else None,
                                  skip_tokenizer_init=self.spec.model.skip_tokenizer_init)
 
+    @property
+    def tokenizer_note(self) -> str:
+        """Which tokenizer the load generator uses, or why none, in a sentence."""
+        from runners.model_info import resolve_model_dir
+        from runners.tokenizer import why_no_tokenizer
+
+        directory = self.tokenizer_dir
+        if directory is not None:
+            return (f"prompts: text, counted with the model's tokenizer "
+                    f"({directory / 'tokenizer.json'})")
+        model_dir = resolve_model_dir(self.spec.model.path)
+        return why_no_tokenizer(model_dir, skip_tokenizer_init=self.spec.model.skip_tokenizer_init
+                                ) or "no tokenizer"
+
     def workload(self, vocab_size: int = 32000) -> Workload:
         w = self.spec.workload
         d, mt = w.dataset, w.multi_turn
