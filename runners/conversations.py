@@ -92,9 +92,11 @@ def next_prompt(previous_prompt: str, reply: str, user: str) -> str:
 class TurnOutput:
     """One turn's request as measured, with where it sits."""
 
-    conversation: int  # index in the level's list
-    turn: int  # 0 = the first user message
+    conversation: int  # index in the level's list; -1 for a turn cancelled in flight
+    turn: int  # 0 = the first user message; -1 for a turn cancelled in flight
     output: loadgen.RequestOutput
+    sent_s: float = 0.0  # time.perf_counter() when the turn was sent
+    ended_s: float = 0.0  # time.perf_counter() when its reply (or failure) had ended
 
 
 class _ConversationDriver:
@@ -148,9 +150,11 @@ class _ConversationDriver:
                 prompt_len = turn.user_len if k == 0 else self._count(prompt)
                 spec = loadgen.RequestSpec(prompt, prompt_len, turn.reply_len,
                                            is_prompt_len_estimated=conversation.is_estimated)
+                sent = time.perf_counter()
                 out = await self._send(client, spec)
                 reply = out.generated_text
-                self.outputs.append(TurnOutput(index, k, replace(out, generated_text="")))
+                self.outputs.append(TurnOutput(index, k, replace(out, generated_text=""),
+                                               sent, time.perf_counter()))
                 if not out.success:
                     break  # as vLLM's client: a failed turn ends its conversation
 

@@ -47,13 +47,23 @@ class PromptTokenizer:
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=False))
 
+    @functools.cached_property
+    def _drawable_ids(self) -> list[int]:
+        """Ids that decode to text re-encoding to themselves, special tokens left out: a
+        byte-level vocabulary's lone continuation bytes decode to U+FFFD, which re-encodes to
+        three tokens, and drawn among others they keep a prompt off its target length.
+        Computed once, on first use (a 50k vocabulary: well under a second)."""
+        ids = [i for i in range(self.vocab_size) if i not in self.special_ids]
+        texts = self.tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
+        encoded = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        clean = [i for i, enc in zip(ids, encoded, strict=True) if enc.ids == [i]]
+        return clean or ids
+
     def draw_ids(self, rng: np.random.Generator, num: int) -> list[int]:
-        """`num` ids drawn uniformly from the vocabulary, special tokens left out."""
-        out: list[int] = []
-        while len(out) < num:
-            drawn = rng.integers(0, self.vocab_size, size=num - len(out)).tolist()
-            out.extend(t for t in drawn if t not in self.special_ids)
-        return out
+        """`num` ids drawn uniformly from the vocabulary's tokens that round-trip through
+        text (special tokens left out)."""
+        pool = self._drawable_ids
+        return [pool[i] for i in rng.integers(0, len(pool), size=num).tolist()]
 
     def synthesise(self, num_tokens: int, rng: np.random.Generator) -> tuple[str, int]:
         """Text the server counts as `num_tokens` tokens (special tokens included, as vLLM's
