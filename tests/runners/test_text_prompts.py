@@ -306,3 +306,19 @@ def test_a_dataset_multi_turn_trial_runs_end_to_end_on_the_simulated_engine(
         assert server["multi_turn.num_turns"] == step.metrics.completed
         assert "multi_turn.later_turns_mean_ttft_ms" in server
     assert np.isfinite(result.steps[-1].metrics.p99_ttft_ms)
+
+
+def test_the_example_dataset_study_passes_the_checks_before_start(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from optimizer.config import check_before_start, load_study
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_study(REPO_ROOT / "examples" / "dataset.yaml")
+    check_before_start(cfg)
+    workload = cfg.workload()
+    assert workload.dataset is not None and workload.multi_turn is not None
+    assert workload.tokenizer_dir is None, "a bundled shape has no tokenizer.json"
+    dialogues = conversations.build_conversations(workload, 64, seed=0)
+    assert all(c.is_estimated for c in dialogues)
+    assert "synthetic-greeting" not in {c.id for c in dialogues}, \
+        "a prompt under min_len tokens is left out, as vLLM's filter does"
