@@ -143,7 +143,7 @@ def _conversation(source: DatasetSource, tokenizer: PromptTokenizer | None, iden
             user_len, reply_len = tokenizer.count(user), len(tokenizer.encode(reply))
         else:
             user_len, reply_len = estimate_tokens(user), estimate_tokens(reply)
-        output_len = source.output_len or reply_len
+        output_len = source.output_len or max(1, reply_len)  # an empty reply: one token
         if not turns:
             if not _is_valid(source, user_len, output_len):
                 return None
