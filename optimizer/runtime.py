@@ -21,6 +21,7 @@ from optimizer.tracking import Tracker
 from optimizer.workers import RayExecutor, init_ray, largest_node_gpus, probe_on_cluster
 from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names, probe
 from runners.model_info import ModelInfo, bundled_shapes, load_model_info
+from runners.tokenizer import load_tokenizer
 from runners.workload import Workload
 from search_spaces import (
     ResolvedSpace,
@@ -136,6 +137,9 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
     notes.extend(capacity_notes(workload))
     prompt_lengths = _prompt_lengths(cfg, workload)
     notes.append(cfg.tokenizer_note)
+    tokenizer = load_tokenizer(workload.tokenizer_dir)  # read (and checked) before start
+    if tokenizer is not None and tokenizer.note is not None:
+        notes.append(tokenizer.note)
     if prompt_lengths == "estimated":
         notes.append("workload: text prompts' lengths are ESTIMATES (chars / 4): the model has "
                      "no tokenizer.json here; the server's usage.prompt_tokens is logged beside "

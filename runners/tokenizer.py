@@ -35,6 +35,7 @@ class PromptTokenizer:
     vocab_size: int  # tokens, added tokens included
     num_special_tokens: int  # tokens the server adds to a single prompt (BOS/EOS), >= 0
     special_ids: frozenset[int]  # never drawn into a synthesised prompt
+    note: str | None = None  # a doubt about the counts, for the study's start notes
 
     def count(self, text: str) -> int:
         """Tokens of `text` as `/v1/completions` counts them: special tokens added."""
@@ -133,10 +134,28 @@ def load_tokenizer(model_dir: Path | None) -> PromptTokenizer | None:
             from exc
     special = frozenset(i for i, tok in tokenizer.get_added_tokens_decoder().items()
                         if tok.special)
+    num_special = int(tokenizer.num_special_tokens_to_add(False))
+    note = None
+    if num_special == 0 and _config_adds_bos(model_dir):
+        # transformers may add that BOS itself (vLLM tokenizes through transformers), which
+        # tokenizer.json alone does not say: the level's prompt-length gap will show it.
+        note = (f"{model_dir}: tokenizer_config.json sets add_bos_token but tokenizer.json "
+                "adds no special token; the server may count one token more per prompt than "
+                "the load generator (see server.prompt_tokens_server_minus_client_mean)")
     logger.debug("tokenizer: %s (%d tokens); prompt lengths are counted with it", path,
                 tokenizer.get_vocab_size())
     return PromptTokenizer(
         path=path, tokenizer=tokenizer,
         vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
-        num_special_tokens=int(tokenizer.num_special_tokens_to_add(False)),
+        num_special_tokens=num_special, note=note,
         special_ids=special)
+
+
+def _config_adds_bos(model_dir: Path) -> bool:
+    import json
+
+    try:
+        config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("add_bos_token") is True

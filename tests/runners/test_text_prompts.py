@@ -97,6 +97,21 @@ def test_an_unreadable_tokenizer_json_is_one_error_naming_the_file(tmp_path: Pat
         load_tokenizer(tmp_path)
 
 
+def test_a_bos_asked_for_only_by_tokenizer_config_is_noted_as_a_possible_gap(
+        tmp_path: Path) -> None:
+    plain = make_tiny_model(tmp_path / "plain", bos=False)
+    plain_tok = load_tokenizer(plain)
+    assert plain_tok is not None and plain_tok.num_special_tokens == 0 and plain_tok.note is None
+    doubtful = make_tiny_model(tmp_path / "doubtful", bos=False)
+    (doubtful / "tokenizer_config.json").write_text('{"add_bos_token": true}')
+    tok = load_tokenizer(doubtful)
+    assert tok is not None and tok.note is not None and "add_bos_token" in tok.note
+    spec = loadgen.build_requests(Workload(input_len=LengthDistribution(mean=20),
+                                           tokenizer_dir=plain), 1, 0)[0]
+    assert spec.prompt_len == plain_tok.count(str(spec.prompt)) == 20, \
+        "no special token to count"
+
+
 def test_synthesised_text_prompts_are_exactly_the_drawn_token_length(
         model_dir: Path, tokenizer: PromptTokenizer) -> None:
     fixed = Workload(input_len=LengthDistribution(mean=77), tokenizer_dir=model_dir)

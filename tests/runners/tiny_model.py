@@ -13,8 +13,9 @@ CORPUS = Path(__file__).resolve().parents[2] / "runners" / "quality_corpus.txt"
 SHAPE = "qwen2.5-0.5b"  # the simulated engine models this shape's speed
 
 
-def make_tiny_model(directory: Path, *, vocab_size: int = 400) -> Path:
-    """`directory` holding tokenizer.json and config.json; returned for chaining."""
+def make_tiny_model(directory: Path, *, vocab_size: int = 400, bos: bool = True) -> Path:
+    """`directory` holding tokenizer.json and config.json; returned for chaining. `bos=False`:
+    no post-processor (GPT-2 style: no special token added)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -25,9 +26,10 @@ def make_tiny_model(directory: Path, *, vocab_size: int = 400) -> Path:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tokenizer.train_from_iterator(CORPUS.read_text(encoding="utf-8").splitlines(), trainer)
-    bos = tokenizer.token_to_id("<s>")
-    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A",
-                                                             special_tokens=[("<s>", bos)])
+    if bos:
+        bos_id = tokenizer.token_to_id("<s>")
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<s> $A", special_tokens=[("<s>", bos_id)])
     tokenizer.save(str(directory / "tokenizer.json"))
     shutil.copy(MODEL_CONFIGS_DIR / SHAPE / "config.json", directory / "config.json")
     return directory
