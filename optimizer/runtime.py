@@ -21,6 +21,7 @@ from optimizer.tracking import Tracker
 from optimizer.workers import RayExecutor, init_ray, largest_node_gpus, probe_on_cluster
 from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names, probe
 from runners.model_info import ModelInfo, bundled_shapes, load_model_info
+from runners.tokenizer import load_tokenizer
 from runners.workload import Workload
 from search_spaces import (
     ResolvedSpace,
@@ -134,6 +135,15 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
     seed_trials = seed_trial_params(cfg, resolved)
     workload = cfg.workload(vocab_size=model.vocab_size if model else 32000)
     notes.extend(capacity_notes(workload))
+    prompt_lengths = _prompt_lengths(cfg, workload)
+    notes.append(cfg.tokenizer_note)
+    tokenizer = load_tokenizer(workload.tokenizer_dir)  # read (and checked) before start
+    if tokenizer is not None and tokenizer.note is not None:
+        notes.append(tokenizer.note)
+    if prompt_lengths == "estimated":
+        notes.append("workload: text prompts' lengths are ESTIMATES (chars / 4): the model has "
+                     "no tokenizer.json here; the server's usage.prompt_tokens is logged beside "
+                     "them (server.prompt_tokens_server_minus_client_*)")
     for name in cfg.spec.fixed_flags:  # the flags themselves were checked with the study file
         if name.startswith("sim_") and engine != "simulated":
             raise ConfigError(f"fixed_flags.{name}: a simulated-engine fault, but this study "
@@ -170,6 +180,7 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
         "budget.trials": cfg.spec.budget.trials, "budget.wall_hours": cfg.spec.budget.wall_hours,
         "sampler": cfg.spec.sampler.name, "pruner": cfg.spec.pruner.name,
         "workload": workload.describe(),
+        "workload.prompt_lengths": prompt_lengths,
     }
     artifacts = {
         "study.json": cfg.to_dict(),
@@ -231,3 +242,16 @@ def capacity_notes(workload: Workload) -> list[str]:
             f"num_requests to {math.ceil(search.high * search.probe_duration_s)} or more to "
             "let the duration bound every probe")
     return notes
+
+
+def _prompt_lengths(cfg: StudyConfig, workload: Workload) -> str:
+    """How the load generator knows its prompts' lengths: `counted` (the model's tokenizer),
+    `token_ids` (synthesised ids, exact by construction), `estimated` (text, chars / 4) or
+    `estimated_where_text` (a prompts file: its token-id lines exact, its text lines not)."""
+    if workload.tokenizer_dir is not None:
+        return "counted"
+    if workload.dataset is not None or workload.multi_turn is not None:
+        return "estimated"
+    if cfg.prompts_file is not None:
+        return "estimated_where_text"  # a line of token ids is exact, a text line estimated
+    return "token_ids"

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from runners import arrivals, loadgen, prometheus
+from runners import arrivals, conversations, loadgen, prometheus
 from runners.base import (
     EngineConfig,
     EngineInfo,
@@ -182,7 +182,8 @@ class EngineRunner:
         # engine serves (and a dead engine core answers 503 only later). A live engine that
         # only answers errors is not a start-up crash: the load levels judge it.
         probe = loadgen.build_requests(
-            replace(workload, prompts_file=None, trace=None, shared_prefix=None), 1,
+            replace(workload, prompts_file=None, trace=None, shared_prefix=None,
+                    dataset=None, multi_turn=None), 1,
             seed=workload.seed)
         for attempt in range(_READINESS_ATTEMPTS):
             level = loadgen.run_level_sync(
@@ -239,7 +240,8 @@ class EngineRunner:
             step = replace(step, meets_slo=ok)
             served = search.served_of(
                 step.metrics, step.server_metrics,
-                mean_input_tokens=_mean_prompt_tokens(workload),
+                mean_input_tokens=None if workload.prompts_file or workload.dataset
+                or workload.multi_turn else _mean_prompt_tokens(workload),
                 mean_output_tokens=None if workload.trace else
                 _mean_tokens(workload.output_len))
             history.append((load, ok, served))
@@ -280,7 +282,15 @@ class EngineRunner:
             send_offsets_s = arrivals.trace_offsets_s([e.arrival_s for e in entries[:num]],
                                                       level.request_rate_rps)
         # The same prompts for every trial: the seed depends only on the level's index.
-        requests = loadgen.build_requests(workload, num, seed=workload.seed * 1000 + index)
+        if workload.multi_turn is not None:
+            dialogues = conversations.build_conversations(workload, num,
+                                                          seed=workload.seed * 1000 + index)
+            num_sent = float(sum(len(c.turns) for c in dialogues))
+            is_estimated = any(c.is_estimated for c in dialogues)
+        else:
+            requests = loadgen.build_requests(workload, num, seed=workload.seed * 1000 + index)
+            num_sent = float(len(requests))
+            is_estimated = any(r.is_prompt_len_estimated for r in requests)
         # Each level starts from a cold prefix cache, so levels (and trials) compare: a level
         # must not be served from the blocks its predecessor computed (a shared-prefix
         # workload's hit rate is then the level's own: its first request of each prefix misses).
@@ -298,7 +308,6 @@ class EngineRunner:
             duration_s, max_duration_s = min(duration_s, max_duration_s), None
         # The queue's rise that means "saturated" scales with what the level sends: a time
         # bound sends at most rate x duration of a large request pool.
-        num_sent = float(len(requests))
         bound_s = duration_s if duration_s is not None else max_duration_s
         if bound_s is not None and level.request_rate_rps is not None:
             num_sent = min(num_sent, level.request_rate_rps * bound_s)
@@ -306,13 +315,22 @@ class EngineRunner:
             base_url, saturated=saturated,
             saturation_rise_requests=max(16.0, 0.1 * num_sent))
         poller.start()
+        turns: dict[str, float] = {}
         try:
-            result = loadgen.run_level_sync(
-                base_url, config.served_model_name, requests, level, workload.slo,
-                timeout_s=workload.request_timeout_s, seed=workload.seed + index,
-                duration_s=duration_s, max_duration_s=max_duration_s,
-                stall_timeout_s=self.stall_timeout_s, stop_event=saturated,
-                burstiness=workload.burstiness_of(level), send_offsets_s=send_offsets_s)
+            if workload.multi_turn is not None:
+                result, turn_outputs = conversations.run_conversations_sync(
+                    base_url, config.served_model_name, dialogues, level, workload.slo,
+                    timeout_s=workload.request_timeout_s, tokenizer_dir=workload.tokenizer_dir,
+                    stall_timeout_s=self.stall_timeout_s, stop_event=saturated,
+                    duration_s=duration_s if duration_s is not None else max_duration_s)
+                turns = conversations.turn_metrics(turn_outputs)
+            else:
+                result = loadgen.run_level_sync(
+                    base_url, config.served_model_name, requests, level, workload.slo,
+                    timeout_s=workload.request_timeout_s, seed=workload.seed + index,
+                    duration_s=duration_s, max_duration_s=max_duration_s,
+                    stall_timeout_s=self.stall_timeout_s, stop_event=saturated,
+                    burstiness=workload.burstiness_of(level), send_offsets_s=send_offsets_s)
         finally:
             polled = poller.stop()
         is_saturated = bool(saturated is not None and saturated.is_set() and result.stopped)
@@ -348,6 +366,11 @@ class EngineRunner:
             server["prefix_cache_hit_rate"] = hit_rate
         if result.is_modelled_clock:  # the record says its times are a model's clock
             server["is_modelled_clock"] = 1.0
+        # The client's prompt lengths against the server's usage.prompt_tokens; and whether
+        # the client's were estimates (text without the model's tokenizer).
+        server.update(loadgen.prompt_len_gap(result.outputs))
+        server["prompt_len_is_estimated"] = 1.0 if is_estimated else 0.0
+        server.update(turns)
         # NVML over this level alone: the run's mean mixes light and heavy levels.
         util = self._sampler.gpu_util_mean_pct_since(level_start_s) if self._sampler else None
         if util is not None:

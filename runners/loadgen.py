@@ -10,21 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Protocol
 
 import httpx
 import numpy as np
 
-from runners import arrivals, prefixes
+from runners import arrivals, datasets, prefixes
 from runners.base import BenchmarkMetrics
+from runners.tokenizer import PromptTokenizer, load_tokenizer
 from runners.workload import SLO, LengthDistribution, LoadLevel, Workload
 
 logger = logging.getLogger(__name__)
@@ -33,7 +35,6 @@ STALLED_ERROR: Final = "stalled"
 STOPPED_ERROR: Final = "stopped"
 
 _FIRST_TOKEN_ID = 10  # ids below are special tokens (bos, eos, pad) in most vocabularies
-_CHARS_PER_TOKEN = 4  # rough English estimate for text prompts; the server's usage corrects it
 _CONNECT_TIMEOUT_S = 10.0
 _ERROR_EXCERPT_CHARS = 300
 _WATCH_INTERVAL_S = 0.05  # how often the watchdog looks at stop_event and the stall clock
@@ -68,8 +69,11 @@ class RequestSpec:
     """One request to send: the same list for every trial of a study (same seed)."""
 
     prompt: str | list[int]  # text, or token ids (servers started with --skip-tokenizer-init)
-    prompt_len: int  # tokens (an estimate for text prompts)
+    # tokens, as the server counts them (special tokens included) where the model's tokenizer
+    # counted it; a chars/4 estimate where `is_prompt_len_estimated`
+    prompt_len: int
     output_len: int  # tokens; sent as max_tokens with ignore_eos
+    is_prompt_len_estimated: bool = False  # text without a tokenizer to count it
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,9 @@ class RequestOutput:
     itl_s: tuple[float, ...] = ()  # seconds between consecutive chunks carrying choices
     latency_s: float = 0.0  # seconds, send to the last chunk carrying choices (e2el)
     prompt_len: int = 0  # tokens; the server's usage.prompt_tokens when it sent one
+    client_prompt_len: int = 0  # tokens, the load generator's own count (or estimate)
+    server_prompt_len: int | None = None  # tokens, usage.prompt_tokens; None: not sent
+    generated_text: str = ""  # the reply's text, kept only where asked (multi-turn)
     output_tokens: int = 0  # tokens; usage.completion_tokens, else the number of chunks
     start_time: float = 0.0  # time.perf_counter() when the request was sent
     # Set only for a server that declared a modelled clock (MODELLED_CLOCK_HEADER): the
@@ -148,7 +155,9 @@ def _check_distribution(dist: LengthDistribution, name: str) -> None:
 
 
 def build_requests(workload: Workload, num: int, seed: int) -> list[RequestSpec]:
-    """`num` requests from `workload.prompts_file` (cycled) or synthesised token-id prompts.
+    """`num` requests from `workload.dataset` (first turns), `workload.prompts_file` (cycled)
+    or synthesised prompts: text of exactly the sampled token length where the model has a
+    tokenizer (`workload.tokenizer_dir`), token ids where it has none.
 
     Deterministic in `seed`, and request i does not depend on `num`: every trial of a study,
     whatever it runs, sees the same prompts.
@@ -158,10 +167,21 @@ def build_requests(workload: Workload, num: int, seed: int) -> list[RequestSpec]
     _check_distribution(workload.input_len, "input_len")
     _check_distribution(workload.output_len, "output_len")
     rng = np.random.default_rng(seed)
+    tokenizer = load_tokenizer(workload.tokenizer_dir)
+    if workload.dataset is not None:
+        if tokenizer is None:
+            _warn_estimated(f"{workload.dataset.path}: prompt and output lengths are "
+                            f"estimates (chars / {datasets.CHARS_PER_TOKEN}): the model has no "
+                            "tokenizer here")
+        conversations = datasets.iter_conversations(workload.dataset, tokenizer, seed)
+        return [RequestSpec(c.turns[0].user, c.turns[0].user_len, c.turns[0].reply_len,
+                            is_prompt_len_estimated=c.is_estimated)
+                for c in itertools.islice(conversations, num)]
     if workload.prompts_file is not None:
-        specs = _requests_from_file(workload.prompts_file, workload.output_len, num, rng)
-        return _with_shared_prefix(specs, workload, seed)
-    if workload.vocab_size <= _FIRST_TOKEN_ID:
+        specs = _requests_from_file(workload.prompts_file, workload.output_len, num, rng,
+                                    tokenizer)
+        return _with_shared_prefix(specs, workload, tokenizer)
+    if tokenizer is None and workload.vocab_size <= _FIRST_TOKEN_ID:
         raise ValueError(
             f"workload.vocab_size must be > {_FIRST_TOKEN_ID} but got {workload.vocab_size}."
         )
@@ -169,23 +189,47 @@ def build_requests(workload: Workload, num: int, seed: int) -> list[RequestSpec]
         entries = arrivals.read_trace(workload.trace.path, workload.trace.timestamp_unit_s)
         specs = []
         for entry in entries[:num]:  # a trace is replayed once, never cycled
-            # Ids drawn for every entry, used or not: entry i's prompt does not depend on i's
-            # neighbours carrying their own.
-            ids = rng.integers(_FIRST_TOKEN_ID, workload.vocab_size,
-                               size=entry.input_len).tolist()
-            prompt = entry.prompt if entry.prompt is not None else ids
-            prompt_len = entry.input_len if not isinstance(prompt, list) else len(prompt)
-            specs.append(RequestSpec(prompt, prompt_len, entry.output_len))
-        return _with_shared_prefix(specs, workload, seed)
-    specs = []
-    for _ in range(num):
-        # Lengths and ids drawn per request (not vectorised) so that request i is the same
-        # whether 10 or 10_000 requests are built.
-        input_len = sample_length(workload.input_len, rng)
-        output_len = sample_length(workload.output_len, rng)
-        ids = rng.integers(_FIRST_TOKEN_ID, workload.vocab_size, size=input_len).tolist()
-        specs.append(RequestSpec(prompt=ids, prompt_len=input_len, output_len=output_len))
-    return _with_shared_prefix(specs, workload, seed)
+            specs.append(_trace_request(entry, workload, rng, tokenizer))
+        return _with_shared_prefix(specs, workload, tokenizer)
+    # Lengths and prompts drawn per request (not vectorised) so that request i is the same
+    # whether 10 or 10_000 requests are built.
+    specs = [synthesise_request(workload, rng, tokenizer) for _ in range(num)]
+    return _with_shared_prefix(specs, workload, tokenizer)
+
+
+def _trace_request(entry: arrivals.TraceEntry, workload: Workload, rng: np.random.Generator,
+                   tokenizer: PromptTokenizer | None) -> RequestSpec:
+    """A trace entry's request: its own prompt where it has one, else a synthesised prompt of
+    its recorded length (text through the tokenizer, or token ids)."""
+    # Ids drawn for every entry, used or not: entry i's prompt does not depend on its
+    # neighbours carrying their own.
+    ids: list[int] = rng.integers(_FIRST_TOKEN_ID, max(workload.vocab_size, _FIRST_TOKEN_ID + 1),
+                                  size=entry.input_len).tolist()
+    if entry.prompt is not None:
+        prompt = entry.prompt
+        if isinstance(prompt, list):
+            return RequestSpec(prompt, len(prompt), entry.output_len)
+        if tokenizer is not None:
+            return RequestSpec(prompt, tokenizer.count(prompt), entry.output_len)
+        return RequestSpec(prompt, entry.input_len, entry.output_len)
+    if tokenizer is not None:
+        text, prompt_len = tokenizer.synthesise(entry.input_len, rng)
+        return RequestSpec(text, prompt_len, entry.output_len)
+    return RequestSpec(ids, entry.input_len, entry.output_len)
+
+
+def synthesise_request(workload: Workload, rng: np.random.Generator,
+                       tokenizer: PromptTokenizer | None) -> RequestSpec:
+    """One synthesised request, its lengths drawn from the workload's distributions: text the
+    tokenizer counts as exactly the drawn length (vLLM's RandomDataset way, see
+    `PromptTokenizer.synthesise`), or, without a tokenizer, that many random token ids."""
+    input_len = sample_length(workload.input_len, rng)
+    output_len = sample_length(workload.output_len, rng)
+    if tokenizer is not None:
+        text, prompt_len = tokenizer.synthesise(input_len, rng)
+        return RequestSpec(prompt=text, prompt_len=prompt_len, output_len=output_len)
+    ids = rng.integers(_FIRST_TOKEN_ID, workload.vocab_size, size=input_len).tolist()
+    return RequestSpec(prompt=ids, prompt_len=input_len, output_len=output_len)
 
 
 def token_id_maker(vocab_size: int) -> prefixes.MakeTokens[list[int]]:
@@ -197,63 +241,96 @@ def token_id_maker(vocab_size: int) -> prefixes.MakeTokens[list[int]]:
     return make
 
 
-def _with_shared_prefix(specs: list[RequestSpec], workload: Workload, seed: int
-                        ) -> list[RequestSpec]:
+def text_maker(tokenizer: PromptTokenizer) -> prefixes.MakeTokens[str]:
+    """"N tokens of prompt" as text the tokenizer counts as N tokens (BOS included), ending in
+    a newline so that the prompt after it starts a new line."""
+    def make(num_tokens: int, rng: np.random.Generator) -> str:
+        return tokenizer.synthesise(num_tokens, rng)[0] + "\n"
+    return make
+
+
+def _with_shared_prefix(specs: list[RequestSpec], workload: Workload,
+                        tokenizer: PromptTokenizer | None) -> list[RequestSpec]:
     """`specs` with `workload.shared_prefix` applied: the prompts so far are the parts after
-    the prefix. Token-id prompts only, for now: a text prompt needs a maker of text tokens (a
-    tokenizer's), passed to `prefixes.apply_shared_prefix` the same way."""
+    the prefix. Token-id prompts get token-id prefixes (lengths add exactly); text prompts get
+    text prefixes and the joined prompt is counted again with the tokenizer (a BOS and the
+    merge at the seam make the lengths not add)."""
     shared = workload.shared_prefix
     if shared is None or not specs:
         return specs
     prompts = [s.prompt for s in specs]
-    if not all(isinstance(p, list) for p in prompts):
-        raise ValueError("workload.shared_prefix needs token-id prompts but the prompts are "
-                         "text; give token ids or leave shared_prefix out.")
-    ids = [p for p in prompts if isinstance(p, list)]
     # The prefixes depend on the study's seed only (not the level's): levels and trials share
     # the same system prompts.
-    joined = prefixes.apply_shared_prefix(ids, shared, workload.seed,
-                                          token_id_maker(workload.vocab_size))
-    return [RequestSpec(prompt, spec.prompt_len + (shared.num_tokens if index is not None
-                                                   else 0), spec.output_len)
-            for spec, (prompt, index) in zip(specs, joined, strict=True)]
+    if all(isinstance(p, list) for p in prompts):
+        ids = [p for p in prompts if isinstance(p, list)]
+        joined_ids = prefixes.apply_shared_prefix(ids, shared, workload.seed,
+                                                  token_id_maker(workload.vocab_size))
+        return [replace(spec, prompt=prompt,
+                        prompt_len=spec.prompt_len + (shared.num_tokens if index is not None
+                                                      else 0))
+                for spec, (prompt, index) in zip(specs, joined_ids, strict=True)]
+    if tokenizer is None or not all(isinstance(p, str) for p in prompts):
+        raise ValueError("workload.shared_prefix needs prompts all of one kind, token ids or "
+                         "text counted with the model's tokenizer; leave shared_prefix out.")
+    texts = [p for p in prompts if isinstance(p, str)]
+    joined_texts = prefixes.apply_shared_prefix(texts, shared, workload.seed,
+                                                text_maker(tokenizer))
+    return [replace(spec, prompt=prompt,
+                    prompt_len=tokenizer.count(prompt) if index is not None else spec.prompt_len)
+            for spec, (prompt, index) in zip(specs, joined_texts, strict=True)]
+
+
+_PromptEntry = tuple[str | list[int], int, int | None, bool]
 
 
 def _requests_from_file(
-    path: Path, output_dist: LengthDistribution, num: int, rng: np.random.Generator
+    path: Path, output_dist: LengthDistribution, num: int, rng: np.random.Generator,
+    tokenizer: PromptTokenizer | None = None,
 ) -> list[RequestSpec]:
-    entries: list[tuple[str | list[int], int, int | None]] = []
+    entries: list[_PromptEntry] = []
     with path.open(encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             if line.strip():
-                entries.append(_parse_prompt_line(path, line_no, line))
+                entries.append(_parse_prompt_line(path, line_no, line, tokenizer))
     if not entries:
         raise ValueError(f"{path}: expected JSONL lines with a 'prompt' but the file is empty.")
+    if tokenizer is None and any(entry[3] for entry in entries):
+        _warn_estimated(f"{path}: text prompts' lengths are estimates (chars / "
+                        f"{datasets.CHARS_PER_TOKEN}): the model has no tokenizer here")
     specs = []
     for i in range(num):
-        prompt, prompt_len, output_len = entries[i % len(entries)]
+        prompt, prompt_len, output_len, is_estimated = entries[i % len(entries)]
         # Sampled for every request, used or not, so the stream of draws is the same per index.
         sampled = sample_length(output_dist, rng)
-        specs.append(RequestSpec(prompt, prompt_len, output_len or sampled))
+        specs.append(RequestSpec(prompt, prompt_len, output_len or sampled,
+                                 is_prompt_len_estimated=is_estimated))
     return specs
 
 
-def check_prompts_file(path: Path) -> int:
+@functools.cache
+def _warn_estimated(message: str) -> None:
+    logger.warning("%s", message)
+
+
+def check_prompts_file(path: Path, tokenizer: PromptTokenizer | None = None) -> int:
     """Read a prompts file line by line as `build_requests` reads it; the longest prompt's
-    length in tokens. Raises ValueError naming the first line it would refuse (OSError or
-    UnicodeDecodeError where it cannot read the file)."""
+    length in tokens (counted with `tokenizer`, else estimated). Raises ValueError naming the
+    first line it would refuse (OSError or UnicodeDecodeError where it cannot read the file)."""
     longest = 0
     with path.open(encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             if line.strip():
-                longest = max(longest, _parse_prompt_line(path, line_no, line)[1])
+                longest = max(longest, _parse_prompt_line(path, line_no, line, tokenizer)[1])
     if longest == 0:
         raise ValueError(f"{path}: expected JSONL lines with a 'prompt' but the file is empty.")
     return longest
 
 
-def _parse_prompt_line(path: Path, line_no: int, line: str) -> tuple[str | list[int], int,
-                                                                     int | None]:
+def _parse_prompt_line(path: Path, line_no: int, line: str,
+                       tokenizer: PromptTokenizer | None = None) -> _PromptEntry:
+    """(prompt, its length in tokens, output_len or None, whether the length is an estimate).
+    A text prompt is counted with the tokenizer; without one a `prompt_len` the line gives
+    is taken, else chars / 4 is estimated."""
     where = f"{path}:{line_no}"
     try:
         entry = json.loads(line)
@@ -263,8 +340,14 @@ def _parse_prompt_line(path: Path, line_no: int, line: str) -> tuple[str | list[
         raise ValueError(f"{where}: expected a JSON object but got {type(entry).__name__}.")
     prompt = entry.get("prompt")
     prompt_len: int
+    is_estimated = False
     if isinstance(prompt, str) and prompt:
-        prompt_len = int(entry.get("prompt_len") or max(1, len(prompt) // _CHARS_PER_TOKEN))
+        if tokenizer is not None:
+            prompt_len = tokenizer.count(prompt)
+        elif isinstance(entry.get("prompt_len"), int) and entry["prompt_len"] >= 1:
+            prompt_len = int(entry["prompt_len"])
+        else:
+            prompt_len, is_estimated = datasets.estimate_tokens(prompt), True
     elif (isinstance(prompt, list) and prompt
           and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
         prompt_len = len(prompt)
@@ -278,7 +361,20 @@ def _parse_prompt_line(path: Path, line_no: int, line: str) -> tuple[str | list[
         not isinstance(output_len, int) or isinstance(output_len, bool) or output_len < 1
     ):
         raise ValueError(f"{where}: 'output_len' must be an integer >= 1 but got {output_len!r}.")
-    return prompt, prompt_len, output_len
+    return prompt, prompt_len, output_len, is_estimated
+
+
+def prompt_len_gap(outputs: Sequence[RequestOutput]) -> dict[str, float]:
+    """How far the load generator's prompt lengths are from the server's usage.prompt_tokens,
+    over the successful requests where the server sent one: the mean of (server - client) and
+    the largest gap, in tokens. Counted with the model's tokenizer they agree (special tokens
+    included); a chars/4 estimate shows its error here. Empty where the server sent none."""
+    gaps = [o.server_prompt_len - o.client_prompt_len for o in outputs
+            if o.success and o.server_prompt_len is not None]
+    if not gaps:
+        return {}
+    return {"prompt_tokens_server_minus_client_mean": float(np.mean(gaps)),
+            "prompt_tokens_server_minus_client_max_abs": float(max(abs(g) for g in gaps))}
 
 
 # Arrivals live in runners/arrivals.py (gamma gaps as `vllm bench serve --burstiness`, trace
@@ -293,7 +389,7 @@ _open_ended_offsets_s = arrivals.open_ended_offsets_s
 
 def _failed(spec: RequestSpec, start: float, error: str) -> RequestOutput:
     return RequestOutput(success=False, error=error, prompt_len=spec.prompt_len,
-                         start_time=start)
+                         client_prompt_len=spec.prompt_len, start_time=start)
 
 
 async def send_request(
@@ -307,12 +403,14 @@ async def send_request(
     is_refilled: bool = False,
     burst_size: int = 0,
     num_remaining: int | None = None,
+    keep_text: bool = False,
 ) -> RequestOutput:
     """POST one streaming completion and time it; never raises (failures come back as
     `success=False`, as vLLM's request functions do).
 
     `on_chunk`, a no-argument callable, is called on every SSE data line: the level's stall
-    watchdog uses it as a heartbeat.
+    watchdog uses it as a heartbeat. `keep_text` keeps the reply's text (a conversation's next
+    turn carries it).
     """
     url = base_url.rstrip("/") + "/v1/completions"
     headers: dict[str, str] | None = None
@@ -337,7 +435,8 @@ async def send_request(
     itls: list[float] = []
     num_chunks = 0
     usage_output_tokens = 0
-    prompt_len = spec.prompt_len
+    server_prompt_len: int | None = None
+    texts: list[str] = []
     modelled: list[float] = []  # arrival, then each token's time, on a modelled clock
     try:
         async with asyncio.timeout(timeout_s), client.stream("POST", url, json=payload,
@@ -382,11 +481,13 @@ async def send_request(
                         itls.append(timestamp - most_recent)
                     most_recent = timestamp
                     num_chunks += 1
+                    if keep_text:
+                        texts.append(str(data["choices"][0].get("text") or ""))
                 usage = data.get("usage")
                 if isinstance(usage, dict):
                     usage_output_tokens = int(usage.get("completion_tokens") or 0)
                     if usage.get("prompt_tokens") is not None:
-                        prompt_len = int(usage["prompt_tokens"])
+                        server_prompt_len = int(usage["prompt_tokens"])
     except TimeoutError:
         return _failed(spec, start, f"no complete response within {timeout_s:g} s")
     except Exception as exc:  # the contract is to never raise: any failure is this request's
@@ -394,6 +495,10 @@ async def send_request(
     if ttft is None:
         return _failed(spec, start, "stream ended without a chunk carrying a token")
     output_tokens = usage_output_tokens or num_chunks  # a chunk may carry several tokens
+    # The server's count stands in the figures (as in vLLM's); the client's is kept beside it
+    # so that the two can be compared (`prompt_len_gap`), neither trusted silently.
+    prompt_len = server_prompt_len if server_prompt_len is not None else spec.prompt_len
+    text = "".join(texts)
     if modelled:
         # The server's modelled clock: the same definitions, on times a busy host can't stretch.
         arrival, first, last = modelled[0], modelled[1], modelled[-1]
@@ -401,7 +506,9 @@ async def send_request(
             success=True, ttft_s=first - arrival,
             itl_s=tuple(b - a for a, b in itertools.pairwise(modelled[1:])),
             latency_s=last - arrival, prompt_len=prompt_len, output_tokens=output_tokens,
-            start_time=start, modelled_span_s=(arrival, last))
+            start_time=start, modelled_span_s=(arrival, last),
+            client_prompt_len=spec.prompt_len, server_prompt_len=server_prompt_len,
+            generated_text=text)
     return RequestOutput(
         success=True,
         ttft_s=ttft,
@@ -410,6 +517,9 @@ async def send_request(
         prompt_len=prompt_len,
         output_tokens=output_tokens,
         start_time=start,
+        client_prompt_len=spec.prompt_len,
+        server_prompt_len=server_prompt_len,
+        generated_text=text,
     )
 
 

@@ -407,6 +407,30 @@ class TraceReplay:
 
 
 @dataclass(frozen=True)
+class DatasetSource:
+    """A conversation dataset the prompts come from (runners/datasets.py reads it): each
+    request is a conversation's first user turn, its output the length of the reply, and a
+    conversation outside the bounds is left out, as vLLM's ShareGPT dataset does."""
+
+    path: Path
+    format: Literal["sharegpt"] = "sharegpt"
+    output_len: int | None = None  # tokens for every request; None = the dataset reply's count
+    min_len: int = 4  # tokens; vLLM's `is_valid_sequence` defaults, here and below
+    max_prompt_len: int = 1024  # tokens
+    max_total_len: int = 2048  # tokens, prompt + output (a conversation's whole context)
+
+
+@dataclass(frozen=True)
+class MultiTurn:
+    """Conversations instead of single requests: turn k+1 is sent once turn k's reply has
+    finished, its prompt the previous prompt, the reply and the next user message
+    (runners/conversations.py). A level's concurrency counts conversations in flight."""
+
+    num_turns: int = 4  # user turns of a synthesised conversation (a dataset has its own)
+    max_turns: int | None = None  # at most this many turns of a dataset's conversation
+
+
+@dataclass(frozen=True)
 class Workload:
     """What load a trial drives. Every trial of a study gets the same prompts (same seed)."""
 
@@ -431,6 +455,11 @@ class Workload:
     capacity: CapacitySearch | None = None
     repeats: int = 1  # measurements of each level on the same server (same prompts)
     quality: QualityEval | None = None  # an output-quality evaluation after the levels
+    # The model directory whose tokenizer.json builds synthesised text prompts and counts text
+    # prompts' tokens (runners/tokenizer.py); None: token-id prompts, estimated text lengths.
+    tokenizer_dir: Path | None = None
+    dataset: DatasetSource | None = None  # prompts from a conversation dataset
+    multi_turn: MultiTurn | None = None  # conversations of several turns
     # Gamma shape of the gaps between rate-level arrivals (a level's own `burstiness` wins):
     # 1 = Poisson, lower = burstier, as `vllm bench serve --burstiness`.
     burstiness: float = 1.0
@@ -451,12 +480,20 @@ class Workload:
 
         if self.trace is not None:
             parts = [f"trace {self.trace.path.name}"]
+        elif self.dataset is not None:
+            parts = [f"dataset {self.dataset.path.name} ({self.dataset.format})"]
         elif self.prompts_file is not None:
             parts = [f"prompts {self.prompts_file.name}, output {length(self.output_len)}"]
         else:
             parts = [f"input {length(self.input_len)}, output {length(self.output_len)} tokens"]
         if self.shared_prefix is not None:
             parts.append(self.shared_prefix.describe() + " (before the input)")
+        if self.multi_turn is not None:
+            turns = (f"up to {self.multi_turn.max_turns}" if self.dataset is not None
+                     and self.multi_turn.max_turns else
+                     "the dataset's" if self.dataset is not None else
+                     str(self.multi_turn.num_turns))
+            parts.append(f"multi-turn, {turns} turns")
         if self.burstiness != 1.0:
             parts.append(f"burstiness {self.burstiness:g}")
         return "; ".join(parts)

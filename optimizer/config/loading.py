@@ -19,8 +19,10 @@ from optimizer.objectives import OBJECTIVES
 from runners.workload import (
     SLO,
     CapacitySearch,
+    DatasetSource,
     LengthDistribution,
     LoadLevel,
+    MultiTurn,
     QualityEval,
     SharedPrefix,
     TraceReplay,
@@ -48,6 +50,8 @@ class StudyConfig:
             if spec.workload.prompts_file else None
         self.trace_file = _resolve(base, spec.workload.trace.path) \
             if spec.workload.trace else None
+        self.dataset_file = _resolve(base, spec.workload.dataset.path) \
+            if spec.workload.dataset else None
 
     @property
     def name(self) -> str:
@@ -110,6 +114,31 @@ class StudyConfig:
         q = self.spec.quality
         return QualityEval(num_prompts=q.num_prompts, max_tokens=q.max_tokens, top_k=q.top_k)
 
+    @property
+    def tokenizer_dir(self) -> Path | None:
+        """The model directory whose tokenizer.json the load generator uses; None where the
+        server takes token ids or the model has no tokenizer here (runners/tokenizer.py)."""
+        from runners.model_info import resolve_model_dir
+        from runners.tokenizer import tokenizer_dir_for
+
+        directory = resolve_model_dir(self.spec.model.path)
+        return tokenizer_dir_for(directory.resolve() if directory is not None else None,
+                                 skip_tokenizer_init=self.spec.model.skip_tokenizer_init)
+
+    @property
+    def tokenizer_note(self) -> str:
+        """Which tokenizer the load generator uses, or why none, in a sentence."""
+        from runners.model_info import resolve_model_dir
+        from runners.tokenizer import why_no_tokenizer
+
+        directory = self.tokenizer_dir
+        if directory is not None:
+            return (f"prompts: text, counted with the model's tokenizer "
+                    f"({directory / 'tokenizer.json'})")
+        model_dir = resolve_model_dir(self.spec.model.path)
+        return why_no_tokenizer(model_dir, skip_tokenizer_init=self.spec.model.skip_tokenizer_init
+                                ) or "no tokenizer"
+
     def workload(self, vocab_size: int = 32000) -> Workload:
         w = self.spec.workload
         levels = tuple(LoadLevel(request_rate_rps=lv.request_rate, max_concurrency=lv.concurrency,
@@ -124,7 +153,16 @@ class StudyConfig:
                 levels = (LoadLevel(request_rate_rps=_trace_rate(
                     self.trace_file, w.trace.timestamp_unit_s, num_requests,
                     self.source_name) * w.trace.time_scale),)
+        d, mt = w.dataset, w.multi_turn
         return Workload(
+            tokenizer_dir=self.tokenizer_dir,
+            dataset=DatasetSource(path=self.dataset_file, format=d.format,
+                                  output_len=d.output_len, min_len=d.min_len,
+                                  max_prompt_len=d.max_prompt_len,
+                                  max_total_len=d.max_total_len)
+            if d is not None and self.dataset_file is not None else None,
+            multi_turn=MultiTurn(num_turns=mt.num_turns, max_turns=mt.max_turns)
+            if mt is not None else None,
             input_len=_dist(w.input_len),
             output_len=_dist(w.output_len),
             prompts_file=self.prompts_file,

@@ -17,6 +17,8 @@ from optimizer.errors import ConfigError
 
 if TYPE_CHECKING:
     from optimizer.config.loading import StudyConfig
+    from runners.tokenizer import PromptTokenizer
+    from runners.workload import DatasetSource
 
 
 def check_before_start(cfg: StudyConfig) -> None:
@@ -36,18 +38,72 @@ def check_before_start(cfg: StudyConfig) -> None:
     if cfg.tracking_uri.startswith("sqlite:///"):
         _check_parent("tracking_uri", Path(cfg.tracking_uri.removeprefix("sqlite:///")),
                       made_by_us, cfg.source_name)
-    workload = cfg.spec.workload
-    longest_prompt = workload.input_len.longest
-    longest_output = workload.output_len.longest
+    tokenizer = _check_tokenizer(cfg)
+    w = cfg.spec.workload
+    longest_prompt = w.input_len.longest
+    longest_output = w.output_len.longest
     if cfg.prompts_file is not None:
-        longest_prompt = _check_prompts_file(cfg.prompts_file, cfg.source_name)
-    if cfg.trace_file is not None and workload.trace is not None:
+        longest_prompt = _check_prompts_file(cfg.prompts_file, cfg.source_name, tokenizer)
+    if cfg.trace_file is not None and w.trace is not None:
         longest_prompt, longest_output = _check_trace_file(
-            cfg.trace_file, workload.trace.timestamp_unit_s, cfg.source_name,
-            has_shared_prefix=workload.shared_prefix is not None)
-    if workload.shared_prefix is not None:
-        longest_prompt += workload.shared_prefix.tokens
+            cfg.trace_file, w.trace.timestamp_unit_s, cfg.source_name,
+            has_shared_prefix=w.shared_prefix is not None)
+    if cfg.dataset_file is not None:
+        workload = cfg.workload()
+        assert workload.dataset is not None
+        _check_dataset(workload.dataset, cfg.source_name, tokenizer)
+        # A request's whole context (a multi-turn conversation's too) stays within the
+        # dataset's max_total_len.
+        longest_prompt = workload.dataset.max_total_len - w.output_len.longest
+    elif w.multi_turn is not None:
+        if tokenizer is None:
+            raise ConfigError(
+                f"{cfg.source_name}: workload.multi_turn: synthesised turns are text of drawn "
+                f"token lengths and need the model's tokenizer, but {cfg.spec.model.path!r:.80} "
+                "has no tokenizer.json here; use a model directory with one or give "
+                "workload.dataset.")
+        # The last turn carries every earlier message and reply.
+        longest_prompt = w.multi_turn.num_turns * (w.input_len.longest + w.output_len.longest) \
+            - w.output_len.longest
+    if w.shared_prefix is not None:
+        longest_prompt += w.shared_prefix.tokens
     _check_fits_model(cfg, longest_prompt, longest_output)
+
+
+def _check_tokenizer(cfg: StudyConfig) -> PromptTokenizer | None:
+    from runners.tokenizer import load_tokenizer
+
+    try:
+        return load_tokenizer(cfg.tokenizer_dir)
+    except ValueError as exc:
+        message = " ".join(str(exc).split())[:300].rstrip(".")
+        raise ConfigError(f"{cfg.source_name}: model.path: {message}.") from None
+
+
+def _check_dataset(source: DatasetSource, study: str,
+                   tokenizer: PromptTokenizer | None) -> None:
+    from runners.datasets import check_dataset
+
+    where = f"{study}: workload.dataset.path"
+    path = source.path
+    if not path.is_file():
+        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise ConfigError(f"{where}: {str(path)!r:.120} {what}; give a ShareGPT-style JSON "
+                          "(or JSONL) file of {\"id\", \"conversations\"} objects.")
+    if path.stat().st_size > MAX_PROMPTS_FILE_BYTES:
+        raise ConfigError(f"{where}: {str(path)!r:.120} is over {MAX_PROMPTS_FILE_BYTES:,} "
+                          "bytes; a benchmark needs a sample of conversations, not a corpus.")
+    try:
+        check_dataset(source, tokenizer)
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read {str(path)!r:.120} ({type(exc).__name__}); "
+                          "check its permissions.") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: {str(path)!r:.120} is not UTF-8 text; give a JSON "
+                          "file.") from None
+    except (ValueError, TypeError) as exc:
+        message = " ".join(str(exc).split())[:300].rstrip(".")
+        raise ConfigError(f"{where}: {message}.") from None
 
 
 def _check_parent(field: str, path: Path, made_by_us: list[Path], source: str) -> None:
@@ -64,7 +120,8 @@ def _check_parent(field: str, path: Path, made_by_us: list[Path], source: str) -
                       "parent exists; create it or name a file in an existing directory.")
 
 
-def _check_prompts_file(path: Path, source: str) -> int:
+def _check_prompts_file(path: Path, source: str,
+                        tokenizer: PromptTokenizer | None = None) -> int:
     from runners.loadgen import check_prompts_file
 
     where = f"{source}: workload.prompts_file"
@@ -76,7 +133,7 @@ def _check_prompts_file(path: Path, source: str) -> int:
         raise ConfigError(f"{where}: {str(path)!r:.120} is over {MAX_PROMPTS_FILE_BYTES:,} "
                           "bytes; a benchmark needs a sample of prompts, not a corpus.")
     try:
-        longest = check_prompts_file(path)
+        longest = check_prompts_file(path, tokenizer)
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read {str(path)!r:.120} ({type(exc).__name__}); "
                           "check its permissions.") from None

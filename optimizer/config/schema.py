@@ -154,6 +154,32 @@ class TraceSpec(_Strict):
     time_scale: float = Field(default=1.0, gt=0, le=MAX_RATE_RPS)
 
 
+class DatasetSpec(_Strict):
+    """A conversation dataset the prompts come from (runners/datasets.py); the bounds are
+    vLLM's ShareGPT filter's defaults (`is_valid_sequence`)."""
+
+    format: Literal["sharegpt"] = "sharegpt"  # JSON list or JSONL of {"id", "conversations"}
+    path: Annotated[Path, Field(strict=False)]
+    output_len: int | None = Field(default=None, ge=1, le=MAX_TOKENS)  # None: the reply's
+    min_len: int = Field(default=4, ge=1, le=MAX_TOKENS)  # tokens
+    max_prompt_len: int = Field(default=1024, ge=1, le=MAX_TOKENS)  # tokens
+    max_total_len: int = Field(default=2048, ge=2, le=MAX_TOKENS)  # tokens, prompt + output
+
+    @model_validator(mode="after")
+    def _bounds(self) -> DatasetSpec:
+        if self.min_len > self.max_prompt_len:
+            raise ValueError(f"min_len ({self.min_len}) must be <= max_prompt_len "
+                             f"({self.max_prompt_len})")
+        return self
+
+
+class MultiTurnSpec(_Strict):
+    """Conversations: turn k+1 sent once turn k's reply has ended (runners/conversations.py)."""
+
+    num_turns: int = Field(default=4, ge=1, le=100)  # user turns of a synthesised conversation
+    max_turns: int | None = Field(default=None, ge=1, le=1000)  # of a dataset's conversation
+
+
 def _length(value: Any) -> Any:
     return {"kind": "fixed", "mean": value} if isinstance(value, int) else value
 
@@ -162,6 +188,8 @@ class WorkloadSpec(_Strict):
     input_len: Annotated[LengthSpec, Field(default_factory=lambda: LengthSpec(mean=512))]
     output_len: Annotated[LengthSpec, Field(default_factory=lambda: LengthSpec(mean=128))]
     prompts_file: Annotated[Path | None, Field(strict=False)] = None
+    dataset: DatasetSpec | None = None  # prompts from a conversation dataset
+    multi_turn: MultiTurnSpec | None = None  # conversations of several turns
     levels: list[LevelSpec] = Field(default_factory=lambda: [LevelSpec(concurrency=16)],
                                     min_length=1, max_length=32)
     num_requests: int | None = Field(default=128, ge=1, le=MAX_REQUESTS)
@@ -218,7 +246,26 @@ class WorkloadSpec(_Strict):
     def _bound(self) -> WorkloadSpec:
         if self.num_requests is None and self.duration_s is None and self.trace is None:
             raise ValueError("set num_requests or duration_s to bound each load level")
-        if self.prompts_file is None and self.trace is None:
+        if self.dataset is not None and self.prompts_file is not None:
+            raise ValueError("set workload.dataset or workload.prompts_file, not both")
+        if self.multi_turn is not None and self.prompts_file is not None:
+            raise ValueError("workload.multi_turn takes its turns from workload.dataset or "
+                             "synthesises them; remove workload.prompts_file")
+        if self.multi_turn is not None and (
+                any(lv.request_rate is not None for lv in self.levels)
+                or (self.capacity is not None and self.capacity.axis != "concurrency")):
+            raise ValueError("workload.multi_turn: a level's load is conversations in flight; "
+                             "give levels with concurrency only (no request_rate) and "
+                             "capacity.axis: concurrency")
+        if self.trace is not None and (self.dataset is not None
+                                       or self.multi_turn is not None):
+            raise ValueError("a trace gives the requests and their arrival times; leave "
+                             "workload.dataset and workload.multi_turn out")
+        if self.shared_prefix is not None and (self.dataset is not None
+                                               or self.multi_turn is not None):
+            raise ValueError("shared_prefix applies to synthesised single-turn prompts; "
+                             "leave it out with workload.dataset or workload.multi_turn")
+        if self.prompts_file is None and self.dataset is None and self.trace is None:
             count = max(self.num_requests or 0, self.warmup_requests)
             prefix = self.shared_prefix.tokens if self.shared_prefix else 0
             tokens = count * (self.input_len.longest + prefix)
@@ -439,6 +486,14 @@ class StudySpec(_Strict):
             raise ValueError("quality.enabled: on needs real weights and a tokenizer but "
                              "model.load_format is dummy or model.skip_tokenizer_init is set; "
                              "set quality.enabled: auto (skipped, and said so) or off")
+        return self
+
+    @model_validator(mode="after")
+    def _multi_turn_needs_text(self) -> StudySpec:
+        if self.workload.multi_turn is not None and self.model.skip_tokenizer_init:
+            raise ValueError("workload.multi_turn sends text (each turn carries the server's "
+                             "reply) but model.skip_tokenizer_init makes the server take token "
+                             "ids only; unset model.skip_tokenizer_init or remove multi_turn")
         return self
 
     @model_validator(mode="after")

@@ -23,7 +23,7 @@ import zlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from prometheus_client import (
@@ -51,6 +51,9 @@ from runners.loadgen import (
 )
 from runners.simulated import quality as sim_quality
 from runners.simulated.faults import Faults
+
+if TYPE_CHECKING:
+    from runners.tokenizer import PromptTokenizer
 from runners.simulated.model import (
     ATTENTION_BACKENDS,
     ENGINE_VERSION,
@@ -761,6 +764,9 @@ def build_app(engine: SimulatedEngine) -> Starlette:
     served = config.served_model_name
     created = int(time.time())
     vocab = engine.model.model.vocab_size
+    # Text prompts are counted with the model's own tokenizer where its directory has one, as
+    # the load generator counts them; else the word stand-in `_tokenize`.
+    text_tokenizer = _model_tokenizer(config)
     logits = sim_quality.LogitModel(vocab, sim_quality.noise_sigma(config.flags),
                                     sim_quality.numerics_seed(config.flags))
     in_flight = [0]  # logprob requests being answered
@@ -789,7 +795,7 @@ def build_app(engine: SimulatedEngine) -> Starlette:
         if not isinstance(body, dict):
             return _error("Request body must be a JSON object.", 400, "BadRequestError")
         checked = _check_completion(body, served, config.model, vocab,
-                                    engine.model.max_model_len)
+                                    engine.model.max_model_len, text_tokenizer)
         burst_size = _int_or_zero(request.headers.get(MODELLED_BURST_HEADER))
         is_refilled = request.headers.get(MODELLED_REFILL_HEADER) == "1"
         remaining_text = request.headers.get(MODELLED_REMAINING_HEADER)
@@ -862,8 +868,17 @@ def build_app(engine: SimulatedEngine) -> Starlette:
     return Starlette(routes=routes)
 
 
+def _model_tokenizer(config: EngineConfig) -> PromptTokenizer | None:
+    from runners.model_info import resolve_model_dir
+    from runners.tokenizer import load_tokenizer, tokenizer_dir_for
+
+    return load_tokenizer(tokenizer_dir_for(resolve_model_dir(config.model),
+                                            skip_tokenizer_init=config.skip_tokenizer_init))
+
+
 def _check_completion(body: Mapping[str, Any], served: str, model_path: str, vocab: int,
-                      max_model_len: int) -> tuple[list[int], int] | JSONResponse:
+                      max_model_len: int, tokenizer: PromptTokenizer | None = None,
+                      ) -> tuple[list[int], int] | JSONResponse:
     name = body.get("model")
     if name is not None and name not in {served, model_path}:
         return _error(f"The model `{name}` does not exist.", 404, "NotFoundError")
@@ -871,7 +886,8 @@ def _check_completion(body: Mapping[str, Any], served: str, model_path: str, voc
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        prompt_ids = _tokenize(prompt, vocab)
+        prompt_ids = tokenizer.tokenizer.encode(prompt).ids if tokenizer is not None \
+            else _tokenize(prompt, vocab)
     elif isinstance(prompt, list) and prompt and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         prompt_ids = [int(t) for t in prompt]

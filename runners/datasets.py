@@ -1,0 +1,185 @@
+"""Conversation datasets as prompts: ShareGPT-style files read, checked entry by entry, and
+sampled per index, as vLLM's `ShareGPTDataset` samples them (vllm/benchmarks/datasets/
+datasets.py:1346), with token counts from the model's tokenizer where there is one.
+
+A file is a JSON list (or JSONL, one object a line) of
+`{"id": ..., "conversations": [{"from": "human" | "gpt" | ..., "value": str}, ...]}`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from runners.workload import DatasetSource
+
+if TYPE_CHECKING:
+    from runners.tokenizer import PromptTokenizer
+
+logger = logging.getLogger(__name__)
+
+CHARS_PER_TOKEN = 4  # a rough English estimate, used only where the model has no tokenizer
+USER_ROLES = frozenset({"human", "user"})
+ASSISTANT_ROLES = frozenset({"gpt", "assistant", "chatgpt", "bard", "bing", "model"})
+_SHAPE = '{"from": "human" | "gpt", "value": "..."}'
+
+
+def estimate_tokens(text: str) -> int:
+    """Tokens of `text` where no tokenizer is at hand: an estimate (chars / 4), never a count."""
+    return max(1, len(text) // CHARS_PER_TOKEN)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One user message and the reply the dataset gives it."""
+
+    user: str
+    user_len: int  # tokens: counted by the tokenizer (specials included) or estimated
+    reply_len: int  # tokens of the dataset's reply (without specials), or estimated
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: str
+    turns: tuple[Turn, ...]  # user/reply pairs in order; at least one
+    is_estimated: bool  # lengths are chars/4 estimates: the model has no tokenizer here
+
+
+def _fail(path: Path, where: str, problem: str) -> ValueError:
+    return ValueError(f"{path}: {where}: {problem}")
+
+
+def _entries(path: Path) -> list[Any]:
+    text = path.read_text(encoding="utf-8")
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise _fail(path, f"line {exc.lineno}", f"expected a JSON list of conversations "
+                        f"but got invalid JSON ({exc.msg}); fix the syntax.") from exc
+        return list(data)
+    entries = []
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise _fail(path, f"line {line_no}", "expected one JSON conversation object a line "
+                        f"(JSONL) or a JSON list but got invalid JSON ({exc.msg}); fix the "
+                        "line.") from exc
+    return entries
+
+
+def _pairs(path: Path, index: int, entry: Any) -> tuple[str, list[tuple[str, str]]]:
+    """The entry's id and its (user, reply) pairs; a turn of another role (system) is
+    skipped, as is a user message without a reply after it."""
+    if not isinstance(entry, dict):
+        raise _fail(path, f"entry {index}", f"expected a JSON object with 'conversations' but "
+                    f"got {type(entry).__name__}; each entry is {{\"id\": ..., "
+                    f"\"conversations\": [{_SHAPE}, ...]}}.")
+    ident = str(entry.get("id", index))
+    turns = entry.get("conversations")
+    where = f"entry {index} (id {ident!r:.40})"
+    if not isinstance(turns, list):
+        raise _fail(path, where, f"expected a 'conversations' list but got "
+                    f"{type(turns).__name__ if turns is not None else 'none'}; add "
+                    f"\"conversations\": [{_SHAPE}, ...].")
+    for k, turn in enumerate(turns):
+        if not (isinstance(turn, dict) and isinstance(turn.get("from"), str)
+                and isinstance(turn.get("value"), str)):
+            raise _fail(path, where, f"conversations[{k}] must be {_SHAPE} but got "
+                        f"{json.dumps(turn)[:60]}; give each turn a string 'from' and "
+                        "'value'.")
+    pairs = []
+    for k in range(len(turns) - 1):
+        role, nxt = turns[k]["from"].lower(), turns[k + 1]["from"].lower()
+        if role in USER_ROLES and nxt in ASSISTANT_ROLES and turns[k]["value"]:
+            pairs.append((turns[k]["value"], turns[k + 1]["value"]))
+    return ident, pairs
+
+
+@functools.cache
+def _read(path: Path, mtime_ns: int, size: int) -> tuple[tuple[str, tuple[tuple[str, str],
+                                                                             ...]], ...]:
+    del mtime_ns, size  # part of the cache key only: an edited file is read again
+    return tuple((ident, tuple(pairs)) for index, entry in enumerate(_entries(path))
+                 for ident, pairs in [_pairs(path, index, entry)])
+
+
+def read_conversations(path: Path) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+    """Every entry's id and (user, reply) pairs, in file order; raises ValueError naming the
+    first entry it refuses (OSError or UnicodeDecodeError where it cannot read the file)."""
+    stat = path.stat()
+    return _read(path, stat.st_mtime_ns, stat.st_size)
+
+
+def _is_valid(source: DatasetSource, prompt_len: int, output_len: int) -> bool:
+    """vLLM's `is_valid_sequence` (vllm/benchmarks/datasets/datasets.py:339), its bounds
+    from `source`; the output's minimum is not checked where the output length is fixed."""
+    return not (prompt_len < source.min_len
+                or (source.output_len is None and output_len < source.min_len)
+                or prompt_len > source.max_prompt_len
+                or prompt_len + output_len > source.max_total_len)
+
+
+def _conversation(source: DatasetSource, tokenizer: PromptTokenizer | None, ident: str,
+                  pairs: tuple[tuple[str, str], ...], max_turns: int) -> Conversation | None:
+    """The conversation's first `max_turns` turns that fit the bounds; None when not even the
+    first does (vLLM's filter). A later turn whose whole context (earlier turns and replies)
+    would pass `max_total_len` ends the conversation there."""
+    turns: list[Turn] = []
+    context = 0
+    for user, reply in pairs[:max_turns]:
+        if tokenizer is not None:
+            user_len, reply_len = tokenizer.count(user), len(tokenizer.encode(reply))
+        else:
+            user_len, reply_len = estimate_tokens(user), estimate_tokens(reply)
+        output_len = source.output_len or max(1, reply_len)  # an empty reply: one token
+        if not turns:
+            if not _is_valid(source, user_len, output_len):
+                return None
+        elif context + user_len + output_len > source.max_total_len:
+            break
+        turns.append(Turn(user, user_len, output_len))
+        context += user_len + output_len
+    return Conversation(ident, tuple(turns), tokenizer is None) if turns else None
+
+
+def iter_conversations(source: DatasetSource, tokenizer: PromptTokenizer | None, seed: int,
+                       max_turns: int = 1) -> Iterator[Conversation]:
+    """Usable conversations in a seeded shuffled order, then again from the start (vLLM
+    oversamples a short dataset too): the i-th depends on the seed alone, never on how many
+    are taken. Token counts are made only for what is taken (a large file stays cheap)."""
+    entries = read_conversations(source.path)
+    order = np.random.default_rng(seed).permutation(len(entries))
+    usable: list[Conversation] = []
+    for index in order:
+        ident, pairs = entries[int(index)]
+        conversation = _conversation(source, tokenizer, ident, pairs, max_turns)
+        if conversation is not None:
+            usable.append(conversation)
+            yield conversation
+    if not usable:
+        raise ValueError(
+            f"{source.path}: no conversation has a user turn and a reply within the bounds "
+            f"(prompt {source.min_len}..{source.max_prompt_len} tokens, prompt + output <= "
+            f"{source.max_total_len}); add conversations or widen workload.dataset's bounds.")
+    while True:
+        yield from usable
+
+
+def check_dataset(source: DatasetSource, tokenizer: PromptTokenizer | None) -> int:
+    """Read the file as the load generator will and find one usable conversation; the longest
+    prompt a request may carry, in tokens (the bound, `max_prompt_len`). Raises ValueError
+    naming the first entry it refuses, or saying that none is usable."""
+    next(iter_conversations(source, tokenizer, seed=0))
+    return source.max_prompt_len
