@@ -337,3 +337,22 @@ def test_the_example_dataset_study_passes_the_checks_before_start(
     assert all(c.is_estimated for c in dialogues)
     assert "synthetic-greeting" not in {c.id for c in dialogues}, \
         "a prompt under min_len tokens is left out, as vLLM's filter does"
+
+
+def test_shared_prefix_text_prompts_start_with_one_prefix_and_are_counted_whole(
+        model_dir: Path) -> None:
+    from runners.workload import SharedPrefix
+
+    workload = Workload(input_len=LengthDistribution(mean=24), tokenizer_dir=model_dir,
+                        shared_prefix=SharedPrefix(fraction=0.5, num_tokens=40))
+    requests = loadgen.build_requests(workload, 8, seed=3)
+    tokenizer = load_tokenizer(model_dir)
+    assert tokenizer is not None
+    shared = [r for r in requests if r.prompt_len > 30]
+    assert len(shared) == 4
+    prefix = shared[0].prompt
+    assert isinstance(prefix, str)
+    head = prefix[:prefix.index("\n") + 1]
+    assert all(isinstance(r.prompt, str) and r.prompt.startswith(head) for r in shared)
+    # Each joined prompt's length is the tokenizer's count of the whole text, not a sum.
+    assert all(r.prompt_len == tokenizer.count(str(r.prompt)) for r in requests)
