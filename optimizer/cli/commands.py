@@ -569,11 +569,12 @@ def history(
                             title=f"{len(shown)} studies for {what}, newest first{more}"))
     if trials:
         for earlier in shown:
-            out.print(f"\n{earlier.name} ({earlier.date}):", highlight=False, soft_wrap=True)
+            out.print(f"\n{earlier.name} ({earlier.date}):", highlight=False, soft_wrap=True,
+                      markup=False)
             for t in trial_conclusions(client, earlier):
                 seed = f" [{t.seed_source}]" if t.seed_source else ""
                 out.print(f"  t{t.number:03d} {t.state}{seed}: {t.conclusion}",
-                          highlight=False, soft_wrap=True)
+                          highlight=False, soft_wrap=True, markup=False)
 
 
 # -- hw -------------------------------------------------------------------------------------

@@ -225,9 +225,11 @@ def history_table(rows: Sequence[Any], width: int, title: str | None = None) -> 
                           ("best figure, bounds", metric_w), ("conclusion", conclusion_w)):
             table.add_column(header, width=w, overflow="fold")
         for r in rows:
-            table.add_row(clip(r.study, study_w, 2), r.date, clip(r.engine_version, 12, 2),
-                          clip(r.card, card_w, 2), clip(r.change, change_w, 3),
-                          clip(r.metric, metric_w, 3), clip(r.conclusion, conclusion_w, 3))
+            # Text, not markup: a bound reads `CI [1.52x, 2.44x]`.
+            table.add_row(*(Text(c) for c in (
+                clip(r.study, study_w, 2), r.date, clip(r.engine_version, 12, 2),
+                clip(r.card, card_w, 2), clip(r.change, change_w, 3),
+                clip(r.metric, metric_w, 3), clip(r.conclusion, conclusion_w, 3))))
         return table
     left_w = max(20, min(36, width // 3))
     text_w = max(16, width - left_w - _GAP * 2)
