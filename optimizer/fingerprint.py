@@ -217,6 +217,7 @@ def fingerprint_of(cfg: StudyConfig, *, engine: str, engine_version: str | None,
                                f"V{model.vocab_size}"),
                "num_params": int(model.num_params), "dtype": str(model.dtype),
                "quant_method": str(model.quant_method or "none")}
+    peak: float | None
     if w.capacity is not None:
         arrival, peak = f"capacity:{w.capacity.axis}", float(w.capacity.high)
     else:
@@ -249,9 +250,9 @@ def _levels_arrival(levels: Sequence[Any]) -> tuple[str, float | None]:
 
 def _mean(spec: Any) -> float:
     """The mean length a distribution draws, as far as the study file states it: a uniform
-    range's midpoint, else `mean` (the normal's and lognormal's centre before clipping)."""
+    range's midpoint, else `mean` (runners/loadgen.py keeps it the mean, before clipping)."""
     if spec.kind == "uniform" and spec.low is not None and spec.high is not None:
-        return (spec.low + spec.high) / 2
+        return (float(spec.low) + float(spec.high)) / 2
     return float(spec.mean)
 
 
