@@ -62,6 +62,9 @@ class Fingerprint:
     trace: Any = None
     dataset: Any = None
     multi_turn: Any = None
+    # The study's fixed_flags: part of its baseline, so of what "a change from the defaults"
+    # means there ({} when none).
+    fixed_flags: Any = None
     slo_ttft_p99_ms: float | None = None
     slo_tpot_p99_ms: float | None = None
     slo_e2el_ms: float | None = None
@@ -233,6 +236,7 @@ def fingerprint_of(cfg: StudyConfig, *, engine: str, engine_version: str | None,
         output_len_mean=float(_mean(w.output_len)),
         prompts_file=Path(w.prompts_file).name if w.prompts_file is not None else None,
         arrival=arrival, peak_load=peak, **extras,
+        fixed_flags=_plain(dict(spec.fixed_flags)),
         slo_ttft_p99_ms=spec.slo.ttft_p99_ms, slo_tpot_p99_ms=spec.slo.tpot_p99_ms,
         slo_e2el_ms=spec.slo.e2el_ms, objectives=tuple(cfg.objectives))
 

@@ -194,3 +194,9 @@ def test_off_seeds_nothing_and_fixed_flags_refuse_a_conflicting_best() -> None:
     plan = plan_warm_start("auto", BASE, studies, space=SPACE,
                            fixed_flags={"max_num_seqs": 256})
     assert not plan.seeds and "fixed_flags fixes it to 256" in plan.lines[0]
+
+
+def test_other_fixed_flags_make_another_baseline_and_so_an_incompatible_study() -> None:
+    fixed = fingerprint(fixed_flags={"max_model_len": 4096})
+    assert fixed.fixed_flags == {"max_model_len": 4096} and BASE.fixed_flags == {}
+    assert any(r.startswith("fixed_flags:") for r in compatibility(BASE, fixed).reasons)
