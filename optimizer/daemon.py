@@ -160,8 +160,8 @@ class Daemon:
                     f"MLflow refused the study's run at {self.cfg.tracking_uri} "
                     f"({type(exc).__name__}: {str(exc)[:200]}); nothing was launched; fix the "
                     "store and run `nightshift start` again.") from exc
-            for key, value in self.study_tags.items():
-                self.tracker.log_study_event(self._parent_run, key, value)
+            if self.study_tags:
+                self.tracker.set_study_tags(self._parent_run, self.study_tags)
             Recovery(study, storage, self.space, self.tracker, self._parent_run, self.cfg.name,
                      self.cfg.results_dir, self.cfg.spec.retries,
                      fixed_flags=self.cfg.engine_fixed_flags).run()

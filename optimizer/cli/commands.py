@@ -561,7 +561,11 @@ def history(
     if like is not None and study is not None:
         found = [s for s in found if s.name != cfg.name]
     if not found:
-        out.print(f"no earlier studies for {what} in {uri}.", highlight=False, soft_wrap=True)
+        unknown = "" if like is None or like.gpu_model is not None else (
+            " This machine has no GPU, so the study's hardware is unknown and no study is "
+            "compatible with it; give --dry-run (as simulated) or --model.")
+        out.print(f"no earlier studies for {what} in {uri}.{unknown}", highlight=False,
+                  soft_wrap=True)
         return
     shown = found[:limit]
     more = f" (newest {limit} of {len(found)}; --limit for more)" if len(found) > limit else ""

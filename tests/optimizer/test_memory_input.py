@@ -69,3 +69,23 @@ def test_history_of_an_empty_or_absent_store_says_so_and_exits_0(
     assert main(["history", "--model", "qwen2.5-7b", "--tracking-uri", uri]) == 0
     assert "no earlier studies for model qwen2.5-7b" in capsys.readouterr().out
     assert not (tmp_path / "none").exists(), "reading creates no store"
+
+
+@pytest.mark.parametrize("width", [60, 80, 120, 160, 200])
+def test_history_table_fits_the_terminal_and_keeps_each_figure_s_bound(width: int) -> None:
+    from rich.console import Console
+
+    from optimizer.cli.table import history_table
+    from optimizer.memory import HistoryRow
+
+    bound = "1.98x the vLLM defaults (95% CI [1.52x, 2.44x] over 3 rounds)"
+    rows = [HistoryRow("second", "2026-12-04 17:24", "FINISHED", "simulated 0.26.0",
+                       "2 x NVIDIA H200 (nvlink)", "abc123abc123",
+                       "kv_cache_dtype=fp8, quantization=fp8", f"goodput 120 req/s; {bound}",
+                       "Best: trial 1 (kv_cache_dtype=fp8, quantization=fp8), goodput 120 "
+                       "req/s, " + bound + "; memory-bound.")]
+    console = Console(width=width, record=True)
+    console.print(history_table(rows, width))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= width, text
+    assert "[1.52x, 2.44x]" in " ".join(text.split()), f"the interval is shown:\n{text}"
