@@ -123,6 +123,11 @@ def test_second_compatible_study_is_seeded_with_the_first_best_and_measures_it_a
     positions = [out.index(f"\n{name} ") for name in ("third", "second", "first")]
     assert positions == sorted(positions), f"newest first:\n{out}"
     assert "[warm_start:first]" in out, "--trials shows which trial a warm start seeded"
+    assert main(["history", "--fingerprint", tags["fingerprint.hash"], "--tracking-uri",
+                 uri]) == 0
+    out = capsys.readouterr().out
+    assert "\nfirst " in out and "\nsecond " in out and "\nthird " not in out, \
+        "the two studies of one fingerprint (the simulated seed is not part of it)"
     assert main(["history", "--study", str(second)]) == 0
     out = capsys.readouterr().out
     assert "\nfirst " in out and "\nthird " not in out, \
