@@ -399,6 +399,13 @@ class StudySpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _warm_start_not_itself(self) -> StudySpec:
+        if isinstance(self.warm_start, list) and self.name in self.warm_start:
+            raise ValueError(f"warm_start: names this study ({self.name}) itself; a study "
+                             "resumes its own trials without it: remove the name")
+        return self
+
+    @model_validator(mode="after")
     def _quality_needs_weights(self) -> StudySpec:
         if self.quality.enabled == "on" and (self.model.load_format == "dummy"
                                             or self.model.skip_tokenizer_init):

@@ -34,7 +34,7 @@ def test_warm_start_naming_a_study_the_store_lacks_exits_2_before_a_trial_is_que
     assert not (tmp_path / "results").exists(), "nothing is written under results_dir"
 
 
-@pytest.mark.parametrize("value", ["on", "[]", "[a, 1]", "sometimes"])
+@pytest.mark.parametrize("value", ["on", "[]", "[a, 1]", "sometimes", "[named]"])
 def test_a_bad_warm_start_value_exits_2_naming_the_field(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str) -> None:
     path = write_study(tmp_path)
