@@ -308,7 +308,9 @@ def paired_study(template: Mapping[str, Any], launch: Launch, findings: Sequence
         results_dir=str((out_dir / "results").resolve()), storage=None,
         fixed_flags={k: v for k, v in as_is.items() if k not in changed},
         seed_trials=[dict(f.fix) for f in fixes], budget={"trials": 1 + len(fixes)},
-        pruner={"name": "none"}, confirm_rounds=0, env={**template.get("env", {}), **{
+        # Its budget is the launch and each fix: no seed of an earlier study takes a place.
+        pruner={"name": "none"}, confirm_rounds=0, warm_start="off",
+        env={**template.get("env", {}), **{
             k: v for k, v in launch.env.items() if k not in REMOVED_ENV}})
     path = out_dir / "audit_study.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))

@@ -93,7 +93,10 @@ class Daemon:
                  hardware: HardwareProfile | None = None, model: ModelInfo | None = None,
                  poll_s: float = 0.25,
                  seed_trials: Sequence[Mapping[str, Any]] = (),
-                 max_gpus_per_node: int | None = None) -> None:
+                 max_gpus_per_node: int | None = None,
+                 warm_seeds: Sequence[tuple[Mapping[str, Any], str]] = (),
+                 study_tags: Mapping[str, str] = {},
+                 study_attrs: Mapping[str, Any] = {}) -> None:
         self.cfg = cfg
         self.space = space
         self.executor = executor
@@ -109,6 +112,12 @@ class Daemon:
         self.poll_s = poll_s
         self.seed_trials = list(seed_trials)  # full configs, enqueued after the baseline
         self.max_gpus_per_node = max_gpus_per_node
+        # The tuning memory's (optimizer/memory.py): earlier studies' bests as (config,
+        # `warm_start:<study>`), queued right after the defaults; the fingerprint and what the
+        # warm start did, as tags of the study run and user attrs of the Optuna study.
+        self.warm_seeds = list(warm_seeds)
+        self.study_tags = dict(study_tags)
+        self.study_attrs = dict(study_attrs)
         self._stop: Literal["no", "finish", "now"] = "no"
         self._inflight: list[_InFlight] = []
         self._parent_run = ""
@@ -134,6 +143,8 @@ class Daemon:
         try:
             storage = make_storage(self.cfg.storage_url)
             study = open_study(self.cfg, storage=storage)
+            for key, value in self.study_attrs.items():  # as of this start
+                study.set_user_attr(key, value)
             if not is_local_file_storage(self.cfg.storage_url):  # daemons on other hosts
                 lease = StorageLease(storage, storage.get_study_id_from_name(self.cfg.name),
                                      self.cfg.name)
@@ -149,6 +160,8 @@ class Daemon:
                     f"MLflow refused the study's run at {self.cfg.tracking_uri} "
                     f"({type(exc).__name__}: {str(exc)[:200]}); nothing was launched; fix the "
                     "store and run `nightshift start` again.") from exc
+            if self.study_tags:
+                self.tracker.set_study_tags(self._parent_run, self.study_tags)
             Recovery(study, storage, self.space, self.tracker, self._parent_run, self.cfg.name,
                      self.cfg.results_dir, self.cfg.spec.retries,
                      fixed_flags=self.cfg.engine_fixed_flags).run()
@@ -157,7 +170,7 @@ class Daemon:
                                   max_gpus_per_node=self.max_gpus_per_node,
                                   hardware=self.hardware, model=self.model, log=_MlflowLog(self))
             self.policy = policy
-            policy.prepare(self.seed_trials)
+            policy.prepare(self.seed_trials, self.warm_seeds)
             try:
                 self._loop(policy)
                 if not self.stopping:

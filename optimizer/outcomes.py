@@ -23,6 +23,7 @@ from optimizer.records import ATTR_RECORD, TrialRecord, record_of, step_records,
 from optimizer.study import (
     ATTR_CONFIRM,
     ATTR_DUPLICATE_OF,
+    ATTR_SEED_SOURCE,
     CONFIG_FAILURES,
     STATE_NAMES,
     best_trial,
@@ -116,6 +117,7 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
         host=result.host or "",
         is_unstable=is_unstable,
         quality=assessed.to_dict() if assessed is not None else None,
+        seed_source=str(item.trial.user_attrs.get(ATTR_SEED_SOURCE) or ""),
     )
     item.trial.set_user_attr(ATTR_RECORD, record.to_user_attr())
     if assessed is not None and assessed.status == "scored":
@@ -281,7 +283,9 @@ def tell_duplicate(policy: PolicyState, trial: optuna.Trial, params: dict[str, A
 def tell_without_run(policy: PolicyState, trial: optuna.Trial, params: dict[str, Any],
                       failure: Failure) -> None:
     conclusion = f"rejected before launch ({failure.reason.value}): {failure.message}"
-    record = TrialRecord.failed(params, failure.reason.value, failure.message, conclusion)
+    record = replace(TrialRecord.failed(params, failure.reason.value, failure.message,
+                                        conclusion),
+                     seed_source=str(trial.user_attrs.get(ATTR_SEED_SOURCE) or ""))
     trial.set_user_attr(ATTR_RECORD, record.to_user_attr())
     policy.remember(trial.number, record)
     run_id = policy.log.open_run(trial, params)

@@ -55,6 +55,9 @@ class TrialRecord:
     is_unstable: bool = False  # its repeats spread beyond workload.max_spread
     # `QualityAssessment.to_dict()` (optimizer/quality.py): scored, the reference, or why not
     quality: Mapping[str, Any] | None = None
+    # `warm_start:<study>`: a seed offered by the tuning memory (optimizer/memory.py), measured
+    # here like any other trial; "" for every other trial.
+    seed_source: str = ""
     version: int = RECORD_VERSION
 
     @classmethod
@@ -265,6 +268,8 @@ def tracking_payload(record: TrialRecord, result: RunResult | None, *, number: i
         tags["host"] = str(record.host)
     if record.is_unstable:
         tags["unstable"] = "true"
+    if record.seed_source:
+        tags["seed.source"] = record.seed_source
     if record.quality and record.quality.get("summary"):  # the quality gate's one line
         tags["quality"] = str(record.quality["summary"])[:5000]
     if record.conclusion:

@@ -16,6 +16,15 @@ from optimizer.config import StudyConfig, check_before_start
 from optimizer.daemon import Daemon, TrialEvent
 from optimizer.engines import RunnerSpec
 from optimizer.errors import ConfigError, TrackingError
+from optimizer.fingerprint import Fingerprint, fingerprint_of
+from optimizer.memory import (
+    STUDY_ATTR_FINGERPRINT,
+    STUDY_ATTR_WARM_START,
+    TAG_WARM_START,
+    WarmStart,
+    plan_warm_start,
+    read_studies,
+)
 from optimizer.study_summary import study_summary
 from optimizer.tracking import Tracker
 from optimizer.workers import RayExecutor, init_ray, largest_node_gpus, probe_on_cluster
@@ -157,6 +166,12 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
         tracker.check_writable(cfg.name)
     except TrackingError as exc:
         raise ConfigError(f"tracking_uri: {exc}") from None
+    fingerprint = fingerprint_of(cfg, engine=engine, engine_version=engine_version(engine),
+                                 hardware=hardware, model=model)
+    warm = warm_start(cfg, tracker, fingerprint, resolved, seed_trials)
+    notes.append(f"fingerprint {fingerprint.hash}: {fingerprint.card}, "
+                 f"{fingerprint.architecture or cfg.spec.model.path}, {fingerprint.arrival}")
+    notes.extend(f"warm start: {line}" for line in warm.lines)
     total_gpus = init_ray(sim.num_gpus if engine == "simulated" else None, address)
     if total_gpus < 1:
         raise ConfigError("the Ray cluster has no GPU; start Ray with GPUs or use --dry-run.")
@@ -187,6 +202,7 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
         "search_space.json": resolved.to_dict(),
         "hardware.json": hw_dict,
         "applied_rules.json": [rule.__dict__ for rule in resolved.applied_rules],
+        "fingerprint.json": fingerprint.to_dict(),
     }
     executor = RayExecutor(runner, total_gpus, accelerator_type=cfg.spec.ray.accelerator_type,
                            resources=cfg.spec.ray.resources)
@@ -194,8 +210,72 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
                     tracker=tracker, workload=workload, study_params=study_params,
                     study_artifacts=artifacts, summarize=study_summary, on_event=on_event,
                     hardware=hardware, model=model, seed_trials=seed_trials,
-                    max_gpus_per_node=node_gpus)
+                    max_gpus_per_node=node_gpus,
+                    warm_seeds=[(s.params, s.source) for s in warm.seeds],
+                    study_tags={**fingerprint.tags(), TAG_WARM_START: warm.summary()},
+                    study_attrs={STUDY_ATTR_FINGERPRINT: fingerprint.to_dict(),
+                                 STUDY_ATTR_WARM_START: list(warm.lines)})
     return daemon, notes
+
+
+def study_fingerprint(cfg: StudyConfig, *, dry_run: bool = False) -> Fingerprint:
+    """The fingerprint `nightshift start` would give the study on this machine (no Ray, no
+    store): its hardware unknown where it would run vLLM and this machine has no GPU."""
+    engine = choose_engine(cfg, dry_run)
+    model = load_model_info(cfg.spec.model.path)
+    if engine == "simulated":
+        hardware: HardwareProfile | None = simulated_hardware(cfg.spec.simulated.hardware,
+                                                              cfg.spec.simulated.num_gpus)
+    else:
+        hardware = probe()
+    return fingerprint_of(cfg, engine=engine, engine_version=engine_version(engine),
+                          hardware=hardware, model=model)
+
+
+def engine_version(engine: str) -> str | None:
+    """vLLM's installed version (read from its metadata: vllm is not imported), or the
+    simulated engine's `simulated <the vLLM version it mimics>`; None where unknown."""
+    if engine == "simulated":
+        from runners.simulated.model import ENGINE_VERSION
+
+        return f"simulated {ENGINE_VERSION}"
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:  # a Ray cluster's driver without vLLM
+        return None
+
+
+def warm_start(cfg: StudyConfig, tracker: Tracker, fingerprint: Fingerprint,
+               space: ResolvedSpace, seed_trials: list[dict[str, Any]]) -> WarmStart:
+    """The seeds of the study's `warm_start` from the tracking store (optimizer/memory.py).
+    A store that cannot be read skips an `auto` warm start (said so); a study named in the
+    study file that the store does not hold is bad input."""
+    setting = cfg.spec.warm_start
+    if setting == "off":
+        return WarmStart((), ("off",))
+    try:
+        studies = read_studies(tracker.client, exclude=cfg.name)
+    except Exception as exc:  # MLflow raises many types; all mean "cannot read the store"
+        if setting != "auto":
+            raise ConfigError(f"warm_start: the tracking store {cfg.tracking_uri} could not "
+                              f"be read ({type(exc).__name__}); fix it or set warm_start: "
+                              "auto or off.") from None
+        logger.warning("warm start skipped: the tracking store could not be read (%s: %s)",
+                       type(exc).__name__, str(exc)[:200])
+        return WarmStart((), ("skipped: the tracking store could not be read",))
+    try:
+        plan = plan_warm_start(setting, fingerprint, studies, space=space,
+                               fixed_flags=cfg.spec.fixed_flags, seed_trials=seed_trials)
+    except ValueError as exc:
+        names = ", ".join(sorted({s.name for s in studies})[:10]) or "none"
+        raise ConfigError(f"warm_start: no study named {exc.args[0]!r} in the tracking store "
+                          f"{cfg.tracking_uri} (studies there: {names}); fix the name or set "
+                          "warm_start: auto.") from None
+    for line in plan.lines:
+        logger.info("warm start: %s", line)
+    return plan
 
 
 def seed_trial_params(cfg: StudyConfig, space: ResolvedSpace) -> list[dict[str, Any]]:

@@ -40,6 +40,7 @@ from optimizer.study import (
     ATTR_CONFIRM,
     ATTR_RETRIES,
     ATTR_RETRY_OF,
+    ATTR_SEED_SOURCE,
     ATTR_SEEDED,
     CONFIG_FAILURES,
     engine_config,
@@ -90,15 +91,21 @@ class SearchPolicy:
 
     # -- the queue ----------------------------------------------------------------------------
 
-    def prepare(self, seed_trials: Sequence[Mapping[str, Any]] = ()) -> None:
-        """Learn the configs the study holds and queue the defaults (unless there) and the
-        seeds. On every start, not just the first: a daemon killed between these writes left
-        some seeds out, and a seed added to the study file since runs on resume."""
+    def prepare(self, seed_trials: Sequence[Mapping[str, Any]] = (),
+                warm_seeds: Sequence[tuple[Mapping[str, Any], str]] = ()) -> None:
+        """Learn the configs the study holds and queue the defaults (unless there), then the
+        warm seeds (an earlier study's best, with its `seed_source`: `warm_start:<study>`),
+        then the seeds. On every start, not just the first: a daemon killed between these
+        writes left some seeds out, and a seed added to the study file since runs on resume.
+        A config the study holds already (queued or finished) is not queued again."""
         trials = self.study.get_trials(deepcopy=False)
         for frozen in trials:
             self.remember(frozen.number, record_of(frozen))
         if not any(ATTR_BASELINE in t.user_attrs for t in trials):
             self.study.enqueue_trial(self.space.defaults(), user_attrs={ATTR_BASELINE: True})
+        for params, source in warm_seeds:
+            self.study.enqueue_trial(dict(params), user_attrs={
+                ATTR_SEEDED: True, ATTR_SEED_SOURCE: source}, skip_if_exists=True)
         for params in seed_trials:
             self.study.enqueue_trial(dict(params), user_attrs={ATTR_SEEDED: True},
                                      skip_if_exists=True)

@@ -31,6 +31,8 @@ ATTR_CUT_SHORT = "sampling_cut_short"  # its daemon died mid-ask: no config, not
 ATTR_MLFLOW_RUN = "mlflow_run_id"
 ATTR_RETRIES = "retries"
 ATTR_SEEDED = "seeded"  # enqueued from the study file's seed_trials
+# Where a seed came from: `warm_start:<study>` for an earlier study's best (optimizer/memory.py)
+ATTR_SEED_SOURCE = "seed_source"
 # The Optuna constraint a trial outside the quality limits violates (optimizer/quality.py).
 QUALITY_CONSTRAINT = "quality"
 # A config that failed for one of these reasons fails again: it is never launched twice, and
@@ -165,7 +167,8 @@ def requeue(study: optuna.Study, number: int, params: Mapping[str, Any],
     unless it is a confirmation run (`requeueable`); says whether it did."""
     if not requeueable(attrs):
         return False
-    kept = {key: attrs[key] for key in (ATTR_BASELINE, ATTR_SEEDED) if key in attrs}
+    kept = {key: attrs[key] for key in (ATTR_BASELINE, ATTR_SEEDED, ATTR_SEED_SOURCE)
+            if key in attrs}
     study.enqueue_trial(dict(params), user_attrs={
         **kept, ATTR_RETRY_OF: number, ATTR_RETRIES: retries})
     return True

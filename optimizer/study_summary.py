@@ -5,12 +5,23 @@ there is no baseline, and the confirmed gain. Given to the daemon by the composi
 
 from __future__ import annotations
 
+import json
+
 import optuna
 
 from optimizer.config import StudyConfig
 from optimizer.confirm import STUDY_ATTR_CONFIRM
 from optimizer.report import build_report, headline
-from optimizer.study import ATTR_CONFIRM, best_trial, count_trials, no_baseline_reason
+from optimizer.report.render import best_tags
+from optimizer.study import (
+    ATTR_BASELINE,
+    ATTR_CONFIRM,
+    best_trial,
+    count_trials,
+    is_measured,
+    no_baseline_reason,
+    params_of,
+)
 
 
 def study_summary(study: optuna.Study,
@@ -37,6 +48,19 @@ def study_summary(study: optuna.Study,
         # compares it with the best before it).
         tags["conclusion"] = headline(report)
         tags["mlflow.note.content"] = tags["conclusion"]  # the run's description
+        tags.update(best_tags(report))
+        # What the tuning memory seeds a later study with (optimizer/memory.py): the best's
+        # config, and its params that differ from the measured defaults'. best_trial never
+        # picks a config the quality gate refused.
+        params = params_of(best)
+        tags["best.params"] = json.dumps(params, sort_keys=True, default=str)
+        baseline = next((t for t in study.get_trials(deepcopy=False)
+                         if t.user_attrs.get(ATTR_BASELINE) and is_measured(t)), None)
+        if baseline is not None:
+            defaults = params_of(baseline)
+            tags["best.changes"] = json.dumps(
+                {k: v for k, v in params.items() if defaults.get(k) != v},
+                sort_keys=True, default=str)
         if report.gain_bounds is not None:
             metrics.update(report.gain_bounds.as_metrics("gain"))
     no_baseline = no_baseline_reason(study) or ""

@@ -209,6 +209,14 @@ class Tracker:
     def log_study_event(self, parent_run_id: str, key: str, value: str) -> None:
         self.client.set_tag(parent_run_id, key, value[:5000])
 
+    def set_study_tags(self, parent_run_id: str, tags: Mapping[str, str]) -> None:
+        """Tags of the study run (its fingerprint, what the warm start did), in batches."""
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(parent_run_id, tags=items[i:i + 100])
+
     def finish_study(self, parent_run_id: str, metrics: Mapping[str, float],
                      tags: Mapping[str, str], *, is_done: bool) -> None:
         self.log_metrics(parent_run_id, metrics)

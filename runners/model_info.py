@@ -36,6 +36,9 @@ class ModelInfo:
     dtype: str = "bfloat16"  # checkpoint dtype
     quant_method: str | None = None  # "awq", "gptq", "fp8", ... when the checkpoint is quantized
     tie_word_embeddings: bool = False
+    # `architectures[0]` of config.json (`Qwen2ForCausalLM`), else its `model_type`; None where
+    # the config names neither. The tuning memory compares it (optimizer/fingerprint.py).
+    architecture: str | None = None
 
     @property
     def num_params(self) -> int:
@@ -72,7 +75,16 @@ class ModelInfo:
             dtype=str(text.get("torch_dtype") or text.get("dtype") or "bfloat16"),
             quant_method=quant.get("quant_method"),
             tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
+            architecture=_architecture(config),
         )
+
+
+def _architecture(config: dict[str, Any]) -> str | None:
+    names = config.get("architectures")
+    if isinstance(names, list) and names and isinstance(names[0], str):
+        return names[0]
+    kind = config.get("model_type")
+    return kind if isinstance(kind, str) and kind else None
 
 
 def bundled_shapes() -> list[str]:

@@ -201,3 +201,50 @@ def _fixed_columns(rows: Sequence[TableRow], values: Sequence[Sequence[str]],
     if seconds:
         columns.append(width_of("s", [figure(r.elapsed_s) for r in rows], 5))
     return columns
+
+
+# The `nightshift history` table: one row per earlier study. Side by side from this width; below
+# it the row's text sits in two columns, each cell two or three short lines.
+HISTORY_WIDE = 140
+
+
+def history_table(rows: Sequence[Any], width: int, title: str | None = None) -> Table:
+    """`optimizer.memory.HistoryRow`s at most `width` columns wide, newest first as given:
+    study, date, engine and card, the best's change from the defaults, its figure with what
+    bounds it, the study's conclusion. Cells wrap at spaces; a longer one ends in "…"."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  padding=(0, 1), title_justify="left")
+    if width >= HISTORY_WIDE:
+        study_w = max(12, min(24, max((len(r.study) for r in rows), default=12)))
+        card_w = max(16, min(30, max((len(r.card) for r in rows), default=16)))
+        free = width - study_w - 16 - card_w - 16 - _GAP * 7
+        # The figure keeps its bound (an interval, brackets): the widest text column.
+        change_w, metric_w = free // 4, free * 2 // 5
+        conclusion_w = free - change_w - metric_w
+        for header, w in (("study", study_w), ("date (UTC)", 16), ("engine", 16),
+                          ("card", card_w), ("best change", change_w),
+                          ("best figure, bounds", metric_w), ("conclusion", conclusion_w)):
+            table.add_column(header, width=w, overflow="fold")
+        for r in rows:
+            # Text, not markup: a bound reads `CI [1.52x, 2.44x]`.
+            table.add_row(*(Text(c) for c in (
+                clip(r.study, study_w, 2), r.date, clip(r.engine_version, 16, 2),
+                clip(r.card, card_w, 2), clip(r.change, change_w, 3),
+                clip(r.metric, metric_w, 5), clip(r.conclusion, conclusion_w, 3))))
+        return table
+    left_w = max(20, min(36, width // 3))
+    text_w = max(16, width - left_w - _GAP * 2)
+    table.add_column("study / date / engine, card", width=left_w, overflow="fold")
+    table.add_column("best change / figure, bounds / conclusion", width=text_w,
+                     overflow="fold")
+    for r in rows:
+        left = Text(clip(r.study, left_w, 1) + "\n" + r.date[:left_w] + "\n")
+        left.append(clip(f"{r.engine_version}, {r.card}", left_w, 2), style="dim")
+        right = Text(clip(r.change or "(no best recorded)", text_w, 1))
+        if r.metric:
+            right.append("\n" + clip(r.metric, text_w, 4))
+        if r.conclusion:
+            right.append("\n")
+            right.append(clip(r.conclusion, text_w, 2), style="dim")
+        table.add_row(left, right)
+    return table

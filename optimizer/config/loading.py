@@ -44,8 +44,7 @@ class StudyConfig:
         self.results_dir = _resolve(base, spec.results_dir) if spec.results_dir else \
             Path("results") / spec.name
         self.storage_url = spec.storage or f"sqlite:///{self.results_dir / 'optuna.db'}"
-        self.tracking_uri = (spec.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-                             or DEFAULT_TRACKING_URI)
+        self.tracking_uri = spec.tracking_uri or default_tracking_uri()
         self.prompts_file = _resolve(base, spec.workload.prompts_file) \
             if spec.workload.prompts_file else None
         self.trace_file = _resolve(base, spec.workload.trace.path) \
@@ -225,6 +224,12 @@ def _trace_rate(path: Path, unit_s: float, num_requests: int | None, source: str
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         message = " ".join(str(exc).split())[:300].rstrip(".")
         raise ConfigError(f"{source}: workload.trace: {message}.") from None
+
+
+def default_tracking_uri() -> str:
+    """Where MLflow is when neither a study file nor the command line says: the environment's
+    MLFLOW_TRACKING_URI, else DEFAULT_TRACKING_URI."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
 def _dist(spec: LengthSpec) -> LengthDistribution:

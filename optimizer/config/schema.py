@@ -414,6 +414,11 @@ class StudySpec(_Strict):
     # At the end, the best config and the defaults are measured again, interleaved (A B A B
     # for 2 rounds), and the gain is stated with its confidence interval. 0 = skip.
     confirm_rounds: int = Field(default=2, ge=0, le=10)
+    # The tuning memory (docs/tuning-memory.md): "auto" seeds the best configs of up to 3
+    # earlier studies in the tracking store whose fingerprint is compatible, right after the
+    # defaults; a list names the studies to seed from; "off" seeds none. Seeds are measured
+    # anew, never copied.
+    warm_start: Literal["auto", "off"] | list[str] = "auto"
 
     @field_validator("name")
     @classmethod
@@ -421,6 +426,29 @@ class StudySpec(_Strict):
         if not _NAME_RE.match(v):
             raise ValueError(
                 "must be 1-100 letters, digits, '.', '_' or '-' (it becomes a directory name)")
+        return v
+
+    @field_validator("warm_start", mode="before")
+    @classmethod
+    def _warm_start_yaml(cls, v: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as false.
+        v = "off" if v is False else v
+        if v not in ("auto", "off") and not (isinstance(v, list) and
+                                             all(isinstance(n, str) for n in v)):
+            got = f" but got {v!r:.60}" if isinstance(v, list) else ""
+            raise ValueError(f"expected auto, off or a list of study names{got}")
+        return v
+
+    @field_validator("warm_start")
+    @classmethod
+    def _warm_start(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list):
+            if not 1 <= len(v) <= 16 or len(set(v)) != len(v):
+                raise ValueError("expected auto, off or a list of 1-16 distinct study names "
+                                 f"but got {len(v)} names")
+            for name in v:
+                if not _NAME_RE.match(name):
+                    raise ValueError(f"expected study names but got {name!r:.60}")
         return v
 
     @field_validator("objective")
@@ -477,6 +505,13 @@ class StudySpec(_Strict):
             if name is not None and name.replace("-", "_") in self.fixed_flags:
                 raise ValueError(f"vllm.extra_args: {token} repeats fixed_flags."
                                  f"{name.replace('-', '_')}; set it in one place")
+        return self
+
+    @model_validator(mode="after")
+    def _warm_start_not_itself(self) -> StudySpec:
+        if isinstance(self.warm_start, list) and self.name in self.warm_start:
+            raise ValueError(f"warm_start: names this study ({self.name}) itself; a study "
+                             "resumes its own trials without it: remove the name")
         return self
 
     @model_validator(mode="after")

@@ -37,6 +37,24 @@ def _bracket(row: TrialRow) -> str:
     return capacity_text(row.capacity, None)
 
 
+def best_tags(report: Report) -> dict[str, str]:
+    """The best trial as `nightshift history` shows it (the study run's `best.*` tags): its
+    change from the defaults, its figure with its capacity bracket, and the gain over the
+    defaults with what bounds it (absent without a baseline or when the best is the defaults)."""
+    best = report.best
+    if best is None:
+        return {}
+    metric = f"{report.objective} {_with_unit(best.value, report.objective)}"
+    if best.capacity is not None:
+        metric += f" ({_bracket(best)})"
+    tags = {"best.change": _changes(best), "best.metric": metric}
+    bounds = report.gain_bounds
+    if bounds is not None and report.baseline is not None and \
+            best.number != report.baseline.number:
+        tags["best.gain"] = gains.format_gain(bounds)
+    return tags
+
+
 def headline(report: Report) -> str:
     """One sentence: the best config and its gain over the defaults, with what bounds it."""
     missing = (f" No baseline: the defaults could not be measured ({report.no_baseline})."

@@ -6,6 +6,7 @@ says the gate was skipped. The simulated logprobs are a model: the test checks t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,11 @@ def test_a_lossy_config_over_the_limit_is_refused_never_best_and_export_shows_qu
                                     "quality.greedy_match_tokens" in m and
                                     "quality.ppl_increase" in m for m in logged), logged
     assert any("quality.floor.mean_kl" in r.data.metrics for r in runs)
+    parent = client.search_runs([client.get_experiment_by_name(cfg.name).experiment_id],
+                                filter_string="tags.`nightshift.kind` = 'study'")[0]
+    offered = json.loads(parent.data.tags["best.params"])
+    assert offered == record_of(best).params and offered.get("quantization") != "fp8", \
+        "the best a later study's warm start is offered is never a refused config"
 
 
 def test_a_dummy_weights_study_says_the_gate_was_skipped_everywhere(tmp_path: Path) -> None:

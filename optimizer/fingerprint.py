@@ -1,0 +1,285 @@
+"""A study's fingerprint (what it ran on, what it ran, under which SLO) and the one rule that
+says whether two studies are compatible: whether an earlier study's best config is worth a seed
+trial here. Pure: no store, no files; the tuning memory (optimizer/memory.py) reads and writes.
+docs/tuning-memory.md states the rules."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from optimizer.config import StudyConfig
+    from runners.hardware import HardwareProfile
+    from runners.model_info import ModelInfo
+
+FINGERPRINT_VERSION = 1
+# Mean input/output lengths and the heaviest offered load may differ by up to this factor.
+LENGTH_RATIO = 2.0
+LOAD_RATIO = 2.0
+GPU_MEMORY_RATIO = 1.1  # the same card model in a variant with other memory (MIG, NVL) is not
+# Workload fields other engineers' features add to the study file (issue 23): read by name when
+# present, recorded as null when the study file has no such field or leaves it unset.
+WORKLOAD_EXTRAS = ("burstiness", "shared_prefix", "trace", "dataset", "multi_turn")
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """One study's fingerprint. A field holding None is unknown (the compatibility rule refuses
+    it) except the WORKLOAD_EXTRAS and the SLO's, where None means "not set"."""
+
+    version: int = FINGERPRINT_VERSION
+    engine: str | None = None  # "vllm" or "simulated"
+    engine_version: str | None = None  # vLLM's, or "simulated 0.26.0"; reported, not compared
+    gpu_model: str | None = None  # NVML's name, "NVIDIA H200"
+    gpu_count: int | None = None  # GPUs a study may use (Ray's, for the simulated engine)
+    gpu_memory_gib: float | None = None  # GiB, the smallest card
+    compute_capability: float | None = None  # 9.0
+    interconnect: str | None = None  # "nvlink", "pcie", "none"
+    model: str | None = None  # the study file's model.path; reported, not compared
+    architecture: str | None = None  # config.json's architectures[0]
+    model_shape: str | None = None  # layers, hidden, heads, KV heads, MLP, vocab
+    num_params: int | None = None  # parameters of that shape
+    dtype: str | None = None  # the checkpoint's
+    quant_method: str | None = None  # "fp8", "awq", ... ; "none" when not quantized
+    weights: str | None = None  # "real" or "dummy" (model.load_format)
+    input_len: str | None = None  # "fixed:512", "uniform:128-1024", ...; reported
+    input_len_kind: str | None = None  # "fixed", "uniform", "normal", "lognormal"
+    input_len_mean: float | None = None  # tokens
+    output_len: str | None = None  # reported
+    output_len_kind: str | None = None
+    output_len_mean: float | None = None  # tokens
+    prompts_file: str | None = None  # its file name; None when prompts are synthesised
+    arrival: str | None = None  # "levels:concurrency", "levels:request_rate", "capacity:..."
+    peak_load: float | None = None  # the heaviest level or capacity high (requests or req/s)
+    burstiness: Any = None
+    shared_prefix: Any = None
+    trace: Any = None
+    dataset: Any = None
+    multi_turn: Any = None
+    # The study's fixed_flags: part of its baseline, so of what "a change from the defaults"
+    # means there ({} when none).
+    fixed_flags: Any = None
+    slo_ttft_p99_ms: float | None = None
+    slo_tpot_p99_ms: float | None = None
+    slo_e2el_ms: float | None = None
+    objectives: tuple[str, ...] = ()  # reported, not compared
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["objectives"] = list(self.objectives)
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> tuple[Fingerprint, frozenset[str]]:
+        """The fingerprint a stored dict holds, and the names of the fields it lacks (an older
+        version's, or a hand-written one): those are unknown to `compatibility`."""
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        if isinstance(kwargs.get("objectives"), list):
+            kwargs["objectives"] = tuple(str(o) for o in kwargs["objectives"])
+        missing = frozenset(known - set(data))
+        return cls(**kwargs), missing
+
+    @property
+    def hash(self) -> str:
+        """12 hex digits over every compared field: equal hashes are compatible studies
+        (compatible ones may still differ in hash, the rule having tolerances)."""
+        data = {k: v for k, v in self.to_dict().items() if k not in REPORTED_ONLY}
+        digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode())
+        return digest.hexdigest()[:12]
+
+    @property
+    def card(self) -> str:
+        """`2 x NVIDIA H200 (nvlink)`, as `history` shows it."""
+        if self.gpu_model is None:
+            return "unknown GPUs"
+        link = f" ({self.interconnect})" if self.interconnect not in (None, "none") else ""
+        return f"{self.gpu_count or '?'} x {self.gpu_model}{link}"
+
+    def tags(self) -> dict[str, str]:
+        """MLflow tags of the study's parent run: `fingerprint.hash`, one `fingerprint.<field>`
+        per scalar that is set, and `fingerprint.json` (the whole, read back by the memory)."""
+        out = {"fingerprint.hash": self.hash, "fingerprint.json": self.to_json()}
+        for key, value in self.to_dict().items():
+            if value is None or isinstance(value, dict | list):
+                continue
+            out[f"fingerprint.{key}"] = str(value)[:250]
+        return out
+
+
+# Fields recorded for the reader but never a reason to refuse a study.
+REPORTED_ONLY = frozenset({"version", "engine_version", "model", "objectives", "input_len",
+                           "output_len"})
+# Fields where None is a value ("not set"), not "unknown".
+# peak_load: None is a rate level with no rate (all requests at once).
+_NONE_IS_A_VALUE = frozenset({*WORKLOAD_EXTRAS, "prompts_file", "slo_ttft_p99_ms",
+                              "slo_tpot_p99_ms", "slo_e2el_ms", "peak_load"})
+_RATIO = {"input_len_mean": LENGTH_RATIO, "output_len_mean": LENGTH_RATIO,
+          "peak_load": LOAD_RATIO, "gpu_memory_gib": GPU_MEMORY_RATIO}
+
+
+@dataclass(frozen=True)
+class Compatibility:
+    """Whether an earlier study's conclusions apply here, and why not."""
+
+    is_compatible: bool
+    reasons: tuple[str, ...]  # one per field that differs or is unknown
+    notes: tuple[str, ...]  # differences that do not count (vLLM version, objectives)
+
+
+def compatibility(here: Fingerprint, there: Fingerprint,
+                  missing_there: frozenset[str] = frozenset()) -> Compatibility:
+    """`there` (an earlier study) against `here`, field by field (docs/tuning-memory.md):
+    equal for every field but the mean lengths, the peak load and the GPU memory, which may
+    differ by their ratio; a field unknown on either side (None where None is not a value, or
+    absent from the stored fingerprint) is a reason, never a guess."""
+    reasons: list[str] = []
+    for f in fields(Fingerprint):
+        name = f.name
+        if name in REPORTED_ONLY:
+            continue
+        a, b = getattr(here, name), getattr(there, name)
+        if name in missing_there:
+            reasons.append(f"{name}: unknown there (its fingerprint has no such field)")
+            continue
+        if name not in _NONE_IS_A_VALUE and (a is None or b is None):
+            side = "here" if a is None else "there"
+            reasons.append(f"{name}: unknown {side}")
+            continue
+        ratio = _RATIO.get(name)
+        if ratio is not None and (a is None or b is None):
+            if a is not None or b is not None:
+                reasons.append(f"{name}: {_show(b)} there, {_show(a)} here")
+        elif ratio is not None:
+            if not _within(float(a), float(b), ratio):
+                reasons.append(f"{name}: {_show(b)} there, {_show(a)} here "
+                               f"(more than {ratio:g}x apart)")
+        elif _norm(a) != _norm(b):
+            reasons.append(f"{name}: {_show(b)} there, {_show(a)} here")
+    notes: list[str] = []
+    if here.engine_version != there.engine_version:
+        notes.append(f"engine version {there.engine_version or 'unknown'} there, "
+                     f"{here.engine_version or 'unknown'} here")
+    if tuple(here.objectives) != tuple(there.objectives):
+        notes.append(f"objective {','.join(there.objectives) or 'unknown'} there, "
+                     f"{','.join(here.objectives) or 'unknown'} here")
+    return Compatibility(not reasons, tuple(reasons), tuple(notes))
+
+
+def _within(a: float, b: float, ratio: float) -> bool:
+    if not (math.isfinite(a) and math.isfinite(b)) or a <= 0 or b <= 0:
+        return a == b
+    return max(a, b) / min(a, b) <= ratio
+
+
+def _norm(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "not set"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value) if not isinstance(value, dict | list) else _norm(value)
+
+
+# -- building one ---------------------------------------------------------------------------
+
+
+def fingerprint_of(cfg: StudyConfig, *, engine: str, engine_version: str | None,
+                   hardware: HardwareProfile | None, model: ModelInfo | None,
+                   num_gpus: int | None = None) -> Fingerprint:
+    """The fingerprint of the study `cfg` resolves to: on `hardware` (None: unknown), with
+    `model`'s shape (None: unknown, a hub id read offline), `num_gpus` the GPUs the study may
+    use (default: the host's)."""
+    spec = cfg.spec
+    w = spec.workload
+    hw: dict[str, Any] = {}
+    if hardware is not None and hardware.has_gpu:
+        hw = {"gpu_model": hardware.gpu_name,
+              "gpu_count": int(num_gpus if num_gpus is not None else hardware.num_gpus),
+              "gpu_memory_gib": round(float(hardware.gpu_memory_gib), 1),
+              "compute_capability": float(hardware.compute_capability),
+              "interconnect": str(hardware.interconnect)}
+    mdl: dict[str, Any] = {}
+    if model is not None:
+        mdl = {"architecture": model.architecture,
+               "model_shape": (f"L{model.num_hidden_layers} H{model.hidden_size} "
+                               f"A{model.num_attention_heads} KV{model.num_key_value_heads} "
+                               f"D{model.head_dim} I{model.intermediate_size} "
+                               f"V{model.vocab_size}"),
+               "num_params": int(model.num_params), "dtype": str(model.dtype),
+               "quant_method": str(model.quant_method or "none")}
+    peak: float | None
+    if w.capacity is not None:
+        arrival, peak = f"capacity:{w.capacity.axis}", float(w.capacity.high)
+    else:
+        arrival, peak = _levels_arrival(w.levels)
+    extras = {name: _plain(getattr(w, name, None)) for name in WORKLOAD_EXTRAS}
+    return Fingerprint(
+        engine=engine, engine_version=engine_version, **hw,
+        model=spec.model.path, **mdl,
+        weights="dummy" if spec.model.load_format == "dummy" else "real",
+        input_len=_length_text(w.input_len), input_len_kind=str(w.input_len.kind),
+        input_len_mean=float(_mean(w.input_len)),
+        output_len=_length_text(w.output_len), output_len_kind=str(w.output_len.kind),
+        output_len_mean=float(_mean(w.output_len)),
+        prompts_file=Path(w.prompts_file).name if w.prompts_file is not None else None,
+        arrival=arrival, peak_load=peak, **extras,
+        fixed_flags=_plain(dict(spec.fixed_flags)),
+        slo_ttft_p99_ms=spec.slo.ttft_p99_ms, slo_tpot_p99_ms=spec.slo.tpot_p99_ms,
+        slo_e2el_ms=spec.slo.e2el_ms, objectives=tuple(cfg.objectives))
+
+
+def _levels_arrival(levels: Sequence[Any]) -> tuple[str, float | None]:
+    """Fixed levels: paced by rate (any level has one) or closed-loop by concurrency, and the
+    heaviest level on that axis (None when a rate level is unbounded: all at once)."""
+    rates = [lv.request_rate for lv in levels]
+    if any(r is not None for r in rates):
+        if any(r is None for r in rates):
+            return "levels:request_rate", None
+        return "levels:request_rate", float(max(r for r in rates if r is not None))
+    return "levels:concurrency", float(max(lv.concurrency or 0 for lv in levels))
+
+
+def _mean(spec: Any) -> float:
+    """The mean length a distribution draws, as far as the study file states it: a uniform
+    range's midpoint, else `mean` (runners/loadgen.py keeps it the mean, before clipping)."""
+    if spec.kind == "uniform" and spec.low is not None and spec.high is not None:
+        return (float(spec.low) + float(spec.high)) / 2
+    return float(spec.mean)
+
+
+def _length_text(spec: Any) -> str:
+    kind = str(spec.kind)
+    if kind == "fixed":
+        return f"fixed:{spec.mean}"
+    if kind == "uniform":
+        return f"uniform:{spec.low}-{spec.high}"
+    return f"{kind}:{spec.mean}" + (f"~{spec.std:g}" if spec.std else "")
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-safe form of a study-file value (a pydantic model, a path, a list of them)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, Path):
+        return value.name
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return _plain(dump(mode="json"))
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return str(value)

@@ -1,0 +1,202 @@
+"""The study fingerprint and the compatibility rule, field by field (docs/tuning-memory.md), and
+the warm-start plan on earlier studies held in memory (no store)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from optimizer.config import parse_study
+from optimizer.fingerprint import Fingerprint, compatibility, fingerprint_of
+from optimizer.memory import EarlierStudy, plan_warm_start
+from optimizer.runtime import simulated_hardware
+from runners.model_info import load_model_info
+from search_spaces import load_space
+
+
+def study(**overrides: Any) -> dict[str, Any]:
+    return {"name": "here", "engine": "simulated",
+            "model": {"path": "qwen2.5-7b", "load_format": "dummy"},
+            "workload": {"input_len": 512, "output_len": 128, "levels": [{"concurrency": 16}]},
+            "slo": {"tpot_p99_ms": 40}, "budget": {"trials": 4}, **overrides}
+
+
+def fingerprint(num_gpus: int = 2, model: str = "qwen2.5-7b", load_format: str = "dummy",
+                **overrides: Any) -> Fingerprint:
+    data = study(**overrides)
+    data["model"] = {**data["model"], "path": model, "load_format": load_format}
+    cfg = parse_study(data)
+    return fingerprint_of(cfg, engine="simulated", engine_version="simulated 0.26.0",
+                          hardware=simulated_hardware("h200", num_gpus),
+                          model=load_model_info(model))
+
+
+BASE = fingerprint()
+
+
+def test_fingerprint_holds_hardware_engine_model_and_workload_shape() -> None:
+    fp = BASE
+    assert (fp.gpu_model, fp.gpu_count, fp.interconnect) == ("NVIDIA H200", 2, "nvlink")
+    assert fp.compute_capability == 9.0 and fp.gpu_memory_gib > 100
+    assert fp.engine == "simulated" and fp.engine_version == "simulated 0.26.0"
+    assert fp.architecture == "Qwen2ForCausalLM" and fp.weights == "dummy"
+    assert fp.num_params and 7e9 < fp.num_params < 8e9, "the 7B shape's parameter count"
+    assert (fp.input_len, fp.output_len) == ("fixed:512", "fixed:128")
+    assert (fp.arrival, fp.peak_load) == ("levels:concurrency", 16.0)
+    assert fp.slo_tpot_p99_ms == 40 and fp.slo_ttft_p99_ms is None
+
+
+def test_fingerprint_round_trips_through_json_with_the_same_hash() -> None:
+    back, missing = Fingerprint.from_dict(json.loads(BASE.to_json()))
+    assert back == BASE and not missing
+    assert back.hash == BASE.hash and len(BASE.hash) == 12
+    tags = BASE.tags()
+    assert tags["fingerprint.hash"] == BASE.hash
+    assert tags["fingerprint.gpu_model"] == "NVIDIA H200"
+    assert json.loads(tags["fingerprint.json"]) == BASE.to_dict()
+
+
+def test_same_study_is_compatible_with_itself() -> None:
+    assert compatibility(BASE, fingerprint()) == compatibility(BASE, BASE)
+    assert compatibility(BASE, BASE).is_compatible
+
+
+@pytest.mark.parametrize(("other", "field"), [
+    (fingerprint(num_gpus=4), "gpu_count"),
+    (fingerprint(model="llama-3.1-8b"), "architecture"),
+    (fingerprint(load_format="auto"), "weights"),
+    (fingerprint(workload={"input_len": 1100, "output_len": 128,
+                           "levels": [{"concurrency": 16}]}), "input_len_mean"),
+    (fingerprint(workload={"input_len": 512, "output_len": 20,
+                           "levels": [{"concurrency": 16}]}), "output_len_mean"),
+    (fingerprint(workload={"input_len": 512, "output_len": 128,
+                           "levels": [{"request_rate": 4.0}]}), "arrival"),
+    (fingerprint(workload={"input_len": 512, "output_len": 128,
+                           "levels": [{"concurrency": 64}]}), "peak_load"),
+    (fingerprint(slo={"tpot_p99_ms": 60}), "slo_tpot_p99_ms"),
+    (fingerprint(slo={"tpot_p99_ms": 40, "ttft_p99_ms": 2000}), "slo_ttft_p99_ms"),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_a_field_outside_its_tolerance_makes_studies_incompatible_and_is_named(
+        other: Fingerprint, field: str) -> None:
+    if field == "architecture":  # the llama 8B differs in shape too
+        assert other.model_shape != BASE.model_shape
+    result = compatibility(BASE, other)
+    assert not result.is_compatible
+    assert any(r.startswith(f"{field}:") for r in result.reasons), result.reasons
+    assert other.hash != BASE.hash, "a compared field is part of the hash"
+
+
+def test_lengths_and_load_within_twice_are_compatible_and_version_is_only_reported() -> None:
+    near = fingerprint(workload={"input_len": 1000, "output_len": 70,
+                                 "levels": [{"concurrency": 8}, {"concurrency": 30}]})
+    newer = replace(near, engine_version="0.27.0", objectives=("throughput",))
+    result = compatibility(BASE, newer)
+    assert result.is_compatible, result.reasons
+    assert any("engine version" in n for n in result.notes)
+    assert any("objective" in n for n in result.notes)
+    assert newer.hash != BASE.hash, "tolerated differences still differ in hash"
+    assert replace(BASE, engine_version="0.27.0").hash == BASE.hash, \
+        "the version is reported, not part of the hash"
+
+
+def test_an_unknown_field_is_never_compatible() -> None:
+    unknown_gpu = replace(BASE, gpu_model=None)
+    result = compatibility(BASE, unknown_gpu)
+    assert not result.is_compatible and result.reasons == ("gpu_model: unknown there",)
+    data = BASE.to_dict()
+    del data["interconnect"]  # a fingerprint stored before the field existed
+    older, missing = Fingerprint.from_dict(data)
+    result = compatibility(BASE, older, missing)
+    assert not result.is_compatible
+    assert any(r.startswith("interconnect: unknown there") for r in result.reasons)
+
+
+def test_workload_fields_other_features_add_are_compared_when_set() -> None:
+    bursty = replace(BASE, burstiness=0.5)
+    assert not compatibility(BASE, bursty).is_compatible
+    assert any(r.startswith("burstiness:") for r in compatibility(BASE, bursty).reasons)
+    shared = replace(BASE, shared_prefix={"len": 256})
+    assert any(r.startswith("shared_prefix:") for r in compatibility(BASE, shared).reasons)
+    assert compatibility(replace(BASE, dataset="sharegpt"),
+                         replace(BASE, dataset="sharegpt")).is_compatible
+
+
+# -- the warm-start plan ----------------------------------------------------------------------
+
+SPACE = load_space("hopper").resolve({
+    "hardware": {"num_gpus": 2, "compute_capability": 9.0, "gpu_memory_gib": 140.0,
+                 "interconnect": "nvlink", "hardware_class": "hopper",
+                 "gpu_name": "NVIDIA H200"}, "model": {}})
+
+
+def earlier(name: str, fp: Fingerprint | None, changes: dict[str, Any] | None,
+            started_ms: int) -> EarlierStudy:
+    tags = {} if changes is None else {"best.changes": json.dumps(changes)}
+    return EarlierStudy(name=name, run_id=name, experiment_id="0", started_ms=started_ms,
+                        status="FINISHED", fingerprint=fp, missing=frozenset(), tags=tags,
+                        params={}, metrics={})
+
+
+def test_auto_seeds_compatible_bests_newest_first_and_says_why_others_are_skipped() -> None:
+    studies = [
+        earlier("new", BASE, {"max_num_seqs": 512}, 3000),
+        earlier("other-gpus", fingerprint(num_gpus=4), {"max_num_seqs": 128}, 2500),
+        earlier("no-fp", None, {"max_num_seqs": 64}, 2200),
+        earlier("unfinished", BASE, None, 2100),
+        earlier("defaults-best", BASE, {}, 2050),
+        earlier("same-as-seed", BASE, {"kv_cache_dtype": "fp8"}, 2000),
+        earlier("outside", BASE, {"no_such_knob": 3}, 1500),
+        earlier("old", BASE, {"max_num_seqs": 128}, 1000),
+    ]
+    seed = {**SPACE.defaults(), "kv_cache_dtype": "fp8"}
+    plan = plan_warm_start("auto", BASE, studies, space=SPACE, fixed_flags={},
+                           seed_trials=[seed])
+    assert [s.source for s in plan.seeds] == ["warm_start:new", "warm_start:old"]
+    assert plan.seeds[0].params == {**SPACE.defaults(), "max_num_seqs": 512}
+    text = "\n".join(plan.lines)
+    assert "skipped other-gpus: gpu_count: 4 there, 2 here" in text
+    assert "skipped no-fp: it recorded no fingerprint" in text
+    assert "skipped unfinished: it recorded no best config" in text
+    assert "skipped defaults-best: its best is the vLLM defaults" in text
+    assert "skipped same-as-seed: its best (kv_cache_dtype=fp8) is seed_trials[0] already" \
+        in text
+    assert "skipped outside: its best (no_such_knob=3) sets no_such_knob, which this space " \
+        "does not search" in text
+    assert plan.lines[0].startswith("seeded from new ") and "compatible fingerprint" in \
+        plan.lines[0]
+
+
+def test_a_best_the_space_rules_refuse_is_dropped_with_the_rule() -> None:
+    plan = plan_warm_start("auto", BASE, [earlier("e", BASE, {"max_num_seqs": 3}, 1)],
+                           space=SPACE, fixed_flags={})
+    assert not plan.seeds
+    assert plan.lines[0].startswith("skipped e: its best (max_num_seqs=3) this space's rules "
+                                    "refuse it: max_num_seqs=3 is outside its domain")
+
+
+def test_named_studies_are_used_whatever_their_fingerprint_and_the_differences_said() -> None:
+    studies = [earlier("a", fingerprint(num_gpus=4), {"max_num_seqs": 128}, 2),
+               earlier("b", None, {"max_num_seqs": 512}, 1)]
+    plan = plan_warm_start(["b", "a"], BASE, studies, space=SPACE, fixed_flags={})
+    assert [s.source for s in plan.seeds] == ["warm_start:b", "warm_start:a"]
+    assert "named; it recorded no fingerprint" in plan.lines[0]
+    assert "named; differs: gpu_count: 4 there, 2 here" in plan.lines[1]
+    with pytest.raises(ValueError, match="nope"):
+        plan_warm_start(["nope"], BASE, studies, space=SPACE, fixed_flags={})
+
+
+def test_off_seeds_nothing_and_fixed_flags_refuse_a_conflicting_best() -> None:
+    studies = [earlier("e", BASE, {"max_num_seqs": 128}, 1)]
+    assert plan_warm_start("off", BASE, studies, space=SPACE, fixed_flags={}).seeds == ()
+    plan = plan_warm_start("auto", BASE, studies, space=SPACE,
+                           fixed_flags={"max_num_seqs": 256})
+    assert not plan.seeds and "fixed_flags fixes it to 256" in plan.lines[0]
+
+
+def test_other_fixed_flags_make_another_baseline_and_so_an_incompatible_study() -> None:
+    fixed = fingerprint(fixed_flags={"max_model_len": 4096})
+    assert fixed.fixed_flags == {"max_model_len": 4096} and BASE.fixed_flags == {}
+    assert any(r.startswith("fixed_flags:") for r in compatibility(BASE, fixed).reasons)
