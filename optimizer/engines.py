@@ -29,9 +29,15 @@ def _simulated_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None) -> 
     from runners.hardware import HardwareProfile
     from runners.simulated.launcher import SimulatedLauncher
 
+    from runners.simulated.launcher import VllmVariant
+
     hardware = HardwareProfile.from_dict(spec.hardware) if spec.hardware else "h200"
+    # options["vllm_variant"]: the vLLM release the simulated engine pretends to be
+    # (`VllmVariant.to_dict`); absent: 0.26.0.
+    variant = spec.options.get("vllm_variant")
     launcher = SimulatedLauncher(hardware=hardware,
-                                 startup_time_scale=spec.startup_time_scale, seed=spec.seed)
+                                 startup_time_scale=spec.startup_time_scale, seed=spec.seed,
+                                 variant=VllmVariant.from_dict(variant) if variant else None)
     return EngineRunner(launcher, spec.registry_dir, stall_timeout_s=spec.stall_timeout_s,
                         gpu_indices=None)
 
