@@ -27,9 +27,7 @@ class RunnerSpec:
 def _simulated_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None) -> Any:
     from runners.engine import EngineRunner
     from runners.hardware import HardwareProfile
-    from runners.simulated.launcher import SimulatedLauncher
-
-    from runners.simulated.launcher import VllmVariant
+    from runners.simulated.launcher import SimulatedLauncher, VllmVariant
 
     hardware = HardwareProfile.from_dict(spec.hardware) if spec.hardware else "h200"
     # options["vllm_variant"]: the vLLM release the simulated engine pretends to be

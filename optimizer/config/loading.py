@@ -40,8 +40,7 @@ class StudyConfig:
         self.results_dir = _resolve(base, spec.results_dir) if spec.results_dir else \
             Path("results") / spec.name
         self.storage_url = spec.storage or f"sqlite:///{self.results_dir / 'optuna.db'}"
-        self.tracking_uri = (spec.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-                             or DEFAULT_TRACKING_URI)
+        self.tracking_uri = spec.tracking_uri or default_tracking_uri()
         self.prompts_file = _resolve(base, spec.workload.prompts_file) \
             if spec.workload.prompts_file else None
 
@@ -153,6 +152,11 @@ class StudyConfig:
         if not update:
             return self
         return StudyConfig(self.spec.model_copy(update=update), self.source)
+
+
+def default_tracking_uri() -> str:
+    """The MLflow store where none is given: MLFLOW_TRACKING_URI, else the local sqlite."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
 def _dist(spec: LengthSpec) -> LengthDistribution:

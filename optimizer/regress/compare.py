@@ -14,10 +14,13 @@ from optimizer.regress.library import FIGURES, FigureRef
 from runners.vllm.flags import VllmFlags, flag_name
 
 FigureVerdict = Literal["held", "improved", "regressed"]
-CaseVerdict = Literal["held", "improved", "regressed", "failed to start", "failed"]
+# "measured only": no reference figure to compare with (nothing held or moved).
+CaseVerdict = Literal["held", "improved", "regressed", "failed to start", "failed",
+                      "measured only"]
 # Worst first: a case takes the worst of its configs' verdicts.
 VERDICT_ORDER: tuple[CaseVerdict, ...] = ("failed to start", "failed", "regressed", "improved",
-                                          "held")
+                                          "held", "measured only")
+PASSING: frozenset[str] = frozenset({"held", "improved", "measured only"})  # exit code 0
 
 
 @dataclass(frozen=True)
@@ -131,11 +134,11 @@ def compare_figure(figure: str, ref: FigureRef, measured: Sequence[float],
 
 
 def worst(verdicts: Sequence[str]) -> CaseVerdict:
-    """The worst verdict of several (held when there are none)."""
+    """The worst verdict of several ("measured only" when there are none)."""
     for verdict in VERDICT_ORDER:
         if verdict in verdicts:
             return verdict
-    return "held"
+    return "measured only"
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from optimizer.config.schema import (
     _Strict,
     registered,
 )
+from optimizer.config.store_checks import tracking_uri_problem
 from optimizer.engines import RUNNERS
 from optimizer.errors import ConfigError
 from optimizer.objectives import OBJECTIVES
@@ -212,13 +213,13 @@ class CaseSpec(_Strict):
     def study_config(self, source: Path | None = None) -> StudyConfig:
         """The case as the study file it came from: the loaders that turn `model`, `workload`
         and `slo` into a runner's `Workload` and `EngineConfig` are the study's own."""
-        spec = StudySpec(
-            name=self.name, model=self.model,
-            workload=self.workload.model_copy(update={"repeats": self.repeats}),
-            slo=self.slo, objective=self.objective, budget={"trials": 1},  # type: ignore[arg-type]
-            engine=self.engine, simulated=self.simulated,
+        spec = StudySpec.model_validate({
+            "name": self.name, "model": self.model,
+            "workload": self.workload.model_copy(update={"repeats": self.repeats}),
+            "slo": self.slo, "objective": self.objective, "budget": {"trials": 1},
+            "engine": self.engine, "simulated": self.simulated,
             # Regress compares speed; the quality gate is the study's business.
-            quality={"enabled": "off"})  # type: ignore[arg-type]
+            "quality": {"enabled": "off"}})
         return StudyConfig(spec, source)
 
 
@@ -231,6 +232,14 @@ class LibrarySpec(_Strict):
     cases: list[CaseSpec] = Field(min_length=1, max_length=256)
 
     _name = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _tracking_uri(cls, v: str | None) -> str | None:
+        problem = None if v is None else tracking_uri_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
 
     @model_validator(mode="after")
     def _unique(self) -> LibrarySpec:

@@ -132,13 +132,14 @@ def figures_of(result: RunResult, objective: str) -> dict[str, list[float]]:
 
 
 def measure_case(case: CaseSpec, here: Installed, workdir: Path, threshold: float,
-                 on_run: Callable[[str, int, RunResult], None] | None = None) -> CaseOutcome:
+                 on_run: Callable[[str, int, RunResult], None] | None = None,
+                 source: Path | None = None) -> CaseOutcome:
     """Start each config `case.rounds` times, interleaved (config 1, 2, ..., 1, 2, ...), each
     start measuring the workload's levels `case.repeats` times on the same server; compare each
     config's figures with its reference. A config that fails is not started again."""
     from optimizer.runtime import DEFAULT_CACHE_ROOT, simulated_hardware
 
-    cfg = case.study_config()
+    cfg = case.study_config(source)  # paths resolve against the library file's folder
     model = load_model_info(case.model.path)
     workload = cfg.workload(vocab_size=model.vocab_size if model else 32000)
     spec = RunnerSpec(

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optimizer.regress.library import FIGURES
-from optimizer.regress.measure import CaseOutcome, ConfigOutcome
+from optimizer.regress.measure import CaseOutcome, ConfigOutcome, Installed
 from optimizer.tracking import TAG_KIND, Tracker
 
 if TYPE_CHECKING:
@@ -34,13 +34,14 @@ _PLOT_FIGURE = {"goodput": "goodput", "throughput": "output_throughput",
                 "tpot": "tpot_p99_ms", "ttft": "ttft_p99_ms"}
 
 
-def version_line(outcomes: Sequence[CaseOutcome]) -> str:
+def version_line(installed: Sequence[Installed], reference_versions: Iterable[str],
+                 reference_cards: Iterable[str]) -> str:
     """The first line of the output and the report: the installed vLLM against the versions
     the references were taken on (or a drift check where they are the same)."""
-    here = sorted({o.installed.vllm_version for o in outcomes})
-    cards = sorted({o.installed.card for o in outcomes})
-    refs = sorted({v for o in outcomes for v in o.reference_versions})
-    ref_cards = sorted({c for o in outcomes for c in o.reference_cards})
+    here = sorted({i.vllm_version for i in installed})
+    cards = sorted({i.card for i in installed})
+    refs = sorted(set(reference_versions))
+    ref_cards = sorted(set(reference_cards))
     card_note = "" if set(ref_cards) <= set(cards) else \
         f"; the references were taken on {', '.join(ref_cards)}, this run on {', '.join(cards)}"
     if not refs:
@@ -51,6 +52,12 @@ def version_line(outcomes: Sequence[CaseOutcome]) -> str:
                 f"{', '.join(here)} on {', '.join(cards)}, as the references){card_note}")
     return (f"installed vLLM {', '.join(here)} differs from the references' "
             f"({', '.join(refs)}): an upgrade check on {', '.join(cards)}{card_note}")
+
+
+def version_line_of(outcomes: Sequence[CaseOutcome]) -> str:
+    return version_line([o.installed for o in outcomes],
+                        [v for o in outcomes for v in o.reference_versions],
+                        [c for o in outcomes for c in o.reference_cards])
 
 
 def interval_scope(outcome: CaseOutcome) -> str:
@@ -74,12 +81,12 @@ def config_lines(config: ConfigOutcome, threshold: float) -> list[str]:
         lines.append(f"  flag: {problem.sentence}")
     lines += [f"  {c.sentence(threshold)}" for c in config.comparisons]
     if config.failure is None and not config.comparisons:
-        lines.append("  no reference figure to compare: measured only")
+        lines.append("  no reference figure to compare with")
     return lines
 
 
 def summary_lines(outcomes: Sequence[CaseOutcome], threshold: float) -> list[str]:
-    lines = [version_line(outcomes)]
+    lines = [version_line_of(outcomes)]
     for outcome in outcomes:
         lines.append(f"case {outcome.name}: {outcome.verdict} ({outcome.installed.engine}, "
                      f"{outcome.installed.card}; {interval_scope(outcome)})")
@@ -134,7 +141,7 @@ def log_to_mlflow(tracker: Tracker, library: str, outcomes: Sequence[CaseOutcome
                     metrics[f"{config.name}.ratio_ci_high.{c.figure}"] = c.ci_high
             for figure, values in config.samples.items():
                 if values:
-                    metrics[f"{config.name}.{figure}"] = _center(values)
+                    metrics[f"{config.name}.{figure}"] = center_of(values)
         tracker.log_params(run_id, params)
         tracker.log_metrics(run_id, {k: v for k, v in metrics.items() if math.isfinite(v)})
         client.set_terminated(run_id, status="FAILED" if outcome.verdict.startswith("failed")
@@ -143,7 +150,8 @@ def log_to_mlflow(tracker: Tracker, library: str, outcomes: Sequence[CaseOutcome
     return ids
 
 
-def _center(values: Sequence[float]) -> float:
+def center_of(values: Sequence[float]) -> float:
+    """The geometric mean (the arithmetic one where a value is 0)."""
     if all(v > 0 for v in values):
         return math.exp(sum(math.log(v) for v in values) / len(values))
     return sum(values) / len(values)
@@ -215,12 +223,15 @@ def write_plot(points: Sequence[HistoryPoint], figure: str, title: str, path: Pa
 # -- the report files ---------------------------------------------------------------------------
 
 
+def _exit_words(exit_code: int) -> str:
+    return "no case regressed or failed" if exit_code == 0 else "a case regressed or failed"
+
+
 def render_markdown(library: str, outcomes: Sequence[CaseOutcome], threshold: float,
                     exit_code: int, plots: Mapping[str, str]) -> str:
-    lines = [f"# nightshift regress: {library}", "", version_line(outcomes), "",
-             f"Threshold {threshold:.0%}; exit code {exit_code} "
-             f"({'every case held or improved' if exit_code == 0 else 'a case regressed or failed'}"
-             f"); measured {outcomes[0].date if outcomes else ''}.", ""]
+    lines = [f"# nightshift regress: {library}", "", version_line_of(outcomes), "",
+             f"Threshold {threshold:.0%}; exit code {exit_code} ({_exit_words(exit_code)}); "
+             f"measured {outcomes[0].date if outcomes else ''}.", ""]
     if any(o.installed.engine == "simulated" for o in outcomes):
         lines += ["> **Simulated engine**: figures come from a roofline model, not a GPU; "
                   "they are not measurements.", ""]
@@ -239,21 +250,29 @@ def render_markdown(library: str, outcomes: Sequence[CaseOutcome], threshold: fl
     return "\n".join(lines) + "\n"
 
 
-_HTML = """<!doctype html><html><head><meta charset="utf-8"><title>nightshift regress: {{ library }}</title>
-<style>body{font-family:sans-serif;max-width:70em;margin:2em auto}td,th{padding:.2em .6em;border-bottom:1px solid #ddd}
+_HTML = """<!doctype html><html><head><meta charset="utf-8">
+<title>nightshift regress: {{ library }}</title>
+<style>body{font-family:sans-serif;max-width:70em;margin:2em auto}
+td,th{padding:.2em .6em;border-bottom:1px solid #ddd}
 .regressed,.failed{color:#b00}.improved{color:#070}</style></head><body>
 <h1>nightshift regress: {{ library }}</h1>
 <p><b>{{ first }}</b></p><p>{{ about }}</p>
-{% if simulated %}<p><b>Simulated engine</b>: figures come from a roofline model, not a GPU; they are not measurements.</p>{% endif %}
+{% if simulated %}<p><b>Simulated engine</b>: figures come from a roofline model, not a GPU;
+they are not measurements.</p>{% endif %}
 <table><tr><th>case</th><th>verdict</th><th>engine</th><th>card</th><th>runs</th></tr>
-{% for o in outcomes %}<tr><td>{{ o.name }}</td><td class="{{ o.verdict.split()[0] }}">{{ o.verdict }}</td>
-<td>{{ o.installed.engine }} {{ o.installed.vllm_version }}</td><td>{{ o.installed.card }}</td><td>{{ o.rounds }} x {{ o.repeats }}</td></tr>{% endfor %}
+{% for o in outcomes %}<tr><td>{{ o.name }}</td>
+<td class="{{ o.verdict.split()[0] }}">{{ o.verdict }}</td>
+<td>{{ o.installed.engine }} {{ o.installed.vllm_version }}</td>
+<td>{{ o.installed.card }}</td><td>{{ o.rounds }} x {{ o.repeats }}</td></tr>{% endfor %}
 </table>
-{% for o in outcomes %}<h2>{{ o.name }}: <span class="{{ o.verdict.split()[0] }}">{{ o.verdict }}</span></h2>
+{% for o in outcomes %}
+<h2>{{ o.name }}: <span class="{{ o.verdict.split()[0] }}">{{ o.verdict }}</span></h2>
 <p>{{ scope(o) }}.</p><ul>
 {% for c in o.configs %}<li><b>{{ c.name }}</b>: {{ c.verdict }}<ul>
-{% for line in lines(c)[1:] %}<li>{{ line.strip() }}</li>{% endfor %}</ul></li>{% endfor %}</ul>
-{% if o.name in plots %}<img src="{{ plots[o.name] }}" alt="{{ o.name }} across versions">{% endif %}
+{% for line in lines(c)[1:] %}<li>{{ line.strip() }}</li>{% endfor %}</ul></li>
+{% endfor %}</ul>
+{% if o.name in plots %}
+<img src="{{ plots[o.name] }}" alt="{{ o.name }} across versions">{% endif %}
 {% endfor %}</body></html>
 """
 
@@ -279,7 +298,7 @@ def write_report(out_dir: Path, library: str, outcomes: Sequence[CaseOutcome],
     md = render_markdown(library, outcomes, threshold, exit_code, plots)
     about = md.split("\n")[4]
     html = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(
-        _HTML).render(library=library, first=version_line(outcomes), about=about,
+        _HTML).render(library=library, first=version_line_of(outcomes), about=about,
                       outcomes=outcomes, plots=plots, scope=interval_scope,
                       lines=lambda c: config_lines(c, threshold),
                       simulated=any(o.installed.engine == "simulated" for o in outcomes))
