@@ -336,6 +336,9 @@ def export(
     case: Annotated[str | None, typer.Option(
         metavar="NAME", help="The case's name with --to-library (default: the study's); a "
                              "case of that name is replaced.")] = None,
+    tracking_uri: Annotated[str | None, typer.Option(
+        metavar="URI", help="With --to-library: the MLflow store whose study run names the "
+                            "GPU (default: the study file's).")] = None,
 ) -> None:
     """Write a trial's config as a `vllm serve --config` YAML, a shell launcher or environment
     variables; or, with --to-library, add it to a benchmark library.
@@ -353,9 +356,9 @@ def export(
     if to_library is not None and (output is not None or fmt != "yaml"):
         raise ConfigError("export --to-library writes a library case; leave out --output and "
                           "--format.")
-    if case is not None and to_library is None:
-        raise ConfigError("export --case names a library case; give --to-library LIB.yaml "
-                          "too.")
+    if (case is not None or tracking_uri is not None) and to_library is None:
+        raise ConfigError("export --case and --tracking-uri are for a library case; give "
+                          "--to-library LIB.yaml too.")
     opened = open_study(cfg, create=False)
     chosen = select_trial(opened, cfg, number=trial, max_tpot_ms=max_tpot_ms,
                           force_quality=force_quality)
@@ -365,7 +368,7 @@ def export(
 
         name = case or cfg.name
         entry = case_from_study(opened, cfg, chosen, name,
-                                study_gpu_param(cfg.tracking_uri, cfg.name))
+                                study_gpu_param(tracking_uri or cfg.tracking_uri, cfg.name))
         done = append_case(to_library, entry, to_library.stem)
         console.print(f"{done} case {name!r} in {to_library}: "
                       f"{', '.join(c['name'] for c in entry['configs'])}", soft_wrap=True)
@@ -406,10 +409,14 @@ def regress(
         "--mlflow/--no-mlflow", help="Log a run per case to MLflow.")] = True,
     simulated_vllm: Annotated[Path | None, typer.Option(
         metavar="VARIANT.json",
-        help="Simulated engine only: the vLLM release it pretends to be, e.g. "
-             '{"version": "0.27.0", "renamed": {"old-flag": "new-flag"}}, to try an '
-             "upgrade's renamed flags on CPU.")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+        help="Simulated engine only: a JSON file naming the vLLM release it pretends to be "
+             "(version, and the flags its parser renamed or dropped; docs/regress.md), to "
+             "try an upgrade's renamed flags on CPU.")] = None,
+    save_references: Annotated[Path | None, typer.Option(
+        metavar="LIB.yaml", help="Write the library with this run's samples as the references "
+                                 "of every config that measured (the next run compares with "
+                                 "this one).")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Re-measure every case of a benchmark library on the installed vLLM, compare each figure
     with its reference (ratio with a 95% interval) and judge each case held, improved,
@@ -473,6 +480,13 @@ def regress(
         out.print(f"MLflow: experiment nightshift-regress/{spec.name} in {uri} (a run per "
                   "case per vLLM version; select runs and Compare to set versions side by "
                   "side)", highlight=False, soft_wrap=True)
+    if save_references is not None:
+        from optimizer.regress.library import with_new_references
+        from optimizer.regress.run import measured_references
+
+        with_new_references(library, measured_references(result.outcomes), save_references)
+        out.print(f"references from this run: {save_references}", highlight=False,
+                  soft_wrap=True)
     if result.exit_code:
         raise typer.Exit(result.exit_code)
 

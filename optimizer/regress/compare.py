@@ -44,7 +44,9 @@ class FigureComparison:
         return self.ratio - 1.0
 
     def sentence(self, threshold: float) -> str:
-        interval = (f"95% CI {self.ci_low:.3f}-{self.ci_high:.3f}"
+        scope = {"both": "both sides' spread", "measured": "the new samples' spread only",
+                 "reference": "the reference's spread only"}.get(self.spread_from, "")
+        interval = (f"95% CI {self.ci_low:.3f}-{self.ci_high:.3f} from {scope}"
                     if self.ci_low is not None and self.ci_high is not None else
                     "no interval (one sample each side): the threshold alone decides")
         return (f"{self.figure}: reference {_fmt(self.reference)}, measured "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -103,7 +104,8 @@ def case_from_study(study: optuna.Study, cfg: StudyConfig, chosen: FrozenTrial,
         configs.append(_config(study, cfg, baseline, "defaults", card))
     if baseline is None or baseline.number != chosen.number:
         configs.append(_config(study, cfg, chosen, f"trial-{chosen.number}", card))
-    workload = spec.workload.model_dump(mode="json", exclude={"repeats", "capacity"})
+    # A regression check measures; it does not profile (a trace window costs device time).
+    workload = spec.workload.model_dump(mode="json", exclude={"repeats", "capacity", "profile"})
     if cfg.prompts_file is not None:
         workload["prompts_file"] = str(cfg.prompts_file.resolve())
     objective = cfg.objectives[0]
@@ -119,6 +121,9 @@ def study_gpu_param(tracking_uri: str, study_name: str) -> str | None:
     """The `gpu` param of the study's MLflow parent run, where the store has it."""
     from optimizer.tracking import Tracker
 
+    if tracking_uri.startswith("sqlite:///") and \
+            not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
+        return None  # no store there: reading must not create one
     try:
         tracker = Tracker(tracking_uri)
         run_id = tracker.find_study_run(study_name)

@@ -313,3 +313,19 @@ def append_case(path: Path, case: Mapping[str, Any], library_name: str) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
     return "replaced" if replaced else "added"
+
+
+def with_new_references(path: Path, references: Mapping[str, Mapping[str, Mapping[str, Any]]],
+                        out: Path) -> None:
+    """The library at `path` written to `out` with the references of the configs named in
+    `references` (case -> config -> reference mapping) replaced: the next run compares with
+    this one. Validated as a whole before it is written."""
+    data = _read_yaml(path)
+    for case in data.get("cases") or []:
+        for config in case.get("configs") or []:
+            new = references.get(case.get("name"), {}).get(config.get("name"))
+            if new is not None:
+                config["reference"] = dict(new)
+    parse_library(data, out.name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))

@@ -13,7 +13,7 @@ from typing import Any
 
 from optimizer.errors import ConfigError, TrackingError
 from optimizer.regress.compare import PASSING
-from optimizer.regress.library import CaseSpec, LibrarySpec
+from optimizer.regress.library import DEFAULT_FIGURES, CaseSpec, LibrarySpec
 from optimizer.regress.measure import CaseOutcome, Installed, installed, measure_case
 from optimizer.regress.report import (
     HistoryPoint,
@@ -125,3 +125,22 @@ def regress(spec: LibrarySpec, cases: Sequence[CaseSpec], here: Sequence[Install
 def default_workdir(spec: LibrarySpec) -> Path:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     return Path("results") / "regress" / spec.name / stamp
+
+
+def measured_references(outcomes: Sequence[CaseOutcome]
+                        ) -> dict[str, dict[str, dict[str, Any]]]:
+    """This run's samples as references (case -> config -> reference), for each config that
+    measured: what `--save-references` writes."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for outcome in outcomes:
+        for config in outcome.configs:
+            if config.failure is not None or not config.samples:
+                continue
+            out.setdefault(outcome.name, {})[config.name] = {
+                "vllm_version": outcome.installed.vllm_version,
+                "card": outcome.installed.card, "date": outcome.date,
+                "figures": {k: {"samples": list(v)} for k, v in config.samples.items()
+                            if v and k in DEFAULT_FIGURES},
+                "source": f"nightshift regress, {config.num_runs} start(s) x "
+                          f"{outcome.repeats} repeat(s)"}
+    return out

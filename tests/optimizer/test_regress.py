@@ -65,8 +65,11 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     measure_case(case, installed(case), tmp / "measure", 0.05,
                  on_run=lambda name, _, result: results[name].append(result))
     study = open_study(cfg)
+    # As the daemon leaves them: the defaults (trial 0), the tuned config (trial 1), then the
+    # interleaved confirmation runs of each.
     for flags, result, attrs in (({}, results["defaults"][0], {ATTR_BASELINE: True}),
                                  (TUNED, results["tuned"][0], {}),
+                                 ({}, results["defaults"][1], {ATTR_CONFIRM: "defaults"}),
                                  (TUNED, results["tuned"][1], {ATTR_CONFIRM: "best"})):
         trial = study.ask()
         for key, value in attrs.items():
@@ -75,8 +78,9 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
         trial.set_user_attr("record", record)
         study.tell(trial, record["values"][0])
     lib = tmp / "bench.yaml"
-    for name in ("first", "second"):
-        assert main(["export", str(study_path), "--trial", "1", "--to-library", str(lib),
+    # The tuned trial (with the defaults), then the defaults alone, as a second case.
+    for name, number in (("first", "1"), ("second", "0")):
+        assert main(["export", str(study_path), "--trial", number, "--to-library", str(lib),
                      "--case", name]) == 0
     return lib
 
@@ -104,6 +108,8 @@ def test_export_to_library_writes_the_defaults_and_the_trial_with_their_samples(
         library: Path) -> None:
     spec = load_library(library)
     assert [c.name for c in spec.cases] == ["first", "second"], "a second export appends"
+    assert [c.name for c in spec.cases[1].configs] == ["defaults"], \
+        "exporting the defaults trial holds it once"
     configs = {c.name: c for c in spec.cases[0].configs}
     assert set(configs) == {"defaults", "trial-1"}
     tuned = configs["trial-1"]
@@ -114,18 +120,26 @@ def test_export_to_library_writes_the_defaults_and_the_trial_with_their_samples(
     assert samples is not None and len(samples) == 2, \
         "the trial and its confirmation run are the reference's samples"
     assert "1 confirmation run" in tuned.reference.source
+    defaults = configs["defaults"].reference
+    assert defaults is not None and len(defaults.figures["goodput"].values) == 2, \
+        "the defaults' confirmation run is a sample of the defaults, not of the trial"
 
 
 def test_round_trip_holds_and_logs_a_run_per_case_per_version(
         library: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    saved = tmp_path / "rebased.yaml"
     code = main(["regress", str(library), "--tracking-uri", uri, "--workdir",
-                 str(tmp_path / "w"), "--report", str(tmp_path / "report")])
+                 str(tmp_path / "w"), "--report", str(tmp_path / "report"),
+                 "--save-references", str(saved)])
     out = capsys.readouterr().out
     assert code == 0, out
     assert out.splitlines()[0].startswith("same version: a drift check of this machine"), \
         "the first line compares the installed vLLM with the references'"
     assert "case first: held" in out and "case second: held" in out
+    rebased = load_library(saved).cases[0].configs[1].reference
+    assert rebased is not None and rebased.source.startswith("nightshift regress"), \
+        "--save-references writes this run's samples as the next references"
     report = (tmp_path / "report" / "report.md").read_text()
     assert report.splitlines()[2].startswith("same version")
     assert (tmp_path / "report" / "case-first.png").is_file()
