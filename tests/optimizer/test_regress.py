@@ -242,3 +242,9 @@ def test_flag_check_names_dropped_and_renamed_flags() -> None:
     assert set(problems) == {"--max-num-seqs", "--enable-chunked-prefill"}, \
         "sim_ faults and flags the parser knows pass"
     assert problems["--max-num-seqs"].likely_new_name == "max-num-sequences"
+
+
+def test_the_h200_library_is_a_valid_library() -> None:
+    spec = load_library(Path(__file__).parents[2] / "docs" / "regress" / "h200-library.yaml")
+    assert [c.name for c in spec.cases] == ["qwen7b-chat", "smollm2-135m"]
+    assert all(c.engine == "vllm" and c.configs[0].reference is not None for c in spec.cases)
