@@ -35,7 +35,9 @@ class FigureComparison:
     ci_high: float | None
     num_reference: int  # samples on each side
     num_measured: int
-    spread_from: str  # which sides' spread the interval covers: "both", "measured", ...
+    # Whose spread the interval covers: "both", "measured", "reference"; "none" (one sample
+    # each side) or "zero" (a sample of 0: no log ratio) where there is no interval.
+    spread_from: str
     verdict: FigureVerdict
 
     @property
@@ -46,9 +48,11 @@ class FigureComparison:
     def sentence(self, threshold: float) -> str:
         scope = {"both": "both sides' spread", "measured": "the new samples' spread only",
                  "reference": "the reference's spread only"}.get(self.spread_from, "")
+        why = "a sample of 0 has no log" if self.spread_from == "zero" else \
+            "one sample each side"
         interval = (f"95% CI {self.ci_low:.3f}-{self.ci_high:.3f} from {scope}"
                     if self.ci_low is not None and self.ci_high is not None else
-                    "no interval (one sample each side): the threshold alone decides")
+                    f"no interval ({why}): the threshold alone decides")
         return (f"{self.figure}: reference {_fmt(self.reference)}, measured "
                 f"{_fmt(self.measured)}, ratio {self.ratio:.3f} (>1 better; {interval}; "
                 f"n={self.num_reference}/{self.num_measured}), threshold {threshold:.0%}: "
@@ -112,6 +116,7 @@ def compare_figure(figure: str, ref: FigureRef, measured: Sequence[float],
         measured_center = math.exp(m_mean)
         reference_center = math.exp(r_mean)
     else:
+        spread_from = "zero"
         measured_center = sum(measured) / len(measured) if measured else 0.0
         reference_center = ref.center
         ratio_raw = measured_center / reference_center if reference_center > 0 else \

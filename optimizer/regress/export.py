@@ -49,8 +49,9 @@ def _reference(study: optuna.Study, cfg: StudyConfig, trial: FrozenTrial,
             continue
         attr = FIGURES[name][1]
         values = [_metrics(t).get(attr) for t in runs]
-        if values and all(isinstance(v, int | float) for v in values):
-            figures[name] = {"samples": [float(v) for v in values if v is not None]}
+        samples = [float(v) for v in values if isinstance(v, int | float)]
+        if samples:  # a run whose record lacks the figure adds no sample
+            figures[name] = {"samples": samples}
     if not figures:
         raise ConfigError(f"trial {trial.number}: its record holds none of the figures "
                           f"{', '.join(DEFAULT_FIGURES)}; export a trial measured by this "

@@ -16,7 +16,6 @@ from pathlib import Path
 from runners.base import EngineConfig
 from runners.hardware import HardwareProfile, load_preset
 from runners.simulated.faults import Faults
-from runners.simulated.launcher import VllmVariant
 from runners.simulated.server import ServerSettings, serve
 
 EXAMPLE = """example:
@@ -79,23 +78,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                         datefmt="%m-%d %H:%M:%S")
     try:
         config = _engine_config(args.config_json)
-        variant = VllmVariant.from_dict(json.loads(args.vllm_variant_json)) \
-            if args.vllm_variant_json else VllmVariant()
+        refused: list[str] = []
+        if args.vllm_variant_json:  # imported only here: the plain start stays as quick
+            from runners.simulated.launcher import VllmVariant
+
+            variant = VllmVariant.from_dict(json.loads(args.vllm_variant_json))
+            refused = variant.refused(config.flags)
+            config = EngineConfig(model=config.model,
+                                  flags=variant.as_baseline_flags(config.flags),
+                                  env=config.env, load_format=config.load_format,
+                                  served_model_name=config.served_model_name)
         hardware = (HardwareProfile.from_dict(json.loads(args.hardware_json))
                     if args.hardware_json else load_preset(args.hardware))
         faults = Faults.from_flags(config.flags, args.faults)
     except (ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    refused = variant.refused(config.flags)
     if refused:
         # As vLLM's argparse does for a flag its version no longer has: usage error, exit 2.
         print(f"vllm serve: error: unrecognized arguments: {' '.join(refused)}",
               file=sys.stderr)
         return 2
-    config = EngineConfig(model=config.model, flags=variant.as_baseline_flags(config.flags),
-                          env=config.env, load_format=config.load_format,
-                          served_model_name=config.served_model_name)
     if args.startup_time_scale < 0:
         print("error: --startup-time-scale must be >= 0.", file=sys.stderr)
         return 2

@@ -230,6 +230,9 @@ def test_regressed_needs_the_threshold_and_the_interval() -> None:
     assert from_interval.verdict == "regressed" and from_interval.spread_from == "both"
     assert math.isclose(compare_figure("output_throughput", FigureRef(samples=[5.0]), [5.0],
                                        0.05).ratio, 1.0)
+    none_met = compare_figure("goodput", FigureRef(samples=[38.6]), [0.0, 0.0, 0.0], 0.05)
+    assert none_met.verdict == "regressed" and "a sample of 0 has no log" in \
+        none_met.sentence(0.05), "goodput 0 (no request met the SLO) regresses, said plainly"
 
 
 def test_flag_check_names_dropped_and_renamed_flags() -> None:
