@@ -251,3 +251,24 @@ def test_the_h200_library_is_a_valid_library() -> None:
     spec = load_library(Path(__file__).parents[2] / "docs" / "regress" / "h200-library.yaml")
     assert [c.name for c in spec.cases] == ["qwen7b-chat", "smollm2-135m"]
     assert all(c.engine == "vllm" and c.configs[0].reference is not None for c in spec.cases)
+
+
+def test_export_to_library_refuses_a_trial_the_quality_gate_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    study_path = _study_file(tmp_path)
+    study = open_study(load_study(study_path))
+    for number, is_refused in ((0, False), (1, True)):
+        trial = study.ask()
+        if number == 0:
+            trial.set_user_attr(ATTR_BASELINE, True)
+        trial.set_constraint("quality", 1.0 if is_refused else 0.0)
+        trial.set_user_attr("record", {
+            "state": "complete", "flags": {}, "metrics": {"output_throughput": 100.0},
+            "quality": {"failed": ["perplexity +3% (limit +1%)"]} if is_refused else None,
+            "conclusion": ""})
+        study.tell(trial, 1.0)
+    lib = tmp_path / "bench.yaml"
+    assert main(["export", str(study_path), "--trial", "1", "--to-library", str(lib)]) == 2
+    err = capsys.readouterr().err
+    assert "the quality gate refused it" in err and "--force-quality" in err
+    assert not lib.exists(), "nothing is written for a refused trial"
