@@ -1,5 +1,5 @@
-"""The `nightshift` subcommands (start, status, stop, export, report, audit, hw) on one typer
-app, registered in the order `--help` lists them."""
+"""The `nightshift` subcommands (start, status, stop, export, regress, report, audit, hw) on one
+typer app, registered in the order `--help` lists them."""
 
 from __future__ import annotations
 

@@ -4,5 +4,6 @@ regressed or failed to start (docs/regress.md).
 
 `library` holds the YAML schema, loading and `append_case`; `measure` runs a case's configs
 interleaved; `compare` the interval and verdicts and the flag check; `report` the first line,
-MLflow runs and the report files; `export` turns a study's trials into a case.
+MLflow runs and the report files; `export` turns a study's trials into a case; `run` is the
+whole command without a terminal.
 """
