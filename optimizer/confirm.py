@@ -32,6 +32,14 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
          2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
+def t975(df: int) -> float:
+    """The two-sided 95% quantile of Student's t with `df` degrees of freedom (>= 1); the
+    normal's beyond the table."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1 but got {df}.")
+    return _T975[df - 1] if df <= len(_T975) else 1.96
+
+
 def confirm(study: optuna.Study, cfg: StudyConfig,
             measure: Callable[[Mapping[str, Any], str], FrozenTrial | None],
             is_stopping: Callable[[], bool]) -> None:
@@ -90,7 +98,7 @@ def confirm_summary(objective: str, best: int, baseline: int,
     if n > 1 and is_finite:
         mean_log = sum(logs) / n
         sd = math.sqrt(sum((x - mean_log) ** 2 for x in logs) / (n - 1))
-        half = (_T975[n - 2] if n - 1 <= len(_T975) else 1.96) * sd / math.sqrt(n)
+        half = t975(n - 1) * sd / math.sqrt(n)
         low, high = math.exp(mean_log - half), math.exp(mean_log + half)
     gain = gains.interval_gain(mean, low, high, n)
     verdict = gains.confirmation_verdict(gain)

@@ -27,11 +27,15 @@ class RunnerSpec:
 def _simulated_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None) -> Any:
     from runners.engine import EngineRunner
     from runners.hardware import HardwareProfile
-    from runners.simulated.launcher import SimulatedLauncher
+    from runners.simulated.launcher import SimulatedLauncher, VllmVariant
 
     hardware = HardwareProfile.from_dict(spec.hardware) if spec.hardware else "h200"
+    # options["vllm_variant"]: the vLLM release the simulated engine pretends to be
+    # (`VllmVariant.to_dict`); absent: 0.26.0.
+    variant = spec.options.get("vllm_variant")
     launcher = SimulatedLauncher(hardware=hardware,
-                                 startup_time_scale=spec.startup_time_scale, seed=spec.seed)
+                                 startup_time_scale=spec.startup_time_scale, seed=spec.seed,
+                                 variant=VllmVariant.from_dict(variant) if variant else None)
     return EngineRunner(launcher, spec.registry_dir, stall_timeout_s=spec.stall_timeout_s,
                         gpu_indices=None)
 

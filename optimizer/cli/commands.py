@@ -1,5 +1,5 @@
-"""The `nightshift` subcommands (start, status, stop, export, report, audit, history, hw) on
-one typer app, registered in the order `--help` lists them."""
+"""The `nightshift` subcommands (start, status, stop, export, regress, report, audit, history,
+hw) on one typer app, registered in the order `--help` lists them."""
 
 from __future__ import annotations
 
@@ -328,22 +328,51 @@ def export(
     storage: StorageOpt = None,
     force_quality: Annotated[bool, typer.Option(
         help="Export a --trial the quality gate refused (its header says so).")] = False,
+    to_library: Annotated[Path | None, typer.Option(
+        "--to-library", metavar="LIB.yaml",
+        help="Append the trial and the vLLM defaults, with their measured figures as "
+             "references, as a case of this benchmark library (created if absent) for "
+             "`nightshift regress`.")] = None,
+    case: Annotated[str | None, typer.Option(
+        metavar="NAME", help="The case's name with --to-library (default: the study's); a "
+                             "case of that name is replaced.")] = None,
+    tracking_uri: Annotated[str | None, typer.Option(
+        metavar="URI", help="With --to-library: the MLflow store whose study run names the "
+                            "GPU (default: the study file's).")] = None,
 ) -> None:
     """Write a trial's config as a `vllm serve --config` YAML, a shell launcher or environment
-    variables.
+    variables; or, with --to-library, add it to a benchmark library.
 
     \b
     Examples:
       nightshift export examples/quickstart.yaml -o best.yaml
       nightshift export examples/quickstart.yaml --format sh --max-tpot-ms 20 -o serve.sh
+      nightshift export examples/quickstart.yaml --to-library bench.yaml --case qwen7b-chat
     """
     from optimizer.export import choice_note, render, select_trial
     from optimizer.study import open_study
 
     cfg = _load(study).with_overrides(storage=storage)
+    if to_library is not None and (output is not None or fmt != "yaml"):
+        raise ConfigError("export --to-library writes a library case; leave out --output and "
+                          "--format.")
+    if (case is not None or tracking_uri is not None) and to_library is None:
+        raise ConfigError("export --case and --tracking-uri are for a library case; give "
+                          "--to-library LIB.yaml too.")
     opened = open_study(cfg, create=False)
     chosen = select_trial(opened, cfg, number=trial, max_tpot_ms=max_tpot_ms,
                           force_quality=force_quality)
+    if to_library is not None:
+        from optimizer.regress.export import case_from_study, study_gpu_param
+        from optimizer.regress.library import append_case
+
+        name = case or cfg.name
+        entry = case_from_study(opened, cfg, chosen, name,
+                                study_gpu_param(tracking_uri or cfg.tracking_uri, cfg.name))
+        done = append_case(to_library, entry, to_library.stem)
+        console.print(f"{done} case {name!r} in {to_library}: "
+                      f"{', '.join(c['name'] for c in entry['configs'])}", soft_wrap=True)
+        return
     note = choice_note(opened, chosen) if trial is None and max_tpot_ms is None else ""
     text = render(chosen, cfg, fmt, note=note, path=output)
     if output is None:
@@ -353,6 +382,113 @@ def export(
         if fmt == "sh":
             output.chmod(0o755)
         console.print(f"wrote trial {chosen.number} as {fmt} to {output}", soft_wrap=True)
+
+
+# -- regress --------------------------------------------------------------------------------
+
+
+@app.command(cls=_Command,
+             short_help="Re-measure a benchmark library on the installed vLLM (CI gate).")
+def regress(
+    library: Annotated[Path, typer.Argument(
+        metavar="LIBRARY.yaml", show_default=False,
+        help="The benchmark library (see docs/regress.md).")],
+    tracking_uri: Annotated[str | None, typer.Option(
+        metavar="URI", help="MLflow store (default: the library's tracking_uri, else "
+                            "MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db).")] = None,
+    report_dir: Annotated[Path | None, typer.Option(
+        "--report", metavar="DIR",
+        help="Folder for report.html, report.md and a plot per case (default: the work "
+             "folder's report/).")] = None,
+    case: Annotated[list[str] | None, typer.Option(
+        metavar="NAME", help="Run only this case (repeatable).")] = None,
+    workdir: Annotated[Path | None, typer.Option(
+        metavar="DIR", help="Engine logs per case, config and round (default: "
+                            "results/regress/<library>/<UTC time>).")] = None,
+    mlflow: Annotated[bool, typer.Option(
+        "--mlflow/--no-mlflow", help="Log a run per case to MLflow.")] = True,
+    simulated_vllm: Annotated[Path | None, typer.Option(
+        metavar="VARIANT.json",
+        help="Simulated engine only: a JSON file naming the vLLM release it pretends to be "
+             "(version, and the flags its parser renamed or dropped; docs/regress.md), to "
+             "try an upgrade's renamed flags on CPU.")] = None,
+    save_references: Annotated[Path | None, typer.Option(
+        metavar="LIB.yaml", help="Write the library with this run's samples as the references "
+                                 "of every config that measured (the next run compares with "
+                                 "this one).")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+) -> None:
+    """Re-measure every case of a benchmark library on the installed vLLM, compare each figure
+    with its reference (ratio with a 95% interval) and judge each case held, improved,
+    regressed (worse than the library's threshold and outside the interval) or failed to start
+    (naming a flag the installed parser does not take). Exit code 0 when every case held or
+    improved, 1 on any regression or failure, 2 for bad input.
+
+    \b
+    Examples:
+      nightshift regress bench.yaml
+      nightshift regress bench.yaml --case qwen7b-chat --report docs/h200/regress/
+    """
+    import json
+
+    from optimizer.config.loading import default_tracking_uri
+    from optimizer.config.store_checks import tracking_uri_problem
+    from optimizer.regress.library import load_library
+    from optimizer.regress.run import (
+        default_workdir,
+        first_line,
+        prepare,
+        select_cases,
+    )
+    from optimizer.regress.run import regress as run_regress
+
+    setup_logging(verbose)
+    spec = load_library(library)
+    cases = select_cases(spec, case or [])
+    variant = None
+    if simulated_vllm is not None:
+        try:
+            variant = json.loads(simulated_vllm.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--simulated-vllm: cannot read {simulated_vllm} as JSON "
+                              f"({type(exc).__name__}); give a JSON object.") from None
+        from runners.simulated.launcher import VllmVariant
+
+        if not isinstance(variant, dict):
+            raise ConfigError(f"--simulated-vllm: expected a JSON object but got "
+                              f"{type(variant).__name__}; see docs/regress.md.")
+        try:
+            VllmVariant.from_dict(variant)
+        except ValueError as exc:
+            raise ConfigError(f"--simulated-vllm: {exc}") from None
+    uri = tracking_uri or spec.tracking_uri or default_tracking_uri()
+    problem = tracking_uri_problem(uri) if tracking_uri is not None else None
+    if problem is not None:
+        raise ConfigError(f"--tracking-uri: {problem}")
+    here, tracker = prepare(spec, cases, uri if mlflow else None, variant)
+    work = workdir or default_workdir(spec)
+    out.print(first_line(spec, cases, here), highlight=False, soft_wrap=True)
+    result = run_regress(spec, cases, here, tracker, work, report_dir or work / "report",
+                         source=library.resolve(),
+                         say=lambda line: out.print(line, highlight=False, soft_wrap=True))
+    verdicts = ", ".join(f"{o.name} {o.verdict}" for o in result.outcomes)
+    out.print(f"verdicts: {verdicts}; exit {result.exit_code}", highlight=False,
+              soft_wrap=True)
+    if result.report_files:
+        out.print(f"report: {result.report_files[0]}", highlight=False, soft_wrap=True)
+    if result.run_ids:
+        out.print(f"MLflow: experiment nightshift-regress/{spec.name} in {uri} (a run per "
+                  "case per vLLM version; select runs and Compare to set versions side by "
+                  "side)", highlight=False, soft_wrap=True)
+    if save_references is not None:
+        from optimizer.regress.library import with_new_references
+        from optimizer.regress.run import measured_references
+
+        with_new_references(library, measured_references(result.outcomes), save_references)
+        out.print(f"references from this run: {save_references}", highlight=False,
+                  soft_wrap=True)
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
 
 
 # -- report ---------------------------------------------------------------------------------

@@ -252,9 +252,9 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
-def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
+def _fields_at(loc: tuple[int | str, ...], root: type[BaseModel] = StudySpec) -> list[str]:
     """The valid keys of the model at a location, for did-you-mean suggestions."""
-    model: Any = StudySpec
+    model: Any = root
     for part in loc:
         if isinstance(part, int) or model is None:
             continue
@@ -268,8 +268,12 @@ def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
     return list(getattr(model, "model_fields", {}).keys()) if model else []
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
-    """One line for the first problem: file, field, what was wrong, how to fix it."""
+def format_validation_error(exc: ValidationError, source: str,
+                            root: type[BaseModel] = StudySpec,
+                            example: str = "examples/quickstart.yaml") -> str:
+    """One line for the first problem: file, field, what was wrong, how to fix it; `root` is
+    the schema validated (its keys are the did-you-mean candidates), `example` the file a
+    missing key's message points to."""
     errors = exc.errors()
     # A typo'd key also makes its intended key "missing": report the typo, it is the cause.
     err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
@@ -277,12 +281,12 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     where = _loc(loc)
     if err["type"] == "extra_forbidden":
         key = str(loc[-1])
-        valid = _fields_at(loc[:-1])
+        valid = _fields_at(loc[:-1], root)
         close = difflib.get_close_matches(key, valid, n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(valid)}."
         return f"{source}: unknown key {where!r}; {hint}"
     if err["type"] == "missing":
-        return f"{source}: {where} is required; add it (see examples/quickstart.yaml)."
+        return f"{source}: {where} is required; add it (see {example})."
     msg = str(err["msg"]).removeprefix("Value error, ")
     end = "" if msg.endswith((".", "?")) else "."
     if msg.startswith(where.split("[")[0]) and err["type"] == "value_error":

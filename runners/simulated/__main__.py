@@ -48,6 +48,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--noise-sigma", type=float, default=0.025,
                         help="lognormal sigma of the step-time noise")
+    parser.add_argument("--vllm-variant-json", default=None,
+                        help='the vLLM release to pretend to be, e.g. {"version": "0.27.0", '
+                             '"renamed": {"old-flag": "new-flag"}, "dropped": [...]}: its '
+                             "parser refuses the flags it renamed or dropped")
     parser.add_argument("--faults", default=None,
                         help='JSON object, e.g. {"crash_after_requests": 3}; overrides sim_ flags')
     return parser
@@ -74,11 +78,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                         datefmt="%m-%d %H:%M:%S")
     try:
         config = _engine_config(args.config_json)
+        refused: list[str] = []
+        if args.vllm_variant_json:  # imported only here: the plain start stays as quick
+            from runners.simulated.launcher import VllmVariant
+
+            variant = VllmVariant.from_dict(json.loads(args.vllm_variant_json))
+            refused = variant.refused(config.flags)
+            config = EngineConfig(model=config.model,
+                                  flags=variant.as_baseline_flags(config.flags),
+                                  env=config.env, load_format=config.load_format,
+                                  served_model_name=config.served_model_name)
         hardware = (HardwareProfile.from_dict(json.loads(args.hardware_json))
                     if args.hardware_json else load_preset(args.hardware))
         faults = Faults.from_flags(config.flags, args.faults)
     except (ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if refused:
+        # As vLLM's argparse does for a flag its version no longer has: usage error, exit 2.
+        print(f"vllm serve: error: unrecognized arguments: {' '.join(refused)}",
+              file=sys.stderr)
         return 2
     if args.startup_time_scale < 0:
         print("error: --startup-time-scale must be >= 0.", file=sys.stderr)

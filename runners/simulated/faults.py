@@ -28,6 +28,9 @@ class Faults:
     # A noisy neighbour: from each prefix-cache reset (the start of a level) the engine runs at
     # a random 1/(1+u) of its modelled speed, u uniform in [0, unstable].
     unstable: float = 0.0
+    # A regression injected on purpose (`nightshift regress` tests): every modelled step takes
+    # (1 + step_slowdown) times as long, as a debug setting left on would make it.
+    step_slowdown: float = 0.0
 
     @property
     def is_any(self) -> bool:
@@ -68,6 +71,9 @@ class Faults:
             raise ValueError(f"sim_error_rate must be in [0, 1] but got {self.error_rate}.")
         if float(self.unstable) < 0:
             raise ValueError(f"sim_unstable must be >= 0 but got {self.unstable}.")
+        if not 0.0 <= float(self.step_slowdown) <= 100.0:
+            raise ValueError(f"sim_step_slowdown must be in [0, 100] but got "
+                             f"{self.step_slowdown}.")
         if float(self.slow_start_s) < 0:
             raise ValueError(f"sim_slow_start_s must be >= 0 but got {self.slow_start_s}.")
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from runners.base import EngineConfig, EngineInfo, Failure, FailureReason, Phase
 from runners.hardware import HardwareProfile, load_preset
 from runners.vllm import logs as vllm_logs
+from runners.vllm.flags import VllmFlags, bundled_flags, flag_name
 
 # The engine prints vLLM's own start-up lines, read by vLLM's parser; this line is its own.
 _MODELLED_STARTUP = re.compile(r"modelled start-up ([0-9][0-9,]*(?:\.[0-9]+)?) s")
@@ -41,16 +44,76 @@ _FAILURE_PATTERNS: tuple[tuple[FailureReason, re.Pattern[str]], ...] = (
 _ERROR_LINE = re.compile(r"^.*\b(ERROR|Error:|Exception:|error:).*$", re.MULTILINE)
 
 
+@dataclass(frozen=True)
+class VllmVariant:
+    """The vLLM release the simulated engine pretends to be: 0.26.0 (the bundled flag table,
+    what the model is calibrated against) unless a variant renames or drops flags, as a newer
+    release's parser may. Lets the upgrade path (`nightshift regress` on a flag the new version
+    no longer takes) run on CPU. Names are kebab-case flags, as `vllm serve` spells them."""
+
+    version: str = "0.26.0"
+    renamed: Mapping[str, str] = field(default_factory=dict)  # old -> new
+    dropped: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> VllmVariant:
+        unknown = set(data) - {"version", "renamed", "dropped"}
+        if unknown:
+            raise ValueError(f"a vLLM variant takes version, renamed and dropped but got "
+                             f"{sorted(unknown)}.")
+        renamed = {flag_name(str(k)): flag_name(str(v))
+                   for k, v in dict(data.get("renamed") or {}).items()}
+        return cls(version=str(data.get("version") or "0.26.0"), renamed=renamed,
+                   dropped=tuple(flag_name(str(d)) for d in data.get("dropped") or ()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "renamed": dict(self.renamed),
+                "dropped": list(self.dropped)}
+
+    @property
+    def is_default(self) -> bool:
+        return self == VllmVariant()
+
+    def flag_table(self) -> VllmFlags:
+        """The bundled 0.26 table with this variant's renames and drops applied: what its
+        parser accepts."""
+        base = bundled_flags()
+        types = {k: v for k, v in base.types.items()
+                 if k not in self.dropped and k not in self.renamed}
+        types.update({new: base.types[old] for old, new in self.renamed.items()
+                      if old in base.types})
+        return replace(base, version=self.version, types=types,
+                       source=f"simulated vLLM {self.version}'s flags (0.26 table"
+                              f"{', variant' if not self.is_default else ''})",
+                       defaults={k: v for k, v in base.defaults.items()
+                                 if k.partition(".")[0] in types})
+
+    def refused(self, flags: Mapping[str, Any]) -> list[str]:
+        """The `--flags` among snake_case `flags` this variant's parser does not know (the
+        simulator's own `sim_` faults aside)."""
+        known = self.flag_table().names
+        return [f"--{flag_name(k).partition('.')[0]}" for k in flags
+                if not k.startswith("sim_") and flag_name(k).partition(".")[0] not in known]
+
+    def as_baseline_flags(self, flags: Mapping[str, Any]) -> dict[str, Any]:
+        """`flags` with renamed ones spelled as 0.26 spells them (what the model reads)."""
+        back = {new.replace("-", "_"): old.replace("-", "_")
+                for old, new in self.renamed.items()}
+        return {back.get(k, k): v for k, v in flags.items()}
+
+
 class SimulatedLauncher:
     """An `EngineLauncher` for `python -m runners.simulated`. Pure: builds argv, reads logs."""
 
     name = "simulated"
 
     def __init__(self, hardware: str | HardwareProfile = "h200", *,
-                 startup_time_scale: float = 0.01, seed: int = 0) -> None:
+                 startup_time_scale: float = 0.01, seed: int = 0,
+                 variant: VllmVariant | None = None) -> None:
         self.hardware = load_preset(hardware) if isinstance(hardware, str) else hardware
         self.startup_time_scale = startup_time_scale
         self.seed = seed
+        self.variant = variant or VllmVariant()
 
     def command(self, config: EngineConfig, port: int, workdir: Path,
                 profile_dir: Path | None) -> tuple[list[str], dict[str, str]]:
@@ -67,6 +130,8 @@ class SimulatedLauncher:
                 "--seed", str(self.seed)]
         if profile_dir is not None:
             argv += ["--profile-dir", str(profile_dir)]
+        if not self.variant.is_default:
+            argv += ["--vllm-variant-json", json.dumps(self.variant.to_dict(), sort_keys=True)]
         return argv, {}
 
     def parse_log(self, log_text: str) -> EngineInfo:

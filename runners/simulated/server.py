@@ -266,7 +266,8 @@ class SimulatedEngine:
         self._neighbour_rng = random.Random(settings.seed + 2)  # the `unstable` fault's draws
         self._streams: dict[SimRequest, _Stream] = {}
         self._num_requests_started = 0
-        self._slowdown = 1.0  # > 1 under the `unstable` fault
+        # > 1 under the `unstable` and `step_slowdown` faults
+        self._slowdown = 1.0 + float(settings.faults.step_slowdown)
         self._profile: list[_ProfiledStep] | None = None
         self._profile_events = 0
         self._reported_queries = 0
@@ -574,7 +575,8 @@ class SimulatedEngine:
         for replica in self.replicas:
             replica.scheduler.reset_prefix_cache()
         if self.faults.unstable:  # a new level: the noisy neighbour draws again
-            self._slowdown = 1.0 + self._neighbour_rng.uniform(0.0, float(self.faults.unstable))
+            self._slowdown = 1.0 + float(self.faults.step_slowdown) + \
+                self._neighbour_rng.uniform(0.0, float(self.faults.unstable))
 
     # --- profiler ------------------------------------------------------------------------------
     def start_profile(self) -> None:
