@@ -9,7 +9,8 @@
 # budget.trials; RESUME=docs/h200/grid/optuna.db starts from an earlier session's Optuna storage
 # (single study only); TRIM=1 cuts trace fixtures at collect. An entry `regress:LIB.yaml` in STUDY
 # runs `nightshift regress` on a benchmark library (issue 24) in the same sequence, its report
-# under /root/h200-results/regress/<library file name>. SMOLLM2=1 converts SmolLM2-135M (the real
+# under /root/h200-results/regress/<library file name>; `sh:SCRIPT` runs a script there
+# (bench/h200/regress_pair.sh: issue 24's two runs). SMOLLM2=1 converts SmolLM2-135M (the real
 # model, scripts/convert_smollm2.py) into /root/smollm2-135m-bf16 before the sequence starts.
 set -uo pipefail
 # The daemon outlives this call, and the repo copy here is replaced by the next one: run from a
@@ -20,7 +21,7 @@ cd $src 2>/dev/null || { echo "no $src: run 'start' first"; exit 3; }
 export PYTHONPATH=$src:/tmp/site PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
 export MLFLOW_LOGGING_LEVEL=WARNING
 studies=${STUDY:-bench/h200/study.yaml}
-status() { for s in $studies; do case $s in regress:*) continue;; esac
+status() { for s in $studies; do case $s in regress:*|sh:*) continue;; esac
   python3 -m optimizer.cli status $s 2>&1 | tail -40; done; }
 # Every call that waits also brings back what exists so far: a machine given back between two
 # calls (30 s idle) takes everything on it, as it did to study 3 (docs/NOTES.md).
@@ -44,6 +45,7 @@ case "${1:-}" in
     # One background session runs the studies (and regress libraries) in order; each one's
     # output is appended.
     setsid nohup bash -c 'for s in "$@"; do echo "=== $s $(date -u +%FT%TZ)"; case $s in
+        sh:*) bash "${s#sh:}"; echo "${s#sh:} exit $?";;
         regress:*) lib=${s#regress:}; python3 -m optimizer.cli regress "$lib" \
           --report /root/h200-results/regress/$(basename $lib .yaml)
           echo "regress exit $?";;
@@ -68,7 +70,7 @@ case "${1:-}" in
     if running; then
       kill -STOP "$(cat /root/h200-results/sequence.pid)" 2>/dev/null  # no next study starts
       for s in $studies; do
-        case $s in regress:*) continue;; esac
+        case $s in regress:*|sh:*) continue;; esac
         { [ "${GRACE:-0}" -gt 0 ] && python3 -m optimizer.cli stop $s --timeout-s "$GRACE"; } ||
           python3 -m optimizer.cli stop $s --now --timeout-s 120
       done
@@ -77,11 +79,11 @@ case "${1:-}" in
     status
     if [ "${2:-}" = gpu-test ]; then
       python3 -m pytest -q -p no:cacheprovider -m gpu tests/runners/test_vllm_gpu.py \
-        tests/runners/test_quality_gpu.py \
+        tests/runners/test_quality_gpu.py tests/runners/test_text_prompts_gpu.py \
         -W ignore::DeprecationWarning 2>&1 | tail -30 | tee /root/h200-results/gpu-test.txt
     fi
     for s in $studies; do
-      case $s in regress:*) continue;; esac
+      case $s in regress:*|sh:*) continue;; esac
       python3 -m optimizer.cli export $s > /root/h200-results/best-$(basename $s .yaml).yaml
       python3 -m optimizer.cli report $s 2>&1 | tail -3
     done
