@@ -67,7 +67,11 @@ def simulated_hardware(preset: str, num_gpus: int) -> HardwareProfile:
     return HardwareProfile(**{**base.__dict__, "gpus": gpus, "interconnect": interconnect})
 
 
-def space_context(hardware: HardwareProfile, model: ModelInfo | None) -> dict[str, Any]:
+def space_context(hardware: HardwareProfile, model: ModelInfo | None,
+                  workload: Workload | None = None,
+                  load_format: str | None = None) -> dict[str, Any]:
+    """What the space's rules read: the host, the model, and (from the study file) whether the
+    weights are real and the workload's shape; a fact left out makes a rule on it not apply."""
     hw = {"num_gpus": hardware.num_gpus, "compute_capability": hardware.compute_capability,
           "gpu_memory_gib": hardware.gpu_memory_gib, "interconnect": hardware.interconnect,
           "hardware_class": hardware.hardware_class, "gpu_name": hardware.gpu_name}
@@ -78,7 +82,33 @@ def space_context(hardware: HardwareProfile, model: ModelInfo | None) -> dict[st
                "quant_method": model.quant_method,
                "max_position_embeddings": model.max_position_embeddings,
                "num_params": model.num_params}
-    return {"hardware": hw, "model": mdl}
+    if load_format is not None:
+        mdl["real_weights"] = load_format != "dummy"
+    context: dict[str, Any] = {"hardware": hw, "model": mdl}
+    if workload is not None:
+        context["workload"] = workload_facts(workload)
+    return context
+
+
+def workload_facts(workload: Workload) -> dict[str, Any]:
+    """The workload's shape as the rules read it; a fact the study file does not settle is left
+    out (a prompts file may share a system prompt; a rate without a cap has no concurrency)."""
+    facts: dict[str, Any] = {}
+    if workload.capacity is not None:
+        concurrency = workload.capacity.high if workload.capacity.axis == "concurrency" else None
+    else:
+        caps = [lv.max_concurrency for lv in workload.levels]
+        concurrency = None if any(c is None for c in caps) else max(c for c in caps if c)
+    if concurrency is not None:
+        facts["max_concurrency"] = concurrency
+    if workload.prompts_file is None:
+        # Synthesised prompts are random token ids: no two share a prefix the cache could reuse.
+        facts["shares_prefix"] = False
+        dist = workload.input_len
+        longest = dist.mean if dist.kind == "fixed" else dist.high
+        if longest is not None:
+            facts["max_prompt_tokens"] = longest
+    return facts
 
 
 def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | None = None,
@@ -112,6 +142,7 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
             raise ConfigError("engine vllm: no NVIDIA GPU found; run with --dry-run (or engine: "
                               "auto) to use the simulated engine.")
         notes.append(f"engine: vLLM on {hardware.num_gpus} x {hardware.gpu_name}")
+    workload = cfg.workload(vocab_size=model.vocab_size if model else 32000)
     space_name = cfg.spec.search_space
     if space_name == "auto":
         space_name = recommend_space(hardware.hardware_class)
@@ -119,7 +150,8 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
     try:
         space = load_space(path if path.suffix in (".yaml", ".yml") and path.is_file()
                            else space_name)
-        resolved = space.resolve(space_context(hardware, model))
+        resolved = space.resolve(space_context(hardware, model, workload,
+                                               cfg.spec.model.load_format))
     except SpaceError as exc:
         raise ConfigError(f"search_space: {exc}") from None
     for rule in resolved.applied_rules:
@@ -132,7 +164,6 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
     if cfg.spec.fixed_flags:
         notes.append(f"baseline: {cfg.baseline_name}; every trial runs these fixed flags too")
     seed_trials = seed_trial_params(cfg, resolved)
-    workload = cfg.workload(vocab_size=model.vocab_size if model else 32000)
     notes.extend(capacity_notes(workload))
     for name in cfg.spec.fixed_flags:  # the flags themselves were checked with the study file
         if name.startswith("sim_") and engine != "simulated":
