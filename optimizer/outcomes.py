@@ -23,6 +23,8 @@ from optimizer.records import ATTR_RECORD, TrialRecord, record_of, step_records,
 from optimizer.study import (
     ATTR_CONFIRM,
     ATTR_DUPLICATE_OF,
+    ATTR_SEED_SOURCE,
+    ATTR_SEED_TITLE,
     CONFIG_FAILURES,
     STATE_NAMES,
     best_trial,
@@ -92,7 +94,8 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
               f"across {workload.repeats} repeats (limit "
               f"{cfg.spec.workload.max_spread:.0%}); re-measure before trusting it."
               if is_unstable and objective_spread is not None else ""),
-        quality_failed=assessed.failed if assessed is not None else ())
+        quality_failed=assessed.failed if assessed is not None else (),
+        template=str(item.trial.user_attrs.get(ATTR_SEED_TITLE, "")))
     record = TrialRecord(
         state=state_name,  # type: ignore[arg-type]
         params=item.params,
@@ -116,6 +119,7 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
         host=result.host or "",
         is_unstable=is_unstable,
         quality=assessed.to_dict() if assessed is not None else None,
+        seed_source=str(item.trial.user_attrs.get(ATTR_SEED_SOURCE, "")),
     )
     item.trial.set_user_attr(ATTR_RECORD, record.to_user_attr())
     if assessed is not None and assessed.status == "scored":

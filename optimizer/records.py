@@ -55,6 +55,7 @@ class TrialRecord:
     is_unstable: bool = False  # its repeats spread beyond workload.max_spread
     # `QualityAssessment.to_dict()` (optimizer/quality.py): scored, the reference, or why not
     quality: Mapping[str, Any] | None = None
+    seed_source: str = ""  # "template:hopper" for a hardware template's trial (MLflow tag)
     version: int = RECORD_VERSION
 
     @classmethod
@@ -258,6 +259,8 @@ def tracking_payload(record: TrialRecord, result: RunResult | None, *, number: i
         tags["failure_reason"] = record.failure_reason
     if record.is_baseline:
         tags["baseline"] = "true"
+    if record.seed_source:
+        tags["seed.source"] = record.seed_source
     if record.host:
         tags["host"] = str(record.host)
     if record.is_unstable:

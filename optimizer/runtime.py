@@ -16,6 +16,7 @@ from optimizer.config import StudyConfig, check_before_start
 from optimizer.daemon import Daemon, TrialEvent
 from optimizer.engines import RunnerSpec
 from optimizer.errors import ConfigError, TrackingError
+from optimizer.study import ATTR_SEED_SOURCE, ATTR_SEED_TITLE
 from optimizer.study_summary import study_summary
 from optimizer.tracking import Tracker
 from optimizer.workers import RayExecutor, init_ray, largest_node_gpus, probe_on_cluster
@@ -28,6 +29,7 @@ from search_spaces import (
     load_space,
     recommend_space,
 )
+from search_spaces.seeds import load_templates, template_seeds
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +166,9 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
     if cfg.spec.fixed_flags:
         notes.append(f"baseline: {cfg.baseline_name}; every trial runs these fixed flags too")
     seed_trials = seed_trial_params(cfg, resolved)
+    template_trials, template_notes = template_trial_params(cfg, resolved,
+                                                            hardware.hardware_class)
+    notes.extend(template_notes)
     notes.extend(capacity_notes(workload))
     for name in cfg.spec.fixed_flags:  # the flags themselves were checked with the study file
         if name.startswith("sim_") and engine != "simulated":
@@ -213,8 +218,31 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
                     tracker=tracker, workload=workload, study_params=study_params,
                     study_artifacts=artifacts, summarize=study_summary, on_event=on_event,
                     hardware=hardware, model=model, seed_trials=seed_trials,
-                    max_gpus_per_node=node_gpus)
+                    template_trials=template_trials, max_gpus_per_node=node_gpus)
     return daemon, notes
+
+
+def template_trial_params(cfg: StudyConfig, space: ResolvedSpace, hardware_class: str,
+                          ) -> tuple[list[tuple[dict[str, Any], dict[str, str]]], list[str]]:
+    """The hardware class's templates as (config, tags) seed trials, and one note per template:
+    queued, or skipped with the reason (never dropped silently). None with `templates: off`."""
+    if cfg.spec.templates == "off":
+        return [], []
+    try:
+        templates = load_templates(hardware_class)
+    except SpaceError as exc:
+        raise ConfigError(f"templates: {exc}") from None
+    trials: list[tuple[dict[str, Any], dict[str, str]]] = []
+    notes: list[str] = []
+    for seed in template_seeds(space, templates, cfg.spec.fixed_flags):
+        if seed.params is None:
+            notes.append(seed.skipped_because)
+            continue
+        trials.append((dict(seed.params), {ATTR_SEED_SOURCE: seed.template.source,
+                                           ATTR_SEED_TITLE: seed.template.title}))
+        notes.append(f"{seed.template.title}: queued right after the defaults, tagged "
+                     f"{ATTR_SEED_SOURCE}={seed.template.source}")
+    return trials, notes
 
 
 def seed_trial_params(cfg: StudyConfig, space: ResolvedSpace) -> list[dict[str, Any]]:

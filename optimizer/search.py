@@ -90,15 +90,21 @@ class SearchPolicy:
 
     # -- the queue ----------------------------------------------------------------------------
 
-    def prepare(self, seed_trials: Sequence[Mapping[str, Any]] = ()) -> None:
-        """Learn the configs the study holds and queue the defaults (unless there) and the
-        seeds. On every start, not just the first: a daemon killed between these writes left
-        some seeds out, and a seed added to the study file since runs on resume."""
+    def prepare(self, seed_trials: Sequence[Mapping[str, Any]] = (),
+                template_trials: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]] = (),
+                ) -> None:
+        """Learn the configs the study holds and queue the defaults (unless there), the hardware
+        templates (config, tags) and the seeds, in that order. On every start, not just the
+        first: a daemon killed between these writes left some seeds out, and a seed added to
+        the study file since runs on resume."""
         trials = self.study.get_trials(deepcopy=False)
         for frozen in trials:
             self.remember(frozen.number, record_of(frozen))
         if not any(ATTR_BASELINE in t.user_attrs for t in trials):
             self.study.enqueue_trial(self.space.defaults(), user_attrs={ATTR_BASELINE: True})
+        for params, tags in template_trials:
+            self.study.enqueue_trial(dict(params), user_attrs={ATTR_SEEDED: True, **tags},
+                                     skip_if_exists=True)
         for params in seed_trials:
             self.study.enqueue_trial(dict(params), user_attrs={ATTR_SEEDED: True},
                                      skip_if_exists=True)
