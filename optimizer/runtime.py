@@ -22,6 +22,7 @@ from optimizer.tracking import Tracker
 from optimizer.workers import RayExecutor, init_ray, largest_node_gpus, probe_on_cluster
 from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names, probe
 from runners.model_info import ModelInfo, bundled_shapes, load_model_info
+from runners.simulated.model import UNMODELLED_FLAGS
 from runners.workload import Workload
 from search_spaces import (
     ResolvedSpace,
@@ -158,6 +159,13 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
         raise ConfigError(f"search_space: {exc}") from None
     for rule in resolved.applied_rules:
         notes.append(f"rule {rule.name}: {rule.effect} ({rule.reason})")
+    if engine == "simulated":
+        unmodelled = [p.name for p in resolved.params
+                      if p.name in UNMODELLED_FLAGS and not p.is_fixed]
+        if unmodelled:
+            notes.append(f"engine: SIMULATED does not model {', '.join(unmodelled)}: their "
+                         "trials run with the figures of the same config without them "
+                         "(docs/simulated-engine.md).")
     try:
         resolved, removed = resolved.with_fixed(cfg.spec.fixed_flags)
     except SpaceError as exc:

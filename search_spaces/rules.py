@@ -594,8 +594,8 @@ def _threshold_within_prompts(
         return None
     # vLLM 0.26 caps a request's tokens per step at the threshold only when 0 < threshold <
     # the tokens left to prefill (v1/core/sched/scheduler.py:507 and :861).
-    bad = tuple(c for c in spec.choices if is_number(c) and not isinstance(c, bool)
-                and c > 0 and c >= longest)
+    numbers = [c for c in spec.choices if isinstance(c, int | float) and not isinstance(c, bool)]
+    bad = tuple(c for c in numbers if c > 0 and c >= longest)
     if not bad:
         return None
     return Rule(

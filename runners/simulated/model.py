@@ -128,6 +128,11 @@ STREAM_PER_SEQ_S = 4e-6
 # modelled as none: the engine's synthesised prompts are random tokens, on which prompt lookup
 # finds no match, so no draft is proposed or verified (docs/simulated-engine.md).
 NGRAM_LOOKUP_PER_SEQ_S = 2e-6
+# Flags the simulated engine accepts but does not model: a trial runs with them and its figures
+# are those of the same config without them (docs/simulated-engine.md, "Knobs").
+UNMODELLED_FLAGS = frozenset({
+    "scheduling_policy", "max_num_partial_prefills", "max_long_partial_prefills",
+    "optimization_level"})
 
 
 @dataclass(frozen=True)

@@ -374,10 +374,7 @@ def test_profiled_trials_log_trace_shares_verdict_and_trimmed_trace(
 def test_seed_trials_run_right_after_the_baseline_in_order(
         tmp_path: Path, ray_cluster: None) -> None:
     seeds = [{"kv_cache_dtype": "fp8"}, {"quantization": "fp8", "max_num_seqs": 256}]
-    # templates off: the hardware template would run before the seeds (tests/optimizer/
-    # test_templates.py holds that order); this test is about the study's own seeds.
-    path = write_study(tmp_path, trials=3, seed_trials=seeds, max_parallel_trials=1,
-                       templates="off")
+    path = write_study(tmp_path, trials=3, seed_trials=seeds, max_parallel_trials=1)
     assert main(["start", str(path), "--no-progress"]) == 0
 
     trials = sorted(load(tmp_path).trials, key=lambda t: t.number)
@@ -391,7 +388,7 @@ def test_seed_trials_run_right_after_the_baseline_in_order(
 
     # A seed added to the study file runs when the study resumes; the others do not run again.
     write_study(tmp_path, trials=4, seed_trials=[*seeds, {"max_num_seqs": 256}],
-                max_parallel_trials=1, templates="off")
+                max_parallel_trials=1)
     assert main(["start", str(path), "--no-progress"]) == 0
     trials = sorted(load(tmp_path).trials, key=lambda t: t.number)
     assert len(trials) == 4 and [t.user_attrs.get("seeded") for t in trials[1:]] == [True] * 3

@@ -38,7 +38,7 @@ def test_each_hardware_class_of_the_profile_has_its_template() -> None:
 
 def test_the_hopper_template_runs_right_after_the_defaults_tagged_and_named(
         tmp_path: Path) -> None:
-    cfg = load_study(write_study(tmp_path, trials=3, max_parallel_trials=1,
+    cfg = load_study(write_study(tmp_path, trials=3, max_parallel_trials=1, templates="auto",
                                  seed_trials=[{"max_num_seqs": 256}]))
     space = _hopper(cfg)
     templates, notes = template_trial_params(cfg, space, "hopper")
@@ -71,7 +71,7 @@ def test_the_hopper_template_runs_right_after_the_defaults_tagged_and_named(
 
 def test_a_template_the_rules_refuse_is_reported_with_the_rule_not_dropped(
         tmp_path: Path) -> None:
-    cfg = load_study(write_study(tmp_path, trials=3))
+    cfg = load_study(write_study(tmp_path, trials=3, templates="auto"))
     space = load_space("consumer_24gb").resolve(space_context(
         load_preset("h200"), load_model_info("qwen2.5-7b"), cfg.workload(), "dummy"))
     templates, notes = template_trial_params(cfg, space, "24gb")
@@ -96,6 +96,7 @@ def test_a_template_naming_a_param_the_space_lacks_or_the_fixed_flags_contradict
     assert "fixed_flags sets kv_cache_dtype='auto'" in seeds[1].skipped_because
 
 
-def test_templates_off_queues_none(tmp_path: Path) -> None:
-    cfg = load_study(write_study(tmp_path, trials=3, templates="off"))
+def test_templates_are_off_unless_the_study_file_asks(tmp_path: Path) -> None:
+    cfg = load_study(write_study(tmp_path, trials=3))
+    assert cfg.spec.templates == "off", "an existing study file runs only what it asked for"
     assert template_trial_params(cfg, _hopper(cfg), "hopper") == ([], [])
