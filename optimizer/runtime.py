@@ -101,7 +101,8 @@ def workload_facts(workload: Workload) -> dict[str, Any]:
         concurrency = workload.capacity.high if workload.capacity.axis == "concurrency" else None
     else:
         caps = [lv.max_concurrency for lv in workload.levels]
-        concurrency = None if any(c is None for c in caps) else max(c for c in caps if c)
+        concurrency = None if any(c is None for c in caps) else max(
+            (c for c in caps if c), default=None)
     if concurrency is not None:
         facts["max_concurrency"] = concurrency
     if workload.prompts_file is None:
