@@ -166,7 +166,7 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
              pruned_at: int | None = None, prune_reason: str | None = None,
              verdict: Verdict | None = None, confirm_label: str | None = None,
              note: str = "", number: int | None = None,
-             quality_failed: Sequence[str] = ()) -> Conclusion:
+             quality_failed: Sequence[str] = (), template: str = "") -> Conclusion:
     """One line: what this config changes from the vLLM defaults and what that did to the
     objective (with the bracket or interval that bounds it), then against the best so far,
     then the bottleneck's label and its one piece of advice.
@@ -174,7 +174,9 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
     `vllm_defaults`: vLLM's own value of each param on this host (None, or a value equal to
     it, is no change); `capacity`: this trial's bracket after a capacity search, `tolerance`
     the search's; `note`: a sentence to append (e.g. an unstable measurement);
-    `quality_failed`: the quality figures outside the study's limits (the gate refuses it)."""
+    `quality_failed`: the quality figures outside the study's limits (the gate refuses it);
+    `template`: the hardware template the trial measures ("the Hopper template (fp8 weights +
+    ...)"), named first so the report shows where the folklore held."""
     unit = objective_unit(objective)
     defaults = vllm_defaults if vllm_defaults is not None else \
         (baseline.params if baseline is not None else {})
@@ -189,8 +191,9 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
     cap = f" ({capacity_text(capacity, tolerance, is_stopped=state == 'pruned')})" \
         if capacity is not None else ""
     unresolved = " unresolved" if capacity is not None and not capacity.is_resolved else ""
+    named = f"{template}: " if template else ""
     if state == "failed":
-        text = f"{change}: failed ({failure_reason}): {failure_message or 'no detail'}"
+        text = f"{named}{change}: failed ({failure_reason}): {failure_message or 'no detail'}"
         return Conclusion(text, shorten(f"{short_change}: failed ({failure_reason})"))
     if confirm_label:
         text = f"confirmation run of the {confirm_label} config: {shown}{cap}.{note}"
@@ -223,4 +226,4 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
         text = (f"refused by the quality gate ({'; '.join(quality_failed)}), never the "
                 f"recommendation: {text}")
         cell = f"{short_change}: quality refused ({quality_failed[0]})"
-    return Conclusion(text, shorten(cell))
+    return Conclusion(named + text, shorten(cell))

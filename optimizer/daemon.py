@@ -93,6 +93,7 @@ class Daemon:
                  hardware: HardwareProfile | None = None, model: ModelInfo | None = None,
                  poll_s: float = 0.25,
                  seed_trials: Sequence[Mapping[str, Any]] = (),
+                 template_trials: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]] = (),
                  max_gpus_per_node: int | None = None,
                  warm_seeds: Sequence[tuple[Mapping[str, Any], str]] = (),
                  study_tags: Mapping[str, str] = {},
@@ -111,6 +112,7 @@ class Daemon:
         self.model = model
         self.poll_s = poll_s
         self.seed_trials = list(seed_trials)  # full configs, enqueued after the baseline
+        self.template_trials = list(template_trials)  # (config, tags), before the seeds
         self.max_gpus_per_node = max_gpus_per_node
         # The tuning memory's (optimizer/memory.py): earlier studies' bests as (config,
         # `warm_start:<study>`), queued right after the defaults; the fingerprint and what the
@@ -170,7 +172,7 @@ class Daemon:
                                   max_gpus_per_node=self.max_gpus_per_node,
                                   hardware=self.hardware, model=self.model, log=_MlflowLog(self))
             self.policy = policy
-            policy.prepare(self.seed_trials, self.warm_seeds)
+            policy.prepare(self.seed_trials, self.warm_seeds, self.template_trials)
             try:
                 self._loop(policy)
                 if not self.stopping:

@@ -24,6 +24,7 @@ from optimizer.study import (
     ATTR_CONFIRM,
     ATTR_DUPLICATE_OF,
     ATTR_SEED_SOURCE,
+    ATTR_SEED_TITLE,
     CONFIG_FAILURES,
     STATE_NAMES,
     best_trial,
@@ -93,7 +94,8 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
               f"across {workload.repeats} repeats (limit "
               f"{cfg.spec.workload.max_spread:.0%}); re-measure before trusting it."
               if is_unstable and objective_spread is not None else ""),
-        quality_failed=assessed.failed if assessed is not None else ())
+        quality_failed=assessed.failed if assessed is not None else (),
+        template=str(item.trial.user_attrs.get(ATTR_SEED_TITLE, "")))
     record = TrialRecord(
         state=state_name,  # type: ignore[arg-type]
         params=item.params,

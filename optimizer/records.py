@@ -55,8 +55,8 @@ class TrialRecord:
     is_unstable: bool = False  # its repeats spread beyond workload.max_spread
     # `QualityAssessment.to_dict()` (optimizer/quality.py): scored, the reference, or why not
     quality: Mapping[str, Any] | None = None
-    # `warm_start:<study>`: a seed offered by the tuning memory (optimizer/memory.py), measured
-    # here like any other trial; "" for every other trial.
+    # "template:hopper" (a hardware template) or "warm_start:<study>" (an earlier study's best,
+    # optimizer/memory.py): a seed measured here like any other trial; "" for every other trial.
     seed_source: str = ""
     version: int = RECORD_VERSION
 
@@ -264,6 +264,8 @@ def tracking_payload(record: TrialRecord, result: RunResult | None, *, number: i
         tags["failure_reason"] = record.failure_reason
     if record.is_baseline:
         tags["baseline"] = "true"
+    if record.seed_source:
+        tags["seed.source"] = record.seed_source
     if record.host:
         tags["host"] = str(record.host)
     if record.is_unstable:

@@ -25,11 +25,13 @@ from optimizer.memory import (
     plan_warm_start,
     read_studies,
 )
+from optimizer.study import ATTR_SEED_SOURCE, ATTR_SEED_TITLE
 from optimizer.study_summary import study_summary
 from optimizer.tracking import Tracker
 from optimizer.workers import RayExecutor, init_ray, largest_node_gpus, probe_on_cluster
 from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names, probe
 from runners.model_info import ModelInfo, bundled_shapes, load_model_info
+from runners.simulated.model import UNMODELLED_FLAGS
 from runners.tokenizer import load_tokenizer
 from runners.workload import Workload
 from search_spaces import (
@@ -38,6 +40,7 @@ from search_spaces import (
     load_space,
     recommend_space,
 )
+from search_spaces.seeds import load_templates, template_seeds
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +80,11 @@ def simulated_hardware(preset: str, num_gpus: int) -> HardwareProfile:
     return HardwareProfile(**{**base.__dict__, "gpus": gpus, "interconnect": interconnect})
 
 
-def space_context(hardware: HardwareProfile, model: ModelInfo | None) -> dict[str, Any]:
+def space_context(hardware: HardwareProfile, model: ModelInfo | None,
+                  workload: Workload | None = None,
+                  load_format: str | None = None) -> dict[str, Any]:
+    """What the space's rules read: the host, the model, and (from the study file) whether the
+    weights are real and the workload's shape; a fact left out makes a rule on it not apply."""
     hw = {"num_gpus": hardware.num_gpus, "compute_capability": hardware.compute_capability,
           "gpu_memory_gib": hardware.gpu_memory_gib, "interconnect": hardware.interconnect,
           "hardware_class": hardware.hardware_class, "gpu_name": hardware.gpu_name}
@@ -88,7 +95,34 @@ def space_context(hardware: HardwareProfile, model: ModelInfo | None) -> dict[st
                "quant_method": model.quant_method,
                "max_position_embeddings": model.max_position_embeddings,
                "num_params": model.num_params}
-    return {"hardware": hw, "model": mdl}
+    if load_format is not None:
+        mdl["real_weights"] = load_format != "dummy"
+    context: dict[str, Any] = {"hardware": hw, "model": mdl}
+    if workload is not None:
+        context["workload"] = workload_facts(workload)
+    return context
+
+
+def workload_facts(workload: Workload) -> dict[str, Any]:
+    """The workload's shape as the rules read it; a fact the study file does not settle is left
+    out (a prompts file may share a system prompt; a rate without a cap has no concurrency)."""
+    facts: dict[str, Any] = {}
+    if workload.capacity is not None:
+        concurrency = workload.capacity.high if workload.capacity.axis == "concurrency" else None
+    else:
+        caps = [lv.max_concurrency for lv in workload.levels]
+        concurrency = None if any(c is None for c in caps) else max(
+            (c for c in caps if c), default=None)
+    if concurrency is not None:
+        facts["max_concurrency"] = concurrency
+    if workload.prompts_file is None:
+        # Synthesised prompts are random token ids: no two share a prefix the cache could reuse.
+        facts["shares_prefix"] = False
+        dist = workload.input_len
+        longest = dist.mean if dist.kind == "fixed" else dist.high
+        if longest is not None:
+            facts["max_prompt_tokens"] = longest
+    return facts
 
 
 def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | None = None,
@@ -122,6 +156,7 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
             raise ConfigError("engine vllm: no NVIDIA GPU found; run with --dry-run (or engine: "
                               "auto) to use the simulated engine.")
         notes.append(f"engine: vLLM on {hardware.num_gpus} x {hardware.gpu_name}")
+    workload = cfg.workload(vocab_size=model.vocab_size if model else 32000)
     space_name = cfg.spec.search_space
     if space_name == "auto":
         space_name = recommend_space(hardware.hardware_class)
@@ -129,11 +164,19 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
     try:
         space = load_space(path if path.suffix in (".yaml", ".yml") and path.is_file()
                            else space_name)
-        resolved = space.resolve(space_context(hardware, model))
+        resolved = space.resolve(space_context(hardware, model, workload,
+                                               cfg.spec.model.load_format))
     except SpaceError as exc:
         raise ConfigError(f"search_space: {exc}") from None
     for rule in resolved.applied_rules:
         notes.append(f"rule {rule.name}: {rule.effect} ({rule.reason})")
+    if engine == "simulated":
+        unmodelled = [p.name for p in resolved.params
+                      if p.name in UNMODELLED_FLAGS and not p.is_fixed]
+        if unmodelled:
+            notes.append(f"engine: SIMULATED does not model {', '.join(unmodelled)}: their "
+                         "trials run with the figures of the same config without them "
+                         "(docs/simulated-engine.md).")
     try:
         resolved, removed = resolved.with_fixed(cfg.spec.fixed_flags)
     except SpaceError as exc:
@@ -142,7 +185,9 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
     if cfg.spec.fixed_flags:
         notes.append(f"baseline: {cfg.baseline_name}; every trial runs these fixed flags too")
     seed_trials = seed_trial_params(cfg, resolved)
-    workload = cfg.workload(vocab_size=model.vocab_size if model else 32000)
+    template_trials, template_notes = template_trial_params(cfg, resolved,
+                                                            hardware.hardware_class)
+    notes.extend(template_notes)
     notes.extend(capacity_notes(workload))
     prompt_lengths = _prompt_lengths(cfg, workload)
     notes.append(cfg.tokenizer_note)
@@ -210,6 +255,7 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
                     tracker=tracker, workload=workload, study_params=study_params,
                     study_artifacts=artifacts, summarize=study_summary, on_event=on_event,
                     hardware=hardware, model=model, seed_trials=seed_trials,
+                    template_trials=template_trials,
                     max_gpus_per_node=node_gpus,
                     warm_seeds=[(s.params, s.source) for s in warm.seeds],
                     study_tags={**fingerprint.tags(), TAG_WARM_START: warm.summary()},
@@ -276,6 +322,29 @@ def warm_start(cfg: StudyConfig, tracker: Tracker, fingerprint: Fingerprint,
     for line in plan.lines:
         logger.info("warm start: %s", line)
     return plan
+
+
+def template_trial_params(cfg: StudyConfig, space: ResolvedSpace, hardware_class: str,
+                          ) -> tuple[list[tuple[dict[str, Any], dict[str, str]]], list[str]]:
+    """The hardware class's templates as (config, tags) seed trials, and one note per template:
+    queued, or skipped with the reason (never dropped silently). None with `templates: off`."""
+    if cfg.spec.templates == "off":
+        return [], []
+    try:
+        templates = load_templates(hardware_class)
+    except SpaceError as exc:
+        raise ConfigError(f"templates: {exc}") from None
+    trials: list[tuple[dict[str, Any], dict[str, str]]] = []
+    notes: list[str] = []
+    for seed in template_seeds(space, templates, cfg.spec.fixed_flags):
+        if seed.params is None:
+            notes.append(seed.skipped_because)
+            continue
+        trials.append((dict(seed.params), {ATTR_SEED_SOURCE: seed.template.source,
+                                           ATTR_SEED_TITLE: seed.template.title}))
+        notes.append(f"{seed.template.title}: queued after the defaults (and any warm-start "
+                     f"seeds), tagged {ATTR_SEED_SOURCE}={seed.template.source}")
+    return trials, notes
 
 
 def seed_trial_params(cfg: StudyConfig, space: ResolvedSpace) -> list[dict[str, Any]]:

@@ -92,12 +92,15 @@ class SearchPolicy:
     # -- the queue ----------------------------------------------------------------------------
 
     def prepare(self, seed_trials: Sequence[Mapping[str, Any]] = (),
-                warm_seeds: Sequence[tuple[Mapping[str, Any], str]] = ()) -> None:
+                warm_seeds: Sequence[tuple[Mapping[str, Any], str]] = (),
+                template_trials: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]] = (),
+                ) -> None:
         """Learn the configs the study holds and queue the defaults (unless there), then the
-        warm seeds (an earlier study's best, with its `seed_source`: `warm_start:<study>`),
-        then the seeds. On every start, not just the first: a daemon killed between these
-        writes left some seeds out, and a seed added to the study file since runs on resume.
-        A config the study holds already (queued or finished) is not queued again."""
+        warm seeds (an earlier study's best, with its `seed_source`: `warm_start:<study>`), then
+        the hardware templates (config, tags), then the seeds. On every start, not just the
+        first: a daemon killed between these writes left some seeds out, and a seed added to the
+        study file since runs on resume. A config the study holds already (queued or finished)
+        is not queued again."""
         trials = self.study.get_trials(deepcopy=False)
         for frozen in trials:
             self.remember(frozen.number, record_of(frozen))
@@ -106,6 +109,9 @@ class SearchPolicy:
         for params, source in warm_seeds:
             self.study.enqueue_trial(dict(params), user_attrs={
                 ATTR_SEEDED: True, ATTR_SEED_SOURCE: source}, skip_if_exists=True)
+        for params, tags in template_trials:
+            self.study.enqueue_trial(dict(params), user_attrs={ATTR_SEEDED: True, **tags},
+                                     skip_if_exists=True)
         for params in seed_trials:
             self.study.enqueue_trial(dict(params), user_attrs={ATTR_SEEDED: True},
                                      skip_if_exists=True)

@@ -30,9 +30,11 @@ ATTR_RETRY_OF = "retry_of"
 ATTR_CUT_SHORT = "sampling_cut_short"  # its daemon died mid-ask: no config, nothing launched
 ATTR_MLFLOW_RUN = "mlflow_run_id"
 ATTR_RETRIES = "retries"
-ATTR_SEEDED = "seeded"  # enqueued from the study file's seed_trials
-# Where a seed came from: `warm_start:<study>` for an earlier study's best (optimizer/memory.py)
-ATTR_SEED_SOURCE = "seed_source"
+ATTR_SEEDED = "seeded"  # enqueued from seed_trials, a hardware template or the warm start
+# Where a seed came from: "template:hopper" (a hardware template) or "warm_start:<study>" (an
+# earlier study's best, optimizer/memory.py)
+ATTR_SEED_SOURCE = "seed.source"
+ATTR_SEED_TITLE = "seed.title"  # "the Hopper template (fp8 weights + ...)", for its conclusion
 # The Optuna constraint a trial outside the quality limits violates (optimizer/quality.py).
 QUALITY_CONSTRAINT = "quality"
 # A config that failed for one of these reasons fails again: it is never launched twice, and
@@ -167,8 +169,8 @@ def requeue(study: optuna.Study, number: int, params: Mapping[str, Any],
     unless it is a confirmation run (`requeueable`); says whether it did."""
     if not requeueable(attrs):
         return False
-    kept = {key: attrs[key] for key in (ATTR_BASELINE, ATTR_SEEDED, ATTR_SEED_SOURCE)
-            if key in attrs}
+    kept = {key: attrs[key] for key in (ATTR_BASELINE, ATTR_SEEDED, ATTR_SEED_SOURCE,
+                                        ATTR_SEED_TITLE) if key in attrs}
     study.enqueue_trial(dict(params), user_attrs={
         **kept, ATTR_RETRY_OF: number, ATTR_RETRIES: retries})
     return True

@@ -4,7 +4,9 @@ A rule is static when its `when` names only `hardware.*`/`model.*` keys: `Search
 applies it once (remove, keep, max, min or fix values). A rule naming `params.*` is conditional:
 `ResolvedSpace.sample` evaluates it for every trial and may only `fix` a later param, because
 Optuna needs a param's distribution to be the same in every trial. Built-in rules encode what
-vLLM 0.26 rejects or crashes on; tuning opinions belong in the YAML files.
+vLLM 0.26 rejects or crashes on, and values the study's workload cannot tell apart (a capture
+size above its concurrency, a prefill threshold above its longest prompt); tuning opinions
+belong in the YAML files (docs/knobs.md).
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ _SYMBOLS: dict[str, str] = {
 }
 _RULE_KEYS = ("name", "reason", "when", *ACTIONS)
 
-# What the caller may put in the context; "number" keys take ordering operators.
-CONTEXT_KEYS: dict[str, Literal["number", "text"]] = {
+# What the caller may put in the context; "number" keys take ordering operators, "flag" keys
+# are true or false. `workload.*` and `model.real_weights` come from the study file
+# (optimizer/runtime.py's `space_context`); a key left out makes a rule testing it not apply.
+CONTEXT_KEYS: dict[str, Literal["number", "text", "flag"]] = {
     "hardware.num_gpus": "number",
     "hardware.compute_capability": "number",  # smallest on the host, e.g. 9.0, 8.9, 8.0
     "hardware.gpu_memory_gib": "number",  # smallest on the host
@@ -51,6 +55,10 @@ CONTEXT_KEYS: dict[str, Literal["number", "text"]] = {
     "model.quant_method": "text",  # None for an unquantized checkpoint
     "model.max_position_embeddings": "number",
     "model.num_params": "number",
+    "model.real_weights": "flag",  # false when the study loads dummy weights (load_format)
+    "workload.shares_prefix": "flag",  # requests share a prompt prefix the cache could reuse
+    "workload.max_concurrency": "number",  # the largest concurrency of any level; None: uncapped
+    "workload.max_prompt_tokens": "number",  # the longest prompt the workload sends
 }
 CONTEXT_ENUMS: dict[str, tuple[str, ...]] = {
     "hardware.interconnect": ("nvlink", "pcie", "none"),
@@ -300,6 +308,12 @@ def _condition(
         for v in values:
             if not is_number(v):
                 raise RuleError(f"{field}.{op} must be a number but got {show(v)}")
+    elif CONTEXT_KEYS[key] == "flag":
+        if ordering:
+            raise RuleError(f"{field} is true or false; use eq, ne, in or not_in, not {op}")
+        for v in values:
+            if not isinstance(v, bool):
+                raise RuleError(f"{field}.{op} must be true or false but got {show(v)}")
     else:
         if ordering:
             raise RuleError(f"{field} is text; use eq, ne, in or not_in, not {op}")
@@ -542,6 +556,57 @@ def _flash_attn_no_e5m2(context: Mapping[str, Any], specs: Mapping[str, ParamSpe
     )
 
 
+def _numbers_above_cover(choices: Sequence[Any], bound: float) -> tuple[Any, ...]:
+    """The numeric choices above the smallest one that is >= `bound` (all of them cover it)."""
+    numbers = sorted(c for c in choices if is_number(c) and not isinstance(c, bool))
+    cover = next((c for c in numbers if c >= bound), None)
+    return () if cover is None else tuple(c for c in numbers if c > cover)
+
+
+def _capture_within_concurrency(
+    context: Mapping[str, Any], specs: Mapping[str, ParamSpec]
+) -> Rule | None:
+    concurrency = lookup(context, "workload.max_concurrency")
+    spec = specs.get("max_cudagraph_capture_size")
+    if not is_number(concurrency) or spec is None or spec.type != "categorical":
+        return None
+    bad = _numbers_above_cover(spec.choices, concurrency)
+    if not bad:
+        return None
+    # A decode step holds at most one token per running request (without speculative tokens),
+    # so a decode batch never exceeds the concurrency; the sizes above the first choice that
+    # covers it only add graphs for mixed prefill batches, at capture time and memory.
+    return Rule(
+        name="capture-size-within-concurrency",
+        reason=f"the workload runs at most {int(concurrency)} requests at once, so no decode "
+               "batch needs a larger CUDA graph; one capture size covering it is kept",
+        when=(), action="remove", targets=(("max_cudagraph_capture_size", bad),),
+        is_builtin=True,
+    )
+
+
+def _threshold_within_prompts(
+    context: Mapping[str, Any], specs: Mapping[str, ParamSpec]
+) -> Rule | None:
+    longest = lookup(context, "workload.max_prompt_tokens")
+    spec = specs.get("long_prefill_token_threshold")
+    if not is_number(longest) or spec is None or spec.type != "categorical":
+        return None
+    # vLLM 0.26 caps a request's tokens per step at the threshold only when 0 < threshold <
+    # the tokens left to prefill (v1/core/sched/scheduler.py:507 and :861).
+    numbers = [c for c in spec.choices if isinstance(c, int | float) and not isinstance(c, bool)]
+    bad = tuple(c for c in numbers if c > 0 and c >= longest)
+    if not bad:
+        return None
+    return Rule(
+        name="prefill-threshold-below-longest-prompt",
+        reason=f"the longest prompt is {int(longest)} tokens; a threshold at or above it never "
+               "splits a prefill and runs as 0 (off)",
+        when=(), action="remove", targets=(("long_prefill_token_threshold", bad),),
+        is_builtin=True,
+    )
+
+
 STATIC_BUILTINS: tuple[StaticBuiltin, ...] = (
     _tp_fits_gpus,
     _tp_divides_heads,
@@ -549,6 +614,8 @@ STATIC_BUILTINS: tuple[StaticBuiltin, ...] = (
     _fp8_needs_sm89,
     _max_model_len_within_model,
     _flash_attn_no_e5m2,
+    _capture_within_concurrency,
+    _threshold_within_prompts,
 )
 
 # (reader, target): conditional built-ins fix `target` from `reader`, so it must come first.
@@ -556,6 +623,7 @@ BUILTIN_ORDER: tuple[tuple[str, str], ...] = (
     ("tensor_parallel_size", "data_parallel_size"),
     ("attention_backend", "kv_cache_dtype"),
     ("enforce_eager", "cudagraph_mode"),
+    ("spec_method", "spec_tokens"),
 )
 
 
@@ -572,6 +640,13 @@ def conditional_builtins(context: Mapping[str, Any]) -> list[Rule]:
             reason="--enforce-eager turns CUDA graphs off, so cudagraph_mode has no effect",
             when=(Condition("params.enforce_eager", "eq", True),),
             action="fix", targets=(("cudagraph_mode", "NONE"),), is_builtin=True,
+        ),
+        Rule(
+            name="spec-tokens-need-a-method",
+            reason="vLLM rejects --spec-tokens without a speculative method "
+                   "(config/speculative.py:730)",
+            when=(Condition("params.spec_method", "eq", "none"),),
+            action="fix", targets=(("spec_tokens", None),), is_builtin=True,
         ),
     ]
     num_gpus = lookup(context, "hardware.num_gpus")
@@ -599,7 +674,8 @@ def conditional_builtins(context: Mapping[str, Any]) -> list[Rule]:
 def builtin_names() -> set[str]:
     names = {"parallel-sizes-fit-gpus", "tp-divides-attention-heads",
              "quantization-matches-checkpoint", "fp8-needs-sm89", "max-model-len-within-model",
-             "flash-attn-no-fp8-e5m2", "default-outside-space", "replicas-fit-gpus"}
+             "flash-attn-no-fp8-e5m2", "default-outside-space", "replicas-fit-gpus",
+             "capture-size-within-concurrency", "prefill-threshold-below-longest-prompt"}
     names.update(r.name for r in conditional_builtins({"hardware.compute_capability": 8.0}))
     return names
 

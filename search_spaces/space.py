@@ -62,6 +62,10 @@ QUANTIZATIONS = (
     "gptq", "gptq_marlin", "bitsandbytes", "compressed-tensors",
 )
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+# Speculative methods that need no draft model (config/speculative.py:713-718); suffix also
+# needs the optional arctic-inference package (config/speculative.py:1053), so no bundled
+# space searches it.
+SPEC_METHODS = ("none", "ngram", "ngram_gpu", "suffix")
 
 
 class SpaceError(ValueError):
@@ -113,6 +117,9 @@ KNOWN_FLAGS: dict[str, FlagSpec] = {
     "max_cudagraph_capture_size": FlagSpec("int", low=1),
     "async_scheduling": FlagSpec("bool"),
     "scheduling_policy": FlagSpec("enum", ("fcfs", "priority")),
+    "stream_interval": FlagSpec("int", low=1),
+    "spec_method": FlagSpec("enum", SPEC_METHODS, no_flag=("none",)),
+    "spec_tokens": FlagSpec("int", low=1),
     "cpu_offload_gb": FlagSpec("float", low=0.0, high=4096.0),  # GiB per GPU
     "kv_cache_memory_bytes": FlagSpec("int", low=1),
     "num_gpu_blocks_override": FlagSpec("int", low=1),
@@ -138,6 +145,9 @@ _VLLM_DEFAULTS: dict[str, Value] = {
     "max_long_partial_prefills": 1,
     "cudagraph_mode": "FULL_AND_PIECEWISE",
     "scheduling_policy": "fcfs",
+    "stream_interval": 1,
+    "long_prefill_token_threshold": 0,
+    "spec_method": "none",
     "disable_custom_all_reduce": False,
     "enable_expert_parallel": False,
     "calculate_kv_scales": False,

@@ -410,6 +410,12 @@ class StudySpec(_Strict):
     # only the params it changes (the rest stay at the defaults) and is checked against the
     # space. For coverage a short study must have, or a config the user already suspects.
     seed_trials: list[dict[str, Any]] = Field(default_factory=list, max_length=256)
+    # The hardware class's folklore (search_spaces/templates/hardware.yaml) as seed trials right
+    # after the defaults, before seed_trials, each tagged `seed.source: template:<name>`; a
+    # template the space or its rules refuse is reported skipped with the reason. "off" by
+    # default: a template takes a trial of the budget, and an existing study file (or a study
+    # resumed after an upgrade) keeps running exactly the trials it asked for (docs/knobs.md).
+    templates: Literal["auto", "off"] = "off"
     retries: int = Field(default=1, ge=0, le=5)  # re-queues of a trial lost to infrastructure
     # At the end, the best config and the defaults are measured again, interleaved (A B A B
     # for 2 rounds), and the gain is stated with its confidence interval. 0 = skip.

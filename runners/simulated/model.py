@@ -110,6 +110,30 @@ ALLREDUCE_LATENCY_S: Mapping[str, float] = {"nvlink": 15e-6, "pcie": 60e-6, "non
 ALLREDUCE_BW_EFF = 0.7
 PCIE_FALLBACK_GBPS = 25.0  # per direction, when the profile does not say
 
+# --- scheduler and graph knobs (issue 23; docs/simulated-engine.md "Knobs"): assumptions, not
+# calibrated; their defaults leave every figure above unchanged.
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+# Share of the FULL_AND_PIECEWISE capture time each mode spends (it captures both kinds).
+GRAPH_CAPTURE_SHARE: Mapping[str, float] = {
+    "NONE": 0.0, "PIECEWISE": 0.5, "FULL": 0.5, "FULL_DECODE_ONLY": 0.5,
+    "FULL_AND_PIECEWISE": 1.0}
+# Async scheduling (on by default in 0.26, config/vllm.py:1059-1107; the calibration ran with
+# it) hides the next step's scheduling behind the GPU; off, the GPU also waits for this.
+SYNC_SCHEDULE_S = 0.25e-3
+SYNC_SCHEDULE_PER_SEQ_S = 3e-6
+# The part of HOST_PER_SEQ_S that turns a new token into an output (detokenise, SSE chunk);
+# with --stream-interval k it runs once per k tokens.
+STREAM_PER_SEQ_S = 4e-6
+# ngram (CPU) prompt lookup per decoding sequence; ngram_gpu looks up on the GPU. Acceptance is
+# modelled as none: the engine's synthesised prompts are random tokens, on which prompt lookup
+# finds no match, so no draft is proposed or verified (docs/simulated-engine.md).
+NGRAM_LOOKUP_PER_SEQ_S = 2e-6
+# Flags the simulated engine accepts but does not model: a trial runs with them and its figures
+# are those of the same config without them (docs/simulated-engine.md, "Knobs").
+UNMODELLED_FLAGS = frozenset({
+    "scheduling_policy", "max_num_partial_prefills", "max_long_partial_prefills",
+    "optimization_level"})
+
 
 @dataclass(frozen=True)
 class StartupTimes:
@@ -226,6 +250,11 @@ class PerformanceModel:
     enable_chunked_prefill: bool = True
     load_format: str = "auto"
     is_compile_cache_warm: bool = False
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"  # NONE with enforce_eager
+    async_scheduling: bool = True  # vLLM 0.26 decides on; off with ngram (CPU) speculation
+    stream_interval: int = 1  # tokens per streamed chunk
+    long_prefill_token_threshold: int = 0  # tokens per request per step; 0 = no cap
+    spec_method: str = "none"  # ngram / ngram_gpu / suffix; no acceptance is modelled
 
     @classmethod
     def from_config(cls, config: EngineConfig, hardware: HardwareProfile,
@@ -246,6 +275,17 @@ class PerformanceModel:
         kv_dtype = _flag_str(flags, "kv_cache_dtype", "auto").lower()
         quant = flags.get("quantization")
         quantization = str(quant).lower() if quant else info.quant_method
+        enforce_eager = _flag_bool(flags, "enforce_eager", False)
+        cudagraph_mode = "NONE" if enforce_eager else _flag_str(
+            flags, "compilation_config.cudagraph_mode", "FULL_AND_PIECEWISE").upper()
+        if cudagraph_mode not in CUDAGRAPH_MODES:
+            raise ValueError(f"flag compilation_config.cudagraph_mode must be one of "
+                             f"{', '.join(CUDAGRAPH_MODES)} but got {cudagraph_mode!r}.")
+        spec_method = _flag_str(flags, "spec_method", "none").lower()
+        # vLLM 0.26 turns async scheduling off by itself for ngram/suffix speculation
+        # (config/vllm.py:1069-1080); an explicit --async-scheduling then fails (:1038-1048).
+        async_scheduling = not _flag_bool(flags, "no_async_scheduling", False) and \
+            spec_method not in ("ngram", "suffix")
         return cls(
             model=info,
             hardware=hardware,
@@ -257,7 +297,7 @@ class PerformanceModel:
             max_num_batched_tokens=_flag_int(flags, "max_num_batched_tokens",
                                              8192 if is_big_gpu else 2048),
             block_size=_flag_int(flags, "block_size", DEFAULT_BLOCK_SIZE),
-            enforce_eager=_flag_bool(flags, "enforce_eager", False),
+            enforce_eager=enforce_eager,
             attention_backend=cls._resolve_backend(requested, kv_dtype, hardware),
             requested_backend=requested,
             kv_cache_dtype=kv_dtype,
@@ -269,6 +309,11 @@ class PerformanceModel:
             enable_chunked_prefill=_flag_bool(flags, "enable_chunked_prefill", True),
             load_format=config.load_format,
             is_compile_cache_warm=is_compile_cache_warm,
+            cudagraph_mode=cudagraph_mode,
+            async_scheduling=async_scheduling,
+            stream_interval=max(1, _flag_int(flags, "stream_interval", 1)),
+            long_prefill_token_threshold=_flag_int(flags, "long_prefill_token_threshold", 0),
+            spec_method=spec_method,
         )
 
     @staticmethod
@@ -338,7 +383,9 @@ class PerformanceModel:
 
     @property
     def cuda_graph_sizes(self) -> tuple[int, ...]:
-        return () if self.enforce_eager else capture_sizes(self.max_cudagraph_capture_size)
+        if self.enforce_eager or self.cudagraph_mode == "NONE":
+            return ()
+        return capture_sizes(self.max_cudagraph_capture_size)
 
     @property
     def activation_bytes_per_gpu(self) -> float:
@@ -446,7 +493,7 @@ class PerformanceModel:
             else:
                 compile_s = COMPILE_COLD_BASE_S + COMPILE_COLD_PER_LAYER_S * m.num_hidden_layers
             graph_s = (GRAPH_CAPTURE_S_PER_SIZE_LAYER * len(self.cuda_graph_sizes)
-                       * m.num_hidden_layers)
+                       * m.num_hidden_layers * GRAPH_CAPTURE_SHARE[self.cudagraph_mode])
         return StartupTimes(
             process_start_s=PROCESS_START_S + (TP_INIT_S_PER_RANK * tp if tp > 1 else 0.0),
             model_load_s=self.weight_bytes_per_gpu / rate,
@@ -503,8 +550,12 @@ class PerformanceModel:
         attention_s = decode_attn_s + prefill_attn_s
         kv_write_s = tokens * self.kv_bytes_per_token_per_gpu * 2 / bandwidth  # read + write
 
-        uses_graph = (not self.enforce_eager and num_prefill_tokens == 0
-                      and tokens <= self.max_cudagraph_capture_size)
+        mode = "NONE" if self.enforce_eager else self.cudagraph_mode
+        fits = tokens <= self.max_cudagraph_capture_size and mode != "NONE"
+        # A full graph replays a decode-only step; PIECEWISE alone never captures one, and only
+        # the piecewise modes replay graph pieces around the attention of a mixed batch.
+        uses_graph = fits and num_prefill_tokens == 0 and mode != "PIECEWISE"
+        uses_pieces = fits and not uses_graph and mode in ("PIECEWISE", "FULL_AND_PIECEWISE")
         passes = ELEMENTWISE_PASSES_EAGER if self.enforce_eager else ELEMENTWISE_PASSES_COMPILED
         elementwise_s = tokens * layers * m.hidden_size * 2 * passes / bandwidth
         quant_s = 0.0
@@ -529,7 +580,7 @@ class PerformanceModel:
             if self.attention_backend == "FLASHINFER":
                 kernels += EAGER_FLASHINFER_KERNELS_PER_LAYER
             launch_s = layers * kernels * EAGER_DISPATCH_S
-        elif tokens <= self.max_cudagraph_capture_size:
+        elif uses_pieces:
             # Mixed batches replay the piecewise graphs; attention is launched between them.
             launch_s = GRAPH_REPLAY_S * layers + (
                 layers * PIECEWISE_ATTN_KERNELS_PER_LAYER * COMPILED_DISPATCH_S)
@@ -537,8 +588,13 @@ class PerformanceModel:
             launch_s = layers * COMPILED_KERNELS_PER_LAYER * COMPILED_DISPATCH_S
 
         num_seqs = num_decode_seqs + num_prefill_seqs
-        host_s = HOST_STEP_S + HOST_PER_SEQ_S * num_seqs
+        per_seq_s = HOST_PER_SEQ_S - STREAM_PER_SEQ_S + STREAM_PER_SEQ_S / self.stream_interval
+        host_s = HOST_STEP_S + per_seq_s * num_seqs
         host_s += HOST_PER_PREFILL_TOKEN_S * num_prefill_tokens
+        if not self.async_scheduling:
+            host_s += SYNC_SCHEDULE_S + SYNC_SCHEDULE_PER_SEQ_S * num_seqs
+        if self.spec_method == "ngram":
+            host_s += NGRAM_LOOKUP_PER_SEQ_S * num_decode_seqs
         if self.attention_backend == "FLASHINFER":
             host_s += FLASHINFER_PLAN_S + FLASHINFER_PLAN_PER_SEQ_S * num_seqs
         if self.is_jit_while_serving:
@@ -567,6 +623,7 @@ class SimRequest:
     last_token_s: float | None = None
     finished_s: float | None = None
     is_admitted_once: bool = False
+    num_unsent_tokens: int = 0  # produced but held back until the stream interval is reached
 
     @property
     def num_tokens(self) -> int:
@@ -600,6 +657,7 @@ class TokenEvent:
     is_first: bool
     is_finished: bool
     time_s: float = 0.0  # when the step that produced it ended, on the caller's clock
+    num_tokens: int = 1  # tokens this chunk carries (--stream-interval buffers them)
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
@@ -707,7 +765,8 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            take = min(request.num_tokens - request.num_computed_tokens, budget)
+            take = min(self._prefill_cap(request.num_tokens - request.num_computed_tokens),
+                       budget)
             while not self._allocate(request, take):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -734,7 +793,7 @@ class Scheduler:
                 else:  # a preempted request recomputes, minus what the cache still holds
                     request.num_computed_tokens = self._prefix_hit_tokens(request)
                 remaining = request.num_tokens - request.num_computed_tokens
-                take = min(remaining, budget)
+                take = min(self._prefill_cap(remaining), budget)
                 if take < remaining and not self.model.enable_chunked_prefill:
                     break
                 if not self._allocate(request, take):
@@ -763,6 +822,12 @@ class Scheduler:
                                          prefill_seqs, pairs)
         return StepPlan(tuple(scheduled), breakdown, num_decode, prefill_tokens, num_preempted)
 
+    def _prefill_cap(self, num_new_tokens: int) -> int:
+        """vLLM 0.26 caps a request's tokens per step at long_prefill_token_threshold when it is
+        between 0 and the tokens left (v1/core/sched/scheduler.py:507 and :861)."""
+        threshold = self.model.long_prefill_token_threshold
+        return threshold if 0 < threshold < num_new_tokens else num_new_tokens
+
     def _preempt(self, request: SimRequest) -> None:
         self._free(request)
         request.num_computed_tokens = 0
@@ -789,7 +854,14 @@ class Scheduler:
                 request.finished_s = now_s
                 self.running.remove(request)
                 self._free(request)
-            events.append(TokenEvent(request, is_first, is_finished, now_s))
+            # vLLM sends the first token at once, then every stream_interval tokens, and the
+            # rest when the request finishes.
+            request.num_unsent_tokens += 1
+            if is_first or is_finished or \
+                    request.num_unsent_tokens >= self.model.stream_interval:
+                events.append(TokenEvent(request, is_first, is_finished, now_s,
+                                         request.num_unsent_tokens))
+                request.num_unsent_tokens = 0
         return events
 
 
@@ -907,7 +979,7 @@ def simulate_benchmark(model: PerformanceModel, *, input_len: int, output_len: i
             step *= rng.lognormvariate(0.0, noise_sigma)
         now += step
         for event in scheduler.complete(plan, now):
-            counters["vllm:generation_tokens_total"] += 1
+            counters["vllm:generation_tokens_total"] += event.num_tokens
             if event.is_first:
                 counters["vllm:prompt_tokens_total"] += event.request.num_prompt_tokens
                 counters["vllm:prompt_tokens_cached_total"] += event.request.num_cached_tokens

@@ -461,7 +461,7 @@ class SimulatedEngine:
             m.preemptions.labels(model_name=name).inc(plan.num_preempted)
         events = scheduler.complete(plan, now)
         num_refills = 0
-        m.generation_tokens.labels(model_name=name).inc(len(events))
+        m.generation_tokens.labels(model_name=name).inc(sum(e.num_tokens for e in events))
         for event in events:
             request = event.request
             if event.is_first:
@@ -837,7 +837,8 @@ def build_app(engine: SimulatedEngine) -> Starlette:
                 "usage": _usage(len(prompt_ids), max_tokens)})
         words: list[str] = []
         async for event in engine.generate(prompt_ids, max_tokens):
-            words.append(_word(event.request.num_output_tokens))
+            last = event.request.num_output_tokens
+            words.extend(_word(i) for i in range(last - event.num_tokens + 1, last + 1))
         return JSONResponse({
             "id": request_id, "object": "text_completion", "created": int(time.time()),
             "model": model_name,
@@ -931,10 +932,12 @@ async def _sse(engine: SimulatedEngine, prompt_ids: list[int], max_tokens: int, 
     num_tokens = 0
     async for event in engine.generate(prompt_ids, max_tokens, is_refilled, burst_size,
                                        num_remaining):
-        num_tokens += 1
+        num_tokens += event.num_tokens
+        last = event.request.num_output_tokens
+        text = "".join(_word(i) for i in range(last - event.num_tokens + 1, last + 1))
         chunk = {"id": request_id, "object": "text_completion", "created": created,
                  "model": model_name,
-                 "choices": [{"index": 0, "text": _word(event.request.num_output_tokens),
+                 "choices": [{"index": 0, "text": text,
                               "logprobs": None,
                               "finish_reason": "length" if event.is_finished else None,
                               "stop_reason": None}],

@@ -15,6 +15,7 @@ import yaml
 from mlflow import MlflowClient
 
 from optimizer.cli import main
+from optimizer.study import ATTR_SEED_SOURCE
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +85,7 @@ def test_second_compatible_study_is_seeded_with_the_first_best_and_measures_it_a
     trials = trials_of(tmp_path, "second")
     assert trials[0].user_attrs.get("baseline") is True, "the defaults still run first"
     seeded = trials[1]
-    assert seeded.user_attrs.get("seed_source") == "warm_start:first", \
+    assert seeded.user_attrs.get(ATTR_SEED_SOURCE) == "warm_start:first", \
         "the first's best runs right after the defaults, tagged with its source"
     assert {k: seeded.params[k] for k in changes} == changes, "the first study's best config"
     record = seeded.user_attrs["record"]
@@ -113,7 +114,7 @@ def test_second_compatible_study_is_seeded_with_the_first_best_and_measures_it_a
     assert main(["start", str(third), "--no-progress"]) == 0
     err = capsys.readouterr().err
     assert "warm start: skipped first: input_len_mean: 128 there, 2048 here" in err, err
-    assert all("seed_source" not in t.user_attrs for t in trials_of(tmp_path, "third"))
+    assert all(ATTR_SEED_SOURCE not in t.user_attrs for t in trials_of(tmp_path, "third"))
     assert "skipped second: input_len_mean" in study_run(client, "third").data.tags["warm_start"]
 
     # history: the three studies, newest first; --trials lists each trial's conclusion.
