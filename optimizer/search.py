@@ -35,7 +35,7 @@ from optimizer.outcomes import (
     tell_without_run,
 )
 from optimizer.records import TrialRecord, record_of
-from optimizer.startup import CompileCaches, group_by_key, launch_order, trial_env
+from optimizer.startup import CompileCaches, launch_order, trial_env
 from optimizer.study import (
     ATTR_BASELINE,
     ATTR_CONFIRM,
@@ -50,7 +50,7 @@ from optimizer.study import (
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
-from runners.vllm.compile_cache import CompileKey, compile_key
+from runners.vllm.compile_cache import compile_key
 from runners.workload import Workload
 from search_spaces import ResolvedSpace
 
@@ -107,9 +107,6 @@ class SearchPolicy:
                 self.caches.learn(record.startup)
         if not any(ATTR_BASELINE in t.user_attrs for t in trials):
             self.study.enqueue_trial(self.space.defaults(), user_attrs={ATTR_BASELINE: True})
-        if startup.order_by_compile_key:  # seeds of one compile key back to back
-            seed_trials = group_by_key(seed_trials, self._key_of_params,
-                                       first=self._key_of_params(self.space.defaults()))
         for params in seed_trials:
             self.study.enqueue_trial(dict(params), user_attrs={ATTR_SEEDED: True},
                                      skip_if_exists=True)
@@ -171,9 +168,6 @@ class SearchPolicy:
                 # round, not a run of repeats (which would end the study as exhausted).
                 return None
         return None
-
-    def _key_of_params(self, params: Mapping[str, Any]) -> CompileKey | None:
-        return compile_key(engine_config(self.cfg, self.space.to_flags(dict(params))))
 
     def _start_waiting(self, can_start: Callable[[int], bool]) -> Running | None:
         order = range(len(self.waiting))

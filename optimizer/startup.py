@@ -1,8 +1,8 @@
 """What a trial's start-up will cost, as the search policy plans it: the compile-cache state of
 each estimated key (`CompileCaches`: predicted warm or cold, compiling now), the launch order
-that reuses warm caches and never compiles one key twice at once (`launch_order`,
-`group_by_key`), the warm-cache check's environment and the savers' (`trial_env`), and what a
-trial's record says of its start-up (`startup_record`). Pure: no processes, no I/O.
+that starts warm keys first and never compiles one key twice at once (`launch_order`), the
+warm-cache check's environment (`trial_env`), and what a trial's record says of its start-up
+(`startup_record`). Pure: no processes, no I/O.
 """
 
 from __future__ import annotations
@@ -90,19 +90,6 @@ def launch_order(items: Sequence[T], key_of: Callable[[T], CompileKey | None],
                   key=rank)
 
 
-def group_by_key(items: Sequence[T], key_of: Callable[[T], CompileKey | None],
-                 first: CompileKey | None = None) -> list[T]:
-    """`items` with those of one compile key back to back (stable: groups in the order their
-    first member appears; the group of `first`, the defaults' key, ahead of all)."""
-    groups: dict[str | None, list[T]] = {}
-    if first is not None:
-        groups[first.digest] = []
-    for item in items:
-        key = key_of(item)
-        groups.setdefault(key.digest if key is not None else None, []).append(item)
-    return [item for group in groups.values() for item in group]
-
-
 def trial_env(config: EngineConfig, spec: StartupSpec, prediction: Prediction) -> EngineConfig:
     """The config as launched: the warm-cache check where it is asked for and the trial is
     predicted warm (VLLM_FORCE_AOT_LOAD is outside vLLM's key, envs.py:2123, so the key holds)."""
@@ -156,5 +143,5 @@ def startup_tags(record: Mapping[str, Any]) -> dict[str, str]:
     return tags
 
 
-__all__ = ["CompileCaches", "Prediction", "compile_key", "group_by_key", "launch_order",
+__all__ = ["CompileCaches", "Prediction", "compile_key", "launch_order",
            "startup_metrics", "startup_record", "startup_tags", "trial_env"]

@@ -156,14 +156,17 @@ def compile_key(config: EngineConfig) -> CompileKey | None:
     flags = dict(config.flags)
     if not _compiles(flags):
         return None
+    # `no_<flag>: true` is how the renderer spells a false boolean (runners/vllm/flags.py).
     keyed: dict[str, Any] = {k: v for k, v in sorted(flags.items())
-                             if k not in FLAGS_OUTSIDE_KEY and k not in (
-                                 "max_num_seqs", "enable_chunked_prefill")}
+                             if k.removeprefix("no_") not in FLAGS_OUTSIDE_KEY and
+                             k.removeprefix("no_") not in ("max_num_seqs",
+                                                           "enable_chunked_prefill")}
     capture = _capture_max(flags)
     if capture is not None:
         keyed["(cudagraph capture max)"] = capture
-    if flags.get("max_num_batched_tokens") is None and "enable_chunked_prefill" in flags:
-        keyed["enable_chunked_prefill"] = flags["enable_chunked_prefill"]  # the default budget
+    if flags.get("max_num_batched_tokens") is None:  # chunked prefill sets the default budget
+        keyed.update((k, v) for k, v in flags.items()
+                     if k in ("enable_chunked_prefill", "no_enable_chunked_prefill"))
     env = env_in_key(config.env)
     factors = {"model": config.model, "flags": keyed, "extra_args": list(config.extra_args),
                "env": env}

@@ -1,5 +1,5 @@
 """The start-up plan of the search policy (optimizer/startup.py): warm compile keys first, one
-compile of a key at a time, seeds grouped by key, the warm-cache check's variable, what a record
+compile of a key at a time, the warm-cache check's variable, what a record
 keeps of a start-up, and the study file's `startup` section (savers, refusals)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from optimizer.config import load_study
 from optimizer.errors import ConfigError
 from optimizer.export import trial_env as export_env
 from optimizer.search import SearchPolicy
-from optimizer.startup import CompileCaches, group_by_key, launch_order, startup_record
+from optimizer.startup import CompileCaches, launch_order, startup_record
 from optimizer.study import engine_config, make_pruner, make_sampler, startup_saver_env
 from runners.base import EngineConfig, EngineInfo, RunResult, StepMetrics
 from runners.vllm.compile_cache import compile_key
@@ -41,13 +41,6 @@ def test_warm_keys_start_first_and_a_key_being_compiled_waits() -> None:
     assert caches.predict(cold) == "warm" and not caches.is_compiling(cold)
     assert launch_order(items, lambda k: k, caches, is_reserved=lambda k: k is cold)[0] == 0, \
         "one holding the next free GPUs goes first whatever its key"
-
-
-def test_seeds_of_one_key_run_back_to_back_after_the_defaults_group() -> None:
-    seeds = [{"kv_cache_dtype": "fp8"}, {"gpu_memory_utilization": 0.8},
-             {"kv_cache_dtype": "fp8", "enable_prefix_caching": False}, {"block_size": 32}]
-    ordered = group_by_key(seeds, _key, first=_key({}))
-    assert ordered == [seeds[1], seeds[0], seeds[2], seeds[3]]
 
 
 def _policy(tmp_path: Path, **startup: Any) -> SearchPolicy:

@@ -32,6 +32,7 @@ def _key(flags: dict[str, Any] | None = None, env: dict[str, str] | None = None,
 @pytest.mark.parametrize(("flags", "same"), [
     ({"gpu_memory_utilization": 0.8}, True),  # config/cache.py:204
     ({"enable_prefix_caching": False}, True),  # config/cache.py:209
+    ({"no_enable_prefix_caching": True}, True),  # as the flag renderer spells a false
     ({"kv_cache_memory_bytes": 10**10}, True),
     ({"scheduling_policy": "priority"}, True),  # config/scheduler.py:203: mnbt alone
     ({"stream_interval": 4}, True),
