@@ -63,8 +63,9 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
         pruned_values = objective_values(cfg.objectives, item.steps)
         primary = pruned_values[0] if pruned_values else None
     metrics = summary_metrics(result, cfg.objectives)
-    startup = startup_record(item.compile_key, item.prediction,  # type: ignore[arg-type]
-                             result) if result.argv or result.engine.startup_s else {}
+    # A launched engine's start-up (one never launched has none to record).
+    startup = startup_record(item.compile_key, item.prediction, result) \
+        if result.argv or result.engine.startup_s else {}
     metrics.update(startup_metrics(startup))
     objective_spread = metrics.get(f"spread.{cfg.objectives[0]}")
     is_unstable = objective_spread is not None and \

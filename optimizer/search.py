@@ -170,7 +170,7 @@ class SearchPolicy:
         return None
 
     def _start_waiting(self, can_start: Callable[[int], bool]) -> Running | None:
-        order = range(len(self.waiting))
+        order: Sequence[int] = range(len(self.waiting))
         if self.cfg.spec.startup.order_by_compile_key and \
                 self.cfg.spec.startup.compile_cache == "shared":
             # Warm keys first; a key being compiled waits for that compile (optimizer/startup.py).

@@ -125,3 +125,24 @@ def test_startup_settings_that_would_change_the_measurement_are_refused(
         tmp_path: Path, override: dict[str, Any], words: str) -> None:
     with pytest.raises(ConfigError, match=words):
         load_study(write_study(tmp_path, **override))
+
+
+def test_mlflow_gets_the_start_up_as_tags_and_metrics() -> None:
+    from optimizer.records import TrialRecord, tracking_payload
+    from optimizer.startup import startup_metrics
+
+    cold = RunResult(status="complete", argv=("vllm",), engine=EngineInfo(
+        startup_s=127.0, model_load_s=3.5, compile_s=30.7, graph_capture_s=4.0,
+        compile_cache="cold", compile_cache_dir="6cc5f9a5ca6ab7ed"))
+    startup = startup_record(_key({}), "warm", cold)
+    record = TrialRecord(state="complete", params={}, conclusion="c", startup=startup,
+                         metrics=startup_metrics(startup))
+    payload = tracking_payload(record, None, number=3)
+    assert payload["tags"]["startup.compile_cache"] == "cold"
+    assert payload["tags"]["startup.compile_cache_predicted"] == "warm"
+    assert payload["tags"]["startup.vllm_key"] == "6cc5f9a5ca6ab7ed"
+    assert payload["metrics"]["startup.compile_s"] == 30.7
+    assert payload["metrics"]["startup.is_cold_compile"] == 1.0
+    assert payload["metrics"]["startup.is_prediction_right"] == 0.0, "the miss is visible"
+    again = TrialRecord.from_user_attr(record.to_user_attr())
+    assert again.startup == record.startup, "kept in Optuna, replayed by the catch-up"
