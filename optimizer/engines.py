@@ -20,6 +20,7 @@ class RunnerSpec:
     startup_time_scale: float = 0.01  # simulated engine only
     seed: int = 0
     cache_root: Path | None = None  # VLLM_CACHE_ROOT shared by every trial
+    is_cache_per_trial: bool = False  # startup.compile_cache: per_trial (under each trial's dir)
     stall_timeout_s: float = 120.0
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -45,7 +46,8 @@ def _vllm_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None) -> Any:
     from runners.vllm.launcher import VllmLauncher
 
     # Dev mode for /reset_prefix_cache between load levels (127.0.0.1 only).
-    launcher = VllmLauncher(cache_root=spec.cache_root, dev_mode=True)
+    launcher = VllmLauncher(cache_root=spec.cache_root, dev_mode=True,
+                            is_cache_per_trial=spec.is_cache_per_trial)
     return EngineRunner(launcher, spec.registry_dir, stall_timeout_s=spec.stall_timeout_s,
                         gpu_indices=gpu_indices)
 

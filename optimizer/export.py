@@ -25,6 +25,7 @@ from optimizer.study import (
     engine_config,
     is_measured,
     recommended_trial,
+    startup_saver_env,
 )
 from runners.model_info import BUNDLED_CHECKPOINTS, bundled_shape_of
 from runners.vllm.facts import ENV_PREFIXES
@@ -33,7 +34,9 @@ from runners.vllm.launcher import config_flags
 
 FORMATS = ("yaml", "sh", "env")
 # Variables that describe where a trial ran, not how the engine is configured.
-_PLACEMENT_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "VLLM_CACHE_ROOT", "VLLM_SERVER_DEV_MODE"})
+# VLLM_FORCE_AOT_LOAD (startup.verify_warm) would make a deployment's first start fail.
+_PLACEMENT_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "VLLM_CACHE_ROOT", "VLLM_SERVER_DEV_MODE",
+                            "VLLM_FORCE_AOT_LOAD"})
 
 
 def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = None,
@@ -93,11 +96,15 @@ def _metric(trial: optuna.trial.FrozenTrial, key: str) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def trial_env(record: Mapping[str, Any]) -> dict[str, str]:
-    """The engine-relevant variables the trial ran with (VLLM_*, NCCL_*, ...), in one place."""
+def trial_env(record: Mapping[str, Any], benchmark_only: Mapping[str, str] = {}
+              ) -> dict[str, str]:
+    """The engine-relevant variables the trial ran with (VLLM_*, NCCL_*, ...), in one place,
+    less those that only placed the trial and `benchmark_only` (the study's start-up savers,
+    which hold for nightshift's greedy load but not for a deployment's: docs/startup-cost.md)."""
     env = record.get("env") or {}
     return {k: str(v) for k, v in sorted(env.items())
-            if k.startswith(ENV_PREFIXES) and k not in _PLACEMENT_ENV}
+            if k.startswith(ENV_PREFIXES) and k not in _PLACEMENT_ENV
+            and benchmark_only.get(k) != str(v)}
 
 
 def serve_argv(model: str, flags: Mapping[str, Any], extra_args: Sequence[str] = ()) -> list[str]:
@@ -156,7 +163,7 @@ def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
     if quality_note:
         notes.append(quality_note)
     extra_args = tuple(cfg.spec.vllm.extra_args)
-    env = trial_env(record)
+    env = trial_env(record, startup_saver_env(cfg.spec.startup.savers))
     values = ", ".join(f"{o}={v:.4g}" for o, v in zip(cfg.objectives, trial.values or [],
                                                       strict=False))
     about = (f"nightshift study {cfg.name!r}, trial {trial.number} ({values})\n"

@@ -20,6 +20,7 @@ from optimizer import bottleneck, quality
 from optimizer.conclusions import baseline_trial, conclude, reference_of
 from optimizer.objectives import objective_values
 from optimizer.records import ATTR_RECORD, TrialRecord, record_of, step_records, summary_metrics
+from optimizer.startup import startup_metrics, startup_record
 from optimizer.study import (
     ATTR_CONFIRM,
     ATTR_DUPLICATE_OF,
@@ -33,6 +34,7 @@ from optimizer.study import (
 )
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics
 from runners.capacity import meets_slo
+from runners.vllm.compile_cache import CompileKey
 
 if TYPE_CHECKING:
     from optimizer.config import StudyConfig
@@ -63,6 +65,10 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
         pruned_values = objective_values(cfg.objectives, item.steps)
         primary = pruned_values[0] if pruned_values else None
     metrics = summary_metrics(result, cfg.objectives)
+    # A launched engine's start-up (one never launched has none to record).
+    startup = startup_record(item.compile_key, item.prediction, result) \
+        if result.argv or result.engine.startup_s else {}
+    metrics.update(startup_metrics(startup))
     objective_spread = metrics.get(f"spread.{cfg.objectives[0]}")
     is_unstable = objective_spread is not None and \
         objective_spread > cfg.spec.workload.max_spread
@@ -120,6 +126,7 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
         is_unstable=is_unstable,
         quality=assessed.to_dict() if assessed is not None else None,
         seed_source=str(item.trial.user_attrs.get(ATTR_SEED_SOURCE) or ""),
+        startup=startup,
     )
     item.trial.set_user_attr(ATTR_RECORD, record.to_user_attr())
     if assessed is not None and assessed.status == "scored":
@@ -171,6 +178,8 @@ class Running:
     steps: list[StepMetrics] = field(default_factory=list)
     pruned_at: int | None = None
     prune_reason: str | None = None
+    compile_key: CompileKey | None = None  # the estimated compile-cache key (optimizer.startup)
+    prediction: str = "none"  # what the policy expected of its compile cache at launch
 
 
 @dataclass

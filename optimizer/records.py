@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from optimizer.objectives import OBJECTIVES, metrics_value, objective_value, step_value
+from optimizer.startup import startup_tags
 from optimizer.tracking import KIND_CONFIRMATION, TAG_CONFIRM, TAG_KIND
 from runners.base import BenchmarkMetrics, RunResult, StepMetrics
 
@@ -58,6 +59,8 @@ class TrialRecord:
     # "template:hopper" (a hardware template) or "warm_start:<study>" (an earlier study's best,
     # optimizer/memory.py): a seed measured here like any other trial; "" for every other trial.
     seed_source: str = ""
+    # `optimizer.startup.startup_record`: the compile cache predicted and seen, seconds by part
+    startup: Mapping[str, Any] = field(default_factory=dict)
     version: int = RECORD_VERSION
 
     @classmethod
@@ -291,6 +294,8 @@ def tracking_payload(record: TrialRecord, result: RunResult | None, *, number: i
         if when is not None:  # "engine.started" / "engine.ended", UTC
             tags[f"engine.{key}"] = datetime.fromtimestamp(float(when), UTC).isoformat(
                 timespec="milliseconds")
+    if record.startup:
+        tags.update(startup_tags(record.startup))
     for key in ("attention_backend", "engine_version"):  # what the engine chose, as tags
         if record.engine.get(key):
             tags[f"engine.{key}"] = str(record.engine[key])

@@ -229,6 +229,7 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
                         hardware=hardware.to_dict() if engine == "simulated" else None,
                         startup_time_scale=sim.startup_time_scale,
                         seed=sim.seed, cache_root=cfg.spec.vllm.cache_root or DEFAULT_CACHE_ROOT,
+                        is_cache_per_trial=cfg.spec.startup.compile_cache == "per_trial",
                         stall_timeout_s=cfg.spec.workload.stall_timeout_s)
     hw_dict = hardware.to_dict()
     study_params = {

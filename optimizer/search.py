@@ -35,6 +35,7 @@ from optimizer.outcomes import (
     tell_without_run,
 )
 from optimizer.records import TrialRecord, record_of
+from optimizer.startup import CompileCaches, launch_order, trial_env
 from optimizer.study import (
     ATTR_BASELINE,
     ATTR_CONFIRM,
@@ -50,6 +51,7 @@ from optimizer.study import (
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
+from runners.vllm.compile_cache import compile_key
 from runners.workload import Workload
 from search_spaces import ResolvedSpace
 
@@ -88,6 +90,8 @@ class SearchPolicy:
         self._measured: dict[str, int] = {}  # config key -> the finished trial that holds it
         self.duplicates_in_a_row = 0
         self.is_exhausted = False
+        # The compile caches this study filled and is filling (optimizer/startup.py).
+        self.caches = CompileCaches()
 
     # -- the queue ----------------------------------------------------------------------------
 
@@ -102,8 +106,12 @@ class SearchPolicy:
         study file since runs on resume. A config the study holds already (queued or finished)
         is not queued again."""
         trials = self.study.get_trials(deepcopy=False)
+        startup = self.cfg.spec.startup
         for frozen in trials:
-            self.remember(frozen.number, record_of(frozen))
+            record = record_of(frozen)
+            self.remember(frozen.number, record)
+            if record is not None and startup.compile_cache == "shared":
+                self.caches.learn(record.startup)
         if not any(ATTR_BASELINE in t.user_attrs for t in trials):
             self.study.enqueue_trial(self.space.defaults(), user_attrs={ATTR_BASELINE: True})
         for params, source in warm_seeds:
@@ -168,10 +176,21 @@ class SearchPolicy:
             asked = self._ask()  # None: rejected before launch or a repeat; ask again
             if asked is not None:
                 self.waiting.append(asked)
+            elif any(self.caches.is_compiling(compile_key(w.config)) for w in self.waiting):
+                # GPUs are free only because a trial waits for its key's compile: one ask a
+                # round, not a run of repeats (which would end the study as exhausted).
+                return None
         return None
 
     def _start_waiting(self, can_start: Callable[[int], bool]) -> Running | None:
-        for index, waiting in enumerate(self.waiting):
+        order: Sequence[int] = range(len(self.waiting))
+        if self.cfg.spec.startup.order_by_compile_key and \
+                self.cfg.spec.startup.compile_cache == "shared":
+            # Warm keys first; a key being compiled waits for that compile (optimizer/startup.py).
+            order = launch_order(self.waiting, lambda w: compile_key(w.config), self.caches,
+                                 is_reserved=lambda w: w.overtaken >= MAX_OVERTAKEN)
+        for index in order:
+            waiting = self.waiting[index]
             if waiting.config.num_gpus > self.total_gpus:  # a node died while it waited
                 del self.waiting[index]
                 tell_without_run(self, waiting.trial, waiting.params, Failure(
@@ -191,8 +210,15 @@ class SearchPolicy:
     def _running(self, trial: optuna.Trial, params: dict[str, Any],
                  config: EngineConfig) -> Running:
         attrs = trial.user_attrs
-        running = Running(trial, params, config, bool(attrs.get(ATTR_BASELINE)),
-                          int(attrs.get(ATTR_RETRIES, 0)), started=self.clock())
+        key = compile_key(config)
+        startup = self.cfg.spec.startup
+        prediction = self.caches.predict(key) if startup.compile_cache == "shared" else \
+            ("none" if key is None else "cold")
+        if startup.compile_cache == "shared":
+            self.caches.launched(trial.number, key, prediction)
+        running = Running(trial, params, trial_env(config, startup, prediction),
+                          bool(attrs.get(ATTR_BASELINE)), int(attrs.get(ATTR_RETRIES, 0)),
+                          started=self.clock(), compile_key=key, prediction=prediction)
         self.running.append(running)
         return running
 
@@ -252,6 +278,8 @@ class SearchPolicy:
     def on_step(self, running: Running, step: StepMetrics) -> bool:
         """Judge one load level of a running trial; True stops it there (pruned)."""
         running.steps.append(step)
+        if len(running.steps) == 1:
+            self.caches.started(running.trial.number, running.compile_key)
         stop = self._should_prune(running, step)
         if stop:
             running.pruned_at = step.step
@@ -325,6 +353,8 @@ class SearchPolicy:
         them)."""
         if running in self.running:
             self.running.remove(running)
+        self.caches.ended(running.trial.number, running.compile_key,
+                          result.engine.compile_cache or ("cold" if result.steps else None))
         if not running.is_baseline and ATTR_CONFIRM not in running.trial.user_attrs and \
                 self.baseline_pending():
             logger.info("trial %d measured; recorded once the defaults are",
@@ -363,6 +393,8 @@ class SearchPolicy:
             else "the confirmation runs whole again"
         if running in self.running:
             self.running.remove(running)
+        self.caches.ended(running.trial.number, running.compile_key,
+                          "cold" if running.steps else None)
         self._record(running, RunResult(status="failed", steps=tuple(running.steps),
                                         failure=Failure(
             FailureReason.INTERRUPTED,

@@ -119,6 +119,13 @@ def open_study(cfg: StudyConfig, *, create: bool = True,
     return study
 
 
+def startup_saver_env(savers: Sequence[str]) -> dict[str, str]:
+    """The environment the study's start-up savers set (`schema.STARTUP_SAVERS`)."""
+    from optimizer.config.schema import STARTUP_SAVERS
+
+    return {k: v for name in savers for k, v in STARTUP_SAVERS[name].items()}
+
+
 def engine_config(cfg: StudyConfig, flags: Mapping[str, Any]) -> EngineConfig:
     model = cfg.spec.model
     # A bundled shape name becomes its directory: vLLM would take a bare name for a hub id.
@@ -128,7 +135,9 @@ def engine_config(cfg: StudyConfig, flags: Mapping[str, Any]) -> EngineConfig:
         # The study's fixed flags win: the space no longer searches them (`with_fixed`), and a
         # flag rendered from a config must never override one the study fixed.
         flags={**flags, **cfg.engine_fixed_flags},
-        env=dict(cfg.spec.env),
+        # The start-up savers' variables (docs/startup-cost.md), then the study's own: every
+        # trial carries the same, so the compile cache keys stay consistent across trials.
+        env={**startup_saver_env(cfg.spec.startup.savers), **cfg.spec.env},
         load_format=model.load_format,
         served_model_name=model.served_model_name,
         skip_tokenizer_init=model.skip_tokenizer_init,

@@ -125,6 +125,9 @@ class FailureReason(enum.StrEnum):
     INTERRUPTED = "interrupted"  # the daemon was stopped with the trial in flight
     INFEASIBLE = "infeasible"  # rejected before launch
     INTERNAL = "internal"  # a bug of ours; the message has the traceback's last line
+    # VLLM_FORCE_AOT_LOAD=1 and no loadable compiled artefact: the start-up check of a cache
+    # predicted warm failed. The runner relaunches without the check; never a trial's outcome.
+    COMPILE_CACHE_MISS = "compile_cache_miss"
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,13 @@ class EngineInfo:
     # Kernels vLLM's JIT monitor saw compiled (or autotuned) after warm-up, i.e. while serving:
     # each one stalls the steps that wait for it. None where the log was not read after the load.
     num_runtime_jit_compiles: int | None = None
+    # What the start-up did with vLLM's torch.compile cache: "warm" (loaded, compiled nothing),
+    # "cold" (compiled), "none" (no torch.compile: eager); None where the log does not say.
+    compile_cache: str | None = None
+    compile_cache_dir: str | None = None  # vLLM's own key: the hash directory it used
+    # startup.verify_warm's VLLM_FORCE_AOT_LOAD=1 launch failed (no loadable artefact) and the
+    # engine was started again without it: the start-up figures are the second launch's.
+    is_warm_check_refused: bool = False
 
     def as_metrics(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.__dict__.items()

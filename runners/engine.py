@@ -31,6 +31,7 @@ from runners.capacity import meets_slo
 from runners.process import EngineProcess, free_port, tail, wait_healthy
 from runners.quality import QualityRun, run_eval
 from runners.telemetry import TelemetrySampler
+from runners.vllm.compile_cache import FORCE_AOT_LOAD
 from runners.workload import LengthDistribution, LoadLevel, Probe, QualityEval, Workload
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,20 @@ class EngineRunner:
                 break
             logger.info("port taken before the engine bound it; relaunching")
             result = self._run_once(config, workload, workdir, on_step)
+        if result.failure is not None and \
+                result.failure.reason == FailureReason.COMPILE_CACHE_MISS and \
+                config.env.get(FORCE_AOT_LOAD) == "1":
+            # The warm-cache check (startup.verify_warm) refused: a wrong prediction, never
+            # the trial's outcome. Start again as any trial starts, and say it was refused.
+            logger.info("the compile cache predicted warm was not (%s); relaunching without "
+                        "%s", result.failure.message, FORCE_AOT_LOAD)
+            refused = (workdir / "server.log").read_text(errors="replace") \
+                if (workdir / "server.log").is_file() else ""
+            (workdir / "server.aot-refused.log").write_text(refused)
+            plain = replace(config, env={k: v for k, v in config.env.items()
+                                         if k != FORCE_AOT_LOAD})
+            result = self.run(plain, workload, workdir, on_step)
+            result = replace(result, engine=replace(result.engine, is_warm_check_refused=True))
         return result
 
     def close(self) -> None:

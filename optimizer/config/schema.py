@@ -384,6 +384,41 @@ class VllmSpec(_Strict):
         return v
 
 
+# Start-up savers a study may turn on (docs/startup-cost.md): each leaves the measured config
+# unchanged, by vLLM 0.26's source, under the condition named. name -> the env it sets.
+STARTUP_SAVERS: dict[str, dict[str, str]] = {
+    # Greedy requests never take FlashInfer's top-k/top-p sampler (v1/worker/gpu/sample/
+    # sampler.py:231-246): off, the start-up skips building it (a first start JIT-builds it).
+    # nightshift's load generator sends temperature 0 only (runners/loadgen.py send_request).
+    "flashinfer_sampler_off": {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
+}
+
+
+class StartupSpec(_Strict):
+    """What a trial's start-up costs, and what cuts it without changing the config measured."""
+
+    # shared: one VLLM_CACHE_ROOT for every trial on a host (vllm.cache_root, else
+    # ~/.cache/nightshift/vllm), kept across daemon restarts; per_trial: each trial its own
+    # cache under its results directory (isolation; every compiled start is cold).
+    compile_cache: Literal["shared", "per_trial"] = "shared"
+    # Start a trial whose compile key is warm before one that compiles, and never compile one
+    # key twice at once (the second waits for the first, or other work starts).
+    order_by_compile_key: bool = True
+    # Launch a trial predicted warm with VLLM_FORCE_AOT_LOAD=1 (vLLM then fails instead of
+    # compiling): a wrong prediction is recorded and the trial relaunched without it.
+    verify_warm: bool = False
+    savers: list[str] = Field(default_factory=list, max_length=8)
+
+    @field_validator("savers")
+    @classmethod
+    def _savers(cls, v: list[str]) -> list[str]:
+        for name in v:
+            registered("startup.savers", name, STARTUP_SAVERS)
+        if len(set(v)) != len(v):
+            raise ValueError("startup.savers: a saver is named twice; name each once")
+        return v
+
+
 class StudySpec(_Strict):
     name: str
     model: ModelSpec
@@ -399,6 +434,7 @@ class StudySpec(_Strict):
     sampler: Annotated[SamplerSpec, Field(default_factory=SamplerSpec)]
     pruner: Annotated[PrunerSpec, Field(default_factory=PrunerSpec)]
     vllm: Annotated[VllmSpec, Field(default_factory=VllmSpec)]
+    startup: Annotated[StartupSpec, Field(default_factory=StartupSpec)]
     ray: Annotated[RaySpec, Field(default_factory=RaySpec)]
     results_dir: Annotated[Path | None, Field(strict=False)] = None  # default: results/<name>
     storage: str | None = None  # Optuna RDB URL; default sqlite under results_dir
@@ -518,6 +554,33 @@ class StudySpec(_Strict):
         if isinstance(self.warm_start, list) and self.name in self.warm_start:
             raise ValueError(f"warm_start: names this study ({self.name}) itself; a study "
                              "resumes its own trials without it: remove the name")
+        return self
+
+    @model_validator(mode="after")
+    def _startup_vs_env(self) -> StudySpec:
+        env = self.env
+        if env.get("VLLM_ENABLE_STARTUP_PLAN", "0") not in ("", "0"):
+            raise ValueError("env.VLLM_ENABLE_STARTUP_PLAN: vLLM 0.26 would apply one trial's "
+                             "profiled KV-cache size to another (its plan is keyed without "
+                             "gpu_memory_utilization or max_num_seqs), changing the config "
+                             "measured; remove it (docs/startup-cost.md)")
+        for name in self.startup.savers:
+            for key in STARTUP_SAVERS[name]:
+                if key in env:
+                    raise ValueError(f"startup.savers: {name} sets {key} but env sets it too; "
+                                     "set it in one place")
+        if self.startup.verify_warm:
+            if self.startup.compile_cache == "per_trial":
+                raise ValueError("startup.verify_warm: a per_trial compile cache is never warm; "
+                                 "set compile_cache: shared or drop verify_warm")
+            if env.get("VLLM_USE_AOT_COMPILE") == "0" or env.get(
+                    "VLLM_DISABLE_COMPILE_CACHE", "0") not in ("", "0"):
+                raise ValueError("startup.verify_warm: VLLM_FORCE_AOT_LOAD checks the AOT cache, "
+                                 "which env turns off (VLLM_USE_AOT_COMPILE=0 or "
+                                 "VLLM_DISABLE_COMPILE_CACHE); drop one of them")
+        if "VLLM_FORCE_AOT_LOAD" in env:
+            raise ValueError("env.VLLM_FORCE_AOT_LOAD: it would fail every trial that must "
+                             "compile; remove it (startup.verify_warm sets it per trial)")
         return self
 
     @model_validator(mode="after")

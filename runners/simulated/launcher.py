@@ -26,6 +26,8 @@ _MODELLED_STARTUP = re.compile(r"modelled start-up ([0-9][0-9,]*(?:\.[0-9]+)?) s
 # First match wins: graph capture before the generic OOM (its error is a CUDA OOM too).
 _FAILURE_PATTERNS: tuple[tuple[FailureReason, re.Pattern[str]], ...] = (
     (FailureReason.PORT_IN_USE, re.compile(r"Address already in use|\[Errno 98\]")),
+    (FailureReason.COMPILE_CACHE_MISS,
+     re.compile(r"FileNotFoundError: .*torch_aot_compile/\S*rank_\d+_\d+/model")),
     (FailureReason.KV_CACHE_TOO_SMALL,
      re.compile(r"To serve at least one request with the models?'s? max seq len")),
     (FailureReason.CUDA_GRAPH_CAPTURE,

@@ -68,6 +68,7 @@ from runners.simulated.model import (
     block_hashes,
     vllm_mfu_estimate,
 )
+from runners.vllm.compile_cache import compile_key
 
 logger = logging.getLogger(__name__)
 
@@ -206,10 +207,17 @@ def _compile_cache_marker(config: EngineConfig) -> Path | None:
     root = config.env.get("VLLM_CACHE_ROOT")
     if not root:
         return None
-    keyed = {k: config.flags.get(k) for k in sorted(config.flags)
-             if not k.startswith("sim_") and k != "enable_mfu_metrics"}  # metrics: no compile
-    digest = hashlib.sha256(json.dumps([config.model, keyed], default=str).encode()).hexdigest()
-    return Path(root) / "torch_compile_cache" / f"simulated-{digest[:16]}" / "done"
+    # Keyed as vLLM 0.26 keys its cache, as far as nightshift's estimate knows it (modelled:
+    # runners/vllm/compile_cache.py); the simulated faults are no part of a config.
+    plain = dataclasses.replace(config, flags={k: v for k, v in config.flags.items()
+                                               if not k.startswith("sim_")})
+    key = compile_key(plain)
+    if key is None:
+        return None
+    digest = key.digest if key.is_cached else hashlib.sha256(str(time.time_ns()).encode()
+                                                             ).hexdigest()
+    return Path(root) / "torch_compile_cache" / "torch_aot_compile" / f"simulated-{digest}" / \
+        "rank_0_0" / "model"
 
 
 @dataclasses.dataclass
@@ -313,11 +321,25 @@ class SimulatedEngine:
                 "No available memory for the cache blocks. Try increasing "
                 "`gpu_memory_utilization` when initializing the engine."))
         if times.compile_s:
+            marker = self._compile_marker
+            if not model.is_compile_cache_warm and \
+                    _flag_on(self.settings.config.env.get("VLLM_FORCE_AOT_LOAD")):
+                # As vLLM 0.26 with VLLM_FORCE_AOT_LOAD=1 and no artefact
+                # (compilation/decorators.py:293-327): the load raises, the engine dies.
+                logger.error("FileNotFoundError: [Errno 2] No such file or directory: '%s'",
+                             marker or "torch_compile_cache/torch_aot_compile/?/rank_0_0/model")
+                logger.error("RuntimeError: Engine core initialization failed. See root cause "
+                             "above. Failed core proc(s): {}")
+                return 1
             await self._sleep_scaled(times.compile_s)
             if model.is_compile_cache_warm:
-                logger.info("Directly load the compiled graph(s) for dynamic shape from the "
-                            "cache, took %.3f s", times.compile_s)
-            logger.info("torch.compile takes %.2f s in total", times.compile_s)
+                logger.info("Directly load AOT compilation from path %s", marker)
+            else:
+                logger.info("Compiling a graph for compile range (1, %d) takes %.2f s",
+                            model.max_num_batched_tokens, times.compile_s * 0.6)
+                if marker is not None:
+                    logger.info("saved AOT compiled function to %s", marker)
+            logger.info("torch.compile took %.2f s in total", times.compile_s)
         await self._sleep_scaled(times.profile_s)
         failure = model.check_memory()
         if failure is not None:

@@ -94,16 +94,20 @@ class VllmLauncher:
     """`EngineLauncher` for `vllm serve` (OpenAI-compatible API server).
 
     `vllm_version` overrides the installed version (tests, or building commands for another
-    host); `cache_root` is shared by every trial so torch.compile artefacts are reused;
-    `python` is the interpreter that has vLLM (default: this one).
+    host); `cache_root` is shared by every trial so torch.compile artefacts are reused (vLLM
+    keys its cache under it: docs/startup-cost.md), unless `is_cache_per_trial` gives each
+    launch its own under its work directory; `python` is the interpreter that has vLLM
+    (default: this one).
     """
 
     name = "vllm"
 
     def __init__(self, *, vllm_version: str | None = None, cache_root: Path | None = None,
-                 python: str | None = None, dev_mode: bool = False) -> None:
+                 python: str | None = None, dev_mode: bool = False,
+                 is_cache_per_trial: bool = False) -> None:
         self._vllm_version = vllm_version
         self.cache_root = cache_root
+        self.is_cache_per_trial = is_cache_per_trial
         self.python = python or sys.executable
         self.dev_mode = dev_mode  # VLLM_SERVER_DEV_MODE=1: /reset_prefix_cache, /sleep endpoints
 
@@ -136,7 +140,9 @@ class VllmLauncher:
             argv.append("--skip-tokenizer-init")
 
         env: dict[str, str] = {}
-        if self.cache_root is not None:
+        if self.is_cache_per_trial:
+            env["VLLM_CACHE_ROOT"] = str((workdir / "vllm_cache").absolute())
+        elif self.cache_root is not None:
             env["VLLM_CACHE_ROOT"] = str(self.cache_root.absolute())
         if self.dev_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"

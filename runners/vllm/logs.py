@@ -42,6 +42,20 @@ _MAX_MODEL_LEN = re.compile(r"Using max model len ([\d,]+)")
 _RUNTIME_JIT = re.compile(r"JIT compilation during inference: (\S+?)\.?(?: |$)", re.MULTILINE)
 _RUNTIME_AUTOTUNE = re.compile(r"Triton autotuning for function (\w+)")
 _JIT_MONITOR_ON = "Kernel JIT monitor activated"
+# The compile cache (vLLM 0.26, docs/startup-cost.md): a warm start loads the AOT artefact
+# (compilation/decorators.py:312) or, without AOT, each range's graph (backends.py:293);
+# a cold one compiles a range (backends.py:394), saves a new AOT artefact (decorators.py:708) or
+# recompiles after a failed load (decorators.py:322). Eager mode says so (config/vllm.py:1163).
+_CACHE_WARM = re.compile(r"Directly load AOT compilation from path|"
+                         r"Directly load the compiled graph")
+_CACHE_COLD = re.compile(r"Compiling a graph for (?:compile range|dynamic shape)|"
+                         r"saved AOT compiled function to|Compiling model again due to a load "
+                         r"failure")
+_NO_COMPILE = re.compile(r"disabling torch\.compile")  # config/vllm.py:1164 and :1172
+# vLLM's own key, the directory it used: the AOT one where AOT compile is on (decorators.py:541,
+# the default with torch >= 2.10), else the backbone's (backends.py:1064).
+_AOT_DIR = re.compile(r"torch_compile_cache/torch_aot_compile/([0-9a-f]{64})")
+_CACHE_DIR = re.compile(r"torch_compile_cache/([0-9a-f]{10})/")
 _VERSION_PATTERNS = (
     re.compile(r"vLLM API server version (\S+)"),
     re.compile(r"Initializing a V1 LLM engine \(v([^)\s]+)\)"),
@@ -88,6 +102,14 @@ def parse_log(log_text: str) -> EngineInfo:
             fields["compile_s"] = _num(m.group(2))
     if "compile_s" not in fields and (m := _TORCH_COMPILE.search(text)):
         fields["compile_s"] = _num(m.group(1))
+    if _CACHE_COLD.search(text):
+        fields["compile_cache"] = "cold"
+    elif _CACHE_WARM.search(text):
+        fields["compile_cache"] = "warm"
+    elif _NO_COMPILE.search(text):
+        fields["compile_cache"] = "none"
+    if m := _AOT_DIR.search(text) or _CACHE_DIR.search(text):
+        fields["compile_cache_dir"] = m.group(1)[:16]
     if _JIT_MONITOR_ON in text:
         serving = text[text.index(_JIT_MONITOR_ON):]
         # Distinct kernels: every tensor-parallel rank logs its own compiles of the same ones.
@@ -158,6 +180,20 @@ _ARG_RULES = (
           lambda m: "vLLM's argument parser refused the command"
                     + (f" ({m.group('why').strip()})" if m.group("why") else "")
                     + "; check the flags against `vllm serve --help` for this version."),
+)
+# VLLM_FORCE_AOT_LOAD=1 re-raises a failed AOT load (compilation/decorators.py:326): an absent
+# artefact is a FileNotFoundError naming its path under torch_aot_compile/ (decorators.py:543-560),
+# one that fails to load logs "Compiling model again due to a load failure" first (:322).
+_AOT_RULES = (
+    _Rule(FailureReason.COMPILE_CACHE_MISS,
+          re.compile(r"torch_aot_compile/\S*rank_\d+_\d+/model"),
+          lambda m: "the compile cache predicted warm had no loadable artefact "
+                    "(VLLM_FORCE_AOT_LOAD=1 refused to compile); relaunch without the check.",
+          exception_lines_only=True),
+    _Rule(FailureReason.COMPILE_CACHE_MISS,
+          re.compile(r"Compiling model again due to a load failure"),
+          lambda m: "the compiled artefact predicted warm failed to load "
+                    "(VLLM_FORCE_AOT_LOAD=1 refused to compile); relaunch without the check."),
 )
 _PORT_RULES = (
     _Rule(FailureReason.PORT_IN_USE,
@@ -321,6 +357,8 @@ def classify_failure(log_text: str, returncode: int | None, phase: Phase) -> Fai
                            "vLLM ran out of GPU memory while serving; lower "
                            "gpu_memory_utilization, max_num_seqs or max_num_batched_tokens.",
                            _excerpt(lines, i))
+    if hit is None and phase == "startup":
+        hit = _search(_AOT_RULES, lines)
     if hit is None:
         hit = _search(_UNSUPPORTED_RULES, lines)
     if hit is not None:

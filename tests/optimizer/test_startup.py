@@ -1,0 +1,148 @@
+"""The start-up plan of the search policy (optimizer/startup.py): warm compile keys first, one
+compile of a key at a time, the warm-cache check's variable, what a record
+keeps of a start-up, and the study file's `startup` section (savers, refusals)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from optimizer.config import load_study
+from optimizer.errors import ConfigError
+from optimizer.export import trial_env as export_env
+from optimizer.search import SearchPolicy
+from optimizer.startup import CompileCaches, launch_order, startup_record
+from optimizer.study import engine_config, make_pruner, make_sampler, startup_saver_env
+from runners.base import EngineConfig, EngineInfo, RunResult, StepMetrics
+from runners.vllm.compile_cache import compile_key
+from search_spaces import load_space
+from tests.optimizer.test_daemon import categorical_space, write_study
+from tests.optimizer.test_search_policy import _metrics
+
+
+def _key(flags: dict[str, Any]) -> Any:
+    return compile_key(EngineConfig("/m", flags))
+
+
+def test_warm_keys_start_first_and_a_key_being_compiled_waits() -> None:
+    caches = CompileCaches()
+    cold, warm, eager = _key({"block_size": 32}), _key({}), None
+    caches.warm.add(warm.digest)
+    items = [cold, warm, eager]
+    order = launch_order(items, lambda k: k, caches, is_reserved=lambda k: False)
+    assert order == [1, 2, 0], "warm, then no compile at all, then the cold one"
+    caches.launched(7, cold, caches.predict(cold))
+    assert launch_order(items, lambda k: k, caches, is_reserved=lambda k: False) == [1, 2], \
+        "trial 7 compiles that key: the other trial of it waits"
+    caches.started(7, cold)
+    assert caches.predict(cold) == "warm" and not caches.is_compiling(cold)
+    assert launch_order(items, lambda k: k, caches, is_reserved=lambda k: k is cold)[0] == 0, \
+        "one holding the next free GPUs goes first whatever its key"
+
+
+def _policy(tmp_path: Path, **startup: Any) -> SearchPolicy:
+    space_path = categorical_space(tmp_path, gpu_memory_utilization=[0.9, 0.8, 0.7])
+    cfg = load_study(write_study(tmp_path, trials=10, search_space=str(space_path),
+                                 sampler={"name": "tpe", "seed": 0}, startup=startup))
+    study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
+                                pruner=make_pruner(cfg))
+    policy = SearchPolicy(cfg, load_space(space_path).resolve({}), study,
+                          workload=cfg.workload(vocab_size=32000), total_gpus=2)
+    policy.prepare()
+    return policy
+
+
+def _step(policy: SearchPolicy) -> StepMetrics:
+    return StepMetrics(step=0, level=policy.workload.levels[0], metrics=_metrics(5.0, 5.0))
+
+
+def test_the_policy_never_compiles_one_key_twice_at_once(tmp_path: Path) -> None:
+    policy = _policy(tmp_path, verify_warm=True)
+    first = policy.next_launch(lambda n: True)
+    assert first is not None and first.prediction == "cold"
+    assert "VLLM_FORCE_AOT_LOAD" not in first.config.env, "a cold start is not checked"
+    assert policy.next_launch(lambda n: True) is None, \
+        "gpu_memory_utilization is outside vLLM's key: the next trial waits for the compile"
+    assert policy.waiting, "it is asked and waits"
+    policy.on_step(first, _step(policy))  # the engine served: its compile is on disk
+    second = policy.next_launch(lambda n: True)
+    assert second is not None and second.prediction == "warm"
+    assert second.config.env.get("VLLM_FORCE_AOT_LOAD") == "1", "startup.verify_warm"
+    assert compile_key(second.config) == first.compile_key, "the check is outside the key"
+
+
+def test_without_ordering_trials_of_one_key_start_side_by_side(tmp_path: Path) -> None:
+    policy = _policy(tmp_path, order_by_compile_key=False)
+    assert policy.next_launch(lambda n: True) is not None
+    assert policy.next_launch(lambda n: True) is not None
+
+
+def test_a_record_says_whether_the_prediction_held(tmp_path: Path) -> None:
+    key = _key({})
+    warm = RunResult(status="complete", argv=("vllm",), engine=EngineInfo(
+        startup_s=70.0, model_load_s=3.0, compile_s=2.9, graph_capture_s=5.0,
+        compile_cache="warm", compile_cache_dir="6cc5f9a5ca6ab7ed"))
+    right = startup_record(key, "warm", warm)
+    assert right["is_prediction_right"] is True and right["compile_s"] == 2.9
+    wrong = startup_record(key, "cold", warm)
+    assert wrong["is_prediction_right"] is False, "a wrong estimate shows"
+    unknown = startup_record(key, "cold", RunResult(status="failed"))
+    assert unknown["is_prediction_right"] is None and unknown["compile_cache"] is None
+
+
+def test_a_policy_learns_warm_keys_from_the_records_of_an_earlier_run(tmp_path: Path) -> None:
+    caches = CompileCaches()
+    key = _key({})
+    caches.learn({"compile_key": key.digest, "compile_cache": "cold"})
+    caches.learn({"compile_key": _key({"block_size": 32}).digest, "compile_cache": None})
+    assert caches.predict(key) == "warm"
+    assert caches.predict(_key({"block_size": 32})) == "cold", "it never reached the compile"
+
+
+def test_the_sampler_saver_reaches_every_trial_and_never_the_export(tmp_path: Path) -> None:
+    cfg = load_study(write_study(tmp_path, startup={"savers": ["flashinfer_sampler_off"]}))
+    config = engine_config(cfg, {})
+    assert config.env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    record = {"env": {**config.env, "VLLM_FORCE_AOT_LOAD": "1", "VLLM_CACHE_ROOT": "/c",
+                      "VLLM_USE_DEEP_GEMM": "0"}}
+    exported = export_env(record, startup_saver_env(cfg.spec.startup.savers))
+    assert exported == {"VLLM_USE_DEEP_GEMM": "0"}, "savers and the warm check stay behind"
+
+
+@pytest.mark.parametrize(("override", "words"), [
+    ({"env": {"VLLM_ENABLE_STARTUP_PLAN": "1"}}, "gpu_memory_utilization"),
+    ({"env": {"VLLM_FORCE_AOT_LOAD": "1"}}, "fail every trial"),
+    ({"startup": {"verify_warm": True, "compile_cache": "per_trial"}}, "never warm"),
+    ({"startup": {"verify_warm": True}, "env": {"VLLM_USE_AOT_COMPILE": "0"}}, "turns off"),
+    ({"startup": {"savers": ["startup_plan"]}}, "flashinfer_sampler_off"),
+    ({"startup": {"savers": ["flashinfer_sampler_off"]},
+      "env": {"VLLM_USE_FLASHINFER_SAMPLER": "1"}}, "one place"),
+])
+def test_startup_settings_that_would_change_the_measurement_are_refused(
+        tmp_path: Path, override: dict[str, Any], words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        load_study(write_study(tmp_path, **override))
+
+
+def test_mlflow_gets_the_start_up_as_tags_and_metrics() -> None:
+    from optimizer.records import TrialRecord, tracking_payload
+    from optimizer.startup import startup_metrics
+
+    cold = RunResult(status="complete", argv=("vllm",), engine=EngineInfo(
+        startup_s=127.0, model_load_s=3.5, compile_s=30.7, graph_capture_s=4.0,
+        compile_cache="cold", compile_cache_dir="6cc5f9a5ca6ab7ed"))
+    startup = startup_record(_key({}), "warm", cold)
+    record = TrialRecord(state="complete", params={}, conclusion="c", startup=startup,
+                         metrics=startup_metrics(startup))
+    payload = tracking_payload(record, None, number=3)
+    assert payload["tags"]["startup.compile_cache"] == "cold"
+    assert payload["tags"]["startup.compile_cache_predicted"] == "warm"
+    assert payload["tags"]["startup.vllm_key"] == "6cc5f9a5ca6ab7ed"
+    assert payload["metrics"]["startup.compile_s"] == 30.7
+    assert payload["metrics"]["startup.is_cold_compile"] == 1.0
+    assert payload["metrics"]["startup.is_prediction_right"] == 0.0, "the miss is visible"
+    again = TrialRecord.from_user_attr(record.to_user_attr())
+    assert again.startup == record.startup, "kept in Optuna, replayed by the catch-up"
