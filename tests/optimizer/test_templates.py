@@ -1,4 +1,4 @@
-"""Hardware templates as seed trials: queued right after the defaults, tagged with their source,
+"""Hardware templates as seed trials: queued after the defaults (and warm-start seeds), tagged with their source,
 named in their conclusion, and reported skipped (with the reason) where the space or a rule
 refuses them."""
 
@@ -42,7 +42,7 @@ def test_the_hopper_template_runs_right_after_the_defaults_tagged_and_named(
                                  seed_trials=[{"max_num_seqs": 256}]))
     space = _hopper(cfg)
     templates, notes = template_trial_params(cfg, space, "hopper")
-    assert len(templates) == 1 and "queued right after the defaults" in notes[0]
+    assert len(templates) == 1 and "queued after the defaults" in notes[0]
     launched: list[dict[str, Any]] = []
     daemon = Daemon(cfg, space=space, executor=InlineExecutor(
         lambda: ScriptedRunner(lambda flags: 10.0, launched), total_gpus=2),
