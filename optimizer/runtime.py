@@ -115,13 +115,21 @@ def workload_facts(workload: Workload) -> dict[str, Any]:
             (c for c in caps if c), default=None)
     if concurrency is not None:
         facts["max_concurrency"] = concurrency
-    if workload.prompts_file is None:
-        # Synthesised prompts are random token ids: no two share a prefix the cache could reuse.
+    shared = workload.shared_prefix
+    if shared is not None and shared.fraction > 0 and shared.num_tokens >= 16:
+        facts["shares_prefix"] = True  # a system prompt of at least one KV block
+    elif workload.multi_turn is not None:
+        facts["shares_prefix"] = True  # each turn carries the conversation so far
+    elif workload.prompts_file is None and workload.trace is None and workload.dataset is None:
+        # Synthesised prompts are random: no two share a prefix the cache could reuse. A file,
+        # a trace or a dataset may (a shared system prompt): left unknown.
         facts["shares_prefix"] = False
+    if workload.prompts_file is None and workload.trace is None and workload.dataset is None \
+            and workload.multi_turn is None:
         dist = workload.input_len
         longest = dist.mean if dist.kind == "fixed" else dist.high
         if longest is not None:
-            facts["max_prompt_tokens"] = longest
+            facts["max_prompt_tokens"] = longest + (shared.num_tokens if shared else 0)
     return facts
 
 

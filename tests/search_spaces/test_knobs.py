@@ -145,3 +145,17 @@ def test_eager_fixes_cudagraph_mode_so_graphs_off_is_not_searched_twice() -> Non
 def test_every_bundled_space_keeps_vllms_defaults_as_its_baseline(space: str) -> None:
     resolved = load_space(space).resolve({})
     assert resolved.to_flags(resolved.defaults()) == {}
+
+
+def test_a_shared_prefix_or_multi_turn_workload_keeps_prefix_caching_searched() -> None:
+    from runners.workload import MultiTurn, SharedPrefix
+
+    plain = Workload()
+    shared = Workload(shared_prefix=SharedPrefix(fraction=0.8, num_tokens=1024))
+    turns = Workload(multi_turn=MultiTurn(num_turns=3))
+    assert workload_facts(plain)["shares_prefix"] is False
+    assert workload_facts(shared)["shares_prefix"] is True
+    assert workload_facts(shared)["max_prompt_tokens"] == 512 + 1024  # the prefix counts
+    assert workload_facts(turns)["shares_prefix"] is True
+    assert _domain(_resolve(workload=plain), "enable_prefix_caching") == (True,)
+    assert set(_domain(_resolve(workload=shared), "enable_prefix_caching")) == {True, False}
