@@ -2,7 +2,7 @@
 # ON the lent H200, after the chunks of ../shared/gpu/bundle.sh were stashed (.gpu/setup.sh):
 #   bash bench/h200/run_study.sh start    # install vLLM, start the study (or studies) in its own session
 #   bash bench/h200/run_study.sh wait N   # wait up to N s, print progress
-#   bash bench/h200/run_study.sh collect [gpu-test]  # stop it (GRACE=S: let the trial in
+#   bash bench/h200/run_study.sh collect [gpu-test]  # (GPU_TESTS=files: which) stop it (GRACE=S: let the trial in
 #                                      flight finish first), (run the GPU test,) pack into $OUT
 # STUDY=bench/h200/study3.yaml picks another study file; STUDY="a.yaml b.yaml" runs several one
 # after the other in one background session (one GPU: never side by side); TRIALS=N overrides
@@ -78,8 +78,8 @@ case "${1:-}" in
     fi
     status
     if [ "${2:-}" = gpu-test ]; then
-      python3 -m pytest -q -p no:cacheprovider -m gpu tests/runners/test_vllm_gpu.py \
-        tests/runners/test_quality_gpu.py tests/runners/test_text_prompts_gpu.py \
+      python3 -m pytest -q -p no:cacheprovider -m gpu ${GPU_TESTS:-tests/runners/test_vllm_gpu.py \
+        tests/runners/test_quality_gpu.py tests/runners/test_text_prompts_gpu.py} \
         -W ignore::DeprecationWarning 2>&1 | tail -30 | tee /root/h200-results/gpu-test.txt
     fi
     for s in $studies; do
