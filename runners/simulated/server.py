@@ -236,6 +236,7 @@ class _Replica:
     lag_s: float = 0.0
     step_start_s: float | None = None  # modelled span of the step in flight, if any
     step_end_s: float = 0.0
+    is_idle: bool = False  # waiting for a request with none queued: its clock is free to move
 
     def modelled_now(self, loop_time_s: float) -> float:
         """The modelled time of an event the loop sees at `loop_time_s` (a request arriving):
@@ -286,7 +287,9 @@ class SimulatedEngine:
         self._num_arrivals = 0
         self._arrived = asyncio.Event()
         self._burst_until = 0  # arrivals counted when the current burst is complete
-        self._burst_s = 0.0  # the burst's modelled arrival
+        # The loop time of the burst's first arrival: each replica stamps the burst on its own
+        # modelled clock (replicas' clocks differ: fp8_per_block's stall runs a busy one ahead).
+        self._burst_loop_s = 0.0
 
     # --- start-up ------------------------------------------------------------------------------
     async def _sleep_scaled(self, modelled_s: float) -> None:
@@ -400,6 +403,10 @@ class SimulatedEngine:
             if plan is None:  # work that cannot be scheduled yet: wait for a change
                 await self._idle(replica)
                 continue
+            # A step starts now on the wall, whatever moved the modelled clock since the last
+            # one (an idle replica that took a stamp from ahead of its own clock): the wall
+            # sleep is this step's, never the gap between two clocks.
+            replica.lag_s = min(replica.lag_s, loop.time() - replica.clock_s)
             step_s = plan.breakdown.total_s * self._slowdown * \
                 self._rng.lognormvariate(0.0, self._sigma)
             replica.step_start_s, replica.step_end_s = replica.clock_s, replica.clock_s + step_s
@@ -427,9 +434,13 @@ class SimulatedEngine:
         first waiting request's arrival: the engine starts then, however late the loop woke."""
         loop = asyncio.get_running_loop()
         replica.wakeup.clear()
-        await replica.wakeup.wait()
-        if self._burst_until > self._num_arrivals:
-            await self._await_arrivals(self._burst_until)
+        replica.is_idle = not replica.scheduler.has_work
+        try:
+            await replica.wakeup.wait()
+            if self._burst_until > self._num_arrivals:
+                await self._await_arrivals(self._burst_until)
+        finally:
+            replica.is_idle = False
         waiting = replica.scheduler.waiting
         start_s = (min(r.arrival_s for r in waiting) if waiting
                    else replica.modelled_now(loop.time()))
@@ -539,18 +550,30 @@ class SimulatedEngine:
     def should_fail_request(self) -> bool:
         return self._error_rng.random() < float(self.faults.error_rate)
 
-    def note_arrival(self, burst_size: int = 0, arrival_s: float | None = None,
-                     num_remaining: int | None = None) -> None:
+    def note_arrival(self, burst_size: int = 0, num_remaining: int | None = None) -> None:
         """A completion request arrived (served, or answered with an error): an announced
         refill or burst member the engine waits for is kept either way."""
         if num_remaining is not None:
             self._num_remaining = num_remaining
         if burst_size > 1 and self._num_arrivals >= self._burst_until:  # a new burst
             self._burst_until = self._num_arrivals + burst_size
-            self._burst_s = arrival_s if arrival_s is not None else \
-                self.replicas[0].modelled_now(asyncio.get_running_loop().time())
+            self._burst_loop_s = asyncio.get_running_loop().time()
         self._num_arrivals += 1
         self._arrived.set()
+
+    def _modelled_now(self, replica: _Replica, loop_time_s: float) -> float:
+        """The modelled time at which `replica` takes a request arriving at `loop_time_s`.
+
+        Each replica keeps its own modelled clock, and they drift apart: fp8_per_block's stall
+        is modelled in full but slept time-scaled, so a busy replica's clock runs far ahead of
+        an idle one's. An idle replica, which no step or token depends on, takes the furthest
+        clock's time, so the replicas' stamps stay on one time line (a level's duration spans
+        them); a busy one keeps its own, so no request is stamped after the step that serves
+        it starts."""
+        now = replica.modelled_now(loop_time_s)
+        if replica.is_idle:
+            now = max(now, *(r.modelled_now(loop_time_s) for r in self.replicas))
+        return now
 
     async def generate(self, prompt_ids: list[int], max_tokens: int,
                        is_refilled: bool = False, burst_size: int = 0,
@@ -559,10 +582,10 @@ class SimulatedEngine:
         modelled arrival (`arrival_s`) and token time (`last_token_s`)."""
         loop = asyncio.get_running_loop()
         replica = min(self.replicas, key=lambda r: (r.load, r.index))
-        arrival_s = replica.modelled_now(loop.time())
-        self.note_arrival(burst_size, arrival_s, num_remaining)
+        arrival_s = self._modelled_now(replica, loop.time())
+        self.note_arrival(burst_size, num_remaining)
         if burst_size > 1:  # a burst is stamped at its first request's arrival
-            arrival_s = max(self._burst_s, replica.clock_s)
+            arrival_s = max(self._modelled_now(replica, self._burst_loop_s), replica.clock_s)
         request = SimRequest(uuid.uuid4().hex, len(prompt_ids), max_tokens, arrival_s,
                              block_hashes(prompt_ids, self.model.block_size))
         stream = _Stream(request)

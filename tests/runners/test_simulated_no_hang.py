@@ -1,0 +1,96 @@
+"""The simulated engine never stops producing tokens unless a `sim_*` fault asks it to: a slow
+config (fp8_per_block's modelled JIT stall) streams slowly, data-parallel replicas included, and
+a sample of the widened Hopper space each completes a short level. Properties of the simulated
+engine, never measurements."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from runners.base import EngineConfig
+from runners.engine import EngineRunner
+from runners.hardware import load_preset
+from runners.simulated.launcher import SimulatedLauncher
+from runners.workload import LengthDistribution, LoadLevel, SharedPrefix, Workload
+
+# Far below the runner's 120 s: a replica that sleeps out another replica's modelled clock
+# (the hang this file guards against) is caught in seconds, while a healthy level of these
+# sizes never goes this long without a chunk.
+STALL_TIMEOUT_S = 5.0
+
+
+def _run(tmp_path: Path, flags: dict[str, object], workload: Workload,
+         model: str = "qwen2.5-0.5b") -> None:
+    runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001, seed=0),
+                          tmp_path / "engines", stall_timeout_s=STALL_TIMEOUT_S)
+    try:
+        result = runner.run(EngineConfig(model, flags, load_format="dummy",
+                                         skip_tokenizer_init=True, served_model_name="sim"),
+                            workload, tmp_path / "trial")
+    finally:
+        runner.close()
+    assert result.status == "complete", (flags, result.failure)
+    for step in result.steps:
+        assert step.metrics.failed == 0 and step.metrics.completed > 0, (flags, step.metrics)
+
+
+def test_data_parallel_replicas_of_a_jit_stalled_config_stream_slowly_never_hang(
+        tmp_path: Path) -> None:
+    """fp8_per_block's stall runs each busy replica's modelled clock far ahead of the wall (the
+    stall is slept time-scaled); a burst member that lands on the other replica was stamped on
+    the first one's clock, and that replica used to sleep the whole difference in real time
+    (the h200-widened dry run's "stopped producing tokens for 120 s")."""
+    flags = {"data_parallel_size": 2, "quantization": "fp8_per_block",
+             "stream_interval": 16, "long_prefill_token_threshold": 512,
+             "max_model_len": 4096}
+    workload = Workload(input_len=LengthDistribution(mean=512),
+                        output_len=LengthDistribution(mean=48),
+                        shared_prefix=SharedPrefix(fraction=0.8, num_tokens=1024,
+                                                   num_prefixes=4),
+                        levels=(LoadLevel(max_concurrency=8),), num_requests=16,
+                        num_warmup_requests=4, repeats=2, vocab_size=1000,
+                        startup_timeout_s=60)
+    _run(tmp_path, flags, workload)
+
+
+def test_a_burst_split_over_replicas_is_stamped_on_one_time_line_without_sleeping_the_gap(
+        ) -> None:
+    """One request on each replica, then one alone runs replica 0's modelled clock ~14 s
+    ahead of replica 1's (32 stalled steps); a burst of two then lands one request on each
+    replica. Both are stamped at the same modelled time, and replica 1 does not sleep out the
+    14 s it was behind."""
+    from runners.simulated.server import ServerSettings, SimulatedEngine
+
+    async def main() -> tuple[list[float], float]:
+        engine = SimulatedEngine(ServerSettings(
+            EngineConfig("qwen2.5-0.5b", {"data_parallel_size": 2,
+                                          "quantization": "fp8_per_block"}),
+            load_preset("h200"), port=0, startup_time_scale=1e-3, noise_sigma=0.0))
+        assert await engine.start() is None
+
+        async def drain(first: int, max_tokens: int) -> None:
+            async for _ in engine.generate(list(range(first, first + 64)), max_tokens):
+                pass
+
+        await asyncio.gather(drain(0, 1), drain(100, 1))  # each replica has served one
+        await drain(200, 32)
+        ahead_s = engine.replicas[0].clock_s - engine.replicas[1].clock_s
+        assert ahead_s > 10, "the stall runs the busy replica's clock ahead"
+        arrivals: list[float] = []
+
+        async def one(first: int) -> None:
+            async for event in engine.generate(list(range(first, first + 64)), 8,
+                                               burst_size=2):
+                if event.is_first:
+                    arrivals.append(event.request.arrival_s)
+
+        started = time.monotonic()
+        await asyncio.wait_for(asyncio.gather(one(300), one(400)), timeout=30)
+        assert [len(r.scheduler.running) for r in engine.replicas] == [0, 0]
+        return arrivals, time.monotonic() - started
+
+    arrivals, wall_s = asyncio.run(main())
+    assert len(arrivals) == 2 and abs(arrivals[0] - arrivals[1]) < 1e-6, arrivals
+    assert wall_s < 5.0, f"the burst took {wall_s:.1f} s of wall time: a replica slept the gap"
