@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
-from runners.base import EngineConfig
+from runners.base import EngineConfig, FlagValue
 from runners.engine import EngineRunner
 from runners.hardware import load_preset
 from runners.simulated.launcher import SimulatedLauncher
+from runners.simulated.server import SimulatedEngine
 from runners.workload import LengthDistribution, LoadLevel, SharedPrefix, Workload
 
 # Far below the runner's 120 s: a replica that sleeps out another replica's modelled clock
@@ -21,7 +23,7 @@ from runners.workload import LengthDistribution, LoadLevel, SharedPrefix, Worklo
 STALL_TIMEOUT_S = 5.0
 
 
-def _run(tmp_path: Path, flags: dict[str, object], workload: Workload,
+def _run(tmp_path: Path, flags: dict[str, FlagValue], workload: Workload,
          model: str = "qwen2.5-0.5b") -> None:
     runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001, seed=0),
                           tmp_path / "engines", stall_timeout_s=STALL_TIMEOUT_S)
@@ -42,9 +44,9 @@ def test_data_parallel_replicas_of_a_jit_stalled_config_stream_slowly_never_hang
     stall is slept time-scaled); a burst member that lands on the other replica was stamped on
     the first one's clock, and that replica used to sleep the whole difference in real time
     (the h200-widened dry run's "stopped producing tokens for 120 s")."""
-    flags = {"data_parallel_size": 2, "quantization": "fp8_per_block",
-             "stream_interval": 16, "long_prefill_token_threshold": 512,
-             "max_model_len": 4096}
+    flags: dict[str, FlagValue] = {
+        "data_parallel_size": 2, "quantization": "fp8_per_block", "stream_interval": 16,
+        "long_prefill_token_threshold": 512, "max_model_len": 4096}
     workload = Workload(input_len=LengthDistribution(mean=512),
                         output_len=LengthDistribution(mean=48),
                         shared_prefix=SharedPrefix(fraction=0.8, num_tokens=1024,
@@ -61,7 +63,7 @@ def test_a_burst_split_over_replicas_is_stamped_on_one_time_line_without_sleepin
     ahead of replica 1's (32 stalled steps); a burst of two then lands one request on each
     replica. Both are stamped at the same modelled time, and replica 1 does not sleep out the
     14 s it was behind."""
-    from runners.simulated.server import ServerSettings, SimulatedEngine
+    from runners.simulated.server import ServerSettings
 
     async def main() -> tuple[list[float], float]:
         engine = SimulatedEngine(ServerSettings(
@@ -94,3 +96,98 @@ def test_a_burst_split_over_replicas_is_stamped_on_one_time_line_without_sleepin
     arrivals, wall_s = asyncio.run(main())
     assert len(arrivals) == 2 and abs(arrivals[0] - arrivals[1]) < 1e-6, arrivals
     assert wall_s < 5.0, f"the burst took {wall_s:.1f} s of wall time: a replica slept the gap"
+
+
+async def _closed_loop(engine: SimulatedEngine, prompts: list[list[int]], concurrency: int,
+                       max_tokens: int, stall_s: float) -> int:
+    """Drive a started SimulatedEngine as the load generator drives the server: the first
+    `concurrency` requests as one burst, then a refill as each ends; fails on `stall_s` of wall
+    time without a chunk from any request in flight. Returns the tokens received."""
+    received = [0]
+    last_chunk = [time.monotonic()]
+    queue = list(enumerate(prompts))
+
+    async def one(ids: list[int], is_refilled: bool, burst: int) -> None:
+        async for event in engine.generate(ids, max_tokens, is_refilled, burst,
+                                           num_remaining=len(queue)):
+            received[0] += event.num_tokens
+            last_chunk[0] = time.monotonic()
+
+    async def worker() -> None:
+        is_refilled = False
+        while queue:
+            _, ids = queue.pop(0)
+            await one(ids, is_refilled, 0 if is_refilled else concurrency)
+            is_refilled = True
+
+    async def watchdog() -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            assert time.monotonic() - last_chunk[0] < stall_s, \
+                f"no chunk for {stall_s} s: the simulated engine stopped producing tokens"
+
+    workers: asyncio.Future[list[None]] = asyncio.gather(
+        *(worker() for _ in range(concurrency)))
+    guard = asyncio.create_task(watchdog())
+    try:
+        either: list[asyncio.Future[Any]] = [workers, guard]
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if guard.done():
+            guard.result()  # the stall's AssertionError
+        workers.result()
+    finally:
+        guard.cancel()
+        workers.cancel()
+    return received[0]
+
+
+def test_a_sample_of_the_widened_hopper_space_streams_every_level_to_the_end() -> None:
+    """30 configs drawn at random (seeded) from search_spaces' hopper space resolved for two
+    simulated H200s and the h200-widened study's workload (dummy weights, shared prefix,
+    max_model_len 4096) each serve a short closed-loop level to its last token in process."""
+    import optuna
+
+    from optimizer.runtime import simulated_hardware, space_context
+    from runners.model_info import load_model_info
+    from runners.simulated.server import ServerSettings
+    from search_spaces import load_space
+
+    hardware = simulated_hardware("h200", 2)
+    workload = Workload(input_len=LengthDistribution(mean=512),
+                        output_len=LengthDistribution(mean=128),
+                        shared_prefix=SharedPrefix(fraction=0.8, num_tokens=1024,
+                                                   num_prefixes=4),
+                        levels=(LoadLevel(max_concurrency=64),))
+    space, _ = load_space("hopper").resolve(space_context(
+        hardware, load_model_info("qwen2.5-7b"), workload, "dummy")).with_fixed(
+        {"max_model_len": 4096})
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=7))
+    prefixes = [list(range(p * 1024, (p + 1) * 1024)) for p in range(4)]
+    prompts = [prefixes[i % 4] + list(range(10_000 + 512 * i, 10_000 + 512 * (i + 1)))
+               for i in range(12)]
+    num_served = 0
+    for _ in range(30):
+        params = space.sample(study.ask())
+        if space.token_budget_problem(params) is not None:
+            continue  # the optimizer never launches it
+        flags = {**space.to_flags(params), "max_model_len": 4096}
+        engine = SimulatedEngine(ServerSettings(
+            EngineConfig("qwen2.5-7b", flags, load_format="dummy"), hardware, port=0,
+            startup_time_scale=1e-5, noise_sigma=0.0))
+
+        async def level(engine: SimulatedEngine = engine) -> int | None:
+            if await engine.start() is not None:
+                return None  # refused at start (memory, arguments): a failure, not a hang
+            try:  # the runner's readiness completion, alone, then the level
+                await _closed_loop(engine, prompts[:1], 1, 16, STALL_TIMEOUT_S)
+                return await _closed_loop(engine, prompts, 8, 16, STALL_TIMEOUT_S)
+            finally:
+                for replica in engine.replicas:
+                    if replica.task is not None:
+                        replica.task.cancel()
+
+        received = asyncio.run(level())
+        if received is not None:
+            assert received == 16 * len(prompts), (params, received)
+            num_served += 1
+    assert num_served >= 20, f"only {num_served} of 30 sampled configs started"
