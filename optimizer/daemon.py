@@ -170,7 +170,8 @@ class Daemon:
             policy = SearchPolicy(self.cfg, self.space, study, workload=self.workload,
                                   total_gpus=self.executor.total_gpus,
                                   max_gpus_per_node=self.max_gpus_per_node,
-                                  hardware=self.hardware, model=self.model, log=_MlflowLog(self))
+                                  hardware=self.hardware, model=self.model, log=_MlflowLog(self),
+                                  storage=storage)
             self.policy = policy
             policy.prepare(self.seed_trials, self.warm_seeds, self.template_trials)
             try:

@@ -223,9 +223,27 @@ def fingerprint_of(cfg: StudyConfig, *, engine: str, engine_version: str | None,
     peak: float | None
     if w.capacity is not None:
         arrival, peak = f"capacity:{w.capacity.axis}", float(w.capacity.high)
+    elif getattr(w, "trace", None) is not None:
+        # A trace replays by rate: without `levels`, one level at its recorded mean rate.
+        rates = [lv.request_rate_rps for lv in cfg.workload().levels]
+        arrival = "trace:request_rate"
+        peak = None if any(r is None for r in rates) else max(r for r in rates if r is not None)
     else:
         arrival, peak = _levels_arrival(w.levels)
     extras = {name: _plain(getattr(w, name, None)) for name in WORKLOAD_EXTRAS}
+    # The gamma shape each rate level draws its gaps with (a level's own wins over the
+    # workload's); None where no level has a rate (burstiness never applies).
+    default_shape = float(getattr(w, "burstiness", None) or 1.0)
+    shapes: list[float] = sorted({
+        default_shape if (shape := getattr(lv, "burstiness", None)) is None else float(shape)
+        for lv in w.levels if lv.request_rate is not None})
+    extras["burstiness"] = None if not shapes else shapes[0] if len(shapes) == 1 else shapes
+    # Two studies of one trace or dataset file replay the same requests only if its content is
+    # the same: its digest is compared, not its name alone.
+    for name, path in (("trace", getattr(cfg, "trace_file", None)),
+                       ("dataset", getattr(cfg, "dataset_file", None))):
+        if isinstance(extras.get(name), dict) and path is not None:
+            extras[name]["sha256"] = _digest(path)
     return Fingerprint(
         engine=engine, engine_version=engine_version, **hw,
         model=spec.model.path, **mdl,
@@ -250,6 +268,16 @@ def _levels_arrival(levels: Sequence[Any]) -> tuple[str, float | None]:
             return "levels:request_rate", None
         return "levels:request_rate", float(max(r for r in rates if r is not None))
     return "levels:concurrency", float(max(lv.concurrency or 0 for lv in levels))
+
+
+def _digest(path: Path) -> str | None:
+    """The first 12 hex digits of the file's sha256; None where it cannot be read."""
+    import hashlib
+
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    except OSError:
+        return None
 
 
 def _mean(spec: Any) -> float:

@@ -91,7 +91,9 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
         is_baseline=item.is_baseline, number=item.trial.number,
         best=reference_of(best_trial(study), axis),
         baseline=reference_of(baseline_trial(study), axis),
-        vllm_defaults=policy.space.vllm_defaults, capacity=result.capacity,
+        # The baseline runs the study's fixed flags too: they are no trial's change.
+        vllm_defaults={**policy.space.vllm_defaults, **policy.space.study_fixed},
+        capacity=result.capacity,
         tolerance=search.tolerance if search is not None else None,
         pruned_at=item.pruned_at, prune_reason=item.prune_reason,
         verdict=verdict if state != TrialState.FAIL else None,

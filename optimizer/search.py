@@ -47,6 +47,7 @@ from optimizer.study import (
     engine_config,
     is_search_trial,
     requeue,
+    running_trial,
 )
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics
 from runners.hardware import HardwareProfile
@@ -69,8 +70,11 @@ class SearchPolicy:
                  workload: Workload, total_gpus: int, max_gpus_per_node: int | None = None,
                  hardware: HardwareProfile | None = None, model: ModelInfo | None = None,
                  log: TrialLog | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 storage: optuna.storages.BaseStorage | None = None) -> None:
         self.cfg = cfg
+        # The study's storage, for a confirmation trial that must not take a queued one.
+        self.storage = storage
         self.space = space
         self.study = study
         self.workload = workload
@@ -251,9 +255,18 @@ class SearchPolicy:
         return Waiting(trial, params, config)
 
     def ask_confirm(self, params: Mapping[str, Any], label: str) -> Running:
-        """A final re-measurement of `params` ("defaults" or "best"), launched at once."""
-        self.study.enqueue_trial(dict(params), user_attrs={ATTR_CONFIRM: label})
-        trial = self.study.ask()
+        """A final re-measurement of `params` ("defaults" or "best"), launched at once. Seeds
+        or retries still queued (beyond the budget) stay queued for a later resume: the
+        confirmation is a trial of its own, never the oldest waiting one."""
+        if self.storage is not None:
+            trial = running_trial(self.study, self.storage, params, {ATTR_CONFIRM: label})
+        else:
+            if any(ATTR_CONFIRM not in t.user_attrs for t in
+                   self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
+                raise RuntimeError("a confirmation needs the study's storage while trials are "
+                                   "queued: pass storage= to SearchPolicy.")
+            self.study.enqueue_trial(dict(params), user_attrs={ATTR_CONFIRM: label})
+            trial = self.study.ask()
         sampled = self.space.sample(trial)
         return self._running(trial, sampled,
                              engine_config(self.cfg, self.space.to_flags(sampled)))

@@ -3,6 +3,7 @@ from a runner's result to an Optuna trial state."""
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -366,3 +367,19 @@ def no_baseline_reason(study: optuna.Study) -> str | None:
     message = str((record.failure_message if record else None) or "").strip()[:300]
     tries = f"; tried {len(baselines)} times" if len(baselines) > 1 else ""
     return f"{reason}{tries}" + (f": {message}" if message else "")
+
+
+def running_trial(study: optuna.Study, storage: optuna.storages.BaseStorage,
+                  params: Mapping[str, Any], user_attrs: Mapping[str, Any]) -> optuna.Trial:
+    """A new trial of `study`, RUNNING at once with `params` fixed (as `enqueue_trial` fixes
+    them) and `user_attrs`: unlike `enqueue_trial` + `ask`, which hands out the oldest WAITING
+    trial first, it never takes a trial queued for later (a seed beyond the budget, a retry)."""
+    template = optuna.trial.FrozenTrial(
+        number=-1, state=TrialState.RUNNING, value=None, values=None,
+        datetime_start=datetime.datetime.now(), datetime_complete=None, params={},
+        distributions={}, user_attrs=dict(user_attrs),
+        system_attrs={"fixed_params": dict(params)}, intermediate_values={}, trial_id=-1)
+    trial_id = storage.create_new_trial(storage.get_study_id_from_name(study.study_name),
+                                        template_trial=template)
+    study.get_trials(deepcopy=False)  # the study's own view of the storage learns the new trial
+    return optuna.Trial(study, trial_id)

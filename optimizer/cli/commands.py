@@ -465,7 +465,8 @@ def regress(
     problem = tracking_uri_problem(uri) if tracking_uri is not None else None
     if problem is not None:
         raise ConfigError(f"--tracking-uri: {problem}")
-    here, tracker = prepare(spec, cases, uri if mlflow else None, variant)
+    here, tracker = prepare(spec, cases, uri if mlflow else None, variant,
+                            source=library.resolve())
     work = workdir or default_workdir(spec)
     out.print(first_line(spec, cases, here), highlight=False, soft_wrap=True)
     result = run_regress(spec, cases, here, tracker, work, report_dir or work / "report",

@@ -7,6 +7,7 @@ before it writes anything.
 """
 
 from optimizer.config.loading import StudyConfig, baseline_name, load_study, parse_study
-from optimizer.config.prestart import check_before_start
+from optimizer.config.prestart import check_before_start, check_workload
 
-__all__ = ["StudyConfig", "baseline_name", "check_before_start", "load_study", "parse_study"]
+__all__ = ["StudyConfig", "baseline_name", "check_before_start", "check_workload", "load_study",
+           "parse_study"]

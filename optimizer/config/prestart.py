@@ -38,6 +38,13 @@ def check_before_start(cfg: StudyConfig) -> None:
     if cfg.tracking_uri.startswith("sqlite:///"):
         _check_parent("tracking_uri", Path(cfg.tracking_uri.removeprefix("sqlite:///")),
                       made_by_us, cfg.source_name)
+    check_workload(cfg)
+
+
+def check_workload(cfg: StudyConfig) -> None:
+    """The workload's part of `check_before_start` (also each case of `nightshift regress`):
+    the tokenizer, the prompts file, trace or dataset read as the runner reads them, and the
+    longest request within the model's context. Raises ConfigError (one line)."""
     tokenizer = _check_tokenizer(cfg)
     w = cfg.spec.workload
     longest_prompt = w.input_len.longest
@@ -47,7 +54,7 @@ def check_before_start(cfg: StudyConfig) -> None:
     if cfg.trace_file is not None and w.trace is not None:
         longest_prompt, longest_output = _check_trace_file(
             cfg.trace_file, w.trace.timestamp_unit_s, cfg.source_name,
-            has_shared_prefix=w.shared_prefix is not None)
+            has_shared_prefix=w.shared_prefix is not None, has_tokenizer=tokenizer is not None)
     if cfg.dataset_file is not None:
         workload = cfg.workload()
         assert workload.dataset is not None
@@ -147,7 +154,7 @@ def _check_prompts_file(path: Path, source: str,
 
 
 def _check_trace_file(path: Path, timestamp_unit_s: float, source: str, *,
-                      has_shared_prefix: bool) -> tuple[int, int]:
+                      has_shared_prefix: bool, has_tokenizer: bool = False) -> tuple[int, int]:
     """The trace read as the runner reads it: its longest prompt and output, in tokens."""
     from runners.arrivals import read_trace
 
@@ -171,11 +178,22 @@ def _check_trace_file(path: Path, timestamp_unit_s: float, source: str, *,
         message = " ".join(str(exc).split())[:300].rstrip(".")
         raise ConfigError(f"{where}: {message}.") from None
     if has_shared_prefix:
-        text = next((i for i, e in enumerate(entries) if isinstance(e.prompt, str)), None)
-        if text is not None:
-            raise ConfigError(f"{where}: request {text + 1} has a text prompt but "
-                              "workload.shared_prefix builds token-id prompts; give token ids "
-                              "or leave shared_prefix out.")
+        # As runners/loadgen.py `_with_shared_prefix` joins them: every prompt token ids, or
+        # every prompt text (an entry without one is synthesised: text where the model has a
+        # tokenizer, token ids where not) counted again with the tokenizer.
+        kinds = ["text" if isinstance(e.prompt, str) else "ids" if isinstance(e.prompt, list)
+                 else "text" if has_tokenizer else "ids" for e in entries]
+        if len(set(kinds)) > 1:
+            first = kinds.index("text" if kinds[0] == "ids" else "ids")
+            raise ConfigError(f"{where}: request {first + 1} gives a {kinds[first]} prompt "
+                              f"where request 1 gives {kinds[0]}, but workload.shared_prefix "
+                              "needs prompts of one kind; give all token ids or all text, or "
+                              "leave shared_prefix out.")
+        if kinds and kinds[0] == "text" and not has_tokenizer:
+            raise ConfigError(f"{where}: the prompts are text, and workload.shared_prefix joins "
+                              "text prompts only through the model's tokenizer, which "
+                              "model.path does not have here; give token ids or leave "
+                              "shared_prefix out.")
     return max(e.input_len for e in entries), max(e.output_len for e in entries)
 
 

@@ -221,8 +221,8 @@ class WorkloadSpec(_Strict):
     @model_validator(mode="after")
     def _trace(self) -> WorkloadSpec:
         if self.shared_prefix is not None and self.prompts_file is not None:
-            raise ValueError("shared_prefix builds token-id prompts and does not yet apply to "
-                             "a prompts_file; leave one out")
+            raise ValueError("shared_prefix does not apply to a prompts_file (its prompts are "
+                             "whole); leave one out")
         if self.trace is None:
             return self
         if self.prompts_file is not None:

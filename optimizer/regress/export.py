@@ -107,11 +107,21 @@ def case_from_study(study: optuna.Study, cfg: StudyConfig, chosen: FrozenTrial,
         configs.append(_config(study, cfg, chosen, f"trial-{chosen.number}", card))
     # A regression check measures; it does not profile (a trace window costs device time).
     workload = spec.workload.model_dump(mode="json", exclude={"repeats", "capacity", "profile"})
+    # Files named relative to the study file resolve against the library's folder there:
+    # written absolute, they name the same files.
     if cfg.prompts_file is not None:
         workload["prompts_file"] = str(cfg.prompts_file.resolve())
+    if cfg.trace_file is not None:
+        workload["trace"]["path"] = str(cfg.trace_file.resolve())
+    if cfg.dataset_file is not None:
+        workload["dataset"]["path"] = str(cfg.dataset_file.resolve())
+    model = spec.model.model_dump(mode="json")
+    local = cfg.base_dir / model["path"]
+    if not Path(model["path"]).is_absolute() and (local / "config.json").is_file():
+        model["path"] = str(local.resolve())  # a model directory beside the study file
     objective = cfg.objectives[0]
     return {"name": case_name, "engine": spec.engine, "objective": objective,
-            "model": spec.model.model_dump(mode="json"), "workload": workload,
+            "model": model, "workload": workload,
             "slo": spec.slo.model_dump(mode="json"),
             "simulated": spec.simulated.model_dump(mode="json"),
             "rounds": max(1, spec.confirm_rounds), "repeats": spec.workload.repeats,

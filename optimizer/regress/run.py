@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from optimizer.config import check_workload
 from optimizer.errors import ConfigError, TrackingError
 from optimizer.regress.compare import PASSING
 from optimizer.regress.library import DEFAULT_FIGURES, CaseSpec, LibrarySpec
@@ -51,12 +52,18 @@ def select_cases(spec: LibrarySpec, names: Sequence[str]) -> list[CaseSpec]:
 
 
 def prepare(spec: LibrarySpec, cases: Sequence[CaseSpec], tracking_uri: str | None,
-            simulated_variant: Mapping[str, Any] | None
+            simulated_variant: Mapping[str, Any] | None, source: Path | None = None,
             ) -> tuple[list[Installed], Tracker | None]:
-    """Everything checked before any engine starts: each case's engine and model, and a
-    writable MLflow store (None: not logging). Bad input raises ConfigError."""
+    """Everything checked before any engine starts: each case's engine, model and workload
+    (its prompts, trace or dataset files and its fit in the model's context, as a study checks
+    them; paths against the library file's folder), and a writable MLflow store (None: not
+    logging). Bad input raises ConfigError."""
     here = []
     for case in cases:
+        try:
+            check_workload(case.study_config(source))
+        except ConfigError as exc:
+            raise ConfigError(f"cases {case.name}: {exc}") from None
         info = installed(case, simulated_variant)
         if info.engine == "simulated" and load_model_info(case.model.path) is None:
             raise ConfigError(f"cases {case.name}: model.path: the simulated engine needs the "

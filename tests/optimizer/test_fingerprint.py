@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -200,3 +201,30 @@ def test_other_fixed_flags_make_another_baseline_and_so_an_incompatible_study() 
     fixed = fingerprint(fixed_flags={"max_model_len": 4096})
     assert fixed.fixed_flags == {"max_model_len": 4096} and BASE.fixed_flags == {}
     assert any(r.startswith("fixed_flags:") for r in compatibility(BASE, fixed).reasons)
+
+
+def test_level_burstiness_and_trace_content_enter_the_fingerprint(tmp_path: Path) -> None:
+    """A Poisson study and one whose level is bursty are not the same workload; two traces of
+    one name but other content are not either (their digest is compared)."""
+    def study(workload: dict[str, Any]) -> Any:
+        data = {"name": "s", "engine": "simulated", "model": {"path": "qwen2.5-7b",
+                                                               "load_format": "dummy"},
+                "workload": workload, "slo": {"tpot_p99_ms": 50}, "budget": {"trials": 1}}
+        return parse_study(data, path=tmp_path / "s.yaml")
+
+    def fp(workload: dict[str, Any]) -> Any:
+        return fingerprint_of(study(workload), engine="simulated", engine_version="x",
+                              hardware=None, model=None)
+
+    poisson = fp({"levels": [{"request_rate": 4}]})
+    bursty = fp({"levels": [{"request_rate": 4, "burstiness": 0.2}]})
+    assert poisson.burstiness == 1.0 and bursty.burstiness == 0.2
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 8, "output_length": 4}\n'
+                     '{"timestamp": 1, "input_length": 8, "output_length": 4}\n')
+    first = fp({"trace": {"path": "t.jsonl"}})
+    assert first.arrival == "trace:request_rate" and first.peak_load == pytest.approx(1.0)
+    trace.write_text('{"timestamp": 0, "input_length": 99, "output_length": 4}\n'
+                     '{"timestamp": 1, "input_length": 8, "output_length": 4}\n')
+    second = fp({"trace": {"path": "t.jsonl"}})
+    assert first.trace != second.trace, "same name, other content"

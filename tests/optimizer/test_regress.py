@@ -199,6 +199,21 @@ def test_renamed_flag_fails_to_start_naming_the_likely_new_name(
                                     "date": "2026-12-04",
                                     "figures": {"goodput_rps": {"samples": [1.0]}}}}]}]},
      "goodput_rps"),
+    # A case's workload is checked as a study's is, before any engine starts: a missing trace,
+    # a request longer than the model's context.
+    ({"name": "x", "cases": [{"name": "c", "engine": "simulated",
+                              "model": {"path": "qwen2.5-0.5b", "load_format": "dummy"},
+                              "workload": {"trace": {"path": "nowhere.jsonl"}},
+                              "slo": {"tpot_p99_ms": 50},
+                              "configs": [{"name": "a"}]}]},
+     "cases c: "),
+    ({"name": "x", "cases": [{"name": "c", "engine": "simulated",
+                              "model": {"path": "qwen2.5-0.5b", "load_format": "dummy"},
+                              "workload": {"input_len": 30000, "output_len": 4000,
+                                           "num_requests": 4},
+                              "slo": {"tpot_p99_ms": 50},
+                              "configs": [{"name": "a"}]}]},
+     "cases c: "),
 ])
 def test_bad_library_is_one_line_and_exit_2(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], data: dict[str, Any],

@@ -19,6 +19,7 @@ from optimizer.records import record_of
 from optimizer.search import SearchPolicy
 from optimizer.study import (
     ATTR_BASELINE,
+    ATTR_CONFIRM,
     ATTR_DUPLICATE_OF,
     make_pruner,
     make_sampler,
@@ -199,3 +200,57 @@ def test_a_store_that_refuses_the_study_run_starts_nothing_with_one_clear_error(
     from optimizer.lock import read_lock, study_lock_path
 
     assert read_lock(study_lock_path(cfg)) is None, "the study's lock is free again"
+
+
+def test_a_confirmation_never_takes_a_seed_still_queued_beyond_the_budget(
+        tmp_path: Path) -> None:
+    """Seeds beyond `budget.trials` stay queued for a later resume; the confirmation rounds are
+    trials of their own with the defaults' and the best's configs (Optuna's `ask` would hand out
+    the oldest queued trial first)."""
+    space_path = categorical_space(tmp_path, max_num_seqs=[256, 64, 128, 512])
+    cfg = load_study(write_study(
+        tmp_path, trials=2, search_space=str(space_path), confirm_rounds=1))
+    space = load_space(space_path).resolve({})
+    launched: list[dict[str, Any]] = []
+    daemon = Daemon(cfg, space=space, executor=InlineExecutor(
+        lambda: ScriptedRunner(lambda flags: 1000.0 / float(flags.get("max_num_seqs") or 256),
+                               launched), total_gpus=2),
+        registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
+        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        summarize=study_summary, poll_s=0.01, seed_trials=[
+            {**space.defaults(), "max_num_seqs": n} for n in (64, 128, 512)])
+    daemon.run()
+    study = optuna.load_study(study_name=cfg.name, storage=cfg.storage_url)
+    trials = study.get_trials(deepcopy=False)
+    confirms = [t for t in trials if ATTR_CONFIRM in t.user_attrs]
+    assert sorted(t.user_attrs[ATTR_CONFIRM] for t in confirms) == ["best", "defaults"]
+    by_label = {t.user_attrs[ATTR_CONFIRM]: t.params.get("max_num_seqs") for t in confirms}
+    assert by_label == {"defaults": 256, "best": 64}, "the defaults and the best, re-measured"
+    waiting = [t.params or t.system_attrs.get("fixed_params", {}) for t in trials
+               if t.state == TrialState.WAITING]
+    assert [w.get("max_num_seqs") for w in waiting] == [128, 512], "later seeds stay queued"
+    assert len(launched) == 4, "2 trials of the budget and 2 confirmation runs"
+
+
+def test_a_fixed_flag_is_no_trials_change_in_its_conclusion(tmp_path: Path) -> None:
+    """The baseline runs the study's fixed flags too (the H200 widened study's conclusions named
+    its fixed max_model_len=4096 as a change): a trial's conclusion names only what it changes."""
+    space_path = categorical_space(tmp_path, max_num_seqs=[256, 64],
+                                   max_model_len=[32768, 4096])
+    cfg = load_study(write_study(tmp_path, trials=2, search_space=str(space_path),
+                                 fixed_flags={"max_model_len": 4096}))
+    space, _ = load_space(space_path).resolve({}).with_fixed({"max_model_len": 4096})
+    daemon = Daemon(cfg, space=space, executor=InlineExecutor(
+        lambda: ScriptedRunner(lambda flags: 1000.0 / float(flags.get("max_num_seqs") or 256),
+                               []), total_gpus=2),
+        registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
+        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        summarize=study_summary, poll_s=0.01,
+        seed_trials=[{**space.defaults(), "max_num_seqs": 64}])
+    daemon.run()
+    study = optuna.load_study(study_name=cfg.name, storage=cfg.storage_url)
+    records = {t.number: record_of(t) for t in study.get_trials(deepcopy=False)}
+    seeded = records[1]
+    assert seeded is not None and seeded.params["max_model_len"] == 4096
+    assert "max_num_seqs=64" in seeded.conclusion
+    assert "max_model_len" not in seeded.conclusion

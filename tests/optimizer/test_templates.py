@@ -1,6 +1,6 @@
-"""Hardware templates as seed trials: queued after the defaults (and warm-start seeds), tagged with their source,
-named in their conclusion, and reported skipped (with the reason) where the space or a rule
-refuses them."""
+"""Hardware templates as seed trials: queued after the defaults (and warm-start seeds), tagged
+with their source, named in their conclusion, and reported skipped (with the reason) where the
+space or a rule refuses them."""
 
 from __future__ import annotations
 
