@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -69,7 +69,8 @@ class SearchPolicy:
                  workload: Workload, total_gpus: int, max_gpus_per_node: int | None = None,
                  hardware: HardwareProfile | None = None, model: ModelInfo | None = None,
                  log: TrialLog | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 compiled_elsewhere: Callable[[], Collection[str]] | None = None) -> None:
         self.cfg = cfg
         self.space = space
         self.study = study
@@ -92,6 +93,9 @@ class SearchPolicy:
         self.is_exhausted = False
         # The compile caches this study filled and is filling (optimizer/startup.py).
         self.caches = CompileCaches()
+        # The keys other processes compiled on this cache root (the compile ledger's reader,
+        # runners/vllm/compile_ledger.py), asked before each launch; never under per_trial.
+        self.compiled_elsewhere = compiled_elsewhere
 
     # -- the queue ----------------------------------------------------------------------------
 
@@ -112,6 +116,7 @@ class SearchPolicy:
             self.remember(frozen.number, record)
             if record is not None and startup.compile_cache == "shared":
                 self.caches.learn(record.startup)
+        self._hear_compiled_elsewhere()
         if not any(ATTR_BASELINE in t.user_attrs for t in trials):
             self.study.enqueue_trial(self.space.defaults(), user_attrs={ATTR_BASELINE: True})
         for params, source in warm_seeds:
@@ -182,7 +187,14 @@ class SearchPolicy:
                 return None
         return None
 
+    def _hear_compiled_elsewhere(self) -> None:
+        if self.compiled_elsewhere is not None and \
+                self.cfg.spec.startup.compile_cache == "shared":
+            self.caches.elsewhere = frozenset(self.compiled_elsewhere())
+
     def _start_waiting(self, can_start: Callable[[int], bool]) -> Running | None:
+        if self.waiting:
+            self._hear_compiled_elsewhere()
         order: Sequence[int] = range(len(self.waiting))
         if self.cfg.spec.startup.order_by_compile_key and \
                 self.cfg.spec.startup.compile_cache == "shared":
