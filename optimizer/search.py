@@ -265,6 +265,7 @@ class SearchPolicy:
     def ask_confirm(self, params: Mapping[str, Any], label: str) -> Running:
         """A final re-measurement of `params` ("defaults" or "best"), launched at once."""
         self.study.enqueue_trial(dict(params), user_attrs={ATTR_CONFIRM: label})
+        self._hear_compiled_elsewhere()
         trial = self.study.ask()
         sampled = self.space.sample(trial)
         return self._running(trial, sampled,
