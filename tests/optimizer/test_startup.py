@@ -229,6 +229,8 @@ def test_a_ledger_entry_of_another_vllm_version_or_a_per_trial_study_predicts_co
                               compile_cache="per_trial").next_launch(lambda n: True)
     assert isolated is not None and isolated.prediction == "cold", \
         "per_trial never reads the shared ledger"
+    wired = _ledger_policy(tmp_path, "wired", cache, compile_cache="per_trial")
+    assert wired.compiled_elsewhere is None, "nightshift start hands a per_trial study none"
 
 
 def test_a_per_trial_cache_never_writes_the_shared_ledger(tmp_path: Path) -> None:
