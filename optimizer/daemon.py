@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -97,8 +97,11 @@ class Daemon:
                  max_gpus_per_node: int | None = None,
                  warm_seeds: Sequence[tuple[Mapping[str, Any], str]] = (),
                  study_tags: Mapping[str, str] = {},
-                 study_attrs: Mapping[str, Any] = {}) -> None:
+                 study_attrs: Mapping[str, Any] = {},
+                 compiled_elsewhere: Callable[[], Collection[str]] | None = None) -> None:
         self.cfg = cfg
+        # The compile ledger's reader (optimizer/runtime.py compile_ledger_of), or None.
+        self.compiled_elsewhere = compiled_elsewhere
         self.space = space
         self.executor = executor
         self.registry_dir = registry_dir  # engine pid records, for reaping strays
@@ -171,7 +174,8 @@ class Daemon:
                                   total_gpus=self.executor.total_gpus,
                                   max_gpus_per_node=self.max_gpus_per_node,
                                   hardware=self.hardware, model=self.model, log=_MlflowLog(self),
-                                  storage=storage)
+                                  storage=storage,
+                                  compiled_elsewhere=self.compiled_elsewhere)
             self.policy = policy
             policy.prepare(self.seed_trials, self.warm_seeds, self.template_trials)
             try:

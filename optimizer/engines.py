@@ -22,6 +22,9 @@ class RunnerSpec:
     cache_root: Path | None = None  # VLLM_CACHE_ROOT shared by every trial
     is_cache_per_trial: bool = False  # startup.compile_cache: per_trial (under each trial's dir)
     stall_timeout_s: float = 120.0
+    # Who appends to the shared cache root's compile ledger ("study:<name>", "regress:<case>";
+    # runners/vllm/compile_ledger.py); None writes nothing, nor does a per-trial cache.
+    ledger_writer: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -38,7 +41,7 @@ def _simulated_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None) -> 
                                  startup_time_scale=spec.startup_time_scale, seed=spec.seed,
                                  variant=VllmVariant.from_dict(variant) if variant else None)
     return EngineRunner(launcher, spec.registry_dir, stall_timeout_s=spec.stall_timeout_s,
-                        gpu_indices=None)
+                        gpu_indices=None, ledger_writer=_ledger_writer(spec))
 
 
 def _vllm_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None) -> Any:
@@ -49,7 +52,12 @@ def _vllm_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None) -> Any:
     launcher = VllmLauncher(cache_root=spec.cache_root, dev_mode=True,
                             is_cache_per_trial=spec.is_cache_per_trial)
     return EngineRunner(launcher, spec.registry_dir, stall_timeout_s=spec.stall_timeout_s,
-                        gpu_indices=gpu_indices)
+                        gpu_indices=gpu_indices, ledger_writer=_ledger_writer(spec))
+
+
+def _ledger_writer(spec: RunnerSpec) -> str | None:
+    # startup.compile_cache: per_trial shares no cache, so it neither reads nor writes the ledger.
+    return None if spec.is_cache_per_trial else spec.ledger_writer
 
 
 # The engines a study can run its trials on, by name (`engine:` in the study file, where "auto"

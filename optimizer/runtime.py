@@ -33,6 +33,7 @@ from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names
 from runners.model_info import ModelInfo, bundled_shapes, load_model_info
 from runners.simulated.model import UNMODELLED_FLAGS
 from runners.tokenizer import load_tokenizer
+from runners.vllm.compile_ledger import CompileLedger
 from runners.workload import Workload
 from search_spaces import (
     ResolvedSpace,
@@ -238,7 +239,8 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
                         startup_time_scale=sim.startup_time_scale,
                         seed=sim.seed, cache_root=cfg.spec.vllm.cache_root or DEFAULT_CACHE_ROOT,
                         is_cache_per_trial=cfg.spec.startup.compile_cache == "per_trial",
-                        stall_timeout_s=cfg.spec.workload.stall_timeout_s)
+                        stall_timeout_s=cfg.spec.workload.stall_timeout_s,
+                        ledger_writer=f"study:{cfg.name}")
     hw_dict = hardware.to_dict()
     study_params = {
         "engine": engine, "model": cfg.spec.model.path, "load_format": cfg.spec.model.load_format,
@@ -269,7 +271,8 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
                     warm_seeds=[(s.params, s.source) for s in warm.seeds],
                     study_tags={**fingerprint.tags(), TAG_WARM_START: warm.summary()},
                     study_attrs={STUDY_ATTR_FINGERPRINT: fingerprint.to_dict(),
-                                 STUDY_ATTR_WARM_START: list(warm.lines)})
+                                 STUDY_ATTR_WARM_START: list(warm.lines)},
+                    compiled_elsewhere=_compiled_elsewhere(cfg, engine))
     return daemon, notes
 
 
@@ -285,6 +288,34 @@ def study_fingerprint(cfg: StudyConfig, *, dry_run: bool = False) -> Fingerprint
         hardware = probe()
     return fingerprint_of(cfg, engine=engine, engine_version=engine_version(engine),
                           hardware=hardware, model=model)
+
+
+def compile_ledger_of(cfg: StudyConfig, engine: str) -> CompileLedger | None:
+    """The reader of the compile ledger in the cache root this study's trials use: the study's
+    `env` VLLM_CACHE_ROOT, else (vLLM) `vllm.cache_root` or the default; the simulated engine
+    keeps a cache only where `env` names one. None under `startup.compile_cache: per_trial`
+    (no shared cache) or where vLLM's version is unknown here (a key holds under one version)."""
+    if cfg.spec.startup.compile_cache != "shared":
+        return None
+    root = cfg.spec.env.get("VLLM_CACHE_ROOT") or (
+        cfg.spec.vllm.cache_root or DEFAULT_CACHE_ROOT if engine == "vllm" else None)
+    if not root:
+        return None
+    if engine == "simulated":
+        from runners.simulated.model import ENGINE_VERSION
+
+        version: str | None = ENGINE_VERSION  # what the simulated engine's log prints
+    else:
+        version = engine_version(engine)
+    if version is None:
+        logger.info("vLLM's version is unknown here: the compile ledger in %s is not read", root)
+        return None
+    return CompileLedger(root, vllm_version=version, engine=engine)
+
+
+def _compiled_elsewhere(cfg: StudyConfig, engine: str) -> Callable[[], frozenset[str]] | None:
+    ledger = compile_ledger_of(cfg, engine)
+    return ledger.compiled_keys if ledger is not None else None
 
 
 def engine_version(engine: str) -> str | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -71,7 +71,8 @@ class SearchPolicy:
                  hardware: HardwareProfile | None = None, model: ModelInfo | None = None,
                  log: TrialLog | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 storage: optuna.storages.BaseStorage | None = None) -> None:
+                 storage: optuna.storages.BaseStorage | None = None,
+                 compiled_elsewhere: Callable[[], Collection[str]] | None = None) -> None:
         self.cfg = cfg
         # The study's storage, for a confirmation trial that must not take a queued one.
         self.storage = storage
@@ -96,6 +97,9 @@ class SearchPolicy:
         self.is_exhausted = False
         # The compile caches this study filled and is filling (optimizer/startup.py).
         self.caches = CompileCaches()
+        # The keys other processes compiled on this cache root (the compile ledger's reader,
+        # runners/vllm/compile_ledger.py), asked before each launch; never under per_trial.
+        self.compiled_elsewhere = compiled_elsewhere
 
     # -- the queue ----------------------------------------------------------------------------
 
@@ -116,6 +120,7 @@ class SearchPolicy:
             self.remember(frozen.number, record)
             if record is not None and startup.compile_cache == "shared":
                 self.caches.learn(record.startup)
+        self._hear_compiled_elsewhere()
         if not any(ATTR_BASELINE in t.user_attrs for t in trials):
             self.study.enqueue_trial(self.space.defaults(), user_attrs={ATTR_BASELINE: True})
         for params, source in warm_seeds:
@@ -186,7 +191,14 @@ class SearchPolicy:
                 return None
         return None
 
+    def _hear_compiled_elsewhere(self) -> None:
+        if self.compiled_elsewhere is not None and \
+                self.cfg.spec.startup.compile_cache == "shared":
+            self.caches.elsewhere = frozenset(self.compiled_elsewhere())
+
     def _start_waiting(self, can_start: Callable[[int], bool]) -> Running | None:
+        if self.waiting:
+            self._hear_compiled_elsewhere()
         order: Sequence[int] = range(len(self.waiting))
         if self.cfg.spec.startup.order_by_compile_key and \
                 self.cfg.spec.startup.compile_cache == "shared":
@@ -258,6 +270,7 @@ class SearchPolicy:
         """A final re-measurement of `params` ("defaults" or "best"), launched at once. Seeds
         or retries still queued (beyond the budget) stay queued for a later resume: the
         confirmation is a trial of its own, never the oldest waiting one."""
+        self._hear_compiled_elsewhere()
         if self.storage is not None:
             trial = running_trial(self.study, self.storage, params, {ATTR_CONFIRM: label})
         else:

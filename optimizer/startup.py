@@ -29,19 +29,22 @@ T = TypeVar("T")
 @dataclass
 class CompileCaches:
     """The keys this study has compiled (warm) and is compiling (a running trial that predicted
-    cold and has not measured a level yet). One cache domain: on a multi-node cluster a trial
+    cold and has not measured a level yet), and the keys other processes compiled on the same
+    cache root under the same vLLM version (`elsewhere`: the compile ledger's, handed in by the
+    caller, runners/vllm/compile_ledger.py). One cache domain: on a multi-node cluster a trial
     on another node than the one that compiled its key finds it cold (recorded as a wrong
     prediction: Ray, not the policy, picks the node)."""
 
     warm: set[str] = field(default_factory=set)
     compiling: dict[str, int] = field(default_factory=dict)  # key -> the trial compiling it
+    elsewhere: frozenset[str] = frozenset()
 
     def predict(self, key: CompileKey | None) -> Prediction:
         if key is None:
             return "none"
         if not key.is_cached:
             return "uncached"
-        return "warm" if key.digest in self.warm else "cold"
+        return "warm" if key.digest in self.warm or key.digest in self.elsewhere else "cold"
 
     def is_compiling(self, key: CompileKey | None) -> bool:
         return key is not None and key.is_cached and key.digest in self.compiling

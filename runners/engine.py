@@ -32,6 +32,7 @@ from runners.process import EngineProcess, free_port, tail, wait_healthy
 from runners.quality import QualityRun, run_eval
 from runners.telemetry import TelemetrySampler
 from runners.vllm.compile_cache import FORCE_AOT_LOAD
+from runners.vllm.compile_ledger import append_entry, entry_of
 from runners.workload import LengthDistribution, LoadLevel, Probe, QualityEval, Workload
 
 logger = logging.getLogger(__name__)
@@ -58,12 +59,17 @@ class EngineRunner:
     One engine at a time; `run` always tears its engine down (process group, then strays), also
     when the caller's `on_step` raises. Engine pids are recorded under `registry_dir` so a
     restarted daemon can reap what a crashed one left behind (`process.reap_strays`).
+    With `ledger_writer` ("study:<name>", "regress:<case>"), each start whose log says warm or
+    cold is appended to the compile ledger of the cache root it used
+    (runners/vllm/compile_ledger.py); None (a per-trial cache) writes nothing.
     """
 
     def __init__(self, launcher: EngineLauncher, registry_dir: Path, *,
                  stall_timeout_s: float = 120.0, port_retries: int = 2,
-                 gpu_indices: tuple[int, ...] | None = None) -> None:
+                 gpu_indices: tuple[int, ...] | None = None,
+                 ledger_writer: str | None = None) -> None:
         self.launcher = launcher
+        self.ledger_writer = ledger_writer
         self.registry_dir = registry_dir
         self.stall_timeout_s = stall_timeout_s
         self.port_retries = port_retries
@@ -127,6 +133,7 @@ class EngineRunner:
         logger.info("engine %s started (pid %d, port %d)", self.launcher.name, proc.pid, port)
         try:
             engine = self._await_ready(proc, base_url, config, workload, log_path, started)
+            self._record_compile(config, env, engine)
             self._warm_up(base_url, config, workload, proc, log_path)
             sampler = TelemetrySampler(self.gpu_indices)
             sampler.start()
@@ -174,6 +181,19 @@ class EngineRunner:
             engine_ended_unix_s=engine_ended_unix_s,
             quality=quality,
         )
+
+    def _record_compile(self, config: EngineConfig, env: Mapping[str, str],
+                        engine: EngineInfo) -> None:
+        """Tell the other processes on this cache root that this key is on disk now. Only a
+        root named in the launch (the launcher's, or the config's VLLM_CACHE_ROOT): vLLM's own
+        default root is never written to."""
+        root = env.get("VLLM_CACHE_ROOT") or config.env.get("VLLM_CACHE_ROOT")
+        if self.ledger_writer is None or not root:
+            return
+        entry = entry_of(config, engine, engine_name=self.launcher.name,
+                         writer=self.ledger_writer)
+        if entry is not None:
+            append_entry(root, entry)
 
     def _failure(self, proc: EngineProcess, log_path: Path, phase: str) -> Failure:
         proc.wait(timeout_s=5.0)

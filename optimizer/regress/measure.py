@@ -148,7 +148,7 @@ def measure_case(case: CaseSpec, here: Installed, workdir: Path, threshold: floa
         if here.engine == "simulated" else None,
         startup_time_scale=case.simulated.startup_time_scale, seed=case.simulated.seed,
         cache_root=DEFAULT_CACHE_ROOT, stall_timeout_s=case.workload.stall_timeout_s,
-        options=dict(here.options))
+        ledger_writer=f"regress:{case.name}", options=dict(here.options))
     samples: dict[str, dict[str, list[float]]] = {c.name: {} for c in case.configs}
     failures: dict[str, Failure] = {}
     runs: dict[str, int] = {c.name: 0 for c in case.configs}

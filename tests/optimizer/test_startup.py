@@ -146,3 +146,101 @@ def test_mlflow_gets_the_start_up_as_tags_and_metrics() -> None:
     assert payload["metrics"]["startup.is_prediction_right"] == 0.0, "the miss is visible"
     again = TrialRecord.from_user_attr(record.to_user_attr())
     assert again.startup == record.startup, "kept in Optuna, replayed by the catch-up"
+
+
+def _ledger_policy(tmp_path: Path, name: str, cache: Path, version: str | None = None,
+                   **startup: Any) -> SearchPolicy:
+    """A study on the simulated engine whose trials use `cache` as their VLLM_CACHE_ROOT and
+    whose policy reads that root's compile ledger (as `nightshift start` wires it)."""
+    from optimizer.runtime import compile_ledger_of
+    from runners.vllm.compile_ledger import CompileLedger
+
+    folder = tmp_path / name
+    folder.mkdir()
+    space_path = categorical_space(folder, gpu_memory_utilization=[0.9, 0.8, 0.7])
+    cfg = load_study(write_study(folder, name=name, trials=10, search_space=str(space_path),
+                                 sampler={"name": "tpe", "seed": 0}, startup=startup,
+                                 env={"VLLM_CACHE_ROOT": str(cache)}))
+    ledger = compile_ledger_of(cfg, "simulated") if version is None else \
+        CompileLedger(cache, vllm_version=version, engine="simulated")
+    study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
+                                pruner=make_pruner(cfg))
+    policy = SearchPolicy(cfg, load_space(space_path).resolve({}), study,
+                          workload=cfg.workload(vocab_size=32000), total_gpus=1,
+                          compiled_elsewhere=ledger.compiled_keys if ledger else None)
+    policy.prepare()
+    return policy
+
+
+def _run_simulated(tmp_path: Path, config: EngineConfig, name: str, *,
+                   ledger_writer: str | None) -> RunResult:
+    from runners.engine import EngineRunner
+    from runners.simulated.launcher import SimulatedLauncher
+    from runners.workload import LengthDistribution, LoadLevel, Workload
+
+    runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
+                          tmp_path / "engines", ledger_writer=ledger_writer)
+    workload = Workload(input_len=LengthDistribution(mean=16),
+                        output_len=LengthDistribution(mean=4), num_requests=4,
+                        num_warmup_requests=0, levels=(LoadLevel(max_concurrency=2),),
+                        vocab_size=1000, startup_timeout_s=60)
+    try:
+        return runner.run(config, workload, tmp_path / name)
+    finally:
+        runner.close()
+
+
+def test_a_key_another_process_compiled_on_the_cache_root_is_predicted_warm(
+        tmp_path: Path) -> None:
+    """A `regress` run compiles a config on the shared root; a study started afterwards on the
+    same root predicts that key warm from the ledger, and the simulated engine starts warm."""
+    from runners.vllm.compile_ledger import ledger_path
+
+    cache = tmp_path / "cache"
+    first = _ledger_policy(tmp_path, "first", cache).next_launch(lambda n: True)
+    assert first is not None and first.prediction == "cold", "an empty root"
+    regress = _run_simulated(tmp_path, first.config, "regress", ledger_writer="regress:case")
+    assert regress.status == "complete" and regress.engine.compile_cache == "cold"
+    (line,) = ledger_path(cache).read_text().splitlines()
+    assert '"writer": "regress:case"' in line and '"vllm_version": "0.26.0"' in line
+
+    second = _ledger_policy(tmp_path, "second", cache).next_launch(lambda n: True)
+    assert second is not None and second.compile_key == first.compile_key
+    assert second.prediction == "warm", "the ledger says another process compiled it"
+    trial = _run_simulated(tmp_path, second.config, "trial", ledger_writer="study:second")
+    assert startup_record(second.compile_key, second.prediction, trial)["is_prediction_right"]
+    assert len(ledger_path(cache).read_text().splitlines()) == 2, "the warm start is kept too"
+
+
+def test_a_ledger_entry_of_another_vllm_version_or_a_per_trial_study_predicts_cold(
+        tmp_path: Path) -> None:
+    from runners.vllm.compile_ledger import CompileLedger
+
+    cache = tmp_path / "cache"
+    config = _ledger_policy(tmp_path, "first", cache).next_launch(lambda n: True)
+    assert config is not None
+    _run_simulated(tmp_path, config.config, "regress", ledger_writer="regress:case")
+    assert CompileLedger(cache, vllm_version="0.26.0", engine="simulated").compiled_keys()
+
+    older = _ledger_policy(tmp_path, "older", cache, version="0.25.1").next_launch(
+        lambda n: True)
+    assert older is not None and older.prediction == "cold", "a key holds under one version"
+    isolated = _ledger_policy(tmp_path, "isolated", cache, version="0.26.0",
+                              compile_cache="per_trial").next_launch(lambda n: True)
+    assert isolated is not None and isolated.prediction == "cold", \
+        "per_trial never reads the shared ledger"
+    wired = _ledger_policy(tmp_path, "wired", cache, compile_cache="per_trial")
+    assert wired.compiled_elsewhere is None, "nightshift start hands a per_trial study none"
+
+
+def test_a_per_trial_cache_never_writes_the_shared_ledger(tmp_path: Path) -> None:
+    from optimizer.engines import RunnerSpec, build_runner
+    from runners.vllm.compile_ledger import ledger_path
+
+    spec = RunnerSpec(kind="simulated", registry_dir=tmp_path / "engines",
+                      is_cache_per_trial=True, ledger_writer="study:isolated")
+    assert build_runner(spec).ledger_writer is None
+    shared = RunnerSpec(kind="vllm", registry_dir=tmp_path / "engines",
+                        cache_root=tmp_path / "cache", ledger_writer="study:shared")
+    assert build_runner(shared).ledger_writer == "study:shared"
+    assert not ledger_path(tmp_path / "cache").exists()
