@@ -4,6 +4,8 @@ writes or starts anything; each problem is one line (`ConfigError`)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -100,14 +102,21 @@ def _check_dataset(source: DatasetSource, study: str,
     if path.stat().st_size > MAX_PROMPTS_FILE_BYTES:
         raise ConfigError(f"{where}: {str(path)!r:.120} is over {MAX_PROMPTS_FILE_BYTES:,} "
                           "bytes; a benchmark needs a sample of conversations, not a corpus.")
-    try:
+    with _read_as_the_runner(where, path, "give a JSON file"):
         check_dataset(source, tokenizer)
+
+
+@contextmanager
+def _read_as_the_runner(where: str, path: Path, fix: str) -> Iterator[None]:
+    """A file read as the runner will read it, each way it can fail one ConfigError line:
+    unreadable, not UTF-8 (`fix` says what to give), or refused by the reader (its message)."""
+    try:
+        yield
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read {str(path)!r:.120} ({type(exc).__name__}); "
                           "check its permissions.") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"{where}: {str(path)!r:.120} is not UTF-8 text; give a JSON "
-                          "file.") from None
+        raise ConfigError(f"{where}: {str(path)!r:.120} is not UTF-8 text; {fix}.") from None
     except (ValueError, TypeError) as exc:
         message = " ".join(str(exc).split())[:300].rstrip(".")
         raise ConfigError(f"{where}: {message}.") from None
@@ -139,17 +148,8 @@ def _check_prompts_file(path: Path, source: str,
     if path.stat().st_size > MAX_PROMPTS_FILE_BYTES:
         raise ConfigError(f"{where}: {str(path)!r:.120} is over {MAX_PROMPTS_FILE_BYTES:,} "
                           "bytes; a benchmark needs a sample of prompts, not a corpus.")
-    try:
+    with _read_as_the_runner(where, path, "give a JSONL file"):
         longest = check_prompts_file(path, tokenizer)
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read {str(path)!r:.120} ({type(exc).__name__}); "
-                          "check its permissions.") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{where}: {str(path)!r:.120} is not UTF-8 text; give a JSONL "
-                          "file.") from None
-    except (ValueError, TypeError) as exc:
-        message = " ".join(str(exc).split())[:300].rstrip(".")
-        raise ConfigError(f"{where}: {message}.") from None
     return longest
 
 
@@ -167,16 +167,8 @@ def _check_trace_file(path: Path, timestamp_unit_s: float, source: str, *,
     if path.stat().st_size > MAX_TRACE_FILE_BYTES:
         raise ConfigError(f"{where}: {str(path)!r:.120} is over {MAX_TRACE_FILE_BYTES:,} "
                           "bytes; replay a slice of the trace.")
-    try:
+    with _read_as_the_runner(where, path, fix):
         entries = read_trace(path, timestamp_unit_s)
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read {str(path)!r:.120} ({type(exc).__name__}); "
-                          "check its permissions.") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{where}: {str(path)!r:.120} is not UTF-8 text; {fix}.") from None
-    except (ValueError, TypeError) as exc:
-        message = " ".join(str(exc).split())[:300].rstrip(".")
-        raise ConfigError(f"{where}: {message}.") from None
     if has_shared_prefix:
         # As runners/loadgen.py `_with_shared_prefix` joins them: every prompt token ids, or
         # every prompt text (an entry without one is synthesised: text where the model has a
