@@ -19,6 +19,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -139,15 +140,22 @@ def _count(value: object) -> int | None:
     return None
 
 
-def _parse_trace_line(path: Path, line_no: int, line: str
-                      ) -> tuple[float, int, int, str | list[int] | None]:
-    where = f"{path}:{line_no}"
+def json_object(where: str, line: str) -> dict[str, Any]:
+    """One JSONL line that must hold a JSON object (a trace's, a prompts file's); ValueError
+    naming `where` otherwise."""
     try:
         entry = json.loads(line)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{where}: expected a JSON object but got invalid JSON ({exc}).") from exc
     if not isinstance(entry, dict):
         raise ValueError(f"{where}: expected a JSON object but got {type(entry).__name__}.")
+    return entry
+
+
+def _parse_trace_line(path: Path, line_no: int, line: str
+                      ) -> tuple[float, int, int, str | list[int] | None]:
+    where = f"{path}:{line_no}"
+    entry = json_object(where, line)
     ts = entry.get(TRACE_TIMESTAMP)
     if not isinstance(ts, int | float) or isinstance(ts, bool) or not math.isfinite(ts):
         raise ValueError(f"{where}: '{TRACE_TIMESTAMP}' must be a finite number (seconds, or "

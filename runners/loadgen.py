@@ -332,12 +332,7 @@ def _parse_prompt_line(path: Path, line_no: int, line: str,
     A text prompt is counted with the tokenizer; without one a `prompt_len` the line gives
     is taken, else chars / 4 is estimated."""
     where = f"{path}:{line_no}"
-    try:
-        entry = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}: expected a JSON object but got invalid JSON ({exc}).") from exc
-    if not isinstance(entry, dict):
-        raise ValueError(f"{where}: expected a JSON object but got {type(entry).__name__}.")
+    entry = arrivals.json_object(where, line)
     prompt = entry.get("prompt")
     prompt_len: int
     is_estimated = False
