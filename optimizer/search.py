@@ -115,10 +115,15 @@ class SearchPolicy:
         is not queued again."""
         trials = self.study.get_trials(deepcopy=False)
         startup = self.cfg.spec.startup
+        # Where a compile ledger is read, it alone says what the cache root holds: it lives in
+        # that root, so a study resumed on another machine, or after the root was cleared, finds
+        # its earlier trials' keys cold (and predicting them warm would send VLLM_FORCE_AOT_LOAD
+        # into a start that must compile). Without a ledger, the records are all there is.
+        learn_from_records = startup.compile_cache == "shared" and self.compiled_elsewhere is None
         for frozen in trials:
             record = record_of(frozen)
             self.remember(frozen.number, record)
-            if record is not None and startup.compile_cache == "shared":
+            if record is not None and learn_from_records:
                 self.caches.learn(record.startup)
         self._hear_compiled_elsewhere()
         if not any(ATTR_BASELINE in t.user_attrs for t in trials):

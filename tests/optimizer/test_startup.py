@@ -244,3 +244,41 @@ def test_a_per_trial_cache_never_writes_the_shared_ledger(tmp_path: Path) -> Non
                         cache_root=tmp_path / "cache", ledger_writer="study:shared")
     assert build_runner(shared).ledger_writer == "study:shared"
     assert not ledger_path(tmp_path / "cache").exists()
+
+
+def test_a_resumed_study_trusts_the_ledger_not_its_records_for_what_is_warm(
+        tmp_path: Path) -> None:
+    """A study resumed on a machine whose cache root is new (or cleared) holds records of keys
+    compiled elsewhere: with a ledger read on that root, they are cold (a warm prediction would
+    launch a must-compile start under VLLM_FORCE_AOT_LOAD); with no ledger, the records say."""
+    from optimizer.records import ATTR_RECORD, TrialRecord
+
+    cache = tmp_path / "cache"
+    first = _ledger_policy(tmp_path, "first", cache).next_launch(lambda n: True)
+    assert first is not None and first.compile_key is not None
+    record = TrialRecord(state="complete", params=dict(first.params), conclusion="measured",
+                         values=(1.0,), startup={"compile_key": first.compile_key.digest,
+                                                 "compile_cache": "cold"})
+    folder = tmp_path / "resumed"
+    folder.mkdir()
+    space_path = categorical_space(folder, gpu_memory_utilization=[0.9, 0.8, 0.7])
+    cfg = load_study(write_study(folder, name="resumed", trials=10, search_space=str(space_path),
+                                 env={"VLLM_CACHE_ROOT": str(cache)}))
+    space = load_space(space_path).resolve({})
+    dists = {k: d for k, d in space.distributions().items() if k in first.params}
+
+    def resumed(compiled_elsewhere: Any) -> str:
+        study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg))
+        study.add_trial(optuna.trial.create_trial(
+            params=dict(first.params), distributions=dists,
+            values=[1.0], user_attrs={ATTR_RECORD: record.to_user_attr()}))
+        study.enqueue_trial(dict(first.params))  # the same key, asked again
+        policy = SearchPolicy(cfg, space, study, workload=cfg.workload(vocab_size=32000),
+                              total_gpus=1, compiled_elsewhere=compiled_elsewhere)
+        policy.prepare()
+        launch = policy.next_launch(lambda n: True)
+        assert launch is not None and launch.compile_key == first.compile_key
+        return launch.prediction
+
+    assert resumed(lambda: frozenset()) == "cold", "the ledger on this root never saw the key"
+    assert resumed(None) == "warm", "without a ledger the earlier records are all there is"
