@@ -175,6 +175,10 @@ def step_records(steps: Sequence[StepMetrics]) -> list[dict[str, Any]]:
         hit_rate = s.server_metrics.get("prefix_cache_hit_rate")
         if hit_rate is not None:  # hits / queries over the level, from vLLM's counters
             metrics["prefix_cache.hit_rate"] = float(hit_rate)
+        for name in ("acceptance_rate", "mean_acceptance_length"):  # speculative decoding
+            value = s.server_metrics.get(f"spec_decode_{name}")
+            if value is not None:
+                metrics[f"spec_decode.{name}"] = float(value)
         if s.repeats:
             metrics["repeats"] = float(len(s.repeats))
             for objective in ("goodput", "throughput", "tpot"):

@@ -399,6 +399,7 @@ class EngineRunner:
         hit_rate = prometheus.prefix_cache_hit_rate(server)
         if hit_rate is not None:
             server["prefix_cache_hit_rate"] = hit_rate
+        server.update(prometheus.spec_decode_acceptance(server))
         if result.is_modelled_clock:  # the record says its times are a model's clock
             server["is_modelled_clock"] = 1.0
         # The client's prompt lengths against the server's usage.prompt_tokens; and whether

@@ -28,6 +28,11 @@ PREFIX_CACHE_HITS: Final = "vllm:prefix_cache_hits_total"
 # Prompt tokens served from a cache (local prefix cache + external KV), not computed: vLLM 0.26
 # (vllm/v1/metrics/loggers.py). `PROMPT_TOKENS` counts every prompt token once, cached or not.
 PROMPT_TOKENS_CACHED: Final = "vllm:prompt_tokens_cached_total"
+# Speculative decoding (vLLM 0.26, vllm/v1/spec_decode/metrics.py): drafts proposed, draft tokens
+# in them, and the draft tokens the target model accepted. Absent without a speculative method.
+SPEC_DECODE_DRAFTS: Final = "vllm:spec_decode_num_drafts_total"
+SPEC_DECODE_DRAFT_TOKENS: Final = "vllm:spec_decode_num_draft_tokens_total"
+SPEC_DECODE_ACCEPTED_TOKENS: Final = "vllm:spec_decode_num_accepted_tokens_total"
 # One observation per engine step that reached the API server: its count is the step count.
 ITERATION_TOKENS_COUNT: Final = "vllm:iteration_tokens_total_count"
 # `--enable-mfu-metrics` (vLLM 0.26, vllm/v1/metrics/perf.py): per-GPU analytic estimates of
@@ -243,6 +248,24 @@ def prefix_cache_hit_rate(growth: Mapping[str, float]) -> float | None:
         return None
     hits = growth.get(PREFIX_CACHE_HITS, 0.0)
     return min(max(hits / queries, 0.0), 1.0) if math.isfinite(hits) else None
+
+
+def spec_decode_acceptance(growth: Mapping[str, float]) -> dict[str, float]:
+    """Speculative decoding over a window, as vLLM's own dashboard reads its counters
+    (vllm/v1/spec_decode/metrics.py): `spec_decode_acceptance_rate` = accepted / draft tokens,
+    `spec_decode_mean_acceptance_length` = 1 + accepted / drafts (tokens a verification step
+    yields, the bonus token included). Empty when no draft was proposed (no method, or none
+    proposed over the window: ngram proposes only where the prompt repeats)."""
+    drafts = growth.get(SPEC_DECODE_DRAFTS)
+    draft_tokens = growth.get(SPEC_DECODE_DRAFT_TOKENS)
+    accepted = growth.get(SPEC_DECODE_ACCEPTED_TOKENS)
+    values = (drafts, draft_tokens, accepted)
+    if any(v is None or not math.isfinite(v) for v in values) or not drafts or not draft_tokens:
+        return {}
+    assert drafts is not None and draft_tokens is not None and accepted is not None
+    return {"spec_decode_acceptance_rate": min(max(accepted / draft_tokens, 0.0), 1.0),
+            "spec_decode_mean_acceptance_length": 1.0 + max(accepted, 0.0) / drafts,
+            "spec_decode_num_drafts": drafts}
 
 
 @dataclass(frozen=True)

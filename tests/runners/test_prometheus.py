@@ -189,3 +189,22 @@ def test_poller_without_a_server_reports_no_samples() -> None:
     poller.start()
     time.sleep(0.1)
     assert poller.stop() == {"num_samples": 0.0}
+
+
+def test_spec_decode_acceptance_reads_vllms_counters_as_its_dashboard_does() -> None:
+    """vLLM 0.26's counters (vllm/v1/spec_decode/metrics.py) exposed as `_total` samples:
+    acceptance rate = accepted / draft tokens, mean acceptance length = 1 + accepted / drafts."""
+    from runners.prometheus import spec_decode_acceptance
+
+    before = parse("# TYPE vllm:spec_decode_num_drafts counter\n"
+                   "vllm:spec_decode_num_drafts_total 10.0\n"
+                   "# TYPE vllm:spec_decode_num_draft_tokens counter\n"
+                   "vllm:spec_decode_num_draft_tokens_total 40.0\n"
+                   "# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
+                   "vllm:spec_decode_num_accepted_tokens_total 12.0\n")
+    after = {k: v * 11 for k, v in before.items()}  # 100 more drafts of 4 tokens, 120 accepted
+    got = spec_decode_acceptance(delta(before, after))
+    assert got == {"spec_decode_acceptance_rate": 0.3,
+                   "spec_decode_mean_acceptance_length": 2.2, "spec_decode_num_drafts": 100.0}
+    assert spec_decode_acceptance({}) == {}, "no speculative method: nothing said"
+    assert spec_decode_acceptance({**delta(before, before)}) == {}, "no draft in the window"
