@@ -12,10 +12,12 @@ Markdown, HTML, `write_report`).
 
 from optimizer.report.build import (
     TOO_FEW_FOR_IMPORTANCES,
+    KnobEffect,
     Report,
     TrialRow,
     build_report,
     importances_floor,
+    knob_effects,
     pareto_front,
 )
 from optimizer.report.render import (
@@ -29,11 +31,13 @@ from optimizer.report.render import (
 __all__ = [
     "REPORT_FILES",
     "TOO_FEW_FOR_IMPORTANCES",
+    "KnobEffect",
     "Report",
     "TrialRow",
     "build_report",
     "headline",
     "importances_floor",
+    "knob_effects",
     "pareto_front",
     "render_html",
     "render_markdown",

@@ -22,6 +22,7 @@ from optimizer.quality import table_cell
 from optimizer.records import ATTR_RECORD
 from optimizer.study import (
     ATTR_CONFIRM,
+    NOISE_FRACTION,
     best_trial,
     count_trials,
     is_search_trial,
@@ -61,6 +62,43 @@ class TrialRow:
 
 
 @dataclass(frozen=True)
+class KnobEffect:
+    """A trial that changed one searched parameter alone from the defaults, measured in the
+    same study: that knob's main effect at the defaults (what it does combined with other
+    changes is not seen). `spread` is the larger of the two trials' repeat spreads of the
+    objective, (max - min) / median over the repeats on one server: not a start-to-start
+    interval, which only a confirmation round measures."""
+
+    param: str
+    value: Any
+    number: int
+    gain: gains.Gain  # vs the defaults, > 1 = better
+    spread: float | None  # None where either trial measured its level once
+
+    @property
+    def size(self) -> float:
+        """How far from no change, either way (a ratio of 0.5 is as far as 2.0)."""
+        value = self.gain.value
+        return abs(math.log(value)) if value else math.inf
+
+    @property
+    def verdict(self) -> str:
+        if self.gain.basis == "capacity":
+            return ("beyond the capacity brackets" if self.gain.excludes_one
+                    else "the capacity brackets overlap")
+        if self.gain.value is None:
+            return "no ratio (the defaults measured 0)"
+        change = abs(self.gain.value - 1.0)
+        if change < NOISE_FRACTION:
+            return f"within noise (under {NOISE_FRACTION:.0%})"
+        if self.spread is None:
+            return "one measurement each: no spread to compare with"
+        if change <= self.spread:
+            return f"within the repeats' spread ({self.spread:.0%})"
+        return f"beyond the repeats' spread ({self.spread:.0%})"
+
+
+@dataclass(frozen=True)
 class Report:
     study: str
     objective: str
@@ -79,6 +117,7 @@ class Report:
     repeats: int = 0  # the sampler asked again for a config already held: nothing launched
     recommended: TrialRow | None = None  # what `export` writes, when it is not the best
     no_baseline: str = ""  # why the defaults could not be measured (no gain is stated then)
+    knob_effects: tuple[KnobEffect, ...] = ()  # one-change trials, largest effect first
     generated: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S %Z"))
 
     @property
@@ -205,6 +244,46 @@ def _complete_configs(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
                                                                        strict=True)]
 
 
+def knob_effects(trials: Sequence[FrozenTrial], baseline: FrozenTrial | None, objective: str,
+                 axis: str | None = None) -> tuple[KnobEffect, ...]:
+    """Each complete trial whose config differs from the defaults' in exactly one searched
+    parameter, as that parameter's effect, largest first. A design of one change per seed
+    (the way to learn which knobs matter in a few trials) ranks its knobs here even where too
+    few trials were measured for fANOVA's importances, and with what bounds each effect."""
+    if baseline is None or baseline.state != TrialState.COMPLETE:
+        return ()
+    maximize = OBJECTIVES[objective].direction == "maximize"
+    reference = params_of(baseline)
+    base_metrics = (baseline.user_attrs.get(ATTR_RECORD) or {}).get("metrics") or {}
+    out = []
+    for trial in trials:
+        record = trial.user_attrs.get(ATTR_RECORD) or {}
+        if trial.number == baseline.number or trial.state != TrialState.COMPLETE or \
+                record.get("state") not in (None, "complete"):
+            continue
+        params = params_of(trial)
+        changed = [k for k in sorted(set(params) | set(reference))
+                   if repr(params.get(k)) != repr(reference.get(k))]
+        if len(changed) != 1:
+            continue
+        metrics = record.get("metrics") or {}
+        values = record.get("values") or trial.values
+        mine = bracket_from_metrics(axis, metrics) if axis else None  # type: ignore[arg-type]
+        theirs = bracket_from_metrics(axis, base_metrics) if axis else None  # type: ignore[arg-type]
+        if mine is not None and theirs is not None:
+            gain = gains.capacity_gain(mine, theirs)
+        else:
+            base_values = (baseline.user_attrs.get(ATTR_RECORD) or {}).get("values") or \
+                baseline.values
+            gain = gains.point_gain(_number(values[0]) if values else None,
+                                    _number(base_values[0]) if base_values else None,
+                                    maximize=maximize)
+        spreads = [_number(m.get(f"spread.{objective}")) for m in (metrics, base_metrics)]
+        spread = max(spreads) if all(s is not None for s in spreads) else None  # type: ignore[type-var]
+        out.append(KnobEffect(changed[0], params.get(changed[0]), trial.number, gain, spread))
+    return tuple(sorted(out, key=lambda e: (-e.size, e.number)))
+
+
 def _importances(study: optuna.Study) -> dict[str, float]:
     complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                 if is_search_trial(t)]
@@ -265,7 +344,8 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
         slo=slo, confirm=_confirmation(study, axis),
         queued=queued, confirmation_runs=counts.confirmation_runs, repeats=counts.repeats,
         recommended=recommended,
-        no_baseline=no_baseline_reason(study) or "")
+        no_baseline=no_baseline_reason(study) or "",
+        knob_effects=knob_effects(trials, baseline_trial, objective, axis))
 
 
 def _confirmation(study: optuna.Study, axis: str | None) -> str:

@@ -12,6 +12,12 @@ from optimizer.report.build import TOO_FEW_FOR_IMPORTANCES, Report, TrialRow
 from optimizer.report.plots import LABEL_COLOURS, write_plots
 from optimizer.study import NOISE_FRACTION
 
+KNOB_EFFECTS_INTRO = (
+    "Trials that changed one knob alone from the defaults, each against the defaults measured "
+    "in this study, largest effect first: that knob's effect at the defaults, not combined "
+    "with others. The spread is the larger of the two trials' repeats on one server, not a "
+    "start-to-start interval.")
+
 REPORT_FILES = ("report.html", "report.md", "pareto.png", "history.png", "importances.png")
 
 
@@ -146,6 +152,13 @@ pipeline, they are not measurements.</div>{% endif %}
 <h2>Parameter importances</h2>
 {% if r.importances %}<img src="importances.png" alt="parameter importances"
 style="max-width: 700px">{% else %}<p>{{ too_few }}</p>{% endif %}
+{% if r.knob_effects %}<h2>One knob at a time</h2>
+<p>{{ knob_intro }}</p>
+<table id="knob-effects"><tr><th>knob</th><th>value</th><th>trial</th>
+<th>{{ r.objective }} vs defaults</th><th>verdict</th></tr>
+{% for e in r.knob_effects %}<tr><td>{{ e.param }}</td><td>{{ e.value }}</td>
+<td>{{ e.number }}</td><td class="num">{{ short_gain(e.gain) }}</td><td>{{ e.verdict }}</td></tr>
+{% endfor %}</table>{% endif %}
 <h2>Bottlenecks</h2>
 <table id="labels"><tr><th>label</th><th>trials</th></tr>
 {% for label, numbers in labels.items() %}<tr><td>{{ label }}</td><td>{{ numbers|join(", ") }}</td>
@@ -191,7 +204,8 @@ def render_html(report: Report) -> str:
         r=report, headline=headline(report), front=front, changes=_changes, fmt=_fmt,
         counts=trial_counts(report),
         short=_short, too_few=TOO_FEW_FOR_IMPORTANCES, unit=objective_unit(report.objective),
-        colours=LABEL_COLOURS, labels=_labels(report))
+        colours=LABEL_COLOURS, labels=_labels(report), knob_intro=KNOB_EFFECTS_INTRO,
+        short_gain=gains.short_gain)
 
 
 def _short(row: TrialRow) -> str:
@@ -235,6 +249,12 @@ def render_markdown(report: Report) -> str:
         lines.append(f"- {name}: {value:.2f}")
     if not report.importances:
         lines.append(TOO_FEW_FOR_IMPORTANCES + ".")
+    if report.knob_effects:
+        lines += ["", "## One knob at a time", "", KNOB_EFFECTS_INTRO, "",
+                  f"| knob | value | trial | {report.objective} vs defaults | verdict |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {e.param} | {_md_cell(str(e.value))} | {e.number} | "
+                  f"{gains.short_gain(e.gain)} | {e.verdict} |" for e in report.knob_effects]
     lines += ["", "## Failures by reason", ""]
     lines += [f"- {reason}: {count}" for reason, count in report.failures.items()] or \
         ["No trial failed."]

@@ -276,3 +276,45 @@ def test_importances_rank_a_parameter_a_rule_fixed_in_some_trials() -> None:
     assert set(importances) == {"tensor_parallel_size", "data_parallel_size", "quantization"}
     assert max(importances, key=importances.__getitem__) == "data_parallel_size", \
         "replicas double goodput here: the parameter that matters most is ranked first"
+
+
+def test_one_knob_at_a_time_ranks_single_changes_with_what_bounds_them(
+        study_file: Path) -> None:
+    """A design of one change per seed: each single-change trial is that knob's effect against
+    the defaults of the same study, largest first; a trial of two changes, a failed one and
+    the defaults are not effects. Each says whether it lies beyond the repeats' spread."""
+    import yaml
+
+    from optimizer.report import knob_effects, render_html
+
+    cfg = parse_study(yaml.safe_load(study_file.read_text()), path=study_file)
+    report = build_report(open_study(cfg, create=False), cfg)
+    assert [(e.param, e.value, e.number) for e in report.knob_effects] == [
+        ("enforce_eager", True, 2), ("quantization", "fp8", 1)], "0x first, then 1.35x"
+    assert report.knob_effects[1].verdict == "one measurement each: no spread to compare with"
+
+    def trial(params: dict[str, Any], goodput: float, spread: float,
+              baseline: bool = False) -> optuna.trial.FrozenTrial:
+        record = _record("complete", {}, goodput, 1000.0, 8.0, is_baseline=baseline)
+        record["metrics"]["spread.goodput"] = spread
+        return optuna.trial.create_trial(
+            params=params, distributions=DISTRIBUTIONS, value=goodput,
+            user_attrs={"record": record, **({"baseline": True} if baseline else {})})
+
+    study = optuna.create_study(direction="maximize")
+    defaults = {"quantization": "none", "enforce_eager": False}
+    for t in (trial(defaults, 30.0, 0.01, baseline=True),
+              trial({**defaults, "quantization": "fp8"}, 33.0, 0.04),      # +10%, spread 4%
+              trial({**defaults, "enforce_eager": True}, 30.9, 0.05)):    # +3%, spread 5%
+        study.add_trial(t)
+    effects = knob_effects(study.trials, study.trials[0], "goodput")
+    assert [e.verdict for e in effects] == ["beyond the repeats' spread (4%)",
+                                            "within the repeats' spread (5%)"]
+    near = optuna.create_study(direction="maximize")
+    near.add_trial(study.trials[0])
+    near.add_trial(trial({**defaults, "quantization": "fp8"}, 30.3, 0.0))
+    (effect,) = knob_effects(near.trials, near.trials[0], "goodput")
+    assert effect.verdict == "within noise (under 2%)"
+    html = render_html(report)
+    assert 'id="knob-effects"' in html and "One knob at a time" in render_markdown(report)
+    assert knob_effects(study.trials, None, "goodput") == (), "no defaults, no effects"
