@@ -98,10 +98,14 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
         pruned_at=item.pruned_at, prune_reason=item.prune_reason,
         verdict=verdict if state != TrialState.FAIL else None,
         confirm_label=item.trial.user_attrs.get(ATTR_CONFIRM),
-        note=(f"Unstable: its {cfg.objectives[0]} varied {objective_spread:.0%} "
-              f"across {workload.repeats} repeats (limit "
-              f"{cfg.spec.workload.max_spread:.0%}); re-measure before trusting it."
-              if is_unstable and objective_spread is not None else ""),
+        note=" ".join(n for n in (
+            f"Unstable: its {cfg.objectives[0]} varied {objective_spread:.0%} "
+            f"across {workload.repeats} repeats (limit "
+            f"{cfg.spec.workload.max_spread:.0%}); re-measure before trusting it."
+            if is_unstable and objective_spread is not None else "",
+            speculation_note(item.params, metrics)
+            if state == TrialState.COMPLETE and not _is_simulated(result.argv) else "")
+            if n),
         quality_failed=assessed.failed if assessed is not None else (),
         template=str(item.trial.user_attrs.get(ATTR_SEED_TITLE, "")))
     record = TrialRecord(
@@ -310,3 +314,24 @@ def tell_without_run(policy: PolicyState, trial: optuna.Trial, params: dict[str,
     policy.log.told(Told("rejected", trial.number, record, run_id=run_id))
 
 # -- steps and pruning ----------------------------------------------------------------------
+
+
+def _is_simulated(argv: Sequence[str]) -> bool:
+    """The simulated engine models no draft acceptance (runners/simulated/model.py)."""
+    return any("runners.simulated" in a for a in argv)
+
+
+def speculation_note(params: Mapping[str, Any], metrics: Mapping[str, Any]) -> str:
+    """What speculative decoding did at the headline level, from vLLM's counters: the share of
+    draft tokens accepted and the tokens a verification step yielded; or that no draft was
+    proposed (prompt lookup finds nothing in prompts that the output does not repeat)."""
+    method = params.get("spec_method")
+    if method in (None, "none"):
+        return ""
+    rate = metrics.get("server.spec_decode_acceptance_rate")
+    length = metrics.get("server.spec_decode_mean_acceptance_length")
+    if rate is None or length is None:
+        return f"Speculation ({method}): no draft was proposed at the headline level."
+    return (f"Speculation ({method}): {rate:.0%} of draft tokens accepted, {length:.1f} "
+            "tokens per verification step at the headline level.")
+

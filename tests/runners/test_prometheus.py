@@ -208,3 +208,16 @@ def test_spec_decode_acceptance_reads_vllms_counters_as_its_dashboard_does() -> 
                    "spec_decode_mean_acceptance_length": 2.2, "spec_decode_num_drafts": 100.0}
     assert spec_decode_acceptance({}) == {}, "no speculative method: nothing said"
     assert spec_decode_acceptance({**delta(before, before)}) == {}, "no draft in the window"
+
+
+def test_a_speculating_trial_says_what_its_drafts_did() -> None:
+    from optimizer.outcomes import speculation_note
+
+    measured = {"server.spec_decode_acceptance_rate": 0.8268,
+                "server.spec_decode_mean_acceptance_length": 4.3028}
+    assert speculation_note({"spec_method": "ngram", "spec_tokens": 4}, measured) == (
+        "Speculation (ngram): 83% of draft tokens accepted, 4.3 tokens per verification step "
+        "at the headline level.")
+    assert "no draft was proposed" in speculation_note({"spec_method": "ngram_gpu"}, {})
+    assert speculation_note({"spec_method": "none"}, measured) == ""
+    assert speculation_note({}, measured) == ""
