@@ -27,7 +27,8 @@ def main() -> None:
     lines = []
     for i in range(len(replies)):
         text = f"{replies[i]} {replies[(i + 5) % len(replies)]}"
-        lines.append({"prompt": chat(f"Copy the following text exactly, word for word.\n\n{text}")})
+        copy = f"Copy the following text exactly, word for word.\n\n{text}"
+        lines.append({"prompt": chat(copy)})
         lines.append({"prompt": chat(f"Continue this text: {corpus[i]}")})
     OUT.write_text("".join(json.dumps(line) + "\n" for line in lines))
     print(f"{OUT.name}: {len(lines)} prompts")

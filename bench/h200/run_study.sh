@@ -7,7 +7,8 @@
 # STUDY=bench/h200/study3.yaml picks another study file; STUDY="a.yaml b.yaml" runs several one
 # after the other in one background session (one GPU: never side by side); TRIALS=N overrides
 # budget.trials; RESUME=docs/h200/grid/optuna.db starts from an earlier session's Optuna storage
-# (single study only); TRIM=1 cuts trace fixtures at collect. An entry `regress:LIB.yaml` in STUDY
+# (single study only), RESUME="bench/h200/knobs.yaml=docs/h200/knobs/knobs/optuna.db ..." each
+# named study from its own; TRIM=1 cuts trace fixtures at collect. An entry `regress:LIB.yaml` in STUDY
 # runs `nightshift regress` on a benchmark library (issue 24) in the same sequence, its report
 # under /root/h200-results/regress/<library file name>; `sh:SCRIPT` runs a script there
 # (bench/h200/regress_pair.sh: issue 24's two runs). SMOLLM2=1 converts SmolLM2-135M (the real
@@ -35,9 +36,22 @@ case "${1:-}" in
     (cd "$OLDPWD" && bash .gpu/setup.sh install) || exit 3
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     mkdir -p /root/h200-results
-    if [ -n "${RESUME:-}" ] && [ ! -e /root/h200-results/optuna.db ]; then
-      cp "$src/$RESUME" /root/h200-results/optuna.db || exit 3
-    fi
+    # RESUME entries: a bare DB (the old form: /root/h200-results/optuna.db) or STUDY.yaml=DB,
+    # copied to the storage that study file names (its results_dir's optuna.db by default).
+    for r in ${RESUME:-}; do
+      case $r in
+        *=*) dest=$(python3 -c "import sys; from pathlib import Path
+from optimizer.config import load_study
+cfg = load_study(Path(sys.argv[1])); url = cfg.storage_url
+print(url.removeprefix('sqlite:///') if url.startswith('sqlite:///') else '')" "${r%%=*}") ||
+               exit 3
+             [ -n "$dest" ] || { echo "RESUME: ${r%%=*} names no sqlite storage"; exit 3; }
+             db=${r#*=};;
+        *) dest=/root/h200-results/optuna.db; db=$r;;
+      esac
+      if [ ! -e "$dest" ]; then mkdir -p "$(dirname "$dest")" && cp "$src/$db" "$dest" || exit 3
+        echo "resumed from $db: $dest"; fi
+    done
     export TRIALS=${TRIALS:-}
     if [ "${SMOLLM2:-0}" = 1 ] && [ ! -e /root/smollm2-135m-bf16/config.json ]; then
       python3 scripts/convert_smollm2.py --out /root/smollm2-135m-bf16 2>&1 | tail -3 || exit 3
