@@ -32,7 +32,14 @@ from optimizer.study import (
     state_of,
     tell_config_failure,
 )
-from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics
+from runners.base import (
+    EngineConfig,
+    EngineInfo,
+    Failure,
+    FailureReason,
+    RunResult,
+    StepMetrics,
+)
 from runners.capacity import meets_slo
 from runners.vllm.compile_cache import CompileKey
 
@@ -104,7 +111,9 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
             f"{cfg.spec.workload.max_spread:.0%}); re-measure before trusting it."
             if is_unstable and objective_spread is not None else "",
             speculation_note(item.params, metrics)
-            if state == TrialState.COMPLETE and not _is_simulated(result.argv) else "")
+            if state == TrialState.COMPLETE and not _is_simulated(result.argv) else "",
+            "" if item.is_baseline else
+            implied_changes_note(item.params, result.engine, _baseline_async(study)))
             if n),
         quality_failed=assessed.failed if assessed is not None else (),
         template=str(item.trial.user_attrs.get(ATTR_SEED_TITLE, "")))
@@ -334,4 +343,25 @@ def speculation_note(params: Mapping[str, Any], metrics: Mapping[str, Any]) -> s
         return f"Speculation ({method}): no draft was proposed at the headline level."
     return (f"Speculation ({method}): {rate:.0%} of draft tokens accepted, {length:.1f} "
             "tokens per verification step at the headline level.")
+
+
+def _baseline_async(study: optuna.Study) -> bool | None:
+    """Whether the defaults' engine ran async scheduling (None: not measured, or not said)."""
+    trial = baseline_trial(study)
+    record = record_of(trial) if trial is not None else None
+    value = (record.engine or {}).get("async_scheduling") if record is not None else None
+    return value if isinstance(value, bool) else None
+
+
+def implied_changes_note(params: Mapping[str, Any], engine: EngineInfo,
+                         baseline_async: bool | None) -> str:
+    """What vLLM changed by itself for this config, beyond what the trial asked for, so that
+    the change a conclusion names is not taken for the whole of it: async scheduling, which
+    vLLM 0.26 turns off for CPU ngram speculation (config/vllm.py:1059-1107), said where the
+    defaults ran with it on (or were not measured: then it is said of this config alone)."""
+    if engine.async_scheduling is False and params.get("async_scheduling") is not False and \
+            baseline_async is not False:
+        return ("vLLM turned async scheduling off for this config (its log: \"Asynchronous "
+                "scheduling is disabled\"), so the result includes that change.")
+    return ""
 

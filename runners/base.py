@@ -172,6 +172,10 @@ class EngineInfo:
     # startup.verify_warm's VLLM_FORCE_AOT_LOAD=1 launch failed (no loadable artefact) and the
     # engine was started again without it: the start-up figures are the second launch's.
     is_warm_check_refused: bool = False
+    # What vLLM decided for async scheduling at start-up ("Asynchronous scheduling is enabled /
+    # disabled", config/vllm.py:1109 in 0.26): it turns it off by itself for some configs
+    # (CPU ngram speculation, pooling models), which then measure that change too.
+    async_scheduling: bool | None = None
 
     def as_metrics(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.__dict__.items()

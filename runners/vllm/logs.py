@@ -56,6 +56,7 @@ _NO_COMPILE = re.compile(r"disabling torch\.compile")  # config/vllm.py:1164 and
 # the default with torch >= 2.10), else the backbone's (backends.py:1064).
 _AOT_DIR = re.compile(r"torch_compile_cache/torch_aot_compile/([0-9a-f]{64})")
 _CACHE_DIR = re.compile(r"torch_compile_cache/([0-9a-f]{10})/")
+_ASYNC_SCHEDULING = re.compile(r"Asynchronous scheduling is (enabled|disabled)")
 _VERSION_PATTERNS = (
     re.compile(r"vLLM API server version (\S+)"),
     re.compile(r"Initializing a V1 LLM engine \(v([^)\s]+)\)"),
@@ -110,6 +111,8 @@ def parse_log(log_text: str) -> EngineInfo:
         fields["compile_cache"] = "none"
     if m := _AOT_DIR.search(text) or _CACHE_DIR.search(text):
         fields["compile_cache_dir"] = m.group(1)[:16]
+    if m := _ASYNC_SCHEDULING.search(text):
+        fields["async_scheduling"] = m.group(1) == "enabled"
     if _JIT_MONITOR_ON in text:
         serving = text[text.index(_JIT_MONITOR_ON):]
         # Distinct kernels: every tensor-parallel rank logs its own compiles of the same ones.

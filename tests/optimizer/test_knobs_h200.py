@@ -90,6 +90,9 @@ def test_ngram_drafts_were_accepted_yet_goodput_fell(spec: optuna.Study) -> None
     assert round(ngram.values[0] / defaults.values[0], 2) == 0.37
     log = (RUN / "spec" / "trials" / "0001" / "server.log").read_text()
     assert "Async scheduling not supported with ngram-based speculative decoding" in log
+    assert parse_log(log).async_scheduling is False
+    defaults_log = (RUN / "spec" / "trials" / "0000" / "server.log").read_text()
+    assert parse_log(defaults_log).async_scheduling is True
 
 
 def test_text_prompts_counted_by_the_client_match_vllms_usage(spec: optuna.Study) -> None:

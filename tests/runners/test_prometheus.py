@@ -221,3 +221,26 @@ def test_a_speculating_trial_says_what_its_drafts_did() -> None:
     assert "no draft was proposed" in speculation_note({"spec_method": "ngram_gpu"}, {})
     assert speculation_note({"spec_method": "none"}, measured) == ""
     assert speculation_note({}, measured) == ""
+
+
+def test_a_config_vllm_turned_async_scheduling_off_for_says_so() -> None:
+    """vLLM 0.26 turns async scheduling off by itself for CPU ngram speculation: the log says
+    so, the engine info keeps it, and the conclusion names it beside the change asked for."""
+    from optimizer.outcomes import implied_changes_note
+    from runners.base import EngineInfo
+    from runners.vllm.logs import parse_log
+
+    log = ("(APIServer pid=1) WARNING 12-04 21:03:40 [vllm.py:1077] Async scheduling not "
+           "supported with ngram-based speculative decoding and will be disabled.\n"
+           "(APIServer pid=1) INFO 12-04 21:03:40 [vllm.py:1109] Asynchronous scheduling is "
+           "disabled.\n")
+    assert parse_log(log).async_scheduling is False
+    assert parse_log(log.replace("is disabled", "is enabled")).async_scheduling is True
+    assert parse_log("nothing said").async_scheduling is None
+    off = EngineInfo(async_scheduling=False)
+    ngram = {"spec_method": "ngram", "spec_tokens": 4}
+    assert "turned async scheduling off" in implied_changes_note(ngram, off, True)
+    assert "turned async scheduling off" in implied_changes_note(ngram, off, None)
+    assert implied_changes_note(ngram, off, False) == "", "the defaults ran it off too"
+    assert implied_changes_note({"async_scheduling": False}, off, True) == "", "asked for"
+    assert implied_changes_note(ngram, EngineInfo(async_scheduling=True), True) == ""
