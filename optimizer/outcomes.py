@@ -113,7 +113,7 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
             speculation_note(item.params, metrics)
             if state == TrialState.COMPLETE and not _is_simulated(result.argv) else "",
             "" if item.is_baseline else
-            implied_changes_note(item.params, result.engine, _baseline_async(study)))
+            implied_changes_note(item.params, result.engine, _baseline_engine(study)))
             if n),
         quality_failed=assessed.failed if assessed is not None else (),
         template=str(item.trial.user_attrs.get(ATTR_SEED_TITLE, "")))
@@ -332,36 +332,48 @@ def _is_simulated(argv: Sequence[str]) -> bool:
 
 def speculation_note(params: Mapping[str, Any], metrics: Mapping[str, Any]) -> str:
     """What speculative decoding did at the headline level, from vLLM's counters: the share of
-    draft tokens accepted and the tokens a verification step yielded; or that no draft was
-    proposed (prompt lookup finds nothing in prompts that the output does not repeat)."""
+    draft tokens accepted and the tokens a verification step yielded; that the counters show
+    no draft proposed (prompt lookup finds nothing the output repeats); or that no counter was
+    read, so nothing is said of the drafts."""
     method = params.get("spec_method")
     if method in (None, "none"):
         return ""
     rate = metrics.get("server.spec_decode_acceptance_rate")
     length = metrics.get("server.spec_decode_mean_acceptance_length")
-    if rate is None or length is None:
-        return f"Speculation ({method}): no draft was proposed at the headline level."
-    return (f"Speculation ({method}): {rate:.0%} of draft tokens accepted, {length:.1f} "
-            "tokens per verification step at the headline level.")
+    if rate is not None and length is not None:
+        return (f"Speculation ({method}): {rate:.0%} of draft tokens accepted, {length:.1f} "
+                "tokens per verification step at the headline level.")
+    if metrics.get("server.spec_decode_num_drafts") == 0:
+        return f"Speculation ({method}): vLLM proposed no draft at the headline level."
+    return (f"Speculation ({method}): vLLM's spec-decode counters were not read at the "
+            "headline level, so what the drafts did is unknown.")
 
 
-def _baseline_async(study: optuna.Study) -> bool | None:
-    """Whether the defaults' engine ran async scheduling (None: not measured, or not said)."""
+def _baseline_engine(study: optuna.Study) -> Mapping[str, Any] | None:
+    """The defaults' engine as its record keeps it (`EngineInfo`), or None: not measured yet."""
     trial = baseline_trial(study)
     record = record_of(trial) if trial is not None else None
-    value = (record.engine or {}).get("async_scheduling") if record is not None else None
-    return value if isinstance(value, bool) else None
+    return dict(record.engine or {}) if record is not None else None
 
 
 def implied_changes_note(params: Mapping[str, Any], engine: EngineInfo,
-                         baseline_async: bool | None) -> str:
+                         baseline: Mapping[str, Any] | None) -> str:
     """What vLLM changed by itself for this config, beyond what the trial asked for, so that
-    the change a conclusion names is not taken for the whole of it: async scheduling, which
-    vLLM 0.26 turns off for CPU ngram speculation (config/vllm.py:1059-1107), said where the
-    defaults ran with it on (or were not measured: then it is said of this config alone)."""
+    the change a conclusion names is not taken for the whole of it (vLLM 0.26, with CPU ngram
+    speculation: async scheduling off, config/vllm.py:1059-1107; the V1 model runner instead
+    of V2, config/vllm.py:576-588). Each is said where the defaults' engine differed, or where
+    the defaults were not measured (then of this config alone)."""
+    said = []
+    base_async = (baseline or {}).get("async_scheduling")
     if engine.async_scheduling is False and params.get("async_scheduling") is not False and \
-            baseline_async is not False:
-        return ("vLLM turned async scheduling off for this config (its log: \"Asynchronous "
-                "scheduling is disabled\"), so the result includes that change.")
-    return ""
+            base_async is not False:
+        said.append("turned async scheduling off (its log: \"Asynchronous scheduling is "
+                    "disabled\")")
+    base_runner = (baseline or {}).get("model_runner")
+    if engine.model_runner == "V1" and base_runner != "V1":
+        said.append("ran the V1 model runner instead of V2 (its log: \"using the V1 model "
+                    "runner instead\")")
+    if not said:
+        return ""
+    return f"vLLM {' and '.join(said)} for this config, so the result includes that."
 

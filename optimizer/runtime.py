@@ -25,7 +25,7 @@ from optimizer.memory import (
     plan_warm_start,
     read_studies,
 )
-from optimizer.study import ATTR_SEED_SOURCE, ATTR_SEED_TITLE
+from optimizer.study import ATTR_SEED_SOURCE, ATTR_SEED_TITLE, STUDY_ATTR_VLLM_DEFAULTS
 from optimizer.study_summary import study_summary
 from optimizer.tracking import Tracker
 from optimizer.workers import RayExecutor, init_ray, largest_node_gpus, probe_on_cluster
@@ -271,7 +271,9 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
                     warm_seeds=[(s.params, s.source) for s in warm.seeds],
                     study_tags={**fingerprint.tags(), TAG_WARM_START: warm.summary()},
                     study_attrs={STUDY_ATTR_FINGERPRINT: fingerprint.to_dict(),
-                                 STUDY_ATTR_WARM_START: list(warm.lines)},
+                                 STUDY_ATTR_WARM_START: list(warm.lines),
+                                 STUDY_ATTR_VLLM_DEFAULTS: {**resolved.vllm_defaults,
+                                                            **resolved.study_fixed}},
                     compiled_elsewhere=_compiled_elsewhere(cfg, engine))
     return daemon, notes
 

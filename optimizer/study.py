@@ -36,6 +36,10 @@ ATTR_SEEDED = "seeded"  # enqueued from seed_trials, a hardware template or the 
 # earlier study's best, optimizer/memory.py)
 ATTR_SEED_SOURCE = "seed.source"
 ATTR_SEED_TITLE = "seed.title"  # "the Hopper template (fp8 weights + ...)", for its conclusion
+# Study user attr: vLLM's value of each searched param on the study's host, the study's fixed
+# flags over them (`ResolvedSpace.vllm_defaults`), as of the daemon's last start: what "no
+# change" means when a report compares trials (an explicit value equal to it is none).
+STUDY_ATTR_VLLM_DEFAULTS = "vllm_defaults"
 # The Optuna constraint a trial outside the quality limits violates (optimizer/quality.py).
 QUALITY_CONSTRAINT = "quality"
 # A config that failed for one of these reasons fails again: it is never launched twice, and

@@ -176,6 +176,10 @@ class EngineInfo:
     # disabled", config/vllm.py:1109 in 0.26): it turns it off by itself for some configs
     # (CPU ngram speculation, pooling models), which then measure that change too.
     async_scheduling: bool | None = None
+    # Which model runner the engine used: "V2" ("Using V2 Model Runner", v1/worker/gpu_worker.py
+    # :378) or "V1" where vLLM fell back from V2 ("... using the V1 model runner instead",
+    # config/vllm.py:576-588: ngram speculation, no Triton); None where the log says neither.
+    model_runner: str | None = None
 
     def as_metrics(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.__dict__.items()

@@ -254,14 +254,17 @@ def spec_decode_acceptance(growth: Mapping[str, float]) -> dict[str, float]:
     """Speculative decoding over a window, as vLLM's own dashboard reads its counters
     (vllm/v1/spec_decode/metrics.py): `spec_decode_acceptance_rate` = accepted / draft tokens,
     `spec_decode_mean_acceptance_length` = 1 + accepted / drafts (tokens a verification step
-    yields, the bonus token included). Empty when no draft was proposed (no method, or none
-    proposed over the window: ngram proposes only where the prompt repeats)."""
+    yields, the bonus token included). Empty without the counters (no speculative method);
+    `spec_decode_num_drafts` 0 alone where they exist and no draft was proposed over the window
+    (ngram proposes only where the output repeats the prompt)."""
     drafts = growth.get(SPEC_DECODE_DRAFTS)
     draft_tokens = growth.get(SPEC_DECODE_DRAFT_TOKENS)
     accepted = growth.get(SPEC_DECODE_ACCEPTED_TOKENS)
     values = (drafts, draft_tokens, accepted)
-    if any(v is None or not math.isfinite(v) for v in values) or not drafts or not draft_tokens:
+    if any(v is None or not math.isfinite(v) for v in values):
         return {}
+    if not drafts or not draft_tokens:
+        return {"spec_decode_num_drafts": 0.0}
     assert drafts is not None and draft_tokens is not None and accepted is not None
     return {"spec_decode_acceptance_rate": min(max(accepted / draft_tokens, 0.0), 1.0),
             "spec_decode_mean_acceptance_length": 1.0 + max(accepted, 0.0) / drafts,

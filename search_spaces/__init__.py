@@ -1,13 +1,14 @@
 """Search spaces as YAML data, their loader and validation, and hardware-aware rules."""
 
 from search_spaces.params import ParamSpec
-from search_spaces.rules import AppliedRule, Condition, Rule
+from search_spaces.rules import PARAM_PARENTS, AppliedRule, Condition, Rule
 from search_spaces.space import (
     KNOWN_FLAGS,
     ResolvedSpace,
     SearchSpace,
     SpaceError,
     bundled_spaces,
+    effective_params,
     load_space,
     parse_space,
     recommend_space,
@@ -17,6 +18,7 @@ from search_spaces.space import (
 
 __all__ = [
     "KNOWN_FLAGS",
+    "PARAM_PARENTS",
     "AppliedRule",
     "Condition",
     "ParamSpec",
@@ -25,6 +27,7 @@ __all__ = [
     "SearchSpace",
     "SpaceError",
     "bundled_spaces",
+    "effective_params",
     "load_space",
     "parse_space",
     "recommend_space",

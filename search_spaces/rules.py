@@ -627,6 +627,12 @@ BUILTIN_ORDER: tuple[tuple[str, str], ...] = (
 )
 
 
+# A param that exists only with its parent set: the built-in rule below unsets it otherwise, so
+# a config that turns the parent on sets the child too, as one change (a report's one-knob
+# table reads them together).
+PARAM_PARENTS: dict[str, str] = {"spec_tokens": "spec_method"}
+
+
 def conditional_builtins(context: Mapping[str, Any]) -> list[Rule]:
     rules = [
         Rule(

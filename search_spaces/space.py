@@ -190,6 +190,34 @@ def vllm_default(name: str, context: Mapping[str, Any] | None = None) -> Value:
     return _vllm_default(name, context or {})
 
 
+def effective_params(params: Mapping[str, Value],
+                     defaults: Mapping[str, Value]) -> dict[str, Value]:
+    """The values a config runs with, as far as they are known here: an unset param (None)
+    takes vLLM's default from `defaults` (a resolved space's `vllm_defaults`, host-dependent
+    ones included), and the largest CUDA-graph capture size is derived as vLLM 0.26 derives it
+    (config/vllm.py:1788-1798): unset, min(max_num_seqs x (1 + draft tokens) x 2, 512); either
+    way at most max_num_batched_tokens. What stays None is decided by vLLM at start-up
+    (async_scheduling) or unknown."""
+    out = {k: (defaults.get(k) if v is None else v) for k, v in params.items()}
+    if "max_cudagraph_capture_size" not in out:
+        return out
+
+    def known(name: str) -> int | None:
+        value = out.get(name, defaults.get(name))
+        return int(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+            else None
+
+    size, seqs, budget = known("max_cudagraph_capture_size"), known("max_num_seqs"), \
+        known("max_num_batched_tokens")
+    if size is None and seqs is not None:
+        drafts = known("spec_tokens") if out.get("spec_method") not in (None, "none") else 0
+        size = min(seqs * (1 + (drafts or 0)) * 2, 512)
+    if size is not None and budget is not None:
+        size = min(size, budget)
+    out["max_cudagraph_capture_size"] = size
+    return out
+
+
 def value_problem(name: str, value: object) -> str | None:
     """Why `value` is not valid for the flag `name`, or None; None always is (no flag)."""
     flag = KNOWN_FLAGS[name]

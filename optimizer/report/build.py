@@ -23,6 +23,7 @@ from optimizer.records import ATTR_RECORD
 from optimizer.study import (
     ATTR_CONFIRM,
     NOISE_FRACTION,
+    STUDY_ATTR_VLLM_DEFAULTS,
     best_trial,
     count_trials,
     is_search_trial,
@@ -32,6 +33,7 @@ from optimizer.study import (
 )
 from runners.capacity import bracket_from_metrics
 from runners.workload import Bracket
+from search_spaces import PARAM_PARENTS, effective_params, vllm_default
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,14 @@ class KnobEffect:
     number: int
     gain: gains.Gain  # vs the defaults, > 1 = better
     spread: float | None  # None where either trial measured its level once
+    with_params: Mapping[str, Any] = field(default_factory=dict)  # children set with it
+    measured: float | None = None  # this trial's objective
+    defaults_measured: float | None = None  # the defaults'
+
+    @property
+    def shown_value(self) -> str:
+        extra = ", ".join(f"{k}={v}" for k, v in self.with_params.items())
+        return f"{self.value} (with {extra})" if extra else str(self.value)
 
     @property
     def size(self) -> float:
@@ -87,7 +97,10 @@ class KnobEffect:
             return ("beyond the capacity brackets" if self.gain.excludes_one
                     else "the capacity brackets overlap")
         if self.gain.value is None:
-            return "no ratio (the defaults measured 0)"
+            if self.measured is None or self.defaults_measured is None:
+                return "no ratio: a value is missing"
+            zero = "the defaults" if self.defaults_measured == 0 else "this trial"
+            return f"no ratio: {zero} measured 0"
         change = abs(self.gain.value - 1.0)
         if change < NOISE_FRACTION:
             return f"within noise (under {NOISE_FRACTION:.0%})"
@@ -244,16 +257,37 @@ def _complete_configs(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
                                                                        strict=True)]
 
 
+def _one_change(params: Mapping[str, Any], reference: Mapping[str, Any],
+                defaults: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The one searched knob `params` changes from `reference` (and the children set with
+    it, `PARAM_PARENTS`), or None for no change or several. A param differs where it is set
+    differently and the values vLLM runs with differ: an explicit value equal to vLLM's
+    default (`effective_params`) is no change."""
+    mine, theirs = effective_params(params, defaults), effective_params(reference, defaults)
+    changed = [k for k in sorted(set(params) | set(reference))
+               if repr(params.get(k)) != repr(reference.get(k))
+               and repr(mine.get(k)) != repr(theirs.get(k))]
+    children = {k: params.get(k) for k in changed
+                if k in PARAM_PARENTS and PARAM_PARENTS[k] in changed}
+    knobs = [k for k in changed if k not in children]
+    return (knobs[0], children) if len(knobs) == 1 else None
+
+
 def knob_effects(trials: Sequence[FrozenTrial], baseline: FrozenTrial | None, objective: str,
-                 axis: str | None = None) -> tuple[KnobEffect, ...]:
+                 axis: str | None = None,
+                 vllm_defaults: Mapping[str, Any] | None = None) -> tuple[KnobEffect, ...]:
     """Each complete trial whose config differs from the defaults' in exactly one searched
     parameter, as that parameter's effect, largest first. A design of one change per seed
     (the way to learn which knobs matter in a few trials) ranks its knobs here even where too
-    few trials were measured for fANOVA's importances, and with what bounds each effect."""
+    few trials were measured for fANOVA's importances, and with what bounds each effect.
+    `vllm_defaults`: vLLM's value of each param on the study's host (the study's
+    `vllm_defaults` attribute); without it, the host-independent ones."""
     if baseline is None or baseline.state != TrialState.COMPLETE:
         return ()
     maximize = OBJECTIVES[objective].direction == "maximize"
     reference = params_of(baseline)
+    defaults = dict(vllm_defaults) if vllm_defaults is not None else \
+        {k: vllm_default(k) for t in trials for k in params_of(t)}
     base_metrics = (baseline.user_attrs.get(ATTR_RECORD) or {}).get("metrics") or {}
     out = []
     for trial in trials:
@@ -262,25 +296,30 @@ def knob_effects(trials: Sequence[FrozenTrial], baseline: FrozenTrial | None, ob
                 record.get("state") not in (None, "complete"):
             continue
         params = params_of(trial)
-        changed = [k for k in sorted(set(params) | set(reference))
-                   if repr(params.get(k)) != repr(reference.get(k))]
-        if len(changed) != 1:
+        found = _one_change(params, reference, defaults)
+        if found is None:
             continue
+        knob, children = found
         metrics = record.get("metrics") or {}
         values = record.get("values") or trial.values
         mine = bracket_from_metrics(axis, metrics) if axis else None  # type: ignore[arg-type]
         theirs = bracket_from_metrics(axis, base_metrics) if axis else None  # type: ignore[arg-type]
-        if mine is not None and theirs is not None:
-            gain = gains.capacity_gain(mine, theirs)
+        gain_of_brackets = gains.capacity_gain(mine, theirs) \
+            if mine is not None and theirs is not None else None
+        base_values = (baseline.user_attrs.get(ATTR_RECORD) or {}).get("values") or \
+            baseline.values
+        measured = _number(values[0]) if values else None
+        defaults_measured = _number(base_values[0]) if base_values else None
+        if gain_of_brackets is None:
+            gain = gains.point_gain(measured, defaults_measured, maximize=maximize)
         else:
-            base_values = (baseline.user_attrs.get(ATTR_RECORD) or {}).get("values") or \
-                baseline.values
-            gain = gains.point_gain(_number(values[0]) if values else None,
-                                    _number(base_values[0]) if base_values else None,
-                                    maximize=maximize)
+            gain = gain_of_brackets
         spreads = [_number(m.get(f"spread.{objective}")) for m in (metrics, base_metrics)]
-        spread = max(spreads) if all(s is not None for s in spreads) else None  # type: ignore[type-var]
-        out.append(KnobEffect(changed[0], params.get(changed[0]), trial.number, gain, spread))
+        spread = max(s for s in spreads if s is not None) \
+            if all(s is not None for s in spreads) else None
+        out.append(KnobEffect(knob, params.get(knob), trial.number, gain, spread,
+                              with_params=children, measured=measured,
+                              defaults_measured=defaults_measured))
     return tuple(sorted(out, key=lambda e: (-e.size, e.number)))
 
 
@@ -345,7 +384,8 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
         queued=queued, confirmation_runs=counts.confirmation_runs, repeats=counts.repeats,
         recommended=recommended,
         no_baseline=no_baseline_reason(study) or "",
-        knob_effects=knob_effects(trials, baseline_trial, objective, axis))
+        knob_effects=knob_effects(trials, baseline_trial, objective, axis,
+                                  study.user_attrs.get(STUDY_ATTR_VLLM_DEFAULTS)))
 
 
 def _confirmation(study: optuna.Study, axis: str | None) -> str:

@@ -156,7 +156,7 @@ style="max-width: 700px">{% else %}<p>{{ too_few }}</p>{% endif %}
 <p>{{ knob_intro }}</p>
 <table id="knob-effects"><tr><th>knob</th><th>value</th><th>trial</th>
 <th>{{ r.objective }} vs defaults</th><th>verdict</th></tr>
-{% for e in r.knob_effects %}<tr><td>{{ e.param }}</td><td>{{ e.value }}</td>
+{% for e in r.knob_effects %}<tr><td>{{ e.param }}</td><td>{{ e.shown_value }}</td>
 <td>{{ e.number }}</td><td class="num">{{ short_gain(e.gain) }}</td><td>{{ e.verdict }}</td></tr>
 {% endfor %}</table>{% endif %}
 <h2>Bottlenecks</h2>
@@ -253,7 +253,7 @@ def render_markdown(report: Report) -> str:
         lines += ["", "## One knob at a time", "", KNOB_EFFECTS_INTRO, "",
                   f"| knob | value | trial | {report.objective} vs defaults | verdict |",
                   "|---|---|---|---|---|"]
-        lines += [f"| {e.param} | {_md_cell(str(e.value))} | {e.number} | "
+        lines += [f"| {e.param} | {_md_cell(e.shown_value)} | {e.number} | "
                   f"{gains.short_gain(e.gain)} | {e.verdict} |" for e in report.knob_effects]
     lines += ["", "## Failures by reason", ""]
     lines += [f"- {reason}: {count}" for reason, count in report.failures.items()] or \

@@ -57,6 +57,8 @@ _NO_COMPILE = re.compile(r"disabling torch\.compile")  # config/vllm.py:1164 and
 _AOT_DIR = re.compile(r"torch_compile_cache/torch_aot_compile/([0-9a-f]{64})")
 _CACHE_DIR = re.compile(r"torch_compile_cache/([0-9a-f]{10})/")
 _ASYNC_SCHEDULING = re.compile(r"Asynchronous scheduling is (enabled|disabled)")
+_RUNNER_V2 = "Using V2 Model Runner"
+_RUNNER_V1_FALLBACK = "using the V1 model runner instead"
 _VERSION_PATTERNS = (
     re.compile(r"vLLM API server version (\S+)"),
     re.compile(r"Initializing a V1 LLM engine \(v([^)\s]+)\)"),
@@ -113,6 +115,10 @@ def parse_log(log_text: str) -> EngineInfo:
         fields["compile_cache_dir"] = m.group(1)[:16]
     if m := _ASYNC_SCHEDULING.search(text):
         fields["async_scheduling"] = m.group(1) == "enabled"
+    if _RUNNER_V1_FALLBACK in text:
+        fields["model_runner"] = "V1"
+    elif _RUNNER_V2 in text:
+        fields["model_runner"] = "V2"
     if _JIT_MONITOR_ON in text:
         serving = text[text.index(_JIT_MONITOR_ON):]
         # Distinct kernels: every tensor-parallel rank logs its own compiles of the same ones.

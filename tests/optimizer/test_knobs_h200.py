@@ -93,6 +93,7 @@ def test_ngram_drafts_were_accepted_yet_goodput_fell(spec: optuna.Study) -> None
     assert parse_log(log).async_scheduling is False
     defaults_log = (RUN / "spec" / "trials" / "0000" / "server.log").read_text()
     assert parse_log(defaults_log).async_scheduling is True
+    assert (parse_log(defaults_log).model_runner, parse_log(log).model_runner) == ("V2", "V1")
 
 
 def test_text_prompts_counted_by_the_client_match_vllms_usage(spec: optuna.Study) -> None:

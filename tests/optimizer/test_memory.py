@@ -71,6 +71,8 @@ def test_second_compatible_study_is_seeded_with_the_first_best_and_measures_it_a
     first_trials = trials_of(tmp_path, "first")
     stored = optuna.load_study(study_name="first", storage=f"sqlite:///{tmp_path}/first/optuna.db")
     assert stored.user_attrs["fingerprint"]["gpu_count"] == 2, "the fingerprint is in Optuna too"
+    assert stored.user_attrs["vllm_defaults"]["max_num_seqs"] == 1024, \
+        "vLLM's defaults on the study's host (an H200), for the report's one-knob table"
     best_number = int(tags["best_trial"])
     best_record = first_trials[best_number].user_attrs["record"]
     first_ended = max(t.user_attrs["record"]["engine_ended_unix_s"] for t in first_trials)

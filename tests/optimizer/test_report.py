@@ -318,3 +318,39 @@ def test_one_knob_at_a_time_ranks_single_changes_with_what_bounds_them(
     html = render_html(report)
     assert 'id="knob-effects"' in html and "One knob at a time" in render_markdown(report)
     assert knob_effects(study.trials, None, "goodput") == (), "no defaults, no effects"
+
+
+def test_one_knob_reads_what_vllm_runs_with_and_keeps_a_child_with_its_parent() -> None:
+    """An explicit value equal to vLLM's default on the host is no change (capture 512 at
+    1024 sequences); a change of max_num_seqs alone is one knob though the capture size vLLM
+    derives from it moves too; turning speculation on sets its draft count with it (one knob);
+    a minimize objective's zero on the trial's side says so."""
+    from optimizer.report import knob_effects
+
+    dists = {k: optuna.distributions.CategoricalDistribution(v) for k, v in {
+        "max_cudagraph_capture_size": [None, 64, 512], "max_num_seqs": [None, 128],
+        "spec_method": ["none", "ngram"], "spec_tokens": [None, 4]}.items()}
+
+    def trial(params: dict[str, Any], value: float, baseline: bool = False
+              ) -> optuna.trial.FrozenTrial:
+        record = _record("complete", {}, value, 1000.0, 8.0, is_baseline=baseline)
+        record["params"] = params
+        return optuna.trial.create_trial(
+            params=params, distributions=dists, value=value,
+            user_attrs={"record": record, **({"baseline": True} if baseline else {})})
+
+    base = {"max_cudagraph_capture_size": None, "max_num_seqs": None, "spec_method": "none",
+            "spec_tokens": None}
+    study = optuna.create_study(direction="minimize")
+    for t in (trial(base, 10.0, baseline=True),
+              trial({**base, "max_cudagraph_capture_size": 512}, 10.1),   # vLLM's own value
+              trial({**base, "max_num_seqs": 128}, 9.0),
+              trial({**base, "spec_method": "ngram", "spec_tokens": 4}, 0.0)):
+        study.add_trial(t)
+    host = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "spec_method": "none"}
+    effects = {e.param: e for e in knob_effects(study.trials, study.trials[0], "tpot",
+                                                 vllm_defaults=host)}
+    assert set(effects) == {"max_num_seqs", "spec_method"}, "512 is what vLLM runs anyway"
+    assert effects["spec_method"].shown_value == "ngram (with spec_tokens=4)"
+    assert effects["spec_method"].verdict == "no ratio: this trial measured 0"
+    assert round(effects["max_num_seqs"].gain.value or 0, 2) == 1.11, "lower TPOT is better"

@@ -207,7 +207,8 @@ def test_spec_decode_acceptance_reads_vllms_counters_as_its_dashboard_does() -> 
     assert got == {"spec_decode_acceptance_rate": 0.3,
                    "spec_decode_mean_acceptance_length": 2.2, "spec_decode_num_drafts": 100.0}
     assert spec_decode_acceptance({}) == {}, "no speculative method: nothing said"
-    assert spec_decode_acceptance({**delta(before, before)}) == {}, "no draft in the window"
+    assert spec_decode_acceptance(delta(before, before)) == {"spec_decode_num_drafts": 0.0}, \
+        "counters, but no draft in the window"
 
 
 def test_a_speculating_trial_says_what_its_drafts_did() -> None:
@@ -218,7 +219,10 @@ def test_a_speculating_trial_says_what_its_drafts_did() -> None:
     assert speculation_note({"spec_method": "ngram", "spec_tokens": 4}, measured) == (
         "Speculation (ngram): 83% of draft tokens accepted, 4.3 tokens per verification step "
         "at the headline level.")
-    assert "no draft was proposed" in speculation_note({"spec_method": "ngram_gpu"}, {})
+    assert "proposed no draft" in speculation_note({"spec_method": "ngram_gpu"},
+                                                   {"server.spec_decode_num_drafts": 0.0})
+    assert "counters were not read" in speculation_note({"spec_method": "ngram"}, {}), \
+        "no counter is no evidence of no draft"
     assert speculation_note({"spec_method": "none"}, measured) == ""
     assert speculation_note({}, measured) == ""
 
@@ -239,8 +243,19 @@ def test_a_config_vllm_turned_async_scheduling_off_for_says_so() -> None:
     assert parse_log("nothing said").async_scheduling is None
     off = EngineInfo(async_scheduling=False)
     ngram = {"spec_method": "ngram", "spec_tokens": 4}
-    assert "turned async scheduling off" in implied_changes_note(ngram, off, True)
+    on = {"async_scheduling": True, "model_runner": "V2"}
+    assert "turned async scheduling off" in implied_changes_note(ngram, off, on)
     assert "turned async scheduling off" in implied_changes_note(ngram, off, None)
-    assert implied_changes_note(ngram, off, False) == "", "the defaults ran it off too"
-    assert implied_changes_note({"async_scheduling": False}, off, True) == "", "asked for"
-    assert implied_changes_note(ngram, EngineInfo(async_scheduling=True), True) == ""
+    assert implied_changes_note(ngram, off, {"async_scheduling": False}) == "", \
+        "the defaults ran it off too"
+    assert implied_changes_note({"async_scheduling": False}, off, on) == "", "asked for"
+    assert implied_changes_note(ngram, EngineInfo(async_scheduling=True), on) == ""
+    v1 = parse_log(log + "(APIServer pid=1) WARNING 12-04 21:03:53 [vllm.py:584] Model Runner "
+                   "V2 does not yet support ngram/ngram_gpu speculative decoding; using the V1 "
+                   "model runner instead.\n")
+    assert v1.model_runner == "V1"
+    assert parse_log("[gpu_worker.py:378] Using V2 Model Runner").model_runner == "V2"
+    both = implied_changes_note(ngram, v1, on)
+    assert both == ('vLLM turned async scheduling off (its log: "Asynchronous scheduling is '
+                    'disabled") and ran the V1 model runner instead of V2 (its log: "using the '
+                    'V1 model runner instead") for this config, so the result includes that.')

@@ -389,3 +389,20 @@ def test_bad_yaml_gives_one_line_error_naming_file_and_field(
     assert message.startswith(str(tmp_path / "bad.yaml")), "the error names the file"
     assert field in message, f"the error names the field {field}: {message}"
     assert hint in message, f"the error says how to fix it ({hint}): {message}"
+
+
+def test_effective_params_fill_vllms_defaults_and_derive_the_capture_size() -> None:
+    """vLLM 0.26 (config/vllm.py:1788-1798): unset, the largest capture size is
+    min(max_num_seqs x (1 + draft tokens) x 2, 512); either way at most the token budget."""
+    from search_spaces import effective_params
+
+    host = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "stream_interval": 1}
+    assert effective_params({"stream_interval": None, "max_cudagraph_capture_size": None},
+                            host) == {"stream_interval": 1, "max_cudagraph_capture_size": 512}
+    assert effective_params({"max_cudagraph_capture_size": None, "max_num_seqs": 64,
+                             "spec_method": "ngram", "spec_tokens": 2}, host)[
+        "max_cudagraph_capture_size"] == 384
+    assert effective_params({"max_cudagraph_capture_size": 512,
+                             "max_num_batched_tokens": 256}, host)[
+        "max_cudagraph_capture_size"] == 256
+    assert effective_params({"async_scheduling": None}, host) == {"async_scheduling": None}
