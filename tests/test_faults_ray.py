@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slow
 _OTHER_RAY = """
 import json, sys, time
 import ray
-ctx = ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+ctx = ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
 print(json.dumps({"address": ctx.address_info["gcs_address"],
                   "node": ray.get_runtime_context().get_node_id()}), flush=True)
 sys.stdin.read()  # until the test closes it
