@@ -88,7 +88,9 @@ def mlflow_schema_once(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
         engine.dispose()
 
     def initialize_tables(engine: Any) -> None:
-        if engine.dialect.name != "sqlite":
+        # Only an empty database is replaced by the copy: one holding other tables (an Optuna
+        # storage in the same file, say) gets MLflow's migrations, which add to it.
+        if engine.dialect.name != "sqlite" or sqlalchemy.inspect(engine).get_table_names():
             migrate(engine)
             return
         raw = engine.raw_connection()
