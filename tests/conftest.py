@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
+import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -56,3 +59,46 @@ def ray_cluster() -> Iterator[None]:
                         configure_logging=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mlflow_schema_once(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A new MLflow sqlite store gets its tables by copying an empty store that MLflow's own
+    migrations built once for this test process, not by running the ~60 migrations again.
+
+    Every end-to-end test opens a fresh store in its tmp_path, and the migrations cost about
+    1 s of CPU each time (a 2-core machine runs the suite CPU-bound). The copy is SQLite's
+    backup of that store, schema and alembic revision alike, so what MLflow finds is what its
+    migrations would have left; stores of other databases, and stores opened in other
+    processes (a daemon started as a subprocess), run the migrations as before. Patched by
+    string path, as a last resort: MLflow has no switch for it."""
+    from unittest import mock
+
+    import sqlalchemy
+    from mlflow.store.db import utils
+
+    migrate = utils._initialize_tables
+    template = tmp_path_factory.mktemp("mlflow-schema") / "empty.db"
+    engine = sqlalchemy.create_engine(f"sqlite:///{template}")
+    try:
+        with warnings.catch_warnings():  # MLflow's own mappers, first configured here
+            warnings.simplefilter("ignore", DeprecationWarning)
+            migrate(engine)
+    finally:
+        engine.dispose()
+
+    def initialize_tables(engine: Any) -> None:
+        # Only an empty database is replaced by the copy: one holding other tables (an Optuna
+        # storage in the same file, say) gets MLflow's migrations, which add to it.
+        if engine.dialect.name != "sqlite" or sqlalchemy.inspect(engine).get_table_names():
+            migrate(engine)
+            return
+        raw = engine.raw_connection()
+        try:
+            with sqlite3.connect(template) as source:
+                source.backup(raw.driver_connection)
+        finally:
+            raw.close()
+
+    with mock.patch("mlflow.store.db.utils._initialize_tables", initialize_tables):
+        yield

@@ -75,13 +75,13 @@ def test_extra_args_cannot_move_the_engine_off_loopback(
 @pytest.mark.slow
 def test_a_fixed_flag_is_what_every_trial_and_the_baseline_run(
         tmp_path: Path, ray_cluster: None) -> None:
-    path = write_study(tmp_path, trials=4, fixed_flags={"max_num_seqs": 64},
+    path = write_study(tmp_path, trials=3, fixed_flags={"max_num_seqs": 64},
                        sampler={"name": "random", "seed": 3}, workload={
                            "input_len": 64, "output_len": 16, "levels": [{"concurrency": 4}],
                            "num_requests": 8, "warmup_requests": 0})
     assert main(["start", str(path), "--no-progress"]) == 0
     records: list[dict[str, Any]] = [t.user_attrs["record"] for t in load(tmp_path).trials]
-    assert len(records) >= 4
+    assert len(records) >= 3
     assert {r["params"]["max_num_seqs"] for r in records} == {64}, "no trial samples it"
     assert all(r["flags"].get("max_num_seqs") == 64 for r in records if r.get("flags")), \
         "every engine, the baseline included, ran the fixed value"

@@ -19,15 +19,14 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def _run(tmp_path: Path, *extra: str) -> dict[str, Any]:
+def _run(tmp_path: Path, *extra: str, duration_s: float) -> dict[str, Any]:
     study = {
         "name": "cluster",
         "engine": "simulated",
         "model": {"path": "qwen2.5-7b", "load_format": "dummy", "skip_tokenizer_init": True},
-        # Levels of a few seconds each: long enough for a node to die under a running trial.
         "workload": {"input_len": 128, "output_len": 16, "levels": [{"concurrency": 4},
                                                                     {"concurrency": 8}],
-                     "duration_s": 4.0, "num_requests": None, "warmup_requests": 2},
+                     "duration_s": duration_s, "num_requests": None, "warmup_requests": 2},
         "slo": {"ttft_p99_ms": 2000, "tpot_p99_ms": 40},
         "search_space": "hopper",
         "budget": {"trials": 4},
@@ -51,7 +50,9 @@ def _run(tmp_path: Path, *extra: str) -> dict[str, Any]:
 
 def test_trials_spread_over_the_nodes_and_their_results_reach_the_driver(
         tmp_path: Path) -> None:
-    out = _run(tmp_path)
+    # The first two trials start together and each needs a node's only GPU: they land on both
+    # nodes whatever a level lasts, so levels of one second do.
+    out = _run(tmp_path, duration_s=1.0)
     assert out["exit_code"] == 0
     complete = [t for t in out["trials"] if t["state"] == "complete"]
     assert len(complete) == 4, "the study reached its budget of four measured trials"
@@ -60,7 +61,9 @@ def test_trials_spread_over_the_nodes_and_their_results_reach_the_driver(
 
 
 def test_a_node_dying_mid_trial_costs_one_rerun_and_the_study_goes_on(tmp_path: Path) -> None:
-    out = _run(tmp_path, "--kill-node")
+    # Levels of a few seconds each: long enough for a node to die under a running trial (it
+    # goes 2 s after both trials are RUNNING, before a trial's two levels of 2.5 s are done).
+    out = _run(tmp_path, "--kill-node", duration_s=2.5)
     assert out["exit_code"] == 0 and out["killed_node"]
     trials = out["trials"]
     lost = [t for t in trials if t["failure_reason"] == "node_lost"]
