@@ -68,8 +68,9 @@ class KnobEffect:
     """A trial that changed one searched parameter alone from the defaults, measured in the
     same study: that knob's main effect at the defaults (what it does combined with other
     changes is not seen). `spread` is the larger of the two trials' repeat spreads of the
-    objective, (max - min) / median over the repeats on one server: not a start-to-start
-    interval, which only a confirmation round measures."""
+    objective, (max - min) / median over the repeats on one server (`records.spread`; of two
+    repeats the median is the larger): not a start-to-start interval, which only a
+    confirmation round measures."""
 
     param: str
     value: Any

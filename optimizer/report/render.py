@@ -15,8 +15,9 @@ from optimizer.study import NOISE_FRACTION
 KNOB_EFFECTS_INTRO = (
     "Trials that changed one knob alone from the defaults, each against the defaults measured "
     "in this study, largest effect first: that knob's effect at the defaults, not combined "
-    "with others. The spread is the larger of the two trials' repeats on one server, not a "
-    "start-to-start interval.")
+    "with others. The spread is the larger of the two trials' spreads over their repeats on "
+    "one server ((max - min) / median; of two repeats, the larger), not a start-to-start "
+    "interval.")
 
 REPORT_FILES = ("report.html", "report.md", "pareto.png", "history.png", "importances.png")
 
