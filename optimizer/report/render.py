@@ -69,7 +69,8 @@ def headline(report: Report) -> str:
     if report.best is None:
         return "No trial has completed yet." + missing
     best = report.best
-    text = (f"Best: trial {best.number} ({_changes(best)}), {report.objective} "
+    what = "the vLLM defaults" if best.is_baseline else _changes(best)
+    text = (f"Best: trial {best.number} ({what}), {report.objective} "
             f"{_with_unit(best.value, report.objective)}")
     if best.capacity is not None:
         text += f" ({_bracket(best)})"

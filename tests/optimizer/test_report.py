@@ -354,3 +354,15 @@ def test_one_knob_reads_what_vllm_runs_with_and_keeps_a_child_with_its_parent() 
     assert effects["spec_method"].shown_value == "ngram (with spec_tokens=4)"
     assert effects["spec_method"].verdict == "no ratio: this trial measured 0"
     assert round(effects["max_num_seqs"].gain.value or 0, 2) == 1.11, "lower TPOT is better"
+
+
+def test_a_best_that_is_the_defaults_reads_as_such_in_the_headline(study_file: Path) -> None:
+    import yaml
+
+    from optimizer.report import headline
+
+    cfg = parse_study(yaml.safe_load(study_file.read_text()), path=study_file)
+    only_defaults = optuna.create_study(direction="maximize")
+    only_defaults.add_trial(open_study(cfg, create=False).trials[0])
+    text = headline(build_report(only_defaults, cfg))
+    assert text.startswith("Best: trial 0 (the vLLM defaults), goodput 29.6 req/s"), text
