@@ -12,7 +12,8 @@
 # runs `nightshift regress` on a benchmark library (issue 24) in the same sequence, its report
 # under /root/h200-results/regress/<library file name>; `sh:SCRIPT` runs a script there
 # (bench/h200/regress_pair.sh: issue 24's two runs). SMOLLM2=1 converts SmolLM2-135M (the real
-# model, scripts/convert_smollm2.py) into /root/smollm2-135m-bf16 before the sequence starts.
+# model, scripts/convert_smollm2.py) into /root/smollm2-135m-bf16 before the sequence starts;
+# COMPILEALL=1 byte-compiles the installed wheels first.
 set -uo pipefail
 # The daemon outlives this call, and the repo copy here is replaced by the next one: run from a
 # private copy so a Ray worker starting mid-replacement never imports a half-written file.
@@ -34,6 +35,12 @@ running() { local pid; pid=$(cat /root/h200-results/sequence.pid 2>/dev/null) &&
 case "${1:-}" in
   start)
     (cd "$OLDPWD" && bash .gpu/setup.sh install) || exit 3
+    # COMPILEALL=1: byte-compile the installed wheels (the bundle installs with --no-compile), to
+    # see whether the 39-74 s before vLLM's engine starts its work shrinks (docs/startup-cost.md).
+    if [ "${COMPILEALL:-0}" = 1 ] && [ ! -e /tmp/site/.compiled ]; then
+      t=$SECONDS; python3 -m compileall -q -j 16 /tmp/site > /dev/null 2>&1
+      touch /tmp/site/.compiled; echo "compileall: $((SECONDS - t)) s"
+    fi
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     mkdir -p /root/h200-results
     # RESUME entries: a bare DB (the old form: /root/h200-results/optuna.db) or STUDY.yaml=DB,
