@@ -361,16 +361,15 @@ def implied_changes_note(params: Mapping[str, Any], engine: EngineInfo,
     """What vLLM changed by itself for this config, beyond what the trial asked for, so that
     the change a conclusion names is not taken for the whole of it (vLLM 0.26, with CPU ngram
     speculation: async scheduling off, config/vllm.py:1059-1107; the V1 model runner instead
-    of V2, config/vllm.py:576-588). Each is said where the defaults' engine differed, or where
-    the defaults were not measured (then of this config alone)."""
+    of V2, config/vllm.py:576-588). Each is said where the defaults' engine is known to have
+    run otherwise, or where the defaults were not measured yet (then of this config alone); a
+    defaults' record that does not say (written before these were read) says nothing."""
     said = []
-    base_async = (baseline or {}).get("async_scheduling")
     if engine.async_scheduling is False and params.get("async_scheduling") is not False and \
-            base_async is not False:
+            (baseline is None or baseline.get("async_scheduling") is True):
         said.append("turned async scheduling off (its log: \"Asynchronous scheduling is "
                     "disabled\")")
-    base_runner = (baseline or {}).get("model_runner")
-    if engine.model_runner == "V1" and base_runner != "V1":
+    if engine.model_runner == "V1" and (baseline is None or baseline.get("model_runner") == "V2"):
         said.append("ran the V1 model runner instead of V2 (its log: \"using the V1 model "
                     "runner instead\")")
     if not said:

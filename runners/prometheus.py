@@ -264,7 +264,7 @@ def spec_decode_acceptance(growth: Mapping[str, float]) -> dict[str, float]:
     if any(v is None or not math.isfinite(v) for v in values):
         return {}
     if not drafts or not draft_tokens:
-        return {"spec_decode_num_drafts": 0.0}
+        return {"spec_decode_num_drafts": float(drafts or 0.0)}
     assert drafts is not None and draft_tokens is not None and accepted is not None
     return {"spec_decode_acceptance_rate": min(max(accepted / draft_tokens, 0.0), 1.0),
             "spec_decode_mean_acceptance_length": 1.0 + max(accepted, 0.0) / drafts,

@@ -3,6 +3,7 @@
 from search_spaces.params import ParamSpec
 from search_spaces.rules import PARAM_PARENTS, AppliedRule, Condition, Rule
 from search_spaces.space import (
+    HOST_DEFAULTS,
     KNOWN_FLAGS,
     ResolvedSpace,
     SearchSpace,
@@ -17,6 +18,7 @@ from search_spaces.space import (
 )
 
 __all__ = [
+    "HOST_DEFAULTS",
     "KNOWN_FLAGS",
     "PARAM_PARENTS",
     "AppliedRule",

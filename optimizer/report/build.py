@@ -33,7 +33,7 @@ from optimizer.study import (
 )
 from runners.capacity import bracket_from_metrics
 from runners.workload import Bracket
-from search_spaces import PARAM_PARENTS, effective_params, vllm_default
+from search_spaces import HOST_DEFAULTS, PARAM_PARENTS, effective_params, vllm_default
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +99,13 @@ class KnobEffect:
                     else "the capacity brackets overlap")
         if self.gain.value is None:
             if self.measured is None or self.defaults_measured is None:
-                return "no ratio: a value is missing"
-            zero = "the defaults" if self.defaults_measured == 0 else "this trial"
-            return f"no ratio: {zero} measured 0"
+                missing = [side for side, v in (("this trial", self.measured),
+                                                ("the defaults", self.defaults_measured))
+                           if v is None]
+                return f"no ratio: no value for {' and '.join(missing)}"
+            zero = [side for side, v in (("this trial", self.measured),
+                                         ("the defaults", self.defaults_measured)) if v == 0]
+            return f"no ratio: {' and '.join(zero) or 'a side'} measured 0"
         change = abs(self.gain.value - 1.0)
         if change < NOISE_FRACTION:
             return f"within noise (under {NOISE_FRACTION:.0%})"
@@ -261,13 +265,17 @@ def _complete_configs(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
 def _one_change(params: Mapping[str, Any], reference: Mapping[str, Any],
                 defaults: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
     """The one searched knob `params` changes from `reference` (and the children set with
-    it, `PARAM_PARENTS`), or None for no change or several. A param differs where it is set
-    differently and the values vLLM runs with differ: an explicit value equal to vLLM's
-    default (`effective_params`) is no change."""
-    mine, theirs = effective_params(params, defaults), effective_params(reference, defaults)
-    changed = [k for k in sorted(set(params) | set(reference))
-               if repr(params.get(k)) != repr(reference.get(k))
-               and repr(mine.get(k)) != repr(theirs.get(k))]
+    it, `PARAM_PARENTS`), or None for no change or several. A param is a change where it is set
+    differently and setting it back to the reference's value would change what vLLM runs with
+    (`effective_params`): an explicit value equal to vLLM's default is none, and so is a
+    capture size that CUDA graphs off make moot. A param one side lacks is vLLM's default
+    there."""
+    keys = sorted(set(params) | set(reference))
+    mine = {k: params.get(k) for k in keys}
+    theirs = {k: reference.get(k) for k in keys}
+    runs = effective_params(mine, defaults)
+    changed = [k for k in keys if repr(mine[k]) != repr(theirs[k])
+               and repr(runs[k]) != repr(effective_params({**mine, k: theirs[k]}, defaults)[k])]
     children = {k: params.get(k) for k in changed
                 if k in PARAM_PARENTS and PARAM_PARENTS[k] in changed}
     knobs = [k for k in changed if k not in children]
@@ -282,13 +290,15 @@ def knob_effects(trials: Sequence[FrozenTrial], baseline: FrozenTrial | None, ob
     (the way to learn which knobs matter in a few trials) ranks its knobs here even where too
     few trials were measured for fANOVA's importances, and with what bounds each effect.
     `vllm_defaults`: vLLM's value of each param on the study's host (the study's
-    `vllm_defaults` attribute); without it, the host-independent ones."""
+    `vllm_defaults` attribute); without it (a study written before it was kept), the
+    host-independent ones only: a host-dependent param (the token budget, max_num_seqs,
+    max_model_len) set explicitly to the host's default then counts as a change."""
     if baseline is None or baseline.state != TrialState.COMPLETE:
         return ()
     maximize = OBJECTIVES[objective].direction == "maximize"
     reference = params_of(baseline)
     defaults = dict(vllm_defaults) if vllm_defaults is not None else \
-        {k: vllm_default(k) for t in trials for k in params_of(t)}
+        {k: vllm_default(k) for t in trials for k in params_of(t) if k not in HOST_DEFAULTS}
     base_metrics = (baseline.user_attrs.get(ATTR_RECORD) or {}).get("metrics") or {}
     out = []
     for trial in trials:

@@ -32,6 +32,13 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.{digits}g}"
 
 
+def _described(row: TrialRow) -> str:
+    """A trial's config in a sentence, inside the headline's parentheses."""
+    if row.is_baseline:
+        return "the vLLM defaults"
+    return ", ".join(f"{k}={v}" for k, v in row.changes.items()) or "the defaults' flags"
+
+
 def _changes(row: TrialRow) -> str:
     if row.is_baseline:
         return "(vLLM defaults)"
@@ -69,8 +76,7 @@ def headline(report: Report) -> str:
     if report.best is None:
         return "No trial has completed yet." + missing
     best = report.best
-    what = "the vLLM defaults" if best.is_baseline else _changes(best)
-    text = (f"Best: trial {best.number} ({what}), {report.objective} "
+    text = (f"Best: trial {best.number} ({_described(best)}), {report.objective} "
             f"{_with_unit(best.value, report.objective)}")
     if best.capacity is not None:
         text += f" ({_bracket(best)})"
@@ -87,7 +93,7 @@ def headline(report: Report) -> str:
     text += "." + missing
     if report.recommended is not None:
         text += (f" Recommended: trial {report.recommended.number} "
-                 f"({_changes(report.recommended)}), "
+                 f"({_described(report.recommended)}), "
                  f"{_with_unit(report.recommended.value, report.objective)}: within "
                  f"{NOISE_FRACTION:.0%} of the best with fewer changes from the defaults.")
     if report.confirm:

@@ -366,3 +366,39 @@ def test_a_best_that_is_the_defaults_reads_as_such_in_the_headline(study_file: P
     only_defaults.add_trial(open_study(cfg, create=False).trials[0])
     text = headline(build_report(only_defaults, cfg))
     assert text.startswith("Best: trial 0 (the vLLM defaults), goodput 29.6 req/s"), text
+
+
+def test_the_headline_names_a_recommended_defaults_and_a_best_of_the_defaults_flags() -> None:
+    from dataclasses import replace
+
+    from optimizer.report import Report, headline
+
+    defaults = replace(_row(0, 7000, 8.0), value=30.0, is_baseline=True)
+    best = replace(_row(1, 7100, 7.9), value=30.4)  # the defaults' flags, another run
+    report = Report(study="s", objective="goodput", is_maximize=True, is_simulated=False,
+                    rows=(defaults, best), baseline=defaults, best=best, pareto=(),
+                    importances={}, failures={}, slo={}, recommended=defaults)
+    text = headline(report)
+    assert text.startswith("Best: trial 1 (the defaults' flags), goodput 30.4 req/s"), text
+    assert "Recommended: trial 0 (the vLLM defaults), 30 req/s" in text and "((" not in text
+
+
+def test_one_change_fills_a_missing_key_with_vllms_default_and_ignores_a_moot_capture_size(
+        ) -> None:
+    from optimizer.gains import point_gain
+    from optimizer.report.build import KnobEffect, _one_change
+
+    host = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "enforce_eager": False,
+            "cudagraph_mode": "FULL_AND_PIECEWISE", "enable_prefix_caching": True}
+    assert _one_change({}, {"max_num_seqs": 1024}, host) is None, "1024 is what vLLM runs"
+    assert _one_change({"max_num_seqs": 1024, "enable_prefix_caching": False},
+                       {"enable_prefix_caching": True}, host) == ("enable_prefix_caching", {})
+    assert _one_change({"enforce_eager": True, "max_cudagraph_capture_size": 64},
+                       {"enforce_eager": False, "max_cudagraph_capture_size": None},
+                       host) == ("enforce_eager", {}), "no graphs: the capture size is moot"
+    both_zero = KnobEffect("x", 1, 1, point_gain(0.0, 0.0, maximize=False), None,
+                           measured=0.0, defaults_measured=0.0)
+    assert both_zero.verdict == "no ratio: this trial and the defaults measured 0"
+    missing = KnobEffect("x", 1, 1, point_gain(None, 3.0, maximize=True), None,
+                         defaults_measured=3.0)
+    assert missing.verdict == "no ratio: no value for this trial"

@@ -406,3 +406,18 @@ def test_effective_params_fill_vllms_defaults_and_derive_the_capture_size() -> N
                              "max_num_batched_tokens": 256}, host)[
         "max_cudagraph_capture_size"] == 256
     assert effective_params({"async_scheduling": None}, host) == {"async_scheduling": None}
+
+
+def test_effective_capture_size_is_the_last_of_vllms_capture_list() -> None:
+    """config/vllm.py:1820-1880: the size is cut down to the last entry of vLLM's list (steps of
+    8 below 256, of 16 above); no CUDA graphs, no capture."""
+    from search_spaces import effective_params
+
+    host = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192}
+    size = "max_cudagraph_capture_size"
+    assert effective_params({size: None, "max_num_seqs": 130}, host)[size] == 256
+    assert effective_params({size: 300}, host)[size] == 288
+    assert effective_params({size: 64, "enforce_eager": True}, host)[size] == 0
+    assert effective_params({size: 64, "cudagraph_mode": "NONE"}, host)[size] == 0
+    assert effective_params({size: None, "spec_method": "suffix", "spec_tokens": None},
+                            host)[size] is None, "a suffix method's drafts default to its depth"
