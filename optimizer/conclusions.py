@@ -122,11 +122,8 @@ def _vs_defaults(value: float | None, capacity: Bracket | None,
     """The effect against the defaults, as a phrase and a table cell."""
     if baseline is None:
         return "no defaults measurement to compare with", "vs defaults: n/a"
-    if capacity is not None and baseline.capacity is not None:
-        gain = gains.capacity_gain(capacity, baseline.capacity)
-    else:
-        gain = gains.point_gain(value, baseline.value,
-                                maximize=OBJECTIVES[objective].direction == "maximize")
+    gain = gains.gain_over(value, baseline.value, capacity, baseline.capacity,
+                           maximize=OBJECTIVES[objective].direction == "maximize")
     if gain.basis == "single" and gain.value is not None and \
             abs(gain.value - 1.0) < NOISE_FRACTION:
         return (f"within noise of the vLLM defaults ({gains.format_gain(gain)})",

@@ -88,6 +88,15 @@ def point_gain(best: float | None, defaults: float | None, *, maximize: bool) ->
     return Gain(value, None, None, "single")
 
 
+def gain_over(value: float | None, defaults: float | None, capacity: Bracket | None,
+              defaults_capacity: Bracket | None, *, maximize: bool) -> Gain:
+    """A config's gain over the defaults with what bounds it: the ratio their capacity
+    brackets allow where both were bracketed (a capacity search), else one measurement each."""
+    if capacity is not None and defaults_capacity is not None:
+        return capacity_gain(capacity, defaults_capacity)
+    return point_gain(value, defaults, maximize=maximize)
+
+
 def interval_gain(mean: float, low: float | None, high: float | None, num_rounds: int) -> Gain:
     return Gain(mean, low, high, "interval" if low is not None else "single", num_rounds)
 

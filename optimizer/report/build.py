@@ -151,10 +151,8 @@ class Report:
         brackets allow after a capacity search, else one measurement each (no bounds)."""
         if self.best is None or self.baseline is None:
             return None
-        if self.best.capacity is not None and self.baseline.capacity is not None:
-            return gains.capacity_gain(self.best.capacity, self.baseline.capacity)
-        return gains.point_gain(self.best.value, self.baseline.value,
-                                maximize=self.is_maximize)
+        return gains.gain_over(self.best.value, self.baseline.value, self.best.capacity,
+                               self.baseline.capacity, maximize=self.is_maximize)
 
 
 def _number(value: Any) -> float | None:
@@ -299,7 +297,11 @@ def knob_effects(trials: Sequence[FrozenTrial], baseline: FrozenTrial | None, ob
     reference = params_of(baseline)
     defaults = dict(vllm_defaults) if vllm_defaults is not None else \
         {k: vllm_default(k) for t in trials for k in params_of(t) if k not in HOST_DEFAULTS}
-    base_metrics = (baseline.user_attrs.get(ATTR_RECORD) or {}).get("metrics") or {}
+    base_record = baseline.user_attrs.get(ATTR_RECORD) or {}
+    base_metrics = base_record.get("metrics") or {}
+    base_values = base_record.get("values") or baseline.values
+    defaults_measured = _number(base_values[0]) if base_values else None
+    defaults_capacity = bracket_from_metrics(axis, base_metrics) if axis else None  # type: ignore[arg-type]
     out = []
     for trial in trials:
         record = trial.user_attrs.get(ATTR_RECORD) or {}
@@ -313,18 +315,11 @@ def knob_effects(trials: Sequence[FrozenTrial], baseline: FrozenTrial | None, ob
         knob, children = found
         metrics = record.get("metrics") or {}
         values = record.get("values") or trial.values
-        mine = bracket_from_metrics(axis, metrics) if axis else None  # type: ignore[arg-type]
-        theirs = bracket_from_metrics(axis, base_metrics) if axis else None  # type: ignore[arg-type]
-        gain_of_brackets = gains.capacity_gain(mine, theirs) \
-            if mine is not None and theirs is not None else None
-        base_values = (baseline.user_attrs.get(ATTR_RECORD) or {}).get("values") or \
-            baseline.values
         measured = _number(values[0]) if values else None
-        defaults_measured = _number(base_values[0]) if base_values else None
-        if gain_of_brackets is None:
-            gain = gains.point_gain(measured, defaults_measured, maximize=maximize)
-        else:
-            gain = gain_of_brackets
+        gain = gains.gain_over(
+            measured, defaults_measured,
+            bracket_from_metrics(axis, metrics) if axis else None,  # type: ignore[arg-type]
+            defaults_capacity, maximize=maximize)
         spreads = [_number(m.get(f"spread.{objective}")) for m in (metrics, base_metrics)]
         spread = max(s for s in spreads if s is not None) \
             if all(s is not None for s in spreads) else None
