@@ -41,6 +41,7 @@ from runners.base import (
     StepMetrics,
 )
 from runners.capacity import meets_slo
+from runners.simulated.launcher import is_simulated_argv
 from runners.vllm.compile_cache import CompileKey
 
 if TYPE_CHECKING:
@@ -91,13 +92,14 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
         metrics.update(assessed.metrics())
     search = cfg.spec.workload.capacity
     axis = search.axis if search is not None else None
+    defaults = baseline_trial(study)
     told = conclude(
         params=item.params, state=state_name, objective=cfg.objectives[0],
         value=primary, failure_reason=failure.reason.value if failure else None,
         failure_message=failure.message if failure else None,
         is_baseline=item.is_baseline, number=item.trial.number,
         best=reference_of(best_trial(study), axis),
-        baseline=reference_of(baseline_trial(study), axis),
+        baseline=reference_of(defaults, axis),
         # The baseline runs the study's fixed flags too: they are no trial's change.
         vllm_defaults={**policy.space.vllm_defaults, **policy.space.study_fixed},
         capacity=result.capacity,
@@ -111,9 +113,9 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
             f"{cfg.spec.workload.max_spread:.0%}); re-measure before trusting it."
             if is_unstable and objective_spread is not None else "",
             speculation_note(item.params, metrics)
-            if state == TrialState.COMPLETE and not _is_simulated(result.argv) else "",
+            if state == TrialState.COMPLETE and not is_simulated_argv(result.argv) else "",
             "" if item.is_baseline else
-            implied_changes_note(item.params, result.engine, _baseline_engine(study)))
+            implied_changes_note(item.params, result.engine, _engine_of(defaults)))
             if n),
         quality_failed=assessed.failed if assessed is not None else (),
         template=str(item.trial.user_attrs.get(ATTR_SEED_TITLE, "")))
@@ -325,11 +327,6 @@ def tell_without_run(policy: PolicyState, trial: optuna.Trial, params: dict[str,
 # -- steps and pruning ----------------------------------------------------------------------
 
 
-def _is_simulated(argv: Sequence[str]) -> bool:
-    """The simulated engine models no draft acceptance (runners/simulated/model.py)."""
-    return any("runners.simulated" in a for a in argv)
-
-
 def speculation_note(params: Mapping[str, Any], metrics: Mapping[str, Any]) -> str:
     """What speculative decoding did at the headline level, from vLLM's counters: the share of
     draft tokens accepted and the tokens a verification step yielded; that the counters show
@@ -349,9 +346,8 @@ def speculation_note(params: Mapping[str, Any], metrics: Mapping[str, Any]) -> s
             "headline level, so what the drafts did is unknown.")
 
 
-def _baseline_engine(study: optuna.Study) -> Mapping[str, Any] | None:
-    """The defaults' engine as its record keeps it (`EngineInfo`), or None: not measured yet."""
-    trial = baseline_trial(study)
+def _engine_of(trial: optuna.trial.FrozenTrial | None) -> Mapping[str, Any] | None:
+    """A trial's engine as its record keeps it (`EngineInfo`), or None (no trial, no record)."""
     record = record_of(trial) if trial is not None else None
     return dict(record.engine or {}) if record is not None else None
 

@@ -18,6 +18,7 @@ from optimizer.export import trial_env
 from optimizer.records import record_of
 from optimizer.regress.library import DEFAULT_FIGURES, FIGURES
 from optimizer.study import ATTR_BASELINE, ATTR_CONFIRM, is_measured, params_of
+from runners.simulated.launcher import is_simulated_argv
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def card_of(cfg: StudyConfig, trial: FrozenTrial, gpu_param: str | None) -> str:
     """The card the study measured on: the simulated preset's (said so), else the `gpu` param
     of the study's MLflow run (`gpu_param`), else unknown."""
     record = record_of(trial)
-    if record is not None and any("runners.simulated" in a for a in record.argv):
+    if record is not None and is_simulated_argv(record.argv):
         from optimizer.runtime import simulated_hardware
 
         sim = cfg.spec.simulated

@@ -32,6 +32,7 @@ from optimizer.study import (
     recommended_trial,
 )
 from runners.capacity import bracket_from_metrics
+from runners.simulated.launcher import is_simulated_argv
 from runners.workload import Bracket
 from search_spaces import HOST_DEFAULTS, PARAM_PARENTS, effective_params, vllm_default
 
@@ -374,12 +375,11 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
     pick = recommended_trial(study)
     recommended = next((r for r in rows if pick is not None and r.number == pick.number
                         and best is not None and r.number != best.number), None)
-    argv_texts = [" ".join((t.user_attrs.get(ATTR_RECORD) or {}).get("argv") or [])
-                  for t in trials]
     slo = {k: float(v) for k, v in cfg.spec.slo.model_dump().items() if v is not None}
     return Report(
         study=cfg.name, objective=objective, is_maximize=is_max,
-        is_simulated=any("runners.simulated" in a for a in argv_texts),
+        is_simulated=any(is_simulated_argv((t.user_attrs.get(ATTR_RECORD) or {}).get("argv")
+                                           or ()) for t in trials),
         rows=rows, baseline=baseline, best=best,
         # a config the quality gate refused is no point to deploy
         pareto=pareto_front([r for r in rows if not r.quality.startswith("REFUSED")]),

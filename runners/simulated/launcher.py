@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,14 @@ from runners.base import EngineConfig, EngineInfo, Failure, FailureReason, Phase
 from runners.hardware import HardwareProfile, load_preset
 from runners.vllm import logs as vllm_logs
 from runners.vllm.flags import VllmFlags, bundled_flags, flag_name
+
+SERVER_MODULE = "runners.simulated"  # what the launch command runs: `python -m runners.simulated`
+
+
+def is_simulated_argv(argv: Sequence[str]) -> bool:
+    """Whether a recorded launch command ran the simulated engine: its figures are a model's,
+    never measurements, and it models no speculative draft acceptance."""
+    return any(SERVER_MODULE in a for a in argv)
 
 # The engine prints vLLM's own start-up lines, read by vLLM's parser; this line is its own.
 _MODELLED_STARTUP = re.compile(r"modelled start-up ([0-9][0-9,]*(?:\.[0-9]+)?) s")
@@ -124,7 +132,7 @@ class SimulatedLauncher:
         payload = {"model": config.model, "flags": flags, "env": dict(config.env),
                    "load_format": config.load_format,
                    "served_model_name": config.served_model_name}
-        argv = [sys.executable, "-m", "runners.simulated", "--host", "127.0.0.1",
+        argv = [sys.executable, "-m", SERVER_MODULE, "--host", "127.0.0.1",
                 "--port", str(port),
                 "--config-json", json.dumps(payload, sort_keys=True),
                 "--hardware-json", json.dumps(self.hardware.to_dict(), sort_keys=True),
