@@ -152,8 +152,8 @@ _VLLM_DEFAULTS: dict[str, Value] = {
     "enable_expert_parallel": False,
     "calculate_kv_scales": False,
 }
-_HOST_DEFAULTS = ("max_num_batched_tokens", "max_num_seqs", "max_model_len")
-HOST_DEFAULTS = frozenset(_HOST_DEFAULTS)  # params whose vLLM default depends on the host
+# Params whose vLLM default depends on the host (`_vllm_default`).
+HOST_DEFAULTS = ("max_num_batched_tokens", "max_num_seqs", "max_model_len")
 
 
 def _sentence(message: object) -> str:
@@ -478,7 +478,7 @@ def _parse_range(spec: ParamSpec, raw: Mapping[Any, Any], where: str, source: st
 def _parse_default(spec: ParamSpec, raw: Mapping[Any, Any], where: str, source: str) -> ParamSpec:
     default = raw.get("default", "vllm")
     if default == "vllm" and isinstance(default, str):
-        resolvable = spec.name in _VLLM_DEFAULTS or spec.name in _HOST_DEFAULTS
+        resolvable = spec.name in _VLLM_DEFAULTS or spec.name in HOST_DEFAULTS
         if spec.type != "categorical" and not resolvable:
             _fail(source, f"{where}.default 'vllm' has no known value for an {spec.type} param; "
                           "give a literal default")
@@ -591,7 +591,7 @@ class SearchSpace:
                                  conditional_rules=tuple(conditional),
                                  applied_rules=tuple(applied), source=self.source,
                                  vllm_defaults={n: _vllm_default(n, context)
-                                                for n in [*specs, *_HOST_DEFAULTS]})
+                                                for n in [*specs, *HOST_DEFAULTS]})
         problem = resolved.token_budget_problem(None)
         if problem is not None:
             raise SpaceError(f"{self.source}: {problem}; raise the max_num_batched_tokens "
