@@ -21,6 +21,7 @@ from optimizer.records import record_of
 from optimizer.samplers import SAMPLERS
 from runners.base import EngineConfig, FailureReason, RunResult
 from runners.model_info import resolve_model_dir
+from search_spaces import HOST_DEFAULTS, changed_params, vllm_default
 
 # Keys under which a trial's record lives in Optuna's user attributes (the source of truth the
 # tracker and reports are rebuilt from).
@@ -313,8 +314,10 @@ def recommended_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     """The config to ship: among measured trials within NOISE_FRACTION of the best's value (and
     meeting the SLO where the best does), the one that changes the fewest flags from the vLLM
     defaults, then the better value. A flag whose measured effect is noise is not deployed: if
-    the defaults themselves are within noise of the best, they are the recommendation. Two
-    objectives, or no defaults trial to count changes from: the best."""
+    the defaults themselves are within noise of the best, they are the recommendation. A flag
+    counts as changed where it changes what vLLM runs with (`changed_params`): an explicit
+    value equal to vLLM's default on the study's host is none. Two objectives, or no defaults
+    trial to count changes from: the best."""
     best = best_trial(study)
     if best is None or len(study.directions) > 1 or best.values is None:
         return best
@@ -330,11 +333,28 @@ def recommended_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
                   if abs(float(t.values[0]) - top) <= NOISE_FRACTION * abs(top)
                   and (not best_feasible or all(v <= 0 for v in t.constraints.values()))]
 
+    host_defaults = vllm_defaults_of(study)
+
     def changes(trial: optuna.trial.FrozenTrial) -> int:
-        params = params_of(trial)
-        return sum(params.get(k) != defaults.get(k) for k in set(params) | set(defaults))
+        return len(changed_params(params_of(trial), defaults, host_defaults))
 
     return min(candidates, key=lambda t: (changes(t), -sign * float(t.values[0]), t.number))
+
+
+def vllm_defaults_of(study: optuna.Study) -> dict[str, Any]:
+    """vLLM's value of each param on the study's host, as the study kept it at start; for a
+    study written before it was kept, the host-independent ones only (a host-dependent param
+    set to the host's default then counts as a change)."""
+    kept = study.user_attrs.get(STUDY_ATTR_VLLM_DEFAULTS)
+    if isinstance(kept, Mapping):
+        return dict(kept)
+    return host_independent_defaults(study.get_trials(deepcopy=False))
+
+
+def host_independent_defaults(trials: Sequence[optuna.trial.FrozenTrial]) -> dict[str, Any]:
+    """vLLM's value of each param the trials set that is the same on every host."""
+    names = {k for t in trials for k in params_of(t)}
+    return {k: vllm_default(k) for k in sorted(names) if k not in HOST_DEFAULTS}
 
 
 def _record_state(trial: optuna.trial.FrozenTrial) -> str:

@@ -208,6 +208,20 @@ def effective_params(params: Mapping[str, Value],
     return out
 
 
+def changed_params(params: Mapping[str, Value], reference: Mapping[str, Value],
+                   defaults: Mapping[str, Value]) -> list[str]:
+    """The params `params` sets differently from `reference` where setting one back to the
+    reference's value would change what vLLM runs with (`effective_params`): an explicit
+    value equal to vLLM's default is no change, and neither is a capture size that CUDA
+    graphs off make moot. A param one side lacks is vLLM's default there. Sorted by name."""
+    keys = sorted(set(params) | set(reference))
+    mine = {k: params.get(k) for k in keys}
+    theirs = {k: reference.get(k) for k in keys}
+    runs = effective_params(mine, defaults)
+    return [k for k in keys if repr(mine[k]) != repr(theirs[k])
+            and repr(runs[k]) != repr(effective_params({**mine, k: theirs[k]}, defaults)[k])]
+
+
 def _capture_size(values: Mapping[str, Value], defaults: Mapping[str, Value]) -> int | None:
     def known(name: str) -> int | None:
         value = values.get(name, defaults.get(name))

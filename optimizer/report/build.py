@@ -23,18 +23,19 @@ from optimizer.records import ATTR_RECORD
 from optimizer.study import (
     ATTR_CONFIRM,
     NOISE_FRACTION,
-    STUDY_ATTR_VLLM_DEFAULTS,
     best_trial,
     count_trials,
+    host_independent_defaults,
     is_search_trial,
     no_baseline_reason,
     params_of,
     recommended_trial,
+    vllm_defaults_of,
 )
 from runners.capacity import bracket_from_metrics
 from runners.simulated.launcher import is_simulated_argv
 from runners.workload import Bracket
-from search_spaces import HOST_DEFAULTS, PARAM_PARENTS, effective_params, vllm_default
+from search_spaces import PARAM_PARENTS, changed_params
 
 logger = logging.getLogger(__name__)
 
@@ -264,17 +265,9 @@ def _complete_configs(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
 def _one_change(params: Mapping[str, Any], reference: Mapping[str, Any],
                 defaults: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
     """The one searched knob `params` changes from `reference` (and the children set with
-    it, `PARAM_PARENTS`), or None for no change or several. A param is a change where it is set
-    differently and setting it back to the reference's value would change what vLLM runs with
-    (`effective_params`): an explicit value equal to vLLM's default is none, and so is a
-    capture size that CUDA graphs off make moot. A param one side lacks is vLLM's default
-    there."""
-    keys = sorted(set(params) | set(reference))
-    mine = {k: params.get(k) for k in keys}
-    theirs = {k: reference.get(k) for k in keys}
-    runs = effective_params(mine, defaults)
-    changed = [k for k in keys if repr(mine[k]) != repr(theirs[k])
-               and repr(runs[k]) != repr(effective_params({**mine, k: theirs[k]}, defaults)[k])]
+    it, `PARAM_PARENTS`), or None for no change or several; what counts as a change is
+    `changed_params`'s."""
+    changed = changed_params(params, reference, defaults)
     children = {k: params.get(k) for k in changed
                 if k in PARAM_PARENTS and PARAM_PARENTS[k] in changed}
     knobs = [k for k in changed if k not in children]
@@ -297,7 +290,7 @@ def knob_effects(trials: Sequence[FrozenTrial], baseline: FrozenTrial | None, ob
     maximize = OBJECTIVES[objective].direction == "maximize"
     reference = params_of(baseline)
     defaults = dict(vllm_defaults) if vllm_defaults is not None else \
-        {k: vllm_default(k) for t in trials for k in params_of(t) if k not in HOST_DEFAULTS}
+        host_independent_defaults(trials)
     base_record = baseline.user_attrs.get(ATTR_RECORD) or {}
     base_metrics = base_record.get("metrics") or {}
     base_values = base_record.get("values") or baseline.values
@@ -391,7 +384,7 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
         recommended=recommended,
         no_baseline=no_baseline_reason(study) or "",
         knob_effects=knob_effects(trials, baseline_trial, objective, axis,
-                                  study.user_attrs.get(STUDY_ATTR_VLLM_DEFAULTS)))
+                                  vllm_defaults_of(study)))
 
 
 def _confirmation(study: optuna.Study, axis: str | None) -> str:

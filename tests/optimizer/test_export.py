@@ -127,6 +127,34 @@ def test_export_recommends_the_fewest_changes_within_noise_of_the_best() -> None
     assert recommended_trial(study).number == 2
 
 
+def test_recommendation_counts_only_changes_vllm_would_run_with() -> None:
+    """An explicit value equal to vLLM's default on the study's host, or a capture size that
+    eager mode makes moot, is no flag changed: the recommendation does not pay for it."""
+    from optimizer.study import STUDY_ATTR_VLLM_DEFAULTS, recommended_trial
+
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr(STUDY_ATTR_VLLM_DEFAULTS, {"max_num_seqs": 1024, "quantization": "none",
+                                                   "kv_cache_dtype": "auto"})
+    dists = {"quantization": optuna.distributions.CategoricalDistribution(["none", "fp8"]),
+             "kv_cache_dtype": optuna.distributions.CategoricalDistribution(["auto", "fp8"]),
+             "max_num_seqs": optuna.distributions.CategoricalDistribution([256, 1024])}
+    for params, value, baseline in (
+            ({"quantization": None, "kv_cache_dtype": None, "max_num_seqs": None}, 29.3, True),
+            ({"quantization": "fp8", "kv_cache_dtype": "fp8", "max_num_seqs": None}, 38.8, False),
+            # one change in what vLLM runs: 1024 is the H200's own max_num_seqs
+            ({"quantization": "fp8", "kv_cache_dtype": None, "max_num_seqs": 1024}, 38.6, False)):
+        attrs: dict[str, object] = {"record": {"state": "complete", "params": params,
+                                               "metrics": {}}}
+        if baseline:
+            attrs["baseline"] = True
+        set_ = {k: v for k, v in params.items() if v is not None}
+        study.add_trial(optuna.trial.create_trial(
+            params=set_, distributions={k: dists[k] for k in set_}, value=value,
+            user_attrs=attrs))
+    assert recommended_trial(study).number == 2, \
+        "max_num_seqs at the host's default is no change; fp8 KV within noise is one"
+
+
 def test_report_headline_names_the_recommendation() -> None:
     from optimizer.report import build_report, headline
 
