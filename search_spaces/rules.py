@@ -627,10 +627,20 @@ BUILTIN_ORDER: tuple[tuple[str, str], ...] = (
 )
 
 
-# A param that exists only with its parent set: the built-in rule below unsets it otherwise, so
-# a config that turns the parent on sets the child too, as one change (a report's one-knob
-# table reads them together).
-PARAM_PARENTS: dict[str, str] = {"spec_tokens": "spec_method"}
+# Built-ins that unset a child param while its parent is off: a config that turns the parent on
+# sets the child too, as one change (`PARAM_PARENTS`, which a report's one-knob table reads).
+_CHILD_RULES: tuple[Rule, ...] = (
+    Rule(
+        name="spec-tokens-need-a-method",
+        reason="vLLM rejects --spec-tokens without a speculative method "
+               "(config/speculative.py:730)",
+        when=(Condition("params.spec_method", "eq", "none"),),
+        action="fix", targets=(("spec_tokens", None),), is_builtin=True,
+    ),
+)
+# child -> parent: a param that exists only with its parent set.
+PARAM_PARENTS: dict[str, str] = {target: rule.when[0].param for rule in _CHILD_RULES
+                                 for target, _ in rule.targets}
 
 
 def conditional_builtins(context: Mapping[str, Any]) -> list[Rule]:
@@ -647,13 +657,7 @@ def conditional_builtins(context: Mapping[str, Any]) -> list[Rule]:
             when=(Condition("params.enforce_eager", "eq", True),),
             action="fix", targets=(("cudagraph_mode", "NONE"),), is_builtin=True,
         ),
-        Rule(
-            name="spec-tokens-need-a-method",
-            reason="vLLM rejects --spec-tokens without a speculative method "
-                   "(config/speculative.py:730)",
-            when=(Condition("params.spec_method", "eq", "none"),),
-            action="fix", targets=(("spec_tokens", None),), is_builtin=True,
-        ),
+        *_CHILD_RULES,
     ]
     num_gpus = lookup(context, "hardware.num_gpus")
     if is_number(num_gpus) and num_gpus >= 1:
