@@ -32,17 +32,13 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.{digits}g}"
 
 
-def _described(row: TrialRow) -> str:
-    """A trial's config in a sentence, inside the headline's parentheses."""
+def _changes(row: TrialRow, *, in_sentence: bool = False) -> str:
+    """A trial's flags beyond vLLM's defaults: a table cell, or (`in_sentence`) words for
+    inside the headline's parentheses."""
     if row.is_baseline:
-        return "the vLLM defaults"
-    return ", ".join(f"{k}={v}" for k, v in row.changes.items()) or "the defaults' flags"
-
-
-def _changes(row: TrialRow) -> str:
-    if row.is_baseline:
-        return "(vLLM defaults)"
-    return ", ".join(f"{k}={v}" for k, v in row.changes.items()) or "(same flags as defaults)"
+        return "the vLLM defaults" if in_sentence else "(vLLM defaults)"
+    listed = ", ".join(f"{k}={v}" for k, v in row.changes.items())
+    return listed or ("the defaults' flags" if in_sentence else "(same flags as defaults)")
 
 
 def _bracket(row: TrialRow) -> str:
@@ -76,7 +72,7 @@ def headline(report: Report) -> str:
     if report.best is None:
         return "No trial has completed yet." + missing
     best = report.best
-    text = (f"Best: trial {best.number} ({_described(best)}), {report.objective} "
+    text = (f"Best: trial {best.number} ({_changes(best, in_sentence=True)}), {report.objective} "
             f"{_with_unit(best.value, report.objective)}")
     if best.capacity is not None:
         text += f" ({_bracket(best)})"
@@ -93,7 +89,7 @@ def headline(report: Report) -> str:
     text += "." + missing
     if report.recommended is not None:
         text += (f" Recommended: trial {report.recommended.number} "
-                 f"({_described(report.recommended)}), "
+                 f"({_changes(report.recommended, in_sentence=True)}), "
                  f"{_with_unit(report.recommended.value, report.objective)}: within "
                  f"{NOISE_FRACTION:.0%} of the best with fewer changes from the defaults.")
     if report.confirm:
