@@ -49,7 +49,12 @@ case "${1:-}" in
       case $r in
         *=*) dest=$(python3 -c "import sys; from pathlib import Path
 from optimizer.config import load_study
-cfg = load_study(Path(sys.argv[1])); url = cfg.storage_url
+from optimizer.errors import NightshiftError
+try:
+    cfg = load_study(Path(sys.argv[1]))
+except NightshiftError as exc:
+    sys.exit(f'RESUME: {exc}')
+url = cfg.storage_url
 print(url.removeprefix('sqlite:///') if url.startswith('sqlite:///') else '')" "${r%%=*}") ||
                exit 3
              [ -n "$dest" ] || { echo "RESUME: ${r%%=*} names no sqlite storage"; exit 3; }
