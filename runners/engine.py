@@ -411,8 +411,10 @@ class EngineRunner:
         util = self._sampler.gpu_util_mean_pct_since(level_start_s) if self._sampler else None
         if util is not None:
             server["gpu_util_mean_pct"] = util
-        logger.info("level %d (%s): %.2f req/s, %.0f tok/s, TPOT p99 %.1f ms", index,
-                    level.label, m.request_throughput, m.output_throughput, m.p99_tpot_ms)
+        logger.info("level %d (%s): %.2f req/s, %.0f tok/s, TPOT p99 %s", index,
+                    level.label, m.request_throughput, m.output_throughput,
+                    "n/a (no request had a second token)" if m.p99_tpot_ms is None
+                    else f"{m.p99_tpot_ms:.1f} ms")
         return StepMetrics(step=index, level=level, metrics=m, server_metrics=server,
                            elapsed_s=time.monotonic() - started)
 

@@ -837,15 +837,18 @@ def run_level_sync(
 # Metrics
 
 
-def _stats_ms(values_s: list[float]) -> tuple[float, float, float, float, float]:
-    """mean, median, std, p90, p99 in ms; vLLM's `values or 0` makes an empty list all 0."""
-    data: list[float] | int = values_s or 0
+def _stats_ms(values_s: list[float]
+              ) -> tuple[float | None, float | None, float | None, float | None, float | None]:
+    """mean, median, std, p90, p99 in ms (numpy's linear percentiles, as vLLM's); all None for
+    no sample, where vLLM's `values or 0` writes 0 ms: an undefined figure is not a fast one."""
+    if not values_s:
+        return None, None, None, None, None
     return (
-        float(np.mean(data)) * _MS_PER_S,
-        float(np.median(data)) * _MS_PER_S,
-        float(np.std(data)) * _MS_PER_S,
-        float(np.percentile(data, 90)) * _MS_PER_S,
-        float(np.percentile(data, 99)) * _MS_PER_S,
+        float(np.mean(values_s)) * _MS_PER_S,
+        float(np.median(values_s)) * _MS_PER_S,
+        float(np.std(values_s)) * _MS_PER_S,
+        float(np.percentile(values_s, 90)) * _MS_PER_S,
+        float(np.percentile(values_s, 99)) * _MS_PER_S,
     )
 
 
@@ -860,11 +863,13 @@ def compute_metrics(
     *,
     max_concurrency_seen: int = 0,
 ) -> BenchmarkMetrics:
-    """The figures of one level, exactly as vLLM's `calculate_metrics` computes them.
+    """The figures of one level, as vLLM's `calculate_metrics` computes them.
 
     Only successful requests count. TPOT per request is (latency - ttft) / (output_tokens - 1)
     when output_tokens > 1; a request meets the SLO when each set bound holds for it (its TPOT
-    taken as 0 with a single token, as vLLM does). Goodput is None without an SLO.
+    taken as 0 with a single token, as vLLM does). Goodput is None without an SLO. Unlike
+    vLLM, a statistic with no sample (TPOT when every request produced one token) is None,
+    not 0.
     """
     if not duration_s > 0:
         raise ValueError(f"duration_s must be > 0 but got {duration_s}.")

@@ -26,6 +26,7 @@ from runners.loadgen import (
     run_level_sync,
     sample_length,
 )
+from runners.capacity import meets_slo
 from runners.process import EngineProcess, free_port, wait_healthy
 from runners.workload import SLO, LengthDistribution, LoadLevel, Workload
 
@@ -185,11 +186,30 @@ def test_goodput_counts_requests_meeting_every_set_bound(slo: SLO, expected_rps:
     assert compute_metrics(OUTPUTS, 2.0, slo).request_goodput == pytest.approx(expected_rps)
 
 
-def test_no_successes_gives_zeros_not_nan() -> None:
+def test_no_successes_leaves_latencies_out_rather_than_zero() -> None:
     m = compute_metrics([OUTPUTS[2]], 1.0, SLO(ttft_p99_ms=100))
     assert (m.completed, m.failed, m.request_goodput) == (0, 1, 0.0)
-    assert all(np.isfinite(v) for v in m.as_dict().values()), "vLLM's `or 0`: zeros, not nan"
-    assert m.p99_ttft_ms == 0.0 and m.mean_itl_ms == 0.0
+    assert all(np.isfinite(v) for v in m.as_dict().values()), "no nan reaches the record"
+    assert m.p99_ttft_ms is None and m.mean_itl_ms is None and m.p99_e2el_ms is None, \
+        "vLLM's `or 0` would report 0 ms: a figure nobody measured"
+    assert "p99_ttft_ms" not in m.as_dict()
+
+
+def test_one_token_outputs_have_no_tpot_or_itl_but_meet_a_tpot_slo() -> None:
+    one = [RequestOutput(success=True, ttft_s=0.1, latency_s=0.1, prompt_len=5,
+                         output_tokens=1),
+           RequestOutput(success=True, ttft_s=0.3, latency_s=0.3, prompt_len=5,
+                         output_tokens=1)]
+    m = compute_metrics(one, 2.0, SLO(ttft_p99_ms=200, tpot_p99_ms=10))
+    assert m.p99_tpot_ms is None and m.mean_tpot_ms is None, "TPOT is undefined, not 0 ms"
+    assert m.p99_itl_ms is None, "no second token: no inter-token latency"
+    assert not {"p99_tpot_ms", "mean_itl_ms"} & set(m.as_dict()), "left out of the record"
+    # TTFT p99 over [0.1, 0.3] s by linear interpolation: 0.1 + 0.99 x 0.2 = 0.298 s.
+    assert m.p99_ttft_ms == pytest.approx(298.0)
+    assert m.request_goodput == pytest.approx(0.5), \
+        "the first meets TTFT and (vacuously, TPOT 0 as in vLLM) TPOT; the second misses TTFT"
+    assert meets_slo(m, SLO(tpot_p99_ms=10), 0.0), "no TPOT sample violates a TPOT bound"
+    assert not meets_slo(m, SLO(ttft_p99_ms=200), 0.0)
 
 
 def test_success_without_token_count_counts_one_token() -> None:
