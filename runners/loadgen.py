@@ -89,7 +89,9 @@ class RequestOutput:
     client_prompt_len: int = 0  # tokens, the load generator's own count (or estimate)
     server_prompt_len: int | None = None  # tokens, usage.prompt_tokens; None: not sent
     generated_text: str = ""  # the reply's text, kept only where asked (multi-turn)
-    output_tokens: int = 0  # tokens; usage.completion_tokens, else the number of chunks
+    # tokens; usage.completion_tokens, else max_tokens where the reply ended for its length,
+    # else the number of chunks
+    output_tokens: int = 0
     start_time: float = 0.0  # time.perf_counter() when the request was sent
     # Set only for a server that declared a modelled clock (MODELLED_CLOCK_HEADER): the
     # request's modelled arrival and last token, and then every time above is modelled too.
@@ -429,6 +431,8 @@ async def send_request(
     most_recent = start
     itls: list[float] = []
     num_chunks = 0
+    finish_reason: str | None = None  # the last choice's: set on a reply's final chunk
+    is_done = False  # the stream's `data: [DONE]`
     usage_output_tokens = 0
     server_prompt_len: int | None = None
     texts: list[str] = []
@@ -452,6 +456,7 @@ async def send_request(
                     continue
                 data_str = line[len("data:"):].strip()
                 if data_str == "[DONE]":
+                    is_done = True
                     break
                 timestamp = time.perf_counter()
                 if on_chunk is not None:
@@ -476,6 +481,7 @@ async def send_request(
                         itls.append(timestamp - most_recent)
                     most_recent = timestamp
                     num_chunks += 1
+                    finish_reason = data["choices"][0].get("finish_reason") or finish_reason
                     if keep_text:
                         texts.append(str(data["choices"][0].get("text") or ""))
                 usage = data.get("usage")
@@ -489,7 +495,15 @@ async def send_request(
         return _failed(spec, start, f"{type(exc).__name__}: {exc}")
     if ttft is None:
         return _failed(spec, start, "stream ended without a chunk carrying a token")
-    output_tokens = usage_output_tokens or num_chunks  # a chunk may carry several tokens
+    if not is_done and finish_reason is None:
+        # vLLM counts such a reply a success; it is a reply cut off (a proxy or server that
+        # dropped the stream), and its short latency would flatter every figure.
+        return _failed(spec, start, f"stream ended after {num_chunks} chunk(s) without a "
+                                    "finish_reason or [DONE]: the reply was cut off")
+    # A chunk may carry several tokens: usage.completion_tokens counts them; without it a
+    # reply that ended for its length (ignore_eos) has exactly max_tokens; else one a chunk.
+    output_tokens = usage_output_tokens or (
+        spec.output_len if finish_reason == "length" else num_chunks)
     # The server's count stands in the figures (as in vLLM's); the client's is kept beside it
     # so that the two can be compared (`prompt_len_gap`), neither trusted silently.
     prompt_len = server_prompt_len if server_prompt_len is not None else spec.prompt_len

@@ -285,6 +285,19 @@ def test_tokens_are_counted_from_usage_when_chunks_carry_several(echo_url: str) 
     assert expected_tpot_ms * 0.9 <= result.metrics.mean_tpot_ms <= expected_tpot_ms + 3
 
 
+def test_a_stream_cut_off_fails_and_one_without_usage_counts_max_tokens(echo_url: str) -> None:
+    cut = run_level_sync(echo_url, "cut", _specs(2, 8), LoadLevel(), SLO(), timeout_s=30,
+                         seed=0)
+    assert cut.metrics.completed == 0 and cut.metrics.failed == 2, \
+        "4 of 8 tokens and no finish_reason, usage or [DONE]: not a success"
+    assert "cut off" in cut.outputs[0].error
+    bare = run_level_sync(echo_url, "chunked-nousage", _specs(1, 9), LoadLevel(), SLO(),
+                          timeout_s=30, seed=0)
+    (out,) = bare.outputs
+    assert out.success and out.output_tokens == 9, \
+        "finish_reason 'length' with ignore_eos: max_tokens tokens, not the 3 chunks"
+
+
 @WALL_CLOCK
 def test_goodput_against_real_latencies(echo_url: str) -> None:
     level, specs = LoadLevel(max_concurrency=8), _specs(8, 10)
