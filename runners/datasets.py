@@ -2,13 +2,16 @@
 sampled per index, as vLLM's `ShareGPTDataset` samples them (vllm/benchmarks/datasets/
 datasets.py:1346), with token counts from the model's tokenizer where there is one.
 
-A file is a JSON list (or JSONL, one object a line) of
-`{"id": ..., "conversations": [{"from": "human" | "gpt" | ..., "value": str}, ...]}`.
+A file is a JSON list (or JSONL, one object a line, or one JSON object) of
+`{"id": ..., "conversations": [{"from": "human" | "gpt" | ..., "value": str}, ...]}`, or of the
+OpenAI chat shape `{"id": ..., "messages": [{"role": "user" | "assistant" | ..., "content":
+str | [{"type": "text", "text": str}, ...]}, ...]}`.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 from collections.abc import Iterator
@@ -29,6 +32,8 @@ CHARS_PER_TOKEN = 4  # a rough English estimate, used only where the model has n
 USER_ROLES = frozenset({"human", "user"})
 ASSISTANT_ROLES = frozenset({"gpt", "assistant", "chatgpt", "bard", "bing", "model"})
 _SHAPE = '{"from": "human" | "gpt", "value": "..."}'
+_OPENAI_SHAPE = '{"role": "user" | "assistant", "content": "..."}'
+_TURN_KEYS = (("from", "value"), ("role", "content"))  # ShareGPT's, then OpenAI chat's
 
 
 def estimate_tokens(text: str) -> int:
@@ -66,6 +71,14 @@ def _entries(path: Path) -> list[Any]:
             raise _fail(path, f"line {exc.lineno}", f"expected a JSON list of conversations "
                         f"but got invalid JSON ({exc.msg}); fix the syntax.") from exc
         return list(data)
+    if stripped.startswith("{"):
+        # One conversation as a whole file (pretty-printed over many lines) is not JSONL.
+        try:
+            whole = json.loads(text)
+        except json.JSONDecodeError:
+            pass
+        else:
+            return [whole]
     entries = []
     for line_no, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -79,31 +92,56 @@ def _entries(path: Path) -> list[Any]:
     return entries
 
 
+def _text(content: object) -> str | None:
+    """A turn's text: a string, or OpenAI content parts whose text parts are joined (an image
+    part carries no prompt text); None for anything else."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(part, dict) for part in content):
+        return "".join(str(part.get("text") or "") for part in content
+                       if part.get("type", "text") == "text")
+    return None
+
+
+def _turn(turn: object) -> tuple[str, str] | None:
+    """(role, text) of a ShareGPT `{"from", "value"}` or OpenAI `{"role", "content"}` turn."""
+    if not isinstance(turn, dict):
+        return None
+    for role_key, text_key in _TURN_KEYS:
+        role, text = turn.get(role_key), _text(turn.get(text_key))
+        if isinstance(role, str) and text is not None:
+            return role.lower(), text
+    return None
+
+
 def _pairs(path: Path, index: int, entry: Any) -> tuple[str, list[tuple[str, str]]]:
     """The entry's id and its (user, reply) pairs; a turn of another role (system) is
-    skipped, as is a user message without a reply after it."""
+    skipped, as is a user message that is blank or has no reply after it."""
     if not isinstance(entry, dict):
         raise _fail(path, f"entry {index}", f"expected a JSON object with 'conversations' but "
                     f"got {type(entry).__name__}; each entry is {{\"id\": ..., "
                     f"\"conversations\": [{_SHAPE}, ...]}}.")
     ident = str(entry.get("id", index))
-    turns = entry.get("conversations")
+    key = "conversations" if "conversations" in entry or "messages" not in entry \
+        else "messages"
+    turns = entry.get(key)
     where = f"entry {index} (id {ident!r:.40})"
     if not isinstance(turns, list):
-        raise _fail(path, where, f"expected a 'conversations' list but got "
+        raise _fail(path, where, f"expected a 'conversations' (or 'messages') list but got "
                     f"{type(turns).__name__ if turns is not None else 'none'}; add "
                     f"\"conversations\": [{_SHAPE}, ...].")
+    parsed = []
     for k, turn in enumerate(turns):
-        if not (isinstance(turn, dict) and isinstance(turn.get("from"), str)
-                and isinstance(turn.get("value"), str)):
-            raise _fail(path, where, f"conversations[{k}] must be {_SHAPE} but got "
+        role_text = _turn(turn)
+        if role_text is None:
+            raise _fail(path, where, f"{key}[{k}] must be {_SHAPE} or {_OPENAI_SHAPE} but got "
                         f"{json.dumps(turn)[:60]}; give each turn a string 'from' and "
-                        "'value'.")
+                        "'value' (or 'role' and 'content').")
+        parsed.append(role_text)
     pairs = []
-    for k in range(len(turns) - 1):
-        role, nxt = turns[k]["from"].lower(), turns[k + 1]["from"].lower()
-        if role in USER_ROLES and nxt in ASSISTANT_ROLES and turns[k]["value"]:
-            pairs.append((turns[k]["value"], turns[k + 1]["value"]))
+    for (role, user), (nxt, reply) in itertools.pairwise(parsed):
+        if role in USER_ROLES and nxt in ASSISTANT_ROLES and user.strip():
+            pairs.append((user, reply))
     return ident, pairs
 
 

@@ -202,6 +202,35 @@ def test_sharegpt_without_a_tokenizer_estimates_and_says_so(tmp_path: Path) -> N
     assert all(s.prompt_len == len(s.prompt) // 4 for s in specs)
 
 
+def _as_openai(entry: dict) -> dict:
+    roles = {"human": "user", "gpt": "assistant"}
+    return {"id": entry["id"], "messages": [
+        {"role": roles.get(t["from"], t["from"]),
+         "content": [{"type": "text", "text": t["value"]}] if k == 1 else t["value"]}
+        for k, t in enumerate(entry["conversations"])]}
+
+
+def test_openai_messages_a_single_object_and_blank_turns_read_as_sharegpt(
+        tmp_path: Path) -> None:
+    source = DatasetSource(path=_write_sharegpt(tmp_path / "chats.json", CONVERSATIONS))
+    specs = loadgen.build_requests(Workload(dataset=source), 6, seed=1)
+    openai = _write_sharegpt(tmp_path / "messages.jsonl",
+                             [_as_openai(e) for e in CONVERSATIONS], jsonl=True)
+    assert loadgen.build_requests(Workload(dataset=DatasetSource(path=openai)), 6, 1) == \
+        specs, "role/content turns (content as a string or text parts) are the same turns"
+    blank = {"id": "blank", "conversations": [
+        {"from": "gpt", "value": "Hello, what would you like to know today?"},
+        {"from": "human", "value": "  \n "}, {"from": "gpt", "value": "Could you say more?"},
+        {"from": "human", "value": "Why is the sky blue at noon? 🌞"},
+        {"from": "gpt", "value": "Sunlight scatters off air molecules, blue light most."}]}
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps(blank, indent=2, ensure_ascii=False), encoding="utf-8")
+    (conversation,) = datasets.read_conversations(one)
+    assert conversation[1] == ((blank["conversations"][3]["value"],
+                                blank["conversations"][4]["value"]),), \
+        "one pretty-printed object is one entry; a blank user turn is no prompt"
+
+
 def test_a_malformed_sharegpt_entry_is_one_error_naming_file_entry_and_fix(
         tmp_path: Path) -> None:
     bad = [*CONVERSATIONS[:2], {"id": "x", "conversations": [{"from": "human"}]}]
