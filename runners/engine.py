@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -312,7 +312,8 @@ class EngineRunner:
         num = workload.num_requests or _DURATION_POOL
         send_offsets_s: list[float] | None = None
         if workload.trace is not None:  # the whole trace (or its first num_requests), once
-            entries = arrivals.read_trace(workload.trace.path, workload.trace.timestamp_unit_s)
+            entries = arrivals.read_trace(workload.trace.path, workload.trace.timestamp_unit_s,
+                                          workload.trace.max_gap_s)
             num = min(workload.num_requests or len(entries), len(entries))
             send_offsets_s = arrivals.trace_offsets_s([e.arrival_s for e in entries[:num]],
                                                       level.request_rate_rps)
@@ -407,6 +408,8 @@ class EngineRunner:
         server.update(loadgen.prompt_len_gap(result.outputs))
         server["prompt_len_is_estimated"] = 1.0 if is_estimated else 0.0
         server.update(turns)
+        if send_offsets_s is not None:
+            server.update(_trace_replayed(send_offsets_s, len(result.outputs), level))
         # NVML over this level alone: the run's mean mixes light and heavy levels.
         util = self._sampler.gpu_util_mean_pct_since(level_start_s) if self._sampler else None
         if util is not None:
@@ -501,6 +504,25 @@ def _mean_tokens(dist: LengthDistribution) -> float:
     if dist.kind == "uniform" and dist.low is not None and dist.high is not None:
         return (dist.low + dist.high) / 2
     return float(dist.mean)
+
+
+def _trace_replayed(offsets_s: Sequence[float], num_sent: int,
+                    level: LoadLevel) -> dict[str, float]:
+    """How much of a trace a level replayed: the requests sent, and, where the level ended
+    before the trace did (a time bound, saturation), the mean rate they were sent at: the
+    level's rate is the whole trace's, which a cut replay did not offer."""
+    out = {"trace_num_replayed": float(num_sent),
+           "trace_num_requests": float(len(offsets_s))}
+    if 0 < num_sent < len(offsets_s):
+        sent = offsets_s[:num_sent]
+        rate = (num_sent - 1) / (sent[-1] - sent[0]) if sent[-1] > sent[0] else None
+        if rate is not None:
+            out["trace_replayed_rate_rps"] = rate
+        logger.warning("level %s sent %d of the trace's %d requests before it ended; they "
+                       "were sent at %s, where the level's rate is the whole trace's",
+                       level.label, num_sent, len(offsets_s),
+                       "?" if rate is None else f"{rate:.3g} req/s")
+    return out
 
 
 def _settled_traces(profile_dir: Path, timeout_s: float, poll_s: float = 1.0) -> list[Path]:

@@ -228,3 +228,10 @@ def test_level_burstiness_and_trace_content_enter_the_fingerprint(tmp_path: Path
                      '{"timestamp": 1, "input_length": 8, "output_length": 4}\n')
     second = fp({"trace": {"path": "t.jsonl"}})
     assert first.trace != second.trace, "same name, other content"
+    assert "max_gap_s" not in first.trace, "left unset, the fingerprint is what it was before"
+    trace.write_text("".join(f'{{"timestamp": {t}, "input_length": 8, "output_length": 4}}\n'
+                             for t in (0, 1, 3601)))
+    idle = fp({"trace": {"path": "t.jsonl"}})
+    cut = fp({"trace": {"path": "t.jsonl", "max_gap_s": 1}})
+    assert idle.peak_load == pytest.approx(2 / 3601) and cut.peak_load == pytest.approx(1.0), \
+        "the default level replays at the rate of the gaps as cut"
