@@ -114,7 +114,7 @@ def read_trace(path: Path, timestamp_unit_s: float = 1.0,
                          f"{max_gap_s}.")
     raw: list[tuple[float, int, int, str | list[int] | None]] = []
     last: float | None = None
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:  # -sig: a byte-order mark is no JSON
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue

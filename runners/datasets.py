@@ -14,6 +14,7 @@ import functools
 import itertools
 import json
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,16 @@ ASSISTANT_ROLES = frozenset({"gpt", "assistant", "chatgpt", "bard", "bing", "mod
 _SHAPE = '{"from": "human" | "gpt", "value": "..."}'
 _OPENAI_SHAPE = '{"role": "user" | "assistant", "content": "..."}'
 _TURN_KEYS = (("from", "value"), ("role", "content"))  # ShareGPT's, then OpenAI chat's
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def well_formed(text: str) -> str:
+    """`text` with each lone UTF-16 surrogate (a `\\ud83d` escape cut from its pair, common in
+    scraped chat logs) replaced by U+FFFD: it cannot be sent as UTF-8 or tokenized, and
+    would fail every request that carries it as if the server had."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
 
 
 def estimate_tokens(text: str) -> int:
@@ -62,7 +73,7 @@ def _fail(path: Path, where: str, problem: str) -> ValueError:
 
 
 def _entries(path: Path) -> list[Any]:
-    text = path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark is no JSON
     stripped = text.lstrip()
     if stripped.startswith("["):
         try:
@@ -96,10 +107,10 @@ def _text(content: object) -> str | None:
     """A turn's text: a string, or OpenAI content parts whose text parts are joined (an image
     part carries no prompt text); None for anything else."""
     if isinstance(content, str):
-        return content
+        return well_formed(content)
     if isinstance(content, list) and all(isinstance(part, dict) for part in content):
-        return "".join(str(part.get("text") or "") for part in content
-                       if part.get("type", "text") == "text")
+        return well_formed("".join(str(part.get("text") or "") for part in content
+                                   if part.get("type", "text") == "text"))
     return None
 
 

@@ -208,7 +208,8 @@ def _trace_request(entry: arrivals.TraceEntry, workload: Workload, rng: np.rando
     ids: list[int] = rng.integers(_FIRST_TOKEN_ID, max(workload.vocab_size, _FIRST_TOKEN_ID + 1),
                                   size=entry.input_len).tolist()
     if entry.prompt is not None:
-        prompt = entry.prompt
+        prompt = entry.prompt if isinstance(entry.prompt, list) else \
+            datasets.well_formed(entry.prompt)
         if isinstance(prompt, list):
             return RequestSpec(prompt, len(prompt), entry.output_len)
         if tokenizer is not None:
@@ -290,7 +291,7 @@ def _requests_from_file(
     tokenizer: PromptTokenizer | None = None,
 ) -> list[RequestSpec]:
     entries: list[_PromptEntry] = []
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:  # -sig: a byte-order mark is no JSON
         for line_no, line in enumerate(f, start=1):
             if line.strip():
                 entries.append(_parse_prompt_line(path, line_no, line, tokenizer))
@@ -319,7 +320,7 @@ def check_prompts_file(path: Path, tokenizer: PromptTokenizer | None = None) -> 
     length in tokens (counted with `tokenizer`, else estimated). Raises ValueError naming the
     first line it would refuse (OSError or UnicodeDecodeError where it cannot read the file)."""
     longest = 0
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:  # -sig: a byte-order mark is no JSON
         for line_no, line in enumerate(f, start=1):
             if line.strip():
                 longest = max(longest, _parse_prompt_line(path, line_no, line, tokenizer)[1])
@@ -339,6 +340,7 @@ def _parse_prompt_line(path: Path, line_no: int, line: str,
     prompt_len: int
     is_estimated = False
     if isinstance(prompt, str) and prompt:
+        prompt = datasets.well_formed(prompt)
         if tokenizer is not None:
             prompt_len = tokenizer.count(prompt)
         elif isinstance(entry.get("prompt_len"), int) and entry["prompt_len"] >= 1:

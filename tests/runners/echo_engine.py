@@ -6,7 +6,8 @@ with `choices: []`, then `[DONE]`): the first after `ttft_ms`, the rest every `t
 absolute schedule so sleep overheads do not accumulate. The model name picks a behaviour:
 "echo" (normal), "chunked" (3 tokens a chunk), "chunked-nousage" (the same without the
 usage chunk), "cut" (half the tokens, then the stream ends without finish_reason, usage or
-[DONE]), "error" (HTTP 500), "hang" (one token, then silence). GET /stats reports the most requests it had in flight at once; DELETE /stats resets it.
+[DONE]), "error" (HTTP 500), "hang" (one token, then silence). GET /stats reports the most
+requests it had in flight at once; DELETE /stats resets it.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
+from runners.capacity import meets_slo
 from runners.loadgen import (
     STALLED_ERROR,
     RequestOutput,
@@ -26,7 +27,6 @@ from runners.loadgen import (
     run_level_sync,
     sample_length,
 )
-from runners.capacity import meets_slo
 from runners.process import EngineProcess, free_port, wait_healthy
 from runners.workload import SLO, LengthDistribution, LoadLevel, Workload
 

@@ -231,6 +231,25 @@ def test_openai_messages_a_single_object_and_blank_turns_read_as_sharegpt(
         "one pretty-printed object is one entry; a blank user turn is no prompt"
 
 
+def test_a_byte_order_mark_and_a_lone_surrogate_neither_refuse_nor_fail_requests(
+        tmp_path: Path, model_dir: Path, tokenizer: PromptTokenizer) -> None:
+    broken = {"id": "cut-emoji", "conversations": [
+        {"from": "human", "value": "Which emoji is this one: \ud83d and what does it mean?"},
+        {"from": "gpt", "value": "A face cut in half by a broken export, most likely."}]}
+    path = tmp_path / "bom.json"
+    path.write_text("\ufeff" + json.dumps([broken]), encoding="utf-8")  # \ud83d stays escaped
+    (spec,) = loadgen.build_requests(Workload(dataset=DatasetSource(path=path),
+                                              tokenizer_dir=model_dir), 1, seed=0)
+    assert isinstance(spec.prompt, str) and "\ufffd" in spec.prompt, \
+        "the lone surrogate is U+FFFD: sendable as UTF-8, countable by the tokenizer"
+    assert spec.prompt_len == tokenizer.count(spec.prompt)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\ufeff" + json.dumps({"prompt": "Tell me \ud83d more."}) + "\n",
+                       encoding="utf-8")
+    (line,) = loadgen.build_requests(Workload(prompts_file=prompts), 1, seed=0)
+    assert line.prompt == "Tell me \ufffd more."
+
+
 def test_a_malformed_sharegpt_entry_is_one_error_naming_file_entry_and_fix(
         tmp_path: Path) -> None:
     bad = [*CONVERSATIONS[:2], {"id": "x", "conversations": [{"from": "human"}]}]

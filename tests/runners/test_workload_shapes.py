@@ -181,7 +181,7 @@ def test_trace_timestamps_may_be_strings_and_long_gaps_are_cut_to_max_gap(
     cut = [e.arrival_s for e in arrivals.read_trace(path, max_gap_s=2.0)]
     assert cut == pytest.approx([0.0, 0.0, 0.5, 2.5, 2.75]), "the idle hour replays as 2 s"
     path.write_text('{"timestamp": "soon", "input_length": 8, "output_length": 2}\n')
-    with pytest.raises(ValueError, match="t.jsonl:1: 'timestamp' must be a finite number"):
+    with pytest.raises(ValueError, match=r"t\.jsonl:1: 'timestamp' must be a finite number"):
         arrivals.read_trace(path)
 
 
