@@ -214,7 +214,9 @@ def _trace_request(entry: arrivals.TraceEntry, workload: Workload, rng: np.rando
             return RequestSpec(prompt, len(prompt), entry.output_len)
         if tokenizer is not None:
             return RequestSpec(prompt, tokenizer.count(prompt), entry.output_len)
-        return RequestSpec(prompt, entry.input_len, entry.output_len)
+        # The trace's recorded input_length, which nothing here can check: not a count.
+        return RequestSpec(prompt, entry.input_len, entry.output_len,
+                           is_prompt_len_estimated=True)
     if tokenizer is not None:
         text, prompt_len = tokenizer.synthesise(entry.input_len, rng)
         return RequestSpec(text, prompt_len, entry.output_len)

@@ -202,3 +202,15 @@ def test_a_replay_cut_by_its_time_bound_says_how_much_it_sent_and_at_what_rate(
     assert (server["trace_num_replayed"], server["trace_num_requests"]) == (3.0, 5.0)
     assert server["trace_replayed_rate_rps"] == pytest.approx(5.0), \
         "3 requests over 0.4 s: what the cut replay offered, not the whole trace's rate"
+
+
+def test_a_traces_text_prompt_length_is_labelled_recorded_not_counted(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 99, "output_length": 2, '
+                    '"prompt": "Four words of text"}\n'
+                    '{"timestamp": 1, "input_length": 8, "output_length": 2}\n')
+    workload = Workload(trace=TraceReplay(path), num_requests=None)
+    text, ids = loadgen.build_requests(workload, 2, seed=0)
+    assert (text.prompt_len, text.is_prompt_len_estimated) == (99, True), \
+        "the trace's own input_length, unchecked without a tokenizer: not a count"
+    assert not ids.is_prompt_len_estimated, "synthesised token ids are exact"
