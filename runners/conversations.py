@@ -235,11 +235,10 @@ async def run_conversations(
                 await watchdog
     duration = time.perf_counter() - driver.start
     outputs = [t.output for t in driver.outputs]
-    spans = [o.modelled_span_s for o in outputs if o.success]
-    is_modelled = bool(spans) and all(span is not None for span in spans)
-    if is_modelled:
-        starts, ends = zip(*(span for span in spans if span is not None), strict=True)
-        duration = max(max(ends) - min(starts), 1e-9)
+    modelled_s = loadgen.modelled_duration_s(outputs)
+    is_modelled = modelled_s is not None
+    if modelled_s is not None:
+        duration = modelled_s
     metrics = loadgen.compute_metrics(outputs, duration, slo,
                                       max_concurrency_seen=driver.max_in_flight)
     logger.info("level %s: %d conversations, %d turns completed, %d failed in %.1f s%s",

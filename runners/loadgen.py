@@ -46,6 +46,8 @@ _MS_PER_S = 1000.0
 MODELLED_CLOCK_HEADER: Final = "x-simulated-clock"
 MODELLED_ARRIVAL_FIELD: Final = "simulated_arrival_s"
 MODELLED_TIME_FIELD: Final = "simulated_time_s"
+# On an error answer of such a server: the modelled time it refused the request at, seconds.
+MODELLED_TIME_HEADER: Final = "x-simulated-time"
 # Sent only to a server that declared a modelled clock before: "this request's client sends the
 # next one as soon as it ends" (a closed loop with requests left), so the server can stamp that
 # next arrival at this one's modelled end instead of after the host's scheduling delay.
@@ -448,7 +450,11 @@ async def send_request(
                 body = await resp.aread()
                 excerpt = body[:_ERROR_EXCERPT_CHARS].decode("utf-8", "replace")
                 excerpt = " ".join(excerpt.split())
-                return _failed(spec, start, f"HTTP {resp.status_code}: {excerpt}")
+                failed = _failed(spec, start, f"HTTP {resp.status_code}: {excerpt}")
+                stamp = resp.headers.get(MODELLED_TIME_HEADER)
+                if resp.headers.get(MODELLED_CLOCK_HEADER) == "modelled" and stamp:
+                    failed = replace(failed, modelled_span_s=(float(stamp), float(stamp)))
+                return failed
             is_modelled = resp.headers.get(MODELLED_CLOCK_HEADER) == "modelled"
             if is_modelled:
                 _modelled_servers.add(base_url)
@@ -803,12 +809,10 @@ async def run_level(
     # trust_env=False: an http_proxy from the environment must not capture 127.0.0.1.
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
         outputs, duration = await driver.run(client)
-    spans = [o.modelled_span_s for o in outputs if o.success]
-    is_modelled = bool(spans) and all(span is not None for span in spans)
-    if is_modelled:
-        # The level's duration on the same clock: first arrival to last token.
-        starts, ends = zip(*(span for span in spans if span is not None), strict=True)
-        duration = max(max(ends) - min(starts), 1e-9)
+    modelled_s = modelled_duration_s(outputs)
+    is_modelled = modelled_s is not None
+    if modelled_s is not None:
+        duration = modelled_s
     metrics = compute_metrics(outputs, duration, slo, max_concurrency_seen=driver.max_in_flight)
     logger.info(
         "level %s: %d completed, %d failed in %.1f s%s, %.2f req/s, %.1f output tok/s%s",
@@ -824,6 +828,20 @@ async def run_level(
         stopped=driver.abort_reason == STOPPED_ERROR,
         is_modelled_clock=is_modelled,
     )
+
+
+def modelled_duration_s(outputs: Sequence[RequestOutput]) -> float | None:
+    """A level's duration on a server's modelled clock: its first request's arrival to its last
+    token or refusal, over every request stamped on that clock (an error answer is, so a level
+    whose first or last requests failed is not shorter than the load it offered); None unless
+    every success came with the modelled times."""
+    successes = [o.modelled_span_s for o in outputs if o.success]
+    if not successes or any(span is None for span in successes):
+        return None
+    spans = [o.modelled_span_s for o in outputs if o.modelled_span_s is not None]
+    first = min(start for start, _ in spans)
+    last = max(end for _, end in spans)
+    return max(last - first, 1e-9)
 
 
 def run_level_sync(

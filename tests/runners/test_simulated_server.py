@@ -376,3 +376,23 @@ def test_a_kernel_path_that_jit_compiles_while_serving_reports_the_measured_stal
     assert result.is_modelled_clock and result.metrics.completed == 4
     assert result.metrics.median_tpot_ms > 400 and result.metrics.request_goodput == 0
     assert time.monotonic() - started < 5.0, "the stall is slept time-scaled, as start-up"
+
+
+def test_failed_requests_stay_inside_the_level_duration_on_the_modelled_clock(
+        launch: Callable[..., Engine]) -> None:
+    from runners import loadgen
+    from runners.workload import SLO, LoadLevel
+
+    engine = launch({"sim_error_rate": 0.6})
+    _wait_healthy(engine)
+    specs = [loadgen.RequestSpec(list(range(10, 26)), 16, 4) for _ in range(20)]
+    result = loadgen.run_level_sync(engine.url, "sim", specs,
+                                    LoadLevel(request_rate_rps=20.0, burstiness=1e6), SLO(),
+                                    timeout_s=30, seed=0)
+    m = result.metrics
+    assert result.is_modelled_clock and m.failed > 0 and m.completed > 0
+    refused = [o.modelled_span_s for o in result.outputs if not o.success]
+    assert all(span is not None for span in refused), "an error answer carries its modelled time"
+    # 20 arrivals every 50 ms span 0.95 s whichever failed: spanning the successes alone made
+    # a level shorter than the load it offered (and its rate above the offered 20 req/s).
+    assert m.duration_s >= 0.85, m.duration_s

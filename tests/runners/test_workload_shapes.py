@@ -214,3 +214,4 @@ def test_a_traces_text_prompt_length_is_labelled_recorded_not_counted(tmp_path: 
     assert (text.prompt_len, text.is_prompt_len_estimated) == (99, True), \
         "the trace's own input_length, unchecked without a tokenizer: not a count"
     assert not ids.is_prompt_len_estimated, "synthesised token ids are exact"
+
