@@ -354,12 +354,14 @@ class EngineRunner:
         turns: dict[str, float] = {}
         try:
             if workload.multi_turn is not None:
-                result, turn_outputs = conversations.run_conversations_sync(
+                result, turn_outputs, num_cut = conversations.run_conversations_sync(
                     base_url, config.served_model_name, dialogues, level, workload.slo,
                     timeout_s=workload.request_timeout_s, tokenizer_dir=workload.tokenizer_dir,
                     stall_timeout_s=self.stall_timeout_s, stop_event=saturated,
-                    duration_s=duration_s if duration_s is not None else max_duration_s)
-                turns = conversations.turn_metrics(turn_outputs)
+                    duration_s=duration_s if duration_s is not None else max_duration_s,
+                    max_context_len=workload.dataset.max_total_len
+                    if workload.dataset is not None else None)
+                turns = conversations.turn_metrics(turn_outputs, num_cut)
             else:
                 result = loadgen.run_level_sync(
                     base_url, config.served_model_name, requests, level, workload.slo,

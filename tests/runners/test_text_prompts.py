@@ -21,6 +21,7 @@ import pytest
 
 from runners import conversations, datasets, loadgen
 from runners.base import EngineConfig
+from runners.datasets import Conversation, Turn
 from runners.engine import EngineRunner
 from runners.simulated.launcher import SimulatedLauncher
 from runners.tokenizer import PromptTokenizer, load_tokenizer, tokenizer_dir_for
@@ -310,9 +311,10 @@ def test_each_turn_is_sent_after_the_last_reply_and_carries_it(
     assert sum(len(c.turns) for c in dialogues) >= 6
     assert {len(c.turns) for c in dialogues} <= {1, 2, 3}
     assert any(len(c.turns) > 1 for c in dialogues), "some conversation has later turns"
-    result, turns = conversations.run_conversations_sync(
+    result, turns, num_cut = conversations.run_conversations_sync(
         simulated, "sim", dialogues, LoadLevel(max_concurrency=2), SLO(), timeout_s=30,
         tokenizer_dir=model_dir)
+    assert num_cut == 0
     assert result.metrics.failed == 0 and result.metrics.completed == len(turns)
     assert result.metrics.completed == sum(len(c.turns) for c in dialogues)
     for index, dialogue in enumerate(dialogues):
@@ -329,6 +331,22 @@ def test_each_turn_is_sent_after_the_last_reply_and_carries_it(
                 "the client and the simulated server count with the same tokenizer"
     assert max(t.output.prompt_len for t in turns) > max(t.user_len for c in dialogues
                                                          for t in c.turns)
+
+
+def test_a_conversation_ends_before_a_turn_the_servers_replies_pushed_past_the_context(
+        simulated: str, model_dir: Path, tokenizer: PromptTokenizer) -> None:
+    user = Turn("Name a river that crosses more than one country, please.", 0, 40)
+    user = replace(user, user_len=tokenizer.count(user.user))
+    dialogue = Conversation("long", (user, user, user), is_estimated=False)
+    # The dataset's own lengths fit three turns in 200 tokens; the simulated engine's replies
+    # re-tokenize longer than 40 tokens, so the third turn's counted prompt would not.
+    budget = 3 * (user.user_len + 40)
+    result, turns, num_cut = conversations.run_conversations_sync(
+        simulated, "sim", [dialogue], LoadLevel(max_concurrency=1), SLO(), timeout_s=30,
+        tokenizer_dir=model_dir, max_context_len=budget)
+    assert result.metrics.failed == 0, "no turn is sent for the server to refuse"
+    assert all(t.output.prompt_len + 40 <= budget for t in turns)
+    assert num_cut == 1 and len(turns) < 3
 
 
 def test_synthesised_conversations_draw_user_turns_of_exact_lengths(
