@@ -183,6 +183,10 @@ def test_trace_timestamps_may_be_strings_and_long_gaps_are_cut_to_max_gap(
     path.write_text('{"timestamp": "soon", "input_length": 8, "output_length": 2}\n')
     with pytest.raises(ValueError, match=r"t\.jsonl:1: 'timestamp' must be a finite number"):
         arrivals.read_trace(path)
+    path.write_text('{"timestamp": 5, "input_length": 8, "output_length": 2}\n'
+                    '{"timestamp": 4, "input_length": 8, "output_length": 2}\n')
+    with pytest.raises(ValueError, match=r"t\.jsonl:2: .* earlier than .* sort the trace"):
+        arrivals.read_trace(path)
 
 
 def test_a_replay_cut_by_its_time_bound_says_how_much_it_sent_and_at_what_rate(
