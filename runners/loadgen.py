@@ -586,6 +586,7 @@ class _LevelDriver:
         self.last_progress = time.perf_counter()
         self.abort_reason: str | None = None
         self.slowest_latency_s: float | None = None  # wall, of the requests ended so far
+        self.first_offset_s = 0.0  # s from the level's start to the first send, as scheduled
 
     def _heartbeat(self) -> None:
         self.last_progress = time.perf_counter()
@@ -662,6 +663,8 @@ class _LevelDriver:
             task = asyncio.create_task(self._one(
                 client, spec, is_refilled, burst,
                 len(self.requests) - len(self.tasks) - 1 if closed else None))
+            if not self.tasks:
+                self.first_offset_s = offset
             self.tasks.append((task, spec, time.perf_counter()))
 
     def _is_refilled(self, start: float) -> bool:
@@ -812,7 +815,9 @@ async def run_level(
     modelled_s = modelled_duration_s(outputs)
     is_modelled = modelled_s is not None
     if modelled_s is not None:
-        duration = modelled_s
+        # vLLM's duration starts before the first arrival's gap, as the wall clock's does here:
+        # a rate level of n requests lasts at least n / rate on either clock.
+        duration = driver.first_offset_s + modelled_s
     metrics = compute_metrics(outputs, duration, slo, max_concurrency_seen=driver.max_in_flight)
     logger.info(
         "level %s: %d completed, %d failed in %.1f s%s, %.2f req/s, %.1f output tok/s%s",
