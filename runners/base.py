@@ -90,6 +90,10 @@ class BenchmarkMetrics:
     p90_e2el_ms: float | None
     p99_e2el_ms: float | None
     max_concurrency_seen: int = 0  # most requests in flight at once on the client
+    # The samples the TPOT and ITL statistics are over (TTFT's and E2EL's: `completed`): a
+    # p99 of a few is near their maximum, and one-token requests have no TPOT.
+    num_tpot_samples: int = 0  # successful requests with more than one output token
+    num_itl_samples: int = 0  # gaps between consecutive chunks, over successful requests
 
     def as_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.__dict__.items() if v is not None}

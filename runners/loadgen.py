@@ -979,4 +979,6 @@ def compute_metrics(
         mean_e2el_ms=e2el[0], median_e2el_ms=e2el[1], std_e2el_ms=e2el[2],
         p90_e2el_ms=e2el[3], p99_e2el_ms=e2el[4],
         max_concurrency_seen=max_concurrency_seen,
+        num_tpot_samples=len(tpots),
+        num_itl_samples=len(itls),
     )

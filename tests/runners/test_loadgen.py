@@ -172,6 +172,7 @@ def test_compute_metrics_matches_vllm_definitions() -> None:
     assert m.p90_e2el_ms == pytest.approx(195.0)
     assert m.p99_e2el_ms == pytest.approx(199.5)
     assert m.max_concurrency_seen == 2
+    assert (m.num_tpot_samples, m.num_itl_samples) == (1, 2), "what TPOT and ITL are over"
     assert m.duration_s == 2.0
 
 
@@ -202,6 +203,7 @@ def test_one_token_outputs_have_no_tpot_or_itl_but_meet_a_tpot_slo() -> None:
                          output_tokens=1)]
     m = compute_metrics(one, 2.0, SLO(ttft_p99_ms=200, tpot_p99_ms=10))
     assert m.p99_tpot_ms is None and m.mean_tpot_ms is None, "TPOT is undefined, not 0 ms"
+    assert (m.num_tpot_samples, m.num_itl_samples) == (0, 0)
     assert m.p99_itl_ms is None, "no second token: no inter-token latency"
     assert not {"p99_tpot_ms", "mean_itl_ms"} & set(m.as_dict()), "left out of the record"
     # TTFT p99 over [0.1, 0.3] s by linear interpolation: 0.1 + 0.99 x 0.2 = 0.298 s.
