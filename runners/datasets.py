@@ -125,9 +125,10 @@ def _turn(turn: object) -> tuple[str, str] | None:
     return None
 
 
-def _pairs(path: Path, index: int, entry: Any) -> tuple[str, list[tuple[str, str]]]:
+def _pairs(path: Path, index: int, entry: Any) -> tuple[str, list[tuple[str, str | None]]]:
     """The entry's id and its (user, reply) pairs; a turn of another role (system) is
-    skipped, as is a user message that is blank or has no reply after it."""
+    skipped, as is a user message that is blank or has no reply after it, except the last
+    turn: an unanswered last message pairs with None (usable with a fixed output length)."""
     if not isinstance(entry, dict):
         raise _fail(path, f"entry {index}", f"expected a JSON object with 'conversations' but "
                     f"got {type(entry).__name__}; each entry is {{\"id\": ..., "
@@ -149,23 +150,27 @@ def _pairs(path: Path, index: int, entry: Any) -> tuple[str, list[tuple[str, str
                         f"{json.dumps(turn)[:60]}; give each turn a string 'from' and "
                         "'value' (or 'role' and 'content').")
         parsed.append(role_text)
-    pairs = []
+    pairs: list[tuple[str, str | None]] = []
     for (role, user), (nxt, reply) in itertools.pairwise(parsed):
         if role in USER_ROLES and nxt in ASSISTANT_ROLES and user.strip():
             pairs.append((user, reply))
+    if parsed and parsed[-1][0] in USER_ROLES and parsed[-1][1].strip():
+        pairs.append((parsed[-1][1], None))
     return ident, pairs
 
 
 @functools.cache
-def _read(path: Path, mtime_ns: int, size: int) -> tuple[tuple[str, tuple[tuple[str, str],
-                                                                             ...]], ...]:
+def _read(path: Path, mtime_ns: int, size: int
+          ) -> tuple[tuple[str, tuple[tuple[str, str | None], ...]], ...]:
     del mtime_ns, size  # part of the cache key only: an edited file is read again
     return tuple((ident, tuple(pairs)) for index, entry in enumerate(_entries(path))
                  for ident, pairs in [_pairs(path, index, entry)])
 
 
-def read_conversations(path: Path) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
-    """Every entry's id and (user, reply) pairs, in file order; raises ValueError naming the
+def read_conversations(path: Path
+                       ) -> tuple[tuple[str, tuple[tuple[str, str | None], ...]], ...]:
+    """Every entry's id and (user, reply) pairs (None: a last message left unanswered), in
+    file order; raises ValueError naming the
     first entry it refuses (OSError or UnicodeDecodeError where it cannot read the file)."""
     stat = path.stat()
     return _read(path, stat.st_mtime_ns, stat.st_size)
@@ -181,17 +186,22 @@ def _is_valid(source: DatasetSource, prompt_len: int, output_len: int) -> bool:
 
 
 def _conversation(source: DatasetSource, tokenizer: PromptTokenizer | None, ident: str,
-                  pairs: tuple[tuple[str, str], ...], max_turns: int) -> Conversation | None:
+                  pairs: tuple[tuple[str, str | None], ...], max_turns: int
+                  ) -> Conversation | None:
     """The conversation's first `max_turns` turns that fit the bounds; None when not even the
     first does (vLLM's filter). A later turn whose whole context (earlier turns and replies)
     would pass `max_total_len` ends the conversation there."""
     turns: list[Turn] = []
     context = 0
     for user, reply in pairs[:max_turns]:
+        if reply is None and source.output_len is None:
+            break  # an unanswered message gives no output length to ask for
         if tokenizer is not None:
-            user_len, reply_len = tokenizer.count(user), len(tokenizer.encode(reply))
+            user_len = tokenizer.count(user)
+            reply_len = len(tokenizer.encode(reply)) if reply is not None else 0
         else:
-            user_len, reply_len = estimate_tokens(user), estimate_tokens(reply)
+            user_len = estimate_tokens(user)
+            reply_len = estimate_tokens(reply) if reply is not None else 0
         output_len = source.output_len or max(1, reply_len)  # an empty reply: one token
         if not turns:
             if not _is_valid(source, user_len, output_len):
@@ -219,8 +229,9 @@ def iter_conversations(source: DatasetSource, tokenizer: PromptTokenizer | None,
             yield conversation
     if not usable:
         raise ValueError(
-            f"{source.path}: no conversation has a user turn and a reply within the bounds "
-            f"(prompt {source.min_len}..{source.max_prompt_len} tokens, prompt + output <= "
+            f"{source.path}: no conversation has a user turn and a reply (or, with "
+            f"workload.dataset.output_len set, a user turn) within the bounds (prompt "
+            f"{source.min_len}..{source.max_prompt_len} tokens, prompt + output <= "
             f"{source.max_total_len}); add conversations or widen workload.dataset's bounds.")
     while True:
         yield from usable

@@ -230,6 +230,16 @@ def test_openai_messages_a_single_object_and_blank_turns_read_as_sharegpt(
     assert conversation[1] == ((blank["conversations"][3]["value"],
                                 blank["conversations"][4]["value"]),), \
         "one pretty-printed object is one entry; a blank user turn is no prompt"
+    asked = _write_sharegpt(tmp_path / "asked.jsonl", [
+        {"id": "q", "messages": [{"role": "system", "content": "Be brief."},
+                                 {"role": "user", "content": "Which planet has most moons?"}]}],
+        jsonl=True)
+    (spec,) = loadgen.build_requests(
+        Workload(dataset=DatasetSource(path=asked, output_len=7)), 1, seed=0)
+    assert (spec.prompt, spec.output_len) == ("Which planet has most moons?", 7), \
+        "an unanswered single turn is a prompt where the output length is fixed"
+    with pytest.raises(ValueError, match="no conversation has a user turn and a reply"):
+        datasets.check_dataset(DatasetSource(path=asked), None)
 
 
 def test_a_byte_order_mark_and_a_lone_surrogate_neither_refuse_nor_fail_requests(
