@@ -174,16 +174,19 @@ def build_requests(workload: Workload, num: int, seed: int) -> list[RequestSpec]
     tokenizer = load_tokenizer(workload.tokenizer_dir)
     if workload.dataset is not None:
         if tokenizer is None:
-            _warn_estimated(f"{workload.dataset.path}: prompt and output lengths are "
+            _warn_once(f"{workload.dataset.path}: prompt and output lengths are "
                             f"estimates (chars / {datasets.CHARS_PER_TOKEN}): the model has no "
                             "tokenizer here")
         conversations = datasets.iter_conversations(workload.dataset, tokenizer, seed)
-        return [RequestSpec(c.turns[0].user, c.turns[0].user_len, c.turns[0].reply_len,
-                            is_prompt_len_estimated=c.is_estimated)
-                for c in itertools.islice(conversations, num)]
+        specs = [RequestSpec(c.turns[0].user, c.turns[0].user_len, c.turns[0].reply_len,
+                             is_prompt_len_estimated=c.is_estimated)
+                 for c in itertools.islice(conversations, num)]
+        _warn_if_cycled(workload.dataset.path, specs)
+        return specs
     if workload.prompts_file is not None:
         specs = _requests_from_file(workload.prompts_file, workload.output_len, num, rng,
                                     tokenizer)
+        _warn_if_cycled(workload.prompts_file, specs)
         return _with_shared_prefix(specs, workload, tokenizer)
     if tokenizer is None and workload.vocab_size <= _FIRST_TOKEN_ID:
         raise ValueError(
@@ -302,7 +305,7 @@ def _requests_from_file(
     if not entries:
         raise ValueError(f"{path}: expected JSONL lines with a 'prompt' but the file is empty.")
     if tokenizer is None and any(entry[3] for entry in entries):
-        _warn_estimated(f"{path}: text prompts' lengths are estimates (chars / "
+        _warn_once(f"{path}: text prompts' lengths are estimates (chars / "
                         f"{datasets.CHARS_PER_TOKEN}): the model has no tokenizer here")
     specs = []
     for i in range(num):
@@ -314,8 +317,19 @@ def _requests_from_file(
     return specs
 
 
+def _warn_if_cycled(source: Path, specs: Sequence[RequestSpec]) -> None:
+    """Say once where a file's prompts repeat within a level: vLLM oversamples a short dataset
+    too, but a repeated prompt is served from the prefix cache and its TTFT flatters the
+    engine (the level's prefix_cache.hit_rate shows how much)."""
+    distinct = len({p if isinstance(p, str) else tuple(p) for p in (s.prompt for s in specs)})
+    if distinct < len(specs):
+        _warn_once(f"{source}: {len(specs)} requests from {distinct} distinct prompts, cycled; "
+                   "a repeat is served from the prefix cache, which shortens its TTFT: add "
+                   "prompts or send fewer requests")
+
+
 @functools.cache
-def _warn_estimated(message: str) -> None:
+def _warn_once(message: str) -> None:
     logger.warning("%s", message)
 
 

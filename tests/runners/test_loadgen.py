@@ -104,7 +104,8 @@ def test_low_above_high_is_refused() -> None:
         build_requests(workload, 1, seed=0)
 
 
-def test_prompts_file_is_cycled_and_missing_output_len_is_sampled(tmp_path: Path) -> None:
+def test_prompts_file_is_cycled_and_missing_output_len_is_sampled(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "prompts.jsonl"
     path.write_text(
         json.dumps({"prompt": "one two three four five six seven eight", "output_len": 4})
@@ -117,6 +118,8 @@ def test_prompts_file_is_cycled_and_missing_output_len_is_sampled(tmp_path: Path
     assert specs[1] == RequestSpec(prompt=[11, 12, 13], prompt_len=3, output_len=7)
     assert specs[2] == specs[0] and isinstance(specs[0].prompt, str)
     assert specs[0].prompt_len >= 1
+    assert "5 requests from 2 distinct prompts, cycled" in caplog.text, \
+        "repeats are served from the prefix cache: the log says the prompts were cycled"
 
 
 def test_bad_prompts_file_line_names_file_and_line(tmp_path: Path) -> None:
