@@ -221,7 +221,8 @@ async def run_conversations(
     """Drive one level of conversations, `level.max_concurrency` of them in flight, each turn
     sent once the previous reply has ended; no turn is sent after `duration_s` (those in
     flight finish). A conversation ends before a turn whose counted prompt plus output would
-    pass `max_context_len` or the server's max_model_len (its `/v1/models`): the server's
+    pass `max_context_len` (the workload's bound, never the server's: a config's shorter
+    max_model_len must fail the turns it cannot serve, not send a lighter load): the server's
     replies, not the dataset's, are the context. The figures are the level's, every turn one
     request; the turn outputs say which turn each request was; the last element is how many
     conversations were ended so. Raises ValueError for bad arguments only."""
@@ -234,13 +235,11 @@ async def run_conversations(
     cap = level.max_concurrency
     driver = _ConversationDriver(base_url, model, conversations, tokenizer,
                                  timeout_s=timeout_s, stop_event=stop_event,
-                                 stall_timeout_s=stall_timeout_s, time_limit_s=duration_s)
+                                 stall_timeout_s=stall_timeout_s, time_limit_s=duration_s,
+                                 max_context_len=max_context_len)
     limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
     timeout = httpx.Timeout(None, connect=10.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
-        limits_len = [n for n in (max_context_len, await _served_max_model_len(client, base_url))
-                      if n is not None]
-        driver.max_context_len = min(limits_len) if limits_len else None
         slots = [asyncio.create_task(driver.slot(client)) for _ in range(cap)]
         watchdog = asyncio.create_task(driver.watch(slots))
         try:
@@ -268,20 +267,6 @@ async def run_conversations(
                                  stopped=driver.abort_reason == loadgen.STOPPED_ERROR,
                                  is_modelled_clock=is_modelled)
     return result, list(driver.outputs), driver.num_cut_at_context
-
-
-async def _served_max_model_len(client: httpx.AsyncClient, base_url: str) -> int | None:
-    """The context length the server serves (`max_model_len` of vLLM's `/v1/models` entry);
-    None where it does not say."""
-    try:
-        resp = await client.get(base_url.rstrip("/") + "/v1/models", timeout=10.0)
-        entries = resp.json().get("data") if resp.status_code == 200 else None
-        value = entries[0].get("max_model_len") if isinstance(entries, list) and entries \
-            and isinstance(entries[0], dict) else None
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
-        else None
 
 
 def run_conversations_sync(
