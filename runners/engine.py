@@ -309,6 +309,10 @@ class EngineRunner:
 
         `max_duration_s` (a capacity probe's bound) stops sending new requests after that long,
         whether the level is bounded by requests or by `workload.duration_s`."""
+        if level.request_rate_rps is not None and level.burstiness is None and \
+                workload.trace is None and workload.burstiness != 1.0:
+            # The level's record and label say the arrivals it was sent: the workload's gamma.
+            level = replace(level, burstiness=workload.burstiness)
         num = workload.num_requests or _DURATION_POOL
         send_offsets_s: list[float] | None = None
         if workload.trace is not None:  # the whole trace (or its first num_requests), once

@@ -219,3 +219,13 @@ def test_a_traces_text_prompt_length_is_labelled_recorded_not_counted(tmp_path: 
         "the trace's own input_length, unchecked without a tokenizer: not a count"
     assert not ids.is_prompt_len_estimated, "synthesised token ids are exact"
 
+
+
+def test_a_rate_levels_record_names_the_workloads_burstiness(tmp_path: Path) -> None:
+    workload = Workload(input_len=LengthDistribution(mean=16),
+                        output_len=LengthDistribution(mean=2),
+                        levels=(LoadLevel(request_rate_rps=50.0),), num_requests=8,
+                        num_warmup_requests=0, burstiness=0.5, slo=SLO(tpot_p99_ms=1000.0))
+    (step,) = _run(tmp_path, workload).steps
+    assert step.level.burstiness == 0.5 and step.level.label == "rate=50,burstiness=0.5", \
+        "the level was sent gamma(0.5) arrivals: its record says so, not Poisson's rate=50"
