@@ -5,6 +5,7 @@ that knows one engine's argv and log (vLLM or the simulated engine).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -42,6 +43,7 @@ _RUNTIME_LOG_BYTES = 8_000_000  # the log's end read after the load (per-request
 _DURATION_POOL = 4096  # requests synthesised for a duration-bound level (cycled)
 _READINESS_ATTEMPTS = 3
 _TRACE_ARTIFACT_EVENTS = 20_000
+_LONG_TRACE_GAP_S = 60.0  # a replayed trace idle this long is worth a word in the log
 _TRACE_SETTLE_TIMEOUT_S = 120.0  # a large eager trace takes seconds to write and gzip
 
 
@@ -321,6 +323,13 @@ class EngineRunner:
             num = min(workload.num_requests or len(entries), len(entries))
             send_offsets_s = arrivals.trace_offsets_s([e.arrival_s for e in entries[:num]],
                                                       level.request_rate_rps)
+            longest_gap_s = max((b - a for a, b in itertools.pairwise(send_offsets_s)),
+                                default=0.0)
+            if longest_gap_s > _LONG_TRACE_GAP_S:
+                logger.warning("level %d (%s) replays a gap of %.0f s between two requests of "
+                               "the trace (the level lasts %.0f s at least); "
+                               "workload.trace.max_gap_s cuts idle gaps", index, level.label,
+                               longest_gap_s, send_offsets_s[-1])
         # The same prompts for every trial: the seed depends only on the level's index.
         if workload.multi_turn is not None:
             dialogues = conversations.build_conversations(workload, num,

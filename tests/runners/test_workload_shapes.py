@@ -190,7 +190,7 @@ def test_trace_timestamps_may_be_strings_and_long_gaps_are_cut_to_max_gap(
 
 
 def test_a_replay_cut_by_its_time_bound_says_how_much_it_sent_and_at_what_rate(
-        tmp_path: Path) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     trace = tmp_path / "trace.jsonl"
     recorded = [0.0, 0.2, 0.4, 3600.0, 3600.2]  # an idle hour after the third request
     trace.write_text("".join(
@@ -206,6 +206,7 @@ def test_a_replay_cut_by_its_time_bound_says_how_much_it_sent_and_at_what_rate(
     assert (server["trace_num_replayed"], server["trace_num_requests"]) == (3.0, 5.0)
     assert server["trace_replayed_rate_rps"] == pytest.approx(5.0), \
         "3 requests over 0.4 s: what the cut replay offered, not the whole trace's rate"
+    assert "replays a gap of 3600 s" in caplog.text and "max_gap_s" in caplog.text
 
 
 def test_a_traces_text_prompt_length_is_labelled_recorded_not_counted(tmp_path: Path) -> None:
