@@ -175,8 +175,8 @@ def build_requests(workload: Workload, num: int, seed: int) -> list[RequestSpec]
     if workload.dataset is not None:
         if tokenizer is None:
             _warn_once(f"{workload.dataset.path}: prompt and output lengths are "
-                            f"estimates (chars / {datasets.CHARS_PER_TOKEN}): the model has no "
-                            "tokenizer here")
+                       f"estimates (chars / {datasets.CHARS_PER_TOKEN}): the model has no "
+                       "tokenizer here")
         conversations = datasets.iter_conversations(workload.dataset, tokenizer, seed)
         specs = [RequestSpec(c.turns[0].user, c.turns[0].user_len, c.turns[0].reply_len,
                              is_prompt_len_estimated=c.is_estimated)
@@ -306,7 +306,7 @@ def _requests_from_file(
         raise ValueError(f"{path}: expected JSONL lines with a 'prompt' but the file is empty.")
     if tokenizer is None and any(entry[3] for entry in entries):
         _warn_once(f"{path}: text prompts' lengths are estimates (chars / "
-                        f"{datasets.CHARS_PER_TOKEN}): the model has no tokenizer here")
+                   f"{datasets.CHARS_PER_TOKEN}): the model has no tokenizer here")
     specs = []
     for i in range(num):
         prompt, prompt_len, output_len, is_estimated = entries[i % len(entries)]
