@@ -231,6 +231,8 @@ def fingerprint_of(cfg: StudyConfig, *, engine: str, engine_version: str | None,
     else:
         arrival, peak = _levels_arrival(w.levels)
     extras = {name: _plain(getattr(w, name, None)) for name in WORKLOAD_EXTRAS}
+    if isinstance(extras.get("trace"), dict) and extras["trace"].get("max_gap_s") is None:
+        extras["trace"].pop("max_gap_s", None)  # unset: as fingerprints were before it
     # The gamma shape each rate level draws its gaps with (a level's own wins over the
     # workload's); None where no level has a rate (burstiness never applies).
     default_shape = float(getattr(w, "burstiness", None) or 1.0)

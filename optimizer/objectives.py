@@ -32,6 +32,12 @@ class Objective:
     needs_slo: bool = False  # meaningless without slo.ttft_p99_ms and/or slo.tpot_p99_ms
 
 
+def _latency(value_ms: float | None) -> float:
+    """A latency objective's value; nan where the level has no sample (TPOT of one-token
+    requests), which `objective_value` leaves out like any non-finite value."""
+    return value_ms if value_ms is not None else math.nan
+
+
 def _goodput(m: BenchmarkMetrics) -> float:
     return m.request_goodput if m.request_goodput is not None else 0.0
 
@@ -42,8 +48,8 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
               is_offered_rate_at_capacity=True, needs_slo=True),
     Objective("throughput", "maximize", "tok/s", lambda m: m.output_throughput,
               value_when_none_met_slo=0.0),  # output tokens/s
-    Objective("tpot", "minimize", "ms TPOT p99", lambda m: m.p99_tpot_ms),
-    Objective("ttft", "minimize", "ms TTFT p99", lambda m: m.p99_ttft_ms),
+    Objective("tpot", "minimize", "ms TPOT p99", lambda m: _latency(m.p99_tpot_ms)),
+    Objective("ttft", "minimize", "ms TTFT p99", lambda m: _latency(m.p99_ttft_ms)),
 )}
 
 

@@ -4,6 +4,7 @@ is given of it."""
 
 from __future__ import annotations
 
+import math
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -110,7 +111,12 @@ def headline_step(objective: str, steps: Sequence[StepMetrics]) -> StepMetrics |
     measured = [s for s in steps if s.metrics.completed > 0]
     if not measured:
         return None
-    return max(measured, key=lambda s: step_value(objective, s))
+    return max(measured, key=lambda s: _finite_or_lowest(step_value(objective, s)))
+
+
+def _finite_or_lowest(value: float) -> float:
+    """A level's objective value for ranking: one with no sample (nan) never heads a trial."""
+    return value if math.isfinite(value) else -math.inf
 
 
 def summary_metrics(result: RunResult, objectives: Sequence[str]) -> dict[str, float]:
@@ -155,7 +161,10 @@ def spread(objective: str, step: StepMetrics) -> float | None:
     ran once (or its median is 0)."""
     if len(step.repeats) < 2:
         return None
-    values = sorted(metrics_value(objective, m) for m in step.repeats)
+    values = sorted(v for m in step.repeats
+                    if math.isfinite(v := metrics_value(objective, m)))
+    if len(values) < 2:
+        return None
     median = values[len(values) // 2]
     return (values[-1] - values[0]) / abs(median) if median else None
 

@@ -438,11 +438,19 @@ def capacity_notes(workload: Workload) -> list[str]:
 def _prompt_lengths(cfg: StudyConfig, workload: Workload) -> str:
     """How the load generator knows its prompts' lengths: `counted` (the model's tokenizer),
     `token_ids` (synthesised ids, exact by construction), `estimated` (text, chars / 4) or
-    `estimated_where_text` (a prompts file: its token-id lines exact, its text lines not)."""
+    `estimated_where_text` (a prompts file: its token-id lines exact, its text lines not) or
+    `recorded_where_text` (a trace: its text prompts' lengths are its recorded input_length,
+    unchecked; its other requests token ids)."""
     if workload.tokenizer_dir is not None:
         return "counted"
     if workload.dataset is not None or workload.multi_turn is not None:
         return "estimated"
     if cfg.prompts_file is not None:
         return "estimated_where_text"  # a line of token ids is exact, a text line estimated
+    if workload.trace is not None:
+        from runners.arrivals import read_trace
+
+        entries = read_trace(workload.trace.path, workload.trace.timestamp_unit_s)
+        if any(isinstance(e.prompt, str) for e in entries):
+            return "recorded_where_text"
     return "token_ids"

@@ -13,6 +13,7 @@ the seed, and independent of the prompts).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -93,21 +94,27 @@ class TraceEntry:
     prompt: str | list[int] | None = None  # None: synthesise input_len token ids
 
 
-def read_trace(path: Path, timestamp_unit_s: float = 1.0) -> list[TraceEntry]:
+def read_trace(path: Path, timestamp_unit_s: float = 1.0,
+               max_gap_s: float | None = None) -> list[TraceEntry]:
     """The trace's requests in file order, arrival times relative to the first line.
 
-    Each line is a JSON object with `timestamp` (a number: relative or absolute, in units of
-    `timestamp_unit_s` seconds; 0.001 for milliseconds, as vLLM's --timed-trace-sec-multiplier),
-    `input_length` and `output_length` (tokens), optionally `prompt` (text, or token ids whose
-    count is then the input length). Timestamps must not decrease and must span more than 0 s.
-    Raises ValueError naming `file:line` and the fix (OSError or UnicodeDecodeError where the
-    file cannot be read)."""
+    Each line is a JSON object with `timestamp` (a number, or a string of one as vLLM's
+    `float(ts)` reads it: relative or absolute, in units of `timestamp_unit_s` seconds; 0.001
+    for milliseconds, as vLLM's --timed-trace-sec-multiplier), `input_length` and
+    `output_length` (tokens), optionally `prompt` (text, or token ids whose count is then the
+    input length). Timestamps must not decrease and must span more than 0 s. A gap between
+    consecutive arrivals longer than `max_gap_s` (an idle night in a day's trace) is replayed
+    as `max_gap_s`. Raises ValueError naming `file:line` and the fix (OSError or
+    UnicodeDecodeError where the file cannot be read)."""
     if not timestamp_unit_s > 0 or not math.isfinite(timestamp_unit_s):
         raise ValueError(f"timestamp_unit_s must be a finite number > 0 but got "
                          f"{timestamp_unit_s}.")
+    if max_gap_s is not None and not max_gap_s > 0:
+        raise ValueError(f"max_gap_s must be > 0 (None: the gaps as recorded) but got "
+                         f"{max_gap_s}.")
     raw: list[tuple[float, int, int, str | list[int] | None]] = []
     last: float | None = None
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:  # -sig: a byte-order mark is no JSON
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -130,8 +137,16 @@ def read_trace(path: Path, timestamp_unit_s: float = 1.0) -> list[TraceEntry]:
         raise ValueError(f"{path}: expected timestamps spanning more than 0 s over at least two "
                          f"requests but got {len(raw)} request(s) at {first:g}; a trace replays "
                          "arrivals in time.")
-    return [TraceEntry((t - first) * timestamp_unit_s, n_in, n_out, prompt)
-            for t, n_in, n_out, prompt in raw]
+    if max_gap_s is None:
+        return [TraceEntry((t - first) * timestamp_unit_s, n_in, n_out, prompt)
+                for t, n_in, n_out, prompt in raw]
+    out = []
+    arrival_s, previous = 0.0, first
+    for t, n_in, n_out, prompt in raw:
+        arrival_s += min((t - previous) * timestamp_unit_s, max_gap_s)
+        previous = t
+        out.append(TraceEntry(arrival_s, n_in, n_out, prompt))
+    return out
 
 
 def _count(value: object) -> int | None:
@@ -157,6 +172,9 @@ def _parse_trace_line(path: Path, line_no: int, line: str
     where = f"{path}:{line_no}"
     entry = json_object(where, line)
     ts = entry.get(TRACE_TIMESTAMP)
+    if isinstance(ts, str):  # "1712.5": vLLM reads a timestamp with float()
+        with contextlib.suppress(ValueError):
+            ts = float(ts)
     if not isinstance(ts, int | float) or isinstance(ts, bool) or not math.isfinite(ts):
         raise ValueError(f"{where}: '{TRACE_TIMESTAMP}' must be a finite number (seconds, or "
                          f"units of timestamp_unit_s) but got {ts!r:.60}.")

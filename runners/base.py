@@ -64,27 +64,36 @@ class BenchmarkMetrics:
     request_goodput: float | None  # requests/s meeting the SLO; None without an SLO
     output_throughput: float  # output tokens/s
     total_token_throughput: float  # (input + output) tokens/s
-    mean_ttft_ms: float
-    median_ttft_ms: float
-    std_ttft_ms: float
-    p90_ttft_ms: float
-    p99_ttft_ms: float
-    mean_tpot_ms: float
-    median_tpot_ms: float
-    std_tpot_ms: float
-    p90_tpot_ms: float
-    p99_tpot_ms: float
-    mean_itl_ms: float
-    median_itl_ms: float
-    std_itl_ms: float
-    p90_itl_ms: float
-    p99_itl_ms: float
-    mean_e2el_ms: float
-    median_e2el_ms: float
-    std_e2el_ms: float
-    p90_e2el_ms: float
-    p99_e2el_ms: float
+    # Latency statistics in ms (mean, median, std, p90, p99 over the level's successful
+    # requests, numpy's linear percentiles as vLLM's). None where the level has no sample:
+    # TTFT and E2EL with no success, TPOT where every success produced one token, ITL where
+    # none produced a second chunk. vLLM writes 0 there (`values or 0`); a 0 ms p99 reads as
+    # a measurement, so it is left out of the record, MLflow and the report instead.
+    mean_ttft_ms: float | None
+    median_ttft_ms: float | None
+    std_ttft_ms: float | None
+    p90_ttft_ms: float | None
+    p99_ttft_ms: float | None
+    mean_tpot_ms: float | None
+    median_tpot_ms: float | None
+    std_tpot_ms: float | None
+    p90_tpot_ms: float | None
+    p99_tpot_ms: float | None
+    mean_itl_ms: float | None
+    median_itl_ms: float | None
+    std_itl_ms: float | None
+    p90_itl_ms: float | None
+    p99_itl_ms: float | None
+    mean_e2el_ms: float | None
+    median_e2el_ms: float | None
+    std_e2el_ms: float | None
+    p90_e2el_ms: float | None
+    p99_e2el_ms: float | None
     max_concurrency_seen: int = 0  # most requests in flight at once on the client
+    # The samples the TPOT and ITL statistics are over (TTFT's and E2EL's: `completed`): a
+    # p99 of a few is near their maximum, and one-token requests have no TPOT.
+    num_tpot_samples: int = 0  # successful requests with more than one output token
+    num_itl_samples: int = 0  # gaps between consecutive chunks, over successful requests
 
     def as_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.__dict__.items() if v is not None}

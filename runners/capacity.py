@@ -15,17 +15,25 @@ from runners.workload import SLO, Bracket, BracketStatus
 def meets_slo(metrics: BenchmarkMetrics, slo: SLO, max_failed_fraction: float,
               is_saturated: bool = False) -> bool:
     """Whether a level's p99 latencies are within the SLO and its requests succeeded (a level
-    stopped for saturation never is)."""
+    stopped for saturation never is). A TPOT bound holds where no request had a second token
+    (the p99 is undefined, and vLLM's goodput counts such a request's TPOT as 0)."""
     if is_saturated:
         return False
     total = metrics.completed + metrics.failed
     if not metrics.completed or (total and metrics.failed / total > max_failed_fraction):
         return False
-    if slo.ttft_p99_ms is not None and not metrics.p99_ttft_ms <= slo.ttft_p99_ms:
-        return False
-    if slo.tpot_p99_ms is not None and not metrics.p99_tpot_ms <= slo.tpot_p99_ms:
-        return False
-    return not (slo.e2el_ms is not None and not metrics.p99_e2el_ms <= slo.e2el_ms)
+    for bound_ms, p99_ms, is_vacuous in (
+            (slo.ttft_p99_ms, metrics.p99_ttft_ms, False),
+            (slo.tpot_p99_ms, metrics.p99_tpot_ms, True),
+            (slo.e2el_ms, metrics.p99_e2el_ms, False)):
+        if bound_ms is None:
+            continue
+        if p99_ms is None:
+            if not is_vacuous:
+                return False
+        elif not p99_ms <= bound_ms:
+            return False
+    return True
 
 
 def bracket_from_metrics(axis: Literal["concurrency", "request_rate"],

@@ -103,7 +103,7 @@ class _ConversationDriver:
     def __init__(self, base_url: str, model: str, conversations: Sequence[Conversation],
                  tokenizer: PromptTokenizer | None, *, timeout_s: float,
                  stop_event: loadgen.StopFlag | None, stall_timeout_s: float | None,
-                 time_limit_s: float | None) -> None:
+                 time_limit_s: float | None, max_context_len: int | None = None) -> None:
         self.base_url = base_url
         self.model = model
         self.conversations = conversations
@@ -112,6 +112,8 @@ class _ConversationDriver:
         self.stop_event = stop_event
         self.stall_timeout_s = stall_timeout_s
         self.time_limit_s = time_limit_s
+        self.max_context_len = max_context_len  # tokens, a turn's prompt + output
+        self.num_cut_at_context = 0  # conversations ended before a turn that would not fit
         self.next_index = itertools.count()
         self.outputs: list[TurnOutput] = []
         self.num_in_flight = 0
@@ -148,6 +150,13 @@ class _ConversationDriver:
                 prompt = turn.user if k == 0 else next_prompt(prompt, reply, turn.user)
                 # The first turn's count is the dataset's (or synthesis') own.
                 prompt_len = turn.user_len if k == 0 else self._count(prompt)
+                if k > 0 and self.max_context_len is not None and \
+                        prompt_len + turn.reply_len > self.max_context_len:
+                    # The server's replies made the context longer than the dataset's did:
+                    # end the conversation where `datasets` ends one, rather than send a turn
+                    # the server must refuse (a failure of the workload, not the engine).
+                    self.num_cut_at_context += 1
+                    break
                 spec = loadgen.RequestSpec(prompt, prompt_len, turn.reply_len,
                                            is_prompt_len_estimated=conversation.is_estimated)
                 sent = time.perf_counter()
@@ -207,11 +216,16 @@ async def run_conversations(
     stop_event: loadgen.StopFlag | None = None,
     stall_timeout_s: float | None = None,
     duration_s: float | None = None,
-) -> tuple[loadgen.LevelResult, list[TurnOutput]]:
+    max_context_len: int | None = None,
+) -> tuple[loadgen.LevelResult, list[TurnOutput], int]:
     """Drive one level of conversations, `level.max_concurrency` of them in flight, each turn
     sent once the previous reply has ended; no turn is sent after `duration_s` (those in
-    flight finish). The figures are the level's, every turn one request; the turn outputs
-    say which turn each request was. Raises ValueError for bad arguments only."""
+    flight finish). A conversation ends before a turn whose counted prompt plus output would
+    pass `max_context_len` (the workload's bound, never the server's: a config's shorter
+    max_model_len must fail the turns it cannot serve, not send a lighter load): the server's
+    replies, not the dataset's, are the context. The figures are the level's, every turn one
+    request; the turn outputs say which turn each request was; the last element is how many
+    conversations were ended so. Raises ValueError for bad arguments only."""
     if not conversations:
         raise ValueError("run_conversations needs at least one conversation but got none.")
     if level.request_rate_rps is not None or level.max_concurrency is None:
@@ -221,7 +235,8 @@ async def run_conversations(
     cap = level.max_concurrency
     driver = _ConversationDriver(base_url, model, conversations, tokenizer,
                                  timeout_s=timeout_s, stop_event=stop_event,
-                                 stall_timeout_s=stall_timeout_s, time_limit_s=duration_s)
+                                 stall_timeout_s=stall_timeout_s, time_limit_s=duration_s,
+                                 max_context_len=max_context_len)
     limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
     timeout = httpx.Timeout(None, connect=10.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
@@ -235,44 +250,47 @@ async def run_conversations(
                 await watchdog
     duration = time.perf_counter() - driver.start
     outputs = [t.output for t in driver.outputs]
-    spans = [o.modelled_span_s for o in outputs if o.success]
-    is_modelled = bool(spans) and all(span is not None for span in spans)
-    if is_modelled:
-        starts, ends = zip(*(span for span in spans if span is not None), strict=True)
-        duration = max(max(ends) - min(starts), 1e-9)
+    modelled_s = loadgen.modelled_duration_s(outputs)
+    is_modelled = modelled_s is not None
+    if modelled_s is not None:
+        duration = modelled_s
     metrics = loadgen.compute_metrics(outputs, duration, slo,
                                       max_concurrency_seen=driver.max_in_flight)
-    logger.info("level %s: %d conversations, %d turns completed, %d failed in %.1f s%s",
+    logger.info("level %s: %d conversations, %d turns completed, %d failed in %.1f s%s%s",
                 level.label, len({t.conversation for t in driver.outputs if t.turn >= 0}),
                 metrics.completed, metrics.failed, duration,
+                f"; {driver.num_cut_at_context} ended before a turn over "
+                f"{driver.max_context_len} tokens" if driver.num_cut_at_context else "",
                 f" ({driver.abort_reason})" if driver.abort_reason else "")
     result = loadgen.LevelResult(metrics=metrics, outputs=outputs,
                                  stalled=driver.abort_reason == loadgen.STALLED_ERROR,
                                  stopped=driver.abort_reason == loadgen.STOPPED_ERROR,
                                  is_modelled_clock=is_modelled)
-    return result, list(driver.outputs)
+    return result, list(driver.outputs), driver.num_cut_at_context
 
 
 def run_conversations_sync(
     base_url: str, model: str, conversations: Sequence[Conversation], level: LoadLevel,
     slo: SLO, *, timeout_s: float, tokenizer_dir: Path | None = None,
     stop_event: loadgen.StopFlag | None = None, stall_timeout_s: float | None = None,
-    duration_s: float | None = None,
-) -> tuple[loadgen.LevelResult, list[TurnOutput]]:
+    duration_s: float | None = None, max_context_len: int | None = None,
+) -> tuple[loadgen.LevelResult, list[TurnOutput], int]:
     """`run_conversations` on a fresh event loop, for callers that are threads."""
     return asyncio.run(run_conversations(
         base_url, model, conversations, level, slo, timeout_s=timeout_s,
         tokenizer_dir=tokenizer_dir, stop_event=stop_event, stall_timeout_s=stall_timeout_s,
-        duration_s=duration_s))
+        duration_s=duration_s, max_context_len=max_context_len))
 
 
-def turn_metrics(turns: Sequence[TurnOutput]) -> dict[str, float]:
-    """Mean TTFT of first turns and of later turns (ms, successful ones), and the number of
-    turns: later turns carry the earlier ones as a prefix, so the gap is the prefix cache's
-    saving (or its absence)."""
+def turn_metrics(turns: Sequence[TurnOutput], num_cut_at_context: int = 0) -> dict[str, float]:
+    """Mean TTFT of first turns and of later turns (ms, successful ones), the number of
+    turns, and of conversations ended before a turn that would not fit the context: later
+    turns carry the earlier ones as a prefix, so the gap is the prefix cache's saving (or its
+    absence)."""
     first = [t.output.ttft_s for t in turns if t.turn == 0 and t.output.success]
     later = [t.output.ttft_s for t in turns if t.turn > 0 and t.output.success]
-    out = {"multi_turn.num_turns": float(sum(1 for t in turns if t.turn >= 0))}
+    out = {"multi_turn.num_turns": float(sum(1 for t in turns if t.turn >= 0)),
+           "multi_turn.num_cut_at_context": float(num_cut_at_context)}
     if first:
         out["multi_turn.first_turn_mean_ttft_ms"] = float(np.mean(first)) * 1000.0
     if later:

@@ -2,15 +2,19 @@
 sampled per index, as vLLM's `ShareGPTDataset` samples them (vllm/benchmarks/datasets/
 datasets.py:1346), with token counts from the model's tokenizer where there is one.
 
-A file is a JSON list (or JSONL, one object a line) of
-`{"id": ..., "conversations": [{"from": "human" | "gpt" | ..., "value": str}, ...]}`.
+A file is a JSON list (or JSONL, one object a line, or one JSON object) of
+`{"id": ..., "conversations": [{"from": "human" | "gpt" | ..., "value": str}, ...]}`, or of the
+OpenAI chat shape `{"id": ..., "messages": [{"role": "user" | "assistant" | ..., "content":
+str | [{"type": "text", "text": str}, ...]}, ...]}`.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +33,18 @@ CHARS_PER_TOKEN = 4  # a rough English estimate, used only where the model has n
 USER_ROLES = frozenset({"human", "user"})
 ASSISTANT_ROLES = frozenset({"gpt", "assistant", "chatgpt", "bard", "bing", "model"})
 _SHAPE = '{"from": "human" | "gpt", "value": "..."}'
+_OPENAI_SHAPE = '{"role": "user" | "assistant", "content": "..."}'
+_TURN_KEYS = (("from", "value"), ("role", "content"))  # ShareGPT's, then OpenAI chat's
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def well_formed(text: str) -> str:
+    """`text` with each lone UTF-16 surrogate (a `\\ud83d` escape cut from its pair, common in
+    scraped chat logs) replaced by U+FFFD: it cannot be sent as UTF-8 or tokenized, and
+    would fail every request that carries it as if the server had."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
 
 
 def estimate_tokens(text: str) -> int:
@@ -57,7 +73,7 @@ def _fail(path: Path, where: str, problem: str) -> ValueError:
 
 
 def _entries(path: Path) -> list[Any]:
-    text = path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark is no JSON
     stripped = text.lstrip()
     if stripped.startswith("["):
         try:
@@ -66,6 +82,14 @@ def _entries(path: Path) -> list[Any]:
             raise _fail(path, f"line {exc.lineno}", f"expected a JSON list of conversations "
                         f"but got invalid JSON ({exc.msg}); fix the syntax.") from exc
         return list(data)
+    if stripped.startswith("{"):
+        # One conversation as a whole file (pretty-printed over many lines) is not JSONL.
+        try:
+            whole = json.loads(text)
+        except json.JSONDecodeError:
+            pass
+        else:
+            return [whole]
     entries = []
     for line_no, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -79,44 +103,74 @@ def _entries(path: Path) -> list[Any]:
     return entries
 
 
-def _pairs(path: Path, index: int, entry: Any) -> tuple[str, list[tuple[str, str]]]:
+def _text(content: object) -> str | None:
+    """A turn's text: a string, or OpenAI content parts whose text parts are joined (an image
+    part carries no prompt text); None for anything else."""
+    if isinstance(content, str):
+        return well_formed(content)
+    if isinstance(content, list) and all(isinstance(part, dict) for part in content):
+        return well_formed("".join(str(part.get("text") or "") for part in content
+                                   if part.get("type", "text") == "text"))
+    return None
+
+
+def _turn(turn: object) -> tuple[str, str] | None:
+    """(role, text) of a ShareGPT `{"from", "value"}` or OpenAI `{"role", "content"}` turn."""
+    if not isinstance(turn, dict):
+        return None
+    for role_key, text_key in _TURN_KEYS:
+        role, text = turn.get(role_key), _text(turn.get(text_key))
+        if isinstance(role, str) and text is not None:
+            return role.lower(), text
+    return None
+
+
+def _pairs(path: Path, index: int, entry: Any) -> tuple[str, list[tuple[str, str | None]]]:
     """The entry's id and its (user, reply) pairs; a turn of another role (system) is
-    skipped, as is a user message without a reply after it."""
+    skipped, as is a user message that is blank or has no reply after it, except the last
+    turn: an unanswered last message pairs with None (usable with a fixed output length)."""
     if not isinstance(entry, dict):
         raise _fail(path, f"entry {index}", f"expected a JSON object with 'conversations' but "
                     f"got {type(entry).__name__}; each entry is {{\"id\": ..., "
                     f"\"conversations\": [{_SHAPE}, ...]}}.")
     ident = str(entry.get("id", index))
-    turns = entry.get("conversations")
+    key = "conversations" if "conversations" in entry or "messages" not in entry \
+        else "messages"
+    turns = entry.get(key)
     where = f"entry {index} (id {ident!r:.40})"
     if not isinstance(turns, list):
-        raise _fail(path, where, f"expected a 'conversations' list but got "
+        raise _fail(path, where, f"expected a 'conversations' (or 'messages') list but got "
                     f"{type(turns).__name__ if turns is not None else 'none'}; add "
                     f"\"conversations\": [{_SHAPE}, ...].")
+    parsed = []
     for k, turn in enumerate(turns):
-        if not (isinstance(turn, dict) and isinstance(turn.get("from"), str)
-                and isinstance(turn.get("value"), str)):
-            raise _fail(path, where, f"conversations[{k}] must be {_SHAPE} but got "
+        role_text = _turn(turn)
+        if role_text is None:
+            raise _fail(path, where, f"{key}[{k}] must be {_SHAPE} or {_OPENAI_SHAPE} but got "
                         f"{json.dumps(turn)[:60]}; give each turn a string 'from' and "
-                        "'value'.")
-    pairs = []
-    for k in range(len(turns) - 1):
-        role, nxt = turns[k]["from"].lower(), turns[k + 1]["from"].lower()
-        if role in USER_ROLES and nxt in ASSISTANT_ROLES and turns[k]["value"]:
-            pairs.append((turns[k]["value"], turns[k + 1]["value"]))
+                        "'value' (or 'role' and 'content').")
+        parsed.append(role_text)
+    pairs: list[tuple[str, str | None]] = []
+    for (role, user), (nxt, reply) in itertools.pairwise(parsed):
+        if role in USER_ROLES and nxt in ASSISTANT_ROLES and user.strip():
+            pairs.append((user, reply))
+    if parsed and parsed[-1][0] in USER_ROLES and parsed[-1][1].strip():
+        pairs.append((parsed[-1][1], None))
     return ident, pairs
 
 
 @functools.cache
-def _read(path: Path, mtime_ns: int, size: int) -> tuple[tuple[str, tuple[tuple[str, str],
-                                                                             ...]], ...]:
+def _read(path: Path, mtime_ns: int, size: int
+          ) -> tuple[tuple[str, tuple[tuple[str, str | None], ...]], ...]:
     del mtime_ns, size  # part of the cache key only: an edited file is read again
     return tuple((ident, tuple(pairs)) for index, entry in enumerate(_entries(path))
                  for ident, pairs in [_pairs(path, index, entry)])
 
 
-def read_conversations(path: Path) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
-    """Every entry's id and (user, reply) pairs, in file order; raises ValueError naming the
+def read_conversations(path: Path
+                       ) -> tuple[tuple[str, tuple[tuple[str, str | None], ...]], ...]:
+    """Every entry's id and (user, reply) pairs (None: a last message left unanswered), in
+    file order; raises ValueError naming the
     first entry it refuses (OSError or UnicodeDecodeError where it cannot read the file)."""
     stat = path.stat()
     return _read(path, stat.st_mtime_ns, stat.st_size)
@@ -132,17 +186,22 @@ def _is_valid(source: DatasetSource, prompt_len: int, output_len: int) -> bool:
 
 
 def _conversation(source: DatasetSource, tokenizer: PromptTokenizer | None, ident: str,
-                  pairs: tuple[tuple[str, str], ...], max_turns: int) -> Conversation | None:
+                  pairs: tuple[tuple[str, str | None], ...], max_turns: int
+                  ) -> Conversation | None:
     """The conversation's first `max_turns` turns that fit the bounds; None when not even the
     first does (vLLM's filter). A later turn whose whole context (earlier turns and replies)
     would pass `max_total_len` ends the conversation there."""
     turns: list[Turn] = []
     context = 0
     for user, reply in pairs[:max_turns]:
+        if reply is None and source.output_len is None:
+            break  # an unanswered message gives no output length to ask for
         if tokenizer is not None:
-            user_len, reply_len = tokenizer.count(user), len(tokenizer.encode(reply))
+            user_len = tokenizer.count(user)
+            reply_len = len(tokenizer.encode(reply)) if reply is not None else 0
         else:
-            user_len, reply_len = estimate_tokens(user), estimate_tokens(reply)
+            user_len = estimate_tokens(user)
+            reply_len = estimate_tokens(reply) if reply is not None else 0
         output_len = source.output_len or max(1, reply_len)  # an empty reply: one token
         if not turns:
             if not _is_valid(source, user_len, output_len):
@@ -170,8 +229,9 @@ def iter_conversations(source: DatasetSource, tokenizer: PromptTokenizer | None,
             yield conversation
     if not usable:
         raise ValueError(
-            f"{source.path}: no conversation has a user turn and a reply within the bounds "
-            f"(prompt {source.min_len}..{source.max_prompt_len} tokens, prompt + output <= "
+            f"{source.path}: no conversation has a user turn and a reply (or, with "
+            f"workload.dataset.output_len set, a user turn) within the bounds (prompt "
+            f"{source.min_len}..{source.max_prompt_len} tokens, prompt + output <= "
             f"{source.max_total_len}); add conversations or widen workload.dataset's bounds.")
     while True:
         yield from usable

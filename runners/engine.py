@@ -5,10 +5,11 @@ that knows one engine's argv and log (vLLM or the simulated engine).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ _RUNTIME_LOG_BYTES = 8_000_000  # the log's end read after the load (per-request
 _DURATION_POOL = 4096  # requests synthesised for a duration-bound level (cycled)
 _READINESS_ATTEMPTS = 3
 _TRACE_ARTIFACT_EVENTS = 20_000
+_LONG_TRACE_GAP_S = 60.0  # a replayed trace idle this long is worth a word in the log
 _TRACE_SETTLE_TIMEOUT_S = 120.0  # a large eager trace takes seconds to write and gzip
 
 
@@ -309,13 +311,25 @@ class EngineRunner:
 
         `max_duration_s` (a capacity probe's bound) stops sending new requests after that long,
         whether the level is bounded by requests or by `workload.duration_s`."""
+        if level.request_rate_rps is not None and level.burstiness is None and \
+                workload.trace is None and workload.burstiness != 1.0:
+            # The level's record and label say the arrivals it was sent: the workload's gamma.
+            level = replace(level, burstiness=workload.burstiness)
         num = workload.num_requests or _DURATION_POOL
         send_offsets_s: list[float] | None = None
         if workload.trace is not None:  # the whole trace (or its first num_requests), once
-            entries = arrivals.read_trace(workload.trace.path, workload.trace.timestamp_unit_s)
+            entries = arrivals.read_trace(workload.trace.path, workload.trace.timestamp_unit_s,
+                                          workload.trace.max_gap_s)
             num = min(workload.num_requests or len(entries), len(entries))
             send_offsets_s = arrivals.trace_offsets_s([e.arrival_s for e in entries[:num]],
                                                       level.request_rate_rps)
+            longest_gap_s = max((b - a for a, b in itertools.pairwise(send_offsets_s)),
+                                default=0.0)
+            if longest_gap_s > _LONG_TRACE_GAP_S:
+                logger.warning("level %d (%s) replays a gap of %.0f s between two requests of "
+                               "the trace (the level lasts %.0f s at least); "
+                               "workload.trace.max_gap_s cuts idle gaps", index, level.label,
+                               longest_gap_s, send_offsets_s[-1])
         # The same prompts for every trial: the seed depends only on the level's index.
         if workload.multi_turn is not None:
             dialogues = conversations.build_conversations(workload, num,
@@ -353,12 +367,14 @@ class EngineRunner:
         turns: dict[str, float] = {}
         try:
             if workload.multi_turn is not None:
-                result, turn_outputs = conversations.run_conversations_sync(
+                result, turn_outputs, num_cut = conversations.run_conversations_sync(
                     base_url, config.served_model_name, dialogues, level, workload.slo,
                     timeout_s=workload.request_timeout_s, tokenizer_dir=workload.tokenizer_dir,
                     stall_timeout_s=self.stall_timeout_s, stop_event=saturated,
-                    duration_s=duration_s if duration_s is not None else max_duration_s)
-                turns = conversations.turn_metrics(turn_outputs)
+                    duration_s=duration_s if duration_s is not None else max_duration_s,
+                    max_context_len=workload.dataset.max_total_len
+                    if workload.dataset is not None else None)
+                turns = conversations.turn_metrics(turn_outputs, num_cut)
             else:
                 result = loadgen.run_level_sync(
                     base_url, config.served_model_name, requests, level, workload.slo,
@@ -407,12 +423,16 @@ class EngineRunner:
         server.update(loadgen.prompt_len_gap(result.outputs))
         server["prompt_len_is_estimated"] = 1.0 if is_estimated else 0.0
         server.update(turns)
+        if send_offsets_s is not None:
+            server.update(_trace_replayed(send_offsets_s, len(result.outputs), level))
         # NVML over this level alone: the run's mean mixes light and heavy levels.
         util = self._sampler.gpu_util_mean_pct_since(level_start_s) if self._sampler else None
         if util is not None:
             server["gpu_util_mean_pct"] = util
-        logger.info("level %d (%s): %.2f req/s, %.0f tok/s, TPOT p99 %.1f ms", index,
-                    level.label, m.request_throughput, m.output_throughput, m.p99_tpot_ms)
+        logger.info("level %d (%s): %.2f req/s, %.0f tok/s, TPOT p99 %s", index,
+                    level.label, m.request_throughput, m.output_throughput,
+                    "n/a (no request had a second token)" if m.p99_tpot_ms is None
+                    else f"{m.p99_tpot_ms:.1f} ms")
         return StepMetrics(step=index, level=level, metrics=m, server_metrics=server,
                            elapsed_s=time.monotonic() - started)
 
@@ -499,6 +519,25 @@ def _mean_tokens(dist: LengthDistribution) -> float:
     if dist.kind == "uniform" and dist.low is not None and dist.high is not None:
         return (dist.low + dist.high) / 2
     return float(dist.mean)
+
+
+def _trace_replayed(offsets_s: Sequence[float], num_sent: int,
+                    level: LoadLevel) -> dict[str, float]:
+    """How much of a trace a level replayed: the requests sent, and, where the level ended
+    before the trace did (a time bound, saturation), the mean rate they were sent at: the
+    level's rate is the whole trace's, which a cut replay did not offer."""
+    out = {"trace_num_replayed": float(num_sent),
+           "trace_num_requests": float(len(offsets_s))}
+    if 0 < num_sent < len(offsets_s):
+        sent = offsets_s[:num_sent]
+        rate = (num_sent - 1) / (sent[-1] - sent[0]) if sent[-1] > sent[0] else None
+        if rate is not None:
+            out["trace_replayed_rate_rps"] = rate
+        logger.warning("level %s sent %d of the trace's %d requests before it ended; they "
+                       "were sent at %s, where the level's rate is the whole trace's",
+                       level.label, num_sent, len(offsets_s),
+                       "?" if rate is None else f"{rate:.3g} req/s")
+    return out
 
 
 def _settled_traces(profile_dir: Path, timeout_s: float, poll_s: float = 1.0) -> list[Path]:

@@ -46,6 +46,8 @@ _MS_PER_S = 1000.0
 MODELLED_CLOCK_HEADER: Final = "x-simulated-clock"
 MODELLED_ARRIVAL_FIELD: Final = "simulated_arrival_s"
 MODELLED_TIME_FIELD: Final = "simulated_time_s"
+# On an error answer of such a server: the modelled time it refused the request at, seconds.
+MODELLED_TIME_HEADER: Final = "x-simulated-time"
 # Sent only to a server that declared a modelled clock before: "this request's client sends the
 # next one as soon as it ends" (a closed loop with requests left), so the server can stamp that
 # next arrival at this one's modelled end instead of after the host's scheduling delay.
@@ -89,7 +91,9 @@ class RequestOutput:
     client_prompt_len: int = 0  # tokens, the load generator's own count (or estimate)
     server_prompt_len: int | None = None  # tokens, usage.prompt_tokens; None: not sent
     generated_text: str = ""  # the reply's text, kept only where asked (multi-turn)
-    output_tokens: int = 0  # tokens; usage.completion_tokens, else the number of chunks
+    # tokens; usage.completion_tokens, else max_tokens where the reply ended for its length,
+    # else the number of chunks
+    output_tokens: int = 0
     start_time: float = 0.0  # time.perf_counter() when the request was sent
     # Set only for a server that declared a modelled clock (MODELLED_CLOCK_HEADER): the
     # request's modelled arrival and last token, and then every time above is modelled too.
@@ -170,16 +174,19 @@ def build_requests(workload: Workload, num: int, seed: int) -> list[RequestSpec]
     tokenizer = load_tokenizer(workload.tokenizer_dir)
     if workload.dataset is not None:
         if tokenizer is None:
-            _warn_estimated(f"{workload.dataset.path}: prompt and output lengths are "
-                            f"estimates (chars / {datasets.CHARS_PER_TOKEN}): the model has no "
-                            "tokenizer here")
+            _warn_once(f"{workload.dataset.path}: prompt and output lengths are "
+                       f"estimates (chars / {datasets.CHARS_PER_TOKEN}): the model has no "
+                       "tokenizer here")
         conversations = datasets.iter_conversations(workload.dataset, tokenizer, seed)
-        return [RequestSpec(c.turns[0].user, c.turns[0].user_len, c.turns[0].reply_len,
-                            is_prompt_len_estimated=c.is_estimated)
-                for c in itertools.islice(conversations, num)]
+        specs = [RequestSpec(c.turns[0].user, c.turns[0].user_len, c.turns[0].reply_len,
+                             is_prompt_len_estimated=c.is_estimated)
+                 for c in itertools.islice(conversations, num)]
+        _warn_if_cycled(workload.dataset.path, specs)
+        return specs
     if workload.prompts_file is not None:
         specs = _requests_from_file(workload.prompts_file, workload.output_len, num, rng,
                                     tokenizer)
+        _warn_if_cycled(workload.prompts_file, specs)
         return _with_shared_prefix(specs, workload, tokenizer)
     if tokenizer is None and workload.vocab_size <= _FIRST_TOKEN_ID:
         raise ValueError(
@@ -206,12 +213,15 @@ def _trace_request(entry: arrivals.TraceEntry, workload: Workload, rng: np.rando
     ids: list[int] = rng.integers(_FIRST_TOKEN_ID, max(workload.vocab_size, _FIRST_TOKEN_ID + 1),
                                   size=entry.input_len).tolist()
     if entry.prompt is not None:
-        prompt = entry.prompt
+        prompt = entry.prompt if isinstance(entry.prompt, list) else \
+            datasets.well_formed(entry.prompt)
         if isinstance(prompt, list):
             return RequestSpec(prompt, len(prompt), entry.output_len)
         if tokenizer is not None:
             return RequestSpec(prompt, tokenizer.count(prompt), entry.output_len)
-        return RequestSpec(prompt, entry.input_len, entry.output_len)
+        # The trace's recorded input_length, which nothing here can check: not a count.
+        return RequestSpec(prompt, entry.input_len, entry.output_len,
+                           is_prompt_len_estimated=True)
     if tokenizer is not None:
         text, prompt_len = tokenizer.synthesise(entry.input_len, rng)
         return RequestSpec(text, prompt_len, entry.output_len)
@@ -288,15 +298,15 @@ def _requests_from_file(
     tokenizer: PromptTokenizer | None = None,
 ) -> list[RequestSpec]:
     entries: list[_PromptEntry] = []
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:  # -sig: a byte-order mark is no JSON
         for line_no, line in enumerate(f, start=1):
             if line.strip():
                 entries.append(_parse_prompt_line(path, line_no, line, tokenizer))
     if not entries:
         raise ValueError(f"{path}: expected JSONL lines with a 'prompt' but the file is empty.")
     if tokenizer is None and any(entry[3] for entry in entries):
-        _warn_estimated(f"{path}: text prompts' lengths are estimates (chars / "
-                        f"{datasets.CHARS_PER_TOKEN}): the model has no tokenizer here")
+        _warn_once(f"{path}: text prompts' lengths are estimates (chars / "
+                   f"{datasets.CHARS_PER_TOKEN}): the model has no tokenizer here")
     specs = []
     for i in range(num):
         prompt, prompt_len, output_len, is_estimated = entries[i % len(entries)]
@@ -307,8 +317,19 @@ def _requests_from_file(
     return specs
 
 
+def _warn_if_cycled(source: Path, specs: Sequence[RequestSpec]) -> None:
+    """Say once where a file's prompts repeat within a level: vLLM oversamples a short dataset
+    too, but a repeated prompt is served from the prefix cache and its TTFT flatters the
+    engine (the level's prefix_cache.hit_rate shows how much)."""
+    distinct = len({p if isinstance(p, str) else tuple(p) for p in (s.prompt for s in specs)})
+    if distinct < len(specs):
+        _warn_once(f"{source}: {len(specs)} requests from {distinct} distinct prompts, cycled; "
+                   "a repeat is served from the prefix cache, which shortens its TTFT: add "
+                   "prompts or send fewer requests")
+
+
 @functools.cache
-def _warn_estimated(message: str) -> None:
+def _warn_once(message: str) -> None:
     logger.warning("%s", message)
 
 
@@ -317,7 +338,7 @@ def check_prompts_file(path: Path, tokenizer: PromptTokenizer | None = None) -> 
     length in tokens (counted with `tokenizer`, else estimated). Raises ValueError naming the
     first line it would refuse (OSError or UnicodeDecodeError where it cannot read the file)."""
     longest = 0
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:  # -sig: a byte-order mark is no JSON
         for line_no, line in enumerate(f, start=1):
             if line.strip():
                 longest = max(longest, _parse_prompt_line(path, line_no, line, tokenizer)[1])
@@ -337,6 +358,7 @@ def _parse_prompt_line(path: Path, line_no: int, line: str,
     prompt_len: int
     is_estimated = False
     if isinstance(prompt, str) and prompt:
+        prompt = datasets.well_formed(prompt)
         if tokenizer is not None:
             prompt_len = tokenizer.count(prompt)
         elif isinstance(entry.get("prompt_len"), int) and entry["prompt_len"] >= 1:
@@ -429,6 +451,8 @@ async def send_request(
     most_recent = start
     itls: list[float] = []
     num_chunks = 0
+    finish_reason: str | None = None  # the last choice's: set on a reply's final chunk
+    is_done = False  # the stream's `data: [DONE]`
     usage_output_tokens = 0
     server_prompt_len: int | None = None
     texts: list[str] = []
@@ -440,7 +464,11 @@ async def send_request(
                 body = await resp.aread()
                 excerpt = body[:_ERROR_EXCERPT_CHARS].decode("utf-8", "replace")
                 excerpt = " ".join(excerpt.split())
-                return _failed(spec, start, f"HTTP {resp.status_code}: {excerpt}")
+                failed = _failed(spec, start, f"HTTP {resp.status_code}: {excerpt}")
+                stamp = resp.headers.get(MODELLED_TIME_HEADER)
+                if resp.headers.get(MODELLED_CLOCK_HEADER) == "modelled" and stamp:
+                    failed = replace(failed, modelled_span_s=(float(stamp), float(stamp)))
+                return failed
             is_modelled = resp.headers.get(MODELLED_CLOCK_HEADER) == "modelled"
             if is_modelled:
                 _modelled_servers.add(base_url)
@@ -452,6 +480,7 @@ async def send_request(
                     continue
                 data_str = line[len("data:"):].strip()
                 if data_str == "[DONE]":
+                    is_done = True
                     break
                 timestamp = time.perf_counter()
                 if on_chunk is not None:
@@ -476,6 +505,7 @@ async def send_request(
                         itls.append(timestamp - most_recent)
                     most_recent = timestamp
                     num_chunks += 1
+                    finish_reason = data["choices"][0].get("finish_reason") or finish_reason
                     if keep_text:
                         texts.append(str(data["choices"][0].get("text") or ""))
                 usage = data.get("usage")
@@ -489,7 +519,15 @@ async def send_request(
         return _failed(spec, start, f"{type(exc).__name__}: {exc}")
     if ttft is None:
         return _failed(spec, start, "stream ended without a chunk carrying a token")
-    output_tokens = usage_output_tokens or num_chunks  # a chunk may carry several tokens
+    if not is_done and finish_reason is None:
+        # vLLM counts such a reply a success; it is a reply cut off (a proxy or server that
+        # dropped the stream), and its short latency would flatter every figure.
+        return _failed(spec, start, f"stream ended after {num_chunks} chunk(s) without a "
+                                    "finish_reason or [DONE]: the reply was cut off")
+    # A chunk may carry several tokens: usage.completion_tokens counts them; without it a
+    # reply that ended for its length (ignore_eos) has exactly max_tokens; else one a chunk.
+    output_tokens = usage_output_tokens or (
+        spec.output_len if finish_reason == "length" else num_chunks)
     # The server's count stands in the figures (as in vLLM's); the client's is kept beside it
     # so that the two can be compared (`prompt_len_gap`), neither trusted silently.
     prompt_len = server_prompt_len if server_prompt_len is not None else spec.prompt_len
@@ -562,6 +600,7 @@ class _LevelDriver:
         self.last_progress = time.perf_counter()
         self.abort_reason: str | None = None
         self.slowest_latency_s: float | None = None  # wall, of the requests ended so far
+        self.first_offset_s = 0.0  # s from the level's start to the first send, as scheduled
 
     def _heartbeat(self) -> None:
         self.last_progress = time.perf_counter()
@@ -638,6 +677,8 @@ class _LevelDriver:
             task = asyncio.create_task(self._one(
                 client, spec, is_refilled, burst,
                 len(self.requests) - len(self.tasks) - 1 if closed else None))
+            if not self.tasks:
+                self.first_offset_s = offset
             self.tasks.append((task, spec, time.perf_counter()))
 
     def _is_refilled(self, start: float) -> bool:
@@ -785,12 +826,12 @@ async def run_level(
     # trust_env=False: an http_proxy from the environment must not capture 127.0.0.1.
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
         outputs, duration = await driver.run(client)
-    spans = [o.modelled_span_s for o in outputs if o.success]
-    is_modelled = bool(spans) and all(span is not None for span in spans)
-    if is_modelled:
-        # The level's duration on the same clock: first arrival to last token.
-        starts, ends = zip(*(span for span in spans if span is not None), strict=True)
-        duration = max(max(ends) - min(starts), 1e-9)
+    modelled_s = modelled_duration_s(outputs)
+    is_modelled = modelled_s is not None
+    if modelled_s is not None:
+        # vLLM's duration starts before the first arrival's gap, as the wall clock's does here:
+        # a rate level of n requests lasts at least n / rate on either clock.
+        duration = driver.first_offset_s + modelled_s
     metrics = compute_metrics(outputs, duration, slo, max_concurrency_seen=driver.max_in_flight)
     logger.info(
         "level %s: %d completed, %d failed in %.1f s%s, %.2f req/s, %.1f output tok/s%s",
@@ -806,6 +847,20 @@ async def run_level(
         stopped=driver.abort_reason == STOPPED_ERROR,
         is_modelled_clock=is_modelled,
     )
+
+
+def modelled_duration_s(outputs: Sequence[RequestOutput]) -> float | None:
+    """A level's duration on a server's modelled clock: its first request's arrival to its last
+    token or refusal, over every request stamped on that clock (an error answer is, so a level
+    whose first or last requests failed is not shorter than the load it offered); None unless
+    every success came with the modelled times."""
+    successes = [o.modelled_span_s for o in outputs if o.success]
+    if not successes or any(span is None for span in successes):
+        return None
+    spans = [o.modelled_span_s for o in outputs if o.modelled_span_s is not None]
+    first = min(start for start, _ in spans)
+    last = max(end for _, end in spans)
+    return max(last - first, 1e-9)
 
 
 def run_level_sync(
@@ -837,15 +892,18 @@ def run_level_sync(
 # Metrics
 
 
-def _stats_ms(values_s: list[float]) -> tuple[float, float, float, float, float]:
-    """mean, median, std, p90, p99 in ms; vLLM's `values or 0` makes an empty list all 0."""
-    data: list[float] | int = values_s or 0
+def _stats_ms(values_s: list[float]
+              ) -> tuple[float | None, float | None, float | None, float | None, float | None]:
+    """mean, median, std, p90, p99 in ms (numpy's linear percentiles, as vLLM's); all None for
+    no sample, where vLLM's `values or 0` writes 0 ms: an undefined figure is not a fast one."""
+    if not values_s:
+        return None, None, None, None, None
     return (
-        float(np.mean(data)) * _MS_PER_S,
-        float(np.median(data)) * _MS_PER_S,
-        float(np.std(data)) * _MS_PER_S,
-        float(np.percentile(data, 90)) * _MS_PER_S,
-        float(np.percentile(data, 99)) * _MS_PER_S,
+        float(np.mean(values_s)) * _MS_PER_S,
+        float(np.median(values_s)) * _MS_PER_S,
+        float(np.std(values_s)) * _MS_PER_S,
+        float(np.percentile(values_s, 90)) * _MS_PER_S,
+        float(np.percentile(values_s, 99)) * _MS_PER_S,
     )
 
 
@@ -860,11 +918,13 @@ def compute_metrics(
     *,
     max_concurrency_seen: int = 0,
 ) -> BenchmarkMetrics:
-    """The figures of one level, exactly as vLLM's `calculate_metrics` computes them.
+    """The figures of one level, as vLLM's `calculate_metrics` computes them.
 
     Only successful requests count. TPOT per request is (latency - ttft) / (output_tokens - 1)
     when output_tokens > 1; a request meets the SLO when each set bound holds for it (its TPOT
-    taken as 0 with a single token, as vLLM does). Goodput is None without an SLO.
+    taken as 0 with a single token, as vLLM does). Goodput is None without an SLO. Unlike
+    vLLM, a statistic with no sample (TPOT when every request produced one token) is None,
+    not 0.
     """
     if not duration_s > 0:
         raise ValueError(f"duration_s must be > 0 but got {duration_s}.")
@@ -933,4 +993,6 @@ def compute_metrics(
         mean_e2el_ms=e2el[0], median_e2el_ms=e2el[1], std_e2el_ms=e2el[2],
         p90_e2el_ms=e2el[3], p99_e2el_ms=e2el[4],
         max_concurrency_seen=max_concurrency_seen,
+        num_tpot_samples=len(tpots),
+        num_itl_samples=len(itls),
     )

@@ -404,6 +404,9 @@ class TraceReplay:
 
     path: Path
     timestamp_unit_s: float = 1.0  # seconds per timestamp unit: 0.001 for milliseconds
+    # s; a longer gap between consecutive arrivals (an idle night) is replayed this long,
+    # before any rate scaling. None: every gap as recorded.
+    max_gap_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -194,8 +194,9 @@ def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
         peak = positive(hardware.fp8_tflops if is_fp8 else hardware.bf16_tflops)
 
     in_flight = None
-    if step is not None and step.metrics.mean_e2el_ms > 0:
-        in_flight = step.metrics.request_throughput * step.metrics.mean_e2el_ms / 1e3
+    mean_e2el_ms = positive(step.metrics.mean_e2el_ms) if step is not None else None
+    if step is not None and mean_e2el_ms is not None:
+        in_flight = step.metrics.request_throughput * mean_e2el_ms / 1e3
     jit = engine.num_runtime_jit_compiles if engine is not None else None
     eager = config.flags.get("enforce_eager")
     return Evidence(

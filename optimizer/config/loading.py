@@ -145,13 +145,12 @@ class StudyConfig:
         num_requests = w.num_requests
         trace = None
         if w.trace is not None and self.trace_file is not None:
-            trace = TraceReplay(self.trace_file, w.trace.timestamp_unit_s)
+            trace = TraceReplay(self.trace_file, w.trace.timestamp_unit_s, w.trace.max_gap_s)
             if "num_requests" not in w.model_fields_set:
                 num_requests = None  # the whole trace
             if "levels" not in w.model_fields_set:  # one level: as recorded, x time_scale
                 levels = (LoadLevel(request_rate_rps=_trace_rate(
-                    self.trace_file, w.trace.timestamp_unit_s, num_requests,
-                    self.source_name) * w.trace.time_scale),)
+                    trace, num_requests, self.source_name) * w.trace.time_scale),)
         d, mt = w.dataset, w.multi_turn
         return Workload(
             tokenizer_dir=self.tokenizer_dir,
@@ -213,13 +212,13 @@ class StudyConfig:
         return StudyConfig(self.spec.model_copy(update=update), self.source)
 
 
-def _trace_rate(path: Path, unit_s: float, num_requests: int | None, source: str) -> float:
+def _trace_rate(trace: TraceReplay, num_requests: int | None, source: str) -> float:
     """The mean rate of the trace's replayed lines, requests/s (`check_before_start` has read
     the file already; a file changed since is refused here in one line)."""
     from runners.arrivals import read_trace, trace_rate_rps
 
     try:
-        entries = read_trace(path, unit_s)
+        entries = read_trace(trace.path, trace.timestamp_unit_s, trace.max_gap_s)
         return trace_rate_rps([e.arrival_s for e in entries[:num_requests or len(entries)]])
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         message = " ".join(str(exc).split())[:300].rstrip(".")

@@ -3,13 +3,14 @@ writes or starts anything; each problem is one line (`ConfigError`)."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from optimizer.config.schema import MAX_PROMPTS_FILE_BYTES, MAX_TRACE_FILE_BYTES
+from optimizer.config.schema import MAX_PROMPTS_FILE_BYTES, MAX_TRACE_FILE_BYTES, LengthSpec
 from optimizer.config.store_checks import (
     server_storage_problem,
     storage_problem,
@@ -49,8 +50,8 @@ def check_workload(cfg: StudyConfig) -> None:
     longest request within the model's context. Raises ConfigError (one line)."""
     tokenizer = _check_tokenizer(cfg)
     w = cfg.spec.workload
-    longest_prompt = w.input_len.longest
-    longest_output = w.output_len.longest
+    longest_prompt = _longest_drawn(w.input_len)
+    longest_output = _longest_drawn(w.output_len)
     if cfg.prompts_file is not None:
         longest_prompt = _check_prompts_file(cfg.prompts_file, cfg.source_name, tokenizer)
     if cfg.trace_file is not None and w.trace is not None:
@@ -72,11 +73,27 @@ def check_workload(cfg: StudyConfig) -> None:
                 "has no tokenizer.json here; use a model directory with one or give "
                 "workload.dataset.")
         # The last turn carries every earlier message and reply.
-        longest_prompt = w.multi_turn.num_turns * (w.input_len.longest + w.output_len.longest) \
-            - w.output_len.longest
+        longest_prompt = w.multi_turn.num_turns * (longest_prompt + longest_output) \
+            - longest_output
     if w.shared_prefix is not None:
         longest_prompt += w.shared_prefix.tokens
     _check_fits_model(cfg, longest_prompt, longest_output)
+
+
+_TAIL_SIGMAS = 4.0  # a draw beyond this many sigmas: about 3 in 100,000
+
+
+def _longest_drawn(spec: LengthSpec) -> int:
+    """The longest length a workload draws in practice: `high` where set; a normal or
+    lognormal without it has no bound, so its 4-sigma tail (the loadgen's clip to `high` is
+    the way to bound it); else the mean."""
+    if spec.high is not None or spec.std <= 0 or spec.kind not in ("normal", "lognormal"):
+        return spec.longest
+    if spec.kind == "normal":
+        return math.ceil(spec.mean + _TAIL_SIGMAS * spec.std)
+    # lognormal: the loadgen's sigma of the log, its mu keeping `mean` the mean.
+    mu = math.log(spec.mean) - spec.std ** 2 / 2
+    return math.ceil(math.exp(min(mu + _TAIL_SIGMAS * spec.std, 700.0)))
 
 
 def _check_tokenizer(cfg: StudyConfig) -> PromptTokenizer | None:
@@ -237,5 +254,6 @@ def _check_fits_model(cfg: StudyConfig, longest_prompt: int, longest_output: int
         raise ConfigError(
             f"{cfg.source_name}: workload: a prompt of up to {longest_prompt} tokens plus an "
             f"output of up to {longest_output} is {longest} tokens, over "
-            f"the max_model_len of {limit} ({why}); shorten input_len/output_len or raise "
+            f"the max_model_len of {limit} ({why}); shorten input_len/output_len (a normal "
+            "or lognormal length without `high` counts its 4-sigma tail: set `high`) or raise "
             "fixed_flags.max_model_len.")

@@ -152,6 +152,9 @@ class TraceSpec(_Strict):
     # Replay speed of the default level (when `levels` is left out): 2 = twice as fast as
     # recorded. A level's request_rate, when given, is the replay's mean rate instead.
     time_scale: float = Field(default=1.0, gt=0, le=MAX_RATE_RPS)
+    # Seconds: a longer gap between consecutive arrivals (an idle night) is replayed this
+    # long, before time_scale or a level's rate; None replays every gap as recorded.
+    max_gap_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
 
 
 class DatasetSpec(_Strict):

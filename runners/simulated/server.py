@@ -48,6 +48,7 @@ from runners.loadgen import (
     MODELLED_REFILL_HEADER,
     MODELLED_REMAINING_HEADER,
     MODELLED_TIME_FIELD,
+    MODELLED_TIME_HEADER,
 )
 from runners.simulated import quality as sim_quality
 from runners.simulated.faults import Faults
@@ -550,6 +551,12 @@ class SimulatedEngine:
     def should_fail_request(self) -> bool:
         return self._error_rng.random() < float(self.faults.error_rate)
 
+    def modelled_time_s(self) -> float:
+        """The modelled time now, on the furthest replica's clock: when an error answer
+        refused a request (the level's duration spans it, as a wall clock's would)."""
+        loop_time_s = asyncio.get_running_loop().time()
+        return max(r.modelled_now(loop_time_s) for r in self.replicas)
+
     def note_arrival(self, burst_size: int = 0, num_remaining: int | None = None) -> None:
         """A completion request arrived (served, or answered with an error): an announced
         refill or burst member the engine waits for is kept either way."""
@@ -800,6 +807,13 @@ def build_trace_events(model: PerformanceModel,
 
 
 # --- HTTP ----------------------------------------------------------------------------------------
+def _stamped(response: JSONResponse, engine: SimulatedEngine) -> JSONResponse:
+    """An error answer to a completion, stamped with the modelled time it was given at."""
+    response.headers.update({**MODELLED_CLOCK_HEADERS,
+                             MODELLED_TIME_HEADER: repr(engine.modelled_time_s())})
+    return response
+
+
 def _error(message: str, status: int, kind: str) -> JSONResponse:
     return JSONResponse({"object": "error", "message": message, "type": kind, "param": None,
                          "code": status}, status_code=status)
@@ -849,13 +863,13 @@ def build_app(engine: SimulatedEngine) -> Starlette:
         num_remaining = _int_or_zero(remaining_text) if remaining_text is not None else None
         if isinstance(checked, JSONResponse):
             engine.note_arrival(burst_size, num_remaining=num_remaining)
-            return checked
+            return _stamped(checked, engine)
         prompt_ids, max_tokens = checked
         engine.request_started()
         if engine.should_fail_request():
             engine.note_arrival(burst_size, num_remaining=num_remaining)
-            return _error("Simulated internal error (sim_error_rate).", 500,
-                          "InternalServerError")
+            return _stamped(_error("Simulated internal error (sim_error_rate).", 500,
+                                   "InternalServerError"), engine)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         model_name = str(body.get("model") or served)
         if body.get("stream"):

@@ -242,6 +242,12 @@ def test_the_workload_must_fit_the_models_context_unless_rope_scaling_extends_it
         check_before_start(parse_study({**BASE, "workload": long}))
     fixed = {**BASE, "workload": long, "fixed_flags": {"max_model_len": "64k"}}
     check_before_start(parse_study(fixed))  # 64k = 64,000 tokens: it fits
+    # A lognormal of mean 8k (sigma 1) without `high` draws past 32k once in about 34 requests.
+    tail = {**long, "input_len": {"kind": "lognormal", "mean": 8192, "std": 1.0}}
+    with pytest.raises(ConfigError, match="4-sigma tail: set `high`"):
+        check_before_start(parse_study({**BASE, "workload": tail}))
+    bounded = {**tail, "input_len": {**tail["input_len"], "high": 30_000}}
+    check_before_start(parse_study({**BASE, "workload": bounded}))
     # llama-3.1's rope_scaling gives vLLM a longer context than max_position_embeddings says:
     # this check does not second-guess it.
     check_before_start(parse_study({**BASE, "model": {"path": "llama-3.1-8b"},

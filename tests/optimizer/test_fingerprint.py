@@ -13,7 +13,7 @@ import pytest
 from optimizer.config import parse_study
 from optimizer.fingerprint import Fingerprint, compatibility, fingerprint_of
 from optimizer.memory import EarlierStudy, plan_warm_start
-from optimizer.runtime import simulated_hardware
+from optimizer.runtime import _prompt_lengths, simulated_hardware
 from runners.model_info import load_model_info
 from search_spaces import load_space
 
@@ -228,3 +228,23 @@ def test_level_burstiness_and_trace_content_enter_the_fingerprint(tmp_path: Path
                      '{"timestamp": 1, "input_length": 8, "output_length": 4}\n')
     second = fp({"trace": {"path": "t.jsonl"}})
     assert first.trace != second.trace, "same name, other content"
+    assert "max_gap_s" not in first.trace, "left unset, the fingerprint is what it was before"
+    trace.write_text("".join(f'{{"timestamp": {t}, "input_length": 8, "output_length": 4}}\n'
+                             for t in (0, 1, 3601)))
+    idle = fp({"trace": {"path": "t.jsonl"}})
+    cut = fp({"trace": {"path": "t.jsonl", "max_gap_s": 1}})
+    assert idle.peak_load == pytest.approx(2 / 3601) and cut.peak_load == pytest.approx(1.0), \
+        "the default level replays at the rate of the gaps as cut"
+
+
+def test_a_traces_text_prompts_are_labelled_recorded_lengths(tmp_path: Path) -> None:
+    (tmp_path / "t.jsonl").write_text(
+        '{"timestamp": 0, "input_length": 9, "output_length": 2, "prompt": "Some text"}\n'
+        '{"timestamp": 1, "input_length": 8, "output_length": 2}\n')
+    cfg = parse_study({"name": "s", "engine": "simulated",
+                       "model": {"path": "qwen2.5-7b", "load_format": "dummy"},
+                       "workload": {"trace": {"path": "t.jsonl"}}, "slo": {"tpot_p99_ms": 50},
+                       "budget": {"trials": 1}},
+                      path=tmp_path / "s.yaml")
+    assert _prompt_lengths(cfg, cfg.workload()) == "recorded_where_text", \
+        "a text prompt's length is the trace's own input_length, not token ids nor a count"

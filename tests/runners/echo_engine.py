@@ -4,8 +4,10 @@
 Streams `max_tokens` fake tokens over SSE as vLLM 0.26 does (text chunks, then a usage chunk
 with `choices: []`, then `[DONE]`): the first after `ttft_ms`, the rest every `tpot_ms` on an
 absolute schedule so sleep overheads do not accumulate. The model name picks a behaviour:
-"echo" (normal), "chunked" (3 tokens a chunk), "error" (HTTP 500), "hang" (one token, then
-silence). GET /stats reports the most requests it had in flight at once; DELETE /stats resets it.
+"echo" (normal), "chunked" (3 tokens a chunk), "chunked-nousage" (the same without the
+usage chunk), "cut" (half the tokens, then the stream ends without finish_reason, usage or
+[DONE]), "error" (HTTP 500), "hang" (one token, then silence). GET /stats reports the most
+requests it had in flight at once; DELETE /stats resets it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-_TOKENS_PER_CHUNK = {"chunked": 3}
+_TOKENS_PER_CHUNK = {"chunked": 3, "chunked-nousage": 3}
 
 
 def _chunk(payload: dict[str, Any]) -> str:
@@ -61,7 +63,8 @@ def build_app(ttft_ms: float, tpot_ms: float) -> Starlette:
             try:
                 sent = 0
                 index = 0
-                while sent < num_tokens:
+                stop_at = num_tokens // 2 if model == "cut" else num_tokens
+                while sent < stop_at:
                     due = start + (ttft_ms + index * tpot_ms * per_chunk) / 1000
                     await asyncio.sleep(max(0.0, due - time.perf_counter()))
                     n = min(per_chunk, num_tokens - sent)
@@ -74,6 +77,11 @@ def build_app(ttft_ms: float, tpot_ms: float) -> Starlette:
                                       "finish_reason": finish}]})
                     if model == "hang":
                         await asyncio.sleep(3600)
+                if model == "cut":
+                    return
+                if model.endswith("-nousage"):
+                    yield "data: [DONE]\n\n"
+                    return
                 yield _chunk({"id": "cmpl-echo", "object": "text_completion", "model": model,
                               "choices": [], "usage": {
                                   "prompt_tokens": prompt_tokens,

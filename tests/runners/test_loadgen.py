@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
+from runners.capacity import meets_slo
 from runners.loadgen import (
     STALLED_ERROR,
     RequestOutput,
@@ -103,7 +104,8 @@ def test_low_above_high_is_refused() -> None:
         build_requests(workload, 1, seed=0)
 
 
-def test_prompts_file_is_cycled_and_missing_output_len_is_sampled(tmp_path: Path) -> None:
+def test_prompts_file_is_cycled_and_missing_output_len_is_sampled(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "prompts.jsonl"
     path.write_text(
         json.dumps({"prompt": "one two three four five six seven eight", "output_len": 4})
@@ -116,6 +118,8 @@ def test_prompts_file_is_cycled_and_missing_output_len_is_sampled(tmp_path: Path
     assert specs[1] == RequestSpec(prompt=[11, 12, 13], prompt_len=3, output_len=7)
     assert specs[2] == specs[0] and isinstance(specs[0].prompt, str)
     assert specs[0].prompt_len >= 1
+    assert "5 requests from 2 distinct prompts, cycled" in caplog.text, \
+        "repeats are served from the prefix cache: the log says the prompts were cycled"
 
 
 def test_bad_prompts_file_line_names_file_and_line(tmp_path: Path) -> None:
@@ -171,6 +175,7 @@ def test_compute_metrics_matches_vllm_definitions() -> None:
     assert m.p90_e2el_ms == pytest.approx(195.0)
     assert m.p99_e2el_ms == pytest.approx(199.5)
     assert m.max_concurrency_seen == 2
+    assert (m.num_tpot_samples, m.num_itl_samples) == (1, 2), "what TPOT and ITL are over"
     assert m.duration_s == 2.0
 
 
@@ -185,11 +190,31 @@ def test_goodput_counts_requests_meeting_every_set_bound(slo: SLO, expected_rps:
     assert compute_metrics(OUTPUTS, 2.0, slo).request_goodput == pytest.approx(expected_rps)
 
 
-def test_no_successes_gives_zeros_not_nan() -> None:
+def test_no_successes_leaves_latencies_out_rather_than_zero() -> None:
     m = compute_metrics([OUTPUTS[2]], 1.0, SLO(ttft_p99_ms=100))
     assert (m.completed, m.failed, m.request_goodput) == (0, 1, 0.0)
-    assert all(np.isfinite(v) for v in m.as_dict().values()), "vLLM's `or 0`: zeros, not nan"
-    assert m.p99_ttft_ms == 0.0 and m.mean_itl_ms == 0.0
+    assert all(np.isfinite(v) for v in m.as_dict().values()), "no nan reaches the record"
+    assert m.p99_ttft_ms is None and m.mean_itl_ms is None and m.p99_e2el_ms is None, \
+        "vLLM's `or 0` would report 0 ms: a figure nobody measured"
+    assert "p99_ttft_ms" not in m.as_dict()
+
+
+def test_one_token_outputs_have_no_tpot_or_itl_but_meet_a_tpot_slo() -> None:
+    one = [RequestOutput(success=True, ttft_s=0.1, latency_s=0.1, prompt_len=5,
+                         output_tokens=1),
+           RequestOutput(success=True, ttft_s=0.3, latency_s=0.3, prompt_len=5,
+                         output_tokens=1)]
+    m = compute_metrics(one, 2.0, SLO(ttft_p99_ms=200, tpot_p99_ms=10))
+    assert m.p99_tpot_ms is None and m.mean_tpot_ms is None, "TPOT is undefined, not 0 ms"
+    assert (m.num_tpot_samples, m.num_itl_samples) == (0, 0)
+    assert m.p99_itl_ms is None, "no second token: no inter-token latency"
+    assert not {"p99_tpot_ms", "mean_itl_ms"} & set(m.as_dict()), "left out of the record"
+    # TTFT p99 over [0.1, 0.3] s by linear interpolation: 0.1 + 0.99 x 0.2 = 0.298 s.
+    assert m.p99_ttft_ms == pytest.approx(298.0)
+    assert m.request_goodput == pytest.approx(0.5), \
+        "the first meets TTFT and (vacuously, TPOT 0 as in vLLM) TPOT; the second misses TTFT"
+    assert meets_slo(m, SLO(tpot_p99_ms=10), 0.0), "no TPOT sample violates a TPOT bound"
+    assert not meets_slo(m, SLO(ttft_p99_ms=200), 0.0)
 
 
 def test_success_without_token_count_counts_one_token() -> None:
@@ -263,6 +288,19 @@ def test_tokens_are_counted_from_usage_when_chunks_carry_several(echo_url: str) 
     # 3.75 ms (counting chunks would give 15 ms).
     expected_tpot_ms = 2 * 3 * TPOT_MS / 8
     assert expected_tpot_ms * 0.9 <= result.metrics.mean_tpot_ms <= expected_tpot_ms + 3
+
+
+def test_a_stream_cut_off_fails_and_one_without_usage_counts_max_tokens(echo_url: str) -> None:
+    cut = run_level_sync(echo_url, "cut", _specs(2, 8), LoadLevel(), SLO(), timeout_s=30,
+                         seed=0)
+    assert cut.metrics.completed == 0 and cut.metrics.failed == 2, \
+        "4 of 8 tokens and no finish_reason, usage or [DONE]: not a success"
+    assert "cut off" in cut.outputs[0].error
+    bare = run_level_sync(echo_url, "chunked-nousage", _specs(1, 9), LoadLevel(), SLO(),
+                          timeout_s=30, seed=0)
+    (out,) = bare.outputs
+    assert out.success and out.output_tokens == 9, \
+        "finish_reason 'length' with ignore_eos: max_tokens tokens, not the 3 chunks"
 
 
 @WALL_CLOCK

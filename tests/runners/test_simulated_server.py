@@ -376,3 +376,25 @@ def test_a_kernel_path_that_jit_compiles_while_serving_reports_the_measured_stal
     assert result.is_modelled_clock and result.metrics.completed == 4
     assert result.metrics.median_tpot_ms > 400 and result.metrics.request_goodput == 0
     assert time.monotonic() - started < 5.0, "the stall is slept time-scaled, as start-up"
+
+
+def test_failed_requests_stay_inside_the_level_duration_on_the_modelled_clock(
+        launch: Callable[..., Engine]) -> None:
+    from runners import loadgen
+    from runners.workload import SLO, LoadLevel
+
+    engine = launch({"sim_error_rate": 0.6})
+    _wait_healthy(engine)
+    specs = [loadgen.RequestSpec(list(range(10, 26)), 16, 4) for _ in range(10)]
+    result = loadgen.run_level_sync(engine.url, "sim", specs,
+                                    LoadLevel(request_rate_rps=10.0, burstiness=1e6), SLO(),
+                                    timeout_s=30, seed=0)
+    m = result.metrics
+    assert result.is_modelled_clock and m.failed > 0 and m.completed > 0
+    refused = [o.modelled_span_s for o in result.outputs if not o.success]
+    assert all(span is not None for span in refused), "an error answer carries its modelled time"
+    # Sends every 100 ms from 0.1 s: vLLM's duration is at least n / rate = 1 s whichever
+    # failed (less the host's lag, which the modelled clock leaves out: ~5% here). Spanning
+    # the successes alone, from the first arrival, read 0.5-0.8 s: shorter than the load
+    # offered, and a rate above it where the first and last failed.
+    assert m.duration_s >= 0.85, m.duration_s

@@ -21,6 +21,7 @@ import pytest
 
 from runners import conversations, datasets, loadgen
 from runners.base import EngineConfig
+from runners.datasets import Conversation, Turn
 from runners.engine import EngineRunner
 from runners.simulated.launcher import SimulatedLauncher
 from runners.tokenizer import PromptTokenizer, load_tokenizer, tokenizer_dir_for
@@ -202,6 +203,64 @@ def test_sharegpt_without_a_tokenizer_estimates_and_says_so(tmp_path: Path) -> N
     assert all(s.prompt_len == len(s.prompt) // 4 for s in specs)
 
 
+def _as_openai(entry: dict) -> dict:
+    roles = {"human": "user", "gpt": "assistant"}
+    return {"id": entry["id"], "messages": [
+        {"role": roles.get(t["from"], t["from"]),
+         "content": [{"type": "text", "text": t["value"]}] if k == 1 else t["value"]}
+        for k, t in enumerate(entry["conversations"])]}
+
+
+def test_openai_messages_a_single_object_and_blank_turns_read_as_sharegpt(
+        tmp_path: Path) -> None:
+    source = DatasetSource(path=_write_sharegpt(tmp_path / "chats.json", CONVERSATIONS))
+    specs = loadgen.build_requests(Workload(dataset=source), 6, seed=1)
+    openai = _write_sharegpt(tmp_path / "messages.jsonl",
+                             [_as_openai(e) for e in CONVERSATIONS], jsonl=True)
+    assert loadgen.build_requests(Workload(dataset=DatasetSource(path=openai)), 6, 1) == \
+        specs, "role/content turns (content as a string or text parts) are the same turns"
+    blank = {"id": "blank", "conversations": [
+        {"from": "gpt", "value": "Hello, what would you like to know today?"},
+        {"from": "human", "value": "  \n "}, {"from": "gpt", "value": "Could you say more?"},
+        {"from": "human", "value": "Why is the sky blue at noon? 🌞"},
+        {"from": "gpt", "value": "Sunlight scatters off air molecules, blue light most."}]}
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps(blank, indent=2, ensure_ascii=False), encoding="utf-8")
+    (conversation,) = datasets.read_conversations(one)
+    assert conversation[1] == ((blank["conversations"][3]["value"],
+                                blank["conversations"][4]["value"]),), \
+        "one pretty-printed object is one entry; a blank user turn is no prompt"
+    asked = _write_sharegpt(tmp_path / "asked.jsonl", [
+        {"id": "q", "messages": [{"role": "system", "content": "Be brief."},
+                                 {"role": "user", "content": "Which planet has most moons?"}]}],
+        jsonl=True)
+    (spec,) = loadgen.build_requests(
+        Workload(dataset=DatasetSource(path=asked, output_len=7)), 1, seed=0)
+    assert (spec.prompt, spec.output_len) == ("Which planet has most moons?", 7), \
+        "an unanswered single turn is a prompt where the output length is fixed"
+    with pytest.raises(ValueError, match="no conversation has a user turn and a reply"):
+        datasets.check_dataset(DatasetSource(path=asked), None)
+
+
+def test_a_byte_order_mark_and_a_lone_surrogate_neither_refuse_nor_fail_requests(
+        tmp_path: Path, model_dir: Path, tokenizer: PromptTokenizer) -> None:
+    broken = {"id": "cut-emoji", "conversations": [
+        {"from": "human", "value": "Which emoji is this one: \ud83d and what does it mean?"},
+        {"from": "gpt", "value": "A face cut in half by a broken export, most likely."}]}
+    path = tmp_path / "bom.json"
+    path.write_text("\ufeff" + json.dumps([broken]), encoding="utf-8")  # \ud83d stays escaped
+    (spec,) = loadgen.build_requests(Workload(dataset=DatasetSource(path=path),
+                                              tokenizer_dir=model_dir), 1, seed=0)
+    assert isinstance(spec.prompt, str) and "\ufffd" in spec.prompt, \
+        "the lone surrogate is U+FFFD: sendable as UTF-8, countable by the tokenizer"
+    assert spec.prompt_len == tokenizer.count(spec.prompt)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\ufeff" + json.dumps({"prompt": "Tell me \ud83d more."}) + "\n",
+                       encoding="utf-8")
+    (line,) = loadgen.build_requests(Workload(prompts_file=prompts), 1, seed=0)
+    assert line.prompt == "Tell me \ufffd more."
+
+
 def test_a_malformed_sharegpt_entry_is_one_error_naming_file_entry_and_fix(
         tmp_path: Path) -> None:
     bad = [*CONVERSATIONS[:2], {"id": "x", "conversations": [{"from": "human"}]}]
@@ -262,9 +321,10 @@ def test_each_turn_is_sent_after_the_last_reply_and_carries_it(
     assert sum(len(c.turns) for c in dialogues) >= 6
     assert {len(c.turns) for c in dialogues} <= {1, 2, 3}
     assert any(len(c.turns) > 1 for c in dialogues), "some conversation has later turns"
-    result, turns = conversations.run_conversations_sync(
+    result, turns, num_cut = conversations.run_conversations_sync(
         simulated, "sim", dialogues, LoadLevel(max_concurrency=2), SLO(), timeout_s=30,
         tokenizer_dir=model_dir)
+    assert num_cut == 0
     assert result.metrics.failed == 0 and result.metrics.completed == len(turns)
     assert result.metrics.completed == sum(len(c.turns) for c in dialogues)
     for index, dialogue in enumerate(dialogues):
@@ -281,6 +341,22 @@ def test_each_turn_is_sent_after_the_last_reply_and_carries_it(
                 "the client and the simulated server count with the same tokenizer"
     assert max(t.output.prompt_len for t in turns) > max(t.user_len for c in dialogues
                                                          for t in c.turns)
+
+
+def test_a_conversation_ends_before_a_turn_the_servers_replies_pushed_past_the_context(
+        simulated: str, model_dir: Path, tokenizer: PromptTokenizer) -> None:
+    user = Turn("Name a river that crosses more than one country, please.", 0, 40)
+    user = replace(user, user_len=tokenizer.count(user.user))
+    dialogue = Conversation("long", (user, user, user), is_estimated=False)
+    # The dataset's own lengths fit three turns in 200 tokens; the simulated engine's replies
+    # re-tokenize longer than 40 tokens, so the third turn's counted prompt would not.
+    budget = 3 * (user.user_len + 40)
+    result, turns, num_cut = conversations.run_conversations_sync(
+        simulated, "sim", [dialogue], LoadLevel(max_concurrency=1), SLO(), timeout_s=30,
+        tokenizer_dir=model_dir, max_context_len=budget)
+    assert result.metrics.failed == 0, "no turn is sent for the server to refuse"
+    assert all(t.output.prompt_len + 40 <= budget for t in turns)
+    assert num_cut == 1 and len(turns) < 3
 
 
 def test_synthesised_conversations_draw_user_turns_of_exact_lengths(

@@ -4,6 +4,7 @@ trace replay in time. CPU only; the engine tests run the simulated engine as a r
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -167,3 +168,65 @@ def test_trace_replay_sends_at_the_traces_times_on_the_modelled_clock(tmp_path: 
     # The level's duration on the engine's clock spans the trace (2.4 s) plus the last request
     # (a few ms), within a relative tolerance for the host's scheduling of the sends.
     assert 2.4 * 0.9 <= step.metrics.duration_s <= 2.4 * 1.15, step.metrics.duration_s
+
+
+def test_trace_timestamps_may_be_strings_and_long_gaps_are_cut_to_max_gap(
+        tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    stamps = ["-2", "-2", "-1.5", 3600, "3600.25"]  # relative, a duplicate, an idle hour
+    path.write_text("".join(f'{{"timestamp": {json.dumps(t)}, "input_length": 8, '
+                            f'"output_length": 2}}\n' for t in stamps))
+    assert [e.arrival_s for e in arrivals.read_trace(path)] == \
+        pytest.approx([0.0, 0.0, 0.5, 3602.0, 3602.25]), "strings read as vLLM's float(ts)"
+    cut = [e.arrival_s for e in arrivals.read_trace(path, max_gap_s=2.0)]
+    assert cut == pytest.approx([0.0, 0.0, 0.5, 2.5, 2.75]), "the idle hour replays as 2 s"
+    path.write_text('{"timestamp": "soon", "input_length": 8, "output_length": 2}\n')
+    with pytest.raises(ValueError, match=r"t\.jsonl:1: 'timestamp' must be a finite number"):
+        arrivals.read_trace(path)
+    path.write_text('{"timestamp": 5, "input_length": 8, "output_length": 2}\n'
+                    '{"timestamp": 4, "input_length": 8, "output_length": 2}\n')
+    with pytest.raises(ValueError, match=r"t\.jsonl:2: .* earlier than .* sort the trace"):
+        arrivals.read_trace(path)
+
+
+def test_a_replay_cut_by_its_time_bound_says_how_much_it_sent_and_at_what_rate(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    trace = tmp_path / "trace.jsonl"
+    recorded = [0.0, 0.2, 0.4, 3600.0, 3600.2]  # an idle hour after the third request
+    trace.write_text("".join(
+        f'{{"timestamp": {t}, "input_length": 16, "output_length": 2}}\n' for t in recorded))
+    rate = arrivals.trace_rate_rps(recorded)
+    workload = Workload(output_len=LengthDistribution(mean=2),
+                        levels=(LoadLevel(request_rate_rps=rate),), num_requests=None,
+                        duration_s=2.0, num_warmup_requests=0, slo=SLO(tpot_p99_ms=1000.0),
+                        trace=TraceReplay(trace))
+    (step,) = _run(tmp_path, workload).steps
+    assert step.metrics.completed == 3, "no send after the 2 s bound, no wait for the hour"
+    server = step.server_metrics
+    assert (server["trace_num_replayed"], server["trace_num_requests"]) == (3.0, 5.0)
+    assert server["trace_replayed_rate_rps"] == pytest.approx(5.0), \
+        "3 requests over 0.4 s: what the cut replay offered, not the whole trace's rate"
+    assert "replays a gap of 3600 s" in caplog.text and "max_gap_s" in caplog.text
+
+
+def test_a_traces_text_prompt_length_is_labelled_recorded_not_counted(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 99, "output_length": 2, '
+                    '"prompt": "Four words of text"}\n'
+                    '{"timestamp": 1, "input_length": 8, "output_length": 2}\n')
+    workload = Workload(trace=TraceReplay(path), num_requests=None)
+    text, ids = loadgen.build_requests(workload, 2, seed=0)
+    assert (text.prompt_len, text.is_prompt_len_estimated) == (99, True), \
+        "the trace's own input_length, unchecked without a tokenizer: not a count"
+    assert not ids.is_prompt_len_estimated, "synthesised token ids are exact"
+
+
+
+def test_a_rate_levels_record_names_the_workloads_burstiness(tmp_path: Path) -> None:
+    workload = Workload(input_len=LengthDistribution(mean=16),
+                        output_len=LengthDistribution(mean=2),
+                        levels=(LoadLevel(request_rate_rps=50.0),), num_requests=8,
+                        num_warmup_requests=0, burstiness=0.5, slo=SLO(tpot_p99_ms=1000.0))
+    (step,) = _run(tmp_path, workload).steps
+    assert step.level.burstiness == 0.5 and step.level.label == "rate=50,burstiness=0.5", \
+        "the level was sent gamma(0.5) arrivals: its record says so, not Poisson's rate=50"
