@@ -185,10 +185,10 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
       nightshift status examples/quickstart.yaml
     """
     from optimizer.lock import read_lease, read_lock, study_lock_path
-    from optimizer.study import best_trial, count_trials, make_storage, open_study
+    from optimizer.study import best_trial, count_trials, existing_storage, open_study
 
     cfg = _load(study).with_overrides(storage=storage)
-    store = make_storage(cfg.storage_url)
+    store = existing_storage(cfg)
     opened = open_study(cfg, create=False, storage=store)
     holder = read_lock(study_lock_path(cfg)) or \
         read_lease(store, store.get_study_id_from_name(cfg.name))
@@ -657,7 +657,7 @@ def history(
 
     from optimizer.cli.table import history_table
     from optimizer.config.loading import default_tracking_uri
-    from optimizer.config.store_checks import tracking_uri_problem
+    from optimizer.config.store_checks import sqlite_file_problem, tracking_uri_problem
     from optimizer.memory import history_rows, read_studies, select, trial_conclusions
 
     if fingerprint is not None and not re.fullmatch(r"[0-9a-fA-F]{4,12}", fingerprint):
@@ -677,9 +677,9 @@ def history(
         uri = uri or cfg.tracking_uri
         like = study_fingerprint(cfg, dry_run=dry_run)
     uri = uri or default_tracking_uri()
-    problem = tracking_uri_problem(uri)
+    problem = tracking_uri_problem(uri) or sqlite_file_problem("tracking_uri", uri)
     if problem is not None:
-        raise ConfigError(f"history --tracking-uri: {problem.removeprefix('tracking_uri: ')}")
+        raise ConfigError(f"history --tracking-uri: {problem.removeprefix('tracking_uri: ')}.")
     what = " and ".join(p for p in (
         f"model {model}" if model else "", f"fingerprint {fingerprint}" if fingerprint else "",
         f"studies compatible with {study} (fingerprint {like.hash})" if like else "") if p) \
@@ -689,8 +689,8 @@ def history(
         out.print(f"no earlier studies for {what}: no tracking store at {uri}.",
                   highlight=False, soft_wrap=True)
         return
-    client = MlflowClient(uri)
     try:
+        client = MlflowClient(uri)
         found = select(read_studies(client), model=model, fingerprint_hash=fingerprint,
                        like=like)
     except Exception as exc:  # MLflow raises many types; all mean "cannot read the store"
