@@ -36,7 +36,7 @@ def _refused(capsys: pytest.CaptureFixture[str], tmp_path: Path, expected: str) 
 @pytest.mark.parametrize(("argv", "expected"), [
     (["--storage", "bogus://x"], "storage: 'bogus' is not a database"),
     (["--storage", "sqlite:////nonexistent-nightshift/a/b/optuna.db"], "storage: neither"),
-    (["--tracking-uri", "bogus://x"], "tracking_uri: MLflow does not store to scheme"),
+    (["--tracking-uri", "bogus://x"], "--tracking-uri: MLflow does not store to scheme"),
 ])
 def test_bad_store_on_the_command_line_is_refused_before_anything_is_written(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],

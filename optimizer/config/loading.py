@@ -205,12 +205,20 @@ class StudyConfig:
         if storage is not None:
             update["storage"] = storage
         if trials is not None:
-            if trials < 1:
-                raise ConfigError(f"--trials must be >= 1 but got {trials}.")
-            update["budget"] = self.spec.budget.model_copy(update={"trials": trials})
+            update["budget"] = {**self.spec.budget.model_dump(), "trials": trials}
         if not update:
             return self
-        return StudyConfig(self.spec.model_copy(update=update), self.source)
+        # Checked as the study file's own values are (a copy would take them unchecked).
+        data = {**self.spec.model_dump(exclude_unset=True), **update}
+        try:
+            spec = StudySpec.model_validate(data)
+        except ValidationError as exc:
+            message = format_validation_error(exc, "command line")
+            for option, key in (("--trials", "budget.trials"), ("--storage", "storage"),
+                                ("--tracking-uri", "tracking_uri")):
+                message = message.replace(f"command line: {key}:", f"{option}:")
+            raise ConfigError(message) from None
+        return StudyConfig(spec, self.source)
 
 
 def _trace_rate(path: Path, unit_s: float, num_requests: int | None, source: str) -> float:
