@@ -58,6 +58,16 @@ def _load(study: Path) -> StudyConfig:
     return load_study(study)
 
 
+def _check_output_file(option: str, path: Path) -> None:
+    """A file the command is to write: refused (ConfigError) where it is a directory or its
+    directory does not exist, before anything is read or written."""
+    if path.is_dir():
+        raise ConfigError(f"{option}: {str(path)!r:.120} is a directory; give a file name.")
+    if not path.absolute().parent.is_dir():
+        raise ConfigError(f"{option}: the directory of {str(path)!r:.120} does not exist; "
+                          "create it or give a file in an existing directory.")
+
+
 # -- start ----------------------------------------------------------------------------------
 
 
@@ -353,6 +363,10 @@ def export(
     from optimizer.study import open_study
 
     cfg = _load(study).with_overrides(storage=storage)
+    if output is not None:
+        _check_output_file("export --output", output)
+    if to_library is not None:
+        _check_output_file("export --to-library", to_library)
     if to_library is not None and (output is not None or fmt != "yaml"):
         raise ConfigError("export --to-library writes a library case; leave out --output and "
                           "--format.")
@@ -527,6 +541,9 @@ def report(
       nightshift report examples/quickstart.yaml -o morning/
     """
     cfg = _load(study).with_overrides(storage=storage)
+    if output is not None and output.exists() and not output.is_dir():
+        raise ConfigError(f"report --output: {str(output)!r:.120} is a file; give a folder "
+                          "(made if absent).")
     paths = _write_report(cfg, output, log_to_mlflow=mlflow)
     out.print(f"wrote {', '.join(str(p) for p in paths)}", soft_wrap=True)
 
@@ -578,6 +595,11 @@ def audit(
         argv, env = auditing.read_pid(pid)
     else:
         argv, env = list(ctx.args), dict(os.environ)
+    from runners.hardware import preset_names
+
+    if hardware is not None and hardware not in preset_names():
+        raise ConfigError(f"audit --hardware: expected one of {', '.join(preset_names())} but "
+                          f"got {hardware!r:.60}; pick one of those.")
     table = flag_table()
     launch = auditing.parse_launch(argv, env, table)
     profile = load_preset(hardware) if hardware else probe()
@@ -767,6 +789,7 @@ def hw(output: Annotated[Path | None, typer.Option(
                                   "run on a machine with a GPU, or give --preset NAME.")
         return
     data = profile.to_dict()
-    out.print_json(json.dumps(data, default=str))
     if output is not None:
+        _check_output_file("hw --output", output)
         output.write_text(json.dumps(data, indent=2, default=str))
+    out.print_json(json.dumps(data, default=str))
