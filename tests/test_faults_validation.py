@@ -143,7 +143,27 @@ def test_warm_start_naming_a_study_an_existing_store_lacks_writes_nothing_to_it(
     assert MlflowClient(uri).get_experiment_by_name("e2e") is None, "no experiment made"
 
 
+_STUDY = ("name: s\nengine: simulated\nmodel: {path: qwen2.5-7b, load_format: dummy}\n"
+          "slo: {tpot_p99_ms: 50}\nbudget: {trials: 1}\n")
+_LIBRARY = ("name: lib\ncases:\n  - name: c\n    engine: simulated\n"
+            "    model: {path: qwen2.5-7b, load_format: dummy}\n"
+            "    workload: {input_len: 64, output_len: 16, num_requests: 8}\n"
+            "    slo: {tpot_p99_ms: 50}\n    configs: [{name: defaults, flags: {}}]\n")
+
+
 @pytest.mark.parametrize(("argv", "files", "expected"), [
+    (["regress", "l.yaml", "--workdir", "f"], {"l.yaml": _LIBRARY, "f": "x"},
+     "--workdir: "),
+    (["regress", "l.yaml", "--report", "f", "--no-mlflow"], {"l.yaml": _LIBRARY, "f": "x"},
+     "--report: "),
+    (["regress", "l.yaml", "--save-references", "d", "--no-mlflow"],
+     {"l.yaml": _LIBRARY, "d/": ""}, "--save-references: 'd' is a directory"),
+    (["regress", "l.yaml"], {"l.yaml": "tracking_uri: sqlite:///d\n" + _LIBRARY, "d/": ""},
+     "l.yaml: tracking_uri: 'd' is a directory"),
+    (["export", "s.yaml", "--max-tpot-ms", "nan"], {"s.yaml": _STUDY},
+     "export --max-tpot-ms: expected a number of milliseconds > 0 but got nan"),
+    (["stop", "s.yaml", "--timeout-s", "-1"], {"s.yaml": _STUDY},
+     "stop --timeout-s: expected seconds >= 0 but got -1"),
     (["history", "--tracking-uri", "sqlite:///d"], {"d/": ""},
      "history --tracking-uri: 'd' is a directory"),
     (["history", "--tracking-uri", "sqlite:///t.txt"], {"t.txt": "notes"},
@@ -168,7 +188,8 @@ def test_a_bad_file_given_to_a_command_is_one_line_and_exit_2(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         argv: list[str], files: dict[str, str | bytes], expected: str) -> None:
     # Tracebacks before (IsADirectoryError, UnicodeDecodeError, sqlite3.DatabaseError, ...),
-    # or, for a --config the launch names but that is not there, "no findings".
+    # regress's after measuring every case; for a --config the launch names but that is not
+    # there, "no findings"; for nan, "no trial has a TPOT p99 that low".
     monkeypatch.chdir(tmp_path)
     for name, content in files.items():
         target = tmp_path / name
@@ -180,4 +201,5 @@ def test_a_bad_file_given_to_a_command_is_one_line_and_exit_2(
             target.write_text(content)
     assert main(argv) == 2
     _one_line(capsys, expected)
-    assert not (tmp_path / "no").exists()
+    assert not (tmp_path / "no").exists() and not (tmp_path / "results").exists(), \
+        "bad input writes nothing"

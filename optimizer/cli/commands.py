@@ -295,6 +295,9 @@ def stop(study: StudyArg,
     """
     from optimizer.lock import read_lock, study_lock_path
 
+    if not (math.isfinite(timeout_s) and timeout_s >= 0):
+        raise ConfigError(f"stop --timeout-s: expected seconds >= 0 but got {timeout_s:g}; "
+                          "give how long --wait waits.")
     cfg = _load(study).with_overrides(storage=storage)
     lock_path = study_lock_path(cfg)
     holder = read_lock(lock_path)
@@ -363,6 +366,9 @@ def export(
     from optimizer.study import open_study
 
     cfg = _load(study).with_overrides(storage=storage)
+    if max_tpot_ms is not None and not (math.isfinite(max_tpot_ms) and max_tpot_ms > 0):
+        raise ConfigError(f"export --max-tpot-ms: expected a number of milliseconds > 0 but "
+                          f"got {max_tpot_ms:g}; give the TPOT p99 limit to pick within.")
     if output is not None:
         _check_output_file("export --output", output)
     if to_library is not None:
@@ -446,7 +452,8 @@ def regress(
     import json
 
     from optimizer.config.loading import default_tracking_uri
-    from optimizer.config.store_checks import tracking_uri_problem
+    from optimizer.config.prestart import directory_problem
+    from optimizer.config.store_checks import sqlite_file_problem, tracking_uri_problem
     from optimizer.regress.library import load_library
     from optimizer.regress.run import (
         default_workdir,
@@ -479,6 +486,17 @@ def regress(
     problem = tracking_uri_problem(uri) if tracking_uri is not None else None
     if problem is not None:
         raise ConfigError(f"--tracking-uri: {problem}")
+    problem = sqlite_file_problem("tracking_uri", uri) if mlflow else None
+    if problem is not None:
+        where = "--tracking-uri" if tracking_uri is not None else f"{library.name}: tracking_uri"
+        raise ConfigError(f"{where}: {problem.removeprefix('tracking_uri: ')}.")
+    # Where the run writes, checked before any engine starts: not after an hour of measuring.
+    for option, folder in (("--workdir", workdir), ("--report", report_dir)):
+        problem = directory_problem(option, folder)
+        if problem is not None:
+            raise ConfigError(f"{problem}.")
+    if save_references is not None:
+        _check_output_file("--save-references", save_references)
     here, tracker = prepare(spec, cases, uri if mlflow else None, variant,
                             source=library.resolve())
     work = workdir or default_workdir(spec)

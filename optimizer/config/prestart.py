@@ -31,8 +31,8 @@ def check_before_start(cfg: StudyConfig) -> None:
     for problem in (storage_problem(cfg.storage_url), tracking_uri_problem(cfg.tracking_uri),
                     sqlite_file_problem("storage", cfg.storage_url),
                     sqlite_file_problem("tracking_uri", cfg.tracking_uri),
-                    _directory_problem("results_dir", cfg.results_dir),
-                    _directory_problem("vllm.cache_root", cfg.spec.vllm.cache_root)):
+                    directory_problem("results_dir", cfg.results_dir),
+                    directory_problem("vllm.cache_root", cfg.spec.vllm.cache_root)):
         if problem is not None:
             raise ConfigError(f"{cfg.source_name}: {problem}.")
     problem = server_storage_problem(cfg.storage_url)
@@ -48,7 +48,7 @@ def check_before_start(cfg: StudyConfig) -> None:
     check_workload(cfg)
 
 
-def _directory_problem(field: str, path: Path | None) -> str | None:
+def directory_problem(field: str, path: Path | None) -> str | None:
     """Why nightshift could not make or use `path` as a directory, or None: it, or a folder
     above it, is a file."""
     if path is None:
