@@ -159,6 +159,8 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
         ("simulated" if dry_run or cfg.spec.engine == "simulated" else "vllm")
     model = load_model_info(cfg.spec.model.path)
     sim = cfg.spec.simulated
+    if address:  # joined before anything is written: a cluster that is not there is bad input
+        _join_ray(address)
     if engine == "simulated":
         if model is None:
             raise ConfigError(f"model.path: the simulated engine needs the model's shape; give a "
@@ -168,7 +170,6 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
         notes.append(f"engine: SIMULATED ({sim.num_gpus} x {hardware.gpu_name}); its figures "
                      "come from a model, never a measurement.")
     elif address:  # the driver may have no GPU: the cluster's GPU nodes are what counts
-        init_ray(None, address)
         hardware = probe_on_cluster(cfg.spec.ray.accelerator_type, cfg.spec.ray.resources)
         notes.append(f"engine: vLLM on the Ray cluster at {address}; a node has "
                      f"{hardware.num_gpus} x {hardware.gpu_name}")
@@ -309,6 +310,17 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
                                                             **resolved.study_fixed}},
                     compiled_elsewhere=_compiled_elsewhere(cfg, engine))
     return daemon, notes
+
+
+def _join_ray(address: str) -> None:
+    """Join the Ray cluster at `address`; ConfigError (one line) where Ray cannot."""
+    try:
+        init_ray(None, address)
+    except (ConnectionError, TimeoutError, ValueError, RuntimeError) as exc:
+        first = (str(exc).splitlines() or [""])[0][:160]
+        raise ConfigError(f"ray.address: cannot join the Ray cluster at {address} "
+                          f"({type(exc).__name__}: {first}); start it (`ray start --head`) or "
+                          "fix the address.") from None
 
 
 def study_fingerprint(cfg: StudyConfig, *, dry_run: bool = False) -> Fingerprint:

@@ -162,6 +162,8 @@ _LIBRARY = ("name: lib\ncases:\n  - name: c\n    engine: simulated\n"
      "l.yaml: tracking_uri: 'd' is a directory"),
     (["export", "s.yaml", "--max-tpot-ms", "nan"], {"s.yaml": _STUDY},
      "export --max-tpot-ms: expected a number of milliseconds > 0 but got nan"),
+    (["start", "s.yaml", "--dry-run", "--ray-address", "head:99999"], {"s.yaml": _STUDY},
+     "--ray-address: expected auto, HOST:PORT or ray://HOST:PORT but got 'head:99999'"),
     (["stop", "s.yaml", "--timeout-s", "-1"], {"s.yaml": _STUDY},
      "stop --timeout-s: expected seconds >= 0 but got -1"),
     (["history", "--tracking-uri", "sqlite:///d"], {"d/": ""},

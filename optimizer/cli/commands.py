@@ -102,10 +102,14 @@ def start(
     Example:
       nightshift start examples/quickstart.yaml --dry-run
     """
+    from optimizer.config.schema import ray_address_problem
     from optimizer.runtime import build_daemon
 
     cfg = _load(study)
     cfg = cfg.with_overrides(tracking_uri=tracking_uri, storage=storage, trials=trials)
+    problem = None if ray_address is None else ray_address_problem(ray_address)
+    if problem is not None:
+        raise ConfigError(f"--ray-address: {problem}.")
     setup_logging(verbose)
     progress = None if no_progress or not console.is_terminal else LiveProgress(cfg)
     daemon, notes = build_daemon(cfg, dry_run=dry_run, ray_address=ray_address,

@@ -384,6 +384,23 @@ class PrunerSpec(_Strict):
         return registered("pruner.name", v, PRUNERS)
 
 
+_RAY_ADDRESS_RE = re.compile(r"^(ray://)?[A-Za-z0-9._-]+(\[[0-9A-Fa-f:]+\])?:(\d{1,5})$|"
+                             r"^(ray://)?\[[0-9A-Fa-f:]+\]:(\d{1,5})$")
+
+
+def ray_address_problem(address: str) -> str | None:
+    """Why `address` is not one `ray.init` joins (auto, HOST:PORT or ray://HOST:PORT), or None;
+    Ray itself would raise a traceback, or wait minutes on a malformed one."""
+    if address == "auto":
+        return None
+    match = _RAY_ADDRESS_RE.match(address)
+    port = next((int(g) for g in (match.groups() if match else ()) if g and g.isdigit()), 0)
+    if match is None or not 1 <= port <= 65535:
+        return (f"expected auto, HOST:PORT or ray://HOST:PORT but got {address!r:.80}; give "
+                "the address `ray start --head` printed")
+    return None
+
+
 class RaySpec(_Strict):
     """Where trials may run on a shared Ray cluster (`nightshift start --ray-address`)."""
 
@@ -392,6 +409,14 @@ class RaySpec(_Strict):
     accelerator_type: str | None = None
     # Custom resources a trial's worker needs, e.g. {"tuning_pool": 1}.
     resources: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        problem = None if v is None else ray_address_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
 
     @field_validator("resources")
     @classmethod
