@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -293,9 +294,15 @@ def format_validation_error(exc: ValidationError, source: str,
         close = difflib.get_close_matches(key, valid, n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(valid)}."
         return f"{source}: unknown key {where!r}; {hint}"
+    if err["type"] == "invalid_key" or loc[-1:] == ("[key]",):  # `1: x`, `~: x`
+        parent = _loc(loc[:-2] if loc[-1:] == ("[key]",) else loc[:-1])
+        return (f"{source}: {parent}: keys are names but got {err.get('input')!r:.60}; write "
+                "the key as a name.")
     if err["type"] == "missing":
         return f"{source}: {where} is required; add it (see {example})."
-    msg = str(err["msg"]).removeprefix("Value error, ")
+    # pydantic names our classes ("a valid dictionary or instance of StartupSpec"): not the
+    # user's words.
+    msg = re.sub(r" or instance of \w+", "", str(err["msg"]).removeprefix("Value error, "))
     end = "" if msg.endswith((".", "?")) else "."
     if msg.startswith(where.split("[")[0]) and err["type"] == "value_error":
         return f"{source}: {msg}{end}"  # the check named the field itself (fixed_flags.x: ...)
@@ -303,6 +310,8 @@ def format_validation_error(exc: ValidationError, source: str,
         return f"{source}: {msg}{end}"
     got = err.get("input")
     got_text = "" if isinstance(got, dict | list) or got is None else f" but got {got!r:.80}"
+    if got is None and "input" in err:  # `key:` with nothing after it
+        got_text = " but it is empty; give a value or remove the key"
     return f"{source}: {where}: {msg}{got_text}."
 
 

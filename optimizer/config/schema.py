@@ -378,10 +378,11 @@ class PrunerSpec(_Strict):
     n_startup_trials: int = Field(default=4, ge=0, le=100_000)
     min_relative_gap: float = Field(default=0.10, ge=0, le=1)  # prune only when this much worse
 
-    @field_validator("name")
+    @field_validator("name", mode="before")
     @classmethod
-    def _name(cls, v: str) -> str:
-        return registered("pruner.name", v, PRUNERS)
+    def _name(cls, v: Any) -> str:
+        # `off` (YAML's false) is a guess at `none`: the message lists the names.
+        return registered("pruner.name", _yaml_off(v), PRUNERS)
 
 
 _RAY_ADDRESS_RE = re.compile(r"^(ray://)?[A-Za-z0-9._-]+(\[[0-9A-Fa-f:]+\])?:(\d{1,5})$|"
