@@ -320,15 +320,23 @@ def check_prompts_file(path: Path, tokenizer: PromptTokenizer | None = None) -> 
 
 
 def prompts_file_longest(path: Path, tokenizer: PromptTokenizer | None = None,
-                         default_output_len: int = 0) -> tuple[int, int]:
+                         default_output_len: int = 0, vocab_size: int | None = None
+                         ) -> tuple[int, int]:
     """`check_prompts_file`'s reading: the longest prompt and the longest output, in tokens
-    (a line without `output_len` gets `default_output_len`, the workload's longest)."""
+    (a line without `output_len` gets `default_output_len`, the workload's longest); token ids
+    must lie below `vocab_size` where it is given (the server refuses any other)."""
     longest = 0
     longest_output = 0
     with path.open(encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             if line.strip():
-                _, prompt_len, output_len, _ = _parse_prompt_line(path, line_no, line, tokenizer)
+                prompt, prompt_len, output_len, _ = _parse_prompt_line(path, line_no, line,
+                                                                       tokenizer)
+                if vocab_size is not None and isinstance(prompt, list) and \
+                        max(prompt) >= vocab_size:
+                    raise ValueError(f"{path}:{line_no}: token id {max(prompt)} is beyond the "
+                                     f"model's vocabulary of {vocab_size} ids; give ids of the "
+                                     "model's tokenizer.")
                 longest = max(longest, prompt_len)
                 longest_output = max(longest_output, output_len or default_output_len)
     if longest == 0:

@@ -74,11 +74,12 @@ def check_workload(cfg: StudyConfig) -> None:
     longest_output = w.output_len.longest
     if cfg.prompts_file is not None:
         longest_prompt, longest_output = _check_prompts_file(
-            cfg.prompts_file, cfg.source_name, tokenizer, longest_output)
+            cfg.prompts_file, cfg.source_name, tokenizer, longest_output, _vocab_size(cfg))
     if cfg.trace_file is not None and w.trace is not None:
         longest_prompt, longest_output, arrivals = _check_trace_file(
             cfg.trace_file, w.trace.timestamp_unit_s, cfg.source_name,
-            has_shared_prefix=w.shared_prefix is not None, has_tokenizer=tokenizer is not None)
+            has_shared_prefix=w.shared_prefix is not None, has_tokenizer=tokenizer is not None,
+            vocab_size=_vocab_size(cfg))
         _check_replay_span(cfg, arrivals)
     if cfg.dataset_file is not None:
         workload = cfg.workload()
@@ -100,6 +101,14 @@ def check_workload(cfg: StudyConfig) -> None:
     if w.shared_prefix is not None:
         longest_prompt += w.shared_prefix.tokens
     _check_fits_model(cfg, longest_prompt, longest_output)
+
+
+def _vocab_size(cfg: StudyConfig) -> int | None:
+    """The model's vocabulary where its config.json is here (token ids must lie below it)."""
+    from runners.model_info import load_model_info
+
+    model = load_model_info(cfg.spec.model.path)
+    return model.vocab_size if model is not None else None
 
 
 def _check_model_config(cfg: StudyConfig) -> None:
@@ -174,7 +183,8 @@ def _check_parent(field: str, path: Path, made_by_us: list[Path], source: str) -
 
 
 def _check_prompts_file(path: Path, source: str, tokenizer: PromptTokenizer | None,
-                        default_output_len: int) -> tuple[int, int]:
+                        default_output_len: int, vocab_size: int | None = None
+                        ) -> tuple[int, int]:
     """The longest prompt and the longest output (a line's `output_len`, else the default)."""
     from runners.loadgen import prompts_file_longest
 
@@ -187,7 +197,7 @@ def _check_prompts_file(path: Path, source: str, tokenizer: PromptTokenizer | No
         raise ConfigError(f"{where}: {str(path)!r:.120} is over {MAX_PROMPTS_FILE_BYTES:,} "
                           "bytes; a benchmark needs a sample of prompts, not a corpus.")
     with _read_as_the_runner(where, path, "give a JSONL file"):
-        return prompts_file_longest(path, tokenizer, default_output_len)
+        return prompts_file_longest(path, tokenizer, default_output_len, vocab_size)
 
 
 def _check_replay_span(cfg: StudyConfig, arrivals_s: list[float]) -> None:
@@ -217,8 +227,8 @@ def _check_replay_span(cfg: StudyConfig, arrivals_s: list[float]) -> None:
 
 
 def _check_trace_file(path: Path, timestamp_unit_s: float, source: str, *,
-                      has_shared_prefix: bool, has_tokenizer: bool = False
-                      ) -> tuple[int, int, list[float]]:
+                      has_shared_prefix: bool, has_tokenizer: bool = False,
+                      vocab_size: int | None = None) -> tuple[int, int, list[float]]:
     """The trace read as the runner reads it: its longest prompt and output, in tokens, and its
     arrival times (s from the first)."""
     from runners.arrivals import read_trace
@@ -234,6 +244,12 @@ def _check_trace_file(path: Path, timestamp_unit_s: float, source: str, *,
                           "bytes; replay a slice of the trace.")
     with _read_as_the_runner(where, path, fix):
         entries = read_trace(path, timestamp_unit_s)
+    for number, entry in enumerate(entries, start=1):
+        if vocab_size is not None and isinstance(entry.prompt, list) and \
+                max(entry.prompt) >= vocab_size:
+            raise ConfigError(f"{where}: request {number}: token id {max(entry.prompt)} is "
+                              f"beyond the model's vocabulary of {vocab_size} ids; give ids "
+                              "of the model's tokenizer.")
     if has_shared_prefix:
         # As runners/loadgen.py `_with_shared_prefix` joins them: every prompt token ids, or
         # every prompt text (an entry without one is synthesised: text where the model has a
