@@ -164,6 +164,8 @@ _LIBRARY = ("name: lib\ncases:\n  - name: c\n    engine: simulated\n"
      "export --max-tpot-ms: expected a number of milliseconds > 0 but got nan"),
     (["start", "s.yaml", "--dry-run", "--ray-address", "head:99999"], {"s.yaml": _STUDY},
      "--ray-address: expected auto, HOST:PORT or ray://HOST:PORT but got 'head:99999'"),
+    (["report", "s.yaml", "-o", "f/report"], {"s.yaml": _STUDY, "f": "x"},
+     "report --output: "),
     (["stop", "s.yaml", "--timeout-s", "-1"], {"s.yaml": _STUDY},
      "stop --timeout-s: expected seconds >= 0 but got -1"),
     (["history", "--tracking-uri", "sqlite:///d"], {"d/": ""},

@@ -563,9 +563,11 @@ def report(
       nightshift report examples/quickstart.yaml -o morning/
     """
     cfg = _load(study).with_overrides(storage=storage)
-    if output is not None and output.exists() and not output.is_dir():
-        raise ConfigError(f"report --output: {str(output)!r:.120} is a file; give a folder "
-                          "(made if absent).")
+    from optimizer.config.prestart import directory_problem
+
+    problem = directory_problem("report --output", output)
+    if problem is not None:
+        raise ConfigError(f"{problem} (made if absent).")
     paths = _write_report(cfg, output, log_to_mlflow=mlflow)
     out.print(f"wrote {', '.join(str(p) for p in paths)}", soft_wrap=True)
 
