@@ -172,6 +172,8 @@ _LIBRARY = ("name: lib\ncases:\n  - name: c\n    engine: simulated\n"
      "history --tracking-uri: 'd' is a directory"),
     (["history", "--tracking-uri", "sqlite:///t.txt"], {"t.txt": "notes"},
      "history --tracking-uri: 't.txt' exists and is not a SQLite database"),
+    (["history", "--tracking-uri", "./runs"], {},
+     "history --tracking-uri: MLflow cannot open ./runs (MLflow 3 opens no file store"),
     (["hw", "--preset", "h200", "-o", "d"], {"d/": ""}, "hw --output: 'd' is a directory"),
     (["hw", "--preset", "h200", "-o", "no/such/hw.json"], {},
      "hw --output: the directory of 'no/such/hw.json' does not exist"),

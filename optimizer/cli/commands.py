@@ -737,6 +737,14 @@ def history(
         return
     try:
         client = MlflowClient(uri)
+    except Exception as exc:  # MLflow raises many types; all mean "not a store it opens"
+        first = (str(exc).splitlines() or [""])[0]
+        hint = ("MLflow 3 opens no file store unless MLFLOW_ALLOW_FILE_STORE=true is set; give "
+                "sqlite:///mlruns/mlflow.db" if "MLFLOW_ALLOW_FILE_STORE" in str(exc) else
+                f"{type(exc).__name__}: {first[:160]}; check --tracking-uri")
+        raise ConfigError(f"history --tracking-uri: MLflow cannot open {uri} ({hint}).") \
+            from None
+    try:
         found = select(read_studies(client), model=model, fingerprint_hash=fingerprint,
                        like=like)
     except Exception as exc:  # MLflow raises many types; all mean "cannot read the store"
