@@ -117,8 +117,8 @@ def parse_launch(argv: Sequence[str], env: Mapping[str, str],
     model = model or str(flags.pop("model", ""))
     config_file = flags.get("config")
     false_keys: tuple[str, ...] = ()
-    if isinstance(config_file, str) and Path(config_file).is_file():
-        data = yaml.safe_load(Path(config_file).read_text()) or {}
+    if isinstance(config_file, str):
+        data = _config_file(Path(config_file))
         if isinstance(data, Mapping):
             false_keys = tuple(str(k) for k, v in data.items() if v is False)
             for k, v in data.items():
@@ -128,6 +128,25 @@ def parse_launch(argv: Sequence[str], env: Mapping[str, str],
                   unknown=tuple(unknown), config_file=config_file if isinstance(
                       config_file, str) else None, config_false_keys=false_keys,
                   flag_source=table.source)
+
+
+def _config_file(path: Path) -> Mapping[str, Any]:
+    """The launch's `--config` YAML as vLLM reads it: a mapping of flags; ConfigError (one
+    line) where vLLM would refuse it."""
+    where = f"the launch's --config {str(path)!r:.120}"
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "does not exist here"
+        raise ConfigError(f"{where} {what}, so vLLM would refuse the launch; give the config "
+                          "file (run audit where the launch runs, for a relative path).")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{where} cannot be read as YAML ({type(exc).__name__}); give a "
+                          "YAML mapping of flags.") from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where} holds a {type(data).__name__}, not a mapping of flags; "
+                          "vLLM would refuse it: give `flag: value` lines.")
+    return data
 
 
 def _is_true(value: Any) -> bool:
@@ -242,17 +261,24 @@ def read_pid(pid: int) -> tuple[list[str], dict[str, str]]:
 def read_launch_file(path: Path) -> tuple[list[str], dict[str, str]]:
     """A shell launcher: `export`ed variables and the `vllm serve` line (no shell runs it)."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"--from-file {path}: {exc.strerror}; give a readable launcher.") \
             from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--from-file {path}: not UTF-8 text; give the shell launcher that "
+                          "starts the server.") from None
     env: dict[str, str] = {}
     command = ""
     for line in text.replace("\\\n", " ").splitlines():
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
-        words = shlex.split(stripped, comments=True)
+        try:
+            words = shlex.split(stripped, comments=True)
+        except ValueError as exc:  # an unclosed quote
+            raise ConfigError(f"--from-file {path}: cannot split {stripped[:60]!r} into words "
+                              f"({exc}); fix the line's quoting.") from None
         if words and words[0] == "export":
             for word in words[1:]:
                 if "=" in word:

@@ -138,7 +138,20 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
                  on_event: Callable[[TrialEvent], None] | None = None,
                  ) -> tuple[Daemon, list[str]]:
     """Everything `start` needs, validated before anything is written; returns the daemon and
-    notes for the user (engine chosen, rules applied)."""
+    notes for the user (engine chosen, rules applied). A problem is a ConfigError naming the
+    study file, then the field."""
+    try:
+        return _build_daemon(cfg, dry_run=dry_run, ray_address=ray_address, on_event=on_event)
+    except ConfigError as exc:
+        message = str(exc)
+        if message.startswith(f"{cfg.source_name}:"):
+            raise
+        raise ConfigError(f"{cfg.source_name}: {message}") from None
+
+
+def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
+                  on_event: Callable[[TrialEvent], None] | None,
+                  ) -> tuple[Daemon, list[str]]:
     check_before_start(cfg)  # stores, prompts, model fit: before anything is written
     notes: list[str] = []
     address = ray_address or cfg.spec.ray.address
@@ -146,6 +159,8 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
         ("simulated" if dry_run or cfg.spec.engine == "simulated" else "vllm")
     model = load_model_info(cfg.spec.model.path)
     sim = cfg.spec.simulated
+    if address:  # joined before anything is written: a cluster that is not there is bad input
+        _join_ray(address)
     if engine == "simulated":
         if model is None:
             raise ConfigError(f"model.path: the simulated engine needs the model's shape; give a "
@@ -155,7 +170,6 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
         notes.append(f"engine: SIMULATED ({sim.num_gpus} x {hardware.gpu_name}); its figures "
                      "come from a model, never a measurement.")
     elif address:  # the driver may have no GPU: the cluster's GPU nodes are what counts
-        init_ray(None, address)
         hardware = probe_on_cluster(cfg.spec.ray.accelerator_type, cfg.spec.ray.resources)
         notes.append(f"engine: vLLM on the Ray cluster at {address}; a node has "
                      f"{hardware.num_gpus} x {hardware.gpu_name}")
@@ -215,14 +229,34 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
     if fixed_tp > hardware.num_gpus:
         raise ConfigError(f"fixed_flags.tensor_parallel_size: {fixed_tp} needs {fixed_tp} GPUs "
                           f"but this host has {hardware.num_gpus}; lower it.")
-    try:  # an unreachable or read-only store is bad input: refuse before anything is written
+    fixed_dp = int(cfg.spec.fixed_flags.get("data_parallel_size") or 1)
+    if fixed_tp * fixed_dp > hardware.num_gpus:
+        raise ConfigError(f"fixed_flags.data_parallel_size: {fixed_dp} replicas of "
+                          f"{fixed_tp} GPU(s) need {fixed_tp * fixed_dp} GPUs but this host has "
+                          f"{hardware.num_gpus}; lower it.")
+    named = cfg.spec.warm_start
+    if isinstance(named, list) and cfg.tracking_uri.startswith("sqlite:///") and \
+            not Path(cfg.tracking_uri.removeprefix("sqlite:///")).expanduser().is_file():
+        # Opening the store would create it, and it could hold no study to name.
+        raise ConfigError(f"warm_start: no study named {named[0]!r} in the tracking store "
+                          f"{cfg.tracking_uri}: it does not exist yet; fix tracking_uri or set "
+                          "warm_start: auto.")
+    try:  # an unreachable store is bad input: refuse before anything is written
         tracker = Tracker(cfg.tracking_uri)
-        tracker.check_writable(cfg.name)
     except TrackingError as exc:
         raise ConfigError(f"tracking_uri: {exc}") from None
     fingerprint = fingerprint_of(cfg, engine=engine, engine_version=engine_version(engine),
                                  hardware=hardware, model=model)
-    warm = warm_start(cfg, tracker, fingerprint, resolved, seed_trials)
+    # Study names are looked up before the store takes a write (the study's experiment), so
+    # that a name it does not hold is refused with nothing written.
+    warm = warm_start(cfg, tracker, fingerprint, resolved, seed_trials) \
+        if isinstance(named, list) else None
+    try:  # a read-only store is bad input too
+        tracker.check_writable(cfg.name)
+    except TrackingError as exc:
+        raise ConfigError(f"tracking_uri: {exc}") from None
+    if warm is None:
+        warm = warm_start(cfg, tracker, fingerprint, resolved, seed_trials)
     notes.append(f"fingerprint {fingerprint.hash}: {fingerprint.card}, "
                  f"{fingerprint.architecture or cfg.spec.model.path}, {fingerprint.arrival}")
     notes.extend(f"warm start: {line}" for line in warm.lines)
@@ -276,6 +310,17 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
                                                             **resolved.study_fixed}},
                     compiled_elsewhere=_compiled_elsewhere(cfg, engine))
     return daemon, notes
+
+
+def _join_ray(address: str) -> None:
+    """Join the Ray cluster at `address`; ConfigError (one line) where Ray cannot."""
+    try:
+        init_ray(None, address)
+    except (ConnectionError, TimeoutError, ValueError, RuntimeError) as exc:
+        first = (str(exc).splitlines() or [""])[0][:160]
+        raise ConfigError(f"ray.address: cannot join the Ray cluster at {address} "
+                          f"({type(exc).__name__}: {first}); start it (`ray start --head`) or "
+                          "fix the address.") from None
 
 
 def study_fingerprint(cfg: StudyConfig, *, dry_run: bool = False) -> Fingerprint:

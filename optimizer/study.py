@@ -76,6 +76,23 @@ def make_storage(url: str) -> optuna.storages.RDBStorage:
     raise AssertionError("unreachable")
 
 
+def existing_storage(cfg: StudyConfig) -> optuna.storages.RDBStorage:
+    """The study's storage for a command that only reads it (`status`, `export`, `report`): a
+    SQLite file that does not exist is refused (ConfigError) rather than created with its
+    directory."""
+    from optimizer.config.store_checks import sqlite_file_problem
+
+    url = cfg.storage_url
+    problem = sqlite_file_problem("storage", url)
+    if problem is not None:
+        raise ConfigError(f"{problem}.")
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        raise ConfigError(f"no study named {cfg.name!r}: there is no storage file at {url}; "
+                          f"start it with `nightshift start {cfg.source or 'STUDY.yaml'}` or "
+                          "pass the --storage it ran with.")
+    return make_storage(url)
+
+
 def sampler_seed(seed: int | None, num_trials: int) -> int | None:
     """The sampler's seed for a start of the daemon that finds `num_trials` trials in the
     storage: the study's seed on the first start, another on each resume. A sampler seeded
@@ -102,6 +119,8 @@ def open_study(cfg: StudyConfig, *, create: bool = True,
                storage: optuna.storages.BaseStorage | None = None) -> optuna.Study:
     """The study of `cfg` (created unless `create=False`), over `storage` when the caller keeps
     it (for the storage's own API: a lease, recovery's writes to dead trials)."""
+    if storage is None and not create:
+        storage = existing_storage(cfg)
     storage = storage if storage is not None else make_storage(cfg.storage_url)
     if not create:
         try:

@@ -123,7 +123,18 @@ class Tracker:
                                     f"({exc.strerror}); pass a writable --tracking-uri.") from exc
         from mlflow import MlflowClient
 
-        self.client: MlflowClient = MlflowClient(tracking_uri)
+        try:
+            with _quiet("mlflow"):
+                self.client: MlflowClient = MlflowClient(tracking_uri)
+        except Exception as exc:  # MLflow raises many types; all mean "cannot open the store"
+            first = (str(exc).splitlines() or [""])[0][:160]
+            if "MLFLOW_ALLOW_FILE_STORE" in str(exc):
+                raise TrackingError(f"MLflow 3 opens no file store ({tracking_uri}) unless "
+                                    "MLFLOW_ALLOW_FILE_STORE=true is set; give "
+                                    "sqlite:///mlruns/mlflow.db") from exc
+            raise TrackingError(f"MLflow cannot open the store {tracking_uri} "
+                                f"({type(exc).__name__}: {first}); pass another "
+                                "--tracking-uri.") from exc
 
     # -- study ------------------------------------------------------------------------------
 

@@ -337,14 +337,32 @@ def check_prompts_file(path: Path, tokenizer: PromptTokenizer | None = None) -> 
     """Read a prompts file line by line as `build_requests` reads it; the longest prompt's
     length in tokens (counted with `tokenizer`, else estimated). Raises ValueError naming the
     first line it would refuse (OSError or UnicodeDecodeError where it cannot read the file)."""
+    return prompts_file_longest(path, tokenizer)[0]
+
+
+def prompts_file_longest(path: Path, tokenizer: PromptTokenizer | None = None,
+                         default_output_len: int = 0, vocab_size: int | None = None
+                         ) -> tuple[int, int]:
+    """`check_prompts_file`'s reading: the longest prompt and the longest output, in tokens
+    (a line without `output_len` gets `default_output_len`, the workload's longest); token ids
+    must lie below `vocab_size` where it is given (the server refuses any other)."""
     longest = 0
+    longest_output = 0
     with path.open(encoding="utf-8-sig") as f:  # -sig: a byte-order mark is no JSON
         for line_no, line in enumerate(f, start=1):
             if line.strip():
-                longest = max(longest, _parse_prompt_line(path, line_no, line, tokenizer)[1])
+                prompt, prompt_len, output_len, _ = _parse_prompt_line(path, line_no, line,
+                                                                       tokenizer)
+                if vocab_size is not None and isinstance(prompt, list) and \
+                        max(prompt) >= vocab_size:
+                    raise ValueError(f"{path}:{line_no}: token id {max(prompt)} is beyond the "
+                                     f"model's vocabulary of {vocab_size} ids; give ids of the "
+                                     "model's tokenizer.")
+                longest = max(longest, prompt_len)
+                longest_output = max(longest_output, output_len or default_output_len)
     if longest == 0:
         raise ValueError(f"{path}: expected JSONL lines with a 'prompt' but the file is empty.")
-    return longest
+    return longest, longest_output
 
 
 def _parse_prompt_line(path: Path, line_no: int, line: str,
@@ -366,7 +384,7 @@ def _parse_prompt_line(path: Path, line_no: int, line: str,
         else:
             prompt_len, is_estimated = datasets.estimate_tokens(prompt), True
     elif (isinstance(prompt, list) and prompt
-          and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+          and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)):
         prompt_len = len(prompt)
     else:
         raise ValueError(

@@ -58,25 +58,50 @@ class ModelInfo:
 
     @classmethod
     def from_config(cls, config: dict[str, Any], name: str = "model") -> ModelInfo:
+        """Raises ValueError (one line) where `config` is not a decoder's config.json."""
+        if not isinstance(config, dict):
+            raise ValueError(f"expected a JSON object but got {type(config).__name__}")
         text = config.get("text_config", config)  # multimodal wrappers nest the LM
-        heads = int(text["num_attention_heads"])
-        hidden = int(text["hidden_size"])
+        if not isinstance(text, dict):
+            raise ValueError(f"text_config: expected a JSON object but got "
+                             f"{type(text).__name__}")
+        heads = _size(text, "num_attention_heads")
+        hidden = _size(text, "hidden_size")
         quant = config.get("quantization_config") or {}
+        if not isinstance(quant, dict):
+            raise ValueError(f"quantization_config: expected a JSON object but got "
+                             f"{type(quant).__name__}")
         return cls(
             name=name,
             hidden_size=hidden,
-            num_hidden_layers=int(text["num_hidden_layers"]),
+            num_hidden_layers=_size(text, "num_hidden_layers"),
             num_attention_heads=heads,
-            num_key_value_heads=int(text.get("num_key_value_heads") or heads),
-            intermediate_size=int(text.get("intermediate_size") or 4 * hidden),
-            vocab_size=int(text.get("vocab_size") or 32000),
-            max_position_embeddings=int(text.get("max_position_embeddings") or 4096),
-            head_dim=int(text.get("head_dim") or hidden // heads),
+            num_key_value_heads=_size(text, "num_key_value_heads", heads),
+            intermediate_size=_size(text, "intermediate_size", 4 * hidden),
+            vocab_size=_size(text, "vocab_size", 32000),
+            max_position_embeddings=_size(text, "max_position_embeddings", 4096),
+            head_dim=_size(text, "head_dim", max(1, hidden // heads)),
             dtype=str(text.get("torch_dtype") or text.get("dtype") or "bfloat16"),
             quant_method=quant.get("quant_method"),
             tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
             architecture=_architecture(config),
         )
+
+
+_MAX_SIZE = 2**40  # far beyond any model's dimension, layer count or vocabulary
+
+
+def _size(config: dict[str, Any], key: str, default: int | None = None) -> int:
+    """`config[key]` as a whole number >= 1 (`default` where absent or null); ValueError
+    naming the key otherwise."""
+    value = config.get(key)
+    if value is None and default is not None:
+        return default
+    if value is None:
+        raise ValueError(f"{key!r} is missing; a decoder's config.json gives it")
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= _MAX_SIZE:
+        raise ValueError(f"{key!r} must be a whole number >= 1 but got {value!r:.40}")
+    return value
 
 
 def _architecture(config: dict[str, Any]) -> str | None:
@@ -115,5 +140,26 @@ def load_model_info(model: str) -> ModelInfo | None:
     directory = resolve_model_dir(model)
     if directory is None:
         return None
-    return ModelInfo.from_config(json.loads((directory / "config.json").read_text()),
-                                 name=directory.name)
+    try:
+        return ModelInfo.from_config(read_config(directory), name=directory.name)
+    except ValueError as exc:
+        message = str(exc)
+        path = str(directory / "config.json")
+        raise ValueError(message if message.startswith(path) else
+                         f"{path}: {message}; give the model's config.json as published"
+                         ) from None
+
+
+def read_config(directory: Path) -> Any:
+    """`directory/config.json` parsed; ValueError (one line naming the file and the fix) where
+    it cannot be read as JSON."""
+    path = directory / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it ({type(exc).__name__}); check its "
+                         "permissions") from None
+    except (UnicodeDecodeError, RecursionError, ValueError) as exc:
+        raise ValueError(f"{path}: not JSON ({type(exc).__name__}); give the model's "
+                         "config.json as published") from None
+    return config

@@ -4,6 +4,7 @@ an error with its line, never a silent last-wins value or a runaway in memory.""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -77,6 +78,14 @@ class BoundedLoader(yaml.SafeLoader):
                 except TypeError:
                     continue  # an unhashable key: the base class says so
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 (PyYAML) reads `1e3` and `1.5e-3` as strings: its floats need a dot and a signed
+# exponent. Read them as the numbers YAML 1.2 and every user mean.
+BoundedLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
 
 
 def load_yaml(text: str) -> Any:

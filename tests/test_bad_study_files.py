@@ -32,7 +32,8 @@ def _expected(path: Path) -> str:
 def _refused_once(err: str, expected: str, name: str) -> str:
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, f"{name}: exactly one line, got {lines[:5]}"
-    assert lines[0].startswith("error:"), f"{name}: {lines[0]}"
+    assert lines[0].startswith(f"error: {name}"), f"{name}: the study file named first: " \
+        f"{lines[0]}"
     assert expected in lines[0], f"{name}: the error names {expected!r}: {lines[0]}"
     assert "Traceback" not in err
     return lines[0]

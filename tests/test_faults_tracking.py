@@ -88,7 +88,7 @@ def test_a_restart_with_a_read_only_store_is_refused_up_front_and_writes_nothing
     err = capsys.readouterr().err
     assert code == 2, err
     lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: tracking_uri:"), err
+    assert len(lines) == 1 and lines[0].startswith("error: study.yaml: tracking_uri:"), err
     assert ("refused a write" if what == "database" else "not writable") in lines[0]
     assert "Traceback" not in err
     assert (log.read_bytes(), [(t.number, t.state) for t in load(tmp_path).trials]) == \

@@ -58,6 +58,16 @@ def _load(study: Path) -> StudyConfig:
     return load_study(study)
 
 
+def _check_output_file(option: str, path: Path) -> None:
+    """A file the command is to write: refused (ConfigError) where it is a directory or its
+    directory does not exist, before anything is read or written."""
+    if path.is_dir():
+        raise ConfigError(f"{option}: {str(path)!r:.120} is a directory; give a file name.")
+    if not path.absolute().parent.is_dir():
+        raise ConfigError(f"{option}: the directory of {str(path)!r:.120} does not exist; "
+                          "create it or give a file in an existing directory.")
+
+
 # -- start ----------------------------------------------------------------------------------
 
 
@@ -92,10 +102,14 @@ def start(
     Example:
       nightshift start examples/quickstart.yaml --dry-run
     """
+    from optimizer.config.schema import ray_address_problem
     from optimizer.runtime import build_daemon
 
     cfg = _load(study)
     cfg = cfg.with_overrides(tracking_uri=tracking_uri, storage=storage, trials=trials)
+    problem = None if ray_address is None else ray_address_problem(ray_address)
+    if problem is not None:
+        raise ConfigError(f"--ray-address: {problem}.")
     setup_logging(verbose)
     progress = None if no_progress or not console.is_terminal else LiveProgress(cfg)
     daemon, notes = build_daemon(cfg, dry_run=dry_run, ray_address=ray_address,
@@ -185,10 +199,10 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
       nightshift status examples/quickstart.yaml
     """
     from optimizer.lock import read_lease, read_lock, study_lock_path
-    from optimizer.study import best_trial, count_trials, make_storage, open_study
+    from optimizer.study import best_trial, count_trials, existing_storage, open_study
 
     cfg = _load(study).with_overrides(storage=storage)
-    store = make_storage(cfg.storage_url)
+    store = existing_storage(cfg)
     opened = open_study(cfg, create=False, storage=store)
     holder = read_lock(study_lock_path(cfg)) or \
         read_lease(store, store.get_study_id_from_name(cfg.name))
@@ -285,6 +299,9 @@ def stop(study: StudyArg,
     """
     from optimizer.lock import read_lock, study_lock_path
 
+    if not (math.isfinite(timeout_s) and timeout_s >= 0):
+        raise ConfigError(f"stop --timeout-s: expected seconds >= 0 but got {timeout_s:g}; "
+                          "give how long --wait waits.")
     cfg = _load(study).with_overrides(storage=storage)
     lock_path = study_lock_path(cfg)
     holder = read_lock(lock_path)
@@ -353,6 +370,13 @@ def export(
     from optimizer.study import open_study
 
     cfg = _load(study).with_overrides(storage=storage)
+    if max_tpot_ms is not None and not (math.isfinite(max_tpot_ms) and max_tpot_ms > 0):
+        raise ConfigError(f"export --max-tpot-ms: expected a number of milliseconds > 0 but "
+                          f"got {max_tpot_ms:g}; give the TPOT p99 limit to pick within.")
+    if output is not None:
+        _check_output_file("export --output", output)
+    if to_library is not None:
+        _check_output_file("export --to-library", to_library)
     if to_library is not None and (output is not None or fmt != "yaml"):
         raise ConfigError("export --to-library writes a library case; leave out --output and "
                           "--format.")
@@ -432,7 +456,8 @@ def regress(
     import json
 
     from optimizer.config.loading import default_tracking_uri
-    from optimizer.config.store_checks import tracking_uri_problem
+    from optimizer.config.prestart import directory_problem
+    from optimizer.config.store_checks import sqlite_file_problem, tracking_uri_problem
     from optimizer.regress.library import load_library
     from optimizer.regress.run import (
         default_workdir,
@@ -465,6 +490,17 @@ def regress(
     problem = tracking_uri_problem(uri) if tracking_uri is not None else None
     if problem is not None:
         raise ConfigError(f"--tracking-uri: {problem}")
+    problem = sqlite_file_problem("tracking_uri", uri) if mlflow else None
+    if problem is not None:
+        where = "--tracking-uri" if tracking_uri is not None else f"{library.name}: tracking_uri"
+        raise ConfigError(f"{where}: {problem.removeprefix('tracking_uri: ')}.")
+    # Where the run writes, checked before any engine starts: not after an hour of measuring.
+    for option, folder in (("--workdir", workdir), ("--report", report_dir)):
+        problem = directory_problem(option, folder)
+        if problem is not None:
+            raise ConfigError(f"{problem}.")
+    if save_references is not None:
+        _check_output_file("--save-references", save_references)
     here, tracker = prepare(spec, cases, uri if mlflow else None, variant,
                             source=library.resolve())
     work = workdir or default_workdir(spec)
@@ -527,6 +563,11 @@ def report(
       nightshift report examples/quickstart.yaml -o morning/
     """
     cfg = _load(study).with_overrides(storage=storage)
+    from optimizer.config.prestart import directory_problem
+
+    problem = directory_problem("report --output", output)
+    if problem is not None:
+        raise ConfigError(f"{problem} (made if absent).")
     paths = _write_report(cfg, output, log_to_mlflow=mlflow)
     out.print(f"wrote {', '.join(str(p) for p in paths)}", soft_wrap=True)
 
@@ -578,6 +619,11 @@ def audit(
         argv, env = auditing.read_pid(pid)
     else:
         argv, env = list(ctx.args), dict(os.environ)
+    from runners.hardware import preset_names
+
+    if hardware is not None and hardware not in preset_names():
+        raise ConfigError(f"audit --hardware: expected one of {', '.join(preset_names())} but "
+                          f"got {hardware!r:.60}; pick one of those.")
     table = flag_table()
     launch = auditing.parse_launch(argv, env, table)
     profile = load_preset(hardware) if hardware else probe()
@@ -657,7 +703,7 @@ def history(
 
     from optimizer.cli.table import history_table
     from optimizer.config.loading import default_tracking_uri
-    from optimizer.config.store_checks import tracking_uri_problem
+    from optimizer.config.store_checks import sqlite_file_problem, tracking_uri_problem
     from optimizer.memory import history_rows, read_studies, select, trial_conclusions
 
     if fingerprint is not None and not re.fullmatch(r"[0-9a-fA-F]{4,12}", fingerprint):
@@ -677,9 +723,9 @@ def history(
         uri = uri or cfg.tracking_uri
         like = study_fingerprint(cfg, dry_run=dry_run)
     uri = uri or default_tracking_uri()
-    problem = tracking_uri_problem(uri)
+    problem = tracking_uri_problem(uri) or sqlite_file_problem("tracking_uri", uri)
     if problem is not None:
-        raise ConfigError(f"history --tracking-uri: {problem.removeprefix('tracking_uri: ')}")
+        raise ConfigError(f"history --tracking-uri: {problem.removeprefix('tracking_uri: ')}.")
     what = " and ".join(p for p in (
         f"model {model}" if model else "", f"fingerprint {fingerprint}" if fingerprint else "",
         f"studies compatible with {study} (fingerprint {like.hash})" if like else "") if p) \
@@ -689,7 +735,15 @@ def history(
         out.print(f"no earlier studies for {what}: no tracking store at {uri}.",
                   highlight=False, soft_wrap=True)
         return
-    client = MlflowClient(uri)
+    try:
+        client = MlflowClient(uri)
+    except Exception as exc:  # MLflow raises many types; all mean "not a store it opens"
+        first = (str(exc).splitlines() or [""])[0]
+        hint = ("MLflow 3 opens no file store unless MLFLOW_ALLOW_FILE_STORE=true is set; give "
+                "sqlite:///mlruns/mlflow.db" if "MLFLOW_ALLOW_FILE_STORE" in str(exc) else
+                f"{type(exc).__name__}: {first[:160]}; check --tracking-uri")
+        raise ConfigError(f"history --tracking-uri: MLflow cannot open {uri} ({hint}).") \
+            from None
     try:
         found = select(read_studies(client), model=model, fingerprint_hash=fingerprint,
                        like=like)
@@ -767,6 +821,7 @@ def hw(output: Annotated[Path | None, typer.Option(
                                   "run on a machine with a GPU, or give --preset NAME.")
         return
     data = profile.to_dict()
-    out.print_json(json.dumps(data, default=str))
     if output is not None:
+        _check_output_file("hw --output", output)
         output.write_text(json.dumps(data, indent=2, default=str))
+    out.print_json(json.dumps(data, default=str))

@@ -37,5 +37,8 @@ def setup_logging(verbose: bool) -> None:
                                                "%H:%M:%S"))
     handler.setLevel(logging.DEBUG if verbose else logging.INFO)
     root.addHandler(handler)
-    for noisy in ("mlflow", "alembic", "optuna", "ray", "httpx", "urllib3", "filelock"):
+    for noisy in ("mlflow", "alembic", "optuna", "ray", "httpx", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Its retries of an unreachable tracking server are warnings of their own; the error that
+    # follows says it once.
+    logging.getLogger("urllib3").setLevel(logging.ERROR)

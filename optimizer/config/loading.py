@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -204,12 +205,20 @@ class StudyConfig:
         if storage is not None:
             update["storage"] = storage
         if trials is not None:
-            if trials < 1:
-                raise ConfigError(f"--trials must be >= 1 but got {trials}.")
-            update["budget"] = self.spec.budget.model_copy(update={"trials": trials})
+            update["budget"] = {**self.spec.budget.model_dump(), "trials": trials}
         if not update:
             return self
-        return StudyConfig(self.spec.model_copy(update=update), self.source)
+        # Checked as the study file's own values are (a copy would take them unchecked).
+        data = {**self.spec.model_dump(exclude_unset=True), **update}
+        try:
+            spec = StudySpec.model_validate(data)
+        except ValidationError as exc:
+            message = format_validation_error(exc, "command line")
+            for option, key in (("--trials", "budget.trials"), ("--storage", "storage"),
+                                ("--tracking-uri", "tracking_uri")):
+                message = message.replace(f"command line: {key}:", f"{option}:")
+            raise ConfigError(message) from None
+        return StudyConfig(spec, self.source)
 
 
 def _trace_rate(trace: TraceReplay, num_requests: int | None, source: str) -> float:
@@ -284,9 +293,15 @@ def format_validation_error(exc: ValidationError, source: str,
         close = difflib.get_close_matches(key, valid, n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(valid)}."
         return f"{source}: unknown key {where!r}; {hint}"
+    if err["type"] == "invalid_key" or loc[-1:] == ("[key]",):  # `1: x`, `~: x`
+        parent = _loc(loc[:-2] if loc[-1:] == ("[key]",) else loc[:-1])
+        return (f"{source}: {parent}: keys are names but got {err.get('input')!r:.60}; write "
+                "the key as a name.")
     if err["type"] == "missing":
         return f"{source}: {where} is required; add it (see {example})."
-    msg = str(err["msg"]).removeprefix("Value error, ")
+    # pydantic names our classes ("a valid dictionary or instance of StartupSpec"): not the
+    # user's words.
+    msg = re.sub(r" or instance of \w+", "", str(err["msg"]).removeprefix("Value error, "))
     end = "" if msg.endswith((".", "?")) else "."
     if msg.startswith(where.split("[")[0]) and err["type"] == "value_error":
         return f"{source}: {msg}{end}"  # the check named the field itself (fixed_flags.x: ...)
@@ -294,6 +309,8 @@ def format_validation_error(exc: ValidationError, source: str,
         return f"{source}: {msg}{end}"
     got = err.get("input")
     got_text = "" if isinstance(got, dict | list) or got is None else f" but got {got!r:.80}"
+    if got is None and "input" in err:  # `key:` with nothing after it
+        got_text = " but it is empty; give a value or remove the key"
     return f"{source}: {where}: {msg}{got_text}."
 
 

@@ -10,9 +10,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from optimizer.config.schema import MAX_PROMPTS_FILE_BYTES, MAX_TRACE_FILE_BYTES, LengthSpec
+from optimizer.config.schema import (
+    MAX_PROMPTS_FILE_BYTES,
+    MAX_SECONDS,
+    MAX_TRACE_FILE_BYTES,
+    LengthSpec,
+)
 from optimizer.config.store_checks import (
     server_storage_problem,
+    sqlite_file_problem,
     storage_problem,
     tracking_uri_problem,
 )
@@ -28,7 +34,11 @@ def check_before_start(cfg: StudyConfig) -> None:
     """What `nightshift start` checks before it writes or starts anything: the stores can be
     made where they are named (without making them), the prompts file reads as the load
     generator reads it, and the workload fits the model. Raises ConfigError (one line)."""
-    for problem in (storage_problem(cfg.storage_url), tracking_uri_problem(cfg.tracking_uri)):
+    for problem in (storage_problem(cfg.storage_url), tracking_uri_problem(cfg.tracking_uri),
+                    sqlite_file_problem("storage", cfg.storage_url),
+                    sqlite_file_problem("tracking_uri", cfg.tracking_uri),
+                    directory_problem("results_dir", cfg.results_dir),
+                    directory_problem("vllm.cache_root", cfg.spec.vllm.cache_root)):
         if problem is not None:
             raise ConfigError(f"{cfg.source_name}: {problem}.")
     problem = server_storage_problem(cfg.storage_url)
@@ -44,20 +54,39 @@ def check_before_start(cfg: StudyConfig) -> None:
     check_workload(cfg)
 
 
+def directory_problem(field: str, path: Path | None) -> str | None:
+    """Why nightshift could not make or use `path` as a directory, or None: it, or a folder
+    above it, is a file."""
+    if path is None:
+        return None
+    path = path.expanduser().absolute()
+    for folder in (path, *path.parents):
+        if folder.exists():
+            if folder.is_dir():
+                return None
+            what = "is a file" if folder == path else f"lies under the file {str(folder)!r:.120}"
+            return f"{field}: {str(path)!r:.120} {what}, not a directory; name a directory"
+    return None
+
+
 def check_workload(cfg: StudyConfig) -> None:
     """The workload's part of `check_before_start` (also each case of `nightshift regress`):
     the tokenizer, the prompts file, trace or dataset read as the runner reads them, and the
     longest request within the model's context. Raises ConfigError (one line)."""
+    _check_model_config(cfg)
     tokenizer = _check_tokenizer(cfg)
     w = cfg.spec.workload
     longest_prompt = _longest_drawn(w.input_len)
     longest_output = _longest_drawn(w.output_len)
     if cfg.prompts_file is not None:
-        longest_prompt = _check_prompts_file(cfg.prompts_file, cfg.source_name, tokenizer)
+        longest_prompt, longest_output = _check_prompts_file(
+            cfg.prompts_file, cfg.source_name, tokenizer, longest_output, _vocab_size(cfg))
     if cfg.trace_file is not None and w.trace is not None:
-        longest_prompt, longest_output = _check_trace_file(
+        longest_prompt, longest_output, arrivals = _check_trace_file(
             cfg.trace_file, w.trace.timestamp_unit_s, cfg.source_name,
-            has_shared_prefix=w.shared_prefix is not None, has_tokenizer=tokenizer is not None)
+            has_shared_prefix=w.shared_prefix is not None, has_tokenizer=tokenizer is not None,
+            vocab_size=_vocab_size(cfg))
+        _check_replay_span(cfg, arrivals)
     if cfg.dataset_file is not None:
         workload = cfg.workload()
         assert workload.dataset is not None
@@ -94,6 +123,25 @@ def _longest_drawn(spec: LengthSpec) -> int:
     # lognormal: the loadgen's sigma of the log, its mu keeping `mean` the mean.
     mu = math.log(spec.mean) - spec.std ** 2 / 2
     return math.ceil(math.exp(min(mu + _TAIL_SIGMAS * spec.std, 700.0)))
+
+
+def _vocab_size(cfg: StudyConfig) -> int | None:
+    """The model's vocabulary where its config.json is here (token ids must lie below it)."""
+    from runners.model_info import load_model_info
+
+    model = load_model_info(cfg.spec.model.path)
+    return model.vocab_size if model is not None else None
+
+
+def _check_model_config(cfg: StudyConfig) -> None:
+    """The model's config.json, where there is one here, reads as a decoder's shape."""
+    from runners.model_info import load_model_info
+
+    try:
+        load_model_info(cfg.spec.model.path)
+    except ValueError as exc:
+        message = " ".join(str(exc).split())[:300].rstrip(".")
+        raise ConfigError(f"{cfg.source_name}: model.path: {message}.") from None
 
 
 def _check_tokenizer(cfg: StudyConfig) -> PromptTokenizer | None:
@@ -134,6 +182,9 @@ def _read_as_the_runner(where: str, path: Path, fix: str) -> Iterator[None]:
                           "check its permissions.") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{where}: {str(path)!r:.120} is not UTF-8 text; {fix}.") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: {str(path)!r:.120} holds JSON nested too deeply to read; "
+                          f"{fix}.") from None
     except (ValueError, TypeError) as exc:
         message = " ".join(str(exc).split())[:300].rstrip(".")
         raise ConfigError(f"{where}: {message}.") from None
@@ -153,9 +204,11 @@ def _check_parent(field: str, path: Path, made_by_us: list[Path], source: str) -
                       "parent exists; create it or name a file in an existing directory.")
 
 
-def _check_prompts_file(path: Path, source: str,
-                        tokenizer: PromptTokenizer | None = None) -> int:
-    from runners.loadgen import check_prompts_file
+def _check_prompts_file(path: Path, source: str, tokenizer: PromptTokenizer | None,
+                        default_output_len: int, vocab_size: int | None = None
+                        ) -> tuple[int, int]:
+    """The longest prompt and the longest output (a line's `output_len`, else the default)."""
+    from runners.loadgen import prompts_file_longest
 
     where = f"{source}: workload.prompts_file"
     if not path.is_file():
@@ -166,13 +219,40 @@ def _check_prompts_file(path: Path, source: str,
         raise ConfigError(f"{where}: {str(path)!r:.120} is over {MAX_PROMPTS_FILE_BYTES:,} "
                           "bytes; a benchmark needs a sample of prompts, not a corpus.")
     with _read_as_the_runner(where, path, "give a JSONL file"):
-        longest = check_prompts_file(path, tokenizer)
-    return longest
+        return prompts_file_longest(path, tokenizer, default_output_len, vocab_size)
+
+
+def _check_replay_span(cfg: StudyConfig, arrivals_s: list[float]) -> None:
+    """A trace's replay, as recorded x time_scale or at each level's mean rate, sends its
+    requests within the day a level may take (the load generator sleeps between arrivals)."""
+    w = cfg.spec.workload
+    if w.trace is None:
+        return
+    replayed = arrivals_s[:w.num_requests] if "num_requests" in w.model_fields_set \
+        else arrivals_s
+    if len(replayed) < 2:
+        return
+    if "levels" in w.model_fields_set:
+        spans = [(f"levels[{i}].request_rate {lv.request_rate:g}",
+                  (len(replayed) - 1) / lv.request_rate)
+                 for i, lv in enumerate(w.levels) if lv.request_rate]
+    else:
+        spans = [(f"trace.time_scale {w.trace.time_scale:g}",
+                  (replayed[-1] - replayed[0]) / w.trace.time_scale)]
+    for what, span_s in spans:
+        if span_s > MAX_SECONDS:
+            raise ConfigError(
+                f"{cfg.source_name}: workload.trace: replayed at {what}, its {len(replayed)} "
+                f"requests take {span_s / 3600:,.0f} h to send, over the {MAX_SECONDS / 3600:g} "
+                "h a level may take; check trace.timestamp_unit_s (0.001 for milliseconds), "
+                "replay it faster or replay fewer requests (num_requests).")
 
 
 def _check_trace_file(path: Path, timestamp_unit_s: float, source: str, *,
-                      has_shared_prefix: bool, has_tokenizer: bool = False) -> tuple[int, int]:
-    """The trace read as the runner reads it: its longest prompt and output, in tokens."""
+                      has_shared_prefix: bool, has_tokenizer: bool = False,
+                      vocab_size: int | None = None) -> tuple[int, int, list[float]]:
+    """The trace read as the runner reads it: its longest prompt and output, in tokens, and its
+    arrival times (s from the first)."""
     from runners.arrivals import read_trace
 
     where = f"{source}: workload.trace.path"
@@ -186,6 +266,12 @@ def _check_trace_file(path: Path, timestamp_unit_s: float, source: str, *,
                           "bytes; replay a slice of the trace.")
     with _read_as_the_runner(where, path, fix):
         entries = read_trace(path, timestamp_unit_s)
+    for number, entry in enumerate(entries, start=1):
+        if vocab_size is not None and isinstance(entry.prompt, list) and \
+                max(entry.prompt) >= vocab_size:
+            raise ConfigError(f"{where}: request {number}: token id {max(entry.prompt)} is "
+                              f"beyond the model's vocabulary of {vocab_size} ids; give ids "
+                              "of the model's tokenizer.")
     if has_shared_prefix:
         # As runners/loadgen.py `_with_shared_prefix` joins them: every prompt token ids, or
         # every prompt text (an entry without one is synthesised: text where the model has a
@@ -203,7 +289,8 @@ def _check_trace_file(path: Path, timestamp_unit_s: float, source: str, *,
                               "text prompts only through the model's tokenizer, which "
                               "model.path does not have here; give token ids or leave "
                               "shared_prefix out.")
-    return max(e.input_len for e in entries), max(e.output_len for e in entries)
+    return (max(e.input_len for e in entries), max(e.output_len for e in entries),
+            [e.arrival_s for e in entries])
 
 
 def _human_int(value: object) -> int | None:
@@ -219,14 +306,12 @@ def _human_int(value: object) -> int | None:
 
 
 def _has_rope_scaling(model_path: str) -> bool:
-    import json
-
-    from runners.model_info import resolve_model_dir
+    from runners.model_info import read_config, resolve_model_dir
 
     directory = resolve_model_dir(model_path)
     if directory is None:
         return False
-    config = json.loads((directory / "config.json").read_text())
+    config = read_config(directory)
     sections = [config, config.get("text_config") or {}]
     return any(isinstance(c, dict) and c.get("rope_scaling") for c in sections)
 

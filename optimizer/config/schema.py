@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     field_validator,
@@ -47,6 +48,17 @@ MAX_BURSTINESS = 1000.0
 MAX_SHARED_PREFIXES = 1024
 
 
+def _nonempty_path(value: Any) -> Any:
+    if isinstance(value, str) and not value.strip():
+        # pydantic would take "" as Path("."): the study file's own directory.
+        raise ValueError("expected a path (or leave the key out)")
+    return value
+
+
+# A file or directory the study names, resolved against the study file's directory.
+FilePath = Annotated[Path, Field(strict=False), BeforeValidator(_nonempty_path)]
+
+
 def registered(field: str, name: object, registry: Mapping[str, object],
                also: tuple[str, ...] = ()) -> str:
     """`name` when it is a key of the plug-in `registry` (or one of `also`); else a ValueError
@@ -67,7 +79,9 @@ class ModelSpec(_Strict):
     path: str = Field(min_length=1)  # local dir with config.json, bundled shape or hub id
     load_format: Literal["auto", "dummy"] = "auto"
     skip_tokenizer_init: bool = False
-    served_model_name: str = "model"
+    # What requests name the model (`--served-model-name`): one printable word.
+    served_model_name: str = Field(default="model", min_length=1, max_length=200,
+                                   pattern=r"^[^\s\x00-\x1f\x7f]+$")
 
 
 class LengthSpec(_Strict):
@@ -87,6 +101,12 @@ class LengthSpec(_Strict):
     def _range(self) -> LengthSpec:
         if self.low is not None and self.high is not None and self.low > self.high:
             raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
+        if self.kind != "uniform" and not (self.low or 1) <= self.mean <= (self.high or
+                                                                             self.mean):
+            # Every draw would be clipped to a bound: the lengths would not be the ones asked.
+            raise ValueError(f"mean ({self.mean}) must lie within low..high "
+                             f"({self.low or 1}..{self.high or 'unbounded'}); move the mean or "
+                             "the bounds")
         if self.kind == "uniform" and (self.low is None or self.high is None):
             raise ValueError("a uniform length needs both low and high")
         return self
@@ -147,7 +167,7 @@ class TraceSpec(_Strict):
     `input_length`, `output_length`, optionally `prompt`), replayed in time from the first
     arrival; timestamps may be relative or absolute."""
 
-    path: Annotated[Path, Field(strict=False)]
+    path: FilePath
     timestamp_unit_s: float = Field(default=1.0, gt=0, le=3600)  # 0.001: timestamps in ms
     # Replay speed of the default level (when `levels` is left out): 2 = twice as fast as
     # recorded. A level's request_rate, when given, is the replay's mean rate instead.
@@ -162,7 +182,7 @@ class DatasetSpec(_Strict):
     vLLM's ShareGPT filter's defaults (`is_valid_sequence`)."""
 
     format: Literal["sharegpt"] = "sharegpt"  # JSON list or JSONL of {"id", "conversations"}
-    path: Annotated[Path, Field(strict=False)]
+    path: FilePath
     output_len: int | None = Field(default=None, ge=1, le=MAX_TOKENS)  # None: the reply's
     min_len: int = Field(default=4, ge=1, le=MAX_TOKENS)  # tokens
     max_prompt_len: int = Field(default=1024, ge=1, le=MAX_TOKENS)  # tokens
@@ -183,6 +203,11 @@ class MultiTurnSpec(_Strict):
     max_turns: int | None = Field(default=None, ge=1, le=1000)  # of a dataset's conversation
 
 
+def _yaml_off(value: Any) -> Any:
+    """YAML 1.1 reads a bare `off` as false: the word meant."""
+    return "off" if value is False else value
+
+
 def _length(value: Any) -> Any:
     return {"kind": "fixed", "mean": value} if isinstance(value, int) else value
 
@@ -190,7 +215,7 @@ def _length(value: Any) -> Any:
 class WorkloadSpec(_Strict):
     input_len: Annotated[LengthSpec, Field(default_factory=lambda: LengthSpec(mean=512))]
     output_len: Annotated[LengthSpec, Field(default_factory=lambda: LengthSpec(mean=128))]
-    prompts_file: Annotated[Path | None, Field(strict=False)] = None
+    prompts_file: FilePath | None = None
     dataset: DatasetSpec | None = None  # prompts from a conversation dataset
     multi_turn: MultiTurnSpec | None = None  # conversations of several turns
     levels: list[LevelSpec] = Field(default_factory=lambda: [LevelSpec(concurrency=16)],
@@ -268,6 +293,18 @@ class WorkloadSpec(_Strict):
                                                or self.multi_turn is not None):
             raise ValueError("shared_prefix applies to synthesised single-turn prompts; "
                              "leave it out with workload.dataset or workload.multi_turn")
+        if self.duration_s is None and self.trace is None and self.capacity is None \
+                and self.num_requests is not None:
+            for index, level in enumerate(self.levels):
+                rate = level.request_rate
+                if rate is not None and self.num_requests / rate > MAX_SECONDS:
+                    # The load generator would sleep between arrivals for days.
+                    raise ValueError(
+                        f"workload.levels[{index}]: {self.num_requests} requests at {rate:g} "
+                        "requests/s "
+                        f"take {self.num_requests / rate / 3600:,.0f} h to send, over the "
+                        f"{MAX_SECONDS / 3600:g} h a level may take; raise request_rate, lower "
+                        "num_requests or set duration_s")
         if self.prompts_file is None and self.dataset is None and self.trace is None:
             count = max(self.num_requests or 0, self.warmup_requests)
             prefix = self.shared_prefix.tokens if self.shared_prefix else 0
@@ -344,10 +381,28 @@ class PrunerSpec(_Strict):
     n_startup_trials: int = Field(default=4, ge=0, le=100_000)
     min_relative_gap: float = Field(default=0.10, ge=0, le=1)  # prune only when this much worse
 
-    @field_validator("name")
+    @field_validator("name", mode="before")
     @classmethod
-    def _name(cls, v: str) -> str:
-        return registered("pruner.name", v, PRUNERS)
+    def _name(cls, v: Any) -> str:
+        # `off` (YAML's false) is a guess at `none`: the message lists the names.
+        return registered("pruner.name", _yaml_off(v), PRUNERS)
+
+
+_RAY_ADDRESS_RE = re.compile(r"^(ray://)?[A-Za-z0-9._-]+(\[[0-9A-Fa-f:]+\])?:(\d{1,5})$|"
+                             r"^(ray://)?\[[0-9A-Fa-f:]+\]:(\d{1,5})$")
+
+
+def ray_address_problem(address: str) -> str | None:
+    """Why `address` is not one `ray.init` joins (auto, HOST:PORT or ray://HOST:PORT), or None;
+    Ray itself would raise a traceback, or wait minutes on a malformed one."""
+    if address == "auto":
+        return None
+    match = _RAY_ADDRESS_RE.match(address)
+    port = next((int(g) for g in (match.groups() if match else ()) if g and g.isdigit()), 0)
+    if match is None or not 1 <= port <= 65535:
+        return (f"expected auto, HOST:PORT or ray://HOST:PORT but got {address!r:.80}; give "
+                "the address `ray start --head` printed")
+    return None
 
 
 class RaySpec(_Strict):
@@ -358,6 +413,14 @@ class RaySpec(_Strict):
     accelerator_type: str | None = None
     # Custom resources a trial's worker needs, e.g. {"tuning_pool": 1}.
     resources: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        problem = None if v is None else ray_address_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
 
     @field_validator("resources")
     @classmethod
@@ -373,7 +436,7 @@ class RaySpec(_Strict):
 
 class VllmSpec(_Strict):
     # VLLM_CACHE_ROOT shared by every trial
-    cache_root: Annotated[Path | None, Field(strict=False)] = None
+    cache_root: FilePath | None = None
     # Passed verbatim after the flags: only flags of vLLM that nightshift neither sets nor
     # searches (checked by `extra_args_problem`).
     extra_args: list[str] = Field(default_factory=list, max_length=256)
@@ -439,7 +502,7 @@ class StudySpec(_Strict):
     vllm: Annotated[VllmSpec, Field(default_factory=VllmSpec)]
     startup: Annotated[StartupSpec, Field(default_factory=StartupSpec)]
     ray: Annotated[RaySpec, Field(default_factory=RaySpec)]
-    results_dir: Annotated[Path | None, Field(strict=False)] = None  # default: results/<name>
+    results_dir: FilePath | None = None  # default: results/<name>
     storage: str | None = None  # Optuna RDB URL; default sqlite under results_dir
     tracking_uri: str | None = None  # MLflow; default sqlite:///mlruns/mlflow.db
     env: dict[str, str] = Field(default_factory=dict)  # added to every trial's engine
@@ -455,6 +518,8 @@ class StudySpec(_Strict):
     # default: a template takes a trial of the budget, and an existing study file (or a study
     # resumed after an upgrade) keeps running exactly the trials it asked for (docs/knobs.md).
     templates: Literal["auto", "off"] = "off"
+    _templates_yaml = field_validator("templates", mode="before")(
+        classmethod(lambda cls, v: _yaml_off(v)))
     retries: int = Field(default=1, ge=0, le=5)  # re-queues of a trial lost to infrastructure
     # At the end, the best config and the defaults are measured again, interleaved (A B A B
     # for 2 rounds), and the gain is stated with its confidence interval. 0 = skip.
@@ -513,9 +578,12 @@ class StudySpec(_Strict):
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for key in v:
+        for key, value in v.items():
             if not re.match(r"^[A-Z_][A-Z0-9_]*$", key):
                 raise ValueError(f"{key!r} is not an environment variable name")
+            if "\0" in value:
+                raise ValueError(f"env.{key}: a value cannot hold a NUL character (no process "
+                                 "environment can); remove it")
         return v
 
     @field_validator("fixed_flags")

@@ -3,6 +3,7 @@ scheme and driver; `server_storage_problem` alone opens one connection)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Final
 
 _TRACKING_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https",
@@ -63,10 +64,39 @@ def server_storage_problem(url: str) -> str | None:
         engine.dispose()
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def sqlite_file_problem(field: str, uri: str) -> str | None:
+    """Why the file a `sqlite:///` URI names cannot be the store it is meant to be, or None
+    (nothing is created): a directory, or an existing file that is not a SQLite database (SQLite
+    would refuse it only once opened, MLflow after a minute of retries). An empty or absent file
+    is fine: SQLite makes it a database."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = Path(uri.removeprefix("sqlite:///")).expanduser()
+    shown = f"{str(path)!r:.120}"
+    if path.is_dir():
+        return f"{field}: {shown} is a directory; name a database file such as {path / 'x.db'}"
+    if not path.exists():
+        return None
+    try:
+        with path.open("rb") as f:
+            header = f.read(len(_SQLITE_HEADER))
+    except OSError as exc:
+        return f"{field}: cannot read {shown} ({type(exc).__name__}); check its permissions"
+    if header and header != _SQLITE_HEADER:
+        return (f"{field}: {shown} exists and is not a SQLite database; name a new file or "
+                "the store's own database")
+    return None
+
+
 def tracking_uri_problem(uri: str) -> str | None:
     """Why `tracking_uri` is not an MLflow store, or None (parse and scheme only)."""
     from urllib.parse import urlparse
 
+    if not uri.strip():
+        return "tracking_uri: it is empty; give sqlite:///mlruns/mlflow.db or leave it out"
     try:
         parsed = urlparse(uri)
     except ValueError:

@@ -85,8 +85,27 @@ def test_paths_resolve_against_the_study_file(tmp_path: Path) -> None:
 def test_overrides_from_the_command_line() -> None:
     cfg = parse_study(dict(BASE)).with_overrides(trials=7, tracking_uri="sqlite:///x.db")
     assert cfg.spec.budget.trials == 7 and cfg.tracking_uri == "sqlite:///x.db"
-    with pytest.raises(ConfigError, match="--trials must be >= 1"):
+    with pytest.raises(ConfigError, match=r"--trials: .*greater than or equal to 1"):
         parse_study(dict(BASE)).with_overrides(trials=0)
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ({"trials": 10**20}, "--trials: Input should be less than or equal to 100000"),
+    ({"storage": ""}, "--storage: '' is not a database URL"),
+    ({"tracking_uri": ""}, "--tracking-uri: it is empty"),
+])
+def test_an_override_is_checked_as_the_study_files_own_value_is(
+        override: dict[str, Any], expected: str) -> None:
+    # A copy took them unchecked: 10**20 trials ran, '' fell back to the default store.
+    with pytest.raises(ConfigError) as info:
+        parse_study(dict(BASE)).with_overrides(**override)
+    assert str(info.value).startswith(expected) and "\n" not in str(info.value), info.value
+
+
+def test_an_override_keeps_what_the_study_file_left_unset() -> None:
+    cfg = parse_study({**BASE, "workload": {"trace": {"path": "t.jsonl"}}})
+    assert "levels" not in cfg.with_overrides(trials=3).spec.workload.model_fields_set, \
+        "a trace without levels still replays as recorded after an override"
 
 
 def test_multi_objective_pair() -> None:
@@ -272,3 +291,12 @@ def test_a_database_server_that_refuses_is_named_before_anything_is_written(
     assert "secret" not in lines[0], "the password is never printed"
     assert not (tmp_path / "results").exists() and not (tmp_path / "mlruns").exists(), \
         "bad input writes nothing"
+
+
+@pytest.mark.parametrize("value", ["off", "auto"])
+def test_templates_take_the_bare_words_the_readme_gives(tmp_path: Path, value: str) -> None:
+    # YAML 1.1 reads a bare `off` as false: "templates: Input should be 'auto' or 'off' but got
+    # False" for the documented value.
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(BASE) + f"templates: {value}\n")
+    assert load_study(path).spec.templates == value

@@ -15,6 +15,17 @@ def test_plain_yaml_and_merge_keys_load_as_yaml_loads_them() -> None:
 
 
 @pytest.mark.parametrize(("text", "expected"), [
+    ("a: 1e3", 1000.0), ("a: -2.5E-3", -0.0025), ("a: 1e400", float("inf")),
+    ("a: '1e3'", "1e3"), ("a: x1e3", "x1e3"), ("a: 1.0e+3", 1000.0), ("a: 12", 12),
+])
+def test_a_number_with_an_exponent_is_a_number_as_yaml_1_2_reads_it(
+        text: str, expected: object) -> None:
+    # YAML 1.1 read `1e3` as the string '1e3': `trials: 1e3` was "not a valid integer but got
+    # '1e3'", a rate of 1e-3 "not a valid number".
+    assert load_yaml(text) == {"a": expected}
+
+
+@pytest.mark.parametrize(("text", "expected"), [
     ("a: 1\nb: 2\na: 3\n", "duplicate key 'a'"),
     ("a: {x: 1, x: 1}\n", "duplicate key 'x'"),
     ("a: " + "[" * (MAX_YAML_DEPTH + 1) + "]" * (MAX_YAML_DEPTH + 1) + "\n", "nested deeper"),
