@@ -39,6 +39,16 @@ class ModelInfo:
     # `architectures[0]` of config.json (`Qwen2ForCausalLM`), else its `model_type`; None where
     # the config names neither. The tuning memory compares it (optimizer/fingerprint.py).
     architecture: str | None = None
+    # tokens; the context vLLM 0.26 derives from config.json (`derived_max_model_len`), its
+    # max_model_len when none is given; None: max_position_embeddings
+    derived_max_model_len: int | None = None
+    # tokens; config.json's `model_max_length`, which vLLM lets a longer max_model_len reach
+    model_max_length: int | None = None
+
+    @property
+    def default_max_model_len(self) -> int:
+        """vLLM's max_model_len for this model when none is given (tokens)."""
+        return self.derived_max_model_len or self.max_position_embeddings
 
     @property
     def num_params(self) -> int:
@@ -85,6 +95,8 @@ class ModelInfo:
             quant_method=quant.get("quant_method"),
             tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
             architecture=_architecture(config),
+            derived_max_model_len=_derived_max_model_len(config, text),
+            model_max_length=_optional_size(text, "model_max_length"),
         )
 
 
@@ -102,6 +114,41 @@ def _size(config: dict[str, Any], key: str, default: int | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= _MAX_SIZE:
         raise ValueError(f"{key!r} must be a whole number >= 1 but got {value!r:.40}")
     return value
+
+
+def _optional_size(config: dict[str, Any], key: str) -> int | None:
+    value = config.get(key)
+    return _size(config, key) if value is not None else None
+
+
+def _derived_max_model_len(config: dict[str, Any], text: dict[str, Any]) -> int:
+    """The context vLLM 0.26 derives from a config.json (`_get_and_verify_max_len`,
+    config/model.py:2152-2245): max_position_embeddings (or a sliding-window-free equivalent),
+    scaled by the RoPE factor except for the `su`, `longrope` and `llama3` types (whose
+    max_position_embeddings is already the long context) and for Gemma 3; YaRN scales
+    `original_max_position_embeddings`. Not modelled: a tokenizer_config.json's
+    `model_max_length`, which vLLM takes as a further upper bound where it reads one."""
+    derived = float(_size(text, "max_position_embeddings", 4096))
+    rope = text.get("rope_parameters") or text.get("rope_scaling")
+    if not isinstance(rope, dict) or "gemma3" in str(text.get("model_type") or
+                                                    config.get("model_type") or ""):
+        return int(derived)
+    # Transformers 5 may nest the parameters per layer type; all share one factor.
+    sections = [rope] if "rope_type" in rope or "type" in rope or "factor" in rope else \
+        [v for v in rope.values() if isinstance(v, dict)]
+    factor = 1.0
+    for section in sections:
+        kind = section.get("rope_type", section.get("type"))
+        if kind in ("su", "longrope", "llama3"):
+            continue
+        value = section.get("factor", factor)
+        factor = float(value) if isinstance(value, int | float) and value > 0 else 1.0
+        if kind == "yarn":
+            original = section.get("original_max_position_embeddings",
+                                   text.get("original_max_position_embeddings"))
+            if isinstance(original, int) and original >= 1:
+                derived = float(original)
+    return max(1, int(derived * factor))
 
 
 def _architecture(config: dict[str, Any]) -> str | None:

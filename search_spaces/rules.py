@@ -54,6 +54,7 @@ CONTEXT_KEYS: dict[str, Literal["number", "text", "flag"]] = {
     "model.num_key_value_heads": "number",
     "model.quant_method": "text",  # None for an unquantized checkpoint
     "model.max_position_embeddings": "number",
+    "model.max_model_len": "number",  # the context vLLM derives from config.json (RoPE scaling)
     "model.num_params": "number",
     "model.real_weights": "flag",  # false when the study loads dummy weights (load_format)
     "workload.shares_prefix": "flag",  # requests share a prompt prefix the cache could reuse
@@ -521,15 +522,26 @@ def _fp8_needs_sm89(context: Mapping[str, Any], specs: Mapping[str, ParamSpec]) 
     )
 
 
+def model_context_len(context: Mapping[str, Any]) -> int | None:
+    """The context vLLM derives for the model (its max_model_len when none is given), tokens:
+    `model.max_model_len`, else `model.max_position_embeddings`; None where neither is known."""
+    for key in ("model.max_model_len", "model.max_position_embeddings"):
+        value = lookup(context, key)
+        if is_number(value):
+            return int(value)
+    return None
+
+
 def _max_model_len_within_model(
     context: Mapping[str, Any], specs: Mapping[str, ParamSpec]
 ) -> Rule | None:
-    limit = lookup(context, "model.max_position_embeddings")
-    if not is_number(limit):
+    limit = model_context_len(context)
+    if limit is None:
         return None
     return Rule(
         name="max-model-len-within-model",
-        reason=f"vLLM rejects a max_model_len above the model's {int(limit)} positions",
+        reason=f"vLLM rejects a max_model_len above the {int(limit)} tokens it derives from the "
+               "model's config.json",
         when=(), action="max", targets=(("max_model_len", int(limit)),), is_builtin=True,
     )
 

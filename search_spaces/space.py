@@ -32,6 +32,7 @@ from search_spaces.rules import (
     builtin_names,
     conditional_builtins,
     could_hold,
+    model_context_len,
     parse_rule,
 )
 from search_spaces.values import (
@@ -181,8 +182,7 @@ def _vllm_default(name: str, context: Mapping[str, Any]) -> Value:
     if name == "max_num_seqs":
         return 1024 if _is_high_end(context) else 256
     if name == "max_model_len":
-        positions = lookup(context, "model.max_position_embeddings")
-        return int(positions) if is_number(positions) else None
+        return model_context_len(context)
     return _VLLM_DEFAULTS.get(name)
 
 
@@ -623,7 +623,7 @@ class SearchSpace:
                 choices = _insert_choice(choices, default)
             return replace(spec, choices=choices, default=default)
         if not is_number(default):
-            _fail(self.source, f"{where} 'vllm' needs model.max_position_embeddings in the "
+            _fail(self.source, f"{where} 'vllm' needs model.max_model_len in the "
                                "context for an int range; pass the model or a literal default")
         number = cast(float, default)
         _check_range_default(spec, number, where, self.source)

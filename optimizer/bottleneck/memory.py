@@ -44,7 +44,7 @@ def memory_problem(config: EngineConfig, hardware: HardwareProfile | None,
         return (f"the weights need {weights_gib:.1f} GiB per GPU but gpu_memory_utilization "
                 f"{gmu:g} of {hardware.gpu_memory_gib:.0f} GiB allows {budget_gib:.1f} GiB")
     kv_dtype = str(config.flags.get("kv_cache_dtype") or "auto").lower()
-    max_len = int(config.flags.get("max_model_len") or model.max_position_embeddings)
+    max_len = int(config.flags.get("max_model_len") or model.default_max_model_len)
     kv_gib = model.kv_bytes_per_token(1.0 if kv_dtype.startswith("fp8") else 2.0) * \
         max_len / tp / GIB
     if weights_gib + kv_gib > budget_gib:

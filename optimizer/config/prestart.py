@@ -305,35 +305,33 @@ def _human_int(value: object) -> int | None:
     return None
 
 
-def _has_rope_scaling(model_path: str) -> bool:
-    from runners.model_info import read_config, resolve_model_dir
-
-    directory = resolve_model_dir(model_path)
-    if directory is None:
-        return False
-    config = read_config(directory)
-    sections = [config, config.get("text_config") or {}]
-    return any(isinstance(c, dict) and c.get("rope_scaling") for c in sections)
-
-
 def _check_fits_model(cfg: StudyConfig, longest_prompt: int, longest_output: int) -> None:
     """A request's prompt and output must fit the engine's context (vLLM refuses it otherwise,
     and every request of every trial would fail)."""
     from runners.model_info import load_model_info
 
     fixed = _human_int(cfg.spec.fixed_flags.get("max_model_len"))
+    try:
+        model = load_model_info(cfg.spec.model.path)
+    except (OSError, ValueError, TypeError, KeyError):
+        model = None  # a model the runtime cannot read either: it says so itself
+    if model is not None and fixed is not None and fixed > model.default_max_model_len and \
+            not (model.model_max_length and fixed <= model.model_max_length) and \
+            cfg.spec.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() \
+            not in ("1", "true"):
+        raise ConfigError(
+            f"{cfg.source_name}: fixed_flags.max_model_len: {fixed} is over the "
+            f"{model.default_max_model_len} tokens vLLM derives from {model.name}'s "
+            "config.json, and vLLM refuses to start with it; lower it, or set env "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN: '1' if the model is known to hold longer contexts "
+            "(RoPE positions past its own give NaNs).")
     if fixed is not None and fixed > 0:
         limit, why = fixed, "fixed_flags.max_model_len"
+    elif model is None:
+        return  # a hub id: not known offline
     else:
-        try:
-            model = load_model_info(cfg.spec.model.path)
-        except (OSError, ValueError, TypeError, KeyError):
-            return  # a model the runtime cannot read either: it says so itself
-        if model is None or _has_rope_scaling(cfg.spec.model.path):
-            # A hub id: not known offline. RoPE scaling: vLLM derives a longer context from
-            # it than max_position_embeddings, by rules this check does not repeat.
-            return
-        limit, why = model.max_position_embeddings, f"{model.name}'s max_position_embeddings"
+        limit, why = model.default_max_model_len, \
+            f"the context vLLM derives from {model.name}'s config.json"
     longest = longest_prompt + longest_output
     if longest > limit:
         raise ConfigError(

@@ -292,7 +292,7 @@ class PerformanceModel:
             tensor_parallel_size=config.tensor_parallel_size,
             gpu_memory_utilization=float(flags.get("gpu_memory_utilization")
                                          or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION),
-            max_model_len=_flag_int(flags, "max_model_len", info.max_position_embeddings),
+            max_model_len=_flag_int(flags, "max_model_len", info.default_max_model_len),
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=_flag_int(flags, "max_num_batched_tokens",
                                              8192 if is_big_gpu else 2048),

@@ -251,7 +251,7 @@ def test_duplicate_keys_and_alias_bombs_are_refused(tmp_path: Path) -> None:
         load_study(path)
 
 
-def test_the_workload_must_fit_the_models_context_unless_rope_scaling_extends_it(
+def test_the_workload_must_fit_the_context_vllm_derives_from_the_models_config(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from optimizer.config import check_before_start
 
@@ -260,17 +260,23 @@ def test_the_workload_must_fit_the_models_context_unless_rope_scaling_extends_it
     with pytest.raises(ConfigError, match="over the max_model_len of 32768"):
         check_before_start(parse_study({**BASE, "workload": long}))
     fixed = {**BASE, "workload": long, "fixed_flags": {"max_model_len": "64k"}}
-    check_before_start(parse_study(fixed))  # 64k = 64,000 tokens: it fits
+    # vLLM 0.26 refuses a max_model_len over the context it derives from config.json
+    # (Qwen2.5-7B has no rope_scaling: 32768) unless told to allow it.
+    with pytest.raises(ConfigError, match="fixed_flags.max_model_len: 64000 is over the 32768 "
+                                          "tokens vLLM derives.*VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
+        check_before_start(parse_study(fixed))
+    check_before_start(parse_study({**fixed, "env": {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}}))
     # A lognormal of mean 8k (sigma 1) without `high` draws past 32k once in about 34 requests.
     tail = {**long, "input_len": {"kind": "lognormal", "mean": 8192, "std": 1.0}}
     with pytest.raises(ConfigError, match="4-sigma tail: set `high`"):
         check_before_start(parse_study({**BASE, "workload": tail}))
     bounded = {**tail, "input_len": {**tail["input_len"], "high": 30_000}}
     check_before_start(parse_study({**BASE, "workload": bounded}))
-    # llama-3.1's rope_scaling gives vLLM a longer context than max_position_embeddings says:
-    # this check does not second-guess it.
-    check_before_start(parse_study({**BASE, "model": {"path": "llama-3.1-8b"},
-                                    "workload": {**long, "input_len": 140_000}}))
+    # llama-3.1's rope_scaling (type llama3) leaves vLLM's context at max_position_embeddings.
+    llama = {**BASE, "model": {"path": "llama-3.1-8b"}}
+    check_before_start(parse_study({**llama, "workload": {**long, "input_len": 130_000}}))
+    with pytest.raises(ConfigError, match="over the max_model_len of 131072"):
+        check_before_start(parse_study({**llama, "workload": {**long, "input_len": 140_000}}))
     assert not (tmp_path / "results").exists() and not (tmp_path / "mlruns").exists()
 
 

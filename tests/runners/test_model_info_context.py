@@ -1,0 +1,40 @@
+"""The context vLLM 0.26 derives from a config.json (config/model.py `_get_and_verify_max_len`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from runners.model_info import ModelInfo
+
+BASE: dict[str, Any] = {"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 2,
+                        "max_position_embeddings": 32768}
+
+
+@pytest.mark.parametrize(("rope", "expected"), [
+    (None, 32768),
+    ({"rope_type": "default", "rope_theta": 1e6}, 32768),  # Transformers 5's rope_parameters
+    ({"type": "linear", "factor": 2.0}, 65536),
+    ({"rope_type": "dynamic", "factor": 4.0}, 131072),
+    # YaRN scales the original length (Qwen2.5's long-context recipe: 32768 x 4)
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 131072),
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192}, 32768),
+    # llama3, longrope and su already give the long context in max_position_embeddings
+    ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}, 32768),
+    ({"rope_type": "longrope", "factor": 4.0}, 32768),
+    ({"type": "linear", "factor": None}, 32768),  # vLLM falls back to 1.0
+    # nested per layer type: every layer type shares the factor
+    ({"full_attention": {"rope_type": "linear", "factor": 2.0},
+      "sliding_attention": {"rope_type": "default"}}, 65536),
+])
+def test_derived_context_applies_rope_scaling_as_vllm_does(rope: dict[str, Any] | None,
+                                                            expected: int) -> None:
+    config = {**BASE, "rope_scaling": rope}
+    assert ModelInfo.from_config(config).default_max_model_len == expected
+
+
+def test_gemma3_context_is_already_scaled() -> None:
+    config = {**BASE, "model_type": "gemma3_text", "rope_scaling": {"type": "linear",
+                                                                    "factor": 8.0}}
+    assert ModelInfo.from_config(config).default_max_model_len == 32768
