@@ -84,12 +84,16 @@ class ModelSpec(_Strict):
                                    pattern=r"^[^\s\x00-\x1f\x7f]+$")
 
 
+# A lognormal's sigma of the log beyond which its median is under 1% of its mean.
+MAX_LOGNORMAL_SIGMA = 3.0
+
+
 class LengthSpec(_Strict):
     kind: Literal["fixed", "uniform", "normal", "lognormal"] = "fixed"
     mean: int = Field(default=512, ge=1, le=MAX_TOKENS)  # tokens
     low: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     high: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
-    std: float = Field(default=0.0, ge=0, le=MAX_TOKENS)
+    std: float = Field(default=0.0, ge=0, le=MAX_TOKENS)  # tokens; lognormal: sigma of the log
 
     @property
     def longest(self) -> int:
@@ -107,6 +111,12 @@ class LengthSpec(_Strict):
             raise ValueError(f"mean ({self.mean}) must lie within low..high "
                              f"({self.low or 1}..{self.high or 'unbounded'}); move the mean or "
                              "the bounds")
+        if self.kind == "lognormal" and self.std > MAX_LOGNORMAL_SIGMA:
+            # Read as tokens, a sigma of hundreds puts nearly every draw at 1 token.
+            raise ValueError(f"a lognormal's std is the sigma of the log of the length (0.3-1.5 "
+                             f"is typical), at most {MAX_LOGNORMAL_SIGMA:g}, but got "
+                             f"{self.std:g}; give it in those units, or use kind: normal for "
+                             "a std in tokens")
         if self.kind == "uniform" and (self.low is None or self.high is None):
             raise ValueError("a uniform length needs both low and high")
         return self
