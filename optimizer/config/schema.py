@@ -286,6 +286,12 @@ class WorkloadSpec(_Strict):
             raise ValueError("set num_requests or duration_s to bound each load level")
         if self.dataset is not None and self.prompts_file is not None:
             raise ValueError("set workload.dataset or workload.prompts_file, not both")
+        source = "prompts_file" if self.prompts_file is not None else "dataset" \
+            if self.dataset is not None else "trace" if self.trace is not None else None
+        if source is not None and "input_len" in self.model_fields_set:
+            # Its prompts are the file's: a length given here would silently do nothing.
+            raise ValueError(f"workload.input_len has no effect: the prompts come from "
+                             f"workload.{source}; leave input_len out")
         if self.multi_turn is not None and self.prompts_file is not None:
             raise ValueError("workload.multi_turn takes its turns from workload.dataset or "
                              "synthesises them; remove workload.prompts_file")
