@@ -121,13 +121,22 @@ GRAPH_CAPTURE_SHARE: Mapping[str, float] = {
 # it) hides the next step's scheduling behind the GPU; off, the GPU also waits for this.
 SYNC_SCHEDULE_S = 0.25e-3
 SYNC_SCHEDULE_PER_SEQ_S = 3e-6
-# The part of HOST_PER_SEQ_S that turns a new token into an output (detokenise, SSE chunk);
-# with --stream-interval k it runs once per k tokens.
-STREAM_PER_SEQ_S = 4e-6
 # ngram (CPU) prompt lookup per decoding sequence; ngram_gpu looks up on the GPU. Acceptance is
 # modelled as none: the engine's synthesised prompts are random tokens, on which prompt lookup
 # finds no match, so no draft is proposed or verified (docs/simulated-engine.md).
 NGRAM_LOOKUP_PER_SEQ_S = 2e-6
+# --- the way in (calibrated on the H200 records; docs/simulated-engine.md "Admission") ----------
+# A new request reaches the scheduler only after its trip through the client and the API server,
+# whose Python event loops also handle one chunk per open stream per step: the client's TTFT
+# exceeded vLLM's own TTFT histogram by 0.6-1.55 ms per running request (median ~1.0) on all 20
+# H200 records that carry both, at 64-124 concurrent (39-122 ms), so the trip grows with the
+# streams open when the request arrives. The trip is charged on the way in (it holds the request
+# back from the scheduler): a closed-loop client's next request then reaches the engine as late
+# as the round trip makes it, which keeps a level's requests together in waves.
+API_LAG_PER_STREAM_S = 1.0e-3
+# The part of HOST_PER_SEQ_S that turns a new token into an output (detokenise, SSE chunk);
+# with --stream-interval k it runs once per k tokens.
+STREAM_PER_SEQ_S = 4e-6
 # Flags the simulated engine accepts but does not model: a trial runs with them and its figures
 # are those of the same config without them (docs/simulated-engine.md, "Knobs").
 UNMODELLED_FLAGS = frozenset({
@@ -614,6 +623,7 @@ class SimRequest:
     max_tokens: int
     arrival_s: float
     block_hashes: tuple[int, ...] = ()  # chained hashes of full prompt blocks (prefix caching)
+    admissible_s: float = 0.0  # when it reaches the scheduler (set by Scheduler.add)
     num_computed_tokens: int = 0
     num_output_tokens: int = 0
     num_blocks: int = 0  # KV blocks held
@@ -693,6 +703,8 @@ class Scheduler:
         self.stats = SchedulerStats()
         # Hashes of blocks computed before, LRU; a hit saves compute (not memory: see docs).
         self._cached_blocks: OrderedDict[int, None] = OrderedDict()
+        self._last_admissible_s = 0.0
+        self._last_step_s: tuple[float, float] | None = None  # (planned at, ended at)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -705,7 +717,28 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def add(self, request: SimRequest) -> None:
+        """Queue a request; it reaches the scheduler after the API server's trip, which grows
+        with the streams open now (API_LAG_PER_STREAM_S), in arrival order."""
+        lag_s = API_LAG_PER_STREAM_S * len(self.running)
+        request.admissible_s = max(request.arrival_s + lag_s, self._last_admissible_s)
+        self._last_admissible_s = request.admissible_s
         self.waiting.append(request)
+
+    def next_admissible_s(self) -> float | None:
+        """When the first waiting request reaches the scheduler (None: nothing waits)."""
+        return self.waiting[0].admissible_s if self.waiting else None
+
+    def _admission_cutoff_s(self, now_s: float) -> float:
+        """Arrivals the step planned now can take. With async scheduling (vLLM 0.26's default)
+        the engine plans a step while the previous one runs (`EngineCore.
+        step_with_batch_queue`, v1/engine/core.py:617-705, a batch queue of 2): the step that
+        runs next was planned when the last one started, so it takes only what had arrived by
+        then. An engine with nothing running plans at once."""
+        last = self._last_step_s
+        if self.model.async_scheduling and last is not None and last[1] >= now_s \
+                and self.running:
+            return last[0]
+        return now_s
 
     def reset_prefix_cache(self) -> None:
         """Forget computed blocks (vLLM's /reset_prefix_cache): later prompts miss."""
@@ -777,10 +810,13 @@ class Scheduler:
                 scheduled.append((request, take))
                 budget -= take
                 index += 1
+        cutoff_s = self._admission_cutoff_s(now_s)
         if num_preempted == 0:
             while (self.waiting and budget > 0
                    and len(self.running) < self.model.max_num_seqs):
                 request = self.waiting[0]
+                if not request.is_admitted_once and request.admissible_s > cutoff_s:
+                    break  # still on its way through the API server
                 if not request.is_admitted_once:
                     hit = self._prefix_hit_tokens(request)
                     # vLLM records no query with prefix caching off (kv_cache_manager.py:
@@ -820,6 +856,7 @@ class Scheduler:
                 pairs += take * (request.num_computed_tokens + (take + 1) / 2)
         breakdown = self.model.step_time(num_decode, decode_ctx, prefill_tokens,
                                          prefill_seqs, pairs)
+        self._last_step_s = (now_s, math.inf)
         return StepPlan(tuple(scheduled), breakdown, num_decode, prefill_tokens, num_preempted)
 
     def _prefill_cap(self, num_new_tokens: int) -> int:
@@ -836,6 +873,8 @@ class Scheduler:
 
     def complete(self, plan: StepPlan, now_s: float) -> list[TokenEvent]:
         """Apply a planned step that ended at `now_s`; return the tokens it produced."""
+        if self._last_step_s is not None:
+            self._last_step_s = (self._last_step_s[0], now_s)
         events: list[TokenEvent] = []
         for request, take in plan.scheduled:
             if request not in self.running:  # aborted while the step ran
@@ -965,6 +1004,10 @@ def simulate_benchmark(model: PerformanceModel, *, input_len: int, output_len: i
             submit_due()
             continue
         plan = scheduler.schedule(now)
+        next_admissible_s = scheduler.next_admissible_s()
+        if plan is None and next_admissible_s is not None and next_admissible_s > now:
+            now = next_admissible_s  # idle while the next request is on its way in
+            continue
         if plan is None:
             raise RuntimeError("scheduler stalled: a request does not fit the KV cache")
         estimate = vllm_mfu_estimate(model, [

@@ -31,9 +31,6 @@ TOLERANCE = {"output_throughput": 0.20, "request_throughput": 0.20, "request_goo
              "p99_ttft_ms": 0.45}
 # (record id pattern, figures, reason): what the model does not cover, each listed in the docs.
 NOT_COVERED: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    (r"(h200-decode/.*-c(95|100|107|118|124|132|165|256)|probe/.*|study2/.*|study1/.*"
-     r"|h200-grid/.*-c64)", ("median_tpot_ms",),
-     "the same waves: the model puts the prefill steps into TPOT (p50 +14-43% at 64+)"),
     (r"h200-prefill/t0/s[4-7].*|h200-prefill/t1/s0.*",
      ("median_tpot_ms", "p99_tpot_ms", "median_ttft_ms", "p99_ttft_ms", "request_goodput"),
      "open-loop levels at or past the capacity knee: a few % of prefill throughput decides "
@@ -53,10 +50,15 @@ NOT_COVERED: tuple[tuple[str, tuple[str, ...], str], ...] = (
 )
 
 
+# TTFT p50 of a closed loop in waves (below): the wave a request lands in decides it.
+WAVES_TTFT_P50_TOLERANCE = 0.70
+
+
 def _is_in_waves(record: dict[str, Any]) -> bool:
-    """A closed loop whose prompts in flight exceed one step's token budget: vLLM's requests
-    arrive and prefill in waves that the model's scheduler lets drift apart, so the model's
-    TTFT p50 is 3-10x short there (not covered; docs/simulated-engine.md)."""
+    """A closed loop whose prompts in flight exceed one step's token budget: its requests
+    arrive and prefill in waves, and where a request falls in its wave decides its TTFT; the
+    model's TTFT p50 is within 26% on most such records and within
+    WAVES_TTFT_P50_TOLERANCE on all (docs/simulated-engine.md)."""
     work = record["workload"]
     levels = work.get("max_concurrency")
     if work.get("request_rate_rps") is not None or levels is None:
@@ -68,9 +70,13 @@ def _is_in_waves(record: dict[str, Any]) -> bool:
     return bool(concurrency * mean_input > budget)
 
 
-def _is_covered(record: dict[str, Any], figure: str) -> bool:
+def _tolerance(record: dict[str, Any], figure: str) -> float:
     if figure == "median_ttft_ms" and _is_in_waves(record):
-        return False
+        return WAVES_TTFT_P50_TOLERANCE
+    return TOLERANCE[figure]
+
+
+def _is_covered(record: dict[str, Any], figure: str) -> bool:
     return not any(re.fullmatch(pattern, record["id"]) and figure in figures
                    for pattern, figures, _ in NOT_COVERED)
 
@@ -124,9 +130,9 @@ def test_model_reproduces_each_h200_record_within_its_stated_tolerance(record):
                 misses.append(f"{figure}: measured 0, modelled {modelled:.3g}")
             continue
         error = modelled / value - 1
-        if abs(error) > TOLERANCE[figure]:
+        if abs(error) > _tolerance(record, figure):
             misses.append(f"{figure}: measured {value:.4g}, modelled {modelled:.4g} "
-                          f"({error:+.0%}, tolerance {TOLERANCE[figure]:.0%})")
+                          f"({error:+.0%}, tolerance {_tolerance(record, figure):.0%})")
     assert not misses, f"{record['id']} ({record['source']}): " + "; ".join(misses)
 
 
@@ -154,6 +160,12 @@ NOISE = 0.05  # configs measured closer than this are ties (run-to-run spread on
 CONTRADICTED = {
     "probe/kv-fp8/c64": "its -8% throughput against the defaults was not reproduced by studies "
                         "2 and 4 (-1%, +1%); the model follows the later two",
+}
+# One-knob moves the model does not reproduce, (base, changed): figure and why.
+UNEXPLAINED_MOVES = {
+    ("study1/t2/c64", "study1/t3/c64"): (
+        "median_tpot_ms", "a 2048-token budget's -9% TPOT on eager fp8 + fp8 KV: the measured "
+        "19.6 ms is under the model's launch-bound eager fp8 decode step (~21.6 ms)"),
 }
 
 
@@ -214,8 +226,10 @@ def test_model_gives_each_knobs_effect_the_measured_sign(pair):
     """Adding one knob to a config moves output throughput and TPOT p50 the way it measured,
     wherever the measured move is beyond noise."""
     base, changed, knob = pair
+    unexplained = UNEXPLAINED_MOVES.get((base["id"], changed["id"]), ("", ""))[0]
     for figure in ("output_throughput", "median_tpot_ms"):
-        if figure not in base["measured"] or figure not in changed["measured"]:
+        if figure not in base["measured"] or figure not in changed["measured"] \
+                or figure == unexplained:
             continue
         mb, mc = base["measured"][figure], changed["measured"][figure]
         if abs(mc - mb) <= NOISE * max(mb, mc):
