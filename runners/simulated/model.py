@@ -134,9 +134,6 @@ NGRAM_LOOKUP_PER_SEQ_S = 2e-6
 # back from the scheduler): a closed-loop client's next request then reaches the engine as late
 # as the round trip makes it, which keeps a level's requests together in waves.
 API_LAG_PER_STREAM_S = 1.0e-3
-# The part of HOST_PER_SEQ_S that turns a new token into an output (detokenise, SSE chunk);
-# with --stream-interval k it runs once per k tokens.
-STREAM_PER_SEQ_S = 4e-6
 # Flags the simulated engine accepts but does not model: a trial runs with them and its figures
 # are those of the same config without them (docs/simulated-engine.md, "Knobs").
 UNMODELLED_FLAGS = frozenset({
@@ -597,8 +594,10 @@ class PerformanceModel:
             launch_s = layers * COMPILED_KERNELS_PER_LAYER * COMPILED_DISPATCH_S
 
         num_seqs = num_decode_seqs + num_prefill_seqs
-        per_seq_s = HOST_PER_SEQ_S - STREAM_PER_SEQ_S + STREAM_PER_SEQ_S / self.stream_interval
-        host_s = HOST_STEP_S + per_seq_s * num_seqs
+        # --stream-interval does not change the step: vLLM 0.26 applies it in the API
+        # server's output processor (v1/engine/output_processor.py:289-300), a process apart,
+        # while the engine core still hands every token over each step.
+        host_s = HOST_STEP_S + HOST_PER_SEQ_S * num_seqs
         host_s += HOST_PER_PREFILL_TOKEN_S * num_prefill_tokens
         if not self.async_scheduling:
             host_s += SYNC_SCHEDULE_S + SYNC_SCHEDULE_PER_SEQ_S * num_seqs
