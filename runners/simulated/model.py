@@ -844,15 +844,22 @@ class Scheduler:
             return None
         num_decode = decode_ctx = prefill_tokens = prefill_seqs = 0
         pairs = 0.0
+        # Prefix-cache hits share physical blocks (vLLM maps a hit to the cached block and
+        # counts its references: v1/core/block_pool.py `touch`), so a step's decodes read each
+        # shared block once from HBM and the other sequences' reads of it hit in L2.
+        shared_blocks: set[int] = set()
         for request, take in scheduled:
             is_decode = take == 1 and request.num_output_tokens > 0
             if is_decode:
                 num_decode += 1
-                decode_ctx += request.num_computed_tokens + 1
+                hits = request.block_hashes[:request.num_cached_tokens // self.model.block_size]
+                shared_blocks.update(hits)
+                decode_ctx += request.num_computed_tokens + 1 - len(hits) * self.model.block_size
             else:
                 prefill_seqs += 1
                 prefill_tokens += take
                 pairs += take * (request.num_computed_tokens + (take + 1) / 2)
+        decode_ctx += len(shared_blocks) * self.model.block_size
         breakdown = self.model.step_time(num_decode, decode_ctx, prefill_tokens,
                                          prefill_seqs, pairs)
         self._last_step_s = (now_s, math.inf)

@@ -14,6 +14,7 @@ from runners.simulated.model import (
     PerformanceModel,
     Scheduler,
     SimRequest,
+    block_hashes,
     simulate_benchmark,
 )
 
@@ -209,6 +210,34 @@ def test_async_scheduling_takes_an_arrival_during_a_step_in_the_step_after_next(
         plans.append({r.request_id for r, _ in plan.scheduled})
     joined = next(i for i, ids in enumerate(plans) if "next" in ids)
     assert joined == (2 if is_async else 1)
+
+
+def test_decodes_sharing_a_cached_prefix_read_its_blocks_once():
+    """A prefix-cache hit maps the cached physical blocks (vLLM's BlockPool.touch): a step's
+    decodes read them from HBM once, not once per sequence."""
+    def decode_attention_s(flags):
+        model = model_for(flags)
+        prefix = list(range(1024))
+        prompts = [prefix + [5000 + 16 * i + j for j in range(16)] for i in range(8)]
+        scheduler = Scheduler(model)
+        now = 0.0
+        for i, ids in enumerate(prompts):  # one after the other: each but the first hits
+            request = SimRequest(f"r{i}", len(ids), 100, now, block_hashes(ids, 16))
+            scheduler.add(request)
+            while request.first_token_s is None:
+                plan = scheduler.schedule(now)
+                if plan is None:
+                    now = scheduler.next_admissible_s() or now
+                    continue
+                now += plan.breakdown.total_s
+                scheduler.complete(plan, now)
+        plan = scheduler.schedule(now)
+        assert plan is not None and plan.num_decode_seqs == 8
+        return plan.breakdown.attention_s
+
+    shared, unshared = decode_attention_s({}), decode_attention_s(
+        {"enable_prefix_caching": False})
+    assert shared < 0.3 * unshared, "8 sequences over one 1024-token prefix read it once"
 
 
 def test_startup_times_match_h200_calibration():
