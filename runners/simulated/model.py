@@ -778,12 +778,14 @@ class Scheduler:
         # At least one token is always computed, so the last full block never counts.
         return min(hits * self.model.block_size, request.num_tokens - 1)
 
-    def _remember_blocks(self, request: SimRequest) -> None:
+    def _remember_blocks(self, request: SimRequest, num_computed_before: int) -> None:
+        """The prompt blocks the last step filled join the LRU (earlier ones are in it)."""
         if not self.model.enable_prefix_caching:
             return
         num_full = min(len(request.block_hashes),
                        request.num_computed_tokens // self.model.block_size)
-        for block_hash in request.block_hashes[:num_full]:
+        first = min(num_computed_before // self.model.block_size, num_full)
+        for block_hash in request.block_hashes[first:num_full]:
             self._cached_blocks[block_hash] = None
             self._cached_blocks.move_to_end(block_hash)
         while len(self._cached_blocks) > self.num_total_blocks:
@@ -886,7 +888,7 @@ class Scheduler:
             if request not in self.running:  # aborted while the step ran
                 continue
             request.num_computed_tokens += take
-            self._remember_blocks(request)
+            self._remember_blocks(request, request.num_computed_tokens - take)
             if request.num_computed_tokens < request.num_tokens:
                 continue  # a prefill chunk with more to come: no token yet
             request.num_output_tokens += 1
