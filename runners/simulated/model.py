@@ -1015,6 +1015,7 @@ def simulate_benchmark(model: PerformanceModel, *, input_len: int, output_len: i
         next_admissible_s = scheduler.next_admissible_s()
         if plan is None and next_admissible_s is not None and next_admissible_s > now:
             now = next_admissible_s  # idle while the next request is on its way in
+            submit_due()
             continue
         if plan is None:
             raise RuntimeError("scheduler stalled: a request does not fit the KV cache")
