@@ -35,7 +35,12 @@ DECODE_64 = {"input_len": 512, "output_len": 256, "max_concurrency": 64}
 
 
 def _flags_of(params: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[str, Any]:
-    """vLLM flags beyond the defaults: a search-space value of auto/none/false sets nothing."""
+    """vLLM flags beyond the defaults: a search-space value of auto/none/false sets nothing.
+
+    Pass a trial's `flags` (what it handed vLLM, in vLLM's names: `no_enable_prefix_caching`,
+    `compilation_config.cudagraph_mode`) with no `params`: the widened spaces' params also list
+    the knobs left at vLLM's defaults (`cudagraph_mode: FULL_AND_PIECEWISE`, `stream_interval:
+    1`), which are no change."""
     out: dict[str, Any] = {}
     for name, value in {**params, **flags}.items():
         if value in ("auto", "none", None, False):
@@ -50,6 +55,12 @@ def _flags_of(params: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[str, 
 
 def _measured(metrics: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(metrics[k]) for k in FIGURES if metrics.get(k) is not None}
+
+
+def _spread(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """(max - min) / max of a level's repeats on one server, per figure (repeats > 1 only)."""
+    return {k.removeprefix("spread."): float(v) for k, v in metrics.items()
+            if k.startswith("spread.") and v is not None}
 
 
 # --- records typed in from tables (no machine-readable copy survives) --------------------------
@@ -137,11 +148,20 @@ def _study2() -> Iterator[dict[str, Any]]:
 
 # --- records read from an Optuna storage --------------------------------------------------------
 def _workload_of(study_file: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """Model, workload and SLO of a study file. A shared-prefix load keeps its prefix spec and
+    seed (the test rebuilds its prompts as the load generator did); `input_len` is then the
+    part after the prefix, as in the study file."""
     spec = yaml.safe_load(study_file.read_text())
     model = spec["model"]["path"] if isinstance(spec["model"], dict) else spec["model"]
     work = spec["workload"]
     slo = {k: float(v) for k, v in (spec.get("slo") or {}).items() if v is not None}
-    return str(model), {"input_len": work["input_len"], "output_len": work["output_len"]}, slo
+    workload = {"input_len": work["input_len"], "output_len": work["output_len"]}
+    if work.get("shared_prefix"):
+        workload["shared_prefix"] = dict(work["shared_prefix"])
+        workload["seed"] = int(work.get("seed", 0))
+    if int(work.get("repeats", 1)) > 1:
+        workload["repeats"] = int(work["repeats"])
+    return str(model), workload, slo
 
 
 def from_optuna(storage: str, study_name: str, study_file: Path,
@@ -157,7 +177,7 @@ def from_optuna(storage: str, study_name: str, study_file: Path,
         record = trial.user_attrs.get("record")
         if not isinstance(record, dict) or record.get("state") != "complete":
             continue
-        flags = _flags_of(record.get("params") or {}, record.get("flags") or {})
+        flags = _flags_of({}, record.get("flags") or {})
         startup = (record.get("engine") or {}).get("startup_s")
         kv_tokens = (record.get("engine") or {}).get("kv_cache_tokens")
         for step in record.get("steps") or []:
@@ -175,7 +195,8 @@ def from_optuna(storage: str, study_name: str, study_file: Path,
                 "workload": {**workload, "max_concurrency": conc, "request_rate_rps": rate,
                              "num_requests": int(metrics["completed"])},
                 "slo": slo or None, "measured": _measured(metrics),
-                "startup_s": startup, "kv_cache_tokens": kv_tokens})
+                "startup_s": startup, "kv_cache_tokens": kv_tokens,
+                **({"spread": _spread(metrics)} if _spread(metrics) else {})})
     return records
 
 
@@ -184,6 +205,10 @@ REPO_STUDIES = (  # (storage, study, study file, date) committed under docs/h200
     ("docs/h200/labels/decode/optuna.db", "h200-decode", "bench/h200/decode.yaml", "2026-12-04"),
     ("docs/h200/labels/prefill/optuna.db", "h200-prefill", "bench/h200/prefill.yaml",
      "2026-12-04"),
+    # Session 7 (docs/h200-widened.md) and session 8 (docs/h200-knobs.md): the shared-prefix
+    # chat load, one level of 64 concurrent, each measured twice on its server.
+    ("docs/h200/widened/optuna.db", "h200-widened", "bench/h200/widened.yaml", "2026-12-04"),
+    ("docs/h200/knobs/knobs/optuna.db", "h200-knobs", "bench/h200/knobs.yaml", "2026-12-04"),
 )
 
 

@@ -121,13 +121,19 @@ GRAPH_CAPTURE_SHARE: Mapping[str, float] = {
 # it) hides the next step's scheduling behind the GPU; off, the GPU also waits for this.
 SYNC_SCHEDULE_S = 0.25e-3
 SYNC_SCHEDULE_PER_SEQ_S = 3e-6
-# The part of HOST_PER_SEQ_S that turns a new token into an output (detokenise, SSE chunk);
-# with --stream-interval k it runs once per k tokens.
-STREAM_PER_SEQ_S = 4e-6
 # ngram (CPU) prompt lookup per decoding sequence; ngram_gpu looks up on the GPU. Acceptance is
 # modelled as none: the engine's synthesised prompts are random tokens, on which prompt lookup
 # finds no match, so no draft is proposed or verified (docs/simulated-engine.md).
 NGRAM_LOOKUP_PER_SEQ_S = 2e-6
+# --- the way in (calibrated on the H200 records; docs/simulated-engine.md "Admission") ----------
+# A new request reaches the scheduler only after its trip through the client and the API server,
+# whose Python event loops also handle one chunk per open stream per step: the client's TTFT
+# exceeded vLLM's own TTFT histogram by 0.6-1.55 ms per running request (median ~1.0) on all 20
+# H200 records that carry both, at 64-124 concurrent (39-122 ms), so the trip grows with the
+# streams open when the request arrives. The trip is charged on the way in (it holds the request
+# back from the scheduler): a closed-loop client's next request then reaches the engine as late
+# as the round trip makes it, which keeps a level's requests together in waves.
+API_LAG_PER_STREAM_S = 1.0e-3
 # Flags the simulated engine accepts but does not model: a trial runs with them and its figures
 # are those of the same config without them (docs/simulated-engine.md, "Knobs").
 UNMODELLED_FLAGS = frozenset({
@@ -588,8 +594,10 @@ class PerformanceModel:
             launch_s = layers * COMPILED_KERNELS_PER_LAYER * COMPILED_DISPATCH_S
 
         num_seqs = num_decode_seqs + num_prefill_seqs
-        per_seq_s = HOST_PER_SEQ_S - STREAM_PER_SEQ_S + STREAM_PER_SEQ_S / self.stream_interval
-        host_s = HOST_STEP_S + per_seq_s * num_seqs
+        # --stream-interval does not change the step: vLLM 0.26 applies it in the API
+        # server's output processor (v1/engine/output_processor.py:289-300), a process apart,
+        # while the engine core still hands every token over each step.
+        host_s = HOST_STEP_S + HOST_PER_SEQ_S * num_seqs
         host_s += HOST_PER_PREFILL_TOKEN_S * num_prefill_tokens
         if not self.async_scheduling:
             host_s += SYNC_SCHEDULE_S + SYNC_SCHEDULE_PER_SEQ_S * num_seqs
@@ -614,6 +622,7 @@ class SimRequest:
     max_tokens: int
     arrival_s: float
     block_hashes: tuple[int, ...] = ()  # chained hashes of full prompt blocks (prefix caching)
+    admissible_s: float = 0.0  # when it reaches the scheduler (set by Scheduler.add)
     num_computed_tokens: int = 0
     num_output_tokens: int = 0
     num_blocks: int = 0  # KV blocks held
@@ -693,6 +702,8 @@ class Scheduler:
         self.stats = SchedulerStats()
         # Hashes of blocks computed before, LRU; a hit saves compute (not memory: see docs).
         self._cached_blocks: OrderedDict[int, None] = OrderedDict()
+        self._last_admissible_s = 0.0
+        self._last_step_s: tuple[float, float] | None = None  # (planned at, ended at)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -705,7 +716,28 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def add(self, request: SimRequest) -> None:
+        """Queue a request; it reaches the scheduler after the API server's trip, which grows
+        with the streams open now (API_LAG_PER_STREAM_S), in arrival order."""
+        lag_s = API_LAG_PER_STREAM_S * len(self.running)
+        request.admissible_s = max(request.arrival_s + lag_s, self._last_admissible_s)
+        self._last_admissible_s = request.admissible_s
         self.waiting.append(request)
+
+    def next_admissible_s(self) -> float | None:
+        """When the first waiting request reaches the scheduler (None: nothing waits)."""
+        return self.waiting[0].admissible_s if self.waiting else None
+
+    def _admission_cutoff_s(self, now_s: float) -> float:
+        """Arrivals the step planned now can take. With async scheduling (vLLM 0.26's default)
+        the engine plans a step while the previous one runs (`EngineCore.
+        step_with_batch_queue`, v1/engine/core.py:617-705, a batch queue of 2): the step that
+        runs next was planned when the last one started, so it takes only what had arrived by
+        then. An engine with nothing running plans at once."""
+        last = self._last_step_s
+        if self.model.async_scheduling and last is not None and last[1] >= now_s \
+                and self.running:
+            return last[0]
+        return now_s
 
     def reset_prefix_cache(self) -> None:
         """Forget computed blocks (vLLM's /reset_prefix_cache): later prompts miss."""
@@ -746,12 +778,14 @@ class Scheduler:
         # At least one token is always computed, so the last full block never counts.
         return min(hits * self.model.block_size, request.num_tokens - 1)
 
-    def _remember_blocks(self, request: SimRequest) -> None:
+    def _remember_blocks(self, request: SimRequest, num_computed_before: int) -> None:
+        """The prompt blocks the last step filled join the LRU (earlier ones are in it)."""
         if not self.model.enable_prefix_caching:
             return
         num_full = min(len(request.block_hashes),
                        request.num_computed_tokens // self.model.block_size)
-        for block_hash in request.block_hashes[:num_full]:
+        first = min(num_computed_before // self.model.block_size, num_full)
+        for block_hash in request.block_hashes[first:num_full]:
             self._cached_blocks[block_hash] = None
             self._cached_blocks.move_to_end(block_hash)
         while len(self._cached_blocks) > self.num_total_blocks:
@@ -777,10 +811,13 @@ class Scheduler:
                 scheduled.append((request, take))
                 budget -= take
                 index += 1
+        cutoff_s = self._admission_cutoff_s(now_s)
         if num_preempted == 0:
             while (self.waiting and budget > 0
                    and len(self.running) < self.model.max_num_seqs):
                 request = self.waiting[0]
+                if not request.is_admitted_once and request.admissible_s > cutoff_s:
+                    break  # still on its way through the API server
                 if not request.is_admitted_once:
                     hit = self._prefix_hit_tokens(request)
                     # vLLM records no query with prefix caching off (kv_cache_manager.py:
@@ -809,17 +846,25 @@ class Scheduler:
             return None
         num_decode = decode_ctx = prefill_tokens = prefill_seqs = 0
         pairs = 0.0
+        # Prefix-cache hits share physical blocks (vLLM maps a hit to the cached block and
+        # counts its references: v1/core/block_pool.py `touch`), so a step's decodes read each
+        # shared block once from HBM and the other sequences' reads of it hit in L2.
+        shared_blocks: set[int] = set()
         for request, take in scheduled:
             is_decode = take == 1 and request.num_output_tokens > 0
             if is_decode:
                 num_decode += 1
-                decode_ctx += request.num_computed_tokens + 1
+                hits = request.block_hashes[:request.num_cached_tokens // self.model.block_size]
+                shared_blocks.update(hits)
+                decode_ctx += request.num_computed_tokens + 1 - len(hits) * self.model.block_size
             else:
                 prefill_seqs += 1
                 prefill_tokens += take
                 pairs += take * (request.num_computed_tokens + (take + 1) / 2)
+        decode_ctx += len(shared_blocks) * self.model.block_size
         breakdown = self.model.step_time(num_decode, decode_ctx, prefill_tokens,
                                          prefill_seqs, pairs)
+        self._last_step_s = (now_s, math.inf)
         return StepPlan(tuple(scheduled), breakdown, num_decode, prefill_tokens, num_preempted)
 
     def _prefill_cap(self, num_new_tokens: int) -> int:
@@ -836,12 +881,14 @@ class Scheduler:
 
     def complete(self, plan: StepPlan, now_s: float) -> list[TokenEvent]:
         """Apply a planned step that ended at `now_s`; return the tokens it produced."""
+        if self._last_step_s is not None:
+            self._last_step_s = (self._last_step_s[0], now_s)
         events: list[TokenEvent] = []
         for request, take in plan.scheduled:
             if request not in self.running:  # aborted while the step ran
                 continue
             request.num_computed_tokens += take
-            self._remember_blocks(request)
+            self._remember_blocks(request, request.num_computed_tokens - take)
             if request.num_computed_tokens < request.num_tokens:
                 continue  # a prefill chunk with more to come: no token yet
             request.num_output_tokens += 1
@@ -965,6 +1012,11 @@ def simulate_benchmark(model: PerformanceModel, *, input_len: int, output_len: i
             submit_due()
             continue
         plan = scheduler.schedule(now)
+        next_admissible_s = scheduler.next_admissible_s()
+        if plan is None and next_admissible_s is not None and next_admissible_s > now:
+            now = next_admissible_s  # idle while the next request is on its way in
+            submit_due()
+            continue
         if plan is None:
             raise RuntimeError("scheduler stalled: a request does not fit the KV cache")
         estimate = vllm_mfu_estimate(model, [

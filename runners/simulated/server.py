@@ -401,6 +401,13 @@ class SimulatedEngine:
             if self.is_hung:
                 await asyncio.Event().wait()  # a wedged engine: alive, silent
             plan = replica.scheduler.schedule(replica.clock_s)
+            admissible_s = replica.scheduler.next_admissible_s()
+            if plan is None and admissible_s is not None and admissible_s > replica.clock_s:
+                # Idle while the next request is on its way through the API server
+                # (model.API_LAG_PER_STREAM_S): later arrivals reach it later still.
+                await asyncio.sleep(max(0.0, admissible_s + replica.lag_s - loop.time()))
+                replica.clock_s = admissible_s
+                continue
             if plan is None:  # work that cannot be scheduled yet: wait for a change
                 await self._idle(replica)
                 continue
@@ -502,10 +509,12 @@ class SimulatedEngine:
                 # As vLLM: the whole prompt counts once, cached or recomputed after preemption.
                 m.prompt_tokens.labels(model_name=name).inc(request.num_prompt_tokens)
                 m.prompt_tokens_cached.labels(model_name=name).inc(request.num_cached_tokens)
-                m.ttft.labels(model_name=name).observe(now - request.arrival_s)
+                # vLLM's histograms start when the request reached the engine: the trip
+                # through the API server and the client (admissible_s) is the client's alone.
+                m.ttft.labels(model_name=name).observe(now - request.admissible_s)
                 if request.first_scheduled_s is not None:
                     m.queue.labels(model_name=name).observe(
-                        request.first_scheduled_s - request.arrival_s)
+                        request.first_scheduled_s - request.admissible_s)
             stream = self._streams.get(request)
             if stream is not None:
                 stream.events.put_nowait(event)
@@ -614,7 +623,7 @@ class SimulatedEngine:
                 yield event
                 if event.is_finished:
                     self.metrics.e2e.labels(model_name=self.metrics.model_name).observe(
-                        now - request.arrival_s)
+                        now - request.admissible_s)
                     return
         finally:
             self._streams.pop(request, None)

@@ -77,8 +77,9 @@ def test_speculation_without_modelled_acceptance_only_costs() -> None:
         assert spec.output_throughput <= base.output_throughput, method
 
 
-def test_a_larger_stream_interval_cuts_host_time_and_sends_fewer_chunks() -> None:
-    assert decode_step_s({"stream_interval": 16}) < decode_step_s({})
+def test_a_larger_stream_interval_sends_fewer_chunks_and_leaves_the_step_alone() -> None:
+    # vLLM 0.26 buffers tokens in the API server's output processor, not in the engine core.
+    assert decode_step_s({"stream_interval": 16}) == decode_step_s({})
     model = model_for({"stream_interval": 4})
     scheduler = Scheduler(model)
     request = SimRequest("r", num_prompt_tokens=16, max_tokens=10, arrival_s=0.0)
