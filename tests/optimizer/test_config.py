@@ -262,8 +262,8 @@ def test_the_workload_must_fit_the_context_vllm_derives_from_the_models_config(
     fixed = {**BASE, "workload": long, "fixed_flags": {"max_model_len": "64k"}}
     # vLLM 0.26 refuses a max_model_len over the context it derives from config.json
     # (Qwen2.5-7B has no rope_scaling: 32768) unless told to allow it.
-    with pytest.raises(ConfigError, match="fixed_flags.max_model_len: 64000 is over the 32768 "
-                                          "tokens vLLM derives.*VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
+    with pytest.raises(ConfigError, match=r"fixed_flags\.max_model_len: 64000 is over the "
+                                          r"32768 tokens vLLM derives.*VLLM_ALLOW_LONG"):
         check_before_start(parse_study(fixed))
     check_before_start(parse_study({**fixed, "env": {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}}))
     # A lognormal of mean 8k (sigma 1) without `high` draws past 32k once in about 34 requests.
