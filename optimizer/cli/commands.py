@@ -20,7 +20,7 @@ from optimizer.cli.live import LiveProgress
 from optimizer.cli.output import add_log_file, console, out, setup_logging
 from optimizer.cli.table import TableRow, figure, objective_header, trial_table
 from optimizer.config import StudyConfig, load_study
-from optimizer.errors import ConfigError, NightshiftError
+from optimizer.errors import ConfigError, NightshiftError, describe
 from optimizer.records import objective_unit
 
 if TYPE_CHECKING:
@@ -120,6 +120,21 @@ def start(
                 summary = daemon.run()
         else:
             summary = daemon.run()
+    except Exception as exc:
+        if isinstance(exc, NightshiftError) and exc.exit_code == 2:
+            raise  # refused before anything ran (another daemon holds the study)
+        # The daemon stopped mid-study (its trials ended, its engines and workers gone): one
+        # line and the resume command here, the traceback in the daemon's log only.
+        log_file.handle(logging.LogRecord(logger.name, logging.ERROR, __file__, 0,
+                                          "the daemon stopped on an error", None,
+                                          sys.exc_info()))
+        what = str(exc) if isinstance(exc, NightshiftError) else (
+            f"the daemon stopped on an unexpected error ({describe(exc)}); its trials in "
+            f"flight were stopped and their engines ended; the traceback is in "
+            f"{cfg.results_dir / 'daemon.log'}.")
+        console.print(f"[red]error:[/] {what}", highlight=False, soft_wrap=True)
+        console.print(f"resume with: {resume}", soft_wrap=True)
+        raise typer.Exit(1) from None
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
