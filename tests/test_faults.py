@@ -9,6 +9,8 @@ is failed (or retried) with its reason, Optuna and MLflow agree, and no engine o
 | OOM at start                   | sim_oom_at_start               | failed oom_at_start          |
 | CUDA graph capture failure     | sim_graph_capture_fail         | failed cuda_graph_capture    |
 | port taken before engine binds | a socket held on that port     | relaunched; completes        |
+| healthy, then no token at all  | sim_hang_after_requests: 0     | failed hang within the stall |
+|                                |                                | timeout, not 3 request waits |
 | daemon SIGKILLed, restarted    | kill -9 (optimizer/test_daemon)| daemon_lost, re-queued once  |
 | daemon killed mid-sampling     | half-asked trial (test_daemon) | daemon_lost, no run; only an |
 |                                |                                | enqueued config re-queued    |
@@ -154,6 +156,26 @@ def test_port_taken_before_the_engine_binds_it_is_relaunched(tmp_path: Path) -> 
     assert result.status == "complete", result.failure
     assert f"--port {busy}" not in " ".join(result.argv), "the relaunch took another port"
     assert "Address already in use" in (tmp_path / "trial" / "server.log").read_text()
+
+
+def test_an_engine_healthy_but_silent_at_readiness_fails_as_hung_within_the_stall_timeout(
+        tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from runners.base import EngineConfig
+
+    runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
+                          tmp_path / "engines", stall_timeout_s=1.0)
+    config = EngineConfig(model="qwen2.5-7b", load_format="dummy",
+                          flags={"sim_hang_after_requests": 0})
+    started = time.monotonic()
+    result = runner.run(config, replace(small_workload(), request_timeout_s=600.0),
+                        tmp_path / "trial")
+    assert result.failure is not None and result.failure.reason == FailureReason.HANG, \
+        result.failure
+    assert "readiness completion" in result.failure.message
+    assert time.monotonic() - started < 60, "one stall timeout, not request_timeout_s"
+    assert list((tmp_path / "engines").glob("*.json")) == [], "no engine left"
 
 
 def _ray_worker_pids() -> list[int]:
