@@ -426,6 +426,7 @@ async def send_request(
     }
     start = time.perf_counter()
     ttft: float | None = None
+    is_done = False
     most_recent = start
     itls: list[float] = []
     num_chunks = 0
@@ -452,6 +453,7 @@ async def send_request(
                     continue
                 data_str = line[len("data:"):].strip()
                 if data_str == "[DONE]":
+                    is_done = True
                     break
                 timestamp = time.perf_counter()
                 if on_chunk is not None:
@@ -489,6 +491,11 @@ async def send_request(
         return _failed(spec, start, f"{type(exc).__name__}: {exc}")
     if ttft is None:
         return _failed(spec, start, "stream ended without a chunk carrying a token")
+    if not is_done:
+        # Cut short (a proxy, a server dying politely): its tokens and latencies are those of
+        # a shorter request than the one asked for, so it is no measurement of it.
+        return _failed(spec, start, f"stream ended without [DONE] after {num_chunks} chunks "
+                                    f"of {spec.output_len} tokens")
     output_tokens = usage_output_tokens or num_chunks  # a chunk may carry several tokens
     # The server's count stands in the figures (as in vLLM's); the client's is kept beside it
     # so that the two can be compared (`prompt_len_gap`), neither trusted silently.

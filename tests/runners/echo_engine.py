@@ -5,7 +5,8 @@ Streams `max_tokens` fake tokens over SSE as vLLM 0.26 does (text chunks, then a
 with `choices: []`, then `[DONE]`): the first after `ttft_ms`, the rest every `tpot_ms` on an
 absolute schedule so sleep overheads do not accumulate. The model name picks a behaviour:
 "echo" (normal), "chunked" (3 tokens a chunk), "error" (HTTP 500), "hang" (one token, then
-silence). GET /stats reports the most requests it had in flight at once; DELETE /stats resets it.
+silence), "truncated" (half the tokens, then the stream closes without usage or [DONE]).
+GET /stats reports the most requests it had in flight at once; DELETE /stats resets it.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ def build_app(ttft_ms: float, tpot_ms: float) -> Starlette:
                                       "finish_reason": finish}]})
                     if model == "hang":
                         await asyncio.sleep(3600)
+                    if model == "truncated" and sent * 2 >= num_tokens:
+                        return
                 yield _chunk({"id": "cmpl-echo", "object": "text_completion", "model": model,
                               "choices": [], "usage": {
                                   "prompt_tokens": prompt_tokens,

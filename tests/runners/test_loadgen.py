@@ -320,6 +320,14 @@ def test_http_errors_are_counted_as_failures_not_raised(echo_url: str) -> None:
     assert result.metrics.request_goodput == 0.0
 
 
+def test_a_stream_cut_short_without_done_is_a_failed_request(echo_url: str) -> None:
+    result = run_level_sync(echo_url, "truncated", _specs(2, 10), LoadLevel(), SLO(),
+                            timeout_s=30, seed=0)
+    assert (result.metrics.completed, result.metrics.failed) == (0, 2), \
+        "a stream that stops before [DONE] measured a shorter request than the one sent"
+    assert all("without [DONE]" in o.error for o in result.outputs)
+
+
 def test_unreachable_server_gives_failed_requests() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     result = run_level_sync(url, "echo", _specs(2, 5), LoadLevel(), SLO(), timeout_s=5, seed=0)
