@@ -438,10 +438,14 @@ class SearchPolicy:
         failure = Failure(FailureReason(record.failure_reason), record.failure_message or "") \
             if record.failure_reason else None
         retryable = failure is not None and failure.is_retryable
-        if failure is not None and item.retries < self.cfg.spec.retries and (
-                retryable or (item.is_baseline and failure.reason in ONE_OFF_FAILURES)) \
-                and requeue(self.study, item.trial.number, item.params,
-                            item.trial.user_attrs, item.retries + 1):
+        # A stop (`stop --now`, a second Ctrl-C) is nobody's fault: the trial always goes back
+        # in the queue, as its record says, and spends none of its retries.
+        is_stopped = failure is not None and failure.reason == FailureReason.INTERRUPTED
+        is_retried = failure is not None and item.retries < self.cfg.spec.retries and (
+            retryable or (item.is_baseline and failure.reason in ONE_OFF_FAILURES))
+        if failure is not None and (is_stopped or is_retried) and requeue(
+                self.study, item.trial.number, item.params, item.trial.user_attrs,
+                item.retries + (not is_stopped)):
             logger.info("trial %d re-queued after %s%s", item.trial.number, failure.reason,
                         " (the defaults: every gain is measured against them)"
                         if item.is_baseline and not retryable else "")

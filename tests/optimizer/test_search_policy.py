@@ -158,6 +158,22 @@ def test_a_trial_measured_before_the_defaults_is_recorded_after_them(tmp_path: P
         "no defaults measurement" not in held.conclusion, held.conclusion
 
 
+def test_a_trial_stopped_in_flight_again_and_again_is_re_queued_each_time(
+        tmp_path: Path) -> None:
+    policy = _policy(tmp_path, max_num_seqs=[256, 512])  # retries: 1, the default
+    numbers = []
+    for _ in range(3):  # `stop --now` three nights running, each time during the defaults
+        running = policy.next_launch(lambda num_gpus: not policy.running)
+        assert running is not None and running.is_baseline, "the defaults, re-queued as such"
+        numbers.append(running.trial.number)
+        policy.interrupted(running)
+    trials = policy.study.get_trials(deepcopy=False)
+    waiting = [t for t in trials if t.state == TrialState.WAITING]
+    assert [t.user_attrs["retry_of"] for t in waiting] == [numbers[-1]], \
+        "re-queued after every stop, as its record says"
+    assert waiting[0].user_attrs["retries"] == 0, "a stop spends none of its retries"
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_the_policy_never_hands_out_a_config_twice(tmp_path: Path, seed: int) -> None:
     (tmp_path / str(seed)).mkdir()
