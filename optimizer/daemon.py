@@ -313,14 +313,21 @@ class Daemon:
         is_lost = result.failure is not None and result.failure.reason in (
             FailureReason.WORKER_LOST, FailureReason.NODE_LOST, FailureReason.INTERNAL)
         self.executor.release(item.handle, healthy=not is_lost)
-        if result.failure is not None and result.failure.reason == FailureReason.NODE_LOST:
-            policy.total_gpus = self.executor.shrink_to_live()
-            logger.warning("trial %d: a cluster node died; %d GPUs left", number,
-                           policy.total_gpus)
+        reason = result.failure.reason if result.failure is not None else None
+        if reason in (FailureReason.NODE_LOST, FailureReason.WORKER_LOST):
+            # A lost worker may be a lost node too (the local raylet gone takes every worker
+            # with it, and a trial launched on it would wait forever): plan with the GPUs Ray
+            # still counts; a dead node is waited for until Ray counts it out.
+            before = policy.total_gpus
+            policy.total_gpus = self.executor.shrink_to_live(
+                timeout_s=30.0 if reason == FailureReason.NODE_LOST else 0.0)
+            if reason == FailureReason.NODE_LOST or policy.total_gpus < before:
+                logger.warning("trial %d: a Ray node died; %d GPUs left", number,
+                               policy.total_gpus)
             if policy.total_gpus < 1:
-                logger.error("no GPU is left in the Ray cluster; stopping (resume with "
-                             "`nightshift start` once nodes are back)")
-                self.request_stop()
+                logger.error("no GPU is left in the Ray cluster; stopping now (resume with "
+                             "`nightshift start` once it is back)")
+                self.request_stop(now=True)
         if is_lost:  # the worker died; its engine, in a session of its own, did not
             reaped = reap_strays(self.registry_dir, under=item.workdir)
             if reaped:

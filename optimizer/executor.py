@@ -126,8 +126,9 @@ class Executor(Protocol):
         """Free the trial's GPUs; `healthy=False` discards its worker."""
         ...
 
-    def shrink_to_live(self) -> int:
-        """After a node died: plan with the GPUs left; returns them."""
+    def shrink_to_live(self, timeout_s: float = 30.0) -> int:
+        """After a worker or node died: plan with the GPUs of the nodes left, waiting up to
+        `timeout_s` for a dead node to be counted out; returns them."""
         ...
 
     def reap_elsewhere(self, registry_dir: Path) -> dict[str, list[int]]:
@@ -202,7 +203,7 @@ class InlineExecutor:
             self._running.remove(handle)
             handle.session.shutdown()
 
-    def shrink_to_live(self) -> int:
+    def shrink_to_live(self, timeout_s: float = 30.0) -> int:
         return self.total_gpus
 
     def reap_elsewhere(self, registry_dir: Path) -> dict[str, list[int]]:

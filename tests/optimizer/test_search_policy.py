@@ -270,3 +270,39 @@ def test_a_fixed_flag_is_no_trials_change_in_its_conclusion(tmp_path: Path) -> N
     assert seeded is not None and seeded.params["max_model_len"] == 4096
     assert "max_num_seqs=64" in seeded.conclusion
     assert "max_model_len" not in seeded.conclusion
+
+
+class _LostRunner(ScriptedRunner):
+    """Its worker dies under every trial, as when the local Ray's raylet is gone."""
+
+    def run(self, config: EngineConfig, workload: Workload, workdir: Path,
+            on_step: Callable[[StepMetrics], bool] | None = None) -> RunResult:
+        self.launched.append(dict(config.flags))
+        return RunResult(status="failed", failure=Failure(FailureReason.WORKER_LOST,
+                                                          "scripted ActorDiedError"))
+
+
+class _NodeGoneExecutor(InlineExecutor):
+    """The lost worker's node went with it: Ray counts no GPU left."""
+
+    def shrink_to_live(self, timeout_s: float = 30.0) -> int:
+        self.total_gpus = 0
+        return 0
+
+
+def test_a_lost_worker_whose_gpus_are_gone_stops_the_study_instead_of_waiting_forever(
+        tmp_path: Path) -> None:
+    space_path = categorical_space(tmp_path, max_num_seqs=[256, 512])
+    cfg = load_study(write_study(tmp_path, trials=4, search_space=str(space_path)))
+    launched: list[dict[str, Any]] = []
+    daemon = Daemon(cfg, space=load_space(space_path).resolve({}), executor=_NodeGoneExecutor(
+        lambda: _LostRunner(lambda flags: 1.0, launched), total_gpus=1),
+        registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
+        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        summarize=study_summary, poll_s=0.01)
+    summary = daemon.run()
+    assert summary.stopped_early, "stopped, for a resume once Ray is back"
+    assert len(launched) == 1, "nothing launched on GPUs Ray no longer has"
+    study = optuna.load_study(study_name=cfg.name, storage=cfg.storage_url)
+    assert [t.user_attrs.get("retry_of") for t in study.get_trials(
+        deepcopy=False, states=(TrialState.WAITING,))] == [0], "the lost trial is re-queued"
