@@ -54,8 +54,7 @@ class TrialSession:
                              engine_started_unix_s=result.engine_started_unix_s,
                              engine_ended_unix_s=result.engine_ended_unix_s,
                              failure=Failure(FailureReason.INTERRUPTED,
-                                             "the daemon was stopped with this trial in flight; "
-                                             "it is re-queued on resume."))
+                                             "the daemon was stopped with this trial in flight."))
         return result
 
     def _on_step(self, step: StepMetrics) -> bool:

@@ -174,6 +174,23 @@ def test_a_trial_stopped_in_flight_again_and_again_is_re_queued_each_time(
     assert waiting[0].user_attrs["retries"] == 0, "a stop spends none of its retries"
 
 
+def test_a_lost_trials_record_says_whether_it_was_re_queued(tmp_path: Path) -> None:
+    policy = _policy(tmp_path, max_num_seqs=[256, 512])  # retries: 1, the default
+    lost = RunResult(status="failed", failure=Failure(FailureReason.WORKER_LOST,
+                                                      "the Ray worker running this trial died."))
+    conclusions = []
+    for _ in range(2):  # the defaults' worker dies, and again under its retry
+        running = policy.next_launch(lambda num_gpus: not policy.running)
+        assert running is not None and running.is_baseline
+        policy.on_result(running, lost)
+        record = record_of(policy.study.get_trials(deepcopy=False)[running.trial.number])
+        assert record is not None
+        conclusions.append(record.conclusion)
+    assert conclusions[0].endswith("died; re-queued."), conclusions[0]
+    assert conclusions[1].endswith("died; not re-queued (retried 1 times already)."), \
+        "a trial out of retries is not said to be re-queued"
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_the_policy_never_hands_out_a_config_twice(tmp_path: Path, seed: int) -> None:
     (tmp_path / str(seed)).mkdir()
