@@ -46,7 +46,14 @@ class TrialSession:
             self._pending.clear()
             self._decisions.clear()
             self._cancelled = False
-        result: RunResult = self._runner.run(config, workload, Path(workdir), self._on_step)
+        try:
+            result: RunResult = self._runner.run(config, workload, Path(workdir), self._on_step)
+        except OSError as exc:  # the runner tore its engine down; the host is to blame
+            return RunResult(status="failed", failure=Failure(
+                FailureReason.HOST_ERROR,
+                f"the host refused the trial's files or processes ({type(exc).__name__}: "
+                f"{str(exc)[:300]}).",
+                "" if exc.filename is None else f"path: {exc.filename}"))
         if self._cancelled:
             return RunResult(status="failed", steps=result.steps, engine=result.engine,
                              argv=result.argv, env=result.env, server_log=result.server_log,

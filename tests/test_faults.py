@@ -11,6 +11,8 @@ is failed (or retried) with its reason, Optuna and MLflow agree, and no engine o
 | port taken before engine binds | a socket held on that port     | relaunched; completes        |
 | healthy, then no token at all  | sim_hang_after_requests: 0     | failed hang within the stall |
 |                                |                                | timeout, not 3 request waits |
+| host refuses the trial's files | a file where its workdir goes  | failed host_error, retryable |
+|                                |                                | (not internal)               |
 | daemon SIGKILLed, restarted    | kill -9 (optimizer/test_daemon)| daemon_lost, re-queued once  |
 | daemon killed mid-sampling     | half-asked trial (test_daemon) | daemon_lost, no run; only an |
 |                                |                                | enqueued config re-queued    |
@@ -176,6 +178,19 @@ def test_an_engine_healthy_but_silent_at_readiness_fails_as_hung_within_the_stal
     assert "readiness completion" in result.failure.message
     assert time.monotonic() - started < 60, "one stall timeout, not request_timeout_s"
     assert list((tmp_path / "engines").glob("*.json")) == [], "no engine left"
+
+
+def test_a_host_that_refuses_a_trials_files_fails_it_as_the_hosts_fault(tmp_path: Path) -> None:
+    from optimizer.executor import TrialSession
+    from runners.base import EngineConfig
+
+    (tmp_path / "trial").write_text("a file where the trial's directory goes")  # as EEXIST,
+    session = TrialSession(EngineRunner(SimulatedLauncher("h200"), tmp_path / "engines"))
+    result = session.run(EngineConfig(model="qwen2.5-7b", load_format="dummy"),  # ENOSPC,
+                         small_workload(), str(tmp_path / "trial"))  # EACCES would
+    assert result.failure is not None and result.failure.reason == FailureReason.HOST_ERROR, \
+        "an OSError of the host is neither the config's failure nor a bug of ours"
+    assert result.failure.is_retryable and "FileExistsError" in result.failure.message
 
 
 def _ray_worker_pids() -> list[int]:
