@@ -153,8 +153,8 @@ class Daemon:
                 raise StorageError(
                     f"the Optuna storage {self.cfg.storage_url} failed mid-study "
                     f"({describe(exc)}){_storage_file_note(self.cfg.storage_url)}; the trials in "
-                    "flight were stopped and their engines ended; fix the storage, then "
-                    "resume (they are re-queued).") from exc
+                    "flight were stopped and their engines ended; fix the storage, then resume: "
+                    "it recovers what could not be recorded.") from exc
             raise
         finally:
             if self._lease is not None:

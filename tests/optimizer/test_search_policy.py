@@ -191,6 +191,18 @@ def test_a_lost_trials_record_says_whether_it_was_re_queued(tmp_path: Path) -> N
         "a trial out of retries is not said to be re-queued"
 
 
+def test_a_trial_the_stop_left_waiting_for_gpus_is_not_launched_not_rejected(
+        tmp_path: Path) -> None:
+    policy = _policy(tmp_path, max_num_seqs=[256, 512])
+    room = iter([True])  # room to ask for a trial, then none for its GPUs
+    assert policy.next_launch(lambda num_gpus: next(room, False)) is None and policy.waiting
+    number = policy.waiting[0].trial.number
+    policy.release_waiting()  # the daemon stops
+    record = record_of(policy.study.get_trials(deepcopy=False)[number])
+    assert record is not None and record.conclusion.startswith("not launched (interrupted)"), \
+        "only a config refused for what it is is 'rejected before launch'"
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_the_policy_never_hands_out_a_config_twice(tmp_path: Path, seed: int) -> None:
     (tmp_path / str(seed)).mkdir()
