@@ -34,6 +34,7 @@ Issue 19's faults, each held by a test of its own module:
 | RAY_ADDRESS: live Ray    | a second Ray             | its own Ray, loopback      | R2     |
 | socket beyond loopback   | every socket listed      | all on 127/8 or ::1        | R2     |
 | restart, store read-only | chattr +i db / artifacts | one line, exit 2           | T1     |
+| start, optuna.db r/o     | chattr +i optuna.db      | one line, exit 2           | T3     |
 | finish cut halfway       | run reset, store zeroed  | caught up once             | T2     |
 | bad store on CLI / env   | --storage, env var       | one line, exit 2           | V1, V2 |
 | database server refuses  | mysql+pymysql://...:9    | one line, exit 2           | C1     |
@@ -48,8 +49,9 @@ test_a_one_off_crash_of_the_defaults_is_retried_and_the_gain_stands,
 test_defaults_that_cannot_be_measured_are_named_at_the_end_and_in_the_report);
 R1-R2: tests/test_faults_ray.py (test_a_local_study_ignores_a_ray_address_naming_no_cluster,
 test_a_local_study_runs_its_own_ray_on_loopback_only_beside_another_cluster);
-T1-T2: tests/test_faults_tracking.py (test_a_restart_with_a_read_only_store_is_refused_up_front_
-and_writes_nothing, test_the_catch_up_logs_what_mlflow_missed_once_with_server_logs);
+T1-T3: tests/test_faults_tracking.py (test_a_restart_with_a_read_only_store_is_refused_up_front_
+and_writes_nothing, test_the_catch_up_logs_what_mlflow_missed_once_with_server_logs,
+test_a_start_on_a_read_only_optuna_database_is_refused_up_front_and_writes_nothing);
 V1-V5: tests/test_faults_validation.py (test_bad_store_on_the_command_line_is_refused_before_
 anything_is_written, test_bad_tracking_uri_from_the_environment_is_refused,
 test_a_prompts_file_the_load_generator_cannot_read_is_refused_up_front,
