@@ -1,6 +1,6 @@
 """Store faults at a restart, on a real MLflow sqlite store and real studies: a store (MLflow's
-or the Optuna database) that reads but refuses writes is refused up front, and the catch-up on a restart logs what
-MLflow missed exactly once, server logs included.
+or the Optuna database) that reads but refuses writes is refused up front, and the catch-up on
+a restart logs what MLflow missed exactly once, server logs included.
 
 | fault                          | injected by                    | outcome                      |
 |--------------------------------|--------------------------------|------------------------------|
