@@ -98,13 +98,18 @@ def start(
     cfg = cfg.with_overrides(tracking_uri=tracking_uri, storage=storage, trials=trials)
     setup_logging(verbose)
     progress = None if no_progress or not console.is_terminal else LiveProgress(cfg)
-    daemon, notes = build_daemon(cfg, dry_run=dry_run, ray_address=ray_address,
-                                 on_event=progress.on_event if progress else None)
+    resume = f"nightshift start {study}" + (" --dry-run" if dry_run else "")
+    try:
+        daemon, notes = build_daemon(cfg, dry_run=dry_run, ray_address=ray_address,
+                                     on_event=progress.on_event if progress else None)
+    except KeyboardInterrupt:  # before the daemon's own handler: Ray may be starting
+        console.print(f"interrupted while starting: nothing was launched; resume with: "
+                      f"{resume}", soft_wrap=True)
+        raise typer.Exit(130) from None
     # Only now, with the study validated, does anything get written under results_dir.
     log_file = add_log_file(cfg.results_dir / "daemon.log")
     for note in notes:
         logger.info(note)
-    resume = f"nightshift start {study}" + (" --dry-run" if dry_run else "")
 
     def _on_signal(signum: int, frame: Any) -> None:
         now = daemon.stopping
