@@ -469,4 +469,5 @@ def _storage_file_note(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     path = Path(str(make_url(url).database)).expanduser()
-    return "" if path.exists() else f", and its file {path} is gone (the study starts anew)"
+    return "" if path.exists() else \
+        f", and its file {path} is gone (a resume starts the study anew)"

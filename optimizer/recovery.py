@@ -102,9 +102,12 @@ class Recovery:
                 except Exception as exc:  # any store error: the catch-up finds it by its tag
                     logger.warning("trial %d: MLflow start_trial failed (%s); logged on the "
                                    "next resume", trial.number, describe(exc))
-            study.tell(trial.number, state=TrialState.FAIL)
+            # Queued before the trial is told: a daemon killed in between leaves a trial
+            # RUNNING (recovered again, its second copy then a repeat that launches nothing),
+            # never a trial failed as "re-queued" with no copy queued.
             if fate == "re-queued":
                 requeue(study, trial.number, trial.params, attrs, retries + 1)
+            study.tell(trial.number, state=TrialState.FAIL)
             logger.warning("trial %d was in flight when the daemon exited: failed, %s",
                            trial.number, fate)
         self.catch_up()

@@ -439,16 +439,17 @@ class SearchPolicy:
             result = replace(result, failure=replace(
                 failure, message=f"{failure.message.rstrip().rstrip('.')}; "
                                  f"{self._fate(item, again)}."))
-        record = record_result(self, item, result)
-        self.remember(item.trial.number, record)
-        self.finished_here += 1
         if failure is not None and again:
-            # A stop (`stop --now`, a second Ctrl-C) is nobody's fault: it spends no retry.
+            # Queued before the trial is told (as `Recovery` does). A stop (`stop --now`, a
+            # second Ctrl-C) is nobody's fault: it spends no retry.
             requeue(self.study, item.trial.number, item.params, item.trial.user_attrs,
                     item.retries + (failure.reason != FailureReason.INTERRUPTED))
             logger.info("trial %d re-queued after %s%s", item.trial.number, failure.reason,
                         " (the defaults: every gain is measured against them)"
                         if item.is_baseline and not failure.is_retryable else "")
+        record = record_result(self, item, result)
+        self.remember(item.trial.number, record)
+        self.finished_here += 1
         self.log.told(Told("measured", item.trial.number, record, run_id=item.run_id,
                            result=result, running=item))
 
