@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,7 +22,7 @@ from optuna.trial import FrozenTrial
 from optimizer import quality
 from optimizer.config import StudyConfig
 from optimizer.confirm import confirm
-from optimizer.errors import TrackingError, WorkerLost
+from optimizer.errors import StorageError, TrackingError, WorkerLost, describe
 from optimizer.executor import Executor, TrialHandle
 from optimizer.lock import StorageLease, StudyLock, is_local_file_storage, study_lock_path
 from optimizer.outcomes import Running, Told
@@ -146,62 +147,89 @@ class Daemon:
         lock = StudyLock(study_lock_path(self.cfg))
         lock.acquire(self.cfg.name, self.cfg.storage_url)
         try:
-            storage = make_storage(self.cfg.storage_url)
-            study = open_study(self.cfg, storage=storage)
-            for key, value in self.study_attrs.items():  # as of this start
-                study.set_user_attr(key, value)
-            if not is_local_file_storage(self.cfg.storage_url):  # daemons on other hosts
-                lease = StorageLease(storage, storage.get_study_id_from_name(self.cfg.name),
-                                     self.cfg.name)
-                lease.acquire()
-                self._lease = lease
-            self._reap_strays()
-            try:
-                self._parent_run = self.tracker.start_study(
-                    self.cfg.name, params=self.study_params, artifacts=self.study_artifacts,
-                    objectives=dict(zip(self.cfg.objectives, self.cfg.directions, strict=True)))
-            except Exception as exc:  # the store broke since the start-up check: start nothing
-                raise TrackingError(
-                    f"MLflow refused the study's run at {self.cfg.tracking_uri} "
-                    f"({type(exc).__name__}: {str(exc)[:200]}); nothing was launched; fix the "
-                    "store and run `nightshift start` again.") from exc
-            if self.study_tags:
-                self.tracker.set_study_tags(self._parent_run, self.study_tags)
-            Recovery(study, storage, self.space, self.tracker, self._parent_run, self.cfg.name,
-                     self.cfg.results_dir, self.cfg.spec.retries,
-                     fixed_flags=self.cfg.engine_fixed_flags).run()
-            policy = SearchPolicy(self.cfg, self.space, study, workload=self.workload,
-                                  total_gpus=self.executor.total_gpus,
-                                  max_gpus_per_node=self.max_gpus_per_node,
-                                  hardware=self.hardware, model=self.model, log=_MlflowLog(self),
-                                  storage=storage,
-                                  compiled_elsewhere=self.compiled_elsewhere)
-            self.policy = policy
-            policy.prepare(self.seed_trials, self.warm_seeds, self.template_trials)
-            try:
-                self._loop(policy)
-                if not self.stopping:
-                    confirm(study, self.cfg, lambda params, label: self._measure_alone(
-                        policy, params, label), lambda: self.stopping)
-            finally:
-                for item in list(self._inflight):  # an exception escaped: fail, never orphan
-                    self._cancel(policy, item)
-                policy.record_deferred(force=True)
-                policy.release_waiting()
-                self.executor.shutdown()
-                # Every trial was collected, so an engine still recorded has no worker left (Ray
-                # went down under it, as a killed driver takes its local cluster): end it now
-                # rather than at the next start.
-                orphans = reap_strays(self.registry_dir)
-                if orphans:
-                    logger.warning("reaped %d engine processes whose workers were gone: %s",
-                                   len(orphans), orphans)
-            return self._finish(study, policy)
+            return self._run_locked()
+        except Exception as exc:
+            if _is_storage_error(exc):  # the source of truth failed: nothing can be recorded
+                raise StorageError(
+                    f"the Optuna storage {self.cfg.storage_url} failed mid-study "
+                    f"({describe(exc)}){_storage_file_note(self.cfg.storage_url)}; the trials in "
+                    "flight were stopped and their engines ended; fix the storage, then resume: "
+                    "it recovers what could not be recorded.") from exc
+            raise
         finally:
             if self._lease is not None:
                 self._lease.release()
                 self._lease = None
             lock.release()
+
+    def _run_locked(self) -> DaemonSummary:
+        storage = make_storage(self.cfg.storage_url)
+        study = open_study(self.cfg, storage=storage)
+        for key, value in self.study_attrs.items():  # as of this start
+            study.set_user_attr(key, value)
+        if not is_local_file_storage(self.cfg.storage_url):  # daemons on other hosts
+            lease = StorageLease(storage, storage.get_study_id_from_name(self.cfg.name),
+                                 self.cfg.name)
+            lease.acquire()
+            self._lease = lease
+        self._reap_strays()
+        try:
+            self._parent_run = self.tracker.start_study(
+                self.cfg.name, params=self.study_params, artifacts=self.study_artifacts,
+                objectives=dict(zip(self.cfg.objectives, self.cfg.directions, strict=True)))
+        except Exception as exc:  # the store broke since the start-up check: start nothing
+            raise TrackingError(
+                f"MLflow refused the study's run at {self.cfg.tracking_uri} "
+                f"({describe(exc)}); nothing was launched; fix the "
+                "store and run `nightshift start` again.") from exc
+        if self.study_tags:
+            self.tracker.set_study_tags(self._parent_run, self.study_tags)
+        Recovery(study, storage, self.space, self.tracker, self._parent_run, self.cfg.name,
+                 self.cfg.results_dir, self.cfg.spec.retries,
+                 fixed_flags=self.cfg.engine_fixed_flags).run()
+        policy = SearchPolicy(self.cfg, self.space, study, workload=self.workload,
+                              total_gpus=self.executor.total_gpus,
+                              max_gpus_per_node=self.max_gpus_per_node,
+                              hardware=self.hardware, model=self.model, log=_MlflowLog(self),
+                              storage=storage,
+                              compiled_elsewhere=self.compiled_elsewhere)
+        self.policy = policy
+        policy.prepare(self.seed_trials, self.warm_seeds, self.template_trials)
+        try:
+            self._loop(policy)
+            if not self.stopping:
+                confirm(study, self.cfg, lambda params, label: self._measure_alone(
+                    policy, params, label), lambda: self.stopping)
+        finally:
+            self._wind_down(policy)
+        return self._finish(study, policy)
+
+    def _wind_down(self, policy: SearchPolicy) -> None:
+        """End every trial and process of this run, on any way out. Each step runs even when
+        one before it failed: a storage that refuses the records (the reason an exception may
+        be escaping) must never leave an engine or a worker behind."""
+        steps: list[tuple[str, Callable[[], object]]] = [
+            (f"stopping trial {item.running.trial.number}", partial(self._cancel, policy, item))
+            for item in list(self._inflight)]  # an exception escaped: fail, never orphan
+        steps += [("recording the trials held for the defaults",
+                   lambda: policy.record_deferred(force=True)),
+                  ("re-queuing the trials that waited for GPUs", policy.release_waiting),
+                  ("shutting the workers down", self.executor.shutdown),
+                  ("ending engines left without a worker", self._reap_orphans)]
+        for what, step in steps:
+            try:
+                step()
+            except Exception as exc:  # logged; the next step must still run
+                logger.warning("while stopping: %s failed (%s)", what, describe(exc))
+
+    def _reap_orphans(self) -> None:
+        # Every trial was collected, so an engine still recorded has no worker left (Ray went
+        # down under it, as a killed driver takes its local cluster): end it now rather than at
+        # the next start.
+        orphans = reap_strays(self.registry_dir)
+        if orphans:
+            logger.warning("reaped %d engine processes whose workers were gone: %s",
+                           len(orphans), orphans)
 
     def _reap_strays(self) -> None:
         killed = reap_strays(self.registry_dir)
@@ -285,14 +313,21 @@ class Daemon:
         is_lost = result.failure is not None and result.failure.reason in (
             FailureReason.WORKER_LOST, FailureReason.NODE_LOST, FailureReason.INTERNAL)
         self.executor.release(item.handle, healthy=not is_lost)
-        if result.failure is not None and result.failure.reason == FailureReason.NODE_LOST:
-            policy.total_gpus = self.executor.shrink_to_live()
-            logger.warning("trial %d: a cluster node died; %d GPUs left", number,
-                           policy.total_gpus)
+        reason = result.failure.reason if result.failure is not None else None
+        if reason in (FailureReason.NODE_LOST, FailureReason.WORKER_LOST):
+            # A lost worker may be a lost node too (the local raylet gone takes every worker
+            # with it, and a trial launched on it would wait forever): plan with the GPUs Ray
+            # still counts; a dead node is waited for until Ray counts it out.
+            before = policy.total_gpus
+            policy.total_gpus = self.executor.shrink_to_live(
+                timeout_s=30.0 if reason == FailureReason.NODE_LOST else 0.0)
+            if reason == FailureReason.NODE_LOST or policy.total_gpus < before:
+                logger.warning("trial %d: a Ray node died; %d GPUs left", number,
+                               policy.total_gpus)
             if policy.total_gpus < 1:
-                logger.error("no GPU is left in the Ray cluster; stopping (resume with "
-                             "`nightshift start` once nodes are back)")
-                self.request_stop()
+                logger.error("no GPU is left in the Ray cluster; stopping now (resume with "
+                             "`nightshift start` once it is back)")
+                self.request_stop(now=True)
         if is_lost:  # the worker died; its engine, in a session of its own, did not
             reaped = reap_strays(self.registry_dir, under=item.workdir)
             if reaped:
@@ -339,9 +374,8 @@ class Daemon:
             self._tracking_failed("finish_trial", number, exc)
 
     def _tracking_failed(self, action: str, number: int, exc: Exception) -> None:
-        logger.warning("trial %d: MLflow %s failed (%s: %s); the trial is kept in Optuna and "
-                       "logged to MLflow on the next resume", number, action,
-                       type(exc).__name__, str(exc)[:200])
+        logger.warning("trial %d: MLflow %s failed (%s); the trial is kept in Optuna and "
+                       "logged to MLflow on the next resume", number, action, describe(exc))
 
     def _told(self, told: Told) -> None:
         """A trial the policy told Optuna about: its run closed, a log line and an event."""
@@ -390,8 +424,8 @@ class Daemon:
         try:
             self.tracker.finish_study(self._parent_run, metrics, tags, is_done=done)
         except Exception as exc:  # any store error: the results are safe in Optuna
-            logger.warning("MLflow finish_study failed (%s: %s); rerun `nightshift start` to "
-                           "bring MLflow up to date", type(exc).__name__, str(exc)[:200])
+            logger.warning("MLflow finish_study failed (%s); rerun `nightshift start` to "
+                           "bring MLflow up to date", describe(exc))
         self.on_event(TrialEvent("study", message="done" if done else "stopped"))
         return DaemonSummary(policy.finished_here, len(finished), self.stopping and not done,
                              best.number if best else None, list(best.values)
@@ -418,3 +452,22 @@ def _first_value(policy: SearchPolicy | None, running: Running) -> float | None:
         return None
     values = objective_values(policy.cfg.objectives, running.steps)
     return values[0] if values else None
+
+
+def _is_storage_error(exc: BaseException) -> bool:
+    """Whether the Optuna storage raised it (SQLAlchemy's errors, or Optuna's wrapper of a
+    failed commit); MLflow's wrap SQLAlchemy's too, but never escape as one."""
+    import sqlalchemy.exc
+
+    return isinstance(exc, optuna.exceptions.StorageInternalError | sqlalchemy.exc.SQLAlchemyError)
+
+
+def _storage_file_note(url: str) -> str:
+    """", and its file ... is gone" where a local SQLite storage's file was removed."""
+    if not is_local_file_storage(url):
+        return ""
+    from sqlalchemy.engine import make_url
+
+    path = Path(str(make_url(url).database)).expanduser()
+    return "" if path.exists() else \
+        f", and its file {path} is gone (a resume starts the study anew)"

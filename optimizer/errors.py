@@ -7,6 +7,7 @@
      │    ├── ReadinessTimeout
      │    └── WorkerLost      the Ray worker (or its node) died
      ├── StudyLockedError     another daemon runs this study
+     ├── StorageError         the Optuna storage failed mid-study (the daemon stops; resume)
      └── TrackingError        the tracking store refused a write (MLflow)
 
 Trial-level failures never raise through the daemon: runners return them as data
@@ -49,5 +50,23 @@ class StudyLockedError(NightshiftError):
     exit_code = 2
 
 
+class StorageError(NightshiftError):
+    """The Optuna storage, the study's source of truth, failed a read or write while the daemon
+    ran: the daemon stops its trials and exits, and a resume recovers them."""
+
+
 class TrackingError(NightshiftError):
     pass
+
+
+def describe(exc: BaseException) -> str:
+    """A foreign exception as one line for a message: the type and first line of what caused
+    it (SQLAlchemy and MLflow wrap the driver's error and append the SQL), at most 200
+    characters."""
+    root = exc
+    while root.__cause__ is not None and root.__cause__ is not root:
+        root = root.__cause__
+    lines = str(getattr(root, "orig", None) or root).strip().splitlines()
+    text = lines[0].strip() if lines else ""
+    text = text.removeprefix(f"({type(root).__module__}.{type(root).__name__}) ")
+    return f"{type(root).__name__}: {text}"[:200] if text else type(root).__name__

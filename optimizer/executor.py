@@ -46,7 +46,14 @@ class TrialSession:
             self._pending.clear()
             self._decisions.clear()
             self._cancelled = False
-        result: RunResult = self._runner.run(config, workload, Path(workdir), self._on_step)
+        try:
+            result: RunResult = self._runner.run(config, workload, Path(workdir), self._on_step)
+        except OSError as exc:  # the runner tore its engine down; the host is to blame
+            return RunResult(status="failed", failure=Failure(
+                FailureReason.HOST_ERROR,
+                f"the host refused the trial's files or processes ({type(exc).__name__}: "
+                f"{str(exc)[:300]}).",
+                "" if exc.filename is None else f"path: {exc.filename}"))
         if self._cancelled:
             return RunResult(status="failed", steps=result.steps, engine=result.engine,
                              argv=result.argv, env=result.env, server_log=result.server_log,
@@ -54,8 +61,7 @@ class TrialSession:
                              engine_started_unix_s=result.engine_started_unix_s,
                              engine_ended_unix_s=result.engine_ended_unix_s,
                              failure=Failure(FailureReason.INTERRUPTED,
-                                             "the daemon was stopped with this trial in flight; "
-                                             "it is re-queued on resume."))
+                                             "the daemon was stopped with this trial in flight."))
         return result
 
     def _on_step(self, step: StepMetrics) -> bool:
@@ -126,8 +132,9 @@ class Executor(Protocol):
         """Free the trial's GPUs; `healthy=False` discards its worker."""
         ...
 
-    def shrink_to_live(self) -> int:
-        """After a node died: plan with the GPUs left; returns them."""
+    def shrink_to_live(self, timeout_s: float = 30.0) -> int:
+        """After a worker or node died: plan with the GPUs of the nodes left, waiting up to
+        `timeout_s` for a dead node to be counted out; returns them."""
         ...
 
     def reap_elsewhere(self, registry_dir: Path) -> dict[str, list[int]]:
@@ -202,7 +209,7 @@ class InlineExecutor:
             self._running.remove(handle)
             handle.session.shutdown()
 
-    def shrink_to_live(self) -> int:
+    def shrink_to_live(self, timeout_s: float = 30.0) -> int:
         return self.total_gpus
 
     def reap_elsewhere(self, registry_dir: Path) -> dict[str, list[int]]:

@@ -310,7 +310,10 @@ def tell_duplicate(policy: PolicyState, trial: optuna.Trial, params: dict[str, A
 
 def tell_without_run(policy: PolicyState, trial: optuna.Trial, params: dict[str, Any],
                       failure: Failure) -> None:
-    conclusion = f"rejected before launch ({failure.reason.value}): {failure.message}"
+    # Refused for what the config is, or not launched for what happened to the daemon (it
+    # stopped while the trial waited for GPUs): only the first is a verdict on the config.
+    what = "rejected before launch" if failure.reason in CONFIG_FAILURES else "not launched"
+    conclusion = f"{what} ({failure.reason.value}): {failure.message}"
     record = replace(TrialRecord.failed(params, failure.reason.value, failure.message,
                                         conclusion),
                      seed_source=str(trial.user_attrs.get(ATTR_SEED_SOURCE) or ""))

@@ -17,6 +17,7 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
+from optimizer.errors import describe
 from optimizer.records import ATTR_RECORD, TrialRecord, record_of, tracking_payload
 from optimizer.study import (
     ATTR_BASELINE,
@@ -83,26 +84,31 @@ class Recovery:
                 fate = f"not re-queued (retried {retries} times already)"
             record = TrialRecord.failed(
                 trial.params, FailureReason.DAEMON_LOST.value,
-                "the daemon died with this trial in flight.",
-                f"the daemon died with this trial in flight; {fate}.",
+                "the daemon exited with this trial in flight (killed, or stopped by an error).",
+                f"the daemon exited with this trial in flight; {fate}.",
                 is_baseline=bool(attrs.get(ATTR_BASELINE)))
             self._set_attr(trial, ATTR_RECORD, record.to_user_attr())
             if not trial.user_attrs.get(ATTR_MLFLOW_RUN):
                 # Asked but never launched (it waited for GPUs): give it its run now, while the
                 # trial can still take the run's id, so every Optuna trial names its one run.
+                # Or launched, with a run the dead daemon could not name in Optuna (the
+                # storage failed right after MLflow made it): that run, never a second one.
                 try:
-                    run_id = self.tracker.start_trial(
-                        self.parent_run, self.study_name, trial.number, trial.params,
-                        confirm=attrs.get(ATTR_CONFIRM))
+                    run_id = self.tracker.find_trial_run(self.study_name, trial.number) or \
+                        self.tracker.start_trial(
+                            self.parent_run, self.study_name, trial.number, trial.params,
+                            confirm=attrs.get(ATTR_CONFIRM))
                     self._set_attr(trial, ATTR_MLFLOW_RUN, run_id)
                 except Exception as exc:  # any store error: the catch-up finds it by its tag
-                    logger.warning("trial %d: MLflow start_trial failed (%s: %s); logged on "
-                                   "the next resume", trial.number, type(exc).__name__,
-                                   str(exc)[:200])
-            study.tell(trial.number, state=TrialState.FAIL)
+                    logger.warning("trial %d: MLflow start_trial failed (%s); logged on the "
+                                   "next resume", trial.number, describe(exc))
+            # Queued before the trial is told: a daemon killed in between leaves a trial
+            # RUNNING (recovered again, its second copy then a repeat that launches nothing),
+            # never a trial failed as "re-queued" with no copy queued.
             if fate == "re-queued":
                 requeue(study, trial.number, trial.params, attrs, retries + 1)
-            logger.warning("trial %d was in flight when the daemon died: failed, %s",
+            study.tell(trial.number, state=TrialState.FAIL)
+            logger.warning("trial %d was in flight when the daemon exited: failed, %s",
                            trial.number, fate)
         self.catch_up()
 
@@ -148,9 +154,8 @@ class Recovery:
         try:
             done = self.tracker.catch_up(self.study_name, self.parent_run, trials)
         except Exception as exc:  # any store error: the trials are safe in Optuna
-            logger.warning("MLflow catch-up failed (%s: %s); every trial is kept in Optuna and "
-                           "the next start logs what MLflow lacks", type(exc).__name__,
-                           str(exc)[:200])
+            logger.warning("MLflow catch-up failed (%s); every trial is kept in Optuna and "
+                           "the next start logs what MLflow lacks", describe(exc))
             return
         if done.left_running:
             logger.info("closed %d MLflow runs left RUNNING by a dead daemon", done.left_running)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import optuna
@@ -47,6 +48,7 @@ from optimizer.study import (
     engine_config,
     is_search_trial,
     requeue,
+    requeueable,
     running_trial,
 )
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics
@@ -420,33 +422,52 @@ class SearchPolicy:
     def interrupted(self, running: Running) -> None:
         """A trial stopped in flight (the daemon is stopping now): failed, re-queued unless it
         is a confirmation run."""
-        again = "it is re-queued" if ATTR_CONFIRM not in running.trial.user_attrs \
-            else "the confirmation runs whole again"
         if running in self.running:
             self.running.remove(running)
         self.caches.ended(running.trial.number, running.compile_key,
                           "cold" if running.steps else None)
         self._record(running, RunResult(status="failed", steps=tuple(running.steps),
                                         failure=Failure(
-            FailureReason.INTERRUPTED,
-            f"the daemon was stopped with this trial in flight; {again} on resume.")))
+            FailureReason.INTERRUPTED, "the daemon was stopped with this trial in flight.")))
 
     def _record(self, item: Running, result: RunResult) -> None:
+        failure = result.failure
+        again = failure is not None and self._is_requeued(item, failure)
+        if failure is not None and (failure.is_retryable or again):
+            # What became of the trial is decided here: its record says so, not its failure's
+            # source, which cannot know the retries left.
+            result = replace(result, failure=replace(
+                failure, message=f"{failure.message.rstrip().rstrip('.')}; "
+                                 f"{self._fate(item, again)}."))
+        if failure is not None and again:
+            # Queued before the trial is told (as `Recovery` does). A stop (`stop --now`, a
+            # second Ctrl-C) is nobody's fault: it spends no retry.
+            requeue(self.study, item.trial.number, item.params, item.trial.user_attrs,
+                    item.retries + (failure.reason != FailureReason.INTERRUPTED))
+            logger.info("trial %d re-queued after %s%s", item.trial.number, failure.reason,
+                        " (the defaults: every gain is measured against them)"
+                        if item.is_baseline and not failure.is_retryable else "")
         record = record_result(self, item, result)
         self.remember(item.trial.number, record)
         self.finished_here += 1
-        failure = Failure(FailureReason(record.failure_reason), record.failure_message or "") \
-            if record.failure_reason else None
-        retryable = failure is not None and failure.is_retryable
-        if failure is not None and item.retries < self.cfg.spec.retries and (
-                retryable or (item.is_baseline and failure.reason in ONE_OFF_FAILURES)) \
-                and requeue(self.study, item.trial.number, item.params,
-                            item.trial.user_attrs, item.retries + 1):
-            logger.info("trial %d re-queued after %s%s", item.trial.number, failure.reason,
-                        " (the defaults: every gain is measured against them)"
-                        if item.is_baseline and not retryable else "")
         self.log.told(Told("measured", item.trial.number, record, run_id=item.run_id,
                            result=result, running=item))
+
+    def _is_requeued(self, item: Running, failure: Failure) -> bool:
+        """Whether a failed trial goes back in the queue: always after a stop; after a failure
+        lost to infrastructure (or a one-off of the defaults) while it has retries left; never
+        a confirmation run (the comparison runs whole again)."""
+        is_retried = item.retries < self.cfg.spec.retries and (
+            failure.is_retryable or (item.is_baseline and failure.reason in ONE_OFF_FAILURES))
+        return (failure.reason == FailureReason.INTERRUPTED or is_retried) and \
+            requeueable(item.trial.user_attrs)
+
+    def _fate(self, item: Running, again: bool) -> str:
+        if again:
+            return "re-queued"
+        if not requeueable(item.trial.user_attrs):
+            return "the confirmation runs whole again"
+        return f"not re-queued (retried {item.retries} times already)"
 
     def release_waiting(self) -> None:
         """Trials asked but never launched (they waited for GPUs) must not stay RUNNING: fail

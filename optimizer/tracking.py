@@ -354,7 +354,7 @@ class Tracker:
         for run_id in sorted(running - seen):
             self.client.set_tag(run_id, TAG_FAILURE, "daemon_lost")
             self.client.set_tag(run_id, TAG_CONCLUSION,
-                                "the daemon died with this trial in flight; re-queued.")
+                                "the daemon exited with this trial in flight.")
             self.client.set_tag(run_id, TAG_STATE, "failed")
             self.client.set_terminated(run_id, "FAILED")
         return CatchUp(left_running=len(running), created=created)

@@ -230,10 +230,9 @@ def lost_worker_failure(exc: BaseException) -> Failure:
                        f"the trial raised inside its worker: {str(exc).splitlines()[-1][:300]}")
     if isinstance(exc, NodeDiedError | LocalRayletDiedError) or _NODE_DEATH.search(str(exc)):
         return Failure(FailureReason.NODE_LOST,
-                       f"the cluster node running this trial died ({type(exc).__name__}); "
-                       "re-queued on the nodes left.")
+                       f"the cluster node running this trial died ({type(exc).__name__}).")
     return Failure(FailureReason.WORKER_LOST,
-                   f"the Ray worker running this trial died ({type(exc).__name__}); re-queued.")
+                   f"the Ray worker running this trial died ({type(exc).__name__}).")
 
 
 

@@ -134,6 +134,9 @@ class FailureReason(enum.StrEnum):
     INTERRUPTED = "interrupted"  # the daemon was stopped with the trial in flight
     INFEASIBLE = "infeasible"  # rejected before launch
     INTERNAL = "internal"  # a bug of ours; the message has the traceback's last line
+    # The host refused the trial's files or processes (an OSError: disk full, permissions, a
+    # path taken): the machine's fault, neither the config's nor a bug of ours.
+    HOST_ERROR = "host_error"
     # VLLM_FORCE_AOT_LOAD=1 and no loadable compiled artefact: the start-up check of a cache
     # predicted warm failed. The runner relaunches without the check; never a trial's outcome.
     COMPILE_CACHE_MISS = "compile_cache_miss"
@@ -150,7 +153,7 @@ class Failure:
         """Lost to infrastructure, not to the config: worth one more try."""
         return self.reason in {FailureReason.PORT_IN_USE, FailureReason.WORKER_LOST,
                                FailureReason.NODE_LOST, FailureReason.DAEMON_LOST,
-                               FailureReason.INTERRUPTED}
+                               FailureReason.INTERRUPTED, FailureReason.HOST_ERROR}
 
 
 @dataclass(frozen=True)

@@ -223,13 +223,23 @@ class EngineRunner:
                     dataset=None, multi_turn=None), 1,
             seed=workload.seed)
         for attempt in range(_READINESS_ATTEMPTS):
+            # Watched for stalls as a load level is: an engine that answers /health but never
+            # a token (a wedged engine core, a stopped process) is hung, not worth three
+            # waits of request_timeout_s and then every level's stall.
             level = loadgen.run_level_sync(
                 base_url, config.served_model_name, probe, LoadLevel(max_concurrency=1),
-                workload.slo, timeout_s=workload.request_timeout_s, seed=workload.seed + attempt)
+                workload.slo, timeout_s=workload.request_timeout_s, seed=workload.seed + attempt,
+                stall_timeout_s=self.stall_timeout_s)
             if level.metrics.completed >= 1:
                 break
             if not proc.is_alive() or proc.wait(timeout_s=0.5) is not None:
                 raise _Abort(self._failure(proc, log_path, "startup"))
+            if level.stalled:
+                raise _Abort(Failure(
+                    FailureReason.HANG,
+                    f"{self.launcher.name} (pid {proc.pid}) answered /health but produced no "
+                    f"token for {self.stall_timeout_s:g} s on its readiness completion; see "
+                    f"{log_path}.", tail(log_path, 2000)))
             error = level.outputs[0].error if level.outputs else "no answer"
             logger.warning("readiness completion %d failed (%s)", attempt + 1, error[:200])
             time.sleep(1.0)

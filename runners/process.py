@@ -37,6 +37,14 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
+def _ask_group_to_exit(pgid: int) -> None:
+    """SIGTERM to a process group, then SIGCONT: a stopped process (SIGSTOP, a debugger, a
+    terminal's job control) holds a pending SIGTERM until it runs again, and would otherwise
+    sit out the whole grace period to be SIGKILLed without its own cleanup."""
+    _signal_group(pgid, signal.SIGTERM)
+    _signal_group(pgid, signal.SIGCONT)
+
+
 def _descendants(pid: int) -> list[psutil.Process]:
     """The live process tree below `pid`, including any that left its process group."""
     try:
@@ -142,7 +150,7 @@ class EngineProcess:
         # no longer be found from it.
         descendants = _descendants(self.pid)
         deadline = time.monotonic() + grace_s
-        _signal_group(self.pgid, signal.SIGTERM)
+        _ask_group_to_exit(self.pgid)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._popen.wait(timeout=grace_s)
         in_group = [p for p in descendants if _pgid_of(p) == self.pgid]
@@ -235,7 +243,7 @@ def reap_strays(registry_dir: Path, grace_s: float = 5.0, *,
             logger.warning("killing stray engine pid %d (group %d) from %s: %s",
                            proc.pid, pgid, path, " ".join(map(str, record.get("argv", []))))
             descendants = _descendants(proc.pid)
-            _signal_group(pgid, signal.SIGTERM)
+            _ask_group_to_exit(pgid)
             psutil.wait_procs([proc, *descendants], timeout=grace_s)
             _signal_group(pgid, signal.SIGKILL)
             _kill_procs([proc, *descendants])

@@ -9,6 +9,10 @@ is failed (or retried) with its reason, Optuna and MLflow agree, and no engine o
 | OOM at start                   | sim_oom_at_start               | failed oom_at_start          |
 | CUDA graph capture failure     | sim_graph_capture_fail         | failed cuda_graph_capture    |
 | port taken before engine binds | a socket held on that port     | relaunched; completes        |
+| healthy, then no token at all  | sim_hang_after_requests: 0     | failed hang within the stall |
+|                                |                                | timeout, not 3 request waits |
+| host refuses the trial's files | a file where its workdir goes  | failed host_error, retryable |
+|                                |                                | (not internal)               |
 | daemon SIGKILLed, restarted    | kill -9 (optimizer/test_daemon)| daemon_lost, re-queued once  |
 | daemon killed mid-sampling     | half-asked trial (test_daemon) | daemon_lost, no run; only an |
 |                                |                                | enqueued config re-queued    |
@@ -30,6 +34,7 @@ Issue 19's faults, each held by a test of its own module:
 | RAY_ADDRESS: live Ray    | a second Ray             | its own Ray, loopback      | R2     |
 | socket beyond loopback   | every socket listed      | all on 127/8 or ::1        | R2     |
 | restart, store read-only | chattr +i db / artifacts | one line, exit 2           | T1     |
+| start, optuna.db r/o     | chattr +i optuna.db      | one line, exit 2           | T3     |
 | finish cut halfway       | run reset, store zeroed  | caught up once             | T2     |
 | bad store on CLI / env   | --storage, env var       | one line, exit 2           | V1, V2 |
 | database server refuses  | mysql+pymysql://...:9    | one line, exit 2           | C1     |
@@ -44,8 +49,9 @@ test_a_one_off_crash_of_the_defaults_is_retried_and_the_gain_stands,
 test_defaults_that_cannot_be_measured_are_named_at_the_end_and_in_the_report);
 R1-R2: tests/test_faults_ray.py (test_a_local_study_ignores_a_ray_address_naming_no_cluster,
 test_a_local_study_runs_its_own_ray_on_loopback_only_beside_another_cluster);
-T1-T2: tests/test_faults_tracking.py (test_a_restart_with_a_read_only_store_is_refused_up_front_
-and_writes_nothing, test_the_catch_up_logs_what_mlflow_missed_once_with_server_logs);
+T1-T3: tests/test_faults_tracking.py (test_a_restart_with_a_read_only_store_is_refused_up_front_
+and_writes_nothing, test_the_catch_up_logs_what_mlflow_missed_once_with_server_logs,
+test_a_start_on_a_read_only_optuna_database_is_refused_up_front_and_writes_nothing);
 V1-V5: tests/test_faults_validation.py (test_bad_store_on_the_command_line_is_refused_before_
 anything_is_written, test_bad_tracking_uri_from_the_environment_is_refused,
 test_a_prompts_file_the_load_generator_cannot_read_is_refused_up_front,
@@ -154,6 +160,39 @@ def test_port_taken_before_the_engine_binds_it_is_relaunched(tmp_path: Path) -> 
     assert result.status == "complete", result.failure
     assert f"--port {busy}" not in " ".join(result.argv), "the relaunch took another port"
     assert "Address already in use" in (tmp_path / "trial" / "server.log").read_text()
+
+
+def test_an_engine_healthy_but_silent_at_readiness_fails_as_hung_within_the_stall_timeout(
+        tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from runners.base import EngineConfig
+
+    runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
+                          tmp_path / "engines", stall_timeout_s=1.0)
+    config = EngineConfig(model="qwen2.5-7b", load_format="dummy",
+                          flags={"sim_hang_after_requests": 0})
+    started = time.monotonic()
+    result = runner.run(config, replace(small_workload(), request_timeout_s=600.0),
+                        tmp_path / "trial")
+    assert result.failure is not None and result.failure.reason == FailureReason.HANG, \
+        result.failure
+    assert "readiness completion" in result.failure.message
+    assert time.monotonic() - started < 60, "one stall timeout, not request_timeout_s"
+    assert list((tmp_path / "engines").glob("*.json")) == [], "no engine left"
+
+
+def test_a_host_that_refuses_a_trials_files_fails_it_as_the_hosts_fault(tmp_path: Path) -> None:
+    from optimizer.executor import TrialSession
+    from runners.base import EngineConfig
+
+    (tmp_path / "trial").write_text("a file where the trial's directory goes")  # as EEXIST,
+    session = TrialSession(EngineRunner(SimulatedLauncher("h200"), tmp_path / "engines"))
+    result = session.run(EngineConfig(model="qwen2.5-7b", load_format="dummy"),  # ENOSPC,
+                         small_workload(), str(tmp_path / "trial"))  # EACCES would
+    assert result.failure is not None and result.failure.reason == FailureReason.HOST_ERROR, \
+        "an OSError of the host is neither the config's failure nor a bug of ours"
+    assert result.failure.is_retryable and "FileExistsError" in result.failure.message
 
 
 def _ray_worker_pids() -> list[int]:

@@ -10,18 +10,26 @@ table of tests/test_faults.py:
 | defaults crash once            | SIGKILL to the defaults' pid  | retried once; measured      |
 | defaults always crash          | sim_crash_after_requests      | retried once; "No baseline" |
 |                                |                               | at the end and in report    |
+| Optuna storage fails mid-study | optuna.db zeroed in place     | engines ended; one line and |
+|                                |                               | the resume command, exit 1; |
+|                                |                               | the resume finishes it      |
+| launched trial's run unnamed   | an MLflow run, no run id in   | the resume adopts that run, |
+| in Optuna (storage failed)     | Optuna                        | never makes a second        |
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import optuna
+import psutil
 import pytest
 from optuna.trial import TrialState
 
@@ -180,3 +188,69 @@ def test_defaults_that_cannot_be_measured_are_named_at_the_end_and_in_the_report
     report = (tmp_path / "results" / "report" / "report.md").read_text()
     assert "No baseline: the defaults could not be measured (crash_mid_run" in report
     assert_consistent(tmp_path)
+
+
+def test_an_optuna_storage_failing_mid_study_stops_the_daemon_cleanly_and_a_resume_finishes(
+        tmp_path: Path, ray_cluster: None, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_study(tmp_path, trials=1, workload={**_SHORT, "output_len": 32,
+                                                     "num_requests": 8})
+    db, saved = tmp_path / "results" / "optuna.db", tmp_path / "optuna.db.saved"
+    engines: list[int] = []
+
+    def break_storage() -> None:  # once the defaults' engine runs: a consistent copy, then
+        deadline = time.monotonic() + 120  # the file emptied under the daemon's connections
+        while time.monotonic() < deadline:
+            if (tmp_path / "results" / "trials" / "0000" / "server.log").is_file() and \
+                    _engine_pids(tmp_path):
+                engines.extend(_engine_pids(tmp_path))
+                with sqlite3.connect(db) as source, sqlite3.connect(saved) as copy:
+                    source.backup(copy)
+                os.truncate(db, 0)
+                return
+            time.sleep(0.02)
+
+    breaker = threading.Thread(target=break_storage)
+    breaker.start()
+    code = main(["start", str(path), "--no-progress"])
+    breaker.join()
+    err = capsys.readouterr().err
+    assert code == 1, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "the Optuna storage" in errors[0], err
+    assert "resume with: nightshift start" in err and "Traceback" not in err, err
+    assert engines and not [pid for pid in engines if psutil.pid_exists(pid) and
+                            psutil.Process(pid).status() != psutil.STATUS_ZOMBIE], \
+        "the engines in flight were ended"
+    assert _engine_pids(tmp_path) == [], "and their records cleared"
+
+    shutil.copyfile(saved, db)  # the storage is fixed; the resume recovers and finishes
+    assert main(["start", str(path), "--no-progress"]) == 0
+    counted = [t for t in load(tmp_path).trials if t.state.is_finished() and
+               (t.user_attrs.get("record") or {}).get("failure_reason") != "daemon_lost"]
+    assert len(counted) == 1, "the budget is reached on resume"
+    assert_consistent(tmp_path)
+
+
+def test_a_run_the_dead_daemon_could_not_name_in_optuna_is_adopted_not_duplicated(
+        tmp_path: Path) -> None:
+    from optimizer.recovery import Recovery
+    from optimizer.study import ATTR_MLFLOW_RUN
+    from optimizer.tracking import Tracker
+    from search_spaces import load_space
+
+    space = load_space("hopper").resolve({})
+    study = optuna.create_study(study_name="e2e", storage=f"sqlite:///{tmp_path}/optuna.db")
+    study.enqueue_trial(space.defaults())
+    trial = study.ask()
+    space.sample(trial)
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    parent = tracker.start_study("e2e", params={}, artifacts={}, objectives={})
+    launched = tracker.start_trial(parent, "e2e", trial.number, trial.params)
+    # ... and the storage failed before the trial took the run's id: the daemon exited.
+    Recovery(study, study._storage, space, tracker, parent, "e2e", tmp_path / "results",
+             max_retries=1).run()
+    runs = [r for r in tracker.client.search_runs(
+        [tracker.experiment_id("e2e")], filter_string="tags.`nightshift.trial` = '0'")]
+    assert [r.info.run_id for r in runs] == [launched], "one MLflow run for the trial"
+    assert study.trials[0].user_attrs[ATTR_MLFLOW_RUN] == launched
+    assert runs[0].info.status == "FAILED" and runs[0].data.tags["state"] == "failed"

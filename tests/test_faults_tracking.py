@@ -1,6 +1,6 @@
-"""Tracking-store faults at a restart, on a real MLflow sqlite store and real studies: a store
-that reads but refuses writes is refused up front, and the catch-up on a restart logs what
-MLflow missed exactly once, server logs included.
+"""Store faults at a restart, on a real MLflow sqlite store and real studies: a store (MLflow's
+or the Optuna database) that reads but refuses writes is refused up front, and the catch-up on
+a restart logs what MLflow missed exactly once, server logs included.
 
 | fault                          | injected by                    | outcome                      |
 |--------------------------------|--------------------------------|------------------------------|
@@ -12,6 +12,8 @@ MLflow missed exactly once, server logs included.
 | fails mid-study; restart       | artifacts gone; mlflow.db      | twice, every run has its     |
 |                                | zeroed in place, restored      | server.log; only runs found  |
 |                                |                                | RUNNING counted as left so   |
+| start, optuna.db read-only     | chattr +i (chmod if not root)  | one line, exit 2, no Ray     |
+|                                |                                | started, nothing written     |
 
 (Rows of tests/test_faults.py's table.)
 """
@@ -141,3 +143,22 @@ def test_the_catch_up_logs_what_mlflow_missed_once_with_server_logs(
     assert main(["start", str(path), "--no-progress"]) == 0
     assert {r.info.run_id: (r.data.metrics, r.info.end_time)
             for r in trial_runs(tmp_path)} == again, "a second catch-up changes nothing"
+
+
+def test_a_start_on_a_read_only_optuna_database_is_refused_up_front_and_writes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import optuna
+
+    path = write_study(tmp_path, trials=1)
+    db = tmp_path / "results" / "optuna.db"
+    db.parent.mkdir()
+    optuna.create_study(study_name="e2e", storage=f"sqlite:///{db}")  # an earlier start's
+    with read_only(db):
+        code = main(["start", str(path), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "storage:" in lines[0] and \
+        "cannot be written" in lines[0], err
+    assert not (tmp_path / "results" / "daemon.log").exists() and \
+        not (tmp_path / "mlruns").exists(), "nothing started, nothing written"

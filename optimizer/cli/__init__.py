@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code: 0 ok, 1 failure, 2 bad input."""
     # MLflow configures its own logger at import, at INFO; its table-creation chatter is noise.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    # Nor its own stderr handler: its records go through ours, and its store errors (a
+    # traceback and SQL each, which nightshift says in one line) to the daemon's log only.
+    os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
     # An unreachable tracking server must fail in seconds, not after MLflow's long back-off.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")

@@ -20,7 +20,7 @@ from optimizer.cli.live import LiveProgress
 from optimizer.cli.output import add_log_file, console, out, setup_logging
 from optimizer.cli.table import TableRow, figure, objective_header, trial_table
 from optimizer.config import StudyConfig, load_study
-from optimizer.errors import ConfigError, NightshiftError
+from optimizer.errors import ConfigError, NightshiftError, describe
 from optimizer.records import objective_unit
 
 if TYPE_CHECKING:
@@ -112,13 +112,18 @@ def start(
         raise ConfigError(f"--ray-address: {problem}.")
     setup_logging(verbose)
     progress = None if no_progress or not console.is_terminal else LiveProgress(cfg)
-    daemon, notes = build_daemon(cfg, dry_run=dry_run, ray_address=ray_address,
-                                 on_event=progress.on_event if progress else None)
+    resume = f"nightshift start {study}" + (" --dry-run" if dry_run else "")
+    try:
+        daemon, notes = build_daemon(cfg, dry_run=dry_run, ray_address=ray_address,
+                                     on_event=progress.on_event if progress else None)
+    except KeyboardInterrupt:  # before the daemon's own handler: Ray may be starting
+        console.print(f"interrupted while starting: nothing was launched; resume with: "
+                      f"{resume}", soft_wrap=True)
+        raise typer.Exit(130) from None
     # Only now, with the study validated, does anything get written under results_dir.
     log_file = add_log_file(cfg.results_dir / "daemon.log")
     for note in notes:
         logger.info(note)
-    resume = f"nightshift start {study}" + (" --dry-run" if dry_run else "")
 
     def _on_signal(signum: int, frame: Any) -> None:
         now = daemon.stopping
@@ -134,6 +139,21 @@ def start(
                 summary = daemon.run()
         else:
             summary = daemon.run()
+    except Exception as exc:
+        if isinstance(exc, NightshiftError) and exc.exit_code == 2:
+            raise  # refused before anything ran (another daemon holds the study)
+        # The daemon stopped mid-study (its trials ended, its engines and workers gone): one
+        # line and the resume command here, the traceback in the daemon's log only.
+        log_file.handle(logging.LogRecord(logger.name, logging.ERROR, __file__, 0,
+                                          "the daemon stopped on an error", None,
+                                          sys.exc_info()))
+        what = str(exc) if isinstance(exc, NightshiftError) else (
+            f"the daemon stopped on an unexpected error ({describe(exc)}); its trials in "
+            f"flight were stopped and their engines ended; the traceback is in "
+            f"{cfg.results_dir / 'daemon.log'}.")
+        console.print(f"[red]error:[/] {what}", highlight=False, soft_wrap=True)
+        console.print(f"resume with: {resume}", soft_wrap=True)
+        raise typer.Exit(1) from None
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)

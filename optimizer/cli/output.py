@@ -36,6 +36,9 @@ def setup_logging(verbose: bool) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s",
                                                "%H:%M:%S"))
     handler.setLevel(logging.DEBUG if verbose else logging.INFO)
+    # MLflow logs each store error it raises at ERROR with its traceback and SQL; nightshift
+    # says each one in a line of its own, so MLflow's go to the daemon's log file only.
+    handler.addFilter(lambda record: not record.name.startswith("mlflow"))
     root.addHandler(handler)
     for noisy in ("mlflow", "alembic", "optuna", "ray", "httpx", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

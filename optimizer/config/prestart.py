@@ -4,6 +4,7 @@ writes or starts anything; each problem is one line (`ConfigError`)."""
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,6 +49,8 @@ def check_before_start(cfg: StudyConfig) -> None:
     if cfg.storage_url.startswith("sqlite:///"):
         _check_parent("storage", Path(cfg.storage_url.removeprefix("sqlite:///")), made_by_us,
                       cfg.source_name)
+        _check_writable("storage", Path(cfg.storage_url.removeprefix("sqlite:///")),
+                        cfg.source_name)
     if cfg.tracking_uri.startswith("sqlite:///"):
         _check_parent("tracking_uri", Path(cfg.tracking_uri.removeprefix("sqlite:///")),
                       made_by_us, cfg.source_name)
@@ -202,6 +205,21 @@ def _check_parent(field: str, path: Path, made_by_us: list[Path], source: str) -
             return  # nightshift makes its own results and mlruns directories
     raise ConfigError(f"{source}: {field}: neither directory {str(parent)!r:.120} nor its "
                       "parent exists; create it or name a file in an existing directory.")
+
+
+def _check_writable(field: str, path: Path, source: str) -> None:
+    """An existing SQLite file the daemon could read but not write would fail its first
+    write after Ray and the trials' recovery had started: refuse it now. Opening it for
+    writing writes nothing (root is refused too where the file is immutable)."""
+    try:
+        fd = os.open(path.expanduser(), os.O_RDWR)
+    except FileNotFoundError:
+        return  # made on the first start
+    except OSError as exc:
+        raise ConfigError(f"{source}: {field}: {str(path)!r:.120} cannot be written "
+                          f"({exc.strerror or type(exc).__name__}); make it writable and start "
+                          "again.") from None
+    os.close(fd)
 
 
 def _check_prompts_file(path: Path, source: str, tokenizer: PromptTokenizer | None,

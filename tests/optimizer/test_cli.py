@@ -267,3 +267,20 @@ def test_status_counts_confirmations_and_repeats_apart_with_rounded_figures(
     assert not re.search(r"\d\.\d{4,}", text), "no raw floats"
     assert "(confirmation: best)" in text and "and a long explanation" not in text, \
         "short conclusions in the table; the full ones are in MLflow and the report"
+
+
+def test_an_interrupt_while_starting_prints_the_resume_command(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C before the daemon's own handler is installed (Ray takes seconds to start).
+    Patched by path, as a last resort: a real signal cannot be timed into that window."""
+    from tests.optimizer.test_daemon import write_study
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("optimizer.runtime.build_daemon", interrupted)
+    path = write_study(tmp_path, trials=1)
+    assert main(["start", str(path), "--dry-run", "--no-progress"]) == 130
+    err = capsys.readouterr().err
+    assert f"resume with: nightshift start {path} --dry-run" in err and "Traceback" not in err

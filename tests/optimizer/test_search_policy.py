@@ -158,6 +158,51 @@ def test_a_trial_measured_before_the_defaults_is_recorded_after_them(tmp_path: P
         "no defaults measurement" not in held.conclusion, held.conclusion
 
 
+def test_a_trial_stopped_in_flight_again_and_again_is_re_queued_each_time(
+        tmp_path: Path) -> None:
+    policy = _policy(tmp_path, max_num_seqs=[256, 512])  # retries: 1, the default
+    numbers = []
+    for _ in range(3):  # `stop --now` three nights running, each time during the defaults
+        running = policy.next_launch(lambda num_gpus: not policy.running)
+        assert running is not None and running.is_baseline, "the defaults, re-queued as such"
+        numbers.append(running.trial.number)
+        policy.interrupted(running)
+    trials = policy.study.get_trials(deepcopy=False)
+    waiting = [t for t in trials if t.state == TrialState.WAITING]
+    assert [t.user_attrs["retry_of"] for t in waiting] == [numbers[-1]], \
+        "re-queued after every stop, as its record says"
+    assert waiting[0].user_attrs["retries"] == 0, "a stop spends none of its retries"
+
+
+def test_a_lost_trials_record_says_whether_it_was_re_queued(tmp_path: Path) -> None:
+    policy = _policy(tmp_path, max_num_seqs=[256, 512])  # retries: 1, the default
+    lost = RunResult(status="failed", failure=Failure(FailureReason.WORKER_LOST,
+                                                      "the Ray worker running this trial died."))
+    conclusions = []
+    for _ in range(2):  # the defaults' worker dies, and again under its retry
+        running = policy.next_launch(lambda num_gpus: not policy.running)
+        assert running is not None and running.is_baseline
+        policy.on_result(running, lost)
+        record = record_of(policy.study.get_trials(deepcopy=False)[running.trial.number])
+        assert record is not None
+        conclusions.append(record.conclusion)
+    assert conclusions[0].endswith("died; re-queued."), conclusions[0]
+    assert conclusions[1].endswith("died; not re-queued (retried 1 times already)."), \
+        "a trial out of retries is not said to be re-queued"
+
+
+def test_a_trial_the_stop_left_waiting_for_gpus_is_not_launched_not_rejected(
+        tmp_path: Path) -> None:
+    policy = _policy(tmp_path, max_num_seqs=[256, 512])
+    room = iter([True])  # room to ask for a trial, then none for its GPUs
+    assert policy.next_launch(lambda num_gpus: next(room, False)) is None and policy.waiting
+    number = policy.waiting[0].trial.number
+    policy.release_waiting()  # the daemon stops
+    record = record_of(policy.study.get_trials(deepcopy=False)[number])
+    assert record is not None and record.conclusion.startswith("not launched (interrupted)"), \
+        "only a config refused for what it is is 'rejected before launch'"
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_the_policy_never_hands_out_a_config_twice(tmp_path: Path, seed: int) -> None:
     (tmp_path / str(seed)).mkdir()
@@ -254,3 +299,39 @@ def test_a_fixed_flag_is_no_trials_change_in_its_conclusion(tmp_path: Path) -> N
     assert seeded is not None and seeded.params["max_model_len"] == 4096
     assert "max_num_seqs=64" in seeded.conclusion
     assert "max_model_len" not in seeded.conclusion
+
+
+class _LostRunner(ScriptedRunner):
+    """Its worker dies under every trial, as when the local Ray's raylet is gone."""
+
+    def run(self, config: EngineConfig, workload: Workload, workdir: Path,
+            on_step: Callable[[StepMetrics], bool] | None = None) -> RunResult:
+        self.launched.append(dict(config.flags))
+        return RunResult(status="failed", failure=Failure(FailureReason.WORKER_LOST,
+                                                          "scripted ActorDiedError"))
+
+
+class _NodeGoneExecutor(InlineExecutor):
+    """The lost worker's node went with it: Ray counts no GPU left."""
+
+    def shrink_to_live(self, timeout_s: float = 30.0) -> int:
+        self.total_gpus = 0
+        return 0
+
+
+def test_a_lost_worker_whose_gpus_are_gone_stops_the_study_instead_of_waiting_forever(
+        tmp_path: Path) -> None:
+    space_path = categorical_space(tmp_path, max_num_seqs=[256, 512])
+    cfg = load_study(write_study(tmp_path, trials=4, search_space=str(space_path)))
+    launched: list[dict[str, Any]] = []
+    daemon = Daemon(cfg, space=load_space(space_path).resolve({}), executor=_NodeGoneExecutor(
+        lambda: _LostRunner(lambda flags: 1.0, launched), total_gpus=1),
+        registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
+        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        summarize=study_summary, poll_s=0.01)
+    summary = daemon.run()
+    assert summary.stopped_early, "stopped, for a resume once Ray is back"
+    assert len(launched) == 1, "nothing launched on GPUs Ray no longer has"
+    study = optuna.load_study(study_name=cfg.name, storage=cfg.storage_url)
+    assert [t.user_attrs.get("retry_of") for t in study.get_trials(
+        deepcopy=False, states=(TrialState.WAITING,))] == [0], "the lost trial is re-queued"

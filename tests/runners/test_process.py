@@ -83,6 +83,17 @@ def test_terminate_escalates_to_sigkill_and_kills_escaped_descendants(tmp_path: 
     assert _is_gone(grandchild), "a descendant in its own session must not survive"
 
 
+def test_a_stopped_engine_is_resumed_to_take_its_sigterm_not_killed_after_the_grace(
+        tmp_path: Path) -> None:
+    proc, grandchild = _start_family(tmp_path)
+    os.killpg(proc.pgid, signal.SIGSTOP)  # a hung engine, or one a debugger holds
+    started = time.monotonic()
+    assert proc.terminate(grace_s=30) == -signal.SIGTERM, \
+        "a stopped group gets SIGCONT after SIGTERM and ends on the SIGTERM"
+    assert time.monotonic() - started < 10, "without sitting out the grace period"
+    assert _is_gone(grandchild)
+
+
 def test_terminate_is_idempotent_and_safe_after_exit(tmp_path: Path) -> None:
     proc = EngineProcess.start([sys.executable, "-c", "raise SystemExit(3)"], {},
                                tmp_path / "engine.log", tmp_path / "registry")
