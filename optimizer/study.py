@@ -240,6 +240,9 @@ class TrialCounts:
     confirmation_runs: int  # re-measurements of the recommended config and the defaults
     repeats: int  # the sampler asked again for a config already held: nothing launched
     cut_short: int = 0  # a dying daemon cut their sampling short: no config, nothing launched
+    # of the failed: lost to infrastructure (a worker, an interruption) and queued again, so
+    # their config is measured (or waits) under another trial number
+    rerun: int = 0
 
     @property
     def trials(self) -> int:
@@ -249,7 +252,10 @@ class TrialCounts:
     def describe(self) -> str:
         """`12 trials (9 complete, 2 pruned, 1 failed); 4 confirmation runs; 3 repeats of a
         measured config (not launched); 5 queued`: the parts that are not zero."""
-        states = ", ".join(f"{n} {state}" for state, n in self.by_state.items() if n)
+        states = ", ".join(
+            f"{n} {state}" + (f", {self.rerun} of them re-run" if state == "failed"
+                              and self.rerun else "")
+            for state, n in self.by_state.items() if n)
         parts = [f"{self.trials} trial{'s' if self.trials != 1 else ''}"
                  + (f" ({states})" if states else "")]
         if self.confirmation_runs:
@@ -268,7 +274,8 @@ class TrialCounts:
 def count_trials(trials: Sequence[optuna.trial.FrozenTrial]) -> TrialCounts:
     """The trials counted apart (`TrialCounts`)."""
     by_state = {"complete": 0, "pruned": 0, "failed": 0, "running": 0}
-    queued = confirmation_runs = repeats = cut_short = 0
+    queued = confirmation_runs = repeats = cut_short = rerun = 0
+    retried = {t.user_attrs.get(ATTR_RETRY_OF) for t in trials}
     for t in trials:
         if ATTR_CONFIRM in t.user_attrs:
             confirmation_runs += 1
@@ -283,7 +290,8 @@ def count_trials(trials: Sequence[optuna.trial.FrozenTrial]) -> TrialCounts:
             state = (record.state if record is not None else STATE_NAMES[t.state]) \
                 if t.state.is_finished() else "running"
             by_state[state] = by_state.get(state, 0) + 1
-    return TrialCounts(by_state, queued, confirmation_runs, repeats, cut_short)
+            rerun += state == "failed" and t.number in retried
+    return TrialCounts(by_state, queued, confirmation_runs, repeats, cut_short, rerun)
 
 
 def is_measured(trial: optuna.trial.FrozenTrial) -> bool:

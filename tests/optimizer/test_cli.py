@@ -269,6 +269,32 @@ def test_status_counts_confirmations_and_repeats_apart_with_rounded_figures(
         "short conclusions in the table; the full ones are in MLflow and the report"
 
 
+def test_counts_say_which_failures_were_lost_to_infrastructure_and_re_run() -> None:
+    """A trial lost to a worker and queued again is "failed" in its record, but its config is
+    measured under another number: the count says so rather than look like a config failure."""
+    from optimizer.study import TrialCounts
+
+    dist = {"quantization": optuna.distributions.CategoricalDistribution(["none", "fp8"])}
+    trials = [
+        optuna.trial.create_trial(params={"quantization": "none"}, distributions=dist,
+                                  value=1.0, user_attrs={"record": _record("complete", {}, 1.0,
+                                                                           "d")}),
+        optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL,
+                                  params={"quantization": "fp8"}, distributions=dist),
+        optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL,
+                                  params={"quantization": "fp8"}, distributions=dist),
+        optuna.trial.create_trial(params={"quantization": "fp8"}, distributions=dist,
+                                  value=2.0, user_attrs={"retry_of": 1, "record": _record(
+                                      "complete", {"quantization": "fp8"}, 2.0, "f")}),
+    ]
+    for number, t in enumerate(trials):
+        t.number = number
+    counts = count_trials(trials)
+    assert counts == TrialCounts({"complete": 2, "pruned": 0, "failed": 2, "running": 0},
+                                 0, 0, 0, 0, rerun=1)
+    assert counts.describe() == "4 trials (2 complete, 2 failed, 1 of them re-run)"
+
+
 def test_an_interrupt_while_starting_prints_the_resume_command(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
