@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -29,7 +30,15 @@ from optimizer.outcomes import Running, Told
 from optimizer.records import tracking_payload
 from optimizer.recovery import Recovery, trial_workdir
 from optimizer.search import SearchPolicy
-from optimizer.study import ATTR_CONFIRM, ATTR_MLFLOW_RUN, best_trial, make_storage, open_study
+from optimizer.study import (
+    ATTR_CONFIRM,
+    ATTR_MLFLOW_RUN,
+    STUDY_ATTR_MLFLOW_KEY,
+    best_trial,
+    make_storage,
+    mlflow_study_key,
+    open_study,
+)
 from optimizer.tracking import Tracker
 from runners.base import EngineConfig, FailureReason, RunResult
 from runners.hardware import HardwareProfile
@@ -173,9 +182,15 @@ class Daemon:
             lease.acquire()
             self._lease = lease
         self._reap_strays()
+        known = mlflow_study_key(study)
+        is_unkeyed = known is None and bool(study.get_trials(deepcopy=False))
+        key = known or uuid.uuid4().hex
+        if known is None:
+            study.set_user_attr(STUDY_ATTR_MLFLOW_KEY, key)
         try:
             self._parent_run = self.tracker.start_study(
-                self.cfg.name, params=self.study_params, artifacts=self.study_artifacts,
+                self.cfg.name, key=key, params=self.study_params,
+                artifacts=self.study_artifacts, adopt_unkeyed=is_unkeyed,
                 objectives=dict(zip(self.cfg.objectives, self.cfg.directions, strict=True)))
         except Exception as exc:  # the store broke since the start-up check: start nothing
             raise TrackingError(

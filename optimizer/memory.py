@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from optimizer.fingerprint import Fingerprint, compatibility
-from optimizer.tracking import TAG_KIND
+from optimizer.tracking import TAG_KIND, TAG_PARENT
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -312,7 +312,8 @@ def trial_conclusions(client: MlflowClient, study: EarlierStudy) -> list[TrialCo
     token: str | None = None
     while True:
         runs = client.search_runs([study.experiment_id],
-                                  filter_string=f"tags.`{TAG_KIND}` = 'trial'",
+                                  filter_string=f"tags.`{TAG_KIND}` = 'trial' and "
+                                                f"tags.`{TAG_PARENT}` = '{study.run_id}'",
                                   max_results=1000, page_token=token)
         for run in runs:
             tags = run.data.tags

@@ -94,7 +94,8 @@ class Recovery:
                 # Or launched, with a run the dead daemon could not name in Optuna (the
                 # storage failed right after MLflow made it): that run, never a second one.
                 try:
-                    run_id = self.tracker.find_trial_run(self.study_name, trial.number) or \
+                    run_id = self.tracker.find_trial_run(self.study_name, self.parent_run,
+                                                         trial.number) or \
                         self.tracker.start_trial(
                             self.parent_run, self.study_name, trial.number, trial.params,
                             confirm=attrs.get(ATTR_CONFIRM))

@@ -41,6 +41,14 @@ ATTR_SEED_TITLE = "seed.title"  # "the Hopper template (fp8 weights + ...)", for
 # flags over them (`ResolvedSpace.vllm_defaults`), as of the daemon's last start: what "no
 # change" means when a report compares trials (an explicit value equal to it is none).
 STUDY_ATTR_VLLM_DEFAULTS = "vllm_defaults"
+# The key that ties the Optuna study to its MLflow parent run (tracking.TAG_STUDY_KEY).
+STUDY_ATTR_MLFLOW_KEY = "mlflow_study_key"
+
+
+def mlflow_study_key(study: optuna.Study) -> str | None:
+    """The study's MLflow key, None for a study that has none yet."""
+    key = study.user_attrs.get(STUDY_ATTR_MLFLOW_KEY)
+    return key if isinstance(key, str) and key else None
 # The Optuna constraint a trial outside the quality limits violates (optimizer/quality.py).
 QUALITY_CONSTRAINT = "quality"
 # A config that failed for one of these reasons fails again: it is never launched twice, and

@@ -70,6 +70,11 @@ def runs_page(server_url: str, experiment_id: str) -> str:
     return (f"{server_url.rstrip('/')}/#/experiments/{experiment_id}/runs?"
             f"viewStateShareKey={VIEW_KEY}&workflowType=machine_learning")
 TAG_TRIAL = "nightshift.trial"
+TAG_PARENT = "mlflow.parentRunId"
+# On a study's parent run: the key of the Optuna study it records (its `mlflow_study_key`
+# attribute). A study started anew under the same name (its Optuna storage deleted or moved)
+# gets a parent run of its own, so its trials never mix with the earlier ones' numbers.
+TAG_STUDY_KEY = "nightshift.study_key"
 TAG_STATE = "state"  # complete | pruned | failed | running
 TAG_FAILURE = "failure_reason"
 TAG_CONCLUSION = "conclusion"
@@ -176,22 +181,31 @@ class Tracker:
             _probe_folder(folder)
         return exp_id
 
-    def start_study(self, study_name: str, *, params: Mapping[str, Any],
-                    artifacts: Mapping[str, Any], objectives: Mapping[str, str] = {}) -> str:
-        """The parent run of a study: reused when the study resumes. The experiment is marked
-        as one of runs and given nightshift's view of its runs table (`runs_view`, sorted by
-        the first of `objectives`: name -> direction); a store written before gets both now."""
+    def start_study(self, study_name: str, *, key: str, params: Mapping[str, Any],
+                    artifacts: Mapping[str, Any], objectives: Mapping[str, str] = {},
+                    adopt_unkeyed: bool = False) -> str:
+        """The parent run of the Optuna study `key` names: reused when the study resumes, made
+        anew for a new study of the same name (its earlier runs stay as they were). With
+        `adopt_unkeyed` (a study begun before parent runs carried keys), its one parent run
+        without a key is taken and given this one. The experiment is marked as one of runs
+        and given nightshift's view of its runs table (`runs_view`, sorted by the first of
+        `objectives`: name -> direction); a store written before gets both now."""
         exp_id = self.experiment_id(study_name)
         self.mark_experiment(exp_id, objectives)
-        found = self.client.search_runs(
-            [exp_id], filter_string=f"tags.`{TAG_KIND}` = 'study'", max_results=1)
+        found: list[Any] = list(self.client.search_runs(
+            [exp_id], max_results=1,
+            filter_string=f"tags.`{TAG_KIND}` = 'study' and tags.`{TAG_STUDY_KEY}` = '{key}'"))
+        if not found and adopt_unkeyed:
+            found = [r for r in self._study_runs(exp_id) if TAG_STUDY_KEY not in r.data.tags]
         if found:
             run_id = str(found[0].info.run_id)
+            self.client.set_tag(run_id, TAG_STUDY_KEY, key)
             if found[0].info.status != "RUNNING":
                 self.client.update_run(run_id, status="RUNNING")
             return run_id
         run = self.client.create_run(exp_id, run_name=study_name,
-                                     tags={TAG_STUDY: study_name, TAG_KIND: "study"})
+                                     tags={TAG_STUDY: study_name, TAG_KIND: "study",
+                                           TAG_STUDY_KEY: key})
         run_id = str(run.info.run_id)
         self.log_params(run_id, params)
         for name, data in artifacts.items():
@@ -243,7 +257,7 @@ class Tracker:
         """A trial's run, named `t003` (`c014` for a confirmation run, `confirm` naming its
         side) until `finish_trial` gives it the name that says what it changed."""
         exp_id = self.client.get_run(parent_run_id).info.experiment_id
-        tags = {"mlflow.parentRunId": parent_run_id, TAG_STUDY: study_name, TAG_KIND: KIND_TRIAL,
+        tags = {TAG_PARENT: parent_run_id, TAG_STUDY: study_name, TAG_KIND: KIND_TRIAL,
                 TAG_TRIAL: str(trial_number), TAG_STATE: "running"}
         if confirm:
             tags.update({TAG_KIND: KIND_CONFIRMATION, TAG_CONFIRM: confirm})
@@ -289,18 +303,28 @@ class Tracker:
             self.client.set_tag(run_id, k, str(v)[:5000])
         self.client.set_terminated(run_id, _STATUS[state])
 
-    def find_study_run(self, study_name: str) -> str | None:
+    def _study_runs(self, exp_id: str) -> list[Any]:
+        """The experiment's parent runs, newest first."""
+        return list(self.client.search_runs(
+            [exp_id], filter_string=f"tags.`{TAG_KIND}` = 'study'", max_results=1000,
+            order_by=["attributes.start_time DESC"]))
+
+    def find_study_run(self, study_name: str, key: str | None = None) -> str | None:
+        """The parent run of the Optuna study `key` names (an unkeyed one, from before keys,
+        where none has it); without a key, the newest of the name."""
         exp = self.client.get_experiment_by_name(study_name)
         if exp is None:
             return None
-        found = self.client.search_runs([exp.experiment_id], max_results=1,
-                                        filter_string=f"tags.`{TAG_KIND}` = 'study'")
-        return str(found[0].info.run_id) if found else None
+        runs = self._study_runs(str(exp.experiment_id))
+        if key is not None:
+            runs = [r for r in runs if r.data.tags.get(TAG_STUDY_KEY) == key] or \
+                [r for r in runs if TAG_STUDY_KEY not in r.data.tags]
+        return str(runs[0].info.run_id) if runs else None
 
     def log_study_files(self, study_name: str, paths: Iterable[Path],
-                        artifact_path: str) -> str:
+                        artifact_path: str, key: str | None = None) -> str:
         """Attach files (the report) to the study's parent run; returns its run id."""
-        run_id = self.find_study_run(study_name)
+        run_id = self.find_study_run(study_name, key)
         if run_id is None:
             raise TrackingError(f"MLflow store {self.tracking_uri} has no run for study "
                                 f"{study_name!r}; run `nightshift start` on it first.")
@@ -308,14 +332,16 @@ class Tracker:
             self.client.log_artifact(run_id, str(path), artifact_path)
         return run_id
 
-    def find_trial_run(self, study_name: str, trial_number: int) -> str | None:
+    def find_trial_run(self, study_name: str, parent_run_id: str,
+                       trial_number: int) -> str | None:
+        """The run of trial `trial_number` under the parent run `parent_run_id`."""
         exp = self.client.get_experiment_by_name(study_name)
         if exp is None:
             return None
         found = self.client.search_runs(
             [exp.experiment_id], max_results=1,
             filter_string=f"tags.`{TAG_KIND}` != 'study' and tags.`{TAG_TRIAL}` = "
-                          f"'{trial_number}'")
+                          f"'{trial_number}' and tags.`{TAG_PARENT}` = '{parent_run_id}'")
         return str(found[0].info.run_id) if found else None
 
     def catch_up(self, study_name: str, parent_run_id: str,
@@ -331,7 +357,7 @@ class Tracker:
         exp = self.client.get_experiment_by_name(study_name)
         if exp is None:
             return CatchUp(0, 0)
-        runs = self._trial_runs(str(exp.experiment_id))
+        runs = self._trial_runs(str(exp.experiment_id), parent_run_id)
         running = {rid for rid, (_, status) in runs.items() if status == "RUNNING"}
         by_number: dict[int, str] = {}
         for rid, (number, _) in runs.items():
@@ -359,14 +385,16 @@ class Tracker:
             self.client.set_terminated(run_id, "FAILED")
         return CatchUp(left_running=len(running), created=created)
 
-    def _trial_runs(self, exp_id: str) -> dict[str, tuple[int | None, str]]:
-        """Every trial run of the experiment (confirmation runs included): run id -> (trial
-        number, status)."""
+    def _trial_runs(self, exp_id: str, parent_run_id: str) -> dict[str, tuple[int | None, str]]:
+        """Every trial run under the parent run (confirmation runs included): run id ->
+        (trial number, status)."""
         out: dict[str, tuple[int | None, str]] = {}
         token: str | None = None
         while True:
             page = self.client.search_runs([exp_id],
-                                           filter_string=f"tags.`{TAG_KIND}` != 'study'",
+                                           filter_string=f"tags.`{TAG_KIND}` != 'study' and "
+                                                         f"tags.`{TAG_PARENT}` = "
+                                                         f"'{parent_run_id}'",
                                            max_results=1000, page_token=token)
             for run in page:
                 tag = run.data.tags.get(TAG_TRIAL, "")

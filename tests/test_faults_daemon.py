@@ -244,7 +244,7 @@ def test_a_run_the_dead_daemon_could_not_name_in_optuna_is_adopted_not_duplicate
     trial = study.ask()
     space.sample(trial)
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
-    parent = tracker.start_study("e2e", params={}, artifacts={}, objectives={})
+    parent = tracker.start_study("e2e", key="k", params={}, artifacts={}, objectives={})
     launched = tracker.start_trial(parent, "e2e", trial.number, trial.params)
     # ... and the storage failed before the trial took the run's id: the daemon exited.
     Recovery(study, study._storage, space, tracker, parent, "e2e", tmp_path / "results",

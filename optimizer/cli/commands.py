@@ -553,13 +553,15 @@ def regress(
 
 def _write_report(cfg: StudyConfig, output: Path | None, *, log_to_mlflow: bool) -> list[Path]:
     from optimizer.report import build_report, write_report
-    from optimizer.study import open_study
+    from optimizer.study import mlflow_study_key, open_study
     from optimizer.tracking import Tracker
 
-    built = build_report(open_study(cfg, create=False), cfg)
+    study = open_study(cfg, create=False)
+    built = build_report(study, cfg)
     paths = write_report(built, output or cfg.results_dir / "report")
     if log_to_mlflow:
-        Tracker(cfg.tracking_uri).log_study_files(cfg.name, paths, "report")
+        Tracker(cfg.tracking_uri).log_study_files(cfg.name, paths, "report",
+                                                  mlflow_study_key(study))
     return paths
 
 

@@ -40,7 +40,7 @@ def _store(tmp_path: Path) -> tuple[str, str]:
     """A finished three-trial study and one confirmation run; (tracking URI, experiment id)."""
     uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
     tracker = Tracker(uri)
-    parent = tracker.start_study("ui", params={"objective": "goodput"}, artifacts={},
+    parent = tracker.start_study("ui", key="k", params={"objective": "goodput"}, artifacts={},
                                  objectives={"goodput": "maximize"})
     for number, conclusion in CONCLUSIONS.items():
         run = tracker.start_trial(parent, "ui", number, FLAGS[number])

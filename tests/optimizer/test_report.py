@@ -76,7 +76,7 @@ def study_file(tmp_path: Path) -> Path:
     for _ in range(3):
         study.enqueue_trial({"quantization": "none", "enforce_eager": True})
     tracker = Tracker(cfg.tracking_uri)
-    tracker.start_study(cfg.name, params={"objective": "goodput"}, artifacts={})
+    tracker.start_study(cfg.name, key="k", params={"objective": "goodput"}, artifacts={})
     return path
 
 

@@ -15,9 +15,9 @@ from optimizer.tracking import CatchUp, Tracker, TrialLog, artifact_root_for
 def test_parent_and_child_runs_nest_with_states(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
     tracker = Tracker(uri)
-    parent = tracker.start_study("s1", params={"engine": "simulated"},
+    parent = tracker.start_study("s1", key="k", params={"engine": "simulated"},
                                  artifacts={"study.json": {"name": "s1"}})
-    assert tracker.start_study("s1", params={}, artifacts={}) == parent, \
+    assert tracker.start_study("s1", key="k", params={}, artifacts={}) == parent, \
         "a resumed study reuses its parent run"
     child = tracker.start_trial(parent, "s1", 0, {"max_num_seqs": 256})
     log = tmp_path / "server.log"
@@ -43,10 +43,38 @@ def test_parent_and_child_runs_nest_with_states(tmp_path: Path) -> None:
     assert root is not None and (root / "s1").is_dir(), "artifacts live beside the database"
 
 
+def test_a_study_begun_anew_under_its_name_gets_a_parent_run_of_its_own(tmp_path: Path) -> None:
+    """Its Optuna storage deleted and the study started again: the new trials 0, 1, ... must
+    not land under the earlier parent run beside the earlier trials of those numbers."""
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    first = tracker.start_study("s6", key="a", params={"budget": 3}, artifacts={})
+    old_trial = tracker.start_trial(first, "s6", 0, {})
+    second = tracker.start_study("s6", key="b", params={"budget": 5}, artifacts={})
+    assert second != first, "a new Optuna study, a new parent run"
+    assert tracker.start_study("s6", key="a", params={}, artifacts={}) == first, \
+        "resuming the first study finds its own parent"
+    assert tracker.find_trial_run("s6", second, 0) is None, "trial 0 of the first is not ours"
+    assert tracker.find_trial_run("s6", first, 0) == old_trial
+    assert tracker.catch_up("s6", second, []) == CatchUp(0, 0), \
+        "the first study's run left RUNNING is not the second's to close"
+    assert MlflowClient(tracker.tracking_uri).get_run(old_trial).info.status == "RUNNING"
+    assert tracker.find_study_run("s6", "a") == first and tracker.find_study_run("s6") == second
+
+
+def test_a_study_begun_before_keys_adopts_its_unkeyed_parent_run(tmp_path: Path) -> None:
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    legacy = tracker.client.create_run(tracker.experiment_id("s7"), run_name="s7",
+                                       tags={"nightshift.study": "s7",
+                                             "nightshift.kind": "study"}).info.run_id
+    assert tracker.start_study("s7", key="new", params={}, artifacts={},
+                               adopt_unkeyed=True) == legacy
+    assert tracker.find_study_run("s7", "new") == legacy, "the key is written on it"
+
+
 def test_catch_up_closes_runs_left_running_and_counts_only_those(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     tracker = Tracker(uri)
-    parent = tracker.start_study("s2", params={}, artifacts={})
+    parent = tracker.start_study("s2", key="k", params={}, artifacts={})
     finished_in_optuna = tracker.start_trial(parent, "s2", 0, {})
     lost = tracker.start_trial(parent, "s2", 1, {})
     workdir = tmp_path / "trials" / "0002"
@@ -63,7 +91,7 @@ def test_catch_up_closes_runs_left_running_and_counts_only_those(tmp_path: Path)
     lost_run = client.get_run(lost)
     assert lost_run.info.status == "FAILED"
     assert lost_run.data.tags["failure_reason"] == "daemon_lost"
-    created = tracker.find_trial_run("s2", 2)
+    created = tracker.find_trial_run("s2", parent, 2)
     assert created is not None and client.get_run(created).info.status == "FINISHED"
     assert {a.path for a in client.list_artifacts(created)} == {"server.log"}, \
         "a run the catch-up creates gets the server log from the trial's workdir"
@@ -73,7 +101,7 @@ def test_catch_up_closes_runs_left_running_and_counts_only_those(tmp_path: Path)
 def test_finish_trial_replayed_logs_nothing_twice(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     tracker = Tracker(uri)
-    parent = tracker.start_study("s3", params={}, artifacts={})
+    parent = tracker.start_study("s3", key="k", params={}, artifacts={})
     child = tracker.start_trial(parent, "s3", 0, {})
     payload: dict[str, Any] = {"state": "complete",
                                "metrics": {"goodput": 3.0, "tpot": 9.0},
@@ -116,7 +144,7 @@ def test_runs_are_named_described_and_headline_figures_never_sit_on_a_level(
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     tracker = Tracker(uri)
-    parent = tracker.start_study("s4", params={}, artifacts={})
+    parent = tracker.start_study("s4", key="k", params={}, artifacts={})
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("s4")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development", \
@@ -140,7 +168,7 @@ def test_confirmation_and_failed_runs_say_what_they_are(tmp_path: Path) -> None:
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     tracker = Tracker(uri)
-    parent = tracker.start_study("s5", params={}, artifacts={})
+    parent = tracker.start_study("s5", key="k", params={}, artifacts={})
     client = MlflowClient(uri)
     confirm = tracker.start_trial(parent, "s5", 14, {}, confirm="best")
     tracker.finish_trial(confirm, **tracking_payload(_record(), None, number=14,
@@ -162,13 +190,13 @@ def test_confirmation_and_failed_runs_say_what_they_are(tmp_path: Path) -> None:
     assert done == CatchUp(left_running=1, created=0)
     assert client.get_run(confirm).info.status == "FINISHED"
     assert len(client.get_metric_history(confirm, "request_goodput")) == 2, "nothing twice"
-    assert tracker.find_trial_run("s5", 14) == confirm
+    assert tracker.find_trial_run("s5", parent, 14) == confirm
 
 
 def test_a_store_written_before_the_mark_opens_on_runs_after_a_restart(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(uri)
     client.create_experiment("old")
-    Tracker(uri).start_study("old", params={}, artifacts={})
+    Tracker(uri).start_study("old", key="k", params={}, artifacts={})
     assert client.get_experiment_by_name("old").tags["mlflow.experimentKind"] == \
         "custom_model_development"
