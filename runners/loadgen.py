@@ -466,7 +466,6 @@ async def send_request(
     }
     start = time.perf_counter()
     ttft: float | None = None
-    is_done = False
     most_recent = start
     itls: list[float] = []
     num_chunks = 0

@@ -88,3 +88,22 @@ def test_bad_study_through_a_real_process_is_one_line_and_exit_2(name: str,
     _refused_once(done.stderr, _expected(path), name)
     assert done.stdout == ""
     _nothing_written(tmp_path, name)
+
+
+def test_a_trace_with_hours_between_requests_passes_when_max_gap_s_cuts_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The twin of milliseconds.yaml that must start: the pre-start replay span reads the
+    trace as the runner replays it, with its gaps cut to `trace.max_gap_s`."""
+    from optimizer.config import check_before_start, parse_study
+    from optimizer.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    data = {"name": "ok", "engine": "simulated",
+            "model": {"path": "qwen2.5-7b", "load_format": "dummy",
+                      "skip_tokenizer_init": True},
+            "workload": {"trace": {"path": str(CORPUS / "traces" / "milliseconds.jsonl")}},
+            "slo": {"tpot_p99_ms": 50}, "budget": {"trials": 1}}
+    with pytest.raises(ConfigError, match="workload.trace"):
+        check_before_start(parse_study(data))
+    data["workload"]["trace"]["max_gap_s"] = 5  # type: ignore[index]
+    check_before_start(parse_study(data))

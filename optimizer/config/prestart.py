@@ -87,7 +87,7 @@ def check_workload(cfg: StudyConfig) -> None:
     if cfg.trace_file is not None and w.trace is not None:
         longest_prompt, longest_output, arrivals = _check_trace_file(
             cfg.trace_file, w.trace.timestamp_unit_s, cfg.source_name,
-            has_shared_prefix=w.shared_prefix is not None, has_tokenizer=tokenizer is not None,
+            max_gap_s=w.trace.max_gap_s, has_shared_prefix=w.shared_prefix is not None, has_tokenizer=tokenizer is not None,
             vocab_size=_vocab_size(cfg))
         _check_replay_span(cfg, arrivals)
     if cfg.dataset_file is not None:
@@ -267,7 +267,8 @@ def _check_replay_span(cfg: StudyConfig, arrivals_s: list[float]) -> None:
 
 
 def _check_trace_file(path: Path, timestamp_unit_s: float, source: str, *,
-                      has_shared_prefix: bool, has_tokenizer: bool = False,
+                      has_shared_prefix: bool, max_gap_s: float | None = None,
+                      has_tokenizer: bool = False,
                       vocab_size: int | None = None) -> tuple[int, int, list[float]]:
     """The trace read as the runner reads it: its longest prompt and output, in tokens, and its
     arrival times (s from the first)."""
@@ -283,7 +284,7 @@ def _check_trace_file(path: Path, timestamp_unit_s: float, source: str, *,
         raise ConfigError(f"{where}: {str(path)!r:.120} is over {MAX_TRACE_FILE_BYTES:,} "
                           "bytes; replay a slice of the trace.")
     with _read_as_the_runner(where, path, fix):
-        entries = read_trace(path, timestamp_unit_s)
+        entries = read_trace(path, timestamp_unit_s, max_gap_s)
     for number, entry in enumerate(entries, start=1):
         if vocab_size is not None and isinstance(entry.prompt, list) and \
                 max(entry.prompt) >= vocab_size:
