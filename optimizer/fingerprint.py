@@ -143,9 +143,12 @@ def compatibility(here: Fingerprint, there: Fingerprint,
     differ by their ratio; a field unknown on either side (None where None is not a value, or
     absent from the stored fingerprint) is a reason, never a guess."""
     reasons: list[str] = []
+    # Prompts from a file, trace or dataset (compared by name or digest) have the file's
+    # lengths: an input_len beside them was never used (a study file may no longer set one).
+    is_from_file = _prompts_from_a_file(here) and _prompts_from_a_file(there)
     for f in fields(Fingerprint):
         name = f.name
-        if name in REPORTED_ONLY:
+        if name in REPORTED_ONLY or (is_from_file and name in _FILE_GIVES):
             continue
         a, b = getattr(here, name), getattr(there, name)
         if name in missing_there:
@@ -173,6 +176,14 @@ def compatibility(here: Fingerprint, there: Fingerprint,
         notes.append(f"objective {','.join(there.objectives) or 'unknown'} there, "
                      f"{','.join(here.objectives) or 'unknown'} here")
     return Compatibility(not reasons, tuple(reasons), tuple(notes))
+
+
+_FILE_GIVES = frozenset({"input_len_kind", "input_len_mean"})
+
+
+def _prompts_from_a_file(fingerprint: Fingerprint) -> bool:
+    return fingerprint.prompts_file is not None or fingerprint.trace is not None or \
+        fingerprint.dataset is not None
 
 
 def _within(a: float, b: float, ratio: float) -> bool:

@@ -516,8 +516,10 @@ class EngineRunner:
 
 def _mean_prompt_tokens(workload: Workload) -> float | None:
     """The mean prompt a level sends, shared prefix included; None when the prompts come from
-    a file or a trace (not known without reading it)."""
-    if workload.prompts_file is not None or workload.trace is not None:
+    a file, a trace or a dataset, or grow over a conversation's turns (not known without
+    reading them)."""
+    if workload.prompts_file is not None or workload.trace is not None or \
+            workload.dataset is not None or workload.multi_turn is not None:
         return None
     shared = workload.shared_prefix
     extra = shared.fraction * shared.num_tokens if shared is not None else 0.0

@@ -103,7 +103,7 @@ def test_a_trace_with_hours_between_requests_passes_when_max_gap_s_cuts_them(
                       "skip_tokenizer_init": True},
             "workload": {"trace": {"path": str(CORPUS / "traces" / "milliseconds.jsonl")}},
             "slo": {"tpot_p99_ms": 50}, "budget": {"trials": 1}}
-    with pytest.raises(ConfigError, match="workload.trace"):
+    with pytest.raises(ConfigError, match=r"workload\.trace"):
         check_before_start(parse_study(data))
     data["workload"]["trace"]["max_gap_s"] = 5  # type: ignore[index]
     check_before_start(parse_study(data))

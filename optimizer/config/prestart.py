@@ -87,8 +87,8 @@ def check_workload(cfg: StudyConfig) -> None:
     if cfg.trace_file is not None and w.trace is not None:
         longest_prompt, longest_output, arrivals = _check_trace_file(
             cfg.trace_file, w.trace.timestamp_unit_s, cfg.source_name,
-            max_gap_s=w.trace.max_gap_s, has_shared_prefix=w.shared_prefix is not None, has_tokenizer=tokenizer is not None,
-            vocab_size=_vocab_size(cfg))
+            max_gap_s=w.trace.max_gap_s, has_shared_prefix=w.shared_prefix is not None,
+            has_tokenizer=tokenizer is not None, vocab_size=_vocab_size(cfg))
         _check_replay_span(cfg, arrivals)
     if cfg.dataset_file is not None:
         workload = cfg.workload()

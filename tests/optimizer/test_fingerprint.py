@@ -103,6 +103,16 @@ def test_lengths_and_load_within_twice_are_compatible_and_version_is_only_report
         "the version is reported, not part of the hash"
 
 
+def test_an_input_len_beside_a_prompts_file_is_no_reason_to_refuse_an_earlier_study() -> None:
+    """The file gives the lengths: an earlier study that also set input_len (unused, and now
+    refused beside a file) still matches one that leaves it out."""
+    from_file = replace(BASE, prompts_file="prompts.jsonl")
+    earlier = replace(from_file, input_len_kind="normal", input_len_mean=4096.0)
+    assert compatibility(from_file, earlier).is_compatible
+    assert not compatibility(BASE, replace(BASE, input_len_mean=4096.0)).is_compatible, \
+        "synthesised prompts still compare their lengths"
+
+
 def test_an_unknown_field_is_never_compatible() -> None:
     unknown_gpu = replace(BASE, gpu_model=None)
     result = compatibility(BASE, unknown_gpu)
