@@ -104,9 +104,11 @@ def check_workload(cfg: StudyConfig) -> None:
                 f"token lengths and need the model's tokenizer, but {cfg.spec.model.path!r:.80} "
                 "has no tokenizer.json here; use a model directory with one or give "
                 "workload.dataset.")
-        # The last turn carries every earlier message and reply.
-        longest_prompt = w.multi_turn.num_turns * (longest_prompt + longest_output) \
-            - longest_output
+        # The last turn carries every earlier message and reply: the longest sum of n drawn
+        # prompts and n - 1 drawn replies (not n times the longest draw of each).
+        turns = w.multi_turn.num_turns
+        longest_prompt = _longest_sum(w.input_len, turns) + \
+            _longest_sum(w.output_len, turns - 1)
     if w.shared_prefix is not None:
         longest_prompt += w.shared_prefix.tokens
     _check_fits_model(cfg, longest_prompt, longest_output)
@@ -126,6 +128,21 @@ def _longest_drawn(spec: LengthSpec) -> int:
     # lognormal: the loadgen's sigma of the log, its mu keeping `mean` the mean.
     mu = math.log(spec.mean) - spec.std ** 2 / 2
     return math.ceil(math.exp(min(mu + _TAIL_SIGMAS * spec.std, 700.0)))
+
+
+def _longest_sum(spec: LengthSpec, count: int) -> int:
+    """The longest total of `count` independent draws in practice: `count` x the longest
+    draw where the draws are bounded (`high`, fixed); an unbounded normal or lognormal's sum
+    to its 4-sigma tail (mean x n + 4 sigma sqrt(n), sigma in tokens), which one draw's
+    4-sigma tail n times over would far exceed."""
+    if count <= 0:
+        return 0
+    one = _longest_drawn(spec)
+    if spec.high is not None or spec.std <= 0 or spec.kind not in ("normal", "lognormal"):
+        return count * one
+    std = spec.std if spec.kind == "normal" else \
+        spec.mean * math.sqrt(math.expm1(min(spec.std ** 2, 700.0)))
+    return min(count * one, math.ceil(count * spec.mean + _TAIL_SIGMAS * std * math.sqrt(count)))
 
 
 def _vocab_size(cfg: StudyConfig) -> int | None:

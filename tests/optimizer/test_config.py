@@ -306,3 +306,16 @@ def test_templates_take_the_bare_words_the_readme_gives(tmp_path: Path, value: s
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(BASE) + f"templates: {value}\n")
     assert load_study(path).spec.templates == value
+
+
+def test_a_conversations_longest_context_is_the_tail_of_its_sum_not_n_longest_draws() -> None:
+    """Five turns of normal(1000, 300) prompts: 5 x the 4-sigma draw (11,000 tokens) would
+    refuse plausible files on a 8-16k model; the sum's 4-sigma tail is 5,000 + 4 x 300 x
+    sqrt(5) = 7,684. Bounded draws keep the strict bound (n x high)."""
+    from optimizer.config.prestart import _longest_sum
+    from optimizer.config.schema import LengthSpec
+
+    assert _longest_sum(LengthSpec(kind="normal", mean=1000, std=300), 5) == 7684
+    assert _longest_sum(LengthSpec(kind="normal", mean=1000, std=300, high=1500), 5) == 7500
+    assert _longest_sum(LengthSpec(mean=128), 4) == 512
+    assert _longest_sum(LengthSpec(mean=128), 0) == 0
