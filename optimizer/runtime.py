@@ -95,7 +95,7 @@ def space_context(hardware: HardwareProfile, model: ModelInfo | None,
                "num_key_value_heads": model.num_key_value_heads,
                "quant_method": model.quant_method,
                "max_position_embeddings": model.max_position_embeddings,
-               "max_model_len": model.default_max_model_len,
+               "max_model_len": model.derived_max_model_len,
                "num_params": model.num_params}
     if load_format is not None:
         mdl["real_weights"] = load_format != "dummy"

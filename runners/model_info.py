@@ -40,10 +40,11 @@ class ModelInfo:
     # the config names neither. The tuning memory compares it (optimizer/fingerprint.py).
     architecture: str | None = None
     # tokens; the context vLLM 0.26 derives from config.json (`derived_max_model_len`), its
-    # max_model_len when none is given; None: max_position_embeddings
+    # max_model_len when none is given; None: config.json names none of the keys vLLM reads
+    # (Transformers then fills one from the model type's defaults, which are not read here)
     derived_max_model_len: int | None = None
-    # tokens; config.json's `model_max_length`, which vLLM lets a longer max_model_len reach
-    model_max_length: int | None = None
+    # False where config.json gives no vocab_size (the 32000 above is a stand-in)
+    is_vocab_size_given: bool = True
 
     @property
     def default_max_model_len(self) -> int:
@@ -96,7 +97,7 @@ class ModelInfo:
             tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
             architecture=_architecture(config),
             derived_max_model_len=_derived_max_model_len(config, text),
-            model_max_length=_optional_size(text, "model_max_length"),
+            is_vocab_size_given=text.get("vocab_size") is not None,
         )
 
 
@@ -110,25 +111,37 @@ def _size(config: dict[str, Any], key: str, default: int | None = None) -> int:
     if value is None and default is not None:
         return default
     if value is None:
-        raise ValueError(f"{key!r} is missing; a decoder's config.json gives it")
+        raise ValueError(f"{key!r} is not in it (Transformers fills it from the model type's "
+                         "defaults, which nightshift does not read); add the value to a copy "
+                         "of config.json and point model.path at that directory")
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= _MAX_SIZE:
         raise ValueError(f"{key!r} must be a whole number >= 1 but got {value!r:.40}")
     return value
 
 
-def _optional_size(config: dict[str, Any], key: str) -> int | None:
-    value = config.get(key)
-    return _size(config, key) if value is not None else None
+# The keys vLLM 0.26 reads a model's length from, smallest wins
+# (transformers_utils/model_arch_config_convertor.py:326-359); `model_max_length` then wins
+# outright where set (Command-R, Cohere2).
+_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                "model_max_length", "max_target_positions", "max_sequence_length",
+                "max_seq_length", "seq_len")
 
 
-def _derived_max_model_len(config: dict[str, Any], text: dict[str, Any]) -> int:
-    """The context vLLM 0.26 derives from a config.json (`_get_and_verify_max_len`,
-    config/model.py:2152-2245): max_position_embeddings (or a sliding-window-free equivalent),
-    scaled by the RoPE factor except for the `su`, `longrope` and `llama3` types (whose
-    max_position_embeddings is already the long context) and for Gemma 3; YaRN scales
-    `original_max_position_embeddings`. Not modelled: a tokenizer_config.json's
-    `model_max_length`, which vLLM takes as a further upper bound where it reads one."""
-    derived = float(_size(text, "max_position_embeddings", 4096))
+def _derived_max_model_len(config: dict[str, Any], text: dict[str, Any]) -> int | None:
+    """The context vLLM 0.26 derives from a config.json (`derive_max_model_len_and_key` and
+    `_get_and_verify_max_len`, config/model.py:2152-2245): the smallest of the length keys
+    it reads (`model_max_length` wins where set), scaled by the RoPE factor except for the
+    `su`, `longrope` and `llama3` types (whose length is already the long context) and for
+    Gemma 3; YaRN scales `original_max_position_embeddings`. None where config.json names no
+    length key. Not modelled: the per-architecture convertors (e.g. MPT's, Falcon's), and a
+    tokenizer_config.json's `model_max_length`, a further upper bound where vLLM reads one."""
+    lengths = [v for k in _LENGTH_KEYS if isinstance(v := text.get(k), int | float)
+               and not isinstance(v, bool) and v >= 1]
+    if not lengths:
+        return None
+    explicit = text.get("model_max_length")
+    derived = float(explicit) if isinstance(explicit, int | float) and \
+        not isinstance(explicit, bool) and explicit >= 1 else float(min(lengths))
     rope = text.get("rope_parameters") or text.get("rope_scaling")
     if not isinstance(rope, dict) or "gemma3" in str(text.get("model_type") or
                                                     config.get("model_type") or ""):
@@ -192,8 +205,8 @@ def load_model_info(model: str) -> ModelInfo | None:
     except ValueError as exc:
         message = str(exc)
         path = str(directory / "config.json")
-        raise ValueError(message if message.startswith(path) else
-                         f"{path}: {message}; give the model's config.json as published"
+        fix = "" if "; " in message else "; give the model's config.json as published"
+        raise ValueError(message if message.startswith(path) else f"{path}: {message}{fix}"
                          ) from None
 
 

@@ -524,12 +524,13 @@ def _fp8_needs_sm89(context: Mapping[str, Any], specs: Mapping[str, ParamSpec]) 
 
 def model_context_len(context: Mapping[str, Any]) -> int | None:
     """The context vLLM derives for the model (its max_model_len when none is given), tokens:
-    `model.max_model_len`, else `model.max_position_embeddings`; None where neither is known."""
-    for key in ("model.max_model_len", "model.max_position_embeddings"):
-        value = lookup(context, key)
-        if is_number(value):
-            return int(value)
-    return None
+    `model.max_model_len` where the context has that key (None there: not known), else
+    `model.max_position_embeddings`; None where neither is known."""
+    model = context.get("model")
+    has_key = isinstance(model, Mapping) and "max_model_len" in model
+    value = lookup(context, "model.max_model_len" if has_key else
+                   "model.max_position_embeddings")
+    return int(value) if is_number(value) else None
 
 
 def _max_model_len_within_model(

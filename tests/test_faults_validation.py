@@ -110,7 +110,7 @@ def test_a_read_command_on_a_study_never_run_creates_no_storage(
 @pytest.mark.parametrize(("config", "expected"), [
     ("{not json", "config.json: not JSON"),
     ("[1, 2]", "expected a JSON object but got list"),
-    ("{}", "'num_attention_heads' is missing"),
+    ("{}", "'num_attention_heads' is not in it"),
     ('{"num_attention_heads": 8, "hidden_size": 64, "num_hidden_layers": "x"}',
      "'num_hidden_layers' must be a whole number >= 1 but got 'x'"),
     ('{"num_attention_heads": 8, "hidden_size": 64, "num_hidden_layers": 2, '

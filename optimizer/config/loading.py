@@ -240,6 +240,13 @@ def default_tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
+def engine_env(cfg: StudyConfig, name: str, default: str = "") -> str:
+    """A variable as the engine sees it when started from here: the study's `env`, else this
+    process's environment (which the engine inherits)."""
+    value = cfg.spec.env.get(name)
+    return value if value is not None else os.environ.get(name, default)
+
+
 def _dist(spec: LengthSpec) -> LengthDistribution:
     return LengthDistribution(kind=spec.kind, mean=spec.mean, low=spec.low, high=spec.high,
                               std=spec.std)

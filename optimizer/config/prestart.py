@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from optimizer.config.loading import engine_env
 from optimizer.config.schema import (
     MAX_PROMPTS_FILE_BYTES,
     MAX_SECONDS,
@@ -150,7 +151,7 @@ def _vocab_size(cfg: StudyConfig) -> int | None:
     from runners.model_info import load_model_info
 
     model = load_model_info(cfg.spec.model.path)
-    return model.vocab_size if model is not None else None
+    return model.vocab_size if model is not None and model.is_vocab_size_given else None
 
 
 def _check_model_config(cfg: StudyConfig) -> None:
@@ -351,23 +352,22 @@ def _check_fits_model(cfg: StudyConfig, longest_prompt: int, longest_output: int
         model = load_model_info(cfg.spec.model.path)
     except (OSError, ValueError, TypeError, KeyError):
         model = None  # a model the runtime cannot read either: it says so itself
-    if model is not None and fixed is not None and fixed > model.default_max_model_len and \
-            not (model.model_max_length and fixed <= model.model_max_length) and \
-            cfg.spec.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() \
+    derived = model.derived_max_model_len if model is not None else None
+    if model is not None and derived is not None and fixed is not None and fixed > derived and \
+            engine_env(cfg, "VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() \
             not in ("1", "true"):
         raise ConfigError(
             f"{cfg.source_name}: fixed_flags.max_model_len: {fixed} is over the "
-            f"{model.default_max_model_len} tokens vLLM derives from {model.name}'s "
+            f"{derived} tokens vLLM derives from {model.name}'s "
             "config.json, and vLLM refuses to start with it; lower it, or set env "
             "VLLM_ALLOW_LONG_MAX_MODEL_LEN: '1' if the model is known to hold longer contexts "
             "(RoPE positions past its own give NaNs).")
     if fixed is not None and fixed > 0:
         limit, why = fixed, "fixed_flags.max_model_len"
-    elif model is None:
-        return  # a hub id: not known offline
+    elif model is None or derived is None:
+        return  # a hub id, or a config.json whose length Transformers fills: not known here
     else:
-        limit, why = model.default_max_model_len, \
-            f"the context vLLM derives from {model.name}'s config.json"
+        limit, why = derived, f"the context vLLM derives from {model.name}'s config.json"
     longest = longest_prompt + longest_output
     if longest > limit:
         raise ConfigError(

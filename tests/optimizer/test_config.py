@@ -266,6 +266,9 @@ def test_the_workload_must_fit_the_context_vllm_derives_from_the_models_config(
                                           r"32768 tokens vLLM derives.*VLLM_ALLOW_LONG"):
         check_before_start(parse_study(fixed))
     check_before_start(parse_study({**fixed, "env": {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}}))
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # the engine inherits the shell's
+    check_before_start(parse_study(fixed))
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN")
     # A lognormal of mean 8k (sigma 1) without `high` draws past 32k once in about 34 requests.
     tail = {**long, "input_len": {"kind": "lognormal", "mean": 8192, "std": 1.0}}
     with pytest.raises(ConfigError, match="4-sigma tail: set `high`"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,3 +39,28 @@ def test_gemma3_context_is_already_scaled() -> None:
     config = {**BASE, "model_type": "gemma3_text", "rope_scaling": {"type": "linear",
                                                                     "factor": 8.0}}
     assert ModelInfo.from_config(config).default_max_model_len == 32768
+
+
+def test_the_length_is_the_smallest_key_vllm_reads_and_model_max_length_wins() -> None:
+    shape = {k: v for k, v in BASE.items() if k != "max_position_embeddings"}
+    assert ModelInfo.from_config({**shape, "n_positions": 8192}).derived_max_model_len == 8192
+    assert ModelInfo.from_config({**BASE, "seq_length": 4096}).derived_max_model_len == 4096
+    # Command-R: max_position_embeddings 8192, model_max_length 131072 (vLLM serves 131072)
+    command_r = {**BASE, "max_position_embeddings": 8192, "model_max_length": 131072}
+    assert ModelInfo.from_config(command_r).derived_max_model_len == 131072
+    assert ModelInfo.from_config(shape).derived_max_model_len is None, \
+        "no length key: Transformers fills it from the model type; not guessed here"
+
+
+def test_a_missing_shape_key_says_transformers_fills_it_not_that_the_file_is_wrong(
+        tmp_path: Path) -> None:
+    from runners.model_info import load_model_info
+
+    (tmp_path / "config.json").write_text('{"hidden_size": 64, "num_hidden_layers": 2}')
+    with pytest.raises(ValueError, match="Transformers fills it") as info:
+        load_model_info(str(tmp_path))
+    assert "as published" not in str(info.value)
+    (tmp_path / "config.json").write_text('{"hidden_size": 64, "num_hidden_layers": 2, '
+                                          '"num_attention_heads": 4}')
+    model = load_model_info(str(tmp_path))
+    assert model is not None and not model.is_vocab_size_given
