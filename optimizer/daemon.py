@@ -21,7 +21,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from optimizer import quality
-from optimizer.config import StudyConfig
+from optimizer.config import StudyConfig, resume_command
 from optimizer.confirm import confirm
 from optimizer.errors import StorageError, TrackingError, WorkerLost, describe
 from optimizer.executor import Executor, TrialHandle
@@ -108,8 +108,12 @@ class Daemon:
                  warm_seeds: Sequence[tuple[Mapping[str, Any], str]] = (),
                  study_tags: Mapping[str, str] = {},
                  study_attrs: Mapping[str, Any] = {},
-                 compiled_elsewhere: Callable[[], Collection[str]] | None = None) -> None:
+                 compiled_elsewhere: Callable[[], Collection[str]] | None = None,
+                 resume: str | None = None) -> None:
         self.cfg = cfg
+        # The command that resumes this study with the options it was started with (the CLI
+        # renders it); without one, the study file alone.
+        self.resume = resume or resume_command(cfg.source)
         # The compile ledger's reader (optimizer/runtime.py compile_ledger_of), or None.
         self.compiled_elsewhere = compiled_elsewhere
         self.space = space
@@ -196,7 +200,7 @@ class Daemon:
             raise TrackingError(
                 f"MLflow refused the study's run at {self.cfg.tracking_uri} "
                 f"({describe(exc)}); nothing was launched; fix the "
-                "store and run `nightshift start` again.") from exc
+                f"store and run `{self.resume}` again.") from exc
         if self.study_tags:
             self.tracker.set_study_tags(self._parent_run, self.study_tags)
         Recovery(study, storage, self.space, self.tracker, self._parent_run, self.cfg.name,
@@ -341,7 +345,7 @@ class Daemon:
                                policy.total_gpus)
             if policy.total_gpus < 1:
                 logger.error("no GPU is left in the Ray cluster; stopping now (resume with "
-                             "`nightshift start` once it is back)")
+                             "`%s` once it is back)", self.resume)
                 self.request_stop(now=True)
         if is_lost:  # the worker died; its engine, in a session of its own, did not
             reaped = reap_strays(self.registry_dir, under=item.workdir)
@@ -439,8 +443,8 @@ class Daemon:
         try:
             self.tracker.finish_study(self._parent_run, metrics, tags, is_done=done)
         except Exception as exc:  # any store error: the results are safe in Optuna
-            logger.warning("MLflow finish_study failed (%s); rerun `nightshift start` to "
-                           "bring MLflow up to date", describe(exc))
+            logger.warning("MLflow finish_study failed (%s); rerun `%s` to bring MLflow up "
+                           "to date", describe(exc), self.resume)
         self.on_event(TrialEvent("study", message="done" if done else "stopped"))
         return DaemonSummary(policy.finished_here, len(finished), self.stopping and not done,
                              best.number if best else None, list(best.values)
