@@ -11,6 +11,7 @@ is failed (or retried) with its reason, Optuna and MLflow agree, and no engine o
 | port taken before engine binds | a socket held on that port     | relaunched; completes        |
 | healthy, then no token at all  | sim_hang_after_requests: 0     | failed hang within the stall |
 |                                |                                | timeout, not 3 request waits |
+| first request compiles (busy)  | sim_slow_first_request_s       | waited for; completes        |
 | host refuses the trial's files | a file where its workdir goes  | failed host_error, retryable |
 |                                |                                | (not internal)               |
 | socket error from the runner   | a runner raising it            | failed internal (not host's) |
@@ -179,8 +180,26 @@ def test_an_engine_healthy_but_silent_at_readiness_fails_as_hung_within_the_stal
                         tmp_path / "trial")
     assert result.failure is not None and result.failure.reason == FailureReason.HANG, \
         result.failure
-    assert "readiness completion" in result.failure.message
+    assert "readiness completion" in result.failure.message and \
+        "used no CPU" in result.failure.message, "cut early because the engine did nothing"
     assert time.monotonic() - started < 60, "one stall timeout, not request_timeout_s"
+    assert list((tmp_path / "engines").glob("*.json")) == [], "no engine left"
+
+
+def test_an_engine_busy_compiling_on_its_first_request_is_not_cut_at_the_stall_timeout(
+        tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from runners.base import EngineConfig
+
+    runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
+                          tmp_path / "engines", stall_timeout_s=1.0)
+    config = EngineConfig(model="qwen2.5-7b", load_format="dummy",
+                          flags={"sim_slow_first_request_s": 3.0})  # 3 stall timeouts
+    result = runner.run(config, replace(small_workload(), startup_timeout_s=120.0),
+                        tmp_path / "trial")
+    assert result.failure is None and result.status == "complete", \
+        f"a first completion slow while the engine works is no hang: {result.failure}"
     assert list((tmp_path / "engines").glob("*.json")) == [], "no engine left"
 
 
