@@ -49,6 +49,11 @@ from search_spaces import ResolvedSpace
 
 logger = logging.getLogger(__name__)
 
+# How long a lost worker's GPUs have to be placed again before the study stops: a worker starts
+# in seconds, and a dead local raylet fails the task once Ray's health checks count it out
+# (15 s by default). Under 60 s: a Ray whose GCS is gone ends the driver after 60 s.
+_PLACEMENT_TIMEOUT_S = 30.0
+
 # The study run's closing figures and tags (the best against the defaults), from the report:
 # given by the composition root so that the loop does not depend on the report's module.
 StudySummary = Callable[[optuna.Study, StudyConfig], tuple[dict[str, float], dict[str, str]]]
@@ -334,18 +339,28 @@ class Daemon:
         self.executor.release(item.handle, healthy=not is_lost)
         reason = result.failure.reason if result.failure is not None else None
         if reason in (FailureReason.NODE_LOST, FailureReason.WORKER_LOST):
-            # A lost worker may be a lost node too (the local raylet gone takes every worker
-            # with it, and a trial launched on it would wait forever): plan with the GPUs Ray
-            # still counts; a dead node is waited for until Ray counts it out.
+            # A lost worker may be a lost node too: the local raylet gone takes every worker
+            # with it, Ray's GCS counts it alive for seconds more, and a trial launched on it
+            # would wait forever. So a lost worker's GPUs must be placed again within 30 s
+            # before anything else is launched; a dead node is waited for until Ray counts it
+            # out. Ray not answering (its GCS gone) leaves no GPU.
             before = policy.total_gpus
-            policy.total_gpus = self.executor.shrink_to_live(
-                timeout_s=30.0 if reason == FailureReason.NODE_LOST else 0.0)
-            if reason == FailureReason.NODE_LOST or policy.total_gpus < before:
+            if reason == FailureReason.WORKER_LOST:
+                policy.total_gpus = self.executor.shrink_to_live(
+                    timeout_s=_PLACEMENT_TIMEOUT_S,
+                    placing_gpus=item.running.config.num_gpus)
+            else:
+                policy.total_gpus = self.executor.shrink_to_live(timeout_s=30.0)
+            if reason == FailureReason.NODE_LOST:
                 logger.warning("trial %d: a Ray node died; %d GPUs left", number,
                                policy.total_gpus)
+            elif policy.total_gpus < before:
+                logger.warning("trial %d: its worker died and Ray can give %d GPUs now (%d "
+                               "before)", number, policy.total_gpus, before)
             if policy.total_gpus < 1:
-                logger.error("no GPU is left in the Ray cluster; stopping now (resume with "
-                             "`%s` once it is back)", self.resume)
+                logger.error("Ray can give no GPU to a trial now; stopping now (the trials in "
+                             "flight are re-queued); resume with `%s` once Ray is back",
+                             self.resume)
                 self.request_stop(now=True)
         if is_lost:  # the worker died; its engine, in a session of its own, did not
             reaped = reap_strays(self.registry_dir, under=item.workdir)

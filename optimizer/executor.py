@@ -152,9 +152,11 @@ class Executor(Protocol):
         """Free the trial's GPUs; `healthy=False` discards its worker."""
         ...
 
-    def shrink_to_live(self, timeout_s: float = 30.0) -> int:
-        """After a worker or node died: plan with the GPUs of the nodes left, waiting up to
-        `timeout_s` for a dead node to be counted out; returns them."""
+    def shrink_to_live(self, timeout_s: float = 30.0, *, placing_gpus: int = 0) -> int:
+        """After a worker or node died: plan with the GPUs that can still be had; returns them
+        (0: nothing can run, stop). With `placing_gpus` (a lost worker), first prove a task
+        needing that many is placed within `timeout_s`; else wait up to `timeout_s` for a dead
+        node to be counted out."""
         ...
 
     def reap_elsewhere(self, registry_dir: Path) -> dict[str, list[int]]:
@@ -229,7 +231,7 @@ class InlineExecutor:
             self._running.remove(handle)
             handle.session.shutdown()
 
-    def shrink_to_live(self, timeout_s: float = 30.0) -> int:
+    def shrink_to_live(self, timeout_s: float = 30.0, *, placing_gpus: int = 0) -> int:
         return self.total_gpus
 
     def reap_elsewhere(self, registry_dir: Path) -> dict[str, list[int]]:
