@@ -21,7 +21,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from optimizer import quality
-from optimizer.config import StudyConfig
+from optimizer.config import StudyConfig, resume_command
 from optimizer.confirm import confirm
 from optimizer.errors import StorageError, TrackingError, WorkerLost, describe
 from optimizer.executor import Executor, TrialHandle
@@ -48,6 +48,11 @@ from runners.workload import Workload
 from search_spaces import ResolvedSpace
 
 logger = logging.getLogger(__name__)
+
+# How long a lost worker's GPUs have to be placed again before the study stops: a worker starts
+# in seconds, and a dead local raylet fails the task once Ray's health checks count it out
+# (15 s by default). Under 60 s: a Ray whose GCS is gone ends the driver after 60 s.
+_PLACEMENT_TIMEOUT_S = 30.0
 
 # The study run's closing figures and tags (the best against the defaults), from the report:
 # given by the composition root so that the loop does not depend on the report's module.
@@ -108,8 +113,12 @@ class Daemon:
                  warm_seeds: Sequence[tuple[Mapping[str, Any], str]] = (),
                  study_tags: Mapping[str, str] = {},
                  study_attrs: Mapping[str, Any] = {},
-                 compiled_elsewhere: Callable[[], Collection[str]] | None = None) -> None:
+                 compiled_elsewhere: Callable[[], Collection[str]] | None = None,
+                 resume: str | None = None) -> None:
         self.cfg = cfg
+        # The command that resumes this study with the options it was started with (the CLI
+        # renders it); without one, the study file alone.
+        self.resume = resume or resume_command(cfg.source)
         # The compile ledger's reader (optimizer/runtime.py compile_ledger_of), or None.
         self.compiled_elsewhere = compiled_elsewhere
         self.space = space
@@ -196,7 +205,7 @@ class Daemon:
             raise TrackingError(
                 f"MLflow refused the study's run at {self.cfg.tracking_uri} "
                 f"({describe(exc)}); nothing was launched; fix the "
-                "store and run `nightshift start` again.") from exc
+                f"store and run `{self.resume}` again.") from exc
         if self.study_tags:
             self.tracker.set_study_tags(self._parent_run, self.study_tags)
         Recovery(study, storage, self.space, self.tracker, self._parent_run, self.cfg.name,
@@ -330,18 +339,28 @@ class Daemon:
         self.executor.release(item.handle, healthy=not is_lost)
         reason = result.failure.reason if result.failure is not None else None
         if reason in (FailureReason.NODE_LOST, FailureReason.WORKER_LOST):
-            # A lost worker may be a lost node too (the local raylet gone takes every worker
-            # with it, and a trial launched on it would wait forever): plan with the GPUs Ray
-            # still counts; a dead node is waited for until Ray counts it out.
+            # A lost worker may be a lost node too: the local raylet gone takes every worker
+            # with it, Ray's GCS counts it alive for seconds more, and a trial launched on it
+            # would wait forever. So a lost worker's GPUs must be placed again within 30 s
+            # before anything else is launched; a dead node is waited for until Ray counts it
+            # out. Ray not answering (its GCS gone) leaves no GPU.
             before = policy.total_gpus
-            policy.total_gpus = self.executor.shrink_to_live(
-                timeout_s=30.0 if reason == FailureReason.NODE_LOST else 0.0)
-            if reason == FailureReason.NODE_LOST or policy.total_gpus < before:
+            if reason == FailureReason.WORKER_LOST:
+                policy.total_gpus = self.executor.shrink_to_live(
+                    timeout_s=_PLACEMENT_TIMEOUT_S,
+                    placing_gpus=item.running.config.num_gpus)
+            else:
+                policy.total_gpus = self.executor.shrink_to_live(timeout_s=30.0)
+            if reason == FailureReason.NODE_LOST:
                 logger.warning("trial %d: a Ray node died; %d GPUs left", number,
                                policy.total_gpus)
+            elif policy.total_gpus < before:
+                logger.warning("trial %d: its worker died and Ray can give %d GPUs now (%d "
+                               "before)", number, policy.total_gpus, before)
             if policy.total_gpus < 1:
-                logger.error("no GPU is left in the Ray cluster; stopping now (resume with "
-                             "`nightshift start` once it is back)")
+                logger.error("Ray can give no GPU to a trial now; stopping now (the trials in "
+                             "flight are re-queued); resume with `%s` once Ray is back",
+                             self.resume)
                 self.request_stop(now=True)
         if is_lost:  # the worker died; its engine, in a session of its own, did not
             reaped = reap_strays(self.registry_dir, under=item.workdir)
@@ -439,8 +458,8 @@ class Daemon:
         try:
             self.tracker.finish_study(self._parent_run, metrics, tags, is_done=done)
         except Exception as exc:  # any store error: the results are safe in Optuna
-            logger.warning("MLflow finish_study failed (%s); rerun `nightshift start` to "
-                           "bring MLflow up to date", describe(exc))
+            logger.warning("MLflow finish_study failed (%s); rerun `%s` to bring MLflow up "
+                           "to date", describe(exc), self.resume)
         self.on_event(TrialEvent("study", message="done" if done else "stopped"))
         return DaemonSummary(policy.finished_here, len(finished), self.stopping and not done,
                              best.number if best else None, list(best.values)

@@ -11,6 +11,7 @@ a failed result, never an exception), and `release` returns its GPUs.
 
 from __future__ import annotations
 
+import errno
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,6 +28,19 @@ from runners.base import (
 from runners.workload import Workload
 
 DECISION_TIMEOUT_S = 3600.0  # a driver that never answers is dead (Ray then kills its workers)
+
+# The OSErrors that are the host's doing: its permissions, its paths, a full or read-only disk,
+# its limit on open files. Others (a socket's TimeoutError, ConnectionError, BrokenPipeError,
+# ENOENT...) come from our code as often as not and stay `internal`, not retried.
+_HOST_OSERRORS: tuple[type[OSError], ...] = (PermissionError, FileExistsError, IsADirectoryError,
+                                             NotADirectoryError)
+_HOST_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EMFILE, errno.ENFILE})
+
+
+def is_host_refusal(exc: OSError) -> bool:
+    """Whether an OSError escaping a runner is the host refusing the trial's files or
+    processes (`host_error`, retried once) rather than a bug of ours (`internal`)."""
+    return isinstance(exc, _HOST_OSERRORS) or exc.errno in _HOST_ERRNOS
 
 
 class TrialSession:
@@ -48,12 +62,18 @@ class TrialSession:
             self._cancelled = False
         try:
             result: RunResult = self._runner.run(config, workload, Path(workdir), self._on_step)
-        except OSError as exc:  # the runner tore its engine down; the host is to blame
+        except Exception as exc:  # the runner tore its engine down before raising
+            if self._cancelled:  # stopped in flight: whatever the run raised after that
+                return RunResult(status="failed", failure=Failure(
+                    FailureReason.INTERRUPTED,
+                    f"the daemon was stopped with this trial in flight (the run then raised "
+                    f"{type(exc).__name__}: {str(exc)[:300]})."))
+            if not isinstance(exc, OSError) or not is_host_refusal(exc):
+                raise  # a bug of ours: the handle records it as internal
             return RunResult(status="failed", failure=Failure(
                 FailureReason.HOST_ERROR,
                 f"the host refused the trial's files or processes ({type(exc).__name__}: "
-                f"{str(exc)[:300]}).",
-                "" if exc.filename is None else f"path: {exc.filename}"))
+                f"{str(exc)[:300]})."))
         if self._cancelled:
             return RunResult(status="failed", steps=result.steps, engine=result.engine,
                              argv=result.argv, env=result.env, server_log=result.server_log,
@@ -132,9 +152,11 @@ class Executor(Protocol):
         """Free the trial's GPUs; `healthy=False` discards its worker."""
         ...
 
-    def shrink_to_live(self, timeout_s: float = 30.0) -> int:
-        """After a worker or node died: plan with the GPUs of the nodes left, waiting up to
-        `timeout_s` for a dead node to be counted out; returns them."""
+    def shrink_to_live(self, timeout_s: float = 30.0, *, placing_gpus: int = 0) -> int:
+        """After a worker or node died: plan with the GPUs that can still be had; returns them
+        (0: nothing can run, stop). With `placing_gpus` (a lost worker), first prove a task
+        needing that many is placed within `timeout_s`; else wait up to `timeout_s` for a dead
+        node to be counted out."""
         ...
 
     def reap_elsewhere(self, registry_dir: Path) -> dict[str, list[int]]:
@@ -209,7 +231,7 @@ class InlineExecutor:
             self._running.remove(handle)
             handle.session.shutdown()
 
-    def shrink_to_live(self, timeout_s: float = 30.0) -> int:
+    def shrink_to_live(self, timeout_s: float = 30.0, *, placing_gpus: int = 0) -> int:
         return self.total_gpus
 
     def reap_elsewhere(self, registry_dir: Path) -> dict[str, list[int]]:

@@ -104,8 +104,11 @@ class Recovery:
                     logger.warning("trial %d: MLflow start_trial failed (%s); logged on the "
                                    "next resume", trial.number, describe(exc))
             # Queued before the trial is told: a daemon killed in between leaves a trial
-            # RUNNING (recovered again, its second copy then a repeat that launches nothing),
-            # never a trial failed as "re-queued" with no copy queued.
+            # RUNNING, never one failed as "re-queued" with no copy queued. The next start
+            # recovers it again and queues a second copy of the same config; the copy asked
+            # first launches nothing only because `SearchPolicy._ask` finds the other one
+            # queued (`_unfinished_with`) and `outcomes.tell_duplicate` fails it as a repeat.
+            # Change that dedupe and this order would run the config twice.
             if fate == "re-queued":
                 requeue(study, trial.number, trial.params, attrs, retries + 1)
             study.tell(trial.number, state=TrialState.FAIL)

@@ -137,12 +137,14 @@ def workload_facts(workload: Workload) -> dict[str, Any]:
 
 def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | None = None,
                  on_event: Callable[[TrialEvent], None] | None = None,
-                 ) -> tuple[Daemon, list[str]]:
+                 resume: str | None = None) -> tuple[Daemon, list[str]]:
     """Everything `start` needs, validated before anything is written; returns the daemon and
     notes for the user (engine chosen, rules applied). A problem is a ConfigError naming the
-    study file, then the field."""
+    study file, then the field. `resume` is the command that resumes the study
+    (`optimizer.config.resume_command` of the options given), for the daemon's own lines."""
     try:
-        return _build_daemon(cfg, dry_run=dry_run, ray_address=ray_address, on_event=on_event)
+        return _build_daemon(cfg, dry_run=dry_run, ray_address=ray_address, on_event=on_event,
+                             resume=resume)
     except ConfigError as exc:
         message = str(exc)
         if message.startswith(f"{cfg.source_name}:"):
@@ -152,7 +154,7 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
 
 def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
                   on_event: Callable[[TrialEvent], None] | None,
-                  ) -> tuple[Daemon, list[str]]:
+                  resume: str | None) -> tuple[Daemon, list[str]]:
     check_before_start(cfg)  # stores, prompts, model fit: before anything is written
     notes: list[str] = []
     address = ray_address or cfg.spec.ray.address
@@ -305,6 +307,7 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
                     max_gpus_per_node=node_gpus,
                     warm_seeds=[(s.params, s.source) for s in warm.seeds],
                     study_tags={**fingerprint.tags(), TAG_WARM_START: warm.summary()},
+                    resume=resume,
                     study_attrs={STUDY_ATTR_FINGERPRINT: fingerprint.to_dict(),
                                  STUDY_ATTR_WARM_START: list(warm.lines),
                                  STUDY_ATTR_VLLM_DEFAULTS: {**resolved.vllm_defaults,

@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -28,7 +29,7 @@ from ray.exceptions import (
 )
 
 from optimizer.engines import RunnerSpec, build_runner
-from optimizer.errors import ConfigError, NightshiftError, WorkerLost
+from optimizer.errors import ConfigError, NightshiftError, WorkerLost, describe
 from optimizer.executor import TrialHandle, TrialSession
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics
 from runners.workload import Workload
@@ -164,16 +165,57 @@ class RayExecutor:
         self._slots.append(_Slot(actor, num_gpus, busy=True))
         return actor
 
-    def shrink_to_live(self, timeout_s: float = 30.0) -> int:
-        """After a node died: wait until Ray counts it out (or `timeout_s`), then plan with the
-        GPUs of the nodes left, so no trial waits forever for a GPU that is gone."""
+    def shrink_to_live(self, timeout_s: float = 30.0, *, placing_gpus: int = 0) -> int:
+        """After a worker or node died: plan with the GPUs Ray can still give, so no trial
+        waits forever for one it cannot have; returns them (0: stop the study).
+
+        With `placing_gpus` (a lost worker), a task needing that many GPUs must first be placed
+        within `timeout_s`: a lost worker may be the local raylet gone, which Ray's GCS counts
+        alive until its health checks time out (about 15 s by default) and under which nothing
+        is ever placed again. Without (a dead node), waits up to `timeout_s` for Ray to count
+        the node out. A GCS that does not answer (gone: `ray.nodes()` then blocks or raises)
+        reads 0."""
         deadline = time.monotonic() + timeout_s
-        live = live_gpus()
-        while live >= self.total_gpus and time.monotonic() < deadline:
-            time.sleep(0.5)
-            live = live_gpus()
+        try:
+            if placing_gpus:
+                if not self._can_place(placing_gpus, timeout_s):
+                    live = 0
+                else:
+                    live = live_gpus(max(1.0, deadline - time.monotonic()))
+            else:
+                live = live_gpus(timeout_s)
+                while live >= self.total_gpus and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    live = live_gpus(max(1.0, deadline - time.monotonic()))
+        except Exception as exc:  # Ray's GCS gone: nothing can be counted or placed
+            logger.error("Ray's GCS does not answer (%s): no trial can be placed", describe(exc))
+            live = 0
         self.total_gpus = min(self.total_gpus, live)
         return self.total_gpus
+
+    def _can_place(self, num_gpus: int, timeout_s: float) -> bool:
+        """Whether Ray places a task needing `num_gpus` GPUs (on this executor's nodes) and
+        runs it within `timeout_s`; says why not in the log."""
+        ref = _placement_probe.options(num_gpus=num_gpus, num_cpus=0,
+                                       **self._placement).remote()
+        try:
+            ray.get(ref, timeout=timeout_s)
+        except LocalRayletDiedError:
+            logger.error("the local Ray raylet died: this daemon can place no trial")
+            return False
+        except GetTimeoutError:
+            logger.error("Ray placed no task needing %d GPUs within %.0f s (a raylet gone that "
+                         "Ray still counts, or its GCS not answering)", num_gpus, timeout_s)
+        except Exception as exc:  # any other refusal of Ray's: nothing can be placed
+            logger.error("Ray could not place a task needing %d GPUs (%s)", num_gpus,
+                         describe(exc))
+        else:
+            return True
+        try:
+            ray.cancel(ref, force=True)
+        except Exception:  # Ray is gone: nothing of the probe is left to cancel
+            logger.debug("cancelling the placement probe failed", exc_info=True)
+        return False
 
     def release(self, handle: TrialHandle, *, healthy: bool = True) -> None:
         actor = handle.actor if isinstance(handle, RayTrialHandle) else None
@@ -237,9 +279,31 @@ def lost_worker_failure(exc: BaseException) -> Failure:
 
 
 
-def live_gpus() -> int:
-    """The GPUs of the cluster's live nodes."""
-    nodes = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+@ray.remote
+def _placement_probe() -> None:
+    """Nothing: that Ray ran it on the GPUs asked for is the answer."""
+
+
+def live_gpus(timeout_s: float = 30.0) -> int:
+    """The GPUs of the cluster's live nodes; raises TimeoutError when Ray's GCS does not answer
+    within `timeout_s` (`ray.nodes()` blocks while it tries to reconnect to a GCS gone)."""
+    answer: list[list[dict[str, Any]]] = []
+    failure: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            answer.append(ray.nodes())  # type: ignore[no-untyped-call]
+        except BaseException as exc:  # handed to the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=ask, daemon=True, name="nightshift-ray-nodes")
+    thread.start()
+    thread.join(timeout_s)
+    if failure:
+        raise failure[0]
+    if not answer:
+        raise TimeoutError(f"ray.nodes() did not answer within {timeout_s:.0f} s")
+    nodes = [n for n in answer[0] if n.get("Alive")]
     return int(sum(n.get("Resources", {}).get("GPU", 0) for n in nodes))
 
 

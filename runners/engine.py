@@ -55,6 +55,52 @@ class _Abort(Exception):
         self.failure = failure
 
 
+# An engine whose processes used less than this share of one core over the stall window did
+# nothing: a wedged or stopped engine, never one compiling kernels for its first request.
+_IDLE_CPU_FRACTION = 0.01
+
+
+class _IdleWatch:
+    """Watches an engine's processes from a thread while its readiness completion waits, and
+    sets `stop` once, over `window_s`, the leader was stopped or the tree used no CPU
+    (`_IDLE_CPU_FRACTION`); `reason` then says which. A use: `with _IdleWatch(...) as w:`."""
+
+    def __init__(self, proc: EngineProcess, window_s: float, stop: threading.Event) -> None:
+        self.proc = proc
+        self.window_s = window_s
+        self.stop = stop
+        self.reason: str | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True,
+                                        name="nightshift-idle-watch")
+
+    def __enter__(self) -> _IdleWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        interval_s = min(1.0, self.window_s / 5)
+        samples: list[tuple[float, float, bool]] = []  # (monotonic s, CPU s, is stopped)
+        while not self._done.wait(interval_s):
+            now = time.monotonic()
+            samples.append((now, *self.proc.activity()))
+            while len(samples) > 1 and samples[1][0] <= now - self.window_s:
+                samples.pop(0)  # keep one sample at least window_s old
+            if samples[0][0] > now - self.window_s:
+                continue
+            if all(is_stopped for _, _, is_stopped in samples):
+                self.reason = "its process was stopped"
+            elif samples[-1][1] - samples[0][1] < _IDLE_CPU_FRACTION * (now - samples[0][0]):
+                self.reason = "its processes used no CPU"
+            if self.reason is not None:
+                self.stop.set()
+                return
+
+
 class EngineRunner:
     """A `Runner` for engines that speak vLLM's OpenAI-compatible HTTP API.
 
@@ -223,23 +269,39 @@ class EngineRunner:
                     dataset=None, multi_turn=None), 1,
             seed=workload.seed)
         for attempt in range(_READINESS_ATTEMPTS):
-            # Watched for stalls as a load level is: an engine that answers /health but never
-            # a token (a wedged engine core, a stopped process) is hung, not worth three
-            # waits of request_timeout_s and then every level's stall.
-            level = loadgen.run_level_sync(
-                base_url, config.served_model_name, probe, LoadLevel(max_concurrency=1),
-                workload.slo, timeout_s=workload.request_timeout_s, seed=workload.seed + attempt,
-                stall_timeout_s=self.stall_timeout_s)
+            # The first completion may take minutes: an engine may JIT-compile kernels on its
+            # first requests (online fp8_per_block on the H200: 306 s from launch to its first
+            # completion against 153 s plain, docs/simulated-engine.md). So it is cut as a
+            # stall only after the rest of startup_timeout_s (stall_timeout_s at least), and
+            # early only when, for stall_timeout_s, the engine's leader was stopped or its
+            # processes used no CPU: a wedged engine, not a compiling one.
+            rest_s = workload.startup_timeout_s - (time.monotonic() - started)
+            stall_s = max(self.stall_timeout_s, rest_s)
+            bound = "the rest of startup_timeout_s" if rest_s >= self.stall_timeout_s else \
+                "stall_timeout_s"
+            stop = threading.Event()
+            with _IdleWatch(proc, self.stall_timeout_s, stop) as watch:
+                level = loadgen.run_level_sync(
+                    base_url, config.served_model_name, probe, LoadLevel(max_concurrency=1),
+                    workload.slo, timeout_s=workload.request_timeout_s,
+                    seed=workload.seed + attempt, stall_timeout_s=stall_s, stop_event=stop)
             if level.metrics.completed >= 1:
                 break
             if not proc.is_alive() or proc.wait(timeout_s=0.5) is not None:
                 raise _Abort(self._failure(proc, log_path, "startup"))
+            if watch.reason is not None:
+                raise _Abort(Failure(
+                    FailureReason.HANG,
+                    f"{self.launcher.name} (pid {proc.pid}) answered /health but produced no "
+                    f"token on its readiness completion, and {watch.reason} for "
+                    f"{self.stall_timeout_s:g} s; see {log_path}.", tail(log_path, 2000)))
             if level.stalled:
                 raise _Abort(Failure(
                     FailureReason.HANG,
                     f"{self.launcher.name} (pid {proc.pid}) answered /health but produced no "
-                    f"token for {self.stall_timeout_s:g} s on its readiness completion; see "
-                    f"{log_path}.", tail(log_path, 2000)))
+                    f"token for {stall_s:.0f} s ({bound}) on its readiness completion; see "
+                    f"{log_path} or raise workload.startup_timeout_s.",
+                    tail(log_path, 2000)))
             error = level.outputs[0].error if level.outputs else "no answer"
             logger.warning("readiness completion %d failed (%s)", attempt + 1, error[:200])
             time.sleep(1.0)

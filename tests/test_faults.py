@@ -11,8 +11,11 @@ is failed (or retried) with its reason, Optuna and MLflow agree, and no engine o
 | port taken before engine binds | a socket held on that port     | relaunched; completes        |
 | healthy, then no token at all  | sim_hang_after_requests: 0     | failed hang within the stall |
 |                                |                                | timeout, not 3 request waits |
+| first request compiles (busy)  | sim_slow_first_request_s       | waited for; completes        |
 | host refuses the trial's files | a file where its workdir goes  | failed host_error, retryable |
 |                                |                                | (not internal)               |
+| socket error from the runner   | a runner raising it            | failed internal (not host's) |
+| stopped, teardown raises       | cancel, then PermissionError   | failed interrupted           |
 | daemon SIGKILLed, restarted    | kill -9 (optimizer/test_daemon)| daemon_lost, re-queued once  |
 | daemon killed mid-sampling     | half-asked trial (test_daemon) | daemon_lost, no run; only an |
 |                                |                                | enqueued config re-queued    |
@@ -177,8 +180,26 @@ def test_an_engine_healthy_but_silent_at_readiness_fails_as_hung_within_the_stal
                         tmp_path / "trial")
     assert result.failure is not None and result.failure.reason == FailureReason.HANG, \
         result.failure
-    assert "readiness completion" in result.failure.message
+    assert "readiness completion" in result.failure.message and \
+        "used no CPU" in result.failure.message, "cut early because the engine did nothing"
     assert time.monotonic() - started < 60, "one stall timeout, not request_timeout_s"
+    assert list((tmp_path / "engines").glob("*.json")) == [], "no engine left"
+
+
+def test_an_engine_busy_compiling_on_its_first_request_is_not_cut_at_the_stall_timeout(
+        tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from runners.base import EngineConfig
+
+    runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
+                          tmp_path / "engines", stall_timeout_s=1.0)
+    config = EngineConfig(model="qwen2.5-7b", load_format="dummy",
+                          flags={"sim_slow_first_request_s": 3.0})  # 3 stall timeouts
+    result = runner.run(config, replace(small_workload(), startup_timeout_s=120.0),
+                        tmp_path / "trial")
+    assert result.failure is None and result.status == "complete", \
+        f"a first completion slow while the engine works is no hang: {result.failure}"
     assert list((tmp_path / "engines").glob("*.json")) == [], "no engine left"
 
 
@@ -193,6 +214,56 @@ def test_a_host_that_refuses_a_trials_files_fails_it_as_the_hosts_fault(tmp_path
     assert result.failure is not None and result.failure.reason == FailureReason.HOST_ERROR, \
         "an OSError of the host is neither the config's failure nor a bug of ours"
     assert result.failure.is_retryable and "FileExistsError" in result.failure.message
+
+
+class _RaisingRunner:
+    """A runner whose run raises `exc`, after `before_raise` (a stop arriving mid-teardown)."""
+
+    def __init__(self, exc: BaseException, before_raise: Any = None) -> None:
+        self.exc, self.before_raise = exc, before_raise
+
+    def run(self, *args: Any) -> Any:
+        if self.before_raise is not None:
+            self.before_raise()
+        raise self.exc
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("exc", "reason"), [
+    (PermissionError(13, "Permission denied"), FailureReason.HOST_ERROR),
+    (OSError(28, "No space left on device"), FailureReason.HOST_ERROR),
+    (OSError(24, "Too many open files"), FailureReason.HOST_ERROR),
+    (TimeoutError("timed out"), FailureReason.INTERNAL),
+    (ConnectionResetError(104, "Connection reset by peer"), FailureReason.INTERNAL),
+    (BrokenPipeError(32, "Broken pipe"), FailureReason.INTERNAL),
+    (FileNotFoundError(2, "No such file or directory"), FailureReason.INTERNAL),
+])
+def test_only_the_hosts_own_oserrors_are_blamed_on_the_host(
+        exc: OSError, reason: FailureReason) -> None:
+    from optimizer.executor import InlineExecutor
+    from runners.base import EngineConfig
+
+    executor = InlineExecutor(lambda: _RaisingRunner(exc), total_gpus=1)  # type: ignore[arg-type]
+    handle = executor.submit(EngineConfig(model="m"), small_workload(), Path("unused"))
+    failure = handle.result().failure
+    executor.release(handle, healthy=False)
+    assert failure is not None and failure.reason == reason, \
+        f"{type(exc).__name__} {exc.errno}: a socket error is a bug of ours, not the host's"
+
+
+def test_a_trial_stopped_while_its_teardown_raises_reads_interrupted() -> None:
+    from optimizer.executor import TrialSession
+    from runners.base import EngineConfig
+
+    session: Any = None
+    runner = _RaisingRunner(PermissionError(13, "Permission denied"),
+                            before_raise=lambda: session.cancel())
+    session = TrialSession(runner)  # type: ignore[arg-type]
+    result = session.run(EngineConfig(model="m"), small_workload(), "unused")
+    assert result.failure is not None and result.failure.reason == FailureReason.INTERRUPTED, \
+        "a stop comes first: the error of the teardown it caused is no host error"
 
 
 def _ray_worker_pids() -> list[int]:

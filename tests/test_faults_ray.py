@@ -9,6 +9,8 @@ workers, the simulated engines) is listed while it runs.
 | RAY_ADDRESS names a live Ray   | a second Ray the test starts   | its own Ray, not the other   |
 | a socket beyond loopback       | (none: checked on every socket | every socket of the study on |
 |                                | of a running local study)      | 127.0.0.0/8 or ::1           |
+| local raylet killed            | psutil kill of the raylet, a   | a lost worker's GPUs are not |
+|                                | Ray in a process of its own    | placed again: 0 GPUs, stop   |
 
 (Rows of tests/test_faults.py's table.)
 """
@@ -155,3 +157,54 @@ def test_a_local_study_runs_its_own_ray_on_loopback_only_beside_another_cluster(
         assert [s for s in listening if part in s[0]], f"{part} was seen listening: {sockets}"
     beyond = [s for s in sockets if not _is_loopback(s[1])]
     assert not beyond, f"every socket of the study is on loopback; not these: {beyond}"
+
+
+# A local Ray of its own (health checks every 0.5 s, so its GCS counts a dead raylet out in
+# about 1.5 s rather than 15) whose raylet is killed: what the daemon's executor then says.
+_RAYLET_KILLED = """
+import json, sys, time
+import psutil, ray
+from optimizer.workers import RayExecutor
+ray.init(address="local", num_cpus=1, num_gpus=1, include_dashboard=False, log_to_driver=False,
+         _system_config={"health_check_period_ms": 500, "health_check_failure_threshold": 3})
+tree = psutil.Process().children(recursive=True)
+executor = RayExecutor(None, total_gpus=1)
+answers = {"before": executor.shrink_to_live(20.0, placing_gpus=1)}
+for raylet in [p for p in tree if p.name() == "raylet"]:
+    raylet.kill()
+started = time.monotonic()
+answers["after"] = executor.shrink_to_live(20.0, placing_gpus=1)
+answers["after_s"] = time.monotonic() - started
+print(json.dumps(answers), flush=True)
+ray.shutdown()
+for p in tree:  # whatever of its Ray outlived the raylet
+    try:
+        p.kill()
+    except psutil.Error:
+        pass
+"""
+
+
+def test_a_dead_local_raylet_leaves_no_gpu_to_place_a_trial_on(
+        clean_environ: dict[str, str]) -> None:
+    """Ray's GCS counts a dead raylet alive until its health checks time out, so the GPU count
+    alone would keep the daemon launching on it: a lost worker's GPUs must be placed again."""
+    proc = subprocess.Popen([sys.executable, "-c", _RAYLET_KILLED], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO),
+                                 "RAY_AUTH_MODE": "disabled"})
+    try:
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
+            proc.kill()
+            proc.wait(10)
+    # Ray's driver prints the dead raylet's log to stdout too, before or after the answers.
+    lines = [line for line in out.splitlines() if line.startswith('{"before"')]
+    assert lines, f"the Ray child gave no answers: {err[-2000:]}"
+    answers = json.loads(lines[0])
+    assert answers["before"] == 1, "a live raylet places the lost worker's GPU again"
+    assert answers["after"] == 0, "no GPU left to launch on once the raylet is dead"
+    assert answers["after_s"] < 20, "known within the placement deadline, not waited forever"

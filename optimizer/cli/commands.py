@@ -19,7 +19,7 @@ from typer.core import TyperCommand
 from optimizer.cli.live import LiveProgress
 from optimizer.cli.output import add_log_file, console, out, setup_logging
 from optimizer.cli.table import TableRow, figure, objective_header, trial_table
-from optimizer.config import StudyConfig, load_study
+from optimizer.config import StudyConfig, load_study, resume_command
 from optimizer.errors import ConfigError, NightshiftError, describe
 from optimizer.records import objective_unit
 
@@ -112,10 +112,12 @@ def start(
         raise ConfigError(f"--ray-address: {problem}.")
     setup_logging(verbose)
     progress = None if no_progress or not console.is_terminal else LiveProgress(cfg)
-    resume = f"nightshift start {study}" + (" --dry-run" if dry_run else "")
+    resume = resume_command(study, dry_run=dry_run, storage=storage, tracking_uri=tracking_uri,
+                            ray_address=ray_address, trials=trials)
     try:
         daemon, notes = build_daemon(cfg, dry_run=dry_run, ray_address=ray_address,
-                                     on_event=progress.on_event if progress else None)
+                                     on_event=progress.on_event if progress else None,
+                                     resume=resume)
     except KeyboardInterrupt:  # before the daemon's own handler: Ray may be starting
         console.print(f"interrupted while starting: nothing was launched; resume with: "
                       f"{resume}", soft_wrap=True)

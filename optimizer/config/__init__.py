@@ -6,8 +6,14 @@ parsed once into a typed, frozen `StudyConfig` (every error one line, exit code 
 before it writes anything.
 """
 
-from optimizer.config.loading import StudyConfig, baseline_name, load_study, parse_study
+from optimizer.config.loading import (
+    StudyConfig,
+    baseline_name,
+    load_study,
+    parse_study,
+    resume_command,
+)
 from optimizer.config.prestart import check_before_start, check_workload
 
 __all__ = ["StudyConfig", "baseline_name", "check_before_start", "check_workload", "load_study",
-           "parse_study"]
+           "parse_study", "resume_command"]

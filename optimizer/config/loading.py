@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,23 @@ class StudyConfig:
                 message = message.replace(f"command line: {key}:", f"{option}:")
             raise ConfigError(message) from None
         return StudyConfig(spec, self.source)
+
+
+def resume_command(study: Path | str | None, *, dry_run: bool = False,
+                   storage: str | None = None, tracking_uri: str | None = None,
+                   ray_address: str | None = None, trials: int | None = None) -> str:
+    """The `nightshift start` that resumes this study, with every option given that decides
+    which study, stores, engine or cluster it runs on (`--storage` left out would open or
+    create a study elsewhere), quoted for a POSIX shell. The one renderer of every "resume
+    with" line; display options (`--verbose`, `--no-progress`) are left out."""
+    argv = ["nightshift", "start", str(study if study is not None else "STUDY.yaml")]
+    if dry_run:
+        argv.append("--dry-run")
+    for option, value in (("--storage", storage), ("--tracking-uri", tracking_uri),
+                          ("--ray-address", ray_address), ("--trials", trials)):
+        if value is not None:
+            argv += [option, str(value)]
+    return shlex.join(argv)
 
 
 def _trace_rate(trace: TraceReplay, num_requests: int | None, source: str) -> float:

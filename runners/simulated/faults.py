@@ -22,6 +22,9 @@ class Faults:
     hang_after_requests: int | None = None  # from request N+1: no tokens, /health never answers
     hang_at_start: bool = False  # never becomes healthy
     slow_start_s: float = 0.0  # real seconds added before healthy (not time-scaled)
+    # Real seconds of busy CPU before the first completion is served, as an engine that
+    # JIT-compiles kernels on its first request (not time-scaled).
+    slow_first_request_s: float = 0.0
     oom_at_start: bool = False  # vLLM's KV-cache OOM message, exit 1
     graph_capture_fail: bool = False  # CUDA OOM while "Capturing CUDA graphs", exit 1
     error_rate: float = 0.0  # fraction of requests answered HTTP 500
@@ -76,6 +79,9 @@ class Faults:
                              f"{self.step_slowdown}.")
         if float(self.slow_start_s) < 0:
             raise ValueError(f"sim_slow_start_s must be >= 0 but got {self.slow_start_s}.")
+        if not 0.0 <= float(self.slow_first_request_s) <= 3600.0:
+            raise ValueError(f"sim_slow_first_request_s must be in [0, 3600] but got "
+                             f"{self.slow_first_request_s}.")
 
 
 def strip_fault_flags(flags: Mapping[str, Any]) -> dict[str, Any]:

@@ -557,6 +557,15 @@ class SimulatedEngine:
                                "(sim_hang_after_requests).", count - 1)
             self.is_hung = True
 
+    async def compile_on_first_request(self) -> None:
+        """The `slow_first_request_s` fault: the first request waits while a thread keeps a
+        core busy, as an engine JIT-compiling kernels on first use (the API answers meanwhile)."""
+        seconds = float(self.faults.slow_first_request_s)
+        if seconds and self._num_requests_started == 1:
+            logger.info("Simulated fault: compiling kernels for %.1f s on the first request "
+                        "(sim_slow_first_request_s).", seconds)
+            await asyncio.to_thread(_spin_cpu, seconds)
+
     def should_fail_request(self) -> bool:
         return self._error_rng.random() < float(self.faults.error_rate)
 
@@ -875,6 +884,7 @@ def build_app(engine: SimulatedEngine) -> Starlette:
             return _stamped(checked, engine)
         prompt_ids, max_tokens = checked
         engine.request_started()
+        await engine.compile_on_first_request()
         if engine.should_fail_request():
             engine.note_arrival(burst_size, num_remaining=num_remaining)
             return _stamped(_error("Simulated internal error (sim_error_rate).", 500,
@@ -937,6 +947,12 @@ def build_app(engine: SimulatedEngine) -> Starlette:
         routes += [Route("/start_profile", start_profile, methods=["POST"]),
                    Route("/stop_profile", stop_profile, methods=["POST"])]
     return Starlette(routes=routes)
+
+
+def _spin_cpu(seconds: float) -> None:
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        pass
 
 
 def _model_tokenizer(config: EngineConfig) -> PromptTokenizer | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import io
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -310,3 +311,14 @@ def test_an_interrupt_while_starting_prints_the_resume_command(
     assert main(["start", str(path), "--dry-run", "--no-progress"]) == 130
     err = capsys.readouterr().err
     assert f"resume with: nightshift start {path} --dry-run" in err and "Traceback" not in err
+
+    # Every option that decides which study and stores it runs on, quoted for the shell:
+    # without --storage the printed command would start a new study elsewhere.
+    storage = f"sqlite:///{tmp_path}/other dir/optuna.db"
+    given = ["--storage", storage, "--tracking-uri", f"sqlite:///{tmp_path}/m lf.db",
+             "--ray-address", "127.0.0.1:6379", "--trials", "3"]
+    assert main(["start", str(path), "--dry-run", "--no-progress", "-v", *given]) == 130
+    line = next(x for x in capsys.readouterr().err.splitlines() if "resume with: " in x)
+    assert shlex.split(line.split("resume with: ", 1)[1]) == \
+        ["nightshift", "start", str(path), "--dry-run", *given], \
+        "the resume command repeats every override given, and no display option"

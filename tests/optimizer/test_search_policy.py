@@ -312,26 +312,35 @@ class _LostRunner(ScriptedRunner):
 
 
 class _NodeGoneExecutor(InlineExecutor):
-    """The lost worker's node went with it: Ray counts no GPU left."""
+    """The lost worker's node went with it: Ray places nothing again (as RayExecutor finds a
+    dead local raylet: tests/test_faults_ray.py)."""
 
-    def shrink_to_live(self, timeout_s: float = 30.0) -> int:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.placing: list[int] = []  # placing_gpus of each call
+
+    def shrink_to_live(self, timeout_s: float = 30.0, *, placing_gpus: int = 0) -> int:
+        self.placing.append(placing_gpus)
         self.total_gpus = 0
         return 0
 
 
 def test_a_lost_worker_whose_gpus_are_gone_stops_the_study_instead_of_waiting_forever(
-        tmp_path: Path) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     space_path = categorical_space(tmp_path, max_num_seqs=[256, 512])
     cfg = load_study(write_study(tmp_path, trials=4, search_space=str(space_path)))
     launched: list[dict[str, Any]] = []
-    daemon = Daemon(cfg, space=load_space(space_path).resolve({}), executor=_NodeGoneExecutor(
-        lambda: _LostRunner(lambda flags: 1.0, launched), total_gpus=1),
-        registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
-        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
-        summarize=study_summary, poll_s=0.01)
+    executor = _NodeGoneExecutor(lambda: _LostRunner(lambda flags: 1.0, launched), total_gpus=1)
+    resume = f"nightshift start {cfg.source} --storage 'sqlite:///a b.db'"
+    daemon = Daemon(cfg, space=load_space(space_path).resolve({}), executor=executor,
+                    registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
+                    workload=cfg.workload(vocab_size=32000), study_params={},
+                    study_artifacts={}, summarize=study_summary, poll_s=0.01, resume=resume)
     summary = daemon.run()
     assert summary.stopped_early, "stopped, for a resume once Ray is back"
     assert len(launched) == 1, "nothing launched on GPUs Ray no longer has"
+    assert executor.placing == [1], "the lost worker's GPUs must be placed again first"
+    assert f"resume with `{resume}`" in caplog.text, "the resume command as the CLI gave it"
     study = optuna.load_study(study_name=cfg.name, storage=cfg.storage_url)
     assert [t.user_attrs.get("retry_of") for t in study.get_trials(
         deepcopy=False, states=(TrialState.WAITING,))] == [0], "the lost trial is re-queued"
