@@ -192,14 +192,16 @@ class Daemon:
             self._lease = lease
         self._reap_strays()
         known = mlflow_study_key(study)
-        is_unkeyed = known is None and bool(study.get_trials(deepcopy=False))
         key = known or uuid.uuid4().hex
         if known is None:
             study.set_user_attr(STUDY_ATTR_MLFLOW_KEY, key)
+        # A study with trials may have begun before keys, or have written its key and then
+        # died before MLflow took it: its one unkeyed parent run is its own.
+        has_trials = bool(study.get_trials(deepcopy=False))
         try:
             self._parent_run = self.tracker.start_study(
                 self.cfg.name, key=key, params=self.study_params,
-                artifacts=self.study_artifacts, adopt_unkeyed=is_unkeyed,
+                artifacts=self.study_artifacts, adopt_unkeyed=has_trials,
                 objectives=dict(zip(self.cfg.objectives, self.cfg.directions, strict=True)))
         except Exception as exc:  # the store broke since the start-up check: start nothing
             raise TrackingError(

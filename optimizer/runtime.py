@@ -499,7 +499,8 @@ def _prompt_lengths(cfg: StudyConfig, workload: Workload) -> str:
     if workload.trace is not None:
         from runners.arrivals import read_trace
 
-        entries = read_trace(workload.trace.path, workload.trace.timestamp_unit_s)
+        entries = read_trace(workload.trace.path, workload.trace.timestamp_unit_s,
+                             workload.trace.max_gap_s)
         if any(isinstance(e.prompt, str) for e in entries):
             return "recorded_where_text"
     return "token_ids"

@@ -248,8 +248,8 @@ class TrialCounts:
     confirmation_runs: int  # re-measurements of the recommended config and the defaults
     repeats: int  # the sampler asked again for a config already held: nothing launched
     cut_short: int = 0  # a dying daemon cut their sampling short: no config, nothing launched
-    # of the failed: lost to infrastructure (a worker, an interruption) and queued again, so
-    # their config is measured (or waits) under another trial number
+    # of the failed: lost to infrastructure (a worker, an interruption) and run again (or
+    # running again) under another trial number
     rerun: int = 0
 
     @property
@@ -283,7 +283,9 @@ def count_trials(trials: Sequence[optuna.trial.FrozenTrial]) -> TrialCounts:
     """The trials counted apart (`TrialCounts`)."""
     by_state = {"complete": 0, "pruned": 0, "failed": 0, "running": 0}
     queued = confirmation_runs = repeats = cut_short = rerun = 0
-    retried = {t.user_attrs.get(ATTR_RETRY_OF) for t in trials}
+    # A copy still queued has not run yet, and one failed as a repeat never ran.
+    retried = {t.user_attrs.get(ATTR_RETRY_OF) for t in trials
+               if t.state != TrialState.WAITING and ATTR_DUPLICATE_OF not in t.user_attrs}
     for t in trials:
         if ATTR_CONFIRM in t.user_attrs:
             confirmation_runs += 1

@@ -310,15 +310,14 @@ class Tracker:
             order_by=["attributes.start_time DESC"]))
 
     def find_study_run(self, study_name: str, key: str | None = None) -> str | None:
-        """The parent run of the Optuna study `key` names (an unkeyed one, from before keys,
-        where none has it); without a key, the newest of the name."""
+        """The parent run of the Optuna study `key` names; without a key (a study begun before
+        keys), the newest of the name."""
         exp = self.client.get_experiment_by_name(study_name)
         if exp is None:
             return None
         runs = self._study_runs(str(exp.experiment_id))
         if key is not None:
-            runs = [r for r in runs if r.data.tags.get(TAG_STUDY_KEY) == key] or \
-                [r for r in runs if TAG_STUDY_KEY not in r.data.tags]
+            runs = [r for r in runs if r.data.tags.get(TAG_STUDY_KEY) == key]
         return str(runs[0].info.run_id) if runs else None
 
     def log_study_files(self, study_name: str, paths: Iterable[Path],

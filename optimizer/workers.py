@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import ray
 from ray.exceptions import (
@@ -169,19 +169,20 @@ class RayExecutor:
         """After a worker or node died: plan with the GPUs Ray can still give, so no trial
         waits forever for one it cannot have; returns them (0: stop the study).
 
-        With `placing_gpus` (a lost worker), a task needing that many GPUs must first be placed
-        within `timeout_s`: a lost worker may be the local raylet gone, which Ray's GCS counts
+        With `placing_gpus` (a lost worker), a task needing that many GPUs is placed first,
+        `timeout_s` at most: a lost worker may be the local raylet gone, which Ray's GCS counts
         alive until its health checks time out (about 15 s by default) and under which nothing
-        is ever placed again. Without (a dead node), waits up to `timeout_s` for Ray to count
-        the node out. A GCS that does not answer (gone: `ray.nodes()` then blocks or raises)
-        reads 0."""
+        is ever placed again; Ray says so (`LocalRayletDiedError`, in seconds), and that reads
+        0. A task merely not placed in time (another job's demand first, a dead actor's GPUs
+        slow to come back) proves nothing: the GPUs Ray lists count then. Without (a dead
+        node), waits up to `timeout_s` for Ray to count the node out. A GCS that does not
+        answer (gone: `ray.nodes()` then blocks or raises) reads 0."""
         deadline = time.monotonic() + timeout_s
         try:
-            if placing_gpus:
-                if not self._can_place(placing_gpus, timeout_s):
-                    live = 0
-                else:
-                    live = live_gpus(max(1.0, deadline - time.monotonic()))
+            if placing_gpus and self._probe_placement(placing_gpus, timeout_s) == "raylet_died":
+                live = 0
+            elif placing_gpus:
+                live = live_gpus(max(1.0, deadline - time.monotonic()))
             else:
                 live = live_gpus(timeout_s)
                 while live >= self.total_gpus and time.monotonic() < deadline:
@@ -193,29 +194,32 @@ class RayExecutor:
         self.total_gpus = min(self.total_gpus, live)
         return self.total_gpus
 
-    def _can_place(self, num_gpus: int, timeout_s: float) -> bool:
-        """Whether Ray places a task needing `num_gpus` GPUs (on this executor's nodes) and
-        runs it within `timeout_s`; says why not in the log."""
+    def _probe_placement(self, num_gpus: int, timeout_s: float
+                         ) -> Literal["placed", "raylet_died", "not_placed"]:
+        """Whether Ray runs a task needing `num_gpus` GPUs (on this executor's nodes) within
+        `timeout_s`, or says its local raylet died; says why not in the log."""
         ref = _placement_probe.options(num_gpus=num_gpus, num_cpus=0,
                                        **self._placement).remote()
         try:
             ray.get(ref, timeout=timeout_s)
         except LocalRayletDiedError:
             logger.error("the local Ray raylet died: this daemon can place no trial")
-            return False
+            outcome: Literal["raylet_died", "not_placed"] = "raylet_died"
         except GetTimeoutError:
-            logger.error("Ray placed no task needing %d GPUs within %.0f s (a raylet gone that "
-                         "Ray still counts, or its GCS not answering)", num_gpus, timeout_s)
-        except Exception as exc:  # any other refusal of Ray's: nothing can be placed
-            logger.error("Ray could not place a task needing %d GPUs (%s)", num_gpus,
-                         describe(exc))
+            logger.warning("Ray placed no task needing %d GPUs within %.0f s; planning with "
+                           "the GPUs it lists alive", num_gpus, timeout_s)
+            outcome = "not_placed"
+        except Exception as exc:  # another refusal of Ray's: the GPUs it lists decide
+            logger.warning("Ray could not place a task needing %d GPUs (%s); planning with "
+                           "the GPUs it lists alive", num_gpus, describe(exc))
+            outcome = "not_placed"
         else:
-            return True
+            return "placed"
         try:
             ray.cancel(ref, force=True)
         except Exception:  # Ray is gone: nothing of the probe is left to cancel
             logger.debug("cancelling the placement probe failed", exc_info=True)
-        return False
+        return outcome
 
     def release(self, handle: TrialHandle, *, healthy: bool = True) -> None:
         actor = handle.actor if isinstance(handle, RayTrialHandle) else None

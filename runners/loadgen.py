@@ -193,7 +193,8 @@ def build_requests(workload: Workload, num: int, seed: int) -> list[RequestSpec]
             f"workload.vocab_size must be > {_FIRST_TOKEN_ID} but got {workload.vocab_size}."
         )
     if workload.trace is not None:
-        entries = arrivals.read_trace(workload.trace.path, workload.trace.timestamp_unit_s)
+        entries = arrivals.read_trace(workload.trace.path, workload.trace.timestamp_unit_s,
+                                      workload.trace.max_gap_s)
         specs = []
         for entry in entries[:num]:  # a trace is replayed once, never cycled
             specs.append(_trace_request(entry, workload, rng, tokenizer))

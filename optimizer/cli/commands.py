@@ -411,10 +411,12 @@ def export(
     if to_library is not None:
         from optimizer.regress.export import case_from_study, study_gpu_param
         from optimizer.regress.library import append_case
+        from optimizer.study import mlflow_study_key
 
         name = case or cfg.name
         entry = case_from_study(opened, cfg, chosen, name,
-                                study_gpu_param(tracking_uri or cfg.tracking_uri, cfg.name))
+                                study_gpu_param(tracking_uri or cfg.tracking_uri, cfg.name,
+                                                mlflow_study_key(opened)))
         done = append_case(to_library, entry, to_library.stem)
         console.print(f"{done} case {name!r} in {to_library}: "
                       f"{', '.join(c['name'] for c in entry['configs'])}", soft_wrap=True)

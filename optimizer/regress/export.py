@@ -129,7 +129,7 @@ def case_from_study(study: optuna.Study, cfg: StudyConfig, chosen: FrozenTrial,
             "configs": configs}
 
 
-def study_gpu_param(tracking_uri: str, study_name: str) -> str | None:
+def study_gpu_param(tracking_uri: str, study_name: str, key: str | None = None) -> str | None:
     """The `gpu` param of the study's MLflow parent run, where the store has it."""
     from optimizer.tracking import Tracker
 
@@ -138,7 +138,7 @@ def study_gpu_param(tracking_uri: str, study_name: str) -> str | None:
         return None  # no store there: reading must not create one
     try:
         tracker = Tracker(tracking_uri)
-        run_id = tracker.find_study_run(study_name)
+        run_id = tracker.find_study_run(study_name, key)
         if run_id is None:
             return None
         params: Mapping[str, str] = tracker.client.get_run(run_id).data.params

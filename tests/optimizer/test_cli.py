@@ -294,6 +294,11 @@ def test_counts_say_which_failures_were_lost_to_infrastructure_and_re_run() -> N
     assert counts == TrialCounts({"complete": 2, "pruned": 0, "failed": 2, "running": 0},
                                  0, 0, 0, 0, rerun=1)
     assert counts.describe() == "4 trials (2 complete, 2 failed, 1 of them re-run)"
+    waiting = optuna.trial.create_trial(state=optuna.trial.TrialState.WAITING,
+                                        params={"quantization": "fp8"}, distributions=dist,
+                                        user_attrs={"retry_of": 2})
+    waiting.number = 4
+    assert count_trials([*trials, waiting]).rerun == 1, "a copy still queued has not run"
 
 
 def test_an_interrupt_while_starting_prints_the_resume_command(

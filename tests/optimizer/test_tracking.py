@@ -69,6 +69,7 @@ def test_a_study_begun_before_keys_adopts_its_unkeyed_parent_run(tmp_path: Path)
     assert tracker.start_study("s7", key="new", params={}, artifacts={},
                                adopt_unkeyed=True) == legacy
     assert tracker.find_study_run("s7", "new") == legacy, "the key is written on it"
+    assert tracker.find_study_run("s7", "other") is None, "no parent of another study's key"
 
 
 def test_catch_up_closes_runs_left_running_and_counts_only_those(tmp_path: Path) -> None:
