@@ -57,12 +57,12 @@ class _Abort(Exception):
 
 
 
-class _IdleWatch:
+class _StopWatch:
     """Watches an engine's leader from a thread while its readiness completion waits, and sets
     `stop` once it was stopped (SIGSTOP, a debugger) over all of `window_s`; `reason` then says
     so. Using no CPU is no sign: an engine waiting on another's JIT build (FlashInfer guards a
     shared cache with a file lock) or on workers outside its process tree idles while it
-    makes progress. A use: `with _IdleWatch(...) as w:`."""
+    makes progress. A use: `with _StopWatch(...) as w:`."""
 
     def __init__(self, proc: EngineProcess, window_s: float, stop: threading.Event) -> None:
         self.proc = proc
@@ -73,7 +73,7 @@ class _IdleWatch:
         self._thread = threading.Thread(target=self._watch, daemon=True,
                                         name="nightshift-idle-watch")
 
-    def __enter__(self) -> _IdleWatch:
+    def __enter__(self) -> _StopWatch:
         self._thread.start()
         return self
 
@@ -83,17 +83,15 @@ class _IdleWatch:
 
     def _watch(self) -> None:
         interval_s = min(1.0, self.window_s / 5)
-        samples: list[tuple[float, float, bool]] = []  # (monotonic s, CPU s, is stopped)
+        stopped_since: float | None = None  # monotonic s of the first stopped sample in a row
         while not self._done.wait(interval_s):
             now = time.monotonic()
-            samples.append((now, *self.proc.activity()))
-            while len(samples) > 1 and samples[1][0] <= now - self.window_s:
-                samples.pop(0)  # keep one sample at least window_s old
-            if samples[0][0] > now - self.window_s:
+            if not self.proc.is_stopped():
+                stopped_since = None
                 continue
-            if all(is_stopped for _, _, is_stopped in samples):
+            stopped_since = now if stopped_since is None else stopped_since
+            if now - stopped_since >= self.window_s:
                 self.reason = "its process was stopped"
-            if self.reason is not None:
                 self.stop.set()
                 return
 
@@ -277,7 +275,7 @@ class EngineRunner:
             bound = "the rest of startup_timeout_s" if rest_s >= self.stall_timeout_s else \
                 "stall_timeout_s"
             stop = threading.Event()
-            with _IdleWatch(proc, self.stall_timeout_s, stop) as watch:
+            with _StopWatch(proc, self.stall_timeout_s, stop) as watch:
                 level = loadgen.run_level_sync(
                     base_url, config.served_model_name, probe, LoadLevel(max_concurrency=1),
                     workload.slo, timeout_s=workload.request_timeout_s,

@@ -77,8 +77,6 @@ class EngineProcess:
         self.log_path = log_path
         self.record_path = record_path
         self._is_closed = False
-        # CPU seconds last read of each process of its tree, keyed by (pid, create time).
-        self._cpu_s: dict[tuple[int, float], float] = {}
 
     @classmethod
     def start(cls, argv: Sequence[str], env: Mapping[str, str], log_path: Path,
@@ -132,30 +130,13 @@ class EngineProcess:
     def is_alive(self) -> bool:
         return self._popen.poll() is None
 
-    def activity(self) -> tuple[float, bool]:
-        """What tells a wedged engine from a busy one: the CPU seconds its whole tree has used
-        so far, and whether its leader is stopped (SIGSTOP, a debugger). A process of the
-        tree that exited keeps its last figure, and each process's reaped children (a JIT's
-        compiler runs) count too, so the sum never goes back (it may count a child twice:
-        the engine then looks busier, never idler). A leader gone reads (the last sum, False).
-        """
-        is_stopped = False
+    def is_stopped(self) -> bool:
+        """Whether its leader is stopped (SIGSTOP, a debugger); False once it is gone."""
         try:
-            leader = psutil.Process(self.pid)
-            is_stopped = leader.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-            procs = [leader, *leader.children(recursive=True)]
+            status = psutil.Process(self.pid).status()
         except psutil.Error:
-            procs = []
-        for proc in procs:
-            try:
-                with proc.oneshot():
-                    key = (proc.pid, proc.create_time())
-                    times = proc.cpu_times()
-            except psutil.Error:
-                continue  # exited since it was listed: its last figure stands
-            self._cpu_s[key] = times.user + times.system + times.children_user + \
-                times.children_system
-        return sum(self._cpu_s.values()), is_stopped
+            return False
+        return status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 
     def wait(self, timeout_s: float | None = None) -> int | None:
         """Wait for it to exit on its own; its exit status, or None if still running."""

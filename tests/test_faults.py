@@ -187,6 +187,48 @@ def test_an_engine_healthy_but_silent_at_readiness_fails_as_hung_within_the_stal
     assert list((tmp_path / "engines").glob("*.json")) == [], "no engine left"
 
 
+def test_an_engine_stopped_after_health_fails_as_hung_at_the_stall_timeout(
+        tmp_path: Path) -> None:
+    """A SIGSTOPped engine (its /health answered) is cut at stall_timeout_s, not at the rest of
+    startup_timeout_s, and ends (SIGCONT after SIGTERM)."""
+    import json
+    import os
+    import signal
+    import threading
+    from dataclasses import replace
+
+    from runners.base import EngineConfig
+
+    engines = tmp_path / "engines"
+
+    def stop_once_asked() -> None:
+        """SIGSTOP the engine once its readiness completion has reached it."""
+        log = tmp_path / "trial" / "server.log"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if log.is_file() and "hangs after 0 requests" in log.read_text():
+                record = json.loads(next(engines.glob("*.json")).read_text())
+                os.killpg(record["pgid"], signal.SIGSTOP)
+                return
+            time.sleep(0.05)
+
+    runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001), engines,
+                          stall_timeout_s=1.0)
+    config = EngineConfig(model="qwen2.5-7b", load_format="dummy",
+                          flags={"sim_hang_after_requests": 0})
+    stopper = threading.Thread(target=stop_once_asked, daemon=True)
+    stopper.start()
+    started = time.monotonic()
+    result = runner.run(config, replace(small_workload(), request_timeout_s=600.0,
+                                        startup_timeout_s=120.0), tmp_path / "trial")
+    stopper.join(5)
+    assert result.failure is not None and result.failure.reason == FailureReason.HANG, \
+        result.failure
+    assert "was stopped" in result.failure.message, result.failure.message
+    assert time.monotonic() - started < 60, "the stall timeout, not startup_timeout_s"
+    assert list(engines.glob("*.json")) == [], "no engine left"
+
+
 def test_an_engine_busy_compiling_on_its_first_request_is_not_cut_at_the_stall_timeout(
         tmp_path: Path) -> None:
     from dataclasses import replace
