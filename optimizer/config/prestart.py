@@ -28,6 +28,7 @@ from optimizer.errors import ConfigError
 
 if TYPE_CHECKING:
     from optimizer.config.loading import StudyConfig
+    from runners.model_info import ModelInfo
     from runners.tokenizer import PromptTokenizer
     from runners.workload import DatasetSource
 
@@ -77,19 +78,20 @@ def check_workload(cfg: StudyConfig) -> None:
     """The workload's part of `check_before_start` (also each case of `nightshift regress`):
     the tokenizer, the prompts file, trace or dataset read as the runner reads them, and the
     longest request within the model's context. Raises ConfigError (one line)."""
-    _check_model_config(cfg)
+    model = _check_model_config(cfg)
+    vocab_size = model.vocab_size if model is not None and model.is_vocab_size_given else None
     tokenizer = _check_tokenizer(cfg)
     w = cfg.spec.workload
     longest_prompt = _longest_drawn(w.input_len)
     longest_output = _longest_drawn(w.output_len)
     if cfg.prompts_file is not None:
         longest_prompt, longest_output = _check_prompts_file(
-            cfg.prompts_file, cfg.source_name, tokenizer, longest_output, _vocab_size(cfg))
+            cfg.prompts_file, cfg.source_name, tokenizer, longest_output, vocab_size)
     if cfg.trace_file is not None and w.trace is not None:
         longest_prompt, longest_output, arrivals = _check_trace_file(
             cfg.trace_file, w.trace.timestamp_unit_s, cfg.source_name,
             max_gap_s=w.trace.max_gap_s, has_shared_prefix=w.shared_prefix is not None,
-            has_tokenizer=tokenizer is not None, vocab_size=_vocab_size(cfg))
+            has_tokenizer=tokenizer is not None, vocab_size=vocab_size)
         _check_replay_span(cfg, arrivals)
     if cfg.dataset_file is not None:
         workload = cfg.workload()
@@ -112,17 +114,22 @@ def check_workload(cfg: StudyConfig) -> None:
             _longest_sum(w.output_len, turns - 1)
     if w.shared_prefix is not None:
         longest_prompt += w.shared_prefix.tokens
-    _check_fits_model(cfg, longest_prompt, longest_output)
+    _check_fits_model(cfg, model, longest_prompt, longest_output)
 
 
 _TAIL_SIGMAS = 4.0  # a draw beyond this many sigmas: about 3 in 100,000
+
+
+def _is_unbounded(spec: LengthSpec) -> bool:
+    """A normal or lognormal length without `high`: its draws have no bound but its tail."""
+    return spec.high is None and spec.std > 0 and spec.kind in ("normal", "lognormal")
 
 
 def _longest_drawn(spec: LengthSpec) -> int:
     """The longest length a workload draws in practice: `high` where set; a normal or
     lognormal without it has no bound, so its 4-sigma tail (the loadgen's clip to `high` is
     the way to bound it); else the mean."""
-    if spec.high is not None or spec.std <= 0 or spec.kind not in ("normal", "lognormal"):
+    if not _is_unbounded(spec):
         return spec.longest
     if spec.kind == "normal":
         return math.ceil(spec.mean + _TAIL_SIGMAS * spec.std)
@@ -139,27 +146,20 @@ def _longest_sum(spec: LengthSpec, count: int) -> int:
     if count <= 0:
         return 0
     one = _longest_drawn(spec)
-    if spec.high is not None or spec.std <= 0 or spec.kind not in ("normal", "lognormal"):
+    if not _is_unbounded(spec):
         return count * one
     std = spec.std if spec.kind == "normal" else \
         spec.mean * math.sqrt(math.expm1(min(spec.std ** 2, 700.0)))
     return min(count * one, math.ceil(count * spec.mean + _TAIL_SIGMAS * std * math.sqrt(count)))
 
 
-def _vocab_size(cfg: StudyConfig) -> int | None:
-    """The model's vocabulary where its config.json is here (token ids must lie below it)."""
-    from runners.model_info import load_model_info
-
-    model = load_model_info(cfg.spec.model.path)
-    return model.vocab_size if model is not None and model.is_vocab_size_given else None
-
-
-def _check_model_config(cfg: StudyConfig) -> None:
-    """The model's config.json, where there is one here, reads as a decoder's shape."""
+def _check_model_config(cfg: StudyConfig) -> ModelInfo | None:
+    """The model's shape from its config.json, where there is one here (None for a hub id);
+    ConfigError where it does not read as a decoder's."""
     from runners.model_info import load_model_info
 
     try:
-        load_model_info(cfg.spec.model.path)
+        return load_model_info(cfg.spec.model.path)
     except ValueError as exc:
         message = " ".join(str(exc).split())[:300].rstrip(".")
         raise ConfigError(f"{cfg.source_name}: model.path: {message}.") from None
@@ -342,16 +342,11 @@ def _human_int(value: object) -> int | None:
     return None
 
 
-def _check_fits_model(cfg: StudyConfig, longest_prompt: int, longest_output: int) -> None:
+def _check_fits_model(cfg: StudyConfig, model: ModelInfo | None, longest_prompt: int,
+                      longest_output: int) -> None:
     """A request's prompt and output must fit the engine's context (vLLM refuses it otherwise,
     and every request of every trial would fail)."""
-    from runners.model_info import load_model_info
-
     fixed = _human_int(cfg.spec.fixed_flags.get("max_model_len"))
-    try:
-        model = load_model_info(cfg.spec.model.path)
-    except (OSError, ValueError, TypeError, KeyError):
-        model = None  # a model the runtime cannot read either: it says so itself
     derived = model.derived_max_model_len if model is not None else None
     if model is not None and derived is not None and fixed is not None and fixed > derived and \
             engine_env(cfg, "VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() \
