@@ -49,9 +49,9 @@ from search_spaces import ResolvedSpace
 
 logger = logging.getLogger(__name__)
 
-# How long a lost worker's GPUs have to be placed again before the study stops: a worker starts
-# in seconds, and a dead local raylet fails the task once Ray's health checks count it out
-# (15 s by default). Under 60 s: a Ray whose GCS is gone ends the driver after 60 s.
+# How long a task on a lost worker's GPUs may take to be placed: a worker starts in seconds,
+# and Ray fails it within seconds where its local raylet died (the study then stops). Under
+# 60 s: a Ray whose GCS is gone ends the driver after 60 s.
 _PLACEMENT_TIMEOUT_S = 30.0
 
 # The study run's closing figures and tags (the best against the defaults), from the report:
@@ -343,22 +343,21 @@ class Daemon:
         if reason in (FailureReason.NODE_LOST, FailureReason.WORKER_LOST):
             # A lost worker may be a lost node too: the local raylet gone takes every worker
             # with it, Ray's GCS counts it alive for seconds more, and a trial launched on it
-            # would wait forever. So a lost worker's GPUs must be placed again within 30 s
-            # before anything else is launched; a dead node is waited for until Ray counts it
-            # out. Ray not answering (its GCS gone) leaves no GPU.
+            # would wait forever. So a task on a lost worker's GPUs is placed first (30 s at
+            # most; Ray says within seconds that its raylet died); a dead node is waited for
+            # until Ray counts it out. Ray not answering (its GCS gone) leaves no GPU.
             before = policy.total_gpus
             if reason == FailureReason.WORKER_LOST:
                 policy.total_gpus = self.executor.shrink_to_live(
                     timeout_s=_PLACEMENT_TIMEOUT_S,
                     placing_gpus=item.running.config.num_gpus)
+                if policy.total_gpus < before:
+                    logger.warning("trial %d: its worker died and Ray can give %d GPUs now "
+                                   "(%d before)", number, policy.total_gpus, before)
             else:
                 policy.total_gpus = self.executor.shrink_to_live(timeout_s=30.0)
-            if reason == FailureReason.NODE_LOST:
                 logger.warning("trial %d: a Ray node died; %d GPUs left", number,
                                policy.total_gpus)
-            elif policy.total_gpus < before:
-                logger.warning("trial %d: its worker died and Ray can give %d GPUs now (%d "
-                               "before)", number, policy.total_gpus, before)
             if policy.total_gpus < 1:
                 logger.error("Ray can give no GPU to a trial now; stopping now (the trials in "
                              "flight are re-queued); resume with `%s` once Ray is back",

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from optimizer.errors import describe
 from runners.base import (
     EngineConfig,
     Failure,
@@ -67,13 +68,12 @@ class TrialSession:
                 return RunResult(status="failed", failure=Failure(
                     FailureReason.INTERRUPTED,
                     f"the daemon was stopped with this trial in flight (the run then raised "
-                    f"{type(exc).__name__}: {str(exc)[:300]})."))
+                    f"{describe(exc)})."))
             if not isinstance(exc, OSError) or not is_host_refusal(exc):
                 raise  # a bug of ours: the handle records it as internal
             return RunResult(status="failed", failure=Failure(
                 FailureReason.HOST_ERROR,
-                f"the host refused the trial's files or processes ({type(exc).__name__}: "
-                f"{str(exc)[:300]})."))
+                f"the host refused the trial's files or processes ({describe(exc)})."))
         if self._cancelled:
             return RunResult(status="failed", steps=result.steps, engine=result.engine,
                              argv=result.argv, env=result.env, server_log=result.server_log,
