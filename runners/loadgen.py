@@ -341,6 +341,16 @@ def check_prompts_file(path: Path, tokenizer: PromptTokenizer | None = None) -> 
     return prompts_file_longest(path, tokenizer)[0]
 
 
+def vocabulary_problem(prompt: str | Sequence[int] | None,
+                       vocab_size: int | None) -> str | None:
+    """Why a prompt of token ids cannot be sent to a model of `vocab_size` ids (the server
+    refuses an id past it), or None: text, no vocabulary known, or every id within it."""
+    if vocab_size is None or isinstance(prompt, str) or not prompt or max(prompt) < vocab_size:
+        return None
+    return (f"token id {max(prompt)} is beyond the model's vocabulary of {vocab_size} ids; "
+            "give ids of the model's tokenizer")
+
+
 def prompts_file_longest(path: Path, tokenizer: PromptTokenizer | None = None,
                          default_output_len: int = 0, vocab_size: int | None = None
                          ) -> tuple[int, int]:
@@ -354,11 +364,9 @@ def prompts_file_longest(path: Path, tokenizer: PromptTokenizer | None = None,
             if line.strip():
                 prompt, prompt_len, output_len, _ = _parse_prompt_line(path, line_no, line,
                                                                        tokenizer)
-                if vocab_size is not None and isinstance(prompt, list) and \
-                        max(prompt) >= vocab_size:
-                    raise ValueError(f"{path}:{line_no}: token id {max(prompt)} is beyond the "
-                                     f"model's vocabulary of {vocab_size} ids; give ids of the "
-                                     "model's tokenizer.")
+                problem = vocabulary_problem(prompt, vocab_size)
+                if problem is not None:
+                    raise ValueError(f"{path}:{line_no}: {problem}.")
                 longest = max(longest, prompt_len)
                 longest_output = max(longest_output, output_len or default_output_len)
     if longest == 0:

@@ -291,6 +291,7 @@ def _check_trace_file(path: Path, timestamp_unit_s: float, source: str, *,
     """The trace read as the runner reads it: its longest prompt and output, in tokens, and its
     arrival times (s from the first)."""
     from runners.arrivals import read_trace
+    from runners.loadgen import vocabulary_problem
 
     where = f"{source}: workload.trace.path"
     fix = ("give a JSONL file with one {\"timestamp\": s, \"input_length\": n, "
@@ -304,11 +305,9 @@ def _check_trace_file(path: Path, timestamp_unit_s: float, source: str, *,
     with _read_as_the_runner(where, path, fix):
         entries = read_trace(path, timestamp_unit_s, max_gap_s)
     for number, entry in enumerate(entries, start=1):
-        if vocab_size is not None and isinstance(entry.prompt, list) and \
-                max(entry.prompt) >= vocab_size:
-            raise ConfigError(f"{where}: request {number}: token id {max(entry.prompt)} is "
-                              f"beyond the model's vocabulary of {vocab_size} ids; give ids "
-                              "of the model's tokenizer.")
+        problem = vocabulary_problem(entry.prompt, vocab_size)
+        if problem is not None:
+            raise ConfigError(f"{where}: request {number}: {problem}.")
     if has_shared_prefix:
         # As runners/loadgen.py `_with_shared_prefix` joins them: every prompt token ids, or
         # every prompt text (an entry without one is synthesised: text where the model has a
