@@ -71,7 +71,7 @@ class _StopWatch:
         self.reason: str | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True,
-                                        name="nightshift-idle-watch")
+                                        name="nightshift-stop-watch")
 
     def __enter__(self) -> _StopWatch:
         self._thread.start()
@@ -598,8 +598,10 @@ def _trace_replayed(offsets_s: Sequence[float], num_sent: int,
     out = {"trace_num_replayed": float(num_sent),
            "trace_num_requests": float(len(offsets_s))}
     if 0 < num_sent < len(offsets_s):
-        sent = offsets_s[:num_sent]
-        rate = (num_sent - 1) / (sent[-1] - sent[0]) if sent[-1] > sent[0] else None
+        try:
+            rate: float | None = arrivals.trace_rate_rps(offsets_s[:num_sent])
+        except ValueError:  # one request sent, or all at one instant: no rate
+            rate = None
         if rate is not None:
             out["trace_replayed_rate_rps"] = rate
         logger.warning("level %s sent %d of the trace's %d requests before it ended; they "
