@@ -471,9 +471,10 @@ def capacity_notes(workload: Workload) -> list[str]:
             f"{search.max_probes}: a trial whose probes run out before that (when no probe's "
             "served rate narrows it) is flagged unresolved; raise max_probes or tolerance, or "
             "narrow low/high")
-    if search is not None and search.axis == "request_rate" and workload.num_requests and \
-            search.probe_duration_s and workload.num_requests < search.high * \
-            search.probe_duration_s:
+    is_per_level = workload.trace is not None or workload.multi_turn is not None
+    if search is not None and is_per_level and search.axis == "request_rate" and \
+            workload.num_requests and search.probe_duration_s and \
+            workload.num_requests < search.high * search.probe_duration_s:
         notes.append(
             f"capacity: at {search.high:g} req/s a probe's {workload.num_requests} requests "
             f"last {workload.num_requests / search.high:.1f} s, less than probe_duration_s "

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from runners import arrivals, conversations, loadgen, prometheus
+from runners import arrivals, conversations, loadgen, prometheus, staircase
 from runners.base import (
     EngineConfig,
     EngineInfo,
@@ -34,7 +34,14 @@ from runners.quality import QualityRun, run_eval
 from runners.telemetry import TelemetrySampler
 from runners.vllm.compile_cache import FORCE_AOT_LOAD
 from runners.vllm.compile_ledger import append_entry, entry_of
-from runners.workload import LengthDistribution, LoadLevel, Probe, QualityEval, Workload
+from runners.workload import (
+    CapacitySearch,
+    LengthDistribution,
+    LoadLevel,
+    Probe,
+    QualityEval,
+    Workload,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +201,7 @@ class EngineRunner:
             served = self.launcher.parse_log(tail(log_path, _RUNTIME_LOG_BYTES))
             engine = replace(engine, num_runtime_jit_compiles=served.num_runtime_jit_compiles)
             if workload.profile and status == "complete" and profile_dir is not None:
-                trace_path, trace_summary = self._profile(base_url, config, workload,
+                trace_path, trace_summary = self._profile(base_url, config, workload, steps,
                                                           profile_dir)
         except _Abort as abort:
             status, failure = "failed", abort.failure
@@ -333,6 +340,11 @@ class EngineRunner:
                 if on_step is not None and on_step(step):
                     return "stopped"
             return "complete"
+        if workload.multi_turn is None and workload.trace is None:
+            return self._drive_staircase(proc, base_url, config, workload, log_path, started,
+                                         steps, on_step)
+        # A trace replays its own arrival pattern and a conversation its own turns: each probe
+        # is a level of its own, bounded by probe_duration_s (not a steady-state window).
         history: list[Probe] = []
         while (load := search.next_load(history)) is not None:
             index = len(history)
@@ -357,6 +369,156 @@ class EngineRunner:
             if on_step is not None and on_step(step):
                 return "stopped"
         return "complete"
+
+    def _drive_staircase(self, proc: EngineProcess, base_url: str, config: EngineConfig,
+                         workload: Workload, log_path: Path, started: float,
+                         steps: list[StepMetrics], on_step: OnStep | None) -> RunStatus:
+        """The capacity search on one continuous stream of requests (runners/staircase.py):
+        each probe is a step of the staircase, judged on its steady-state window."""
+        search = workload.capacity
+        assert search is not None
+        self._reset_prefix_cache(base_url)  # once: the stream's hit rate is its steady one
+        is_text = workload.prompts_file is not None or workload.dataset is not None
+        requests = staircase.endless_requests(
+            lambda num, seed: loadgen.build_requests(workload, num, seed=seed), 512,
+            workload.seed * 1000, is_finite_source=is_text)
+        history: list[Probe] = []
+        lifetime_s = staircase.lifetime_estimate_s(workload)
+        met_loads: list[float] = []
+
+        def check_engine() -> None:
+            if not proc.is_alive():
+                raise _Abort(self._failure(proc, log_path, "run"))
+            if driver.stalled:
+                raise _Abort(Failure(
+                    FailureReason.HANG,
+                    f"{self.launcher.name} (pid {proc.pid}) stopped producing tokens for "
+                    f"{self.stall_timeout_s:g} s; see {log_path}.", tail(log_path, 2000)))
+
+        first = search.next_load(history)
+        if first is None:
+            return "complete"
+        driver = staircase.StaircaseDriver(
+            base_url, config.served_model_name, requests, axis=search.axis,
+            timeout_s=workload.request_timeout_s, seed=workload.seed,
+            burstiness=workload.burstiness, stall_timeout_s=self.stall_timeout_s)
+        driver.start(first)
+        try:
+            load: float | None = first
+            while load is not None:
+                index = len(history)
+                plan = staircase.plan_step(search, load, lifetime_s)
+                run = staircase.measure_step(
+                    driver, base_url, plan, repeats=workload.repeats,
+                    request_timeout_s=workload.request_timeout_s, check_engine=check_engine,
+                    is_first=index == 0)
+                driver.raise_if_failed()
+                step, verdict = self._judge_step(run, index, search, workload, started)
+                if verdict.is_overload_errors and (load <= search.low or any(
+                        load <= met for met in met_loads)):
+                    # Errors at a load the config serves within the SLO (or at the lightest
+                    # load of interest) are the config's, not overload's.
+                    first_error = next((o.error for outs, _ in run.windows for o in outs
+                                        if not o.success), "")
+                    raise _Abort(Failure(
+                        FailureReason.TOO_MANY_ERRORS,
+                        f"{verdict.reason} at load {step.level.label}, a load it should serve; "
+                        f"first error: {first_error[:200]}.", tail(log_path, 2000)))
+                if step.meets_slo:
+                    met_loads.append(load)
+                else:
+                    cancelled = driver.cancel_in_flight()  # the backlog is ours: no drain
+                    if cancelled:
+                        logger.info("step %d missed; %d requests in flight cancelled before "
+                                    "the next step", index, cancelled)
+                served = search.served_of(
+                    step.metrics, step.server_metrics,
+                    mean_input_tokens=None if is_text else _mean_prompt_tokens(workload),
+                    mean_output_tokens=_mean_tokens(workload.output_len))
+                history.append((load, bool(step.meets_slo), served))
+                steps.append(step)
+                logger.info("capacity step %d at %s: SLO %s%s (served %s); bracket %s", index,
+                            step.level.label, "met" if step.meets_slo else "missed",
+                            f" ({verdict.reason})" if verdict.reason else "",
+                            "?" if served is None else f"{served:.3g}",
+                            search.bracket(history).describe())
+                if step.metrics.p90_e2el_ms is not None and not run.is_saturated:
+                    lifetime_s = staircase.lifetime_estimate_s(
+                        workload, measured_e2el_s=step.metrics.p90_e2el_ms / 1000.0)
+                if on_step is not None and on_step(step):
+                    return "stopped"
+                load = search.next_load(history)
+        finally:
+            driver.close()
+        return "complete"
+
+    def _judge_step(self, run: staircase.StepRun, index: int, search: CapacitySearch,
+                    workload: Workload, started: float
+                    ) -> tuple[StepMetrics, staircase.Verdict]:
+        """A staircase step as a `StepMetrics` (the median window where repeated) and its
+        verdict."""
+        level = search.level(run.plan.load)
+        if level.request_rate_rps is not None and workload.burstiness != 1.0:
+            level = replace(level, burstiness=workload.burstiness)
+        is_closed = search.axis == "concurrency"
+        per_window: list[tuple[Any, staircase.WindowCounts, staircase.Verdict]] = []
+        for outputs, counts in run.windows:
+            ours = [o for o in outputs if o.error != staircase.STOPPED_ERROR]
+            metrics = loadgen.compute_metrics(ours or outputs, counts.window_s, workload.slo)
+            verdict = staircase.judge_window(
+                metrics, counts, workload.slo, max_failed_fraction=workload.max_failed_fraction,
+                tolerance=search.tolerance, is_saturated=run.is_saturated,
+                is_closed_loop=is_closed)
+            per_window.append((metrics, counts, verdict))
+        server = dict(run.server)
+        if not per_window:  # stopped in its warm-up: what it served until then
+            ours = [o for o in run.early_outputs if o.error != staircase.STOPPED_ERROR]
+            metrics = loadgen.compute_metrics(ours, max(run.early_duration_s, 1e-9),
+                                              workload.slo)
+            verdict = staircase.judge_window(
+                metrics, None, workload.slo, max_failed_fraction=workload.max_failed_fraction,
+                tolerance=search.tolerance, is_saturated=True, is_closed_loop=is_closed)
+            step = StepMetrics(step=index, level=level, metrics=metrics, server_metrics=server,
+                               elapsed_s=time.monotonic() - started, meets_slo=False,
+                               miss_reason=verdict.reason)
+            return step, verdict
+        order = sorted(range(len(per_window)),
+                       key=lambda k: per_window[k][0].output_throughput)
+        metrics, counts, verdict = per_window[order[len(order) // 2]]
+        # Repeated windows: the step meets the SLO only if every window did.
+        missed = next((v for _, _, v in per_window if not v.meets_slo), None)
+        if missed is not None:
+            verdict = missed
+        if not run.is_finished and verdict.meets_slo:
+            verdict = staircase.Verdict(False, "measured requests still running when the wait "
+                                               "for them ended")
+        server.update({
+            "steady.warmup_s": run.plan.warmup_s, "steady.window_s": counts.window_s,
+            "steady.lifetime_s": run.plan.lifetime_s,
+            "steady.num_measured": float(counts.num_sent),
+            "steady.num_ended_in_window": float(counts.num_ended),
+            "steady.mean_in_flight": counts.mean_in_flight,
+            "is_saturated": 1.0 if run.is_saturated else 0.0})
+        if counts.waiting_rise is not None:
+            server["steady.waiting_rise"] = counts.waiting_rise
+        if any(o.modelled_span_s is not None for outs, _ in run.windows for o in outs):
+            server["is_modelled_clock"] = 1.0
+        hit_rate = prometheus.prefix_cache_hit_rate(server)
+        if hit_rate is not None:
+            server["prefix_cache_hit_rate"] = hit_rate
+        server.update(prometheus.spec_decode_acceptance(server))
+        util = self._sampler.gpu_util_mean_pct_since(run.window_start_s) \
+            if self._sampler else None
+        if util is not None:
+            server["gpu_util_mean_pct"] = util
+        step = StepMetrics(
+            step=index, level=level, metrics=metrics, server_metrics=server,
+            elapsed_s=time.monotonic() - started, meets_slo=verdict.meets_slo,
+            repeats=tuple(m for m, _, _ in per_window) if len(per_window) > 1 else (),
+            miss_reason=verdict.reason,
+            offered_rate_rps=counts.num_sent / counts.window_s,
+            completed_rate_rps=counts.num_ended / counts.window_s)
+        return step, verdict
 
     def _measure_repeated(self, proc: EngineProcess, base_url: str, config: EngineConfig,
                           workload: Workload, log_path: Path, started: float, index: int,
@@ -525,17 +687,19 @@ class EngineRunner:
             logger.debug("prefix cache not reset: %s", exc)
 
     def _profile(self, base_url: str, config: EngineConfig, workload: Workload,
-                 profile_dir: Path) -> tuple[Path | None, Mapping[str, Any] | None]:
+                 steps: Sequence[StepMetrics], profile_dir: Path
+                 ) -> tuple[Path | None, Mapping[str, Any] | None]:
         """A short profiled window after the measured levels: profiling slows the engine, so
-        no performance figure is ever taken from it."""
+        no performance figure is ever taken from it. After a capacity search it runs at the
+        operating point's load (the highest that met the SLO; else the lightest probed), so
+        the trace describes the load the trial is judged at."""
         requests = loadgen.build_requests(workload, workload.profile_num_requests,
                                           seed=workload.seed + 104729)
-        level = workload.levels[-1]
+        level = profile_level(workload, steps)
         try:
             with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0)) as client:
                 client.post(f"{base_url}/start_profile").raise_for_status()
-                loadgen.run_level_sync(base_url, config.served_model_name, requests,
-                                       LoadLevel(max_concurrency=level.max_concurrency or 16),
+                loadgen.run_level_sync(base_url, config.served_model_name, requests, level,
                                        workload.slo, timeout_s=workload.request_timeout_s,
                                        seed=workload.seed, stall_timeout_s=self.stall_timeout_s)
                 client.post(f"{base_url}/stop_profile").raise_for_status()
@@ -569,6 +733,20 @@ class EngineRunner:
             logger.warning("trace %s could not be read (%s)", ranks[0], exc)
             return ranks[0], None
         return trimmed, summary
+
+
+def profile_level(workload: Workload, steps: Sequence[StepMetrics]) -> LoadLevel:
+    """The load a profile window runs at: a capacity search's operating point (its highest
+    load within the SLO, else its lightest probe); else the last level as a closed loop."""
+    probed = [s for s in steps if s.meets_slo is not None]
+    if workload.capacity is not None and probed:
+        within = [s for s in probed if s.meets_slo]
+        search = workload.capacity
+        pick = max(within, key=lambda s: search.load_of(s.level)) if within else \
+            min(probed, key=lambda s: search.load_of(s.level))
+        return pick.level
+    level = workload.levels[-1]
+    return LoadLevel(max_concurrency=level.max_concurrency or 16)
 
 
 def _mean_prompt_tokens(workload: Workload) -> float | None:

@@ -180,9 +180,16 @@ class CapacitySearch:
     high: float  # the heaviest load of interest
     tolerance: float = 0.05  # stop when the bracket is this narrow (relative)
     max_probes: int = 8
-    # No probe sends new requests after this long (those in flight finish), whatever the
-    # workload's num_requests: a light probe must not take minutes. None: unbounded.
+    # A probe of a trace or multi-turn workload (measured level by level, not on the steady
+    # staircase) sends no new request after this long. None: unbounded.
     probe_duration_s: float | None = 30.0
+    # The steady staircase (runners/staircase.py): a step's window sends at least this many
+    # requests and lasts at least `min_window_s`, at most `max_window_s` (None: unbounded);
+    # its warm-up is one request life unless `warmup_s` is given.
+    min_window_requests: int = 200
+    min_window_s: float = 10.0  # s
+    max_window_s: float | None = 180.0  # s
+    warmup_s: float | None = None  # s; None: sized from the request's life
 
     def __post_init__(self) -> None:
         if not 0 < self.low < self.high:
@@ -197,6 +204,15 @@ class CapacitySearch:
             raise ValueError(f"max_probes must be >= 1 but got {self.max_probes}.")
         if self.probe_duration_s is not None and not self.probe_duration_s > 0:
             raise ValueError(f"probe_duration_s must be > 0 but got {self.probe_duration_s}.")
+        if self.min_window_requests < 1 or not self.min_window_s > 0:
+            raise ValueError("a step's window needs min_window_requests >= 1 and "
+                             f"min_window_s > 0 but got {self.min_window_requests} and "
+                             f"{self.min_window_s}.")
+        if self.max_window_s is not None and not self.max_window_s >= self.min_window_s:
+            raise ValueError(f"max_window_s ({self.max_window_s}) must be >= min_window_s "
+                             f"({self.min_window_s}).")
+        if self.warmup_s is not None and not self.warmup_s >= 0:
+            raise ValueError(f"warmup_s must be >= 0 but got {self.warmup_s}.")
 
     @property
     def step_ratio(self) -> float:
@@ -235,6 +251,17 @@ class CapacitySearch:
             if server.get("is_saturated", 0.0) <= 0 or not metrics.duration_s > 0:
                 return None
             rates = []
+            # The steady staircase reads the counters' rates over a saturated step's second
+            # half, when the engine ran full: the first half's ramp under-reads it.
+            for key, mean in (("served_prompt_tokens_per_s", mean_input_tokens),
+                              ("served_generation_tokens_per_s", mean_output_tokens)):
+                per_s = server.get(key)
+                if per_s and mean:
+                    rates.append(per_s / mean)
+            if rates:
+                completed = metrics.request_throughput if metrics.completed else 0.0
+                served = max(min(rates), completed)
+                return served if served > 0 and math.isfinite(served) else None
             prompt = server.get(_PROMPT_TOKENS)
             if prompt and mean_input_tokens:
                 rates.append(prompt / metrics.duration_s / mean_input_tokens)

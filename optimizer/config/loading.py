@@ -184,7 +184,11 @@ class StudyConfig:
             capacity=CapacitySearch(axis=w.capacity.axis, low=w.capacity.low,
                                     high=w.capacity.high, tolerance=w.capacity.tolerance,
                                     max_probes=w.capacity.max_probes,
-                                    probe_duration_s=w.capacity.probe_duration_s)
+                                    probe_duration_s=w.capacity.probe_duration_s,
+                                    min_window_requests=w.capacity.min_window_requests,
+                                    min_window_s=w.capacity.min_window_s,
+                                    max_window_s=w.capacity.max_window_s,
+                                    warmup_s=w.capacity.warmup_s)
             if w.capacity else None,
             burstiness=w.burstiness,
             shared_prefix=SharedPrefix(fraction=w.shared_prefix.fraction,

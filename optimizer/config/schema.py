@@ -146,14 +146,24 @@ class CapacitySpec(_Strict):
     high: float = Field(gt=0, le=MAX_RATE_RPS)  # the heaviest load of interest
     tolerance: float = Field(default=0.05, gt=0, le=1)
     max_probes: int = Field(default=8, ge=2, le=32)
-    # No probe sends new requests after this long (in-flight ones finish), whatever
-    # num_requests: a light probe (few requests/s) must not take minutes.
+    # A trace or multi-turn probe (measured level by level) sends no new request after this
+    # long (in-flight ones finish): a light probe (few requests/s) must not take minutes.
     probe_duration_s: float = Field(default=30.0, gt=0, le=3600)
+    # Every other workload walks a steady staircase (runners/staircase.py): each step's
+    # measured window sends at least `min_window_requests` requests and lasts at least
+    # `min_window_s`, at most `max_window_s`; its warm-up is one request life, or `warmup_s`.
+    min_window_requests: int = Field(default=200, ge=1, le=1_000_000)
+    min_window_s: float = Field(default=10.0, gt=0, le=3600)
+    max_window_s: float = Field(default=180.0, gt=0, le=86_400)
+    warmup_s: float | None = Field(default=None, ge=0, le=3600)
 
     @model_validator(mode="after")
     def _bracket(self) -> CapacitySpec:
         if self.low >= self.high:
             raise ValueError(f"low ({self.low:g}) must be below high ({self.high:g})")
+        if self.max_window_s < self.min_window_s:
+            raise ValueError(f"max_window_s ({self.max_window_s:g}) must be at least "
+                             f"min_window_s ({self.min_window_s:g})")
         if self.axis == "concurrency" and (self.low != int(self.low) or
                                            self.high != int(self.high)):
             raise ValueError("concurrency bounds are whole numbers of requests")
