@@ -40,7 +40,7 @@ def test_bench_argv_draws_prompts_100_to_400_and_answers_600_to_1400_as_vllm_com
         tmp_path: Path) -> None:
     argv = check.bench_argv("python3", 8123, tmp_path / "tok", 7.5, 1350, tmp_path, "r.json")
     ratio = json.loads(_flag(argv, "--random-range-ratio"))
-    # vllm/benchmarks/datasets/utils.py:59-81 (0.26.0): [floor(L(1-r)), ceil(L(1+r))] per side,
+    # vllm/benchmarks/datasets/utils.py:70-81 (0.26.0): [floor(L(1-r)), ceil(L(1+r))] per side,
     # the tokenizer's special tokens (0 for ours) taken off the input length first.
     in_len = int(_flag(argv, "--random-input-len"))
     out_len = int(_flag(argv, "--random-output-len"))

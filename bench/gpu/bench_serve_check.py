@@ -54,7 +54,7 @@ logger = logging.getLogger("bench_serve_check")
 
 # The load of issue 32: prompts uniform 100-400 tokens, answers uniform 600-1400 (ignore_eos).
 # vLLM's random dataset draws integers in [floor(L * (1 - r)), ceil(L * (1 + r))], r per side
-# (vllm/benchmarks/datasets/utils.py:59-81): 250 +- 60% and 1000 +- 40% give exactly these.
+# (vllm/benchmarks/datasets/utils.py:70-81): 250 +- 60% and 1000 +- 40% give exactly these.
 INPUT_LEN: Final = 250
 OUTPUT_LEN: Final = 1000
 RANGE_RATIO: Final = {"input": 0.6, "output": 0.4}
@@ -85,7 +85,7 @@ class BadInput(Exception):
 
 def num_prompts_for(rate_rps: float, arrival_s: float = ARRIVAL_S) -> int:
     """Requests for at least `arrival_s` of arrivals: vLLM spaces N arrivals over exactly N / rate
-    seconds (its Poisson delays are rescaled to that total: vllm/benchmarks/serve.py:470-485)."""
+    seconds (its Poisson delays are rescaled to that total: vllm/benchmarks/serve.py:476-485)."""
     return math.ceil(rate_rps * arrival_s - 1e-9)
 
 
@@ -106,7 +106,7 @@ def bench_argv(python: str, port: int, tokenizer_dir: Path, rate_rps: float, num
     `--temperature 0` as nightshift's load generator sends (0.26's client leaves it to the
     server otherwise); `--save-detailed` keeps per-request start times, TTFTs and ITLs, from
     which the steady window is judged; `--ignore-eos` is forced for the random dataset anyway
-    (serve.py:2006-2011) and given for the reader."""
+    (serve.py:2012-2018) and given for the reader."""
     goodput = [f"tpot:{tpot_slo_ms:g}"] + ([f"ttft:{ttft_slo_ms:g}"] if ttft_slo_ms else [])
     return [python, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
             "--backend", "openai", "--host", "127.0.0.1", "--port", str(port),
@@ -195,8 +195,8 @@ class QueueSample:
 
 
 def timings_from_detailed(result: Mapping[str, Any]) -> list[RequestTiming]:
-    """Per-request timings from a `--save-detailed` result (serve.py:1195-1211): the end of a
-    request is its start + TTFT + the sum of its ITLs (endpoint_request_func.py:200-240)."""
+    """Per-request timings from a `--save-detailed` result (serve.py:1194-1214): the end of a
+    request is its start + TTFT + the sum of its ITLs (lib/endpoint_request_func.py:236-257)."""
     out = []
     for start, ttft, itl, out_len, error in zip(
             result["start_times"], result["ttfts"], result["itls"], result["output_lens"],
@@ -212,7 +212,7 @@ _HEAVY = ("input_lens", "output_lens", "start_times", "ttfts", "itls", "generate
 
 
 def slim_result(result: Mapping[str, Any]) -> dict[str, Any]:
-    """The result JSON as vLLM writes it without --save-detailed (serve.py:2254-2268)."""
+    """The result JSON as vLLM writes it without --save-detailed (serve.py:2254-2268: the same fields dropped)."""
     return {k: v for k, v in result.items() if k not in _HEAVY}
 
 
