@@ -7,7 +7,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -266,3 +268,90 @@ def test_bad_input_exits_2_with_one_line_before_anything_is_written(
     assert len(err.splitlines()) == 1 and field in err
     assert not work.exists(), "no tokenizer written, no server started"
     assert not out.exists() or not any(out.iterdir())
+
+
+# --- the run, end to end on the CPU ----------------------------------------------------------
+
+# A stand-in `vllm` package for `python -m vllm.entrypoints.cli.main`: `serve` becomes the
+# simulated engine (a real HTTP server with /health and /metrics), `bench serve` sleeps through
+# its arrivals and writes a detailed result in 0.26's shape with sends in real time (the same
+# perf_counter clock the poller samples), or hangs (FAKE_BENCH=hang).
+_FAKE_MAIN = '''
+import json, os, sys, time
+args = sys.argv[1:]
+def opt(name):
+    return args[args.index(name) + 1]
+if args[0] == "serve":
+    os.execv(sys.executable, [sys.executable, "-m", "runners.simulated", "--port", opt("--port"),
+             "--startup-time-scale", "0.001", "--config-json", json.dumps({"model": "qwen3-8b"})])
+if os.environ.get("FAKE_BENCH") == "hang":
+    time.sleep(3600)
+n, rate = int(opt("--num-prompts")), float(opt("--request-rate"))
+starts = []
+t0 = time.perf_counter()
+for i in range(n):
+    time.sleep(max(0.0, t0 + (i + 1) / rate - time.perf_counter()))
+    starts.append(time.perf_counter())
+time.sleep(0.2)
+result = {"completed": n, "failed": 0, "duration": n / rate + 0.2,
+          "request_throughput": rate, "request_goodput": rate, "p99_tpot_ms": 10.0,
+          "p99_ttft_ms": 50.0, "start_times": starts, "ttfts": [0.05] * n,
+          "itls": [[0.01] * 9] * n, "output_lens": [10] * n, "errors": [""] * n,
+          "input_lens": [250] * n, "generated_texts": ["t1"] * n}
+with open(os.path.join(opt("--result-dir"), opt("--result-filename")), "w") as f:
+    json.dump(result, f)
+'''
+
+
+@pytest.fixture
+def fake_vllm(tmp_path: Path, clean_environ: dict[str, str]) -> Path:
+    package = tmp_path / "fake" / "vllm" / "entrypoints" / "cli"
+    package.mkdir(parents=True)
+    for d in (package, package.parent, package.parent.parent):
+        (d / "__init__.py").write_text("")
+    (package / "main.py").write_text(_FAKE_MAIN)
+    os.environ["PYTHONPATH"] = f"{tmp_path / 'fake'}{os.pathsep}{ROOT}"
+    return tmp_path
+
+
+def test_a_run_serves_loads_polls_judges_and_leaves_no_process(
+        fake_vllm: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # The 180 s floor is issue 32's and a bad-input check: lowered here (patched by name, the
+    # last resort) so the real processes run for seconds.
+    monkeypatch.setattr(check, "ARRIVAL_S", 4.0)
+    out = fake_vllm / "out"
+    code = check.main(["run", "--model", "qwen3-8b", "--rates", "5", "--arrival-s", "4",
+                       "--out", str(out), "--workdir", str(fake_vllm / "work"),
+                       "--label", "defaults", "--", "--max-model-len", "4096"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    records = json.loads((out / check.RESULTS_JSON).read_text())
+    assert records[0]["status"] == "done" and records[0]["num_prompts"] == 20
+    assert records[0]["verdict"]["num_queue_samples"] >= 3, "the poller read the live /metrics"
+    assert records[0]["verdict"]["is_met"], records[0]["verdict"]["reasons"]
+    assert "itls" not in records[0]["vllm_result"]
+    assert "| defaults | 5 | 20 |" in printed and records[0]["bench_command"] in printed
+    assert {p.name for p in out.iterdir()} == {"server.log", "bench.log", "queue.csv",
+                                               "requests.csv", "results.json", "summary.md"}
+    assert not list((fake_vllm / "work").glob("*/registry/*.json")), \
+        "every process record removed: server and bench ended"
+
+
+def test_a_bench_past_its_bound_is_killed_and_reported_and_the_server_still_ends(
+        fake_vllm: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(check, "ARRIVAL_S", 4.0)
+    monkeypatch.setattr(check, "BENCH_PREP_S", 1.0)
+    os.environ["FAKE_BENCH"] = "hang"
+    out = fake_vllm / "out"
+    started = time.monotonic()
+    code = check.main(["run", "--model", "qwen3-8b", "--rates", "5", "--arrival-s", "4",
+                       "--drain-s", "1", "--out", str(out), "--workdir",
+                       str(fake_vllm / "work")])
+    assert code == 1
+    assert time.monotonic() - started < 60, "the 6 s bound, not the bench's hour"
+    records = json.loads((out / check.RESULTS_JSON).read_text())
+    assert records[0]["status"].startswith("killed: vllm bench serve ran past its bound of 6 s")
+    assert "killed" in capsys.readouterr().out
+    assert not list((fake_vllm / "work").glob("*/registry/*.json"))

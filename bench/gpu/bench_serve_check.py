@@ -212,7 +212,8 @@ _HEAVY = ("input_lens", "output_lens", "start_times", "ttfts", "itls", "generate
 
 
 def slim_result(result: Mapping[str, Any]) -> dict[str, Any]:
-    """The result JSON as vLLM writes it without --save-detailed (serve.py:2254-2268: the same fields dropped)."""
+    """The result JSON as vLLM writes it without --save-detailed: the fields it drops then
+    (serve.py:2254-2268) dropped here."""
     return {k: v for k, v in result.items() if k not in _HEAVY}
 
 
