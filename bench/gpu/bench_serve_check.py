@@ -3,7 +3,8 @@
 claim C, then 1.15 x C), `/metrics` polled every second, and one verdict row per rate.
 
 Runs ON the device (vLLM 0.26.0 importable: PYTHONPATH=/tmp/site:$PWD), one device call per
-(config, rate) pair (a cold start plus one rate takes 5-8 min of the 10-minute call):
+(config, rate) pair (a start plus one rate takes ~5 min warm, 7-8 min cold, of the
+10-minute call; docs/vllm-bench-serve.md):
 
     python3 bench/gpu/bench_serve_check.py run --model qwen3-8b --rates 7.5 --out $OUT/defaults \
         --env VLLM_CACHE_ROOT=/root/vllm-cache -- --max-model-len 4096
@@ -448,7 +449,9 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     except ValueError as exc:
         raise BadInput(f"--model: {exc}") from None
     text = config.get("text_config", config) if isinstance(config, dict) else None
-    vocab = text.get("vocab_size") if isinstance(text, dict) else None
+    if not isinstance(text, dict):
+        text = {}
+    vocab = text.get("vocab_size")
     if not isinstance(vocab, int) or vocab <= 0:
         raise BadInput(f"--model: {model_dir / 'config.json'} names no vocab_size; the "
                        "tokenizer needs it: give the model's config.json as published.")
