@@ -535,7 +535,7 @@ def _run_rate(args: argparse.Namespace, rate: float, port: int, base_url: str,
                       label=args.label)
     record: dict[str, Any] = {"rate_rps": rate, "num_prompts": n, "bench_argv": argv,
                               "bench_command": shlex.join(argv)}
-    left = deadline - time.monotonic() - 30  # 30 s: parse, write, stop the server
+    left = deadline - time.monotonic() - 40  # 40 s: kill the bench, parse, stop the server
     needed = BENCH_PREP_S / 2 + arrival_s + 20
     if left < needed:
         record["status"] = (f"skipped: {left:.0f} s left before --deadline-s, {needed:.0f} s "
