@@ -19,6 +19,7 @@ BUNDLED_CHECKPOINTS = {
     "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
     "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",
     "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
+    "qwen3-8b": "Qwen/Qwen3-8B",
 }
 
 
