@@ -471,6 +471,8 @@ class EngineRunner:
                 is_closed_loop=is_closed)
             per_window.append((metrics, counts, verdict))
         server = dict(run.server)
+        server["is_saturated"] = 1.0 if run.is_saturated else 0.0
+        server["steady.warmup_s"] = run.warmup_s
         if not per_window:  # stopped in its warm-up: what it served until then
             ours = [o for o in run.early_outputs if o.error != staircase.STOPPED_ERROR]
             metrics = loadgen.compute_metrics(ours, max(run.early_duration_s, 1e-9),
@@ -493,7 +495,7 @@ class EngineRunner:
             verdict = staircase.Verdict(False, "measured requests still running when the wait "
                                                "for them ended")
         server.update({
-            "steady.warmup_s": run.plan.warmup_s, "steady.window_s": counts.window_s,
+            "steady.window_s": counts.window_s,
             "steady.lifetime_s": run.plan.lifetime_s,
             "steady.num_measured": float(counts.num_sent),
             "steady.num_ended_in_window": float(counts.num_ended),

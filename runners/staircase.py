@@ -50,6 +50,14 @@ _UNKNOWN_TPOT_S = 0.05  # s a token, where neither the SLO nor a measurement say
 _UNKNOWN_TTFT_S = 2.0  # s, likewise for the first token
 _LIFETIME_QUANTILE = 0.95  # a step's warm-up is this quantile of a request's life
 _GAP_BLOCK = 64  # arrivals whose gaps sum to exactly their count over the rate
+# A step's warm-up, in request lives. One life fills an empty server to the step's count in
+# theory, but the count keeps climbing as the batch grows and each request's life with it: on
+# the H100 (Qwen3-8B shape, 10.8 req/s, 2026-12-06) a step after a cancelled backlog ran 137
+# requests one life in and 145 after 1.7 lives, where `vllm bench serve` held 152-170 for three
+# minutes; a window measured on the ramp read TPOT p99 14.0 ms against vLLM's 17.4 ms.
+_WARMUP_LIVES = 2.0
+_MAX_WARMUP_LIVES = 4.0
+_SETTLED_TOLERANCE = 0.05  # of the count, over one life: the in-flight count has settled
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,6 +74,9 @@ class StepPlan:
     lifetime_s: float  # s, the request life that sized the warm-up
     expected_requests: float  # requests the window should send (rate x window; a closed loop's
     # concurrency x window / life)
+    # s; an open loop's warm-up goes on past `warmup_s`, up to this, while its in-flight count
+    # still rises (`is_in_flight_settled`)
+    max_warmup_s: float = 0.0
 
 
 def _quantile_tokens(dist: LengthDistribution, q: float) -> float:
@@ -120,9 +131,11 @@ def plan_step(search: CapacitySearch, load: float, lifetime_s: float) -> StepPla
     window_s = max(search.min_window_s, search.min_window_requests / per_s)
     if search.max_window_s is not None:
         window_s = min(window_s, search.max_window_s)
-    warmup_s = search.warmup_s if search.warmup_s is not None else lifetime_s
+    warmup_s = search.warmup_s if search.warmup_s is not None else \
+        _WARMUP_LIVES * lifetime_s
     return StepPlan(load=load, warmup_s=warmup_s, window_s=window_s, lifetime_s=lifetime_s,
-                    expected_requests=per_s * window_s)
+                    expected_requests=per_s * window_s,
+                    max_warmup_s=max(warmup_s, _MAX_WARMUP_LIVES * lifetime_s))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -568,6 +581,7 @@ class StepRun:
     is_saturated: bool  # the waiting queue kept growing: stopped early
     is_finished: bool  # every measured request ended (else the wait ran out)
     window_start_s: float  # time.monotonic()
+    warmup_s: float = 0.0  # s the step ran before its window (or before it was stopped)
 
 
 def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repeats: int,
@@ -598,6 +612,8 @@ def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repe
     is_finished = True
     try:
         _sleep_until(driver, step_start + plan.warmup_s, check_engine, saturated)
+        if driver.axis == "request_rate":
+            _settle(driver, step_start, plan, check_engine, saturated)
         if not is_saturated():
             before = prometheus.scrape(base_url)
             for k in range(max(1, repeats)):
@@ -637,9 +653,10 @@ def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repe
         early = driver.outputs(driver.sent_between(step_start, driver.now()))
         server.update(_saturated_rates(samples))
     driver.prune(step_start)
+    window_start = bounds[0][0] if bounds else driver.now()
     return StepRun(plan=plan, windows=windows, early_outputs=early, early_duration_s=early_s,
                    server=server, is_saturated=is_saturated(), is_finished=is_finished,
-                   window_start_s=bounds[0][0] if bounds else step_start)
+                   window_start_s=window_start, warmup_s=window_start - step_start)
 
 
 def _sleep_until(driver: StaircaseDriver, deadline_s: float, check_engine: Callable[[], None],
@@ -649,6 +666,48 @@ def _sleep_until(driver: StaircaseDriver, deadline_s: float, check_engine: Calla
         if saturated is not None and saturated.is_set():
             return
         time.sleep(min(0.2, max(0.0, deadline_s - driver.now())))
+
+
+def is_in_flight_settled(points: Sequence[tuple[float, float]], lifetime_s: float,
+                         tolerance: float = _SETTLED_TOLERANCE) -> bool:
+    """Whether an open loop's in-flight count (time, count) has stopped rising: its
+    least-squares slope over the last half life (5 s at least) would add less than
+    `tolerance` of the count (2 requests at least) over a whole life."""
+    span_s = max(5.0, lifetime_s / 2.0)
+    if not points:
+        return True
+    recent = [(t, n) for t, n in points if t >= points[-1][0] - span_s]
+    if len(recent) < 3 or recent[-1][0] - recent[0][0] < span_s * 0.8:
+        return False
+    times = np.array([t for t, _ in recent])
+    slope = float(np.polyfit(times - times[0], [n for _, n in recent], 1)[0])
+    mean = float(np.mean([n for _, n in recent]))
+    return slope * lifetime_s <= max(2.0, tolerance * mean)
+
+
+def _settle(driver: StaircaseDriver, step_start: float, plan: StepPlan,
+            check_engine: Callable[[], None], saturated: threading.Event | None) -> None:
+    """Extend an open loop's warm-up, up to `plan.max_warmup_s`, while its in-flight count
+    still rises (sampled every 0.5 s since the step began)."""
+    points: list[tuple[float, float]] = []
+    t = step_start
+    while True:  # the count since the step began, read back from the driver's log
+        points.append((t, driver.mean_in_flight(t, t + 0.5)))
+        t += 0.5
+        if t >= driver.now():
+            break
+    while driver.now() < step_start + plan.max_warmup_s:
+        if is_in_flight_settled(points, plan.lifetime_s):
+            return
+        check_engine()
+        if saturated is not None and saturated.is_set():
+            return
+        time.sleep(0.5)
+        now = driver.now()
+        points.append((now, float(driver.num_in_flight())))
+    logger.info("step at %g: the in-flight count still rose after %.0f s of warm-up (%.1f "
+                "lives); measuring anyway", plan.load, plan.max_warmup_s,
+                plan.max_warmup_s / plan.lifetime_s)
 
 
 def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, float]]],

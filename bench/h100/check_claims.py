@@ -1,0 +1,76 @@
+"""After bench/h100/steady.yaml ran ON the device: check each measured trial's claimed capacity
+with vLLM's own client (bench/gpu/bench_serve_check.py) at C and 1.15 x C, the best trial first,
+then the defaults. Runs as one `sh:` entry of bench/h200/run_study.sh's sequence.
+
+    python3 bench/h100/check_claims.py bench/h100/steady.yaml /root/h200-results/claims
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import optuna  # noqa: E402
+
+from optimizer.config import load_study  # noqa: E402
+from optimizer.records import record_of  # noqa: E402
+
+# Flags bench_serve_check sets itself (or cannot allow), each followed by a value unless boolean.
+_OWN_WITH_VALUE = {"--host", "--port", "--served-model-name", "--load-format", "--tokenizer",
+                   "--api-key"}
+_OWN_BOOLEAN = {"--skip-tokenizer-init"}
+
+
+def serve_args(argv: list[str]) -> list[str]:
+    """The trial's `vllm serve` flags after the model, less what the check sets itself."""
+    start = argv.index("serve") + 2  # python -m vllm.entrypoints.cli.main serve MODEL ...
+    out: list[str] = []
+    rest = argv[start:]
+    i = 0
+    while i < len(rest):
+        arg = rest[i]
+        name = arg.split("=", 1)[0]
+        if name in _OWN_BOOLEAN:
+            i += 1
+        elif name in _OWN_WITH_VALUE:
+            i += 1 if "=" in arg else 2
+        else:
+            out.append(arg)
+            i += 1
+    return out
+
+
+def main() -> int:
+    study_file, out_root = Path(sys.argv[1]), Path(sys.argv[2])
+    cfg = load_study(study_file)
+    study = optuna.load_study(study_name=cfg.name, storage=cfg.storage_url)
+    claims = []
+    for trial in study.trials:
+        record = record_of(trial)
+        if record is None or record.state != "complete" or not record.capacity:
+            continue
+        met = record.capacity.get("met_load")
+        if not met:
+            continue
+        label = "defaults" if record.is_baseline else f"trial{trial.number}"
+        claims.append((float(met), label, record))
+    best = max((c for c in claims if c[1] != "defaults"), default=None, key=lambda c: c[0])
+    order = [c for c in (best, next((c for c in claims if c[1] == "defaults"), None)) if c]
+    for met, label, record in order:
+        env = [f"--env={k}={v}" for k, v in record.env.items()
+               if k in ("VLLM_CACHE_ROOT", "VLLM_USE_FLASHINFER_SAMPLER")]
+        argv = [sys.executable, str(ROOT / "bench/gpu/bench_serve_check.py"), "run",
+                "--model", "qwen3-8b", "--claim", repr(met), "--label", label,
+                "--out", str(out_root / label), "--deadline-s", "1500", *env, "--",
+                *serve_args(list(record.argv))]
+        print("check:", " ".join(argv), flush=True)
+        subprocess.run(argv, check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
