@@ -61,7 +61,7 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
     """Write `item`'s record from its run's `result` and tell Optuna; returns the record."""
     cfg, study, workload = policy.cfg, policy.study, policy.workload
     state = state_of(result)
-    values = objective_values(cfg.objectives, result.steps) \
+    values = objective_values(cfg.objectives, result.steps, item.config.num_gpus) \
         if state == TrialState.COMPLETE else None
     failure = result.failure
     if state == TrialState.COMPLETE and values is None:
@@ -70,9 +70,9 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
     state_name = STATE_NAMES[state]
     primary = values[0] if values else None
     if state == TrialState.PRUNED and item.steps:
-        pruned_values = objective_values(cfg.objectives, item.steps)
+        pruned_values = objective_values(cfg.objectives, item.steps, item.config.num_gpus)
         primary = pruned_values[0] if pruned_values else None
-    metrics = summary_metrics(result, cfg.objectives)
+    metrics = summary_metrics(result, cfg.objectives, item.config.num_gpus)
     # A launched engine's start-up (one never launched has none to record).
     startup = startup_record(item.compile_key, item.prediction, result) \
         if result.argv or result.engine.startup_s else {}
@@ -118,7 +118,8 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
             implied_changes_note(item.params, result.engine, _engine_of(defaults)))
             if n),
         quality_failed=assessed.failed if assessed is not None else (),
-        template=str(item.trial.user_attrs.get(ATTR_SEED_TITLE, "")))
+        template=str(item.trial.user_attrs.get(ATTR_SEED_TITLE, "")),
+        num_gpus=item.config.num_gpus)
     record = TrialRecord(
         state=state_name,  # type: ignore[arg-type]
         params=item.params,

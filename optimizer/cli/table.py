@@ -14,7 +14,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from optimizer.objectives import OBJECTIVES
+from optimizer.objectives import value_unit
 
 # The room the changes and conclusion columns need side by side (a long flag and most of a
 # short conclusion); with less, each trial's changes sit over its conclusion in one column.
@@ -57,8 +57,9 @@ def figure(value: float | None, unit: str = "") -> str:
 
 
 def objective_header(name: str) -> str:
-    """`goodput req/s`; an objective whose unit names it already is its unit: `ms TPOT p99`."""
-    unit = OBJECTIVES[name].unit if name in OBJECTIVES else ""
+    """`goodput req/s/GPU` (a rate is shown per GPU, as Optuna is told it: `objectives.per_gpu`);
+    an objective whose unit names it already is its unit: `ms TPOT p99`."""
+    unit = value_unit(name)
     return unit if name.lower() in unit.lower() else f"{name} {unit}".rstrip()
 
 
