@@ -135,29 +135,35 @@ def classify(evidence: Evidence, thresholds: Thresholds = DEFAULT_THRESHOLDS) ->
             extra[name] = float(value)
     if evidence.profile_concurrency is not None:
         extra["profile_concurrency"] = evidence.profile_concurrency
-    load, where = _where(evidence)
+    load = _load(evidence)
     return replace(verdict, evidence={**verdict.evidence, **extra}, load=load,
-                   reason=f"{verdict.reason}{where}")
+                   reason=_with_where(verdict, evidence, load))
 
 
-def _where(e: Evidence) -> tuple[str, str]:
-    """The load a verdict describes, for `sentence` and as sentences for its reason: the
-    operating point, or the lightest load probed when none met the SLO (said), and where the
-    profile trace, if one decided, was taken."""
-    load = ""
+def _load(e: Evidence) -> str:
+    """The load a verdict describes, as `sentence` shows it: the operating point, or the
+    lightest load probed when none met the SLO (said so)."""
     if e.load and e.is_within_slo is True:
-        load = f"{e.load}, the highest load that met the SLO"
-    elif e.load and e.is_within_slo is False:
-        load = f"{e.load}, the lightest load probed, which missed the SLO (no load met it)"
-    elif e.load:
-        load = e.load
-    where = f" Measured at {load}." if load else ""
-    if e.has_trace:
-        at = f"concurrency {e.profile_concurrency:g}" if e.profile_concurrency is not None \
+        return f"{e.load}, the highest load that met the SLO"
+    if e.load and e.is_within_slo is False:
+        return f"{e.load}, the lightest load probed, which missed the SLO (no load met it)"
+    return e.load
+
+
+def _with_where(verdict: Verdict, e: Evidence, load: str) -> str:
+    """The reason with the load it describes and, where the trace decided, the load the
+    profile was taken at (after the levels, never the operating point's), both inside the one
+    sentence: `label: why at <load> (from trace; the trace taken after the levels at ...).`"""
+    head, sep, sources = verdict.reason.rpartition(" (from ")
+    if not sep:
+        return verdict.reason
+    at = f" at {load}" if load else ""
+    trace = ""
+    if "trace" in verdict.sources:
+        taken = f"concurrency {e.profile_concurrency:g}" if e.profile_concurrency is not None \
             else "a load of its own"
-        where += (f" The profile trace was taken after the load levels, at {at}, not at the "
-                  "load above.")
-    return load, where
+        trace = f"; the trace taken after the load levels, at {taken}"
+    return f"{head}{at}{sep}{sources.removesuffix(').')}{trace})."
 
 
 def _classify(evidence: Evidence, thresholds: Thresholds) -> Verdict:
