@@ -115,6 +115,12 @@ def _finite_or_lowest(value: float) -> float:
     return value if math.isfinite(value) else -math.inf
 
 
+# The rule as the report and the export state it.
+PER_GPU_RULE = ("Rates (goodput, throughput, capacity) are compared per GPU: a config's figure "
+                "divided by the GPUs it uses (tensor x pipeline x data parallel), the defaults' "
+                "by theirs; latencies as measured.")
+
+
 def per_gpu(objective: str, value: float, num_gpus: int) -> float:
     """The one rule that makes trials on different GPU counts comparable: a rate objective's
     value divided by the GPUs the config uses (tensor x pipeline x data parallel), a latency's
