@@ -18,7 +18,7 @@ from typer.core import TyperCommand
 
 from optimizer.cli.live import LiveProgress
 from optimizer.cli.output import add_log_file, console, out, setup_logging
-from optimizer.cli.table import TableRow, figure, objective_header, trial_table
+from optimizer.cli.table import TableRow, figure, trial_table
 from optimizer.config import StudyConfig, load_study, resume_command
 from optimizer.errors import ConfigError, NightshiftError, describe
 from optimizer.objectives import value_unit
@@ -295,9 +295,9 @@ def values_text(objectives: Sequence[str], values: Sequence[float]) -> str:
     joined: `throughput 8,190 tok/s/GPU, 8.10 ms TPOT p99`."""
     parts = []
     for name, value in zip(objectives, values, strict=False):
-        header = objective_header(name)
         unit = value_unit(name)
-        parts.append(figure(value, unit) if header == unit else f"{name} {figure(value, unit)}")
+        parts.append(f"{name} {figure(value, unit)}" if name.lower() not in unit.lower()
+                     else figure(value, unit))
     return ", ".join(parts)
 
 

@@ -14,7 +14,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from optimizer.objectives import value_unit
+from optimizer.objectives import OBJECTIVES
 
 # The room the changes and conclusion columns need side by side (a long flag and most of a
 # short conclusion); with less, each trial's changes sit over its conclusion in one column.
@@ -57,9 +57,13 @@ def figure(value: float | None, unit: str = "") -> str:
 
 
 def objective_header(name: str) -> str:
-    """`goodput req/s/GPU` (a rate is shown per GPU, as Optuna is told it: `objectives.per_gpu`);
-    an objective whose unit names it already is its unit: `ms TPOT p99`."""
-    unit = value_unit(name)
+    """`goodput req/s per GPU` (a rate is shown per GPU, as Optuna is told it:
+    `objectives.per_gpu`; short words, so the column stays narrow); an objective whose unit
+    names it already is its unit: `ms TPOT p99`."""
+    entry = OBJECTIVES.get(name)
+    unit = entry.unit if entry is not None else ""
+    if entry is not None and entry.is_per_gpu:
+        unit += " per GPU"
     return unit if name.lower() in unit.lower() else f"{name} {unit}".rstrip()
 
 
