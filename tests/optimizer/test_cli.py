@@ -128,7 +128,7 @@ def test_figures_are_rounded_to_three_digits_with_units() -> None:
     assert figure(0.98123) == "0.981" and figure(7.0) == "7.00" and figure(None) == ""
     assert values_text(["goodput"], [34.378811948857305]) == "goodput 34.4 req/s/GPU"
     assert values_text(["throughput", "tpot"], [8190.4, 8.1]) == \
-        "throughput 8,190 tok/s, 8.10 ms TPOT p99"
+        "throughput 8,190 tok/s/GPU, 8.10 ms TPOT p99"
 
 
 def test_clipping_cuts_at_words_and_counts_the_flags_left_out() -> None:
