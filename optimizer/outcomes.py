@@ -18,7 +18,12 @@ from optuna.trial import TrialState
 
 from optimizer import bottleneck, quality
 from optimizer.conclusions import baseline_trial, conclude, reference_of
-from optimizer.objectives import objective_values
+from optimizer.objectives import (
+    described_step,
+    is_capacity_search,
+    objective_values,
+    operating_step,
+)
 from optimizer.records import ATTR_RECORD, TrialRecord, record_of, step_records, summary_metrics
 from optimizer.startup import startup_metrics, startup_record
 from optimizer.study import (
@@ -115,7 +120,8 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
             speculation_note(item.params, metrics)
             if state == TrialState.COMPLETE and not is_simulated_argv(result.argv) else "",
             "" if item.is_baseline else
-            implied_changes_note(item.params, result.engine, _engine_of(defaults)))
+            implied_changes_note(item.params, result.engine, _engine_of(defaults)),
+            no_operating_point_note(cfg.objectives[0], result.steps))
             if n),
         quality_failed=assessed.failed if assessed is not None else (),
         template=str(item.trial.user_attrs.get(ATTR_SEED_TITLE, "")),
@@ -348,6 +354,23 @@ def speculation_note(params: Mapping[str, Any], metrics: Mapping[str, Any]) -> s
         return f"Speculation ({method}): vLLM proposed no draft at the headline level."
     return (f"Speculation ({method}): vLLM's spec-decode counters were not read at the "
             "headline level, so what the drafts did is unknown.")
+
+
+def no_operating_point_note(objective: str, steps: Sequence[StepMetrics]) -> str:
+    """After a capacity search in which no load met the SLO, that the trial has no operating
+    point, and why the lightest load probed missed where the runner says (its `miss_reason`,
+    read with getattr until `StepMetrics` has it); "" otherwise."""
+    if not is_capacity_search(steps) or operating_step(objective, steps) is not None:
+        return ""
+    lightest = described_step(objective, steps)
+    if lightest is None:
+        return ""
+    level = lightest.level
+    load = f"{level.request_rate_rps:.3g} req/s" if level.request_rate_rps is not None \
+        else f"concurrency {level.max_concurrency}"
+    why = getattr(lightest, "miss_reason", None)
+    return (f"No operating point: no probed load met the SLO; the lightest, {load}, missed it"
+            + (f" ({why})." if why else "."))
 
 
 def _engine_of(trial: optuna.trial.FrozenTrial | None) -> Mapping[str, Any] | None:

@@ -205,9 +205,19 @@ def step_records(steps: Sequence[StepMetrics]) -> list[dict[str, Any]]:
                 value = spread(objective, s)
                 if value is not None:
                     metrics[f"spread.{objective}"] = value
-        out.append({"step": s.step, "level": asdict(s.level), "metrics": metrics,
-                    "server": dict(s.server_metrics), "elapsed_s": s.elapsed_s,
-                    "meets_slo": s.meets_slo})
+        # The runner's measured window (issue 32's steady-state probes), where it says; read
+        # with getattr until runners.base.StepMetrics has these fields (all optional).
+        for name in ("offered_rate_rps", "completed_rate_rps"):
+            value = getattr(s, name, None)
+            if isinstance(value, int | float) and math.isfinite(value):
+                metrics[f"window.{name}"] = float(value)
+        record = {"step": s.step, "level": asdict(s.level), "metrics": metrics,
+                  "server": dict(s.server_metrics), "elapsed_s": s.elapsed_s,
+                  "meets_slo": s.meets_slo}
+        miss_reason = getattr(s, "miss_reason", None)
+        if miss_reason:  # why the probe missed: "overload: 12 connect timeouts", ...
+            record["miss_reason"] = str(miss_reason)
+        out.append(record)
     return out
 
 

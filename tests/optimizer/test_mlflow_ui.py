@@ -49,8 +49,8 @@ def _store(tmp_path: Path) -> tuple[str, str]:
             state="complete", params=FLAGS[number], conclusion=conclusion,
             flags=FLAGS[number], values=(value,), is_baseline=number == 0,
             metrics={"request_goodput": value, "objective.goodput": value,
-                     "objective.goodput.per_gpu": value, "output_throughput": value * 256, "p99_tpot_ms": 6.0,
-                     "p99_ttft_ms": 500.0, "engine.startup_s": 100.0},
+                     "objective.goodput.per_gpu": value, "output_throughput": value * 256,
+                     "p99_tpot_ms": 6.0, "p99_ttft_ms": 500.0, "engine.startup_s": 100.0},
             steps=({"step": 0, "metrics": {"request_goodput": value / 3}},
                    {"step": 1, "metrics": {"request_goodput": value}}))
         tracker.finish_trial(run, **tracking_payload(record, None, number=number))

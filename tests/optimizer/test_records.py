@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pytest
 
@@ -58,7 +59,8 @@ def test_operating_point_of_a_capacity_search_is_the_highest_load_that_met_the_s
         "not the overload probe, whose goodput is higher: it missed the SLO"
     assert operating_step("tpot", steps).step == 3, "one operating point whatever the objective"
     assert objective_value("goodput", steps) == 10.0, "the operating probe's offered rate"
-    assert objective_value("throughput", steps) == pytest.approx(980.0), "the operating probe's figure"
+    assert objective_value("throughput", steps) == pytest.approx(980.0), \
+        "the operating probe's figure"
     assert objective_value("tpot", steps) == 14.0
 
 
@@ -171,3 +173,29 @@ def test_confirmed_gain_is_the_mean_paired_ratio_with_a_t_interval() -> None:
     tpot = confirm_summary("tpot", 5, 0, [{"defaults": 10.0, "best": 8.0}])
     assert tpot["gain"] == pytest.approx(1.25) and tpot["ci_low"] is None
     assert "one round: no interval, not confirmed" in tpot["sentence"]
+
+
+@dataclass(frozen=True)
+class _RunnerStep(StepMetrics):
+    """`StepMetrics` with the fields issue 32's runner adds (all optional there too)."""
+
+    miss_reason: str | None = None
+    offered_rate_rps: float | None = None
+    completed_rate_rps: float | None = None
+
+
+def test_a_probe_missed_for_overload_keeps_its_reason_and_the_trial_says_it_has_no_operating_point(
+        ) -> None:
+    from optimizer.outcomes import no_operating_point_note
+    from optimizer.records import step_records
+
+    missed = _RunnerStep(step=0, level=LoadLevel(request_rate_rps=9.9), metrics=_metrics(7.6, 9.0),
+                         meets_slo=False, miss_reason="overload: 12 connect timeouts",
+                         offered_rate_rps=9.9, completed_rate_rps=7.6)
+    record, = step_records([missed])
+    assert record["miss_reason"] == "overload: 12 connect timeouts"
+    assert record["metrics"]["window.completed_rate_rps"] == 7.6
+    assert no_operating_point_note("goodput", [missed]) == (
+        "No operating point: no probed load met the SLO; the lightest, 9.9 req/s, missed it "
+        "(overload: 12 connect timeouts).")
+    assert no_operating_point_note("goodput", _search()) == "", "the search met it at 10 req/s"
