@@ -3,6 +3,7 @@ a trial's conclusion compares it with the vLLM defaults first (None is vLLM's de
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -273,3 +274,32 @@ def test_capacity_brackets_are_compared_per_gpu() -> None:
                     vllm_defaults={}, number=2, num_gpus=2).text
     assert "the vLLM defaults per GPU (capacity brackets" in text, text
     assert "as measured, on 2 GPUs against the defaults on 1 GPU" in text
+
+
+def test_the_report_states_a_two_gpu_best_per_gpu_with_the_ratio_as_measured(
+        tmp_path: Path) -> None:
+    data = {"name": "dp", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 2},
+            "slo": {"tpot_p99_ms": 50}, "results_dir": str(tmp_path / "results"),
+            "workload": {"levels": [{"concurrency": 32}]},
+            "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db"}
+    cfg = parse_study(data)
+    study = open_study(cfg)
+    dp2 = {"quantization": "fp8", "data_parallel_size": 2}
+    for params, record, attrs in (
+            ({"quantization": "none"}, {**_record({}, 10.0, DEFAULTS_BRACKET, True),
+                                        "capacity": None, "metrics": {}}, {"baseline": True}),
+            # 14.5 req/s on two GPUs: Optuna holds 7.25 per GPU
+            ({"quantization": "fp8"}, {**_record(dp2, 7.25, FP8_BRACKET), "capacity": None,
+                                       "metrics": {}}, {})):
+        _add(study, params, record, attrs)
+    report = build_report(study, cfg, with_importances=False)
+    assert report.best is not None and report.best.number == 0, \
+        "two copies of the defaults would serve more than the 2-GPU config"
+    dp_row = next(r for r in report.rows if r.number == 1)
+    assert dp_row.num_gpus == 2 and dp_row.value == 7.25
+    report = replace(report, best=dp_row)  # as a study whose 2-GPU config won per GPU reads
+    line = headline(report)
+    assert "goodput 14.5 req/s on 2 GPUs = 7.25 req/s per GPU" in line, line
+    assert "0.72x the vLLM defaults per GPU (one measurement each: no interval); 1.45x as " \
+        "measured, on 2 GPUs against the defaults on 1 GPU" in line, line
+    assert "| goodput req/s/GPU |" in render_markdown(report)
