@@ -142,34 +142,33 @@ def value_unit(objective: str) -> str:
     return f"{entry.unit}/GPU" if entry.is_per_gpu else entry.unit
 
 
-def objective_value(objective: str, steps: Sequence[StepMetrics],
-                    num_gpus: int = 1) -> float | None:
-    """A trial's value: its operating point's (`operating_step`), per GPU (`per_gpu`). With
-    fixed levels that is the best level for goodput and throughput (the engine's capacity) and
-    the worst for a latency (what a user at peak load sees). After a capacity search, the
-    highest load that met the SLO; 0 for a rate when no load met it (None for a latency); on
-    the request-rate axis, goodput is that probe's offered rate itself, the bracket's lower
-    end (a probe's completed/duration reads it low by its drain time, or off by its Poisson
-    count). The objective's entry says which of these rules it follows."""
+def objective_value(objective: str, steps: Sequence[StepMetrics], num_gpus: int = 1, *,
+                    primary: str | None = None) -> float | None:
+    """A trial's value: its operating point's (`operating_step` for the study's first
+    objective, `primary`, so that every objective of a trial reads one level), per GPU
+    (`per_gpu`). With fixed levels that is the best level for goodput and throughput (the
+    engine's capacity) and the worst for a latency (what a user at peak load sees). After a
+    capacity search, the highest load that met the SLO; 0 for a rate when no load met it (None
+    for a latency); on the request-rate axis, goodput is that probe's offered rate itself, the
+    bracket's lower end (a probe's completed/duration reads it low by its drain time, or off by
+    its Poisson count). The objective's entry says which of these rules it follows."""
     entry = get_objective(objective)
-    if is_capacity_search(steps):
-        step = operating_step(objective, steps)
-        if step is None:
-            return entry.value_when_none_met_slo
-        if entry.is_offered_rate_at_capacity and step.level.request_rate_rps is not None:
-            return per_gpu(objective, step.level.request_rate_rps, num_gpus)
-    else:
-        step = operating_step(objective, steps)
+    is_search = is_capacity_search(steps)
+    step = operating_step(primary or objective, steps)
     if step is None:
-        return None
+        return entry.value_when_none_met_slo if is_search else None
+    if is_search and entry.is_offered_rate_at_capacity and \
+            step.level.request_rate_rps is not None:
+        return per_gpu(objective, step.level.request_rate_rps, num_gpus)
     value = step_value(objective, step)
     return per_gpu(objective, value, num_gpus) if math.isfinite(value) else None
 
 
 def objective_values(objectives: Sequence[str], steps: Sequence[StepMetrics],
                      num_gpus: int = 1) -> list[float] | None:
-    """Each objective's `objective_value` (per GPU), or None when one has none."""
-    values = [objective_value(o, steps, num_gpus) for o in objectives]
+    """Each objective's `objective_value` (per GPU) at the first one's operating point, or None
+    when one has none."""
+    values = [objective_value(o, steps, num_gpus, primary=objectives[0]) for o in objectives]
     if any(v is None for v in values):
         return None
     return [float(v) for v in values if v is not None]

@@ -143,7 +143,8 @@ def summary_metrics(result: RunResult, objectives: Sequence[str],
         for k, v in step.server_metrics.items():
             out[f"server.{k.replace(':', '_')}"] = float(v)
     for objective in objectives:
-        value = objective_value(objective, result.steps)  # on all the config's GPUs
+        # On all the config's GPUs, at the one operating point.
+        value = objective_value(objective, result.steps, primary=objectives[0])
         if value is not None:
             out[f"objective.{objective}"] = value
             if OBJECTIVES[objective].is_per_gpu:  # the trial's value, as Optuna has it

@@ -40,6 +40,12 @@ def test_operating_point_is_the_best_level_for_goodput_and_worst_for_latency() -
     assert operating_step("tpot", steps).step == 2
 
 
+def test_every_objective_of_a_trial_reads_the_first_ones_operating_level() -> None:
+    steps = [_step(0, 2.0, 5.0), _step(1, 3.0, 9.0), _step(2, 2.5, 12.0)]
+    assert objective_values(["goodput", "tpot"], steps) == [3.0, 9.0], \
+        "the TPOT p99 of the level that gave the goodput, not the worst level's 12 ms"
+
+
 def _probe(i: int, rate: float, goodput: float, tpot: float, meets: bool) -> StepMetrics:
     return StepMetrics(step=i, level=LoadLevel(request_rate_rps=rate),
                        metrics=_metrics(goodput, tpot), meets_slo=meets,
