@@ -303,3 +303,11 @@ def test_the_report_states_a_two_gpu_best_per_gpu_with_the_ratio_as_measured(
     assert "0.72x the vLLM defaults per GPU (one measurement each: no interval); 1.45x as " \
         "measured, on 2 GPUs against the defaults on 1 GPU" in line, line
     assert "| goodput req/s/GPU |" in render_markdown(report)
+
+
+def test_a_re_measured_two_gpu_config_states_its_gain_per_gpu() -> None:
+    summary = confirm_summary("goodput", 1, 0, [{"defaults": 10.0, "best": 7.25},
+                                                {"defaults": 10.2, "best": 7.3}], per_gpu=True)
+    assert "goodput 0.72x the vLLM defaults per GPU (95% CI" in summary["sentence"], \
+        summary["sentence"]
+    assert "confirmed worse than the defaults" in summary["verdict"]
