@@ -65,6 +65,12 @@ class TrialRow:
     quality: str = ""  # the quality gate's cell (optimizer/quality.py `table_cell`)
     num_gpus: int = 1  # the GPUs its config used; `value` is per GPU (`objectives.per_gpu`)
 
+    @property
+    def output_throughput_per_gpu(self) -> float | None:
+        """Output tok/s at the operating point per GPU: what the Pareto front compares."""
+        return self.output_throughput / max(self.num_gpus, 1) \
+            if self.output_throughput is not None else None
+
 
 @dataclass(frozen=True)
 class KnobEffect:
@@ -212,10 +218,11 @@ def _row(trial: FrozenTrial, baseline_flags: Mapping[str, Any],
 
 
 def pareto_front(rows: Sequence[TrialRow]) -> tuple[int, ...]:
-    """Complete trials no other beats on both output throughput (higher) and TPOT p99 (lower)."""
+    """Complete trials no other beats on both output throughput per GPU (higher) and TPOT p99
+    (lower)."""
     points: list[tuple[int, float, float]] = [
-        (r.number, r.output_throughput, r.p99_tpot_ms) for r in rows
-        if r.state == "complete" and r.output_throughput is not None
+        (r.number, r.output_throughput_per_gpu, r.p99_tpot_ms) for r in rows
+        if r.state == "complete" and r.output_throughput_per_gpu is not None
         and r.p99_tpot_ms is not None]
     front = []
     for number, tput, tpot in points:

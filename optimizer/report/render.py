@@ -157,10 +157,10 @@ pipeline, they are not measurements.</div>{% endif %}
  <img src="history.png" alt="objective per trial">
 </div>
 <h2>Pareto front (throughput vs TPOT p99)</h2>
-<table id="pareto"><tr><th>trial</th><th>change vs defaults</th><th>out tok/s</th>
+<table id="pareto"><tr><th>trial</th><th>change vs defaults</th><th>out tok/s/GPU</th>
 <th>TPOT p99 ms</th><th>TTFT p99 ms</th><th>bottleneck</th></tr>
 {% for row in front %}<tr><td>{{ row.number }}</td><td>{{ changes(row) }}</td>
-<td class="num">{{ fmt(row.output_throughput) }}</td>
+<td class="num">{{ fmt(row.output_throughput_per_gpu) }}</td>
 <td class="num">{{ fmt(row.p99_tpot_ms) }}</td>
 <td class="num">{{ fmt(row.p99_ttft_ms) }}</td><td>{{ row.label }}</td></tr>
 {% endfor %}</table>
@@ -168,12 +168,12 @@ pipeline, they are not measurements.</div>{% endif %}
 (the best {{ r.objective }} whose TPOT p99 is at most N) or <code>--trial N</code>.</p>
 <h2>Every trial</h2>
 <table id="trials"><tr><th>trial</th><th>state</th><th>change vs defaults</th>
-<th>{{ r.objective }} {{ unit }}</th><th>out tok/s</th><th>TPOT p99 ms</th><th>TTFT p99 ms</th>
+<th>{{ r.objective }} {{ unit }}</th><th>out tok/s/GPU</th><th>TPOT p99 ms</th><th>TTFT p99 ms</th>
 <th>start-up s</th><th>bottleneck</th><th>quality</th><th>conclusion</th></tr>
 {% for row in r.rows %}<tr class="{{ 'best' if r.best and row.number == r.best.number else
  ('baseline' if row.is_baseline else '') }}"><td>{{ row.number }}</td><td>{{ row.state }}</td>
 <td>{{ changes(row) }}</td><td class="num">{{ fmt(row.value) }}</td>
-<td class="num">{{ fmt(row.output_throughput) }}</td>
+<td class="num">{{ fmt(row.output_throughput_per_gpu) }}</td>
 <td class="num">{{ fmt(row.p99_tpot_ms) }}</td>
 <td class="num">{{ fmt(row.p99_ttft_ms) }}</td><td class="num">{{ fmt(row.startup_s) }}</td>
 <td>{% if row.label %}<span class="label" style="background: {{ colours.get(row.label, '#7f7f7f')
@@ -259,21 +259,21 @@ def render_markdown(report: Report) -> str:
               f"; {trial_counts(report)}; written {report.generated}. {PER_GPU_RULE}", "",
               headline(report), "", "![Pareto front](pareto.png)", "",
               "![objective per trial](history.png)", "", "## Pareto front", "",
-              "| trial | change vs defaults | out tok/s | TPOT p99 ms | bottleneck |",
+              "| trial | change vs defaults | out tok/s/GPU | TPOT p99 ms | bottleneck |",
               "|---|---|---|---|---|"]
     for row in report.rows:
         if row.number in report.pareto:
             lines.append(f"| {row.number} | {_md_cell(_changes(row))} | "
-                         f"{_fmt(row.output_throughput)} | {_fmt(row.p99_tpot_ms)} | "
+                         f"{_fmt(row.output_throughput_per_gpu)} | {_fmt(row.p99_tpot_ms)} | "
                          f"{row.label} |")
     lines += ["", "## Every trial", "",
               f"| trial | state | change vs defaults | {report.objective} "
-              f"{value_unit(report.objective)} | out tok/s | "
+              f"{value_unit(report.objective)} | out tok/s/GPU | "
               "TPOT p99 ms | bottleneck | quality | conclusion |",
               "|---|---|---|---|---|---|---|---|---|"]
     for row in report.rows:
         lines.append(f"| {row.number} | {row.state} | {_md_cell(_changes(row))} | "
-                     f"{_fmt(row.value)} | {_fmt(row.output_throughput)} | "
+                     f"{_fmt(row.value)} | {_fmt(row.output_throughput_per_gpu)} | "
                      f"{_fmt(row.p99_tpot_ms)} | {row.label} | {_md_cell(row.quality)} | "
                      f"{_md_cell(_short(row))} |")
     lines += ["", "## Parameter importances", "", "![importances](importances.png)", ""]
