@@ -207,7 +207,9 @@ def test_the_capacity_brackets_and_the_gains_they_bound(
         ("h200-decode", 0): ("concurrency", 95, 100),
         ("h200-decode", 1): ("concurrency", 124, 132),
         ("h200-prefill", 0): ("request_rate", 19.4, 21),
-        ("h200-prefill", 1): ("request_rate", 32, None),  # >= 32 req/s: the SLO held at 32
+        # recorded ">= 32 req/s": the percentiles held at 32 offered, but it completed 24.8 req/s
+        # with its queue rising (docs/h200-labels.md: no sustained capacity was measured)
+        ("h200-prefill", 1): ("request_rate", 32, None),
     }
     assert brackets[("h200-prefill", 1)].status == "at_least"
 
