@@ -70,8 +70,12 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
         if state == TrialState.COMPLETE else None
     failure = result.failure
     if state == TrialState.COMPLETE and values is None:
-        state, failure = TrialState.FAIL, Failure(
-            FailureReason.TOO_MANY_ERRORS, "no load level completed a request.")
+        # Requests completed, yet no value: a latency objective after a capacity search that
+        # met the SLO at no load (a probe missed for overload is such a miss, not an error).
+        why = "no probed load met the SLO, so a latency objective has no value" if any(
+            s.metrics.completed > 0 for s in result.steps) else \
+            "no load level completed a request"
+        state, failure = TrialState.FAIL, Failure(FailureReason.TOO_MANY_ERRORS, f"{why}.")
     state_name = STATE_NAMES[state]
     primary = values[0] if values else None
     if state == TrialState.PRUNED and item.steps:
