@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from optimizer import bottleneck, gains
-from optimizer.objectives import OBJECTIVES
-from optimizer.records import objective_unit, record_of
+from optimizer.objectives import OBJECTIVES, on_all_gpus
+from optimizer.records import gpus_of, objective_unit, record_of
 from optimizer.study import (
     ATTR_BASELINE,
     NOISE_FRACTION,
@@ -40,8 +40,9 @@ class Reference:
 
     number: int
     params: Mapping[str, Any]
-    value: float | None  # the first objective
-    capacity: Bracket | None = None  # after a capacity search
+    value: float | None  # the first objective, per GPU (as Optuna holds it)
+    capacity: Bracket | None = None  # after a capacity search, as measured (all its GPUs)
+    num_gpus: int = 1  # the GPUs its config used
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,8 @@ def reference_of(trial: FrozenTrial | None, axis: str | None = None) -> Referenc
     capacity = None
     if axis in ("concurrency", "request_rate"):
         capacity = bracket_from_metrics(axis, record.metrics if record else {})  # type: ignore[arg-type]
-    return Reference(trial.number, params_of(trial), float(trial.values[0]), capacity)
+    return Reference(trial.number, params_of(trial), float(trial.values[0]), capacity,
+                     record.num_gpus if record is not None else gpus_of(params_of(trial)))
 
 
 def _is_default(value: Any, default: Any) -> bool:
@@ -117,23 +119,48 @@ def capacity_text(bracket: Bracket, tolerance: float | None, *,
     return text
 
 
+def _gpus(num_gpus: int) -> str:
+    return f"{num_gpus} GPU" + ("s" if num_gpus != 1 else "")
+
+
 def _vs_defaults(value: float | None, capacity: Bracket | None,
-                 baseline: Reference | None, objective: str) -> tuple[str, str]:
-    """The effect against the defaults, as a phrase and a table cell."""
+                 baseline: Reference | None, objective: str,
+                 num_gpus: int = 1) -> tuple[str, str]:
+    """The effect against the defaults, per GPU (`gains.gain_over`), as a phrase and a table
+    cell; where either side ran on more than one GPU the phrase says "per GPU" and gives the
+    ratio as measured beside it ("0.72x the vLLM defaults per GPU ...; 1.45x on 2 GPUs against
+    the defaults on 1 GPU")."""
     if baseline is None:
         return "no defaults measurement to compare with", "vs defaults: n/a"
+    maximize = OBJECTIVES[objective].direction == "maximize"
     gain = gains.gain_over(value, baseline.value, capacity, baseline.capacity,
-                           maximize=OBJECTIVES[objective].direction == "maximize")
+                           maximize=maximize, num_gpus=num_gpus,
+                           defaults_num_gpus=baseline.num_gpus)
+    is_multi = num_gpus > 1 or baseline.num_gpus > 1
+    what = "the vLLM defaults per GPU" if is_multi else "the vLLM defaults"
+    cell_what = "vs defaults per GPU" if is_multi else "vs defaults"
+    raw = ""
+    if is_multi and (OBJECTIVES[objective].is_per_gpu or capacity is not None):
+        whole = gains.gain_over(
+            on_all_gpus(objective, value, num_gpus) if value is not None else None,
+            on_all_gpus(objective, baseline.value, baseline.num_gpus)
+            if baseline.value is not None else None,
+            capacity, baseline.capacity, maximize=maximize)
+        if whole.value is not None:
+            raw = (f"; {whole.value:.2f}x as measured, on {_gpus(num_gpus)} against the "
+                   f"defaults on {_gpus(baseline.num_gpus)}")
     if gain.basis == "single" and gain.value is not None and \
             abs(gain.value - 1.0) < NOISE_FRACTION:
-        return (f"within noise of the vLLM defaults ({gains.format_gain(gain)})",
-                "= defaults (noise)")
-    return gains.format_gain(gain), f"{gains.short_gain(gain)} vs defaults"
+        return (f"within noise of {what} ({gains.format_gain(gain)}){raw}",
+                "= defaults per GPU (noise)" if is_multi else "= defaults (noise)")
+    return gains.format_gain(gain, what) + raw, f"{gains.short_gain(gain)} {cell_what}"
 
 
 def _vs_best(value: float | None, capacity: Bracket | None, best: Reference,
-             objective: str) -> str:
-    unit = objective_unit(objective)
+             objective: str, num_gpus: int = 1) -> str:
+    is_multi = num_gpus > 1 or best.num_gpus > 1
+    unit = objective_unit(objective) + \
+        (" per GPU" if is_multi and OBJECTIVES[objective].is_per_gpu else "")
     if value is None or best.value is None:
         return f"vs best trial {best.number}: no value to compare"
     delta = (value - best.value) / best.value * 100 if best.value else 0.0
@@ -141,7 +168,8 @@ def _vs_best(value: float | None, capacity: Bracket | None, best: Reference,
     better = value > best.value if maximize else value < best.value
     head = f"vs best trial {best.number} ({_fmt(best.value)} {unit}): {delta:+.0f}%"
     if capacity is not None and best.capacity is not None:
-        gain = gains.capacity_gain(capacity, best.capacity)
+        gain = gains.capacity_gain(gains.per_gpu_bracket(capacity, num_gpus),
+                                   gains.per_gpu_bracket(best.capacity, best.num_gpus))
         if gain.is_better:
             return f"{head}, new best (its bracket lies above the best's)"
         if gain.is_worse:
@@ -163,7 +191,8 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
              pruned_at: int | None = None, prune_reason: str | None = None,
              verdict: Verdict | None = None, confirm_label: str | None = None,
              note: str = "", number: int | None = None,
-             quality_failed: Sequence[str] = (), template: str = "") -> Conclusion:
+             quality_failed: Sequence[str] = (), template: str = "",
+             num_gpus: int = 1) -> Conclusion:
     """One line: what this config changes from the vLLM defaults and what that did to the
     objective (with the bracket or interval that bounds it), then against the best so far,
     then the bottleneck's label and its one piece of advice.
@@ -173,7 +202,10 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
     the search's; `note`: a sentence to append (e.g. an unstable measurement);
     `quality_failed`: the quality figures outside the study's limits (the gate refuses it);
     `template`: the hardware template the trial measures ("the Hopper template (fp8 weights +
-    ...)"), named first so the report shows where the folklore held."""
+    ...)"), named first so the report shows where the folklore held; `num_gpus`: the GPUs the
+    config used. `value` and the references' values are per GPU (`objectives.per_gpu`), as
+    Optuna holds them: every comparison is per GPU, and says so where a side used more than
+    one GPU."""
     unit = objective_unit(objective)
     defaults = vllm_defaults if vllm_defaults is not None else \
         (baseline.params if baseline is not None else {})
@@ -185,6 +217,9 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
     tail = f" {bottleneck.sentence('', '', verdict)}" if verdict is not None else ""
     note = f" {note.strip()}" if note.strip() else ""
     shown = f"{objective} {_fmt(value)} {unit}" if value is not None else "no measurement"
+    if value is not None and num_gpus > 1 and OBJECTIVES[objective].is_per_gpu:
+        shown = (f"{objective} {_fmt(on_all_gpus(objective, value, num_gpus))} {unit} on "
+                 f"{_gpus(num_gpus)} = {_fmt(value)} {unit} per GPU")
     cap = f" ({capacity_text(capacity, tolerance, is_stopped=state == 'pruned')})" \
         if capacity is not None else ""
     unresolved = " unresolved" if capacity is not None and not capacity.is_resolved else ""
@@ -198,21 +233,22 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
     if is_baseline:
         text = (f"vLLM defaults: {shown}{cap}; the baseline every other trial is compared "
                 f"with.{tail}{note}")
-        cell = f"defaults: {_fmt(value)} {unit}" if value is not None else "defaults"
+        per = "/GPU" if num_gpus > 1 and OBJECTIVES[objective].is_per_gpu else ""
+        cell = f"defaults: {_fmt(value)} {unit}{per}" if value is not None else "defaults"
         return Conclusion(text, shorten(f"{cell}{unresolved}; {label}" if label else
                                         f"{cell}{unresolved}"))
     # A trial pruned at a fixed level has a value over the levels it ran only: no ratio to a
     # trial that ran them all is true. A bracket's ends were measured, pruned or not.
     is_comparable = state != "pruned" or capacity is not None
     if is_comparable:
-        effect, effect_cell = _vs_defaults(value, capacity, baseline, objective)
+        effect, effect_cell = _vs_defaults(value, capacity, baseline, objective, num_gpus)
     else:
         effect, effect_cell = "not compared: its load levels were cut short", ""
     head = f"{change} vs the vLLM defaults" if changed else "same flags as the vLLM defaults"
     parts = [f"{head}: {shown}{cap}, {effect}"]
     if is_comparable and best is not None and best.number != number and \
             (baseline is None or best.number != baseline.number):
-        parts.append(_vs_best(value, capacity, best, objective))
+        parts.append(_vs_best(value, capacity, best, objective, num_gpus))
     if state == "pruned":
         why = (prune_reason or "below the median of earlier trials there").rstrip(".")
         parts.append(f"pruned at level {pruned_at}: {why}")

@@ -15,6 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer import gains
 from optimizer.config import StudyConfig
 from optimizer.objectives import OBJECTIVES
+from optimizer.records import gpus_of, record_of
 from optimizer.study import (
     ATTR_BASELINE,
     ATTR_CONFIRM,
@@ -73,17 +74,24 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
                 return
             values[label] = float(measured.values[0])
         pairs.append(values)
-    summary = confirm_summary(cfg.objectives[0], best.number, baseline.number, pairs)
+    # Each round's values are per GPU (as Optuna holds them), so is the ratio: said so where
+    # either config uses more than one GPU.
+    num_gpus = [record.num_gpus if (record := record_of(t)) is not None else
+                gpus_of(params_of(t)) for t in (best, baseline)]
+    summary = confirm_summary(cfg.objectives[0], best.number, baseline.number, pairs,
+                              per_gpu=max(num_gpus) > 1)
     study.set_user_attr(STUDY_ATTR_CONFIRM, summary)
     logger.info("re-measured against the defaults: %s", summary["sentence"])
 
 
 def confirm_summary(objective: str, best: int, baseline: int,
-                    pairs: Sequence[Mapping[str, float]]) -> dict[str, Any]:
+                    pairs: Sequence[Mapping[str, float]], *,
+                    per_gpu: bool = False) -> dict[str, Any]:
     """The gain of `best` over `baseline` from interleaved rounds: the per-round ratios
     (oriented so > 1 is better), their geometric mean and its 95% t-interval, taken on the log
     ratios so that both ends are ratios too (an interval on the ratios themselves can reach
-    below zero with two rounds); None bounds from one round."""
+    below zero with two rounds); None bounds from one round. `per_gpu`: a config used more
+    than one GPU, so the sentence says the ratio is per GPU (the values are)."""
     maximize = OBJECTIVES[objective].direction == "maximize"
     ratios = []
     for pair in pairs:
@@ -102,8 +110,10 @@ def confirm_summary(objective: str, best: int, baseline: int,
         low, high = math.exp(mean_log - half), math.exp(mean_log + half)
     gain = gains.interval_gain(mean, low, high, n)
     verdict = gains.confirmation_verdict(gain)
+    what = "the vLLM defaults per GPU" if per_gpu else "the vLLM defaults"
     sentence = (f"trial {best} (the exported config) vs the defaults (trial {baseline}), "
-                f"re-measured interleaved: {objective} {gains.format_gain(gain)}: {verdict}")
+                f"re-measured interleaved: {objective} {gains.format_gain(gain, what)}: "
+                f"{verdict}")
     return {"objective": objective, "best_trial": best, "baseline_trial": baseline,
             "rounds": [dict(p) for p in pairs], "ratios": ratios, "gain": mean,
             "is_confirmed": gain.is_better, "verdict": verdict,

@@ -26,6 +26,7 @@ from optimizer.confirm import confirm
 from optimizer.errors import StorageError, TrackingError, WorkerLost, describe
 from optimizer.executor import Executor, TrialHandle
 from optimizer.lock import StorageLease, StudyLock, is_local_file_storage, study_lock_path
+from optimizer.objectives import objective_values, operating_step
 from optimizer.outcomes import Running, Told
 from optimizer.records import tracking_payload
 from optimizer.recovery import Recovery, trial_workdir
@@ -329,7 +330,8 @@ class Daemon:
                 self.on_event(TrialEvent(
                     "step", item.running.trial.number, self._changed(item.running.config),
                     "pruning" if stop else "running", _first_value(policy, item.running),
-                    step.metrics.p99_tpot_ms, f"level {step.step} ({step.level.label})",
+                    _operating_tpot_ms(policy, item.running),
+                    f"level {step.step} ({step.level.label})",
                     time.monotonic() - item.running.started, confirm=_confirm_of(item.running)))
 
     def _collect(self, policy: SearchPolicy, item: _InFlight) -> None:
@@ -480,12 +482,17 @@ class _MlflowLog:
         self.daemon._told(told)
 
 
-def _first_value(policy: SearchPolicy | None, running: Running) -> float | None:
-    from optimizer.objectives import objective_values
+def _operating_tpot_ms(policy: SearchPolicy, running: Running) -> float | None:
+    """TPOT p99 at the trial's operating point so far (`objectives.operating_step`), the load
+    its value describes: never a later probe's that missed the SLO."""
+    step = operating_step(policy.cfg.objectives[0], running.steps)
+    return step.metrics.p99_tpot_ms if step is not None else None
 
+
+def _first_value(policy: SearchPolicy | None, running: Running) -> float | None:
     if policy is None:
         return None
-    values = objective_values(policy.cfg.objectives, running.steps)
+    values = objective_values(policy.cfg.objectives, running.steps, running.config.num_gpus)
     return values[0] if values else None
 
 

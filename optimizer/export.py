@@ -17,7 +17,7 @@ from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError, NightshiftError
 from optimizer.objectives import OBJECTIVES
 from optimizer.quality import header_line, is_quality_violation
-from optimizer.records import ATTR_RECORD
+from optimizer.records import ATTR_RECORD, gpus_of
 from optimizer.study import (
     ATTR_BASELINE,
     NOISE_FRACTION,
@@ -164,8 +164,11 @@ def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
         notes.append(quality_note)
     extra_args = tuple(cfg.spec.vllm.extra_args)
     env = trial_env(record, startup_saver_env(cfg.spec.startup.savers))
-    values = ", ".join(f"{o}={v:.4g}" for o, v in zip(cfg.objectives, trial.values or [],
-                                                      strict=False))
+    num_gpus = gpus_of(record.get("flags") or trial.params)
+    # A rate's value is per GPU (objectives.per_gpu): said where the config used several.
+    values = ", ".join(f"{o}={v:.4g}" + (f" per GPU on {num_gpus} GPUs" if num_gpus > 1 and
+                                         OBJECTIVES[o].is_per_gpu else "")
+                       for o, v in zip(cfg.objectives, trial.values or [], strict=False))
     about = (f"nightshift study {cfg.name!r}, trial {trial.number} ({values})\n"
              f"{record.get('conclusion', '')}" + "".join(f"\n{n}" for n in notes))
     if fmt == "env":

@@ -2,13 +2,15 @@
 configs, a confidence interval from re-measurement, or nothing (one measurement each, said so).
 
 Every "Nx the defaults" nightshift prints (report, MLflow tags, CLI, daemon log, conclusions)
-is formatted here, so none can state a bare ratio.
+is formatted here, so none can state a bare ratio. Every gain is per GPU (`gain_over`,
+`objectives.per_gpu`): a config on two GPUs is compared with the defaults per GPU, so that two
+copies of the defaults are no loss.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from runners.workload import Bracket
@@ -88,12 +90,28 @@ def point_gain(best: float | None, defaults: float | None, *, maximize: bool) ->
     return Gain(value, None, None, "single")
 
 
+def per_gpu_bracket(bracket: Bracket, num_gpus: int) -> Bracket:
+    """A capacity bracket per GPU: both ends divided by the GPUs the config used (a capacity
+    is a rate, or requests in flight, that grows with the GPUs: `objectives.per_gpu`)."""
+    if num_gpus <= 1:
+        return bracket
+    return replace(bracket,
+                   met_load=bracket.met_load / num_gpus if bracket.met_load is not None
+                   else None,
+                   missed_load=bracket.missed_load / num_gpus
+                   if bracket.missed_load is not None else None)
+
+
 def gain_over(value: float | None, defaults: float | None, capacity: Bracket | None,
-              defaults_capacity: Bracket | None, *, maximize: bool) -> Gain:
-    """A config's gain over the defaults with what bounds it: the ratio their capacity
-    brackets allow where both were bracketed (a capacity search), else one measurement each."""
+              defaults_capacity: Bracket | None, *, maximize: bool, num_gpus: int = 1,
+              defaults_num_gpus: int = 1) -> Gain:
+    """A config's gain over the defaults per GPU, with what bounds it: the ratio their capacity
+    brackets allow where both were bracketed (a capacity search; each bracket as measured,
+    divided here by its config's GPUs), else one measurement each (`value` and `defaults` are
+    per GPU already: the values Optuna holds)."""
     if capacity is not None and defaults_capacity is not None:
-        return capacity_gain(capacity, defaults_capacity)
+        return capacity_gain(per_gpu_bracket(capacity, num_gpus),
+                             per_gpu_bracket(defaults_capacity, defaults_num_gpus))
     return point_gain(value, defaults, maximize=maximize)
 
 

@@ -18,7 +18,12 @@ from optuna.trial import TrialState
 
 from optimizer import bottleneck, quality
 from optimizer.conclusions import baseline_trial, conclude, reference_of
-from optimizer.objectives import objective_values
+from optimizer.objectives import (
+    described_step,
+    is_capacity_search,
+    objective_values,
+    operating_step,
+)
 from optimizer.records import ATTR_RECORD, TrialRecord, record_of, step_records, summary_metrics
 from optimizer.startup import startup_metrics, startup_record
 from optimizer.study import (
@@ -61,18 +66,22 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
     """Write `item`'s record from its run's `result` and tell Optuna; returns the record."""
     cfg, study, workload = policy.cfg, policy.study, policy.workload
     state = state_of(result)
-    values = objective_values(cfg.objectives, result.steps) \
+    values = objective_values(cfg.objectives, result.steps, item.config.num_gpus) \
         if state == TrialState.COMPLETE else None
     failure = result.failure
     if state == TrialState.COMPLETE and values is None:
-        state, failure = TrialState.FAIL, Failure(
-            FailureReason.TOO_MANY_ERRORS, "no load level completed a request.")
+        # Requests completed, yet no value: a latency objective after a capacity search that
+        # met the SLO at no load (a probe missed for overload is such a miss, not an error).
+        why = "no probed load met the SLO, so a latency objective has no value" if any(
+            s.metrics.completed > 0 for s in result.steps) else \
+            "no load level completed a request"
+        state, failure = TrialState.FAIL, Failure(FailureReason.TOO_MANY_ERRORS, f"{why}.")
     state_name = STATE_NAMES[state]
     primary = values[0] if values else None
     if state == TrialState.PRUNED and item.steps:
-        pruned_values = objective_values(cfg.objectives, item.steps)
+        pruned_values = objective_values(cfg.objectives, item.steps, item.config.num_gpus)
         primary = pruned_values[0] if pruned_values else None
-    metrics = summary_metrics(result, cfg.objectives)
+    metrics = summary_metrics(result, cfg.objectives, item.config.num_gpus)
     # A launched engine's start-up (one never launched has none to record).
     startup = startup_record(item.compile_key, item.prediction, result) \
         if result.argv or result.engine.startup_s else {}
@@ -115,10 +124,12 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
             speculation_note(item.params, metrics)
             if state == TrialState.COMPLETE and not is_simulated_argv(result.argv) else "",
             "" if item.is_baseline else
-            implied_changes_note(item.params, result.engine, _engine_of(defaults)))
+            implied_changes_note(item.params, result.engine, _engine_of(defaults)),
+            no_operating_point_note(cfg.objectives[0], result.steps))
             if n),
         quality_failed=assessed.failed if assessed is not None else (),
-        template=str(item.trial.user_attrs.get(ATTR_SEED_TITLE, "")))
+        template=str(item.trial.user_attrs.get(ATTR_SEED_TITLE, "")),
+        num_gpus=item.config.num_gpus)
     record = TrialRecord(
         state=state_name,  # type: ignore[arg-type]
         params=item.params,
@@ -347,6 +358,23 @@ def speculation_note(params: Mapping[str, Any], metrics: Mapping[str, Any]) -> s
         return f"Speculation ({method}): vLLM proposed no draft at the headline level."
     return (f"Speculation ({method}): vLLM's spec-decode counters were not read at the "
             "headline level, so what the drafts did is unknown.")
+
+
+def no_operating_point_note(objective: str, steps: Sequence[StepMetrics]) -> str:
+    """After a capacity search in which no load met the SLO, that the trial has no operating
+    point, and why the lightest load probed missed where the runner says (its `miss_reason`,
+    read with getattr until `StepMetrics` has it); "" otherwise."""
+    if not is_capacity_search(steps) or operating_step(objective, steps) is not None:
+        return ""
+    lightest = described_step(objective, steps)
+    if lightest is None:
+        return ""
+    level = lightest.level
+    load = f"{level.request_rate_rps:.3g} req/s" if level.request_rate_rps is not None \
+        else f"concurrency {level.max_concurrency}"
+    why = getattr(lightest, "miss_reason", None)
+    return (f"No operating point: no probed load met the SLO; the lightest, {load}, missed it"
+            + (f" ({why})." if why else "."))
 
 
 def _engine_of(trial: optuna.trial.FrozenTrial | None) -> Mapping[str, Any] | None:

@@ -23,7 +23,8 @@ class MarginPruner(optuna.pruners.BasePruner):
     """Prune when the trial's value at a step is worse than the `percentile`-th best of earlier
     trials at that step by more than `min_relative_gap` (0.1 = 10%).
 
-    Reads only intermediate values (`trial.report`), so it is safe for any sampler. Needs
+    Reads only intermediate values (`trial.report`: per GPU for a rate, as the search policy
+    reports them), so it is safe for any sampler and fair across GPU counts. Needs
     `n_startup_trials` finished trials with a value at the step before it prunes anything.
     """
 
@@ -66,7 +67,8 @@ class BottleneckPruner(optuna.pruners.BasePruner):
     caller before `should_prune`):
 
     - communication-bound at TP>1, with a value at this step worse than the best TP=1 trial's
-      at the same step (more GPUs that serve less: the split costs more than it gives);
+      at the same step (the values are per GPU, `objectives.per_gpu`: each GPU of the split
+      serves less than a GPU alone, so the split costs more than it gives);
     - launch-bound, with a value at this step worse than the best trial's there by more than
       `launch_margin` (0.25 = 25%): a config idling between kernels rarely catches up.
 
@@ -114,9 +116,9 @@ class BottleneckPruner(optuna.pruners.BasePruner):
             number, best_value = best
             worse = value < best_value if maximize else value > best_value
             if worse:
-                return (f"communication-bound at TP={tp}: {value:.4g} at step {step} is worse "
-                        f"than TP=1 trial {number} ({best_value:.4g}); the split costs more "
-                        "than it gives.")
+                return (f"communication-bound at TP={tp}: {value:.4g} per GPU at step {step} "
+                        f"is worse than TP=1 trial {number} ({best_value:.4g}); the split "
+                        "costs more than it gives.")
         elif label == "launch-bound":
             best = _best_at(study, step, maximize, exclude=trial.number)
             if best is None:

@@ -12,10 +12,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from optimizer.objectives import OBJECTIVES, metrics_value, objective_value, step_value
+from optimizer.objectives import (
+    OBJECTIVES,
+    metrics_value,
+    objective_value,
+    operating_step,
+    per_gpu,
+)
 from optimizer.startup import startup_tags
 from optimizer.tracking import KIND_CONFIRMATION, TAG_CONFIRM, TAG_KIND
-from runners.base import BenchmarkMetrics, RunResult, StepMetrics
+from runners.base import BenchmarkMetrics, EngineConfig, RunResult, StepMetrics
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -71,6 +77,12 @@ class TrialRecord:
         return cls(state="failed", params=dict(params), conclusion=conclusion,
                    failure_reason=reason, failure_message=message, is_baseline=is_baseline)
 
+    @property
+    def num_gpus(self) -> int:
+        """The GPUs the config ran on (tensor x pipeline x data parallel; `EngineConfig`), from
+        what vLLM was given, else from the params (a record of a config never launched)."""
+        return gpus_of(self.flags or self.params)
+
     def to_user_attr(self) -> dict[str, Any]:
         """JSON for `trial.set_user_attr(ATTR_RECORD, ...)`."""
         out = asdict(self)
@@ -96,6 +108,12 @@ class TrialRecord:
         return cls(**kwargs)
 
 
+def gpus_of(flags: Mapping[str, Any]) -> int:
+    """The GPUs a config with these flags (or params) uses, as `EngineConfig.num_gpus` counts."""
+    parallel = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+    return EngineConfig(model="", flags={k: flags[k] for k in parallel if k in flags}).num_gpus
+
+
 def record_of(trial: FrozenTrial) -> TrialRecord | None:
     """The trial's record, or None for a trial that has none yet (queued, running)."""
     data = trial.user_attrs.get(ATTR_RECORD)
@@ -106,24 +124,15 @@ def objective_unit(objective: str) -> str:
     return OBJECTIVES[objective].unit if objective in OBJECTIVES else ""
 
 
-def headline_step(objective: str, steps: Sequence[StepMetrics]) -> StepMetrics | None:
-    """The load level that gave the trial its value (see `study.objective_value`)."""
-    measured = [s for s in steps if s.metrics.completed > 0]
-    if not measured:
-        return None
-    return max(measured, key=lambda s: _finite_or_lowest(step_value(objective, s)))
-
-
-def _finite_or_lowest(value: float) -> float:
-    """A level's objective value for ranking: one with no sample (nan) never heads a trial."""
-    return value if math.isfinite(value) else -math.inf
-
-
-def summary_metrics(result: RunResult, objectives: Sequence[str]) -> dict[str, float]:
-    """Flat metrics for the tracker: the headline level in vLLM's names, the objectives, what
-    the engine told at start, telemetry and (later) bottleneck shares."""
-    out: dict[str, float] = {}
-    step = headline_step(objectives[0], result.steps)
+def summary_metrics(result: RunResult, objectives: Sequence[str],
+                    num_gpus: int = 1) -> dict[str, float]:
+    """Flat metrics for the tracker: the operating point (`objectives.operating_step`: every
+    figure of it from that one level) in vLLM's names, the objectives (`objective.<name>` the
+    config's figure on all its `num_gpus` GPUs, `objective.<name>.per_gpu` the value Optuna is
+    told), what the engine told at start, telemetry and (later) bottleneck shares. A capacity
+    search in which no load met the SLO has no operating point: no level's figures then."""
+    out: dict[str, float] = {"num_gpus": float(num_gpus)}
+    step = operating_step(objectives[0], result.steps)
     if step is not None:
         out.update(step.metrics.as_dict())
         out["headline_level"] = float(step.step)
@@ -134,9 +143,12 @@ def summary_metrics(result: RunResult, objectives: Sequence[str]) -> dict[str, f
         for k, v in step.server_metrics.items():
             out[f"server.{k.replace(':', '_')}"] = float(v)
     for objective in objectives:
-        value = objective_value(objective, result.steps)  # the trial's value, as Optuna has it
+        # On all the config's GPUs, at the one operating point.
+        value = objective_value(objective, result.steps, primary=objectives[0])
         if value is not None:
             out[f"objective.{objective}"] = value
+            if OBJECTIVES[objective].is_per_gpu:  # the trial's value, as Optuna has it
+                out[f"objective.{objective}.per_gpu"] = per_gpu(objective, value, num_gpus)
     out.update({f"engine.{k}": v for k, v in result.engine.as_metrics().items()})
     out.update({f"gpu.{k}": float(v) for k, v in result.telemetry.items()})
     if result.trace_summary:
@@ -194,9 +206,19 @@ def step_records(steps: Sequence[StepMetrics]) -> list[dict[str, Any]]:
                 value = spread(objective, s)
                 if value is not None:
                     metrics[f"spread.{objective}"] = value
-        out.append({"step": s.step, "level": asdict(s.level), "metrics": metrics,
-                    "server": dict(s.server_metrics), "elapsed_s": s.elapsed_s,
-                    "meets_slo": s.meets_slo})
+        # The runner's measured window (issue 32's steady-state probes), where it says; read
+        # with getattr until runners.base.StepMetrics has these fields (all optional).
+        for name in ("offered_rate_rps", "completed_rate_rps"):
+            value = getattr(s, name, None)
+            if isinstance(value, int | float) and math.isfinite(value):
+                metrics[f"window.{name}"] = float(value)
+        record = {"step": s.step, "level": asdict(s.level), "metrics": metrics,
+                  "server": dict(s.server_metrics), "elapsed_s": s.elapsed_s,
+                  "meets_slo": s.meets_slo}
+        miss_reason = getattr(s, "miss_reason", None)
+        if miss_reason:  # why the probe missed: "overload: 12 connect timeouts", ...
+            record["miss_reason"] = str(miss_reason)
+        out.append(record)
     return out
 
 
@@ -324,8 +346,8 @@ def tracking_payload(record: TrialRecord, result: RunResult | None, *, number: i
     # A fixed rule, so a name means one thing in every run: every figure a load level has
     # (vLLM's benchmark keys, `spread.*`) and anything else some level of this trial logged.
     per_level = {k for _, values in step_metrics for k in values} | _LEVEL_KEYS
-    # `objective.*` is the trial's value as Optuna holds it: a complete trial's only (a failed
-    # or pruned one has none, whatever its levels measured before it ended).
+    # `objective.*` is the trial's value (`.per_gpu`: as Optuna holds it): a complete trial's
+    # only (a failed or pruned one has none, whatever its levels measured before it ended).
     metrics = {(HEADLINE_PREFIX + k if k in per_level else k): v
                for k, v in record.metrics.items()
                if record.state == "complete" or not k.startswith("objective.")}

@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 
 from optimizer import bottleneck
 from optimizer.config import StudyConfig
-from optimizer.objectives import objective_values
+from optimizer.objectives import described_step, objective_values
 from optimizer.outcomes import (
     NoLog,
     Running,
@@ -322,7 +322,7 @@ class SearchPolicy:
         if self.cfg.is_multi_objective or item.is_baseline or \
                 ATTR_CONFIRM in item.trial.user_attrs:
             return False  # Optuna prunes single-objective only; these always complete
-        values = objective_values(self.cfg.objectives, item.steps)
+        values = objective_values(self.cfg.objectives, item.steps, item.config.num_gpus)
         if values is None:
             return False
         item.trial.report(values[0], step.step)
@@ -357,11 +357,14 @@ class SearchPolicy:
     def verdict(self, steps: Sequence[StepMetrics], config: EngineConfig,
                 result: RunResult | None = None) -> bottleneck.Verdict:
         """Classify a trial from what it has measured so far (or its whole result)."""
-        measured = [s for s in (result.steps if result else steps) if s.metrics.completed > 0]
-        tp1 = self._tp1_tpot_ms(measured[-1].step) if measured and \
+        # The TP=1 reference at the level the verdict describes (its operating point).
+        described = described_step(self.cfg.objectives[0],
+                                   result.steps if result is not None else steps)
+        tp1 = self._tp1_tpot_ms(described.step) if described is not None and \
             config.tensor_parallel_size > 1 else None
         evidence = bottleneck.evidence_from(result if result is not None else steps, config,
-                                            self.hardware, self.model, tp1_tpot_ms=tp1)
+                                            self.hardware, self.model, tp1_tpot_ms=tp1,
+                                            objective=self.cfg.objectives[0])
         return bottleneck.classify(evidence)
 
     def _tp1_tpot_ms(self, step_index: int) -> float | None:

@@ -11,6 +11,7 @@ import optuna
 
 from optimizer.config import StudyConfig
 from optimizer.confirm import STUDY_ATTR_CONFIRM
+from optimizer.objectives import OBJECTIVES
 from optimizer.report import build_report, headline
 from optimizer.report.render import best_tags
 from optimizer.study import (
@@ -40,7 +41,9 @@ def study_summary(study: optuna.Study,
     best = best_trial(study)
     if best is not None and best.values:
         for name, v in zip(cfg.objectives, best.values, strict=True):
-            metrics[f"best.{name}"] = v
+            # As Optuna holds it: per GPU for a rate (objectives.per_gpu), named so.
+            metrics[f"best.{name}.per_gpu" if OBJECTIVES[name].is_per_gpu else
+                    f"best.{name}"] = v
         tags["best_trial"] = str(best.number)
         report = build_report(study, cfg, with_importances=False)
         tags["recommended_trial"] = str((report.recommended or report.best or best).number)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from optimizer.errors import TrackingError
+from optimizer.objectives import OBJECTIVES
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -50,16 +51,20 @@ VIEW_TAGS = ("state", "bottleneck")
 
 def runs_view(objectives: Mapping[str, str]) -> dict[str, Any]:
     """The runs table's state for a study with `objectives` (name -> "maximize"/"minimize")."""
+    # A rate's value as Optuna holds it, per GPU (`objectives.per_gpu`), beside the config's own.
+    told = {o: f"objective.{o}.per_gpu" if o in OBJECTIVES and OBJECTIVES[o].is_per_gpu
+            else f"objective.{o}" for o in objectives}
     first = next(iter(objectives), None)
     state: dict[str, Any] = {
         "searchFilter": f"tags.`{TAG_KIND}` != 'study'",
         "selectedColumns": ["attributes.`Description`",
-                            *(f"metrics.`objective.{o}`" for o in objectives),
+                            *(f"metrics.`{name}`" for o in objectives
+                              for name in dict.fromkeys((f"objective.{o}", told[o]))),
                             *(f"metrics.`{m}`" for m in VIEW_METRICS),
                             *(f"tags.`{t}`" for t in VIEW_TAGS)],
     }
     if first is not None:
-        state.update(orderByKey=f"metrics.`objective.{first}`",
+        state.update(orderByKey=f"metrics.`{told[first]}`",
                      orderByAsc=objectives[first] == "minimize")
     return state
 

@@ -80,10 +80,12 @@ def advice(verdict: Verdict, *,
 def sentence(params_change: str | Mapping[str, Any], metric_change: str,
              verdict: Verdict) -> str:
     """"change -> metric -> conclusion" in one line, e.g. `enforce_eager=True: TPOT p99 18.8 ms
-    (+165% vs best): launch-bound (GPU busy 19% of the kernel span); keep CUDA graphs on.`"""
+    (+165% vs best): launch-bound (GPU busy 19% of the kernel span) at 9.9 req/s, the highest
+    load that met the SLO; keep CUDA graphs on.` (the load where the verdict names one)."""
     change = params_change if isinstance(params_change, str) else ", ".join(
         f"{k}={v}" for k, v in params_change.items())
     head = f"{change}: " if change else ""
     metric = f"{metric_change}: " if metric_change else ""
     detail = f" ({verdict.detail})" if verdict.detail else ""
-    return f"{head}{metric}{verdict.label}{detail}; {advice(verdict)}."
+    load = f" at {verdict.load}" if verdict.load else ""
+    return f"{head}{metric}{verdict.label}{detail}{load}; {advice(verdict)}."

@@ -60,6 +60,9 @@ class Verdict:
     reason: str = ""  # one sentence, naming the evidence used
     detail: str = ""  # the short phrase `sentence` puts in parentheses
     sources: tuple[Source, ...] = ()  # the kinds of evidence that decided
+    # The load the label and its advice describe, as `sentence` shows it: "9.9 req/s, the
+    # highest load that met the SLO"; "" where unknown (fixed levels name none).
+    load: str = ""
 
     def as_user_attr(self, **extra: float | int | str | None) -> dict[str, Any]:
         """JSON-able, for `trial.set_user_attr(ATTR_VERDICT, ...)`; `extra` adds what
@@ -77,7 +80,7 @@ class Verdict:
                    evidence={str(k): float(v) for k, v in (data.get("evidence") or {}).items()
                              if isinstance(v, int | float)},
                    reason=str(data.get("reason") or ""), detail=str(data.get("detail") or ""),
-                   sources=tuple(data.get("sources") or ()))
+                   sources=tuple(data.get("sources") or ()), load=str(data.get("load") or ""))
 
     def as_metrics(self) -> dict[str, float]:
         """Flat figures for the tracker (`bottleneck.<name>`), and the operating point's two
@@ -130,9 +133,37 @@ def classify(evidence: Evidence, thresholds: Thresholds = DEFAULT_THRESHOLDS) ->
         value = getattr(evidence, name)
         if value is not None and name not in verdict.evidence:
             extra[name] = float(value)
-    if not extra:
-        return verdict
-    return replace(verdict, evidence={**verdict.evidence, **extra})
+    if evidence.profile_concurrency is not None:
+        extra["profile_concurrency"] = evidence.profile_concurrency
+    load = _load(evidence)
+    return replace(verdict, evidence={**verdict.evidence, **extra}, load=load,
+                   reason=_with_where(verdict, evidence, load))
+
+
+def _load(e: Evidence) -> str:
+    """The load a verdict describes, as `sentence` shows it: the operating point, or the
+    lightest load probed when none met the SLO (said so)."""
+    if e.load and e.is_within_slo is True:
+        return f"{e.load}, the highest load that met the SLO"
+    if e.load and e.is_within_slo is False:
+        return f"{e.load}, the lightest load probed, which missed the SLO (no load met it)"
+    return e.load
+
+
+def _with_where(verdict: Verdict, e: Evidence, load: str) -> str:
+    """The reason with the load it describes and, where the trace decided, the load the
+    profile was taken at (after the levels, never the operating point's), both inside the one
+    sentence: `label: why at <load> (from trace; the trace taken after the levels at ...).`"""
+    head, sep, sources = verdict.reason.rpartition(" (from ")
+    if not sep:
+        return verdict.reason
+    at = f" at {load}" if load else ""
+    trace = ""
+    if "trace" in verdict.sources:
+        taken = f"concurrency {e.profile_concurrency:g}" if e.profile_concurrency is not None \
+            else "a load of its own"
+        trace = f"; the trace taken after the load levels, at {taken}"
+    return f"{head}{at}{sep}{sources.removesuffix(').')}{trace})."
 
 
 def _classify(evidence: Evidence, thresholds: Thresholds) -> Verdict:

@@ -16,6 +16,7 @@ from optimizer.bottleneck.roofline import (
     roofline_terms,
     step_roofline,
 )
+from optimizer.objectives import described_step, is_capacity_search
 from runners.base import EngineConfig, EngineInfo, RunResult, StepMetrics
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
@@ -67,6 +68,15 @@ class Evidence:
     num_runtime_jit_compiles: float | None = None  # kernels vLLM JIT-compiled while serving
     is_fp8_weights: bool | None = None  # the GEMMs' weights are fp8 (flag or checkpoint)
     is_fp8_kv: bool | None = None  # kv_cache_dtype fp8*
+    # Which load all of the above describes (`objectives.described_step`): "9.9 req/s",
+    # "concurrency 32"; "" where no level was measured.
+    load: str = ""
+    # True: the trial's operating point, the highest load that met the SLO; False: no load met
+    # it, so the lightest probed (which missed it); None: fixed load levels (no SLO verdict).
+    is_within_slo: bool | None = None
+    # The profiled window's load: traces are taken after the levels, at a load of their own
+    # (the runner's `trace_summary["max_concurrency"]` where it says; None: not said).
+    profile_concurrency: float | None = None
 
     @property
     def has_trace(self) -> bool:
@@ -126,11 +136,13 @@ def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
                   model: ModelInfo | None = None, *, engine: EngineInfo | None = None,
                   trace_summary: Mapping[str, Any] | None = None,
                   telemetry: Mapping[str, float] | None = None,
-                  tp1_tpot_ms: float | None = None) -> Evidence:
+                  tp1_tpot_ms: float | None = None, objective: str | None = None) -> Evidence:
     """Evidence for one trial: from a finished `RunResult` (its trace summary, telemetry,
     engine info and last measured level), or mid-run from its `StepMetrics` so far (then only
     metrics, config and roofline; `trace_summary`, `telemetry` and `engine` may add more).
-    The operating point is the last level that completed a request. Pure."""
+    The level it reads is the trial's operating point for `objective`
+    (`objectives.described_step`: after a capacity search the highest load that met the SLO,
+    else the lightest probed); with fixed levels and no objective, the busiest level. Pure."""
     if isinstance(result, RunResult):
         steps: Sequence[StepMetrics] = result.steps
         engine = engine or result.engine
@@ -141,12 +153,18 @@ def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
     else:
         steps = result
     measured = [s for s in steps if s.metrics.completed > 0]
-    # The operating point: the level that served the most requests per second, the latest of
-    # equals (a capacity search's probes are not in load order). Not the one closest to a
-    # ceiling: a light level of small decode batches streams weights all the time and would
-    # call a prefill-heavy trial memory-bound.
-    step = max(reversed(measured), key=lambda s: finite(s.metrics.request_throughput) or 0.0,
-               default=None)
+    if objective is not None or is_capacity_search(measured):
+        # The trial's operating point (the load its value and advice are for), or after a
+        # search in which nothing met the SLO, the lightest load probed: never an overload
+        # probe's queue and full KV cache.
+        step = described_step(objective or "goodput", measured)
+    else:
+        # Fixed levels with no objective named: the level that served the most requests per
+        # second, the latest of equals. Not the one closest to a ceiling: a light level of
+        # small decode batches streams weights all the time and would call a prefill-heavy
+        # trial memory-bound.
+        step = max(reversed(measured),
+                   key=lambda s: finite(s.metrics.request_throughput) or 0.0, default=None)
     mix = step_roofline(step, config, hardware, model) if step is not None else None
     trace = trace_summary or {}
     tel = telemetry or {}
@@ -240,4 +258,17 @@ def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
         num_runtime_jit_compiles=None if jit is None else float(jit),
         is_fp8_weights=is_fp8_weights(config, model),
         is_fp8_kv=is_fp8_kv(config),
+        load=_load_text(step) if step is not None else "",
+        is_within_slo=step.meets_slo if step is not None else None,
+        profile_concurrency=finite(trace.get("max_concurrency")) if trace else None,
     )
+
+
+def _load_text(step: StepMetrics) -> str:
+    """A level's offered load in a few characters: `9.9 req/s`, `concurrency 32`."""
+    level = step.level
+    if level.request_rate_rps is not None:
+        return f"{level.request_rate_rps:.3g} req/s"
+    if level.max_concurrency is not None:
+        return f"concurrency {level.max_concurrency}"
+    return level.label

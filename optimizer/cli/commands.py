@@ -18,10 +18,10 @@ from typer.core import TyperCommand
 
 from optimizer.cli.live import LiveProgress
 from optimizer.cli.output import add_log_file, console, out, setup_logging
-from optimizer.cli.table import TableRow, figure, objective_header, trial_table
+from optimizer.cli.table import TableRow, figure, trial_table
 from optimizer.config import StudyConfig, load_study, resume_command
 from optimizer.errors import ConfigError, NightshiftError, describe
-from optimizer.records import objective_unit
+from optimizer.objectives import value_unit
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -291,13 +291,13 @@ def _finite(value: Any) -> float | None:
 
 
 def values_text(objectives: Sequence[str], values: Sequence[float]) -> str:
-    """`goodput 34.4 req/s`; several objectives joined: `throughput 8,190 tok/s, 8.10 ms TPOT
-    p99`."""
+    """`goodput 34.4 req/s/GPU` (a rate per GPU, as Optuna holds it); several objectives
+    joined: `throughput 8,190 tok/s/GPU, 8.10 ms TPOT p99`."""
     parts = []
     for name, value in zip(objectives, values, strict=False):
-        header = objective_header(name)
-        unit = objective_unit(name)
-        parts.append(figure(value, unit) if header == unit else f"{name} {figure(value, unit)}")
+        unit = value_unit(name)
+        parts.append(f"{name} {figure(value, unit)}" if name.lower() not in unit.lower()
+                     else figure(value, unit))
     return ", ".join(parts)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.engines import RunnerSpec, build_runner
-from optimizer.records import headline_step
+from optimizer.objectives import operating_step
 from optimizer.regress.compare import (
     CaseVerdict,
     FigureComparison,
@@ -117,9 +117,9 @@ class CaseOutcome:
 
 
 def figures_of(result: RunResult, objective: str) -> dict[str, list[float]]:
-    """Each figure at the run's headline level (the level that gave `objective` its value),
+    """Each figure at the run's operating point (`objectives.operating_step`),
     one value per repeat of that level."""
-    step = headline_step(objective, result.steps)
+    step = operating_step(objective, result.steps)
     if step is None:
         return {}
     runs: tuple[BenchmarkMetrics, ...] = step.repeats or (step.metrics,)

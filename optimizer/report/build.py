@@ -17,9 +17,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer import gains
 from optimizer.config import StudyConfig
-from optimizer.objectives import OBJECTIVES
+from optimizer.objectives import OBJECTIVES, on_all_gpus
 from optimizer.quality import table_cell
-from optimizer.records import ATTR_RECORD
+from optimizer.records import ATTR_RECORD, gpus_of
 from optimizer.study import (
     ATTR_CONFIRM,
     NOISE_FRACTION,
@@ -50,7 +50,7 @@ class TrialRow:
     number: int
     state: str  # complete, pruned, failed, running, waiting
     changes: Mapping[str, Any]  # flags that differ from the defaults baseline's
-    value: float | None  # the first objective
+    value: float | None  # the first objective, per GPU for a rate, as Optuna holds it
     output_throughput: float | None  # tok/s at the headline level
     p99_tpot_ms: float | None
     p99_ttft_ms: float | None
@@ -63,6 +63,13 @@ class TrialRow:
     capacity: Bracket | None = None  # after a capacity search: where its capacity lies
     conclusion_short: str = ""  # the conclusion for a table cell (<= ~70 characters)
     quality: str = ""  # the quality gate's cell (optimizer/quality.py `table_cell`)
+    num_gpus: int = 1  # the GPUs its config used; `value` is per GPU (`objectives.per_gpu`)
+
+    @property
+    def output_throughput_per_gpu(self) -> float | None:
+        """Output tok/s at the operating point per GPU: what the Pareto front compares."""
+        return self.output_throughput / max(self.num_gpus, 1) \
+            if self.output_throughput is not None else None
 
 
 @dataclass(frozen=True)
@@ -149,12 +156,26 @@ class Report:
 
     @property
     def gain_bounds(self) -> gains.Gain | None:
-        """The best's gain over the defaults with its bounds: the ratio their capacity
+        """The best's gain over the defaults per GPU with its bounds: the ratio their capacity
         brackets allow after a capacity search, else one measurement each (no bounds)."""
         if self.best is None or self.baseline is None:
             return None
         return gains.gain_over(self.best.value, self.baseline.value, self.best.capacity,
-                               self.baseline.capacity, maximize=self.is_maximize)
+                               self.baseline.capacity, maximize=self.is_maximize,
+                               num_gpus=self.best.num_gpus,
+                               defaults_num_gpus=self.baseline.num_gpus)
+
+    @property
+    def gain_as_measured(self) -> gains.Gain | None:
+        """The same on all of each side's GPUs (not per GPU); None where both used one GPU
+        (the two agree) or there is no comparison."""
+        if self.best is None or self.baseline is None or \
+                max(self.best.num_gpus, self.baseline.num_gpus) <= 1:
+            return None
+        whole = [on_all_gpus(self.objective, r.value, r.num_gpus) if r.value is not None
+                 else None for r in (self.best, self.baseline)]
+        return gains.gain_over(whole[0], whole[1], self.best.capacity, self.baseline.capacity,
+                               maximize=self.is_maximize)
 
 
 def _number(value: Any) -> float | None:
@@ -192,14 +213,16 @@ def _row(trial: FrozenTrial, baseline_flags: Mapping[str, Any],
         if axis in ("concurrency", "request_rate") else None,
         conclusion_short=str(record.get("conclusion_short") or ""),
         quality=table_cell(record.get("quality")),
+        num_gpus=gpus_of(flags or params_of(trial)),
     )
 
 
 def pareto_front(rows: Sequence[TrialRow]) -> tuple[int, ...]:
-    """Complete trials no other beats on both output throughput (higher) and TPOT p99 (lower)."""
+    """Complete trials no other beats on both output throughput per GPU (higher) and TPOT p99
+    (lower)."""
     points: list[tuple[int, float, float]] = [
-        (r.number, r.output_throughput, r.p99_tpot_ms) for r in rows
-        if r.state == "complete" and r.output_throughput is not None
+        (r.number, r.output_throughput_per_gpu, r.p99_tpot_ms) for r in rows
+        if r.state == "complete" and r.output_throughput_per_gpu is not None
         and r.p99_tpot_ms is not None]
     front = []
     for number, tput, tpot in points:
@@ -313,7 +336,9 @@ def knob_effects(trials: Sequence[FrozenTrial], baseline: FrozenTrial | None, ob
         gain = gains.gain_over(
             measured, defaults_measured,
             bracket_from_metrics(axis, metrics) if axis else None,  # type: ignore[arg-type]
-            defaults_capacity, maximize=maximize)
+            defaults_capacity, maximize=maximize,
+            num_gpus=gpus_of(record.get("flags") or params),
+            defaults_num_gpus=gpus_of(base_record.get("flags") or reference))
         spreads = [_number(m.get(f"spread.{objective}")) for m in (metrics, base_metrics)]
         spread = max(s for s in spreads if s is not None) \
             if all(s is not None for s in spreads) else None
@@ -399,11 +424,12 @@ def _confirmation(study: optuna.Study, axis: str | None) -> str:
                   key=lambda t: t.number)
     brackets: dict[str, list[Bracket]] = {"defaults": [], "best": []}
     for t in runs:
-        metrics = (t.user_attrs.get(ATTR_RECORD) or {}).get("metrics") or {}
-        bracket = bracket_from_metrics(axis, metrics)  # type: ignore[arg-type]
+        record = t.user_attrs.get(ATTR_RECORD) or {}
+        bracket = bracket_from_metrics(axis, record.get("metrics") or {})  # type: ignore[arg-type]
         label = str(t.user_attrs[ATTR_CONFIRM])
-        if bracket is not None and label in brackets:
-            brackets[label].append(bracket)
+        if bracket is not None and label in brackets:  # compared per GPU, as every gain is
+            brackets[label].append(gains.per_gpu_bracket(
+                bracket, gpus_of(record.get("flags") or params_of(t))))
     rounds = [gains.capacity_gain(b, d) for d, b in zip(brackets["defaults"], brackets["best"],
                                                          strict=False)]
     if not rounds:

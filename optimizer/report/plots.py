@@ -37,8 +37,8 @@ def pareto_figure(report: Report) -> Figure:
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
     # (trial, TPOT p99 ms, output tok/s) of each measured complete trial
-    points = [(r, r.p99_tpot_ms, r.output_throughput) for r in report.rows
-              if r.state == "complete" and r.output_throughput and r.p99_tpot_ms]
+    points = [(r, r.p99_tpot_ms, r.output_throughput_per_gpu) for r in report.rows
+              if r.state == "complete" and r.output_throughput_per_gpu and r.p99_tpot_ms]
     for label in sorted({r.label for r, _, _ in points}):
         group = [(x, y) for r, x, y in points if r.label == label]
         ax.scatter([x for x, _ in group], [y for _, y in group], s=36,
@@ -51,17 +51,18 @@ def pareto_figure(report: Report) -> Figure:
                 marker="s", markersize=10, markerfacecolor="none", markeredgewidth=1,
                 label=f"Pareto front ({len(front)} trial{'s' if len(front) > 1 else ''})")
     for row, marker, name in ((report.baseline, "*", "defaults"), (report.best, "o", "best")):
-        if row is not None and row.output_throughput and row.p99_tpot_ms:
-            ax.scatter([row.p99_tpot_ms], [row.output_throughput], s=220, marker=marker,
+        per_gpu = row.output_throughput_per_gpu if row is not None else None
+        if row is not None and per_gpu and row.p99_tpot_ms:
+            ax.scatter([row.p99_tpot_ms], [per_gpu], s=220, marker=marker,
                        facecolors="none", edgecolors="black", linewidths=1.4)
-            ax.annotate(f"{name} (#{row.number})", (row.p99_tpot_ms, row.output_throughput),
+            ax.annotate(f"{name} (#{row.number})", (row.p99_tpot_ms, per_gpu),
                         textcoords="offset points", xytext=(8, 6), fontsize=8)
     if "tpot_p99_ms" in report.slo:
         ax.axvline(report.slo["tpot_p99_ms"], color="grey", lw=1, ls=":",
                    label=f"SLO TPOT p99 {report.slo['tpot_p99_ms']:g} ms")
     ax.set_xlabel("TPOT p99 (ms)")
-    ax.set_ylabel("output throughput (tok/s)")
-    ax.set_title("Throughput vs TPOT p99 (headline load level)")
+    ax.set_ylabel("output throughput per GPU (tok/s)")
+    ax.set_title("Throughput per GPU vs TPOT p99 (each trial's operating point)")
     ax.grid(alpha=0.3)
     if points:
         ax.legend(fontsize=7, loc="best")

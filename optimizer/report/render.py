@@ -7,6 +7,7 @@ from pathlib import Path
 
 from optimizer import gains
 from optimizer.conclusions import capacity_text, shorten
+from optimizer.objectives import OBJECTIVES, PER_GPU_RULE, on_all_gpus, value_unit
 from optimizer.records import objective_unit
 from optimizer.report.build import TOO_FEW_FOR_IMPORTANCES, Report, TrialRow
 from optimizer.report.plots import LABEL_COLOURS, write_plots
@@ -24,6 +25,32 @@ REPORT_FILES = ("report.html", "report.md", "pareto.png", "history.png", "import
 
 def _with_unit(value: float | None, objective: str) -> str:
     return f"{_fmt(value)} {objective_unit(objective)}".rstrip()
+
+
+def _figure(row: TrialRow, objective: str) -> str:
+    """A trial's value with its unit; for a rate on more than one GPU, as measured and per GPU
+    (`14.5 req/s on 2 GPUs = 7.25 req/s per GPU`): the per-GPU figure is what is compared."""
+    if row.value is None or row.num_gpus <= 1 or not OBJECTIVES[objective].is_per_gpu:
+        return _with_unit(row.value, objective)
+    return (f"{_with_unit(on_all_gpus(objective, row.value, row.num_gpus), objective)} on "
+            f"{row.num_gpus} GPUs = {_with_unit(row.value, objective)} per GPU")
+
+
+def _gain_text(report: Report) -> str:
+    """The best's gain over the defaults, per GPU (said so where a side used more than one GPU,
+    with the ratio as measured beside it)."""
+    bounds = report.gain_bounds
+    if bounds is None:
+        return ""
+    whole = report.gain_as_measured
+    if whole is None:
+        return gains.format_gain(bounds)
+    best, base = report.best, report.baseline
+    assert best is not None and base is not None  # a gain has both
+    measured = f"{whole.value:.2f}x" if whole.value is not None else "no ratio"
+    return (f"{gains.format_gain(bounds, 'the vLLM defaults per GPU')}; {measured} as "
+            f"measured, on {best.num_gpus} GPU{'s' if best.num_gpus != 1 else ''} against "
+            f"the defaults on {base.num_gpus} GPU{'s' if base.num_gpus != 1 else ''}")
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -54,14 +81,14 @@ def best_tags(report: Report) -> dict[str, str]:
     best = report.best
     if best is None:
         return {}
-    metric = f"{report.objective} {_with_unit(best.value, report.objective)}"
+    metric = f"{report.objective} {_figure(best, report.objective)}"
     if best.capacity is not None:
         metric += f" ({_bracket(best)})"
     tags = {"best.change": _changes(best), "best.metric": metric}
     bounds = report.gain_bounds
     if bounds is not None and report.baseline is not None and \
             best.number != report.baseline.number:
-        tags["best.gain"] = gains.format_gain(bounds)
+        tags["best.gain"] = _gain_text(report)
     return tags
 
 
@@ -73,7 +100,7 @@ def headline(report: Report) -> str:
         return "No trial has completed yet." + missing
     best = report.best
     text = (f"Best: trial {best.number} ({_changes(best, in_sentence=True)}), {report.objective} "
-            f"{_with_unit(best.value, report.objective)}")
+            f"{_figure(best, report.objective)}")
     if best.capacity is not None:
         text += f" ({_bracket(best)})"
     bounds = report.gain_bounds
@@ -81,8 +108,8 @@ def headline(report: Report) -> str:
             best.number != report.baseline.number:
         base = report.baseline
         base_capacity = f", {_bracket(base)}" if base.capacity is not None else ""
-        text += (f", {gains.format_gain(bounds)} (trial {base.number}: "
-                 f"{_with_unit(base.value, report.objective)}{base_capacity}) measured in the "
+        text += (f", {_gain_text(report)} (trial {base.number}: "
+                 f"{_figure(base, report.objective)}{base_capacity}) measured in the "
                  "same study")
     if best.label:
         text += f"; {best.label}"
@@ -90,7 +117,7 @@ def headline(report: Report) -> str:
     if report.recommended is not None:
         text += (f" Recommended: trial {report.recommended.number} "
                  f"({_changes(report.recommended, in_sentence=True)}), "
-                 f"{_with_unit(report.recommended.value, report.objective)}: within "
+                 f"{_figure(report.recommended, report.objective)}: within "
                  f"{NOISE_FRACTION:.0%} of the best with fewer changes from the defaults.")
     if report.confirm:
         text += f" Re-measured: {report.confirm}."
@@ -118,9 +145,9 @@ _HTML = """<!doctype html>
 </style></head><body>
 <h1>nightshift report: {{ r.study }}</h1>
 <p class="meta">objective: {{ r.objective }} ({{ "higher" if r.is_maximize else "lower" }} is
-better){% if r.slo %}; SLO: {% for k, v in r.slo.items() %}{{ k }} {{ v }}{% if not loop.last
-%}, {% endif %}{% endfor %}{% endif %}; <span id="counts">{{ counts }}</span>; written
-{{ r.generated }}</p>
+better; {{ per_gpu_rule }}){% if r.slo %}; SLO: {% for k, v in r.slo.items() %}{{ k }}
+{{ v }}{% if not loop.last %}, {% endif %}{% endfor %}{% endif %};
+<span id="counts">{{ counts }}</span>; written {{ r.generated }}</p>
 {% if r.is_simulated %}<div class="banner" id="simulated"><b>Simulated engine.</b> These figures
 come from nightshift's roofline model of the config and hardware, not from a GPU: they test the
 pipeline, they are not measurements.</div>{% endif %}
@@ -130,10 +157,10 @@ pipeline, they are not measurements.</div>{% endif %}
  <img src="history.png" alt="objective per trial">
 </div>
 <h2>Pareto front (throughput vs TPOT p99)</h2>
-<table id="pareto"><tr><th>trial</th><th>change vs defaults</th><th>out tok/s</th>
+<table id="pareto"><tr><th>trial</th><th>change vs defaults</th><th>out tok/s/GPU</th>
 <th>TPOT p99 ms</th><th>TTFT p99 ms</th><th>bottleneck</th></tr>
 {% for row in front %}<tr><td>{{ row.number }}</td><td>{{ changes(row) }}</td>
-<td class="num">{{ fmt(row.output_throughput) }}</td>
+<td class="num">{{ fmt(row.output_throughput_per_gpu) }}</td>
 <td class="num">{{ fmt(row.p99_tpot_ms) }}</td>
 <td class="num">{{ fmt(row.p99_ttft_ms) }}</td><td>{{ row.label }}</td></tr>
 {% endfor %}</table>
@@ -141,12 +168,12 @@ pipeline, they are not measurements.</div>{% endif %}
 (the best {{ r.objective }} whose TPOT p99 is at most N) or <code>--trial N</code>.</p>
 <h2>Every trial</h2>
 <table id="trials"><tr><th>trial</th><th>state</th><th>change vs defaults</th>
-<th>{{ r.objective }} {{ unit }}</th><th>out tok/s</th><th>TPOT p99 ms</th><th>TTFT p99 ms</th>
+<th>{{ r.objective }} {{ unit }}</th><th>out tok/s/GPU</th><th>TPOT p99 ms</th><th>TTFT p99 ms</th>
 <th>start-up s</th><th>bottleneck</th><th>quality</th><th>conclusion</th></tr>
 {% for row in r.rows %}<tr class="{{ 'best' if r.best and row.number == r.best.number else
  ('baseline' if row.is_baseline else '') }}"><td>{{ row.number }}</td><td>{{ row.state }}</td>
 <td>{{ changes(row) }}</td><td class="num">{{ fmt(row.value) }}</td>
-<td class="num">{{ fmt(row.output_throughput) }}</td>
+<td class="num">{{ fmt(row.output_throughput_per_gpu) }}</td>
 <td class="num">{{ fmt(row.p99_tpot_ms) }}</td>
 <td class="num">{{ fmt(row.p99_ttft_ms) }}</td><td class="num">{{ fmt(row.startup_s) }}</td>
 <td>{% if row.label %}<span class="label" style="background: {{ colours.get(row.label, '#7f7f7f')
@@ -207,7 +234,8 @@ def render_html(report: Report) -> str:
     return env.from_string(_HTML).render(
         r=report, headline=headline(report), front=front, changes=_changes, fmt=_fmt,
         counts=trial_counts(report),
-        short=_short, too_few=TOO_FEW_FOR_IMPORTANCES, unit=objective_unit(report.objective),
+        short=_short, too_few=TOO_FEW_FOR_IMPORTANCES, unit=value_unit(report.objective),
+        per_gpu_rule=PER_GPU_RULE,
         colours=LABEL_COLOURS, labels=_labels(report), knob_intro=KNOB_EFFECTS_INTRO,
         short_gain=gains.short_gain)
 
@@ -228,24 +256,24 @@ def render_markdown(report: Report) -> str:
                   "they are not measurements.", ""]
     slo = ", ".join(f"{k} {v:g}" for k, v in report.slo.items())
     lines += [f"Objective: {report.objective}" + (f"; SLO: {slo}" if slo else "") +
-              f"; {trial_counts(report)}; written {report.generated}.", "",
+              f"; {trial_counts(report)}; written {report.generated}. {PER_GPU_RULE}", "",
               headline(report), "", "![Pareto front](pareto.png)", "",
               "![objective per trial](history.png)", "", "## Pareto front", "",
-              "| trial | change vs defaults | out tok/s | TPOT p99 ms | bottleneck |",
+              "| trial | change vs defaults | out tok/s/GPU | TPOT p99 ms | bottleneck |",
               "|---|---|---|---|---|"]
     for row in report.rows:
         if row.number in report.pareto:
             lines.append(f"| {row.number} | {_md_cell(_changes(row))} | "
-                         f"{_fmt(row.output_throughput)} | {_fmt(row.p99_tpot_ms)} | "
+                         f"{_fmt(row.output_throughput_per_gpu)} | {_fmt(row.p99_tpot_ms)} | "
                          f"{row.label} |")
     lines += ["", "## Every trial", "",
               f"| trial | state | change vs defaults | {report.objective} "
-              f"{objective_unit(report.objective)} | out tok/s | "
+              f"{value_unit(report.objective)} | out tok/s/GPU | "
               "TPOT p99 ms | bottleneck | quality | conclusion |",
               "|---|---|---|---|---|---|---|---|---|"]
     for row in report.rows:
         lines.append(f"| {row.number} | {row.state} | {_md_cell(_changes(row))} | "
-                     f"{_fmt(row.value)} | {_fmt(row.output_throughput)} | "
+                     f"{_fmt(row.value)} | {_fmt(row.output_throughput_per_gpu)} | "
                      f"{_fmt(row.p99_tpot_ms)} | {row.label} | {_md_cell(row.quality)} | "
                      f"{_md_cell(_short(row))} |")
     lines += ["", "## Parameter importances", "", "![importances](importances.png)", ""]

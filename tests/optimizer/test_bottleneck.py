@@ -197,6 +197,45 @@ def test_evidence_without_model_or_hardware_has_no_roofline() -> None:
     assert classify(evidence).label == "kv-capacity-bound"
 
 
+def _probe(i: int, rate: float, meets: bool, **server: float) -> StepMetrics:
+    return StepMetrics(step=i, level=LoadLevel(request_rate_rps=rate),
+                       metrics=_metrics(7.0, 7000.0), server_metrics=server, meets_slo=meets)
+
+
+def test_the_label_is_computed_from_the_operating_probe_not_the_overload_probe() -> None:
+    overload = _probe(0, 64.0, False, max_kv_cache_usage_perc=1.0, num_preemptions=40.0,
+                      is_waiting_rising=1.0)
+    operating = _probe(1, 9.9, True, max_kv_cache_usage_perc=0.42, num_preemptions=0.0)
+    result = RunResult(status="complete", steps=(overload, operating, _probe(
+        2, 12.0, False, max_kv_cache_usage_perc=0.97, num_preemptions=3.0)))
+    evidence = evidence_from(result, EngineConfig("hub/unknown"), objective="goodput")
+    assert evidence.max_kv_cache_usage_perc == 0.42, "the operating probe's /metrics"
+    verdict = classify(evidence)
+    assert verdict.label != "kv-capacity-bound", "the overload probe's full KV cache is no label"
+    assert verdict.load == "9.9 req/s, the highest load that met the SLO"
+    assert "at 9.9 req/s, the highest load that met the SLO" in sentence("", "", verdict)
+
+
+def test_with_no_load_within_the_slo_the_label_describes_the_lightest_and_says_it_missed(
+        ) -> None:
+    steps = (_probe(0, 64.0, False, max_kv_cache_usage_perc=1.0, num_preemptions=40.0),
+             _probe(1, 2.0, False, max_kv_cache_usage_perc=0.99, num_preemptions=2.0))
+    verdict = classify(evidence_from(steps, EngineConfig("hub/unknown"), objective="goodput"))
+    assert verdict.label == "kv-capacity-bound" and verdict.evidence["num_preemptions"] == 2.0
+    assert verdict.load == ("2 req/s, the lightest load probed, which missed the SLO (no load "
+                            "met it)")
+
+
+def test_a_trace_verdict_says_the_profile_was_taken_after_the_levels() -> None:
+    verdict = classify(Evidence(communication_share=0.4, tensor_parallel_size=2,
+                                load="9.9 req/s", is_within_slo=True, profile_concurrency=16))
+    assert verdict.reason == (
+        "communication-bound: collectives take 40% of GPU kernel time at 9.9 req/s, the "
+        "highest load that met the SLO (from trace; the trace taken after the load levels, "
+        "at concurrency 16)."), verdict.reason
+    assert verdict.evidence["profile_concurrency"] == 16.0
+
+
 def test_a_run_without_measured_levels_gives_empty_evidence() -> None:
     evidence = evidence_from(RunResult(status="failed"), EngineConfig("m"), H200, QWEN_7B)
     assert evidence.tpot_ms is None and evidence.decode_batch is None

@@ -126,9 +126,9 @@ def test_figures_are_rounded_to_three_digits_with_units() -> None:
     assert figure(34.378811948857305, "req/s") == "34.4 req/s"
     assert figure(8192.4, "tok/s") == "8,192 tok/s"
     assert figure(0.98123) == "0.981" and figure(7.0) == "7.00" and figure(None) == ""
-    assert values_text(["goodput"], [34.378811948857305]) == "goodput 34.4 req/s"
+    assert values_text(["goodput"], [34.378811948857305]) == "goodput 34.4 req/s/GPU"
     assert values_text(["throughput", "tpot"], [8190.4, 8.1]) == \
-        "throughput 8,190 tok/s, 8.10 ms TPOT p99"
+        "throughput 8,190 tok/s/GPU, 8.10 ms TPOT p99"
 
 
 def test_clipping_cuts_at_words_and_counts_the_flags_left_out() -> None:
@@ -264,7 +264,7 @@ def test_status_counts_confirmations_and_repeats_apart_with_rounded_figures(
     first = text.splitlines()[0]
     assert "2 trials (2 complete); 2 confirmation runs; 1 repeat of a measured config " \
            "(not launched); 1 queued" in first
-    assert "best: trial 1, goodput 34.4 req/s" in text
+    assert "best: trial 1, goodput 34.4 req/s/GPU" in text
     assert not re.search(r"\d\.\d{4,}", text), "no raw floats"
     assert "(confirmation: best)" in text and "and a long explanation" not in text, \
         "short conclusions in the table; the full ones are in MLflow and the report"

@@ -3,6 +3,7 @@ a trial's conclusion compares it with the vLLM defaults first (None is vLLM's de
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -242,3 +243,71 @@ def test_shown_bounds_round_outwards_so_more_than_and_less_than_stay_true() -> N
     assert "more than 1.24x and less than 1.39x" in text, text
     assert g.short_gain(g.Gain(1.3, 1.2468, 1.3811, "capacity")) == "1.30x (1.24, 1.39)"
     assert "[1.49x, 1.59x]" in g.format_gain(g.Gain(1.54, 1.4999, 1.5801, "interval", 2))
+
+
+def test_a_two_gpu_config_is_compared_with_the_defaults_per_gpu() -> None:
+    # The quickstart's best: data_parallel_size 2 served 1.45x the defaults on one GPU.
+    baseline = Reference(0, {}, 10.0)
+    dp2 = conclude(params={"data_parallel_size": 2}, state="complete", objective="goodput",
+                   value=7.25, baseline=baseline, vllm_defaults={"data_parallel_size": 1},
+                   number=3, num_gpus=2)
+    assert dp2.text.startswith(
+        "data_parallel_size=2 vs the vLLM defaults: goodput 14.5 req/s on 2 GPUs = 7.25 req/s "
+        "per GPU, 0.72x the vLLM defaults per GPU (one measurement each: no interval); 1.45x as "
+        "measured, on 2 GPUs against the defaults on 1 GPU."), dp2.text
+    assert "0.72x (1 run) vs defaults per GPU" in dp2.short
+    one = conclude(params={"max_num_seqs": 512}, state="complete", objective="goodput",
+                   value=12.0, baseline=baseline, vllm_defaults=VLLM, number=4)
+    assert "per GPU" not in one.text, "one GPU each side: per GPU and per config agree"
+
+
+def test_capacity_brackets_are_compared_per_gpu() -> None:
+    dp2 = Bracket("request_rate", 29.0, 32.0, "resolved", 6)
+    gain = gains.gain_over(14.5, 15.0, dp2, Bracket("request_rate", 15.0, 16.0, "resolved", 6),
+                           maximize=True, num_gpus=2)
+    assert gain.low == pytest.approx(14.5 / 16.0) and gain.high == pytest.approx(16.0 / 15.0)
+    assert not gain.is_better, "two copies of the defaults would serve as much"
+    text = conclude(params={"data_parallel_size": 2}, state="complete", objective="goodput",
+                    value=14.5, capacity=dp2,
+                    baseline=Reference(0, {}, 15.0,
+                                       Bracket("request_rate", 15.0, 16.0, "resolved", 6)),
+                    vllm_defaults={}, number=2, num_gpus=2).text
+    assert "the vLLM defaults per GPU (capacity brackets" in text, text
+    assert "as measured, on 2 GPUs against the defaults on 1 GPU" in text
+
+
+def test_the_report_states_a_two_gpu_best_per_gpu_with_the_ratio_as_measured(
+        tmp_path: Path) -> None:
+    data = {"name": "dp", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 2},
+            "slo": {"tpot_p99_ms": 50}, "results_dir": str(tmp_path / "results"),
+            "workload": {"levels": [{"concurrency": 32}]},
+            "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db"}
+    cfg = parse_study(data)
+    study = open_study(cfg)
+    dp2 = {"quantization": "fp8", "data_parallel_size": 2}
+    for params, record, attrs in (
+            ({"quantization": "none"}, {**_record({}, 10.0, DEFAULTS_BRACKET, True),
+                                        "capacity": None, "metrics": {}}, {"baseline": True}),
+            # 14.5 req/s on two GPUs: Optuna holds 7.25 per GPU
+            ({"quantization": "fp8"}, {**_record(dp2, 7.25, FP8_BRACKET), "capacity": None,
+                                       "metrics": {}}, {})):
+        _add(study, params, record, attrs)
+    report = build_report(study, cfg, with_importances=False)
+    assert report.best is not None and report.best.number == 0, \
+        "two copies of the defaults would serve more than the 2-GPU config"
+    dp_row = next(r for r in report.rows if r.number == 1)
+    assert dp_row.num_gpus == 2 and dp_row.value == 7.25
+    report = replace(report, best=dp_row)  # as a study whose 2-GPU config won per GPU reads
+    line = headline(report)
+    assert "goodput 14.5 req/s on 2 GPUs = 7.25 req/s per GPU" in line, line
+    assert "0.72x the vLLM defaults per GPU (one measurement each: no interval); 1.45x as " \
+        "measured, on 2 GPUs against the defaults on 1 GPU" in line, line
+    assert "| goodput req/s/GPU |" in render_markdown(report)
+
+
+def test_a_re_measured_two_gpu_config_states_its_gain_per_gpu() -> None:
+    summary = confirm_summary("goodput", 1, 0, [{"defaults": 10.0, "best": 7.25},
+                                                {"defaults": 10.2, "best": 7.3}], per_gpu=True)
+    assert "goodput 0.72x the vLLM defaults per GPU (95% CI" in summary["sentence"], \
+        summary["sentence"]
+    assert "confirmed worse than the defaults" in summary["verdict"]

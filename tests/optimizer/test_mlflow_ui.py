@@ -49,15 +49,16 @@ def _store(tmp_path: Path) -> tuple[str, str]:
             state="complete", params=FLAGS[number], conclusion=conclusion,
             flags=FLAGS[number], values=(value,), is_baseline=number == 0,
             metrics={"request_goodput": value, "objective.goodput": value,
-                     "output_throughput": value * 256, "p99_tpot_ms": 6.0,
-                     "p99_ttft_ms": 500.0, "engine.startup_s": 100.0},
+                     "objective.goodput.per_gpu": value, "output_throughput": value * 256,
+                     "p99_tpot_ms": 6.0, "p99_ttft_ms": 500.0, "engine.startup_s": 100.0},
             steps=({"step": 0, "metrics": {"request_goodput": value / 3}},
                    {"step": 1, "metrics": {"request_goodput": value}}))
         tracker.finish_trial(run, **tracking_payload(record, None, number=number))
     run = tracker.start_trial(parent, "ui", 3, FLAGS[1], confirm="best")
     tracker.finish_trial(run, **tracking_payload(TrialRecord(
         state="complete", params=FLAGS[1], conclusion="confirmation (best): 38.1 req/s.",
-        flags=FLAGS[1], values=(38.1,), metrics={"objective.goodput": 38.1}), None,
+        flags=FLAGS[1], values=(38.1,), metrics={"objective.goodput": 38.1,
+                                                 "objective.goodput.per_gpu": 38.1}), None,
         number=3, confirm="best"))
     tracker.finish_study(parent, {}, {"conclusion": "best: trial 1"}, is_done=True)
     exp = tracker.client.get_experiment_by_name("ui")

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pytest
 
 from optimizer.conclusions import Reference, conclude, param_changes
-from optimizer.records import headline_step, summary_metrics
+from optimizer.objectives import (
+    described_step,
+    objective_value,
+    objective_values,
+    operating_step,
+)
+from optimizer.records import summary_metrics
 from runners.base import BenchmarkMetrics, EngineInfo, RunResult, StepMetrics
 from runners.workload import LoadLevel
 
@@ -27,10 +34,79 @@ def _step(i: int, goodput: float, tpot: float) -> StepMetrics:
                        metrics=_metrics(goodput, tpot), server_metrics={"vllm:x": 1.0})
 
 
-def test_headline_is_the_best_level_for_goodput_and_worst_for_latency() -> None:
+def test_operating_point_is_the_best_level_for_goodput_and_worst_for_latency() -> None:
     steps = [_step(0, 2.0, 5.0), _step(1, 3.0, 9.0), _step(2, 2.5, 12.0)]
-    assert headline_step("goodput", steps).step == 1
-    assert headline_step("tpot", steps).step == 2
+    assert operating_step("goodput", steps).step == 1
+    assert operating_step("tpot", steps).step == 2
+
+
+def test_every_objective_of_a_trial_reads_the_first_ones_operating_level() -> None:
+    steps = [_step(0, 2.0, 5.0), _step(1, 3.0, 9.0), _step(2, 2.5, 12.0)]
+    assert objective_values(["goodput", "tpot"], steps) == [3.0, 9.0], \
+        "the TPOT p99 of the level that gave the goodput, not the worst level's 12 ms"
+
+
+def _probe(i: int, rate: float, goodput: float, tpot: float, meets: bool) -> StepMetrics:
+    return StepMetrics(step=i, level=LoadLevel(request_rate_rps=rate),
+                       metrics=_metrics(goodput, tpot), meets_slo=meets,
+                       server_metrics={"max_kv_cache_usage_perc": 1.0 if not meets else 0.4})
+
+
+def _search() -> list[StepMetrics]:
+    """An overload probe first (as a capacity search runs it), with more goodput than the
+    operating point, then the bracket's two ends."""
+    return [_probe(0, 64.0, 20.0, 40.0, False), _probe(1, 8.0, 7.9, 11.0, True),
+            _probe(2, 12.0, 10.5, 16.0, False), _probe(3, 10.0, 9.8, 14.0, True)]
+
+
+def test_operating_point_of_a_capacity_search_is_the_highest_load_that_met_the_slo() -> None:
+    steps = _search()
+    assert operating_step("goodput", steps).step == 3, \
+        "not the overload probe, whose goodput is higher: it missed the SLO"
+    assert operating_step("tpot", steps).step == 3, "one operating point whatever the objective"
+    assert objective_value("goodput", steps) == 10.0, "the operating probe's offered rate"
+    assert objective_value("throughput", steps) == pytest.approx(980.0), \
+        "the operating probe's figure"
+    assert objective_value("tpot", steps) == 14.0
+
+
+def test_summary_metrics_describe_one_load_the_operating_point() -> None:
+    m = summary_metrics(RunResult(status="complete", steps=tuple(_search())), ["goodput"])
+    assert m["headline_level"] == 3.0
+    assert (m["request_goodput"], m["p99_tpot_ms"]) == (9.8, 14.0), \
+        "goodput and its latencies from the same probe, never the overload probe's TPOT"
+    assert m["server.max_kv_cache_usage_perc"] == 0.4
+
+
+def test_no_operating_point_when_no_load_met_the_slo_and_the_lightest_is_described() -> None:
+    steps = [_probe(0, 64.0, 20.0, 40.0, False), _probe(1, 2.0, 1.9, 16.0, False)]
+    assert operating_step("goodput", steps) is None
+    assert described_step("goodput", steps).step == 1, "the lightest load probed"
+    assert objective_value("goodput", steps) == 0.0
+    m = summary_metrics(RunResult(status="complete", steps=tuple(steps)), ["goodput"])
+    assert "headline_level" not in m and "p99_tpot_ms" not in m, \
+        "no level's figures stand for a trial that met the SLO nowhere"
+
+
+def test_a_probe_missed_for_overload_errors_is_a_missed_slo_not_a_failed_trial() -> None:
+    overloaded = StepMetrics(step=0, level=LoadLevel(request_rate_rps=60.0),
+                             metrics=_metrics(12.0, 30.0), meets_slo=False)
+    steps = [overloaded, _probe(1, 8.0, 7.9, 11.0, True)]
+    assert objective_values(["goodput"], steps) == [8.0]
+    assert objective_values(["goodput"], [overloaded]) == [0.0], \
+        "a search that met the SLO nowhere has a value of 0, not a failure"
+
+
+def test_rates_are_per_gpu_and_latencies_as_measured() -> None:
+    steps = _search()
+    assert objective_value("goodput", steps, num_gpus=2) == 5.0
+    assert objective_value("throughput", steps, num_gpus=4) == pytest.approx(245.0)
+    assert objective_value("tpot", steps, num_gpus=2) == 14.0
+    m = summary_metrics(RunResult(status="complete", steps=tuple(steps)), ["goodput", "tpot"],
+                        num_gpus=2)
+    assert m["objective.goodput"] == 10.0 and m["objective.goodput.per_gpu"] == 5.0, \
+        "MLflow keeps the raw figure and the per-GPU one Optuna is told"
+    assert m["num_gpus"] == 2.0 and "objective.tpot.per_gpu" not in m
 
 
 def test_summary_metrics_flatten_level_engine_and_objectives() -> None:
@@ -103,3 +179,29 @@ def test_confirmed_gain_is_the_mean_paired_ratio_with_a_t_interval() -> None:
     tpot = confirm_summary("tpot", 5, 0, [{"defaults": 10.0, "best": 8.0}])
     assert tpot["gain"] == pytest.approx(1.25) and tpot["ci_low"] is None
     assert "one round: no interval, not confirmed" in tpot["sentence"]
+
+
+@dataclass(frozen=True)
+class _RunnerStep(StepMetrics):
+    """`StepMetrics` with the fields issue 32's runner adds (all optional there too)."""
+
+    miss_reason: str | None = None
+    offered_rate_rps: float | None = None
+    completed_rate_rps: float | None = None
+
+
+def test_a_probe_missed_for_overload_keeps_its_reason_and_the_trial_says_it_has_no_operating_point(
+        ) -> None:
+    from optimizer.outcomes import no_operating_point_note
+    from optimizer.records import step_records
+
+    missed = _RunnerStep(step=0, level=LoadLevel(request_rate_rps=9.9), metrics=_metrics(7.6, 9.0),
+                         meets_slo=False, miss_reason="overload: 12 connect timeouts",
+                         offered_rate_rps=9.9, completed_rate_rps=7.6)
+    record, = step_records([missed])
+    assert record["miss_reason"] == "overload: 12 connect timeouts"
+    assert record["metrics"]["window.completed_rate_rps"] == 7.6
+    assert no_operating_point_note("goodput", [missed]) == (
+        "No operating point: no probed load met the SLO; the lightest, 9.9 req/s, missed it "
+        "(overload: 12 connect timeouts).")
+    assert no_operating_point_note("goodput", _search()) == "", "the search met it at 10 req/s"

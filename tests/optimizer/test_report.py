@@ -208,7 +208,7 @@ def test_too_few_trials_rank_no_parameters_and_values_carry_units(study_file: Pa
     import re
 
     assert re.search(r"Best: trial \d+ .*goodput [\d.]+ req/s", md) and \
-        "| goodput req/s |" in md, "values carry their unit"
+        "| goodput req/s/GPU |" in md, "values carry their unit (a rate per GPU)"
 
 
 def test_pareto_plot_draws_every_line_its_legend_lists(study_file: Path) -> None:

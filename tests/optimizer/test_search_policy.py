@@ -344,3 +344,23 @@ def test_a_lost_worker_whose_gpus_are_gone_stops_the_study_instead_of_waiting_fo
     study = optuna.load_study(study_name=cfg.name, storage=cfg.storage_url)
     assert [t.user_attrs.get("retry_of") for t in study.get_trials(
         deepcopy=False, states=(TrialState.WAITING,))] == [0], "the lost trial is re-queued"
+
+
+def test_a_two_gpu_trial_is_told_and_compared_per_gpu(tmp_path: Path) -> None:
+    # The quickstart's case: two replicas serve 1.45x the defaults on one GPU, 0.72x per GPU.
+    study, launched = _run_daemon(
+        tmp_path, lambda flags: 14.5 if flags.get("data_parallel_size") == 2 else 10.0,
+        trials=2, data_parallel_size=[1, 2])
+    assert any(flags.get("data_parallel_size") == 2 for flags in launched)
+    dp2 = next(t for t in study.get_trials(deepcopy=False)
+               if t.params.get("data_parallel_size") == 2)
+    assert dp2.values == [7.25], "Optuna is told goodput per GPU"
+    assert dp2.intermediate_values[1] == 7.25, "the pruner compares per GPU too"
+    record = record_of(dp2)
+    assert record is not None and record.num_gpus == 2
+    assert record.metrics["objective.goodput"] == 14.5, "MLflow keeps the raw figure"
+    assert record.metrics["objective.goodput.per_gpu"] == 7.25
+    assert "goodput 14.5 req/s on 2 GPUs = 7.25 req/s per GPU, 0.72x the vLLM defaults per " \
+        "GPU" in record.conclusion, record.conclusion
+    assert study.best_trial.params.get("data_parallel_size") in (None, 1), \
+        "two copies of the defaults serve more: the defaults stay the best"
