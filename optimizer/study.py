@@ -316,6 +316,30 @@ def is_measured(trial: optuna.trial.FrozenTrial) -> bool:
 NOISE_FRACTION = 0.02
 
 
+def audit_errors(trial: optuna.trial.FrozenTrial) -> list[str]:
+    """The errors `nightshift audit` finds in the flags the trial ran with
+    (optimizer.audit): a config that ships one is never recommended. The simulated engine
+    prices CUDA graphs off only where a decode-only batch would have replayed one, so a
+    mixed-batch workload can measure it as free; the audit's cost is vLLM's on real GPUs."""
+    from optimizer.audit import Launch, audit
+
+    record = record_of(trial)
+    if record is None:
+        return []
+    launch = Launch(model="", flags=dict(record.flags), env={})  # its errors are the flags''
+    return [f.message for f in audit(launch) if f.severity == "error"]
+
+
+def _best_of(study: optuna.Study,
+             trials: Sequence[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial | None:
+    """`best_trial`'s rule over `trials` alone (one objective)."""
+    if not trials or len(study.directions) > 1:
+        return trials[0] if trials else None
+    feasible = [t for t in trials if all(v <= 0 for v in t.constraints.values())]
+    sign = 1.0 if study.direction.name == "MAXIMIZE" else -1.0
+    return max(feasible or trials, key=lambda t: sign * float(t.values[0]))
+
+
 def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     """The study's best: among measured trials (not a config failure, which Optuna holds as
     complete to teach the sampler, nor a final confirmation run), one that met the SLO
@@ -348,17 +372,22 @@ def _pareto_front(trials: list[optuna.trial.FrozenTrial],
 
 
 def recommended_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-    """The config to ship: among measured trials within NOISE_FRACTION of the best's value (and
-    meeting the SLO where the best does), the one that changes the fewest flags from the vLLM
-    defaults, then the better value. A flag whose measured effect is noise is not deployed: if
-    the defaults themselves are within noise of the best, they are the recommendation. A flag
-    counts as changed where it changes what vLLM runs with (`changed_params`): an explicit
-    value equal to vLLM's default on the study's host is none. Two objectives, or no defaults
-    trial to count changes from: the best."""
+    """The config to ship: among measured trials whose launch `nightshift audit` passes
+    (`audit_errors`: CUDA graphs off is an error, however the search measured it), those within
+    NOISE_FRACTION of the best's value (and meeting the SLO where the best does), the one that
+    changes the fewest flags from the vLLM defaults, then the better value. A flag whose
+    measured effect is noise is not deployed: if the defaults themselves are within noise of
+    the best, they are the recommendation. A flag counts as changed where it changes what vLLM
+    runs with (`changed_params`): an explicit value equal to vLLM's default on the study's host
+    is none. Two objectives, or no defaults trial to count changes from: the best."""
+    measured = _measured_trials(study)
+    shippable = [t for t in measured if not audit_errors(t)]
     best = best_trial(study)
+    if best is not None and audit_errors(best) and shippable:
+        best = _best_of(study, shippable)
     if best is None or len(study.directions) > 1 or best.values is None:
         return best
-    measured = _measured_trials(study)
+    measured = shippable or measured
     baseline = next((t for t in measured if t.user_attrs.get(ATTR_BASELINE)), None)
     if baseline is None:
         return best
@@ -376,6 +405,30 @@ def recommended_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
         return len(changed_params(params_of(trial), defaults, host_defaults))
 
     return min(candidates, key=lambda t: (changes(t), -sign * float(t.values[0]), t.number))
+
+
+# The one rule that names the config to ship; every place that names it (the end-of-run line,
+# `status`, the report, MLflow's tag and run name, the export) names `recommended_trial`'s.
+RECOMMENDATION_RULE = (f"the best measured trial whose launch `nightshift audit` passes, unless "
+                       f"one within {NOISE_FRACTION:.0%} of it (noise) changes fewer flags "
+                       "from the vLLM defaults")
+
+
+def recommendation_note(study: optuna.Study, chosen: optuna.trial.FrozenTrial) -> str:
+    """Why the recommendation `chosen` is not the nominal best (empty when it is)."""
+    best = best_trial(study)
+    if best is None or best.number == chosen.number or not best.values or not chosen.values:
+        return ""
+    what = "the vLLM defaults" if chosen.user_attrs.get(ATTR_BASELINE) else \
+        f"trial {chosen.number}"
+    refused = audit_errors(best)
+    if refused:
+        return (f"the best measured, trial {best.number} ({best.values[0]:.4g} vs "
+                f"{chosen.values[0]:.4g}), runs a flag `nightshift audit` calls an error "
+                f"({refused[0].rstrip('.')}); {what} is the best launch that passes it")
+    return (f"{what}: within {NOISE_FRACTION:.0%} of the best measured (trial {best.number}, "
+            f"{best.values[0]:.4g} vs {chosen.values[0]:.4g}) with fewer changes from the "
+            f"vLLM defaults; `--trial {best.number}` exports that one")
 
 
 def vllm_defaults_of(study: optuna.Study) -> dict[str, Any]:

@@ -42,18 +42,39 @@ EXPERIMENT_KIND_RUNS = "custom_model_development"
 # page's Views menu): the trials without the parent, best first, with the columns that matter.
 VIEW_KEY = "nightshift"
 _VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
-# The headline figures a view shows beside the objectives (see `records.tracking_payload`).
+# The headline figures a view shows after the review columns (`view_keys`: the objective and
+# the gain vs the defaults, 3 significant digits, then the bottleneck).
 VIEW_METRICS = ("headline.request_goodput", "headline.output_throughput",
                 "headline.p99_ttft_ms", "headline.p99_tpot_ms", "engine.startup_s")
-VIEW_TAGS = ("state", "bottleneck")
+VIEW_TAGS = ("state",)
+VIEW_GAIN = "gain vs defaults x"  # a trial's first objective over the defaults' (> 1 better)
+
+
+def view_key(objective: str) -> str:
+    """The review column of `objective`: its value in its unit, 3 significant digits
+    (`goodput in req/s`); MLflow's metric names allow no brackets."""
+    from optimizer.objectives import OBJECTIVES
+
+    unit = OBJECTIVES[objective].unit if objective in OBJECTIVES else ""
+    return f"{objective} in {unit}" if unit else objective
+
+
+def three_digits(value: float) -> float:
+    """`value` to 3 significant digits, as the review columns show it."""
+    return float(f"{value:.3g}")
 
 
 def runs_view(objectives: Mapping[str, str]) -> dict[str, Any]:
-    """The runs table's state for a study with `objectives` (name -> "maximize"/"minimize")."""
+    """The runs table's state for a study with `objectives` (name -> "maximize"/"minimize"):
+    the trials without the parent run, best first; the columns the objectives' review figures,
+    the gain vs the defaults, the bottleneck, whether it is the recommended trial, the
+    description (its figure first), then the headline figures."""
     first = next(iter(objectives), None)
     state: dict[str, Any] = {
         "searchFilter": f"tags.`{TAG_KIND}` != 'study'",
-        "selectedColumns": ["attributes.`Description`",
+        "selectedColumns": [*(f"metrics.`{view_key(o)}`" for o in objectives),
+                            f"metrics.`{VIEW_GAIN}`", "tags.`bottleneck`",
+                            "tags.`nightshift.recommended`", "attributes.`Description`",
                             *(f"metrics.`objective.{o}`" for o in objectives),
                             *(f"metrics.`{m}`" for m in VIEW_METRICS),
                             *(f"tags.`{t}`" for t in VIEW_TAGS)],
@@ -70,6 +91,10 @@ def runs_page(server_url: str, experiment_id: str) -> str:
     return (f"{server_url.rstrip('/')}/#/experiments/{experiment_id}/runs?"
             f"viewStateShareKey={VIEW_KEY}&workflowType=machine_learning")
 TAG_TRIAL = "nightshift.trial"
+# The recommended trial's run (study.recommended_trial, what `export` writes): this tag, "true",
+# and its name starting with RECOMMENDED_MARK.
+TAG_RECOMMENDED = "nightshift.recommended"
+RECOMMENDED_MARK = "★ recommended: "
 TAG_PARENT = "mlflow.parentRunId"
 # On a study's parent run: the key of the Optuna study it records (its `mlflow_study_key`
 # attribute). A study started anew under the same name (its Optuna storage deleted or moved)
@@ -249,6 +274,36 @@ class Tracker:
             self.client.set_tag(parent_run_id, k, v)
         # A study stopped before its budget stays visibly unfinished (KILLED), not FAILED.
         self.client.set_terminated(parent_run_id, "FINISHED" if is_done else "KILLED")
+
+    def mark_trials(self, parent_run_id: str, recommended: int | None,
+                    figures: Mapping[int, Mapping[str, float]] = {}) -> None:
+        """The review figures of each trial run under the parent (`figures`: trial number ->
+        metrics, the runs view's first columns), and the run of trial `recommended`
+        (study.recommended_trial: what `export` writes) marked by the tag
+        `nightshift.recommended` and its name's RECOMMENDED_MARK; any other trial run is
+        unmarked (a later trial may have taken its place)."""
+        number = recommended
+        exp_id = self.client.get_run(parent_run_id).info.experiment_id
+        runs = self.client.search_runs(
+            [exp_id], max_results=1000,
+            filter_string=f"tags.`{TAG_KIND}` = '{KIND_TRIAL}' and "
+                          f"tags.`{TAG_PARENT}` = '{parent_run_id}'")
+        for run in runs:
+            tags = run.data.tags
+            is_it = number is not None and tags.get(TAG_TRIAL) == str(number)
+            name = str(run.info.run_name or "").removeprefix(RECOMMENDED_MARK)
+            want = RECOMMENDED_MARK + name if is_it else name
+            if run.info.run_name != want:
+                self.client.set_tag(run.info.run_id, "mlflow.runName", want)
+            if is_it and tags.get(TAG_RECOMMENDED) != "true":
+                self.client.set_tag(run.info.run_id, TAG_RECOMMENDED, "true")
+            elif not is_it and TAG_RECOMMENDED in tags:
+                self.client.delete_tag(run.info.run_id, TAG_RECOMMENDED)
+            tag = tags.get(TAG_TRIAL, "")
+            wanted = figures.get(int(tag), {}) if tag.isdigit() else {}
+            missing = {k: v for k, v in wanted.items() if run.data.metrics.get(k) != v}
+            if missing:
+                self.log_metrics(run.info.run_id, missing)
 
     # -- trials -----------------------------------------------------------------------------
 

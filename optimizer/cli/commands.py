@@ -167,9 +167,9 @@ def start(
         console.print(f"resume with: {resume}", soft_wrap=True)
     else:
         console.print(f"study {cfg.name} done: {counts}.", soft_wrap=True)
-    if summary.best_number is not None and summary.best_values:
-        console.print(f"best: trial {summary.best_number}, "
-                      f"{values_text(cfg.objectives, summary.best_values)}", soft_wrap=True)
+    pick = _recommendation(cfg)
+    if pick:
+        console.print(pick, soft_wrap=True)
     try:
         paths = _write_report(cfg, None, log_to_mlflow=True)
         console.print(f"report: {paths[0]}", soft_wrap=True)
@@ -197,6 +197,30 @@ def _mlflow_review(cfg: StudyConfig) -> str:
             f"  then open {runs_page('http://127.0.0.1:5000', experiment)}")
 
 
+def _recommendation(cfg: StudyConfig) -> str:
+    """The recommendation line of the finished study ("" when it has none or cannot be read)."""
+    from optimizer.study import open_study
+
+    try:
+        return recommendation_text(open_study(cfg, create=False), cfg.objectives)
+    except Exception as exc:  # a summary line: never worth failing a finished study over
+        logger.warning("could not read the recommended trial (%s: %s)", type(exc).__name__, exc)
+        return ""
+
+
+def recommendation_text(study: Any, objectives: Sequence[str]) -> str:
+    """`recommended: trial 9, goodput 37.1 req/s` and, where it is not the best measured, why
+    (study.recommendation_note); the end-of-run line and `status` print it. "" when none."""
+    from optimizer.study import recommendation_note, recommended_trial
+
+    pick = recommended_trial(study)
+    if pick is None or not pick.values:
+        return ""
+    note = recommendation_note(study, pick)
+    return (f"recommended: trial {pick.number}, {values_text(objectives, pick.values)}"
+            + (f" ({note})" if note else ""))
+
+
 def _counts(cfg: StudyConfig) -> str:
     from optimizer.study import count_trials, open_study
 
@@ -221,7 +245,7 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
       nightshift status examples/quickstart.yaml
     """
     from optimizer.lock import read_lease, read_lock, study_lock_path
-    from optimizer.study import best_trial, count_trials, existing_storage, open_study
+    from optimizer.study import count_trials, existing_storage, open_study
 
     cfg = _load(study).with_overrides(storage=storage)
     store = existing_storage(cfg)
@@ -233,10 +257,9 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
     out.print(f"study [bold]{cfg.name}[/]: daemon {running}; "
               f"{count_trials(trials).describe()}", highlight=False, soft_wrap=True)
     out.print(trial_table(status_rows(trials), cfg.objectives, out.width))
-    best = best_trial(opened)
-    if best is not None and best.values:
-        out.print(f"best: trial {best.number}, {values_text(cfg.objectives, best.values)}",
-                  highlight=False, soft_wrap=True)
+    pick = recommendation_text(opened, cfg.objectives)
+    if pick:
+        out.print(pick, highlight=False, soft_wrap=True)
     confirmed = (opened.user_attrs.get("confirm") or {}).get("sentence")
     if confirmed:
         out.print(f"re-measured: {confirmed}", highlight=False, soft_wrap=True)
@@ -353,8 +376,9 @@ def stop(study: StudyArg,
 def export(
     study: StudyArg,
     trial: Annotated[int | None, typer.Option(
-        metavar="N", help="Export trial N (default: the recommended one: the best, or the "
-                          "config with the fewest changes from the defaults within 2% of it)."
+        metavar="N", help="Export trial N (default: the recommended one: the best that "
+                          "`nightshift audit` passes, or the config with the fewest changes "
+                          "from the defaults within 2% of it)."
     )] = None,
     fmt: Annotated[str, typer.Option(
         "--format", metavar="FORMAT", help="yaml (for `vllm serve --config`), sh (a launcher) "
@@ -367,6 +391,10 @@ def export(
     storage: StorageOpt = None,
     force_quality: Annotated[bool, typer.Option(
         help="Export a --trial the quality gate refused (its header says so).")] = False,
+    minimal: Annotated[bool, typer.Option(
+        help="Also leave out each flag the study measured as making no difference: a trial "
+             "that ran the config with that flag at vLLM's default, within 2% (the header "
+             "names each and the trial).")] = False,
     to_library: Annotated[Path | None, typer.Option(
         "--to-library", metavar="LIB.yaml",
         help="Append the trial and the vLLM defaults, with their measured figures as "
@@ -422,7 +450,11 @@ def export(
                       f"{', '.join(c['name'] for c in entry['configs'])}", soft_wrap=True)
         return
     note = choice_note(opened, chosen) if trial is None and max_tpot_ms is None else ""
-    text = render(chosen, cfg, fmt, note=note, path=output)
+    if trial is None and max_tpot_ms is None:
+        from optimizer.study import RECOMMENDATION_RULE
+
+        note = f"recommended: {RECOMMENDATION_RULE}" + (f"; {note}" if note else "")
+    text = render(chosen, cfg, fmt, note=note, path=output, study=opened, minimal=minimal)
     if output is None:
         sys.stdout.write(text)
     else:

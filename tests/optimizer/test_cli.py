@@ -264,7 +264,7 @@ def test_status_counts_confirmations_and_repeats_apart_with_rounded_figures(
     first = text.splitlines()[0]
     assert "2 trials (2 complete); 2 confirmation runs; 1 repeat of a measured config " \
            "(not launched); 1 queued" in first
-    assert "best: trial 1, goodput 34.4 req/s" in text
+    assert "recommended: trial 1, goodput 34.4 req/s" in text
     assert not re.search(r"\d\.\d{4,}", text), "no raw floats"
     assert "(confirmation: best)" in text and "and a long explanation" not in text, \
         "short conclusions in the table; the full ones are in MLflow and the report"
