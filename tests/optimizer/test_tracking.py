@@ -201,3 +201,31 @@ def test_a_store_written_before_the_mark_opens_on_runs_after_a_restart(tmp_path:
     Tracker(uri).start_study("old", key="k", params={}, artifacts={})
     assert client.get_experiment_by_name("old").tags["mlflow.experimentKind"] == \
         "custom_model_development"
+
+
+def test_the_recommended_trial_is_marked_by_tag_and_name_and_the_mark_moves(
+        tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(uri)
+    parent = tracker.start_study("s", key="k", params={}, artifacts={})
+    runs = {n: tracker.start_trial(parent, "s", n, {}) for n in (0, 1, 2)}
+    figures = {1: {"goodput in req/s": 38.6, "gain vs defaults x": 1.32}}
+    tracker.mark_trials(parent, 1, figures)
+    client = MlflowClient(uri)
+    marked = client.get_run(runs[1])
+    assert marked.data.tags["nightshift.recommended"] == "true"
+    assert marked.info.run_name == "★ recommended: t001"
+    assert marked.data.metrics == figures[1]
+    tracker.mark_trials(parent, 2, figures)
+    assert "nightshift.recommended" not in client.get_run(runs[1]).data.tags
+    assert client.get_run(runs[1]).info.run_name == "t001", "the mark moved"
+    assert client.get_run(runs[2]).info.run_name == "★ recommended: t002"
+
+
+def test_the_runs_view_opens_on_the_objective_the_gain_and_the_bottleneck() -> None:
+    from optimizer.tracking import runs_view, three_digits, view_key
+
+    columns = runs_view({"goodput": "maximize"})["selectedColumns"]
+    assert columns[:3] == ["metrics.`goodput in req/s`", "metrics.`gain vs defaults x`",
+                           "tags.`bottleneck`"]
+    assert view_key("tpot") == "tpot in ms TPOT p99" and three_digits(38.61234) == 38.6
