@@ -3,6 +3,7 @@ hw) on one typer app, registered in the order `--help` lists them."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -734,7 +735,8 @@ def history(
                              "`nightshift start` prints it.")] = None,
     study: Annotated[Path | None, typer.Option(
         metavar="STUDY.yaml", help="Studies compatible with this study file on this machine "
-                                   "(the ones its warm_start: auto would consider).")] = None,
+                                   "(the ones its warm_start: auto would consider, and its "
+                                   "own study, marked).")] = None,
     tracking_uri: Annotated[str | None, typer.Option(
         metavar="URI", help="MLflow tracking URI (default: --study's, else "
                             "MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db).")] = None,
@@ -747,7 +749,8 @@ def history(
 ) -> None:
     """Print what earlier studies concluded, newest first: date, engine version, card, the
     best config's change from the defaults, its figure with what bounds it, and the study's
-    conclusion. Reads the MLflow store only; nothing is written.
+    conclusion (with --study, its own study too, marked). Reads the MLflow store only;
+    nothing is written.
 
     \b
     Examples:
@@ -809,8 +812,7 @@ def history(
         raise NightshiftError(f"history: the tracking store {uri} could not be read "
                               f"({type(exc).__name__}: {str(exc)[:160]}); check "
                               "--tracking-uri.") from None
-    if like is not None and study is not None:
-        found = [s for s in found if s.name != cfg.name]
+    this = cfg.name if like is not None and study is not None else None
     if not found:
         unknown = "" if like is None or like.gpu_model is not None else (
             " This machine has no GPU, so the study's hardware is unknown and no study is "
@@ -820,7 +822,11 @@ def history(
         return
     shown = found[:limit]
     more = f" (newest {limit} of {len(found)}; --limit for more)" if len(found) > limit else ""
-    out.print(history_table(history_rows(shown), out.width,
+    # --study's own study (the one just run, or the one a start would resume) is listed too,
+    # marked: the quickstart's own results are what a user asks for right after it.
+    rows = [dataclasses.replace(r, study=f"{r.study} (this study)") if r.study == this else r
+            for r in history_rows(shown)]
+    out.print(history_table(rows, out.width,
                             title=f"{len(shown)} studies for {what}, newest first{more}"))
     if trials:
         for earlier in shown:
