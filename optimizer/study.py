@@ -30,6 +30,8 @@ ATTR_DUPLICATE_OF = "duplicate_of"  # the sampler asked again for a config alrea
 ATTR_BASELINE = "baseline"
 ATTR_RETRY_OF = "retry_of"
 ATTR_CUT_SHORT = "sampling_cut_short"  # its daemon died mid-ask: no config, nothing launched
+# The daemon stopped while it waited for GPUs: failed without a launch, its config re-queued.
+ATTR_NOT_LAUNCHED = "stopped_before_launch"
 ATTR_MLFLOW_RUN = "mlflow_run_id"
 ATTR_RETRIES = "retries"
 ATTR_SEEDED = "seeded"  # enqueued from seed_trials, a hardware template or the warm start
@@ -225,9 +227,11 @@ def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 def is_search_trial(trial: optuna.trial.FrozenTrial) -> bool:
     """A trial of the search itself: not a repeat of a config already measured (it launched
     nothing; the original stands for it), nor one whose sampling a dying daemon cut short (it
-    has no config), nor a final confirmation run."""
+    has no config), nor one a stop failed while it waited for GPUs (its config is queued
+    again), nor a final confirmation run."""
     return not any(attr in trial.user_attrs
-                   for attr in (ATTR_DUPLICATE_OF, ATTR_CUT_SHORT, ATTR_CONFIRM))
+                   for attr in (ATTR_DUPLICATE_OF, ATTR_CUT_SHORT, ATTR_CONFIRM,
+                                ATTR_NOT_LAUNCHED))
 
 
 # The one naming of Optuna's trial states for records, the CLI and MLflow ("failed", "queued").
@@ -248,6 +252,7 @@ class TrialCounts:
     confirmation_runs: int  # re-measurements of the recommended config and the defaults
     repeats: int  # the sampler asked again for a config already held: nothing launched
     cut_short: int = 0  # a dying daemon cut their sampling short: no config, nothing launched
+    not_launched: int = 0  # a stop came while they waited for GPUs: re-queued, not failed
     # of the failed: lost to infrastructure (a worker, an interruption) and run again (or
     # running again) under another trial number
     rerun: int = 0
@@ -274,6 +279,8 @@ class TrialCounts:
                          "measured config (not launched)")
         if self.cut_short:
             parts.append(f"{self.cut_short} cut short before sampling (not launched)")
+        if self.not_launched:
+            parts.append(f"{self.not_launched} stopped before launch (re-queued)")
         if self.queued:
             parts.append(f"{self.queued} queued")
         return "; ".join(parts)
@@ -282,7 +289,7 @@ class TrialCounts:
 def count_trials(trials: Sequence[optuna.trial.FrozenTrial]) -> TrialCounts:
     """The trials counted apart (`TrialCounts`)."""
     by_state = {"complete": 0, "pruned": 0, "failed": 0, "running": 0}
-    queued = confirmation_runs = repeats = cut_short = rerun = 0
+    queued = confirmation_runs = repeats = cut_short = not_launched = rerun = 0
     # A copy still queued has not run yet, and one failed as a repeat never ran.
     retried = {t.user_attrs.get(ATTR_RETRY_OF) for t in trials
                if t.state != TrialState.WAITING and ATTR_DUPLICATE_OF not in t.user_attrs}
@@ -293,6 +300,8 @@ def count_trials(trials: Sequence[optuna.trial.FrozenTrial]) -> TrialCounts:
             repeats += 1
         elif ATTR_CUT_SHORT in t.user_attrs:
             cut_short += 1
+        elif ATTR_NOT_LAUNCHED in t.user_attrs:
+            not_launched += 1
         elif t.state == TrialState.WAITING:
             queued += 1
         else:
@@ -301,7 +310,8 @@ def count_trials(trials: Sequence[optuna.trial.FrozenTrial]) -> TrialCounts:
                 if t.state.is_finished() else "running"
             by_state[state] = by_state.get(state, 0) + 1
             rerun += state == "failed" and t.number in retried
-    return TrialCounts(by_state, queued, confirmation_runs, repeats, cut_short, rerun)
+    return TrialCounts(by_state, queued, confirmation_runs, repeats, cut_short=cut_short,
+                       not_launched=not_launched, rerun=rerun)
 
 
 def is_measured(trial: optuna.trial.FrozenTrial) -> bool:

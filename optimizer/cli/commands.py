@@ -272,7 +272,13 @@ def status_rows(trials: Sequence[FrozenTrial]) -> list[TableRow]:
     from optuna.trial import TrialState
 
     from optimizer.records import ATTR_RECORD
-    from optimizer.study import ATTR_BASELINE, ATTR_CONFIRM, ATTR_CUT_SHORT, ATTR_DUPLICATE_OF
+    from optimizer.study import (
+        ATTR_BASELINE,
+        ATTR_CONFIRM,
+        ATTR_CUT_SHORT,
+        ATTR_DUPLICATE_OF,
+        ATTR_NOT_LAUNCHED,
+    )
 
     baseline = next((t for t in trials if t.user_attrs.get(ATTR_BASELINE)
                      and ATTR_CONFIRM not in t.user_attrs
@@ -281,8 +287,8 @@ def status_rows(trials: Sequence[FrozenTrial]) -> list[TableRow]:
         if baseline is not None else {}
     rows = []
     for t in trials:
-        if t.state == TrialState.WAITING or ATTR_DUPLICATE_OF in t.user_attrs or \
-                ATTR_CUT_SHORT in t.user_attrs:
+        if t.state == TrialState.WAITING or any(
+                a in t.user_attrs for a in (ATTR_DUPLICATE_OF, ATTR_CUT_SHORT, ATTR_NOT_LAUNCHED)):
             continue
         record = t.user_attrs.get(ATTR_RECORD) or {}
         state = str(record.get("state") or ("running" if t.state == TrialState.RUNNING
