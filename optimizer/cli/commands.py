@@ -112,7 +112,8 @@ def start(
     if problem is not None:
         raise ConfigError(f"--ray-address: {problem}.")
     setup_logging(verbose)
-    progress = None if no_progress or not console.is_terminal else LiveProgress(cfg)
+    progress = None if no_progress or not console.is_terminal else \
+        LiveProgress(cfg, done_before=_finished_before(cfg))
     resume = resume_command(study, dry_run=dry_run, storage=storage, tracking_uri=tracking_uri,
                             ray_address=ray_address, trials=trials)
     try:
@@ -183,6 +184,18 @@ def start(
     if summary.best_number is not None:
         # On a line of its own, never broken: it is meant to be copied.
         console.print(f"export with: nightshift export {study}", soft_wrap=True)
+
+
+def _finished_before(cfg: StudyConfig) -> int:
+    """The search's trials a resumed study finished on earlier starts (0 for a new one, or
+    where its storage cannot be read: the live table is a view)."""
+    from optimizer.study import finished_trials, is_search_trial, open_study
+
+    try:
+        study = open_study(cfg, create=False)
+    except Exception:  # a new study (no storage yet), or one `start` refuses with its reason
+        return 0
+    return sum(is_search_trial(t) for t in finished_trials(study))
 
 
 def _mlflow_review(cfg: StudyConfig) -> str:
