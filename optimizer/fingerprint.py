@@ -360,7 +360,7 @@ def resume_changes(stored: Mapping[str, Any], here: Fingerprint) -> list[str]:
             name = changed[0]
             head = group.split()[0]
             label = group if head == name else \
-                f"{head}.{name.removeprefix(head + '_')}" if name.startswith(head) else \
-                f"{head} {name}"
+                f"{head}.{name.removeprefix(head + '_')}" if head in ("workload", "slo") else \
+                f"{head} {name}"  # the study file's own name where it has one
             out.append(f"{label}: {_show(stored[name])} -> {_show(now.get(name))}")
     return out

@@ -298,7 +298,7 @@ def test_a_new_study_name_or_no_storage_yet_is_not_refused(tmp_path: Path) -> No
 
 @pytest.mark.parametrize(("changed", "named"), [
     (fingerprint(workload={"input_len": 2048, "output_len": 128,
-                           "levels": [{"concurrency": 16}]}), "workload input_len: fixed:512 ->"),
+                           "levels": [{"concurrency": 16}]}), "workload.input_len: fixed:512 ->"),
     (fingerprint(slo={"tpot_p99_ms": 20}), "slo.tpot_p99_ms: 40 -> 20"),
     (fingerprint(load_format="auto"), "weights (model.load_format): dummy -> real"),
     (fingerprint(model="llama-3.1-8b"), "(model: qwen2.5-7b -> llama-3.1-8b)"),
