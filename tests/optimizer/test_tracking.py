@@ -229,3 +229,20 @@ def test_the_runs_view_opens_on_the_objective_the_gain_and_the_bottleneck() -> N
     assert columns[:3] == ["metrics.`goodput in req/s`", "metrics.`gain vs defaults x`",
                            "tags.`bottleneck`"]
     assert view_key("tpot") == "tpot in ms TPOT p99" and three_digits(38.61234) == 38.6
+
+
+def test_a_runs_description_starts_with_its_figure_and_simulated_timing_is_explained() -> None:
+    from optimizer.records import SIMULATED_TIMING, tracking_payload
+
+    conclusion = ("quantization=fp8, kv_cache_dtype=fp8 vs the vLLM defaults: goodput 38.6 "
+                  "req/s, 1.32x the vLLM defaults (one measurement each: no interval). "
+                  "memory-bound.")
+    tags = tracking_payload(_record(conclusion=conclusion, engine={
+        "engine_version": "simulated 0.26.0"}), None, number=1)["tags"]
+    assert tags["mlflow.note.content"].startswith("goodput 38.6 req/s, 1.32x the vLLM defaults")
+    assert tags["mlflow.note.content"].endswith(
+        "Changes from the vLLM defaults: quantization=fp8, kv_cache_dtype=fp8.")
+    assert tags["conclusion"] == conclusion, "the conclusion tag as the trial concluded"
+    assert tags["timing"] == SIMULATED_TIMING
+    real = tracking_payload(_record(engine={"engine_version": "0.26.0"}), None, number=1)
+    assert "timing" not in real["tags"], "a real engine's start-up is its wall time"
