@@ -44,15 +44,17 @@ VIEW_KEY = "nightshift"
 _VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
 # The headline figures a view shows after the review columns (`view_keys`: the objective and
 # the gain vs the defaults, 3 significant digits, then the bottleneck).
-VIEW_METRICS = ("headline.request_goodput", "headline.output_throughput",
-                "headline.p99_ttft_ms", "headline.p99_tpot_ms", "engine.startup_s")
+VIEW_METRICS = ("headline.p99_ttft_ms", "headline.p99_tpot_ms", "headline.output_throughput")
 VIEW_TAGS = ("state",)
+# MLflow 3.17's runs table groups columns (attributes, metrics, tags) and sorts each group by
+# name; the view's `columnOrder` (ag-grid column ids, as `selectedColumns` names them) puts the
+# review columns first. Metric names allow no brackets.
 VIEW_GAIN = "gain vs defaults x"  # a trial's first objective over the defaults' (> 1 better)
 
 
 def view_key(objective: str) -> str:
     """The review column of `objective`: its value in its unit, 3 significant digits
-    (`goodput in req/s`); MLflow's metric names allow no brackets."""
+    (`goodput in req/s`)."""
     from optimizer.objectives import OBJECTIVES
 
     unit = OBJECTIVES[objective].unit if objective in OBJECTIVES else ""
@@ -68,17 +70,22 @@ def runs_view(objectives: Mapping[str, str]) -> dict[str, Any]:
     """The runs table's state for a study with `objectives` (name -> "maximize"/"minimize"):
     the trials without the parent run, best first; the columns the objectives' review figures,
     the gain vs the defaults, the bottleneck, whether it is the recommended trial, the
-    description (its figure first), then the headline figures."""
+    description (its figure first), then the headline latencies and throughput; sorted by
+    the first objective's exact value."""
     first = next(iter(objectives), None)
     state: dict[str, Any] = {
         "searchFilter": f"tags.`{TAG_KIND}` != 'study'",
         "selectedColumns": [*(f"metrics.`{view_key(o)}`" for o in objectives),
                             f"metrics.`{VIEW_GAIN}`", "tags.`bottleneck`",
                             "tags.`nightshift.recommended`", "attributes.`Description`",
-                            *(f"metrics.`objective.{o}`" for o in objectives),
                             *(f"metrics.`{m}`" for m in VIEW_METRICS),
                             *(f"tags.`{t}`" for t in VIEW_TAGS)],
     }
+    # The review columns before the description, which is given less room: it is cut anyway,
+    # and its figure comes first.
+    review = state["selectedColumns"][:len(objectives) + 3]
+    state["columnOrder"] = [*review, "attributes.`Description`"]
+    state["columnWidths"] = {**{c: 150 for c in review}, "attributes.`Description`": 240}
     if first is not None:
         state.update(orderByKey=f"metrics.`objective.{first}`",
                      orderByAsc=objectives[first] == "minimize")
