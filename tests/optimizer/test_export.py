@@ -318,6 +318,11 @@ def test_export_never_ships_what_the_audit_calls_an_error(tmp_path: Path) -> Non
     assert main(["audit", "--from-file", str(script)]) == 0
     with pytest.raises(ConfigError, match="--trial 1: .*`nightshift audit` calls an error"):
         select_trial(study, cfg, number=1)
+    from optimizer.report import build_report, headline
+
+    text = headline(build_report(study, cfg, with_importances=False))
+    assert "Recommended: trial 3" in text and "calls an error" in text, \
+        "the report names the same trial, for the same reason"
 
 
 def test_export_header_states_hardware_engine_workload_slo_gain_and_quality() -> None:
