@@ -204,7 +204,8 @@ class Daemon:
             self._parent_run = self.tracker.start_study(
                 self.cfg.name, key=key, params=self.study_params,
                 artifacts=self.study_artifacts, adopt_unkeyed=has_trials,
-                objectives=dict(zip(self.cfg.objectives, self.cfg.directions, strict=True)))
+                objectives=dict(zip(self.cfg.objectives, self.cfg.directions, strict=True)),
+                searched=[p.name for p in self.space.params if not p.is_fixed])
         except Exception as exc:  # the store broke since the start-up check: start nothing
             raise TrackingError(
                 f"MLflow refused the study's run at {self.cfg.tracking_uri} "

@@ -16,6 +16,7 @@ from optimizer.objectives import OBJECTIVES, metrics_value, objective_value, ste
 from optimizer.startup import startup_tags
 from optimizer.tracking import KIND_CONFIRMATION, TAG_CONFIRM, TAG_KIND
 from runners.base import BenchmarkMetrics, RunResult, StepMetrics
+from runners.simulated.launcher import is_simulated_argv
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -326,7 +327,7 @@ def tracking_payload(record: TrialRecord, result: RunResult | None, *, number: i
                 timespec="milliseconds")
     if record.startup:
         tags.update(startup_tags(record.startup))
-    if str(record.engine.get("engine_version") or "").startswith("simulated"):
+    if is_simulated_argv(record.argv):
         # MLflow's Duration column is the run's wall time; the simulated engine sleeps only a
         # fraction of the start-up it models (simulated.startup_time_scale).
         tags["timing"] = SIMULATED_TIMING

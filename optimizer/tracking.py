@@ -54,10 +54,12 @@ VIEW_GAIN = "gain vs defaults x"  # a trial's first objective over the defaults'
 
 def view_key(objective: str) -> str:
     """The review column of `objective`: its value in its unit, 3 significant digits
-    (`goodput in req/s`)."""
+    (`goodput in req per s`)."""
     from optimizer.objectives import OBJECTIVES
 
     unit = OBJECTIVES[objective].unit if objective in OBJECTIVES else ""
+    # "/" would make MLflow's charts file it in a section of its own ("goodput in req").
+    unit = unit.replace("/", " per ")
     return f"{objective} in {unit}" if unit else objective
 
 
@@ -66,12 +68,40 @@ def three_digits(value: float) -> float:
     return float(f"{value:.3g}")
 
 
-def runs_view(objectives: Mapping[str, str]) -> dict[str, Any]:
+# The chart view's cards (MLflow 3.17's RunsChartsCardConfig, as its UI serializes them): a
+# parallel-coordinates chart of the searched params against the objective (MLflow's own
+# default plots the first metric by name, `headline.completed`), then each load level's
+# figures as lines over the level (step).
+VIEW_SECTION = "nightshift-review"
+VIEW_LEVEL_METRICS = ("request_goodput", "output_throughput", "p99_tpot_ms", "p99_ttft_ms")
+
+
+def _chart_cards(objectives: Sequence[str], params: Sequence[str]) -> list[dict[str, Any]]:
+    base = {"runsCountToCompare": 50, "metricSectionId": VIEW_SECTION, "deleted": False,
+            "isGenerated": False}
+    cards: list[dict[str, Any]] = [{
+        **base, "uuid": "nightshift-parallel", "type": "PARALLEL",
+        "displayName": "searched flags vs the objective",
+        "selectedParams": list(params)[:8],
+        "selectedMetrics": [view_key(o) for o in objectives][:2], "showAllRuns": False}]
+    for key in VIEW_LEVEL_METRICS:
+        cards.append({
+            **base, "uuid": f"nightshift-level-{key}", "type": "LINE", "metricKey": key,
+            "selectedMetricKeys": [key], "displayName": f"{key} by load level",
+            "lineSmoothness": 0, "xAxisScaleType": "linear", "scaleType": "linear",
+            "range": {}, "xAxisKey": "step", "selectedXAxisMetricKey": "",
+            "yAxisKey": "metric", "yAxisExpressions": [], "ignoreOutliers": False,
+            "useGlobalXaxisKey": False, "useGlobalLineSmoothing": True})
+    return cards
+
+
+def runs_view(objectives: Mapping[str, str], params: Sequence[str] = ()) -> dict[str, Any]:
     """The runs table's state for a study with `objectives` (name -> "maximize"/"minimize"):
     the trials without the parent run, best first; the columns the objectives' review figures,
     the gain vs the defaults, the bottleneck, whether it is the recommended trial, the
     description (its figure first), then the headline latencies and throughput; sorted by
-    the first objective's exact value."""
+    the first objective's exact value. Its chart view: `params` (the searched ones) against
+    the objectives in parallel coordinates, and the load levels' figures as lines."""
     first = next(iter(objectives), None)
     state: dict[str, Any] = {
         "searchFilter": f"tags.`{TAG_KIND}` != 'study'",
@@ -83,6 +113,10 @@ def runs_view(objectives: Mapping[str, str]) -> dict[str, Any]:
     }
     # The review columns before the description, which is given less room: it is cut anyway,
     # and its figure comes first.
+    state["compareRunCharts"] = _chart_cards(list(objectives), params)
+    state["compareRunSections"] = [{"uuid": VIEW_SECTION, "name": "nightshift review",
+                                    "display": True, "isReordered": False, "deleted": False,
+                                    "isGenerated": False}]
     review = state["selectedColumns"][:len(objectives) + 3]
     state["columnOrder"] = [*review, "attributes.`Description`"]
     state["columnWidths"] = {**{c: 150 for c in review}, "attributes.`Description`": 240}
@@ -215,7 +249,7 @@ class Tracker:
 
     def start_study(self, study_name: str, *, key: str, params: Mapping[str, Any],
                     artifacts: Mapping[str, Any], objectives: Mapping[str, str] = {},
-                    adopt_unkeyed: bool = False) -> str:
+                    adopt_unkeyed: bool = False, searched: Sequence[str] = ()) -> str:
         """The parent run of the Optuna study `key` names: reused when the study resumes, made
         anew for a new study of the same name (its earlier runs stay as they were). With
         `adopt_unkeyed` (a study begun before parent runs carried keys), its one parent run
@@ -223,7 +257,7 @@ class Tracker:
         and given nightshift's view of its runs table (`runs_view`, sorted by the first of
         `objectives`: name -> direction); a store written before gets both now."""
         exp_id = self.experiment_id(study_name)
-        self.mark_experiment(exp_id, objectives)
+        self.mark_experiment(exp_id, objectives, searched)
         found: list[Any] = list(self.client.search_runs(
             [exp_id], max_results=1,
             filter_string=f"tags.`{TAG_KIND}` = 'study' and tags.`{TAG_STUDY_KEY}` = '{key}'"))
@@ -244,13 +278,14 @@ class Tracker:
             self.client.log_dict(run_id, data, name)
         return run_id
 
-    def mark_experiment(self, exp_id: str, objectives: Mapping[str, str]) -> None:
+    def mark_experiment(self, exp_id: str, objectives: Mapping[str, str],
+                        searched: Sequence[str] = ()) -> None:
         """The experiment-kind tag and the runs view (`runs_view`), each written where it is
         missing or differs (a resume writes nothing)."""
         tags = self.client.get_experiment(exp_id).tags
         if tags.get(TAG_EXPERIMENT_KIND) is None:
             self.client.set_experiment_tag(exp_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND_RUNS)
-        state = json.dumps(runs_view(objectives), sort_keys=True)
+        state = json.dumps(runs_view(objectives, searched), sort_keys=True)
         try:
             previous = json.loads(tags.get(_VIEW_TAG) or "{}")
         except ValueError:

@@ -148,7 +148,7 @@ def test_the_runs_page_shows_each_trial_with_its_conclusion_best_first(
         "sorted by the objective, best first"
     for number, conclusion in CONCLUSIONS.items():
         assert conclusion[:40] in text, f"trial {number}'s conclusion is in its row"
-    for column in ("Description", "goodput in req/s", "headline.p99_ttft_ms",
+    for column in ("Description", "goodput in req per s", "headline.p99_ttft_ms",
                    "headline.p99_tpot_ms", "state"):
         assert column in text, f"the table shows the column {column}"
     # The review columns first: the objective in its unit (3 significant digits), the gain
@@ -159,7 +159,7 @@ def test_the_runs_page_shows_each_trial_with_its_conclusion_best_first(
     assert "38.6 1.32 memory-bound true quantization=fp8" in text, \
         "the recommended trial's row: the objective is the first metric column"
     assert "29.3 1 compute-bound - vLLM defaults" in text
-    for column in ("goodput in req/s", "gain vs defaults x", "bottleneck",
+    for column in ("goodput in req per s", "gain vs defaults x", "bottleneck",
                    "nightshift.recommended"):
         assert column in text
 

@@ -209,7 +209,7 @@ def test_the_recommended_trial_is_marked_by_tag_and_name_and_the_mark_moves(
     tracker = Tracker(uri)
     parent = tracker.start_study("s", key="k", params={}, artifacts={})
     runs = {n: tracker.start_trial(parent, "s", n, {}) for n in (0, 1, 2)}
-    figures = {1: {"goodput in req/s": 38.6, "gain vs defaults x": 1.32}}
+    figures = {1: {"goodput in req per s": 38.6, "gain vs defaults x": 1.32}}
     tracker.mark_trials(parent, 1, figures)
     client = MlflowClient(uri)
     marked = client.get_run(runs[1])
@@ -226,7 +226,7 @@ def test_the_runs_view_opens_on_the_objective_the_gain_and_the_bottleneck() -> N
     from optimizer.tracking import runs_view, three_digits, view_key
 
     columns = runs_view({"goodput": "maximize"})["selectedColumns"]
-    assert columns[:3] == ["metrics.`goodput in req/s`", "metrics.`gain vs defaults x`",
+    assert columns[:3] == ["metrics.`goodput in req per s`", "metrics.`gain vs defaults x`",
                            "tags.`bottleneck`"]
     assert view_key("tpot") == "tpot in ms TPOT p99" and three_digits(38.61234) == 38.6
 
@@ -237,12 +237,14 @@ def test_a_runs_description_starts_with_its_figure_and_simulated_timing_is_expla
     conclusion = ("quantization=fp8, kv_cache_dtype=fp8 vs the vLLM defaults: goodput 38.6 "
                   "req/s, 1.32x the vLLM defaults (one measurement each: no interval). "
                   "memory-bound.")
-    tags = tracking_payload(_record(conclusion=conclusion, engine={
-        "engine_version": "simulated 0.26.0"}), None, number=1)["tags"]
+    simulated = ("/usr/bin/python3", "-m", "runners.simulated", "--port", "8000")
+    tags = tracking_payload(_record(conclusion=conclusion, argv=simulated,
+                                    engine={"engine_version": "0.26.0"}), None, number=1)["tags"]
     assert tags["mlflow.note.content"].startswith("goodput 38.6 req/s, 1.32x the vLLM defaults")
     assert tags["mlflow.note.content"].endswith(
         "Changes from the vLLM defaults: quantization=fp8, kv_cache_dtype=fp8.")
     assert tags["conclusion"] == conclusion, "the conclusion tag as the trial concluded"
     assert tags["timing"] == SIMULATED_TIMING
-    real = tracking_payload(_record(engine={"engine_version": "0.26.0"}), None, number=1)
+    real = tracking_payload(_record(argv=("vllm", "serve", "m"), engine={
+        "engine_version": "0.26.0"}), None, number=1)
     assert "timing" not in real["tags"], "a real engine's start-up is its wall time"
