@@ -316,7 +316,7 @@ def test_export_never_ships_what_the_audit_calls_an_error(tmp_path: Path) -> Non
     script.write_text(render(chosen, cfg, "sh", study=study))
     assert "cudagraph" not in script.read_text()
     assert main(["audit", "--from-file", str(script)]) == 0
-    with pytest.raises(ConfigError, match="--trial 1: .*`nightshift audit` calls an error"):
+    with pytest.raises(ConfigError, match=r"--trial 1: .*`nightshift audit` calls an error"):
         select_trial(study, cfg, number=1)
     from optimizer.report import build_report, headline
 
