@@ -39,7 +39,9 @@ from optimizer.study import (
     make_storage,
     mlflow_study_key,
     open_study,
+    recommended_trial,
 )
+from optimizer.study_summary import trial_figures
 from optimizer.tracking import Tracker
 from runners.base import EngineConfig, FailureReason, RunResult
 from runners.hardware import HardwareProfile
@@ -203,7 +205,8 @@ class Daemon:
             self._parent_run = self.tracker.start_study(
                 self.cfg.name, key=key, params=self.study_params,
                 artifacts=self.study_artifacts, adopt_unkeyed=has_trials,
-                objectives=dict(zip(self.cfg.objectives, self.cfg.directions, strict=True)))
+                objectives=dict(zip(self.cfg.objectives, self.cfg.directions, strict=True)),
+                searched=[p.name for p in self.space.params if not p.is_fixed])
         except Exception as exc:  # the store broke since the start-up check: start nothing
             raise TrackingError(
                 f"MLflow refused the study's run at {self.cfg.tracking_uri} "
@@ -460,6 +463,9 @@ class Daemon:
                            "the defaults can be stated", no_baseline)
         try:
             self.tracker.finish_study(self._parent_run, metrics, tags, is_done=done)
+            pick = recommended_trial(study)
+            self.tracker.mark_trials(self._parent_run, pick.number if pick else None,
+                                     trial_figures(study, self.cfg))
         except Exception as exc:  # any store error: the results are safe in Optuna
             logger.warning("MLflow finish_study failed (%s); rerun `%s` to bring MLflow up "
                            "to date", describe(exc), self.resume)

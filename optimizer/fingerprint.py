@@ -324,3 +324,43 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     return str(value)
+
+
+# -- a resume: the study file against the study it resumes ----------------------------------
+
+# What a resumed study must still be, by what the study file calls it: a trial measured under
+# one of these is not comparable with one measured under another (its defaults trial is the
+# baseline of every gain), and a changed model changes the search space Optuna keeps.
+RESUME_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("engine", ("engine",)),
+    ("hardware", ("gpu_model", "gpu_count", "gpu_memory_gib", "compute_capability",
+                  "interconnect")),
+    ("model", ("model", "architecture", "model_shape", "num_params", "dtype", "quant_method")),
+    ("weights (model.load_format)", ("weights",)),
+    ("workload", ("input_len", "input_len_kind", "input_len_mean", "output_len",
+                  "output_len_kind", "output_len_mean", "prompts_file", "arrival", "peak_load",
+                  *WORKLOAD_EXTRAS)),
+    ("slo", ("slo_ttft_p99_ms", "slo_tpot_p99_ms", "slo_e2el_ms")),
+    ("fixed_flags", ("fixed_flags",)),
+)
+
+
+def resume_changes(stored: Mapping[str, Any], here: Fingerprint) -> list[str]:
+    """What the study file changed from the study it would resume (`stored`: the fingerprint
+    the study kept at its last start), one "group field: there -> here" per changed group, in
+    RESUME_GROUPS order (the first changed field of each group); [] when it resumes the same
+    study. Exact, no tolerance: every new trial would be compared with the stored defaults
+    trial. A field the stored fingerprint lacks (a study written before it existed) is not
+    compared."""
+    now = here.to_dict()
+    out: list[str] = []
+    for group, names in RESUME_GROUPS:
+        changed = [n for n in names if n in stored and _norm(stored[n]) != _norm(now.get(n))]
+        if changed:  # the first field says it (a new model changes its shape, its size, ...)
+            name = changed[0]
+            head = group.split()[0]
+            label = group if head == name else \
+                f"{head}.{name.removeprefix(head + '_')}" if head in ("workload", "slo") else \
+                f"{head} {name}"  # the study file's own name where it has one
+            out.append(f"{label}: {_show(stored[name])} -> {_show(now.get(name))}")
+    return out

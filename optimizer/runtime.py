@@ -8,7 +8,7 @@ import importlib.util
 import logging
 import math
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from optimizer.config import StudyConfig, check_before_start
 from optimizer.daemon import Daemon, TrialEvent
 from optimizer.engines import RunnerSpec
 from optimizer.errors import ConfigError, TrackingError
-from optimizer.fingerprint import Fingerprint, fingerprint_of
+from optimizer.fingerprint import Fingerprint, fingerprint_of, resume_changes
 from optimizer.memory import (
     STUDY_ATTR_FINGERPRINT,
     STUDY_ATTR_WARM_START,
@@ -25,7 +25,12 @@ from optimizer.memory import (
     plan_warm_start,
     read_studies,
 )
-from optimizer.study import ATTR_SEED_SOURCE, ATTR_SEED_TITLE, STUDY_ATTR_VLLM_DEFAULTS
+from optimizer.study import (
+    ATTR_SEED_SOURCE,
+    ATTR_SEED_TITLE,
+    STUDY_ATTR_VLLM_DEFAULTS,
+    make_storage,
+)
 from optimizer.study_summary import study_summary
 from optimizer.tracking import Tracker
 from optimizer.workers import RayExecutor, init_ray, largest_node_gpus, probe_on_cluster
@@ -244,12 +249,13 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
         raise ConfigError(f"warm_start: no study named {named[0]!r} in the tracking store "
                           f"{cfg.tracking_uri}: it does not exist yet; fix tracking_uri or set "
                           "warm_start: auto.")
+    fingerprint = fingerprint_of(cfg, engine=engine, engine_version=engine_version(engine),
+                                 hardware=hardware, model=model)
+    refuse_a_changed_study(cfg, fingerprint)  # before either store takes a write
     try:  # an unreachable store is bad input: refuse before anything is written
         tracker = Tracker(cfg.tracking_uri)
     except TrackingError as exc:
         raise ConfigError(f"tracking_uri: {exc}") from None
-    fingerprint = fingerprint_of(cfg, engine=engine, engine_version=engine_version(engine),
-                                 hardware=hardware, model=model)
     # Study names are looked up before the store takes a write (the study's experiment), so
     # that a name it does not hold is refused with nothing written.
     warm = warm_start(cfg, tracker, fingerprint, resolved, seed_trials) \
@@ -314,6 +320,31 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
                                                             **resolved.study_fixed}},
                     compiled_elsewhere=_compiled_elsewhere(cfg, engine))
     return daemon, notes
+
+
+def refuse_a_changed_study(cfg: StudyConfig, fingerprint: Fingerprint) -> None:
+    """ConfigError (one line, exit 2) where the study file names a stored study but no longer
+    describes it: another workload, SLO, model, weights, engine, hardware or fixed flags
+    (fingerprint.resume_changes). Resuming would compare new trials with the stored defaults
+    trial, measured under the old file; a new model also changes the search space Optuna
+    keeps. Reads the storage only: a SQLite file that does not exist is a new study."""
+    url = cfg.storage_url
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        return
+    storage = make_storage(url)
+    try:
+        study_id = storage.get_study_id_from_name(cfg.name)
+    except KeyError:
+        return
+    stored = storage.get_study_user_attrs(study_id).get(STUDY_ATTR_FINGERPRINT)
+    if not isinstance(stored, Mapping):
+        return  # a study from before fingerprints: nothing to compare
+    changes = resume_changes(stored, fingerprint)
+    if changes:
+        raise ConfigError(
+            f"{cfg.source_name}: study {cfg.name!r} in {url} ran under another study file "
+            f"({'; '.join(changes)}); its trials are not comparable with new ones: give the "
+            f"study a new `name:` to start a new study, or restore the file to resume it.")
 
 
 def _join_ray(address: str) -> None:

@@ -40,6 +40,7 @@ from optimizer.startup import CompileCaches, launch_order, trial_env
 from optimizer.study import (
     ATTR_BASELINE,
     ATTR_CONFIRM,
+    ATTR_NOT_LAUNCHED,
     ATTR_RETRIES,
     ATTR_RETRY_OF,
     ATTR_SEED_SOURCE,
@@ -480,6 +481,7 @@ class SearchPolicy:
             failure = Failure(FailureReason.INTERRUPTED,
                               "the daemon stopped before this trial was launched; re-queued.")
             attrs = dict(item.trial.user_attrs)
+            item.trial.set_user_attr(ATTR_NOT_LAUNCHED, True)  # counted apart, not failed
             tell_without_run(self, item.trial, item.params, failure)
             requeue(self.study, item.trial.number, item.params, attrs,
                     int(attrs.get(ATTR_RETRIES, 0)))

@@ -30,6 +30,8 @@ ATTR_DUPLICATE_OF = "duplicate_of"  # the sampler asked again for a config alrea
 ATTR_BASELINE = "baseline"
 ATTR_RETRY_OF = "retry_of"
 ATTR_CUT_SHORT = "sampling_cut_short"  # its daemon died mid-ask: no config, nothing launched
+# The daemon stopped while it waited for GPUs: failed without a launch, its config re-queued.
+ATTR_NOT_LAUNCHED = "stopped_before_launch"
 ATTR_MLFLOW_RUN = "mlflow_run_id"
 ATTR_RETRIES = "retries"
 ATTR_SEEDED = "seeded"  # enqueued from seed_trials, a hardware template or the warm start
@@ -225,9 +227,11 @@ def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 def is_search_trial(trial: optuna.trial.FrozenTrial) -> bool:
     """A trial of the search itself: not a repeat of a config already measured (it launched
     nothing; the original stands for it), nor one whose sampling a dying daemon cut short (it
-    has no config), nor a final confirmation run."""
+    has no config), nor one a stop failed while it waited for GPUs (its config is queued
+    again), nor a final confirmation run."""
     return not any(attr in trial.user_attrs
-                   for attr in (ATTR_DUPLICATE_OF, ATTR_CUT_SHORT, ATTR_CONFIRM))
+                   for attr in (ATTR_DUPLICATE_OF, ATTR_CUT_SHORT, ATTR_CONFIRM,
+                                ATTR_NOT_LAUNCHED))
 
 
 # The one naming of Optuna's trial states for records, the CLI and MLflow ("failed", "queued").
@@ -248,6 +252,7 @@ class TrialCounts:
     confirmation_runs: int  # re-measurements of the recommended config and the defaults
     repeats: int  # the sampler asked again for a config already held: nothing launched
     cut_short: int = 0  # a dying daemon cut their sampling short: no config, nothing launched
+    not_launched: int = 0  # a stop came while they waited for GPUs: re-queued, not failed
     # of the failed: lost to infrastructure (a worker, an interruption) and run again (or
     # running again) under another trial number
     rerun: int = 0
@@ -274,6 +279,8 @@ class TrialCounts:
                          "measured config (not launched)")
         if self.cut_short:
             parts.append(f"{self.cut_short} cut short before sampling (not launched)")
+        if self.not_launched:
+            parts.append(f"{self.not_launched} stopped before launch (re-queued)")
         if self.queued:
             parts.append(f"{self.queued} queued")
         return "; ".join(parts)
@@ -282,7 +289,7 @@ class TrialCounts:
 def count_trials(trials: Sequence[optuna.trial.FrozenTrial]) -> TrialCounts:
     """The trials counted apart (`TrialCounts`)."""
     by_state = {"complete": 0, "pruned": 0, "failed": 0, "running": 0}
-    queued = confirmation_runs = repeats = cut_short = rerun = 0
+    queued = confirmation_runs = repeats = cut_short = not_launched = rerun = 0
     # A copy still queued has not run yet, and one failed as a repeat never ran.
     retried = {t.user_attrs.get(ATTR_RETRY_OF) for t in trials
                if t.state != TrialState.WAITING and ATTR_DUPLICATE_OF not in t.user_attrs}
@@ -293,6 +300,8 @@ def count_trials(trials: Sequence[optuna.trial.FrozenTrial]) -> TrialCounts:
             repeats += 1
         elif ATTR_CUT_SHORT in t.user_attrs:
             cut_short += 1
+        elif ATTR_NOT_LAUNCHED in t.user_attrs:
+            not_launched += 1
         elif t.state == TrialState.WAITING:
             queued += 1
         else:
@@ -301,7 +310,8 @@ def count_trials(trials: Sequence[optuna.trial.FrozenTrial]) -> TrialCounts:
                 if t.state.is_finished() else "running"
             by_state[state] = by_state.get(state, 0) + 1
             rerun += state == "failed" and t.number in retried
-    return TrialCounts(by_state, queued, confirmation_runs, repeats, cut_short, rerun)
+    return TrialCounts(by_state, queued, confirmation_runs, repeats, cut_short=cut_short,
+                       not_launched=not_launched, rerun=rerun)
 
 
 def is_measured(trial: optuna.trial.FrozenTrial) -> bool:
@@ -314,6 +324,30 @@ def is_measured(trial: optuna.trial.FrozenTrial) -> bool:
 # Two measurements of one config differ by about this much: a change whose effect is smaller
 # "does not matter here" (records.conclude) and is not worth deploying (recommended_trial).
 NOISE_FRACTION = 0.02
+
+
+def audit_errors(trial: optuna.trial.FrozenTrial) -> list[str]:
+    """The errors `nightshift audit` finds in the flags the trial ran with
+    (optimizer.audit): a config that ships one is never recommended. The simulated engine
+    prices CUDA graphs off only where a decode-only batch would have replayed one, so a
+    mixed-batch workload can measure it as free; the audit's cost is vLLM's on real GPUs."""
+    from optimizer.audit import Launch, audit
+
+    record = record_of(trial)
+    if record is None:
+        return []
+    launch = Launch(model="", flags=dict(record.flags), env={})  # its errors are the flags''
+    return [f.message for f in audit(launch) if f.severity == "error"]
+
+
+def _best_of(study: optuna.Study,
+             trials: Sequence[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial | None:
+    """`best_trial`'s rule over `trials` alone (one objective)."""
+    if not trials or len(study.directions) > 1:
+        return trials[0] if trials else None
+    feasible = [t for t in trials if all(v <= 0 for v in t.constraints.values())]
+    sign = 1.0 if study.direction.name == "MAXIMIZE" else -1.0
+    return max(feasible or trials, key=lambda t: sign * float(t.values[0]))
 
 
 def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
@@ -348,17 +382,22 @@ def _pareto_front(trials: list[optuna.trial.FrozenTrial],
 
 
 def recommended_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-    """The config to ship: among measured trials within NOISE_FRACTION of the best's value (and
-    meeting the SLO where the best does), the one that changes the fewest flags from the vLLM
-    defaults, then the better value. A flag whose measured effect is noise is not deployed: if
-    the defaults themselves are within noise of the best, they are the recommendation. A flag
-    counts as changed where it changes what vLLM runs with (`changed_params`): an explicit
-    value equal to vLLM's default on the study's host is none. Two objectives, or no defaults
-    trial to count changes from: the best."""
+    """The config to ship: among measured trials whose launch `nightshift audit` passes
+    (`audit_errors`: CUDA graphs off is an error, however the search measured it), those within
+    NOISE_FRACTION of the best's value (and meeting the SLO where the best does), the one that
+    changes the fewest flags from the vLLM defaults, then the better value. A flag whose
+    measured effect is noise is not deployed: if the defaults themselves are within noise of
+    the best, they are the recommendation. A flag counts as changed where it changes what vLLM
+    runs with (`changed_params`): an explicit value equal to vLLM's default on the study's host
+    is none. Two objectives, or no defaults trial to count changes from: the best."""
+    measured = _measured_trials(study)
+    shippable = [t for t in measured if not audit_errors(t)]
     best = best_trial(study)
+    if best is not None and audit_errors(best) and shippable:
+        best = _best_of(study, shippable)
     if best is None or len(study.directions) > 1 or best.values is None:
         return best
-    measured = _measured_trials(study)
+    measured = shippable or measured
     baseline = next((t for t in measured if t.user_attrs.get(ATTR_BASELINE)), None)
     if baseline is None:
         return best
@@ -376,6 +415,30 @@ def recommended_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
         return len(changed_params(params_of(trial), defaults, host_defaults))
 
     return min(candidates, key=lambda t: (changes(t), -sign * float(t.values[0]), t.number))
+
+
+# The one rule that names the config to ship; every place that names it (the end-of-run line,
+# `status`, the report, MLflow's tag and run name, the export) names `recommended_trial`'s.
+RECOMMENDATION_RULE = (f"the best measured trial whose launch `nightshift audit` passes, unless "
+                       f"one within {NOISE_FRACTION:.0%} of it (noise) changes fewer flags "
+                       "from the vLLM defaults")
+
+
+def recommendation_note(study: optuna.Study, chosen: optuna.trial.FrozenTrial) -> str:
+    """Why the recommendation `chosen` is not the nominal best (empty when it is)."""
+    best = best_trial(study)
+    if best is None or best.number == chosen.number or not best.values or not chosen.values:
+        return ""
+    what = "the vLLM defaults" if chosen.user_attrs.get(ATTR_BASELINE) else \
+        f"trial {chosen.number}"
+    refused = audit_errors(best)
+    if refused:
+        return (f"the best measured, trial {best.number} ({best.values[0]:.4g} vs "
+                f"{chosen.values[0]:.4g}), runs a flag `nightshift audit` calls an error "
+                f"({refused[0].rstrip('.')}); {what} is the best launch that passes it")
+    return (f"{what}: within {NOISE_FRACTION:.0%} of the best measured (trial {best.number}, "
+            f"{best.values[0]:.4g} vs {chosen.values[0]:.4g}) with fewer changes from the "
+            f"vLLM defaults; `--trial {best.number}` exports that one")
 
 
 def vllm_defaults_of(study: optuna.Study) -> dict[str, Any]:

@@ -6,6 +6,7 @@ there is no baseline, and the confirmed gain. Given to the daemon by the composi
 from __future__ import annotations
 
 import json
+import math
 
 import optuna
 
@@ -78,3 +79,29 @@ def study_summary(study: optuna.Study,
             if confirmed.get(key) is not None:
                 metrics[f"confirm.gain_{key}"] = float(confirmed[key])
     return metrics, tags
+
+
+def trial_figures(study: optuna.Study, cfg: StudyConfig) -> dict[int, dict[str, float]]:
+    """The runs view's review columns of each measured trial (trial number -> metrics): each
+    objective in its unit and the first's gain over the measured defaults (one measurement
+    each; > 1 is better), 3 significant digits (tracking.runs_view)."""
+    from optimizer import gains
+    from optimizer.conclusions import baseline_trial
+    from optimizer.objectives import OBJECTIVES
+    from optimizer.tracking import VIEW_GAIN, three_digits, view_key
+
+    baseline = baseline_trial(study)
+    base = float(baseline.values[0]) if baseline is not None and baseline.values else None
+    first = cfg.objectives[0]
+    out: dict[int, dict[str, float]] = {}
+    for t in study.get_trials(deepcopy=False):
+        if not is_measured(t) or not t.values:
+            continue
+        row = {view_key(o): three_digits(float(v))
+               for o, v in zip(cfg.objectives, t.values, strict=False) if math.isfinite(v)}
+        gain = gains.point_gain(float(t.values[0]), base,
+                                maximize=OBJECTIVES[first].direction == "maximize")
+        if gain.value is not None:
+            row[VIEW_GAIN] = three_digits(gain.value)
+        out[t.number] = row
+    return out

@@ -43,28 +43,92 @@ EXPERIMENT_KIND_RUNS = "custom_model_development"
 # page's Views menu): the trials without the parent, best first, with the columns that matter.
 VIEW_KEY = "nightshift"
 _VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
-# The headline figures a view shows beside the objectives (see `records.tracking_payload`).
-VIEW_METRICS = ("headline.request_goodput", "headline.output_throughput",
-                "headline.p99_ttft_ms", "headline.p99_tpot_ms", "engine.startup_s")
-VIEW_TAGS = ("state", "bottleneck")
+# The headline figures a view shows after the review columns (`view_keys`: the objective and
+# the gain vs the defaults, 3 significant digits, then the bottleneck).
+VIEW_METRICS = ("headline.p99_ttft_ms", "headline.p99_tpot_ms", "headline.output_throughput")
+VIEW_TAGS = ("state",)
+# MLflow 3.17's runs table groups columns (attributes, metrics, tags) and sorts each group by
+# name; the view's `columnOrder` (ag-grid column ids, as `selectedColumns` names them) puts the
+# review columns first. Metric names allow no brackets.
+# A trial's first objective over the defaults' (> 1 better), per GPU for a rate.
+VIEW_GAIN = "gain vs defaults x"
 
 
-def runs_view(objectives: Mapping[str, str]) -> dict[str, Any]:
-    """The runs table's state for a study with `objectives` (name -> "maximize"/"minimize")."""
-    # A rate's value as Optuna holds it, per GPU (`objectives.per_gpu`), beside the config's own.
-    told = {o: f"objective.{o}.per_gpu" if o in OBJECTIVES and OBJECTIVES[o].is_per_gpu
-            else f"objective.{o}" for o in objectives}
+def view_key(objective: str) -> str:
+    """The review column of `objective`: its value in its unit, 3 significant digits
+    (`goodput in req per s`)."""
+    from optimizer.objectives import OBJECTIVES
+
+    unit = OBJECTIVES[objective].unit if objective in OBJECTIVES else ""
+    # A rate is told per GPU (objectives.per_gpu), as the value Optuna holds.
+    if objective in OBJECTIVES and OBJECTIVES[objective].is_per_gpu:
+        unit += " per GPU"
+    # "/" would make MLflow's charts file it in a section of its own ("goodput in req").
+    unit = unit.replace("/", " per ")
+    return f"{objective} in {unit}" if unit else objective
+
+
+def three_digits(value: float) -> float:
+    """`value` to 3 significant digits, as the review columns show it."""
+    return float(f"{value:.3g}")
+
+
+# The chart view's cards (MLflow 3.17's RunsChartsCardConfig, as its UI serializes them): a
+# parallel-coordinates chart of the searched params against the objective (MLflow's own
+# default plots the first metric by name, `headline.completed`), then each load level's
+# figures as lines over the level (step).
+VIEW_SECTION = "nightshift-review"
+VIEW_LEVEL_METRICS = ("request_goodput", "output_throughput", "p99_tpot_ms", "p99_ttft_ms")
+
+
+def _chart_cards(objectives: Sequence[str], params: Sequence[str]) -> list[dict[str, Any]]:
+    base = {"runsCountToCompare": 50, "metricSectionId": VIEW_SECTION, "deleted": False,
+            "isGenerated": False}
+    cards: list[dict[str, Any]] = [{
+        **base, "uuid": "nightshift-parallel", "type": "PARALLEL",
+        "displayName": "searched flags vs the objective",
+        "selectedParams": list(params)[:8],
+        "selectedMetrics": [view_key(o) for o in objectives][:2], "showAllRuns": False}]
+    for key in VIEW_LEVEL_METRICS:
+        cards.append({
+            **base, "uuid": f"nightshift-level-{key}", "type": "LINE", "metricKey": key,
+            "selectedMetricKeys": [key], "displayName": f"{key} by load level",
+            "lineSmoothness": 0, "xAxisScaleType": "linear", "scaleType": "linear",
+            "range": {}, "xAxisKey": "step", "selectedXAxisMetricKey": "",
+            "yAxisKey": "metric", "yAxisExpressions": [], "ignoreOutliers": False,
+            "useGlobalXaxisKey": False, "useGlobalLineSmoothing": True})
+    return cards
+
+
+def runs_view(objectives: Mapping[str, str], params: Sequence[str] = ()) -> dict[str, Any]:
+    """The runs table's state for a study with `objectives` (name -> "maximize"/"minimize"):
+    the trials without the parent run, best first; the columns the objectives' review figures,
+    the gain vs the defaults, the bottleneck, whether it is the recommended trial, the
+    description (its figure first), then the headline latencies and throughput; sorted by
+    the first objective's exact value. Its chart view: `params` (the searched ones) against
+    the objectives in parallel coordinates, and the load levels' figures as lines."""
     first = next(iter(objectives), None)
     state: dict[str, Any] = {
         "searchFilter": f"tags.`{TAG_KIND}` != 'study'",
-        "selectedColumns": ["attributes.`Description`",
-                            *(f"metrics.`{name}`" for o in objectives
-                              for name in dict.fromkeys((f"objective.{o}", told[o]))),
+        "selectedColumns": [*(f"metrics.`{view_key(o)}`" for o in objectives),
+                            f"metrics.`{VIEW_GAIN}`", "tags.`bottleneck`",
+                            "tags.`nightshift.recommended`", "attributes.`Description`",
                             *(f"metrics.`{m}`" for m in VIEW_METRICS),
                             *(f"tags.`{t}`" for t in VIEW_TAGS)],
     }
+    # The review columns before the description, which is given less room: it is cut anyway,
+    # and its figure comes first.
+    state["compareRunCharts"] = _chart_cards(list(objectives), params)
+    state["compareRunSections"] = [{"uuid": VIEW_SECTION, "name": "nightshift review",
+                                    "display": True, "isReordered": False, "deleted": False,
+                                    "isGenerated": False}]
+    review = state["selectedColumns"][:len(objectives) + 3]
+    state["columnOrder"] = [*review, "attributes.`Description`"]
+    state["columnWidths"] = {**{c: 150 for c in review}, "attributes.`Description`": 240}
     if first is not None:
-        state.update(orderByKey=f"metrics.`{told[first]}`",
+        # Sorted by the value Optuna holds: per GPU for a rate (objectives.per_gpu).
+        told = "per_gpu" if first in OBJECTIVES and OBJECTIVES[first].is_per_gpu else ""
+        state.update(orderByKey=f"metrics.`objective.{first}{'.' + told if told else ''}`",
                      orderByAsc=objectives[first] == "minimize")
     return state
 
@@ -75,6 +139,10 @@ def runs_page(server_url: str, experiment_id: str) -> str:
     return (f"{server_url.rstrip('/')}/#/experiments/{experiment_id}/runs?"
             f"viewStateShareKey={VIEW_KEY}&workflowType=machine_learning")
 TAG_TRIAL = "nightshift.trial"
+# The recommended trial's run (study.recommended_trial, what `export` writes): this tag, "true",
+# and its name starting with RECOMMENDED_MARK.
+TAG_RECOMMENDED = "nightshift.recommended"
+RECOMMENDED_MARK = "★ recommended: "
 TAG_PARENT = "mlflow.parentRunId"
 # On a study's parent run: the key of the Optuna study it records (its `mlflow_study_key`
 # attribute). A study started anew under the same name (its Optuna storage deleted or moved)
@@ -188,7 +256,7 @@ class Tracker:
 
     def start_study(self, study_name: str, *, key: str, params: Mapping[str, Any],
                     artifacts: Mapping[str, Any], objectives: Mapping[str, str] = {},
-                    adopt_unkeyed: bool = False) -> str:
+                    adopt_unkeyed: bool = False, searched: Sequence[str] = ()) -> str:
         """The parent run of the Optuna study `key` names: reused when the study resumes, made
         anew for a new study of the same name (its earlier runs stay as they were). With
         `adopt_unkeyed` (a study begun before parent runs carried keys), its one parent run
@@ -196,7 +264,7 @@ class Tracker:
         and given nightshift's view of its runs table (`runs_view`, sorted by the first of
         `objectives`: name -> direction); a store written before gets both now."""
         exp_id = self.experiment_id(study_name)
-        self.mark_experiment(exp_id, objectives)
+        self.mark_experiment(exp_id, objectives, searched)
         found: list[Any] = list(self.client.search_runs(
             [exp_id], max_results=1,
             filter_string=f"tags.`{TAG_KIND}` = 'study' and tags.`{TAG_STUDY_KEY}` = '{key}'"))
@@ -217,13 +285,14 @@ class Tracker:
             self.client.log_dict(run_id, data, name)
         return run_id
 
-    def mark_experiment(self, exp_id: str, objectives: Mapping[str, str]) -> None:
+    def mark_experiment(self, exp_id: str, objectives: Mapping[str, str],
+                        searched: Sequence[str] = ()) -> None:
         """The experiment-kind tag and the runs view (`runs_view`), each written where it is
         missing or differs (a resume writes nothing)."""
         tags = self.client.get_experiment(exp_id).tags
         if tags.get(TAG_EXPERIMENT_KIND) is None:
             self.client.set_experiment_tag(exp_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND_RUNS)
-        state = json.dumps(runs_view(objectives), sort_keys=True)
+        state = json.dumps(runs_view(objectives, searched), sort_keys=True)
         try:
             previous = json.loads(tags.get(_VIEW_TAG) or "{}")
         except ValueError:
@@ -254,6 +323,36 @@ class Tracker:
             self.client.set_tag(parent_run_id, k, v)
         # A study stopped before its budget stays visibly unfinished (KILLED), not FAILED.
         self.client.set_terminated(parent_run_id, "FINISHED" if is_done else "KILLED")
+
+    def mark_trials(self, parent_run_id: str, recommended: int | None,
+                    figures: Mapping[int, Mapping[str, float]] = {}) -> None:
+        """The review figures of each trial run under the parent (`figures`: trial number ->
+        metrics, the runs view's first columns), and the run of trial `recommended`
+        (study.recommended_trial: what `export` writes) marked by the tag
+        `nightshift.recommended` and its name's RECOMMENDED_MARK; any other trial run is
+        unmarked (a later trial may have taken its place)."""
+        number = recommended
+        exp_id = self.client.get_run(parent_run_id).info.experiment_id
+        runs = self.client.search_runs(
+            [exp_id], max_results=1000,
+            filter_string=f"tags.`{TAG_KIND}` = '{KIND_TRIAL}' and "
+                          f"tags.`{TAG_PARENT}` = '{parent_run_id}'")
+        for run in runs:
+            tags = run.data.tags
+            is_it = number is not None and tags.get(TAG_TRIAL) == str(number)
+            name = str(run.info.run_name or "").removeprefix(RECOMMENDED_MARK)
+            want = RECOMMENDED_MARK + name if is_it else name
+            if run.info.run_name != want:
+                self.client.set_tag(run.info.run_id, "mlflow.runName", want)
+            if is_it and tags.get(TAG_RECOMMENDED) != "true":
+                self.client.set_tag(run.info.run_id, TAG_RECOMMENDED, "true")
+            elif not is_it and TAG_RECOMMENDED in tags:
+                self.client.delete_tag(run.info.run_id, TAG_RECOMMENDED)
+            tag = tags.get(TAG_TRIAL, "")
+            wanted = figures.get(int(tag), {}) if tag.isdigit() else {}
+            missing = {k: v for k, v in wanted.items() if run.data.metrics.get(k) != v}
+            if missing:
+                self.log_metrics(run.info.run_id, missing)
 
     # -- trials -----------------------------------------------------------------------------
 

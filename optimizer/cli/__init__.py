@@ -16,7 +16,12 @@ from rich.text import Text
 # typer 0.29 bundles its own click (`typer._click`); the `click` package's exceptions never
 # match what it raises. pyproject.toml pins typer to 0.29.x, and tests/optimizer/test_cli.py
 # runs `main` on the installed version's usage errors.
-from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+from typer._click.exceptions import (
+    ClickException,
+    NoArgsIsHelpError,
+    NoSuchOption,
+    UsageError,
+)
 
 from optimizer.cli.commands import app
 from optimizer.cli.output import console
@@ -72,6 +77,11 @@ def _show_usage_error(exc: UsageError) -> None:
         message = " ".join(exc.format_message().split())
         if message.startswith("No such command"):
             message = f"{message.rstrip('.')}; the commands are: {commands}."
+        elif isinstance(exc, NoSuchOption) and ctx is not None and \
+                ctx.command.context_settings.get("allow_extra_args"):
+            # audit: an option of the launch it checks, given before `--`.
+            message = (f"{message.rstrip('.')}; if it is the launch's, put the launch after "
+                       f"`--`: {ctx.command_path} -- vllm serve MODEL {exc.option_name} ...")
     console.print(Text.assemble(("error: ", "red"), message), soft_wrap=True)
     if ctx is not None:
         usage = " ".join(ctx.get_usage().split())

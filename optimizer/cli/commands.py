@@ -3,6 +3,7 @@ hw) on one typer app, registered in the order `--help` lists them."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -111,7 +112,8 @@ def start(
     if problem is not None:
         raise ConfigError(f"--ray-address: {problem}.")
     setup_logging(verbose)
-    progress = None if no_progress or not console.is_terminal else LiveProgress(cfg)
+    progress = None if no_progress or not console.is_terminal else \
+        LiveProgress(cfg, done_before=_finished_before(cfg))
     resume = resume_command(study, dry_run=dry_run, storage=storage, tracking_uri=tracking_uri,
                             ray_address=ray_address, trials=trials)
     try:
@@ -167,9 +169,9 @@ def start(
         console.print(f"resume with: {resume}", soft_wrap=True)
     else:
         console.print(f"study {cfg.name} done: {counts}.", soft_wrap=True)
-    if summary.best_number is not None and summary.best_values:
-        console.print(f"best: trial {summary.best_number}, "
-                      f"{values_text(cfg.objectives, summary.best_values)}", soft_wrap=True)
+    pick = _recommendation(cfg)
+    if pick:
+        console.print(pick, soft_wrap=True)
     try:
         paths = _write_report(cfg, None, log_to_mlflow=True)
         console.print(f"report: {paths[0]}", soft_wrap=True)
@@ -184,6 +186,18 @@ def start(
         console.print(f"export with: nightshift export {study}", soft_wrap=True)
 
 
+def _finished_before(cfg: StudyConfig) -> int:
+    """The search's trials a resumed study finished on earlier starts (0 for a new one, or
+    where its storage cannot be read: the live table is a view)."""
+    from optimizer.study import finished_trials, is_search_trial, open_study
+
+    try:
+        study = open_study(cfg, create=False)
+    except Exception:  # a new study (no storage yet), or one `start` refuses with its reason
+        return 0
+    return sum(is_search_trial(t) for t in finished_trials(study))
+
+
 def _mlflow_review(cfg: StudyConfig) -> str:
     """How to open the study's runs in the MLflow UI (`mlflow ui` serves on 127.0.0.1:5000);
     "" when the store cannot be read now (the study's results are safe in Optuna)."""
@@ -195,6 +209,30 @@ def _mlflow_review(cfg: StudyConfig) -> str:
         return ""
     return (f"review in MLflow: mlflow ui --backend-store-uri {cfg.tracking_uri}\n"
             f"  then open {runs_page('http://127.0.0.1:5000', experiment)}")
+
+
+def _recommendation(cfg: StudyConfig) -> str:
+    """The recommendation line of the finished study ("" when it has none or cannot be read)."""
+    from optimizer.study import open_study
+
+    try:
+        return recommendation_text(open_study(cfg, create=False), cfg.objectives)
+    except Exception as exc:  # a summary line: never worth failing a finished study over
+        logger.warning("could not read the recommended trial (%s: %s)", type(exc).__name__, exc)
+        return ""
+
+
+def recommendation_text(study: Any, objectives: Sequence[str]) -> str:
+    """`recommended: trial 9, goodput 37.1 req/s` and, where it is not the best measured, why
+    (study.recommendation_note); the end-of-run line and `status` print it. "" when none."""
+    from optimizer.study import recommendation_note, recommended_trial
+
+    pick = recommended_trial(study)
+    if pick is None or not pick.values:
+        return ""
+    note = recommendation_note(study, pick)
+    return (f"recommended: trial {pick.number}, {values_text(objectives, pick.values)}"
+            + (f" ({note})" if note else ""))
 
 
 def _counts(cfg: StudyConfig) -> str:
@@ -221,7 +259,7 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
       nightshift status examples/quickstart.yaml
     """
     from optimizer.lock import read_lease, read_lock, study_lock_path
-    from optimizer.study import best_trial, count_trials, existing_storage, open_study
+    from optimizer.study import count_trials, existing_storage, open_study
 
     cfg = _load(study).with_overrides(storage=storage)
     store = existing_storage(cfg)
@@ -233,10 +271,9 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
     out.print(f"study [bold]{cfg.name}[/]: daemon {running}; "
               f"{count_trials(trials).describe()}", highlight=False, soft_wrap=True)
     out.print(trial_table(status_rows(trials), cfg.objectives, out.width))
-    best = best_trial(opened)
-    if best is not None and best.values:
-        out.print(f"best: trial {best.number}, {values_text(cfg.objectives, best.values)}",
-                  highlight=False, soft_wrap=True)
+    pick = recommendation_text(opened, cfg.objectives)
+    if pick:
+        out.print(pick, highlight=False, soft_wrap=True)
     confirmed = (opened.user_attrs.get("confirm") or {}).get("sentence")
     if confirmed:
         out.print(f"re-measured: {confirmed}", highlight=False, soft_wrap=True)
@@ -248,7 +285,13 @@ def status_rows(trials: Sequence[FrozenTrial]) -> list[TableRow]:
     from optuna.trial import TrialState
 
     from optimizer.records import ATTR_RECORD
-    from optimizer.study import ATTR_BASELINE, ATTR_CONFIRM, ATTR_CUT_SHORT, ATTR_DUPLICATE_OF
+    from optimizer.study import (
+        ATTR_BASELINE,
+        ATTR_CONFIRM,
+        ATTR_CUT_SHORT,
+        ATTR_DUPLICATE_OF,
+        ATTR_NOT_LAUNCHED,
+    )
 
     baseline = next((t for t in trials if t.user_attrs.get(ATTR_BASELINE)
                      and ATTR_CONFIRM not in t.user_attrs
@@ -257,8 +300,8 @@ def status_rows(trials: Sequence[FrozenTrial]) -> list[TableRow]:
         if baseline is not None else {}
     rows = []
     for t in trials:
-        if t.state == TrialState.WAITING or ATTR_DUPLICATE_OF in t.user_attrs or \
-                ATTR_CUT_SHORT in t.user_attrs:
+        if t.state == TrialState.WAITING or any(
+                a in t.user_attrs for a in (ATTR_DUPLICATE_OF, ATTR_CUT_SHORT, ATTR_NOT_LAUNCHED)):
             continue
         record = t.user_attrs.get(ATTR_RECORD) or {}
         state = str(record.get("state") or ("running" if t.state == TrialState.RUNNING
@@ -353,8 +396,9 @@ def stop(study: StudyArg,
 def export(
     study: StudyArg,
     trial: Annotated[int | None, typer.Option(
-        metavar="N", help="Export trial N (default: the recommended one: the best, or the "
-                          "config with the fewest changes from the defaults within 2% of it)."
+        metavar="N", help="Export trial N (default: the recommended one: the best that "
+                          "`nightshift audit` passes, or the config with the fewest changes "
+                          "from the defaults within 2% of it)."
     )] = None,
     fmt: Annotated[str, typer.Option(
         "--format", metavar="FORMAT", help="yaml (for `vllm serve --config`), sh (a launcher) "
@@ -367,6 +411,10 @@ def export(
     storage: StorageOpt = None,
     force_quality: Annotated[bool, typer.Option(
         help="Export a --trial the quality gate refused (its header says so).")] = False,
+    minimal: Annotated[bool, typer.Option(
+        help="Also leave out each flag the study measured as making no difference: a trial "
+             "that ran the config with that flag at vLLM's default, within 2% (the header "
+             "names each and the trial).")] = False,
     to_library: Annotated[Path | None, typer.Option(
         "--to-library", metavar="LIB.yaml",
         help="Append the trial and the vLLM defaults, with their measured figures as "
@@ -422,7 +470,11 @@ def export(
                       f"{', '.join(c['name'] for c in entry['configs'])}", soft_wrap=True)
         return
     note = choice_note(opened, chosen) if trial is None and max_tpot_ms is None else ""
-    text = render(chosen, cfg, fmt, note=note, path=output)
+    if trial is None and max_tpot_ms is None:
+        from optimizer.study import RECOMMENDATION_RULE
+
+        note = f"recommended: {RECOMMENDATION_RULE}" + (f"; {note}" if note else "")
+    text = render(chosen, cfg, fmt, note=note, path=output, study=opened, minimal=minimal)
     if output is None:
         sys.stdout.write(text)
     else:
@@ -702,7 +754,8 @@ def history(
                              "`nightshift start` prints it.")] = None,
     study: Annotated[Path | None, typer.Option(
         metavar="STUDY.yaml", help="Studies compatible with this study file on this machine "
-                                   "(the ones its warm_start: auto would consider).")] = None,
+                                   "(the ones its warm_start: auto would consider, and its "
+                                   "own study, marked).")] = None,
     tracking_uri: Annotated[str | None, typer.Option(
         metavar="URI", help="MLflow tracking URI (default: --study's, else "
                             "MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db).")] = None,
@@ -715,7 +768,8 @@ def history(
 ) -> None:
     """Print what earlier studies concluded, newest first: date, engine version, card, the
     best config's change from the defaults, its figure with what bounds it, and the study's
-    conclusion. Reads the MLflow store only; nothing is written.
+    conclusion (with --study, its own study too, marked). Reads the MLflow store only;
+    nothing is written.
 
     \b
     Examples:
@@ -777,8 +831,7 @@ def history(
         raise NightshiftError(f"history: the tracking store {uri} could not be read "
                               f"({type(exc).__name__}: {str(exc)[:160]}); check "
                               "--tracking-uri.") from None
-    if like is not None and study is not None:
-        found = [s for s in found if s.name != cfg.name]
+    this = cfg.name if like is not None and study is not None else None
     if not found:
         unknown = "" if like is None or like.gpu_model is not None else (
             " This machine has no GPU, so the study's hardware is unknown and no study is "
@@ -788,7 +841,11 @@ def history(
         return
     shown = found[:limit]
     more = f" (newest {limit} of {len(found)}; --limit for more)" if len(found) > limit else ""
-    out.print(history_table(history_rows(shown), out.width,
+    # --study's own study (the one just run, or the one a start would resume) is listed too,
+    # marked: the quickstart's own results are what a user asks for right after it.
+    rows = [dataclasses.replace(r, study=f"{r.study} (this study)") if r.study == this else r
+            for r in history_rows(shown)]
+    out.print(history_table(rows, out.width,
                             title=f"{len(shown)} studies for {what}, newest first{more}"))
     if trials:
         for earlier in shown:

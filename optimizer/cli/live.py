@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
@@ -20,14 +21,20 @@ class LiveProgress:
     """A table of trials and a bar against the trial budget, redrawn from daemon events. The
     final confirmation runs are shown and counted apart from the budget's trials."""
 
-    def __init__(self, cfg: StudyConfig, console: Console | None = None) -> None:
+    def __init__(self, cfg: StudyConfig, console: Console | None = None, *,
+                 done_before: int = 0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         from rich.live import Live
 
         self.cfg = cfg
         self.rows: dict[int, dict[str, Any]] = {}
         # The daemon's thread writes rows; rich's refresh thread draws them.
         self._lock = threading.Lock()
-        self.started = time.monotonic()
+        # A resume: the search's trials that finished on earlier starts count against the
+        # budget; the pace (the ETA) is this start's own.
+        self.done_before = done_before
+        self.clock = clock
+        self.started = clock()
         self.live = Live(self, console=console or stderr_console, refresh_per_second=4)
 
     def __enter__(self) -> LiveProgress:
@@ -62,16 +69,17 @@ class LiveProgress:
         rows = self._snapshot() if rows is None else rows
         budget = self.cfg.spec.budget.trials
         search = [r for r in rows.values() if not r["confirm"]]
-        done = sum(1 for r in search if r["state"] in ("complete", "pruned", "failed"))
+        here = sum(1 for r in search if r["state"] in ("complete", "pruned", "failed"))
+        done = self.done_before + here
         confirmations = len(rows) - len(search)
-        elapsed = time.monotonic() - self.started
+        elapsed = self.clock() - self.started
         title = f"{self.cfg.name}: {done}" + (f"/{budget}" if budget else "") + \
             f" trials, {elapsed / 60:.0f} min"
         if budget:
             filled = int(20 * min(1.0, done / budget))
             title += "  [" + "#" * filled + "-" * (20 - filled) + "]"
-            if 0 < done < budget:  # at the pace so far, trials in parallel included
-                title += f"  ETA ~{elapsed / done * (budget - done) / 60:.0f} min"
+            if here > 0 and done < budget:  # at this start's pace, trials in parallel included
+                title += f"  ETA ~{elapsed / here * (budget - done) / 60:.0f} min"
         if confirmations:
             title += f"; {confirmations} confirmation run{'s' if confirmations > 1 else ''}"
         return title

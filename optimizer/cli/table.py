@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,19 +213,28 @@ def _fixed_columns(rows: Sequence[TableRow], values: Sequence[Sequence[str]],
 HISTORY_WIDE = 140
 
 
+def _longest_word(cells: Iterable[str], at_most: int = 32) -> int:
+    """The longest space-separated word of `cells`, capped at `at_most` (a longer one breaks
+    in any layout)."""
+    return min(at_most, max((len(w) for c in cells for w in c.split()), default=0))
+
+
 def history_table(rows: Sequence[Any], width: int, title: str | None = None) -> Table:
     """`optimizer.memory.HistoryRow`s at most `width` columns wide, newest first as given:
     study, date, engine and card, the best's change from the defaults, its figure with what
     bounds it, the study's conclusion. Cells wrap at spaces; a longer one ends in "…"."""
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                   padding=(0, 1), title_justify="left")
-    if width >= HISTORY_WIDE:
-        study_w = max(12, min(24, max((len(r.study) for r in rows), default=12)))
-        card_w = max(16, min(30, max((len(r.card) for r in rows), default=16)))
-        free = width - study_w - 16 - card_w - 16 - _GAP * 7
-        # The figure keeps its bound (an interval, brackets): the widest text column.
-        change_w, metric_w = free // 4, free * 2 // 5
-        conclusion_w = free - change_w - metric_w
+    study_w = max(12, min(24, max((len(r.study) for r in rows), default=12)))
+    card_w = max(16, min(30, max((len(r.card) for r in rows), default=16)))
+    free = width - study_w - 16 - card_w - 16 - _GAP * 7
+    # The figure keeps its bound (an interval, brackets): the widest text column. Each text
+    # column is at least as wide as its longest word (a flag, `name=value,`), else the cell
+    # would break inside it: the narrow layout's wider column then wraps at spaces.
+    change_w = max(free // 4, _longest_word(r.change for r in rows))
+    metric_w = max(free * 2 // 5, _longest_word(r.metric for r in rows))
+    conclusion_w = free - change_w - metric_w
+    if width >= HISTORY_WIDE and conclusion_w >= _longest_word(r.conclusion for r in rows):
         for header, w in (("study", study_w), ("date (UTC)", 16), ("engine", 16),
                           ("card", card_w), ("best change", change_w),
                           ("best figure, bounds", metric_w), ("conclusion", conclusion_w)):

@@ -173,6 +173,9 @@ def flag_problems(flags: Mapping[str, Any], table: VllmFlags) -> list[FlagProble
         if key.startswith("sim_"):
             continue
         head = flag_name(key).partition(".")[0]
+        # `no_async_scheduling: true` is `--no-async-scheduling`: a negatable flag's False.
+        if head.startswith("no-") and table.is_negatable(head[3:]):
+            continue
         if table.resolve(head) is None:
             out.append(FlagProblem(flag=f"--{head}", likely_new_name=table.closest(head),
                                    table_source=table.source))

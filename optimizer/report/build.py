@@ -29,6 +29,7 @@ from optimizer.study import (
     is_search_trial,
     no_baseline_reason,
     params_of,
+    recommendation_note,
     recommended_trial,
     vllm_defaults_of,
 )
@@ -143,6 +144,7 @@ class Report:
     confirmation_runs: int = 0  # the final re-measurements: counted apart, never as trials
     repeats: int = 0  # the sampler asked again for a config already held: nothing launched
     recommended: TrialRow | None = None  # what `export` writes, when it is not the best
+    recommended_why: str = ""  # why it is not the best (study.recommendation_note)
     no_baseline: str = ""  # why the defaults could not be measured (no gain is stated then)
     knob_effects: tuple[KnobEffect, ...] = ()  # one-change trials, largest effect first
     generated: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S %Z"))
@@ -407,6 +409,8 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
         slo=slo, confirm=_confirmation(study, axis),
         queued=queued, confirmation_runs=counts.confirmation_runs, repeats=counts.repeats,
         recommended=recommended,
+        recommended_why=recommendation_note(study, pick) if recommended is not None and
+        pick is not None else "",
         no_baseline=no_baseline_reason(study) or "",
         knob_effects=knob_effects(trials, baseline_trial, objective, axis,
                                   vllm_defaults_of(study)))

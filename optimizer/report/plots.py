@@ -4,6 +4,7 @@ front (`pareto_figure`), the objective per trial, and parameter importances."""
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,7 @@ from optimizer.report.build import TOO_FEW_FOR_IMPORTANCES, Report
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+IMPORTANCES_TEXT_CHARS = 70  # a line of the importances' note, at 10 pt on its 7.5-inch figure
 LABEL_COLOURS = {
     "compute-bound": "#d62728", "memory-bound": "#1f77b4", "communication-bound": "#9467bd",
     "launch-bound": "#ff7f0e", "kv-capacity-bound": "#8c564b", "at-physical-limit": "#2ca02c",
@@ -108,17 +110,29 @@ def _write_history_and_importances(report: Report, out_dir: Path) -> None:
     fig.savefig(out_dir / "history.png")
     plt.close(fig)
 
-    # Importances: what moved the objective (fANOVA over the complete trials).
+    fig = importances_figure(report)
+    fig.savefig(out_dir / "importances.png")
+    plt.close(fig)
+
+
+def importances_figure(report: Report) -> Figure:
+    """What moved the objective (fANOVA over the complete trials), or why nothing is ranked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    objective = report.objective
     fig, ax = plt.subplots(figsize=(7.5, 0.45 * max(3, len(report.importances)) + 1), dpi=110)
     items = sorted(report.importances.items(), key=lambda kv: kv[1])
     if items:
         ax.barh([k for k, _ in items], [v for _, v in items], color="#1f77b4")
         ax.set_xlabel(f"importance for {objective} (fANOVA)")
     else:
-        ax.text(0.5, 0.5, TOO_FEW_FOR_IMPORTANCES, ha="center",
-                va="center", transform=ax.transAxes)
+        # Wrapped to the figure's width: one line of it ran off both edges.
+        ax.text(0.5, 0.5, textwrap.fill(TOO_FEW_FOR_IMPORTANCES, IMPORTANCES_TEXT_CHARS),
+                ha="center", va="center", transform=ax.transAxes, wrap=True)
         ax.set_axis_off()
     ax.set_title("Parameter importances")
     fig.tight_layout()
-    fig.savefig(out_dir / "importances.png")
-    plt.close(fig)
+    return fig

@@ -117,8 +117,10 @@ def headline(report: Report) -> str:
     if report.recommended is not None:
         text += (f" Recommended: trial {report.recommended.number} "
                  f"({_changes(report.recommended, in_sentence=True)}), "
-                 f"{_figure(report.recommended, report.objective)}: within "
-                 f"{NOISE_FRACTION:.0%} of the best with fewer changes from the defaults.")
+                 f"{_figure(report.recommended, report.objective)}: "
+                 + (report.recommended_why.split(": ", 1)[-1].split("; `--trial")[0]
+                    if report.recommended_why else f"within {NOISE_FRACTION:.0%} of the best "
+                    "with fewer changes from the defaults") + ".")
     if report.confirm:
         text += f" Re-measured: {report.confirm}."
     return text

@@ -130,6 +130,17 @@ def test_cli_exit_codes_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["audit", "--", "python", "train.py"]) == 2, "not a vllm serve line: bad input"
 
 
+def test_a_launch_option_given_before_the_separator_gets_the_hint(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["audit", "vllm", "serve", "X", "--enforce-eager"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == ("error: No such option: --enforce-eager; if it is the launch's, put the "
+                      "launch after `--`: nightshift audit -- vllm serve MODEL "
+                      "--enforce-eager ..."), err
+    assert main(["status", "--enforce-eager", "x.yaml"]) == 2
+    assert "after `--`" not in capsys.readouterr().err, "only audit takes a launch"
+
+
 @pytest.mark.slow
 def test_measure_pairs_each_fix_with_the_launch_as_is(
         tmp_path: Path, ray_cluster: None) -> None:

@@ -9,6 +9,7 @@ import pytest
 from mlflow import MlflowClient
 
 from optimizer.cli import main
+from optimizer.records import description_of
 from tests.optimizer.test_daemon import load, trial_runs, write_study
 
 pytestmark = pytest.mark.slow
@@ -45,7 +46,8 @@ def test_capacity_brackets_land_in_mlflow_and_bound_the_gain(
             assert probes[capacity["missed_load"]] is False, "the upper end missed it"
         assert tags["capacity.status"] == capacity["status"]
         assert (tags.get("unresolved") == "true") == (capacity["status"] == "unresolved")
-        assert tags["mlflow.note.content"] == tags["conclusion"] == record["conclusion"]
+        assert tags["conclusion"] == record["conclusion"]
+        assert tags["mlflow.note.content"] == description_of(record["conclusion"])
         assert len(record["conclusion_short"]) <= 70
         assert "None" not in record["conclusion"] and "→" not in record["conclusion"]
     client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")

@@ -219,6 +219,23 @@ def test_live_table_counts_confirmation_runs_apart_and_fits_the_terminal(
     assert SHORT in "\n".join(_draw(progress, 160))
 
 
+def test_live_table_after_a_resume_counts_the_earlier_trials_and_paces_on_this_start(
+        tmp_path: Path) -> None:
+    from optimizer.cli.live import LiveProgress
+    from optimizer.daemon import TrialEvent
+
+    cfg = parse_study({"name": "resumed", "model": {"path": "qwen2.5-7b"},
+                       "budget": {"trials": 8}, "slo": {"tpot_p99_ms": 10},
+                       "results_dir": str(tmp_path)})
+    now = [1000.0]
+    progress = LiveProgress(cfg, done_before=5, clock=lambda: now[0])
+    assert progress.title().startswith("resumed: 5/8 trials, 0 min"), progress.title()
+    assert "ETA" not in progress.title(), "no pace yet: no estimate"
+    progress.on_event(TrialEvent("finished", 5, {}, "complete", 3.9, 13.6, "x", 600.0, ""))
+    now[0] += 600.0  # this start's first trial took 10 minutes: 2 trials left
+    assert progress.title() == "resumed: 6/8 trials, 10 min  [###############-----]  ETA ~20 min"
+
+
 def _record(state: str, flags: dict[str, Any], value: float | None, short: str) -> dict[str, Any]:
     return {"state": state, "params": {}, "flags": flags,
             "values": [value] if value is not None else None,
@@ -264,7 +281,7 @@ def test_status_counts_confirmations_and_repeats_apart_with_rounded_figures(
     first = text.splitlines()[0]
     assert "2 trials (2 complete); 2 confirmation runs; 1 repeat of a measured config " \
            "(not launched); 1 queued" in first
-    assert "best: trial 1, goodput 34.4 req/s/GPU" in text
+    assert "recommended: trial 1, goodput 34.4 req/s" in text
     assert not re.search(r"\d\.\d{4,}", text), "no raw floats"
     assert "(confirmation: best)" in text and "and a long explanation" not in text, \
         "short conclusions in the table; the full ones are in MLflow and the report"

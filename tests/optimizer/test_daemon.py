@@ -531,9 +531,13 @@ def test_the_best_is_confirmed_against_the_defaults_interleaved_with_an_interval
             ("confirmation", side)
         assert run.info.run_name == f"c{t.number:03d} confirm {side}"
     name = runs[1].info.run_name
+    assert name.startswith("★ recommended: ") and \
+        runs[1].data.tags["nightshift.recommended"] == "true", "the recommended trial, marked"
+    name = name.removeprefix("★ recommended: ")
     assert runs[1].data.tags["nightshift.kind"] == "trial" and name.startswith("t001 ") and \
         set(name.removeprefix("t001 ").split("+")) == {"fp8", "kv-fp8"}, \
         "a search trial is named by the flags it changed"
+    assert "nightshift.recommended" not in runs[0].data.tags
     # "confirmed" only when the 95% interval excludes 1.0 (2 rounds on a loaded machine often
     # leave it wide): the tag and the sentence say which.
     is_confirmed = summary["ci_low"] > 1.0

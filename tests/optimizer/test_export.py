@@ -166,12 +166,13 @@ def test_report_headline_names_the_recommendation() -> None:
 
 def _deploy_study(model: dict[str, object], **spec: object) -> tuple[optuna.Study, object]:
     """One complete trial measured the way the quickstart measures: dummy weights, no
-    tokenizer, a fixed flag; its record holds the flags the trial changed."""
+    tokenizer, a fixed flag; its record holds the flags the trial ran with."""
     cfg = parse_study({"name": "d", "model": model, "budget": {"trials": 2},
                        "slo": {"tpot_p99_ms": 10}, **spec})
     study = optuna.create_study(direction="maximize")
     trial = study.ask()
-    trial.set_user_attr("record", {"state": "complete", "flags": {"quantization": "fp8"},
+    ran = {"quantization": "fp8", **cfg.engine_fixed_flags}  # the daemon records what ran
+    trial.set_user_attr("record", {"state": "complete", "flags": ran,
                                    "env": {}, "metrics": {}, "conclusion": "new best."})
     study.tell(trial, 30.0)
     return study, cfg
@@ -216,6 +217,7 @@ def test_export_has_a_served_name_only_where_the_study_set_one() -> None:
 
 
 def test_export_keeps_fixed_flags_and_extra_args_but_not_benchmark_artefacts() -> None:
+    """The fixed flags the trial ran with come from its record, not from today's study file."""
     study, cfg = _deploy_study({"path": "qwen2.5-7b", "load_format": "dummy",
                                 "skip_tokenizer_init": True},
                                fixed_flags={"max_model_len": 4096},
@@ -245,3 +247,117 @@ def test_env_export_writes_the_variables_or_says_none_are_needed(tmp_path: Path)
                           str(env_file)], capture_output=True, text=True, check=True)
     assert out.stdout == HOSTILE, "the file sources back to the exact value"
     assert not Path("/tmp/nightshift-pwned").exists()
+
+
+# -- what the header states and what the launch carries (issue 34) --------------------------
+
+
+def _morning_study(confirm: dict[str, object] | None = None
+                   ) -> tuple[optuna.Study, object]:
+    """The quickstart's shape on the simulated engine: the defaults, a trial that sets CUDA
+    graphs off (measured as free: the model prices graphs only in decode-only batches), an fp8
+    one with gpu_memory_utilization at vLLM's own 0.92 on this host, and the fp8 one without
+    its block size; the stored fingerprint as `start` keeps it."""
+    from optimizer.fingerprint import fingerprint_of
+    from optimizer.memory import STUDY_ATTR_FINGERPRINT
+    from optimizer.runtime import simulated_hardware
+    from optimizer.study import STUDY_ATTR_VLLM_DEFAULTS
+    from runners.model_info import load_model_info
+
+    cfg = parse_study({"name": "m", "engine": "simulated",
+                       "model": {"path": "qwen2.5-7b", "load_format": "dummy",
+                                 "skip_tokenizer_init": True},
+                       "workload": {"input_len": 512, "output_len": 128,
+                                    "levels": [{"concurrency": 8}, {"concurrency": 32}]},
+                       "budget": {"trials": 4}, "slo": {"ttft_p99_ms": 1000, "tpot_p99_ms": 10}})
+    fp = fingerprint_of(cfg, engine="simulated", engine_version="simulated 0.26.0",
+                        hardware=simulated_hardware("h200", 2),
+                        model=load_model_info("qwen2.5-7b"))
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr(STUDY_ATTR_FINGERPRINT, fp.to_dict())
+    study.set_user_attr(STUDY_ATTR_VLLM_DEFAULTS, {"gpu_memory_utilization": 0.92,
+                                                   "quantization": "none", "block_size": None,
+                                                   "cudagraph_mode": "FULL_AND_PIECEWISE"})
+    if confirm is not None:
+        study.set_user_attr("confirm", confirm)
+    cat = optuna.distributions.CategoricalDistribution
+    dists = {"quantization": cat(["none", "fp8"]), "cudagraph_mode": cat(
+        ["FULL_AND_PIECEWISE", "NONE"]), "gpu_memory_utilization": cat([0.92, 0.95]),
+        "block_size": cat([16, 64])}
+    flag_of = {"quantization": "quantization", "cudagraph_mode":
+               "compilation_config.cudagraph_mode", "gpu_memory_utilization":
+               "gpu_memory_utilization", "block_size": "block_size"}
+    for params, value in (({}, 30.0), ({"quantization": "fp8", "cudagraph_mode": "NONE"}, 45.0),
+                          ({"quantization": "fp8", "gpu_memory_utilization": 0.92,
+                            "block_size": 64}, 40.0),
+                          ({"quantization": "fp8", "gpu_memory_utilization": 0.92}, 39.9)):
+        attrs: dict[str, object] = {"record": {
+            "state": "complete", "params": params, "env": {}, "metrics": {},
+            "flags": {flag_of[k]: v for k, v in params.items()},
+            "conclusion": "fp8 vs the vLLM defaults: goodput 40 req/s, 1.33x the vLLM "
+                          "defaults (one measurement each: no interval)."}}
+        if not params:
+            attrs["baseline"] = True
+        study.add_trial(optuna.trial.create_trial(
+            params=params, distributions={k: dists[k] for k in params}, value=value,
+            user_attrs=attrs))
+    return study, cfg
+
+
+def test_export_never_ships_what_the_audit_calls_an_error(tmp_path: Path) -> None:
+    from optimizer.cli import main
+    from optimizer.study import recommendation_note, recommended_trial
+
+    study, cfg = _morning_study()
+    chosen = recommended_trial(study)
+    assert chosen.number == 3, "the CUDA-graphs-off trial (45) is never the recommendation"
+    assert "calls an error" in recommendation_note(study, chosen)
+    script = tmp_path / "s.sh"
+    script.write_text(render(chosen, cfg, "sh", study=study))
+    assert "cudagraph" not in script.read_text()
+    assert main(["audit", "--from-file", str(script)]) == 0
+    with pytest.raises(ConfigError, match=r"--trial 1: .*`nightshift audit` calls an error"):
+        select_trial(study, cfg, number=1)
+    from optimizer.report import build_report, headline
+
+    text = headline(build_report(study, cfg, with_importances=False))
+    assert "Recommended: trial 3" in text and "calls an error" in text, \
+        "the report names the same trial, for the same reason"
+
+
+def test_export_header_states_hardware_engine_workload_slo_gain_and_quality() -> None:
+    study, cfg = _morning_study()
+    text = render(study.trials[3], cfg, "yaml", study=study)
+    head = [line for line in text.splitlines() if line.startswith("# ")]
+    for start in ("# model: Qwen/Qwen2.5-7B-Instruct", "# gpus: 1 x NVIDIA H200",
+                  "# vllm: none ran (the simulated engine models vLLM 0.26.0)",
+                  "# engine: SIMULATED", "# workload: input fixed:512 tokens, output "
+                  "fixed:128 tokens, levels:concurrency up to 32",
+                  "# slo: TTFT p99 <= 1000 ms, TPOT p99 <= 10 ms",
+                  "# gain: goodput 1.33x the vLLM defaults (one measurement each: no "
+                  "interval); not confirmed", "# quality: skipped"):
+        assert sum(line.startswith(start) for line in head) == 1, (start, head)
+    assert "dummy weights" in text
+
+
+def test_the_confirmations_interval_wins_over_the_search_measurement() -> None:
+    study, cfg = _morning_study(confirm={
+        "objective": "goodput", "best_trial": 3, "baseline_trial": 0, "gain": 1.05,
+        "ci_low": 0.18, "ci_high": 5.8, "ratios": [1.2, 0.9], "is_confirmed": False})
+    text = render(study.trials[3], cfg, "sh", study=study)
+    gain = next(line for line in text.splitlines() if line.startswith("# gain: "))
+    assert "1.05x the vLLM defaults (95% CI [0.18x, 5.80x] over 2 rounds); not confirmed" \
+        in gain and "1.33x" not in gain
+
+
+def test_export_leaves_out_flags_at_vllms_default_and_minimal_says_what_it_dropped() -> None:
+    study, cfg = _morning_study()
+    trial = study.trials[2]  # fp8, gpu_memory_utilization 0.92 (the host's own), block 64
+    data = yaml.safe_load(render(trial, cfg, "yaml", study=study))
+    assert data == {"quantization": "fp8", "block-size": 64}
+    text = render(trial, cfg, "yaml", study=study, minimal=True)
+    assert yaml.safe_load(text) == {"quantization": "fp8"}
+    assert "# --minimal dropped block_size: trial 3 ran without it (vLLM's default) and " \
+           "measured 39.9 vs 40: within 2%" in text
+    assert "left out, as vLLM's own value on the study's host: --gpu-memory-utilization" \
+        in text

@@ -258,3 +258,68 @@ def test_a_traces_text_prompts_are_labelled_recorded_lengths(tmp_path: Path) -> 
                       path=tmp_path / "s.yaml")
     assert _prompt_lengths(cfg, cfg.workload()) == "recorded_where_text", \
         "a text prompt's length is the trace's own input_length, not token ids nor a count"
+
+
+# -- a resume under a changed study file ----------------------------------------------------
+
+
+def _stored_study(tmp_path: Path, fp: Fingerprint) -> str:
+    import optuna
+
+    from optimizer.memory import STUDY_ATTR_FINGERPRINT
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    stored = optuna.create_study(study_name="here", storage=url, direction="maximize")
+    stored.set_user_attr(STUDY_ATTR_FINGERPRINT, fp.to_dict())
+    return url
+
+
+def _refusal(url: str, fp: Fingerprint) -> str:
+    from optimizer.errors import ConfigError
+    from optimizer.runtime import refuse_a_changed_study
+
+    cfg = parse_study(study()).with_overrides(storage=url)
+    try:
+        refuse_a_changed_study(cfg, fp)
+    except ConfigError as exc:
+        assert exc.exit_code == 2
+        return str(exc)
+    return ""
+
+
+def test_resuming_the_same_study_file_is_not_refused(tmp_path: Path) -> None:
+    assert _refusal(_stored_study(tmp_path, BASE), BASE) == ""
+
+
+def test_a_new_study_name_or_no_storage_yet_is_not_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'none.db'}"
+    assert _refusal(url, BASE) == "" and not (tmp_path / "none.db").exists()
+
+
+@pytest.mark.parametrize(("changed", "named"), [
+    (fingerprint(workload={"input_len": 2048, "output_len": 128,
+                           "levels": [{"concurrency": 16}]}), "workload.input_len: fixed:512 ->"),
+    (fingerprint(slo={"tpot_p99_ms": 20}), "slo.tpot_p99_ms: 40 -> 20"),
+    (fingerprint(load_format="auto"), "weights (model.load_format): dummy -> real"),
+    (fingerprint(model="llama-3.1-8b"), "(model: qwen2.5-7b -> llama-3.1-8b)"),
+    (fingerprint(num_gpus=1), "hardware gpu_count: 2 -> 1"),
+    (replace(BASE, engine="vllm"), "engine: simulated -> vllm"),
+])
+def test_a_changed_study_file_is_refused_naming_the_change_and_how_to_start_anew(
+        tmp_path: Path, changed: Fingerprint, named: str) -> None:
+    import optuna
+
+    url = _stored_study(tmp_path, BASE)
+    message = _refusal(url, changed)
+    assert named in message, message
+    assert "give the study a new `name:`" in message and "\n" not in message
+    stored = optuna.load_study(study_name="here", storage=url)
+    assert stored.user_attrs["fingerprint"] == BASE.to_dict(), "nothing written"
+
+
+def test_a_study_stored_before_fingerprints_is_resumed(tmp_path: Path) -> None:
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    optuna.create_study(study_name="here", storage=url, direction="maximize")
+    assert _refusal(url, fingerprint(num_gpus=1)) == ""

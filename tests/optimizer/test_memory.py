@@ -133,5 +133,5 @@ def test_second_compatible_study_is_seeded_with_the_first_best_and_measures_it_a
         "the two studies of one fingerprint (the simulated seed is not part of it)"
     assert main(["history", "--study", str(second)]) == 0
     out = capsys.readouterr().out
-    assert "\nfirst " in out and "\nthird " not in out, \
-        "--study lists the compatible studies only (the second itself left out)"
+    assert "\nfirst " in out and "\nthird " not in out, "--study lists compatible studies"
+    assert "\nsecond (this study) " in out, "and its own study, marked"

@@ -89,3 +89,26 @@ def test_history_table_fits_the_terminal_and_keeps_each_figure_s_bound(width: in
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= width, text
     assert "[1.52x, 2.44x]" in " ".join(text.split()), f"the interval is shown:\n{text}"
+
+
+@pytest.mark.parametrize("width", [100, 140, 160, 200])
+def test_history_table_never_breaks_a_flag_inside_its_name(width: int) -> None:
+    from rich.console import Console
+
+    from optimizer.cli.table import history_table
+    from optimizer.memory import HistoryRow
+
+    change = ("data_parallel_size=2, attention_backend=FLASHINFER, kv_cache_dtype=fp8, "
+              "quantization=fp8 (+7 more)")
+    rows = [HistoryRow("quickstart", "2026-12-04 17:24", "FINISHED", "simulated 0.26.0",
+                       "2 x NVIDIA H200 (nvlink)", "abc123abc123", change,
+                       "goodput 47.8 req/s; 1.45x the vLLM defaults (one measurement each: "
+                       "no interval)", "Best: trial 7 (data_parallel_size=2, "
+                       "attention_backend=FLASHINFER), goodput 47.8 req/s.")]
+    console = Console(width=width, record=True)
+    console.print(history_table(rows, width))
+    text = console.export_text()
+    words = {w.strip("(),…") for w in text.split()}
+    for flag in ("data_parallel_size=2", "attention_backend=FLASHINFER"):
+        assert flag in words or flag[:8] not in text, f"{flag} broken at {width}:\n{text}"
+    assert "data_parallel_size=2" in words, "the first change always shows"

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from optimizer.records import TrialRecord, tracking_payload
-from optimizer.tracking import Tracker, runs_page
+from optimizer.tracking import VIEW_GAIN, Tracker, runs_page, three_digits, view_key
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
@@ -48,6 +48,7 @@ def _store(tmp_path: Path) -> tuple[str, str]:
         record = TrialRecord(
             state="complete", params=FLAGS[number], conclusion=conclusion,
             flags=FLAGS[number], values=(value,), is_baseline=number == 0,
+            verdict={"label": "memory-bound" if number else "compute-bound"},
             metrics={"request_goodput": value, "objective.goodput": value,
                      "objective.goodput.per_gpu": value, "output_throughput": value * 256,
                      "p99_tpot_ms": 6.0, "p99_ttft_ms": 500.0, "engine.startup_s": 100.0},
@@ -61,6 +62,10 @@ def _store(tmp_path: Path) -> tuple[str, str]:
                                                  "objective.goodput.per_gpu": 38.1}), None,
         number=3, confirm="best"))
     tracker.finish_study(parent, {}, {"conclusion": "best: trial 1"}, is_done=True)
+    # What the daemon does at the end: the review figures, and the recommended trial marked.
+    tracker.mark_trials(parent, 1, {n: {view_key("goodput"): three_digits(v),
+                                        VIEW_GAIN: three_digits(v / GOODPUT[0])}
+                                    for n, v in GOODPUT.items()})
     exp = tracker.client.get_experiment_by_name("ui")
     return uri, str(exp.experiment_id)
 
@@ -137,13 +142,53 @@ def test_the_runs_page_shows_each_trial_with_its_conclusion_best_first(
     assert "Detect Issues" not in text and "Runs - Experiment" in text, \
         "the runs table, not GenAI's Overview of traces"
     assert "4 matching runs" in text, "three trials and the confirmation; not the study's run"
-    names = ["t001 fp8", "c003 confirm best", "t002 kv-fp8", "t000 defaults"]
+    names = ["★ recommended: t001 fp8", "c003 confirm best", "t002 kv-fp8", "t000 defaults"]
     for name in names:
         assert name in text, f"the runs table names the run {name!r}"
     assert [text.index(n) for n in names] == sorted(text.index(n) for n in names), \
         "sorted by the objective, best first"
     for number, conclusion in CONCLUSIONS.items():
         assert conclusion[:40] in text, f"trial {number}'s conclusion is in its row"
-    for column in ("Description", "objective.goodput", "headline.request_goodput",
+    for column in ("Description", "goodput in req per s", "headline.p99_ttft_ms",
                    "headline.p99_tpot_ms", "state"):
         assert column in text, f"the table shows the column {column}"
+    # The review columns first: the objective in its unit (3 significant digits), the gain
+    # vs the defaults, the bottleneck; the headline figures after them.
+    # The runs table's cells in the order shown: the objective in its unit (3 significant
+    # digits) first, the gain vs the defaults, the bottleneck, the mark, then the description
+    # with its figure first. (Its header cells keep MLflow's own order in the DOM.)
+    assert "38.6 1.32 memory-bound true quantization=fp8" in text, \
+        "the recommended trial's row: the objective is the first metric column"
+    assert "29.3 1 compute-bound - vLLM defaults" in text
+    for column in ("goodput in req per s", "gain vs defaults x", "bottleneck",
+                   "nightshift.recommended"):
+        assert column in text
+
+
+def _screenshot(url: str, path: Path, tmp_path: Path, width: int = 1600,
+                height: int = 900) -> None:
+    """A PNG of the page Chromium built for `url` at `width` x `height`."""
+    flags = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+             "--no-first-run", "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars",
+             f"--window-size={width},{height}", "--virtual-time-budget=20000",
+             f"--screenshot={path}", url]
+    proc = subprocess.Popen(flags, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        proc.communicate(timeout=120)
+    finally:
+        _end(proc)
+
+
+def test_the_saved_view_fits_a_1600_pixel_screen_with_the_review_columns(
+        tmp_path: Path) -> None:
+    """At 1600 px the objective, the gain and the bottleneck are in view (they were last, and
+    only two metric columns showed): the screenshot is what a user sees."""
+    uri, exp_id = _store(tmp_path)
+    shot = tmp_path / "runs.png"
+    with _mlflow_server(uri, tmp_path) as server:
+        _screenshot(runs_page(server, exp_id), shot, tmp_path)
+        text = _page_text(runs_page(server, exp_id), tmp_path)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+    assert "★ recommended: t001" in text

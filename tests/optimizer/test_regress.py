@@ -255,10 +255,11 @@ def test_flag_check_names_dropped_and_renamed_flags() -> None:
                                                                     "max_num_sequences"},
                                    "dropped": ["enable-chunked-prefill"]}).flag_table()
     config = LibraryConfig(name="a", flags={"max_num_seqs": 8, "enable_chunked_prefill": True,
-                                            "sim_step_slowdown": 0.1, "block_size": 16})
+                                            "sim_step_slowdown": 0.1, "block_size": 16,
+                                            "no_async_scheduling": True})
     problems = {p.flag: p for p in flag_problems(config.flags, table)}
     assert set(problems) == {"--max-num-seqs", "--enable-chunked-prefill"}, \
-        "sim_ faults and flags the parser knows pass"
+        "sim_ faults and flags the parser knows pass, a negated one (--no-async-scheduling) too"
     assert problems["--max-num-seqs"].likely_new_name == "max-num-sequences"
 
 

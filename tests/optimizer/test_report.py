@@ -250,6 +250,26 @@ def test_pareto_plot_draws_every_line_its_legend_lists(study_file: Path) -> None
             plt.close(fig)
 
 
+def test_the_importances_note_lies_inside_its_figure(study_file: Path) -> None:
+    """Issue 34: the "too few complete trials" note was one line clipped at both edges."""
+    import matplotlib.pyplot as plt
+
+    from optimizer.report.plots import importances_figure
+
+    cfg = parse_study(yaml.safe_load(study_file.read_text()), path=study_file)
+    report = build_report(open_study(cfg, create=False), cfg, with_importances=False)
+    assert report.importances == {}
+    fig = importances_figure(report)
+    try:
+        fig.canvas.draw()
+        note = next(t for t in fig.axes[0].texts if t.get_text().startswith("too few"))
+        box, page = note.get_window_extent(), fig.bbox
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 <= box.y1 <= \
+            page.y1, f"the note {box} lies inside the figure {page}"
+    finally:
+        plt.close(fig)
+
+
 def test_importances_rank_a_parameter_a_rule_fixed_in_some_trials() -> None:
     """The quickstart's winner changed data_parallel_size; Optuna sampled it only at TP 1 (the
     rule replicas-fit-gpus fixed it to 1 at TP 2), and its evaluators rank only parameters

@@ -21,6 +21,7 @@ from optimizer.study import (
     ATTR_BASELINE,
     ATTR_CONFIRM,
     ATTR_DUPLICATE_OF,
+    count_trials,
     make_pruner,
     make_sampler,
 )
@@ -201,6 +202,10 @@ def test_a_trial_the_stop_left_waiting_for_gpus_is_not_launched_not_rejected(
     record = record_of(policy.study.get_trials(deepcopy=False)[number])
     assert record is not None and record.conclusion.startswith("not launched (interrupted)"), \
         "only a config refused for what it is is 'rejected before launch'"
+    counts = count_trials(policy.study.get_trials(deepcopy=False))
+    assert counts.by_state["failed"] == 0 and counts.not_launched == 1 and counts.queued == 1
+    assert "1 stopped before launch (re-queued); 1 queued" in counts.describe(), \
+        "a trial that never launched is not counted failed after a Ctrl-C"
 
 
 @pytest.mark.parametrize("seed", range(3))

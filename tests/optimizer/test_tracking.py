@@ -201,3 +201,50 @@ def test_a_store_written_before_the_mark_opens_on_runs_after_a_restart(tmp_path:
     Tracker(uri).start_study("old", key="k", params={}, artifacts={})
     assert client.get_experiment_by_name("old").tags["mlflow.experimentKind"] == \
         "custom_model_development"
+
+
+def test_the_recommended_trial_is_marked_by_tag_and_name_and_the_mark_moves(
+        tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(uri)
+    parent = tracker.start_study("s", key="k", params={}, artifacts={})
+    runs = {n: tracker.start_trial(parent, "s", n, {}) for n in (0, 1, 2)}
+    figures = {1: {"goodput in req per s": 38.6, "gain vs defaults x": 1.32}}
+    tracker.mark_trials(parent, 1, figures)
+    client = MlflowClient(uri)
+    marked = client.get_run(runs[1])
+    assert marked.data.tags["nightshift.recommended"] == "true"
+    assert marked.info.run_name == "★ recommended: t001"
+    assert marked.data.metrics == figures[1]
+    tracker.mark_trials(parent, 2, figures)
+    assert "nightshift.recommended" not in client.get_run(runs[1]).data.tags
+    assert client.get_run(runs[1]).info.run_name == "t001", "the mark moved"
+    assert client.get_run(runs[2]).info.run_name == "★ recommended: t002"
+
+
+def test_the_runs_view_opens_on_the_objective_the_gain_and_the_bottleneck() -> None:
+    from optimizer.tracking import runs_view, three_digits, view_key
+
+    columns = runs_view({"goodput": "maximize"})["selectedColumns"]
+    assert columns[:3] == ["metrics.`goodput in req per s`", "metrics.`gain vs defaults x`",
+                           "tags.`bottleneck`"]
+    assert view_key("tpot") == "tpot in ms TPOT p99" and three_digits(38.61234) == 38.6
+
+
+def test_a_runs_description_starts_with_its_figure_and_simulated_timing_is_explained() -> None:
+    from optimizer.records import SIMULATED_TIMING, tracking_payload
+
+    conclusion = ("quantization=fp8, kv_cache_dtype=fp8 vs the vLLM defaults: goodput 38.6 "
+                  "req/s, 1.32x the vLLM defaults (one measurement each: no interval). "
+                  "memory-bound.")
+    simulated = ("/usr/bin/python3", "-m", "runners.simulated", "--port", "8000")
+    tags = tracking_payload(_record(conclusion=conclusion, argv=simulated,
+                                    engine={"engine_version": "0.26.0"}), None, number=1)["tags"]
+    assert tags["mlflow.note.content"].startswith("goodput 38.6 req/s, 1.32x the vLLM defaults")
+    assert tags["mlflow.note.content"].endswith(
+        "Changes from the vLLM defaults: quantization=fp8, kv_cache_dtype=fp8.")
+    assert tags["conclusion"] == conclusion, "the conclusion tag as the trial concluded"
+    assert tags["timing"] == SIMULATED_TIMING
+    real = tracking_payload(_record(argv=("vllm", "serve", "m"), engine={
+        "engine_version": "0.26.0"}), None, number=1)
+    assert "timing" not in real["tags"], "a real engine's start-up is its wall time"
