@@ -27,6 +27,7 @@ from optimizer.study import (
     recommended_trial,
     startup_saver_env,
 )
+from runners.credentials import is_secret_name, redact_argv
 from runners.model_info import BUNDLED_CHECKPOINTS, bundled_shape_of
 from runners.vllm.facts import ENV_PREFIXES
 from runners.vllm.flags import to_argv, to_config_dict
@@ -162,8 +163,14 @@ def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
     quality_note = header_line(record.get("quality"), cfg.quality_skip_reason)
     if quality_note:
         notes.append(quality_note)
-    extra_args = tuple(cfg.spec.vllm.extra_args)
+    # A secret is named, never written: an older study may hold one (runners/credentials.py).
+    extra_args = tuple(redact_argv(cfg.spec.vllm.extra_args))
     env = trial_env(record, startup_saver_env(cfg.spec.startup.savers))
+    secrets = sorted(k for k in env if is_secret_name(k))
+    env = {k: v for k, v in env.items() if k not in secrets}
+    if secrets:
+        notes.append(f"secrets not written: set {', '.join(secrets)} in the environment "
+                     "before serving")
     values = ", ".join(f"{o}={v:.4g}" for o, v in zip(cfg.objectives, trial.values or [],
                                                       strict=False))
     about = (f"nightshift study {cfg.name!r}, trial {trial.number} ({values})\n"
@@ -177,6 +184,8 @@ def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
     if fmt == "sh":
         lines = ["#!/usr/bin/env bash", *(f"# {line}" for line in about.splitlines()),
                  "set -euo pipefail"]
+        lines += [f'export {k}="${{{k}:?set {k} (a secret, not written here)}}"'
+                  for k in secrets]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
         lines.append("exec " + shlex.join(serve_argv(model, flags, extra_args)) + ' "$@"')
         return "\n".join(lines) + "\n"
