@@ -40,6 +40,7 @@ from optimizer.study import (
     open_study,
 )
 from optimizer.tracking import Tracker
+from runners.atomic import write_atomic
 from runners.base import EngineConfig, FailureReason, RunResult
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
@@ -375,7 +376,7 @@ class Daemon:
             # The worker ran on another machine: its trimmed trace came back through Ray.
             local = item.workdir / result.trace_path.name
             local.parent.mkdir(parents=True, exist_ok=True)
-            local.write_bytes(result.trace_data)
+            write_atomic(local, result.trace_data)
             result = replace(result, trace_path=local)
         policy.on_result(item.running, result)
 

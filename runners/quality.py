@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import httpx
 
+from runners.atomic import write_atomic
 from runners.credentials import auth_headers
 from runners.workload import QualityEval
 
@@ -368,7 +369,7 @@ def run_eval(base_url: str, model: str, spec: QualityEval,
                      wall_s=time.monotonic() - started)
     if workdir is not None:
         try:
-            (workdir / "quality.json").write_text(json.dumps(run.to_dict()))
+            write_atomic(workdir / "quality.json", json.dumps(run.to_dict()))
         except OSError as exc:
             logger.warning("quality sample not written under %s: %s", workdir, exc)
     return run

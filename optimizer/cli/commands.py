@@ -22,6 +22,7 @@ from optimizer.cli.table import TableRow, figure, objective_header, trial_table
 from optimizer.config import StudyConfig, load_study, resume_command
 from optimizer.errors import ConfigError, NightshiftError, describe
 from optimizer.records import objective_unit
+from runners.atomic import write_atomic
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -426,9 +427,7 @@ def export(
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text)
-        if fmt == "sh":
-            output.chmod(0o755)
+        write_atomic(output, text, mode=0o700 if fmt == "sh" else 0o600)
         console.print(f"wrote trial {chosen.number} as {fmt} to {output}", soft_wrap=True)
 
 
@@ -849,5 +848,5 @@ def hw(output: Annotated[Path | None, typer.Option(
     data = profile.to_dict()
     if output is not None:
         _check_output_file("hw --output", output)
-        output.write_text(json.dumps(data, indent=2, default=str))
+        write_atomic(output, json.dumps(data, indent=2, default=str))
     out.print_json(json.dumps(data, default=str))
