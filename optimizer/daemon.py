@@ -222,14 +222,17 @@ class Daemon:
                               compiled_elsewhere=self.compiled_elsewhere)
         self.policy = policy
         policy.prepare(self.seed_trials, self.warm_seeds, self.template_trials)
+        is_confirmed = False
         try:
             self._loop(policy)
             if not self.stopping:
                 confirm(study, self.cfg, lambda params, label: self._measure_alone(
                     policy, params, label), lambda: self.stopping)
+                # A stop during the confirmation round leaves it unfinished: not done.
+                is_confirmed = not self.stopping
         finally:
             self._wind_down(policy)
-        return self._finish(study, policy)
+        return self._finish(study, policy, is_confirmed=is_confirmed)
 
     def _wind_down(self, policy: SearchPolicy) -> None:
         """End every trial and process of this run, on any way out. Each step runs even when
@@ -444,14 +447,15 @@ class Daemon:
         """The flags a trial sets beyond vLLM's defaults and the study's fixed flags."""
         return {k: v for k, v in config.flags.items() if k not in self.cfg.engine_fixed_flags}
 
-    def _finish(self, study: optuna.Study, policy: SearchPolicy) -> DaemonSummary:
+    def _finish(self, study: optuna.Study, policy: SearchPolicy, *,
+                is_confirmed: bool = True) -> DaemonSummary:
         from optimizer.study import is_search_trial, no_baseline_reason
 
         trials = study.get_trials(deepcopy=False)
         # The search's trials: not a repeat that launched nothing, nor a confirmation run.
         finished = [t for t in trials if t.state.is_finished() and is_search_trial(t)]
         best = best_trial(study)
-        done = not policy.budget_left()
+        done = not policy.budget_left() and is_confirmed
         metrics, tags = self.summarize(study, self.cfg)
         no_baseline = no_baseline_reason(study) or ""
         if no_baseline:

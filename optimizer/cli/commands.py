@@ -3,6 +3,7 @@ hw) on one typer app, registered in the order `--help` lists them."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -71,6 +72,8 @@ def _check_output_file(option: str, path: Path) -> None:
 
 # -- start ----------------------------------------------------------------------------------
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
 
 @app.command(cls=_Command, short_help="Create or resume a study and run it to its budget.")
 def start(
@@ -133,9 +136,13 @@ def start(
         daemon.request_stop(now=now)
         what = ("stopping now: failing trials in flight" if now else
                 "stopping: finishing trials in flight (signal again to stop now)")
-        console.print(f"[yellow]{what}[/]; resume with: {resume}", soft_wrap=True)
+        logger.info("%s (%s)", what, signal.Signals(signum).name)
+        # The terminal may be gone (SIGHUP): a message it cannot take must not end the study.
+        with contextlib.suppress(OSError, ValueError):
+            console.print(f"[yellow]{what}[/]; resume with: {resume}", soft_wrap=True)
 
-    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    # SIGHUP (the terminal closed) stops the study as SIGTERM does, never kills it outright.
+    old = {s: signal.signal(s, _on_signal) for s in STOP_SIGNALS}
     try:
         if progress is not None:
             with progress:

@@ -595,3 +595,27 @@ def test_an_engine_left_without_its_worker_is_reaped_when_the_daemon_ends(
     assert main(["start", str(path), "--no-progress"]) == 0
     assert orphans and not orphans[0].is_alive(), "the orphaned engine was killed"
     assert not list(registry.glob("*.json")), "and its record cleared"
+
+
+def test_sighup_in_the_confirmation_round_stops_the_study_and_never_says_done(
+        tmp_path: Path) -> None:
+    # SIGHUP (the terminal closed) stops as SIGTERM does; a stop in the confirmation round
+    # leaves the study stopped, with its resume line, never "done".
+    path = write_study(tmp_path, trials=2, confirm_rounds=3, workload={
+        "input_len": 128, "output_len": 96, "levels": [{"concurrency": 4}],
+        "num_requests": 16, "warmup_requests": 1})
+    log = tmp_path / "daemon.log"
+    daemon = _start_daemon(path, log)
+    try:
+        _wait_for(lambda: any("confirm" in t.user_attrs for t in load(tmp_path).trials
+                              if t.state == TrialState.RUNNING), daemon, log)
+        daemon.send_signal(signal.SIGHUP)
+        code = daemon.wait(120)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    text = log.read_text()
+    assert code != -signal.SIGHUP, "SIGHUP does not kill the daemon outright"
+    assert "study e2e stopped" in text and "resume with:" in text, text[-2000:]
+    assert "study e2e done" not in text, "a stopped confirmation round is not a done study"
+    assert "confirm" not in load(tmp_path).user_attrs, "no comparison from a cut round"
