@@ -607,8 +607,15 @@ def test_sighup_in_the_confirmation_round_stops_the_study_and_never_says_done(
     log = tmp_path / "daemon.log"
     daemon = _start_daemon(path, log)
     try:
-        _wait_for(lambda: any("confirm" in t.user_attrs for t in load(tmp_path).trials
-                              if t.state == TrialState.RUNNING), daemon, log)
+        def confirming() -> bool:
+            try:
+                trials = load(tmp_path).trials
+            except (sqlalchemy.exc.OperationalError, KeyError):  # not made yet
+                return False
+            return any("confirm" in t.user_attrs for t in trials
+                       if t.state == TrialState.RUNNING)
+
+        _wait_for(confirming, daemon, log)
         daemon.send_signal(signal.SIGHUP)
         code = daemon.wait(120)
     finally:
