@@ -263,6 +263,9 @@ def status_rows(trials: Sequence[FrozenTrial]) -> list[TableRow]:
                      and t.state == TrialState.COMPLETE), None)
     base_flags = ((baseline.user_attrs.get(ATTR_RECORD) or {}).get("flags") or {}) \
         if baseline is not None else {}
+    # The defaults' sampled params (measured or not), for a trial whose record holds no flags.
+    base_params = next((t.params for t in trials if t.user_attrs.get(ATTR_BASELINE)
+                        and ATTR_CONFIRM not in t.user_attrs and t.params), None)
     rows = []
     for t in trials:
         if t.state == TrialState.WAITING or ATTR_DUPLICATE_OF in t.user_attrs or \
@@ -279,6 +282,11 @@ def status_rows(trials: Sequence[FrozenTrial]) -> list[TableRow]:
         flags = record.get("flags")
         changes = None if flags is None else \
             {k: v for k, v in flags.items() if base_flags.get(k) != v}
+        if not flags and not t.user_attrs.get(ATTR_BASELINE):
+            # A failed record (lost, rejected) holds its params, not the launch's flags: an
+            # empty dict there is no sign of the defaults. Its params against the defaults'.
+            changes = None if base_params is None or not t.params else \
+                {k: v for k, v in t.params.items() if base_params.get(k) != v}
         confirm = t.user_attrs.get(ATTR_CONFIRM)
         note = f"(confirmation: {confirm})" if confirm else \
             ("(vLLM defaults)" if t.user_attrs.get(ATTR_BASELINE) else "")

@@ -344,3 +344,24 @@ def test_what_nightshift_writes_is_private_to_the_user(tmp_path: Path) -> None:
     assert out.stdout.strip().splitlines()[-1] == "0", out.stderr[-500:]
     assert (tmp_path / "hw.json").stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "dir").stat().st_mode & 0o777 == 0o700, "directories made are 0700"
+
+
+def test_status_never_shows_a_failed_trial_of_another_config_as_the_defaults(
+        tmp_path: Path) -> None:
+    from optimizer.cli.commands import status_rows
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/o.db")
+    defaults = {"max_num_seqs": 256, "block_size": 16}
+    study.enqueue_trial(defaults, user_attrs={"baseline": True})
+    study.enqueue_trial({"max_num_seqs": 64, "block_size": 16})
+    for _ in range(2):
+        trial = study.ask()
+        trial.suggest_categorical("max_num_seqs", [64, 256])
+        trial.suggest_categorical("block_size", [16, 32])
+        # What Recovery writes for a trial lost with the daemon: params, no flags.
+        trial.set_user_attr("record", {"state": "failed", "params": trial.params, "flags": {},
+                                       "failure_reason": "daemon_lost"})
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    rows = status_rows(study.get_trials())
+    assert rows[0].changes_note == "(vLLM defaults)"
+    assert rows[1].changes == {"max_num_seqs": 64}, "its own change, never '(defaults)'"
