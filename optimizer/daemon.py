@@ -95,6 +95,9 @@ class DaemonSummary:
     best_number: int | None
     best_values: list[float] | None
     no_baseline: str = ""  # why the defaults could not be measured, when they could not
+    # What MLflow lacks at the end (writes it refused, still refused by the closing catch-up),
+    # as a sentence; "" when it holds everything. Optuna holds it all; the next start logs it.
+    mlflow_incomplete: str = ""
 
 
 class Daemon:
@@ -145,6 +148,7 @@ class Daemon:
         self.study_attrs = dict(study_attrs)
         self._stop: Literal["no", "finish", "now"] = "no"
         self._inflight: list[_InFlight] = []
+        self._tracking_misses: set[int] = set()  # trials whose MLflow writes failed
         self._parent_run = ""
         self._lease: StorageLease | None = None  # the study's lock in a server RDB
         self.policy: SearchPolicy | None = None
@@ -211,9 +215,10 @@ class Daemon:
                 f"store and run `{self.resume}` again.") from exc
         if self.study_tags:
             self.tracker.set_study_tags(self._parent_run, self.study_tags)
-        Recovery(study, storage, self.space, self.tracker, self._parent_run, self.cfg.name,
-                 self.cfg.results_dir, self.cfg.spec.retries,
-                 fixed_flags=self.cfg.engine_fixed_flags).run()
+        recovery = Recovery(study, storage, self.space, self.tracker, self._parent_run,
+                            self.cfg.name, self.cfg.results_dir, self.cfg.spec.retries,
+                            fixed_flags=self.cfg.engine_fixed_flags)
+        recovery.run()
         policy = SearchPolicy(self.cfg, self.space, study, workload=self.workload,
                               total_gpus=self.executor.total_gpus,
                               max_gpus_per_node=self.max_gpus_per_node,
@@ -232,6 +237,12 @@ class Daemon:
                 is_confirmed = not self.stopping
         finally:
             self._wind_down(policy)
+        if self._tracking_misses and recovery.catch_up():
+            # The store took writes again: what it refused mid-study is logged now, and no run
+            # of this daemon's is left RUNNING.
+            logger.info("MLflow caught up at the end: trials %s are logged",
+                        _numbers(self._tracking_misses))
+            self._tracking_misses.clear()
         return self._finish(study, policy, is_confirmed=is_confirmed)
 
     def _wind_down(self, policy: SearchPolicy) -> None:
@@ -413,6 +424,7 @@ class Daemon:
             self._tracking_failed("finish_trial", number, exc)
 
     def _tracking_failed(self, action: str, number: int, exc: Exception) -> None:
+        self._tracking_misses.add(number)
         logger.warning("trial %d: MLflow %s failed (%s); the trial is kept in Optuna and "
                        "logged to MLflow on the next resume", number, action, describe(exc))
 
@@ -461,15 +473,23 @@ class Daemon:
         if no_baseline:
             logger.warning("no baseline: the defaults could not be measured (%s); no gain over "
                            "the defaults can be stated", no_baseline)
+        missed = [f"trial{'s' if len(self._tracking_misses) > 1 else ''} "
+                  f"{_numbers(self._tracking_misses)}"] if self._tracking_misses else []
         try:
             self.tracker.finish_study(self._parent_run, metrics, tags, is_done=done)
         except Exception as exc:  # any store error: the results are safe in Optuna
+            missed.append("the study's own run")
             logger.warning("MLflow finish_study failed (%s); rerun `%s` to bring MLflow up "
                            "to date", describe(exc), self.resume)
         self.on_event(TrialEvent("study", message="done" if done else "stopped"))
         return DaemonSummary(policy.finished_here, len(finished), self.stopping and not done,
                              best.number if best else None, list(best.values)
-                             if best and best.values else None, no_baseline)
+                             if best and best.values else None, no_baseline,
+                             " and ".join(missed))
+
+
+def _numbers(numbers: set[int]) -> str:
+    return ", ".join(str(n) for n in sorted(numbers))
 
 
 class _MlflowLog:

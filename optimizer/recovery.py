@@ -181,9 +181,9 @@ class Recovery:
         logger.warning("trial %d was being sampled when the daemon died (no %s yet): failed, "
                        "%s", trial.number, ", ".join(unsampled), fate)
 
-    def catch_up(self) -> None:
+    def catch_up(self) -> bool:
         """Log to MLflow what it missed of the study's finished trials and close the runs a
-        dead daemon left RUNNING."""
+        dead daemon left RUNNING; whether MLflow took it all."""
         trials = []
         for frozen in self.study.get_trials(deepcopy=False):
             record = record_of(frozen)
@@ -202,9 +202,10 @@ class Recovery:
         except Exception as exc:  # any store error: the trials are safe in Optuna
             logger.warning("MLflow catch-up failed (%s); every trial is kept in Optuna and "
                            "the next start logs what MLflow lacks", describe(exc))
-            return
+            return False
         if done.left_running:
             logger.info("closed %d MLflow runs left RUNNING by a dead daemon", done.left_running)
         if done.created:
             logger.info("logged %d finished trials the MLflow store had missed", done.created)
+        return True
 

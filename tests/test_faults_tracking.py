@@ -111,6 +111,12 @@ def test_the_catch_up_logs_what_mlflow_missed_once_with_server_logs(
     breaker, db, saved = break_store_when_trial_1_starts(tmp_path)
     assert main(["start", str(path), "--no-progress"]) == 0, "a failing store never stops it"
     breaker.join()
+    first = capsys.readouterr().err
+    incomplete = [line for line in first.splitlines() if "MLflow is incomplete" in line]
+    assert incomplete and "trial" in incomplete[0], \
+        "the end says MLflow lacks what it refused, before pointing the user to it"
+    assert first.index("MLflow is incomplete") < first.index("review in MLflow") \
+        if "review in MLflow" in first else True
     shutil.copyfile(saved, db)  # the store is back, missing what came after the break
 
     client = MlflowClient(f"sqlite:///{db}")

@@ -184,6 +184,12 @@ def start(
     except Exception as exc:  # the report is a view: the study's results are safe in Optuna
         logger.warning("could not write the report (%s: %s); run `nightshift report %s`",
                        type(exc).__name__, exc, study)
+    if summary.mlflow_incomplete:
+        # Said before the pointer to MLflow: what it shows now is not the whole study.
+        console.print(f"[yellow]MLflow is incomplete:[/] it refused the writes of "
+                      f"{summary.mlflow_incomplete} (Optuna holds them; see "
+                      f"{cfg.results_dir / 'daemon.log'}); run `{resume}` again once the store "
+                      "takes writes to log them and close their runs", soft_wrap=True)
     review = _mlflow_review(cfg)
     if review:
         console.print(review, soft_wrap=True)
