@@ -29,7 +29,7 @@ def storage_problem(url: str) -> str | None:
     if backend == "sqlite" and (not parsed.database or parsed.database == ":memory:"):
         return ("storage: an in-memory SQLite database loses the study when the daemon ends; "
                 "give a file such as sqlite:///results/optuna.db")
-    if backend == "sqlite":
+    if backend == "sqlite" and parsed.database:
         problem = sqlite_path_problem("storage", parsed.database)
         if problem is not None:
             return problem
