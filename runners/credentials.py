@@ -15,11 +15,10 @@ from collections.abc import Iterable, Mapping, Sequence
 # entrypoints/openai/api_server.py: `args.api_key or envs.VLLM_API_KEY`).
 API_KEY_ENV = "VLLM_API_KEY"
 
-# A variable is secret by its name (HF_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY, ...).
-_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
-# Names that match the pattern but hold no secret: vLLM's and the tokenizer's own knobs.
-_NOT_SECRET = frozenset({"TOKENIZERS_PARALLELISM", "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
-                         "VLLM_USE_TOKEN_IDS"})
+# A variable is secret by a word of its name (HF_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY,
+# DB_PASSWORD), never by a part of a word: VLLM_..._TOKENS and TOKENIZERS_PARALLELISM are knobs.
+_SECRET_NAME = re.compile(r"(?:^|_)(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?)(?:_|$)",
+                          re.IGNORECASE)
 
 # vLLM serve's flags whose value is a secret (the bundled 0.26 table: hf-token, api-key), and
 # the variable vLLM reads the same secret from instead (huggingface_hub reads HF_TOKEN).
@@ -30,7 +29,7 @@ REDACTED = "<redacted>"
 
 def is_secret_name(name: str) -> bool:
     """Whether an environment variable's (or flag's) name says it holds a secret."""
-    return name.upper() not in _NOT_SECRET and _SECRET_NAME.search(name) is not None
+    return _SECRET_NAME.search(name) is not None
 
 
 def is_secret_flag(token: str) -> bool:

@@ -17,7 +17,8 @@ def test_secret_names_are_found_by_what_they_hold_and_knobs_are_not() -> None:
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY",
                  "DB_PASSWORD", "wandb_api_key"):
         assert is_secret_name(name), name
-    for name in ("VLLM_LOGGING_LEVEL", "TOKENIZERS_PARALLELISM", "NCCL_P2P_DISABLE"):
+    for name in ("VLLM_LOGGING_LEVEL", "TOKENIZERS_PARALLELISM", "NCCL_P2P_DISABLE",
+                 "VLLM_MAX_TOKENS_PER_EXPERT_FP4_MOE", "VLLM_KEYS_CACHE"):
         assert not is_secret_name(name), name
 
 
