@@ -144,10 +144,12 @@ class Recovery:
         ran, so it is not a failure of its config; it counts for no budget, as a cut-short
         trial does, and its config goes back in the queue with its retries unspent."""
         attrs = dict(trial.user_attrs)
+        fate = "re-queued" if requeueable(attrs) else \
+            "the confirmation runs again whole on this start"
         record = TrialRecord.failed(
             trial.params, FailureReason.DAEMON_LOST.value,
             "the daemon died before this trial was launched.",
-            "the daemon died before launching this trial: nothing ran, re-queued.",
+            f"the daemon died before launching this trial: nothing ran, {fate}.",
             is_baseline=bool(attrs.get(ATTR_BASELINE)))
         self._set_attr(trial, ATTR_RECORD, record.to_user_attr())
         self._set_attr(trial, ATTR_CUT_SHORT, True)  # launched nothing: no budget, no run
@@ -156,7 +158,7 @@ class Recovery:
                     int(attrs.get(ATTR_RETRIES, 0)))
         self.study.tell(trial.number, state=TrialState.FAIL)
         logger.warning("trial %d was queued for GPUs when the daemon died: nothing was "
-                       "launched; re-queued", trial.number)
+                       "launched; %s", trial.number, fate)
 
     def _drop_cut_short(self, trial: FrozenTrial, unsampled: list[str]) -> None:
         """A dead daemon's trial still being sampled has half a config and never launched: it

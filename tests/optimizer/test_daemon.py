@@ -186,6 +186,11 @@ def test_resume_after_sigkill_keeps_finished_trials(tmp_path: Path) -> None:
         assert record["failure_reason"] == "daemon_lost"
         retries = [t for t in study.trials if t.user_attrs.get("retry_of") == number]
         if after[number].user_attrs.get("sampling_cut_short"):
+            if "nothing ran, re-queued" in record["conclusion"]:
+                # Asked whole but still waiting for GPUs: nothing launched, queued again as
+                # it was (tests/test_faults_daemon.py makes this case on purpose).
+                assert len(retries) == 1 and "mlflow_run_id" not in after[number].user_attrs
+                continue
             # The kill fell between two suggestions: half a config is not re-queued (a test
             # of its own below makes this case on purpose).
             assert retries == []
