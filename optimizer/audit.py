@@ -21,6 +21,8 @@ from typing import Any, Literal
 import yaml
 
 from optimizer.errors import ConfigError
+from runners.atomic import write_atomic
+from runners.credentials import redact_env
 from runners.vllm.facts import ENV_PREFIXES
 from runners.vllm.flags import VllmFlags, bundled_flags, flag_table
 
@@ -326,8 +328,8 @@ def paired_study(template: Mapping[str, Any], launch: Launch, findings: Sequence
                            "default": current, "help": "audit: as launched vs fixed"}
     space = out_dir / "audit_space.yaml"
     out_dir.mkdir(parents=True, exist_ok=True)
-    space.write_text(yaml.safe_dump({"name": "audit", "description": "as launched vs each fix",
-                                     "parameters": parameters}))
+    write_atomic(space, yaml.safe_dump({"name": "audit", "description": "as launched vs each fix",
+                                        "parameters": parameters}))
     study = dict(template)
     study.update(
         name=f"{template['name']}-audit", search_space=str(space.resolve()),
@@ -336,9 +338,10 @@ def paired_study(template: Mapping[str, Any], launch: Launch, findings: Sequence
         seed_trials=[dict(f.fix) for f in fixes], budget={"trials": 1 + len(fixes)},
         # Its budget is the launch and each fix: no seed of an earlier study takes a place.
         pruner={"name": "none"}, confirm_rounds=0, warm_start="off",
-        env={**template.get("env", {}), **{
-            k: v for k, v in launch.env.items() if k not in REMOVED_ENV}})
+        # A secret is named (${NAME}, read back from the environment), never written.
+        env=redact_env({**template.get("env", {}), **{
+            k: v for k, v in launch.env.items() if k not in REMOVED_ENV}}))
     path = out_dir / "audit_study.yaml"
-    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    write_atomic(path, yaml.safe_dump(study, sort_keys=False))
     return path
 

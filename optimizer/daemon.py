@@ -43,6 +43,7 @@ from optimizer.study import (
 )
 from optimizer.study_summary import trial_figures
 from optimizer.tracking import Tracker
+from runners.atomic import write_atomic
 from runners.base import EngineConfig, FailureReason, RunResult
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
@@ -97,6 +98,9 @@ class DaemonSummary:
     best_number: int | None
     best_values: list[float] | None
     no_baseline: str = ""  # why the defaults could not be measured, when they could not
+    # What MLflow lacks at the end (writes it refused, still refused by the closing catch-up),
+    # as a sentence; "" when it holds everything. Optuna holds it all; the next start logs it.
+    mlflow_incomplete: str = ""
 
 
 class Daemon:
@@ -147,6 +151,7 @@ class Daemon:
         self.study_attrs = dict(study_attrs)
         self._stop: Literal["no", "finish", "now"] = "no"
         self._inflight: list[_InFlight] = []
+        self._tracking_misses: set[int] = set()  # trials whose MLflow writes failed
         self._parent_run = ""
         self._lease: StorageLease | None = None  # the study's lock in a server RDB
         self.policy: SearchPolicy | None = None
@@ -214,9 +219,10 @@ class Daemon:
                 f"store and run `{self.resume}` again.") from exc
         if self.study_tags:
             self.tracker.set_study_tags(self._parent_run, self.study_tags)
-        Recovery(study, storage, self.space, self.tracker, self._parent_run, self.cfg.name,
-                 self.cfg.results_dir, self.cfg.spec.retries,
-                 fixed_flags=self.cfg.engine_fixed_flags).run()
+        recovery = Recovery(study, storage, self.space, self.tracker, self._parent_run,
+                            self.cfg.name, self.cfg.results_dir, self.cfg.spec.retries,
+                            fixed_flags=self.cfg.engine_fixed_flags)
+        recovery.run()
         policy = SearchPolicy(self.cfg, self.space, study, workload=self.workload,
                               total_gpus=self.executor.total_gpus,
                               max_gpus_per_node=self.max_gpus_per_node,
@@ -225,14 +231,23 @@ class Daemon:
                               compiled_elsewhere=self.compiled_elsewhere)
         self.policy = policy
         policy.prepare(self.seed_trials, self.warm_seeds, self.template_trials)
+        is_confirmed = False
         try:
             self._loop(policy)
             if not self.stopping:
                 confirm(study, self.cfg, lambda params, label: self._measure_alone(
                     policy, params, label), lambda: self.stopping)
+                # A stop during the confirmation round leaves it unfinished: not done.
+                is_confirmed = not self.stopping
         finally:
             self._wind_down(policy)
-        return self._finish(study, policy)
+        if self._tracking_misses and recovery.catch_up():
+            # The store took writes again: what it refused mid-study is logged now, and no run
+            # of this daemon's is left RUNNING.
+            logger.info("MLflow caught up at the end: trials %s are logged",
+                        _numbers(self._tracking_misses))
+            self._tracking_misses.clear()
+        return self._finish(study, policy, is_confirmed=is_confirmed)
 
     def _wind_down(self, policy: SearchPolicy) -> None:
         """End every trial and process of this run, on any way out. Each step runs even when
@@ -380,7 +395,7 @@ class Daemon:
             # The worker ran on another machine: its trimmed trace came back through Ray.
             local = item.workdir / result.trace_path.name
             local.parent.mkdir(parents=True, exist_ok=True)
-            local.write_bytes(result.trace_data)
+            write_atomic(local, result.trace_data)
             result = replace(result, trace_path=local)
         policy.on_result(item.running, result)
 
@@ -414,6 +429,7 @@ class Daemon:
             self._tracking_failed("finish_trial", number, exc)
 
     def _tracking_failed(self, action: str, number: int, exc: Exception) -> None:
+        self._tracking_misses.add(number)
         logger.warning("trial %d: MLflow %s failed (%s); the trial is kept in Optuna and "
                        "logged to MLflow on the next resume", number, action, describe(exc))
 
@@ -448,31 +464,40 @@ class Daemon:
         """The flags a trial sets beyond vLLM's defaults and the study's fixed flags."""
         return {k: v for k, v in config.flags.items() if k not in self.cfg.engine_fixed_flags}
 
-    def _finish(self, study: optuna.Study, policy: SearchPolicy) -> DaemonSummary:
+    def _finish(self, study: optuna.Study, policy: SearchPolicy, *,
+                is_confirmed: bool = True) -> DaemonSummary:
         from optimizer.study import is_search_trial, no_baseline_reason
 
         trials = study.get_trials(deepcopy=False)
         # The search's trials: not a repeat that launched nothing, nor a confirmation run.
         finished = [t for t in trials if t.state.is_finished() and is_search_trial(t)]
         best = best_trial(study)
-        done = not policy.budget_left()
+        done = not policy.budget_left() and is_confirmed
         metrics, tags = self.summarize(study, self.cfg)
         no_baseline = no_baseline_reason(study) or ""
         if no_baseline:
             logger.warning("no baseline: the defaults could not be measured (%s); no gain over "
                            "the defaults can be stated", no_baseline)
+        missed = [f"trial{'s' if len(self._tracking_misses) > 1 else ''} "
+                  f"{_numbers(self._tracking_misses)}"] if self._tracking_misses else []
         try:
             self.tracker.finish_study(self._parent_run, metrics, tags, is_done=done)
             pick = recommended_trial(study)
             self.tracker.mark_trials(self._parent_run, pick.number if pick else None,
                                      trial_figures(study, self.cfg))
         except Exception as exc:  # any store error: the results are safe in Optuna
+            missed.append("the study's own run")
             logger.warning("MLflow finish_study failed (%s); rerun `%s` to bring MLflow up "
                            "to date", describe(exc), self.resume)
         self.on_event(TrialEvent("study", message="done" if done else "stopped"))
         return DaemonSummary(policy.finished_here, len(finished), self.stopping and not done,
                              best.number if best else None, list(best.values)
-                             if best and best.values else None, no_baseline)
+                             if best and best.values else None, no_baseline,
+                             " and ".join(missed))
+
+
+def _numbers(numbers: set[int]) -> str:
+    return ", ".join(str(n) for n in sorted(numbers))
 
 
 class _MlflowLog:

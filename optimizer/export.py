@@ -34,6 +34,7 @@ from optimizer.study import (
     startup_saver_env,
     vllm_defaults_of,
 )
+from runners.credentials import is_secret_name, redact_argv
 from runners.model_info import BUNDLED_CHECKPOINTS, bundled_shape_of
 from runners.vllm.facts import ENV_PREFIXES
 from runners.vllm.flags import to_argv, to_config_dict
@@ -336,8 +337,14 @@ def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
     quality_note = header_line(record.get("quality"), cfg.quality_skip_reason)
     if quality_note:
         notes.append(quality_note)
-    extra_args = tuple(cfg.spec.vllm.extra_args)
+    # A secret is named, never written: an older study may hold one (runners/credentials.py).
+    extra_args = tuple(redact_argv(cfg.spec.vllm.extra_args))
     env = trial_env(record, startup_saver_env(cfg.spec.startup.savers))
+    secrets = sorted(k for k in env if is_secret_name(k))
+    env = {k: v for k, v in env.items() if k not in secrets}
+    if secrets:
+        notes.append(f"secrets not written: set {', '.join(secrets)} in the environment "
+                     "before serving")
     about = "\n".join([*about_lines, *notes])
     if fmt == "env":
         header = "".join(f"# {line}\n" for line in about.splitlines())
@@ -348,6 +355,8 @@ def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
     if fmt == "sh":
         lines = ["#!/usr/bin/env bash", *(f"# {line}" for line in about.splitlines()),
                  "set -euo pipefail"]
+        lines += [f'export {k}="${{{k}:?set {k} (a secret, not written here)}}"'
+                  for k in secrets]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
         lines.append("exec " + shlex.join(serve_argv(model, flags, extra_args)) + ' "$@"')
         return "\n".join(lines) + "\n"

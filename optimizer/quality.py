@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from optimizer.study import QUALITY_CONSTRAINT
+from runners.atomic import write_atomic
 from runners.quality import QualitySample, QualityScores, changes_numerics, compare
 from runners.workload import Workload
 
@@ -114,11 +115,9 @@ def store_reference(cfg: StudyConfig, one_at_a_time: QualitySample,
     floor = compare(all_at_once, one_at_a_time)
     path = reference_path(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"trial": trial_number, "floor": floor.to_dict(),
-                               "one_at_a_time": one_at_a_time.to_dict(),
-                               "all_at_once": all_at_once.to_dict()}))
-    tmp.replace(path)
+    write_atomic(path, json.dumps({"trial": trial_number, "floor": floor.to_dict(),
+                                   "one_at_a_time": one_at_a_time.to_dict(),
+                                   "all_at_once": all_at_once.to_dict()}))
     return floor
 
 

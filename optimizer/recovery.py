@@ -23,9 +23,11 @@ from optimizer.study import (
     ATTR_BASELINE,
     ATTR_CONFIRM,
     ATTR_CUT_SHORT,
+    ATTR_DAEMON_LOSSES,
     ATTR_DUPLICATE_OF,
     ATTR_MLFLOW_RUN,
     ATTR_RETRIES,
+    MAX_DAEMON_LOSSES,
     requeue,
     requeueable,
 )
@@ -74,14 +76,20 @@ class Recovery:
             if unsampled and ATTR_MLFLOW_RUN not in trial.user_attrs:
                 self._drop_cut_short(trial, unsampled)
                 continue
+            if not trial.user_attrs.get(ATTR_MLFLOW_RUN) and not self._has_run(trial):
+                self._drop_never_launched(trial)
+                continue
             attrs = dict(trial.user_attrs)
             retries = int(attrs.get(ATTR_RETRIES, 0))
+            # The daemon's death is the infrastructure's loss, not the config's failure: it
+            # spends no retry of the config's, only one of the losses allowed on their own.
+            losses = int(attrs.get(ATTR_DAEMON_LOSSES, 0)) + 1
             if not requeueable(attrs):
                 fate = "the confirmation runs again whole on this start"
-            elif retries < self.max_retries:
+            elif losses <= MAX_DAEMON_LOSSES:
                 fate = "re-queued"
             else:
-                fate = f"not re-queued (retried {retries} times already)"
+                fate = f"not re-queued (the daemon died under it {losses} times)"
             record = TrialRecord.failed(
                 trial.params, FailureReason.DAEMON_LOST.value,
                 "the daemon exited with this trial in flight (killed, or stopped by an error).",
@@ -110,11 +118,47 @@ class Recovery:
             # queued (`_unfinished_with`) and `outcomes.tell_duplicate` fails it as a repeat.
             # Change that dedupe and this order would run the config twice.
             if fate == "re-queued":
-                requeue(study, trial.number, trial.params, attrs, retries + 1)
+                requeue(study, trial.number, trial.params,
+                        {**attrs, ATTR_DAEMON_LOSSES: losses}, retries)
             study.tell(trial.number, state=TrialState.FAIL)
             logger.warning("trial %d was in flight when the daemon exited: failed, %s",
                            trial.number, fate)
         self.catch_up()
+
+    def _has_run(self, trial: FrozenTrial) -> bool:
+        """Whether the trial was launched: its work directory was made (on this machine), or
+        MLflow holds its run (made by a dead daemon that could not name it in Optuna). A store
+        that cannot say counts as launched."""
+        if trial_workdir(self.results_dir, trial.number).exists():
+            return True
+        try:
+            return self.tracker.find_trial_run(self.study_name, self.parent_run,
+                                               trial.number) is not None
+        except Exception as exc:  # any store error: the daemon_lost path keeps the trial
+            logger.warning("trial %d: MLflow could not be searched (%s)", trial.number,
+                           describe(exc))
+            return True
+
+    def _drop_never_launched(self, trial: FrozenTrial) -> None:
+        """A dead daemon's trial asked whole but never launched (it waited for GPUs): nothing
+        ran, so it is not a failure of its config; it counts for no budget, as a cut-short
+        trial does, and its config goes back in the queue with its retries unspent."""
+        attrs = dict(trial.user_attrs)
+        fate = "re-queued" if requeueable(attrs) else \
+            "the confirmation runs again whole on this start"
+        record = TrialRecord.failed(
+            trial.params, FailureReason.DAEMON_LOST.value,
+            "the daemon died before this trial was launched.",
+            f"the daemon died before launching this trial: nothing ran, {fate}.",
+            is_baseline=bool(attrs.get(ATTR_BASELINE)))
+        self._set_attr(trial, ATTR_RECORD, record.to_user_attr())
+        self._set_attr(trial, ATTR_CUT_SHORT, True)  # launched nothing: no budget, no run
+        if requeueable(attrs):
+            requeue(self.study, trial.number, trial.params, attrs,
+                    int(attrs.get(ATTR_RETRIES, 0)))
+        self.study.tell(trial.number, state=TrialState.FAIL)
+        logger.warning("trial %d was queued for GPUs when the daemon died: nothing was "
+                       "launched; %s", trial.number, fate)
 
     def _drop_cut_short(self, trial: FrozenTrial, unsampled: list[str]) -> None:
         """A dead daemon's trial still being sampled has half a config and never launched: it
@@ -139,9 +183,9 @@ class Recovery:
         logger.warning("trial %d was being sampled when the daemon died (no %s yet): failed, "
                        "%s", trial.number, ", ".join(unsampled), fate)
 
-    def catch_up(self) -> None:
+    def catch_up(self) -> bool:
         """Log to MLflow what it missed of the study's finished trials and close the runs a
-        dead daemon left RUNNING."""
+        dead daemon left RUNNING; whether MLflow took it all."""
         trials = []
         for frozen in self.study.get_trials(deepcopy=False):
             record = record_of(frozen)
@@ -160,9 +204,10 @@ class Recovery:
         except Exception as exc:  # any store error: the trials are safe in Optuna
             logger.warning("MLflow catch-up failed (%s); every trial is kept in Optuna and "
                            "the next start logs what MLflow lacks", describe(exc))
-            return
+            return False
         if done.left_running:
             logger.info("closed %d MLflow runs left RUNNING by a dead daemon", done.left_running)
         if done.created:
             logger.info("logged %d finished trials the MLflow store had missed", done.created)
+        return True
 

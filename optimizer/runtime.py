@@ -33,7 +33,13 @@ from optimizer.study import (
 )
 from optimizer.study_summary import study_summary
 from optimizer.tracking import Tracker
-from optimizer.workers import RayExecutor, init_ray, largest_node_gpus, probe_on_cluster
+from optimizer.workers import (
+    RayExecutor,
+    cluster_placement_problem,
+    init_ray,
+    largest_node_gpus,
+    probe_on_cluster,
+)
 from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names, probe
 from runners.model_info import ModelInfo, bundled_shapes, load_model_info
 from runners.simulated.model import UNMODELLED_FLAGS
@@ -178,6 +184,10 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
         notes.append(f"engine: SIMULATED ({sim.num_gpus} x {hardware.gpu_name}); its figures "
                      "come from a model, never a measurement.")
     elif address:  # the driver may have no GPU: the cluster's GPU nodes are what counts
+        problem = cluster_placement_problem(cfg.spec.ray.accelerator_type,
+                                            cfg.spec.ray.resources)
+        if problem is not None:  # said at once, not after the probe's 300 s
+            raise ConfigError(problem + ".")
         hardware = probe_on_cluster(cfg.spec.ray.accelerator_type, cfg.spec.ray.resources)
         notes.append(f"engine: vLLM on the Ray cluster at {address}; a node has "
                      f"{hardware.num_gpus} x {hardware.gpu_name}")
@@ -272,6 +282,9 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
     total_gpus = init_ray(sim.num_gpus if engine == "simulated" else None, address)
     if total_gpus < 1:
         raise ConfigError("the Ray cluster has no GPU; start Ray with GPUs or use --dry-run.")
+    problem = cluster_placement_problem(cfg.spec.ray.accelerator_type, cfg.spec.ray.resources)
+    if problem is not None:
+        raise ConfigError(problem + ".")
     node_gpus = largest_node_gpus()
     if address:
         notes.append(f"Ray cluster: {total_gpus} GPUs, at most {node_gpus} on one node; trials "

@@ -34,6 +34,10 @@ ATTR_CUT_SHORT = "sampling_cut_short"  # its daemon died mid-ask: no config, not
 ATTR_NOT_LAUNCHED = "stopped_before_launch"
 ATTR_MLFLOW_RUN = "mlflow_run_id"
 ATTR_RETRIES = "retries"
+# Times a daemon died with this config in flight (kill -9, a host reboot): the infrastructure's
+# losses, counted apart from `retries` (the config's own failures) and capped on their own.
+ATTR_DAEMON_LOSSES = "daemon_losses"
+MAX_DAEMON_LOSSES = 5
 ATTR_SEEDED = "seeded"  # enqueued from seed_trials, a hardware template or the warm start
 # Where a seed came from: "template:hopper" (a hardware template) or "warm_start:<study>" (an
 # earlier study's best, optimizer/memory.py)
@@ -214,7 +218,7 @@ def requeue(study: optuna.Study, number: int, params: Mapping[str, Any],
     if not requeueable(attrs):
         return False
     kept = {key: attrs[key] for key in (ATTR_BASELINE, ATTR_SEEDED, ATTR_SEED_SOURCE,
-                                        ATTR_SEED_TITLE) if key in attrs}
+                                        ATTR_SEED_TITLE, ATTR_DAEMON_LOSSES) if key in attrs}
     study.enqueue_trial(dict(params), user_attrs={
         **kept, ATTR_RETRY_OF: number, ATTR_RETRIES: retries})
     return True

@@ -8,6 +8,7 @@ RUNNING or a finished trial unlogged, and a replay never logs a value twice.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import math
@@ -186,6 +187,23 @@ def artifact_root_for(tracking_uri: str) -> Path | None:
     return db_path.parent / "artifacts"
 
 
+@contextlib.contextmanager
+def _creating(tracking_uri: str) -> Iterator[None]:
+    """Held while MLflow opens a SQLite store: the first open creates its tables and runs its
+    migrations, and two daemons doing that at once on a fresh file make one of them fail. An
+    exclusive lock on a file beside the store lets one create it and the other open it after."""
+    if not tracking_uri.startswith("sqlite:///"):
+        yield
+        return
+    db_path = Path(tracking_uri.removeprefix("sqlite:///"))
+    fd = os.open(db_path.with_name(db_path.name + ".create-lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
 class Tracker:
     """Writes studies and trials to MLflow through `MlflowClient` (no global active run)."""
 
@@ -202,7 +220,7 @@ class Tracker:
         from mlflow import MlflowClient
 
         try:
-            with _quiet("mlflow"):
+            with _quiet("mlflow"), _creating(tracking_uri):
                 self.client: MlflowClient = MlflowClient(tracking_uri)
         except Exception as exc:  # MLflow raises many types; all mean "cannot open the store"
             first = (str(exc).splitlines() or [""])[0][:160]

@@ -317,6 +317,39 @@ def largest_node_gpus() -> int:
     return int(max((n.get("Resources", {}).get("GPU", 0) for n in nodes), default=0))
 
 
+def placement_problem(nodes: Sequence[Mapping[str, Any]], accelerator_type: str | None,
+                      resources: Mapping[str, float]) -> str | None:
+    """Why no live node of the cluster (`ray.nodes()`) can take a trial placed by
+    `ray.accelerator_type` and `ray.resources`, or None. Ray would queue such a task for ever,
+    silently: the study would sit "running" with nothing launched."""
+    if not accelerator_type and not resources:
+        return None
+    alive = [dict(n.get("Resources") or {}) for n in nodes if n.get("Alive")]
+    wanted = dict(resources)
+    if accelerator_type:
+        wanted[f"accelerator_type:{accelerator_type}"] = 0.001  # as Ray asks for it
+    if any(all(node.get(k, 0.0) >= v for k, v in wanted.items()) for node in alive):
+        return None
+    have = sorted({k for node in alive for k in node if k.startswith("accelerator_type:")})
+    if accelerator_type and f"accelerator_type:{accelerator_type}" not in \
+            {k for node in alive for k in node}:
+        kinds = ", ".join(k.partition(":")[2] for k in have) or "none declared"
+        return (f"ray.accelerator_type: no node of the Ray cluster is a {accelerator_type!r} "
+                f"(its nodes: {kinds}); name one of those or leave it out")
+    custom = sorted({k for node in alive for k in node
+                     if k not in ("CPU", "GPU", "memory", "object_store_memory")
+                     and not k.startswith(("node:", "accelerator_type:"))})
+    return (f"ray.resources: no node of the Ray cluster has {dict(wanted)} (custom resources "
+            f"there: {', '.join(custom) or 'none'}); start the nodes with `ray start "
+            "--resources` or leave ray.resources out")
+
+
+def cluster_placement_problem(accelerator_type: str | None,
+                              resources: Mapping[str, float]) -> str | None:
+    """`placement_problem` on the joined cluster's live nodes."""
+    return placement_problem(ray.nodes(), accelerator_type, resources)  # type: ignore[no-untyped-call]
+
+
 def _reap(registry_dir: str) -> list[int]:
     from runners.process import reap_strays
 

@@ -26,6 +26,7 @@ import httpx
 import numpy as np
 
 from runners import datasets, loadgen
+from runners.credentials import auth_headers
 from runners.datasets import Conversation, Turn
 from runners.tokenizer import PromptTokenizer, load_tokenizer
 from runners.workload import SLO, LoadLevel, Workload
@@ -217,6 +218,7 @@ async def run_conversations(
     stall_timeout_s: float | None = None,
     duration_s: float | None = None,
     max_context_len: int | None = None,
+    api_key: str | None = None,
 ) -> tuple[loadgen.LevelResult, list[TurnOutput], int]:
     """Drive one level of conversations, `level.max_concurrency` of them in flight, each turn
     sent once the previous reply has ended; no turn is sent after `duration_s` (those in
@@ -239,7 +241,8 @@ async def run_conversations(
                                  max_context_len=max_context_len)
     limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
     timeout = httpx.Timeout(None, connect=10.0)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False,
+                                 headers=auth_headers(api_key)) as client:
         slots = [asyncio.create_task(driver.slot(client)) for _ in range(cap)]
         watchdog = asyncio.create_task(driver.watch(slots))
         try:
@@ -274,12 +277,13 @@ def run_conversations_sync(
     slo: SLO, *, timeout_s: float, tokenizer_dir: Path | None = None,
     stop_event: loadgen.StopFlag | None = None, stall_timeout_s: float | None = None,
     duration_s: float | None = None, max_context_len: int | None = None,
+    api_key: str | None = None,
 ) -> tuple[loadgen.LevelResult, list[TurnOutput], int]:
     """`run_conversations` on a fresh event loop, for callers that are threads."""
     return asyncio.run(run_conversations(
         base_url, model, conversations, level, slo, timeout_s=timeout_s,
         tokenizer_dir=tokenizer_dir, stop_event=stop_event, stall_timeout_s=stall_timeout_s,
-        duration_s=duration_s, max_context_len=max_context_len))
+        duration_s=duration_s, max_context_len=max_context_len, api_key=api_key))
 
 
 def turn_metrics(turns: Sequence[TurnOutput], num_cut_at_context: int = 0) -> dict[str, float]:

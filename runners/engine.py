@@ -29,6 +29,13 @@ from runners.base import (
     StepMetrics,
 )
 from runners.capacity import meets_slo
+from runners.credentials import (
+    API_KEY_ENV,
+    auth_headers,
+    new_api_key,
+    redact_argv,
+    redact_env,
+)
 from runners.process import EngineProcess, free_port, tail, wait_healthy
 from runners.quality import QualityRun, run_eval
 from runners.telemetry import TelemetrySampler
@@ -125,6 +132,9 @@ class EngineRunner:
         self.port_retries = port_retries
         self.gpu_indices = gpu_indices
         self._proc: EngineProcess | None = None
+        # The running engine's API key (a new one per launch, given in its environment): only
+        # this process holds it, so no other local user can drive or disturb the engine.
+        self._api_key: str | None = None
         self._sampler: TelemetrySampler | None = None  # NVML over the levels of this run
 
     def run(self, config: EngineConfig, workload: Workload, workdir: Path,
@@ -168,6 +178,8 @@ class EngineRunner:
         if profile_dir is not None:
             profile_dir.mkdir(parents=True, exist_ok=True)
         argv, env = self.launcher.command(config, port, workdir, profile_dir)
+        self._api_key = new_api_key()
+        launch_env = {**env, API_KEY_ENV: self._api_key}
         log_path = workdir / "server.log"
         steps: list[StepMetrics] = []
         engine = EngineInfo()
@@ -177,7 +189,7 @@ class EngineRunner:
         trace_summary: Mapping[str, Any] | None = None
         telemetry: dict[str, float] = {}
         quality: QualityRun | None = None
-        proc = EngineProcess.start(argv, env, log_path, self.registry_dir)
+        proc = EngineProcess.start(argv, launch_env, log_path, self.registry_dir)
         engine_started_unix_s = time.time()
         self._proc = proc
         logger.info("engine %s started (pid %d, port %d)", self.launcher.name, proc.pid, port)
@@ -210,6 +222,7 @@ class EngineRunner:
             proc.terminate()
             engine_ended_unix_s = time.time()
             self._proc = None
+            self._api_key = None
         search = workload.capacity
         probes = [(search.load_of(s.level), bool(s.meets_slo)) for s in steps
                   if s.meets_slo is not None] if search is not None else []
@@ -219,8 +232,9 @@ class EngineRunner:
             capacity=search.bracket(probes) if search is not None and probes else None,
             failure=failure,
             engine=engine,
-            argv=tuple(argv),
-            env=dict(env),
+            # What is recorded names each secret, never its value (runners/credentials.py).
+            argv=tuple(redact_argv(argv)),
+            env=redact_env(env),
             server_log=tail(log_path, LOG_TAIL_BYTES),
             workdir=workdir,
             trace_summary=trace_summary,
@@ -253,7 +267,8 @@ class EngineRunner:
 
     def _await_ready(self, proc: EngineProcess, base_url: str, config: EngineConfig,
                      workload: Workload, log_path: Path, started: float) -> EngineInfo:
-        state = wait_healthy(base_url, proc, workload.startup_timeout_s)
+        state = wait_healthy(base_url, proc, workload.startup_timeout_s,
+                             api_key=self._api_key)
         if state == "exited":
             raise _Abort(self._failure(proc, log_path, "startup"))
         if state == "timeout":
@@ -286,7 +301,8 @@ class EngineRunner:
                 level = loadgen.run_level_sync(
                     base_url, config.served_model_name, probe, LoadLevel(max_concurrency=1),
                     workload.slo, timeout_s=workload.request_timeout_s,
-                    seed=workload.seed + attempt, stall_timeout_s=stall_s, stop_event=stop)
+                    seed=workload.seed + attempt, stall_timeout_s=stall_s, stop_event=stop,
+                    api_key=self._api_key)
             if level.metrics.completed >= 1:
                 break
             if not proc.is_alive() or proc.wait(timeout_s=0.5) is not None:
@@ -324,7 +340,8 @@ class EngineRunner:
                                               workload.num_warmup_requests))
         loadgen.run_level_sync(base_url, config.served_model_name, requests, level,
                                workload.slo, timeout_s=workload.request_timeout_s,
-                               seed=workload.seed, stall_timeout_s=self.stall_timeout_s)
+                               seed=workload.seed, stall_timeout_s=self.stall_timeout_s,
+                               api_key=self._api_key)
         if not proc.is_alive():
             raise _Abort(self._failure(proc, log_path, "run"))
 
@@ -575,7 +592,7 @@ class EngineRunner:
         # must not be served from the blocks its predecessor computed (a shared-prefix
         # workload's hit rate is then the level's own: its first request of each prefix misses).
         self._reset_prefix_cache(base_url)
-        before = prometheus.scrape(base_url)
+        before = prometheus.scrape(base_url, api_key=self._api_key)
         level_start_s = time.monotonic()
         # An open-loop level (a request rate) above what the engine serves grows its queue
         # without end: stop it once the queue has clearly grown; it is a saturated level.
@@ -593,7 +610,7 @@ class EngineRunner:
             num_sent = min(num_sent, level.request_rate_rps * bound_s)
         poller = prometheus.MetricsPoller(
             base_url, saturated=saturated,
-            saturation_rise_requests=max(16.0, 0.1 * num_sent))
+            saturation_rise_requests=max(16.0, 0.1 * num_sent), api_key=self._api_key)
         poller.start()
         turns: dict[str, float] = {}
         try:
@@ -604,7 +621,7 @@ class EngineRunner:
                     stall_timeout_s=self.stall_timeout_s, stop_event=saturated,
                     duration_s=duration_s if duration_s is not None else max_duration_s,
                     max_context_len=workload.dataset.max_total_len
-                    if workload.dataset is not None else None)
+                    if workload.dataset is not None else None, api_key=self._api_key)
                 turns = conversations.turn_metrics(turn_outputs, num_cut)
             else:
                 result = loadgen.run_level_sync(
@@ -612,7 +629,8 @@ class EngineRunner:
                     timeout_s=workload.request_timeout_s, seed=workload.seed + index,
                     duration_s=duration_s, max_duration_s=max_duration_s,
                     stall_timeout_s=self.stall_timeout_s, stop_event=saturated,
-                    burstiness=workload.burstiness_of(level), send_offsets_s=send_offsets_s)
+                    burstiness=workload.burstiness_of(level), send_offsets_s=send_offsets_s,
+                    api_key=self._api_key)
         finally:
             polled = poller.stop()
         is_saturated = bool(saturated is not None and saturated.is_set() and result.stopped)
@@ -639,7 +657,7 @@ class EngineRunner:
                 f"{m.failed} of {total} requests failed at load {level.label} (allowed "
                 f"{workload.max_failed_fraction:.0%}); first error: {first_error[:200]}.",
                 tail(log_path, 2000)))
-        after = prometheus.scrape(base_url)
+        after = prometheus.scrape(base_url, api_key=self._api_key)
         server = {**prometheus.delta(before, after), **polled,
                   "is_saturated": 1.0 if is_saturated else 0.0}
         # Over the whole level (the scrapes around it), not the poller's first-to-last sample.
@@ -675,7 +693,7 @@ class EngineRunner:
             return QualityRun(error="skipped: the engine runs without a tokenizer "
                                     "(skip_tokenizer_init); the evaluation sends text.")
         self._reset_prefix_cache(base_url)
-        run = run_eval(base_url, config.served_model_name, spec, workdir)
+        run = run_eval(base_url, config.served_model_name, spec, workdir, api_key=self._api_key)
         logger.info("quality evaluation: %s in %.1f s", run.error or "sampled", run.wall_s)
         return run
 
@@ -684,7 +702,8 @@ class EngineRunner:
         the simulated engine); a server without it keeps its cache, and the level says so in
         its prefix-cache hit counters."""
         try:
-            httpx.post(f"{base_url}/reset_prefix_cache", timeout=10.0)
+            httpx.post(f"{base_url}/reset_prefix_cache", timeout=10.0, trust_env=False,
+                       headers=auth_headers(self._api_key))
         except httpx.HTTPError as exc:
             logger.debug("prefix cache not reset: %s", exc)
 
@@ -699,11 +718,13 @@ class EngineRunner:
                                           seed=workload.seed + 104729)
         level = profile_level(workload, steps)
         try:
-            with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0)) as client:
+            with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0), trust_env=False,
+                              headers=auth_headers(self._api_key)) as client:
                 client.post(f"{base_url}/start_profile").raise_for_status()
                 loadgen.run_level_sync(base_url, config.served_model_name, requests, level,
                                        workload.slo, timeout_s=workload.request_timeout_s,
-                                       seed=workload.seed, stall_timeout_s=self.stall_timeout_s)
+                                       seed=workload.seed, stall_timeout_s=self.stall_timeout_s,
+                                       api_key=self._api_key)
                 client.post(f"{base_url}/stop_profile").raise_for_status()
         except httpx.HTTPError as exc:
             logger.warning("profiling failed (%s); the trial keeps its measurements", exc)

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from runners.atomic import write_atomic
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -132,7 +134,7 @@ def save_profile(profile: HardwareProfile, path: Path, note: str | None = None) 
     data: dict[str, Any] = {"_recorded": note} if note else {}
     data.update(profile.to_dict())
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------

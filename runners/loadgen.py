@@ -26,6 +26,7 @@ import numpy as np
 
 from runners import arrivals, datasets, prefixes
 from runners.base import BenchmarkMetrics
+from runners.credentials import auth_headers
 from runners.tokenizer import PromptTokenizer, load_tokenizer
 from runners.workload import SLO, LengthDistribution, LoadLevel, Workload
 
@@ -809,6 +810,7 @@ async def run_level(
     max_duration_s: float | None = None,
     burstiness: float | None = None,
     send_offsets_s: Sequence[float] | None = None,
+    api_key: str | None = None,
 ) -> LevelResult:
     """Drive one load level against an OpenAI-compatible server and measure it.
 
@@ -822,8 +824,8 @@ async def run_level(
     once, and none after `max_duration_s` (a light capacity probe must not take minutes).
     `stop_event` (checked every 50 ms) or a stall (no chunk from any in-flight request for
     `stall_timeout_s`) cancels the requests in flight; they come back failed, with the error
-    "stopped" or "stalled", and the result says which. Raises only ValueError, for bad
-    arguments.
+    "stopped" or "stalled", and the result says which. `api_key` is the engine's (sent as a
+    bearer token). Raises only ValueError, for bad arguments.
     """
     _check_level_args(requests, level, timeout_s, duration_s, stall_timeout_s)
     if max_duration_s is not None and not max_duration_s > 0:
@@ -851,7 +853,8 @@ async def run_level(
                           stall_timeout_s=stall_timeout_s, max_duration_s=max_duration_s,
                           burstiness=burstiness, send_offsets_s=send_offsets_s)
     # trust_env=False: an http_proxy from the environment must not capture 127.0.0.1.
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False,
+                                 headers=auth_headers(api_key)) as client:
         outputs, duration = await driver.run(client)
     modelled_s = modelled_duration_s(outputs)
     is_modelled = modelled_s is not None
@@ -905,6 +908,7 @@ def run_level_sync(
     max_duration_s: float | None = None,
     burstiness: float | None = None,
     send_offsets_s: Sequence[float] | None = None,
+    api_key: str | None = None,
 ) -> LevelResult:
     """`run_level` on a fresh event loop, for callers that are threads (runners, Ray actors).
     Pass a `threading.Event` as `stop_event` to stop it from another thread."""
@@ -912,6 +916,7 @@ def run_level_sync(
         base_url, model, requests, level, slo, timeout_s=timeout_s, seed=seed,
         stop_event=stop_event, stall_timeout_s=stall_timeout_s, duration_s=duration_s,
         max_duration_s=max_duration_s, burstiness=burstiness, send_offsets_s=send_offsets_s,
+        api_key=api_key,
     ))
 
 

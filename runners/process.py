@@ -18,6 +18,8 @@ from typing import Any, Literal, Protocol
 import httpx
 import psutil
 
+from runners.credentials import auth_headers
+
 logger = logging.getLogger(__name__)
 
 _CREATE_TIME_TOLERANCE_S = 0.01  # psutil's create_time is stable to the clock tick (10 ms)
@@ -280,7 +282,7 @@ def is_port_in_use(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def wait_healthy(base_url: str, proc: SupportsIsAlive, timeout_s: float,
-                 poll_s: float = 0.5) -> Readiness:
+                 poll_s: float = 0.5, api_key: str | None = None) -> Readiness:
     """Poll GET `<base_url>/health` until it answers 200.
 
     "exited" as soon as the process is found dead (checked before every poll and before
@@ -290,7 +292,8 @@ def wait_healthy(base_url: str, proc: SupportsIsAlive, timeout_s: float,
     url = base_url.rstrip("/") + "/health"
     deadline = time.monotonic() + timeout_s
     request_timeout = httpx.Timeout(min(_HEALTH_REQUEST_TIMEOUT_S, max(poll_s, 1.0)))
-    with httpx.Client(timeout=request_timeout, trust_env=False) as client:
+    with httpx.Client(timeout=request_timeout, trust_env=False,
+                      headers=auth_headers(api_key)) as client:
         while True:
             if not proc.is_alive():
                 return "exited"

@@ -15,6 +15,8 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from runners.credentials import auth_headers
+
 logger = logging.getLogger(__name__)
 
 NUM_REQUESTS_RUNNING: Final = "vllm:num_requests_running"
@@ -80,7 +82,8 @@ def parse(text: str, prefix: str = "vllm:") -> dict[str, float]:
 
 
 def scrape(
-    base_url: str, client: httpx.Client | None = None, timeout_s: float = 5.0
+    base_url: str, client: httpx.Client | None = None, timeout_s: float = 5.0,
+    api_key: str | None = None,
 ) -> dict[str, float]:
     """GET `<base_url>/metrics` and `parse` it; {} (logged) when the server cannot be read.
 
@@ -89,7 +92,8 @@ def scrape(
     url = base_url.rstrip("/") + "/metrics"
     try:
         if client is None:
-            with httpx.Client(timeout=timeout_s, trust_env=False) as own_client:
+            with httpx.Client(timeout=timeout_s, trust_env=False,
+                              headers=auth_headers(api_key)) as own_client:
                 response = own_client.get(url)
         else:
             response = client.get(url, timeout=timeout_s)
@@ -131,12 +135,14 @@ class MetricsPoller:
     def __init__(self, base_url: str, interval_s: float = 1.0, *, timeout_s: float = 5.0,
                  min_rise_requests: float = 1.0,
                  saturated: threading.Event | None = None,
-                 saturation_rise_requests: float = 16.0) -> None:
+                 saturation_rise_requests: float = 16.0,
+                 api_key: str | None = None) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0 but got {interval_s}.")
         self.base_url = base_url
         self.interval_s = interval_s
         self.timeout_s = timeout_s
+        self.api_key = api_key  # the engine's, sent as a bearer token
         self.min_rise_requests = min_rise_requests  # least rise of the waiting line to count
         # Set, when given, once the queue has grown by `saturation_rise_requests` over at least
         # five samples: the offered load is above what the engine serves and will not settle.
@@ -166,7 +172,8 @@ class MetricsPoller:
         self.stop()
 
     def _loop(self) -> None:
-        with httpx.Client(timeout=self.timeout_s, trust_env=False) as client:
+        with httpx.Client(timeout=self.timeout_s, trust_env=False,
+                          headers=auth_headers(self.api_key)) as client:
             while True:
                 self._sample(client)
                 if self._stop.wait(self.interval_s):

@@ -24,6 +24,8 @@ from typing import Any, Literal
 
 import httpx
 
+from runners.atomic import write_atomic
+from runners.credentials import auth_headers
 from runners.workload import QualityEval
 
 logger = logging.getLogger(__name__)
@@ -274,16 +276,19 @@ class QualityError(Exception):
     """The server's answers cannot make a sample (an error answer, a missing field)."""
 
 
-def measure(base_url: str, model: str, spec: QualityEval, mode: Mode) -> QualitySample:
+def measure(base_url: str, model: str, spec: QualityEval, mode: Mode,
+            api_key: str | None = None) -> QualitySample:
     """Send the evaluation set to a running server and read its answers. Raises QualityError
     (one line) when it cannot; the caller keeps that as data."""
-    return asyncio.run(_measure(base_url, model, spec, mode))
+    return asyncio.run(_measure(base_url, model, spec, mode, api_key))
 
 
-async def _measure(base_url: str, model: str, spec: QualityEval, mode: Mode) -> QualitySample:
+async def _measure(base_url: str, model: str, spec: QualityEval, mode: Mode,
+                   api_key: str | None) -> QualitySample:
     prompts = eval_prompts(spec)
     timeout = httpx.Timeout(spec.timeout_s, connect=10.0)
-    async with httpx.AsyncClient(base_url=base_url, timeout=timeout) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout, trust_env=False,
+                                 headers=auth_headers(api_key)) as client:
         if mode == "one_at_a_time":
             answers = [await _ask(client, model, prompt, spec) for prompt in prompts]
         else:
@@ -345,7 +350,7 @@ def _token_id(token: str) -> int:
 
 
 def run_eval(base_url: str, model: str, spec: QualityEval,
-             workdir: Path | None = None) -> QualityRun:
+             workdir: Path | None = None, api_key: str | None = None) -> QualityRun:
     """The evaluation a run adds after its levels: all at once, and with `measure_floor` one
     at a time first. Never raises for the server's answers; writes `quality.json` under
     `workdir` when given."""
@@ -355,8 +360,8 @@ def run_eval(base_url: str, model: str, spec: QualityEval,
     error = ""
     try:
         if spec.measure_floor:
-            one = measure(base_url, model, spec, "one_at_a_time")
-        every = measure(base_url, model, spec, "all_at_once")
+            one = measure(base_url, model, spec, "one_at_a_time", api_key)
+        every = measure(base_url, model, spec, "all_at_once", api_key)
     except (QualityError, ValueError) as exc:
         error = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
         logger.warning("quality evaluation failed: %s", error)
@@ -364,7 +369,7 @@ def run_eval(base_url: str, model: str, spec: QualityEval,
                      wall_s=time.monotonic() - started)
     if workdir is not None:
         try:
-            (workdir / "quality.json").write_text(json.dumps(run.to_dict()))
+            write_atomic(workdir / "quality.json", json.dumps(run.to_dict()))
         except OSError as exc:
             logger.warning("quality sample not written under %s: %s", workdir, exc)
     return run

@@ -254,3 +254,64 @@ def test_a_run_the_dead_daemon_could_not_name_in_optuna_is_adopted_not_duplicate
     assert [r.info.run_id for r in runs] == [launched], "one MLflow run for the trial"
     assert study.trials[0].user_attrs[ATTR_MLFLOW_RUN] == launched
     assert runs[0].info.status == "FAILED" and runs[0].data.tags["state"] == "failed"
+
+
+def _recover(tmp_path: Path, study: optuna.Study, space: Any, tracker: Any,
+             parent: str) -> None:
+    from optimizer.recovery import Recovery
+
+    Recovery(study, study._storage, space, tracker, parent, "e2e", tmp_path / "results",
+             max_retries=1).run()
+
+
+def test_repeated_daemon_deaths_under_the_defaults_spend_no_config_retry(
+        tmp_path: Path) -> None:
+    # Issue 35: two kill -9s of the daemon while the defaults ran used up their retries and
+    # the defaults were abandoned ("tried 2 times"); the daemon's death is not the config's.
+    from optimizer.study import ATTR_BASELINE, ATTR_MLFLOW_RUN, ATTR_RETRIES
+    from optimizer.tracking import Tracker
+    from search_spaces import load_space
+
+    space = load_space("hopper").resolve({})
+    study = optuna.create_study(study_name="e2e", storage=f"sqlite:///{tmp_path}/optuna.db")
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    parent = tracker.start_study("e2e", key="k", params={}, artifacts={}, objectives={})
+    study.enqueue_trial(space.defaults(), user_attrs={ATTR_BASELINE: True})
+    for kill in range(3):  # launched, then the daemon killed, three times over
+        trial = study.ask()
+        space.sample(trial)
+        run = tracker.start_trial(parent, "e2e", trial.number, trial.params)
+        trial.set_user_attr(ATTR_MLFLOW_RUN, run)
+        _recover(tmp_path, study, space, tracker, parent)
+        lost = study.trials[trial.number]
+        assert lost.state == TrialState.FAIL
+        again = [t for t in study.trials if t.user_attrs.get("retry_of") == trial.number]
+        assert len(again) == 1, f"kill {kill + 1}: the defaults go back in the queue"
+        assert again[0].user_attrs[ATTR_BASELINE] is True
+        assert again[0].user_attrs[ATTR_RETRIES] == 0, "no retry of the config is spent"
+        assert again[0].user_attrs["daemon_losses"] == kill + 1
+
+
+def test_a_trial_queued_for_gpus_when_the_daemon_died_is_not_a_failed_trial(
+        tmp_path: Path) -> None:
+    from optimizer.study import ATTR_RETRIES, count_trials
+    from optimizer.tracking import Tracker
+    from search_spaces import load_space
+
+    space = load_space("hopper").resolve({})
+    study = optuna.create_study(study_name="e2e", storage=f"sqlite:///{tmp_path}/optuna.db")
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    parent = tracker.start_study("e2e", key="k", params={}, artifacts={}, objectives={})
+    study.enqueue_trial(space.defaults(), user_attrs={"seeded": True})
+    waiting = study.ask()  # asked whole, waiting for GPUs: no run, no work directory
+    space.sample(waiting)
+    _recover(tmp_path, study, space, tracker, parent)
+    trials = study.get_trials(deepcopy=False)
+    assert trials[waiting.number].state == TrialState.FAIL
+    assert count_trials(trials).by_state["failed"] == 0, "nothing ran: not a failed trial"
+    again = [t for t in trials if t.user_attrs.get("retry_of") == waiting.number]
+    assert len(again) == 1 and again[0].system_attrs["fixed_params"] == waiting.params
+    assert again[0].user_attrs[ATTR_RETRIES] == 0 and again[0].user_attrs["seeded"] is True
+    assert not tracker.client.search_runs([tracker.experiment_id("e2e")],
+                                          filter_string="tags.`nightshift.trial` = '0'"), \
+        "no MLflow run for a trial that never launched"

@@ -111,6 +111,12 @@ def test_the_catch_up_logs_what_mlflow_missed_once_with_server_logs(
     breaker, db, saved = break_store_when_trial_1_starts(tmp_path)
     assert main(["start", str(path), "--no-progress"]) == 0, "a failing store never stops it"
     breaker.join()
+    first = capsys.readouterr().err
+    incomplete = [line for line in first.splitlines() if "MLflow is incomplete" in line]
+    assert incomplete and "trial" in incomplete[0], \
+        "the end says MLflow lacks what it refused, before pointing the user to it"
+    assert first.index("MLflow is incomplete") < first.index("review in MLflow") \
+        if "review in MLflow" in first else True
     shutil.copyfile(saved, db)  # the store is back, missing what came after the break
 
     client = MlflowClient(f"sqlite:///{db}")
@@ -162,3 +168,25 @@ def test_a_start_on_a_read_only_optuna_database_is_refused_up_front_and_writes_n
         "cannot be written" in lines[0], err
     assert not (tmp_path / "results" / "daemon.log").exists() and \
         not (tmp_path / "mlruns").exists(), "nothing started, nothing written"
+
+
+def _open_store(uri: str) -> str:
+    from optimizer.tracking import Tracker
+
+    try:
+        Tracker(uri).client.search_experiments()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+def test_two_studies_opening_a_fresh_mlflow_store_at_once_both_open_it(tmp_path: Path) -> None:
+    # Issue 35: two daemons started together in a fresh directory; the second was refused
+    # ("MLflow cannot open the store") as both created the store's tables.
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    uri = f"sqlite:///{tmp_path}/fresh/mlflow.db"
+    with context.Pool(2) as pool:  # without the lock this failed 2 tries of 2
+        outcomes = pool.map(_open_store, [uri, uri])
+    assert outcomes == ["ok", "ok"], f"both open the store: {outcomes}"

@@ -29,9 +29,14 @@ from optimizer.errors import NightshiftError
 
 __all__ = ["app", "main"]
 
+PRIVATE_UMASK = 0o077
+
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code: 0 ok, 1 failure, 2 bad input."""
+    # Results, stores and logs are the user's alone (0600 files, 0700 directories): a trial's
+    # env and server log may hold a secret. Ray's local workers, started from here, inherit it.
+    os.umask(PRIVATE_UMASK)
     # MLflow configures its own logger at import, at INFO; its table-creation chatter is noise.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     # Nor its own stderr handler: its records go through ours, and its store errors (a

@@ -3,6 +3,7 @@ hw) on one typer app, registered in the order `--help` lists them."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -23,6 +24,7 @@ from optimizer.cli.table import TableRow, figure, trial_table
 from optimizer.config import StudyConfig, load_study, resume_command
 from optimizer.errors import ConfigError, NightshiftError, describe
 from optimizer.objectives import value_unit
+from runners.atomic import write_atomic
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -70,6 +72,8 @@ def _check_output_file(option: str, path: Path) -> None:
 
 
 # -- start ----------------------------------------------------------------------------------
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @app.command(cls=_Command, short_help="Create or resume a study and run it to its budget.")
@@ -134,9 +138,13 @@ def start(
         daemon.request_stop(now=now)
         what = ("stopping now: failing trials in flight" if now else
                 "stopping: finishing trials in flight (signal again to stop now)")
-        console.print(f"[yellow]{what}[/]; resume with: {resume}", soft_wrap=True)
+        logger.info("%s (%s)", what, signal.Signals(signum).name)
+        # The terminal may be gone (SIGHUP): a message it cannot take must not end the study.
+        with contextlib.suppress(OSError, ValueError):
+            console.print(f"[yellow]{what}[/]; resume with: {resume}", soft_wrap=True)
 
-    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    # SIGHUP (the terminal closed) stops the study as SIGTERM does, never kills it outright.
+    old = {s: signal.signal(s, _on_signal) for s in STOP_SIGNALS}
     try:
         if progress is not None:
             with progress:
@@ -178,6 +186,12 @@ def start(
     except Exception as exc:  # the report is a view: the study's results are safe in Optuna
         logger.warning("could not write the report (%s: %s); run `nightshift report %s`",
                        type(exc).__name__, exc, study)
+    if summary.mlflow_incomplete:
+        # Said before the pointer to MLflow: what it shows now is not the whole study.
+        console.print(f"[yellow]MLflow is incomplete:[/] it refused the writes of "
+                      f"{summary.mlflow_incomplete} (Optuna holds them; see "
+                      f"{cfg.results_dir / 'daemon.log'}); run `{resume}` again once the store "
+                      "takes writes to log them and close their runs", soft_wrap=True)
     review = _mlflow_review(cfg)
     if review:
         console.print(review, soft_wrap=True)
@@ -298,6 +312,9 @@ def status_rows(trials: Sequence[FrozenTrial]) -> list[TableRow]:
                      and t.state == TrialState.COMPLETE), None)
     base_flags = ((baseline.user_attrs.get(ATTR_RECORD) or {}).get("flags") or {}) \
         if baseline is not None else {}
+    # The defaults' sampled params (measured or not), for a trial whose record holds no flags.
+    base_params = next((t.params for t in trials if t.user_attrs.get(ATTR_BASELINE)
+                        and ATTR_CONFIRM not in t.user_attrs and t.params), None)
     rows = []
     for t in trials:
         if t.state == TrialState.WAITING or any(
@@ -314,6 +331,11 @@ def status_rows(trials: Sequence[FrozenTrial]) -> list[TableRow]:
         flags = record.get("flags")
         changes = None if flags is None else \
             {k: v for k, v in flags.items() if base_flags.get(k) != v}
+        if not flags and not t.user_attrs.get(ATTR_BASELINE):
+            # A failed record (lost, rejected) holds its params, not the launch's flags: an
+            # empty dict there is no sign of the defaults. Its params against the defaults'.
+            changes = None if base_params is None or not t.params else \
+                {k: v for k, v in t.params.items() if base_params.get(k) != v}
         confirm = t.user_attrs.get(ATTR_CONFIRM)
         note = f"(confirmation: {confirm})" if confirm else \
             ("(vLLM defaults)" if t.user_attrs.get(ATTR_BASELINE) else "")
@@ -478,9 +500,7 @@ def export(
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text)
-        if fmt == "sh":
-            output.chmod(0o755)
+        write_atomic(output, text, mode=0o700 if fmt == "sh" else 0o600)
         console.print(f"wrote trial {chosen.number} as {fmt} to {output}", soft_wrap=True)
 
 
@@ -906,5 +926,5 @@ def hw(output: Annotated[Path | None, typer.Option(
     data = profile.to_dict()
     if output is not None:
         _check_output_file("hw --output", output)
-        output.write_text(json.dumps(data, indent=2, default=str))
+        write_atomic(output, json.dumps(data, indent=2, default=str))
     out.print_json(json.dumps(data, default=str))

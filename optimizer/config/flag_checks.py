@@ -36,6 +36,28 @@ def _snake(kebab: str) -> str:
     return kebab.replace("-", "_")
 
 
+# vLLM's flags that take its human-readable integers ("4k", "1K", "25.6k"): vLLM 0.26's
+# arg_utils parses max_model_len with human_readable_int_or_auto.
+HUMAN_READABLE_INT_FLAGS = frozenset({"max_model_len"})
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgG])")
+
+
+def human_readable_int(text: str) -> int:
+    """vLLM's `human_readable_int`: "4k" is 4,000, "4K" 4,096 (k/m/g decimal, K/M/G binary,
+    decimals with decimal suffixes only), else a plain integer. Raises ValueError."""
+    text = text.strip()
+    match = _HUMAN_INT.fullmatch(text)
+    if match is None:
+        return int(text)
+    number, suffix = match.groups()
+    if suffix.islower():
+        return int(float(number) * {"k": 10**3, "m": 10**6, "g": 10**9}[suffix])
+    if "." in number:
+        raise ValueError(f"decimals are not allowed with binary suffixes like {suffix}; did "
+                         f"you mean {number}{suffix.lower()}?")
+    return int(number) * {"K": 2**10, "M": 2**20, "G": 2**30}[suffix]
+
+
 def fixed_flag_problem(name: object, value: object,
                        table: VllmFlags | None = None) -> str | None:
     """Why `fixed_flags.<name>: <value>` would not run, or None: a flag of vLLM (any flag of the

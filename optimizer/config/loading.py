@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from optimizer.config.schema import MAX_FILE_BYTES, LengthSpec, StudySpec
 from optimizer.errors import ConfigError
 from optimizer.objectives import OBJECTIVES
+from runners.credentials import redact_env
 from runners.workload import (
     SLO,
     CapacitySearch,
@@ -199,7 +200,11 @@ class StudyConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return self.spec.model_dump(mode="json")
+        """The study as JSON data, for what is written (study.json, an audit's study): each
+        secret in `env` is named, never its value (runners/credentials.py)."""
+        data: dict[str, Any] = self.spec.model_dump(mode="json")
+        data["env"] = redact_env(data.get("env") or {})
+        return data
 
     def with_overrides(self, *, tracking_uri: str | None = None, storage: str | None = None,
                        trials: int | None = None) -> StudyConfig:

@@ -33,6 +33,15 @@ if TYPE_CHECKING:
     from runners.workload import DatasetSource
 
 
+def _not_a_file(path: Path) -> str:
+    """What a path that must be a regular file is instead."""
+    if path.is_dir():
+        return "is a directory, not a file"
+    if path.exists():  # /dev/zero, a FIFO, a socket: endless or blocking to read
+        return "is a device or pipe, not a regular file"
+    return "does not exist"
+
+
 def check_before_start(cfg: StudyConfig) -> None:
     """What `nightshift start` checks before it writes or starts anything: the stores can be
     made where they are named (without making them), the prompts file reads as the load
@@ -182,7 +191,7 @@ def _check_dataset(source: DatasetSource, study: str,
     where = f"{study}: workload.dataset.path"
     path = source.path
     if not path.is_file():
-        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        what = _not_a_file(path)
         raise ConfigError(f"{where}: {str(path)!r:.120} {what}; give a ShareGPT-style JSON "
                           "(or JSONL) file of {\"id\", \"conversations\"} objects.")
     if path.stat().st_size > MAX_PROMPTS_FILE_BYTES:
@@ -248,7 +257,7 @@ def _check_prompts_file(path: Path, source: str, tokenizer: PromptTokenizer | No
 
     where = f"{source}: workload.prompts_file"
     if not path.is_file():
-        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        what = _not_a_file(path)
         raise ConfigError(f"{where}: {str(path)!r:.120} {what}; give a JSONL file with one "
                           "{\"prompt\": ...} object a line.")
     if path.stat().st_size > MAX_PROMPTS_FILE_BYTES:
@@ -297,7 +306,7 @@ def _check_trace_file(path: Path, timestamp_unit_s: float, source: str, *,
     fix = ("give a JSONL file with one {\"timestamp\": s, \"input_length\": n, "
            "\"output_length\": n} object a line")
     if not path.is_file():
-        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        what = _not_a_file(path)
         raise ConfigError(f"{where}: {str(path)!r:.120} {what}; {fix}.")
     if path.stat().st_size > MAX_TRACE_FILE_BYTES:
         raise ConfigError(f"{where}: {str(path)!r:.120} is over {MAX_TRACE_FILE_BYTES:,} "

@@ -5,6 +5,7 @@ Building a `StudySpec` validates; `optimizer.config.loading` turns its errors in
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,12 +20,19 @@ from pydantic import (
     model_validator,
 )
 
-from optimizer.config.flag_checks import _arg_flag, extra_args_problem, fixed_flag_problem
+from optimizer.config.flag_checks import (
+    HUMAN_READABLE_INT_FLAGS,
+    _arg_flag,
+    extra_args_problem,
+    fixed_flag_problem,
+    human_readable_int,
+)
 from optimizer.config.store_checks import storage_problem, tracking_uri_problem
 from optimizer.engines import RUNNERS
 from optimizer.objectives import OBJECTIVES
 from optimizer.pruning import PRUNERS
 from optimizer.samplers import SAMPLERS
+from runners.credentials import API_KEY_ENV, SECRET_FLAGS, is_secret_flag
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -232,6 +240,10 @@ def _length(value: Any) -> Any:
     return {"kind": "fixed", "mean": value} if isinstance(value, int) else value
 
 
+MIN_REQUEST_TIMEOUT_S = 1.0  # below, a completion cannot return (HTTP, a prefill, a token)
+MIN_STARTUP_TIMEOUT_S = 1.0  # below, no engine process even imports its modules
+
+
 class WorkloadSpec(_Strict):
     input_len: Annotated[LengthSpec, Field(default_factory=lambda: LengthSpec(mean=512))]
     output_len: Annotated[LengthSpec, Field(default_factory=lambda: LengthSpec(mean=128))]
@@ -288,6 +300,23 @@ class WorkloadSpec(_Strict):
         if self.burstiness != 1.0 or any(lv.burstiness is not None for lv in self.levels):
             raise ValueError("a trace replays its own arrival times, so burstiness does not "
                              "apply; leave burstiness out")
+        return self
+
+    @model_validator(mode="after")
+    def _meetable(self) -> WorkloadSpec:
+        if self.request_timeout_s < MIN_REQUEST_TIMEOUT_S:
+            raise ValueError(f"workload.request_timeout_s: {self.request_timeout_s:g} s is "
+                             f"below the {MIN_REQUEST_TIMEOUT_S:g} s a request needs, so every "
+                             "request would time out; it is in seconds (the default is 600)")
+        if self.startup_timeout_s < MIN_STARTUP_TIMEOUT_S:
+            raise ValueError(f"workload.startup_timeout_s: {self.startup_timeout_s:g} s is "
+                             f"below the {MIN_STARTUP_TIMEOUT_S:g} s any engine process needs "
+                             "to start, so every trial would fail; it is in seconds (the "
+                             "default is 900)")
+        if self.capacity is not None and "levels" in self.model_fields_set:
+            raise ValueError("workload.levels is unused with workload.capacity (the search "
+                             "chooses each probe's load); leave levels out, or capacity out to "
+                             "measure the levels")
         return self
 
     @model_validator(mode="after")
@@ -367,10 +396,33 @@ class QualitySpec(_Strict):
         return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
 
+# The least each SLO limit can be, in ms: below it no engine meets it and every trial fails
+# (a limit written in seconds under an `_ms` key lands here). A first token takes a loopback
+# HTTP round trip, a scheduling step and a prefill; a decode step of the smallest model on the
+# fastest GPU takes over a millisecond.
+MIN_SLO_MS: Mapping[str, float] = {"ttft_p99_ms": 5.0, "tpot_p99_ms": 1.0, "e2el_ms": 5.0}
+
+
 class SLOSpec(_Strict):
     ttft_p99_ms: float | None = Field(default=None, gt=0)
     tpot_p99_ms: float | None = Field(default=None, gt=0)
     e2el_ms: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _meetable(self) -> SLOSpec:
+        for name, floor in MIN_SLO_MS.items():
+            value = getattr(self, name)
+            if value is not None and value < floor:
+                raise ValueError(
+                    f"slo.{name}: {value:g} ms is below the {floor:g} ms any engine needs, so "
+                    f"every trial would fail; the limit is in milliseconds (did you mean "
+                    f"{value * 1000:g}?)")
+        if self.e2el_ms is not None and self.ttft_p99_ms is not None \
+                and self.e2el_ms < self.ttft_p99_ms:
+            raise ValueError(f"slo.e2el_ms: {self.e2el_ms:g} ms is below slo.ttft_p99_ms "
+                             f"({self.ttft_p99_ms:g} ms), but a request ends after its first "
+                             "token; raise e2el_ms or lower ttft_p99_ms")
+        return self
 
 
 class BudgetSpec(_Strict):
@@ -460,6 +512,33 @@ class RaySpec(_Strict):
         return v
 
 
+def env_problem(name: str, value: str) -> str | None:
+    """Why a variable in `env` would spoil the study, or None."""
+    if name == "CUDA_VISIBLE_DEVICES":
+        return ("nightshift places each trial on its own GPUs (Ray sets CUDA_VISIBLE_DEVICES "
+                "per trial), and this would override that placement; remove it, and limit the "
+                "GPUs with ray.address or by starting nightshift with CUDA_VISIBLE_DEVICES set")
+    if name == "LD_PRELOAD":
+        # A bare name is looked up as the loader does; a path must be there.
+        for library in value.replace(":", " ").split():
+            if "/" in library and not Path(library).is_file():
+                return (f"{library!r} is not a file, so every engine would start with a loader "
+                        "error; give an existing library or remove LD_PRELOAD")
+    return None
+
+
+def _secret_flag_fix(flag: str) -> str:
+    """Why a secret flag is refused in a study, and what to do instead."""
+    kebab = "--" + flag.partition("=")[0].lstrip("-").replace("_", "-")
+    variable = SECRET_FLAGS[kebab]
+    if variable == API_KEY_ENV:
+        return (f"{kebab} is set by nightshift, which gives each trial's engine its own random "
+                "key; remove it")
+    return (f"{kebab} would put a secret on the engine's command line, where every local user "
+            f"reads it (ps); remove it and set env.{variable} (or export {variable}), which "
+            "the engine reads from its environment")
+
+
 class VllmSpec(_Strict):
     # VLLM_CACHE_ROOT shared by every trial
     cache_root: FilePath | None = None
@@ -470,6 +549,9 @@ class VllmSpec(_Strict):
     @field_validator("extra_args")
     @classmethod
     def _extra_args(cls, v: list[str]) -> list[str]:
+        for index, token in enumerate(v):
+            if is_secret_flag(token):
+                raise ValueError(f"vllm.extra_args[{index}]: {_secret_flag_fix(token)}")
         problem = extra_args_problem(v)
         if problem is not None:
             raise ValueError(problem)
@@ -604,18 +686,42 @@ class StudySpec(_Strict):
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        out = dict(v)
         for key, value in v.items():
             if not re.match(r"^[A-Z_][A-Z0-9_]*$", key):
                 raise ValueError(f"{key!r} is not an environment variable name")
             if "\0" in value:
                 raise ValueError(f"env.{key}: a value cannot hold a NUL character (no process "
                                  "environment can); remove it")
-        return v
+            if key == API_KEY_ENV:
+                raise ValueError(f"env.{key}: nightshift gives each trial's engine its own "
+                                 "random key; remove it")
+            if value == f"${{{key}}}":
+                # A secret named, not written (as study.json and the export name it): its
+                # value comes from this process's environment.
+                if key not in os.environ:
+                    raise ValueError(f"env.{key}: ${{{key}}} takes {key} from the environment, "
+                                     f"but it is not set here; export {key} or give the value")
+                out[key] = os.environ[key]
+            problem = env_problem(key, out[key])
+            if problem is not None:
+                raise ValueError(f"env.{key}: {problem}")
+        return out
 
     @field_validator("fixed_flags")
     @classmethod
     def _fixed_flags(cls, v: dict[str, Any]) -> dict[str, Any]:
+        v = dict(v)
         for name, value in v.items():
+            if is_secret_flag("--" + name.replace("_", "-")):
+                raise ValueError(f"fixed_flags.{name}: {_secret_flag_fix(name)}")
+            if name in HUMAN_READABLE_INT_FLAGS and isinstance(value, str):
+                # vLLM takes "4k" here: read it as vLLM does, so the study holds the integer.
+                try:
+                    v[name] = value = human_readable_int(value)
+                except ValueError:
+                    raise ValueError(f"fixed_flags.{name}: {value!r:.40} is not an integer or "
+                                     "vLLM's form of one (4k = 4000, 4K = 4096)") from None
             problem = fixed_flag_problem(name, value)
             if problem is not None:
                 raise ValueError(problem)

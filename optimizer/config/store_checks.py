@@ -29,6 +29,10 @@ def storage_problem(url: str) -> str | None:
     if backend == "sqlite" and (not parsed.database or parsed.database == ":memory:"):
         return ("storage: an in-memory SQLite database loses the study when the daemon ends; "
                 "give a file such as sqlite:///results/optuna.db")
+    if backend == "sqlite" and parsed.database:
+        problem = sqlite_path_problem("storage", parsed.database)
+        if problem is not None:
+            return problem
     try:
         parsed.get_dialect().import_dbapi()
     except Exception as exc:  # NoSuchModuleError, ImportError: per dialect
@@ -85,9 +89,57 @@ def sqlite_file_problem(field: str, uri: str) -> str | None:
             header = f.read(len(_SQLITE_HEADER))
     except OSError as exc:
         return f"{field}: cannot read {shown} ({type(exc).__name__}); check its permissions"
-    if header and header != _SQLITE_HEADER:
+    if not header:
+        # SQLite would take it as a new database, and the study would start again from
+        # nothing where the user meant to resume: a store is never 0 bytes once written.
+        return (f"{field}: {shown} is an empty file (0 bytes), not a database (a store cut "
+                "to nothing?); restore it from a backup, or delete it to start afresh")
+    if header != _SQLITE_HEADER:
         return (f"{field}: {shown} exists and is not a SQLite database; name a new file or "
                 "the store's own database")
+    return _damage_problem(field, path, shown)
+
+
+def _damage_problem(field: str, path: Path, shown: str) -> str | None:
+    """Why a SQLite file cannot be read as a database (garbled pages, cut short), or None; read
+    only, and a file locked by a running study is left to the study."""
+    import sqlite3
+
+    try:
+        connection = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True,
+                                     timeout=5.0)
+    except sqlite3.Error:
+        return None  # cannot be opened here at all: the store's own error says why
+    try:
+        rows = connection.execute("PRAGMA quick_check").fetchall()
+        damage = "; ".join(str(r[0]) for r in rows if r and r[0] != "ok")
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            return None
+        damage = str(exc)
+    except sqlite3.DatabaseError as exc:  # "database disk image is malformed", ...
+        damage = str(exc)
+    finally:
+        connection.close()
+    if not damage:
+        return None
+    return (f"{field}: {shown} is damaged (SQLite: {' '.join(damage.split())[:100]}); restore "
+            "it from a backup, or move it away to start afresh")
+
+
+_SYSTEM_ROOTS: Final = ("/proc", "/sys", "/dev")
+
+
+def sqlite_path_problem(field: str, database: str) -> str | None:
+    """Why a SQLite file path cannot hold a store, or None: a `~` (SQLite does not expand it:
+    the store would land in a directory named `~`) or a kernel file system."""
+    if database.startswith("~"):
+        return (f"{field}: SQLite does not expand ~ (it would make a directory named '~' "
+                f"here); write the full path, such as sqlite:///{Path(database).expanduser()}")
+    resolved = str(Path(database).absolute())
+    if any(resolved == root or resolved.startswith(root + "/") for root in _SYSTEM_ROOTS):
+        return (f"{field}: {database!r:.80} is under a kernel file system, which holds no "
+                "database; give a file such as sqlite:///results/optuna.db")
     return None
 
 
@@ -110,6 +162,10 @@ def tracking_uri_problem(uri: str) -> str | None:
                 "sqlite:////absolute/path.db (three or four slashes)")
     if scheme == "sqlite" and not uri.removeprefix("sqlite:///").strip():
         return "tracking_uri: the SQLite URI names no file; give sqlite:///mlruns/mlflow.db"
+    if scheme == "sqlite":
+        problem = sqlite_path_problem("tracking_uri", uri.removeprefix("sqlite:///"))
+        if problem is not None:
+            return problem
     if scheme in ("http", "https") and not parsed.hostname:
         return f"tracking_uri: {uri!r:.80} names no host; give http://HOST:PORT"
     return None

@@ -30,6 +30,7 @@ from optimizer.config.store_checks import tracking_uri_problem
 from optimizer.engines import RUNNERS
 from optimizer.errors import ConfigError
 from optimizer.objectives import OBJECTIVES
+from runners.atomic import write_atomic
 from search_spaces.bounded_yaml import YamlLimitError, load_yaml
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -311,7 +312,7 @@ def append_case(path: Path, case: Mapping[str, Any], library_name: str) -> str:
     data["cases"] = cases
     parse_library(data, path.name)  # what we write is a valid library
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
+    write_atomic(path, yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
     return "replaced" if replaced else "added"
 
 
@@ -328,4 +329,4 @@ def with_new_references(path: Path, references: Mapping[str, Mapping[str, Mappin
                 config["reference"] = dict(new)
     parse_library(data, out.name)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
+    write_atomic(out, yaml.safe_dump(data, sort_keys=False, default_flow_style=False))

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from optimizer.regress.library import FIGURES
 from optimizer.regress.measure import CaseOutcome, ConfigOutcome, Installed
+from optimizer.report.plots import save_figure
 from optimizer.tracking import TAG_KIND, Tracker
+from runners.atomic import write_atomic
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -216,7 +218,7 @@ def write_plot(points: Sequence[HistoryPoint], figure: str, title: str, path: Pa
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -302,6 +304,6 @@ def write_report(out_dir: Path, library: str, outcomes: Sequence[CaseOutcome],
                       outcomes=outcomes, plots=plots, scope=interval_scope,
                       lines=lambda c: config_lines(c, threshold),
                       simulated=any(o.installed.engine == "simulated" for o in outcomes))
-    (out_dir / "report.md").write_text(md)
-    (out_dir / "report.html").write_text(html)
+    write_atomic(out_dir / "report.md", md)
+    write_atomic(out_dir / "report.html", html)
     return [out_dir / "report.html", out_dir / "report.md", *written]

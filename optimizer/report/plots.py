@@ -3,12 +3,14 @@ front (`pareto_figure`), the objective per trial, and parameter importances."""
 
 from __future__ import annotations
 
+import io
 import math
 import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from optimizer.report.build import TOO_FEW_FOR_IMPORTANCES, Report
+from runners.atomic import write_atomic
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -20,11 +22,19 @@ LABEL_COLOURS = {
 }
 
 
+def save_figure(fig: Figure, path: Path) -> None:
+    """`fig` as a PNG at `path`, whole or not at all (a report cut by kill -9 keeps the plots
+    it had)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    write_atomic(path, buffer.getvalue())
+
+
 def write_plots(report: Report, out_dir: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig = pareto_figure(report)
-    fig.savefig(out_dir / "pareto.png")
+    save_figure(fig, out_dir / "pareto.png")
     plt.close(fig)
     _write_history_and_importances(report, out_dir)
 
@@ -107,11 +117,11 @@ def _write_history_and_importances(report: Report, out_dir: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
-    fig.savefig(out_dir / "history.png")
+    save_figure(fig, out_dir / "history.png")
     plt.close(fig)
 
     fig = importances_figure(report)
-    fig.savefig(out_dir / "importances.png")
+    save_figure(fig, out_dir / "importances.png")
     plt.close(fig)
 
 

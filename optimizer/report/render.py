@@ -12,6 +12,7 @@ from optimizer.records import objective_unit
 from optimizer.report.build import TOO_FEW_FOR_IMPORTANCES, Report, TrialRow
 from optimizer.report.plots import LABEL_COLOURS, write_plots
 from optimizer.study import NOISE_FRACTION
+from runners.atomic import write_atomic
 
 KNOB_EFFECTS_INTRO = (
     "Trials that changed one knob alone from the defaults, each against the defaults measured "
@@ -299,6 +300,6 @@ def write_report(report: Report, out_dir: Path) -> list[Path]:
     """Write the HTML, Markdown and PNGs into `out_dir`; returns the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     write_plots(report, out_dir)
-    (out_dir / "report.html").write_text(render_html(report))
-    (out_dir / "report.md").write_text(render_markdown(report))
+    write_atomic(out_dir / "report.html", render_html(report))
+    write_atomic(out_dir / "report.md", render_markdown(report))
     return [out_dir / name for name in REPORT_FILES]

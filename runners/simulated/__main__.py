@@ -9,11 +9,13 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from runners.base import EngineConfig
+from runners.credentials import API_KEY_ENV
 from runners.hardware import HardwareProfile, load_preset
 from runners.simulated.faults import Faults
 from runners.simulated.server import ServerSettings, serve
@@ -35,7 +37,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--config-json", required=True,
                         help='{"model": ..., "flags": {...}, "served_model_name": ..., '
-                             '"env": {...}, "load_format": ...}')
+                             '"env_names": [...], "load_format": ...}: the variables named '
+                             "in env_names are read from the environment (a secret never "
+                             "travels in argv); VLLM_API_KEY, when set, is the key every "
+                             "route but /health asks for, as vLLM's")
     parser.add_argument("--profile-dir", type=Path, default=None,
                         help="enables /start_profile and /stop_profile, as vLLM's profiler "
                              "config does")
@@ -61,10 +66,13 @@ def _engine_config(text: str) -> EngineConfig:
     data = json.loads(text)
     if not isinstance(data, dict) or "model" not in data:
         raise ValueError(f"--config-json must be an object with a model but got {text!r}.")
+    # The launch's variables by name only: their values (a token among them) are in this
+    # process's environment, where no other user can read them.
+    names = data.get("env_names") or []
     return EngineConfig(
         model=str(data["model"]),
         flags=dict(data.get("flags") or {}),
-        env=dict(data.get("env") or {}),
+        env={str(k): os.environ[str(k)] for k in names if str(k) in os.environ},
         load_format=str(data.get("load_format") or "auto"),
         served_model_name=str(data.get("served_model_name") or "model"),
     )
@@ -105,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = ServerSettings(config=config, hardware=hardware, port=args.port, host=args.host,
                               profile_dir=args.profile_dir,
                               startup_time_scale=args.startup_time_scale, seed=args.seed,
-                              faults=faults, noise_sigma=args.noise_sigma)
+                              faults=faults, noise_sigma=args.noise_sigma,
+                              api_key=os.environ.get(API_KEY_ENV) or None)
     return asyncio.run(serve(settings))
 
 

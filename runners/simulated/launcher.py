@@ -129,7 +129,9 @@ class SimulatedLauncher:
                 profile_dir: Path | None) -> tuple[list[str], dict[str, str]]:
         # As `VllmLauncher` does for vLLM >= 0.26: the engine's own FLOP and byte counters on.
         flags = {"enable_mfu_metrics": True, **config.flags}
-        payload = {"model": config.model, "flags": flags, "env": dict(config.env),
+        # The variables travel in the environment, by name in argv: a token in them must not
+        # be readable by another user (`ps -eww`).
+        payload = {"model": config.model, "flags": flags, "env_names": sorted(config.env),
                    "load_format": config.load_format,
                    "served_model_name": config.served_model_name}
         argv = [sys.executable, "-m", SERVER_MODULE, "--host", "127.0.0.1",
@@ -142,7 +144,7 @@ class SimulatedLauncher:
             argv += ["--profile-dir", str(profile_dir)]
         if not self.variant.is_default:
             argv += ["--vllm-variant-json", json.dumps(self.variant.to_dict(), sort_keys=True)]
-        return argv, {}
+        return argv, dict(config.env)
 
     def parse_log(self, log_text: str) -> EngineInfo:
         info = vllm_logs.parse_log(log_text)

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import gzip
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -112,6 +113,9 @@ class ServerSettings:
     seed: int = 0
     faults: Faults = field(default_factory=Faults)
     noise_sigma: float = DEFAULT_NOISE_SIGMA
+    # Every route but /health asks for `Authorization: Bearer <api_key>` when set (vLLM, given
+    # --api-key or VLLM_API_KEY, asks it of its /v1 routes only).
+    api_key: str | None = None
 
 
 class EngineMetrics:
@@ -837,7 +841,7 @@ def _error(message: str, status: int, kind: str) -> JSONResponse:
                          "code": status}, status_code=status)
 
 
-def build_app(engine: SimulatedEngine) -> Starlette:
+def build_app(engine: SimulatedEngine) -> Any:
     """vLLM's OpenAI-compatible routes; profiler routes only with a profile dir, as in vLLM."""
     config = engine.settings.config
     served = config.served_model_name
@@ -946,7 +950,27 @@ def build_app(engine: SimulatedEngine) -> Starlette:
     if engine.settings.profile_dir is not None:
         routes += [Route("/start_profile", start_profile, methods=["POST"]),
                    Route("/stop_profile", stop_profile, methods=["POST"])]
-    return Starlette(routes=routes)
+    app = Starlette(routes=routes)
+    api_key = engine.settings.api_key
+    return _BearerAuth(app, api_key) if api_key else app
+
+
+class _BearerAuth:
+    """ASGI wrapper: every HTTP route but /health answers 401 without the engine's key (a pure
+    ASGI layer, so streamed completions pass through untouched)."""
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                await JSONResponse({"error": "Unauthorized"}, status_code=401)(
+                    scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _spin_cpu(seconds: float) -> None:

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import inspect
 import io
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -344,3 +347,38 @@ def test_an_interrupt_while_starting_prints_the_resume_command(
     assert shlex.split(line.split("resume with: ", 1)[1]) == \
         ["nightshift", "start", str(path), "--dry-run", *given], \
         "the resume command repeats every override given, and no display option"
+
+
+def test_what_nightshift_writes_is_private_to_the_user(tmp_path: Path) -> None:
+    # A subprocess: the umask is the process's, and this one's must stay as the tests set it.
+    script = ("import os, sys\nfrom optimizer.cli import main\n"
+              "code = main(['hw', '--preset', 'h200', '--output', sys.argv[1]])\n"
+              "os.makedirs(sys.argv[2])\n"
+              "print(code)\n")
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "hw.json"),
+                          str(tmp_path / "dir")], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path, env={**os.environ, "NO_COLOR": "1"})
+    assert out.stdout.strip().splitlines()[-1] == "0", out.stderr[-500:]
+    assert (tmp_path / "hw.json").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "dir").stat().st_mode & 0o777 == 0o700, "directories made are 0700"
+
+
+def test_status_never_shows_a_failed_trial_of_another_config_as_the_defaults(
+        tmp_path: Path) -> None:
+    from optimizer.cli.commands import status_rows
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/o.db")
+    defaults = {"max_num_seqs": 256, "block_size": 16}
+    study.enqueue_trial(defaults, user_attrs={"baseline": True})
+    study.enqueue_trial({"max_num_seqs": 64, "block_size": 16})
+    for _ in range(2):
+        trial = study.ask()
+        trial.suggest_categorical("max_num_seqs", [64, 256])
+        trial.suggest_categorical("block_size", [16, 32])
+        # What Recovery writes for a trial lost with the daemon: params, no flags.
+        trial.set_user_attr("record", {"state": "failed", "params": trial.params, "flags": {},
+                                       "failure_reason": "daemon_lost"})
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    rows = status_rows(study.get_trials())
+    assert rows[0].changes_note == "(vLLM defaults)"
+    assert rows[1].changes == {"max_num_seqs": 64}, "its own change, never '(defaults)'"

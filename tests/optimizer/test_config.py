@@ -10,6 +10,7 @@ import yaml
 
 from optimizer.config import load_study, parse_study
 from optimizer.errors import ConfigError
+from optimizer.study import engine_config
 
 BASE = {"name": "s", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 3},
         "slo": {"tpot_p99_ms": 50}}
@@ -170,12 +171,66 @@ def test_a_fixed_value_that_breaks_the_token_budget_is_refused() -> None:
 
 
 @pytest.mark.parametrize("flags", [{"enable_lora": True}, {"max_loras": 4},
-                                   {"max_model_len": "8k"}, {"kv_cache_dtype": "fp8_e5m2"},
+                                   {"max_model_len": 8192}, {"kv_cache_dtype": "fp8_e5m2"},
                                    {"compilation_config": {"mode": 3}},
                                    {"cudagraph_capture_sizes": [1, 2, 4]}, {"seed": 7},
                                    {"max_lora_rank": 16}])
 def test_any_flag_of_vllm_can_be_fixed(flags: dict) -> None:
     assert parse_study({**BASE, "fixed_flags": flags}).spec.fixed_flags == flags
+
+
+@pytest.mark.parametrize(("given", "read"), [("8k", 8000), ("8K", 8192), ("1.5k", 1500),
+                                             ("4096", 4096), ("1m", 1_000_000)])
+def test_max_model_len_in_vllms_human_form_is_read_as_vllm_reads_it(given: str,
+                                                                     read: int) -> None:
+    cfg = parse_study({**BASE, "fixed_flags": {"max_model_len": given}})
+    assert cfg.spec.fixed_flags["max_model_len"] == read, "an integer, as vLLM parses it"
+    assert engine_config(cfg, {}).flags["max_model_len"] == read
+
+
+def test_secret_flags_and_placement_variables_are_refused_naming_the_fix() -> None:
+    cases = [({"vllm": {"extra_args": ["--hf-token", "hf_x"]}}, "env.HF_TOKEN"),
+             ({"vllm": {"extra_args": ["--api-key=k"]}}, "its own random key"),
+             ({"fixed_flags": {"hf_token": "hf_x"}}, "env.HF_TOKEN"),
+             ({"env": {"VLLM_API_KEY": "k"}}, "its own random key"),
+             ({"env": {"CUDA_VISIBLE_DEVICES": "1"}}, "placement"),
+             ({"env": {"LD_PRELOAD": "/nonexistent/lib.so"}}, "not a file")]
+    for extra, words in cases:
+        with pytest.raises(ConfigError, match=words):
+            parse_study({**BASE, **extra})
+
+
+def test_a_secret_in_env_is_named_in_the_written_study_and_read_back_from_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = parse_study({**BASE, "env": {"HF_TOKEN": "hf_secret_value",
+                                       "VLLM_LOGGING_LEVEL": "INFO"}})
+    written = cfg.to_dict()
+    assert written["env"] == {"HF_TOKEN": "${HF_TOKEN}", "VLLM_LOGGING_LEVEL": "INFO"}
+    assert "hf_secret_value" not in repr(written)
+    assert engine_config(cfg, {}).env["HF_TOKEN"] == "hf_secret_value", "the engine gets it"
+    monkeypatch.setenv("HF_TOKEN", "from_the_environment")
+    again = parse_study({**BASE, "env": written["env"]})
+    assert again.spec.env["HF_TOKEN"] == "from_the_environment"
+    monkeypatch.delenv("HF_TOKEN")
+    with pytest.raises(ConfigError, match=r"env\.HF_TOKEN: .* not set here"):
+        parse_study({**BASE, "env": written["env"]})
+
+
+@pytest.mark.parametrize(("extra", "field"), [
+    ({"slo": {"ttft_p99_ms": 0.8}}, "slo.ttft_p99_ms"),
+    ({"slo": {"tpot_p99_ms": 0.05}}, "slo.tpot_p99_ms"),
+    ({"slo": {"ttft_p99_ms": 500, "e2el_ms": 300}}, "slo.e2el_ms"),
+    ({"workload": {"request_timeout_s": 0.001}}, "workload.request_timeout_s"),
+    ({"workload": {"startup_timeout_s": 0.01}}, "workload.startup_timeout_s"),
+    ({"workload": {"capacity": {"axis": "concurrency", "low": 1, "high": 8},
+                   "levels": [{"concurrency": 4}]}}, "workload.levels"),
+    ({"storage": "sqlite:///~/optuna.db"}, "storage: SQLite does not expand ~"),
+    ({"storage": "sqlite:////proc/x/optuna.db"}, "storage: .* kernel file system"),
+])
+def test_limits_no_engine_meets_and_settings_that_do_nothing_are_refused(extra: dict,
+                                                                        field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        parse_study({**BASE, **extra})
 
 
 # -- issue 19 items 6, 7: extra_args and values checked against vLLM's flag table --------------

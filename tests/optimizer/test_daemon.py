@@ -186,6 +186,11 @@ def test_resume_after_sigkill_keeps_finished_trials(tmp_path: Path) -> None:
         assert record["failure_reason"] == "daemon_lost"
         retries = [t for t in study.trials if t.user_attrs.get("retry_of") == number]
         if after[number].user_attrs.get("sampling_cut_short"):
+            if "nothing ran, re-queued" in record["conclusion"]:
+                # Asked whole but still waiting for GPUs: nothing launched, queued again as
+                # it was (tests/test_faults_daemon.py makes this case on purpose).
+                assert len(retries) == 1 and "mlflow_run_id" not in after[number].user_attrs
+                continue
             # The kill fell between two suggestions: half a config is not re-queued (a test
             # of its own below makes this case on purpose).
             assert retries == []
@@ -599,3 +604,34 @@ def test_an_engine_left_without_its_worker_is_reaped_when_the_daemon_ends(
     assert main(["start", str(path), "--no-progress"]) == 0
     assert orphans and not orphans[0].is_alive(), "the orphaned engine was killed"
     assert not list(registry.glob("*.json")), "and its record cleared"
+
+
+def test_sighup_in_the_confirmation_round_stops_the_study_and_never_says_done(
+        tmp_path: Path) -> None:
+    # SIGHUP (the terminal closed) stops as SIGTERM does; a stop in the confirmation round
+    # leaves the study stopped, with its resume line, never "done".
+    path = write_study(tmp_path, trials=2, confirm_rounds=3, workload={
+        "input_len": 128, "output_len": 96, "levels": [{"concurrency": 4}],
+        "num_requests": 16, "warmup_requests": 1})
+    log = tmp_path / "daemon.log"
+    daemon = _start_daemon(path, log)
+    try:
+        def confirming() -> bool:
+            try:
+                trials = load(tmp_path).trials
+            except (sqlalchemy.exc.OperationalError, KeyError):  # not made yet
+                return False
+            return any("confirm" in t.user_attrs for t in trials
+                       if t.state == TrialState.RUNNING)
+
+        _wait_for(confirming, daemon, log)
+        daemon.send_signal(signal.SIGHUP)
+        code = daemon.wait(120)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    text = log.read_text()
+    assert code != -signal.SIGHUP, "SIGHUP does not kill the daemon outright"
+    assert "study e2e stopped" in text and "resume with:" in text, text[-2000:]
+    assert "study e2e done" not in text, "a stopped confirmation round is not a done study"
+    assert "confirm" not in load(tmp_path).user_attrs, "no comparison from a cut round"

@@ -83,3 +83,22 @@ def test_a_trial_that_ends_before_the_defaults_is_still_compared_with_them(
         f"compared with the defaults whichever ended first ({intervals}): {conclusion}"
     run = next(r for r in trial_runs(tmp_path) if r.data.tags["nightshift.trial"] == "1")
     assert run.data.tags["conclusion"] == conclusion, "MLflow holds the same conclusion"
+
+
+def test_a_placement_no_node_of_the_cluster_offers_is_named_with_the_fix() -> None:
+    # Issue 35: a ray.resources or ray.accelerator_type the cluster lacks left the trials
+    # "running" for as long as one waited. As `ray.nodes()` reports a one-node local cluster:
+    from optimizer.workers import placement_problem
+
+    nodes = [{"Alive": True, "Resources": {"CPU": 4.0, "GPU": 2.0, "memory": 1e9,
+                                           "node:127.0.0.1": 1.0,
+                                           "accelerator_type:H100": 1.0}},
+             {"Alive": False, "Resources": {"GPU": 8.0, "tuning_pool": 1.0}}]
+    assert placement_problem(nodes, None, {}) is None
+    assert placement_problem(nodes, "H100", {}) is None
+    problem = placement_problem(nodes, "A100", {})
+    assert problem is not None and problem.startswith("ray.accelerator_type:") \
+        and "H100" in problem, problem
+    problem = placement_problem(nodes, None, {"tuning_pool": 1.0})
+    assert problem is not None and problem.startswith("ray.resources:") \
+        and "ray start --resources" in problem, "a dead node's resources do not count"

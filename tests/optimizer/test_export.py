@@ -361,3 +361,28 @@ def test_export_leaves_out_flags_at_vllms_default_and_minimal_says_what_it_dropp
            "measured 39.9 vs 40: within 2%" in text
     assert "left out, as vLLM's own value on the study's host: --gpu-memory-utilization" \
         in text
+
+
+def test_export_names_a_secret_variable_and_never_writes_its_value(tmp_path: Path) -> None:
+    cfg = parse_study({"name": "x", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 1},
+                       "slo": {"tpot_p99_ms": 50}})
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    # A record written before secrets were redacted at the runner.
+    trial.set_user_attr("record", {"state": "complete", "flags": {},
+                                   "env": {"VLLM_S3_SECRET_KEY": "s3cr3t-value",
+                                           "VLLM_LOGGING_LEVEL": "INFO"},
+                                   "metrics": {}, "conclusion": ""})
+    study.tell(trial, 1.0)
+    chosen = select_trial(study, cfg)
+    for fmt in ("sh", "env", "yaml"):
+        text = render(chosen, cfg, fmt)
+        assert "s3cr3t-value" not in text, f"the {fmt} export never writes a secret's value"
+        assert "VLLM_S3_SECRET_KEY" in text, f"the {fmt} export names the variable to set"
+    sh = render(chosen, cfg, "sh")
+    script = tmp_path / "serve.sh"
+    script.write_text(sh.replace("exec vllm serve", "exec printf '%s\\n'"))
+    unset = subprocess.run(["bash", str(script)], capture_output=True, text=True,
+                           env={"PATH": "/usr/bin:/bin"})
+    assert unset.returncode != 0 and "VLLM_S3_SECRET_KEY" in unset.stderr, \
+        "the launcher stops, naming the secret, where it is not set"

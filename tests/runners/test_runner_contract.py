@@ -7,6 +7,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
+import psutil
 import pytest
 
 from runners.base import EngineConfig, FailureReason, FlagValue, Runner, RunResult
@@ -151,3 +153,32 @@ def test_high_error_rate_on_a_live_engine_is_too_many_errors_not_startup_crash(
     # At 50 % the seeded first draw (0.134) fails the readiness probe itself.
     result = _run_with_faults(runner, registry_dir, tmp_path, workload, {"sim_error_rate": 0.5})
     _assert_failed(result, FailureReason.TOO_MANY_ERRORS)
+
+
+def test_a_run_keeps_secrets_out_of_its_result_and_its_engine_answers_only_the_runner(
+        runner: EngineRunner, registry_dir: Path, tmp_path: Path, workload: Workload) -> None:
+    token = "hf_" + "t" * 32
+    config = EngineConfig(model=MODEL, load_format="dummy",
+                          flags={"max_model_len": 2048, "max_num_seqs": 16},
+                          env={"HF_TOKEN": token, "TOKENIZERS_PARALLELISM": "false"})
+    outsider: list[int] = []
+
+    def probe(_: object) -> bool:
+        # Another local user, knowing the port but not the key, while the level runs.
+        assert runner._proc is not None
+        argv = psutil.Process(runner._proc.pid).cmdline()
+        port = argv[argv.index("--port") + 1]
+        outsider.append(httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code)
+        outsider.append(httpx.post(f"http://127.0.0.1:{port}/reset_prefix_cache").status_code)
+        return False
+
+    with EngineWatcher(registry_dir) as watcher:
+        result = runner.run(config, workload, tmp_path / "trial", on_step=probe)
+    watcher.assert_none_survive(result)
+    assert result.status == "complete", result.failure
+    assert outsider and set(outsider) == {401}, "the engine answers only the key's holder"
+    written = repr((result.argv, dict(result.env)))
+    assert token not in written, "the record names the secret, never its value"
+    assert result.env["HF_TOKEN"] == "${HF_TOKEN}"
+    assert result.env["TOKENIZERS_PARALLELISM"] == "false"
+    assert "VLLM_API_KEY" not in result.env, "the engine's key stays with the runner"

@@ -70,11 +70,12 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., Engine]]:
     procs: list[subprocess.Popen[bytes]] = []
 
     def _launch(flags: dict[str, object] | None = None, *, profile: bool = False,
-                model: str = MODEL) -> Engine:
+                model: str = MODEL, env_vars: dict[str, str] | None = None) -> Engine:
         launcher = SimulatedLauncher("h200", startup_time_scale=STARTUP_TIME_SCALE, seed=0)
         port = _free_port()
         profile_dir = tmp_path / "profile" if profile else None
-        argv, env = launcher.command(EngineConfig(model, flags or {}, served_model_name="sim"),
+        argv, env = launcher.command(EngineConfig(model, flags or {}, env=env_vars or {},
+                                                  served_model_name="sim"),
                                      port, tmp_path, profile_dir)
         log_path = tmp_path / f"server-{port}.log"
         with log_path.open("wb") as log:
@@ -141,6 +142,41 @@ def test_engine_serves_health_models_metrics_and_streams_completions(launch):
                  "vllm:request_queue_time_seconds_count"):
         assert (name, None) in samples, f"{name} must be exported under vLLM's name"
     assert not any(name.endswith("_created") for name, _ in samples), "vLLM has no _created"
+
+
+def test_with_an_api_key_every_route_but_health_answers_401_without_it(launch):
+    key = "k-" + "x" * 30
+    engine = launch(env_vars={"VLLM_API_KEY": key})
+    _wait_healthy(engine)
+    assert httpx.get(f"{engine.url}/v1/models").status_code == 401
+    assert httpx.post(f"{engine.url}/reset_prefix_cache").status_code == 401
+    assert httpx.get(f"{engine.url}/metrics").status_code == 401
+    wrong = {"Authorization": "Bearer not-the-key"}
+    assert httpx.get(f"{engine.url}/v1/models", headers=wrong).status_code == 401
+    right = {"Authorization": f"Bearer {key}"}
+    assert httpx.get(f"{engine.url}/v1/models", headers=right).status_code == 200
+    assert httpx.post(f"{engine.url}/reset_prefix_cache", headers=right).status_code == 200
+    body = {"model": "sim", "prompt": list(range(10)), "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", f"{engine.url}/v1/completions", json=body, headers=right,
+                      timeout=10) as response:
+        assert response.status_code == 200
+        assert [line for line in response.iter_lines() if line][-1] == "data: [DONE]"
+
+
+def test_the_launch_names_its_variables_in_argv_and_passes_their_values_in_the_environment(
+        launch):
+    token = "hf_" + "s" * 30
+    engine = launch(env_vars={"HF_TOKEN": token})
+    _wait_healthy(engine)
+    argv = psutil_cmdline(engine.proc.pid)
+    assert token not in " ".join(argv), "a secret must never be readable in the argv (ps -eww)"
+    assert any('"env_names": ["HF_TOKEN"]' in a for a in argv)
+
+
+def psutil_cmdline(pid: int) -> list[str]:
+    import psutil
+
+    return list(psutil.Process(pid).cmdline())
 
 
 def test_startup_log_carries_vllms_lines_and_parses_into_engine_info(launch):
