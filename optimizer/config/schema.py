@@ -501,6 +501,12 @@ class StartupSpec(_Strict):
         return v
 
 
+class KnownFactsSpec(_Strict):
+    # Ids of measured facts (search_spaces/facts/known_facts.yaml, the user's file; `nightshift
+    # hw` lists them) this study does not apply: their values stay in its space.
+    ignore: list[str] = Field(default_factory=list, max_length=256)
+
+
 class StudySpec(_Strict):
     name: str
     model: ModelSpec
@@ -545,6 +551,7 @@ class StudySpec(_Strict):
     # defaults; a list names the studies to seed from; "off" seeds none. Seeds are measured
     # anew, never copied.
     warm_start: Literal["auto", "off"] | list[str] = "auto"
+    known_facts: Annotated[KnownFactsSpec, Field(default_factory=KnownFactsSpec)]
 
     @field_validator("name")
     @classmethod
