@@ -63,6 +63,10 @@ logger = logging.getLogger(__name__)
 # A trial waiting for GPUs that later, smaller trials have overtaken this many times holds the
 # next free GPUs: nothing behind it starts until it has (no starving a 2-GPU trial by 1-GPU ones).
 MAX_OVERTAKEN = 2
+# The informed start (`sampler: screen`): configs of the space the analytic model ranks, and
+# how many trials it picks before the model-based sampler takes over.
+SCREEN_CANDIDATES = 1500
+SCREEN_TRIALS = 5
 
 
 class SearchPolicy:
@@ -128,6 +132,8 @@ class SearchPolicy:
             if record is not None and learn_from_records:
                 self.caches.learn(record.startup)
         self._hear_compiled_elsewhere()
+        if self.cfg.spec.sampler.name == "screen":
+            self._start_screen()
         if not any(ATTR_BASELINE in t.user_attrs for t in trials):
             self.study.enqueue_trial(self.space.defaults(), user_attrs={ATTR_BASELINE: True})
         for params, source in warm_seeds:
@@ -139,6 +145,27 @@ class SearchPolicy:
         for params in seed_trials:
             self.study.enqueue_trial(dict(params), user_attrs={ATTR_SEEDED: True},
                                      skip_if_exists=True)
+
+    def _start_screen(self) -> None:
+        """The informed start (`sampler: screen`): after the queued trials, SCREEN_TRIALS
+        configs ranked by the analytic model over SCREEN_CANDIDATES of the space, refitted to
+        each measurement, then the study's TPE (optimizer/samplers.py `ScreenSampler`)."""
+        from optimizer.samplers import ScreenSampler
+        from optimizer.screen import load_of, sample_candidates, screen
+
+        load = load_of(self.workload)
+        if load is None or self.hardware is None or self.model is None:
+            logger.info("sampler screen: no prediction here (a capacity search, or no model "
+                        "shape or hardware profile); TPE alone")
+            return
+        candidates = sample_candidates(self.space.sample, SCREEN_CANDIDATES,
+                                       seed=self.cfg.spec.sampler.seed or 0)
+        base = engine_config(self.cfg, {})
+        predicted = screen([self.space.to_flags(c) for c in candidates], model=base.model,
+                           hardware=self.hardware, load=load, model_info=self.model,
+                           fixed_flags=base.flags)
+        self.study.sampler = ScreenSampler(candidates, predicted, fallback=self.study.sampler,
+                                           n_screen=SCREEN_TRIALS)
 
     def remember(self, number: int, record: TrialRecord | None) -> None:
         """Keep a finished trial's config if its outcome would repeat: a measurement, a prune,
