@@ -154,9 +154,12 @@ class SearchPolicy:
         from optimizer.screen import load_of, sample_candidates, screen
 
         load = load_of(self.workload)
-        if load is None or self.hardware is None or self.model is None:
-            logger.info("sampler screen: no prediction here (a capacity search, or no model "
-                        "shape or hardware profile); TPE alone")
+        if load is None or self.hardware is None or self.model is None or \
+                self.cfg.is_multi_objective or not self.cfg.objectives[0].startswith("goodput"):
+            # It predicts goodput: for another objective its ranking is not the study's.
+            logger.info("sampler screen: no prediction for this study (a capacity search, an "
+                        "objective other than goodput, no model shape or hardware profile); "
+                        "TPE alone")
             return
         candidates = sample_candidates(self.space.sample, SCREEN_CANDIDATES,
                                        seed=self.cfg.spec.sampler.seed or 0)

@@ -382,7 +382,9 @@ class SimulatedSpec(_Strict):
 
 
 class SamplerSpec(_Strict):
-    name: str = "tpe"  # a key of `samplers.SAMPLERS`
+    # A key of `samplers.SAMPLERS`. "screen" (the informed start, then TPE) since issue 36:
+    # bench/search_efficiency.py shows it best of random, TPE and the screen (bench/README.md).
+    name: str = "screen"
     seed: int | None = Field(default=0, ge=0, le=MAX_SEED)
     n_startup_trials: int = Field(default=6, ge=0, le=100_000)
 
