@@ -20,8 +20,10 @@ from search_spaces.values import lookup, show
 BUNDLED_FACTS = Path(__file__).resolve().parent / "facts" / "known_facts.yaml"
 # The user's own facts (written by the tuning memory); NIGHTSHIFT_KNOWN_FACTS moves it.
 FACTS_ENV = "NIGHTSHIFT_KNOWN_FACTS"
-Effect = Literal["exclude"]
-EFFECTS: tuple[Effect, ...] = ("exclude",)
+# exclude: the rules remove the value; keep: nothing (a user's entry with a bundled fact's id
+# and `effect: keep` overrides that fact everywhere).
+Effect = Literal["exclude", "keep"]
+EFFECTS: tuple[Effect, ...] = ("exclude", "keep")
 _KEYS = ("id", "hardware_class", "vllm_version", "param", "value", "effect", "evidence")
 
 

@@ -39,7 +39,8 @@ def test_a_value_every_slow_start_holds_and_no_healthy_trial_holds_becomes_a_fac
     assert [(f.id, f.param, f.value, f.vllm_version, f.effect) for f in facts] == [
         ("hopper-vllm0.26-quantization-fp8_per_block", "quantization", "fp8_per_block",
          "0.26", "exclude")]
-    assert facts[0].evidence["trial"] == "4, 5" and "start-up 306 s" in facts[0].evidence["figures"]
+    evidence = facts[0].evidence
+    assert evidence["trial"] == "4, 5" and "start-up 306 s" in evidence["figures"]
 
 
 def test_one_pathological_trial_names_no_knob() -> None:

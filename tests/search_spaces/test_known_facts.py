@@ -84,6 +84,14 @@ def test_a_user_fact_with_a_bundled_id_replaces_it_and_a_new_one_applies(tmp_pat
     assert 1024 not in seqs and "fp8_per_block" not in _quantizations(space)
 
 
+def test_a_user_entry_with_effect_keep_overrides_the_bundled_fact(tmp_path: Path) -> None:
+    user = tmp_path / "facts.yaml"
+    user.write_text(yaml.safe_dump({"facts": [
+        {"id": FACT, "hardware_class": "hopper", "vllm_version": "0.26",
+         "param": "quantization", "value": "fp8_per_block", "effect": "keep"}]}))
+    assert "fp8_per_block" in _quantizations(_hopper("0.26.0", known_facts=load_facts(user)))
+
+
 @pytest.mark.parametrize(("entry", "field"), [
     ({"effect": "rank_first"}, "effect"),
     ({"vllm_version": 0.26}, "vllm_version"),
