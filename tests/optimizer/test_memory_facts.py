@@ -70,3 +70,44 @@ def test_the_users_file_keeps_an_entry_it_holds_and_gains_the_new_ones(tmp_path:
     path.write_text(yaml.safe_dump(edited))
     assert write_facts(path, facts) == [], "a fact already there is not written again"
     assert read_facts_file(path)[0].evidence["figures"] == "the user's words"
+
+
+def test_a_study_whose_two_oom_configs_share_a_value_writes_it_at_its_end(
+        tmp_path: Path) -> None:
+    """The daemon calls the writer at the study's end: a real Optuna SQLite study and MLflow
+    store, a scripted runner (max_num_seqs 1024 OOMs at start), every config of the space."""
+    from functools import partial
+    from itertools import product
+
+    from optimizer.config import load_study
+    from optimizer.daemon import Daemon
+    from optimizer.executor import InlineExecutor
+    from optimizer.memory import learn_facts
+    from optimizer.study_summary import study_summary
+    from optimizer.tracking import Tracker
+    from search_spaces import load_space
+    from tests.optimizer.test_daemon import categorical_space, write_study
+    from tests.optimizer.test_search_policy import ScriptedRunner
+
+    space_path = categorical_space(tmp_path, max_num_seqs=[256, 512, 1024],
+                                   quantization=["none", "fp8"])
+    cfg = load_study(write_study(tmp_path, trials=6, max_parallel_trials=1,
+                                 search_space=str(space_path), warm_start="off"))
+    space = load_space(space_path).resolve({})
+    seeds = [{**space.defaults(), "max_num_seqs": s, "quantization": q}
+             for s, q in product([256, 512, 1024], ["none", "fp8"])]
+    seeds = [s for s in seeds if s != space.defaults()]
+    path = tmp_path / "facts.yaml"
+    launched: list[dict[str, Any]] = []
+    daemon = Daemon(cfg, space=space, executor=InlineExecutor(lambda: ScriptedRunner(
+        lambda flags: None if flags.get("max_num_seqs") == 1024 else 10.0, launched),
+        total_gpus=1), registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
+        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        summarize=study_summary, poll_s=0.01, seed_trials=seeds,
+        learn_facts=partial(learn_facts, study_name=cfg.name, hardware_class="hopper",
+                            vllm_version="0.26.0", path=path))
+    daemon.run()
+    assert len(launched) == 6
+    facts = read_facts_file(path)
+    assert [(f.param, f.value, f.vllm_version) for f in facts] == [("max_num_seqs", 1024, "0.26")]
+    assert facts[0].evidence["study"] == cfg.name
