@@ -76,8 +76,10 @@ class ScreenSampler(optuna.samplers.BaseSampler):
         self.n_screen = n_screen
         self.explore_every = explore_every
         self.ridge = ridge
-        floor = 0.02 * max(max(predicted, default=0.0), 1e-9)
-        self.log_pred = np.log(np.maximum(np.asarray(predicted, dtype=float), floor))
+        finite = np.nan_to_num(np.asarray(predicted, dtype=float), nan=0.0, posinf=0.0,
+                               neginf=0.0)
+        floor = 0.02 * max(float(finite.max(initial=0.0)), 1e-9)
+        self.log_pred = np.log(np.maximum(finite, floor))
         self.floor = floor
         columns = sorted({(k, json.dumps(v, default=str)) for c in candidates
                           for k, v in c.items()})

@@ -13,6 +13,7 @@ told is passed to the `TrialLog` (the daemon logs it to MLflow).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
@@ -154,19 +155,30 @@ class SearchPolicy:
         from optimizer.screen import load_of, sample_candidates, screen
 
         load = load_of(self.workload)
-        if load is None or self.hardware is None or self.model is None or \
-                self.cfg.is_multi_objective or not self.cfg.objectives[0].startswith("goodput"):
-            # It predicts goodput: for another objective its ranking is not the study's.
+        hw = self.hardware
+        if load is None or hw is None or self.model is None or hw.memory_bandwidth_gbps <= 0 \
+                or hw.bf16_tflops <= 0 or self.cfg.is_multi_objective or \
+                not self.cfg.objectives[0].startswith("goodput"):
+            # It predicts goodput from the card's bandwidth and FLOP/s: for another objective,
+            # or a card without those figures, its ranking says nothing.
             logger.info("sampler screen: no prediction for this study (a capacity search, an "
-                        "objective other than goodput, no model shape or hardware profile); "
-                        "TPE alone")
+                        "objective other than goodput, no model shape, or no bandwidth and "
+                        "FLOP/s in the hardware profile); TPE alone")
             return
         candidates = sample_candidates(self.space.sample, SCREEN_CANDIDATES,
                                        seed=self.cfg.spec.sampler.seed or 0)
         base = engine_config(self.cfg, {})
-        predicted = screen([self.space.to_flags(c) for c in candidates], model=base.model,
-                           hardware=self.hardware, load=load, model_info=self.model,
-                           fixed_flags=base.flags)
+        try:
+            predicted = screen([self.space.to_flags(c) for c in candidates], model=base.model,
+                               hardware=hw, load=load, model_info=self.model,
+                               fixed_flags=base.flags)
+        except (ArithmeticError, ValueError, TypeError) as exc:  # a shape the model lacks
+            logger.warning("sampler screen: the analytic model could not rank this space "
+                           "(%s: %s); TPE alone", type(exc).__name__, exc)
+            return
+        if not any(math.isfinite(p) and p > 0 for p in predicted):
+            logger.info("sampler screen: the model predicts nothing within the SLO; TPE alone")
+            return
         self.study.sampler = ScreenSampler(candidates, predicted, fallback=self.study.sampler,
                                            n_screen=SCREEN_TRIALS)
 

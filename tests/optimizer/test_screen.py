@@ -92,3 +92,19 @@ def test_the_policy_screens_the_space_with_the_analytic_model_after_the_defaults
     attrs = {t.number: t.system_attrs for t in study.get_trials(deepcopy=False)}
     assert all(SCREEN_ATTR in attrs[r.trial.number] for r in launched[1:]), \
         "every screened config (the 8-config space holds 7 besides the defaults)"
+
+
+def test_a_card_without_bandwidth_figures_or_another_objective_searches_with_tpe_alone(
+        tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    space_path = categorical_space(tmp_path, quantization=["none", "fp8"])
+    for hardware, objective in ((replace(load_preset("h200"), memory_bandwidth_gbps=0.0),
+                                 "goodput"), (load_preset("h200"), "tpot")):
+        cfg = load_study(write_study(tmp_path, trials=4, search_space=str(space_path),
+                                     objective=objective, sampler={"name": "screen"}))
+        study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg))
+        SearchPolicy(cfg, load_space(space_path).resolve({}), study,
+                     workload=cfg.workload(vocab_size=32000), total_gpus=1, hardware=hardware,
+                     model=load_model_info("qwen2.5-7b")).prepare()
+        assert isinstance(study.sampler, optuna.samplers.TPESampler), objective
