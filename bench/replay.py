@@ -293,7 +293,7 @@ def _gp_available() -> bool:
 STRATEGIES: dict[str, tuple[str, str]] = {
     "random": ("random", "none"),
     "tpe": ("tpe", "none"),
-    "tpe+pruning": ("tpe", "bottleneck"),  # the shipped defaults
+    "tpe+pruning": ("tpe", "bottleneck"),  # the shipped defaults before issue 36
     "gp": ("gp", "none"),
 }
 

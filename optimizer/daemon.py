@@ -121,8 +121,12 @@ class Daemon:
                  study_tags: Mapping[str, str] = {},
                  study_attrs: Mapping[str, Any] = {},
                  compiled_elsewhere: Callable[[], Collection[str]] | None = None,
-                 resume: str | None = None) -> None:
+                 resume: str | None = None,
+                 learn_facts: Callable[[optuna.Study], Sequence[str]] | None = None) -> None:
         self.cfg = cfg
+        # The tuning memory's writer of measured facts (optimizer/memory.py `learn_facts`),
+        # called at the study's end; None for a simulated study (its figures are a model's).
+        self.learn_facts = learn_facts
         # The command that resumes this study with the options it was started with (the CLI
         # renders it); without one, the study file alone.
         self.resume = resume or resume_command(cfg.source)
@@ -474,6 +478,12 @@ class Daemon:
         best = best_trial(study)
         done = not policy.budget_left() and is_confirmed
         metrics, tags = self.summarize(study, self.cfg)
+        if self.learn_facts is not None:
+            try:
+                for fact in self.learn_facts(study):
+                    logger.info("known fact written: %s", fact)
+            except Exception as exc:  # the facts file is a convenience: never fail the study
+                logger.warning("the measured facts could not be written (%s)", describe(exc))
         no_baseline = no_baseline_reason(study) or ""
         if no_baseline:
             logger.warning("no baseline: the defaults could not be measured (%s); no gain over "

@@ -8,7 +8,8 @@ import importlib.util
 import logging
 import math
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from optimizer.memory import (
     STUDY_ATTR_WARM_START,
     TAG_WARM_START,
     WarmStart,
+    learn_facts,
     plan_warm_start,
     read_studies,
 )
@@ -52,6 +54,7 @@ from search_spaces import (
     load_space,
     recommend_space,
 )
+from search_spaces.known_facts import FactError, KnownFact, facts_file, load_facts
 from search_spaces.seeds import load_templates, template_seeds
 
 logger = logging.getLogger(__name__)
@@ -94,9 +97,13 @@ def simulated_hardware(preset: str, num_gpus: int) -> HardwareProfile:
 
 def space_context(hardware: HardwareProfile, model: ModelInfo | None,
                   workload: Workload | None = None,
-                  load_format: str | None = None) -> dict[str, Any]:
-    """What the space's rules read: the host, the model, and (from the study file) whether the
-    weights are real and the workload's shape; a fact left out makes a rule on it not apply."""
+                  load_format: str | None = None, *, vllm_version: str | None = None,
+                  known_facts: Sequence[KnownFact] | None = None,
+                  ignore_facts: Sequence[str] = ()) -> dict[str, Any]:
+    """What the space's rules read: the host, the model, (from the study file) whether the
+    weights are real and the workload's shape, and the engine's vLLM version with the measured
+    facts (search_spaces/known_facts.py; the bundled ones where `known_facts` is None) less the
+    ids the study file ignores; a fact left out makes a rule on it not apply."""
     hw = {"num_gpus": hardware.num_gpus, "compute_capability": hardware.compute_capability,
           "gpu_memory_gib": hardware.gpu_memory_gib, "interconnect": hardware.interconnect,
           "hardware_class": hardware.hardware_class, "gpu_name": hardware.gpu_name}
@@ -113,6 +120,12 @@ def space_context(hardware: HardwareProfile, model: ModelInfo | None,
     context: dict[str, Any] = {"hardware": hw, "model": mdl}
     if workload is not None:
         context["workload"] = workload_facts(workload)
+    if vllm_version is not None:
+        context["engine"] = {"vllm_version": vllm_version}
+    if known_facts is not None:
+        context["known_facts"] = tuple(known_facts)
+    if ignore_facts:
+        context["known_facts_ignore"] = tuple(ignore_facts)
     return context
 
 
@@ -205,10 +218,14 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
     try:
         space = load_space(path if path.suffix in (".yaml", ".yml") and path.is_file()
                            else space_name)
-        resolved = space.resolve(space_context(hardware, model, workload,
-                                               cfg.spec.model.load_format))
+        resolved = space.resolve(space_context(
+            hardware, model, workload, cfg.spec.model.load_format,
+            vllm_version=engine_version(engine), known_facts=load_facts(),
+            ignore_facts=cfg.spec.known_facts.ignore))
     except SpaceError as exc:
         raise ConfigError(f"search_space: {exc}") from None
+    except FactError as exc:
+        raise ConfigError(f"known_facts: {exc}") from None
     for rule in resolved.applied_rules:
         notes.append(f"rule {rule.name}: {rule.effect} ({rule.reason})")
     if engine == "simulated":
@@ -331,7 +348,10 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
                                  STUDY_ATTR_WARM_START: list(warm.lines),
                                  STUDY_ATTR_VLLM_DEFAULTS: {**resolved.vllm_defaults,
                                                             **resolved.study_fixed}},
-                    compiled_elsewhere=_compiled_elsewhere(cfg, engine))
+                    compiled_elsewhere=_compiled_elsewhere(cfg, engine),
+                    learn_facts=None if engine == "simulated" else partial(
+                        learn_facts, study_name=cfg.name, hardware_class=hardware.hardware_class,
+                        vllm_version=engine_version(engine), path=facts_file()))
     return daemon, notes
 
 

@@ -13,6 +13,7 @@ told is passed to the `TrialLog` (the daemon logs it to MLflow).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
@@ -64,6 +65,10 @@ logger = logging.getLogger(__name__)
 # A trial waiting for GPUs that later, smaller trials have overtaken this many times holds the
 # next free GPUs: nothing behind it starts until it has (no starving a 2-GPU trial by 1-GPU ones).
 MAX_OVERTAKEN = 2
+# The informed start (`sampler: screen`): configs of the space the analytic model ranks, and
+# how many trials it picks before the model-based sampler takes over.
+SCREEN_CANDIDATES = 1500
+SCREEN_TRIALS = 5
 
 
 class SearchPolicy:
@@ -129,6 +134,8 @@ class SearchPolicy:
             if record is not None and learn_from_records:
                 self.caches.learn(record.startup)
         self._hear_compiled_elsewhere()
+        if self.cfg.spec.sampler.name == "screen":
+            self._start_screen()
         if not any(ATTR_BASELINE in t.user_attrs for t in trials):
             self.study.enqueue_trial(self.space.defaults(), user_attrs={ATTR_BASELINE: True})
         for params, source in warm_seeds:
@@ -140,6 +147,41 @@ class SearchPolicy:
         for params in seed_trials:
             self.study.enqueue_trial(dict(params), user_attrs={ATTR_SEEDED: True},
                                      skip_if_exists=True)
+
+    def _start_screen(self) -> None:
+        """The informed start (`sampler: screen`): after the queued trials, SCREEN_TRIALS
+        configs ranked by the analytic model over SCREEN_CANDIDATES of the space, refitted to
+        each measurement, then the study's TPE (optimizer/samplers.py `ScreenSampler`)."""
+        from optimizer.samplers import ScreenSampler
+        from optimizer.screen import load_of, sample_candidates, screen
+
+        load = load_of(self.workload)
+        hw = self.hardware
+        if load is None or hw is None or self.model is None or hw.memory_bandwidth_gbps <= 0 \
+                or hw.bf16_tflops <= 0 or self.cfg.is_multi_objective or \
+                not self.cfg.objectives[0].startswith("goodput"):
+            # It predicts goodput from the card's bandwidth and FLOP/s: for another objective,
+            # or a card without those figures, its ranking says nothing.
+            logger.info("sampler screen: no prediction for this study (a capacity search, an "
+                        "objective other than goodput, no model shape, or no bandwidth and "
+                        "FLOP/s in the hardware profile); TPE alone")
+            return
+        candidates = sample_candidates(self.space.sample, SCREEN_CANDIDATES,
+                                       seed=self.cfg.spec.sampler.seed or 0)
+        base = engine_config(self.cfg, {})
+        try:
+            predicted = screen([self.space.to_flags(c) for c in candidates], model=base.model,
+                               hardware=hw, load=load, model_info=self.model,
+                               fixed_flags=base.flags)
+        except (ArithmeticError, ValueError, TypeError) as exc:  # a shape the model lacks
+            logger.warning("sampler screen: the analytic model could not rank this space "
+                           "(%s: %s); TPE alone", type(exc).__name__, exc)
+            return
+        if not any(math.isfinite(p) and p > 0 for p in predicted):
+            logger.info("sampler screen: the model predicts nothing within the SLO; TPE alone")
+            return
+        self.study.sampler = ScreenSampler(candidates, predicted, fallback=self.study.sampler,
+                                           n_screen=SCREEN_TRIALS)
 
     def remember(self, number: int, record: TrialRecord | None) -> None:
         """Keep a finished trial's config if its outcome would repeat: a measurement, a prune,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from decimal import ROUND_CEILING, Decimal
 from typing import Any, Literal
 
+from search_spaces.known_facts import KnownFact, applicable, bundled_facts
 from search_spaces.params import ParamSpec
 from search_spaces.values import (
     MISSING,
@@ -60,6 +61,7 @@ CONTEXT_KEYS: dict[str, Literal["number", "text", "flag"]] = {
     "workload.shares_prefix": "flag",  # requests share a prompt prefix the cache could reuse
     "workload.max_concurrency": "number",  # the largest concurrency of any level; None: uncapped
     "workload.max_prompt_tokens": "number",  # the longest prompt the workload sends
+    "engine.vllm_version": "text",  # "0.26.0", "simulated 0.26.0"; the known facts read it
 }
 CONTEXT_ENUMS: dict[str, tuple[str, ...]] = {
     "hardware.interconnect": ("nvlink", "pcie", "none"),
@@ -618,6 +620,29 @@ def _threshold_within_prompts(
         when=(), action="remove", targets=(("long_prefill_token_threshold", bad),),
         is_builtin=True,
     )
+
+
+def known_fact_rules(context: Mapping[str, Any], specs: Mapping[str, ParamSpec]) -> list[Rule]:
+    """One `remove` rule per measured fact (search_spaces/known_facts.py) that holds for the
+    context's hardware class and vLLM version and names a value of the space. The context's
+    `known_facts` (the bundled and the user's, as the runtime loads them) stands in for the
+    bundled table; `known_facts_ignore` lists the ids the study file overrides."""
+    given = context.get("known_facts")
+    facts: tuple[KnownFact, ...] = tuple(given) if given is not None else bundled_facts()
+    rules = []
+    for fact in applicable(facts, context, tuple(context.get("known_facts_ignore") or ())):
+        spec = specs.get(fact.param)
+        if fact.effect != "exclude" or spec is None or spec.type != "categorical" or \
+                not contains(spec.choices, fact.value):
+            continue
+        evidence = fact.evidence.get("figures") or fact.evidence.get("study") or "measured"
+        rules.append(Rule(
+            name=f"known-fact:{fact.id}",
+            reason=f"measured pathological on {fact.hardware_class} with vLLM "
+                   f"{fact.vllm_version}: {evidence} ({fact.source}; a study file's "
+                   f"known_facts.ignore overrides it)",
+            when=(), action="remove", targets=((fact.param, (fact.value,)),), is_builtin=True))
+    return rules
 
 
 STATIC_BUILTINS: tuple[StaticBuiltin, ...] = (

@@ -32,6 +32,7 @@ from search_spaces.rules import (
     builtin_names,
     conditional_builtins,
     could_hold,
+    known_fact_rules,
     model_context_len,
     parse_rule,
 )
@@ -572,6 +573,7 @@ class SearchSpace:
             rule = builtin(context, specs)
             if rule is not None:
                 static.append(rule)
+        static.extend(known_fact_rules(context, specs))
         static.extend(r for r in self.rules if not r.is_conditional)
         for rule in static:
             if rule.context_holds(context):

@@ -880,6 +880,24 @@ def history(
 # -- hw -------------------------------------------------------------------------------------
 
 
+def _print_facts() -> None:
+    """Every measured fact, bundled and the user's, with its evidence and how to override it."""
+    from search_spaces.known_facts import FactError, facts_file, load_facts
+
+    path = facts_file()
+    try:
+        known = load_facts(path)
+    except FactError as exc:
+        raise ConfigError(str(exc)) from None
+    out.print(f"measured facts: bundled (search_spaces/facts/known_facts.yaml) and {path} "
+              f"({'present' if path.is_file() else 'none written yet'}); a study file's "
+              "known_facts.ignore: [ID] turns one off.", highlight=False, soft_wrap=True,
+              markup=False)
+    for fact in known:
+        out.print(f"{fact.id} [{fact.source}]: {fact.describe()}", highlight=False,
+                  soft_wrap=True, markup=False)
+
+
 @app.command(cls=_Command, short_help="Show this machine's GPU profile, or a preset's.")
 def hw(output: Annotated[Path | None, typer.Option(
            "--output", "-o", metavar="FILE", help="Also save the profile as JSON.")] = None,
@@ -888,7 +906,11 @@ def hw(output: Annotated[Path | None, typer.Option(
        ] = False,
        preset: Annotated[str | None, typer.Option(
            metavar="NAME", help="Show a recorded preset (what a simulated study models) "
-                                "instead of this machine.")] = None) -> None:
+                                "instead of this machine.")] = None,
+       facts: Annotated[bool, typer.Option(
+           "--facts", help="List the measured facts the search-space rules apply (bundled "
+                           "and the tuning memory's file) instead of the profile.")] = False,
+       ) -> None:
     """Print (and save) this machine's GPU profile, read through NVML, or a hardware preset's.
     Without a GPU it says so and which preset a simulated study models.
 
@@ -896,8 +918,13 @@ def hw(output: Annotated[Path | None, typer.Option(
     Examples:
       nightshift hw -o hw.json
       nightshift hw --preset a100-80gb
+      nightshift hw --facts
     """
     import json
+
+    if facts:
+        _print_facts()
+        return
 
     from optimizer.config.schema import SimulatedSpec
     from runners.hardware import load_preset, preset_names, probe

@@ -444,7 +444,9 @@ class SimulatedSpec(_Strict):
 
 
 class SamplerSpec(_Strict):
-    name: str = "tpe"  # a key of `samplers.SAMPLERS`
+    # A key of `samplers.SAMPLERS`. "screen" (the informed start, then TPE) since issue 36:
+    # bench/search_efficiency.py shows it best of random, TPE and the screen (bench/README.md).
+    name: str = "screen"
     seed: int | None = Field(default=0, ge=0, le=MAX_SEED)
     n_startup_trials: int = Field(default=6, ge=0, le=100_000)
 
@@ -593,6 +595,12 @@ class StartupSpec(_Strict):
         return v
 
 
+class KnownFactsSpec(_Strict):
+    # Ids of measured facts (search_spaces/facts/known_facts.yaml, the user's file; `nightshift
+    # hw` lists them) this study does not apply: their values stay in its space.
+    ignore: list[str] = Field(default_factory=list, max_length=256)
+
+
 class StudySpec(_Strict):
     name: str
     model: ModelSpec
@@ -637,6 +645,7 @@ class StudySpec(_Strict):
     # defaults; a list names the studies to seed from; "off" seeds none. Seeds are measured
     # anew, never copied.
     warm_start: Literal["auto", "off"] | list[str] = "auto"
+    known_facts: Annotated[KnownFactsSpec, Field(default_factory=KnownFactsSpec)]
 
     @field_validator("name")
     @classmethod

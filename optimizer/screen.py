@@ -1,0 +1,118 @@
+"""The informed start's screen: every config of a (finite) space ranked in CPU time by the
+simulated engine's analytic model (runners/simulated/model.py, `PerformanceModel.step_time`:
+the roofline of one engine step), never by running anything. A prediction, never a measurement:
+it only orders which configs the GPU measures first (optimizer/samplers.py `ScreenSampler`).
+
+The estimate a level: a closed loop of `concurrency` requests decoding `output_len` tokens each
+after a prompt of `input_len` (`prefix_tokens` of it shared and, with prefix caching, computed
+once). The batch is what max_num_seqs and the KV cache admit; a step decodes the batch and
+prefills its share of new prompts (within max_num_batched_tokens); TPOT is that step, TTFT the
+steps a prompt's prefill takes. Goodput is the throughput, scaled down steeply past the SLO."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from runners.base import EngineConfig
+from runners.hardware import HardwareProfile
+from runners.model_info import ModelInfo
+from runners.simulated.model import PerformanceModel
+from runners.workload import Workload
+
+
+@dataclass(frozen=True)
+class ScreenLoad:
+    """The workload as the screen reads it."""
+
+    input_len: int
+    output_len: int
+    concurrencies: tuple[int, ...]
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    prefix_tokens: int = 0  # of input_len, shared by every request
+
+
+def _past(value: float, bound: float | None) -> float:
+    """1 within the bound, falling as (bound/value)^4 past it: a ranking, not a verdict."""
+    return 1.0 if bound is None or value <= bound else (bound / value) ** 4
+
+
+def predicted_goodput(model: PerformanceModel, load: ScreenLoad) -> float:
+    """Requests/s within the SLO the analytic model expects at the best level; 0 for a config
+    the model says cannot start."""
+    if model.check() is not None:
+        return 0.0
+    best = 0.0
+    tokens_per_request = load.input_len + load.output_len
+    for concurrency in load.concurrencies:
+        batch = max(1, min(concurrency, model.max_num_seqs,
+                           model.kv_cache_tokens // max(1, tokens_per_request)))
+        cached = load.prefix_tokens if model.enable_prefix_caching else 0
+        fresh = max(1, load.input_len - cached)
+        # New prompts a step: the batch turns over once per output_len steps.
+        prefill = min(max(0, model.max_num_batched_tokens - batch),
+                      math.ceil(batch * fresh / load.output_len))
+        step = model.step_time(batch, batch * (load.input_len + load.output_len // 2),
+                               prefill).total_s
+        tpot_ms = step * 1e3
+        ttft_ms = tpot_ms * max(1.0, fresh / max(1, model.max_num_batched_tokens - batch))
+        waves = math.ceil(concurrency / batch)  # requests beyond the batch queue
+        ttft_ms += (waves - 1) * tpot_ms * load.output_len
+        throughput = batch / (step * load.output_len)
+        best = max(best, throughput * _past(tpot_ms, load.slo_tpot_ms)
+                   * _past(ttft_ms, load.slo_ttft_ms))
+    return best
+
+
+def screen(configs: Sequence[Mapping[str, Any]], *, model: str,
+           hardware: HardwareProfile, load: ScreenLoad,
+           fixed_flags: Mapping[str, Any] | None = None,
+           model_info: ModelInfo | None = None) -> list[float]:
+    """Each config's predicted goodput (its params as vLLM flags, "none"/None left out), in
+    the order given; 0 where the model cannot take the config."""
+    out = []
+    for params in configs:
+        flags = {**(fixed_flags or {}),
+                 **{k: v for k, v in params.items() if v not in ("none", None)}}
+        try:
+            perf = PerformanceModel.from_config(EngineConfig(model, flags), hardware,
+                                                model_info, is_compile_cache_warm=True)
+        except ValueError:
+            out.append(0.0)
+            continue
+        out.append(predicted_goodput(perf, load))
+    return out
+
+
+def load_of(workload: Workload) -> ScreenLoad | None:
+    """The screen's view of a study's workload; None where it cannot say (a capacity search,
+    a rate without a concurrency cap: no concurrency to screen at)."""
+    concurrencies = tuple(lv.max_concurrency for lv in workload.levels if lv.max_concurrency)
+    if workload.capacity is not None or not concurrencies:
+        return None
+    prefix = workload.shared_prefix.num_tokens if workload.shared_prefix is not None else 0
+    return ScreenLoad(int(workload.input_len.mean) + prefix, int(workload.output_len.mean),
+                      concurrencies, workload.slo.ttft_p99_ms, workload.slo.tpot_p99_ms, prefix)
+
+
+def sample_candidates(sample: Any, count: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Up to `count` distinct configs drawn at random by `sample` (a `ResolvedSpace.sample`:
+    its rules hold), the whole space where it is smaller."""
+    quiet = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # a scratch study: no "created" line
+    try:
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    finally:
+        optuna.logging.set_verbosity(quiet)
+    seen: dict[str, dict[str, Any]] = {}
+    for _ in range(3 * count):
+        params = dict(sample(study.ask()))
+        seen.setdefault(repr(sorted(params.items(), key=lambda kv: kv[0])), params)
+        if len(seen) >= count:
+            break
+    return list(seen.values())

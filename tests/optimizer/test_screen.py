@@ -1,0 +1,110 @@
+"""The informed start (`sampler: screen`): after the queued defaults, the search policy launches
+the configs the analytic model ranks first, refits the ranking to each measurement, and hands
+over to TPE after SCREEN_TRIALS; a real Optuna study, the real analytic model, no engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+
+from optimizer.config import load_study
+from optimizer.samplers import SCREEN_ATTR, ScreenSampler, _tpe
+from optimizer.search import SCREEN_TRIALS, SearchPolicy
+from optimizer.study import make_pruner, make_sampler
+from runners.base import RunResult, StepMetrics
+from runners.hardware import load_preset
+from runners.model_info import load_model_info
+from search_spaces import load_space
+from tests.optimizer.test_daemon import categorical_space, write_study
+from tests.optimizer.test_search_policy import _metrics
+
+
+def _study(candidates: list[dict[str, object]], predicted: list[float]) -> optuna.Study:
+    study = optuna.create_study(direction="maximize", sampler=ScreenSampler(
+        candidates, predicted, fallback=_tpe(0, 6), n_screen=2, explore_every=10))
+    return study
+
+
+def _ask(study: optuna.Study) -> dict[str, object]:
+    trial = study.ask()
+    return {"x": trial.suggest_categorical("x", ["a", "b", "c"]),
+            "y": trial.suggest_categorical("y", [1, 2])}
+
+
+CANDIDATES: list[dict[str, object]] = [{"x": x, "y": y} for x in "abc" for y in (1, 2)]
+
+
+def test_the_screen_picks_the_best_predicted_config_after_the_queued_ones() -> None:
+    study = _study(CANDIDATES, [1.0, 2.0, 3.0, 4.0, 9.0, 5.0])
+    study.enqueue_trial({"x": "a", "y": 1})
+    assert _ask(study) == {"x": "a", "y": 1}, "the queued defaults go first, untouched"
+    assert _ask(study) == {"x": "c", "y": 1}, "then the top of the prediction"
+    assert study.trials[1].system_attrs[SCREEN_ATTR] == 4
+
+
+def test_a_measurement_below_its_prediction_reorders_the_rest() -> None:
+    # Predicted: (c,1) best, (c,2) next, (b,2) third. Measured: c is poor, b is good.
+    study = _study(CANDIDATES, [1.0, 1.0, 1.0, 6.0, 9.0, 8.0])
+    for params, value in (({"x": "c", "y": 1}, 1.0), ({"x": "b", "y": 1}, 8.0)):
+        study.enqueue_trial(params)
+        trial = study.ask()
+        trial.suggest_categorical("x", ["a", "b", "c"])
+        trial.suggest_categorical("y", [1, 2])
+        study.tell(trial, value)
+    assert _ask(study) == {"x": "b", "y": 2}, "refitted: b's measured edge outranks c's guess"
+
+
+def test_after_its_trials_the_screen_hands_over_to_tpe() -> None:
+    study = _study(CANDIDATES, [1.0, 2.0, 3.0, 4.0, 9.0, 5.0])
+    for _ in range(4):
+        params = _ask(study)
+        study.tell(study.trials[-1].number, 1.0 if params["x"] != "c" else 2.0)
+    screened = [t for t in study.trials if SCREEN_ATTR in t.system_attrs]
+    assert len(screened) == 2, "n_screen trials, no more"
+
+
+def test_the_policy_screens_the_space_with_the_analytic_model_after_the_defaults(
+        tmp_path: Path) -> None:
+    space_path = categorical_space(tmp_path, quantization=["none", "fp8"],
+                                   max_num_seqs=[16, 256], kv_cache_dtype=["auto", "fp8"])
+    cfg = load_study(write_study(tmp_path, trials=12, search_space=str(space_path),
+                                 sampler={"name": "screen", "seed": 0}))
+    study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
+                                pruner=make_pruner(cfg))
+    policy = SearchPolicy(cfg, load_space(space_path).resolve({}), study,
+                          workload=cfg.workload(vocab_size=32000), total_gpus=1,
+                          hardware=load_preset("h200"), model=load_model_info("qwen2.5-7b"))
+    policy.prepare()
+    assert isinstance(study.sampler, ScreenSampler)
+    launched = []
+    for _ in range(1 + SCREEN_TRIALS):
+        running = policy.next_launch(lambda num_gpus: not policy.running)
+        assert running is not None
+        launched.append(running)
+        steps = tuple(StepMetrics(step=i, level=level, metrics=_metrics(5.0, 5.0))
+                      for i, level in enumerate(policy.workload.levels))
+        policy.on_result(running, RunResult(status="complete", steps=steps))
+    assert launched[0].is_baseline, "the defaults first"
+    first = launched[1].params
+    assert first["quantization"] == "fp8", \
+        f"fp8 weights halve a decode step's weight reads: the model ranks them first ({first})"
+    attrs = {t.number: t.system_attrs for t in study.get_trials(deepcopy=False)}
+    assert all(SCREEN_ATTR in attrs[r.trial.number] for r in launched[1:]), \
+        "every screened config (the 8-config space holds 7 besides the defaults)"
+
+
+def test_a_card_without_bandwidth_figures_or_another_objective_searches_with_tpe_alone(
+        tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    space_path = categorical_space(tmp_path, quantization=["none", "fp8"])
+    for hardware, objective in ((replace(load_preset("h200"), memory_bandwidth_gbps=0.0),
+                                 "goodput"), (load_preset("h200"), "tpot")):
+        cfg = load_study(write_study(tmp_path, trials=4, search_space=str(space_path),
+                                     objective=objective, sampler={"name": "screen"}))
+        study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg))
+        SearchPolicy(cfg, load_space(space_path).resolve({}), study,
+                     workload=cfg.workload(vocab_size=32000), total_gpus=1, hardware=hardware,
+                     model=load_model_info("qwen2.5-7b")).prepare()
+        assert isinstance(study.sampler, optuna.samplers.TPESampler), objective
