@@ -184,7 +184,7 @@ def test_renamed_flag_fails_to_start_naming_the_likely_new_name(
     assert "case first: failed to start" in out
     assert "invalid_argument" in out, "the engine's own error, classified"
     assert "--max-num-seqs is not a flag of simulated vLLM 0.27.0" in out
-    assert "likely new name is --max-num-sequences" in out
+    assert "renamed --max-num-sequences there" in out, "the variant's declared rename"
     assert "defaults: held" in out, "a config the new parser takes still runs"
 
 
@@ -259,7 +259,8 @@ def test_flag_check_names_dropped_and_renamed_flags() -> None:
     problems = {p.flag: p for p in flag_problems(config.flags, table)}
     assert set(problems) == {"--max-num-seqs", "--enable-chunked-prefill"}, \
         "sim_ faults and flags the parser knows pass"
-    assert problems["--max-num-seqs"].likely_new_name == "max-num-sequences"
+    assert problems["--max-num-seqs"].new_name == "max-num-sequences", "the declared rename"
+    assert problems["--enable-chunked-prefill"].new_name is None
 
 
 def test_the_h200_library_is_a_valid_library() -> None:

@@ -1,0 +1,118 @@
+"""One flag table per vLLM release, each read from that release's wheel: the installed (or
+declared) version picks it, a flag a release removed is refused there and taken by the release
+before, a rename is reported with its new name, and a space does not search a knob its release
+lacks."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runners.vllm.flags import (
+    DEFAULT_VERSION,
+    UnknownVersionError,
+    bundled_flags,
+    bundled_tables,
+    bundled_versions,
+    flag_change,
+    flag_table,
+    flags_from_data,
+)
+from search_spaces import parse_space
+
+RELEASES = ("0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0",
+            "0.33.0", "0.34.0")
+
+
+def _data(minor: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(
+        resources.files("runners.vllm").joinpath(f"flags_{minor}.json").read_text())
+    return data
+
+
+def test_every_release_from_0_26_to_the_newest_has_a_table_read_from_its_wheel() -> None:
+    assert bundled_versions() == RELEASES
+    for table in bundled_tables():
+        assert "scripts/vllm_flag_table.py" in _data(".".join(
+            table.version.split(".")[:2]))["source"], "generated, not written by hand"
+        assert table.default("gpu_memory_utilization") is not None
+    assert bundled_flags("0.27.1") is bundled_flags("0.27.0"), \
+        "0.27.1 changed no flag, type, default or variable: it shares 0.27's table"
+    assert bundled_flags("0.27.1").source == "vLLM 0.27.0-0.27.1's flags (bundled table)"
+
+
+def test_a_flag_removed_in_0_27_is_refused_for_0_27_and_accepted_for_0_26() -> None:
+    assert flag_table("0.26.0").resolve("max_num_partial_prefills") == "max-num-partial-prefills"
+    for version in ("0.27.0", "0.27.1", "0.34.0"):
+        assert flag_table(version).resolve("max_num_partial_prefills") is None, version
+        change = flag_change("max_num_partial_prefills", version)
+        assert change is not None and change.change == "removed" and change.release == "0.27.0"
+        assert change.sentence == ("--max-num-partial-prefills was removed in vLLM 0.27.0 (the "
+                                   "last release with it: 0.26.0)")
+    assert flag_change("max_num_partial_prefills", "0.26.0") is None
+    later = flag_change("max-num-partial-prefills", "0.25.0")
+    assert later is None or later.change == "added later"
+
+
+def test_0_28_removed_the_attention_dtype_override_and_calculated_kv_scales() -> None:
+    for flag in ("override-attention-dtype", "calculate-kv-scales"):
+        assert flag in bundled_flags("0.27.1").types and flag not in bundled_flags("0.28.0").types
+        change = flag_change(flag, "0.30.0")
+        assert change is not None and change.release == "0.28.0", flag
+
+
+def test_a_renamed_flag_is_reported_with_its_new_name() -> None:
+    # A release that moves --max-num-seqs to a new name: the new flag names the same config
+    # field (SchedulerConfig.max_num_seqs), which is what the tables call a rename.
+    old = _data("0.26")
+    new = json.loads(json.dumps(old))
+    new.update(vllm_version="9.0.0", releases=["9.0.0"])
+    for key in ("flags", "types", "config_fields"):
+        new[key]["max-num-sequences"] = new[key].pop("max-num-seqs")
+    tables = [flags_from_data(old), flags_from_data(new)]
+    change = flag_change("max_num_seqs", "9.0.0", tables)
+    assert change is not None and change.change == "renamed"
+    assert change.new_name == "max-num-sequences" and change.release == "9.0.0"
+    assert "--max-num-seqs was renamed --max-num-sequences in vLLM 9.0.0" in change.sentence
+    new["config_fields"].pop("max-num-sequences")
+    dropped = flag_change("max_num_seqs", "9.0.0", [flags_from_data(old), flags_from_data(new)])
+    assert dropped is not None and dropped.change == "removed", \
+        "a flag that names no field of the one removed is no rename: no guess"
+
+
+def test_the_installed_version_picks_the_table_and_a_declared_one_serves_without(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert flag_table().version == DEFAULT_VERSION == "0.26.0", "nothing installed here"
+    assert flag_table("0.29.0").version == "0.29.0"
+    with pytest.raises(UnknownVersionError, match=r"vLLM 0\.99\.0: no flag table .*0\.34\.0"):
+        flag_table("0.99.0")
+    # An installed vLLM (its metadata; vLLM is not imported) picks its release's table.
+    info = tmp_path / "vllm-0.28.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.28.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert flag_table().version == "0.28.0"
+    assert flag_table("0.28.0+cu130") is bundled_flags("0.28.0"), "a local tag is the release"
+
+
+SPACE = {"name": "s", "description": "d", "parameters": {
+    "max_num_seqs": {"type": "categorical", "choices": [64, 128], "default": "vllm"},
+    "max_num_partial_prefills": {"type": "categorical", "choices": [1, 2], "default": "vllm"},
+    "quantization": {"type": "categorical", "choices": ["none", "bitsandbytes"],
+                     "default": "vllm"}}}
+
+
+def test_a_knob_a_release_lacks_is_not_searched_there() -> None:
+    space = parse_space(SPACE)
+    old = space.resolve({"engine": bundled_flags("0.26.0").engine_facts()})
+    new = space.resolve({"engine": bundled_flags("0.27.0").engine_facts()})
+    assert "max_num_partial_prefills" in {p.name for p in old.params}
+    assert "max_num_partial_prefills" not in {p.name for p in new.params}
+    rule = next(r for r in new.applied_rules if r.name == "not-a-flag-of-release")
+    assert rule.reason == "vLLM 0.27.0 has no --max-num-partial-prefills"
+    assert "max_num_partial_prefills" in {p.name for p in space.resolve({}).params}, \
+        "no release stated: every flag the space declares is searched"
