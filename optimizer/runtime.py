@@ -34,6 +34,7 @@ from runners.model_info import ModelInfo, bundled_shapes, load_model_info
 from runners.simulated.model import UNMODELLED_FLAGS
 from runners.tokenizer import load_tokenizer
 from runners.vllm.compile_ledger import CompileLedger
+from runners.vllm.facts import vllm_scheduler_defaults
 from runners.vllm.flags import UnknownVersionError, VllmFlags, bundled_flags, flag_table
 from runners.workload import Workload
 from search_spaces import (
@@ -117,7 +118,9 @@ def space_context(hardware: HardwareProfile, model: ModelInfo | None,
         mdl["real_weights"] = load_format != "dummy"
     context: dict[str, Any] = {"hardware": hw, "model": mdl}
     if table is not None:
-        context["engine"] = table.engine_facts()
+        context["engine"] = {**table.engine_facts(), "host_defaults": vllm_scheduler_defaults(
+            hardware.gpu_memory_gib, hardware.gpu_name, table.version,
+            hardware.compute_capability)}
     if workload is not None:
         context["workload"] = workload_facts(workload)
     return context

@@ -33,6 +33,8 @@ from typing import Any
 
 SOURCES = ("vllm/engine/arg_utils.py", "vllm/entrypoints/openai/cli_args.py",
            "vllm/entrypoints/cli/serve.py")
+# Where a release moved a source: 0.29 moved the frontend's arguments to launchers/.
+MOVED = {"vllm/entrypoints/openai/cli_args.py": "vllm/entrypoints/launchers/cli_args.py"}
 CLASSES = {"EngineArgs", "AsyncEngineArgs", "FrontendArgs", "BaseFrontendArgs"}
 # Flags vLLM parses with a human-readable int ("8k", "1G"); max_model_len also takes "auto".
 HUMAN_READABLE = {"max_num_batched_tokens", "max_num_scheduled_tokens", "kv_cache_memory_bytes",
@@ -128,6 +130,8 @@ def _flag_type(kinds: set[str], choices: list[Any], name: str) -> dict[str, Any]
         entry["type"] = "str" if "str" in kinds or "any" in kinds else "choice"
         if entry["type"] == "choice":
             entry["choices"] = choices
+        else:  # the release's own values (`QuantizationMethods`); a plugin may add others
+            entry["known_values"] = choices
     elif "list" in kinds:
         entry["type"] = "list"
     elif "int" in kinds and kinds <= {"int", "float"} | ({"str"} if name in HUMAN_READABLE
@@ -284,6 +288,7 @@ def _read_sources(source: Path) -> tuple[dict[str, str], str]:
 def table(source: Path) -> dict[str, Any]:
     """The flag table of the vLLM wheel (or unpacked wheel) `source`."""
     texts, metadata = _read_sources(source)
+    sources = tuple(name if name in texts else MOVED.get(name, name) for name in SOURCES)
     trees = {}
     for name, text in texts.items():
         try:
@@ -293,6 +298,7 @@ def table(source: Path) -> dict[str, Any]:
     found = re.search(r"^Version: (\S+)$", metadata, re.MULTILINE) or \
         re.search(r"vllm-([\d.]+)", source.name)
     version = found.group(1) if found else "?"
+    label = f"the vllm {version} wheel, unpacked" if source.is_dir() else source.name
     aliases_by_name = _literal_aliases(trees)
     bounds_by_field = _config_bounds(trees)
     defaults_by_field = _config_defaults(trees)
@@ -301,7 +307,7 @@ def table(source: Path) -> dict[str, Any]:
     defaults: dict[str, Any] = {}
     negatable: set[str] = set()
     config_fields: dict[str, str] = {}  # flag -> the config field its default names
-    for name in SOURCES:
+    for name in sources:
         for node in ast.walk(trees[name]):
             if isinstance(node, ast.ClassDef) and node.name in CLASSES:
                 for item in node.body:
@@ -333,7 +339,7 @@ def table(source: Path) -> dict[str, Any]:
                         if source_field is not None and source_field in bounds_by_field:
                             entry.update(bounds_by_field[source_field])
                         types[kebab] = entry
-    joined = "\n".join(texts[name] for name in SOURCES)
+    joined = "\n".join(texts[name] for name in sources)
     for flag in re.findall(r'add_argument\(\s*"--([a-z0-9-]+)"', joined):
         flags.setdefault(flag, "value")
     for flag in re.findall(r'add_argument\(\s*"--([a-z0-9-]+)",[^)]*?action="store_true"', joined,
@@ -359,7 +365,7 @@ def table(source: Path) -> dict[str, Any]:
         metadata, re.MULTILINE) if "extra ==" not in m.group(0)}
     return {
         "vllm_version": version, "releases": [version],
-        "source": f"{source.name}: {', '.join(SOURCES)}, vllm/config/, vllm/envs.py "
+        "source": f"{label}: {', '.join(sources)}, vllm/config/, vllm/envs.py "
                   "(scripts/vllm_flag_table.py)",
         "requires": {version: dict(sorted(requires.items()))},  # per release, from METADATA
         "flags": dict(sorted(flags.items())), "aliases": dict(sorted(aliases.items())),

@@ -92,7 +92,9 @@ class FlagSpec:
 # give each. search_spaces may not import runners, so the few vLLM facts the space needs to
 # resolve `default: vllm` and to render a config (the defaults below, a nested flag's name) are
 # kept here; tests/runners/test_vllm_flags.py holds them equal to runners/vllm's flag table and
-# engine facts (names, types, defaults, negation, host defaults, the fp8 methods).
+# engine facts (names, types, defaults, negation, host defaults, the fp8 methods). A newer
+# release is passed in as plain data (`context["engine"]`, from its flag table): its flags,
+# defaults and value sets then win, and a flag it lacks is not searched (`_for_release`).
 KNOWN_FLAGS: dict[str, FlagSpec] = {
     "attention_backend": FlagSpec("enum", ATTENTION_BACKENDS, no_flag=("auto",)),
     "kv_cache_dtype": FlagSpec("enum", KV_CACHE_DTYPES, no_flag=("auto",)),
@@ -187,7 +189,9 @@ def _engine(context: Mapping[str, Any]) -> tuple[str | None, frozenset[str] | No
     """The vLLM release the space resolves for, as the caller states it in `context["engine"]`
     (search_spaces may not import runners: the optimizer passes the release's flag table as
     plain data): its version, its flags (kebab-case; None: not stated, every known flag holds),
-    its defaults and its value sets (flag -> allowed values, for a flag with a closed set)."""
+    its defaults and its value sets (flag -> allowed values, for a flag with a closed set).
+    `engine.host_defaults` holds the release's scheduler defaults for the host
+    (max_num_seqs, max_num_batched_tokens), read by `_vllm_default`."""
     version, flags = lookup(context, "engine.vllm_version"), lookup(context, "engine.flags")
     defaults, choices = lookup(context, "engine.defaults"), lookup(context, "engine.choices")
     return (version if isinstance(version, str) else None,
@@ -208,6 +212,9 @@ def _vllm_default(name: str, context: Mapping[str, Any]) -> Value:
             return flag.no_flag[0] if flag.no_flag else None
         if is_scalar(value):
             return cast(Value, value)
+    host = lookup(context, "engine.host_defaults")  # the release's, for this host
+    if name in HOST_DEFAULTS and isinstance(host, Mapping) and is_number(host.get(name)):
+        return cast(Value, host[name])
     if name == "max_num_batched_tokens":
         return 8192 if _is_high_end(context) else 2048
     if name == "max_num_seqs":

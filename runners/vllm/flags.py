@@ -50,6 +50,9 @@ class FlagType:
     # spelled `--no-<flag>`. Any other boolean False is left out (a store_true flag has no
     # `--no-` form, and argparse would exit 2).
     is_negatable: bool = False
+    # For a "str" flag that also names the release's own values (`--quantization`: its
+    # `QuantizationMethods`): those values; a plugin may register others, so not checked.
+    known_values: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -75,11 +78,13 @@ class VllmFlags:
 
     def engine_facts(self) -> dict[str, Any]:
         """This release as the plain data a search space resolves against (`context["engine"]`:
-        search_spaces may not import runners): its version, flags, defaults and the closed
-        value sets of its choice flags."""
+        search_spaces may not import runners): its version, flags, defaults and the value
+        sets of its choice flags (and the release's own values of a flag such as
+        --quantization, which a plugin may extend: a space searches only the release's)."""
         return {"vllm_version": self.version, "flags": sorted(self.types),
                 "defaults": dict(self.defaults),
-                "choices": {k: list(t.choices) for k, t in self.types.items() if t.choices}}
+                "choices": {k: list(t.choices or t.known_values) for k, t in self.types.items()
+                            if t.choices or t.known_values}}
 
     @property
     def names(self) -> frozenset[str]:
@@ -178,7 +183,8 @@ def flags_from_data(data: Mapping[str, Any]) -> VllmFlags:
                                ge=entry.get("ge"), gt=entry.get("gt"), le=entry.get("le"),
                                lt=entry.get("lt"),
                                is_human_readable=bool(entry.get("human_readable")),
-                               is_negatable=name in negatable)
+                               is_negatable=name in negatable,
+                               known_values=tuple(str(c) for c in entry.get("known_values", ())))
     unknown = {n for n in (negatable | set(defaults)) if n.partition(".")[0] not in types}
     if unknown:  # a typo in the table itself: caught by the tests that load it
         raise ValueError(f"flag table: defaults/negatable name unknown flags {sorted(unknown)}")
@@ -196,8 +202,12 @@ def installed_flags() -> VllmFlags | None:
     try:
         import vllm
         import vllm.envs as vllm_envs
-        from vllm.entrypoints.openai.cli_args import make_arg_parser
         from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        try:  # 0.29 moved the frontend's arguments to launchers/
+            from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        except ImportError:
+            from vllm.entrypoints.openai.cli_args import make_arg_parser
     except Exception:  # absent, or present without its GPU stack: the bundled table serves
         return None
     return flags_from_parser(make_arg_parser(FlexibleArgumentParser()),

@@ -24,6 +24,9 @@ CAPACITY_FLAGS = (
 # named) against the release before it.
 SOURCE_CHANGES: dict[str, tuple[str, ...]] = {
     "0.28.0": (
+        "on a GPU of >= 160 GiB (B200, B300) `vllm serve` defaults to max_num_batched_tokens "
+        "16384 (was 8192; max_num_seqs stays 1024) (engine/arg_utils.py get_batch_defaults); "
+        "smaller GPUs keep 0.27's defaults",
         "the KV budget's non-KV memory is now what cudaMemGetInfo says the start consumed plus "
         "the transient torch peak (utils/mem_utils.py total_consumed + "
         "transient_peak_headroom), where 0.27 added the non-torch increase, the torch peak "
@@ -34,6 +37,11 @@ SOURCE_CHANGES: dict[str, tuple[str, ...]] = {
         "use_v2_model_runner); 0.26-0.28 used it by default only for dense, non-hybrid "
         "generation models, so a MoE, hybrid or pooling model changes runner (and CUDA-graph "
         "memory, so KV size) while a dense model such as Qwen2.5 or SmolLM2 does not",
+    ),
+    "0.33.0": (
+        "a GB10 (DGX Spark, compute capability 12.1) keeps the small scheduler defaults, "
+        "max_num_seqs 256 and max_num_batched_tokens 2048 (was 1024 / 8192) "
+        "(engine/arg_utils.py get_batch_defaults)",
     ),
 }
 

@@ -116,3 +116,29 @@ def test_a_knob_a_release_lacks_is_not_searched_there() -> None:
     assert rule.reason == "vLLM 0.27.0 has no --max-num-partial-prefills"
     assert "max_num_partial_prefills" in {p.name for p in space.resolve({}).params}, \
         "no release stated: every flag the space declares is searched"
+
+
+def test_a_study_fixing_a_removed_flag_is_told_the_release_that_removed_it() -> None:
+    from optimizer.config.flag_checks import fixed_flag_problem
+
+    assert fixed_flag_problem("max_num_partial_prefills", 2, bundled_flags("0.26.0")) is None
+    problem = fixed_flag_problem("max_num_partial_prefills", 2, bundled_flags("0.27.0"))
+    assert problem == ("fixed_flags.max_num_partial_prefills: --max-num-partial-prefills was "
+                       "removed in vLLM 0.27.0 (the last release with it: 0.26.0); remove it "
+                       "for vLLM 0.27.0")
+
+
+def test_the_host_scheduler_defaults_follow_the_release() -> None:
+    from runners.vllm.facts import vllm_scheduler_defaults
+
+    b200, h200 = (179.1, "NVIDIA B200"), (139.8, "NVIDIA H200")
+    assert vllm_scheduler_defaults(*b200, "0.26.0")["max_num_batched_tokens"] == 8192
+    assert vllm_scheduler_defaults(*b200, "0.28.0")["max_num_batched_tokens"] == 16384
+    assert vllm_scheduler_defaults(*h200, "0.34.0") == vllm_scheduler_defaults(*h200, "0.26.0")
+    context = {"hardware": {"gpu_memory_gib": b200[0], "gpu_name": b200[1]},
+               "engine": {**bundled_flags("0.28.0").engine_facts(),
+                          "host_defaults": vllm_scheduler_defaults(*b200, "0.28.0")}}
+    space = parse_space({"name": "s", "description": "d", "parameters": {
+        "max_num_batched_tokens": {"type": "categorical", "choices": [4096],
+                                   "default": "vllm"}}})
+    assert space.resolve(context).defaults()["max_num_batched_tokens"] == 16384
