@@ -221,6 +221,12 @@ def audit(launch: Launch, *, table: VllmFlags | None = None,
                                f"{name}={env[name]} is ignored by vLLM {table.version}; use "
                                f"{instead}.", "the setting it was meant to make is not made"))
     for name in sorted(env):
+        if name in table.removed_env:
+            out.append(Finding("removed-env", "error",
+                               f"{name}={env[name]}: vLLM {table.version} names it removed and "
+                               f"refuses to start: {table.removed_env[name] or 'unset it.'}",
+                               "vLLM refuses to start."))
+            continue
         if name.startswith("VLLM_") and name not in table.env_vars and name not in REMOVED_ENV:
             close = difflib.get_close_matches(name, sorted(table.env_vars), n=1)
             out.append(Finding("unknown-env", "warning",

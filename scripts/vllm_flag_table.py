@@ -33,8 +33,9 @@ from typing import Any
 
 SOURCES = ("vllm/engine/arg_utils.py", "vllm/entrypoints/openai/cli_args.py",
            "vllm/entrypoints/cli/serve.py")
-# Where a release moved a source: 0.29 moved the frontend's arguments to launchers/.
-MOVED = {"vllm/entrypoints/openai/cli_args.py": "vllm/entrypoints/launchers/cli_args.py"}
+# Where a release moved the frontend's arguments (0.29: launchers/cli_args.py, 0.33:
+# common/cli_args.py), the module that defines `class FrontendArgs` stands in for it.
+FRONTEND = "vllm/entrypoints/openai/cli_args.py"
 CLASSES = {"EngineArgs", "AsyncEngineArgs", "FrontendArgs", "BaseFrontendArgs"}
 # Flags vLLM parses with a human-readable int ("8k", "1G"); max_model_len also takes "auto".
 HUMAN_READABLE = {"max_num_batched_tokens", "max_num_scheduled_tokens", "kv_cache_memory_bytes",
@@ -264,6 +265,30 @@ def _cudagraph_default(trees: dict[str, ast.Module]) -> str | None:
     return None
 
 
+def _env_vars(tree: ast.Module) -> tuple[list[str], dict[str, str]]:
+    """The `VLLM_*` variables envs.py reads (its `environment_variables` mapping; every mapping
+    where it has none), and those it names as removed (`removed_environment_variables`, 0.34:
+    name -> the hint vLLM raises with)."""
+    tables: dict[str, ast.Dict] = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+            else node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(target, ast.Name) and isinstance(node.value, ast.Dict):
+            tables[target.id] = node.value
+    read = [tables["environment_variables"]] if "environment_variables" in tables else \
+        [n for n in ast.walk(tree) if isinstance(n, ast.Dict)]
+    env = sorted({k.value for d in read for k in d.keys if isinstance(k, ast.Constant)
+                  and isinstance(k.value, str) and k.value.startswith("VLLM_")})
+    removed: dict[str, str] = {}
+    if "removed_environment_variables" in tables:
+        for key, value in zip(tables["removed_environment_variables"].keys,
+                              tables["removed_environment_variables"].values, strict=True):
+            hint = _literal(value)
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                removed[key.value] = hint if isinstance(hint, str) else ""
+    return env, dict(sorted(removed.items()))
+
+
 def _read_sources(source: Path) -> tuple[dict[str, str], str]:
     """The wheel's (or an unpacked wheel directory's) `vllm/**.py` texts and its METADATA."""
     texts: dict[str, str] = {}
@@ -288,7 +313,9 @@ def _read_sources(source: Path) -> tuple[dict[str, str], str]:
 def table(source: Path) -> dict[str, Any]:
     """The flag table of the vLLM wheel (or unpacked wheel) `source`."""
     texts, metadata = _read_sources(source)
-    sources = tuple(name if name in texts else MOVED.get(name, name) for name in SOURCES)
+    frontend = next((name for name in sorted(texts) if name.startswith("vllm/entrypoints/")
+                     and "\nclass FrontendArgs" in texts[name]), FRONTEND)
+    sources = tuple(frontend if name == FRONTEND else name for name in SOURCES)
     trees = {}
     for name, text in texts.items():
         try:
@@ -350,10 +377,7 @@ def table(source: Path) -> dict[str, Any]:
         negatable.discard(flag)  # store_true: no `--no-` form
     aliases = dict((short, long) for long, short in re.findall(
         r'"--([a-z0-9-]+)",\s*"(-[a-zA-Z]+)"', joined))
-    env = sorted({k.value for node in ast.walk(trees["vllm/envs.py"])
-                  if isinstance(node, ast.Dict) for k in node.keys
-                  if isinstance(k, ast.Constant) and isinstance(k.value, str)
-                  and k.value.startswith("VLLM_")})
+    env, removed_env = _env_vars(trees["vllm/envs.py"])
     if f"def {_STARTUP_FUNCTION}(" in texts["vllm/engine/arg_utils.py"]:
         defaults.update({k: v for k, v in STARTUP_DEFAULTS.items()
                          if k in flags and defaults.get(k) is None})
@@ -370,6 +394,7 @@ def table(source: Path) -> dict[str, Any]:
         "requires": {version: dict(sorted(requires.items()))},  # per release, from METADATA
         "flags": dict(sorted(flags.items())), "aliases": dict(sorted(aliases.items())),
         "env_vars": env,
+        **({"removed_env_vars": removed_env} if removed_env else {}),
         "types": {k: types.get(k, {"type": "any", "nullable": True}) for k in sorted(flags)},
         "negatable": sorted(negatable),
         # A flag removed in one release and a flag added in it that names the same config
@@ -385,7 +410,8 @@ def table(source: Path) -> dict[str, Any]:
     }
 
 
-_SAME = ("flags", "aliases", "env_vars", "types", "negatable", "defaults", "config_fields")
+_SAME = ("flags", "aliases", "env_vars", "types", "negatable", "defaults", "config_fields",
+         "removed_env_vars")
 
 
 def main(source: Path, out_dir: Path) -> int:

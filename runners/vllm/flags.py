@@ -73,6 +73,9 @@ class VllmFlags:
     # flag -> the config field its default names (`SchedulerConfig.max_num_seqs`): a flag
     # removed where one naming the same field appears was renamed.
     config_fields: Mapping[str, str] = field(default_factory=dict)
+    # Variables the release names as removed and refuses at start (0.34's
+    # `removed_environment_variables`): name -> vLLM's hint.
+    removed_env: Mapping[str, str] = field(default_factory=dict)
     # Renames this table declares itself (old -> new, kebab-case): a simulated variant's.
     renamed: Mapping[str, str] = field(default_factory=dict)
 
@@ -194,7 +197,8 @@ def flags_from_data(data: Mapping[str, Any]) -> VllmFlags:
                      source=f"vLLM {shown}'s flags (bundled table)",
                      types=types, aliases=data.get("aliases", {}),
                      env_vars=frozenset(data.get("env_vars", ())), defaults=defaults,
-                     releases=releases, config_fields=data.get("config_fields", {}))
+                     releases=releases, config_fields=data.get("config_fields", {}),
+                     removed_env=data.get("removed_env_vars", {}))
 
 
 def installed_flags() -> VllmFlags | None:
@@ -296,8 +300,14 @@ def _flag_table(version: str) -> VllmFlags:
 
 
 def table_for(version: str) -> VllmFlags:
-    """The table for launching vLLM `version` (see `flag_table`)."""
-    return flag_table(version)
+    """The table for launching vLLM `version` (see `flag_table`); for a release no table is
+    bundled for and whose parser does not import, the newest bundled release before it (the
+    renderer needs only which booleans take `--no-`; vLLM's own parser has the last word)."""
+    try:
+        return flag_table(version)
+    except UnknownVersionError:
+        older = [t for t in bundled_tables() if version_key(t.version) <= version_key(version)]
+        return older[-1] if older else bundled_flags()
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,12 @@ SOURCE_CHANGES: dict[str, tuple[str, ...]] = {
         "max_num_seqs 256 and max_num_batched_tokens 2048 (was 1024 / 8192) "
         "(engine/arg_utils.py get_batch_defaults)",
     ),
+    "0.34.0": (
+        "Model Runner V1 is removed (v1/worker/gpu_model_runner.py is gone and "
+        "VLLM_USE_V2_MODEL_RUNNER=0 is refused, platforms/interface.py validate_environ): a "
+        "config that 0.29-0.33 ran on V1 because V2 lacked one of its features now runs V2 "
+        "or fails",
+    ),
 }
 
 

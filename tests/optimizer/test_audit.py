@@ -179,3 +179,14 @@ def test_a_flag_the_release_removed_is_named_with_the_release_that_removed_it(
     assert main(["audit", "--hardware", "h200", "--vllm-version", "0.99.0", *line]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--vllm-version" in err and "0.34.0" in err, err
+
+
+def test_a_variable_the_release_names_removed_is_an_error_with_its_hint() -> None:
+    table = bundled_flags("0.34.0")
+    launch = parse_launch(["vllm", "serve", "m"], {"VLLM_MARLIN_INPUT_DTYPE": "int8"}, table)
+    (finding,) = audit(launch, table=table)
+    assert finding.code == "removed-env" and finding.severity == "error"
+    assert "--quantization humming" in finding.message, "vLLM 0.34's own hint"
+    older = bundled_flags("0.33.0")
+    assert [f.code for f in audit(parse_launch(["vllm", "serve", "m"], {
+        "VLLM_MARLIN_INPUT_DTYPE": "int8"}, older), table=older)] == [], "0.33 reads it"

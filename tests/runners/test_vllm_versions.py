@@ -118,6 +118,17 @@ def test_a_knob_a_release_lacks_is_not_searched_there() -> None:
         "no release stated: every flag the space declares is searched"
 
 
+def test_a_value_a_release_dropped_is_not_tried_there() -> None:
+    # 0.28 moved bitsandbytes out of vLLM into a plugin: not one of its quantization methods.
+    space = parse_space(SPACE)
+    for version, expected in (("0.27.1", ("none", "bitsandbytes")), ("0.28.0", ("none",))):
+        resolved = space.resolve({"engine": bundled_flags(version).engine_facts()})
+        (quantization,) = (p for p in resolved.params if p.name == "quantization")
+        assert quantization.choices == expected, version
+    assert bundled_flags("0.28.0").resolve("quantization") == "quantization", \
+        "the flag stays; a plugin may register a method, so the table does not refuse one"
+
+
 def test_a_study_fixing_a_removed_flag_is_told_the_release_that_removed_it() -> None:
     from optimizer.config.flag_checks import fixed_flag_problem
 
