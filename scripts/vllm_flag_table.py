@@ -381,6 +381,13 @@ def table(source: Path) -> dict[str, Any]:
     if f"def {_STARTUP_FUNCTION}(" in texts["vllm/engine/arg_utils.py"]:
         defaults.update({k: v for k, v in STARTUP_DEFAULTS.items()
                          if k in flags and defaults.get(k) is None})
+    # 0.34: `--gpu-memory-utilization` unset is decided at start-up: 1.0 with the extensible
+    # KV cache, which is on for a plain CUDA launch (config/cache.py
+    # resolved_gpu_memory_utilization, config/vllm.py), else 0.92.
+    extensible = re.search(r"if self\.enable_extensible_kv_cache:\s*return ([\d.]+)",
+                           texts.get("vllm/config/cache.py", ""))
+    if extensible and defaults.get("gpu-memory-utilization", 0) is None:
+        defaults["gpu-memory-utilization"] = float(extensible.group(1))
     cudagraph = _cudagraph_default(trees)
     if cudagraph is not None and "compilation-config" in flags:
         defaults["compilation-config.cudagraph_mode"] = cudagraph
@@ -405,6 +412,10 @@ def table(source: Path) -> dict[str, Any]:
                            "the vllm/config/ field they name); null: decided by vLLM at start-up "
                            "or unset. enable-chunked-prefill / enable-prefix-caching: "
                            f"on for a dense generation model ({_STARTUP_FUNCTION}). "
+                           + ("gpu-memory-utilization, which the sources leave unset: the "
+                              "value with the extensible KV cache, on for a plain CUDA launch "
+                              "(config/cache.py resolved_gpu_memory_utilization). "
+                              if extensible else "") +
                            "compilation-config.cudagraph_mode: the mode of "
                            "VllmConfig.optimization_level's default level (vllm/config/vllm.py)",
     }
@@ -422,7 +433,7 @@ def main(source: Path, out_dir: Path) -> int:
     if out.is_file():
         old = json.loads(out.read_text())
         if version not in old.get("releases", [old["vllm_version"]]):
-            if all(old.get(k) == new[k] for k in _SAME):
+            if all(old.get(k) == new.get(k) for k in _SAME):
                 old["releases"] = sorted({*old["releases"], version},
                                          key=lambda v: [int(x) for x in v.split(".")])
                 old["requires"] = {**old.get("requires", {}), **new["requires"]}

@@ -44,6 +44,11 @@ SOURCE_CHANGES: dict[str, tuple[str, ...]] = {
         "(engine/arg_utils.py get_batch_defaults)",
     ),
     "0.34.0": (
+        "the extensible KV cache (new --enable-extensible-kv-cache) is on for a plain CUDA "
+        "launch and sizes the KV cache from measured memory; with it an unset "
+        "--gpu-memory-utilization means 1.0, not 0.92 (config/cache.py "
+        "resolved_gpu_memory_utilization, config/vllm.py): a launch that leaves it unset gets "
+        "a larger KV cache",
         "Model Runner V1 is removed (v1/worker/gpu_model_runner.py is gone and "
         "VLLM_USE_V2_MODEL_RUNNER=0 is refused, platforms/interface.py validate_environ): a "
         "config that 0.29-0.33 ran on V1 because V2 lacked one of its features now runs V2 "

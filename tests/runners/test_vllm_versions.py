@@ -66,20 +66,24 @@ def test_0_28_removed_the_attention_dtype_override_and_calculated_kv_scales() ->
 
 
 def test_a_renamed_flag_is_reported_with_its_new_name() -> None:
-    # A release that moves --max-num-seqs to a new name: the new flag names the same config
-    # field (SchedulerConfig.max_num_seqs), which is what the tables call a rename.
+    # No release 0.26-0.34 renamed a flag in this sense (docs/vllm-versions.md), so a release
+    # is made from 0.26's table that moves --gpu-memory-utilization to a new name: the new
+    # flag names the same config field (CacheConfig.gpu_memory_utilization): a rename.
     old = _data("0.26")
+    assert old["config_fields"]["gpu-memory-utilization"] == "CacheConfig.gpu_memory_utilization"
     new = json.loads(json.dumps(old))
     new.update(vllm_version="9.0.0", releases=["9.0.0"])
-    for key in ("flags", "types", "config_fields"):
-        new[key]["max-num-sequences"] = new[key].pop("max-num-seqs")
+    for key in ("flags", "types", "config_fields", "defaults"):
+        new[key]["gpu-memory-fraction"] = new[key].pop("gpu-memory-utilization")
     tables = [flags_from_data(old), flags_from_data(new)]
-    change = flag_change("max_num_seqs", "9.0.0", tables)
+    change = flag_change("gpu_memory_utilization", "9.0.0", tables)
     assert change is not None and change.change == "renamed"
-    assert change.new_name == "max-num-sequences" and change.release == "9.0.0"
-    assert "--max-num-seqs was renamed --max-num-sequences in vLLM 9.0.0" in change.sentence
-    new["config_fields"].pop("max-num-sequences")
-    dropped = flag_change("max_num_seqs", "9.0.0", [flags_from_data(old), flags_from_data(new)])
+    assert change.new_name == "gpu-memory-fraction" and change.release == "9.0.0"
+    assert "--gpu-memory-utilization was renamed --gpu-memory-fraction in vLLM 9.0.0" in \
+        change.sentence
+    new["config_fields"].pop("gpu-memory-fraction")
+    dropped = flag_change("gpu_memory_utilization", "9.0.0",
+                          [flags_from_data(old), flags_from_data(new)])
     assert dropped is not None and dropped.change == "removed", \
         "a flag that names no field of the one removed is no rename: no guess"
 
