@@ -271,10 +271,15 @@ def _env_vars(tree: ast.Module) -> tuple[list[str], dict[str, str]]:
     name -> the hint vLLM raises with)."""
     tables: dict[str, ast.Dict] = {}
     for node in tree.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 \
-            else node.target if isinstance(node, ast.AnnAssign) else None
-        if isinstance(target, ast.Name) and isinstance(node.value, ast.Dict):
-            tables[target.id] = node.value
+        value: ast.expr | None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and isinstance(value, ast.Dict):
+            tables[target.id] = value
     read = [tables["environment_variables"]] if "environment_variables" in tables else \
         [n for n in ast.walk(tree) if isinstance(n, ast.Dict)]
     env = sorted({k.value for d in read for k in d.keys if isinstance(k, ast.Constant)

@@ -157,3 +157,20 @@ def test_the_host_scheduler_defaults_follow_the_release() -> None:
         "max_num_batched_tokens": {"type": "categorical", "choices": [4096],
                                    "default": "vllm"}}})
     assert space.resolve(context).defaults()["max_num_batched_tokens"] == 16384
+
+
+@pytest.mark.parametrize("version", ["0.26.0", "0.28.0", "0.34.0"])
+def test_every_bundled_space_resolves_for_each_release_on_an_h200(version: str) -> None:
+    from optimizer.runtime import space_context
+    from runners.hardware import load_preset
+    from runners.model_info import load_model_info
+    from search_spaces import bundled_spaces, load_space
+
+    table = bundled_flags(version)
+    context = space_context(load_preset("h200"), load_model_info("qwen2.5-7b"), table=table)
+    for name in bundled_spaces():
+        resolved = load_space(name).resolve(context)
+        if "gpu_memory_utilization" in {p.name for p in resolved.params}:
+            assert resolved.vllm_defaults["gpu_memory_utilization"] == \
+                table.default("gpu_memory_utilization"), f"{name}: the release's default"
+        assert resolved.defaults(), name
