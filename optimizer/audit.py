@@ -3,9 +3,10 @@ before tuning it, and report what costs performance or does nothing, each with t
 the expected cost. The first rule of the tuning practice: a forgotten `--enforce-eager` costs
 more than every kernel tweak together.
 
-Flags are checked against the one flag table (`runners.vllm.flags`): the installed vLLM's own
-argument parser when vLLM imports, else the table of 0.26's flags bundled as
-`runners/vllm/flags_0.26.json` (made from the wheel by `scripts/vllm_flag_table.py`).
+Flags are checked against the flag table (`runners.vllm.flags`) of the installed vLLM's release,
+or of `--vllm-version` where none is installed (else 0.26.0): one bundled per release 0.26-0.34
+(made from each wheel by `scripts/vllm_flag_table.py`). A flag that release does not take is
+named with the release that removed or renamed it, as the tables say.
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ from optimizer.errors import ConfigError
 from runners.atomic import write_atomic
 from runners.credentials import redact_env
 from runners.vllm.facts import ENV_PREFIXES
-from runners.vllm.flags import VllmFlags, bundled_flags, flag_table
+from runners.vllm.flags import (
+    UnknownVersionError,
+    VllmFlags,
+    bundled_flags,
+    flag_change,
+    flag_table,
+    installed_version,
+)
 
 Severity = Literal["error", "warning", "info"]
 # Variables vLLM removed and now silently ignores: what to use instead.
@@ -59,6 +67,22 @@ class Launch:
     config_file: str | None = None
     config_false_keys: tuple[str, ...] = ()  # `key: false` in the --config YAML (dropped)
     flag_source: str = ""
+
+
+def table_of(declared: str | None) -> VllmFlags:
+    """The table a launch is checked against: the installed vLLM's release; where none is
+    installed, `declared` (`--vllm-version`), else 0.26.0. ConfigError (one line) for a declared
+    version that contradicts the installed one or that no table is bundled for."""
+    here = installed_version()
+    if declared is not None and here is not None and declared.split("+")[0] != \
+            here.split("+")[0]:
+        raise ConfigError(f"audit --vllm-version: {declared!r:.40} but vLLM {here} is installed "
+                          "here, and its flags are the ones that launch meets; leave "
+                          "--vllm-version out or run where that release is installed.")
+    try:
+        return flag_table(here or declared)
+    except UnknownVersionError as exc:
+        raise ConfigError(f"audit --vllm-version: {exc}.") from None
 
 
 def _serve_args(argv: Sequence[str]) -> list[str]:
@@ -164,9 +188,22 @@ def audit(launch: Launch, *, table: VllmFlags | None = None,
     flags, env, out = launch.flags, launch.env, []
     for token in launch.unknown:
         name = token.lstrip("-").split("=")[0]
+        change = flag_change(name.removeprefix("no-"), table.version)
+        if change is not None and change.change != "added later":
+            fix = {name.removeprefix("no-").replace("-", "_"): None}
+            if change.new_name is not None:
+                out.append(Finding("renamed-flag", "error",
+                                   f"{token}: {change.sentence}; vLLM {table.version} takes "
+                                   f"--{change.new_name}.", "vLLM refuses to start.", fix))
+            else:
+                out.append(Finding("removed-flag", "error",
+                                   f"{token}: {change.sentence}, so vLLM {table.version} "
+                                   "refuses it; leave it out.", "vLLM refuses to start.", fix))
+            continue
         close = difflib.get_close_matches(name, sorted(table.names), n=1)
+        later = f" ({change.sentence})" if change is not None else ""
         out.append(Finding("unknown-flag", "error",
-                           f"{token}: not a flag of vLLM {table.version}"
+                           f"{token}: not a flag of vLLM {table.version}{later}"
                            + (f"; did you mean --{close[0]}?" if close else "."),
                            "vLLM refuses to start."))
     if _is_true(flags.get("enforce_eager")):
@@ -186,6 +223,12 @@ def audit(launch: Launch, *, table: VllmFlags | None = None,
                                f"{name}={env[name]} is ignored by vLLM {table.version}; use "
                                f"{instead}.", "the setting it was meant to make is not made"))
     for name in sorted(env):
+        if name in table.removed_env:
+            out.append(Finding("removed-env", "error",
+                               f"{name}={env[name]}: vLLM {table.version} names it removed and "
+                               f"refuses to start: {table.removed_env[name] or 'unset it.'}",
+                               "vLLM refuses to start."))
+            continue
         if name.startswith("VLLM_") and name not in table.env_vars and name not in REMOVED_ENV:
             close = difflib.get_close_matches(name, sorted(table.env_vars), n=1)
             out.append(Finding("unknown-env", "warning",

@@ -47,6 +47,8 @@ from runners.model_info import ModelInfo, bundled_shapes, load_model_info
 from runners.simulated.model import UNMODELLED_FLAGS
 from runners.tokenizer import load_tokenizer
 from runners.vllm.compile_ledger import CompileLedger
+from runners.vllm.facts import vllm_scheduler_defaults
+from runners.vllm.flags import UnknownVersionError, VllmFlags, bundled_flags, flag_table
 from runners.workload import Workload
 from search_spaces import (
     ResolvedSpace,
@@ -95,15 +97,30 @@ def simulated_hardware(preset: str, num_gpus: int) -> HardwareProfile:
     return HardwareProfile(**{**base.__dict__, "gpus": gpus, "interconnect": interconnect})
 
 
+def release_table(engine: str) -> tuple[VllmFlags | None, str | None]:
+    """The flag table of the vLLM a study runs, and a note where it is not known: the simulated
+    engine's release (0.26.0), or the installed vLLM's; None where vLLM is not installed here
+    (a Ray cluster's driver) or no table holds for its release."""
+    if engine == "simulated":
+        return bundled_flags(), None
+    try:
+        return flag_table(engine_version(engine) or ""), None
+    except UnknownVersionError as exc:
+        return None, (f"engine: {exc}; the space searches every flag it declares, as for "
+                      "vLLM 0.26")
+
+
 def space_context(hardware: HardwareProfile, model: ModelInfo | None,
                   workload: Workload | None = None,
-                  load_format: str | None = None, *, vllm_version: str | None = None,
+                  load_format: str | None = None,
+                  table: VllmFlags | None = None, *, vllm_version: str | None = None,
                   known_facts: Sequence[KnownFact] | None = None,
                   ignore_facts: Sequence[str] = ()) -> dict[str, Any]:
-    """What the space's rules read: the host, the model, (from the study file) whether the
-    weights are real and the workload's shape, and the engine's vLLM version with the measured
-    facts (search_spaces/known_facts.py; the bundled ones where `known_facts` is None) less the
-    ids the study file ignores; a fact left out makes a rule on it not apply."""
+    """What the space's rules read: the host, the model, the vLLM release (`table`: its flags,
+    defaults and value sets; `vllm_version`: the engine's version string), (from the study
+    file) whether the weights are real and the workload's shape, and the measured facts
+    (search_spaces/known_facts.py; the bundled ones where `known_facts` is None) less the ids
+    the study file ignores; a fact left out makes a rule on it not apply."""
     hw = {"num_gpus": hardware.num_gpus, "compute_capability": hardware.compute_capability,
           "gpu_memory_gib": hardware.gpu_memory_gib, "interconnect": hardware.interconnect,
           "hardware_class": hardware.hardware_class, "gpu_name": hardware.gpu_name}
@@ -118,10 +135,14 @@ def space_context(hardware: HardwareProfile, model: ModelInfo | None,
     if load_format is not None:
         mdl["real_weights"] = load_format != "dummy"
     context: dict[str, Any] = {"hardware": hw, "model": mdl}
+    if table is not None:
+        context["engine"] = {**table.engine_facts(), "host_defaults": vllm_scheduler_defaults(
+            hardware.gpu_memory_gib, hardware.gpu_name, table.version,
+            hardware.compute_capability)}
     if workload is not None:
         context["workload"] = workload_facts(workload)
     if vllm_version is not None:
-        context["engine"] = {"vllm_version": vllm_version}
+        context["engine"] = {**context.get("engine", {}), "vllm_version": vllm_version}
     if known_facts is not None:
         context["known_facts"] = tuple(known_facts)
     if ignore_facts:
@@ -215,11 +236,14 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
     if space_name == "auto":
         space_name = recommend_space(hardware.hardware_class)
     path = cfg.base_dir / space_name
+    table, table_note = release_table(engine)
+    if table_note is not None:
+        notes.append(table_note)
     try:
         space = load_space(path if path.suffix in (".yaml", ".yml") and path.is_file()
                            else space_name)
         resolved = space.resolve(space_context(
-            hardware, model, workload, cfg.spec.model.load_format,
+            hardware, model, workload, cfg.spec.model.load_format, table,
             vllm_version=engine_version(engine), known_facts=load_facts(),
             ignore_facts=cfg.spec.known_facts.ignore))
     except SpaceError as exc:

@@ -93,7 +93,9 @@ class FlagSpec:
 # give each. search_spaces may not import runners, so the few vLLM facts the space needs to
 # resolve `default: vllm` and to render a config (the defaults below, a nested flag's name) are
 # kept here; tests/runners/test_vllm_flags.py holds them equal to runners/vllm's flag table and
-# engine facts (names, types, defaults, negation, host defaults, the fp8 methods).
+# engine facts (names, types, defaults, negation, host defaults, the fp8 methods). A newer
+# release is passed in as plain data (`context["engine"]`, from its flag table): its flags,
+# defaults and value sets then win, and a flag it lacks is not searched (`_for_release`).
 KNOWN_FLAGS: dict[str, FlagSpec] = {
     "attention_backend": FlagSpec("enum", ATTENTION_BACKENDS, no_flag=("auto",)),
     "kv_cache_dtype": FlagSpec("enum", KV_CACHE_DTYPES, no_flag=("auto",)),
@@ -176,8 +178,44 @@ def _is_high_end(context: Mapping[str, Any]) -> bool:
     return not (isinstance(gpu_name, str) and "A100" in gpu_name)
 
 
+def engine_key(name: str) -> str:
+    """The flag a known param sets, as the engine's flag tables spell it: `max_num_seqs` ->
+    `max-num-seqs`, `cudagraph_mode` -> `compilation-config.cudagraph_mode`."""
+    head, dot, tail = (KNOWN_FLAGS[name].cli_name or name).partition(".")
+    return head.replace("_", "-") + dot + tail
+
+
+def _engine(context: Mapping[str, Any]) -> tuple[str | None, frozenset[str] | None,
+                                                  Mapping[str, Any], Mapping[str, Any]]:
+    """The vLLM release the space resolves for, as the caller states it in `context["engine"]`
+    (search_spaces may not import runners: the optimizer passes the release's flag table as
+    plain data): its version, its flags (kebab-case; None: not stated, every known flag holds),
+    its defaults and its value sets (flag -> allowed values, for a flag with a closed set).
+    `engine.host_defaults` holds the release's scheduler defaults for the host
+    (max_num_seqs, max_num_batched_tokens), read by `_vllm_default`."""
+    version, flags = lookup(context, "engine.vllm_version"), lookup(context, "engine.flags")
+    defaults, choices = lookup(context, "engine.defaults"), lookup(context, "engine.choices")
+    return (version if isinstance(version, str) else None,
+            frozenset(flags) if isinstance(flags, list | tuple | set | frozenset) else None,
+            defaults if isinstance(defaults, Mapping) else {},
+            choices if isinstance(choices, Mapping) else {})
+
+
 def _vllm_default(name: str, context: Mapping[str, Any]) -> Value:
-    """What vLLM does with no flag, as a value of the param; None where only "no flag" says it."""
+    """What vLLM does with no flag, as a value of the param; None where only "no flag" says it.
+    The release in `context["engine"]` states its own defaults; without one, vLLM 0.26's."""
+    _, _, engine_defaults, _ = _engine(context)
+    key = engine_key(name) if name in KNOWN_FLAGS else name
+    if name not in HOST_DEFAULTS and key in engine_defaults:
+        value = engine_defaults[key]
+        flag = KNOWN_FLAGS[name]
+        if value is None:
+            return flag.no_flag[0] if flag.no_flag else None
+        if is_scalar(value):
+            return cast(Value, value)
+    host = lookup(context, "engine.host_defaults")  # the release's, for this host
+    if name in HOST_DEFAULTS and isinstance(host, Mapping) and is_number(host.get(name)):
+        return cast(Value, host[name])
     if name == "max_num_batched_tokens":
         return 8192 if _is_high_end(context) else 2048
     if name == "max_num_seqs":
@@ -188,7 +226,8 @@ def _vllm_default(name: str, context: Mapping[str, Any]) -> Value:
 
 
 def vllm_default(name: str, context: Mapping[str, Any] | None = None) -> Value:
-    """vLLM 0.26's value for a flag left unset (on the host `context` describes)."""
+    """vLLM's value for a flag left unset (on the host `context` describes; of the release its
+    `engine` states, else of 0.26)."""
     return _vllm_default(name, context or {})
 
 
@@ -566,8 +605,9 @@ class SearchSpace:
             raise SpaceError(f"{self.source}: {_sentence(exc)}") from exc
 
     def _resolve(self, context: Mapping[str, Any]) -> ResolvedSpace:
-        specs = {p.name: self._with_default(p, context) for p in self.params}
         applied: list[AppliedRule] = []
+        params = self._for_release(context, applied)
+        specs = {p.name: self._with_default(p, context) for p in params}
         static: list[Rule] = []
         for builtin in STATIC_BUILTINS:
             rule = builtin(context, specs)
@@ -615,6 +655,37 @@ class SearchSpace:
                              "rule's fix).")
         return resolved
 
+    def _for_release(self, context: Mapping[str, Any],
+                     applied: list[AppliedRule]) -> list[ParamSpec]:
+        """The params the release in `context["engine"]` can take: a flag it lacks is not
+        searched (its params drop out), and a value outside its value set is not tried."""
+        version, flags, _, choices = _engine(context)
+        if flags is None:
+            return list(self.params)
+        kept: list[ParamSpec] = []
+        release = f"vLLM {version}" if version else "this vLLM"
+        for spec in self.params:
+            key = engine_key(spec.name)
+            if key.partition(".")[0] not in flags:
+                applied.append(AppliedRule(
+                    "not-a-flag-of-release", f"{release} has no --{key.partition('.')[0]}",
+                    f"{spec.name}: not searched", "static"))
+                continue
+            allowed = choices.get(key)
+            no_flag = KNOWN_FLAGS[spec.name].no_flag
+            if spec.type == "categorical" and isinstance(allowed, list | tuple) and allowed:
+                taken = {str(a) for a in allowed}
+                dropped = [c for c in spec.choices if c not in no_flag and str(c) not in taken]
+                if dropped and len(dropped) < len(spec.choices):
+                    spec = replace(spec, choices=tuple(c for c in spec.choices
+                                                       if c not in dropped))
+                    applied.append(AppliedRule(
+                        "not-a-value-of-release",
+                        f"{release}'s --{key} does not take {', '.join(map(str, dropped))}",
+                        f"{spec.name}: {', '.join(map(str, dropped))} removed", "static"))
+            kept.append(spec)
+        return kept
+
     def _with_default(self, spec: ParamSpec, context: Mapping[str, Any]) -> ParamSpec:
         """`spec` with its default resolved and added to its domain, so the baseline can run."""
         default = _vllm_default(spec.name, context) if spec.is_vllm_default else spec.default
@@ -658,13 +729,15 @@ def _nearest(spec: ParamSpec, value: Value) -> Value:
     return int(clamped) if spec.type == "int" else float(clamped)
 
 
-def to_flags(params: Mapping[str, Value]) -> dict[str, Value]:
+def to_flags(params: Mapping[str, Value],
+             defaults: Mapping[str, Value] | None = None) -> dict[str, Value]:
     """Engine flags by snake_case name, dropping values that mean "pass no flag".
 
     None, `none`/`auto` and a boolean equal to vLLM's default are dropped; a boolean whose vLLM
     default is true becomes `no_<name>: True`, since a YAML `false` is silently ignored by vLLM.
     Nested config keys come out dotted (`compilation_config.cudagraph_mode`). The caller adds
-    `--` and kebab-case at the process boundary.
+    `--` and kebab-case at the process boundary. `defaults`: the release's (a resolved space's
+    `vllm_defaults`); without, vLLM 0.26's.
     """
     flags: dict[str, Value] = {}
     for name, value in params.items():
@@ -675,7 +748,8 @@ def to_flags(params: Mapping[str, Value]) -> dict[str, Value]:
         if value is None or (isinstance(value, str) and value in flag.no_flag):
             continue
         if isinstance(value, bool):
-            default = _VLLM_DEFAULTS.get(name)  # None: decided at start-up (async_scheduling)
+            # None: decided at start-up (async_scheduling)
+            default = (_VLLM_DEFAULTS if defaults is None else defaults).get(name)
             if default is not None and value == default:
                 continue
             flags[name if value else f"no_{name}"] = True
@@ -799,7 +873,7 @@ class ResolvedSpace:
         changed = {k: v for k, v in params.items()
                    if self.vllm_defaults.get(k) is None or v != self.vllm_defaults[k]
                    or isinstance(v, bool) != isinstance(self.vllm_defaults[k], bool)}
-        return to_flags(changed)
+        return to_flags(changed, self.vllm_defaults)
 
     def token_budget_problem(self, params: Mapping[str, Any] | None) -> str | None:
         """vLLM needs max_num_batched_tokens >= max_num_seqs; None when that holds."""

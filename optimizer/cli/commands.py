@@ -694,6 +694,10 @@ def audit(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Findings as JSON, for scripts.")
                        ] = False,
+    vllm_version: Annotated[str | None, typer.Option(
+        "--vllm-version", metavar="X.Y.Z",
+        help="Check against this vLLM release's flags where vLLM is not installed here "
+             "(default: the installed one, else 0.26.0).")] = None,
 ) -> None:
     """Check a `vllm serve` launch before tuning it: flags, environment and --config file, each
     finding with its reason and expected cost. Exit code 0 clean, 1 findings, 2 bad input.
@@ -706,8 +710,6 @@ def audit(
     """
     from optimizer import audit as auditing
     from runners.hardware import load_preset, probe
-    from runners.vllm.flags import flag_table
-
     if sum(x is not None for x in (from_file, pid)) + bool(ctx.args) != 1:
         raise ConfigError("audit: give exactly one launch: `-- vllm serve ...`, --from-file F "
                           "or --pid N.")
@@ -722,7 +724,7 @@ def audit(
     if hardware is not None and hardware not in preset_names():
         raise ConfigError(f"audit --hardware: expected one of {', '.join(preset_names())} but "
                           f"got {hardware!r:.60}; pick one of those.")
-    table = flag_table()
+    table = auditing.table_of(vllm_version)
     launch = auditing.parse_launch(argv, env, table)
     profile = load_preset(hardware) if hardware else probe()
     cfg = _load(study) if study is not None else None

@@ -61,10 +61,11 @@ def human_readable_int(text: str) -> int:
 def fixed_flag_problem(name: object, value: object,
                        table: VllmFlags | None = None) -> str | None:
     """Why `fixed_flags.<name>: <value>` would not run, or None: a flag of vLLM (any flag of the
-    installed vLLM, else of 0.26; or of `table`) with a value of its type, or a
-    simulated-engine fault."""
+    installed vLLM's release, else of 0.26; or of `table`) with a value of its type, or a
+    simulated-engine fault. A flag the release removed or renamed is named with the release
+    that did, from the flag tables."""
     from runners.simulated.faults import FAULT_PREFIX
-    from runners.vllm.flags import flag_name, flag_table, value_problem
+    from runners.vllm.flags import flag_change, flag_name, flag_table, value_problem
     from search_spaces import KNOWN_FLAGS
     from search_spaces.space import value_problem as space_value_problem
 
@@ -81,6 +82,11 @@ def fixed_flag_problem(name: object, value: object,
     # A space's own name counts only where it stands for a nested setting (cudagraph_mode ->
     # compilation_config.cudagraph_mode); any other name must be a flag of the table.
     if kebab is None and (name not in KNOWN_FLAGS or KNOWN_FLAGS[name].cli_name is None):
+        change = flag_change(name, table.version)
+        if change is not None and change.new_name is not None:
+            return f"{where}: {change.sentence}; use {_snake(change.new_name)}"
+        if change is not None and change.change == "removed":
+            return f"{where}: {change.sentence}; remove it for vLLM {table.version}"
         close = difflib.get_close_matches(name, list(KNOWN_FLAGS), n=1) or \
             [_snake(c) for c in [table.closest(name)] if c is not None]
         hint = f"did you mean {close[0]!r}?" if close else "see `vllm serve --help`."

@@ -1,6 +1,7 @@
 """A re-measurement against its reference: each figure's ratio with a 95% interval (Welch's t on
 the log samples, `confirm.t975`'s quantiles), the verdict (held, improved, regressed) against
-the library's threshold, and the flags a vLLM version does not take (dropped or renamed)."""
+the library's threshold, and the flags a vLLM version does not take (removed or renamed, as the
+bundled flag tables of each release say)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, Literal
 
 from optimizer.confirm import t975
 from optimizer.regress.library import FIGURES, FigureRef
-from runners.vllm.flags import VllmFlags, flag_name
+from runners.vllm.flags import VllmFlags, bundled_versions, flag_change, flag_name
 
 FigureVerdict = Literal["held", "improved", "regressed"]
 # "measured only": no reference figure to compare with (nothing held or moved).
@@ -150,24 +151,34 @@ def worst(verdicts: Sequence[str]) -> CaseVerdict:
 
 @dataclass(frozen=True)
 class FlagProblem:
-    """A flag of a config the installed vLLM's parser does not take."""
+    """A flag of a config the installed vLLM's parser does not take, and what the flag tables
+    say of it: the release that removed or renamed it (and the new name), never a guess."""
 
     flag: str  # --kebab-case, as on the command line
-    likely_new_name: str | None  # the parser's closest flag (difflib), where one is close
-    table_source: str  # whose parser: "installed vLLM 0.27.0's argument parser"
+    new_name: str | None  # renamed: the flag that took its place (kebab-case, no dashes)
+    table_source: str  # whose parser: "vLLM 0.27.0-0.27.1's flags (bundled table)"
+    change: str | None = None  # the tables' sentence: "--x was removed in vLLM 0.27 ..."
 
     @property
     def sentence(self) -> str:
-        if self.likely_new_name is not None:
-            return (f"{self.flag} is not a flag of {self.table_source}: renamed? the likely "
-                    f"new name is --{self.likely_new_name}")
-        return (f"{self.flag} is not a flag of {self.table_source} and none is close: "
-                "dropped")
+        if self.change is not None:
+            return f"{self.change}, so {self.table_source} refuses it"
+        if self.new_name is not None:
+            return (f"{self.flag} is not a flag of {self.table_source}: renamed "
+                    f"--{self.new_name} there")
+        return (f"{self.flag} is not a flag of {self.table_source}, and no bundled flag table "
+                f"({bundled_range()}) has it: not a vLLM flag of these releases")
+
+
+def bundled_range() -> str:
+    versions = bundled_versions()
+    return f"vLLM {versions[0]}-{versions[-1]}" if versions else "none"
 
 
 def flag_problems(flags: Mapping[str, Any], table: VllmFlags) -> list[FlagProblem]:
     """The snake_case `flags` (`sim_` faults aside) that `table`'s parser does not know, each
-    with its closest flag there (a likely rename)."""
+    with what the tables say: renamed (the table's own renames, or a flag removed in a release
+    that added one naming the same config field) or removed, and in which release."""
     out = []
     for key in flags:
         if key.startswith("sim_"):
@@ -176,7 +187,16 @@ def flag_problems(flags: Mapping[str, Any], table: VllmFlags) -> list[FlagProble
         # `no_async_scheduling: true` is `--no-async-scheduling`: a negatable flag's False.
         if head.startswith("no-") and table.is_negatable(head[3:]):
             continue
-        if table.resolve(head) is None:
-            out.append(FlagProblem(flag=f"--{head}", likely_new_name=table.closest(head),
+        if table.resolve(head) is not None:
+            continue
+        change = flag_change(head, table.version)
+        if head in table.renamed:
+            out.append(FlagProblem(flag=f"--{head}", new_name=table.renamed[head],
+                                   table_source=table.source))
+        elif change is not None:
+            out.append(FlagProblem(flag=f"--{head}", new_name=change.new_name,
+                                   table_source=table.source, change=change.sentence))
+        else:
+            out.append(FlagProblem(flag=f"--{head}", new_name=None,
                                    table_source=table.source))
     return out

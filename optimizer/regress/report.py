@@ -74,6 +74,27 @@ def interval_scope(outcome: CaseOutcome) -> str:
     return "one run per config: no spread of its own; any interval is the reference's alone"
 
 
+def capacity_lines(outcome: CaseOutcome) -> list[str]:
+    """The capacity-moving default changes between each reference's vLLM release and the one
+    this case ran on (runners/vllm/releases.py), one line each: what may move a figure with
+    no flag of the case changed. Empty on the same release, or where a version is no
+    release (`not installed`)."""
+    from runners.vllm.flags import version_key
+    from runners.vllm.releases import capacity_changes
+
+    here = outcome.installed.vllm_version
+    unmodelled = " (the simulated engine does not model it)" \
+        if outcome.installed.engine == "simulated" else ""
+    lines: list[str] = []
+    for ref in outcome.reference_versions:
+        if not version_key(ref) or not version_key(here) or version_key(ref) >= version_key(here):
+            continue
+        for change in capacity_changes(ref, here):
+            lines.append(f"capacity-moving default change since vLLM {ref}: "
+                         f"{change.release}: {change.text}{unmodelled}")
+    return lines
+
+
 def config_lines(config: ConfigOutcome, threshold: float) -> list[str]:
     lines = [f"{config.name}: {config.verdict}"]
     if config.failure is not None:
@@ -92,6 +113,7 @@ def summary_lines(outcomes: Sequence[CaseOutcome], threshold: float) -> list[str
     for outcome in outcomes:
         lines.append(f"case {outcome.name}: {outcome.verdict} ({outcome.installed.engine}, "
                      f"{outcome.installed.card}; {interval_scope(outcome)})")
+        lines += [f"  {line}" for line in capacity_lines(outcome)]
         for config in outcome.configs:
             lines += [f"  {line}" for line in config_lines(config, threshold)]
     return lines
@@ -244,6 +266,7 @@ def render_markdown(library: str, outcomes: Sequence[CaseOutcome], threshold: fl
                      f"{o.rounds} x {o.repeats} |")
     for o in outcomes:
         lines += ["", f"## {o.name}: {o.verdict}", "", interval_scope(o) + ".", ""]
+        lines += [f"- {line}" for line in capacity_lines(o)] + ([""] if capacity_lines(o) else [])
         for config in o.configs:
             lines.append(f"- **{config.name}**: {config.verdict}")
             lines += [f"  - {line.strip()}" for line in config_lines(config, threshold)[1:]]
@@ -269,7 +292,8 @@ they are not measurements.</p>{% endif %}
 </table>
 {% for o in outcomes %}
 <h2>{{ o.name }}: <span class="{{ o.verdict.split()[0] }}">{{ o.verdict }}</span></h2>
-<p>{{ scope(o) }}.</p><ul>
+<p>{{ scope(o) }}.</p>{% if capacity(o) %}<ul>
+{% for line in capacity(o) %}<li>{{ line }}</li>{% endfor %}</ul>{% endif %}<ul>
 {% for c in o.configs %}<li><b>{{ c.name }}</b>: {{ c.verdict }}<ul>
 {% for line in lines(c)[1:] %}<li>{{ line.strip() }}</li>{% endfor %}</ul></li>
 {% endfor %}</ul>
@@ -302,6 +326,7 @@ def write_report(out_dir: Path, library: str, outcomes: Sequence[CaseOutcome],
     html = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(
         _HTML).render(library=library, first=version_line_of(outcomes), about=about,
                       outcomes=outcomes, plots=plots, scope=interval_scope,
+                      capacity=capacity_lines,
                       lines=lambda c: config_lines(c, threshold),
                       simulated=any(o.installed.engine == "simulated" for o in outcomes))
     write_atomic(out_dir / "report.md", md)

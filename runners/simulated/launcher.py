@@ -18,7 +18,7 @@ from typing import Any
 from runners.base import EngineConfig, EngineInfo, Failure, FailureReason, Phase
 from runners.hardware import HardwareProfile, load_preset
 from runners.vllm import logs as vllm_logs
-from runners.vllm.flags import VllmFlags, bundled_flags, flag_name
+from runners.vllm.flags import VllmFlags, bundled_flags, flag_name, has_table
 
 SERVER_MODULE = "runners.simulated"  # what the launch command runs: `python -m runners.simulated`
 
@@ -56,10 +56,13 @@ _ERROR_LINE = re.compile(r"^.*\b(ERROR|Error:|Exception:|error:).*$", re.MULTILI
 
 @dataclass(frozen=True)
 class VllmVariant:
-    """The vLLM release the simulated engine pretends to be: 0.26.0 (the bundled flag table,
-    what the model is calibrated against) unless a variant renames or drops flags, as a newer
-    release's parser may. Lets the upgrade path (`nightshift regress` on a flag the new version
-    no longer takes) run on CPU. Names are kebab-case flags, as `vllm serve` spells them."""
+    """The vLLM release the simulated engine pretends to be: 0.26.0 (what the model is
+    calibrated against) unless a variant names another release, whose bundled flag table its
+    parser then takes (0.27.0 refuses --max-num-partial-prefills, as 0.27 does), and/or renames
+    or drops flags on top of it. The figures stay the 0.26-calibrated model's: a release's
+    performance changes are not modelled. Lets the upgrade path (`nightshift regress` on a flag
+    the new version no longer takes) run on CPU. Names are kebab-case flags, as `vllm serve`
+    spells them."""
 
     version: str = "0.26.0"
     renamed: Mapping[str, str] = field(default_factory=dict)  # old -> new
@@ -85,18 +88,19 @@ class VllmVariant:
         return self == VllmVariant()
 
     def flag_table(self) -> VllmFlags:
-        """The bundled 0.26 table with this variant's renames and drops applied: what its
-        parser accepts."""
-        base = bundled_flags()
+        """The bundled table of this variant's release (0.26's where none is bundled for it)
+        with its renames and drops applied: what its parser accepts."""
+        base = bundled_flags(self.version) if has_table(self.version) else bundled_flags()
         types = {k: v for k, v in base.types.items()
                  if k not in self.dropped and k not in self.renamed}
         types.update({new: base.types[old] for old, new in self.renamed.items()
                       if old in base.types})
         return replace(base, version=self.version, types=types,
-                       source=f"simulated vLLM {self.version}'s flags (0.26 table"
-                              f"{', variant' if not self.is_default else ''})",
+                       source=f"simulated vLLM {self.version}'s flags ({base.version} table"
+                              f"{', variant' if self.renamed or self.dropped else ''})",
                        defaults={k: v for k, v in base.defaults.items()
-                                 if k.partition(".")[0] in types})
+                                 if k.partition(".")[0] in types},
+                       renamed={**base.renamed, **self.renamed})
 
     def refused(self, flags: Mapping[str, Any]) -> list[str]:
         """The `--flags` among snake_case `flags` this variant's parser does not know (the

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final, cast
 
-from runners.vllm.flags import bundled_flags
+from runners.vllm.flags import DEFAULT_VERSION, bundled_flags, version_key
 
 # `--quantization` values that quantize bf16 weights to fp8 while loading (REFERENCE.md: vLLM
 # 0.26's per-tensor `fp8` and the three online shorthands).
@@ -43,9 +43,18 @@ VLLM_DEFAULT_GPU_MEMORY_UTILIZATION: Final = float(
 ENV_PREFIXES: Final = ("VLLM_", "NCCL_", "CUDA_", "TORCH_", "PYTORCH_")
 
 
-def vllm_scheduler_defaults(gpu_memory_gib: float, gpu_name: str) -> dict[str, int]:
-    """vLLM 0.26's `max_num_seqs` and `max_num_batched_tokens` when unset (REFERENCE.md): the
-    larger 1024 / 8192 on a GPU of >= 70 GiB that is not an A100, else 256 / 2048."""
-    is_high_end = gpu_memory_gib >= 70 and "A100" not in gpu_name
+def vllm_scheduler_defaults(gpu_memory_gib: float, gpu_name: str,
+                            version: str = DEFAULT_VERSION,
+                            compute_capability: float | None = None) -> dict[str, int]:
+    """`vllm serve`'s `max_num_seqs` and `max_num_batched_tokens` when unset, by release
+    (`EngineArgs.get_batch_defaults`): the larger 1024 / 8192 on a GPU of >= 70 GiB that is not
+    an A100, else 256 / 2048 (0.26, REFERENCE.md); from 0.28 a GPU of >= 160 GiB (B200, B300)
+    gets 1024 / 16384; from 0.33 a GB10 (compute capability 12.1) keeps the small tier."""
+    release = version_key(version)
+    if release >= (0, 28) and gpu_memory_gib >= 160:
+        return {"max_num_seqs": 1024, "max_num_batched_tokens": 16384}
+    is_gb10 = release >= (0, 33) and compute_capability is not None and \
+        abs(compute_capability - 12.1) < 1e-6
+    is_high_end = gpu_memory_gib >= 70 and "A100" not in gpu_name and not is_gb10
     return {"max_num_seqs": 1024 if is_high_end else 256,
             "max_num_batched_tokens": 8192 if is_high_end else 2048}

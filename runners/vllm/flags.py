@@ -1,11 +1,14 @@
 """The one table of what `vllm serve` accepts, and the one renderer of flags onto its command line.
 
-The table is the installed vLLM's own argument parser where vLLM imports, else the table of
-0.26's flags bundled as `runners/vllm/flags_0.26.json` (read from the wheel by
-`scripts/vllm_flag_table.py`: value types, choices and bounds as vLLM's sources state them),
-plus the defaults and negatable booleans nightshift relies on, kept by hand (`defaults_source`
-in the file says from where). A study's
-`fixed_flags` and `vllm.extra_args`, `nightshift audit` and the exported commands all read it.
+One table per vLLM release is bundled as `runners/vllm/flags_<minor>.json` (0.26 to 0.34; a
+patch release that changes no flag shares its minor's table, listed in its `releases`), each read
+from that release's wheel by `scripts/vllm_flag_table.py`: value types, choices, bounds and
+defaults as vLLM's sources state them, and the booleans whose False is `--no-<flag>`. The
+installed vLLM's version picks the table (vLLM is not imported; its own parser serves only a
+release no table is bundled for); where vLLM is not installed, a declared version
+(`--vllm-version`) does, else `DEFAULT_VERSION`. A study's `fixed_flags` and `vllm.extra_args`,
+`nightshift audit`, `regress`, the search spaces and the exported commands all read it, and
+`flag_change` tells from the tables which release removed or renamed a flag.
 The renderer turns snake_case flags into argv (`--max-num-seqs 256`, `--no-enable-prefix-caching`)
 or a `vllm serve --config` mapping at the process boundary, as vLLM's own
 `ParameterSweepItem.apply_to_cmd` does (kebab-case keys up to a dot, mappings as JSON); unlike
@@ -16,15 +19,19 @@ from __future__ import annotations
 
 import difflib
 import functools
+import itertools
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Literal
 
 FlagKind = Literal["bool", "int", "float", "str", "choice", "json", "list", "any"]
+# The version assumed where vLLM is not installed and none is declared: the release nightshift's
+# rules, knobs and simulated engine were checked against (docs/knobs.md, docs/h200-study.md).
+DEFAULT_VERSION = "0.26.0"
 _HUMAN_INT = re.compile(r"^\d+(\.\d+)?[kKmMgGtT]?$")
 
 
@@ -43,6 +50,9 @@ class FlagType:
     # spelled `--no-<flag>`. Any other boolean False is left out (a store_true flag has no
     # `--no-` form, and argparse would exit 2).
     is_negatable: bool = False
+    # For a "str" flag that also names the release's own values (`--quantization`: its
+    # `QuantizationMethods`): those values; a plugin may register others, so not checked.
+    known_values: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,25 @@ class VllmFlags:
     # `compilation-config.cudagraph_mode`); None: decided at start-up. Only flags listed here
     # have a known default.
     defaults: Mapping[str, object] = field(default_factory=dict)
+    releases: tuple[str, ...] = ()  # the releases this table holds for (a minor's patches)
+    # flag -> the config field its default names (`SchedulerConfig.max_num_seqs`): a flag
+    # removed where one naming the same field appears was renamed.
+    config_fields: Mapping[str, str] = field(default_factory=dict)
+    # Variables the release names as removed and refuses at start (0.34's
+    # `removed_environment_variables`): name -> vLLM's hint.
+    removed_env: Mapping[str, str] = field(default_factory=dict)
+    # Renames this table declares itself (old -> new, kebab-case): a simulated variant's.
+    renamed: Mapping[str, str] = field(default_factory=dict)
+
+    def engine_facts(self) -> dict[str, Any]:
+        """This release as the plain data a search space resolves against (`context["engine"]`:
+        search_spaces may not import runners): its version, flags, defaults and the value
+        sets of its choice flags (and the release's own values of a flag such as
+        --quantization, which a plugin may extend: a space searches only the release's)."""
+        return {"vllm_version": self.version, "flags": sorted(self.types),
+                "defaults": dict(self.defaults),
+                "choices": {k: list(t.choices or t.known_values) for k, t in self.types.items()
+                            if t.choices or t.known_values}}
 
     @property
     def names(self) -> frozenset[str]:
@@ -89,21 +118,64 @@ class VllmFlags:
         return close[0] if close else None
 
 
-def bundled_flags() -> VllmFlags:
-    """vLLM 0.26's flags as the bundled table records them."""
-    return _bundled()
+class UnknownVersionError(ValueError):
+    """A vLLM version no bundled table holds and that is not installed here."""
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """`0.27.1+cu129` -> (0, 27, 1): releases in order (a local tag and a pre-release suffix
+    are ignored)."""
+    parts = []
+    for piece in version.split("+")[0].split(".")[:3]:
+        digits = "".join(c for c in piece if c.isdigit()) if not piece.isdigit() else piece
+        if not digits:
+            break
+        parts.append(int(digits))
+        if digits != piece:
+            break
+    return tuple(parts)
 
 
 @functools.cache
-def _bundled() -> VllmFlags:
-    return flags_from_data(
-        json.loads(resources.files("runners.vllm").joinpath("flags_0.26.json").read_text()))
+def bundled_tables() -> tuple[VllmFlags, ...]:
+    """Every bundled table, oldest release first."""
+    tables = [flags_from_data(json.loads(entry.read_text()))
+              for entry in resources.files("runners.vllm").iterdir()
+              if entry.name.startswith("flags_") and entry.name.endswith(".json")]
+    return tuple(sorted(tables, key=lambda t: version_key(t.version)))
+
+
+def bundled_versions() -> tuple[str, ...]:
+    """Every release a bundled table holds for, oldest first."""
+    return tuple(sorted({r for t in bundled_tables() for r in t.releases}, key=version_key))
+
+
+def has_table(version: str) -> bool:
+    """Whether a bundled table holds for `version` (a local tag such as `+cu129` aside)."""
+    return _bundled_for(version) is not None
+
+
+def _bundled_for(version: str) -> VllmFlags | None:
+    key = version_key(version)
+    return next((t for t in bundled_tables() if any(version_key(r) == key for r in t.releases)),
+                None)
+
+
+def bundled_flags(version: str | None = None) -> VllmFlags:
+    """The bundled table of `version` (`DEFAULT_VERSION` when None); `UnknownVersionError`
+    where none is bundled for it."""
+    table = _bundled_for(version or DEFAULT_VERSION)
+    if table is None:
+        raise UnknownVersionError(
+            f"vLLM {version}: no flag table is bundled for it (bundled: "
+            f"{', '.join(bundled_versions())}); install that vLLM here or give one of those")
+    return table
 
 
 def flags_from_data(data: Mapping[str, Any]) -> VllmFlags:
     """A table from the bundled JSON's shape: `flags` (name -> "bool" or "value"), `types`,
-    `aliases`, `env_vars`, `negatable` and `defaults`; a new flag is one entry in `flags` (and
-    `types` for a value type other than "any")."""
+    `aliases`, `env_vars`, `negatable`, `defaults`, `releases` and `config_fields`; a new flag
+    is one entry in `flags` (and `types` for a value type other than "any")."""
     negatable = set(data.get("negatable", ()))
     defaults: dict[str, Any] = dict(data.get("defaults", {}))
     types: dict[str, FlagType] = {}
@@ -114,14 +186,19 @@ def flags_from_data(data: Mapping[str, Any]) -> VllmFlags:
                                ge=entry.get("ge"), gt=entry.get("gt"), le=entry.get("le"),
                                lt=entry.get("lt"),
                                is_human_readable=bool(entry.get("human_readable")),
-                               is_negatable=name in negatable)
+                               is_negatable=name in negatable,
+                               known_values=tuple(str(c) for c in entry.get("known_values", ())))
     unknown = {n for n in (negatable | set(defaults)) if n.partition(".")[0] not in types}
     if unknown:  # a typo in the table itself: caught by the tests that load it
         raise ValueError(f"flag table: defaults/negatable name unknown flags {sorted(unknown)}")
+    releases = tuple(data.get("releases") or (data["vllm_version"],))
+    shown = releases[0] if len(releases) == 1 else f"{releases[0]}-{releases[-1]}"
     return VllmFlags(version=data["vllm_version"],
-                     source=f"vLLM {data['vllm_version']}'s flags (bundled table)",
+                     source=f"vLLM {shown}'s flags (bundled table)",
                      types=types, aliases=data.get("aliases", {}),
-                     env_vars=frozenset(data.get("env_vars", ())), defaults=defaults)
+                     env_vars=frozenset(data.get("env_vars", ())), defaults=defaults,
+                     releases=releases, config_fields=data.get("config_fields", {}),
+                     removed_env=data.get("removed_env_vars", {}))
 
 
 def installed_flags() -> VllmFlags | None:
@@ -129,8 +206,12 @@ def installed_flags() -> VllmFlags | None:
     try:
         import vllm
         import vllm.envs as vllm_envs
-        from vllm.entrypoints.openai.cli_args import make_arg_parser
         from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        try:  # 0.29 moved the frontend's arguments to launchers/
+            from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        except ImportError:
+            from vllm.entrypoints.openai.cli_args import make_arg_parser
     except Exception:  # absent, or present without its GPU stack: the bundled table serves
         return None
     return flags_from_parser(make_arg_parser(FlexibleArgumentParser()),
@@ -186,17 +267,95 @@ def flags_from_parser(parser: Any, version: str,
                      types=types, aliases=aliases, env_vars=env_vars, defaults=defaults)
 
 
+def installed_version() -> str | None:
+    """The installed vLLM's version from its metadata (vLLM is not imported); None where it is
+    not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def flag_table(version: str | None = None) -> VllmFlags:
+    """The table of `version`, else of the installed vLLM, else of `DEFAULT_VERSION`: the
+    bundled one where a table is bundled for it (no vLLM import), else the installed parser's
+    where that version is installed and imports. `UnknownVersionError` where neither holds."""
+    return _flag_table(version or installed_version() or DEFAULT_VERSION)
+
+
 @functools.cache
-def flag_table() -> VllmFlags:
-    """The installed vLLM's parser where it imports, else the bundled 0.26 table."""
-    return installed_flags() or bundled_flags()
+def _flag_table(version: str) -> VllmFlags:
+    bundled = _bundled_for(version)
+    if bundled is not None:
+        return bundled
+    installed = installed_version()
+    parsed = installed_flags() if installed and version_key(installed) == version_key(
+        version) else None
+    if parsed is None:
+        bundled_flags(version)  # raises, naming the bundled releases
+    assert parsed is not None
+    return parsed
 
 
 def table_for(version: str) -> VllmFlags:
-    """The table for launching vLLM `version`: the bundled one where it is that release (no
-    vLLM import), else the installed parser's (or the bundled one where vLLM does not import)."""
-    bundled = bundled_flags()
-    return bundled if version.split("+")[0] == bundled.version else flag_table()
+    """The table for launching vLLM `version` (see `flag_table`); for a release no table is
+    bundled for and whose parser does not import, the newest bundled release before it (the
+    renderer needs only which booleans take `--no-`; vLLM's own parser has the last word)."""
+    try:
+        return flag_table(version)
+    except UnknownVersionError:
+        older = [t for t in bundled_tables() if version_key(t.version) <= version_key(version)]
+        return older[-1] if older else bundled_flags()
+
+
+@dataclass(frozen=True)
+class FlagChange:
+    """What the bundled tables say about a flag `version` does not take."""
+
+    flag: str  # kebab-case, no dashes
+    change: Literal["removed", "renamed", "added later"]
+    release: str  # the first release without it (removed, renamed) or with it (added later)
+    last_release: str | None = None  # the last release that took it (removed, renamed)
+    new_name: str | None = None  # renamed: the flag naming the same config field
+
+    @property
+    def sentence(self) -> str:
+        if self.change == "renamed":
+            return (f"--{self.flag} was renamed --{self.new_name} in vLLM {self.release} "
+                    f"(the last release with --{self.flag}: {self.last_release})")
+        if self.change == "removed":
+            return (f"--{self.flag} was removed in vLLM {self.release} (the last release with "
+                    f"it: {self.last_release})")
+        return f"--{self.flag} is first a flag of vLLM {self.release}"
+
+
+def flag_change(name: str, version: str,
+                tables: Sequence[VllmFlags] | None = None) -> FlagChange | None:
+    """Why vLLM `version` does not take the flag `name` (kebab- or snake_case), from the bundled
+    tables: the latest release up to `version` that removed it (renamed where a flag added in
+    that same release names the config field it named), or the first later release that has
+    it. None where `version` takes it or no bundled table ever had it. `tables`: others than
+    the bundled ones, oldest first."""
+    flag = flag_name(name).partition(".")[0]
+    key = version_key(version)
+    tables = bundled_tables() if tables is None else tables
+    here = [t for t in tables if version_key(t.version) <= key]
+    if here and flag in here[-1].types:
+        return None
+    for before, after in reversed(list(itertools.pairwise(here))):
+        if flag in before.types and flag not in after.types:
+            field_name = before.config_fields.get(flag)
+            new = [f for f in after.types if f not in before.types and field_name is not None
+                   and after.config_fields.get(f) == field_name]
+            return FlagChange(flag, "renamed" if len(new) == 1 else "removed",
+                              release=after.releases[0], last_release=before.releases[-1],
+                              new_name=new[0] if len(new) == 1 else None)
+    later = next((t for t in tables if version_key(t.version) > key and flag in t.types), None)
+    if later is not None:
+        return FlagChange(flag, "added later", release=later.releases[0])
+    return None
 
 
 def _show(value: object) -> str:

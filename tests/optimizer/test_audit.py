@@ -170,3 +170,34 @@ def test_measure_pairs_each_fix_with_the_launch_as_is(
     assert "enforce_eager" not in no_eager["flags"] or not no_eager["flags"]["enforce_eager"]
     assert no_eager["metrics"]["p99_tpot_ms"] < as_is["metrics"]["p99_tpot_ms"], \
         "CUDA graphs back on: decode is faster, as measured"
+
+
+def test_a_flag_the_release_removed_is_named_with_the_release_that_removed_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    table = bundled_flags("0.27.0")
+    launch = parse_launch(["vllm", "serve", "m", "--max-num-partial-prefills", "2"], {}, table)
+    (finding,) = audit(launch, table=table)
+    assert finding.code == "removed-flag" and finding.severity == "error"
+    assert "--max-num-partial-prefills was removed in vLLM 0.27.0" in finding.message
+    line = ["--", "vllm", "serve", "m", "--max-num-partial-prefills", "2"]
+    assert main(["audit", "--hardware", "h200", "--vllm-version", "0.27.1", *line]) == 1
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert "checked against vLLM 0.27.0-0.27.1's flags" in out
+    assert "--max-num-partial-prefills was removed in vLLM 0.27.0" in out
+    assert main(["audit", "--hardware", "h200", "--vllm-version", "0.26.0", *line]) == 0, \
+        "0.26 takes it"
+    capsys.readouterr()
+    assert main(["audit", "--hardware", "h200", "--vllm-version", "0.99.0", *line]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--vllm-version" in err and "0.34.0" in err, err
+
+
+def test_a_variable_the_release_names_removed_is_an_error_with_its_hint() -> None:
+    table = bundled_flags("0.34.0")
+    launch = parse_launch(["vllm", "serve", "m"], {"VLLM_MARLIN_INPUT_DTYPE": "int8"}, table)
+    (finding,) = audit(launch, table=table)
+    assert finding.code == "removed-env" and finding.severity == "error"
+    assert "--quantization humming" in finding.message, "vLLM 0.34's own hint"
+    older = bundled_flags("0.33.0")
+    assert [f.code for f in audit(parse_launch(["vllm", "serve", "m"], {
+        "VLLM_MARLIN_INPUT_DTYPE": "int8"}, older), table=older)] == [], "0.33 reads it"

@@ -184,7 +184,7 @@ def test_renamed_flag_fails_to_start_naming_the_likely_new_name(
     assert "case first: failed to start" in out
     assert "invalid_argument" in out, "the engine's own error, classified"
     assert "--max-num-seqs is not a flag of simulated vLLM 0.27.0" in out
-    assert "likely new name is --max-num-sequences" in out
+    assert "renamed --max-num-sequences there" in out, "the variant's declared rename"
     assert "defaults: held" in out, "a config the new parser takes still runs"
 
 
@@ -260,7 +260,40 @@ def test_flag_check_names_dropped_and_renamed_flags() -> None:
     problems = {p.flag: p for p in flag_problems(config.flags, table)}
     assert set(problems) == {"--max-num-seqs", "--enable-chunked-prefill"}, \
         "sim_ faults and flags the parser knows pass, a negated one (--no-async-scheduling) too"
-    assert problems["--max-num-seqs"].likely_new_name == "max-num-sequences"
+    assert problems["--max-num-seqs"].new_name == "max-num-sequences", "the declared rename"
+    assert problems["--enable-chunked-prefill"].new_name is None
+
+
+def test_flag_check_names_the_release_that_removed_a_flag_from_the_tables() -> None:
+    table = VllmVariant.from_dict({"version": "0.27.0"}).flag_table()
+    problems = flag_problems({"max_num_partial_prefills": 2, "max_num_seqs": 8}, table)
+    assert [p.sentence for p in problems] == [
+        "--max-num-partial-prefills was removed in vLLM 0.27.0 (the last release with it: "
+        "0.26.0), so simulated vLLM 0.27.0's flags (0.27.0 table) refuses it"]
+    assert flag_problems({"max_num_partial_prefills": 2},
+                         VllmVariant().flag_table()) == [], "0.26 takes it"
+
+
+def test_a_case_on_a_newer_release_is_shown_the_capacity_moving_changes_since_its_reference(
+) -> None:
+    from optimizer.regress.measure import CaseOutcome, Installed
+    from optimizer.regress.report import capacity_lines
+    from runners.vllm.flags import bundled_flags
+
+    def outcome(version: str) -> CaseOutcome:
+        return CaseOutcome(name="c", installed=Installed("vllm", version, "H200",
+                                                         bundled_flags(version)),
+                           configs=(), date="2026-12-06", rounds=1, repeats=1,
+                           objective="goodput", reference_versions=("0.26.0",))
+
+    lines = capacity_lines(outcome("0.29.0"))
+    assert any(line.startswith("capacity-moving default change since vLLM 0.26.0: 0.28.0: "
+                               "the KV budget") for line in lines), lines
+    assert any("0.29.0: Model Runner V2 is the default for every model" in line
+               for line in lines), lines
+    assert capacity_lines(outcome("0.26.0")) == [], "same release: nothing moved"
+    assert not any("0.29.0:" in line for line in capacity_lines(outcome("0.28.0"))), \
+        "a change after the release the case ran on is not its"
 
 
 def test_the_h200_library_is_a_valid_library() -> None:
