@@ -55,6 +55,7 @@ logger = logging.getLogger(__name__)
 LOG_TAIL_BYTES = 64_000
 _RUNTIME_LOG_BYTES = 8_000_000  # the log's end read after the load (per-request access lines)
 _DURATION_POOL = 4096  # requests synthesised for a duration-bound level (cycled)
+_STREAM_POOL = 8192  # a file's or dataset's requests a capacity stream takes before it cycles
 _READINESS_ATTEMPTS = 3
 _TRACE_ARTIFACT_EVENTS = 20_000
 _LONG_TRACE_GAP_S = 60.0  # a replayed trace idle this long is worth a word in the log
@@ -396,9 +397,11 @@ class EngineRunner:
         assert search is not None
         self._reset_prefix_cache(base_url)  # once: the stream's hit rate is its steady one
         is_text = workload.prompts_file is not None or workload.dataset is not None
+        # A file's or a dataset's requests in one pass of up to _STREAM_POOL (then cycled, with
+        # the loader's warning where the source holds fewer); synthesised ones drawn afresh.
         requests = staircase.endless_requests(
-            lambda num, seed: loadgen.build_requests(workload, num, seed=seed), 512,
-            workload.seed * 1000, is_finite_source=is_text)
+            lambda num, seed: loadgen.build_requests(workload, num, seed=seed),
+            _STREAM_POOL if is_text else 512, workload.seed * 1000, is_finite_source=is_text)
         history: list[Probe] = []
         lifetime_s = staircase.lifetime_estimate_s(workload)
         met_loads: list[float] = []
@@ -411,6 +414,10 @@ class EngineRunner:
                     FailureReason.HANG,
                     f"{self.launcher.name} (pid {proc.pid}) stopped producing tokens for "
                     f"{self.stall_timeout_s:g} s; see {log_path}.", tail(log_path, 2000)))
+            if driver.error is not None:  # a bug of ours: no load flows; say so at once
+                raise _Abort(Failure(
+                    FailureReason.INTERNAL,
+                    f"the load generator's stream failed: {driver.error!r}.", ""))
 
         first = search.next_load(history)
         if first is None:
@@ -418,7 +425,8 @@ class EngineRunner:
         driver = staircase.StaircaseDriver(
             base_url, config.served_model_name, requests, axis=search.axis,
             timeout_s=workload.request_timeout_s, seed=workload.seed,
-            burstiness=workload.burstiness, stall_timeout_s=self.stall_timeout_s)
+            burstiness=workload.burstiness, stall_timeout_s=self.stall_timeout_s,
+            api_key=self._api_key)
         driver.start(first)
         try:
             load: float | None = first
@@ -429,7 +437,7 @@ class EngineRunner:
                     driver, base_url, plan, repeats=workload.repeats,
                     request_timeout_s=workload.request_timeout_s, check_engine=check_engine,
                     is_first=index == 0)
-                driver.raise_if_failed()
+                check_engine()
                 step, verdict = self._judge_step(run, index, search, workload, started)
                 if verdict.is_overload_errors and (load <= search.low or any(
                         load <= met for met in met_loads)):
@@ -441,17 +449,15 @@ class EngineRunner:
                         FailureReason.TOO_MANY_ERRORS,
                         f"{verdict.reason} at load {step.level.label}, a load it should serve; "
                         f"first error: {first_error[:200]}.", tail(log_path, 2000)))
-                if step.meets_slo:
-                    met_loads.append(load)
-                else:
-                    cancelled = driver.cancel_in_flight()  # the backlog is ours: no drain
-                    if cancelled:
-                        logger.info("step %d missed; %d requests in flight cancelled before "
-                                    "the next step", index, cancelled)
                 served = search.served_of(
                     step.metrics, step.server_metrics,
                     mean_input_tokens=None if is_text else _mean_prompt_tokens(workload),
-                    mean_output_tokens=_mean_tokens(workload.output_len))
+                    mean_output_tokens=None if is_text else _mean_tokens(workload.output_len))
+                if served is None and not step.meets_slo and step.completed_rate_rps and \
+                        step.offered_rate_rps and search.axis == "request_rate" and \
+                        step.completed_rate_rps < step.offered_rate_rps * (1 - search.tolerance):
+                    # Fell behind in its window, no drain bias: what it served steers the next.
+                    served = step.completed_rate_rps
                 history.append((load, bool(step.meets_slo), served))
                 steps.append(step)
                 logger.info("capacity step %d at %s: SLO %s%s (served %s); bracket %s", index,
@@ -459,12 +465,24 @@ class EngineRunner:
                             f" ({verdict.reason})" if verdict.reason else "",
                             "?" if served is None else f"{served:.3g}",
                             search.bracket(history).describe())
-                if step.metrics.p90_e2el_ms is not None and not run.is_saturated:
-                    lifetime_s = staircase.lifetime_estimate_s(
-                        workload, measured_e2el_s=step.metrics.p90_e2el_ms / 1000.0)
+                if step.meets_slo:
+                    met_loads.append(load)
+                    if step.metrics.p90_e2el_ms is not None:  # a missed step's lives queued
+                        lifetime_s = staircase.lifetime_estimate_s(
+                            workload, measured_e2el_s=step.metrics.p90_e2el_ms / 1000.0)
+                load = search.next_load(history)
+                if not step.meets_slo:
+                    # The next load first, then the backlog (ours) cancelled: the stream never
+                    # refills at the load that missed, and the next step starts from an empty
+                    # server, not from a drain.
+                    if load is not None:
+                        driver.set_load(load)
+                    cancelled = driver.cancel_in_flight()
+                    if cancelled:
+                        logger.info("step %d missed; %d requests in flight cancelled before "
+                                    "the next step", index, cancelled)
                 if on_step is not None and on_step(step):
                     return "stopped"
-                load = search.next_load(history)
         finally:
             driver.close()
         return "complete"
@@ -508,6 +526,9 @@ class EngineRunner:
         missed = next((v for _, _, v in per_window if not v.meets_slo), None)
         if missed is not None:
             verdict = missed
+        if not run.is_settled and verdict.meets_slo:
+            verdict = staircase.Verdict(False, f"not steady: the in-flight count still rose "
+                                               f"after {run.warmup_s:.0f} s of warm-up")
         if not run.is_finished and verdict.meets_slo:
             verdict = staircase.Verdict(False, "measured requests still running when the wait "
                                                "for them ended")
@@ -517,9 +538,12 @@ class EngineRunner:
             "steady.num_measured": float(counts.num_sent),
             "steady.num_ended_in_window": float(counts.num_ended),
             "steady.mean_in_flight": counts.mean_in_flight,
+            "steady.is_settled": 1.0 if run.is_settled else 0.0,
             "is_saturated": 1.0 if run.is_saturated else 0.0})
         if counts.waiting_rise is not None:
             server["steady.waiting_rise"] = counts.waiting_rise
+        if counts.in_flight_rise is not None:
+            server["steady.in_flight_rise"] = counts.in_flight_rise
         if any(o.modelled_span_s is not None for outs, _ in run.windows for o in outs):
             server["is_modelled_clock"] = 1.0
         hit_rate = prometheus.prefix_cache_hit_rate(server)

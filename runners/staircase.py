@@ -36,6 +36,7 @@ import numpy as np
 
 from runners import arrivals
 from runners.base import BenchmarkMetrics
+from runners.credentials import auth_headers
 from runners.loadgen import RequestOutput, RequestSpec, send_request
 from runners.workload import SLO, CapacitySearch, LengthDistribution, Workload
 
@@ -83,8 +84,10 @@ def _quantile_tokens(dist: LengthDistribution, q: float) -> float:
     """The q-quantile of a length distribution (its upper clip wins)."""
     if dist.kind == "fixed":
         value = float(dist.mean)
-    elif dist.kind == "uniform" and dist.low is not None and dist.high is not None:
-        value = dist.low + q * (dist.high - dist.low)
+    elif dist.kind == "uniform":  # the bounds `loadgen.sample_length` draws between
+        low = dist.low if dist.low is not None else 1
+        high = dist.high if dist.high is not None else 2 * dist.mean - low
+        value = low + q * (max(low, high) - low)
     elif dist.kind == "normal":
         value = dist.mean + 1.645 * dist.std
     elif dist.kind == "lognormal":
@@ -153,6 +156,9 @@ class WindowCounts:
     waiting_rise: float | None  # requests: the least-squares rise of the server's waiting
     # queue over the window; None without three samples
     max_waiting: float | None = None  # requests
+    # requests: the least-squares rise of the client's in-flight count over the window (an open
+    # loop on the client's clock; None elsewhere)
+    in_flight_rise: float | None = None
 
 
 @dataclass(frozen=True)
@@ -174,10 +180,11 @@ def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SL
     connections and timeouts are a missed SLO, not a broken config); a p99 is over its bound
     (a TPOT bound holds where no request had a second token, as in vLLM's goodput); the
     requests that ended in the window fell short of those sent in it by more than the
-    tolerance or the count's noise (three standard deviations of the change of an in-flight
-    count of this mean: 3 sqrt(2 n)), whichever is larger, i.e. the in-flight count grew; or the
-    waiting queue rose by more than that over the window. A closed loop cannot fall behind its
-    own sends: only the queue counts there."""
+    tolerance or the count's noise (2 sqrt(n) for a mean of n in flight), whichever is larger,
+    i.e. the in-flight count grew; its least-squares line rose by more than the tolerance of
+    its mean (4 at least) over the window (a slow ramp the end points hide); or the
+    waiting queue rose by more than the tolerance of the requests sent (4 at least) over the
+    window. A closed loop cannot fall behind its own sends: only the queue counts there."""
     if is_saturated:
         return Verdict(False, "the waiting queue kept growing (stopped early: saturated)")
     total = metrics.completed + metrics.failed
@@ -199,14 +206,18 @@ def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SL
             return Verdict(False, f"{name} p99 {p99_ms:.3g} ms > {bound_ms:g} ms")
     if counts is None:
         return Verdict(True)
-    allowed = max(tolerance * counts.num_sent,
-                  3.0 * math.sqrt(2.0 * max(counts.mean_in_flight, 1.0)))
+    allowed = max(tolerance * counts.num_sent, 2.0 * math.sqrt(max(counts.mean_in_flight, 1.0)))
     if not is_closed_loop and counts.num_sent - counts.num_ended > allowed:
         offered = counts.num_sent / counts.window_s
         ended = counts.num_ended / counts.window_s
         return Verdict(False, f"completed {ended:.3g} of {offered:.3g} req/s offered (not "
                               "steady: the in-flight count grew)")
-    if counts.waiting_rise is not None and counts.waiting_rise > max(allowed, 4.0):
+    if not is_closed_loop and counts.in_flight_rise is not None and \
+            counts.in_flight_rise > max(tolerance * counts.mean_in_flight, 4.0):
+        return Verdict(False, f"the in-flight count rose by {counts.in_flight_rise:.0f} over "
+                              f"the {counts.window_s:.0f} s window (not steady)")
+    if counts.waiting_rise is not None and \
+            counts.waiting_rise > max(tolerance * counts.num_sent, 4.0):
         return Verdict(False, f"the waiting queue grew by {counts.waiting_rise:.0f} requests "
                               f"over the {counts.window_s:.0f} s window")
     return Verdict(True)
@@ -255,7 +266,8 @@ class StaircaseDriver:
     def __init__(self, base_url: str, model: str, requests: Iterator[RequestSpec], *,
                  axis: str, timeout_s: float, seed: int, burstiness: float = 1.0,
                  stall_timeout_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 api_key: str | None = None) -> None:
         if axis not in ("request_rate", "concurrency"):
             raise ValueError(f"axis must be request_rate or concurrency but got {axis!r}.")
         arrivals.check_burstiness(burstiness)
@@ -266,6 +278,7 @@ class StaircaseDriver:
         self.burstiness = burstiness
         self.stall_timeout_s = stall_timeout_s
         self.clock = clock
+        self.api_key = api_key  # the engine's, sent as a bearer token (runners/credentials.py)
         self._requests = requests
         self._rng = np.random.default_rng(seed)
         self._gaps: collections.deque[float] = collections.deque()
@@ -319,6 +332,7 @@ class StaircaseDriver:
             self._error = exc
         finally:
             loop.close()
+            self._ready.set()  # a thread that failed before it was ready frees `start`
 
     async def _amain(self) -> None:
         self._changed = asyncio.Event()
@@ -326,12 +340,15 @@ class StaircaseDriver:
         self._ready.set()
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
         timeout = httpx.Timeout(None, connect=_CONNECT_TIMEOUT_S)
-        async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+        async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False,
+                                     headers=auth_headers(self.api_key)) as client:
             watch = asyncio.create_task(self._watch())
             try:
                 await self._issue(client)
             except asyncio.CancelledError:
                 pass
+            except Exception as exc:  # the caller's check_engine reads it
+                self._error = exc
             finally:
                 watch.cancel()
                 tasks = [s.task for s in self._sent if not s.task.done()]
@@ -448,10 +465,10 @@ class StaircaseDriver:
                 out.append(task.result())
         return out
 
-    def raise_if_failed(self) -> None:
-        """Re-raise a bug of ours that ended the sending thread."""
-        if self._error is not None:
-            raise RuntimeError(f"the staircase driver failed: {self._error!r}") from self._error
+    @property
+    def error(self) -> BaseException | None:
+        """A bug of ours that ended the sending thread (None while it runs or after `close`)."""
+        return self._error
 
     # -- sending (the loop's thread) ---------------------------------------------------------
 
@@ -491,6 +508,9 @@ class StaircaseDriver:
         a night's stream must not hold every reply's timings."""
         with self._lock:
             self._sent = [s for s in self._sent if s.sent_s >= before_s or s.ended_s is None]
+            cut = bisect.bisect_left(self._in_flight_changes, (before_s, -1))
+            self._in_flight_changes = self._in_flight_changes[max(0, cut - 1):]
+            self._ended = self._ended[bisect.bisect_left(self._ended, before_s):]
 
     def _last_send_locked(self) -> float:
         return self._sent[-1].sent_s if self._sent else self.clock()
@@ -582,6 +602,7 @@ class StepRun:
     is_finished: bool  # every measured request ended (else the wait ran out)
     window_start_s: float  # time.monotonic()
     warmup_s: float = 0.0  # s the step ran before its window (or before it was stopped)
+    is_settled: bool = True  # an open loop's in-flight count had stopped rising by its window
 
 
 def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repeats: int,
@@ -594,6 +615,7 @@ def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repe
     saturated. The caller cancels a missed step's backlog."""
     from runners import prometheus
 
+    api_key = driver.api_key  # /metrics asks for it as the completions do
     step_start = driver.now()
     if not is_first:
         driver.set_load(plan.load)
@@ -604,25 +626,26 @@ def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repe
 
     poller = prometheus.MetricsPoller(
         base_url, saturated=saturated,
-        saturation_rise_requests=max(16.0, 0.1 * plan.expected_requests))
+        saturation_rise_requests=max(16.0, 0.1 * plan.expected_requests), api_key=api_key)
     poller.start()
     bounds: list[tuple[float, float]] = []
+    is_settled = True
     before: dict[str, float] = {}
     after: dict[str, float] = {}
     is_finished = True
     try:
         _sleep_until(driver, step_start + plan.warmup_s, check_engine, saturated)
         if driver.axis == "request_rate":
-            _settle(driver, step_start, plan, check_engine, saturated)
+            is_settled = _settle(driver, step_start, plan, check_engine, saturated)
         if not is_saturated():
-            before = prometheus.scrape(base_url)
+            before = prometheus.scrape(base_url, api_key=api_key)
             for k in range(max(1, repeats)):
                 start = driver.now() if k == 0 else bounds[-1][1]
                 _sleep_until(driver, start + plan.window_s, check_engine, saturated)
                 bounds.append((start, driver.now()))
                 if is_saturated():
                     break
-            after = prometheus.scrape(base_url)
+            after = prometheus.scrape(base_url, api_key=api_key)
             measured_sent = [s for a, b in bounds for s in driver.sent_between(a, b)]
 
             def should_stop() -> bool:
@@ -656,7 +679,8 @@ def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repe
     window_start = bounds[0][0] if bounds else driver.now()
     return StepRun(plan=plan, windows=windows, early_outputs=early, early_duration_s=early_s,
                    server=server, is_saturated=is_saturated(), is_finished=is_finished,
-                   window_start_s=window_start, warmup_s=window_start - step_start)
+                   window_start_s=window_start, warmup_s=window_start - step_start,
+                   is_settled=is_settled)
 
 
 def _sleep_until(driver: StaircaseDriver, deadline_s: float, check_engine: Callable[[], None],
@@ -686,7 +710,7 @@ def is_in_flight_settled(points: Sequence[tuple[float, float]], lifetime_s: floa
 
 
 def _settle(driver: StaircaseDriver, step_start: float, plan: StepPlan,
-            check_engine: Callable[[], None], saturated: threading.Event | None) -> None:
+            check_engine: Callable[[], None], saturated: threading.Event | None) -> bool:
     """Extend an open loop's warm-up, up to `plan.max_warmup_s`, while its in-flight count
     still rises (sampled every 0.5 s since the step began)."""
     points: list[tuple[float, float]] = []
@@ -698,16 +722,17 @@ def _settle(driver: StaircaseDriver, step_start: float, plan: StepPlan,
             break
     while driver.now() < step_start + plan.max_warmup_s:
         if is_in_flight_settled(points, plan.lifetime_s):
-            return
+            return True
         check_engine()
         if saturated is not None and saturated.is_set():
-            return
+            return True
         time.sleep(0.5)
         now = driver.now()
         points.append((now, float(driver.num_in_flight())))
     logger.info("step at %g: the in-flight count still rose after %.0f s of warm-up (%.1f "
-                "lives); measuring anyway", plan.load, plan.max_warmup_s,
+                "lives): not steady", plan.load, plan.max_warmup_s,
                 plan.max_warmup_s / plan.lifetime_s)
+    return is_in_flight_settled(points, plan.lifetime_s)
 
 
 def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, float]]],
@@ -733,10 +758,14 @@ def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, fl
         return WindowCounts(window_s=window, num_sent=len(sent), num_ended=ended,
                             mean_in_flight=area / window, waiting_rise=rise,
                             max_waiting=max_waiting)
+    grid = np.arange(start, end, 0.25)
+    in_flight = [(float(t), driver.mean_in_flight(float(t), float(t) + 0.25)) for t in grid]
     return WindowCounts(window_s=max(end - start, 1e-9), num_sent=len(sent),
                         num_ended=driver.num_ended_between(start, end),
                         mean_in_flight=driver.mean_in_flight(start, end),
-                        waiting_rise=rise, max_waiting=max_waiting)
+                        waiting_rise=rise, max_waiting=max_waiting,
+                        in_flight_rise=least_squares_rise(in_flight)
+                        if driver.axis == "request_rate" else None)
 
 
 def _saturated_rates(samples: Sequence[tuple[float, dict[str, float]]]) -> dict[str, float]:

@@ -209,7 +209,7 @@ def test_the_recommended_trial_is_marked_by_tag_and_name_and_the_mark_moves(
     tracker = Tracker(uri)
     parent = tracker.start_study("s", key="k", params={}, artifacts={})
     runs = {n: tracker.start_trial(parent, "s", n, {}) for n in (0, 1, 2)}
-    figures = {1: {"goodput in req per s": 38.6, "gain vs defaults x": 1.32}}
+    figures = {1: {"goodput in req per s per GPU": 38.6, "gain vs defaults x": 1.32}}
     tracker.mark_trials(parent, 1, figures)
     client = MlflowClient(uri)
     marked = client.get_run(runs[1])
@@ -226,7 +226,8 @@ def test_the_runs_view_opens_on_the_objective_the_gain_and_the_bottleneck() -> N
     from optimizer.tracking import runs_view, three_digits, view_key
 
     columns = runs_view({"goodput": "maximize"})["selectedColumns"]
-    assert columns[:3] == ["metrics.`goodput in req per s`", "metrics.`gain vs defaults x`",
+    assert columns[:3] == ["metrics.`goodput in req per s per GPU`",
+                           "metrics.`gain vs defaults x`",
                            "tags.`bottleneck`"]
     assert view_key("tpot") == "tpot in ms TPOT p99" and three_digits(38.61234) == 38.6
 

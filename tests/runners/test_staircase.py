@@ -1,0 +1,201 @@
+"""The steady staircase (runners/staircase.py): how a step is sized, what it must show to meet the
+SLO, and that one continuous stream walks every step of a trial on one server."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runners import loadgen, staircase
+from runners.base import BenchmarkMetrics, EngineConfig
+from runners.engine import EngineRunner
+from runners.simulated.launcher import SimulatedLauncher
+from runners.workload import SLO, CapacitySearch, LengthDistribution, Workload
+
+DECODE = Workload(input_len=LengthDistribution("uniform", 250, 100, 400),
+                  output_len=LengthDistribution("uniform", 1000, 600, 1400),
+                  slo=SLO(tpot_p99_ms=15))
+
+
+def _metrics(*, completed: int = 200, failed: int = 0, p99_tpot_ms: float | None = 12.0,
+             p99_ttft_ms: float | None = 200.0) -> BenchmarkMetrics:
+    latencies = {f"{s}_{m}_ms": None for s in ("mean", "median", "std", "p90", "p99")
+                 for m in ("ttft", "tpot", "itl", "e2el")}
+    return BenchmarkMetrics(**{**latencies, "p99_tpot_ms": p99_tpot_ms,
+                               "p99_ttft_ms": p99_ttft_ms},
+                            completed=completed, failed=failed, duration_s=20.0,
+                            total_input_tokens=0, total_output_tokens=0,
+                            request_throughput=completed / 20.0, request_goodput=None,
+                            output_throughput=0.0, total_token_throughput=0.0)
+
+
+def _steady(num_sent: int = 200, num_ended: int = 200, in_flight: float = 150.0,
+            rise: float | None = 0.0) -> staircase.WindowCounts:
+    return staircase.WindowCounts(window_s=20.0, num_sent=num_sent, num_ended=num_ended,
+                                  mean_in_flight=in_flight, waiting_rise=rise)
+
+
+def _judge(metrics: BenchmarkMetrics, counts: staircase.WindowCounts | None,
+           **kw: object) -> staircase.Verdict:
+    return staircase.judge_window(metrics, counts, DECODE.slo, max_failed_fraction=0.05,
+                                  tolerance=0.1, **kw)  # type: ignore[arg-type]
+
+
+# -- sizing a step ------------------------------------------------------------------------------
+
+def test_a_requests_life_is_sized_from_the_slo_bound_and_the_longest_answers() -> None:
+    life = staircase.lifetime_estimate_s(DECODE)
+    # 2 s for a first token nobody bounded, then 1359 more tokens at the 15 ms TPOT bound.
+    assert math.isclose(life, 2.0 + (600 + 0.95 * 800 - 1) * 0.015)
+    assert staircase.lifetime_estimate_s(DECODE, measured_e2el_s=40.0) == 40.0, \
+        "a step that measured longer lives sizes the next warm-up by them"
+
+
+def test_a_step_warms_up_two_lives_and_measures_enough_requests_in_a_bounded_window() -> None:
+    search = CapacitySearch("request_rate", low=1, high=32, min_window_requests=200,
+                            min_window_s=10, max_window_s=60)
+    plan = staircase.plan_step(search, 10.0, 20.0)
+    assert plan.warmup_s == 40.0 and plan.max_warmup_s == 80.0, "two lives, up to four"
+    assert plan.window_s == 20.0 and plan.expected_requests == 200.0
+    assert staircase.plan_step(search, 40.0, 20.0).window_s == 10.0, "at least min_window_s"
+    assert staircase.plan_step(search, 1.0, 20.0).window_s == 60.0, "at most max_window_s"
+    fixed = CapacitySearch("request_rate", low=1, high=32, warmup_s=5.0)
+    assert staircase.plan_step(fixed, 10.0, 20.0).warmup_s == 5.0, "the user's warm-up wins"
+
+
+def test_a_step_whose_in_flight_count_still_rises_is_not_settled() -> None:
+    ramp = [(t * 0.5, min(150.0, t * 3.0)) for t in range(40)]  # still climbing at 20 s
+    assert not staircase.is_in_flight_settled(ramp, lifetime_s=14.0)
+    plateau = [(t * 0.5, min(150.0, t * 3.0)) for t in range(200)]
+    assert staircase.is_in_flight_settled(plateau, lifetime_s=14.0)
+
+
+def test_arrivals_offer_exactly_the_labelled_rate_over_each_block() -> None:
+    driver = staircase.StaircaseDriver("http://127.0.0.1:9", "m", iter(()),
+                                       axis="request_rate", timeout_s=10, seed=3)
+    gaps = [driver._gap_s(8.0) for _ in range(640)]
+    for k in range(10):
+        assert math.isclose(sum(gaps[64 * k:64 * (k + 1)]), 64 / 8.0), \
+            "each block of 64 arrivals spans exactly 64 / rate seconds"
+    assert 0.8 < float(np.std(gaps) / np.mean(gaps)) < 1.2, "Poisson-like within a block"
+
+
+# -- judging a window ---------------------------------------------------------------------------
+
+def test_a_steady_step_within_the_slo_meets_it() -> None:
+    assert _judge(_metrics(), _steady()).meets_slo
+
+
+def test_a_step_whose_completions_fall_behind_its_arrivals_misses() -> None:
+    verdict = _judge(_metrics(), _steady(num_sent=200, num_ended=150, in_flight=40.0))
+    assert not verdict.meets_slo and "completed 7.5 of 10 req/s offered" in str(verdict.reason)
+    noisy = _judge(_metrics(), _steady(num_sent=200, num_ended=185, in_flight=40.0))
+    assert noisy.meets_slo, "within the tolerance and the count's noise"
+
+
+def test_a_window_measured_on_a_ramp_misses_though_its_end_points_look_steady() -> None:
+    """A ramp the end points hide: sends and ends differ by 8 of 147, inside the count's noise,
+    but the in-flight count's least-squares line rose by more than the tolerance of its mean
+    (on the H100 a step measured on its ramp read TPOT p99 14.0 ms where vLLM's client read
+    17.4 ms at the same rate: docs/h100-steady.md)."""
+    ramp = staircase.WindowCounts(window_s=14.0, num_sent=147, num_ended=139,
+                                  mean_in_flight=141.0, waiting_rise=0.0, in_flight_rise=15.0)
+    verdict = _judge(_metrics(), ramp)
+    assert not verdict.meets_slo and "in-flight count rose by 15" in str(verdict.reason)
+
+
+def test_a_step_whose_waiting_queue_grows_misses_whatever_its_percentiles() -> None:
+    verdict = _judge(_metrics(p99_tpot_ms=9.0), _steady(rise=40.0))
+    assert not verdict.meets_slo and "waiting queue grew by 40" in str(verdict.reason)
+    assert not _judge(_metrics(), _steady(), is_saturated=True).meets_slo
+
+
+def test_a_closed_loop_is_judged_on_its_queue_not_on_its_own_sends() -> None:
+    behind = _steady(num_sent=200, num_ended=150, in_flight=40.0)
+    assert _judge(_metrics(), behind, is_closed_loop=True).meets_slo
+
+
+def test_overload_errors_are_a_missed_step_and_say_so() -> None:
+    verdict = _judge(_metrics(completed=150, failed=50), _steady())
+    assert not verdict.meets_slo and verdict.is_overload_errors
+    assert "50 of 200 requests failed" in str(verdict.reason)
+
+
+def test_a_p99_over_its_bound_misses_with_the_figure() -> None:
+    verdict = _judge(_metrics(p99_tpot_ms=17.4), _steady())
+    assert not verdict.meets_slo and verdict.reason == "TPOT p99 17.4 ms > 15 ms"
+
+
+# -- one stream, one server ---------------------------------------------------------------------
+
+@pytest.fixture
+def simulated(tmp_path: Path) -> EngineRunner:
+    return EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.01, seed=0),
+                        tmp_path / "registry")
+
+
+def test_a_capacity_search_walks_every_step_on_one_engine_without_a_restart(
+        simulated: EngineRunner, tmp_path: Path) -> None:
+    workload = Workload(input_len=LengthDistribution(mean=256),
+                        output_len=LengthDistribution(mean=64), slo=SLO(tpot_p99_ms=12),
+                        num_warmup_requests=2,
+                        capacity=CapacitySearch("request_rate", low=2, high=400, tolerance=0.3,
+                                                max_probes=3, min_window_requests=40,
+                                                min_window_s=1.0, max_window_s=5.0))
+    config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
+    result = simulated.run(config, workload, tmp_path / "w")
+    assert result.status == "complete", result.failure
+    assert len(result.steps) >= 2 and result.capacity is not None
+    log = (tmp_path / "w" / "server.log").read_text()
+    assert log.count("Application startup complete") <= 1, "one engine for every step"
+    for step in result.steps:
+        assert step.meets_slo is not None
+        assert step.server_metrics["steady.warmup_s"] > 0, "every step excludes a warm-up"
+        if step.meets_slo:
+            assert step.offered_rate_rps is not None and step.miss_reason is None
+            assert step.metrics.completed >= 1
+        else:
+            assert step.miss_reason, "a missed step says why"
+
+
+def test_arrivals_keep_flowing_until_every_measured_request_has_ended(tmp_path: Path) -> None:
+    """No drain bias: the last measured request ends while the step's load still arrives."""
+    from runners.process import EngineProcess, free_port, wait_healthy
+
+    launcher = SimulatedLauncher("h200", startup_time_scale=0.01, seed=0)
+    config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
+    port = free_port()
+    argv, env = launcher.command(config, port, tmp_path, None)
+    proc = EngineProcess.start(argv, env, tmp_path / "log", tmp_path)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert wait_healthy(url, proc, 60.0) == "ready"
+        workload = Workload(input_len=LengthDistribution(mean=128),
+                            output_len=LengthDistribution(mean=64))
+        requests = staircase.endless_requests(
+            lambda n, s: loadgen.build_requests(workload, n, seed=s), 64, 0, False)
+        driver = staircase.StaircaseDriver(url, "model", requests, axis="request_rate",
+                                           timeout_s=30, seed=0)
+        plan = staircase.StepPlan(load=10.0, warmup_s=0.5, window_s=1.0, lifetime_s=0.5,
+                                  expected_requests=10.0, max_warmup_s=0.5)
+        driver.start(10.0)
+        try:
+            run = staircase.measure_step(driver, url, plan, repeats=1, request_timeout_s=30,
+                                         check_engine=lambda: None, is_first=True)
+            (outputs, counts), = run.windows
+            assert outputs and all(o.success for o in outputs) and run.is_finished
+            window_end = run.window_start_s + plan.window_s
+            measured = driver.sent_between(run.window_start_s, window_end)
+            assert counts.num_sent == len(measured) == len(outputs)
+            last_end = max(s.ended_s or math.inf for s in measured)
+            sent = [s.sent_s for s in driver.sent_between(-math.inf, math.inf)]
+            assert max(sent) > last_end - 0.2, \
+                "requests were still being sent when the last measured one ended"
+        finally:
+            driver.close()
+    finally:
+        proc.terminate()
