@@ -23,6 +23,7 @@ import asyncio
 import bisect
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import math
@@ -542,9 +543,9 @@ class StaircaseDriver:
             self._num_in_flight += 1
             self._in_flight_changes.append((now, self._num_in_flight))
             self._sent.append(record)
-        task.add_done_callback(lambda _t, r=record: self._ended_one(r))
+        task.add_done_callback(functools.partial(self._ended_one, record))
 
-    def _ended_one(self, record: _Sent) -> None:
+    def _ended_one(self, record: _Sent, _task: object = None) -> None:
         now = self.clock()
         with self._lock:
             record.ended_s = now

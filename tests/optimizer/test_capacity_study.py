@@ -22,7 +22,8 @@ def test_capacity_brackets_land_in_mlflow_and_bound_the_gain(
                        workload={"input_len": 128, "output_len": 24, "num_requests": 32,
                                  "warmup_requests": 2,
                                  "capacity": {"axis": "concurrency", "low": 2, "high": 32,
-                                              "max_probes": 4, "probe_duration_s": 10}},
+                                              "max_probes": 4, "min_window_requests": 24,
+                                              "min_window_s": 1, "max_window_s": 4}},
                        slo={"tpot_p99_ms": 7})
     assert main(["start", str(path), "--no-progress"]) == 0
     err = capsys.readouterr().err

@@ -5,7 +5,6 @@ out of probes says it is unresolved."""
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import replace
 from pathlib import Path
 

@@ -4,7 +4,6 @@ SLO, and that one continuous stream walks every step of a trial on one server.""
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
 import numpy as np
