@@ -332,6 +332,8 @@ class StaircaseDriver:
         except BaseException as exc:  # kept for the caller; the thread must end
             self._error = exc
         finally:
+            with contextlib.suppress(Exception):  # the streams' generators, closed in order
+                loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
             self._ready.set()  # a thread that failed before it was ready frees `start`
 

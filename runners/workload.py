@@ -164,10 +164,10 @@ class CapacitySearch:
     holds there, the capacity is at least that. Else narrow down: a probe that missed because
     the server could not keep up also says how much it *did* serve (requests/s completed, or
     requests it ran at once), and the capacity is unlikely to lie above that, so the next probe
-    goes there, then steps of `step_ratio` around it; without that evidence the lightest load is
-    probed (if the SLO fails even there, the config has none) and the bracket is bisected
-    geometrically (latency curves bend by octaves) until it is within the tolerance or the
-    probes run out.
+    goes there, then steps of `step_ratio` around it; without that evidence the next probe goes
+    halfway (in log) down to the lightest load, and so on down to it (if the SLO fails even
+    there, the config has none), and the bracket is bisected geometrically (latency curves bend
+    by octaves) until it is within the tolerance or the probes run out.
 
     The bracket only ever holds what was measured: its lower end is a load that met the SLO, its
     upper end a load that missed it. What a probe served only chooses the next load to probe.
@@ -320,6 +320,11 @@ class CapacitySearch:
                 candidate = max(self.low, hi / step ** (2 ** (near - 1)))
                 if candidate <= self.low * (1.0 + self.tolerance):
                     candidate = self.low
+            elif hi > self.low * step ** 2:
+                # Nothing met the SLO yet and nothing says what was served: step down halfway
+                # (in log) to `low`, not straight there; a step at the lightest load has the
+                # longest window of the search (on the H100 a step at 2 req/s cost 103 s).
+                candidate = math.sqrt(self.low * hi)
             else:
                 candidate = self.low
         else:

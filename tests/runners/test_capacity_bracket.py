@@ -84,8 +84,10 @@ def test_met_at_high_is_at_least_and_missed_at_low_is_none() -> None:
     assert top.describe().startswith(">= 64 req/s")
     assert "capacity.bracket_high" not in top.as_metrics(), "absent when no load missed"
     history: list[Probe] = [(64.0, False, None)]
-    history.append((search.next_load(history) or 0.0, False, None))
-    assert history[-1][0] == 2.0 and search.next_load(history) is None
+    while (load := search.next_load(history)) is not None:
+        history.append((load, False, None))
+    assert history[1][0] == pytest.approx(11.3), "halfway (in log) down, not straight to low"
+    assert history[-1][0] == 2.0, "down to the lightest load, where nothing is left"
     bottom = search.bracket(history)
     assert bottom.status == "none" and bottom.met_load is None
     assert bottom.describe().startswith("< 2 req/s")
