@@ -736,8 +736,9 @@ class EngineRunner:
                  ) -> tuple[Path | None, Mapping[str, Any] | None]:
         """A short profiled window after the measured levels: profiling slows the engine, so
         no performance figure is ever taken from it. After a capacity search it runs at the
-        operating point's load (the highest that met the SLO; else the lightest probed), so
-        the trace describes the load the trial is judged at."""
+        operating point's rate (the highest that met the SLO; else the lightest probed), but
+        anew, after the stream has closed: `profile_num_requests` into an empty server, a
+        lighter batch than the steady operating point holds (not yet profiled inside it)."""
         requests = loadgen.build_requests(workload, workload.profile_num_requests,
                                           seed=workload.seed + 104729)
         level = profile_level(workload, steps)
