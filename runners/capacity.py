@@ -15,25 +15,39 @@ from runners.workload import SLO, Bracket, BracketStatus
 def meets_slo(metrics: BenchmarkMetrics, slo: SLO, max_failed_fraction: float,
               is_saturated: bool = False) -> bool:
     """Whether a level's p99 latencies are within the SLO and its requests succeeded (a level
-    stopped for saturation never is). A TPOT bound holds where no request had a second token
-    (the p99 is undefined, and vLLM's goodput counts such a request's TPOT as 0)."""
-    if is_saturated:
-        return False
+    stopped for saturation never is): `slo_miss` finds nothing."""
+    return not is_saturated and slo_miss(metrics, slo, max_failed_fraction) is None
+
+
+def failures_miss(metrics: BenchmarkMetrics, max_failed_fraction: float) -> str | None:
+    """Why a level failed on its errors (more failed than `max_failed_fraction`), else None."""
     total = metrics.completed + metrics.failed
-    if not metrics.completed or (total and metrics.failed / total > max_failed_fraction):
-        return False
-    for bound_ms, p99_ms, is_vacuous in (
-            (slo.ttft_p99_ms, metrics.p99_ttft_ms, False),
-            (slo.tpot_p99_ms, metrics.p99_tpot_ms, True),
-            (slo.e2el_ms, metrics.p99_e2el_ms, False)):
+    if total and metrics.failed / total > max_failed_fraction:
+        return f"{metrics.failed} of {total} requests failed (allowed {max_failed_fraction:.0%})"
+    return None
+
+
+def slo_miss(metrics: BenchmarkMetrics, slo: SLO, max_failed_fraction: float) -> str | None:
+    """Why a level missed the SLO (one line), else None: too many failed requests, none
+    completed, or a p99 over its bound. A TPOT bound holds where no request had a second token
+    (the p99 is undefined, and vLLM's goodput counts such a request's TPOT as 0)."""
+    failed = failures_miss(metrics, max_failed_fraction)
+    if failed is not None:
+        return failed
+    if not metrics.completed:
+        return "no request completed"
+    for name, bound_ms, p99_ms, is_vacuous in (
+            ("TTFT", slo.ttft_p99_ms, metrics.p99_ttft_ms, False),
+            ("TPOT", slo.tpot_p99_ms, metrics.p99_tpot_ms, True),
+            ("E2E latency", slo.e2el_ms, metrics.p99_e2el_ms, False)):
         if bound_ms is None:
             continue
         if p99_ms is None:
             if not is_vacuous:
-                return False
+                return f"no {name} measured"
         elif not p99_ms <= bound_ms:
-            return False
-    return True
+            return f"{name} p99 {p99_ms:.3g} ms > {bound_ms:g} ms"
+    return None
 
 
 def bracket_from_metrics(axis: Literal["concurrency", "request_rate"],

@@ -7,7 +7,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -201,48 +201,56 @@ class MetricsPoller:
             waiting[-1] >= self.saturation_rise_requests
 
     def summary(self) -> dict[str, float]:
-        """Figures over the samples taken so far, by name (absent when never reported):
+        """`summarize` over the samples taken so far."""
+        return summarize(self.samples, self.min_rise_requests)
 
-        `num_samples`; `max_num_requests_running`, `max_num_requests_waiting`;
-        `max_kv_cache_usage_perc`, `mean_kv_cache_usage_perc` (0-1); `waiting_slope_per_s`
-        (least-squares slope of num_requests_waiting over time) and `is_waiting_rising`
-        (1.0 when that line rises by at least `min_rise_requests` over the level, else 0.0):
-        the queue grew, the offered load is above what the engine serves; `num_preemptions`
-        and `prefix_cache_hit_rate` over the level, from the counters.
-        """
-        out: dict[str, float] = {"num_samples": float(len(self.samples))}
-        if not self.samples:
-            return out
 
-        def series(name: str) -> tuple[list[float], list[float]]:
-            points = [(t, s[name]) for t, s in self.samples if name in s]
-            return [t for t, _ in points], [v for _, v in points]
+def summarize(samples: Sequence[tuple[float, Mapping[str, float]]],
+              min_rise_requests: float = 1.0) -> dict[str, float]:
+    """Figures over /metrics samples (time, scrape), by name (absent when never reported):
 
-        _, running = series(NUM_REQUESTS_RUNNING)
-        if running:
-            out["max_num_requests_running"] = max(running)
-        _, kv = series(KV_CACHE_USAGE_PERC)
-        if kv:
-            out["max_kv_cache_usage_perc"] = max(kv)
-            out["mean_kv_cache_usage_perc"] = float(np.mean(kv))
-        times, waiting = series(NUM_REQUESTS_WAITING)
-        if waiting:
-            out["max_num_requests_waiting"] = max(waiting)
-            span_s = times[-1] - times[0] if times else 0.0
-            slope = 0.0
-            if len(waiting) >= 2 and span_s > 0:
-                slope = float(np.polyfit(np.array(times) - times[0], waiting, 1)[0])
-            out["waiting_slope_per_s"] = slope
-            # Three points at least: two say nothing about a trend against noise.
-            is_rising = len(waiting) >= 3 and slope * span_s >= self.min_rise_requests
-            out["is_waiting_rising"] = 1.0 if is_rising else 0.0
-        growth = delta(self.samples[0][1], self.samples[-1][1])
-        if NUM_PREEMPTIONS in growth:
-            out["num_preemptions"] = growth[NUM_PREEMPTIONS]
-        hit_rate = prefix_cache_hit_rate(growth)
-        if hit_rate is not None:
-            out["prefix_cache_hit_rate"] = hit_rate
+    `num_samples`; `max_num_requests_running`, `max_num_requests_waiting`;
+    `max_kv_cache_usage_perc`, `mean_kv_cache_usage_perc` (0-1); `waiting_slope_per_s`
+    (least-squares slope of num_requests_waiting over time) and `is_waiting_rising`
+    (1.0 when that line rises by at least `min_rise_requests` over the level, else 0.0):
+    the queue grew, the offered load is above what the engine serves; `num_preemptions`
+    and `prefix_cache_hit_rate` over the level, from the counters.
+    """
+    out: dict[str, float] = {"num_samples": float(len(samples))}
+    if not samples:
         return out
+
+    def series(name: str) -> tuple[list[float], list[float]]:
+        points = [(t, s[name]) for t, s in samples if name in s]
+        return [t for t, _ in points], [v for _, v in points]
+
+    _, running = series(NUM_REQUESTS_RUNNING)
+    if running:
+        out["max_num_requests_running"] = max(running)
+    _, kv = series(KV_CACHE_USAGE_PERC)
+    if kv:
+        out["max_kv_cache_usage_perc"] = max(kv)
+        out["mean_kv_cache_usage_perc"] = float(np.mean(kv))
+    times, waiting = series(NUM_REQUESTS_WAITING)
+    if waiting:
+        out["max_num_requests_waiting"] = max(waiting)
+        span_s = times[-1] - times[0] if times else 0.0
+        slope = 0.0
+        if len(waiting) >= 2 and span_s > 0:
+            slope = float(np.polyfit(np.array(times) - times[0], waiting, 1)[0])
+        out["waiting_slope_per_s"] = slope
+        # Three points at least: two say nothing about a trend against noise.
+        is_rising = len(waiting) >= 3 and slope * span_s >= min_rise_requests
+        out["is_waiting_rising"] = 1.0 if is_rising else 0.0
+    growth = delta(samples[0][1], samples[-1][1])
+    if NUM_PREEMPTIONS in growth:
+        out["num_preemptions"] = growth[NUM_PREEMPTIONS]
+    hit_rate = prefix_cache_hit_rate(growth)
+    if hit_rate is not None:
+        out["prefix_cache_hit_rate"] = hit_rate
+    return out
+
+
 
 
 def prefix_cache_hit_rate(growth: Mapping[str, float]) -> float | None:

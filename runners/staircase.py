@@ -37,6 +37,7 @@ import numpy as np
 
 from runners import arrivals
 from runners.base import BenchmarkMetrics
+from runners.capacity import failures_miss, slo_miss
 from runners.credentials import auth_headers
 from runners.loadgen import RequestOutput, RequestSpec, send_request
 from runners.workload import SLO, CapacitySearch, LengthDistribution, Workload
@@ -48,7 +49,7 @@ STALLED_ERROR = "stalled"
 _CONNECT_TIMEOUT_S = 10.0
 _WATCH_INTERVAL_S = 0.05
 _MIN_LIFETIME_S = 1.0  # s; the least warm-up a step gets
-_UNKNOWN_TPOT_S = 0.05  # s a token, where neither the SLO nor a measurement says
+_UNKNOWN_TPOT_S = 0.05  # s a token, where the SLO sets no TPOT bound
 _UNKNOWN_TTFT_S = 2.0  # s, likewise for the first token
 _LIFETIME_QUANTILE = 0.95  # a step's warm-up is this quantile of a request's life
 _GAP_BLOCK = 64  # arrivals whose gaps sum to exactly their count over the rate
@@ -71,7 +72,7 @@ class StepPlan:
     """How one step is measured: `warmup_s` excluded, then the requests sent in `window_s`."""
 
     load: float  # requests/s or concurrent requests
-    warmup_s: float  # s of load before the window: a request's life (p95), so the server is full
+    warmup_s: float  # s of load before the window (two request lives), so the server is full
     window_s: float  # s in which the measured requests are sent
     lifetime_s: float  # s, the request life that sized the warm-up
     expected_requests: float  # requests the window should send (rate x window; a closed loop's
@@ -100,22 +101,18 @@ def _quantile_tokens(dist: LengthDistribution, q: float) -> float:
     return max(value, 1.0)
 
 
-def lifetime_estimate_s(workload: Workload, *, measured_e2el_s: float | None = None,
-                        measured_tpot_s: float | None = None) -> float:
+def lifetime_estimate_s(workload: Workload, *,
+                        measured_e2el_s: float | None = None) -> float:
     """How long a request lives near the capacity, at the 95th percentile: its first token
     within the TTFT bound and each further token within the TPOT bound (a config that meets
-    the SLO serves no slower; where the SLO sets no bound, 3x the TPOT measured at light load,
-    else 50 ms), never shorter than the last step measured (its p90 end-to-end latency)."""
+    the SLO serves no slower; where the SLO sets no bound, 2 s and 50 ms), with the longest
+    answers (512 tokens for a trace's or a dataset's, whose lengths are not known here), never
+    shorter than the last step that met the SLO (its p90 end-to-end latency)."""
     slo = workload.slo
-    tpot_s = slo.tpot_p99_ms / 1000.0 if slo.tpot_p99_ms is not None else (
-        3.0 * measured_tpot_s if measured_tpot_s else _UNKNOWN_TPOT_S)
+    tpot_s = slo.tpot_p99_ms / 1000.0 if slo.tpot_p99_ms is not None else _UNKNOWN_TPOT_S
     ttft_s = slo.ttft_p99_ms / 1000.0 if slo.ttft_p99_ms is not None else _UNKNOWN_TTFT_S
-    if workload.trace is not None or workload.dataset is not None or \
-            workload.prompts_file is not None:
-        out_tokens = _quantile_tokens(workload.output_len, _LIFETIME_QUANTILE) \
-            if workload.prompts_file is not None else 512.0
-    else:
-        out_tokens = _quantile_tokens(workload.output_len, _LIFETIME_QUANTILE)
+    out_tokens = 512.0 if workload.trace is not None or workload.dataset is not None else \
+        _quantile_tokens(workload.output_len, _LIFETIME_QUANTILE)
     estimate = ttft_s + max(out_tokens - 1.0, 0.0) * tpot_s
     if slo.e2el_ms is not None:
         estimate = min(estimate, slo.e2el_ms / 1000.0)
@@ -125,8 +122,10 @@ def lifetime_estimate_s(workload: Workload, *, measured_e2el_s: float | None = N
 
 
 def plan_step(search: CapacitySearch, load: float, lifetime_s: float) -> StepPlan:
-    """The warm-up and window of a step at `load`: the warm-up one request life (the server's
-    in-flight count settles once every request it held before the step has ended); the window
+    """The warm-up and window of a step at `load`: the warm-up two request lives (the server's
+    in-flight count settles once every request it held before the step has ended, and then the
+    lives lengthen as its batch grows: see _WARMUP_LIVES), up to four for an open loop whose
+    count still rises; the window
     long enough to send `search.min_window_requests` requests and at least
     `search.min_window_s`, at most `search.max_window_s` (a light step must not take many
     minutes: it then measures fewer requests, and its record says how many)."""
@@ -188,23 +187,12 @@ def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SL
     window. A closed loop cannot fall behind its own sends: only the queue counts there."""
     if is_saturated:
         return Verdict(False, "the waiting queue kept growing (stopped early: saturated)")
-    total = metrics.completed + metrics.failed
-    if total and metrics.failed / total > max_failed_fraction:
-        return Verdict(False, f"{metrics.failed} of {total} requests failed (allowed "
-                              f"{max_failed_fraction:.0%})", is_overload_errors=True)
-    if not metrics.completed:
-        return Verdict(False, "no request completed")
-    for name, bound_ms, p99_ms, is_vacuous in (
-            ("TTFT", slo.ttft_p99_ms, metrics.p99_ttft_ms, False),
-            ("TPOT", slo.tpot_p99_ms, metrics.p99_tpot_ms, True),
-            ("E2E latency", slo.e2el_ms, metrics.p99_e2el_ms, False)):
-        if bound_ms is None:
-            continue
-        if p99_ms is None:
-            if not is_vacuous:
-                return Verdict(False, f"no {name} measured")
-        elif not p99_ms <= bound_ms:
-            return Verdict(False, f"{name} p99 {p99_ms:.3g} ms > {bound_ms:g} ms")
+    failed = failures_miss(metrics, max_failed_fraction)
+    if failed is not None:
+        return Verdict(False, failed, is_overload_errors=True)
+    missed = slo_miss(metrics, slo, max_failed_fraction)
+    if missed is not None:
+        return Verdict(False, missed)
     if counts is None:
         return Verdict(True)
     allowed = max(tolerance * counts.num_sent, 2.0 * math.sqrt(max(counts.mean_in_flight, 1.0)))
@@ -663,16 +651,16 @@ def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repe
     # Every request that may have ended inside a window: those still held (the driver forgets
     # a step's requests only once the step after it has been measured).
     recent = driver.outputs(driver.sent_between(-math.inf, math.inf))
-    windows = tuple((driver.outputs(driver.sent_between(a, b)),
-                     _counts(driver, samples, a, b, recent)) for a, b in bounds)
+    windows = []
+    for a, b in bounds:
+        outputs = driver.outputs(driver.sent_between(a, b))
+        windows.append((outputs, _counts(driver, samples, a, b, outputs, recent)))
     server: dict[str, float] = {}
     if before and after and not is_saturated():
         server.update(prometheus.delta(before, after))
     window_samples = [(t, v) for t, v in samples
                       if bounds and bounds[0][0] <= t <= bounds[-1][1]]
-    summary = prometheus.MetricsPoller(base_url)
-    summary.samples = window_samples or samples
-    server.update(summary.summary())
+    server.update(prometheus.summarize(window_samples or samples))
     early: list[RequestOutput] = []
     early_s = driver.now() - step_start
     if is_saturated():
@@ -680,8 +668,9 @@ def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repe
         server.update(_saturated_rates(samples))
     driver.prune(step_start)
     window_start = bounds[0][0] if bounds else driver.now()
-    return StepRun(plan=plan, windows=windows, early_outputs=early, early_duration_s=early_s,
-                   server=server, is_saturated=is_saturated(), is_finished=is_finished,
+    return StepRun(plan=plan, windows=tuple(windows), early_outputs=early,
+                   early_duration_s=early_s, server=server, is_saturated=is_saturated(),
+                   is_finished=is_finished,
                    window_start_s=window_start, warmup_s=window_start - step_start,
                    is_settled=is_settled)
 
@@ -706,8 +695,10 @@ def is_in_flight_settled(points: Sequence[tuple[float, float]], lifetime_s: floa
     recent = [(t, n) for t, n in points if t >= points[-1][0] - span_s]
     if len(recent) < 3 or recent[-1][0] - recent[0][0] < span_s * 0.8:
         return False
-    times = np.array([t for t, _ in recent])
-    slope = float(np.polyfit(times - times[0], [n for _, n in recent], 1)[0])
+    rise = least_squares_rise(recent)
+    if rise is None:
+        return False
+    slope = rise / (recent[-1][0] - recent[0][0])
     mean = float(np.mean([n for _, n in recent]))
     return slope * lifetime_s <= max(2.0, tolerance * mean)
 
@@ -739,7 +730,8 @@ def _settle(driver: StaircaseDriver, step_start: float, plan: StepPlan,
 
 
 def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, float]]],
-            start: float, end: float, recent: Sequence[RequestOutput]) -> WindowCounts:
+            start: float, end: float, sent: Sequence[RequestOutput],
+            recent: Sequence[RequestOutput]) -> WindowCounts:
     """A window's counts on the client's clock, or on the server's modelled clock where every
     measured success carries it (the simulated engine: its latencies are on that clock, and a
     busy host that delays the server's wall time must not read as falling behind)."""
@@ -749,7 +741,6 @@ def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, fl
                if start <= t <= end and prometheus.NUM_REQUESTS_WAITING in s]
     rise = least_squares_rise(waiting)
     max_waiting = max((w for _, w in waiting), default=None)
-    sent = driver.outputs(driver.sent_between(start, end))
     arrivals_m = [o.modelled_span_s[0] for o in sent if o.modelled_span_s is not None]
     if sent and len(arrivals_m) == sum(o.success for o in sent) and arrivals_m:
         gap = (max(arrivals_m) - min(arrivals_m)) / max(len(arrivals_m) - 1, 1)
