@@ -9,7 +9,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,8 @@ _READINESS_ATTEMPTS = 3
 _TRACE_ARTIFACT_EVENTS = 20_000
 _LONG_TRACE_GAP_S = 60.0  # a replayed trace idle this long is worth a word in the log
 _TRACE_SETTLE_TIMEOUT_S = 120.0  # a large eager trace takes seconds to write and gzip
+# A profiled window's result: the trimmed trace (the artifact) and its summary.
+Profiled = tuple[Path | None, Mapping[str, Any] | None]
 
 
 class _Abort(Exception):
@@ -202,8 +204,9 @@ class EngineRunner:
             sampler.start()
             self._sampler = sampler
             try:
-                status = self._drive_levels(proc, base_url, config, workload, log_path,
-                                            started, steps, on_step)
+                status, profiled = self._drive_levels(proc, base_url, config, workload,
+                                                      log_path, started, steps, on_step,
+                                                      profile_dir)
             finally:
                 self._sampler = None
                 telemetry = sampler.stop()
@@ -213,7 +216,9 @@ class EngineRunner:
             # the measured levels are over.
             served = self.launcher.parse_log(tail(log_path, _RUNTIME_LOG_BYTES))
             engine = replace(engine, num_runtime_jit_compiles=served.num_runtime_jit_compiles)
-            if workload.profile and status == "complete" and profile_dir is not None:
+            if profiled is not None:  # a window of the staircase's stream
+                trace_path, trace_summary = profiled
+            elif workload.profile and status == "complete" and profile_dir is not None:
                 trace_path, trace_summary = self._profile(base_url, config, workload, steps,
                                                           profile_dir)
         except _Abort as abort:
@@ -348,7 +353,10 @@ class EngineRunner:
 
     def _drive_levels(self, proc: EngineProcess, base_url: str, config: EngineConfig,
                       workload: Workload, log_path: Path, started: float,
-                      steps: list[StepMetrics], on_step: OnStep | None) -> RunStatus:
+                      steps: list[StepMetrics], on_step: OnStep | None,
+                      profile_dir: Path | None) -> tuple[RunStatus, Profiled | None]:
+        """The measured levels; and, where the staircase took it inside its stream, the
+        profile (else None: `_profile` takes one after the levels, where asked)."""
         search = workload.capacity
         if search is None:
             for index, level in enumerate(workload.levels):
@@ -356,11 +364,11 @@ class EngineRunner:
                                               started, index, level)
                 steps.append(step)
                 if on_step is not None and on_step(step):
-                    return "stopped"
-            return "complete"
+                    return "stopped", None
+            return "complete", None
         if workload.multi_turn is None and workload.trace is None:
             return self._drive_staircase(proc, base_url, config, workload, log_path, started,
-                                         steps, on_step)
+                                         steps, on_step, profile_dir)
         # A trace replays its own arrival pattern and a conversation its own turns: each probe
         # is a level of its own, bounded by probe_duration_s (not a steady-state window).
         history: list[Probe] = []
@@ -385,14 +393,17 @@ class EngineRunner:
                         "?" if served is None else f"{served:.3g}",
                         search.bracket(history).describe())
             if on_step is not None and on_step(step):
-                return "stopped"
-        return "complete"
+                return "stopped", None
+        return "complete", None
 
     def _drive_staircase(self, proc: EngineProcess, base_url: str, config: EngineConfig,
                          workload: Workload, log_path: Path, started: float,
-                         steps: list[StepMetrics], on_step: OnStep | None) -> RunStatus:
+                         steps: list[StepMetrics], on_step: OnStep | None,
+                         profile_dir: Path | None) -> tuple[RunStatus, Profiled | None]:
         """The capacity search on one continuous stream of requests (runners/staircase.py):
-        each probe is a step of the staircase, judged on its steady-state window."""
+        each probe is a step of the staircase, judged on its steady-state window. With
+        `workload.profile`, once the search has ended, a window of the same stream at the
+        operating point's load, in steady state, is profiled (`staircase.profile_window`)."""
         search = workload.capacity
         assert search is not None
         self._reset_prefix_cache(base_url)  # once: the stream's hit rate is its steady one
@@ -421,7 +432,8 @@ class EngineRunner:
 
         first = search.next_load(history)
         if first is None:
-            return "complete"
+            return "complete", None
+        is_profiled = workload.profile and profile_dir is not None
         driver = staircase.StaircaseDriver(
             base_url, config.served_model_name, requests, axis=search.axis,
             timeout_s=workload.request_timeout_s, seed=workload.seed,
@@ -471,21 +483,69 @@ class EngineRunner:
                         lifetime_s = staircase.lifetime_estimate_s(
                             workload, measured_e2el_s=step.metrics.p90_e2el_ms / 1000.0)
                 load = search.next_load(history)
+                # After the last step the stream goes on at the profile's load, where asked.
+                follow = load if load is not None or not is_profiled else \
+                    search.load_of(profile_level(workload, steps))
                 if not step.meets_slo:
                     # The next load first, then the backlog (ours) cancelled: the stream never
                     # refills at the load that missed, and the next step starts from an empty
                     # server, not from a drain.
-                    if load is not None:
-                        driver.set_load(load)
+                    if follow is not None:
+                        driver.set_load(follow)
                     cancelled = driver.cancel_in_flight()
                     if cancelled:
                         logger.info("step %d missed; %d requests in flight cancelled before "
                                     "the next step", index, cancelled)
                 if on_step is not None and on_step(step):
-                    return "stopped"
+                    return "stopped", None
+            if not is_profiled or profile_dir is None:
+                return "complete", None
+            return "complete", self._profile_stream(driver, base_url, workload, steps, run,
+                                                    lifetime_s, check_engine, profile_dir)
         finally:
             driver.close()
-        return "complete"
+
+    def _profile_stream(self, driver: staircase.StaircaseDriver, base_url: str,
+                        workload: Workload, steps: Sequence[StepMetrics],
+                        last: staircase.StepRun, lifetime_s: float,
+                        check_engine: Callable[[], None], profile_dir: Path) -> Profiled:
+        """The profile inside the steady operating point: the stream at the operating point's
+        load (the highest that met the SLO, else the lightest probed), warmed up as a step is
+        (or already there: the last step ran at it and met), then a window of
+        `profile_num_requests` arrivals between /start_profile and /stop_profile. What it
+        covered goes beside the trace's figures (`staircase.ProfileWindow.as_summary`)."""
+        search = workload.capacity
+        assert search is not None
+        level = profile_level(workload, steps)
+        load = search.load_of(level)
+        is_operating_point = any(s.meets_slo for s in steps)
+        # The last step ran at this load and met: the stream has been at it since that step
+        # began, in steady state.
+        since_s = last.window_start_s - last.warmup_s if steps and steps[-1].meets_slo and \
+            search.load_of(steps[-1].level) == load else None
+        try:
+            with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0), trust_env=False,
+                              headers=auth_headers(self._api_key)) as client:
+                window = staircase.profile_window(
+                    driver, staircase.plan_step(search, load, lifetime_s), since_s=since_s,
+                    num_requests=workload.profile_num_requests,
+                    is_operating_point=is_operating_point, check_engine=check_engine,
+                    start_profile=lambda: client.post(
+                        f"{base_url}/start_profile").raise_for_status(),
+                    stop_profile=lambda: client.post(
+                        f"{base_url}/stop_profile").raise_for_status())
+        except httpx.HTTPError as exc:
+            logger.warning("profiling failed (%s); the trial keeps its measurements", exc)
+            return None, None
+        logger.info("profiled %.1f s of the stream at %s (%s; %.0f s at that load before, "
+                    "%.1f in flight)", window.window_s, level.label,
+                    "the operating point" if is_operating_point else
+                    "the lightest load probed: none met the SLO", window.warmup_s,
+                    window.mean_in_flight)
+        path, summary = _read_trace(profile_dir)
+        if summary is None:
+            return path, None
+        return path, {**summary, **window.as_summary()}
 
     def _judge_step(self, run: staircase.StepRun, index: int, search: CapacitySearch,
                     workload: Workload, started: float
@@ -732,13 +792,14 @@ class EngineRunner:
             logger.debug("prefix cache not reset: %s", exc)
 
     def _profile(self, base_url: str, config: EngineConfig, workload: Workload,
-                 steps: Sequence[StepMetrics], profile_dir: Path
-                 ) -> tuple[Path | None, Mapping[str, Any] | None]:
-        """A short profiled window after the measured levels: profiling slows the engine, so
-        no performance figure is ever taken from it. After a capacity search it runs at the
-        operating point's rate (the highest that met the SLO; else the lightest probed), but
-        anew, after the stream has closed: `profile_num_requests` into an empty server, a
-        lighter batch than the steady operating point holds (not yet profiled inside it)."""
+                 steps: Sequence[StepMetrics], profile_dir: Path) -> Profiled:
+        """A short profiled window after the measured levels, where the staircase did not
+        take one inside its stream (fixed levels; a trace's or conversations' probes):
+        profiling slows the engine, so no performance figure is ever taken from it. After
+        such a capacity search it runs at the operating point's load (the highest that met the
+        SLO; else the lightest probed), anew: `profile_num_requests` into an empty server, a
+        lighter batch than a steady operating point holds. Its summary says so
+        (`profile.is_in_stream` 0)."""
         requests = loadgen.build_requests(workload, workload.profile_num_requests,
                                           seed=workload.seed + 104729)
         level = profile_level(workload, steps)
@@ -746,41 +807,58 @@ class EngineRunner:
             with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0), trust_env=False,
                               headers=auth_headers(self._api_key)) as client:
                 client.post(f"{base_url}/start_profile").raise_for_status()
-                loadgen.run_level_sync(base_url, config.served_model_name, requests, level,
-                                       workload.slo, timeout_s=workload.request_timeout_s,
-                                       seed=workload.seed, stall_timeout_s=self.stall_timeout_s,
-                                       api_key=self._api_key)
+                start = time.monotonic()
+                sent = loadgen.run_level_sync(
+                    base_url, config.served_model_name, requests, level, workload.slo,
+                    timeout_s=workload.request_timeout_s, seed=workload.seed,
+                    stall_timeout_s=self.stall_timeout_s, api_key=self._api_key)
+                window_s = time.monotonic() - start
                 client.post(f"{base_url}/stop_profile").raise_for_status()
         except httpx.HTTPError as exc:
             logger.warning("profiling failed (%s); the trial keeps its measurements", exc)
             return None, None
-        gpu_traces = _settled_traces(profile_dir, _TRACE_SETTLE_TIMEOUT_S)
-        if not gpu_traces:
-            logger.warning("no trace file under %s within %g s of /stop_profile", profile_dir,
-                           _TRACE_SETTLE_TIMEOUT_S)
-            return None, None
-        from runners import trace
+        path, summary = _read_trace(profile_dir)
+        if summary is None:
+            return path, None
+        load = {"profile.request_rate_rps": level.request_rate_rps} \
+            if level.request_rate_rps is not None else \
+            {"profile.concurrency": float(level.max_concurrency or 0)}
+        return path, {**summary, **load, "profile.window_s": window_s,
+                      "profile.num_sent": float(len(sent.outputs)),
+                      "profile.is_in_stream": 0.0}
 
-        # One file per rank of this capture (TP > 1): the newest of each rank.
-        newest: dict[str, Path] = {}
-        for candidate in gpu_traces:
-            newest[candidate.name.split(".")[0]] = candidate
-        ranks = sorted(newest.values())
-        try:
-            # The artifact is a trimmed copy (kernel events only): full traces run to
-            # hundreds of MB; the full one stays in the trial's directory.
-            trimmed = profile_dir.parent / "trace.trimmed.pt.trace.json.gz"
-            note = f"kernel events of {ranks[0].name}, trimmed by nightshift"
-            if len(ranks) > 1:
-                summary = trace.summarize_many(ranks)
-                trace.trim(ranks[0], trimmed, max_events=_TRACE_ARTIFACT_EVENTS, note=note)
-            else:
-                summary = trace.summarize_and_trim(ranks[0], trimmed,
-                                                   max_events=_TRACE_ARTIFACT_EVENTS, note=note)
-        except (ValueError, OSError) as exc:  # a cut or corrupt trace: keep the measurements
-            logger.warning("trace %s could not be read (%s)", ranks[0], exc)
-            return ranks[0], None
-        return trimmed, summary
+
+def _read_trace(profile_dir: Path) -> Profiled:
+    """The trace a profiled window wrote under `profile_dir`, once settled: its trimmed copy
+    (the artifact) and its summary; (None, None) where no trace came, (the trace, None) where
+    it could not be read."""
+    gpu_traces = _settled_traces(profile_dir, _TRACE_SETTLE_TIMEOUT_S)
+    if not gpu_traces:
+        logger.warning("no trace file under %s within %g s of /stop_profile", profile_dir,
+                       _TRACE_SETTLE_TIMEOUT_S)
+        return None, None
+    from runners import trace
+
+    # One file per rank of this capture (TP > 1): the newest of each rank.
+    newest: dict[str, Path] = {}
+    for candidate in gpu_traces:
+        newest[candidate.name.split(".")[0]] = candidate
+    ranks = sorted(newest.values())
+    try:
+        # The artifact is a trimmed copy (kernel events only): full traces run to
+        # hundreds of MB; the full one stays in the trial's directory.
+        trimmed = profile_dir.parent / "trace.trimmed.pt.trace.json.gz"
+        note = f"kernel events of {ranks[0].name}, trimmed by nightshift"
+        if len(ranks) > 1:
+            summary = trace.summarize_many(ranks)
+            trace.trim(ranks[0], trimmed, max_events=_TRACE_ARTIFACT_EVENTS, note=note)
+        else:
+            summary = trace.summarize_and_trim(ranks[0], trimmed,
+                                               max_events=_TRACE_ARTIFACT_EVENTS, note=note)
+    except (ValueError, OSError) as exc:  # a cut or corrupt trace: keep the measurements
+        logger.warning("trace %s could not be read (%s)", ranks[0], exc)
+        return ranks[0], None
+    return trimmed, summary
 
 
 def profile_level(workload: Workload, steps: Sequence[StepMetrics]) -> LoadLevel:

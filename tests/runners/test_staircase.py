@@ -198,3 +198,34 @@ def test_arrivals_keep_flowing_until_every_measured_request_has_ended(tmp_path: 
             driver.close()
     finally:
         proc.terminate()
+
+
+def test_the_profile_covers_a_steady_window_of_the_stream_at_the_operating_points_load(
+        simulated: EngineRunner, tmp_path: Path) -> None:
+    """The label's trace and the headline describe one operating point: the profiled window is
+    part of the same stream, at the highest load that met the SLO, after its warm-up (not a
+    fresh batch into an emptied server), and the result says what it covered."""
+    workload = Workload(input_len=LengthDistribution(mean=256),
+                        output_len=LengthDistribution(mean=64), slo=SLO(tpot_p99_ms=12),
+                        num_warmup_requests=2, profile=True, profile_num_requests=40,
+                        capacity=CapacitySearch("request_rate", low=2, high=400, tolerance=0.3,
+                                                max_probes=3, min_window_requests=40,
+                                                min_window_s=1.0, max_window_s=5.0))
+    config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
+    result = simulated.run(config, workload, tmp_path / "w")
+    assert result.status == "complete", result.failure
+    met = [s for s in result.steps if s.meets_slo]
+    assert met, "the search found a load within the SLO"
+    operating = max(met, key=lambda s: s.level.request_rate_rps or 0.0)
+    summary = result.trace_summary
+    assert summary is not None and result.trace_path is not None and \
+        result.trace_path.is_file(), "a trace was taken and read"
+    assert summary["profile.request_rate_rps"] == operating.level.request_rate_rps, \
+        "the profile ran at the operating point's load"
+    assert summary["profile.is_in_stream"] == 1.0 and summary["profile.is_operating_point"]
+    assert summary["profile.warmup_s"] >= 2 * operating.server_metrics["steady.lifetime_s"], \
+        "the stream ran two request lives at that load before the window"
+    assert summary["profile.num_sent"] >= 30 and summary["profile.window_s"] > 0
+    assert summary["profile.mean_in_flight"] > 0, "the window was served under load"
+    log = (tmp_path / "w" / "server.log").read_text()
+    assert log.count("Application startup complete") <= 1, "the same engine, the same stream"
