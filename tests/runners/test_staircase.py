@@ -1,4 +1,4 @@
-"""The steady staircase (runners/staircase.py): how a step is sized, what it must show to meet the
+"""The steady staircase (runners/capacity/): how a step is sized, what it must show to meet the
 SLO, and that one continuous stream walks every step of a trial on one server."""
 
 from __future__ import annotations
@@ -9,8 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runners import loadgen, staircase
+from runners import loadgen
 from runners.base import BenchmarkMetrics, EngineConfig
+from runners.capacity.driver import StaircaseDriver, endless_requests
+from runners.capacity.judge import Verdict, WindowCounts, is_in_flight_settled, judge_window
+from runners.capacity.plan import StepPlan, lifetime_estimate_s, plan_step
+from runners.capacity.step import measure_step
 from runners.engine import EngineRunner
 from runners.simulated.launcher import SimulatedLauncher
 from runners.workload import SLO, CapacitySearch, LengthDistribution, Workload
@@ -33,49 +37,49 @@ def _metrics(*, completed: int = 200, failed: int = 0, p99_tpot_ms: float | None
 
 
 def _steady(num_sent: int = 200, num_ended: int = 200, in_flight: float = 150.0,
-            rise: float | None = 0.0) -> staircase.WindowCounts:
-    return staircase.WindowCounts(window_s=20.0, num_sent=num_sent, num_ended=num_ended,
-                                  mean_in_flight=in_flight, waiting_rise=rise)
+            rise: float | None = 0.0) -> WindowCounts:
+    return WindowCounts(window_s=20.0, num_sent=num_sent, num_ended=num_ended,
+                        mean_in_flight=in_flight, waiting_rise=rise)
 
 
-def _judge(metrics: BenchmarkMetrics, counts: staircase.WindowCounts | None,
-           **kw: object) -> staircase.Verdict:
-    return staircase.judge_window(metrics, counts, DECODE.slo, max_failed_fraction=0.05,
-                                  tolerance=0.1, **kw)  # type: ignore[arg-type]
+def _judge(metrics: BenchmarkMetrics, counts: WindowCounts | None,
+           **kw: object) -> Verdict:
+    return judge_window(metrics, counts, DECODE.slo, max_failed_fraction=0.05,
+                        tolerance=0.1, **kw)  # type: ignore[arg-type]
 
 
 # -- sizing a step ------------------------------------------------------------------------------
 
 def test_a_requests_life_is_sized_from_the_slo_bound_and_the_longest_answers() -> None:
-    life = staircase.lifetime_estimate_s(DECODE)
+    life = lifetime_estimate_s(DECODE)
     # 2 s for a first token nobody bounded, then 1359 more tokens at the 15 ms TPOT bound.
     assert math.isclose(life, 2.0 + (600 + 0.95 * 800 - 1) * 0.015)
-    assert staircase.lifetime_estimate_s(DECODE, measured_e2el_s=40.0) == 40.0, \
+    assert lifetime_estimate_s(DECODE, measured_e2el_s=40.0) == 40.0, \
         "a step that measured longer lives sizes the next warm-up by them"
 
 
 def test_a_step_warms_up_two_lives_and_measures_enough_requests_in_a_bounded_window() -> None:
     search = CapacitySearch("request_rate", low=1, high=32, min_window_requests=200,
                             min_window_s=10, max_window_s=60)
-    plan = staircase.plan_step(search, 10.0, 20.0)
+    plan = plan_step(search, 10.0, 20.0)
     assert plan.warmup_s == 40.0 and plan.max_warmup_s == 80.0, "two lives, up to four"
     assert plan.window_s == 20.0 and plan.expected_requests == 200.0
-    assert staircase.plan_step(search, 40.0, 20.0).window_s == 10.0, "at least min_window_s"
-    assert staircase.plan_step(search, 1.0, 20.0).window_s == 60.0, "at most max_window_s"
+    assert plan_step(search, 40.0, 20.0).window_s == 10.0, "at least min_window_s"
+    assert plan_step(search, 1.0, 20.0).window_s == 60.0, "at most max_window_s"
     fixed = CapacitySearch("request_rate", low=1, high=32, warmup_s=5.0)
-    assert staircase.plan_step(fixed, 10.0, 20.0).warmup_s == 5.0, "the user's warm-up wins"
+    assert plan_step(fixed, 10.0, 20.0).warmup_s == 5.0, "the user's warm-up wins"
 
 
 def test_a_step_whose_in_flight_count_still_rises_is_not_settled() -> None:
     ramp = [(t * 0.5, min(150.0, t * 3.0)) for t in range(40)]  # still climbing at 20 s
-    assert not staircase.is_in_flight_settled(ramp, lifetime_s=14.0)
+    assert not is_in_flight_settled(ramp, lifetime_s=14.0)
     plateau = [(t * 0.5, min(150.0, t * 3.0)) for t in range(200)]
-    assert staircase.is_in_flight_settled(plateau, lifetime_s=14.0)
+    assert is_in_flight_settled(plateau, lifetime_s=14.0)
 
 
 def test_arrivals_offer_exactly_the_labelled_rate_over_each_block() -> None:
-    driver = staircase.StaircaseDriver("http://127.0.0.1:9", "m", iter(()),
-                                       axis="request_rate", timeout_s=10, seed=3)
+    driver = StaircaseDriver("http://127.0.0.1:9", "m", iter(()),
+                             axis="request_rate", timeout_s=10, seed=3)
     gaps = [driver._gap_s(8.0) for _ in range(640)]
     for k in range(10):
         assert math.isclose(sum(gaps[64 * k:64 * (k + 1)]), 64 / 8.0), \
@@ -101,8 +105,8 @@ def test_a_window_measured_on_a_ramp_misses_though_its_end_points_look_steady() 
     but the in-flight count's least-squares line rose by more than the tolerance of its mean
     (on the H100 a step measured on its ramp read TPOT p99 14.0 ms where vLLM's client read
     17.4 ms at the same rate: docs/h100-steady.md)."""
-    ramp = staircase.WindowCounts(window_s=14.0, num_sent=147, num_ended=139,
-                                  mean_in_flight=141.0, waiting_rise=0.0, in_flight_rise=15.0)
+    ramp = WindowCounts(window_s=14.0, num_sent=147, num_ended=139,
+                        mean_in_flight=141.0, waiting_rise=0.0, in_flight_rise=15.0)
     verdict = _judge(_metrics(), ramp)
     assert not verdict.meets_slo and "in-flight count rose by 15" in str(verdict.reason)
 
@@ -175,16 +179,16 @@ def test_arrivals_keep_flowing_until_every_measured_request_has_ended(tmp_path: 
         assert wait_healthy(url, proc, 60.0) == "ready"
         workload = Workload(input_len=LengthDistribution(mean=128),
                             output_len=LengthDistribution(mean=64))
-        requests = staircase.endless_requests(
+        requests = endless_requests(
             lambda n, s: loadgen.build_requests(workload, n, seed=s), 64, 0, False)
-        driver = staircase.StaircaseDriver(url, "model", requests, axis="request_rate",
-                                           timeout_s=30, seed=0)
-        plan = staircase.StepPlan(load=10.0, warmup_s=0.5, window_s=1.0, lifetime_s=0.5,
-                                  expected_requests=10.0, max_warmup_s=0.5)
+        driver = StaircaseDriver(url, "model", requests, axis="request_rate",
+                                 timeout_s=30, seed=0)
+        plan = StepPlan(load=10.0, warmup_s=0.5, window_s=1.0, lifetime_s=0.5,
+                        expected_requests=10.0, max_warmup_s=0.5)
         driver.start(10.0)
         try:
-            run = staircase.measure_step(driver, url, plan, repeats=1, request_timeout_s=30,
-                                         check_engine=lambda: None, is_first=True)
+            run = measure_step(driver, url, plan, repeats=1, request_timeout_s=30,
+                               check_engine=lambda: None, is_first=True)
             (outputs, counts), = run.windows
             assert outputs and all(o.success for o in outputs) and run.is_finished
             window_end = run.window_start_s + plan.window_s

@@ -1,15 +1,11 @@
-"""Judging a measured level against the SLO, and reading a logged capacity bracket back: the
-measuring side of the capacity search, whose pure decisions (`CapacitySearch`, `Bracket`) are
-plain data in runners/workload.py.
+"""Judging a measured level against the SLO: the checks every capacity probe and staircase
+window share (too many failed requests, none completed, a p99 over its bound).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Literal
-
 from runners.base import BenchmarkMetrics
-from runners.workload import SLO, Bracket, BracketStatus
+from runners.workload import SLO
 
 
 def meets_slo(metrics: BenchmarkMetrics, slo: SLO, max_failed_fraction: float,
@@ -48,23 +44,3 @@ def slo_miss(metrics: BenchmarkMetrics, slo: SLO, max_failed_fraction: float) ->
         elif not p99_ms <= bound_ms:
             return f"{name} p99 {p99_ms:.3g} ms > {bound_ms:g} ms"
     return None
-
-
-def bracket_from_metrics(axis: Literal["concurrency", "request_rate"],
-                         metrics: Mapping[str, float]) -> Bracket | None:
-    """The bracket a trial logged (`Bracket.as_metrics`), read back; None when it has none."""
-    met = metrics.get("capacity.bracket_low")
-    if met is None:
-        return None
-    missed = metrics.get("capacity.bracket_high")
-    is_resolved = bool(metrics.get("capacity.is_resolved", 0.0))
-    status: BracketStatus
-    if met <= 0:
-        status = "none" if is_resolved else "unresolved"
-    elif missed is None:
-        status = "at_least" if is_resolved else "unresolved"
-    else:
-        status = "resolved" if is_resolved else "unresolved"
-    return Bracket(axis, float(met) if met > 0 else None,
-                   float(missed) if missed is not None else None, status,
-                   int(metrics.get("capacity.num_probes", 0)))

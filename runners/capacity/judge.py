@@ -1,0 +1,124 @@
+"""Judging a staircase step's window: the SLO and steady state (completions keep up with
+arrivals, the in-flight count and the waiting queue stay flat), and whether an open loop's
+in-flight count has settled before its window. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from runners.base import BenchmarkMetrics
+from runners.capacity.slo import failures_miss, slo_miss
+from runners.workload import SLO
+
+_SETTLED_TOLERANCE = 0.05  # of the count, over one life: the in-flight count has settled
+
+
+@dataclass(frozen=True)
+class WindowCounts:
+    """What the client and the server saw over one step's window."""
+
+    window_s: float  # s
+    num_sent: int  # requests sent in the window: the measured ones
+    num_ended: int  # requests (any step's, any outcome) that ended in the window
+    mean_in_flight: float  # requests, time-weighted over the window
+    waiting_rise: float | None  # requests: the least-squares rise of the server's waiting
+    # queue over the window; None without three samples
+    max_waiting: float | None = None  # requests
+    # requests: the least-squares rise of the client's in-flight count over the window (an open
+    # loop on the client's clock; None elsewhere)
+    in_flight_rise: float | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A step's verdict: whether it met the SLO in steady state, and if not, why (one line)."""
+
+    meets_slo: bool
+    reason: str | None = None  # why it missed; None when it met
+    is_overload_errors: bool = False  # it missed because requests failed
+
+
+def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SLO, *,
+                 max_failed_fraction: float, tolerance: float,
+                 is_saturated: bool = False, is_closed_loop: bool = False) -> Verdict:
+    """A step against the SLO and steady state.
+
+    Missed when: the server's queue kept growing (the step was stopped early); more requests
+    failed than `max_failed_fraction` (at a load the server cannot keep up with, refused
+    connections and timeouts are a missed SLO, not a broken config); a p99 is over its bound
+    (a TPOT bound holds where no request had a second token, as in vLLM's goodput); the
+    requests that ended in the window fell short of those sent in it by more than the
+    tolerance or the count's noise (2 sqrt(n) for a mean of n in flight), whichever is larger,
+    i.e. the in-flight count grew; its least-squares line rose by more than the tolerance of
+    its mean (4 at least) over the window (a slow ramp the end points hide); or the
+    waiting queue rose by more than the tolerance of the requests sent (4 at least) over the
+    window. A closed loop cannot fall behind its own sends: only the queue counts there."""
+    if is_saturated:
+        return Verdict(False, "the waiting queue kept growing (stopped early: saturated)")
+    failed = failures_miss(metrics, max_failed_fraction)
+    if failed is not None:
+        return Verdict(False, failed, is_overload_errors=True)
+    missed = slo_miss(metrics, slo, max_failed_fraction)
+    if missed is not None:
+        return Verdict(False, missed)
+    if counts is None:
+        return Verdict(True)
+    allowed = max(tolerance * counts.num_sent, 2.0 * math.sqrt(max(counts.mean_in_flight, 1.0)))
+    if not is_closed_loop and counts.num_sent - counts.num_ended > allowed:
+        offered = counts.num_sent / counts.window_s
+        ended = counts.num_ended / counts.window_s
+        return Verdict(False, f"completed {ended:.3g} of {offered:.3g} req/s offered (not "
+                              "steady: the in-flight count grew)")
+    if not is_closed_loop and counts.in_flight_rise is not None and \
+            counts.in_flight_rise > max(tolerance * counts.mean_in_flight, 4.0):
+        return Verdict(False, f"the in-flight count rose by {counts.in_flight_rise:.0f} over "
+                              f"the {counts.window_s:.0f} s window (not steady)")
+    if counts.waiting_rise is not None and \
+            counts.waiting_rise > max(tolerance * counts.num_sent, 4.0):
+        return Verdict(False, f"the waiting queue grew by {counts.waiting_rise:.0f} requests "
+                              f"over the {counts.window_s:.0f} s window")
+    return Verdict(True)
+
+
+def least_squares_rise(points: Sequence[tuple[float, float]]) -> float | None:
+    """The rise of the least-squares line through (time, value) points over their span; None
+    with fewer than three points or no span."""
+    if len(points) < 3:
+        return None
+    times = np.array([t for t, _ in points])
+    span = float(times[-1] - times[0])
+    if span <= 0:
+        return None
+    slope = float(np.polyfit(times - times[0], [v for _, v in points], 1)[0])
+    return slope * span
+
+
+def counter_rate_per_s(points: Sequence[tuple[float, float]]) -> float | None:
+    """A counter's rate over (time, value) points: last minus first over their span."""
+    if len(points) < 2 or points[-1][0] <= points[0][0]:
+        return None
+    return (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
+
+
+def is_in_flight_settled(points: Sequence[tuple[float, float]], lifetime_s: float,
+                         tolerance: float = _SETTLED_TOLERANCE) -> bool:
+    """Whether an open loop's in-flight count (time, count) has stopped rising: its
+    least-squares slope over the last half life (5 s at least) would add less than
+    `tolerance` of the count (2 requests at least) over a whole life."""
+    span_s = max(5.0, lifetime_s / 2.0)
+    if not points:
+        return True
+    recent = [(t, n) for t, n in points if t >= points[-1][0] - span_s]
+    if len(recent) < 3 or recent[-1][0] - recent[0][0] < span_s * 0.8:
+        return False
+    rise = least_squares_rise(recent)
+    if rise is None:
+        return False
+    slope = rise / (recent[-1][0] - recent[0][0])
+    mean = float(np.mean([n for _, n in recent]))
+    return slope * lifetime_s <= max(2.0, tolerance * mean)

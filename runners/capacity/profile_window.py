@@ -1,0 +1,69 @@
+"""A profiled window of the staircase's stream: the operating point's load re-established
+(or kept) and warmed up as a step is, then /start_profile and /stop_profile around a window of
+it; `ProfileWindow` says what the window covered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from runners.capacity.driver import StaircaseDriver
+from runners.capacity.plan import StepPlan
+from runners.capacity.step import settle, sleep_until
+
+
+@dataclass(frozen=True)
+class ProfileWindow:
+    """What a profiled window of the stream covered: the load it ran at, how long the stream
+    had run at that load before it, and what was in flight during it. Profiling slows the
+    engine: no performance figure is taken from this window."""
+
+    axis: str  # "request_rate" or "concurrency"
+    load: float  # requests/s or concurrent requests
+    warmup_s: float  # s the stream had run at `load` when the window began
+    window_s: float  # s between /start_profile and /stop_profile's call
+    num_sent: int  # requests sent in the window
+    num_ended: int  # requests (any) that ended in the window
+    mean_in_flight: float  # requests, time-weighted over the window
+    is_settled: bool  # the in-flight count had stopped rising when the window began
+    is_operating_point: bool  # the highest load that met the SLO (else the lightest probed)
+
+    def as_summary(self) -> dict[str, float]:
+        """The window as `profile.*` figures beside the trace's own (a trial's record keeps
+        them as `trace.profile.*`)."""
+        unit = "request_rate_rps" if self.axis == "request_rate" else "concurrency"
+        return {f"profile.{unit}": self.load, "profile.warmup_s": self.warmup_s,
+                "profile.window_s": self.window_s, "profile.num_sent": float(self.num_sent),
+                "profile.num_ended": float(self.num_ended),
+                "profile.mean_in_flight": self.mean_in_flight,
+                "profile.is_settled": 1.0 if self.is_settled else 0.0,
+                "profile.is_operating_point": 1.0 if self.is_operating_point else 0.0,
+                "profile.is_in_stream": 1.0}
+
+
+def profile_window(driver: StaircaseDriver, plan: StepPlan, *, since_s: float | None,
+                   num_requests: int, is_operating_point: bool,
+                   check_engine: Callable[[], None], start_profile: Callable[[], None],
+                   stop_profile: Callable[[], None]) -> ProfileWindow:
+    """Profile a window of the running stream at `plan.load`, in steady state: the stream is
+    set to that load (unless `since_s` says it has run at it since then), warmed up as a step
+    is (`plan.warmup_s`, and an open loop's settling wait up to `plan.max_warmup_s`), then
+    `start_profile` and `stop_profile` bound a window long enough to send `num_requests`."""
+    if since_s is None or driver.load != plan.load:
+        driver.set_load(plan.load)
+        since_s = driver.now()
+    sleep_until(driver, since_s + plan.warmup_s, check_engine, None)
+    is_settled = settle(driver, since_s, plan, check_engine, None) \
+        if driver.axis == "request_rate" else True
+    per_s = plan.load if driver.axis == "request_rate" else plan.load / plan.lifetime_s
+    start = driver.now()
+    start_profile()
+    sleep_until(driver, start + max(1, num_requests) / per_s, check_engine, None)
+    end = driver.now()
+    stop_profile()
+    return ProfileWindow(axis=driver.axis, load=plan.load, warmup_s=start - since_s,
+                         window_s=end - start, num_sent=len(driver.sent_between(start, end)),
+                         num_ended=driver.num_ended_between(start, end),
+                         mean_in_flight=driver.mean_in_flight(start, end),
+                         is_settled=is_settled, is_operating_point=is_operating_point)

@@ -1,0 +1,211 @@
+"""Walking one step of the staircase on the running stream: the load set, the warm-up
+(and an open loop's settling wait), the measured window(s), the load kept flowing until every
+measured request has ended; what the window showed, counted on the client's clock or on the
+server's modelled one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from runners.capacity.driver import StaircaseDriver
+from runners.capacity.judge import (
+    WindowCounts,
+    counter_rate_per_s,
+    is_in_flight_settled,
+    least_squares_rise,
+)
+from runners.capacity.plan import StepPlan
+from runners.loadgen import RequestOutput
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepRun:
+    """What one step of the staircase measured, before it is judged."""
+
+    plan: StepPlan
+    windows: tuple[tuple[list[RequestOutput], WindowCounts], ...]  # one per repeat; none when
+    # the step was stopped before its window (saturated in its warm-up)
+    early_outputs: list[RequestOutput]  # a step stopped early: the requests it had sent
+    early_duration_s: float  # s from the step's start to its stop
+    server: dict[str, float]  # /metrics over the window(s): counter growth and gauge figures
+    is_saturated: bool  # the waiting queue kept growing: stopped early
+    is_finished: bool  # every measured request ended (else the wait ran out)
+    window_start_s: float  # time.monotonic()
+    warmup_s: float = 0.0  # s the step ran before its window (or before it was stopped)
+    is_settled: bool = True  # an open loop's in-flight count had stopped rising by its window
+
+
+def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repeats: int,
+                 request_timeout_s: float, check_engine: Callable[[], None],
+                 is_first: bool = False) -> StepRun:
+    """Walk one step: set the load (the stream goes on from the step before), wait out the
+    warm-up, measure `repeats` consecutive windows, then keep the load flowing until every
+    measured request has ended. `check_engine` is called every 0.2 s and raises to abort (the
+    engine died or stalled). A rate step whose waiting queue keeps growing is stopped at once:
+    saturated. The caller cancels a missed step's backlog."""
+    from runners import prometheus
+
+    api_key = driver.api_key  # /metrics asks for it as the completions do
+    step_start = driver.now()
+    if not is_first:
+        driver.set_load(plan.load)
+    saturated = threading.Event() if driver.axis == "request_rate" else None
+
+    def is_saturated() -> bool:
+        return saturated is not None and saturated.is_set()
+
+    poller = prometheus.MetricsPoller(
+        base_url, saturated=saturated,
+        saturation_rise_requests=max(16.0, 0.1 * plan.expected_requests), api_key=api_key)
+    poller.start()
+    bounds: list[tuple[float, float]] = []
+    is_settled = True
+    before: dict[str, float] = {}
+    after: dict[str, float] = {}
+    is_finished = True
+    try:
+        sleep_until(driver, step_start + plan.warmup_s, check_engine, saturated)
+        if driver.axis == "request_rate":
+            is_settled = settle(driver, step_start, plan, check_engine, saturated)
+        if not is_saturated():
+            before = prometheus.scrape(base_url, api_key=api_key)
+            for k in range(max(1, repeats)):
+                start = driver.now() if k == 0 else bounds[-1][1]
+                sleep_until(driver, start + plan.window_s, check_engine, saturated)
+                bounds.append((start, driver.now()))
+                if is_saturated():
+                    break
+            after = prometheus.scrape(base_url, api_key=api_key)
+            measured_sent = [s for a, b in bounds for s in driver.sent_between(a, b)]
+
+            def should_stop() -> bool:
+                check_engine()  # raises to abort
+                return is_saturated()
+
+            is_finished = driver.wait_done(measured_sent, request_timeout_s, should_stop)
+    finally:
+        poller.stop()
+    check_engine()
+    samples = list(poller.samples)
+    # Every request that may have ended inside a window: those still held (the driver forgets
+    # a step's requests only once the step after it has been measured).
+    recent = driver.outputs(driver.sent_between(-math.inf, math.inf))
+    windows = []
+    for a, b in bounds:
+        outputs = driver.outputs(driver.sent_between(a, b))
+        windows.append((outputs, _counts(driver, samples, a, b, outputs, recent)))
+    server: dict[str, float] = {}
+    if before and after and not is_saturated():
+        server.update(prometheus.delta(before, after))
+    window_samples = [(t, v) for t, v in samples
+                      if bounds and bounds[0][0] <= t <= bounds[-1][1]]
+    server.update(prometheus.summarize(window_samples or samples))
+    early: list[RequestOutput] = []
+    early_s = driver.now() - step_start
+    if is_saturated():
+        early = driver.outputs(driver.sent_between(step_start, driver.now()))
+        server.update(_saturated_rates(samples))
+    driver.prune(step_start)
+    window_start = bounds[0][0] if bounds else driver.now()
+    return StepRun(plan=plan, windows=tuple(windows), early_outputs=early,
+                   early_duration_s=early_s, server=server, is_saturated=is_saturated(),
+                   is_finished=is_finished,
+                   window_start_s=window_start, warmup_s=window_start - step_start,
+                   is_settled=is_settled)
+
+
+def sleep_until(driver: StaircaseDriver, deadline_s: float, check_engine: Callable[[], None],
+                saturated: threading.Event | None) -> None:
+    """Wait on the driver's clock until `deadline_s`, calling `check_engine` every 0.2 s (it
+    raises to abort); back early once `saturated` is set."""
+    while driver.now() < deadline_s:
+        check_engine()
+        if saturated is not None and saturated.is_set():
+            return
+        time.sleep(min(0.2, max(0.0, deadline_s - driver.now())))
+
+
+def settle(driver: StaircaseDriver, step_start: float, plan: StepPlan,
+           check_engine: Callable[[], None], saturated: threading.Event | None) -> bool:
+    """Extend an open loop's warm-up, up to `plan.max_warmup_s`, while its in-flight count
+    still rises (sampled every 0.5 s since the step began)."""
+    points: list[tuple[float, float]] = []
+    t = step_start
+    while True:  # the count since the step began, read back from the driver's log
+        points.append((t, driver.mean_in_flight(t, t + 0.5)))
+        t += 0.5
+        if t >= driver.now():
+            break
+    while driver.now() < step_start + plan.max_warmup_s:
+        if is_in_flight_settled(points, plan.lifetime_s):
+            return True
+        check_engine()
+        if saturated is not None and saturated.is_set():
+            return True
+        time.sleep(0.5)
+        now = driver.now()
+        points.append((now, float(driver.num_in_flight())))
+    logger.info("step at %g: the in-flight count still rose after %.0f s of warm-up (%.1f "
+                "lives): not steady", plan.load, plan.max_warmup_s,
+                plan.max_warmup_s / plan.lifetime_s)
+    return is_in_flight_settled(points, plan.lifetime_s)
+
+
+def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, float]]],
+            start: float, end: float, sent: Sequence[RequestOutput],
+            recent: Sequence[RequestOutput]) -> WindowCounts:
+    """A window's counts on the client's clock, or on the server's modelled clock where every
+    measured success carries it (the simulated engine: its latencies are on that clock, and a
+    busy host that delays the server's wall time must not read as falling behind)."""
+    from runners import prometheus
+
+    waiting = [(t, s[prometheus.NUM_REQUESTS_WAITING]) for t, s in samples
+               if start <= t <= end and prometheus.NUM_REQUESTS_WAITING in s]
+    rise = least_squares_rise(waiting)
+    max_waiting = max((w for _, w in waiting), default=None)
+    arrivals_m = [o.modelled_span_s[0] for o in sent if o.modelled_span_s is not None]
+    if sent and len(arrivals_m) == sum(o.success for o in sent) and arrivals_m:
+        gap = (max(arrivals_m) - min(arrivals_m)) / max(len(arrivals_m) - 1, 1)
+        t0, t1 = min(arrivals_m), max(arrivals_m) + gap
+        spans = [o.modelled_span_s for o in recent if o.modelled_span_s is not None]
+        ended = sum(t0 <= b < t1 for _, b in spans)
+        area = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in spans)
+        window = max(t1 - t0, 1e-9)
+        return WindowCounts(window_s=window, num_sent=len(sent), num_ended=ended,
+                            mean_in_flight=area / window, waiting_rise=rise,
+                            max_waiting=max_waiting)
+    grid = np.arange(start, end, 0.25)
+    in_flight = [(float(t), driver.mean_in_flight(float(t), float(t) + 0.25)) for t in grid]
+    return WindowCounts(window_s=max(end - start, 1e-9), num_sent=len(sent),
+                        num_ended=driver.num_ended_between(start, end),
+                        mean_in_flight=driver.mean_in_flight(start, end),
+                        waiting_rise=rise, max_waiting=max_waiting,
+                        in_flight_rise=least_squares_rise(in_flight)
+                        if driver.axis == "request_rate" else None)
+
+
+def _saturated_rates(samples: Sequence[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    """A saturated step's token counters over the second half of its samples, when the engine
+    ran full: what it could serve (`CapacitySearch.served_of` reads them)."""
+    from runners import prometheus
+
+    if len(samples) < 4:
+        return {}
+    half = samples[len(samples) // 2:]
+    out: dict[str, float] = {}
+    for name, key in ((prometheus.PROMPT_TOKENS, "served_prompt_tokens_per_s"),
+                      (prometheus.GENERATION_TOKENS, "served_generation_tokens_per_s")):
+        rate = counter_rate_per_s([(t, s[name]) for t, s in half if name in s])
+        if rate is not None and rate > 0:
+            out[key] = rate
+    return out
