@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from search_spaces.engine.facts import vllm_scheduler_defaults
+from search_spaces.engine.facts import FP8_ONLINE_QUANTIZATIONS, vllm_scheduler_defaults
 from search_spaces.engine.render import bool_flag
 from search_spaces.engine.tables import bundled_flags
 from search_spaces.errors import SpaceError
@@ -34,10 +34,8 @@ SCHEDULING_POLICIES = _BASE.types["scheduling-policy"].choices
 # field of --compilation-config, --quantization's methods may come from a plugin): the values a
 # space may search, each one vLLM 0.26 takes (the rules know what each needs).
 ATTENTION_BACKENDS = ("auto", "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION")
-QUANTIZATIONS = (
-    "none", "fp8", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "awq", "awq_marlin",
-    "gptq", "gptq_marlin", "bitsandbytes", "compressed-tensors",
-)
+QUANTIZATIONS = ("none", *FP8_ONLINE_QUANTIZATIONS, "awq", "awq_marlin", "gptq", "gptq_marlin",
+                 "bitsandbytes", "compressed-tensors")
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 # Speculative methods that need no draft model (config/speculative.py:713-718); suffix also
 # needs the optional arctic-inference package (config/speculative.py:1053), so no bundled
