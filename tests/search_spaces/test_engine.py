@@ -124,6 +124,16 @@ def test_the_spaces_defaults_are_the_tables_and_follow_a_release_passed_in() -> 
         "a release passed in states its own default"
 
 
+def test_a_flag_removed_in_0_27_is_absent_from_0_27s_facts_and_not_searched_there() -> None:
+    flag = "max-num-partial-prefills"
+    assert flag in bundled_flags("0.26.0").engine_facts()["flags"]
+    assert flag not in bundled_flags("0.27.0").engine_facts()["flags"]
+    space = parse_space({"name": "s", "parameters": {
+        "max_num_partial_prefills": {"type": "categorical", "choices": [1, 2]}}})
+    assert space.resolve({"engine": bundled_flags("0.27.0").engine_facts()}).params == ()
+    assert len(space.resolve({}).params) == 1, "0.26, the default release, has it"
+
+
 def test_the_spaces_kv_cache_dtypes_are_the_tables() -> None:
     assert KNOWN_FLAGS["kv_cache_dtype"].enum == bundled_flags().types["kv-cache-dtype"].choices
 
