@@ -28,7 +28,7 @@ _SYMBOLS: dict[str, str] = {
 }
 
 class RuleError(ValueError):
-    """A malformed rule, or one that empties a param; `space.py` re-raises it as `SpaceError`."""
+    """A malformed rule, or one that empties a param; the space re-raises it as `SpaceError`."""
 
 
 @dataclass(frozen=True)
