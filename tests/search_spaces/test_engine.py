@@ -23,6 +23,7 @@ from search_spaces.engine.tables import (
     bundled_flags,
     bundled_tables,
     flags_from_data,
+    value_problem,
 )
 from search_spaces.known_flags import engine_key
 
@@ -110,6 +111,25 @@ def test_a_searched_boolean_is_negated_as_the_table_says(name: str) -> None:
         f"{name}: the space and the renderer spell its False the same way"
     assert bool_flag(name, False, table.is_negatable(name)) == (
         {f"no_{name}": True} if vllm_default(name) is not False else {})
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN_FLAGS))
+def test_every_value_a_space_may_search_is_one_the_table_takes(name: str) -> None:
+    """A space's domain is its own (narrower) choice; never a value vLLM would refuse."""
+    table = bundled_flags()
+    spec = KNOWN_FLAGS[name]
+    key = engine_key(name)
+    flag = table.types.get(key.partition(".")[0])
+    assert flag is not None, f"{name}: searched, so vLLM {DEFAULT_VERSION} must have --{key}"
+    if "." in key:
+        assert flag.kind == "json", f"{name}: a nested setting of a JSON flag"
+        return
+    for choice in (c for c in spec.enum if c not in spec.no_flag):
+        assert value_problem(flag, choice) is None, f"{name}: {choice} is a value vLLM takes"
+    if spec.low is not None and spec.kind in ("int", "float"):
+        low = spec.low if not spec.is_low_exclusive else spec.low + 1e-9
+        assert value_problem(flag, int(low) if spec.kind == "int" else low) is None, \
+            f"{name}: the space's lowest value is one vLLM takes"
 
 
 def test_the_spaces_defaults_are_the_tables_and_follow_a_release_passed_in() -> None:
