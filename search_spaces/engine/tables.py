@@ -28,6 +28,7 @@ FlagKind = Literal["bool", "int", "float", "str", "choice", "json", "list", "any
 DEFAULT_VERSION = "0.26.0"
 _HUMAN_INT = re.compile(r"^\d+(\.\d+)?[kKmMgGtT]?$")
 
+
 @dataclass(frozen=True)
 class FlagType:
     """What one flag takes, as vLLM's parser would check it."""

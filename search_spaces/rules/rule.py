@@ -27,6 +27,7 @@ _SYMBOLS: dict[str, str] = {
     "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
 }
 
+
 class RuleError(ValueError):
     """A malformed rule, or one that empties a param; the space re-raises it as `SpaceError`."""
 
