@@ -47,8 +47,7 @@ from runners.model_info import ModelInfo, bundled_shapes, load_model_info
 from runners.simulated.model import UNMODELLED_FLAGS
 from runners.tokenizer import load_tokenizer
 from runners.vllm.compile_ledger import CompileLedger
-from runners.vllm.facts import vllm_scheduler_defaults
-from runners.vllm.flags import UnknownVersionError, VllmFlags, bundled_flags, flag_table
+from runners.vllm.flags import flag_table
 from runners.workload import Workload
 from search_spaces import (
     ResolvedSpace,
@@ -56,6 +55,8 @@ from search_spaces import (
     load_space,
     recommend_space,
 )
+from search_spaces.engine.facts import vllm_scheduler_defaults
+from search_spaces.engine.tables import UnknownVersionError, VllmFlags, bundled_flags
 from search_spaces.known_facts import FactError, KnownFact, facts_file, load_facts
 from search_spaces.seeds import load_templates, template_seeds
 

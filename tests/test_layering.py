@@ -1,6 +1,8 @@
 """The architecture as the tree draws it: importing a package pulls in no GPU stack (`torch`,
-`vllm`, `pynvml`; `ray` only for the daemon's modules), imports point `optimizer -> runners ->`
-nowhere back, `search_spaces` stands alone, and no process is ever started through a shell."""
+`vllm`, `pynvml`; `ray` only for the daemon's modules), `search_spaces` (with vLLM's engine
+facts, `search_spaces.engine`) imports nothing of ours, `runners` may import `search_spaces`,
+`optimizer` imports both and nothing imports it, there is no cycle, and no process is ever
+started through a shell."""
 
 from __future__ import annotations
 
@@ -113,9 +115,24 @@ def test_runners_never_import_optimizer() -> None:
 
 
 def test_search_spaces_never_import_optimizer_or_runners() -> None:
+    """The bottom layer: the spaces and vLLM's engine facts beneath them, which `runners` and
+    `optimizer` both ask (one fact, one place)."""
     offenders = [*_imports_of(("search_spaces",), "optimizer"),
                  *_imports_of(("search_spaces",), "runners")]
     assert not offenders, f"search_spaces/ is pure data + its loader; it imports: {offenders}"
+
+
+def test_vllms_engine_facts_have_one_home_that_runners_and_optimizer_ask() -> None:
+    """The flag tables and the facts derived from them live in `search_spaces.engine`; the
+    runners and the optimizer import them from there (no copy kept where they are needed)."""
+    engine = REPO_ROOT / "search_spaces" / "engine"
+    assert sorted(p.name for p in engine.glob("flags_*.json")), \
+        "the per-release flag tables are bundled with search_spaces.engine"
+    assert not list((REPO_ROOT / "runners").rglob("flags_*.json")), \
+        "no second copy of a flag table under runners/"
+    for package in ("runners", "optimizer"):
+        assert _imports_of((package,), "search_spaces.engine"), \
+            f"{package}/ reads vLLM's flags and facts from search_spaces.engine"
 
 
 def test_search_spaces_import_only_stdlib_yaml_and_optuna() -> None:

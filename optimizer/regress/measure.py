@@ -25,7 +25,7 @@ from optimizer.regress.library import FIGURES, CaseSpec, LibraryConfig
 from optimizer.study import engine_config
 from runners.base import BenchmarkMetrics, Failure, FailureReason, RunResult
 from runners.model_info import load_model_info
-from runners.vllm.flags import VllmFlags
+from search_spaces.engine.tables import VllmFlags
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Literal
 from runners.base import EngineConfig, Failure, FailureReason, FlagValue
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo, load_model_info
-from runners.vllm.facts import (
+from search_spaces.engine.facts import (
     BYTES_PER_PARAM,
     FP8_WEIGHT_METHODS,
     VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,

@@ -278,7 +278,7 @@ def test_a_case_on_a_newer_release_is_shown_the_capacity_moving_changes_since_it
 ) -> None:
     from optimizer.regress.measure import CaseOutcome, Installed
     from optimizer.regress.report import capacity_lines
-    from runners.vllm.flags import bundled_flags
+    from search_spaces.engine.tables import bundled_flags
 
     def outcome(version: str) -> CaseOutcome:
         return CaseOutcome(name="c", installed=Installed("vllm", version, "H200",

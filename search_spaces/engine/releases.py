@@ -1,15 +1,68 @@
-"""What changed between vLLM releases that moves a capacity figure with no flag changed: the
-defaults of capacity flags as the bundled flag tables state them (read from each wheel), and the
-behaviour changes read in the releases' sources (verified, with where; docs/vllm-versions.md).
-`nightshift regress` prints them beside a case re-measured on a newer release than its
-reference, so a moved baseline is read with its cause in view."""
+"""What changed between vLLM releases, from the bundled flag tables and the releases' sources: a
+flag a release removed, renamed or added (`flag_change`, for `nightshift audit`, the study-file
+check and `regress`), and what moves a capacity figure with no flag changed (`capacity_changes`):
+the defaults of capacity flags as the tables state them, and the behaviour changes read in the
+releases' sources (verified, with where; docs/vllm-versions.md). `nightshift regress` prints the
+latter beside a case re-measured on a newer release than its reference, so a moved baseline is
+read with its cause in view."""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
-from runners.vllm.flags import bundled_tables, version_key
+from search_spaces.engine.tables import VllmFlags, bundled_tables, flag_name, version_key
+
+
+@dataclass(frozen=True)
+class FlagChange:
+    """What the bundled tables say about a flag `version` does not take."""
+
+    flag: str  # kebab-case, no dashes
+    change: Literal["removed", "renamed", "added later"]
+    release: str  # the first release without it (removed, renamed) or with it (added later)
+    last_release: str | None = None  # the last release that took it (removed, renamed)
+    new_name: str | None = None  # renamed: the flag naming the same config field
+
+    @property
+    def sentence(self) -> str:
+        if self.change == "renamed":
+            return (f"--{self.flag} was renamed --{self.new_name} in vLLM {self.release} "
+                    f"(the last release with --{self.flag}: {self.last_release})")
+        if self.change == "removed":
+            return (f"--{self.flag} was removed in vLLM {self.release} (the last release with "
+                    f"it: {self.last_release})")
+        return f"--{self.flag} is first a flag of vLLM {self.release}"
+
+
+def flag_change(name: str, version: str,
+                tables: Sequence[VllmFlags] | None = None) -> FlagChange | None:
+    """Why vLLM `version` does not take the flag `name` (kebab- or snake_case), from the bundled
+    tables: the latest release up to `version` that removed it (renamed where a flag added in
+    that same release names the config field it named), or the first later release that has
+    it. None where `version` takes it or no bundled table ever had it. `tables`: others than
+    the bundled ones, oldest first."""
+    flag = flag_name(name).partition(".")[0]
+    key = version_key(version)
+    tables = bundled_tables() if tables is None else tables
+    here = [t for t in tables if version_key(t.version) <= key]
+    if here and flag in here[-1].types:
+        return None
+    for before, after in reversed(list(itertools.pairwise(here))):
+        if flag in before.types and flag not in after.types:
+            field_name = before.config_fields.get(flag)
+            new = [f for f in after.types if f not in before.types and field_name is not None
+                   and after.config_fields.get(f) == field_name]
+            return FlagChange(flag, "renamed" if len(new) == 1 else "removed",
+                              release=after.releases[0], last_release=before.releases[-1],
+                              new_name=new[0] if len(new) == 1 else None)
+    later = next((t for t in tables if version_key(t.version) > key and flag in t.types), None)
+    if later is not None:
+        return FlagChange(flag, "added later", release=later.releases[0])
+    return None
+
 
 # Flags whose default sizes the KV cache, the batch or the graphs: a change of their default
 # between two releases moves capacity with the same command line.

@@ -12,17 +12,17 @@ from typing import Any
 
 import pytest
 
-from runners.vllm.flags import (
+from runners.vllm.flags import flag_table
+from search_spaces import parse_space
+from search_spaces.engine.releases import flag_change
+from search_spaces.engine.tables import (
     DEFAULT_VERSION,
     UnknownVersionError,
     bundled_flags,
     bundled_tables,
     bundled_versions,
-    flag_change,
-    flag_table,
     flags_from_data,
 )
-from search_spaces import parse_space
 
 RELEASES = ("0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0",
             "0.33.0", "0.34.0")
@@ -30,7 +30,7 @@ RELEASES = ("0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0"
 
 def _data(minor: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(
-        resources.files("runners.vllm").joinpath(f"flags_{minor}.json").read_text())
+        resources.files("search_spaces.engine").joinpath(f"flags_{minor}.json").read_text())
     return data
 
 
@@ -144,7 +144,7 @@ def test_a_study_fixing_a_removed_flag_is_told_the_release_that_removed_it() -> 
 
 
 def test_the_host_scheduler_defaults_follow_the_release() -> None:
-    from runners.vllm.facts import vllm_scheduler_defaults
+    from search_spaces.engine.facts import vllm_scheduler_defaults
 
     b200, h200 = (179.1, "NVIDIA B200"), (139.8, "NVIDIA H200")
     assert vllm_scheduler_defaults(*b200, "0.26.0")["max_num_batched_tokens"] == 8192
