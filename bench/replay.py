@@ -254,7 +254,7 @@ def _replay_optuna(table: Table, sampler: str | optuna.samplers.BaseSampler, see
         directions=cfg.directions, pruner=make_pruner(cfg),
         sampler=make_sampler(cfg) if isinstance(sampler, str) else sampler)
     policy = SearchController(cfg, space, study, workload=cfg.workload(vocab_size=32000),
-                          total_gpus=1)
+                              total_gpus=1)
     policy.prepare()
     spent = 0.0
     while (running := policy.next_launch(lambda num_gpus: not policy.running)) is not None:

@@ -31,7 +31,7 @@ class Running:
     steps: list[StepMetrics] = field(default_factory=list)
     pruned_at: int | None = None
     prune_reason: str | None = None
-    compile_key: CompileKey | None = None  # the estimated compile-cache key (optimizer.search.startup)
+    compile_key: CompileKey | None = None  # the estimated compile-cache key (search/startup.py)
     prediction: str = "none"  # what the policy expected of its compile cache at launch
 
 

@@ -133,7 +133,7 @@ def _policy(tmp_path: Path, seed: int = 0, **choices: list[Any]) -> SearchContro
     study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
                                 pruner=make_pruner(cfg))
     policy = SearchController(cfg, load_space(space_path).resolve({}), study,
-                          workload=cfg.workload(vocab_size=32000), total_gpus=2)
+                              workload=cfg.workload(vocab_size=32000), total_gpus=2)
     policy.prepare()
     return policy
 

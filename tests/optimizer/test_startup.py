@@ -1,6 +1,6 @@
-"""The start-up plan of the search policy (optimizer/search/startup.py): warm compile keys first, one
-compile of a key at a time, the warm-cache check's variable, what a record
-keeps of a start-up, and the study file's `startup` section (savers, refusals)."""
+"""The start-up plan of the search policy (optimizer/search/startup.py): warm compile keys first,
+one compile of a key at a time, the warm-cache check's variable, what a record keeps of a start-up,
+and the study file's `startup` section (savers, refusals)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def _policy(tmp_path: Path, **startup: Any) -> SearchController:
     study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
                                 pruner=make_pruner(cfg))
     policy = SearchController(cfg, load_space(space_path).resolve({}), study,
-                          workload=cfg.workload(vocab_size=32000), total_gpus=2)
+                              workload=cfg.workload(vocab_size=32000), total_gpus=2)
     policy.prepare()
     return policy
 
@@ -166,8 +166,8 @@ def _ledger_policy(tmp_path: Path, name: str, cache: Path, version: str | None =
     study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
                                 pruner=make_pruner(cfg))
     policy = SearchController(cfg, load_space(space_path).resolve({}), study,
-                          workload=cfg.workload(vocab_size=32000), total_gpus=1,
-                          compiled_elsewhere=ledger.compiled_keys if ledger else None)
+                              workload=cfg.workload(vocab_size=32000), total_gpus=1,
+                              compiled_elsewhere=ledger.compiled_keys if ledger else None)
     policy.prepare()
     return policy
 
@@ -230,7 +230,8 @@ def test_a_ledger_entry_of_another_vllm_version_or_a_per_trial_study_predicts_co
     assert isolated is not None and isolated.prediction == "cold", \
         "per_trial never reads the shared ledger"
     wired = _ledger_policy(tmp_path, "wired", cache, compile_cache="per_trial")
-    assert wired.placement.compiled_elsewhere is None, "nightshift start hands a per_trial study none"
+    assert wired.placement.compiled_elsewhere is None, \
+        "nightshift start hands a per_trial study none"
 
 
 def test_a_per_trial_cache_never_writes_the_shared_ledger(tmp_path: Path) -> None:
@@ -274,7 +275,7 @@ def test_a_resumed_study_trusts_the_ledger_not_its_records_for_what_is_warm(
             values=[1.0], user_attrs={ATTR_RECORD: record.to_user_attr()}))
         study.enqueue_trial(dict(first.params))  # the same key, asked again
         policy = SearchController(cfg, space, study, workload=cfg.workload(vocab_size=32000),
-                              total_gpus=1, compiled_elsewhere=compiled_elsewhere)
+                                  total_gpus=1, compiled_elsewhere=compiled_elsewhere)
         policy.prepare()
         launch = policy.next_launch(lambda n: True)
         assert launch is not None and launch.compile_key == first.compile_key
