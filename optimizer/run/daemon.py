@@ -67,6 +67,7 @@ logger = logging.getLogger(__name__)
 # 60 s: a Ray whose GCS is gone ends the driver after 60 s.
 _PLACEMENT_TIMEOUT_S = 30.0
 
+
 @dataclass
 class _InFlight:
     running: Running
