@@ -194,7 +194,7 @@ def costs(table: replay.Table, policy: str, seeds: Sequence[int], *,
     """GPU-seconds to within 3% of the best, one a seed; a seed that never got there counts as
     the grid's whole cost."""
     from optimizer.samplers import ScreenSampler, _tpe
-    from optimizer.search import SCREEN_TRIALS
+    from optimizer.search.searcher import SCREEN_TRIALS
 
     sampler, pruner = POLICIES[policy]
     out = []
