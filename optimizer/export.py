@@ -22,18 +22,17 @@ from optimizer.fingerprint import Fingerprint
 from optimizer.memory import STUDY_ATTR_FINGERPRINT
 from optimizer.objectives import OBJECTIVES
 from optimizer.quality import header_line, is_quality_violation
-from optimizer.records import ATTR_RECORD, gpus_of, objective_unit
-from optimizer.study import (
-    ATTR_BASELINE,
+from optimizer.recommendation import (
     NOISE_FRACTION,
     audit_errors,
     is_measured,
     params_of,
     recommendation_note,
     recommended_trial,
-    startup_saver_env,
     vllm_defaults_of,
 )
+from optimizer.records import ATTR_RECORD, gpus_of, objective_unit
+from optimizer.study import ATTR_BASELINE, startup_saver_env
 from runners.credentials import is_secret_name, redact_argv
 from runners.model_info import BUNDLED_CHECKPOINTS, bundled_shape_of
 from runners.vllm.flags import flag_table

@@ -141,7 +141,7 @@ class FailureReason(enum.StrEnum):
     INFEASIBLE = "infeasible"  # rejected before launch
     INTERNAL = "internal"  # a bug of ours; the message has the traceback's last line
     # The host refused the trial's files or processes (an OSError: disk full, permissions, a
-    # path taken; `optimizer.executor.is_host_refusal` has the list): the machine's fault,
+    # path taken; `optimizer.run.executor.is_host_refusal` has the list): the machine's fault,
     # neither the config's nor a bug of ours.
     HOST_ERROR = "host_error"
     # VLLM_FORCE_AOT_LOAD=1 and no loadable compiled artefact: the start-up check of a cache

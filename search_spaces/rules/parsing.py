@@ -14,7 +14,8 @@ _RULE_KEYS = ("name", "reason", "when", *ACTIONS)
 
 # What the caller may put in the context; "number" keys take ordering operators, "flag" keys
 # are true or false. `workload.*` and `model.real_weights` come from the study file
-# (optimizer/runtime.py's `space_context`); a key left out makes a rule testing it not apply.
+# (optimizer/run/space_context.py's `space_context`); a key left out makes a rule testing it
+# not apply.
 CONTEXT_KEYS: dict[str, Literal["number", "text", "flag"]] = {
     "hardware.num_gpus": "number",
     "hardware.compute_capability": "number",  # smallest on the host, e.g. 9.0, 8.9, 8.0

@@ -118,7 +118,7 @@ def test_multi_objective_pair() -> None:
 
 
 def _hopper_space() -> Any:
-    from optimizer.runtime import space_context
+    from optimizer.run.space_context import space_context
     from runners.hardware import load_preset
     from runners.model_info import load_model_info
     from search_spaces import load_space

@@ -157,7 +157,7 @@ def test_the_report_states_a_capacity_gain_with_both_brackets(tmp_path: Path) ->
 
 
 def test_a_capacity_study_is_told_when_its_probes_cannot_close_the_bracket() -> None:
-    from optimizer.runtime import capacity_notes
+    from optimizer.run.runtime import capacity_notes
 
     def notes(**capacity: Any) -> list[str]:
         data = {"name": "n", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 1},

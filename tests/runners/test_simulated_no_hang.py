@@ -147,7 +147,8 @@ def test_a_sample_of_the_widened_hopper_space_streams_every_level_to_the_end() -
     max_model_len 4096) each serve a short closed-loop level to its last token in process."""
     import optuna
 
-    from optimizer.runtime import simulated_hardware, space_context
+    from optimizer.run.engine_choice import simulated_hardware
+    from optimizer.run.space_context import space_context
     from runners.model_info import load_model_info
     from runners.simulated.server import ServerSettings
     from search_spaces import load_space

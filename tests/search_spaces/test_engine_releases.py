@@ -161,7 +161,7 @@ def test_the_host_scheduler_defaults_follow_the_release() -> None:
 
 @pytest.mark.parametrize("version", ["0.26.0", "0.28.0", "0.34.0"])
 def test_every_bundled_space_resolves_for_each_release_on_an_h200(version: str) -> None:
-    from optimizer.runtime import space_context
+    from optimizer.run.space_context import space_context
     from runners.hardware import load_preset
     from runners.model_info import load_model_info
     from search_spaces import bundled_spaces, load_space

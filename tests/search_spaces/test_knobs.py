@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from optimizer.runtime import space_context, workload_facts
+from optimizer.run.space_context import space_context, workload_facts
 from runners.hardware import load_preset
 from runners.model_info import load_model_info
 from runners.workload import CapacitySearch, LengthDistribution, LoadLevel, Workload

@@ -1,7 +1,8 @@
 """Where trials run: the `Executor` protocol the daemon dispatches to, `TrialSession` (a runner
 relaying each load level and waiting for the verdict), and `InlineExecutor`, which runs trials
-on threads of this process (tests, the replay). The Ray pool (`optimizer.workers.RayExecutor`)
-is the other implementation, and `optimizer.workers` the only module that imports Ray.
+on threads of this process (tests, the replay). The Ray pool
+(`optimizer.run.ray_executor.RayExecutor`) is the other implementation; it and
+`optimizer.run.ray_cluster` alone import Ray.
 
 A trial's life on an executor: `submit` starts it (the caller checked `can_start`), the caller
 `poll`s its handle for each load level's figures and answers each with `decide` (stop or go

@@ -2,8 +2,9 @@
 search policy hands out on the executor as GPUs allow, route each load level and result back to
 the policy, and log every trial to MLflow, until the budget ends or a stop.
 
-Policy (what runs, pruning, what Optuna is told) is `optimizer.search`; where trials run is
-`optimizer.executor` (Ray: `optimizer.workers`); the record of a trial is `optimizer.records`.
+Policy (what runs, pruning, what Optuna is told) is `optimizer.search` (its controller); where
+trials run is `optimizer.run.executor` (Ray: `optimizer.run.ray_executor`); the MLflow side is
+`optimizer.run.study_runs`; the record of a trial is `optimizer.records`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -24,27 +25,35 @@ from optimizer import quality
 from optimizer.config import StudyConfig, resume_command
 from optimizer.confirm import confirm
 from optimizer.errors import StorageError, TrackingError, WorkerLost, describe
-from optimizer.executor import Executor, TrialHandle
 from optimizer.lock import StorageLease, StudyLock, is_local_file_storage, study_lock_path
-from optimizer.objectives import objective_values, operating_step
-from optimizer.outcomes import Running, Told
-from optimizer.records import tracking_payload
 from optimizer.recovery import Recovery, trial_workdir
-from optimizer.search import SearchPolicy
+from optimizer.run.events import (
+    DaemonSummary,
+    TrialEvent,
+    confirm_of,
+    first_value,
+    operating_tpot_ms,
+)
+from optimizer.run.executor import Executor, TrialHandle
+from optimizer.run.study_runs import (
+    MlflowLog,
+    StudyRuns,
+    StudySummary,
+    is_storage_error,
+    numbers_text,
+    storage_file_note,
+)
+from optimizer.search.controller import SearchController
+from optimizer.search.trials import Running
 from optimizer.study import (
-    ATTR_CONFIRM,
-    ATTR_MLFLOW_RUN,
     STUDY_ATTR_MLFLOW_KEY,
-    best_trial,
     make_storage,
     mlflow_study_key,
     open_study,
-    recommended_trial,
 )
-from optimizer.study_summary import trial_figures
 from optimizer.tracking import Tracker
 from runners.atomic import write_atomic
-from runners.base import EngineConfig, FailureReason, RunResult
+from runners.base import FailureReason, RunResult
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
 from runners.process import reap_strays
@@ -58,30 +67,6 @@ logger = logging.getLogger(__name__)
 # 60 s: a Ray whose GCS is gone ends the driver after 60 s.
 _PLACEMENT_TIMEOUT_S = 30.0
 
-# The study run's closing figures and tags (the best against the defaults), from the report:
-# given by the composition root so that the loop does not depend on the report's module.
-StudySummary = Callable[[optuna.Study, StudyConfig], tuple[dict[str, float], dict[str, str]]]
-
-
-@dataclass(frozen=True)
-class TrialEvent:
-    """What the CLI's progress display is told; the core never draws."""
-
-    kind: Literal["started", "step", "finished", "study"]
-    number: int = -1
-    params: Mapping[str, Any] = field(default_factory=dict)
-    state: str = "running"
-    value: float | None = None
-    tpot_p99_ms: float | None = None
-    message: str = ""
-    elapsed_s: float = 0.0
-    label: str = ""  # the bottleneck classifier's verdict, once there is one
-    confirm: str = ""  # "defaults" or "best": a final confirmation run, not a search trial
-
-
-def _confirm_of(running: Running) -> str:
-    return str(running.trial.user_attrs.get(ATTR_CONFIRM) or "")
-
 
 @dataclass
 class _InFlight:
@@ -90,20 +75,7 @@ class _InFlight:
     workdir: Path
 
 
-@dataclass(frozen=True)
-class DaemonSummary:
-    finished: int  # trials finished by this daemon run
-    total_finished: int  # in the whole study
-    stopped_early: bool  # by a signal or `nightshift stop`
-    best_number: int | None
-    best_values: list[float] | None
-    no_baseline: str = ""  # why the defaults could not be measured, when they could not
-    # What MLflow lacks at the end (writes it refused, still refused by the closing catch-up),
-    # as a sentence; "" when it holds everything. Optuna holds it all; the next start logs it.
-    mlflow_incomplete: str = ""
-
-
-class Daemon:
+class Daemon(StudyRuns):
     """Runs one study to its budget. Not thread-safe: `request_stop` is the only method another
     thread (or a signal handler) may call."""
 
@@ -130,7 +102,7 @@ class Daemon:
         # The command that resumes this study with the options it was started with (the CLI
         # renders it); without one, the study file alone.
         self.resume = resume or resume_command(cfg.source)
-        # The compile ledger's reader (optimizer/runtime.py compile_ledger_of), or None.
+        # The compile ledger's reader (optimizer/run/engine_choice.py compile_ledger_of), or None.
         self.compiled_elsewhere = compiled_elsewhere
         self.space = space
         self.executor = executor
@@ -158,7 +130,7 @@ class Daemon:
         self._tracking_misses: set[int] = set()  # trials whose MLflow writes failed
         self._parent_run = ""
         self._lease: StorageLease | None = None  # the study's lock in a server RDB
-        self.policy: SearchPolicy | None = None
+        self.policy: SearchController | None = None
 
     # -- control ----------------------------------------------------------------------------
 
@@ -179,10 +151,10 @@ class Daemon:
         try:
             return self._run_locked()
         except Exception as exc:
-            if _is_storage_error(exc):  # the source of truth failed: nothing can be recorded
+            if is_storage_error(exc):  # the source of truth failed: nothing can be recorded
                 raise StorageError(
                     f"the Optuna storage {self.cfg.storage_url} failed mid-study "
-                    f"({describe(exc)}){_storage_file_note(self.cfg.storage_url)}; the trials in "
+                    f"({describe(exc)}){storage_file_note(self.cfg.storage_url)}; the trials in "
                     "flight were stopped and their engines ended; fix the storage, then resume: "
                     "it recovers what could not be recorded.") from exc
             raise
@@ -227,10 +199,10 @@ class Daemon:
                             self.cfg.name, self.cfg.results_dir, self.cfg.spec.retries,
                             fixed_flags=self.cfg.engine_fixed_flags)
         recovery.run()
-        policy = SearchPolicy(self.cfg, self.space, study, workload=self.workload,
+        policy = SearchController(self.cfg, self.space, study, workload=self.workload,
                               total_gpus=self.executor.total_gpus,
                               max_gpus_per_node=self.max_gpus_per_node,
-                              hardware=self.hardware, model=self.model, log=_MlflowLog(self),
+                              hardware=self.hardware, model=self.model, log=MlflowLog(self),
                               storage=storage,
                               compiled_elsewhere=self.compiled_elsewhere)
         self.policy = policy
@@ -249,11 +221,11 @@ class Daemon:
             # The store took writes again: what it refused mid-study is logged now, and no run
             # of this daemon's is left RUNNING.
             logger.info("MLflow caught up at the end: trials %s are logged",
-                        _numbers(self._tracking_misses))
+                        numbers_text(self._tracking_misses))
             self._tracking_misses.clear()
         return self._finish(study, policy, is_confirmed=is_confirmed)
 
-    def _wind_down(self, policy: SearchPolicy) -> None:
+    def _wind_down(self, policy: SearchController) -> None:
         """End every trial and process of this run, on any way out. Each step runs even when
         one before it failed: a storage that refuses the records (the reason an exception may
         be escaping) must never leave an engine or a worker behind."""
@@ -289,7 +261,7 @@ class Daemon:
             logger.warning("reaped %d engine processes left by a dead daemon on node %s: "
                            "%s", len(pids), node_id[:12], pids)
 
-    def _loop(self, policy: SearchPolicy) -> None:
+    def _loop(self, policy: SearchController) -> None:
         while True:
             if self._lease is not None and self._lease.is_lost:
                 self.request_stop(now=True)  # another daemon runs the study now
@@ -304,7 +276,7 @@ class Daemon:
                 return
             self._wait_and_collect(policy)
 
-    def _wait_and_collect(self, policy: SearchPolicy) -> None:
+    def _wait_and_collect(self, policy: SearchController) -> None:
         """Relay the steps measured since the last call, then collect the trials that ended
         within `poll_s`."""
         self._poll_steps(policy)
@@ -316,7 +288,7 @@ class Daemon:
             self._poll_steps(policy)  # steps that arrived just before the result
             self._collect(policy, item)
 
-    def _measure_alone(self, policy: SearchPolicy, params: Mapping[str, Any],
+    def _measure_alone(self, policy: SearchController, params: Mapping[str, Any],
                        label: str) -> FrozenTrial | None:
         """One confirmation run, alone on the GPUs (the interleaving is the point)."""
         running = policy.ask_confirm(params, label)
@@ -338,9 +310,9 @@ class Daemon:
         self._inflight.append(_InFlight(running, handle, workdir))
         logger.info("trial %d started: params=%s", trial.number, running.params)
         self.on_event(TrialEvent("started", trial.number, self._changed(config),
-                                 confirm=_confirm_of(running)))
+                                 confirm=confirm_of(running)))
 
-    def _poll_steps(self, policy: SearchPolicy) -> None:
+    def _poll_steps(self, policy: SearchController) -> None:
         for item in list(self._inflight):
             try:
                 steps = item.handle.poll()
@@ -351,12 +323,12 @@ class Daemon:
                 item.handle.decide(step.step, stop)
                 self.on_event(TrialEvent(
                     "step", item.running.trial.number, self._changed(item.running.config),
-                    "pruning" if stop else "running", _first_value(policy, item.running),
-                    _operating_tpot_ms(policy, item.running),
+                    "pruning" if stop else "running", first_value(policy, item.running),
+                    operating_tpot_ms(policy, item.running),
                     f"level {step.step} ({step.level.label})",
-                    time.monotonic() - item.running.started, confirm=_confirm_of(item.running)))
+                    time.monotonic() - item.running.started, confirm=confirm_of(item.running)))
 
-    def _collect(self, policy: SearchPolicy, item: _InFlight) -> None:
+    def _collect(self, policy: SearchController, item: _InFlight) -> None:
         self._inflight.remove(item)
         result = item.handle.result()
         number = item.running.trial.number
@@ -403,154 +375,8 @@ class Daemon:
             result = replace(result, trace_path=local)
         policy.on_result(item.running, result)
 
-    def _cancel(self, policy: SearchPolicy, item: _InFlight) -> None:
+    def _cancel(self, policy: SearchController, item: _InFlight) -> None:
         item.handle.cancel()
         self.executor.release(item.handle, healthy=False)
         self._inflight.remove(item)
         policy.interrupted(item.running)
-
-    # -- tracking: MLflow may fail; Optuna keeps the truth and a resume catches MLflow up --
-
-    def _open_run(self, trial: optuna.Trial, params: Mapping[str, Any]) -> str | None:
-        try:
-            run_id = self.tracker.start_trial(self._parent_run, self.cfg.name, trial.number,
-                                              params,
-                                              confirm=trial.user_attrs.get(ATTR_CONFIRM))
-        except Exception as exc:  # any store error: the study must go on
-            self._tracking_failed("start_trial", trial.number, exc)
-            return None
-        trial.set_user_attr(ATTR_MLFLOW_RUN, run_id)
-        return run_id
-
-    def _close_run(self, number: int, run_id: str | None, payload: Mapping[str, Any]) -> None:
-        """Log a finished trial. A failure leaves its run RUNNING (or absent), which the next
-        resume's catch-up replays from the record in Optuna."""
-        if run_id is None:
-            return
-        try:
-            self.tracker.finish_trial(run_id, **payload)
-        except Exception as exc:  # any store error: the study must go on
-            self._tracking_failed("finish_trial", number, exc)
-
-    def _tracking_failed(self, action: str, number: int, exc: Exception) -> None:
-        self._tracking_misses.add(number)
-        logger.warning("trial %d: MLflow %s failed (%s); the trial is kept in Optuna and "
-                       "logged to MLflow on the next resume", number, action, describe(exc))
-
-    def _told(self, told: Told) -> None:
-        """A trial the policy told Optuna about: its run closed, a log line and an event."""
-        if told.kind == "duplicate":
-            return  # launched nothing, has no run: its original's stands
-        record = told.record
-        confirm = told.running.trial.user_attrs.get(ATTR_CONFIRM) if told.running else None
-        self._close_run(told.number, told.run_id, tracking_payload(
-            record, told.result, number=told.number, fixed_flags=self.cfg.engine_fixed_flags,
-            confirm=confirm))
-        if told.kind == "rejected":
-            self.on_event(TrialEvent("finished", told.number, dict(record.params), "failed",
-                                     None, None, record.conclusion_short or record.conclusion))
-            return
-        running = told.running
-        assert running is not None  # a measured trial ran
-        primary = record.values[0] if record.values else None
-        if record.state == "pruned":
-            primary = _first_value(self.policy, running) if self.policy else None
-        logger.info("trial %d %s: %s params=%s", told.number, record.state, record.conclusion,
-                    running.params)
-        self.on_event(TrialEvent("finished", told.number, self._changed(running.config),
-                                 record.state, primary, record.metrics.get("p99_tpot_ms"),
-                                 record.conclusion_short,
-                                 time.monotonic() - running.started,
-                                 str((record.verdict or {}).get("label") or ""),
-                                 _confirm_of(running)))
-
-    def _changed(self, config: EngineConfig) -> dict[str, Any]:
-        """The flags a trial sets beyond vLLM's defaults and the study's fixed flags."""
-        return {k: v for k, v in config.flags.items() if k not in self.cfg.engine_fixed_flags}
-
-    def _finish(self, study: optuna.Study, policy: SearchPolicy, *,
-                is_confirmed: bool = True) -> DaemonSummary:
-        from optimizer.study import is_search_trial, no_baseline_reason
-
-        trials = study.get_trials(deepcopy=False)
-        # The search's trials: not a repeat that launched nothing, nor a confirmation run.
-        finished = [t for t in trials if t.state.is_finished() and is_search_trial(t)]
-        best = best_trial(study)
-        done = not policy.budget_left() and is_confirmed
-        metrics, tags = self.summarize(study, self.cfg)
-        if self.learn_facts is not None:
-            try:
-                for fact in self.learn_facts(study):
-                    logger.info("known fact written: %s", fact)
-            except Exception as exc:  # the facts file is a convenience: never fail the study
-                logger.warning("the measured facts could not be written (%s)", describe(exc))
-        no_baseline = no_baseline_reason(study) or ""
-        if no_baseline:
-            logger.warning("no baseline: the defaults could not be measured (%s); no gain over "
-                           "the defaults can be stated", no_baseline)
-        missed = [f"trial{'s' if len(self._tracking_misses) > 1 else ''} "
-                  f"{_numbers(self._tracking_misses)}"] if self._tracking_misses else []
-        try:
-            self.tracker.finish_study(self._parent_run, metrics, tags, is_done=done)
-            pick = recommended_trial(study)
-            self.tracker.mark_trials(self._parent_run, pick.number if pick else None,
-                                     trial_figures(study, self.cfg))
-        except Exception as exc:  # any store error: the results are safe in Optuna
-            missed.append("the study's own run")
-            logger.warning("MLflow finish_study failed (%s); rerun `%s` to bring MLflow up "
-                           "to date", describe(exc), self.resume)
-        self.on_event(TrialEvent("study", message="done" if done else "stopped"))
-        return DaemonSummary(policy.finished_here, len(finished), self.stopping and not done,
-                             best.number if best else None, list(best.values)
-                             if best and best.values else None, no_baseline,
-                             " and ".join(missed))
-
-
-def _numbers(numbers: set[int]) -> str:
-    return ", ".join(str(n) for n in sorted(numbers))
-
-
-class _MlflowLog:
-    """The policy's `TrialLog`: the daemon's MLflow runs and progress events."""
-
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
-
-    def open_run(self, trial: optuna.Trial, params: Mapping[str, Any]) -> str | None:
-        return self.daemon._open_run(trial, params)
-
-    def told(self, told: Told) -> None:
-        self.daemon._told(told)
-
-
-def _operating_tpot_ms(policy: SearchPolicy, running: Running) -> float | None:
-    """TPOT p99 at the trial's operating point so far (`objectives.operating_step`), the load
-    its value describes: never a later probe's that missed the SLO."""
-    step = operating_step(policy.cfg.objectives[0], running.steps)
-    return step.metrics.p99_tpot_ms if step is not None else None
-
-
-def _first_value(policy: SearchPolicy | None, running: Running) -> float | None:
-    if policy is None:
-        return None
-    values = objective_values(policy.cfg.objectives, running.steps, running.config.num_gpus)
-    return values[0] if values else None
-
-
-def _is_storage_error(exc: BaseException) -> bool:
-    """Whether the Optuna storage raised it (SQLAlchemy's errors, or Optuna's wrapper of a
-    failed commit); MLflow's wrap SQLAlchemy's too, but never escape as one."""
-    import sqlalchemy.exc
-
-    return isinstance(exc, optuna.exceptions.StorageInternalError | sqlalchemy.exc.SQLAlchemyError)
-
-
-def _storage_file_note(url: str) -> str:
-    """", and its file ... is gone" where a local SQLite storage's file was removed."""
-    if not is_local_file_storage(url):
-        return ""
-    from sqlalchemy.engine import make_url
-
-    path = Path(str(make_url(url).database)).expanduser()
-    return "" if path.exists() else \
-        f", and its file {path} is gone (a resume starts the study anew)"

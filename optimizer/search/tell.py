@@ -1,16 +1,13 @@
-"""What the search policy tells Optuna of each trial, and the types a trial passes through
-(`Waiting`, `Running`, `Told`, the `TrialLog` that hears it): a finished run made into its
-record (the state through the one mapping, `study.state_of`; the objective values, the SLO
-constraint, the bottleneck verdict, the conclusion against the defaults and the best, the
-per-level figures MLflow logs), a repeat of a measured config, a config refused before launch."""
+"""What Optuna is told of each trial: a finished run made into its record (the state through
+the one mapping, `study.state_of`; the objective values, the SLO constraint, the bottleneck
+verdict, the conclusion against the defaults and the best, the per-level figures MLflow logs), a
+repeat of a measured config, a config refused before launch."""
 
 from __future__ import annotations
 
-import json
 import logging
-import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import optuna
@@ -18,14 +15,17 @@ from optuna.trial import TrialState
 
 from optimizer import bottleneck, quality
 from optimizer.conclusions import baseline_trial, conclude, reference_of
-from optimizer.objectives import (
-    described_step,
-    is_capacity_search,
-    objective_values,
-    operating_step,
-)
+from optimizer.objectives import objective_values
+from optimizer.recommendation import best_trial
 from optimizer.records import ATTR_RECORD, TrialRecord, record_of, step_records, summary_metrics
-from optimizer.startup import startup_metrics, startup_record
+from optimizer.search.notes import (
+    engine_of,
+    implied_changes_note,
+    no_operating_point_note,
+    speculation_note,
+)
+from optimizer.search.startup import startup_metrics, startup_record
+from optimizer.search.trials import Running, Told, TrialLog
 from optimizer.study import (
     ATTR_CONFIRM,
     ATTR_DUPLICATE_OF,
@@ -33,13 +33,11 @@ from optimizer.study import (
     ATTR_SEED_TITLE,
     CONFIG_FAILURES,
     STATE_NAMES,
-    best_trial,
     state_of,
     tell_config_failure,
 )
 from runners.base import (
     EngineConfig,
-    EngineInfo,
     Failure,
     FailureReason,
     RunResult,
@@ -47,7 +45,6 @@ from runners.base import (
 )
 from runners.capacity import meets_slo
 from runners.simulated.launcher import is_simulated_argv
-from runners.vllm.compile_cache import CompileKey
 
 if TYPE_CHECKING:
     from optimizer.config import StudyConfig
@@ -62,7 +59,7 @@ logger = logging.getLogger(__name__)
 MAX_CONSECUTIVE_DUPLICATES = 200
 
 
-def record_result(policy: PolicyState, item: Running, result: RunResult) -> TrialRecord:
+def record_result(policy: RecordState, item: Running, result: RunResult) -> TrialRecord:
     """Write `item`'s record from its run's `result` and tell Optuna; returns the record."""
     cfg, study, workload = policy.cfg, policy.study, policy.workload
     state = state_of(result)
@@ -124,7 +121,7 @@ def record_result(policy: PolicyState, item: Running, result: RunResult) -> Tria
             speculation_note(item.params, metrics)
             if state == TrialState.COMPLETE and not is_simulated_argv(result.argv) else "",
             "" if item.is_baseline else
-            implied_changes_note(item.params, result.engine, _engine_of(defaults)),
+            implied_changes_note(item.params, result.engine, engine_of(defaults)),
             no_operating_point_note(cfg.objectives[0], result.steps))
             if n),
         quality_failed=assessed.failed if assessed is not None else (),
@@ -181,7 +178,7 @@ def _engine_dict(result: RunResult) -> dict[str, Any]:
     return asdict(result.engine)
 
 
-def _step_records(policy: PolicyState, steps: Sequence[StepMetrics],
+def _step_records(policy: RecordState, steps: Sequence[StepMetrics],
                   config: EngineConfig) -> list[dict[str, Any]]:
     """Each level's record, with its step-mix roofline (`roofline.*`, `vllm_mfu.*`): the
     per-level figures MLflow logs at step = level."""
@@ -192,70 +189,8 @@ def _step_records(policy: PolicyState, steps: Sequence[StepMetrics],
     return out
 
 
-@dataclass
-class Running:
-    """A trial handed out to run: what the policy needs to judge its steps and record it."""
-
-    trial: optuna.Trial
-    params: dict[str, Any]  # as sampled (fixed params included)
-    config: EngineConfig
-    is_baseline: bool
-    retries: int
-    started: float = field(default_factory=time.monotonic)
-    run_id: str | None = None  # the tracker's run, set by whoever launches it
-    steps: list[StepMetrics] = field(default_factory=list)
-    pruned_at: int | None = None
-    prune_reason: str | None = None
-    compile_key: CompileKey | None = None  # the estimated compile-cache key (optimizer.startup)
-    prediction: str = "none"  # what the policy expected of its compile cache at launch
-
-
-@dataclass
-class Waiting:
-    """A trial asked of Optuna whose GPUs are not free yet."""
-
-    trial: optuna.Trial
-    params: dict[str, Any]
-    config: EngineConfig
-    overtaken: int = 0  # later trials launched while this one waited
-
-
-@dataclass(frozen=True)
-class Told:
-    """A trial the policy has told Optuna about, for the log: `kind` "measured" (it ran),
-    "rejected" (refused before launch: it has a run of its own) or "duplicate" (no run)."""
-
-    kind: str
-    number: int
-    record: TrialRecord
-    run_id: str | None = None
-    result: RunResult | None = None
-    running: Running | None = None
-
-
-class TrialLog(Protocol):
-    """Hears what the policy tells Optuna (the daemon: MLflow and the progress display)."""
-
-    def open_run(self, trial: optuna.Trial, params: Mapping[str, Any]) -> str | None:
-        """Give a trial that never launched its run, before it is told (the run id can then
-        still be stored on the trial); None when the tracker refuses."""
-        ...
-
-    def told(self, told: Told) -> None: ...
-
-
-class NoLog:
-    """A `TrialLog` that keeps nothing (the replay)."""
-
-    def open_run(self, trial: optuna.Trial, params: Mapping[str, Any]) -> str | None:
-        return None
-
-    def told(self, told: Told) -> None:
-        return None
-
-
-class PolicyState(Protocol):
-    """What telling Optuna needs of the search policy (`search.SearchPolicy` is the one)."""
+class RecordState(Protocol):
+    """What writing a run's record needs of the search (`SearchController` is the one)."""
 
     cfg: StudyConfig
     study: optuna.Study
@@ -263,9 +198,6 @@ class PolicyState(Protocol):
     space: ResolvedSpace
     hardware: HardwareProfile | None
     model: ModelInfo | None
-    log: TrialLog
-    duplicates_in_a_row: int
-    is_exhausted: bool
 
     @property
     def has_slo(self) -> bool: ...
@@ -273,14 +205,24 @@ class PolicyState(Protocol):
     def verdict(self, steps: Sequence[StepMetrics], config: EngineConfig,
                 result: RunResult | None = None) -> bottleneck.Verdict: ...
 
+
+class TellState(Protocol):
+    """What telling Optuna of a trial that never ran needs (`Searcher` is the one): it keeps
+    the configs held and counts the repeats in a row."""
+
+    cfg: StudyConfig
+    study: optuna.Study
+    log: TrialLog
+    duplicates_in_a_row: int
+    is_exhausted: bool
+
+    @property
+    def has_slo(self) -> bool: ...
+
     def remember(self, number: int, record: TrialRecord | None) -> None: ...
 
 
-def config_key(params: Mapping[str, Any]) -> str:
-    return json.dumps(params, sort_keys=True, default=str)
-
-
-def tell_duplicate(policy: PolicyState, trial: optuna.Trial, params: dict[str, Any],
+def tell_duplicate(policy: TellState, trial: optuna.Trial, params: dict[str, Any],
                     earlier: int) -> None:
     """The sampler proposed (or the queue held) a config another trial holds: launch
     nothing. A measured original's outcome is reused: the trial tells the sampler the same
@@ -319,7 +261,7 @@ def tell_duplicate(policy: PolicyState, trial: optuna.Trial, params: dict[str, A
     logger.debug("trial %d repeats trial %d: not launched", trial.number, earlier)
 
 
-def tell_without_run(policy: PolicyState, trial: optuna.Trial, params: dict[str, Any],
+def tell_without_run(policy: TellState, trial: optuna.Trial, params: dict[str, Any],
                       failure: Failure) -> None:
     # Refused for what the config is, or not launched for what happened to the daemon (it
     # stopped while the trial waited for GPUs): only the first is a verdict on the config.
@@ -337,69 +279,3 @@ def tell_without_run(policy: PolicyState, trial: optuna.Trial, params: dict[str,
         policy.study.tell(trial, state=TrialState.FAIL)
     logger.info("trial %d %s", trial.number, conclusion)
     policy.log.told(Told("rejected", trial.number, record, run_id=run_id))
-
-# -- steps and pruning ----------------------------------------------------------------------
-
-
-def speculation_note(params: Mapping[str, Any], metrics: Mapping[str, Any]) -> str:
-    """What speculative decoding did at the headline level, from vLLM's counters: the share of
-    draft tokens accepted and the tokens a verification step yielded; that the counters show
-    no draft proposed (prompt lookup finds nothing the output repeats); or that no counter was
-    read, so nothing is said of the drafts."""
-    method = params.get("spec_method")
-    if method in (None, "none"):
-        return ""
-    rate = metrics.get("server.spec_decode_acceptance_rate")
-    length = metrics.get("server.spec_decode_mean_acceptance_length")
-    if rate is not None and length is not None:
-        return (f"Speculation ({method}): {rate:.0%} of draft tokens accepted, {length:.1f} "
-                "tokens per verification step at the headline level.")
-    if metrics.get("server.spec_decode_num_drafts") == 0:
-        return f"Speculation ({method}): vLLM proposed no draft at the headline level."
-    return (f"Speculation ({method}): vLLM's spec-decode counters were not read at the "
-            "headline level, so what the drafts did is unknown.")
-
-
-def no_operating_point_note(objective: str, steps: Sequence[StepMetrics]) -> str:
-    """After a capacity search in which no load met the SLO, that the trial has no operating
-    point, and why the lightest load probed missed where the runner says (its `miss_reason`,
-    read with getattr until `StepMetrics` has it); "" otherwise."""
-    if not is_capacity_search(steps) or operating_step(objective, steps) is not None:
-        return ""
-    lightest = described_step(objective, steps)
-    if lightest is None:
-        return ""
-    level = lightest.level
-    load = f"{level.request_rate_rps:.3g} req/s" if level.request_rate_rps is not None \
-        else f"concurrency {level.max_concurrency}"
-    why = getattr(lightest, "miss_reason", None)
-    return (f"No operating point: no probed load met the SLO; the lightest, {load}, missed it"
-            + (f" ({why})." if why else "."))
-
-
-def _engine_of(trial: optuna.trial.FrozenTrial | None) -> Mapping[str, Any] | None:
-    """A trial's engine as its record keeps it (`EngineInfo`), or None (no trial, no record)."""
-    record = record_of(trial) if trial is not None else None
-    return dict(record.engine or {}) if record is not None else None
-
-
-def implied_changes_note(params: Mapping[str, Any], engine: EngineInfo,
-                         baseline: Mapping[str, Any] | None) -> str:
-    """What vLLM changed by itself for this config, beyond what the trial asked for, so that
-    the change a conclusion names is not taken for the whole of it (vLLM 0.26, with CPU ngram
-    speculation: async scheduling off, config/vllm.py:1059-1107; the V1 model runner instead
-    of V2, config/vllm.py:576-588). Each is said where the defaults' engine is known to have
-    run otherwise, or where the defaults were not measured yet (then of this config alone); a
-    defaults' record that does not say (written before these were read) says nothing."""
-    said = []
-    if engine.async_scheduling is False and params.get("async_scheduling") is not False and \
-            (baseline is None or baseline.get("async_scheduling") is True):
-        said.append("turned async scheduling off (its log: \"Asynchronous scheduling is "
-                    "disabled\")")
-    if engine.model_runner == "V1" and (baseline is None or baseline.get("model_runner") == "V2"):
-        said.append("ran the V1 model runner instead of V2 (its log: \"using the V1 model "
-                    "runner instead\")")
-    if not said:
-        return ""
-    return f"vLLM {' and '.join(said)} for this config, so the result includes that."
-

@@ -1,20 +1,17 @@
-"""Wiring for `nightshift start`: pick the engine, know the hardware and model, resolve the
-search space against them, start Ray, and build the daemon. Kept apart from `optimizer/cli/` so
-the composition is testable without a terminal."""
+"""Wiring for `nightshift start`: pick the engine (`engine_choice`), know the hardware and model,
+resolve the search space against them (`space_context`), plan the seeds (`seeds`), start Ray,
+and build the daemon. Kept apart from `optimizer/cli/` so the composition is testable without a
+terminal."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
-import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from optimizer.config import StudyConfig, check_before_start
-from optimizer.daemon import Daemon, TrialEvent
 from optimizer.engines import RunnerSpec
 from optimizer.errors import ConfigError, TrackingError
 from optimizer.fingerprint import Fingerprint, fingerprint_of, resume_changes
@@ -22,163 +19,39 @@ from optimizer.memory import (
     STUDY_ATTR_FINGERPRINT,
     STUDY_ATTR_WARM_START,
     TAG_WARM_START,
-    WarmStart,
     learn_facts,
-    plan_warm_start,
-    read_studies,
 )
-from optimizer.study import (
-    ATTR_SEED_SOURCE,
-    ATTR_SEED_TITLE,
-    STUDY_ATTR_VLLM_DEFAULTS,
-    make_storage,
+from optimizer.run.daemon import Daemon
+from optimizer.run.engine_choice import (
+    DEFAULT_CACHE_ROOT,
+    choose_engine,
+    compiled_elsewhere,
+    engine_version,
+    release_table,
+    simulated_hardware,
 )
-from optimizer.study_summary import study_summary
-from optimizer.tracking import Tracker
-from optimizer.workers import (
-    RayExecutor,
+from optimizer.run.events import TrialEvent
+from optimizer.run.ray_cluster import (
     cluster_placement_problem,
     init_ray,
     largest_node_gpus,
     probe_on_cluster,
 )
-from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names, probe
-from runners.model_info import ModelInfo, bundled_shapes, load_model_info
+from optimizer.run.ray_executor import RayExecutor
+from optimizer.run.seeds import seed_trial_params, template_trial_params, warm_start
+from optimizer.run.space_context import space_context
+from optimizer.study import STUDY_ATTR_VLLM_DEFAULTS, make_storage
+from optimizer.study_summary import study_summary
+from optimizer.tracking import Tracker
+from runners.hardware import HardwareProfile, probe
+from runners.model_info import bundled_shapes, load_model_info
 from runners.simulated.model import UNMODELLED_FLAGS
 from runners.tokenizer import load_tokenizer
-from runners.vllm.compile_ledger import CompileLedger
-from runners.vllm.flags import flag_table
 from runners.workload import Workload
-from search_spaces import (
-    ResolvedSpace,
-    SpaceError,
-    load_space,
-    recommend_space,
-)
-from search_spaces.engine.facts import vllm_scheduler_defaults
-from search_spaces.engine.tables import UnknownVersionError, VllmFlags, bundled_flags
-from search_spaces.known_facts import FactError, KnownFact, facts_file, load_facts
-from search_spaces.seeds import load_templates, template_seeds
+from search_spaces import SpaceError, load_space, recommend_space
+from search_spaces.known_facts import FactError, facts_file, load_facts
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_CACHE_ROOT = Path.home() / ".cache" / "nightshift" / "vllm"
-
-
-def vllm_available() -> bool:
-    return importlib.util.find_spec("vllm") is not None and shutil.which("nvidia-smi") is not None
-
-
-def choose_engine(cfg: StudyConfig, dry_run: bool) -> str:
-    if dry_run:
-        return "simulated"
-    if cfg.spec.engine == "auto":
-        return "vllm" if vllm_available() else "simulated"
-    return cfg.spec.engine
-
-
-def simulated_hardware(preset: str, num_gpus: int) -> HardwareProfile:
-    """A preset's GPU repeated `num_gpus` times, as the simulated engine's host."""
-    try:
-        base = load_preset(preset)
-    except ValueError:
-        raise ConfigError(f"simulated.hardware: unknown preset {preset!r}; valid: "
-                          f"{', '.join(preset_names())}.") from None
-    if base.num_gpus >= num_gpus:
-        gpus = base.gpus[:num_gpus]
-        interconnect = base.interconnect if num_gpus > 1 else "none"
-    else:
-        template = base.gpus[0]
-        gpus = tuple(GpuInfo(**{**template.__dict__, "index": i,
-                                "uuid": f"{template.uuid or 'GPU-sim'}-{i}"})
-                     for i in range(num_gpus))
-        # Data-centre parts come in NVLink boxes; consumer cards talk over PCIe.
-        interconnect = "none" if num_gpus == 1 else (
-            "pcie" if base.hardware_class == "24gb" else "nvlink")
-    return HardwareProfile(**{**base.__dict__, "gpus": gpus, "interconnect": interconnect})
-
-
-def release_table(engine: str) -> tuple[VllmFlags | None, str | None]:
-    """The flag table of the vLLM a study runs, and a note where it is not known: the simulated
-    engine's release (0.26.0), or the installed vLLM's; None where vLLM is not installed here
-    (a Ray cluster's driver) or no table holds for its release."""
-    if engine == "simulated":
-        return bundled_flags(), None
-    try:
-        return flag_table(engine_version(engine) or ""), None
-    except UnknownVersionError as exc:
-        return None, (f"engine: {exc}; the space searches every flag it declares, as for "
-                      "vLLM 0.26")
-
-
-def space_context(hardware: HardwareProfile, model: ModelInfo | None,
-                  workload: Workload | None = None,
-                  load_format: str | None = None,
-                  table: VllmFlags | None = None, *, vllm_version: str | None = None,
-                  known_facts: Sequence[KnownFact] | None = None,
-                  ignore_facts: Sequence[str] = ()) -> dict[str, Any]:
-    """What the space's rules read: the host, the model, the vLLM release (`table`: its flags,
-    defaults and value sets; `vllm_version`: the engine's version string), (from the study
-    file) whether the weights are real and the workload's shape, and the measured facts
-    (search_spaces/known_facts.py; the bundled ones where `known_facts` is None) less the ids
-    the study file ignores; a fact left out makes a rule on it not apply."""
-    hw = {"num_gpus": hardware.num_gpus, "compute_capability": hardware.compute_capability,
-          "gpu_memory_gib": hardware.gpu_memory_gib, "interconnect": hardware.interconnect,
-          "hardware_class": hardware.hardware_class, "gpu_name": hardware.gpu_name}
-    mdl: dict[str, Any] = {}
-    if model is not None:
-        mdl = {"num_attention_heads": model.num_attention_heads,
-               "num_key_value_heads": model.num_key_value_heads,
-               "quant_method": model.quant_method,
-               "max_position_embeddings": model.max_position_embeddings,
-               "max_model_len": model.derived_max_model_len,
-               "num_params": model.num_params}
-    if load_format is not None:
-        mdl["real_weights"] = load_format != "dummy"
-    context: dict[str, Any] = {"hardware": hw, "model": mdl}
-    if table is not None:
-        context["engine"] = {**table.engine_facts(), "host_defaults": vllm_scheduler_defaults(
-            hardware.gpu_memory_gib, hardware.gpu_name, table.version,
-            hardware.compute_capability)}
-    if workload is not None:
-        context["workload"] = workload_facts(workload)
-    if vllm_version is not None:
-        context["engine"] = {**context.get("engine", {}), "vllm_version": vllm_version}
-    if known_facts is not None:
-        context["known_facts"] = tuple(known_facts)
-    if ignore_facts:
-        context["known_facts_ignore"] = tuple(ignore_facts)
-    return context
-
-
-def workload_facts(workload: Workload) -> dict[str, Any]:
-    """The workload's shape as the rules read it; a fact the study file does not settle is left
-    out (a prompts file may share a system prompt; a rate without a cap has no concurrency)."""
-    facts: dict[str, Any] = {}
-    if workload.capacity is not None:
-        concurrency = workload.capacity.high if workload.capacity.axis == "concurrency" else None
-    else:
-        caps = [lv.max_concurrency for lv in workload.levels]
-        concurrency = None if any(c is None for c in caps) else max(
-            (c for c in caps if c), default=None)
-    if concurrency is not None:
-        facts["max_concurrency"] = concurrency
-    shared = workload.shared_prefix
-    if shared is not None and shared.fraction > 0 and shared.num_tokens >= 16:
-        facts["shares_prefix"] = True  # a system prompt of at least one KV block
-    elif workload.multi_turn is not None:
-        facts["shares_prefix"] = True  # each turn carries the conversation so far
-    elif workload.prompts_file is None and workload.trace is None and workload.dataset is None:
-        # Synthesised prompts are random: no two share a prefix the cache could reuse. A file,
-        # a trace or a dataset may (a shared system prompt): left unknown.
-        facts["shares_prefix"] = False
-    if workload.prompts_file is None and workload.trace is None and workload.dataset is None \
-            and workload.multi_turn is None:
-        dist = workload.input_len
-        longest = dist.mean if dist.kind == "fixed" else dist.high
-        if longest is not None:
-            facts["max_prompt_tokens"] = longest + (shared.num_tokens if shared else 0)
-    return facts
 
 
 def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | None = None,
@@ -373,7 +246,7 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
                                  STUDY_ATTR_WARM_START: list(warm.lines),
                                  STUDY_ATTR_VLLM_DEFAULTS: {**resolved.vllm_defaults,
                                                             **resolved.study_fixed}},
-                    compiled_elsewhere=_compiled_elsewhere(cfg, engine),
+                    compiled_elsewhere=compiled_elsewhere(cfg, engine),
                     learn_facts=None if engine == "simulated" else partial(
                         learn_facts, study_name=cfg.name, hardware_class=hardware.hardware_class,
                         vllm_version=engine_version(engine), path=facts_file()))
@@ -428,124 +301,6 @@ def study_fingerprint(cfg: StudyConfig, *, dry_run: bool = False) -> Fingerprint
         hardware = probe()
     return fingerprint_of(cfg, engine=engine, engine_version=engine_version(engine),
                           hardware=hardware, model=model)
-
-
-def compile_ledger_of(cfg: StudyConfig, engine: str) -> CompileLedger | None:
-    """The reader of the compile ledger in the cache root this study's trials use: the study's
-    `env` VLLM_CACHE_ROOT, else (vLLM) `vllm.cache_root` or the default; the simulated engine
-    keeps a cache only where `env` names one. None under `startup.compile_cache: per_trial`
-    (no shared cache) or where vLLM's version is unknown here (a key holds under one version)."""
-    if cfg.spec.startup.compile_cache != "shared":
-        return None
-    root = cfg.spec.env.get("VLLM_CACHE_ROOT") or (
-        cfg.spec.vllm.cache_root or DEFAULT_CACHE_ROOT if engine == "vllm" else None)
-    if not root:
-        return None
-    if engine == "simulated":
-        from runners.simulated.model import ENGINE_VERSION
-
-        version: str | None = ENGINE_VERSION  # what the simulated engine's log prints
-    else:
-        version = engine_version(engine)
-    if version is None:
-        logger.info("vLLM's version is unknown here: the compile ledger in %s is not read", root)
-        return None
-    return CompileLedger(root, vllm_version=version, engine=engine)
-
-
-def _compiled_elsewhere(cfg: StudyConfig, engine: str) -> Callable[[], frozenset[str]] | None:
-    ledger = compile_ledger_of(cfg, engine)
-    return ledger.compiled_keys if ledger is not None else None
-
-
-def engine_version(engine: str) -> str | None:
-    """vLLM's installed version (read from its metadata: vllm is not imported), or the
-    simulated engine's `simulated <the vLLM version it mimics>`; None where unknown."""
-    if engine == "simulated":
-        from runners.simulated.model import ENGINE_VERSION
-
-        return f"simulated {ENGINE_VERSION}"
-    from importlib import metadata
-
-    try:
-        return metadata.version("vllm")
-    except metadata.PackageNotFoundError:  # a Ray cluster's driver without vLLM
-        return None
-
-
-def warm_start(cfg: StudyConfig, tracker: Tracker, fingerprint: Fingerprint,
-               space: ResolvedSpace, seed_trials: list[dict[str, Any]]) -> WarmStart:
-    """The seeds of the study's `warm_start` from the tracking store (optimizer/memory.py).
-    A store that cannot be read skips an `auto` warm start (said so); a study named in the
-    study file that the store does not hold is bad input."""
-    setting = cfg.spec.warm_start
-    if setting == "off":
-        return WarmStart((), ("off",))
-    try:
-        studies = read_studies(tracker.client, exclude=cfg.name)
-    except Exception as exc:  # MLflow raises many types; all mean "cannot read the store"
-        if setting != "auto":
-            raise ConfigError(f"warm_start: the tracking store {cfg.tracking_uri} could not "
-                              f"be read ({type(exc).__name__}); fix it or set warm_start: "
-                              "auto or off.") from None
-        logger.warning("warm start skipped: the tracking store could not be read (%s: %s)",
-                       type(exc).__name__, str(exc)[:200])
-        return WarmStart((), ("skipped: the tracking store could not be read",))
-    try:
-        plan = plan_warm_start(setting, fingerprint, studies, space=space,
-                               fixed_flags=cfg.spec.fixed_flags, seed_trials=seed_trials)
-    except ValueError as exc:
-        names = ", ".join(sorted({s.name for s in studies})[:10]) or "none"
-        raise ConfigError(f"warm_start: no study named {exc.args[0]!r} in the tracking store "
-                          f"{cfg.tracking_uri} (studies there: {names}); fix the name or set "
-                          "warm_start: auto.") from None
-    for line in plan.lines:
-        logger.info("warm start: %s", line)
-    return plan
-
-
-def template_trial_params(cfg: StudyConfig, space: ResolvedSpace, hardware_class: str,
-                          ) -> tuple[list[tuple[dict[str, Any], dict[str, str]]], list[str]]:
-    """The hardware class's templates as (config, tags) seed trials, and one note per template:
-    queued, or skipped with the reason (never dropped silently). None with `templates: off`."""
-    if cfg.spec.templates == "off":
-        return [], []
-    try:
-        templates = load_templates(hardware_class)
-    except SpaceError as exc:
-        raise ConfigError(f"templates: {exc}") from None
-    trials: list[tuple[dict[str, Any], dict[str, str]]] = []
-    notes: list[str] = []
-    for seed in template_seeds(space, templates, cfg.spec.fixed_flags):
-        if seed.params is None:
-            notes.append(seed.skipped_because)
-            continue
-        trials.append((dict(seed.params), {ATTR_SEED_SOURCE: seed.template.source,
-                                           ATTR_SEED_TITLE: seed.template.title}))
-        notes.append(f"{seed.template.title}: queued after the defaults (and any warm-start "
-                     f"seeds), tagged {ATTR_SEED_SOURCE}={seed.template.source}")
-    return trials, notes
-
-
-def seed_trial_params(cfg: StudyConfig, space: ResolvedSpace) -> list[dict[str, Any]]:
-    """`seed_trials` as full configs (each over the defaults baseline), refused with the first
-    problem when one is not a config of the space."""
-    defaults = space.defaults()
-    out: list[dict[str, Any]] = []
-    for index, changes in enumerate(cfg.spec.seed_trials):
-        for name, value in changes.items():
-            fixed = cfg.spec.fixed_flags.get(name)
-            if name in cfg.spec.fixed_flags and value != fixed:
-                raise ConfigError(f"seed_trials[{index}].{name}: fixed_flags fixes it to "
-                                  f"{fixed!r} for every trial; drop it from the seed or from "
-                                  "fixed_flags.")
-        params = {**defaults, **changes}
-        problems = space.check(params)
-        if problems:
-            raise ConfigError(f"seed_trials[{index}]: {problems[0]}; change it to a value of "
-                              f"search space {space.name!r}.")
-        out.append(params)
-    return out
 
 
 def capacity_notes(workload: Workload) -> list[str]:
