@@ -26,7 +26,7 @@ studies=${STUDY:-bench/h200/study.yaml}
 status() { for s in $studies; do case $s in regress:*|sh:*) continue;; esac
   python3 -m optimizer.cli status $s 2>&1 | tail -40; done; }
 # Every call that waits also brings back what exists so far: a machine given back between two
-# calls (30 s idle) takes everything on it, as it did to study 3 (docs/NOTES.md).
+# calls (30 s idle) takes everything on it, as it did to study 3 (NOTES.md).
 pack() { mkdir -p $OUT/r; tar czf $OUT/r/h200-results.tar.gz -C /root \
   --exclude='*.pt.trace.json*' h200-results 2>/dev/null; }
 # The sequence's pid is in a file (never pgrep -f: it matches this very command line).
