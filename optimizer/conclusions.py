@@ -18,7 +18,7 @@ from optimizer.study import (
     params_of,
 )
 from runners.capacity import bracket_from_metrics
-from runners.workload import Bracket
+from runners.capacity_search import Bracket
 
 if TYPE_CHECKING:
     import optuna

@@ -34,8 +34,8 @@ from optimizer.study import (
     vllm_defaults_of,
 )
 from runners.capacity import bracket_from_metrics
+from runners.capacity_search import Bracket
 from runners.simulated.launcher import is_simulated_argv
-from runners.workload import Bracket
 from search_spaces import PARAM_PARENTS, changed_params
 
 logger = logging.getLogger(__name__)

@@ -42,7 +42,7 @@ from starlette.routing import Route
 
 from runners.base import EngineConfig, Failure, FailureReason
 from runners.hardware import HardwareProfile
-from runners.loadgen import (
+from runners.loadgen.client import (
     MODELLED_ARRIVAL_FIELD,
     MODELLED_BURST_HEADER,
     MODELLED_CLOCK_HEADER,

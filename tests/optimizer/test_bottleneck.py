@@ -23,8 +23,8 @@ from optimizer.bottleneck import (
 from runners import trace
 from runners.base import BenchmarkMetrics, EngineConfig, RunResult, StepMetrics
 from runners.hardware import load_preset
+from runners.load_level import LoadLevel
 from runners.model_info import load_model_info
-from runners.workload import LoadLevel
 
 TRACES = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
 H200 = load_preset("h200")  # 4300 GB/s and 790 TFLOP/s bf16, measured

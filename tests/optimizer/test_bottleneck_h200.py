@@ -14,8 +14,8 @@ from optimizer.bottleneck import classify, evidence_from
 from runners import trace
 from runners.base import BenchmarkMetrics, EngineConfig, EngineInfo, RunResult, StepMetrics
 from runners.hardware import load_preset
+from runners.load_level import LoadLevel
 from runners.model_info import load_model_info
-from runners.workload import LoadLevel
 
 H200_TRACES = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "h200"
 TRIALS: dict[str, dict[str, Any]] = json.loads(

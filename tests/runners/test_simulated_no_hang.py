@@ -13,9 +13,10 @@ from typing import Any
 from runners.base import EngineConfig, FlagValue
 from runners.engine import EngineRunner
 from runners.hardware import load_preset
+from runners.load_level import LoadLevel
 from runners.simulated.launcher import SimulatedLauncher
 from runners.simulated.server import SimulatedEngine
-from runners.workload import LengthDistribution, LoadLevel, SharedPrefix, Workload
+from runners.workload import LengthDistribution, SharedPrefix, Workload
 
 # Far below the runner's 120 s: a replica that sleeps out another replica's modelled clock
 # (the hang this file guards against) is caught in seconds, while a healthy level of these

@@ -9,10 +9,12 @@ import pytest
 import yaml
 
 from optimizer.runtime import space_context, workload_facts
+from runners.capacity_search import CapacitySearch
 from runners.hardware import load_preset
+from runners.load_level import LoadLevel
 from runners.model_info import load_model_info
 from runners.vllm.flags import bundled_flags, to_argv, to_config_dict, value_problem
-from runners.workload import CapacitySearch, LengthDistribution, LoadLevel, Workload
+from runners.workload import LengthDistribution, Workload
 from search_spaces import load_space, to_flags
 
 NEW_KNOBS: dict[str, Any] = {
