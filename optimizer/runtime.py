@@ -42,7 +42,8 @@ from optimizer.workers import (
     largest_node_gpus,
     probe_on_cluster,
 )
-from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names, probe
+from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names
+from runners.hardware_probe import probe
 from runners.model_info import ModelInfo, bundled_shapes, load_model_info
 from runners.simulated.model import UNMODELLED_FLAGS
 from runners.tokenizer import load_tokenizer
