@@ -757,7 +757,8 @@ class EngineRunner:
             logger.warning("no trace file under %s within %g s of /stop_profile", profile_dir,
                            _TRACE_SETTLE_TIMEOUT_S)
             return None, None
-        from runners import trace
+        from runners.profiler_trace.summary import summarize_many
+        from runners.profiler_trace.trim import summarize_and_trim, trim
 
         # One file per rank of this capture (TP > 1): the newest of each rank.
         newest: dict[str, Path] = {}
@@ -770,11 +771,11 @@ class EngineRunner:
             trimmed = profile_dir.parent / "trace.trimmed.pt.trace.json.gz"
             note = f"kernel events of {ranks[0].name}, trimmed by nightshift"
             if len(ranks) > 1:
-                summary = trace.summarize_many(ranks)
-                trace.trim(ranks[0], trimmed, max_events=_TRACE_ARTIFACT_EVENTS, note=note)
+                summary = summarize_many(ranks)
+                trim(ranks[0], trimmed, max_events=_TRACE_ARTIFACT_EVENTS, note=note)
             else:
-                summary = trace.summarize_and_trim(ranks[0], trimmed,
-                                                   max_events=_TRACE_ARTIFACT_EVENTS, note=note)
+                summary = summarize_and_trim(ranks[0], trimmed,
+                                             max_events=_TRACE_ARTIFACT_EVENTS, note=note)
         except (ValueError, OSError) as exc:  # a cut or corrupt trace: keep the measurements
             logger.warning("trace %s could not be read (%s)", ranks[0], exc)
             return ranks[0], None
