@@ -45,7 +45,7 @@ from optimizer.workers import (
 from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names
 from runners.hardware_probe import probe
 from runners.model_info import ModelInfo, bundled_shapes, load_model_info
-from runners.simulated.model import UNMODELLED_FLAGS
+from runners.simulated.sizing import UNMODELLED_FLAGS
 from runners.tokenizer import load_tokenizer
 from runners.vllm.compile_ledger import CompileLedger
 from runners.vllm.facts import vllm_scheduler_defaults
@@ -442,7 +442,7 @@ def compile_ledger_of(cfg: StudyConfig, engine: str) -> CompileLedger | None:
     if not root:
         return None
     if engine == "simulated":
-        from runners.simulated.model import ENGINE_VERSION
+        from runners.simulated.sizing import ENGINE_VERSION
 
         version: str | None = ENGINE_VERSION  # what the simulated engine's log prints
     else:
@@ -462,7 +462,7 @@ def engine_version(engine: str) -> str | None:
     """vLLM's installed version (read from its metadata: vllm is not imported), or the
     simulated engine's `simulated <the vLLM version it mimics>`; None where unknown."""
     if engine == "simulated":
-        from runners.simulated.model import ENGINE_VERSION
+        from runners.simulated.sizing import ENGINE_VERSION
 
         return f"simulated {ENGINE_VERSION}"
     from importlib import metadata

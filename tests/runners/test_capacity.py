@@ -12,8 +12,9 @@ from runners.base import EngineConfig
 from runners.capacity_search import CapacitySearch
 from runners.engine import EngineRunner
 from runners.hardware import load_preset
+from runners.simulated.benchmark import simulate_benchmark
 from runners.simulated.launcher import SimulatedLauncher
-from runners.simulated.model import PerformanceModel, simulate_benchmark
+from runners.simulated.performance import PerformanceModel
 from runners.workload import SLO, LengthDistribution, Workload
 
 

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from runners.base import EngineConfig, FailureReason
 from runners.simulated.launcher import SimulatedLauncher
-from runners.simulated.model import PerformanceModel
+from runners.simulated.performance import PerformanceModel
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIME_SCALE = 0.001  # ~0.2 s of sleeping for a modelled 200 s start
@@ -313,7 +313,8 @@ def _serve_concurrently(flags: dict[str, object], num_requests: int,
     import asyncio
 
     from runners.hardware import load_preset
-    from runners.simulated.server import ServerSettings, SimulatedEngine
+    from runners.simulated.engine import SimulatedEngine
+    from runners.simulated.settings import ServerSettings
 
     async def main() -> tuple[float, list[int]]:
         engine = SimulatedEngine(ServerSettings(
