@@ -221,11 +221,12 @@ def test_a_traces_file_is_read_once_however_many_levels_build_its_requests(
     path = tmp_path / "t.jsonl"
     path.write_text('{"timestamp": 0, "input_length": 8, "output_length": 2}\n'
                     '{"timestamp": 1, "input_length": 12, "output_length": 3}\n')
-    workload = Workload(trace=TraceReplay(path), num_requests=None)
+    trace = TraceReplay(path)
+    workload = Workload(trace=trace, num_requests=None)
     first = build_requests(workload, 2, seed=0)
     path.unlink()  # a second read would fail: the parsed entries travel with the workload
     assert build_requests(workload, 2, seed=0) == first, "the level after reads no file"
-    assert [(e.input_len, e.output_len) for e in workload.trace.entries] == [(8, 2), (12, 3)]
+    assert [(e.input_len, e.output_len) for e in trace.entries] == [(8, 2), (12, 3)]
 
 
 def test_a_rate_levels_record_names_the_workloads_burstiness(tmp_path: Path) -> None:
