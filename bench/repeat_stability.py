@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 
 from runners.base import EngineConfig
+from runners.capacity_search import CapacitySearch
 from runners.engine import EngineRunner
 from runners.simulated.launcher import SimulatedLauncher
-from runners.workload import SLO, CapacitySearch, LengthDistribution, Workload
+from runners.workload import SLO, LengthDistribution, Workload
 
 
 def main() -> int:

@@ -67,7 +67,8 @@ def build_sim_table() -> dict[str, Any]:
 
     from runners.base import EngineConfig
     from runners.hardware import load_preset
-    from runners.simulated.model import PerformanceModel, simulate_benchmark
+    from runners.simulated.benchmark import simulate_benchmark
+    from runners.simulated.performance import PerformanceModel
 
     w = SIM_WORKLOAD
     hardware = load_preset(str(w["hardware"]))

@@ -99,7 +99,8 @@ def build_sim_grid(name: str) -> dict[str, Any]:
     closed-loop wave of `concurrency` requests a level."""
     from runners.base import EngineConfig
     from runners.hardware import load_preset
-    from runners.simulated.model import PerformanceModel, simulate_benchmark
+    from runners.simulated.benchmark import simulate_benchmark
+    from runners.simulated.performance import PerformanceModel
 
     spec = SIM_GRIDS[name]
     hardware = load_preset(str(spec["hardware"]))

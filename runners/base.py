@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from runners.workload import Bracket, LoadLevel, Workload
+from runners.capacity_search import Bracket
+from runners.load_level import LoadLevel
+from runners.workload import Workload
 
 if TYPE_CHECKING:
     from runners.quality import QualityRun

@@ -709,7 +709,8 @@ def audit(
       nightshift audit --json --from-file launch.sh
     """
     from optimizer import audit as auditing
-    from runners.hardware import load_preset, probe
+    from runners.hardware import load_preset
+    from runners.hardware_probe import probe
     if sum(x is not None for x in (from_file, pid)) + bool(ctx.args) != 1:
         raise ConfigError("audit: give exactly one launch: `-- vllm serve ...`, --from-file F "
                           "or --pid N.")
@@ -929,7 +930,8 @@ def hw(output: Annotated[Path | None, typer.Option(
         return
 
     from optimizer.config.schema import SimulatedSpec
-    from runners.hardware import load_preset, preset_names, probe
+    from runners.hardware import load_preset, preset_names
+    from runners.hardware_probe import probe
 
     if preset is not None:
         if preset not in preset_names():

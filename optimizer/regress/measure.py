@@ -66,7 +66,7 @@ def installed(case: CaseSpec, simulated_variant: Mapping[str, Any] | None = None
                          {"vllm_variant": variant.to_dict()} if simulated_variant else {})
     from importlib.metadata import PackageNotFoundError, version
 
-    from runners.hardware import probe
+    from runners.hardware_probe import probe
     from runners.vllm.flags import flag_table
 
     try:

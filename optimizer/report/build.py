@@ -32,8 +32,8 @@ from optimizer.recommendation import (
 from optimizer.records import ATTR_RECORD, gpus_of
 from optimizer.study import ATTR_CONFIRM, count_trials, is_search_trial
 from runners.capacity import bracket_from_metrics
+from runners.capacity_search import Bracket
 from runners.simulated.launcher import is_simulated_argv
-from runners.workload import Bracket
 from search_spaces import PARAM_PARENTS, changed_params
 
 logger = logging.getLogger(__name__)

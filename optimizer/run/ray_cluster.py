@@ -122,7 +122,7 @@ def reap_on_other_nodes(registry_dir: Path, timeout_s: float = 60.0) -> dict[str
 
 
 def _probe_hardware() -> dict[str, Any]:
-    from runners.hardware import probe
+    from runners.hardware_probe import probe
 
     return probe().to_dict()
 

@@ -43,9 +43,10 @@ from optimizer.run.space_context import space_context
 from optimizer.study import STUDY_ATTR_VLLM_DEFAULTS, make_storage
 from optimizer.study_summary import study_summary
 from optimizer.tracking import Tracker
-from runners.hardware import HardwareProfile, probe
+from runners.hardware import HardwareProfile
+from runners.hardware_probe import probe
 from runners.model_info import bundled_shapes, load_model_info
-from runners.simulated.model import UNMODELLED_FLAGS
+from runners.simulated.sizing import UNMODELLED_FLAGS
 from runners.tokenizer import load_tokenizer
 from runners.workload import Workload
 from search_spaces import SpaceError, load_space, recommend_space

@@ -36,9 +36,10 @@ from optimizer.bottleneck import (
 )
 from optimizer.gains import capacity_gain, format_gain
 from runners.base import BenchmarkMetrics, EngineConfig, EngineInfo, RunResult, StepMetrics
+from runners.capacity_search import Bracket
 from runners.hardware import HardwareProfile
+from runners.load_level import LoadLevel
 from runners.model_info import load_model_info, resolve_model_dir
-from runners.workload import Bracket, LoadLevel
 
 LABELS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "h200" / "labels"
 # study -> (folder, bundled model shape)

@@ -106,7 +106,8 @@ def test_help_has_plain_placeholders_whole_sentences_and_an_example(
 
 def test_hw_without_a_gpu_names_the_simulated_preset_and_how_to_choose(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from runners.hardware import preset_names, probe
+    from runners.hardware import preset_names
+    from runners.hardware_probe import probe
 
     if probe().has_gpu:
         pytest.skip("this machine has a GPU")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from runners import trace
+from runners.profiler_trace.summary import summarize
 
 STORE = Path(__file__).resolve().parents[1] / "fixtures" / "h200" / "grid"
 LABELS = {"compute-bound", "memory-bound", "communication-bound", "launch-bound",
@@ -61,7 +61,7 @@ def test_the_trimmed_trace_artifact_reads_back(client: MlflowClient, tmp_path: P
                              filter_string="attributes.run_name = 'trial-002'")[0]
     local = client.download_artifacts(run.info.run_id, "trace.trimmed.pt.trace.json.gz",
                                       str(tmp_path))
-    summary = trace.summarize(Path(local))
+    summary = summarize(Path(local))
     assert summary["num_kernels"] == 20000
     assert summary["quantize_share"] > 0.1, "fp8 weights: Inductor's fused dynamic quantization"
 

@@ -16,7 +16,7 @@ from optimizer.objectives import (
 )
 from optimizer.records import summary_metrics
 from runners.base import BenchmarkMetrics, EngineInfo, RunResult, StepMetrics
-from runners.workload import LoadLevel
+from runners.load_level import LoadLevel
 
 
 def _metrics(goodput: float, tpot: float, completed: int = 10) -> BenchmarkMetrics:

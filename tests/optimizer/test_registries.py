@@ -19,7 +19,7 @@ from optimizer.samplers import SAMPLERS
 from optimizer.search.pruners import PRUNERS
 from optimizer.study import make_pruner, make_sampler, open_study
 from runners.base import BenchmarkMetrics, StepMetrics
-from runners.workload import LoadLevel
+from runners.load_level import LoadLevel
 
 BASE: dict[str, Any] = {"name": "s", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 2},
                         "slo": {"tpot_p99_ms": 50}}

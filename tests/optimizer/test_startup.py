@@ -175,8 +175,9 @@ def _ledger_policy(tmp_path: Path, name: str, cache: Path, version: str | None =
 def _run_simulated(tmp_path: Path, config: EngineConfig, name: str, *,
                    ledger_writer: str | None) -> RunResult:
     from runners.engine import EngineRunner
+    from runners.load_level import LoadLevel
     from runners.simulated.launcher import SimulatedLauncher
-    from runners.workload import LengthDistribution, LoadLevel, Workload
+    from runners.workload import LengthDistribution, Workload
 
     runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
                           tmp_path / "engines", ledger_writer=ledger_writer)

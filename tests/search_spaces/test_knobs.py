@@ -9,9 +9,11 @@ import pytest
 import yaml
 
 from optimizer.run.space_context import space_context, workload_facts
+from runners.capacity_search import CapacitySearch
 from runners.hardware import load_preset
+from runners.load_level import LoadLevel
 from runners.model_info import load_model_info
-from runners.workload import CapacitySearch, LengthDistribution, LoadLevel, Workload
+from runners.workload import LengthDistribution, Workload
 from search_spaces import load_space, to_flags
 from search_spaces.engine.render import to_argv, to_config_dict
 from search_spaces.engine.tables import bundled_flags, value_problem
