@@ -4,7 +4,7 @@ study takes (`profile: true`: a window of the stream at the operating point); pr
 bracket and bottleneck label (the daemon's classifier, with the trace and without it), whether
 the capacities agree within the search's tolerance and whether the labels are the same.
 Simulated figures, never measurements; on a busy host the simulated engine's open loops crowd
-on its modelled clock (docs/NOTES.md), so run it on a quiet one.
+on its modelled clock (NOTES.md), so run it on a quiet one.
 
     python -m bench.repeat_stability --runs 3
 """
@@ -19,11 +19,12 @@ from pathlib import Path
 
 from optimizer import bottleneck
 from runners.base import EngineConfig, RunResult
+from runners.capacity_search import CapacitySearch
 from runners.engine import EngineRunner
 from runners.hardware import load_preset
 from runners.model_info import load_model_info
 from runners.simulated.launcher import SimulatedLauncher
-from runners.workload import SLO, CapacitySearch, LengthDistribution, Workload
+from runners.workload import SLO, LengthDistribution, Workload
 
 HARDWARE = "h200"
 MODEL = "qwen2.5-7b"

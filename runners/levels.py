@@ -12,10 +12,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from runners import arrivals, conversations, loadgen, prometheus
+from runners import arrivals, conversations, prometheus
 from runners.base import Failure, FailureReason, OnStep, RunStatus, StepMetrics
+from runners.load_level import LoadLevel
+from runners.loadgen.level import run_level_sync
+from runners.loadgen.metrics import prompt_len_gap
+from runners.loadgen.requests import build_requests
 from runners.session import Abort, EngineSession
-from runners.workload import LengthDistribution, LoadLevel, Workload
+from runners.workload import LengthDistribution, Workload
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +66,7 @@ def measure_level(session: EngineSession, index: int, level: LoadLevel,
     num = workload.num_requests or _DURATION_POOL
     send_offsets_s: list[float] | None = None
     if workload.trace is not None:  # the whole trace (or its first num_requests), once
-        entries = arrivals.read_trace(workload.trace.path, workload.trace.timestamp_unit_s,
-                                      workload.trace.max_gap_s)
+        entries = workload.trace.entries  # parsed once per study (TraceReplay)
         num = min(workload.num_requests or len(entries), len(entries))
         send_offsets_s = arrivals.trace_offsets_s([e.arrival_s for e in entries[:num]],
                                                   level.request_rate_rps)
@@ -81,7 +84,7 @@ def measure_level(session: EngineSession, index: int, level: LoadLevel,
         num_sent = float(sum(len(c.turns) for c in dialogues))
         is_estimated = any(c.is_estimated for c in dialogues)
     else:
-        requests = loadgen.build_requests(workload, num, seed=workload.seed * 1000 + index)
+        requests = build_requests(workload, num, seed=workload.seed * 1000 + index)
         num_sent = float(len(requests))
         is_estimated = any(r.is_prompt_len_estimated for r in requests)
     # Each level starts from a cold prefix cache, so levels (and trials) compare: a level
@@ -120,7 +123,7 @@ def measure_level(session: EngineSession, index: int, level: LoadLevel,
                 if workload.dataset is not None else None, api_key=s.api_key)
             turns = conversations.turn_metrics(turn_outputs, num_cut)
         else:
-            result = loadgen.run_level_sync(
+            result = run_level_sync(
                 base_url, config.served_model_name, requests, level, workload.slo,
                 timeout_s=workload.request_timeout_s, seed=workload.seed + index,
                 duration_s=duration_s, max_duration_s=max_duration_s,
@@ -165,7 +168,7 @@ def measure_level(session: EngineSession, index: int, level: LoadLevel,
         server["is_modelled_clock"] = 1.0
     # The client's prompt lengths against the server's usage.prompt_tokens; and whether
     # the client's were estimates (text without the model's tokenizer).
-    server.update(loadgen.prompt_len_gap(result.outputs))
+    server.update(prompt_len_gap(result.outputs))
     server["prompt_len_is_estimated"] = 1.0 if is_estimated else 0.0
     server.update(turns)
     if send_offsets_s is not None:

@@ -14,11 +14,13 @@ from typing import Any
 
 import httpx
 
-from runners import loadgen
 from runners.base import StepMetrics
 from runners.credentials import auth_headers
+from runners.load_level import LoadLevel
+from runners.loadgen.level import run_level_sync
+from runners.loadgen.requests import build_requests
 from runners.session import EngineSession
-from runners.workload import LoadLevel, Workload
+from runners.workload import Workload
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ def profile_after_levels(session: EngineSession, steps: Sequence[StepMetrics],
     lighter batch than a steady operating point holds. Its summary says so
     (`profile.is_in_stream` 0)."""
     s, workload, base_url, config = session, session.workload, session.base_url, session.config
-    requests = loadgen.build_requests(workload, workload.profile_num_requests,
+    requests = build_requests(workload, workload.profile_num_requests,
                                       seed=workload.seed + 104729)
     level = profile_level(workload, steps)
     try:
@@ -46,7 +48,7 @@ def profile_after_levels(session: EngineSession, steps: Sequence[StepMetrics],
                           headers=auth_headers(s.api_key)) as client:
             client.post(f"{base_url}/start_profile").raise_for_status()
             start = time.monotonic()
-            sent = loadgen.run_level_sync(
+            sent = run_level_sync(
                 base_url, config.served_model_name, requests, level, workload.slo,
                 timeout_s=workload.request_timeout_s, seed=workload.seed,
                 stall_timeout_s=s.stall_timeout_s, api_key=s.api_key)
@@ -75,7 +77,8 @@ def read_trace(profile_dir: Path) -> Profiled:
         logger.warning("no trace file under %s within %g s of /stop_profile", profile_dir,
                        _TRACE_SETTLE_TIMEOUT_S)
         return None, None
-    from runners import trace
+    from runners.profiler_trace.summary import summarize_many
+    from runners.profiler_trace.trim import summarize_and_trim, trim
 
     # One file per rank of this capture (TP > 1): the newest of each rank.
     newest: dict[str, Path] = {}
@@ -88,10 +91,10 @@ def read_trace(profile_dir: Path) -> Profiled:
         trimmed = profile_dir.parent / "trace.trimmed.pt.trace.json.gz"
         note = f"kernel events of {ranks[0].name}, trimmed by nightshift"
         if len(ranks) > 1:
-            summary = trace.summarize_many(ranks)
-            trace.trim(ranks[0], trimmed, max_events=_TRACE_ARTIFACT_EVENTS, note=note)
+            summary = summarize_many(ranks)
+            trim(ranks[0], trimmed, max_events=_TRACE_ARTIFACT_EVENTS, note=note)
         else:
-            summary = trace.summarize_and_trim(ranks[0], trimmed,
+            summary = summarize_and_trim(ranks[0], trimmed,
                                                max_events=_TRACE_ARTIFACT_EVENTS, note=note)
     except (ValueError, OSError) as exc:  # a cut or corrupt trace: keep the measurements
         logger.warning("trace %s could not be read (%s)", ranks[0], exc)

@@ -10,11 +10,12 @@ import threading
 import time
 from dataclasses import replace
 
-from runners import loadgen
 from runners.base import EngineInfo, Failure, FailureReason
+from runners.load_level import LoadLevel
+from runners.loadgen.level import run_level_sync
+from runners.loadgen.requests import build_requests
 from runners.process import EngineProcess, tail, wait_healthy
 from runners.session import Abort, EngineSession
-from runners.workload import LoadLevel
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def await_ready(session: EngineSession) -> EngineInfo:
     # Readiness is /health *and* one real completion: /health can answer before the
     # engine serves (and a dead engine core answers 503 only later). A live engine that
     # only answers errors is not a start-up crash: the load levels judge it.
-    probe = loadgen.build_requests(
+    probe = build_requests(
         replace(workload, prompts_file=None, trace=None, shared_prefix=None,
                 dataset=None, multi_turn=None), 1,
         seed=workload.seed)
@@ -93,7 +94,7 @@ def await_ready(session: EngineSession) -> EngineInfo:
             "stall_timeout_s"
         stop = threading.Event()
         with _StopWatch(proc, s.stall_timeout_s, stop) as watch:
-            level = loadgen.run_level_sync(
+            level = run_level_sync(
                 s.base_url, s.config.served_model_name, probe, LoadLevel(max_concurrency=1),
                 workload.slo, timeout_s=workload.request_timeout_s,
                 seed=workload.seed + attempt, stall_timeout_s=stall_s, stop_event=stop,
@@ -130,13 +131,13 @@ def warm_up(session: EngineSession) -> None:
     workload = session.workload
     if workload.num_warmup_requests <= 0:
         return
-    requests = loadgen.build_requests(workload, workload.num_warmup_requests,
+    requests = build_requests(workload, workload.num_warmup_requests,
                                       seed=workload.seed + 7919)
     first = workload.capacity.level(workload.capacity.low) if workload.capacity else \
         workload.levels[0]
     level = LoadLevel(max_concurrency=min(first.max_concurrency or 8,
                                           workload.num_warmup_requests))
-    loadgen.run_level_sync(session.base_url, session.config.served_model_name, requests, level,
+    run_level_sync(session.base_url, session.config.served_model_name, requests, level,
                            workload.slo, timeout_s=workload.request_timeout_s,
                            seed=workload.seed, stall_timeout_s=session.stall_timeout_s,
                            api_key=session.api_key)

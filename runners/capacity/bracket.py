@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from runners.workload import Bracket, BracketStatus
+from runners.capacity_search import Bracket, BracketStatus
 
 
 def bracket_from_metrics(axis: Literal["concurrency", "request_rate"],

@@ -23,7 +23,8 @@ import numpy as np
 
 from runners import arrivals
 from runners.credentials import auth_headers
-from runners.loadgen import RequestOutput, RequestSpec, send_request
+from runners.loadgen.client import RequestOutput, send_request
+from runners.loadgen.requests import RequestSpec
 
 logger = logging.getLogger(__name__)
 

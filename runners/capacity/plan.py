@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from runners.workload import CapacitySearch, LengthDistribution, Workload
+from runners.capacity_search import CapacitySearch
+from runners.workload import LengthDistribution, Workload
 
 _MIN_LIFETIME_S = 1.0  # s; the least warm-up a step gets
 _UNKNOWN_TPOT_S = 0.05  # s a token, where the SLO sets no TPOT bound

@@ -26,18 +26,20 @@ from typing import Any
 
 import httpx
 
-from runners import loadgen, prometheus
+from runners import prometheus
 from runners.base import Failure, FailureReason, OnStep, RunStatus, StepMetrics
 from runners.capacity.driver import STOPPED_ERROR, StaircaseDriver, endless_requests
 from runners.capacity.judge import Verdict, WindowCounts, judge_window
 from runners.capacity.plan import lifetime_estimate_s, plan_step
 from runners.capacity.profile_window import profile_window
 from runners.capacity.step import StepRun, measure_step
+from runners.capacity_search import Probe
 from runners.credentials import auth_headers
 from runners.levels import mean_prompt_tokens, mean_tokens
+from runners.loadgen.metrics import compute_metrics
+from runners.loadgen.requests import build_requests
 from runners.profiling import Profiled, profile_level, read_trace
 from runners.session import Abort, EngineSession
-from runners.workload import Probe
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +62,7 @@ def run_staircase(session: EngineSession, steps: list[StepMetrics], on_step: OnS
     # A file's or a dataset's requests in one pass of up to _STREAM_POOL (then cycled, with
     # the loader's warning where the source holds fewer); synthesised ones drawn afresh.
     requests = endless_requests(
-        lambda num, seed: loadgen.build_requests(workload, num, seed=seed),
+        lambda num, seed: build_requests(workload, num, seed=seed),
         _STREAM_POOL if is_text else 512, workload.seed * 1000, is_finite_source=is_text)
     history: list[Probe] = []
     lifetime_s = lifetime_estimate_s(workload)
@@ -210,7 +212,7 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
     per_window: list[tuple[Any, WindowCounts, Verdict]] = []
     for outputs, counts in run.windows:
         ours = [o for o in outputs if o.error != STOPPED_ERROR]
-        metrics = loadgen.compute_metrics(ours or outputs, counts.window_s, workload.slo)
+        metrics = compute_metrics(ours or outputs, counts.window_s, workload.slo)
         verdict = judge_window(
             metrics, counts, workload.slo, max_failed_fraction=workload.max_failed_fraction,
             tolerance=search.tolerance, is_saturated=run.is_saturated,
@@ -221,7 +223,7 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
     server["steady.warmup_s"] = run.warmup_s
     if not per_window:  # stopped in its warm-up: what it served until then
         ours = [o for o in run.early_outputs if o.error != STOPPED_ERROR]
-        metrics = loadgen.compute_metrics(ours, max(run.early_duration_s, 1e-9),
+        metrics = compute_metrics(ours, max(run.early_duration_s, 1e-9),
                                           workload.slo)
         verdict = judge_window(
             metrics, None, workload.slo, max_failed_fraction=workload.max_failed_fraction,

@@ -23,7 +23,7 @@ from runners.capacity.judge import (
     least_squares_rise,
 )
 from runners.capacity.plan import StepPlan
-from runners.loadgen import RequestOutput
+from runners.loadgen.client import RequestOutput
 
 logger = logging.getLogger(__name__)
 

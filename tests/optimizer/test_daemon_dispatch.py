@@ -88,7 +88,7 @@ def test_a_trial_that_ends_before_the_defaults_is_still_compared_with_them(
 def test_a_placement_no_node_of_the_cluster_offers_is_named_with_the_fix() -> None:
     # Issue 35: a ray.resources or ray.accelerator_type the cluster lacks left the trials
     # "running" for as long as one waited. As `ray.nodes()` reports a one-node local cluster:
-    from optimizer.workers import placement_problem
+    from optimizer.run.ray_cluster import placement_problem
 
     nodes = [{"Alive": True, "Resources": {"CPU": 4.0, "GPU": 2.0, "memory": 1e9,
                                            "node:127.0.0.1": 1.0,
