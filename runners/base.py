@@ -121,6 +121,12 @@ class StepMetrics:
     offered_rate_rps: float | None = None
     completed_rate_rps: float | None = None
 
+    @property
+    def is_hold(self) -> bool:
+        """A capacity search's hold (runners/capacity/staircase.py): its load measured again
+        over a long window of free arrivals, to certify the claim."""
+        return self.server_metrics.get("steady.is_hold", 0.0) > 0
+
 
 class FailureReason(enum.StrEnum):
     """Closed set of why a trial produced no measurement. Names are stable: they become tags."""

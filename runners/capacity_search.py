@@ -36,6 +36,9 @@ class Bracket:
     status: BracketStatus  # resolved: within tolerance; at_least: met at `high`; none: missed
     # at `low`; unresolved: wider than the tolerance when the probes ran out
     num_probes: int = 0
+    # Whether `met_load` was held (`CapacitySearch.hold_s`): met over a long window of free
+    # arrivals, not only a step's short one. None: no hold was asked for or none could run.
+    held: bool | None = None
 
     @property
     def unit(self) -> str:
@@ -68,13 +71,15 @@ class Bracket:
         out = {"capacity.bracket_low": float(self.met_load or 0.0),
                "capacity.num_probes": float(self.num_probes),
                "capacity.is_resolved": 1.0 if self.is_resolved else 0.0}
+        if self.held is not None:
+            out["capacity.is_held"] = 1.0 if self.held else 0.0
         if self.missed_load is not None:
             out["capacity.bracket_high"] = float(self.missed_load)
         return out
 
     def to_dict(self) -> dict[str, object]:
         return {"axis": self.axis, "met_load": self.met_load, "missed_load": self.missed_load,
-                "status": self.status, "num_probes": self.num_probes}
+                "status": self.status, "num_probes": self.num_probes, "held": self.held}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> Bracket | None:
@@ -83,10 +88,12 @@ class Bracket:
                 "resolved", "at_least", "none", "unresolved"):
             return None
         met, missed, count = data.get("met_load"), data.get("missed_load"), data.get("num_probes")
+        held = data.get("held")
         return cls(axis=axis, status=status,
                    met_load=float(met) if isinstance(met, int | float) else None,
                    missed_load=float(missed) if isinstance(missed, int | float) else None,
-                   num_probes=int(count) if isinstance(count, int | float) else 0)
+                   num_probes=int(count) if isinstance(count, int | float) else 0,
+                   held=held if isinstance(held, bool) else None)
 
 
 def _num(value: float) -> str:
@@ -142,6 +149,15 @@ class CapacitySearch:
     min_window_s: float = 10.0  # s
     max_window_s: float | None = 180.0  # s
     warmup_s: float | None = None  # s; None: sized from the request's life
+    # The hold (runners/capacity/staircase.py): once the steps have found the bracket, its
+    # lower end is measured again over a window of at least `hold_s` of arrivals and at least
+    # HOLD_LIVES request lives, with free (unconditioned) Poisson or gamma arrivals as
+    # `vllm bench serve` sends them; the claim is a load that held. A step's short window sees
+    # one batch (its p99 is its median); the p99 an operator reads over minutes is set by the
+    # load's swings (docs/h100-steady.md). 0: no hold (the claim rests on short windows and
+    # says so). A hold that misses steps down (`next_hold`), at most `max_holds` times.
+    hold_s: float = 180.0  # s
+    max_holds: int = 3
 
     def __post_init__(self) -> None:
         if not 0 < self.low < self.high:
@@ -165,6 +181,10 @@ class CapacitySearch:
                              f"({self.min_window_s}).")
         if self.warmup_s is not None and not self.warmup_s >= 0:
             raise ValueError(f"warmup_s must be >= 0 but got {self.warmup_s}.")
+        if not (math.isfinite(self.hold_s) and self.hold_s >= 0):
+            raise ValueError(f"hold_s must be >= 0 s (0: no hold) but got {self.hold_s}.")
+        if self.max_holds < 1:
+            raise ValueError(f"max_holds must be >= 1 but got {self.max_holds}.")
 
     @property
     def step_ratio(self) -> float:
@@ -306,6 +326,26 @@ class CapacitySearch:
         if first > last:
             return None  # neighbours: nothing left between them
         return float(min(max(math.floor(load), first), last))
+
+    def next_hold(self, history: Sequence[Probe],
+                  holds: Sequence[tuple[float, bool]]) -> float | None:
+        """The load to hold next, or None when done: the highest load a step met below every
+        hold that missed; after a hold missed more than the tolerance above that load, the
+        geometric middle between the two (held directly: a short step there would read as
+        optimistically as the one that misled the first hold). None once a hold met, after
+        `max_holds`, with the hold off, or when no step met below the holds that missed."""
+        if self.hold_s <= 0 or len(holds) >= self.max_holds or any(ok for _, ok in holds):
+            return None
+        failed = min((load for load, _ in holds), default=None)
+        below = [load for load, ok, _ in (_unpack(p) for p in history)
+                 if ok and (failed is None or load < failed)]
+        top = max(below, default=None)
+        if top is None:
+            return None
+        if failed is None or failed <= top * (1.0 + self.tolerance):
+            return top
+        middle = self._round(math.sqrt(top * failed), top, failed)
+        return top if middle is None else middle
 
     def bracket(self, history: Sequence[Probe]) -> Bracket:
         """What the probes showed: the highest load that met the SLO, the lowest above it that

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from runners.base import (
 )
 from runners.capacity.probes import run_probes
 from runners.capacity.staircase import run_staircase
+from runners.capacity_search import Bracket, CapacitySearch, Probe
 from runners.credentials import API_KEY_ENV, new_api_key, redact_argv, redact_env
 from runners.levels import run_levels
 from runners.process import EngineProcess, free_port, tail
@@ -162,7 +163,8 @@ class EngineRunner:
         return RunResult(
             status=status,
             steps=tuple(steps),
-            capacity=search.bracket(probes) if search is not None and probes else None,
+            capacity=held_bracket(search, probes, steps) if search is not None and probes
+            else None,
             failure=failure,
             engine=engine,
             # What is recorded names each secret, never its value (runners/credentials.py).
@@ -217,3 +219,16 @@ class EngineRunner:
                        api_key=session.api_key)
         logger.info("quality evaluation: %s in %.1f s", run.error or "sampled", run.wall_s)
         return run
+
+
+def held_bracket(search: CapacitySearch, probes: Sequence[Probe],
+                 steps: Sequence[StepMetrics]) -> Bracket:
+    """The search's bracket, and whether its lower end held: True where a hold met at it,
+    False where holds ran and none met there (the claim rests on a short window), None where
+    no hold ran (none asked for, a trace's probes, or the trial stopped first)."""
+    bracket = search.bracket(probes)
+    holds = [s for s in steps if s.is_hold]
+    if not holds or bracket.met_load is None:
+        return bracket
+    held = any(s.meets_slo and search.load_of(s.level) == bracket.met_load for s in holds)
+    return replace(bracket, held=held)

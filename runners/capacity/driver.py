@@ -70,6 +70,7 @@ class StaircaseDriver:
         self._rng = np.random.default_rng(seed)
         self._gaps: collections.deque[float] = collections.deque()
         self._gap_rate: float | None = None
+        self._free_arrivals = False  # True: gaps drawn one by one, as `vllm bench serve` does
         self._lock = threading.Lock()
         self._sent: list[_Sent] = []  # in send order
         self._ended: list[float] = []  # end times, sorted
@@ -147,11 +148,16 @@ class StaircaseDriver:
 
     # -- control (any thread) ----------------------------------------------------------------
 
-    def set_load(self, load: float) -> None:
-        """Change the offered load from now on."""
+    def set_load(self, load: float, *, free_arrivals: bool = False) -> None:
+        """Change the offered load from now on. `free_arrivals`: a rate's gaps drawn one by
+        one (a free Poisson or gamma process, as `vllm bench serve` sends: a hold), not
+        conditioned on their count over each block (a step: its window offers its label)."""
         self._check_load(load)
         with self._lock:
             self._load = load
+            if free_arrivals != self._free_arrivals:
+                self._free_arrivals = free_arrivals
+                self._gap_rate = None  # the next gap starts afresh
         self._notify()
 
     def cancel_in_flight(self) -> int:
@@ -315,10 +321,15 @@ class StaircaseDriver:
         draws them) in blocks of `_GAP_BLOCK` whose sum is exactly their count over the rate,
         i.e. a Poisson process conditioned on its count over each block. Arrivals stay as
         bursty as vLLM's within a block, and a window offers the rate it is labelled with
-        (a free Poisson count over 200 requests is off by 7% at one standard deviation)."""
+        (a free Poisson count over 200 requests is off by 7% at one standard deviation).
+        With free arrivals (a hold) each gap is drawn alone, as vLLM's client draws them: the
+        count swings freely, and so does the batch, which is what a hold must see."""
         if self._gap_rate != rate:
             self._gaps.clear()
             self._gap_rate = rate
+        if self._free_arrivals:
+            shape = self.burstiness  # mean 1/rate; vLLM's gamma(burstiness, 1/(rate x it))
+            return float(self._rng.gamma(shape, 1.0 / (rate * shape)))
         if not self._gaps:
             shape = self.burstiness
             block = self._rng.gamma(shape, 1.0, size=_GAP_BLOCK)

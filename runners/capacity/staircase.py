@@ -30,10 +30,10 @@ from runners import prometheus
 from runners.base import Failure, FailureReason, OnStep, RunStatus, StepMetrics
 from runners.capacity.driver import STOPPED_ERROR, StaircaseDriver, endless_requests
 from runners.capacity.judge import Verdict, WindowCounts, judge_window
-from runners.capacity.plan import lifetime_estimate_s, plan_step
+from runners.capacity.plan import lifetime_estimate_s, plan_hold, plan_step
 from runners.capacity.profile_window import profile_window
 from runners.capacity.step import StepRun, measure_step
-from runners.capacity_search import Probe
+from runners.capacity_search import CapacitySearch, Probe
 from runners.credentials import auth_headers
 from runners.levels import mean_prompt_tokens, mean_tokens
 from runners.loadgen.metrics import compute_metrics
@@ -91,21 +91,25 @@ def run_staircase(session: EngineSession, steps: list[StepMetrics], on_step: OnS
         burstiness=workload.burstiness, stall_timeout_s=s.stall_timeout_s,
         api_key=s.api_key)
     driver.start(first)
+    holds: list[tuple[float, bool]] = []  # (load, met) of each hold, in order
     try:
-        load: float | None = first
-        while load is not None:
-            index = len(history)
-            plan = plan_step(search, load, lifetime_s)
+        item: tuple[float, bool] | None = (first, False)  # (load, is a hold)
+        while item is not None:
+            load, is_hold = item
+            index = len(steps)
+            plan = plan_hold(search, load, lifetime_s) if is_hold else \
+                plan_step(search, load, lifetime_s)
             run = measure_step(
                 driver, base_url, plan, repeats=workload.repeats,
                 request_timeout_s=workload.request_timeout_s, check_engine=check_engine,
                 is_first=index == 0)
             check_engine()
             step, verdict = judge_step(s, run, index)
-            if verdict.is_overload_errors and (load <= search.low or any(
+            if verdict.is_overload_errors and not is_hold and (load <= search.low or any(
                     load <= met for met in met_loads)):
                 # Errors at a load the config serves within the SLO (or at the lightest
-                # load of interest) are the config's, not overload's.
+                # load of interest) are the config's, not overload's. A hold's are a miss:
+                # its free arrivals may overload what a short window served.
                 first_error = next((o.error for outs, _ in run.windows for o in outs
                                     if not o.success), "")
                 raise Abort(Failure(
@@ -121,10 +125,17 @@ def run_staircase(session: EngineSession, steps: list[StepMetrics], on_step: OnS
                     step.completed_rate_rps < step.offered_rate_rps * (1 - search.tolerance):
                 # Fell behind in its window, no drain bias: what it served steers the next.
                 served = step.completed_rate_rps
-            history.append((load, bool(step.meets_slo), served))
+            if is_hold:
+                holds.append((load, bool(step.meets_slo)))
+                if not step.meets_slo:
+                    history[:] = supersede_history(history, load, served)
+                    steps[:] = supersede_steps(search, steps, step)
+            else:
+                history.append((load, bool(step.meets_slo), served))
             steps.append(step)
-            logger.info("capacity step %d at %s: SLO %s%s (served %s); bracket %s", index,
-                        step.level.label, "met" if step.meets_slo else "missed",
+            logger.info("capacity %s %d at %s: SLO %s%s (served %s); bracket %s",
+                        "hold" if is_hold else "step", index, step.level.label,
+                        "met" if step.meets_slo else "missed",
                         f" ({verdict.reason})" if verdict.reason else "",
                         "?" if served is None else f"{served:.3g}",
                         search.bracket(history).describe())
@@ -133,10 +144,10 @@ def run_staircase(session: EngineSession, steps: list[StepMetrics], on_step: OnS
                 if step.metrics.p90_e2el_ms is not None:  # a missed step's lives queued
                     lifetime_s = lifetime_estimate_s(
                         workload, measured_e2el_s=step.metrics.p90_e2el_ms / 1000.0)
-            load = search.next_load(history)
+            item = next_measurement(search, history, holds)
             # After the last step the stream goes on at the profile's load, where asked.
-            follow = load if load is not None or not is_profiled else \
-                search.load_of(profile_level(workload, steps))
+            follow = item[0] if item is not None else \
+                search.load_of(profile_level(workload, steps)) if is_profiled else None
             if not step.meets_slo:
                 # The next load first, then the backlog (ours) cancelled: the stream never
                 # refills at the load that missed, and the next step starts from an empty
@@ -145,8 +156,8 @@ def run_staircase(session: EngineSession, steps: list[StepMetrics], on_step: OnS
                     driver.set_load(follow)
                 cancelled = driver.cancel_in_flight()
                 if cancelled:
-                    logger.info("step %d missed; %d requests in flight cancelled before "
-                                "the next step", index, cancelled)
+                    logger.info("%s %d missed; %d requests in flight cancelled before "
+                                "the next", "hold" if is_hold else "step", index, cancelled)
             if on_step is not None and on_step(step):
                 return "stopped", None
         if profile_dir is None:
@@ -155,6 +166,48 @@ def run_staircase(session: EngineSession, steps: list[StepMetrics], on_step: OnS
                                            profile_dir)
     finally:
         driver.close()
+
+
+def next_measurement(search: CapacitySearch, history: Sequence[Probe],
+                     holds: Sequence[tuple[float, bool]]) -> tuple[float, bool] | None:
+    """What the stream measures next: a step while the search narrows the bracket (until the
+    first hold), then holds (`CapacitySearch.next_hold`); None when done."""
+    if not holds:
+        load = search.next_load(history)
+        if load is not None:
+            return load, False
+    hold = search.next_hold(history, holds)
+    return (hold, True) if hold is not None else None
+
+
+def supersede_history(history: Sequence[Probe], missed_load: float,
+                      served: float | None) -> list[Probe]:
+    """The probes after a hold at `missed_load` missed: the steps that met at or above it
+    count as missed (a short window's p99 is its median: docs/h100-steady.md), and the hold
+    is a miss at its load."""
+    out: list[Probe] = []
+    for probe in history:
+        load, ok = probe[0], probe[1]
+        out.append((load, ok and load < missed_load, probe[2] if len(probe) > 2 else None))
+    out.append((missed_load, False, served))
+    return out
+
+
+def supersede_steps(search: CapacitySearch, steps: Sequence[StepMetrics],
+                    hold: StepMetrics) -> list[StepMetrics]:
+    """The steps after `hold` missed: each step (not a hold) that met at or above its load is
+    marked missed, saying which hold overturned it; the record keeps its figures."""
+    load = search.load_of(hold.level)
+    window_s = hold.server_metrics.get("steady.window_s", 0.0)
+    out = []
+    for step in steps:
+        if step.meets_slo and not step.is_hold and search.load_of(step.level) >= load:
+            step = replace(step, meets_slo=False, miss_reason=(
+                f"met in its {step.server_metrics.get('steady.window_s', 0.0):.0f} s window, "
+                f"but the hold at {hold.level.label} (step {hold.step}, {window_s:.0f} s of free "
+                f"arrivals) missed: {hold.miss_reason or 'the SLO'}"))
+        out.append(step)
+    return out
 
 
 def _profile_stream(session: EngineSession, driver: StaircaseDriver,
@@ -221,6 +274,7 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
     server = dict(run.server)
     server["is_saturated"] = 1.0 if run.is_saturated else 0.0
     server["steady.warmup_s"] = run.warmup_s
+    server["steady.is_hold"] = 1.0 if run.plan.is_hold else 0.0
     if not per_window:  # stopped in its warm-up: what it served until then
         ours = [o for o in run.early_outputs if o.error != STOPPED_ERROR]
         metrics = compute_metrics(ours, max(run.early_duration_s, 1e-9),

@@ -57,8 +57,8 @@ def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repe
 
     api_key = driver.api_key  # /metrics asks for it as the completions do
     step_start = driver.now()
-    if not is_first:
-        driver.set_load(plan.load)
+    if not is_first or plan.is_hold:
+        driver.set_load(plan.load, free_arrivals=plan.is_hold)
     saturated = threading.Event() if driver.axis == "request_rate" else None
 
     def is_saturated() -> bool:
