@@ -28,6 +28,7 @@ class ProfileWindow:
     mean_in_flight: float  # requests, time-weighted over the window
     is_settled: bool  # the in-flight count had stopped rising when the window began
     is_operating_point: bool  # the highest load that met the SLO (else the lightest probed)
+    lifetime_s: float  # s, the request life that sized the warm-up (as a step's)
 
     def as_summary(self) -> dict[str, float]:
         """The window as `profile.*` figures beside the trace's own (a trial's record keeps
@@ -39,6 +40,7 @@ class ProfileWindow:
                 "profile.mean_in_flight": self.mean_in_flight,
                 "profile.is_settled": 1.0 if self.is_settled else 0.0,
                 "profile.is_operating_point": 1.0 if self.is_operating_point else 0.0,
+                "profile.lifetime_s": self.lifetime_s,
                 "profile.is_in_stream": 1.0}
 
 
@@ -66,4 +68,5 @@ def profile_window(driver: StaircaseDriver, plan: StepPlan, *, since_s: float | 
                          window_s=end - start, num_sent=len(driver.sent_between(start, end)),
                          num_ended=driver.num_ended_between(start, end),
                          mean_in_flight=driver.mean_in_flight(start, end),
-                         is_settled=is_settled, is_operating_point=is_operating_point)
+                         is_settled=is_settled, is_operating_point=is_operating_point,
+                         lifetime_s=plan.lifetime_s)

@@ -242,6 +242,10 @@ def _profile_stream(session: EngineSession, driver: StaircaseDriver,
     except httpx.HTTPError as exc:
         logger.warning("profiling failed (%s); the trial keeps its measurements", exc)
         return None, None
+    except Abort as abort:  # the measured steps are over: a profiler's trouble is not theirs
+        logger.warning("the engine failed in the profiled window (%s); the trial keeps its "
+                       "measurements", abort.failure.message)
+        return None, None
     logger.info("profiled %.1f s of the stream at %s (%s; %.0f s at that load before, "
                 "%.1f in flight)", window.window_s, level.label,
                 "the operating point" if is_operating_point else
