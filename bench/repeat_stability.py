@@ -48,7 +48,7 @@ def main() -> int:
         parser.error(f"--runs must be at least 1 but got {args.runs}.")
     logging.basicConfig(level=logging.WARNING)
     search = CapacitySearch("request_rate", low=1, high=64, tolerance=0.1, max_probes=8,
-                            min_window_requests=150, min_window_s=3)
+                            min_window_requests=150, min_window_s=3, hold_s=30)
     workload = Workload(input_len=LengthDistribution(mean=512),
                         output_len=LengthDistribution(mean=128),
                         slo=SLO(ttft_p99_ms=1000, tpot_p99_ms=10), num_warmup_requests=4,

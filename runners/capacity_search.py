@@ -151,12 +151,13 @@ class CapacitySearch:
     warmup_s: float | None = None  # s; None: sized from the request's life
     # The hold (runners/capacity/staircase.py): once the steps have found the bracket, its
     # lower end is measured again over a window of at least `hold_s` of arrivals and at least
-    # HOLD_LIVES request lives, with free (unconditioned) Poisson or gamma arrivals as
+    # `hold_lives` request lives, with free (unconditioned) Poisson or gamma arrivals as
     # `vllm bench serve` sends them; the claim is a load that held. A step's short window sees
     # one batch (its p99 is its median); the p99 an operator reads over minutes is set by the
     # load's swings (docs/h100-steady.md). 0: no hold (the claim rests on short windows and
     # says so). A hold that misses steps down (`next_hold`), at most `max_holds` times.
     hold_s: float = 180.0  # s
+    hold_lives: float = 10.0  # request lives, at least, in a hold's window
     max_holds: int = 3
 
     def __post_init__(self) -> None:
@@ -183,6 +184,8 @@ class CapacitySearch:
             raise ValueError(f"warmup_s must be >= 0 but got {self.warmup_s}.")
         if not (math.isfinite(self.hold_s) and self.hold_s >= 0):
             raise ValueError(f"hold_s must be >= 0 s (0: no hold) but got {self.hold_s}.")
+        if not (math.isfinite(self.hold_lives) and self.hold_lives >= 0):
+            raise ValueError(f"hold_lives must be >= 0 but got {self.hold_lives}.")
         if self.max_holds < 1:
             raise ValueError(f"max_holds must be >= 1 but got {self.max_holds}.")
 

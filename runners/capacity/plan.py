@@ -22,11 +22,6 @@ _LIFETIME_QUANTILE = 0.95  # a step's warm-up is this quantile of a request's li
 # minutes; a window measured on the ramp read TPOT p99 14.0 ms against vLLM's 17.4 ms.
 _WARMUP_LIVES = 2.0
 _MAX_WARMUP_LIVES = 4.0
-# A hold's window, in request lives at least (besides `CapacitySearch.hold_s`): the batch
-# swings with the arrival count over about one life, so a window of N lives samples about N
-# independent swings. On the H100 (2026-12-06) the medians of consecutive 15 s windows of one
-# 180 s `vllm bench serve` run (12 lives) spread 13.5-16.0 ms around a 14.8 ms whole-run median.
-HOLD_LIVES = 10.0
 
 
 @dataclass(frozen=True)
@@ -106,9 +101,12 @@ def plan_step(search: CapacitySearch, load: float, lifetime_s: float) -> StepPla
 
 def plan_hold(search: CapacitySearch, load: float, lifetime_s: float) -> StepPlan:
     """A hold at `load`: warmed up as a step is, then a window of at least `search.hold_s` and
-    HOLD_LIVES request lives (never cut by `max_window_s`: the hold is what certifies the
-    claim), whatever `min_window_requests` asks."""
+    `search.hold_lives` request lives (never cut by `max_window_s`: the hold is what certifies
+    the claim), whatever `min_window_requests` asks. The batch swings with the arrival count
+    over about one life, so a window of N lives samples about N swings: on the H100
+    (2026-12-06) the medians of consecutive 15 s windows of one 180 s `vllm bench serve` run
+    (12 lives) spread 13.5-16.0 ms around its 14.8 ms whole-run median."""
     step = plan_step(search, load, lifetime_s)
-    window_s = max(search.hold_s, HOLD_LIVES * lifetime_s, step.window_s)
+    window_s = max(search.hold_s, search.hold_lives * lifetime_s, step.window_s)
     per_s = step.expected_requests / step.window_s if step.window_s > 0 else 0.0
     return replace(step, window_s=window_s, expected_requests=per_s * window_s, is_hold=True)

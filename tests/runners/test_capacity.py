@@ -86,7 +86,8 @@ def test_search_finds_the_simulated_engines_knee_within_five_percent() -> None:
 @pytest.mark.flaky(reruns=1, reruns_delay=1)
 def test_capacity_search_probes_one_running_server_and_brackets_its_knee(
         tmp_path: Path) -> None:
-    search = CapacitySearch("concurrency", low=8, high=256, tolerance=0.05, max_probes=9)
+    search = CapacitySearch("concurrency", low=8, high=256, tolerance=0.05, max_probes=9,
+                            hold_s=0)
     runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
                           tmp_path / "engines", stall_timeout_s=10.0)
     try:

@@ -169,7 +169,8 @@ def test_a_capacity_search_walks_every_step_on_one_engine_without_a_restart(
                         num_warmup_requests=2,
                         capacity=CapacitySearch("request_rate", low=2, high=400, tolerance=0.3,
                                                 max_probes=3, min_window_requests=40,
-                                                min_window_s=1.0, max_window_s=5.0))
+                                                min_window_s=1.0, max_window_s=5.0,
+                                                hold_s=0))
     config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
     result = simulated.run(config, workload, tmp_path / "w")
     assert result.status == "complete", result.failure
@@ -235,7 +236,8 @@ def test_the_profile_covers_a_steady_window_of_the_stream_at_the_operating_point
                         num_warmup_requests=2, profile=True, profile_num_requests=40,
                         capacity=CapacitySearch("request_rate", low=2, high=400, tolerance=0.3,
                                                 max_probes=3, min_window_requests=40,
-                                                min_window_s=1.0, max_window_s=5.0))
+                                                min_window_s=1.0, max_window_s=5.0,
+                                                hold_s=0))
     config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
     result = simulated.run(config, workload, tmp_path / "w")
     assert result.status == "complete", result.failure

@@ -1,0 +1,176 @@
+"""The hold: a capacity search's claim measured again over a long window of free arrivals
+(runners/capacity_search.py `next_hold`, runners/capacity/plan.py `plan_hold`,
+runners/capacity/staircase.py), and what a missed hold overturns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runners.base import BenchmarkMetrics, EngineConfig, StepMetrics
+from runners.capacity.driver import StaircaseDriver
+from runners.capacity.plan import plan_hold, plan_step
+from runners.capacity.staircase import next_measurement, supersede_history, supersede_steps
+from runners.capacity_search import Bracket, CapacitySearch
+from runners.engine import EngineRunner, held_bracket
+from runners.load_level import LoadLevel
+from runners.simulated.launcher import SimulatedLauncher
+from runners.workload import SLO, LengthDistribution, Workload
+
+SEARCH = CapacitySearch("request_rate", low=2, high=16, tolerance=0.1, max_probes=6,
+                        min_window_requests=150, min_window_s=10, max_window_s=60)
+
+
+def _step(index: int, load: float, met: bool, *, hold: bool = False,
+          window_s: float = 14.0) -> StepMetrics:
+    latencies = {f"{s}_{m}_ms": None for s in ("mean", "median", "std", "p90", "p99")
+                 for m in ("ttft", "tpot", "itl", "e2el")}
+    metrics = BenchmarkMetrics(
+        **latencies, completed=150, failed=0, duration_s=window_s, total_input_tokens=0,
+        total_output_tokens=0, request_throughput=load, request_goodput=None,
+        output_throughput=0.0, total_token_throughput=0.0)
+    return StepMetrics(step=index, level=LoadLevel(request_rate_rps=load), metrics=metrics,
+                       server_metrics={"steady.window_s": window_s,
+                                       "steady.is_hold": 1.0 if hold else 0.0},
+                       meets_slo=met, miss_reason=None if met else "TPOT p99 16.2 ms > 15 ms")
+
+
+# -- what to hold ------------------------------------------------------------------------------
+
+def test_the_first_hold_is_the_highest_load_a_step_met() -> None:
+    history = [(16.0, False, None), (13.0, False, None), (8.87, True, None),
+               (10.7, True, None), (11.7, False, None)]
+    assert SEARCH.next_load(history) is None, "the steps have found the bracket"
+    assert next_measurement(SEARCH, history, []) == (10.7, True)
+
+
+def test_a_hold_that_met_ends_the_search() -> None:
+    assert SEARCH.next_hold([(10.7, True, None)], [(10.7, True)]) is None
+
+
+def test_a_missed_hold_far_above_the_next_met_load_holds_their_geometric_middle() -> None:
+    """8.87 -> 10.7 is 21% apart, over the 10% tolerance: the middle (9.74) is held at once,
+    not probed with a short step that would read as optimistically as the one at 10.7."""
+    history = supersede_history([(8.87, True, None), (10.7, True, None)], 10.7, None)
+    hold = SEARCH.next_hold(history, [(10.7, False)])
+    assert hold is not None and 8.87 < hold < 10.7
+    assert hold == pytest.approx((8.87 * 10.7) ** 0.5, rel=0.01)
+
+
+def test_a_missed_hold_within_the_tolerance_of_the_next_met_load_holds_that_load() -> None:
+    history = supersede_history([(9.5, True, None), (10.2, True, None)], 10.2, None)
+    assert SEARCH.next_hold(history, [(10.2, False)]) == 9.5
+
+
+def test_holds_stop_after_max_holds_or_with_nothing_met_below_or_when_off() -> None:
+    history = [(2.0, True, None), (4.0, True, None)]
+    holds = [(4.0, False), (3.0, False), (2.5, False)]
+    assert SEARCH.next_hold(history, holds) is None, "max_holds (3) spent"
+    assert SEARCH.next_hold([(2.0, False, None)], []) is None, "nothing met: nothing to hold"
+    off = CapacitySearch("request_rate", low=2, high=16, hold_s=0)
+    assert off.next_hold(history, []) is None and next_measurement(off, history, []) is None
+
+
+def test_hold_settings_out_of_range_are_refused() -> None:
+    with pytest.raises(ValueError, match="hold_s"):
+        CapacitySearch("request_rate", low=2, high=16, hold_s=-1)
+    with pytest.raises(ValueError, match="max_holds"):
+        CapacitySearch("request_rate", low=2, high=16, max_holds=0)
+    with pytest.raises(ValueError, match="hold_lives"):
+        CapacitySearch("request_rate", low=2, high=16, hold_lives=float("nan"))
+
+
+# -- how long a hold measures ------------------------------------------------------------------
+
+def test_a_hold_measures_at_least_hold_s_and_hold_lives_past_the_steps_window_cap() -> None:
+    short = plan_step(SEARCH, 10.7, lifetime_s=15.0)
+    hold = plan_hold(SEARCH, 10.7, lifetime_s=15.0)
+    assert short.window_s <= 60 and not short.is_hold
+    assert hold.is_hold and hold.window_s == 180.0, "10 lives of 15 s < hold_s 180 s"
+    assert hold.warmup_s == short.warmup_s
+    assert hold.expected_requests == pytest.approx(10.7 * 180.0)
+    long_lives = plan_hold(SEARCH, 10.7, lifetime_s=40.0)
+    assert long_lives.window_s == 400.0, "10 lives of 40 s: more than hold_s"
+
+
+def test_a_holds_arrivals_are_free_not_conditioned_on_their_count() -> None:
+    """A step's gaps sum exactly to their count over the rate in each block of 64; a hold's
+    are drawn one by one, as `vllm bench serve` draws them, so their count swings."""
+    driver = StaircaseDriver("http://127.0.0.1:9", "model", iter(()), axis="request_rate",
+                             timeout_s=1.0, seed=0)
+    rate = 10.0
+    blocks = [sum(driver._gap_s(rate) for _ in range(64)) for _ in range(50)]
+    assert np.allclose(blocks, 6.4), "a step: every block of 64 spans exactly 64 / rate"
+    driver.set_load(rate, free_arrivals=True)
+    free = [sum(driver._gap_s(rate) for _ in range(64)) for _ in range(400)]
+    assert float(np.std(free)) > 0.5, "a hold: the count over a block swings (~0.8 s)"
+    assert float(np.mean(free)) == pytest.approx(6.4, rel=0.05), "at the same mean rate"
+
+
+# -- what a missed hold overturns --------------------------------------------------------------
+
+def test_a_missed_hold_marks_the_steps_that_met_at_or_above_it_missed_and_says_why() -> None:
+    steps = [_step(0, 16.0, False), _step(1, 8.87, True), _step(2, 10.7, True),
+             _step(3, 11.7, False)]
+    hold = _step(4, 10.7, False, hold=True, window_s=180.0)
+    after = supersede_steps(SEARCH, steps, hold)
+    assert [s.meets_slo for s in after] == [False, True, False, False]
+    assert "hold at rate=10.7" in (after[2].miss_reason or "") and \
+        "14 s window" in (after[2].miss_reason or ""), after[2].miss_reason
+    assert after[2].metrics == steps[2].metrics, "the step's figures stay on record"
+    history = supersede_history([(8.87, True, None), (10.7, True, None)], 10.7, 9.9)
+    assert history == [(8.87, True, None), (10.7, False, None), (10.7, False, 9.9)]
+
+
+def test_the_bracket_says_whether_its_lower_end_held() -> None:
+    short = [_step(0, 8.87, True), _step(1, 10.7, True), _step(2, 11.7, False)]
+    probes = [(8.87, True), (10.7, True), (11.7, False)]
+    assert held_bracket(SEARCH, probes, short).held is None, "no hold ran"
+    held = [*short, _step(3, 10.7, True, hold=True)]
+    bracket = held_bracket(SEARCH, [*probes, (10.7, True)], held)
+    assert bracket.held is True and bracket.met_load == 10.7
+    missed = [_step(0, 8.87, True), _step(1, 10.7, False), _step(2, 11.7, False),
+              _step(3, 10.7, False, hold=True), _step(4, 9.74, False, hold=True)]
+    bracket = held_bracket(SEARCH, [(s.level.request_rate_rps or 0.0, bool(s.meets_slo))
+                                    for s in missed], missed)
+    assert bracket.met_load == 8.87 and bracket.held is False, \
+        "the claim rests on a short window, and says so"
+    again = Bracket.from_dict(bracket.to_dict())
+    assert again == bracket and bracket.as_metrics()["capacity.is_held"] == 0.0
+
+
+# -- on a running engine -----------------------------------------------------------------------
+
+def test_a_capacity_search_holds_its_claim_on_the_same_stream(tmp_path: Path) -> None:
+    """The steps find the bracket, then its lower end is held over a longer window of free
+    arrivals on the same engine; the hold is a step of the record and the bracket says it
+    held (or, where it missed, which load did)."""
+    workload = Workload(input_len=LengthDistribution(mean=256),
+                        output_len=LengthDistribution(mean=64), slo=SLO(tpot_p99_ms=12),
+                        num_warmup_requests=2,
+                        capacity=CapacitySearch("request_rate", low=2, high=400, tolerance=0.3,
+                                                max_probes=3, min_window_requests=40,
+                                                min_window_s=1.0, max_window_s=3.0,
+                                                hold_s=4.0, hold_lives=1.0, max_holds=2))
+    runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.01, seed=0),
+                          tmp_path / "registry")
+    try:
+        result = runner.run(EngineConfig(model="qwen2.5-7b", load_format="dummy",
+                                         skip_tokenizer_init=True), workload, tmp_path / "w")
+    finally:
+        runner.close()
+    assert result.status == "complete", result.failure
+    holds = [s for s in result.steps if s.is_hold]
+    assert holds, "the claim was held"
+    for hold in holds:  # a longer window than the step's at its load (4 s against 1-3 s)
+        step = next(s for s in result.steps if not s.is_hold and s.level == hold.level)
+        assert hold.server_metrics["steady.num_measured"] > \
+            step.server_metrics["steady.num_measured"]
+    assert result.capacity is not None and result.capacity.held is not None
+    if result.capacity.held:
+        assert any(s.meets_slo and s.level.request_rate_rps == result.capacity.met_load
+                   for s in holds)
+    log = (tmp_path / "w" / "server.log").read_text()
+    assert log.count("Application startup complete") <= 1, "the same engine, the same stream"
