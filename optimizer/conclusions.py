@@ -106,6 +106,11 @@ def capacity_text(bracket: Bracket, tolerance: float | None, *,
         text += ", no probed load met the SLO"
     elif bracket.missed_load is None and bracket.is_resolved:
         text += ", the SLO held at the heaviest load of interest"
+    if bracket.held is True:
+        text += ", held over a long window of free arrivals"
+    elif bracket.held is False:
+        text += (", not held: every hold missed, so its lower end rests on a short window "
+                 "(whose p99 reads low)")
     if not bracket.is_resolved and is_stopped:
         text += ", unresolved: the search was stopped"
     elif not bracket.is_resolved:

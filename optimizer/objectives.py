@@ -88,14 +88,16 @@ def _load(step: StepMetrics) -> float:
 def operating_step(objective: str, steps: Sequence[StepMetrics]) -> StepMetrics | None:
     """The trial's operating point: the one load level every figure of the trial describes
     (its value, headline metrics, latencies, bottleneck label and advice). After a capacity
-    search, the highest load that met the SLO, or None when none did (the trial has no
-    operating point: `described_step` gives the load to describe then). With fixed levels, the
-    level that gave the objective its value (the best for a rate, the worst for a latency; a
+    search, the highest load that met the SLO (its hold, where one held it), or None when
+    none did (the trial has no operating point: `described_step` gives the load to describe
+    then). With fixed levels, the level that gave the objective its value (the best for a rate, the worst for a latency; a
     level with no sample, nan, never)."""
     measured = [s for s in steps if s.metrics.completed > 0]
     if is_capacity_search(measured):
         within = [s for s in measured if s.meets_slo]
-        return max(within, key=_load, default=None)
+        # At one load a hold (a long window of free arrivals) describes it better than the
+        # short step it held.
+        return max(within, key=lambda s: (_load(s), s.is_hold), default=None)
     if not measured:
         return None
     return max(measured, key=lambda s: _finite_or_lowest(step_value(objective, s)))
