@@ -273,7 +273,7 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
         verdict = judge_window(
             metrics, counts, workload.slo, max_failed_fraction=workload.max_failed_fraction,
             tolerance=search.tolerance, is_saturated=run.is_saturated,
-            is_closed_loop=is_closed)
+            is_closed_loop=is_closed, is_hold=run.plan.is_hold)
         per_window.append((metrics, counts, verdict))
     server = dict(run.server)
     server["is_saturated"] = 1.0 if run.is_saturated else 0.0

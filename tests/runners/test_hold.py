@@ -11,6 +11,7 @@ import pytest
 
 from runners.base import BenchmarkMetrics, EngineConfig, StepMetrics
 from runners.capacity.driver import StaircaseDriver
+from runners.capacity.judge import WindowCounts, judge_window
 from runners.capacity.plan import plan_hold, plan_step
 from runners.capacity.staircase import next_measurement, supersede_history, supersede_steps
 from runners.capacity_search import Bracket, CapacitySearch
@@ -174,3 +175,24 @@ def test_a_capacity_search_holds_its_claim_on_the_same_stream(tmp_path: Path) ->
                    for s in holds)
     log = (tmp_path / "w" / "server.log").read_text()
     assert log.count("Application startup complete") <= 1, "the same engine, the same stream"
+
+
+def test_a_holds_wandering_in_flight_line_is_not_a_miss_but_its_growing_queue_is() -> None:
+    """Over ten lives of free arrivals the in-flight count wanders by about sqrt(n) a life; a
+    line through it that rises by the tolerance is chance, not a ramp. The queue still
+    judges an overload."""
+    latencies = {f"{s}_{m}_ms": None for s in ("mean", "median", "std", "p90", "p99")
+                 for m in ("ttft", "tpot", "itl", "e2el")}
+    metrics = BenchmarkMetrics(**{**latencies, "p99_tpot_ms": 14.0}, completed=1926, failed=0,
+                               duration_s=180.0, total_input_tokens=0, total_output_tokens=0,
+                               request_throughput=10.7, request_goodput=None,
+                               output_throughput=0.0, total_token_throughput=0.0)
+    wander = WindowCounts(window_s=180.0, num_sent=1926, num_ended=1920, mean_in_flight=160.0,
+                          waiting_rise=0.0, in_flight_rise=18.0)
+    kw = {"max_failed_fraction": 0.05, "tolerance": 0.1}
+    assert not judge_window(metrics, wander, SLO(tpot_p99_ms=15), **kw).meets_slo, \
+        "a step: a rise of 18 of 160 over its window is a ramp"
+    assert judge_window(metrics, wander, SLO(tpot_p99_ms=15), is_hold=True, **kw).meets_slo
+    queue = WindowCounts(window_s=180.0, num_sent=1926, num_ended=1920, mean_in_flight=160.0,
+                         waiting_rise=300.0, in_flight_rise=18.0)
+    assert not judge_window(metrics, queue, SLO(tpot_p99_ms=15), is_hold=True, **kw).meets_slo
