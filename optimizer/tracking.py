@@ -569,8 +569,8 @@ def _with_workdir_files(trial: TrialLog) -> dict[str, Any]:
     """`finish_trial`'s arguments for a catch-up: the record's, plus the server log's tail and
     the trimmed trace from the trial's workdir where they are on this machine (a trial that ran
     on another node of a cluster left them there)."""
-    from runners.session import LOG_TAIL_BYTES
     from runners.process import tail
+    from runners.session import LOG_TAIL_BYTES
 
     payload = dict(trial.payload)
     if trial.workdir is None:

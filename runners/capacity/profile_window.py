@@ -46,8 +46,8 @@ class ProfileWindow:
 
 def profile_window(driver: StaircaseDriver, plan: StepPlan, *, since_s: float | None,
                    num_requests: int, is_operating_point: bool,
-                   check_engine: Callable[[], None], start_profile: Callable[[], None],
-                   stop_profile: Callable[[], None]) -> ProfileWindow:
+                   check_engine: Callable[[], None], start_profile: Callable[[], object],
+                   stop_profile: Callable[[], object]) -> ProfileWindow:
     """Profile a window of the running stream at `plan.load`, in steady state: the stream is
     set to that load (unless `since_s` says it has run at it since then), warmed up as a step
     is (`plan.warmup_s`, and an open loop's settling wait up to `plan.max_warmup_s`), then
