@@ -236,7 +236,7 @@ def fingerprint_of(cfg: StudyConfig, *, engine: str, engine_version: str | None,
         arrival, peak = f"capacity:{w.capacity.axis}", float(w.capacity.high)
     elif getattr(w, "trace", None) is not None:
         # A trace replays by rate: without `levels`, one level at its recorded mean rate.
-        rates = [lv.request_rate_rps for lv in cfg.workload().levels]
+        rates = [lv.request_rate_rps for lv in cfg.workload.levels]
         arrival = "trace:request_rate"
         peak = None if any(r is None for r in rates) else max(r for r in rates if r is not None)
     else:

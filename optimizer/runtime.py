@@ -231,7 +231,7 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
             raise ConfigError("engine vllm: no NVIDIA GPU found; run with --dry-run (or engine: "
                               "auto) to use the simulated engine.")
         notes.append(f"engine: vLLM on {hardware.num_gpus} x {hardware.gpu_name}")
-    workload = cfg.workload(vocab_size=model.vocab_size if model else 32000)
+    workload = cfg.workload
     space_name = cfg.spec.search_space
     if space_name == "auto":
         space_name = recommend_space(hardware.hardware_class)

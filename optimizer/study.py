@@ -159,8 +159,8 @@ def open_study(cfg: StudyConfig, *, create: bool = True,
 
 
 def startup_saver_env(savers: Sequence[str]) -> dict[str, str]:
-    """The environment the study's start-up savers set (`schema.STARTUP_SAVERS`)."""
-    from optimizer.config.schema import STARTUP_SAVERS
+    """The environment the study's start-up savers set (`sections.STARTUP_SAVERS`)."""
+    from optimizer.config.sections import STARTUP_SAVERS
 
     return {k: v for name in savers for k, v in STARTUP_SAVERS[name].items()}
 

@@ -107,7 +107,7 @@ def start(
     Example:
       nightshift start examples/quickstart.yaml --dry-run
     """
-    from optimizer.config.schema import ray_address_problem
+    from optimizer.config.sections import ray_address_problem
     from optimizer.runtime import build_daemon
 
     cfg = _load(study)
@@ -928,7 +928,7 @@ def hw(output: Annotated[Path | None, typer.Option(
         _print_facts()
         return
 
-    from optimizer.config.schema import SimulatedSpec
+    from optimizer.config.sections import SimulatedSpec
     from runners.hardware import load_preset, preset_names, probe
 
     if preset is not None:

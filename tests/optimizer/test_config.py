@@ -20,14 +20,14 @@ def test_quickstart_example_is_valid() -> None:
     cfg = load_study(Path(__file__).parents[2] / "examples" / "quickstart.yaml")
     assert cfg.name == "quickstart"
     assert cfg.objectives == ["goodput"] and cfg.directions == ["maximize"]
-    workload = cfg.workload()
+    workload = cfg.workload
     assert [lv.max_concurrency for lv in workload.levels] == [8, 32]
 
 
 def test_defaults_fill_a_minimal_study() -> None:
     cfg = parse_study(dict(BASE))
     assert cfg.storage_url == "sqlite:///results/s/optuna.db"
-    assert cfg.workload().slo.tpot_p99_ms == 50
+    assert cfg.workload.slo.tpot_p99_ms == 50
 
 
 @pytest.mark.parametrize(("patch", "expected"), [
@@ -80,7 +80,7 @@ def test_paths_resolve_against_the_study_file(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(data))
     cfg = load_study(path)
     assert cfg.results_dir == tmp_path / "out"
-    assert cfg.workload().prompts_file == tmp_path / "p.jsonl"
+    assert cfg.workload.prompts_file == tmp_path / "p.jsonl"
 
 
 def test_overrides_from_the_command_line() -> None:
@@ -371,7 +371,7 @@ def test_a_conversations_longest_context_is_the_tail_of_its_sum_not_n_longest_dr
     refuse plausible files on a 8-16k model; the sum's 4-sigma tail is 5,000 + 4 x 300 x
     sqrt(5) = 7,684. Bounded draws keep the strict bound (n x high)."""
     from optimizer.config.prestart import _longest_sum
-    from optimizer.config.schema import LengthSpec
+    from optimizer.config.workload_spec import LengthSpec
 
     assert _longest_sum(LengthSpec(kind="normal", mean=1000, std=300), 5) == 7684
     assert _longest_sum(LengthSpec(kind="normal", mean=1000, std=300, high=1500), 5) == 7500

@@ -256,7 +256,7 @@ def test_a_traces_text_prompts_are_labelled_recorded_lengths(tmp_path: Path) -> 
                        "workload": {"trace": {"path": "t.jsonl"}}, "slo": {"tpot_p99_ms": 50},
                        "budget": {"trials": 1}},
                       path=tmp_path / "s.yaml")
-    assert _prompt_lengths(cfg, cfg.workload()) == "recorded_where_text", \
+    assert _prompt_lengths(cfg, cfg.workload) == "recorded_where_text", \
         "a text prompt's length is the trace's own input_length, not token ids nor a count"
 
 

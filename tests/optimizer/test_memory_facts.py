@@ -102,7 +102,7 @@ def test_a_study_whose_two_oom_configs_share_a_value_writes_it_at_its_end(
     daemon = Daemon(cfg, space=space, executor=InlineExecutor(lambda: ScriptedRunner(
         lambda flags: None if flags.get("max_num_seqs") == 1024 else 10.0, launched),
         total_gpus=1), registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
-        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        workload=cfg.workload, study_params={}, study_artifacts={},
         summarize=study_summary, poll_s=0.01, seed_trials=seeds,
         learn_facts=partial(learn_facts, study_name=cfg.name, hardware_class="hopper",
                             vllm_version="0.26.0", path=path))

@@ -50,7 +50,7 @@ def _policy(tmp_path: Path, **startup: Any) -> SearchPolicy:
     study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
                                 pruner=make_pruner(cfg))
     policy = SearchPolicy(cfg, load_space(space_path).resolve({}), study,
-                          workload=cfg.workload(vocab_size=32000), total_gpus=2)
+                          workload=cfg.workload, total_gpus=2)
     policy.prepare()
     return policy
 
@@ -166,7 +166,7 @@ def _ledger_policy(tmp_path: Path, name: str, cache: Path, version: str | None =
     study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
                                 pruner=make_pruner(cfg))
     policy = SearchPolicy(cfg, load_space(space_path).resolve({}), study,
-                          workload=cfg.workload(vocab_size=32000), total_gpus=1,
+                          workload=cfg.workload, total_gpus=1,
                           compiled_elsewhere=ledger.compiled_keys if ledger else None)
     policy.prepare()
     return policy
@@ -273,7 +273,7 @@ def test_a_resumed_study_trusts_the_ledger_not_its_records_for_what_is_warm(
             params=dict(first.params), distributions=dists,
             values=[1.0], user_attrs={ATTR_RECORD: record.to_user_attr()}))
         study.enqueue_trial(dict(first.params))  # the same key, asked again
-        policy = SearchPolicy(cfg, space, study, workload=cfg.workload(vocab_size=32000),
+        policy = SearchPolicy(cfg, space, study, workload=cfg.workload,
                               total_gpus=1, compiled_elsewhere=compiled_elsewhere)
         policy.prepare()
         launch = policy.next_launch(lambda n: True)
