@@ -28,12 +28,10 @@ from optimizer.executor import Executor, TrialHandle
 from optimizer.lock import StorageLease, StudyLock, is_local_file_storage, study_lock_path
 from optimizer.objectives import objective_values, operating_step
 from optimizer.outcomes import Running, Told
-from optimizer.records import tracking_payload
+from optimizer.records import ATTR_CONFIRM, ATTR_MLFLOW_RUN, tracking_payload
 from optimizer.recovery import Recovery, trial_workdir
 from optimizer.search import SearchPolicy
 from optimizer.study import (
-    ATTR_CONFIRM,
-    ATTR_MLFLOW_RUN,
     STUDY_ATTR_MLFLOW_KEY,
     best_trial,
     make_storage,

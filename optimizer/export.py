@@ -1,11 +1,13 @@
 """Export a trial as what a user deploys: a `vllm serve --config` YAML (data only), a shell
-launcher, or env vars — each built from the trial's recorded flags and environment."""
+launcher, or env vars — each built from what the trial ran: its recorded flags, environment
+and command line (`launched`), never today's study file where the record says."""
 
 from __future__ import annotations
 
 import json
 import shlex
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +18,19 @@ from optuna.trial import TrialState
 from optimizer import gains
 from optimizer.conclusions import baseline_trial, reference_of
 from optimizer.config import StudyConfig
-from optimizer.confirm import STUDY_ATTR_CONFIRM
 from optimizer.errors import ConfigError, NightshiftError
-from optimizer.fingerprint import Fingerprint
-from optimizer.memory import STUDY_ATTR_FINGERPRINT
 from optimizer.objectives import OBJECTIVES
 from optimizer.quality import header_line, is_quality_violation
-from optimizer.records import ATTR_RECORD, gpus_of, objective_unit
+from optimizer.records import (
+    TrialRecord,
+    confirmation_of,
+    gpus_of,
+    is_baseline,
+    objective_unit,
+    record_of,
+    stored_fingerprint,
+)
 from optimizer.study import (
-    ATTR_BASELINE,
     NOISE_FRACTION,
     audit_errors,
     is_measured,
@@ -36,8 +42,9 @@ from optimizer.study import (
 )
 from runners.credentials import is_secret_name, redact_argv
 from runners.model_info import BUNDLED_CHECKPOINTS, bundled_shape_of
+from runners.simulated.launcher import is_simulated_argv
 from runners.vllm.facts import ENV_PREFIXES
-from runners.vllm.flags import to_argv, to_config_dict
+from runners.vllm.flags import flag_name, to_argv, to_config_dict
 from search_spaces import SpaceError, changed_params, to_flags
 
 FORMATS = ("yaml", "sh", "env")
@@ -59,13 +66,13 @@ def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = 
         if not found:
             raise ConfigError(f"--trial {number}: no such trial in study {cfg.name!r}; "
                               f"see `nightshift status` for the numbers.")
-        state = (found[0].user_attrs.get(ATTR_RECORD) or {}).get("state") or \
-            found[0].state.name.lower()
+        record = record_of(found[0])
+        state = record.state if record is not None else found[0].state.name.lower()
         if found[0].state != TrialState.COMPLETE or state != "complete":
             raise ConfigError(f"--trial {number}: the trial is {state}, not complete; export a "
                               "complete trial.")
         if is_quality_violation(found[0].constraints) and not force_quality:
-            failed = ((found[0].user_attrs.get(ATTR_RECORD) or {}).get("quality") or {}).get(
+            failed = ((record.quality if record is not None else None) or {}).get(
                 "failed") or ["outside the limits"]
             raise ConfigError(f"--trial {number}: the quality gate refused it "
                               f"({'; '.join(failed)}); export another trial, or pass "
@@ -101,19 +108,87 @@ def _flag_text(name: str) -> str:
 
 
 def _metric(trial: optuna.trial.FrozenTrial, key: str) -> float | None:
-    value = (trial.user_attrs.get(ATTR_RECORD) or {}).get("metrics", {}).get(key)
+    record = record_of(trial)
+    value = record.metrics.get(key) if record is not None else None
     return float(value) if isinstance(value, int | float) else None
 
 
-def trial_env(record: Mapping[str, Any], benchmark_only: Mapping[str, str] = {}
+def trial_env(env: Mapping[str, str], benchmark_only: Mapping[str, str] = {}
               ) -> dict[str, str]:
-    """The engine-relevant variables the trial ran with (VLLM_*, NCCL_*, ...), in one place,
-    less those that only placed the trial and `benchmark_only` (the study's start-up savers,
-    which hold for nightshift's greedy load but not for a deployment's: docs/startup-cost.md)."""
-    env = record.get("env") or {}
+    """The engine-relevant variables of a trial's recorded `env` (VLLM_*, NCCL_*, ...), less
+    those that only placed the trial and `benchmark_only` (the study's start-up savers, which
+    hold for nightshift's greedy load but not for a deployment's: docs/startup-cost.md)."""
     return {k: str(v) for k, v in sorted(env.items())
             if k.startswith(ENV_PREFIXES) and k not in _PLACEMENT_ENV
             and benchmark_only.get(k) != str(v)}
+
+
+@dataclass(frozen=True)
+class Launched:
+    """What a trial's recorded command line gave the engine besides its config's flags (the
+    record's `flags`, which the launcher rendered into it): read back from the argv that ran,
+    never from today's study file."""
+
+    served_model_name: str
+    load_format: str  # "dummy": measured with dummy weights
+    is_skip_tokenizer_init: bool
+    # `vllm.extra_args` as they ran (secrets redacted at the runner); None where the argv does
+    # not carry them (the simulated engine takes none).
+    extra_args: tuple[str, ...] | None
+
+
+# What `VllmLauncher.command` puts between `serve MODEL` and the config's flags, or after them
+# for its own measurement: never a deployment's. Each with the number of values it takes.
+_LAUNCHER_OPTIONS = {"--host": 1, "--port": 1, "--served-model-name": 1, "--load-format": 1,
+                     "--skip-tokenizer-init": 0, "--enable-mfu-metrics": 0,
+                     "--profiler-config": 1}
+
+
+def _num_values(value: object) -> int:
+    """argv words `flag_args` gives a flag's value after the flag itself."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, list | tuple):
+        return len(value)
+    return 1
+
+
+def launched(record: TrialRecord) -> Launched | None:
+    """The launch as the trial's recorded argv says it ran; None for a record without one
+    (never launched, or written before argv was recorded). A vLLM argv is `... serve MODEL`,
+    the launcher's options, the config's flags (`record.flags`), the launcher's measuring
+    flags, then `vllm.extra_args` (runners/vllm/launcher.py); the simulated engine's carries
+    its launch as JSON (runners/simulated/launcher.py)."""
+    argv = list(record.argv)
+    if not argv:
+        return None
+    if is_simulated_argv(argv) and "--config-json" in argv[:-1]:
+        payload = json.loads(argv[argv.index("--config-json") + 1])
+        return Launched(str(payload.get("served_model_name") or "model"),
+                        str(payload.get("load_format") or "auto"), False, None)
+    if "serve" not in argv[:-1]:
+        return None
+    words = argv[argv.index("serve") + 2:]
+    options = dict(_LAUNCHER_OPTIONS)
+    configured = {f"--{prefix}{flag_name(k)}": _num_values(v) for k, v in record.flags.items()
+                  for prefix in ("", "no-")}
+    given: dict[str, str] = {}
+    index = 0
+    while index < len(words):
+        name, eq, inline = words[index].partition("=")
+        count = options.pop(name, None)
+        if count is None:
+            count = configured.pop(name, None)
+            if count is None:
+                break  # the first word neither the launcher nor the config wrote: extra_args
+        elif count and not eq:
+            given[name] = words[index + 1] if index + 1 < len(words) else ""
+        else:
+            given[name] = inline if eq else "true"
+        index += 1 + (0 if eq else count)
+    return Launched(given.get("--served-model-name", "model"),
+                    given.get("--load-format", "auto"), "--skip-tokenizer-init" in given,
+                    tuple(words[index:]))
 
 
 def serve_argv(model: str, flags: Mapping[str, Any], extra_args: Sequence[str] = ()) -> list[str]:
@@ -139,25 +214,45 @@ def deploy_model(cfg: StudyConfig) -> tuple[str, str]:
                         "of that shape runs the same")
 
 
-def deploy_flags(cfg: StudyConfig, record: Mapping[str, Any],
+def deploy_flags(cfg: StudyConfig, record: TrialRecord, ran: Launched | None,
                  weights: str | None = None) -> tuple[dict[str, Any], list[str]]:
     """What a deployment passes besides the model (snake_case): the flags the trial ran with,
-    as its record holds them (the study's `fixed_flags` of that day included: not today's
-    study file), without the benchmark's artefacts (dummy weights, no tokenizer) and with a
-    served name only where the study file sets one (nightshift's own is `model`). `weights`:
-    "real" or "dummy" as the study ran (its stored fingerprint); None: the study file's."""
-    flags = {k: v for k, v in (record.get("flags") or {}).items() if k not in _RESERVED}
+    as its record holds them (the study's `fixed_flags` of that day included), without the
+    benchmark's artefacts (dummy weights, no tokenizer), with a served name only where the
+    launch gave one other than nightshift's own (`model`). `ran`: the launch as its argv
+    says (`launched`); None for a record without one, which falls back to today's study file.
+    `weights`: "real" or "dummy" as the study ran (its stored fingerprint)."""
+    flags = {k: v for k, v in record.flags.items() if k not in _RESERVED}
     model = cfg.spec.model
-    if "served_model_name" in model.model_fields_set:
-        flags = {"served_model_name": model.served_model_name, **flags}
-    is_dummy = weights == "dummy" if weights is not None else model.load_format == "dummy"
+    served = ran.served_model_name if ran is not None else \
+        model.served_model_name if "served_model_name" in model.model_fields_set else "model"
+    if served != "model":
+        flags = {"served_model_name": served, **flags}
+    load_format = ran.load_format if ran is not None else model.load_format
+    is_dummy = weights == "dummy" if weights is not None else load_format == "dummy"
+    no_tokenizer = ran.is_skip_tokenizer_init if ran is not None and ran.extra_args is not None \
+        else model.skip_tokenizer_init
     notes = []
-    if is_dummy or model.skip_tokenizer_init:
+    if is_dummy or no_tokenizer:
         # Benchmark artefacts: speed does not depend on weight values or the tokenizer.
         notes.append("measured with dummy weights and token-id prompts; serves real weights as is")
-    elif model.load_format not in ("auto", "dummy"):
-        flags = {"load_format": model.load_format, **flags}
+    elif load_format not in ("auto", "dummy"):
+        flags = {"load_format": load_format, **flags}
     return flags, notes
+
+
+def deploy_extra_args(cfg: StudyConfig, ran: Launched | None) -> tuple[list[str], str]:
+    """The `vllm.extra_args` a deployment passes last, as the trial ran them, secrets named
+    and never written (runners/credentials.py); and a note where they come from today's study
+    file instead (a record without an argv, or a simulated trial, whose engine took none)."""
+    if ran is not None and ran.extra_args is not None:
+        return redact_argv(ran.extra_args), ""
+    args = redact_argv(cfg.spec.vllm.extra_args)
+    if not args:
+        return [], ""
+    why = "the simulated engine ran without them" if ran is not None else \
+        "the trial's record holds no command line"
+    return args, f"vllm.extra_args from today's study file ({why})"
 
 
 # Flags the runner owns or adds for its own measurement: never part of a deployment.
@@ -222,11 +317,11 @@ def export_header(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: Stu
     """The export's header, one fact a line: the trial and its figure, the model, the GPUs,
     the vLLM version, the engine (real or SIMULATED), the workload, the SLO, the gain as its
     interval with what the final confirmation found, and the quality verdict."""
-    stored = study.user_attrs.get(STUDY_ATTR_FINGERPRINT)
-    fp = Fingerprint.from_dict(stored)[0] if isinstance(stored, Mapping) else None
-    record = trial.user_attrs.get(ATTR_RECORD) or {}
+    fp = stored_fingerprint(study)
+    record = record_of(trial)
+    flags: Mapping[str, Any] = record.flags if record is not None else {}
     # A rate's value is per GPU (objectives.per_gpu): said so, with the GPUs it ran on.
-    num_gpus = gpus_of(record.get("flags") or trial.params)
+    num_gpus = gpus_of(flags or trial.params)
     values = ", ".join(
         f"{o} {v:.3g} {objective_unit(o)}".rstrip()
         + (f" per GPU on {num_gpus} GPU{'s' if num_gpus > 1 else ''}"
@@ -235,7 +330,6 @@ def export_header(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: Stu
     lines = [f"nightshift study {cfg.name!r}, trial {trial.number}: {values}"]
     lines.append(f"model: {model}" + (f" ({model_note.removeprefix('model: ')})"
                                        if model_note else ""))
-    flags = record.get("flags") or {}
     tp = int(flags.get("tensor_parallel_size") or 1)
     dp = int(flags.get("data_parallel_size") or 1)
     card = fp.gpu_model if fp is not None and fp.gpu_model else "unknown GPU"
@@ -243,7 +337,7 @@ def export_header(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: Stu
     lines.append(f"gpus: {tp * dp} x {card} ({layout}; the study's host: "
                  f"{fp.card if fp is not None else 'unknown'})")
     engine = fp.engine if fp is not None else None
-    version = str((record.get("engine") or {}).get("engine_version") or
+    version = str((record.engine if record is not None else {}).get("engine_version") or
                   (fp.engine_version if fp is not None else "") or "unknown")
     if engine == "simulated":
         lines.append(f"vllm: none ran (the simulated engine models vLLM "
@@ -272,15 +366,15 @@ def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyCo
     interval wins where it re-measured this trial (a search measurement's bounds never stand
     beside an interval that contradicts them); else the search's own, not confirmed."""
     objective = cfg.objectives[0]
-    confirmed = study.user_attrs.get(STUDY_ATTR_CONFIRM)
-    if isinstance(confirmed, Mapping) and confirmed.get("best_trial") == trial.number:
-        gain = gains.interval_gain(float(confirmed["gain"]), confirmed.get("ci_low"),
-                                   confirmed.get("ci_high"), len(confirmed.get("ratios") or []))
+    confirmed = confirmation_of(study)
+    if confirmed is not None and confirmed.best_trial == trial.number:
+        gain = gains.interval_gain(confirmed.gain, confirmed.ci_low, confirmed.ci_high,
+                                   confirmed.num_rounds)
         verdict = gains.confirmation_verdict(gain)
         state = "confirmed" if gain.is_better else "not confirmed"
         return (f"{objective} {gains.format_gain(gain)}; {state} (re-measured interleaved "
                 f"with the defaults: {verdict})")
-    if trial.user_attrs.get(ATTR_BASELINE):
+    if is_baseline(trial):
         return "none: this is the vLLM defaults"
     capacity = cfg.spec.workload.capacity
     axis = capacity.axis if capacity is not None else None
@@ -289,8 +383,8 @@ def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyCo
         return "unknown: the defaults were not measured; not confirmed"
     gain = gains.gain_over(here.value, base.value, here.capacity, base.capacity,
                            maximize=OBJECTIVES[objective].direction == "maximize")
-    why = (f"the final confirmation re-measured trial {confirmed.get('best_trial')}, not this "
-           "one" if isinstance(confirmed, Mapping) else "no final confirmation re-measured it")
+    why = (f"the final confirmation re-measured trial {confirmed.best_trial}, not this one"
+           if confirmed is not None else "no final confirmation re-measured it")
     return f"{objective} {gains.format_gain(gain)}; not confirmed ({why})"
 
 
@@ -303,10 +397,10 @@ def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
     also drops the flags the study measured as making no difference (`minimal_drops`)."""
     if fmt not in FORMATS:
         raise ConfigError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}.")
-    record = trial.user_attrs.get(ATTR_RECORD) or {}
-    stored = study.user_attrs.get(STUDY_ATTR_FINGERPRINT) if study is not None else None
-    weights = stored.get("weights") if isinstance(stored, Mapping) else None
-    flags, notes = deploy_flags(cfg, record, weights)
+    record = record_of(trial) or TrialRecord.from_user_attr({})
+    fp = stored_fingerprint(study) if study is not None else None
+    ran = launched(record)
+    flags, notes = deploy_flags(cfg, record, ran, fp.weights if fp is not None else None)
     model, model_note = deploy_model(cfg)
     if study is not None:
         dropped = default_flags(study, trial, flags)
@@ -329,17 +423,19 @@ def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
         values = ", ".join(f"{o}={v:.4g}" for o, v in zip(cfg.objectives, trial.values or [],
                                                           strict=False))
         about_lines = [f"nightshift study {cfg.name!r}, trial {trial.number} ({values})",
-                       str(record.get("conclusion", ""))]
+                       record.conclusion]
         if model_note:
             notes.append(model_note)
     if note:
         notes.insert(0, note)
-    quality_note = header_line(record.get("quality"), cfg.quality_skip_reason)
+    quality_note = header_line(record.quality, cfg.quality_skip_reason)
     if quality_note:
         notes.append(quality_note)
     # A secret is named, never written: an older study may hold one (runners/credentials.py).
-    extra_args = tuple(redact_argv(cfg.spec.vllm.extra_args))
-    env = trial_env(record, startup_saver_env(cfg.spec.startup.savers))
+    extra_args, extra_note = deploy_extra_args(cfg, ran)
+    if extra_note:
+        notes.append(extra_note)
+    env = trial_env(record.env, startup_saver_env(cfg.spec.startup.savers))
     secrets = sorted(k for k in env if is_secret_name(k))
     env = {k: v for k, v in env.items() if k not in secrets}
     if secrets:

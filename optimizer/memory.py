@@ -37,8 +37,6 @@ MAX_AUTO_SEEDS = 3
 SEED_SOURCE_PREFIX = "warm_start:"  # a warm seed's `seed.source`: warm_start:<study>
 TAG_SEED_SOURCE = "seed.source"
 TAG_WARM_START = "warm_start"  # the study run's tag: which studies seeded it, which not and why
-STUDY_ATTR_FINGERPRINT = "fingerprint"  # Optuna study user attr: `Fingerprint.to_dict()`
-STUDY_ATTR_WARM_START = "warm_start"  # Optuna study user attr: the lines `WarmStart` printed
 
 
 @dataclass(frozen=True)

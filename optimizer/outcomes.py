@@ -24,19 +24,19 @@ from optimizer.objectives import (
     objective_values,
     operating_step,
 )
-from optimizer.records import ATTR_RECORD, TrialRecord, record_of, step_records, summary_metrics
-from optimizer.startup import startup_metrics, startup_record
-from optimizer.study import (
+from optimizer.records import (
     ATTR_CONFIRM,
     ATTR_DUPLICATE_OF,
+    ATTR_RECORD,
     ATTR_SEED_SOURCE,
     ATTR_SEED_TITLE,
-    CONFIG_FAILURES,
-    STATE_NAMES,
-    best_trial,
-    state_of,
-    tell_config_failure,
+    TrialRecord,
+    record_of,
+    step_records,
+    summary_metrics,
 )
+from optimizer.startup import startup_metrics, startup_record
+from optimizer.study import CONFIG_FAILURES, STATE_NAMES, best_trial, state_of, tell_config_failure
 from runners.base import (
     EngineConfig,
     EngineInfo,

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from optimizer.fingerprint import Fingerprint
 from optimizer.objectives import (
     OBJECTIVES,
     metrics_value,
@@ -25,11 +26,34 @@ from runners.base import BenchmarkMetrics, EngineConfig, RunResult, StepMetrics
 from runners.simulated.launcher import is_simulated_argv
 
 if TYPE_CHECKING:
+    from optuna import Study
     from optuna.trial import FrozenTrial
 
 # The trial user attribute holding its `TrialRecord` (the source of truth the tracker, the report
 # and export are rebuilt from).
 ATTR_RECORD = "record"
+# The other marks a trial carries in Optuna's user attributes, read through the accessors below.
+ATTR_CONFIRM = "confirm"  # "defaults" or "best": a final re-measurement, not a search trial
+ATTR_DUPLICATE_OF = "duplicate_of"  # the sampler asked again for a config already measured
+ATTR_BASELINE = "baseline"
+ATTR_RETRY_OF = "retry_of"
+ATTR_CUT_SHORT = "sampling_cut_short"  # its daemon died mid-ask: no config, nothing launched
+# The daemon stopped while it waited for GPUs: failed without a launch, its config re-queued.
+ATTR_NOT_LAUNCHED = "stopped_before_launch"
+ATTR_MLFLOW_RUN = "mlflow_run_id"
+ATTR_RETRIES = "retries"
+# Times a daemon died with this config in flight (kill -9, a host reboot): the infrastructure's
+# losses, counted apart from `retries` (the config's own failures) and capped on their own.
+ATTR_DAEMON_LOSSES = "daemon_losses"
+ATTR_SEEDED = "seeded"  # enqueued from seed_trials, a hardware template or the warm start
+# Where a seed came from: "template:hopper" (a hardware template) or "warm_start:<study>" (an
+# earlier study's best, optimizer/memory.py)
+ATTR_SEED_SOURCE = "seed.source"
+ATTR_SEED_TITLE = "seed.title"  # "the Hopper template (fp8 weights + ...)", for its conclusion
+# The study's own user attributes, each written once by the module named.
+STUDY_ATTR_CONFIRM = "confirm"  # `confirm.confirm_summary`: the final re-measured gain
+STUDY_ATTR_FINGERPRINT = "fingerprint"  # `Fingerprint.to_dict()` (runtime, at each start)
+STUDY_ATTR_WARM_START = "warm_start"  # the lines the warm start printed (runtime)
 RECORD_VERSION = 1  # bump when a field changes meaning; `from_user_attr` reads every version
 RecordState = Literal["complete", "pruned", "failed"]
 _NULLABLE = frozenset({"values", "capacity", "verdict", "failure_reason", "failure_message",
@@ -119,6 +143,64 @@ def record_of(trial: FrozenTrial) -> TrialRecord | None:
     """The trial's record, or None for a trial that has none yet (queued, running)."""
     data = trial.user_attrs.get(ATTR_RECORD)
     return TrialRecord.from_user_attr(data) if isinstance(data, Mapping) and data else None
+
+
+def is_baseline(trial: FrozenTrial) -> bool:
+    """A run of the vLLM defaults: the baseline trial, or the final confirmation's re-run of
+    it (`confirm_label` tells them apart)."""
+    return bool(trial.user_attrs.get(ATTR_BASELINE))
+
+
+def confirm_label(trial: FrozenTrial) -> str | None:
+    """"defaults" or "best" for a final confirmation run (a re-measurement, not a trial of
+    the search), None for every other trial."""
+    label = trial.user_attrs.get(ATTR_CONFIRM)
+    return str(label) if label else None
+
+
+def ran_nothing(trial: FrozenTrial) -> bool:
+    """A trial that launched nothing: a repeat of a config already measured, one whose
+    sampling a dying daemon cut short, or one a stop failed while it waited for GPUs."""
+    return any(attr in trial.user_attrs
+               for attr in (ATTR_DUPLICATE_OF, ATTR_CUT_SHORT, ATTR_NOT_LAUNCHED))
+
+
+@dataclass(frozen=True)
+class StoredConfirmation:
+    """The final confirmation as `confirm.confirm` stored it on the study
+    (`confirm.confirm_summary`): the recommended trial against the defaults, interleaved."""
+
+    sentence: str  # the one line a report and `status` print
+    best_trial: int | None  # the trial re-measured against the defaults
+    gain: float  # geometric mean of the rounds' ratios, > 1 better
+    ci_low: float | None  # 95% interval of the gain; None from one round
+    ci_high: float | None
+    num_rounds: int
+    is_confirmed: bool
+
+
+def confirmation_of(study: Study) -> StoredConfirmation | None:
+    """The study's final confirmation, or None where none ran (or it stored nothing)."""
+    data = study.user_attrs.get(STUDY_ATTR_CONFIRM)
+    if not isinstance(data, Mapping) or not data:
+        return None
+
+    def number(key: str) -> float | None:
+        value = data.get(key)
+        return float(value) if isinstance(value, int | float) else None
+
+    best = data.get("best_trial")
+    return StoredConfirmation(
+        sentence=str(data.get("sentence") or ""),
+        best_trial=int(best) if isinstance(best, int) else None,
+        gain=number("gain") or 0.0, ci_low=number("ci_low"), ci_high=number("ci_high"),
+        num_rounds=len(data.get("ratios") or []), is_confirmed=bool(data.get("is_confirmed")))
+
+
+def stored_fingerprint(study: Study) -> Fingerprint | None:
+    """The fingerprint the study's last start stored, or None (a study from before them)."""
+    data = study.user_attrs.get(STUDY_ATTR_FINGERPRINT)
+    return Fingerprint.from_dict(data)[0] if isinstance(data, Mapping) else None
 
 def objective_unit(objective: str) -> str:
     """The unit an objective's value is printed in ("" where it has none)."""

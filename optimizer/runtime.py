@@ -18,21 +18,14 @@ from optimizer.daemon import Daemon, TrialEvent
 from optimizer.engines import RunnerSpec
 from optimizer.errors import ConfigError, TrackingError
 from optimizer.fingerprint import Fingerprint, fingerprint_of, resume_changes
-from optimizer.memory import (
-    STUDY_ATTR_FINGERPRINT,
-    STUDY_ATTR_WARM_START,
-    TAG_WARM_START,
-    WarmStart,
-    learn_facts,
-    plan_warm_start,
-    read_studies,
-)
-from optimizer.study import (
+from optimizer.memory import TAG_WARM_START, WarmStart, learn_facts, plan_warm_start, read_studies
+from optimizer.records import (
     ATTR_SEED_SOURCE,
     ATTR_SEED_TITLE,
-    STUDY_ATTR_VLLM_DEFAULTS,
-    make_storage,
+    STUDY_ATTR_FINGERPRINT,
+    STUDY_ATTR_WARM_START,
 )
+from optimizer.study import STUDY_ATTR_VLLM_DEFAULTS, make_storage
 from optimizer.study_summary import study_summary
 from optimizer.tracking import Tracker
 from optimizer.workers import (

@@ -36,9 +36,7 @@ from optimizer.outcomes import (
     tell_duplicate,
     tell_without_run,
 )
-from optimizer.records import TrialRecord, record_of
-from optimizer.startup import CompileCaches, launch_order, trial_env
-from optimizer.study import (
+from optimizer.records import (
     ATTR_BASELINE,
     ATTR_CONFIRM,
     ATTR_NOT_LAUNCHED,
@@ -46,6 +44,11 @@ from optimizer.study import (
     ATTR_RETRY_OF,
     ATTR_SEED_SOURCE,
     ATTR_SEEDED,
+    TrialRecord,
+    record_of,
+)
+from optimizer.startup import CompileCaches, launch_order, trial_env
+from optimizer.study import (
     CONFIG_FAILURES,
     engine_config,
     is_search_trial,

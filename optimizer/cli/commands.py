@@ -273,6 +273,7 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
       nightshift status examples/quickstart.yaml
     """
     from optimizer.lock import read_lease, read_lock, study_lock_path
+    from optimizer.records import confirmation_of
     from optimizer.study import count_trials, existing_storage, open_study
 
     cfg = _load(study).with_overrides(storage=storage)
@@ -288,9 +289,9 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
     pick = recommendation_text(opened, cfg.objectives)
     if pick:
         out.print(pick, highlight=False, soft_wrap=True)
-    confirmed = (opened.user_attrs.get("confirm") or {}).get("sentence")
-    if confirmed:
-        out.print(f"re-measured: {confirmed}", highlight=False, soft_wrap=True)
+    confirmed = confirmation_of(opened)
+    if confirmed is not None and confirmed.sentence:
+        out.print(f"re-measured: {confirmed.sentence}", highlight=False, soft_wrap=True)
 
 
 def status_rows(trials: Sequence[FrozenTrial]) -> list[TableRow]:
@@ -298,54 +299,50 @@ def status_rows(trials: Sequence[FrozenTrial]) -> list[TableRow]:
     repeat of a measured config launched nothing; the status line counts it)."""
     from optuna.trial import TrialState
 
-    from optimizer.records import ATTR_RECORD
-    from optimizer.study import (
-        ATTR_BASELINE,
-        ATTR_CONFIRM,
-        ATTR_CUT_SHORT,
-        ATTR_DUPLICATE_OF,
-        ATTR_NOT_LAUNCHED,
-    )
+    from optimizer.records import confirm_label, is_baseline, ran_nothing, record_of
 
-    baseline = next((t for t in trials if t.user_attrs.get(ATTR_BASELINE)
-                     and ATTR_CONFIRM not in t.user_attrs
-                     and t.state == TrialState.COMPLETE), None)
-    base_flags = ((baseline.user_attrs.get(ATTR_RECORD) or {}).get("flags") or {}) \
-        if baseline is not None else {}
+    def is_defaults(t: FrozenTrial) -> bool:  # the defaults' trial, not a confirmation re-run
+        return is_baseline(t) and confirm_label(t) is None
+
+    baseline = next((t for t in trials if is_defaults(t) and t.state == TrialState.COMPLETE),
+                    None)
+    base_record = record_of(baseline) if baseline is not None else None
+    base_flags = base_record.flags if base_record is not None else {}
     # The defaults' sampled params (measured or not), for a trial whose record holds no flags.
-    base_params = next((t.params for t in trials if t.user_attrs.get(ATTR_BASELINE)
-                        and ATTR_CONFIRM not in t.user_attrs and t.params), None)
+    base_params = next((t.params for t in trials if is_defaults(t) and t.params), None)
     rows = []
     for t in trials:
-        if t.state == TrialState.WAITING or any(
-                a in t.user_attrs for a in (ATTR_DUPLICATE_OF, ATTR_CUT_SHORT, ATTR_NOT_LAUNCHED)):
+        if t.state == TrialState.WAITING or ran_nothing(t):
             continue
-        record = t.user_attrs.get(ATTR_RECORD) or {}
-        state = str(record.get("state") or ("running" if t.state == TrialState.RUNNING
-                                             else t.state.name.lower()))
+        record = record_of(t)
+        state = record.state if record is not None else \
+            "running" if t.state == TrialState.RUNNING else t.state.name.lower()
         values: list[float | None] = []
         if state == "complete" and t.values:
             values = list(t.values)
         elif state == "pruned" and t.intermediate_values:
             values = [t.intermediate_values[max(t.intermediate_values)]]
-        flags = record.get("flags")
+        flags = record.flags if record is not None else None
         changes = None if flags is None else \
             {k: v for k, v in flags.items() if base_flags.get(k) != v}
-        if not flags and not t.user_attrs.get(ATTR_BASELINE):
+        if not flags and not is_baseline(t):
             # A failed record (lost, rejected) holds its params, not the launch's flags: an
             # empty dict there is no sign of the defaults. Its params against the defaults'.
             changes = None if base_params is None or not t.params else \
                 {k: v for k, v in t.params.items() if base_params.get(k) != v}
-        confirm = t.user_attrs.get(ATTR_CONFIRM)
+        confirm = confirm_label(t)
         note = f"(confirmation: {confirm})" if confirm else \
-            ("(vLLM defaults)" if t.user_attrs.get(ATTR_BASELINE) else "")
-        metrics = record.get("metrics") or {}
+            ("(vLLM defaults)" if is_baseline(t) else "")
+        metrics = record.metrics if record is not None else {}
+        verdict = (record.verdict if record is not None else None) or {}
         rows.append(TableRow(
             number=t.number, state=state, changes=changes, values=values,
             tpot_p99_ms=_finite(metrics.get("p99_tpot_ms")),
-            label=str((record.get("verdict") or {}).get("label") or ""),
-            conclusion=str(record.get("conclusion_short") or record.get("conclusion") or ""),
-            elapsed_s=_finite(record.get("wall_s")), changes_note=note))
+            label=str(verdict.get("label") or ""),
+            conclusion=(record.conclusion_short or record.conclusion) if record is not None
+            else "",
+            elapsed_s=_finite(record.wall_s) if record is not None else None,
+            changes_note=note))
     return rows
 
 

@@ -15,9 +15,9 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
 from optimizer.export import trial_env
-from optimizer.records import record_of
+from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, record_of
 from optimizer.regress.library import DEFAULT_FIGURES, FIGURES
-from optimizer.study import ATTR_BASELINE, ATTR_CONFIRM, is_measured, params_of
+from optimizer.study import is_measured, params_of
 from runners.simulated.launcher import is_simulated_argv
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def _config(study: optuna.Study, cfg: StudyConfig, trial: FrozenTrial, name: str
             card: str) -> dict[str, Any]:
     record = record_of(trial)
     flags = dict(record.flags) if record is not None else {}
-    env = trial_env({"env": dict(record.env)}) if record is not None else {}
+    env = trial_env(record.env) if record is not None else {}
     return {"name": name, "flags": flags, "env": env,
             "reference": _reference(study, cfg, trial, card)}
 

@@ -19,9 +19,14 @@ from optimizer import gains
 from optimizer.config import StudyConfig
 from optimizer.objectives import OBJECTIVES, on_all_gpus
 from optimizer.quality import table_cell
-from optimizer.records import ATTR_RECORD, gpus_of
+from optimizer.records import (
+    confirm_label,
+    confirmation_of,
+    gpus_of,
+    is_baseline,
+    record_of,
+)
 from optimizer.study import (
-    ATTR_CONFIRM,
     NOISE_FRACTION,
     best_trial,
     count_trials,
@@ -188,33 +193,33 @@ def _number(value: Any) -> float | None:
 
 def _row(trial: FrozenTrial, baseline_flags: Mapping[str, Any],
          axis: str | None = None) -> TrialRow:
-    record: Mapping[str, Any] = trial.user_attrs.get(ATTR_RECORD) or {}
-    metrics: Mapping[str, Any] = record.get("metrics") or {}
-    flags: Mapping[str, Any] = record.get("flags") or {}
+    record = record_of(trial)
+    metrics: Mapping[str, Any] = record.metrics if record is not None else {}
+    flags: Mapping[str, Any] = record.flags if record is not None else {}
     changes = {k: v for k, v in flags.items() if baseline_flags.get(k) != v}
-    values = record.get("values") or (trial.values if trial.state == TrialState.COMPLETE
-                                      else None)
+    values = (record.values if record is not None else None) or \
+        (trial.values if trial.state == TrialState.COMPLETE else None)
     value = _number(values[0]) if values else None
     if value is None and trial.state == TrialState.PRUNED:
         value = _number(trial.intermediate_values.get(max(trial.intermediate_values, default=0)))
-    verdict = record.get("verdict") or {}
+    verdict = (record.verdict if record is not None else None) or {}
     return TrialRow(
         number=trial.number,
-        state=str(record.get("state") or trial.state.name.lower()),
+        state=record.state if record is not None else trial.state.name.lower(),
         changes=changes, value=value,
         output_throughput=_number(metrics.get("output_throughput")),
         p99_tpot_ms=_number(metrics.get("p99_tpot_ms")),
         p99_ttft_ms=_number(metrics.get("p99_ttft_ms")),
         startup_s=_number(metrics.get("engine.startup_s")),
-        wall_s=_number(record.get("wall_s")),
+        wall_s=_number(record.wall_s) if record is not None else None,
         label=str(verdict.get("label") or ""),
-        conclusion=str(record.get("conclusion") or ""),
-        failure_reason=str(record.get("failure_reason") or ""),
-        is_baseline=bool(record.get("is_baseline") or trial.user_attrs.get("baseline")),
+        conclusion=record.conclusion if record is not None else "",
+        failure_reason=(record.failure_reason if record is not None else None) or "",
+        is_baseline=(record is not None and record.is_baseline) or is_baseline(trial),
         capacity=bracket_from_metrics(axis, metrics)  # type: ignore[arg-type]
         if axis in ("concurrency", "request_rate") else None,
-        conclusion_short=str(record.get("conclusion_short") or ""),
-        quality=table_cell(record.get("quality")),
+        conclusion_short=record.conclusion_short if record is not None else "",
+        quality=table_cell(record.quality if record is not None else None),
         num_gpus=gpus_of(flags or params_of(trial)),
     )
 
@@ -316,31 +321,32 @@ def knob_effects(trials: Sequence[FrozenTrial], baseline: FrozenTrial | None, ob
     reference = params_of(baseline)
     defaults = dict(vllm_defaults) if vllm_defaults is not None else \
         host_independent_defaults(trials)
-    base_record = baseline.user_attrs.get(ATTR_RECORD) or {}
-    base_metrics = base_record.get("metrics") or {}
-    base_values = base_record.get("values") or baseline.values
+    base_record = record_of(baseline)
+    base_metrics = base_record.metrics if base_record is not None else {}
+    base_flags = base_record.flags if base_record is not None else {}
+    base_values = (base_record.values if base_record is not None else None) or baseline.values
     defaults_measured = _number(base_values[0]) if base_values else None
     defaults_capacity = bracket_from_metrics(axis, base_metrics) if axis else None  # type: ignore[arg-type]
     out = []
     for trial in trials:
-        record = trial.user_attrs.get(ATTR_RECORD) or {}
+        record = record_of(trial)
         if trial.number == baseline.number or trial.state != TrialState.COMPLETE or \
-                record.get("state") not in (None, "complete"):
+                (record is not None and record.state != "complete"):
             continue
         params = params_of(trial)
         found = _one_change(params, reference, defaults)
         if found is None:
             continue
         knob, children = found
-        metrics = record.get("metrics") or {}
-        values = record.get("values") or trial.values
+        metrics = record.metrics if record is not None else {}
+        values = (record.values if record is not None else None) or trial.values
         measured = _number(values[0]) if values else None
         gain = gains.gain_over(
             measured, defaults_measured,
             bracket_from_metrics(axis, metrics) if axis else None,  # type: ignore[arg-type]
             defaults_capacity, maximize=maximize,
-            num_gpus=gpus_of(record.get("flags") or params),
-            defaults_num_gpus=gpus_of(base_record.get("flags") or reference))
+            num_gpus=gpus_of((record.flags if record is not None else None) or params),
+            defaults_num_gpus=gpus_of(base_flags or reference))
         spreads = [_number(m.get(f"spread.{objective}")) for m in (metrics, base_metrics)]
         spread = max(s for s in spreads if s is not None) \
             if all(s is not None for s in spreads) else None
@@ -378,10 +384,10 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
     trials = [t for t in study.get_trials(deepcopy=False) if is_search_trial(t)]
     queued = sum(t.state == TrialState.WAITING for t in trials)
     trials = [t for t in trials if t.state != TrialState.WAITING]
-    baseline_trial = next((t for t in trials if t.user_attrs.get("baseline")
+    baseline_trial = next((t for t in trials if is_baseline(t)
                            and t.state == TrialState.COMPLETE), None)
-    baseline_flags = ((baseline_trial.user_attrs.get(ATTR_RECORD) or {}).get("flags") or {}
-                      if baseline_trial is not None else {})
+    base_record = record_of(baseline_trial) if baseline_trial is not None else None
+    baseline_flags = base_record.flags if base_record is not None else {}
     capacity = cfg.spec.workload.capacity
     axis = capacity.axis if capacity is not None else None
     rows = tuple(_row(t, baseline_flags, axis) for t in trials)
@@ -398,8 +404,8 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
     slo = {k: float(v) for k, v in cfg.spec.slo.model_dump().items() if v is not None}
     return Report(
         study=cfg.name, objective=objective, is_maximize=is_max,
-        is_simulated=any(is_simulated_argv((t.user_attrs.get(ATTR_RECORD) or {}).get("argv")
-                                           or ()) for t in trials),
+        is_simulated=any(record is not None and is_simulated_argv(record.argv)
+                         for record in map(record_of, trials)),
         rows=rows, baseline=baseline, best=best,
         # a config the quality gate refused is no point to deploy
         pareto=pareto_front([r for r in rows if not r.quality.startswith("REFUSED")]),
@@ -420,20 +426,23 @@ def _confirmation(study: optuna.Study, axis: str | None) -> str:
     """The re-measurement's sentence; after a capacity search, also the capacity ratio every
     round's two brackets allow (each round's runs re-bracket both configs, so the ratio lies
     in each round's range, hence in their overlap)."""
-    sentence = str((study.user_attrs.get("confirm") or {}).get("sentence") or "")
+    confirmed = confirmation_of(study)
+    sentence = confirmed.sentence if confirmed is not None else ""
     if not sentence or axis not in ("concurrency", "request_rate"):
         return sentence
     runs = sorted((t for t in study.get_trials(deepcopy=False)
-                   if t.user_attrs.get(ATTR_CONFIRM) and t.state == TrialState.COMPLETE),
+                   if confirm_label(t) and t.state == TrialState.COMPLETE),
                   key=lambda t: t.number)
     brackets: dict[str, list[Bracket]] = {"defaults": [], "best": []}
     for t in runs:
-        record = t.user_attrs.get(ATTR_RECORD) or {}
-        bracket = bracket_from_metrics(axis, record.get("metrics") or {})  # type: ignore[arg-type]
-        label = str(t.user_attrs[ATTR_CONFIRM])
-        if bracket is not None and label in brackets:  # compared per GPU, as every gain is
-            brackets[label].append(gains.per_gpu_bracket(
-                bracket, gpus_of(record.get("flags") or params_of(t))))
+        record = record_of(t)
+        bracket = bracket_from_metrics(
+            axis, record.metrics if record is not None else {})  # type: ignore[arg-type]
+        label = confirm_label(t)
+        # compared per GPU, as every gain is
+        if bracket is not None and label is not None and label in brackets:
+            brackets[label].append(gains.per_gpu_bracket(bracket, gpus_of(
+                (record.flags if record is not None else None) or params_of(t))))
     rounds = [gains.capacity_gain(b, d) for d, b in zip(brackets["defaults"], brackets["best"],
                                                          strict=False)]
     if not rounds:

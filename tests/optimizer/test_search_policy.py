@@ -15,16 +15,9 @@ from optuna.trial import TrialState
 from optimizer.config import load_study
 from optimizer.daemon import Daemon
 from optimizer.executor import InlineExecutor
-from optimizer.records import record_of
+from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, ATTR_DUPLICATE_OF, record_of
 from optimizer.search import SearchPolicy
-from optimizer.study import (
-    ATTR_BASELINE,
-    ATTR_CONFIRM,
-    ATTR_DUPLICATE_OF,
-    count_trials,
-    make_pruner,
-    make_sampler,
-)
+from optimizer.study import count_trials, make_pruner, make_sampler
 from optimizer.study_summary import study_summary
 from optimizer.tracking import Tracker
 from runners.base import (

@@ -108,7 +108,7 @@ def test_the_sampler_saver_reaches_every_trial_and_never_the_export(tmp_path: Pa
     assert config.env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
     record = {"env": {**config.env, "VLLM_FORCE_AOT_LOAD": "1", "VLLM_CACHE_ROOT": "/c",
                       "VLLM_USE_DEEP_GEMM": "0"}}
-    exported = export_env(record, startup_saver_env(cfg.spec.startup.savers))
+    exported = export_env(record["env"], startup_saver_env(cfg.spec.startup.savers))
     assert exported == {"VLLM_USE_DEEP_GEMM": "0"}, "savers and the warm check stay behind"
 
 
