@@ -15,13 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer import gains
 from optimizer.config import StudyConfig
 from optimizer.objectives import OBJECTIVES
-from optimizer.records import (
-    ATTR_BASELINE,
-    ATTR_CONFIRM,
-    STUDY_ATTR_CONFIRM,
-    gpus_of,
-    record_of,
-)
+from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, STUDY_ATTR_CONFIRM, gpus_of, record_of
 from optimizer.study import params_of, recommended_trial
 
 logger = logging.getLogger(__name__)

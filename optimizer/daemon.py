@@ -28,7 +28,7 @@ from optimizer.executor import Executor, TrialHandle
 from optimizer.lock import StorageLease, StudyLock, is_local_file_storage, study_lock_path
 from optimizer.objectives import objective_values, operating_step
 from optimizer.outcomes import Running, Told
-from optimizer.records import ATTR_CONFIRM, ATTR_MLFLOW_RUN, tracking_payload
+from optimizer.records import ATTR_CONFIRM, ATTR_MLFLOW_RUN
 from optimizer.recovery import Recovery, trial_workdir
 from optimizer.search import SearchPolicy
 from optimizer.study import (
@@ -40,7 +40,8 @@ from optimizer.study import (
     recommended_trial,
 )
 from optimizer.study_summary import trial_figures
-from optimizer.tracking import Tracker
+from optimizer.tracking.payload import tracking_payload
+from optimizer.tracking.tracker import Tracker
 from runners.atomic import write_atomic
 from runners.base import EngineConfig, FailureReason, RunResult
 from runners.hardware import HardwareProfile

@@ -19,7 +19,7 @@ import yaml
 from optimizer.fingerprint import Fingerprint, compatibility
 from optimizer.records import TrialRecord, record_of
 from optimizer.study import CONFIG_FAILURES
-from optimizer.tracking import TAG_KIND, TAG_PARENT
+from optimizer.tracking.tags import TAG_KIND, TAG_PARENT
 from search_spaces.known_facts import KnownFact, read_facts_file, release_of
 
 if TYPE_CHECKING:

@@ -29,10 +29,10 @@ from optimizer.records import (
     ATTR_RETRIES,
     TrialRecord,
     record_of,
-    tracking_payload,
 )
 from optimizer.study import MAX_DAEMON_LOSSES, requeue, requeueable
-from optimizer.tracking import Tracker, TrialLog
+from optimizer.tracking.payload import TrialLog, tracking_payload
+from optimizer.tracking.tracker import Tracker
 from runners.base import FailureReason
 from search_spaces import ResolvedSpace
 

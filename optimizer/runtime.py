@@ -27,7 +27,7 @@ from optimizer.records import (
 )
 from optimizer.study import STUDY_ATTR_VLLM_DEFAULTS, make_storage
 from optimizer.study_summary import study_summary
-from optimizer.tracking import Tracker
+from optimizer.tracking.tracker import Tracker
 from optimizer.workers import (
     RayExecutor,
     cluster_placement_problem,

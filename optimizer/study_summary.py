@@ -78,7 +78,7 @@ def trial_figures(study: optuna.Study, cfg: StudyConfig) -> dict[int, dict[str, 
     """The runs view's review columns of each measured trial (trial number -> metrics): each
     objective in its unit and the first's gain over the measured defaults (one measurement
     each; > 1 is better), 3 significant digits (tracking.runs_view)."""
-    from optimizer.tracking import VIEW_GAIN, three_digits, view_key
+    from optimizer.tracking.view import VIEW_GAIN, three_digits, view_key
 
     baseline = baseline_trial(study)
     base = float(baseline.values[0]) if baseline is not None and baseline.values else None

@@ -235,7 +235,7 @@ def test_a_run_the_dead_daemon_could_not_name_in_optuna_is_adopted_not_duplicate
         tmp_path: Path) -> None:
     from optimizer.records import ATTR_MLFLOW_RUN
     from optimizer.recovery import Recovery
-    from optimizer.tracking import Tracker
+    from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
 
     space = load_space("hopper").resolve({})
@@ -269,7 +269,7 @@ def test_repeated_daemon_deaths_under_the_defaults_spend_no_config_retry(
     # Issue 35: two kill -9s of the daemon while the defaults ran used up their retries and
     # the defaults were abandoned ("tried 2 times"); the daemon's death is not the config's.
     from optimizer.records import ATTR_BASELINE, ATTR_MLFLOW_RUN, ATTR_RETRIES
-    from optimizer.tracking import Tracker
+    from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
 
     space = load_space("hopper").resolve({})
@@ -296,7 +296,7 @@ def test_a_trial_queued_for_gpus_when_the_daemon_died_is_not_a_failed_trial(
         tmp_path: Path) -> None:
     from optimizer.records import ATTR_RETRIES
     from optimizer.study import count_trials
-    from optimizer.tracking import Tracker
+    from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
 
     space = load_space("hopper").resolve({})

@@ -215,7 +215,8 @@ def _finished_before(cfg: StudyConfig) -> int:
 def _mlflow_review(cfg: StudyConfig) -> str:
     """How to open the study's runs in the MLflow UI (`mlflow ui` serves on 127.0.0.1:5000);
     "" when the store cannot be read now (the study's results are safe in Optuna)."""
-    from optimizer.tracking import Tracker, runs_page
+    from optimizer.tracking.tracker import Tracker
+    from optimizer.tracking.view import runs_page
 
     try:
         experiment = Tracker(cfg.tracking_uri).experiment_id(cfg.name)
@@ -627,7 +628,7 @@ def regress(
 def _write_report(cfg: StudyConfig, output: Path | None, *, log_to_mlflow: bool) -> list[Path]:
     from optimizer.report import build_report, write_report
     from optimizer.study import mlflow_study_key, open_study
-    from optimizer.tracking import Tracker
+    from optimizer.tracking.tracker import Tracker
 
     study = open_study(cfg, create=False)
     built = build_report(study, cfg)

@@ -131,7 +131,7 @@ def case_from_study(study: optuna.Study, cfg: StudyConfig, chosen: FrozenTrial,
 
 def study_gpu_param(tracking_uri: str, study_name: str, key: str | None = None) -> str | None:
     """The `gpu` param of the study's MLflow parent run, where the store has it."""
-    from optimizer.tracking import Tracker
+    from optimizer.tracking.tracker import Tracker
 
     if tracking_uri.startswith("sqlite:///") and \
             not Path(tracking_uri.removeprefix("sqlite:///")).is_file():

@@ -19,13 +19,7 @@ from optimizer import gains
 from optimizer.config import StudyConfig
 from optimizer.objectives import OBJECTIVES, on_all_gpus
 from optimizer.quality import table_cell
-from optimizer.records import (
-    confirm_label,
-    confirmation_of,
-    gpus_of,
-    is_baseline,
-    record_of,
-)
+from optimizer.records import confirm_label, confirmation_of, gpus_of, is_baseline, record_of
 from optimizer.study import (
     NOISE_FRACTION,
     best_trial,

@@ -84,7 +84,7 @@ def test_a_study_whose_two_oom_configs_share_a_value_writes_it_at_its_end(
     from optimizer.executor import InlineExecutor
     from optimizer.memory import learn_facts
     from optimizer.study_summary import study_summary
-    from optimizer.tracking import Tracker
+    from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
     from tests.optimizer.test_daemon import categorical_space, write_study
     from tests.optimizer.test_search_policy import ScriptedRunner

@@ -27,7 +27,7 @@ from optimizer.report.render import render_markdown
 from optimizer.runtime import seed_trial_params
 from optimizer.study import best_trial, recommended_trial
 from optimizer.study_summary import study_summary
-from optimizer.tracking import Tracker
+from optimizer.tracking.tracker import Tracker
 from runners.engine import EngineRunner
 from runners.simulated.launcher import SimulatedLauncher
 from search_spaces import load_space

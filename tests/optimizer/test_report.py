@@ -19,7 +19,7 @@ from optimizer.cli import main
 from optimizer.config import parse_study
 from optimizer.report import TrialRow, build_report, pareto_front, render_markdown, write_report
 from optimizer.study import open_study
-from optimizer.tracking import Tracker
+from optimizer.tracking.tracker import Tracker
 
 CHOICES = {"quantization": ["none", "fp8"], "enforce_eager": [False, True]}
 DISTRIBUTIONS = {k: optuna.distributions.CategoricalDistribution(v) for k, v in CHOICES.items()}

@@ -19,7 +19,7 @@ from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, ATTR_DUPLICATE_OF, re
 from optimizer.search import SearchPolicy
 from optimizer.study import count_trials, make_pruner, make_sampler
 from optimizer.study_summary import study_summary
-from optimizer.tracking import Tracker
+from optimizer.tracking.tracker import Tracker
 from runners.base import (
     BenchmarkMetrics,
     EngineConfig,

@@ -128,8 +128,9 @@ def test_startup_settings_that_would_change_the_measurement_are_refused(
 
 
 def test_mlflow_gets_the_start_up_as_tags_and_metrics() -> None:
-    from optimizer.records import TrialRecord, tracking_payload
+    from optimizer.records import TrialRecord
     from optimizer.startup import startup_metrics
+    from optimizer.tracking.payload import tracking_payload
 
     cold = RunResult(status="complete", argv=("vllm",), engine=EngineInfo(
         startup_s=127.0, model_load_s=3.5, compile_s=30.7, graph_capture_s=4.0,

@@ -12,10 +12,11 @@ import optuna
 from optimizer.config import load_study
 from optimizer.daemon import Daemon
 from optimizer.executor import InlineExecutor
-from optimizer.records import record_of, tracking_payload
+from optimizer.records import record_of
 from optimizer.runtime import space_context, template_trial_params
 from optimizer.study_summary import study_summary
-from optimizer.tracking import Tracker
+from optimizer.tracking.payload import tracking_payload
+from optimizer.tracking.tracker import Tracker
 from runners.hardware import load_preset
 from runners.model_info import load_model_info
 from search_spaces import load_space
