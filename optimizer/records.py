@@ -41,7 +41,7 @@ ATTR_RETRIES = "retries"
 ATTR_DAEMON_LOSSES = "daemon_losses"
 ATTR_SEEDED = "seeded"  # enqueued from seed_trials, a hardware template or the warm start
 # Where a seed came from: "template:hopper" (a hardware template) or "warm_start:<study>" (an
-# earlier study's best, optimizer/memory.py)
+# earlier study's best, optimizer/tuning_memory.py)
 ATTR_SEED_SOURCE = "seed.source"
 ATTR_SEED_TITLE = "seed.title"  # "the Hopper template (fp8 weights + ...)", for its conclusion
 # The study's own user attributes, each written once by the module named.
@@ -83,7 +83,7 @@ class TrialRecord:
     # `QualityAssessment.to_dict()` (optimizer/quality.py): scored, the reference, or why not
     quality: Mapping[str, Any] | None = None
     # "template:hopper" (a hardware template) or "warm_start:<study>" (an earlier study's best,
-    # optimizer/memory.py): a seed measured here like any other trial; "" for every other trial.
+    # optimizer/tuning_memory.py): a seed measured here like any other trial; "" for the rest.
     seed_source: str = ""
     # `optimizer.startup.startup_record`: the compile cache predicted and seen, seconds by part
     startup: Mapping[str, Any] = field(default_factory=dict)

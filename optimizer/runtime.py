@@ -18,7 +18,7 @@ from optimizer.daemon import Daemon, TrialEvent
 from optimizer.engines import RunnerSpec
 from optimizer.errors import ConfigError, TrackingError
 from optimizer.fingerprint import Fingerprint, fingerprint_of, resume_changes
-from optimizer.memory import TAG_WARM_START, WarmStart, learn_facts, plan_warm_start, read_studies
+from optimizer.learned_facts import learn_facts
 from optimizer.records import (
     ATTR_SEED_SOURCE,
     ATTR_SEED_TITLE,
@@ -28,6 +28,7 @@ from optimizer.records import (
 from optimizer.study import STUDY_ATTR_VLLM_DEFAULTS, make_storage
 from optimizer.study_summary import study_summary
 from optimizer.tracking.tracker import Tracker
+from optimizer.tuning_memory import TAG_WARM_START, WarmStart, plan_warm_start, read_studies
 from optimizer.workers import (
     RayExecutor,
     cluster_placement_problem,
@@ -467,7 +468,7 @@ def engine_version(engine: str) -> str | None:
 
 def warm_start(cfg: StudyConfig, tracker: Tracker, fingerprint: Fingerprint,
                space: ResolvedSpace, seed_trials: list[dict[str, Any]]) -> WarmStart:
-    """The seeds of the study's `warm_start` from the tracking store (optimizer/memory.py).
+    """The seeds of the study's `warm_start` from the tracking store (optimizer/tuning_memory.py).
     A store that cannot be read skips an `auto` warm start (said so); a study named in the
     study file that the store does not hold is bad input."""
     setting = cfg.spec.warm_start

@@ -47,7 +47,7 @@ def study_summary(study: optuna.Study,
         tags["conclusion"] = headline(report)
         tags["mlflow.note.content"] = tags["conclusion"]  # the run's description
         tags.update(best_tags(report))
-        # What the tuning memory seeds a later study with (optimizer/memory.py): the best's
+        # What the tuning memory seeds a later study with (optimizer/tuning_memory.py): the best's
         # config, and its params that differ from the measured defaults'. best_trial never
         # picks a config the quality gate refused.
         params = params_of(best)

@@ -12,8 +12,8 @@ import pytest
 
 from optimizer.config import parse_study
 from optimizer.fingerprint import Fingerprint, compatibility, fingerprint_of
-from optimizer.memory import EarlierStudy, plan_warm_start
 from optimizer.runtime import _prompt_lengths, simulated_hardware
+from optimizer.tuning_memory import EarlierStudy, plan_warm_start
 from runners.model_info import load_model_info
 from search_spaces import load_space
 

@@ -1,4 +1,4 @@
-"""The tuning memory's writer of measured facts (optimizer/memory.py `measured_facts`,
+"""The tuning memory's writer of measured facts (optimizer/learned_facts.py `measured_facts`,
 `write_facts`): a knob value held by every pathological trial of a study and by no healthy one
 becomes a fact for the study's hardware class and vLLM release; one trial changing many knobs
 names none; the user's file keeps what the user wrote."""
@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from optimizer.memory import measured_facts, write_facts
+from optimizer.learned_facts import measured_facts, write_facts
 from optimizer.records import TrialRecord
 from search_spaces.known_facts import read_facts_file
 
@@ -82,7 +82,7 @@ def test_a_study_whose_two_oom_configs_share_a_value_writes_it_at_its_end(
     from optimizer.config import load_study
     from optimizer.daemon import Daemon
     from optimizer.executor import InlineExecutor
-    from optimizer.memory import learn_facts
+    from optimizer.learned_facts import learn_facts
     from optimizer.study_summary import study_summary
     from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
