@@ -7,18 +7,15 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
+from optimizer.cli.app import Command, app, check_output_file, load_config
 from optimizer.cli.output import console, out, setup_logging
+from optimizer.cli.run import start
 from optimizer.errors import ConfigError, NightshiftError
 from runners.atomic import write_atomic
-
-if TYPE_CHECKING:
-    pass
-from optimizer.cli.app import Command, app, check_output_file, load_config
-from optimizer.cli.run import start
 
 
 @app.command(cls=Command,
@@ -138,8 +135,6 @@ def regress(
         raise typer.Exit(result.exit_code)
 
 
-
-
 @app.command(cls=Command, context_settings={"allow_extra_args": True},
              short_help="Check a vllm serve launch before tuning it.")
 def audit(
@@ -227,8 +222,6 @@ def audit(
               trials=None, verbose=False, no_progress=True)
     if findings:
         raise typer.Exit(1)
-
-
 
 
 def _print_facts() -> None:

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
+from optimizer.cli.app import Command, app, load_config
 from optimizer.cli.output import out
 from optimizer.errors import ConfigError, NightshiftError
-
-if TYPE_CHECKING:
-    pass
-from optimizer.cli.app import Command, app, load_config
 
 
 @app.command(cls=Command, short_help="What earlier studies of a model or fingerprint found.")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from optimizer.cli.app import Command, StorageOpt, StudyArg, app, check_output_file, load_config
 from optimizer.cli.output import console, out
 from optimizer.cli.table import TableRow, figure, trial_table
 from optimizer.config import StudyConfig
@@ -20,7 +21,6 @@ from runners.atomic import write_atomic
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
-from optimizer.cli.app import Command, StorageOpt, StudyArg, app, check_output_file, load_config
 
 
 @app.command(cls=Command, short_help="Show the trials of a running or finished study.")
@@ -228,8 +228,6 @@ def export(
         console.print(f"wrote trial {chosen.number} as {fmt} to {output}", soft_wrap=True)
 
 
-
-
 def write_report_files(cfg: StudyConfig, output: Path | None, *,
                        log_to_mlflow: bool) -> list[Path]:
     """The study's report written (into `output`, else its results directory), and logged to
@@ -274,8 +272,6 @@ def report(
         raise ConfigError(f"{problem} (made if absent).")
     paths = write_report_files(cfg, output, log_to_mlflow=mlflow)
     out.print(f"wrote {', '.join(str(p) for p in paths)}", soft_wrap=True)
-
-
 
 
 # Extra arguments are the launch after `--`; an unknown option before it is a usage error.

@@ -10,22 +10,18 @@ import os
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
+from optimizer.cli.app import Command, StorageOpt, StudyArg, app, load_config
 from optimizer.cli.live import LiveProgress
 from optimizer.cli.output import add_log_file, console, out, setup_logging
+from optimizer.cli.results import recommendation_text, write_report_files
 from optimizer.config import StudyConfig, resume_command
 from optimizer.errors import ConfigError, NightshiftError, describe
 
-if TYPE_CHECKING:
-    pass
-from optimizer.cli.app import Command, StorageOpt, StudyArg, app, load_config
-from optimizer.cli.results import recommendation_text, write_report_files
-
 logger = logging.getLogger("optimizer.cli")
-
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -200,8 +196,6 @@ def _counts(cfg: StudyConfig) -> str:
     except Exception as exc:  # a summary line: never worth failing a finished study over
         logger.warning("could not count the study's trials (%s: %s)", type(exc).__name__, exc)
         return "trials counted by `nightshift status`"
-
-
 
 
 @app.command(cls=Command, short_help="Stop a running daemon.")
