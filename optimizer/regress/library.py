@@ -16,10 +16,10 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from optimizer.config import StudyConfig
 from optimizer.config.fields import MAX_FILE_BYTES, StrictSpec, registered
-from optimizer.config.loading import format_validation_error
 from optimizer.config.schema import StudySpec
 from optimizer.config.sections import ModelSpec, SimulatedSpec, SLOSpec
 from optimizer.config.store_checks import tracking_uri_problem
+from optimizer.config.validation_errors import format_validation_error
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.engines import RUNNERS
 from optimizer.errors import ConfigError
