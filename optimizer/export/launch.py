@@ -162,7 +162,7 @@ def deploy_extra_args(cfg: StudyConfig, ran: Launched | None) -> tuple[list[str]
     if not args:
         return [], ""
     why = "the simulated engine ran without them" if ran is not None else \
-        "the trial's record holds no command line"
+        "the trial's record holds no vllm serve command line"
     return args, f"vllm.extra_args from today's study file ({why})"
 
 

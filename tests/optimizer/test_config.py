@@ -377,3 +377,34 @@ def test_a_conversations_longest_context_is_the_tail_of_its_sum_not_n_longest_dr
     assert _longest_sum(LengthSpec(kind="normal", mean=1000, std=300, high=1500), 5) == 7500
     assert _longest_sum(LengthSpec(mean=128), 4) == 512
     assert _longest_sum(LengthSpec(mean=128), 0) == 0
+
+
+def test_the_workload_is_built_once_and_each_section_becomes_the_runners_value() -> None:
+    from runners.workload import SLO, LengthDistribution, LoadLevel, SharedPrefix
+
+    cfg = parse_study({**BASE, "slo": {"ttft_p99_ms": 500, "tpot_p99_ms": 50},
+                       "workload": {"input_len": {"kind": "uniform", "low": 100, "high": 900,
+                                                  "mean": 500},
+                                    "levels": [{"request_rate": 2.0, "concurrency": 4,
+                                                "burstiness": 0.5}],
+                                    "warmup_requests": 3,
+                                    "shared_prefix": {"fraction": 0.5, "tokens": 64,
+                                                      "num_prefixes": 2}}})
+    assert cfg.workload is cfg.workload, "one Workload per loaded study, not one per reader"
+    w = cfg.workload
+    assert w.input_len == LengthDistribution(kind="uniform", mean=500, low=100, high=900)
+    assert w.levels == (LoadLevel(request_rate_rps=2.0, max_concurrency=4, burstiness=0.5),)
+    assert w.shared_prefix == SharedPrefix(fraction=0.5, num_tokens=64, num_prefixes=2)
+    assert w.slo == SLO(ttft_p99_ms=500, tpot_p99_ms=50)
+    assert w.num_warmup_requests == 3
+    assert w.vocab_size == 152064, "the bundled shape's vocabulary, read from its config.json"
+
+
+def test_a_capacity_section_becomes_the_runners_search_field_for_field() -> None:
+    from runners.workload import CapacitySearch
+
+    capacity = {"axis": "request_rate", "low": 1.0, "high": 40.0, "tolerance": 0.1,
+                "max_probes": 6, "probe_duration_s": 20.0, "min_window_requests": 50,
+                "min_window_s": 5.0, "max_window_s": 60.0, "warmup_s": 3.0}
+    cfg = parse_study({**BASE, "workload": {"capacity": capacity}})
+    assert cfg.workload.capacity == CapacitySearch(**capacity)  # type: ignore[arg-type]

@@ -440,8 +440,8 @@ def test_export_of_a_record_without_argv_says_its_extra_args_are_todays() -> Non
                                vllm={"extra_args": ["--enable-log-requests"]})
     text = render(select_trial(study, cfg), cfg, "sh")
     assert "--enable-log-requests" in text
-    assert "vllm.extra_args from today's study file (the trial's record holds no command " \
-           "line)" in text
+    assert "vllm.extra_args from today's study file (the trial's record holds no vllm serve " \
+           "command line)" in text
 
 
 def test_export_never_writes_a_secret_flag_value_of_the_argv_that_ran() -> None:
