@@ -16,12 +16,9 @@ from optimizer import gains
 from optimizer.config import StudyConfig
 from optimizer.objectives import OBJECTIVES
 from optimizer.recommendation import params_of, recommended_trial
-from optimizer.records import gpus_of, record_of
-from optimizer.study import ATTR_BASELINE, ATTR_CONFIRM
+from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, STUDY_ATTR_CONFIRM, gpus_of, record_of
 
 logger = logging.getLogger(__name__)
-
-STUDY_ATTR_CONFIRM = "confirm"  # the study's user attribute holding the confirmed gain
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (1-30); beyond, the normal's.
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,

@@ -18,20 +18,21 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.errors import describe
-from optimizer.records import ATTR_RECORD, TrialRecord, record_of, tracking_payload
-from optimizer.study import (
+from optimizer.records import (
     ATTR_BASELINE,
     ATTR_CONFIRM,
     ATTR_CUT_SHORT,
     ATTR_DAEMON_LOSSES,
     ATTR_DUPLICATE_OF,
     ATTR_MLFLOW_RUN,
+    ATTR_RECORD,
     ATTR_RETRIES,
-    MAX_DAEMON_LOSSES,
-    requeue,
-    requeueable,
+    TrialRecord,
+    record_of,
 )
-from optimizer.tracking import Tracker, TrialLog
+from optimizer.study import MAX_DAEMON_LOSSES, requeue, requeueable
+from optimizer.tracking.payload import TrialLog, tracking_payload
+from optimizer.tracking.tracker import Tracker
 from runners.base import FailureReason
 from search_spaces import ResolvedSpace
 

@@ -233,9 +233,9 @@ def test_an_optuna_storage_failing_mid_study_stops_the_daemon_cleanly_and_a_resu
 
 def test_a_run_the_dead_daemon_could_not_name_in_optuna_is_adopted_not_duplicated(
         tmp_path: Path) -> None:
+    from optimizer.records import ATTR_MLFLOW_RUN
     from optimizer.recovery import Recovery
-    from optimizer.study import ATTR_MLFLOW_RUN
-    from optimizer.tracking import Tracker
+    from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
 
     space = load_space("hopper").resolve({})
@@ -268,8 +268,8 @@ def test_repeated_daemon_deaths_under_the_defaults_spend_no_config_retry(
         tmp_path: Path) -> None:
     # Issue 35: two kill -9s of the daemon while the defaults ran used up their retries and
     # the defaults were abandoned ("tried 2 times"); the daemon's death is not the config's.
-    from optimizer.study import ATTR_BASELINE, ATTR_MLFLOW_RUN, ATTR_RETRIES
-    from optimizer.tracking import Tracker
+    from optimizer.records import ATTR_BASELINE, ATTR_MLFLOW_RUN, ATTR_RETRIES
+    from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
 
     space = load_space("hopper").resolve({})
@@ -294,8 +294,9 @@ def test_repeated_daemon_deaths_under_the_defaults_spend_no_config_retry(
 
 def test_a_trial_queued_for_gpus_when_the_daemon_died_is_not_a_failed_trial(
         tmp_path: Path) -> None:
-    from optimizer.study import ATTR_RETRIES, count_trials
-    from optimizer.tracking import Tracker
+    from optimizer.records import ATTR_RETRIES
+    from optimizer.study import count_trials
+    from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
 
     space = load_space("hopper").resolve({})

@@ -137,7 +137,7 @@ def test_the_catch_up_logs_what_mlflow_missed_once_with_server_logs(
              for key in client.get_run(halfway).data.metrics}
     assert {key: after[key] for key in points} == points, \
         "a finish_trial replayed after a halfway failure logs no metric value twice"
-    from optimizer.tracking import VIEW_GAIN, view_key
+    from optimizer.tracking.view import VIEW_GAIN, view_key
     assert set(after) - set(points) <= {view_key("goodput"), VIEW_GAIN}, \
         "only the review columns, written when the study ends, are new"
     for run in trial_runs(tmp_path):
@@ -175,7 +175,7 @@ def test_a_start_on_a_read_only_optuna_database_is_refused_up_front_and_writes_n
 
 
 def _open_store(uri: str) -> str:
-    from optimizer.tracking import Tracker
+    from optimizer.tracking.tracker import Tracker
 
     try:
         Tracker(uri).client.search_experiments()

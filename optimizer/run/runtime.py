@@ -15,12 +15,8 @@ from optimizer.config import StudyConfig, check_before_start
 from optimizer.engines import RunnerSpec
 from optimizer.errors import ConfigError, TrackingError
 from optimizer.fingerprint import Fingerprint, fingerprint_of, resume_changes
-from optimizer.memory import (
-    STUDY_ATTR_FINGERPRINT,
-    STUDY_ATTR_WARM_START,
-    TAG_WARM_START,
-    learn_facts,
-)
+from optimizer.learned_facts import learn_facts
+from optimizer.records import STUDY_ATTR_FINGERPRINT, STUDY_ATTR_WARM_START
 from optimizer.run.daemon import Daemon
 from optimizer.run.engine_choice import (
     DEFAULT_CACHE_ROOT,
@@ -42,7 +38,8 @@ from optimizer.run.seeds import seed_trial_params, template_trial_params, warm_s
 from optimizer.run.space_context import space_context
 from optimizer.study import STUDY_ATTR_VLLM_DEFAULTS, make_storage
 from optimizer.study_summary import study_summary
-from optimizer.tracking import Tracker
+from optimizer.tracking.tracker import Tracker
+from optimizer.tuning_memory import TAG_WARM_START
 from runners.hardware import HardwareProfile
 from runners.hardware_probe import probe
 from runners.model_info import bundled_shapes, load_model_info
@@ -106,7 +103,7 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
             raise ConfigError("engine vllm: no NVIDIA GPU found; run with --dry-run (or engine: "
                               "auto) to use the simulated engine.")
         notes.append(f"engine: vLLM on {hardware.num_gpus} x {hardware.gpu_name}")
-    workload = cfg.workload(vocab_size=model.vocab_size if model else 32000)
+    workload = cfg.workload
     space_name = cfg.spec.search_space
     if space_name == "auto":
         space_name = recommend_space(hardware.hardware_class)

@@ -15,7 +15,7 @@ import yaml
 from mlflow import MlflowClient
 
 from optimizer.cli import main
-from optimizer.study import ATTR_SEED_SOURCE
+from optimizer.records import ATTR_SEED_SOURCE
 
 pytestmark = pytest.mark.slow
 

@@ -74,7 +74,7 @@ def test_the_policy_screens_the_space_with_the_analytic_model_after_the_defaults
     study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
                                 pruner=make_pruner(cfg))
     policy = SearchController(cfg, load_space(space_path).resolve({}), study,
-                              workload=cfg.workload(vocab_size=32000), total_gpus=1,
+                              workload=cfg.workload, total_gpus=1,
                               hardware=load_preset("h200"), model=load_model_info("qwen2.5-7b"))
     policy.prepare()
     assert isinstance(study.sampler, ScreenSampler)
@@ -106,6 +106,6 @@ def test_a_card_without_bandwidth_figures_or_another_objective_searches_with_tpe
                                      objective=objective, sampler={"name": "screen"}))
         study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg))
         SearchController(cfg, load_space(space_path).resolve({}), study,
-                         workload=cfg.workload(vocab_size=32000), total_gpus=1, hardware=hardware,
+                         workload=cfg.workload, total_gpus=1, hardware=hardware,
                          model=load_model_info("qwen2.5-7b")).prepare()
         assert isinstance(study.sampler, optuna.samplers.TPESampler), objective

@@ -13,20 +13,13 @@ import pytest
 from optuna.trial import TrialState
 
 from optimizer.config import load_study
-from optimizer.records import record_of
+from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, ATTR_DUPLICATE_OF, record_of
 from optimizer.run.daemon import Daemon
 from optimizer.run.executor import InlineExecutor
 from optimizer.search.controller import SearchController
-from optimizer.study import (
-    ATTR_BASELINE,
-    ATTR_CONFIRM,
-    ATTR_DUPLICATE_OF,
-    count_trials,
-    make_pruner,
-    make_sampler,
-)
+from optimizer.study import count_trials, make_pruner, make_sampler
 from optimizer.study_summary import study_summary
-from optimizer.tracking import Tracker
+from optimizer.tracking.tracker import Tracker
 from runners.base import (
     BenchmarkMetrics,
     EngineConfig,
@@ -88,7 +81,7 @@ def _run_daemon(tmp_path: Path, script: Script, *, trials: int,
     daemon = Daemon(cfg, space=space, executor=InlineExecutor(
         lambda: ScriptedRunner(script, launched), total_gpus=2),
         registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
-        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        workload=cfg.workload, study_params={}, study_artifacts={},
         summarize=study_summary, poll_s=0.01)
     summary = daemon.run()
     assert summary.total_finished >= 1
@@ -133,7 +126,7 @@ def _policy(tmp_path: Path, seed: int = 0, **choices: list[Any]) -> SearchContro
     study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
                                 pruner=make_pruner(cfg))
     policy = SearchController(cfg, load_space(space_path).resolve({}), study,
-                              workload=cfg.workload(vocab_size=32000), total_gpus=2)
+                              workload=cfg.workload, total_gpus=2)
     policy.prepare()
     return policy
 
@@ -242,7 +235,7 @@ def test_a_store_that_refuses_the_study_run_starts_nothing_with_one_clear_error(
     daemon = Daemon(cfg, space=load_space(space_path).resolve({}), executor=InlineExecutor(
         lambda: ScriptedRunner(lambda flags: 1.0, launched), total_gpus=1),
         registry_dir=tmp_path / "engines", tracker=tracker,
-        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        workload=cfg.workload, study_params={}, study_artifacts={},
         summarize=study_summary, poll_s=0.01)
     with pytest.raises(TrackingError, match="nothing was launched"):
         daemon.run()
@@ -266,7 +259,7 @@ def test_a_confirmation_never_takes_a_seed_still_queued_beyond_the_budget(
         lambda: ScriptedRunner(lambda flags: 1000.0 / float(flags.get("max_num_seqs") or 256),
                                launched), total_gpus=2),
         registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
-        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        workload=cfg.workload, study_params={}, study_artifacts={},
         summarize=study_summary, poll_s=0.01, seed_trials=[
             {**space.defaults(), "max_num_seqs": n} for n in (64, 128, 512)])
     daemon.run()
@@ -294,7 +287,7 @@ def test_a_fixed_flag_is_no_trials_change_in_its_conclusion(tmp_path: Path) -> N
         lambda: ScriptedRunner(lambda flags: 1000.0 / float(flags.get("max_num_seqs") or 256),
                                []), total_gpus=2),
         registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
-        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        workload=cfg.workload, study_params={}, study_artifacts={},
         summarize=study_summary, poll_s=0.01,
         seed_trials=[{**space.defaults(), "max_num_seqs": 64}])
     daemon.run()
@@ -339,7 +332,7 @@ def test_a_lost_worker_whose_gpus_are_gone_stops_the_study_instead_of_waiting_fo
     resume = f"nightshift start {cfg.source} --storage 'sqlite:///a b.db'"
     daemon = Daemon(cfg, space=load_space(space_path).resolve({}), executor=executor,
                     registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
-                    workload=cfg.workload(vocab_size=32000), study_params={},
+                    workload=cfg.workload, study_params={},
                     study_artifacts={}, summarize=study_summary, poll_s=0.01, resume=resume)
     summary = daemon.run()
     assert summary.stopped_early, "stopped, for a resume once Ray is back"
