@@ -120,7 +120,7 @@ from optimizer.cli import main
 from runners.base import FailureReason
 from runners.engine import EngineRunner
 from runners.simulated.launcher import SimulatedLauncher
-from tests.optimizer.test_daemon import load, trial_runs, write_study
+from tests.builders import load, trial_runs, write_study
 from tests.runners.contract import small_workload
 
 pytestmark = pytest.mark.slow

@@ -34,13 +34,8 @@ import pytest
 from optuna.trial import TrialState
 
 from optimizer.cli import main
-from tests.optimizer.test_daemon import (
-    _engine_pids,
-    _start_daemon,
-    _wait_for,
-    load,
-    write_study,
-)
+from tests.builders import load, write_study
+from tests.optimizer.test_daemon import _engine_pids, _start_daemon, _wait_for
 from tests.test_faults import assert_consistent
 
 pytestmark = pytest.mark.slow

@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.optimizer.test_daemon import load, write_study
+from tests.builders import load, write_study
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

@@ -32,7 +32,7 @@ import pytest
 from mlflow import MlflowClient
 
 from optimizer.cli import main
-from tests.optimizer.test_daemon import load, trial_runs, write_study
+from tests.builders import load, trial_runs, write_study
 from tests.test_faults import assert_consistent, break_store_when_trial_1_starts
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import optuna
 import psutil
 import pytest
 import sqlalchemy.exc
@@ -21,56 +20,9 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from optimizer.cli import main
+from tests.builders import categorical_space, load, trial_runs, write_study
 
 pytestmark = pytest.mark.slow
-
-
-def write_study(tmp_path: Path, *, name: str = "e2e", trials: int = 12,
-                **overrides: Any) -> Path:
-    study = {
-        "name": name,
-        "engine": "simulated",
-        "model": {"path": "qwen2.5-7b", "load_format": "dummy", "skip_tokenizer_init": True},
-        "workload": {"input_len": 128, "output_len": 16,
-                     "levels": [{"concurrency": 4}, {"concurrency": 8}],
-                     "num_requests": 16, "warmup_requests": 2},
-        "slo": {"ttft_p99_ms": 2000, "tpot_p99_ms": 40},
-        "search_space": "hopper",
-        "budget": {"trials": trials},
-        "simulated": {"hardware": "h200", "num_gpus": 2, "startup_time_scale": 0.002},
-        "confirm_rounds": 0,  # the final re-measurement has a test of its own
-        "results_dir": str(tmp_path / "results"),
-        "tracking_uri": f"sqlite:///{tmp_path}/mlruns/mlflow.db",
-        **overrides,
-    }
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(study))
-    return path
-
-
-def categorical_space(tmp_path: Path, **choices: list[Any]) -> Path:
-    """A small search space file: each param categorical over `choices`, vLLM's default first
-    (the defaults baseline runs it)."""
-    path = tmp_path / "space.yaml"
-    path.write_text(yaml.safe_dump({"name": "small", "parameters": {
-        name: {"type": "categorical", "choices": values, "default": "vllm"}
-        for name, values in choices.items()}}))
-    return path
-
-
-def load(tmp_path: Path, name: str = "e2e") -> optuna.Study:
-    return optuna.load_study(study_name=name,
-                             storage=f"sqlite:///{tmp_path}/results/optuna.db")
-
-
-def trial_runs(tmp_path: Path, name: str = "e2e") -> list[Any]:
-    """The run of every Optuna trial: search trials and confirmation runs (kind
-    `confirmation`), not the study's own run."""
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
-    exp = client.get_experiment_by_name(name)
-    return client.search_runs([exp.experiment_id],
-                              filter_string="tags.`nightshift.kind` != 'study'",
-                              max_results=1000)
 
 
 def test_study_of_twelve_trials_runs_two_at_a_time_and_logs_everything(

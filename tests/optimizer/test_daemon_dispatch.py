@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from optimizer.cli import main
-from tests.optimizer.test_daemon import categorical_space, load, trial_runs, write_study
+from tests.builders import categorical_space, load, trial_runs, write_study
 
 pytestmark = pytest.mark.slow
 

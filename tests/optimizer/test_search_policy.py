@@ -37,7 +37,7 @@ from runners.base import (
 )
 from runners.workload import Workload
 from search_spaces import load_space
-from tests.optimizer.test_daemon import categorical_space, write_study
+from tests.builders import categorical_space, write_study
 
 Script = Callable[[Mapping[str, Any]], float | None]  # flags -> goodput (None: OOM at start)
 
