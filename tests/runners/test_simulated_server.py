@@ -307,13 +307,15 @@ def test_decode_latency_follows_the_model_in_real_time(launch):
 
 def _serve_concurrently(flags: dict[str, object], num_requests: int,
                         max_tokens: int) -> tuple[float, list[int]]:
-    """In-process: `num_requests` streams at once on a 7B-shape engine; the time they took on
-    the engine's modelled clock (first arrival to last token: what the load generator reads, so
-    a busy host does not stretch it) and how many requests each replica was handed."""
+    """In-process, in virtual time: `num_requests` streams at once on a 7B-shape engine; the time
+    they took on the engine's modelled clock (first arrival to last token: what the load
+    generator reads) and how many requests each replica was handed. The loop's clock is
+    virtual, so a busy host changes neither figure and nothing sleeps."""
     import asyncio
 
     from runners.hardware import load_preset
     from runners.simulated.server import ServerSettings, SimulatedEngine
+    from tests.virtual_time import run_in_virtual_time
 
     async def main() -> tuple[float, list[int]]:
         engine = SimulatedEngine(ServerSettings(
@@ -334,7 +336,7 @@ def _serve_concurrently(flags: dict[str, object], num_requests: int,
         await asyncio.gather(*tasks)
         return max(end for _, end in spans) - min(start for start, _ in spans), handed
 
-    return asyncio.run(main())
+    return run_in_virtual_time(main())
 
 
 def test_data_parallel_replicas_split_the_load_and_multiply_decode_throughput():
