@@ -143,8 +143,8 @@ def test_resume_after_sigkill_keeps_finished_trials(tmp_path: Path) -> None:
                 # it was (tests/test_faults_daemon.py makes this case on purpose).
                 assert len(retries) == 1 and "mlflow_run_id" not in after[number].user_attrs
                 continue
-            # The kill fell between two suggestions: half a config is not re-queued (a test
-            # of its own below makes this case on purpose).
+            # The kill fell between two suggestions: half a config is not re-queued
+            # (tests/test_faults_daemon.py makes this case on purpose).
             assert retries == []
             continue
         assert len(retries) == 1, f"trial {number} re-queued exactly once"
@@ -162,72 +162,6 @@ def test_resume_after_sigkill_keeps_finished_trials(tmp_path: Path) -> None:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", \
             f"engine {pid} of the killed daemon was reaped"
     assert _engine_pids(tmp_path) == []
-
-
-def test_a_trial_whose_sampling_the_dead_daemon_cut_short_launches_nothing(
-        tmp_path: Path, ray_cluster: None) -> None:
-    path = write_study(tmp_path, trials=1)  # the defaults: a config to seed from
-    assert main(["start", str(path), "--no-progress"]) == 0
-    # A daemon killed between two suggestions leaves a RUNNING trial with half a config: one
-    # enqueued whole (a seed) and one the sampler was proposing.
-    study = load(tmp_path)
-    tp = study.trials[0].distributions["tensor_parallel_size"]
-    seed = {**study.trials[0].params, "kv_cache_dtype": "fp8"}
-    study.enqueue_trial(seed, user_attrs={"seeded": True})
-    enqueued, proposed = study.ask(), study.ask()
-    for trial in (enqueued, proposed):
-        trial.suggest_categorical("tensor_parallel_size", list(tp.choices))
-
-    write_study(tmp_path, trials=3)
-    assert main(["start", str(path), "--no-progress"]) == 0
-
-    study = load(tmp_path)
-    for number in (enqueued.number, proposed.number):
-        cut = study.trials[number]
-        assert cut.state == TrialState.FAIL and cut.user_attrs["sampling_cut_short"] is True
-        assert cut.user_attrs["record"]["failure_reason"] == "daemon_lost"
-        assert "mlflow_run_id" not in cut.user_attrs, "it launched nothing: no MLflow run"
-    assert "not re-queued" in study.trials[proposed.number].user_attrs["record"]["conclusion"]
-    assert not [t for t in study.trials if t.user_attrs.get("retry_of") == proposed.number], \
-        "half a config the sampler proposed is not retried: the sampler asks afresh"
-    again = [t for t in study.trials if t.user_attrs.get("retry_of") == enqueued.number]
-    assert len(again) == 1 and again[0].params == seed and again[0].user_attrs["seeded"], \
-        "an enqueued config goes back in the queue whole, with its attributes"
-    assert again[0].state == TrialState.COMPLETE
-    search = [t for t in study.trials if t.state.is_finished() and not
-              {"duplicate_of", "sampling_cut_short"} & t.user_attrs.keys()]
-    assert len(search) == 3, "cut-short trials count for no budget"
-    runs = trial_runs(tmp_path)
-    assert len(runs) == 3 and not [r for r in runs if r.info.status == "RUNNING"]
-
-
-def test_a_dead_daemons_trials_are_re_queued_as_what_they_were(
-        tmp_path: Path, ray_cluster: None) -> None:
-    path = write_study(tmp_path, trials=2)
-    assert main(["start", str(path), "--no-progress"]) == 0
-    # What a kill -9 leaves: a seed and a confirmation run asked whole, both RUNNING.
-    study = load(tmp_path)
-    measured = study.trials[1]
-    seed = {**study.trials[0].params, "kv_cache_dtype": "fp8"}
-    study.enqueue_trial(seed, user_attrs={"seeded": True})
-    study.enqueue_trial(measured.params, user_attrs={"confirm": "best"})
-    in_flight = [study.ask(), study.ask()]
-    for trial in in_flight:
-        for name, distribution in measured.distributions.items():
-            trial._suggest(name, distribution)
-
-    write_study(tmp_path, trials=3)
-    assert main(["start", str(path), "--no-progress"]) == 0
-    study = load(tmp_path)
-    seeded, confirm = (study.trials[t.number] for t in in_flight)
-    assert seeded.state == confirm.state == TrialState.FAIL
-    again = [t for t in study.trials if t.user_attrs.get("retry_of") == seeded.number]
-    assert len(again) == 1 and again[0].user_attrs.get("seeded") is True, \
-        "a seed is re-queued as a seed"
-    assert again[0].params == seed and again[0].state == TrialState.COMPLETE
-    assert not [t for t in study.trials if t.user_attrs.get("retry_of") == confirm.number], \
-        "a confirmation run is not re-queued: the comparison runs whole again"
-    assert "confirmation runs again" in confirm.user_attrs["record"]["conclusion"]
 
 
 def _start_daemon(path: Path, log: Path) -> subprocess.Popen[bytes]:
