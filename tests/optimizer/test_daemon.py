@@ -22,9 +22,8 @@ from optuna.trial import TrialState
 from optimizer.cli import main
 from tests.builders import categorical_space, load, trial_runs, write_study
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_study_of_twelve_trials_runs_two_at_a_time_and_logs_everything(
         tmp_path: Path, ray_cluster: None) -> None:
     path = write_study(tmp_path)
@@ -97,6 +96,7 @@ def _engine_pids(tmp_path: Path) -> list[int]:
     return [int(p.stem) for p in (tmp_path / "results" / "engines").glob("*.json")]
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_keeps_finished_trials(tmp_path: Path) -> None:
     # Killed once two trials have finished and an engine runs, a budget of 5 leaves the
     # resumed daemon the re-runs of the trials in flight to count.
@@ -180,6 +180,7 @@ def _wait_for(predicate: Any, daemon: subprocess.Popen[bytes], log: Path,
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_stop_finishes_trials_in_flight_and_stop_now_fails_and_requeues_them(
         tmp_path: Path) -> None:
     path = write_study(tmp_path, trials=40, workload={
@@ -237,6 +238,7 @@ def test_no_gpu_for_engine_vllm_is_a_clear_error(tmp_path: Path) -> None:
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_profiled_trials_log_trace_shares_verdict_and_trimmed_trace(
         tmp_path: Path, ray_cluster: None) -> None:
     path = write_study(tmp_path, trials=2, workload={
@@ -264,6 +266,7 @@ def test_profiled_trials_log_trace_shares_verdict_and_trimmed_trace(
         "the study's conclusion weighs the best against the defaults"
 
 
+@pytest.mark.slow
 def test_seed_trials_run_right_after_the_baseline_in_order(
         tmp_path: Path, ray_cluster: None) -> None:
     seeds = [{"kv_cache_dtype": "fp8"}, {"quantization": "fp8", "max_num_seqs": 256}]
@@ -290,7 +293,7 @@ def test_seed_trials_run_right_after_the_baseline_in_order(
 
 
 def test_seed_trial_outside_the_space_is_refused_before_anything_is_written(
-        tmp_path: Path, ray_cluster: None, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_study(tmp_path, trials=3, seed_trials=[{"kv_cache_dtype": "fp8_e5m2"}])
     assert main(["start", str(path), "--no-progress"]) == 2
     err = capsys.readouterr().err
@@ -298,6 +301,7 @@ def test_seed_trial_outside_the_space_is_refused_before_anything_is_written(
     assert not (tmp_path / "results" / "optuna.db").exists(), "nothing recorded on bad input"
 
 
+@pytest.mark.slow
 def test_a_measured_config_is_never_launched_twice_and_an_exhausted_space_ends_the_study(
         tmp_path: Path, ray_cluster: None) -> None:
     space = categorical_space(tmp_path, enforce_eager=[False, True],
@@ -321,6 +325,7 @@ def test_a_measured_config_is_never_launched_twice_and_an_exhausted_space_ends_t
     assert len(trial_runs(tmp_path)) == 4, "only launched trials get an MLflow run"
 
 
+@pytest.mark.slow
 def test_capacity_studies_score_goodput_at_capacity_and_teach_the_sampler_slo_misses(
         tmp_path: Path, ray_cluster: None) -> None:
     space = categorical_space(tmp_path, enforce_eager=[False, True],
@@ -356,6 +361,7 @@ def test_capacity_studies_score_goodput_at_capacity_and_teach_the_sampler_slo_mi
         "a config that cannot run teaches TPE (which ignores FAIL trials): worst and infeasible"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("fault", "is_unstable"), [({"sim_unstable": 1.5}, True), ({}, False)])
 def test_repeats_flag_a_config_whose_measurements_spread(
         tmp_path: Path, ray_cluster: None, fault: dict[str, Any], is_unstable: bool) -> None:
@@ -380,6 +386,7 @@ def test_repeats_flag_a_config_whose_measurements_spread(
         assert run.data.tags["unstable"] == "true"
 
 
+@pytest.mark.slow
 def test_the_best_is_confirmed_against_the_defaults_interleaved_with_an_interval(
         tmp_path: Path, ray_cluster: None) -> None:
     # fp8 weights beat the defaults by a wide margin on the simulated H200.
@@ -446,6 +453,7 @@ def test_the_best_is_confirmed_against_the_defaults_interleaved_with_an_interval
     assert "Confirmed:" not in report, "the word is the interval's to give, not a heading"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("tpot_slo_ms", "is_pruned"), [(12.0, True), (60.0, False)])
 def test_a_trial_is_pruned_only_at_a_load_where_it_misses_the_slo(
         tmp_path: Path, ray_cluster: None, tpot_slo_ms: float, is_pruned: bool) -> None:
@@ -469,6 +477,7 @@ def test_a_trial_is_pruned_only_at_a_load_where_it_misses_the_slo(
         eager.user_attrs["record"]["conclusion"]
 
 
+@pytest.mark.slow
 def test_an_engine_left_without_its_worker_is_reaped_when_the_daemon_ends(
         tmp_path: Path, ray_cluster: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """If Ray goes down under a trial (a killed driver takes its local cluster with it), the
@@ -493,6 +502,7 @@ def test_an_engine_left_without_its_worker_is_reaped_when_the_daemon_ends(
     assert not list(registry.glob("*.json")), "and its record cleared"
 
 
+@pytest.mark.slow
 def test_sighup_in_the_confirmation_round_stops_the_study_and_never_says_done(
         tmp_path: Path) -> None:
     # SIGHUP (the terminal closed) stops as SIGTERM does; a stop in the confirmation round
