@@ -106,8 +106,6 @@ def test_capacity_search_probes_one_running_server_and_stops_by_its_rule(
 @pytest.mark.slow
 def test_an_open_loop_level_above_capacity_is_stopped_once_its_queue_keeps_growing(
         tmp_path: Path) -> None:
-    import time
-
     from runners.workload import LoadLevel
 
     # Eager decode serves a few dozen requests a second; 400 a second is far above it. Run to
@@ -123,14 +121,12 @@ def test_an_open_loop_level_above_capacity_is_stopped_once_its_queue_keeps_growi
                         "levels": (LoadLevel(request_rate_rps=4.0),)})
     try:
         calm = runner.run(config, light, tmp_path / "calm")
-        started = time.monotonic()
         result = runner.run(config, workload, tmp_path / "flood")
-        took_s = time.monotonic() - started
     finally:
         runner.close()
     assert calm.status == "complete" and calm.steps[0].server_metrics["is_saturated"] == 0.0
     assert result.status == "complete", result.failure
     (step,) = result.steps
     assert step.server_metrics["is_saturated"] == 1.0, step.server_metrics
-    assert step.metrics.completed < 1200 and took_s < 40, \
-        f"stopped early: {step.metrics.completed} requests done in {took_s:.0f} s"
+    assert step.metrics.completed < 1200, \
+        f"stopped early, not run to the end: {step.metrics.completed} requests done"
