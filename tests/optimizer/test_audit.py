@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +107,7 @@ def test_running_process_is_read_from_proc() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "serve",
                              "some/model", "--enforce-eager"],
                             env={"VLLM_ATTENTION_BACKEND": "TRITON_ATTN", "PATH": "/usr/bin"})
-    try:
-        time.sleep(0.2)
+    try:  # Popen returns once the child has exec'd: /proc holds its argv and environment
         argv, env = read_pid(proc.pid)
         launch = parse_launch(argv, env, TABLE)
         assert launch.model == "some/model"
