@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,8 +108,12 @@ def test_running_process_is_read_from_proc() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "serve",
                              "some/model", "--enforce-eager"],
                             env={"VLLM_ATTENTION_BACKEND": "TRITON_ATTN", "PATH": "/usr/bin"})
-    try:  # Popen returns once the child has exec'd: /proc holds its argv and environment
-        argv, env = read_pid(proc.pid)
+    try:  # /proc shows the new argv only once the exec is done: wait for it, not a set time
+        deadline = time.monotonic() + 30
+        while "serve" not in (argv_env := read_pid(proc.pid))[0]:
+            assert time.monotonic() < deadline, f"/proc never showed the argv: {argv_env}"
+            time.sleep(0.01)
+        argv, env = argv_env
         launch = parse_launch(argv, env, TABLE)
         assert launch.model == "some/model"
         assert {f.code for f in audit(launch, table=TABLE)} == {"enforce-eager", "ignored-env"}
