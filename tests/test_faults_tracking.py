@@ -184,6 +184,7 @@ def _open_store(uri: str) -> str:
     return "ok"
 
 
+@pytest.mark.slow  # two processes importing MLflow: most of a minute
 def test_two_studies_opening_a_fresh_mlflow_store_at_once_both_open_it(tmp_path: Path) -> None:
     # Issue 35: two daemons started together in a fresh directory; the second was refused
     # ("MLflow cannot open the store") as both created the store's tables.
