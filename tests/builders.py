@@ -65,6 +65,7 @@ def trial_runs(tmp_path: Path, name: str = "e2e") -> list[Any]:
     `confirmation`), not the study's own run."""
     client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
     exp = client.get_experiment_by_name(name)
+    assert exp is not None, f"no MLflow experiment {name!r}"
     return client.search_runs([exp.experiment_id],
                               filter_string="tags.`nightshift.kind` != 'study'",
                               max_results=1000)
