@@ -30,11 +30,9 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.optimizer.test_daemon import load, write_study
+from tests.builders import load, write_study
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
-
 _OTHER_RAY = """
 import json, sys, time
 import ray
@@ -133,6 +131,7 @@ def _trial_hosts(tmp_path: Path) -> list[str]:
             for t in load(tmp_path).trials if t.state.is_finished()]
 
 
+@pytest.mark.slow
 def test_a_local_study_ignores_a_ray_address_naming_no_cluster(
         tmp_path: Path, clean_environ: dict[str, str]) -> None:
     os.environ["RAY_ADDRESS"] = "127.0.0.1:9"  # nothing listens there
@@ -142,6 +141,7 @@ def test_a_local_study_ignores_a_ray_address_naming_no_cluster(
     assert [h for h in _trial_hosts(tmp_path) if " node " in h], "the trial ran on Ray"
 
 
+@pytest.mark.slow
 def test_a_local_study_runs_its_own_ray_on_loopback_only_beside_another_cluster(
         tmp_path: Path, other_ray: dict[str, Any]) -> None:
     os.environ["RAY_ADDRESS"] = other_ray["address"]
@@ -185,6 +185,7 @@ for p in tree:  # whatever of its Ray outlived the raylet
 """
 
 
+@pytest.mark.slow
 def test_a_dead_local_raylet_leaves_no_gpu_to_place_a_trial_on(
         clean_environ: dict[str, str]) -> None:
     """Ray's GCS counts a dead raylet alive until its health checks time out, so the GPU count

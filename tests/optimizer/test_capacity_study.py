@@ -10,7 +10,7 @@ from mlflow import MlflowClient
 
 from optimizer.cli import main
 from optimizer.tracking.payload import description_of
-from tests.optimizer.test_daemon import load, trial_runs, write_study
+from tests.builders import load, trial_runs, write_study
 
 pytestmark = pytest.mark.slow
 

@@ -327,7 +327,7 @@ def test_an_interrupt_while_starting_prints_the_resume_command(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C before the daemon's own handler is installed (Ray takes seconds to start).
     Patched by path, as a last resort: a real signal cannot be timed into that window."""
-    from tests.optimizer.test_daemon import write_study
+    from tests.builders import write_study
 
     def interrupted(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt

@@ -345,7 +345,7 @@ def test_a_database_server_that_refuses_is_named_before_anything_is_written(
     does not answer, is one line and exit 2 before the daemon writes its log, lock or MLflow
     experiment (port 9 on loopback refuses; pymysql is a real, pure-Python driver)."""
     from optimizer.cli import main
-    from tests.optimizer.test_daemon import write_study
+    from tests.builders import write_study
 
     path = write_study(tmp_path)
     argv = ["start", str(path), "--no-progress",

@@ -9,9 +9,7 @@ from pathlib import Path
 import pytest
 
 from optimizer.cli import main
-from tests.optimizer.test_daemon import categorical_space, load, trial_runs, write_study
-
-pytestmark = pytest.mark.slow
+from tests.builders import categorical_space, load, trial_runs, write_study
 
 
 def engine_intervals(tmp_path: Path) -> dict[int, tuple[float, float]]:
@@ -30,6 +28,7 @@ def overlapping(intervals: dict[int, tuple[float, float]]) -> set[frozenset[int]
             in itertools.combinations(intervals.items(), 2) if s1 < e2 and s2 < e1}
 
 
+@pytest.mark.slow
 def test_a_trial_waiting_for_two_gpus_does_not_hold_back_one_that_fits(
         tmp_path: Path, ray_cluster: None) -> None:
     # Two GPUs. The defaults take one; the next config asked (TP 2) needs both and must wait;
@@ -62,6 +61,7 @@ def test_a_trial_waiting_for_two_gpus_does_not_hold_back_one_that_fits(
             conclusion, f"trial {number} is compared with the defaults: {conclusion}"
 
 
+@pytest.mark.slow
 def test_a_trial_that_ends_before_the_defaults_is_still_compared_with_them(
         tmp_path: Path, ray_cluster: None) -> None:
     # Two GPUs, two 1-GPU trials side by side: the defaults and fp8 weights, which the

@@ -86,7 +86,7 @@ def test_a_study_whose_two_oom_configs_share_a_value_writes_it_at_its_end(
     from optimizer.study_summary import study_summary
     from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
-    from tests.optimizer.test_daemon import categorical_space, write_study
+    from tests.builders import categorical_space, write_study
     from tests.optimizer.test_search_policy import ScriptedRunner
 
     space_path = categorical_space(tmp_path, max_num_seqs=[256, 512, 1024],

@@ -7,22 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from optimizer.cli import main
-
-
-def write_study(tmp_path: Path, **overrides: object) -> Path:
-    study = {
-        "name": "named", "engine": "simulated",
-        "model": {"path": "qwen2.5-7b", "load_format": "dummy", "skip_tokenizer_init": True},
-        "slo": {"tpot_p99_ms": 40}, "search_space": "hopper", "budget": {"trials": 2},
-        "results_dir": str(tmp_path / "results"),
-        "tracking_uri": f"sqlite:///{tmp_path}/mlruns/mlflow.db", **overrides,
-    }
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(study))
-    return path
+from tests.builders import write_study
 
 
 def test_warm_start_naming_a_study_the_store_lacks_exits_2_before_a_trial_is_queued(

@@ -27,7 +27,8 @@ from optimizer.tracking.tracker import Tracker
 from optimizer.tracking.view import VIEW_GAIN, runs_page, three_digits, view_key
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+pytestmark = [pytest.mark.slow,  # an MLflow server and a browser
+              pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")]
 
 CONCLUSIONS = {
     0: "vLLM defaults: goodput 29.3 req/s; the baseline every other trial is compared with.",

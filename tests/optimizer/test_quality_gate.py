@@ -31,7 +31,7 @@ from optimizer.tracking.tracker import Tracker
 from runners.engine import EngineRunner
 from runners.simulated.launcher import SimulatedLauncher
 from search_spaces import load_space
-from tests.optimizer.test_daemon import categorical_space, write_study
+from tests.builders import categorical_space, write_study
 
 SMALL_WORKLOAD = {"input_len": 32, "output_len": 8, "levels": [{"concurrency": 4}],
                   "num_requests": 8, "warmup_requests": 2}

@@ -138,6 +138,7 @@ def _png_size(path: Path) -> tuple[int, int]:
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+@pytest.mark.slow  # a browser
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
 def test_html_report_renders_in_headless_chromium(study_file: Path, tmp_path: Path) -> None:
     import yaml

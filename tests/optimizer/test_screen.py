@@ -17,7 +17,7 @@ from runners.base import RunResult, StepMetrics
 from runners.hardware import load_preset
 from runners.model_info import load_model_info
 from search_spaces import load_space
-from tests.optimizer.test_daemon import categorical_space, write_study
+from tests.builders import categorical_space, write_study
 from tests.optimizer.test_search_policy import _metrics
 
 

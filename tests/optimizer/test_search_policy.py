@@ -30,9 +30,10 @@ from runners.base import (
 )
 from runners.workload import Workload
 from search_spaces import load_space
-from tests.optimizer.test_daemon import categorical_space, write_study
+from tests.builders import categorical_space, write_study
 
-Script = Callable[[Mapping[str, Any]], float | None]  # flags -> goodput (None: OOM at start)
+# flags -> goodput, or the reason its engine failed (None: OOM at start)
+Script = Callable[[Mapping[str, Any]], float | FailureReason | None]
 
 
 def _metrics(goodput: float, throughput: float) -> BenchmarkMetrics:
@@ -46,7 +47,8 @@ def _metrics(goodput: float, throughput: float) -> BenchmarkMetrics:
 
 class ScriptedRunner:
     """A `Runner` whose goodput at each level is `script(flags)` (half of it, with twice the
-    throughput, at the first level: a level that missed the SLO); None fails at start."""
+    throughput, at the first level: a level that missed the SLO); a `FailureReason` fails the
+    run with it, None with an OOM at start."""
 
     def __init__(self, script: Script, launched: list[dict[str, Any]]) -> None:
         self.script = script
@@ -56,9 +58,9 @@ class ScriptedRunner:
             on_step: Callable[[StepMetrics], bool] | None = None) -> RunResult:
         self.launched.append(dict(config.flags))
         value = self.script(config.flags)
-        if value is None:
-            return RunResult(status="failed", failure=Failure(FailureReason.OOM_AT_START,
-                                                              "scripted OOM"))
+        if value is None or isinstance(value, FailureReason):
+            reason = value or FailureReason.OOM_AT_START
+            return RunResult(status="failed", failure=Failure(reason, f"scripted {reason}"))
         steps = []
         for index, level in enumerate(workload.levels):
             goodput = value * (0.5 if index == 0 else 1.0)
@@ -102,6 +104,26 @@ def test_the_daemon_runs_a_study_on_the_inline_executor_without_ray(tmp_path: Pa
     assert all(r.conclusion for r in records), "every finished trial has its conclusion"
     assert sum(1 for t in trials if ATTR_DUPLICATE_OF not in t.user_attrs
                and t.state.is_finished()) == 6, "the budget counts launched trials"
+
+
+@pytest.mark.parametrize(("reason", "is_one_off"), [
+    (FailureReason.CRASH_MID_RUN, True), (FailureReason.HANG, True),
+    (FailureReason.STARTUP_TIMEOUT, True), (FailureReason.STARTUP_CRASH, True),
+    (FailureReason.OOM_AT_START, False), (FailureReason.CUDA_GRAPH_CAPTURE, False),
+])
+def test_an_engine_fault_fails_its_trial_and_only_a_one_off_of_the_defaults_is_retried(
+        tmp_path: Path, reason: FailureReason, is_one_off: bool) -> None:
+    """Every trial's engine fails (a fault in `fixed_flags` does that end to end): each is
+    failed with its reason and a conclusion, and the study goes on. A crash, a hang or a failed
+    start may be one-off: the defaults (every gain's reference) get one retry; a config
+    failure repeats and is not retried."""
+    study, launched = _run_daemon(tmp_path, lambda flags: reason, trials=2,
+                                  max_num_seqs=[256, 512, 1024])
+    records = [record_of(t) for t in study.trials]
+    assert len(launched) == len(records) == 2 + is_one_off
+    assert all(r is not None and r.state == "failed" and r.failure_reason == reason.value
+               and r.conclusion for r in records), records
+    assert sum(r is not None and r.is_baseline for r in records) == 1 + is_one_off
 
 
 def test_a_config_failure_teaches_the_sampler_with_the_worst_value_and_a_constraint(

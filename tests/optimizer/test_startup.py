@@ -19,7 +19,7 @@ from optimizer.study import engine_config, make_pruner, make_sampler, startup_sa
 from runners.base import EngineConfig, EngineInfo, RunResult, StepMetrics
 from runners.vllm.compile_cache import compile_key
 from search_spaces import load_space
-from tests.optimizer.test_daemon import categorical_space, write_study
+from tests.builders import categorical_space, write_study
 from tests.optimizer.test_search_policy import _metrics
 
 

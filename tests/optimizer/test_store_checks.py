@@ -8,10 +8,10 @@ from pathlib import Path
 
 import optuna
 import pytest
-import yaml
 
 from optimizer.cli import main
 from optimizer.config.store_checks import sqlite_file_problem
+from tests.builders import write_study
 
 
 def _real_study_db(path: Path) -> None:
@@ -65,12 +65,9 @@ def test_reading_commands_refuse_a_garbled_store_in_one_line_with_exit_2(
     shutil.copy(db, damaged)
     with damaged.open("r+b") as f:
         f.truncate(damaged.stat().st_size // 3)
-    study = tmp_path / "s.yaml"
-    study.write_text(yaml.safe_dump({
-        "name": "s", "engine": "simulated", "model": {"path": "qwen2.5-7b"},
-        "budget": {"trials": 1}, "slo": {"tpot_p99_ms": 50},
-        "storage": f"sqlite:///{damaged}", "tracking_uri": f"sqlite:///{tmp_path / 'm.db'}",
-        "results_dir": str(tmp_path / "results")}))
+    study = write_study(tmp_path, name="s", trials=1, file_name="s.yaml",
+                        storage=f"sqlite:///{damaged}",
+                        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}")
     code = main([command, str(study)])
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]

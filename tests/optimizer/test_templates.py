@@ -22,7 +22,7 @@ from runners.hardware import load_preset
 from runners.model_info import load_model_info
 from search_spaces import load_space
 from search_spaces.seeds import Template, load_templates, template_seeds
-from tests.optimizer.test_daemon import write_study
+from tests.builders import write_study
 from tests.optimizer.test_search_policy import ScriptedRunner
 
 

@@ -139,6 +139,7 @@ def simulated(tmp_path: Path) -> EngineRunner:
                         tmp_path / "registry")
 
 
+@pytest.mark.slow  # a whole capacity search: a minute and more
 def test_a_capacity_search_walks_every_step_on_one_engine_without_a_restart(
         simulated: EngineRunner, tmp_path: Path) -> None:
     workload = Workload(input_len=LengthDistribution(mean=256),
