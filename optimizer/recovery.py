@@ -65,8 +65,8 @@ class Recovery:
 
     def run(self) -> None:
         """Trials a dead daemon left RUNNING become FAIL (daemon_lost) and are re-queued once
-        (a confirmation run is not: the comparison runs whole again); MLflow is then caught
-        up with Optuna."""
+        (a confirmation run is not: its round is measured again on this start); MLflow is
+        then caught up with Optuna."""
         study = self.study
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if ATTR_DUPLICATE_OF in trial.user_attrs:  # died between marking a repeat and
@@ -85,7 +85,7 @@ class Recovery:
             # spends no retry of the config's, only one of the losses allowed on their own.
             losses = int(attrs.get(ATTR_DAEMON_LOSSES, 0)) + 1
             if not requeueable(attrs):
-                fate = "the confirmation runs again whole on this start"
+                fate = "its confirmation round is measured again on this start"
             elif losses <= MAX_DAEMON_LOSSES:
                 fate = "re-queued"
             else:
@@ -145,7 +145,7 @@ class Recovery:
         trial does, and its config goes back in the queue with its retries unspent."""
         attrs = dict(trial.user_attrs)
         fate = "re-queued" if requeueable(attrs) else \
-            "the confirmation runs again whole on this start"
+            "its confirmation round is measured again on this start"
         record = TrialRecord.failed(
             trial.params, FailureReason.DAEMON_LOST.value,
             "the daemon died before this trial was launched.",

@@ -502,7 +502,7 @@ class SearchPolicy:
     def _is_requeued(self, item: Running, failure: Failure) -> bool:
         """Whether a failed trial goes back in the queue: always after a stop; after a failure
         lost to infrastructure (or a one-off of the defaults) while it has retries left; never
-        a confirmation run (the comparison runs whole again)."""
+        a confirmation run (its round is measured again on the next start)."""
         is_retried = item.retries < self.cfg.spec.retries and (
             failure.is_retryable or (item.is_baseline and failure.reason in ONE_OFF_FAILURES))
         return (failure.reason == FailureReason.INTERRUPTED or is_retried) and \
@@ -512,7 +512,7 @@ class SearchPolicy:
         if again:
             return "re-queued"
         if not requeueable(item.trial.user_attrs):
-            return "the confirmation runs whole again"
+            return "its confirmation round is measured again on the next start"
         return f"not re-queued (retried {item.retries} times already)"
 
     def release_waiting(self) -> None:

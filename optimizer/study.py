@@ -216,7 +216,7 @@ def tell_config_failure(study: optuna.Study, trial: optuna.Trial, objectives: Se
 
 def requeueable(attrs: Mapping[str, Any]) -> bool:
     """Whether a trial lost to infrastructure goes back in the queue: all but a confirmation
-    run, whose interleaved comparison runs whole again when the study resumes."""
+    run, whose round (its pair of runs) is measured again when the study resumes."""
     return ATTR_CONFIRM not in attrs
 
 

@@ -274,8 +274,8 @@ def test_a_dead_daemons_trials_are_re_queued_as_what_they_were(
         "a seed is re-queued as a seed"
     assert again[0].params == seed and again[0].state == TrialState.COMPLETE
     assert not [t for t in study.trials if t.user_attrs.get("retry_of") == confirm.number], \
-        "a confirmation run is not re-queued: the comparison runs whole again"
-    assert "confirmation runs again" in confirm.user_attrs["record"]["conclusion"]
+        "a confirmation run is not re-queued: its round is measured again"
+    assert "confirmation round is measured again" in confirm.user_attrs["record"]["conclusion"]
 
 
 def _start_daemon(path: Path, log: Path) -> subprocess.Popen[bytes]:
