@@ -53,14 +53,14 @@ def test_a_round_is_a_defaults_run_followed_by_its_best_run_both_complete() -> N
 
 
 def _daemon(tmp_path: Path, launched: list[dict[str, Any]], stop_at: int | None,
-            holder: list[Daemon]) -> Daemon:
+            holder: list[Daemon], *, now: bool = False) -> Daemon:
     space_path = categorical_space(tmp_path, max_num_seqs=[256, 512])
     cfg = load_study(write_study(tmp_path, trials=2, search_space=str(space_path),
                                  confirm_rounds=3))
 
     def script(flags: Mapping[str, Any]) -> float:
         if stop_at is not None and len(launched) == stop_at:
-            holder[0].request_stop()  # as SIGTERM does: this run ends, none starts
+            holder[0].request_stop(now)  # as SIGTERM does: this run ends, none starts
         return 20.0 if flags.get("max_num_seqs") == 512 else 10.0
 
     daemon = Daemon(cfg, space=load_space(space_path).resolve({}), executor=InlineExecutor(
@@ -99,3 +99,19 @@ def test_a_stop_in_the_confirmation_round_resumes_from_the_rounds_measured_whole
     assert not [r for r in runs if r.info.status == "RUNNING"], "no MLflow run left RUNNING"
     numbers = sorted(int(r.data.tags["nightshift.trial"]) for r in runs)
     assert numbers == [t.number for t in study.trials], "one run per trial, no orphan"
+
+
+def test_a_stop_now_in_the_confirmation_round_leaves_no_mlflow_run_running(
+        tmp_path: Path) -> None:
+    # `nightshift stop --now` (a second SIGTERM) cuts the run in flight; whichever way the
+    # race between the run's end and the cut goes, each trial has its one run, closed.
+    holder: list[Daemon] = []
+    assert _daemon(tmp_path, [], stop_at=4, holder=holder, now=True).run().stopped_early
+    assert not [r for r in trial_runs(tmp_path) if r.info.status == "RUNNING"]
+    assert not _daemon(tmp_path, [], stop_at=None, holder=holder).run().stopped_early
+    study = load(tmp_path)
+    assert len(study.user_attrs[STUDY_ATTR_CONFIRM]["rounds"]) == 3
+    runs = trial_runs(tmp_path)
+    assert not [r for r in runs if r.info.status == "RUNNING"], "no MLflow run left RUNNING"
+    assert sorted(int(r.data.tags["nightshift.trial"]) for r in runs) == \
+        [t.number for t in study.trials], "one run per trial, no orphan"
