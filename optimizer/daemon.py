@@ -293,9 +293,7 @@ class Daemon:
         while True:
             if self._lease is not None and self._lease.is_lost:
                 self.request_stop(now=True)  # another daemon runs the study now
-            if self._stop == "now":
-                for item in list(self._inflight):
-                    self._cancel(policy, item)
+            self._cut_on_stop(policy)
             if not self.stopping:
                 while (running := policy.next_launch(self.executor.can_start)) is not None:
                     self._launch(running)
@@ -323,10 +321,16 @@ class Daemon:
         self._launch(running)
         while self._inflight:
             self._wait_and_collect(policy)
-            if self._stop == "now":
-                for item in list(self._inflight):
-                    self._cancel(policy, item)
+            self._cut_on_stop(policy)
         return policy.study.get_trials(deepcopy=False)[running.trial.number]
+
+    def _cut_on_stop(self, policy: SearchPolicy) -> None:
+        """A stop `now` cuts every trial in flight; any stop cuts one whose worker Ray never
+        placed (it launched nothing, and a placement no node offers would hold the stop for
+        ever)."""
+        for item in list(self._inflight):
+            if self._stop == "now" or (self.stopping and not item.handle.is_placed()):
+                self._cancel(policy, item)
 
     def _launch(self, running: Running) -> None:
         trial, config = running.trial, running.config

@@ -134,6 +134,11 @@ class TrialHandle(Protocol):
         """Stop the trial now; its engine is killed."""
         ...
 
+    def is_placed(self) -> bool:
+        """Whether the trial's worker exists (Ray may hold one back while no node offers what
+        it asks for); a stop ends an unplaced trial at once, as it launched nothing."""
+        ...
+
 
 class Executor(Protocol):
     """GPUs and the workers that own them. Called by the daemon's loop only (one thread)."""
@@ -199,6 +204,9 @@ class _InlineHandle:
     def cancel(self) -> None:
         self.session.cancel()
         self.done.wait(timeout=120)
+
+    def is_placed(self) -> bool:
+        return True  # a thread of this process, started at submit
 
 
 class InlineExecutor:

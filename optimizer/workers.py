@@ -65,11 +65,21 @@ class RayTrialHandle:
     """The driver's view of one trial running on a worker: every Ray call the daemon makes
     goes through here, so Ray's exceptions become `WorkerLost` at this boundary."""
 
-    def __init__(self, actor: Any, ref: Any) -> None:
+    def __init__(self, actor: Any, ref: Any, placed: Any = None) -> None:
         self.actor = actor
         self.ref = ref
+        self.placed = placed  # resolves once Ray has made the actor (None: made already)
+
+    def is_placed(self) -> bool:
+        """Whether Ray made the trial's worker: one no node can hold waits unplaced for ever."""
+        if self.placed is None:
+            return True
+        ready, _ = ray.wait([self.placed], timeout=0)
+        return bool(ready)
 
     def poll(self, timeout_s: float = 30.0) -> list[StepMetrics]:
+        if not self.is_placed():
+            return []  # nothing measured; asking a worker not made yet would wait timeout_s
         try:
             steps: list[StepMetrics] = ray.get(self.actor.poll.remote(), timeout=timeout_s)
         except _POLL_ERRORS as exc:
@@ -88,6 +98,8 @@ class RayTrialHandle:
         return result
 
     def cancel(self, timeout_s: float = 120.0) -> None:
+        if not self.is_placed():
+            return  # nothing runs: the executor's release kills the actor Ray never made
         try:
             ray.get(self.actor.cancel.remote(), timeout=timeout_s)
             ray.wait([self.ref], timeout=timeout_s)
@@ -138,7 +150,8 @@ class RayExecutor:
     def submit(self, config: EngineConfig, workload: Workload, workdir: Path) -> TrialHandle:
         """Start a trial on a worker owning `config.num_gpus` GPUs (check `can_start` first)."""
         actor = self.acquire(config.num_gpus)
-        return RayTrialHandle(actor, actor.run.remote(config, workload, str(workdir)))
+        return RayTrialHandle(actor, actor.run.remote(config, workload, str(workdir)),
+                              placed=actor.where.remote())
 
     def wait_any(self, handles: Sequence[TrialHandle], timeout_s: float) -> list[TrialHandle]:
         return wait_any(handles, timeout_s)
