@@ -225,7 +225,8 @@ class Daemon:
             self.tracker.set_study_tags(self._parent_run, self.study_tags)
         recovery = Recovery(study, storage, self.space, self.tracker, self._parent_run,
                             self.cfg.name, self.cfg.results_dir, self.cfg.spec.retries,
-                            fixed_flags=self.cfg.engine_fixed_flags)
+                            fixed_flags=self.cfg.engine_fixed_flags,
+                            study_env=self.cfg.spec.env)
         recovery.run()
         policy = SearchPolicy(self.cfg, self.space, study, workload=self.workload,
                               total_gpus=self.executor.total_gpus,

@@ -8,6 +8,7 @@ mid-study: the trials are safe in Optuna and the next start logs them.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +32,9 @@ from optimizer.study import (
     requeue,
     requeueable,
 )
-from optimizer.tracking import Tracker, TrialLog
+from optimizer.tracking import SERVER_LOG, Tracker, TrialLog
 from runners.base import FailureReason
+from runners.credentials import launch_secrets, scrub_file
 from search_spaces import ResolvedSpace
 
 logger = logging.getLogger(__name__)
@@ -57,6 +59,10 @@ class Recovery:
     results_dir: Path
     max_retries: int
     fixed_flags: Mapping[str, Any] = field(default_factory=dict)  # the study's: not in run names
+    # The study file's `env`: with this process's environment, the secrets a dead daemon's
+    # engines held (runners.credentials.launch_secrets), scrubbed from their logs before
+    # MLflow takes their tails.
+    study_env: Mapping[str, str] = field(default_factory=dict)
 
     def _set_attr(self, trial: FrozenTrial, key: str, value: Any) -> None:
         study_id = self.storage.get_study_id_from_name(self.study_name)
@@ -79,6 +85,10 @@ class Recovery:
             if not trial.user_attrs.get(ATTR_MLFLOW_RUN) and not self._has_run(trial):
                 self._drop_never_launched(trial)
                 continue
+            # Its engine's log was never scrubbed: its runner died with the daemon (the engine's
+            # own API key died with both, and is not known here).
+            scrub_file(trial_workdir(self.results_dir, trial.number) / SERVER_LOG,
+                       launch_secrets((), {**os.environ, **self.study_env}))
             attrs = dict(trial.user_attrs)
             retries = int(attrs.get(ATTR_RETRIES, 0))
             # The daemon's death is the infrastructure's loss, not the config's failure: it

@@ -315,3 +315,33 @@ def test_a_trial_queued_for_gpus_when_the_daemon_died_is_not_a_failed_trial(
     assert not tracker.client.search_runs([tracker.experiment_id("e2e")],
                                           filter_string="tags.`nightshift.trial` = '0'"), \
         "no MLflow run for a trial that never launched"
+
+
+def test_a_dead_daemons_engine_log_is_scrubbed_of_secrets_before_mlflow_takes_it(
+        tmp_path: Path, clean_environ: dict[str, str]) -> None:
+    # Issue 35, item 8: a runner scrubs its engine's log when the engine ends; a daemon killed
+    # mid-trial never did, and the next start's catch-up sent the log's tail to MLflow.
+    from optimizer.recovery import Recovery, trial_workdir
+    from optimizer.study import ATTR_MLFLOW_RUN
+    from optimizer.tracking import Tracker
+    from search_spaces import load_space
+
+    os.environ["WANDB_API_KEY"] = "wandb-" + "w" * 24  # the user's shell's
+    token = "hf_" + "t" * 32  # the study file's env
+    space = load_space("hopper").resolve({})
+    study = optuna.create_study(study_name="e2e", storage=f"sqlite:///{tmp_path}/optuna.db")
+    study.enqueue_trial(space.defaults())
+    trial = study.ask()
+    space.sample(trial)
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    parent = tracker.start_study("e2e", key="k", params={}, artifacts={}, objectives={})
+    run = tracker.start_trial(parent, "e2e", trial.number, trial.params)
+    trial.set_user_attr(ATTR_MLFLOW_RUN, run)
+    log = trial_workdir(tmp_path / "results", trial.number) / "server.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(f"login with {token}\nwandb {os.environ['WANDB_API_KEY']}\n")
+    Recovery(study, study._storage, space, tracker, parent, "e2e", tmp_path / "results",
+             max_retries=1, study_env={"HF_TOKEN": token}).run()
+    assert log.read_text() == "login with <redacted>\nwandb <redacted>\n"
+    logged = Path(tracker.client.download_artifacts(run, "server.log", str(tmp_path)))
+    assert logged.read_text() == log.read_text(), "MLflow took the scrubbed tail"
