@@ -345,3 +345,25 @@ def test_a_dead_daemons_engine_log_is_scrubbed_of_secrets_before_mlflow_takes_it
     assert log.read_text() == "login with <redacted>\nwandb <redacted>\n"
     logged = Path(tracker.client.download_artifacts(run, "server.log", str(tmp_path)))
     assert logged.read_text() == log.read_text(), "MLflow took the scrubbed tail"
+
+
+def test_a_study_whose_stdout_is_closed_runs_to_its_end_with_its_report(
+        tmp_path: Path) -> None:
+    # Issue 35, item 3: `nightshift start s.yaml | head` ended with exit 1, no report and
+    # nothing in daemon.log. Here the reader of stdout is gone before the study starts.
+    import subprocess
+    import sys
+
+    path = write_study(tmp_path, trials=1, workload=_SHORT)
+    with open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "optimizer.cli", "start", str(path),
+                                 "--no-progress"], stdout=subprocess.PIPE, stderr=err,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert proc.stdout is not None
+        proc.stdout.close()  # as `head` exits
+        code = proc.wait(240)
+    text = (tmp_path / "stderr.txt").read_text()
+    assert code == 0, text[-3000:]
+    assert "study e2e done" in text and "Traceback" not in text, text[-3000:]
+    assert (tmp_path / "results" / "report" / "report.html").is_file()
+    assert "trial 0 complete" in (tmp_path / "results" / "daemon.log").read_text()
