@@ -220,11 +220,13 @@ def test_a_run_keeps_secrets_out_of_its_result_and_its_engine_answers_only_the_r
                           flags={"max_model_len": 2048, "max_num_seqs": 16},
                           env={"HF_TOKEN": token, "TOKENIZERS_PARALLELISM": "false"})
     outsider: list[int] = []
+    live_argv: list[str] = []
 
     def probe(_: object) -> bool:
         # Another local user, knowing the port but not the key, while the level runs.
         assert runner._proc is not None
         argv = psutil.Process(runner._proc.pid).cmdline()
+        live_argv.append(" ".join(argv))  # what another user reads with `ps -eww`
         port = argv[argv.index("--port") + 1]
         outsider.append(httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code)
         outsider.append(httpx.post(f"http://127.0.0.1:{port}/reset_prefix_cache").status_code)
@@ -235,6 +237,7 @@ def test_a_run_keeps_secrets_out_of_its_result_and_its_engine_answers_only_the_r
     watcher.assert_none_survive(result)
     assert result.status == "complete", result.failure
     assert outsider and set(outsider) == {401}, "the engine answers only the key's holder"
+    assert live_argv and token not in live_argv[0], "the engine's argv never holds a secret"
     written = repr((result.argv, dict(result.env)))
     assert token not in written, "the record names the secret, never its value"
     assert result.env["HF_TOKEN"] == "${HF_TOKEN}"
