@@ -88,9 +88,9 @@ class LockWait:
                 waited = self.clock() - start
                 if waited >= self.bound_s:
                     raise StoreLocked(
-                        f"{self.what} stayed locked by another process for {waited:.0f} s, "
-                        f"the most nightshift waits ({self.bound_s:.0f} s); close what holds it "
-                        "(an open sqlite3 shell, a backup, a stalled reader)") from None
+                        f"{self.what} stayed locked by another process for {waited:.0f} s "
+                        f"(nightshift waits {self.bound_s:.0f} s at most); close what holds "
+                        "it, such as an open sqlite3 shell") from None
                 if logged_at is None or waited - logged_at >= _LOG_EVERY_S:
                     logger.warning("%s is locked by another process (an open sqlite3 shell, a "
                                    "backup, a stalled reader?): waited %.0f s, waiting up to "

@@ -89,7 +89,7 @@ def test_a_lock_held_past_the_bound_stops_with_one_line_naming_the_store_and_the
         study.tell(study.ask(), 1.0)  # the ask's write (a new trial) waits, then gives up
     message = str(caught.value)
     assert "optuna.db stayed locked by another process" in message
-    assert "(30 s)" in message, "the message states the bound it waited"
+    assert "(nightshift waits 30 s at most)" in message, "the message states the bound"
     assert "\n" not in message, "one line"
     assert clock.now >= 30.0 and clock.sleeps, "it waited the bound, not SQLite's one timeout"
     # A command prints it as its one line, exit 1; the daemon sees a storage failure (resume).
