@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial
 from optimizer import quality
 from optimizer.config import StudyConfig, resume_command
 from optimizer.confirm import confirm
-from optimizer.errors import StorageError, TrackingError, WorkerLost, describe
+from optimizer.errors import NightshiftError, StorageError, TrackingError, WorkerLost, describe
 from optimizer.executor import Executor, TrialHandle
 from optimizer.lock import StorageLease, StudyLock, is_local_file_storage, study_lock_path
 from optimizer.objectives import objective_values, operating_step
@@ -57,6 +57,9 @@ logger = logging.getLogger(__name__)
 # and Ray fails it within seconds where its local raylet died (the study then stops). Under
 # 60 s: a Ray whose GCS is gone ends the driver after 60 s.
 _PLACEMENT_TIMEOUT_S = 30.0
+# While a trial's worker waits unplaced, the cluster is asked at most this often whether any
+# live node still offers the study's ray.accelerator_type / ray.resources.
+_PLACEMENT_CHECK_S = 30.0
 
 # The study run's closing figures and tags (the best against the defaults), from the report:
 # given by the composition root so that the loop does not depend on the report's module.
@@ -158,6 +161,7 @@ class Daemon:
         self._tracking_misses: set[int] = set()  # trials whose MLflow writes failed
         self._parent_run = ""
         self._lease: StorageLease | None = None  # the study's lock in a server RDB
+        self._placement_checked_at: float | None = None  # monotonic s (_watch_placement)
         self.policy: SearchPolicy | None = None
 
     # -- control ----------------------------------------------------------------------------
@@ -302,6 +306,22 @@ class Daemon:
                 policy.record_deferred(force=True)
                 return
             self._wait_and_collect(policy)
+            self._watch_placement()
+
+    def _watch_placement(self) -> None:
+        """A trial Ray holds unplaced while no live node offers the study's placement any
+        more (its node gone) would wait for ever: the study fails in one line naming the field
+        and the fix (its trials are stopped and re-queued on the way out)."""
+        now = time.monotonic()
+        if self.stopping or (self._placement_checked_at is not None and
+                             now - self._placement_checked_at < _PLACEMENT_CHECK_S) or \
+                all(item.handle.is_placed() for item in self._inflight):
+            return
+        self._placement_checked_at = now
+        problem = self.executor.placement_problem()
+        if problem is not None:
+            raise NightshiftError(f"{problem}; the trials in flight were stopped and are "
+                                  "re-queued for the resume.")
 
     def _wait_and_collect(self, policy: SearchPolicy) -> None:
         """Relay the steps measured since the last call, then collect the trials that ended
@@ -323,6 +343,7 @@ class Daemon:
         while self._inflight:
             self._wait_and_collect(policy)
             self._cut_on_stop(policy)
+            self._watch_placement()
         return policy.study.get_trials(deepcopy=False)[running.trial.number]
 
     def _cut_on_stop(self, policy: SearchPolicy) -> None:

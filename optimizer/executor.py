@@ -168,6 +168,12 @@ class Executor(Protocol):
         """Kill engines a dead daemon left on other machines (node id -> pids)."""
         ...
 
+    def placement_problem(self) -> str | None:
+        """Why no live node can hold a trial's worker now (the study's `ray.accelerator_type`
+        or `ray.resources`: the node that offered it is gone), one line naming the field and
+        the fix; None when one can, or where it cannot be said."""
+        ...
+
     def shutdown(self) -> None: ...
 
 
@@ -244,6 +250,9 @@ class InlineExecutor:
 
     def reap_elsewhere(self, registry_dir: Path) -> dict[str, list[int]]:
         return {}  # one machine: the daemon reaps its own registry
+
+    def placement_problem(self) -> str | None:
+        return None  # threads of this process: nothing to place
 
     def shutdown(self) -> None:
         for handle in list(self._running):

@@ -234,6 +234,17 @@ class RayExecutor:
             logger.debug("cancelling the placement probe failed", exc_info=True)
         return outcome
 
+    def placement_problem(self) -> str | None:
+        resources = self._placement["resources"]
+        accelerator_type = self._placement.get("accelerator_type")
+        if not resources and not accelerator_type:
+            return None
+        try:
+            return placement_problem(cluster_nodes(10.0), accelerator_type, resources)
+        except Exception as exc:  # Ray's GCS not answering: a lost node's path says so
+            logger.debug("the placement check failed (%s)", describe(exc))
+            return None
+
     def release(self, handle: TrialHandle, *, healthy: bool = True) -> None:
         actor = handle.actor if isinstance(handle, RayTrialHandle) else None
         for slot in self._slots:
@@ -304,6 +315,12 @@ def _placement_probe() -> None:
 def live_gpus(timeout_s: float = 30.0) -> int:
     """The GPUs of the cluster's live nodes; raises TimeoutError when Ray's GCS does not answer
     within `timeout_s` (`ray.nodes()` blocks while it tries to reconnect to a GCS gone)."""
+    nodes = [n for n in cluster_nodes(timeout_s) if n.get("Alive")]
+    return int(sum(n.get("Resources", {}).get("GPU", 0) for n in nodes))
+
+
+def cluster_nodes(timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    """`ray.nodes()`, or TimeoutError when Ray's GCS does not answer within `timeout_s`."""
     answer: list[list[dict[str, Any]]] = []
     failure: list[BaseException] = []
 
@@ -320,8 +337,7 @@ def live_gpus(timeout_s: float = 30.0) -> int:
         raise failure[0]
     if not answer:
         raise TimeoutError(f"ray.nodes() did not answer within {timeout_s:.0f} s")
-    nodes = [n for n in answer[0] if n.get("Alive")]
-    return int(sum(n.get("Resources", {}).get("GPU", 0) for n in nodes))
+    return answer[0]
 
 
 def largest_node_gpus() -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,14 +122,11 @@ def test_a_worker_ray_cannot_place_is_seen_unplaced_and_cut_at_once(
     assert executor.gpus_busy == 0 and not executor.can_start(3)
 
 
-def test_a_stop_ends_a_trial_whose_worker_ray_never_placed(
-        tmp_path: Path, ray_cluster: None) -> None:
-    # Issue 35, item 5: SIGTERM did not end a study whose trials Ray held unplaced (the stop
-    # waited for them to finish). The stop here is the one SIGTERM makes (request_stop).
-    import threading
-
+def _unplaceable_daemon(tmp_path: Path, stop_at_start: bool) -> Any:
+    """A daemon on the session's Ray whose trials need a resource no node has (as when the
+    node that had it is gone): Ray holds their workers unplaced."""
     from optimizer.config import load_study
-    from optimizer.daemon import Daemon, DaemonSummary, TrialEvent
+    from optimizer.daemon import Daemon, TrialEvent
     from optimizer.study_summary import study_summary
     from optimizer.tracking import Tracker
     from optimizer.workers import RayExecutor
@@ -139,8 +137,8 @@ def test_a_stop_ends_a_trial_whose_worker_ray_never_placed(
     holder: list[Daemon] = []
 
     def on_event(event: TrialEvent) -> None:
-        if event.kind == "started":
-            holder[0].request_stop()
+        if stop_at_start and event.kind == "started":
+            holder[0].request_stop()  # the stop SIGTERM makes
 
     daemon = Daemon(cfg, space=load_space(space_path).resolve({}),
                     executor=RayExecutor(None, total_gpus=2,  # type: ignore[arg-type]
@@ -150,12 +148,42 @@ def test_a_stop_ends_a_trial_whose_worker_ray_never_placed(
                     study_artifacts={}, summarize=study_summary, on_event=on_event,
                     poll_s=0.05)
     holder.append(daemon)
-    ended: list[DaemonSummary] = []
+    return daemon
+
+
+def _assert_interrupted_and_closed(tmp_path: Path) -> None:
+    trial = load(tmp_path).trials[0]
+    assert trial.user_attrs["record"]["failure_reason"] == "interrupted", trial.user_attrs
+    assert [t for t in load(tmp_path).trials if t.user_attrs.get("retry_of") == 0], \
+        "re-queued for the resume"
+    assert not [r for r in trial_runs(tmp_path) if r.info.status == "RUNNING"]
+
+
+def test_a_stop_ends_a_trial_whose_worker_ray_never_placed(
+        tmp_path: Path, ray_cluster: None) -> None:
+    # Issue 35, item 5: SIGTERM did not end a study whose trials Ray held unplaced (the stop
+    # waited for them to finish).
+    import threading
+
+    daemon = _unplaceable_daemon(tmp_path, stop_at_start=True)
+    ended: list[Any] = []
     thread = threading.Thread(target=lambda: ended.append(daemon.run()), daemon=True)
     thread.start()
     thread.join(120)
     assert ended, "the stop ended the study (it waited for a trial Ray never placed)"
     assert ended[0].stopped_early
-    trial = load(tmp_path).trials[0]
-    assert trial.user_attrs["record"]["failure_reason"] == "interrupted", trial.user_attrs
-    assert not [r for r in trial_runs(tmp_path) if r.info.status == "RUNNING"]
+    _assert_interrupted_and_closed(tmp_path)
+
+
+def test_a_placement_no_live_node_offers_any_more_fails_the_study_naming_the_field(
+        tmp_path: Path, ray_cluster: None) -> None:
+    # Issue 35, item 5, once the study runs: trials sat "running" with no message for as long
+    # as one waited. Now the study fails in one line naming the field and the fix.
+    from optimizer.errors import NightshiftError
+
+    with pytest.raises(NightshiftError) as caught:
+        _unplaceable_daemon(tmp_path, stop_at_start=False).run()
+    message = str(caught.value)
+    assert message.startswith("ray.resources: no node of the Ray cluster has") and \
+        "ray start --resources" in message and "re-queued" in message, message
+    _assert_interrupted_and_closed(tmp_path)
