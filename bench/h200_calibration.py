@@ -2,10 +2,10 @@
 record per measured load level (config, workload, figures), in
 tests/fixtures/h200_calibration.json.
 
-Sources: the Optuna storages under docs/h200/ (each complete trial's recorded steps), study 2's
-extracted records (tests/fixtures/traces/h200/trials.json), and the figures that exist only as
-tables (the first probe, study 1, study 3's log, the fp8_per_block start-up note), typed in below
-with where they come from. A new H200 study appends its records with
+Sources: the H200 studies' Optuna storages (REPO_STUDIES; each complete trial's recorded
+steps), study 2's extracted records (tests/fixtures/traces/h200/trials.json), and the figures
+that exist only as tables (the first probe, study 1, study 3's log, the fp8_per_block start-up
+note), typed in below with where they come from. A new H200 study appends its records with
 
     python bench/h200_calibration.py --optuna sqlite:///PATH/optuna.db --study NAME \
         --study-file bench/h200/X.yaml --date YYYY-MM-DD
@@ -200,15 +200,19 @@ def from_optuna(storage: str, study_name: str, study_file: Path,
     return records
 
 
-REPO_STUDIES = (  # (storage, study, study file, date) committed under docs/h200/
+REPO_STUDIES = (  # (storage, study, study file, date): the grid's under docs/h200/, the rest
+    # under tests/fixtures/h200/ (tests read them too)
     ("docs/h200/grid/optuna.db", "h200-grid", "bench/h200/grid.yaml", "2026-12-03"),
-    ("docs/h200/labels/decode/optuna.db", "h200-decode", "bench/h200/decode.yaml", "2026-12-04"),
-    ("docs/h200/labels/prefill/optuna.db", "h200-prefill", "bench/h200/prefill.yaml",
+    ("tests/fixtures/h200/labels/decode/optuna.db", "h200-decode", "bench/h200/decode.yaml",
+     "2026-12-04"),
+    ("tests/fixtures/h200/labels/prefill/optuna.db", "h200-prefill", "bench/h200/prefill.yaml",
      "2026-12-04"),
     # Session 7 (docs/h200-widened.md) and session 8 (docs/h200-knobs.md): the shared-prefix
     # chat load, one level of 64 concurrent, each measured twice on its server.
-    ("docs/h200/widened/optuna.db", "h200-widened", "bench/h200/widened.yaml", "2026-12-04"),
-    ("docs/h200/knobs/knobs/optuna.db", "h200-knobs", "bench/h200/knobs.yaml", "2026-12-04"),
+    ("tests/fixtures/h200/widened/optuna.db", "h200-widened", "bench/h200/widened.yaml",
+     "2026-12-04"),
+    ("tests/fixtures/h200/knobs/knobs/optuna.db", "h200-knobs", "bench/h200/knobs.yaml",
+     "2026-12-04"),
 )
 
 

@@ -1,7 +1,7 @@
 """Repeat stability of the steady staircase on the simulated engine (issue 32): one config's
 capacity searched N times, each on a fresh engine with its own seed; prints each bracket and
 whether they agree within the search's tolerance. Simulated figures, never measurements; on a
-busy host the simulated engine's open loops crowd on its modelled clock (docs/NOTES.md), so run
+busy host the simulated engine's open loops crowd on its modelled clock (NOTES.md), so run
 it on a quiet one.
 
     python -m bench.repeat_stability --runs 3
@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 
 from runners.base import EngineConfig
+from runners.capacity_search import CapacitySearch
 from runners.engine import EngineRunner
 from runners.simulated.launcher import SimulatedLauncher
-from runners.workload import SLO, CapacitySearch, LengthDistribution, Workload
+from runners.workload import SLO, LengthDistribution, Workload
 
 
 def main() -> int:

@@ -1,17 +1,16 @@
 """Benchmark: search efficiency, replayed on a table of measured configs.
 
 Every config of a grid is measured once (on the H200 by a grid study, or here on the simulated
-engine's virtual-time benchmark); then each search strategy is replayed against the table by
-the shipped search policy (`optimizer.search.SearchPolicy`, the one the daemon drives, with the
-samplers and pruners of the study file's registries), paying each config's GPU-seconds
+engine's virtual-time benchmark); then each search strategy is replayed against the table by the
+shipped search policy (`optimizer.search.controller.SearchController`, the one the daemon drives,
+with the samplers and pruners of the study file's registries), paying each config's GPU-seconds
 (start-up + the load levels it ran) when the policy launches it: grid (the Cartesian product in
-order, as vLLM's `auto_tune` and `bench sweep` walk it), random, TPE, TPE with the default
-pruner (`bottleneck`: a pruned trial pays start-up and the levels it ran), and GP where torch
-is installed. A config asked again costs nothing (the policy never launches one twice), and
-200 such repeats in a row end the search unfinished (the policy's "space exhausted"). The
-figure of merit is the GPU-seconds spent until a trial within 3% of the grid's best was
-measured, median over seeds, as a share of the whole grid's cost (what a grid search pays to
-know its best).
+order, as vLLM's `auto_tune` and `bench sweep` walk it), random, TPE, TPE with the default pruner
+(`bottleneck`: a pruned trial pays start-up and the levels it ran), and GP where torch is
+installed. A config asked again costs nothing (the policy never launches one twice), and 200 such
+repeats in a row end the search unfinished (the policy's "space exhausted"). The figure of merit is
+the GPU-seconds spent until a trial within 3% of the grid's best was measured, median over seeds,
+as a share of the whole grid's cost (what a grid search pays to know its best).
 
     python bench/replay.py build-sim --out bench/data/sim_grid.json      # ~2 min, 1152 configs
     python bench/replay.py replay bench/data/sim_grid.json --out bench/data/replay_sim.json
@@ -68,7 +67,8 @@ def build_sim_table() -> dict[str, Any]:
 
     from runners.base import EngineConfig
     from runners.hardware import load_preset
-    from runners.simulated.model import PerformanceModel, simulate_benchmark
+    from runners.simulated.benchmark import simulate_benchmark
+    from runners.simulated.performance import PerformanceModel
 
     w = SIM_WORKLOAD
     hardware = load_preset(str(w["hardware"]))
@@ -241,10 +241,11 @@ def _space(table: Table) -> Any:
 def _replay_optuna(table: Table, sampler: str | optuna.samplers.BaseSampler, seed: int, *,
                    pruner: str) -> float:
     """GPU-seconds until a trial within 3% of the best, by the shipped search policy
-    (`optimizer.search.SearchPolicy`: the defaults first, a repeat reused and never paid, a
-    config failure told as the worst value with a violated constraint, pruning by the study's
-    pruner): each config paid once; a pruned trial pays its start-up and the levels it ran."""
-    from optimizer.search import SearchPolicy
+    (`optimizer.search.controller.SearchController`: the defaults first, a repeat reused and
+    never paid, a config failure told as the worst value with a violated constraint, pruning by
+    the study's pruner): each config paid once; a pruned trial pays its start-up and the levels
+    it ran."""
+    from optimizer.search.controller import SearchController
     from optimizer.study import make_pruner, make_sampler
     from runners.base import Failure, FailureReason, RunResult, StepMetrics
 
@@ -253,8 +254,8 @@ def _replay_optuna(table: Table, sampler: str | optuna.samplers.BaseSampler, see
     study = optuna.create_study(  # a sampler object: a test's own, in place of the registry's
         directions=cfg.directions, pruner=make_pruner(cfg),
         sampler=make_sampler(cfg) if isinstance(sampler, str) else sampler)
-    policy = SearchPolicy(cfg, space, study, workload=cfg.workload(vocab_size=32000),
-                          total_gpus=1)
+    policy = SearchController(cfg, space, study, workload=cfg.workload(vocab_size=32000),
+                              total_gpus=1)
     policy.prepare()
     spent = 0.0
     while (running := policy.next_launch(lambda num_gpus: not policy.running)) is not None:

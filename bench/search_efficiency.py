@@ -3,12 +3,13 @@ random search? One that can fail: at least 200 seeds a policy, grids where sever
 interact, a bootstrap interval and a rank test.
 
 Each grid is a table of every config's figures, built once and cached under bench/data/
-(`grid_<name>.json`; `--rebuild` builds it again): three from the simulated engine's
-virtual-time benchmark (modelled, never measured) and one from the H200's records. Every policy
-is replayed over each table by the real search policy (`bench/replay.py`, which drives
-`optimizer.search.SearchPolicy`), paying a config's GPU-seconds when it is launched; the figure
-of merit is the GPU-seconds spent until a trial within 3% of the table's best was measured. A
-seed that never got there (the policy ran out of new configs) counts as the whole grid's cost.
+(`grid_<name>.json`; `--rebuild` builds it again): three from the simulated engine's virtual-time
+benchmark (modelled, never measured) and one from the H200's records. Every policy is replayed over
+each table by the real search policy (`bench/replay.py`, which drives
+`optimizer.search.controller.SearchController`), paying a config's GPU-seconds when it is launched;
+the figure of merit is the GPU-seconds spent until a trial within 3% of the table's best was
+measured. A seed that never got there (the policy ran out of new configs) counts as the whole
+grid's cost.
 
     python -m bench.search_efficiency --seeds 200          # a few minutes; grids cached
     python -m bench.search_efficiency --seeds 20           # a quick check
@@ -98,7 +99,8 @@ def build_sim_grid(name: str) -> dict[str, Any]:
     closed-loop wave of `concurrency` requests a level."""
     from runners.base import EngineConfig
     from runners.hardware import load_preset
-    from runners.simulated.model import PerformanceModel, simulate_benchmark
+    from runners.simulated.benchmark import simulate_benchmark
+    from runners.simulated.performance import PerformanceModel
 
     spec = SIM_GRIDS[name]
     hardware = load_preset(str(spec["hardware"]))
@@ -193,7 +195,7 @@ def costs(table: replay.Table, policy: str, seeds: Sequence[int], *,
     """GPU-seconds to within 3% of the best, one a seed; a seed that never got there counts as
     the grid's whole cost."""
     from optimizer.samplers import ScreenSampler, _tpe
-    from optimizer.search import SCREEN_TRIALS
+    from optimizer.search.searcher import SCREEN_TRIALS
 
     sampler, pruner = POLICIES[policy]
     out = []

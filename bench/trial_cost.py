@@ -1,16 +1,17 @@
 """Benchmark: trials per hour, replayed on the H200's measured start-up costs (not a measurement).
 
-A study's configs run through the shipped search policy (`optimizer.search.SearchPolicy`, its
-start-up plan on or off: `startup.order_by_compile_key`, `startup.compile_cache`) on a clock
-driven by a cost model whose parts were measured on one H200 (vLLM 0.26, Qwen2.5-7B shape;
-issue 23, docs/h200-study.md): a compiled start 100-153 s when it compiles (cold) and 60-79 s
-when vLLM loads its compile cache (warm), an eager start 53-63 s, ~120 s of measurement a trial
-(4 capacity probes of the default 30 s), and once per fresh machine the ~104 s silent gap before
-`init engine` that the first start showed (trial0.log; taken to be FlashInfer's sampler build,
-which the `flashinfer_sampler_off` saver skips; not measured apart). Which start is cold is
-decided by the compile-key estimate (runners/vllm/compile_cache.py) against the cache the replay
-has filled: a key is warm once a trial of it has started, on the shared cache; never, on a
-per-trial one. Two trials of one key starting together both compile.
+A study's configs run through the shipped search policy
+(`optimizer.search.controller.SearchController`, its start-up plan on or off:
+`startup.order_by_compile_key`, `startup.compile_cache`) on a clock driven by a cost model whose
+parts were measured on one H200 (vLLM 0.26, Qwen2.5-7B shape; issue 23, docs/h200-study.md): a
+compiled start 100-153 s when it compiles (cold) and 60-79 s when vLLM loads its compile cache
+(warm), an eager start 53-63 s, ~120 s of measurement a trial (4 capacity probes of the default 30
+s), and once per fresh machine the ~104 s silent gap before `init engine` that the first start
+showed (trial0.log; taken to be FlashInfer's sampler build, which the `flashinfer_sampler_off`
+saver skips; not measured apart). Which start is cold is decided by the compile-key estimate
+(runners/vllm/compile_cache.py) against the cache the replay has filled: a key is warm once a trial
+of it has started, on the shared cache; never, on a per-trial one. Two trials of one key starting
+together both compile.
 
     python bench/trial_cost.py --out bench/data/trial_cost.json
 
@@ -92,7 +93,7 @@ ARMS = (
 
 def _policy(configs: Sequence[Mapping[str, Any]], arm: Arm, num_gpus: int) -> Any:
     from optimizer.config import parse_study
-    from optimizer.search import SearchPolicy
+    from optimizer.search.controller import SearchController
     from optimizer.study import make_pruner, make_sampler
     from search_spaces import parse_space
 
@@ -113,8 +114,8 @@ def _policy(configs: Sequence[Mapping[str, Any]], arm: Arm, num_gpus: int) -> An
     ).resolve({})
     study = optuna.create_study(directions=cfg.directions, pruner=make_pruner(cfg),
                                 sampler=make_sampler(cfg))
-    policy = SearchPolicy(cfg, space, study, workload=cfg.workload(vocab_size=32000),
-                          total_gpus=num_gpus)
+    policy = SearchController(cfg, space, study, workload=cfg.workload(vocab_size=32000),
+                              total_gpus=num_gpus)
     policy.prepare([dict(c) for c in configs[1:]])
     return policy
 

@@ -3,10 +3,10 @@ before tuning it, and report what costs performance or does nothing, each with t
 the expected cost. The first rule of the tuning practice: a forgotten `--enforce-eager` costs
 more than every kernel tweak together.
 
-Flags are checked against the flag table (`runners.vllm.flags`) of the installed vLLM's release,
-or of `--vllm-version` where none is installed (else 0.26.0): one bundled per release 0.26-0.34
-(made from each wheel by `scripts/vllm_flag_table.py`). A flag that release does not take is
-named with the release that removed or renamed it, as the tables say.
+Flags are checked against the flag table (`search_spaces.engine.tables`) of the installed vLLM's
+release, or of `--vllm-version` where none is installed (else 0.26.0): one bundled per release
+0.26-0.34 (made from each wheel by `scripts/vllm_flag_table.py`). A flag that release does not
+take is named with the release that removed or renamed it, as the tables say.
 """
 
 from __future__ import annotations
@@ -24,15 +24,10 @@ import yaml
 from optimizer.errors import ConfigError
 from runners.atomic import write_atomic
 from runners.credentials import redact_env
-from runners.vllm.facts import ENV_PREFIXES
-from runners.vllm.flags import (
-    UnknownVersionError,
-    VllmFlags,
-    bundled_flags,
-    flag_change,
-    flag_table,
-    installed_version,
-)
+from runners.vllm.flags import flag_table, installed_version
+from search_spaces.engine.facts import ENV_PREFIXES, kv_cache_is_fp8
+from search_spaces.engine.releases import flag_change
+from search_spaces.engine.tables import UnknownVersionError, VllmFlags, bundled_flags
 
 Severity = Literal["error", "warning", "info"]
 # Variables vLLM removed and now silently ignores: what to use instead.
@@ -273,7 +268,7 @@ def audit(launch: Launch, *, table: VllmFlags | None = None,
                            "often slower than TP 1; use --data-parallel-size replicas "
                            "when the model fits one GPU",
                            {"tensor_parallel_size": 1, "data_parallel_size": tp}))
-    uses_fp8 = str(flags.get("kv_cache_dtype", "")).startswith("fp8") or \
+    uses_fp8 = kv_cache_is_fp8(flags.get("kv_cache_dtype")) or \
         str(flags.get("quantization", "")).startswith("fp8")
     if compute_capability is not None and 0 < compute_capability < 8.9 and uses_fp8:
         out.append(Finding("fp8-unsupported", "error",

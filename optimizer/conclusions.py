@@ -10,15 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 from optimizer import bottleneck, gains
 from optimizer.objectives import OBJECTIVES, on_all_gpus
+from optimizer.recommendation import NOISE_FRACTION, is_measured, params_of
 from optimizer.records import gpus_of, objective_unit, record_of
-from optimizer.study import (
-    ATTR_BASELINE,
-    NOISE_FRACTION,
-    is_measured,
-    params_of,
-)
+from optimizer.study import ATTR_BASELINE
 from runners.capacity import bracket_from_metrics
-from runners.workload import Bracket
+from runners.capacity_search import Bracket
 
 if TYPE_CHECKING:
     import optuna

@@ -15,13 +15,9 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer import gains
 from optimizer.config import StudyConfig
 from optimizer.objectives import OBJECTIVES
+from optimizer.recommendation import params_of, recommended_trial
 from optimizer.records import gpus_of, record_of
-from optimizer.study import (
-    ATTR_BASELINE,
-    ATTR_CONFIRM,
-    params_of,
-    recommended_trial,
-)
+from optimizer.study import ATTR_BASELINE, ATTR_CONFIRM
 
 logger = logging.getLogger(__name__)
 

@@ -22,23 +22,23 @@ from optimizer.fingerprint import Fingerprint
 from optimizer.memory import STUDY_ATTR_FINGERPRINT
 from optimizer.objectives import OBJECTIVES
 from optimizer.quality import header_line, is_quality_violation
-from optimizer.records import ATTR_RECORD, gpus_of, objective_unit
-from optimizer.study import (
-    ATTR_BASELINE,
+from optimizer.recommendation import (
     NOISE_FRACTION,
     audit_errors,
     is_measured,
     params_of,
     recommendation_note,
     recommended_trial,
-    startup_saver_env,
     vllm_defaults_of,
 )
+from optimizer.records import ATTR_RECORD, gpus_of, objective_unit
+from optimizer.study import ATTR_BASELINE, startup_saver_env
 from runners.credentials import is_secret_name, redact_argv
 from runners.model_info import BUNDLED_CHECKPOINTS, bundled_shape_of
-from runners.vllm.facts import ENV_PREFIXES
-from runners.vllm.flags import to_argv, to_config_dict
+from runners.vllm.flags import flag_table
 from search_spaces import SpaceError, changed_params, to_flags
+from search_spaces.engine.facts import ENV_PREFIXES
+from search_spaces.engine.render import to_argv, to_config_dict
 
 FORMATS = ("yaml", "sh", "env")
 # Variables that describe where a trial ran, not how the engine is configured.
@@ -119,7 +119,7 @@ def trial_env(record: Mapping[str, Any], benchmark_only: Mapping[str, str] = {}
 def serve_argv(model: str, flags: Mapping[str, Any], extra_args: Sequence[str] = ()) -> list[str]:
     """`vllm serve MODEL` with snake_case `flags` rendered by the one flag renderer, then the
     study's `vllm.extra_args` verbatim (as the runner passed them)."""
-    return ["vllm", "serve", model, *to_argv(flags), *extra_args]
+    return ["vllm", "serve", model, *to_argv(flags, flag_table()), *extra_args]
 
 
 def deploy_model(cfg: StudyConfig) -> tuple[str, str]:
@@ -367,5 +367,6 @@ def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
                 f"# run: {run}" + (" (with the env: variables below set)" if env else "")]
     # A comment is one line: values go JSON-escaped (a newline would end the comment).
     comments += [f"# env: {k}={json.dumps(v)}" for k, v in env.items()]
-    body: str = yaml.safe_dump(to_config_dict(flags), sort_keys=False, default_flow_style=False)
+    body: str = yaml.safe_dump(to_config_dict(flags, flag_table()), sort_keys=False,
+                               default_flow_style=False)
     return "\n".join(comments) + "\n" + body

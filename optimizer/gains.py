@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from runners.workload import Bracket
+from runners.capacity_search import Bracket
 
 Basis = Literal["capacity", "interval", "single"]
 

@@ -19,7 +19,7 @@ from optimizer.objectives import (
     operating_step,
     per_gpu,
 )
-from optimizer.startup import startup_tags
+from optimizer.search.startup import startup_tags
 from optimizer.tracking import KIND_CONFIRMATION, TAG_CONFIRM, TAG_KIND
 from runners.base import BenchmarkMetrics, EngineConfig, RunResult, StepMetrics
 from runners.simulated.launcher import is_simulated_argv
@@ -67,7 +67,8 @@ class TrialRecord:
     # "template:hopper" (a hardware template) or "warm_start:<study>" (an earlier study's best,
     # optimizer/memory.py): a seed measured here like any other trial; "" for every other trial.
     seed_source: str = ""
-    # `optimizer.startup.startup_record`: the compile cache predicted and seen, seconds by part
+    # `optimizer.search.startup.startup_record`: the compile cache predicted and seen, seconds
+    # by part
     startup: Mapping[str, Any] = field(default_factory=dict)
     version: int = RECORD_VERSION
 

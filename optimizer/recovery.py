@@ -124,7 +124,7 @@ class Recovery:
             # Queued before the trial is told: a daemon killed in between leaves a trial
             # RUNNING, never one failed as "re-queued" with no copy queued. The next start
             # recovers it again and queues a second copy of the same config; the copy asked
-            # first launches nothing only because `SearchPolicy._ask` finds the other one
+            # first launches nothing only because `Searcher.ask` finds the other one
             # queued (`_unfinished_with`) and `outcomes.tell_duplicate` fails it as a repeat.
             # Change that dedupe and this order would run the config twice.
             if fate == "re-queued":

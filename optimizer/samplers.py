@@ -40,7 +40,7 @@ def _nsga2(seed: int | None, n_startup_trials: int) -> optuna.samplers.BaseSampl
 SAMPLERS: dict[str, SamplerFactory] = {
     "tpe": _tpe,
     # The informed start (`ScreenSampler`): the search policy wraps this TPE with the screen
-    # once it knows the space, the hardware and the model (optimizer/search.py); TPE alone
+    # once it knows the space, the hardware and the model (optimizer/search/searcher.py); TPE alone
     # where the screen cannot predict (no model shape, a capacity search).
     "screen": _tpe,
     "random": _random,

@@ -21,7 +21,7 @@ import optuna
 from runners.base import EngineConfig
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
-from runners.simulated.model import PerformanceModel
+from runners.simulated.performance import PerformanceModel
 from runners.workload import Workload
 
 

@@ -13,17 +13,10 @@ import optuna
 from optimizer.config import StudyConfig
 from optimizer.confirm import STUDY_ATTR_CONFIRM
 from optimizer.objectives import OBJECTIVES
+from optimizer.recommendation import best_trial, is_measured, no_baseline_reason, params_of
 from optimizer.report import build_report, headline
 from optimizer.report.render import best_tags
-from optimizer.study import (
-    ATTR_BASELINE,
-    ATTR_CONFIRM,
-    best_trial,
-    count_trials,
-    is_measured,
-    no_baseline_reason,
-    params_of,
-)
+from optimizer.study import ATTR_BASELINE, ATTR_CONFIRM, count_trials
 
 
 def study_summary(study: optuna.Study,

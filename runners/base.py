@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from runners.workload import Bracket, LoadLevel, Workload
+from runners.capacity_search import Bracket
+from runners.load_level import LoadLevel
+from runners.workload import Workload
 
 if TYPE_CHECKING:
     from runners.quality import QualityRun
@@ -141,7 +143,7 @@ class FailureReason(enum.StrEnum):
     INFEASIBLE = "infeasible"  # rejected before launch
     INTERNAL = "internal"  # a bug of ours; the message has the traceback's last line
     # The host refused the trial's files or processes (an OSError: disk full, permissions, a
-    # path taken; `optimizer.executor.is_host_refusal` has the list): the machine's fault,
+    # path taken; `optimizer.run.executor.is_host_refusal` has the list): the machine's fault,
     # neither the config's nor a bug of ours.
     HOST_ERROR = "host_error"
     # VLLM_FORCE_AOT_LOAD=1 and no loadable compiled artefact: the start-up check of a cache

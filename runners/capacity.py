@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from typing import Literal
 
 from runners.base import BenchmarkMetrics
-from runners.workload import SLO, Bracket, BracketStatus
+from runners.capacity_search import Bracket, BracketStatus
+from runners.workload import SLO
 
 
 def meets_slo(metrics: BenchmarkMetrics, slo: SLO, max_failed_fraction: float,

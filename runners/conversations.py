@@ -7,7 +7,7 @@ context; a turn's output length is the dataset reply's token count; a failed tur
 conversation. Unlike it, the prompt is raw text for `/v1/completions` (no chat template), and
 each of a level's `max_concurrency` slots runs one conversation at a time (its
 `--max-active-conversations` equal to its number of clients). Every turn is one request with
-the same figures as any other (`loadgen.compute_metrics`); later turns repeat the earlier ones
+the same figures as any other (`loadgen.metrics.compute_metrics`); later turns repeat the earlier
 as their prefix, which is what a prefix cache saves.
 """
 
@@ -25,11 +25,22 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from runners import datasets, loadgen
+from runners import datasets
 from runners.credentials import auth_headers
 from runners.datasets import Conversation, Turn
+from runners.load_level import LoadLevel
+from runners.loadgen.client import RequestOutput, send_request
+from runners.loadgen.level import (
+    STALLED_ERROR,
+    STOPPED_ERROR,
+    LevelResult,
+    StopFlag,
+    modelled_duration_s,
+)
+from runners.loadgen.metrics import compute_metrics
+from runners.loadgen.requests import RequestSpec, synthesise_request
 from runners.tokenizer import PromptTokenizer, load_tokenizer
-from runners.workload import SLO, LoadLevel, Workload
+from runners.workload import SLO, Workload
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +89,7 @@ def _synthesised(workload: Workload, rng: np.random.Generator, tokenizer: Prompt
                  ident: str, num_turns: int) -> Conversation:
     turns = []
     for _ in range(num_turns):
-        request = loadgen.synthesise_request(workload, rng, tokenizer)
+        request = synthesise_request(workload, rng, tokenizer)
         assert isinstance(request.prompt, str)
         turns.append(Turn(request.prompt, request.prompt_len, request.output_len))
     return Conversation(ident, tuple(turns), is_estimated=False)
@@ -95,7 +106,7 @@ class TurnOutput:
 
     conversation: int  # index in the level's list; -1 for a turn cancelled in flight
     turn: int  # 0 = the first user message; -1 for a turn cancelled in flight
-    output: loadgen.RequestOutput
+    output: RequestOutput
     sent_s: float = 0.0  # time.perf_counter() when the turn was sent
     ended_s: float = 0.0  # time.perf_counter() when its reply (or failure) had ended
 
@@ -103,7 +114,7 @@ class TurnOutput:
 class _ConversationDriver:
     def __init__(self, base_url: str, model: str, conversations: Sequence[Conversation],
                  tokenizer: PromptTokenizer | None, *, timeout_s: float,
-                 stop_event: loadgen.StopFlag | None, stall_timeout_s: float | None,
+                 stop_event: StopFlag | None, stall_timeout_s: float | None,
                  time_limit_s: float | None, max_context_len: int | None = None) -> None:
         self.base_url = base_url
         self.model = model
@@ -158,8 +169,8 @@ class _ConversationDriver:
                     # the server must refuse (a failure of the workload, not the engine).
                     self.num_cut_at_context += 1
                     break
-                spec = loadgen.RequestSpec(prompt, prompt_len, turn.reply_len,
-                                           is_prompt_len_estimated=conversation.is_estimated)
+                spec = RequestSpec(prompt, prompt_len, turn.reply_len,
+                                   is_prompt_len_estimated=conversation.is_estimated)
                 sent = time.perf_counter()
                 out = await self._send(client, spec)
                 reply = out.generated_text
@@ -169,19 +180,19 @@ class _ConversationDriver:
                     break  # as vLLM's client: a failed turn ends its conversation
 
     async def _send(self, client: httpx.AsyncClient,
-                    spec: loadgen.RequestSpec) -> loadgen.RequestOutput:
+                    spec: RequestSpec) -> RequestOutput:
         if self.num_in_flight == 0:
             self._heartbeat()
         self.num_in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.num_in_flight)
         sent = time.perf_counter()
         try:
-            return await loadgen.send_request(client, self.base_url, self.model, spec,
-                                              self.timeout_s, on_chunk=self._heartbeat,
-                                              keep_text=True)
+            return await send_request(client, self.base_url, self.model, spec,
+                                      self.timeout_s, on_chunk=self._heartbeat,
+                                      keep_text=True)
         except asyncio.CancelledError:
-            self.outputs.append(TurnOutput(-1, -1, loadgen.RequestOutput(
-                success=False, error=self.abort_reason or loadgen.STOPPED_ERROR,
+            self.outputs.append(TurnOutput(-1, -1, RequestOutput(
+                success=False, error=self.abort_reason or STOPPED_ERROR,
                 prompt_len=spec.prompt_len, client_prompt_len=spec.prompt_len,
                 start_time=sent)))
             raise
@@ -193,12 +204,12 @@ class _ConversationDriver:
         while True:
             await asyncio.sleep(_WATCH_INTERVAL_S)
             if self.stop_event is not None and self.stop_event.is_set():
-                self.abort_reason = loadgen.STOPPED_ERROR
+                self.abort_reason = STOPPED_ERROR
             elif (self.stall_timeout_s is not None and self.num_in_flight > 0
                   and time.perf_counter() - self.last_progress > self.stall_timeout_s):
                 logger.warning("no chunk from any of %d in-flight turns for %.1f s: cancelling "
                                "them as stalled", self.num_in_flight, self.stall_timeout_s)
-                self.abort_reason = loadgen.STALLED_ERROR
+                self.abort_reason = STALLED_ERROR
             if self.abort_reason is not None:
                 for task in slots:
                     task.cancel()
@@ -214,12 +225,12 @@ async def run_conversations(
     *,
     timeout_s: float,
     tokenizer_dir: Path | None = None,
-    stop_event: loadgen.StopFlag | None = None,
+    stop_event: StopFlag | None = None,
     stall_timeout_s: float | None = None,
     duration_s: float | None = None,
     max_context_len: int | None = None,
     api_key: str | None = None,
-) -> tuple[loadgen.LevelResult, list[TurnOutput], int]:
+) -> tuple[LevelResult, list[TurnOutput], int]:
     """Drive one level of conversations, `level.max_concurrency` of them in flight, each turn
     sent once the previous reply has ended; no turn is sent after `duration_s` (those in
     flight finish). A conversation ends before a turn whose counted prompt plus output would
@@ -253,32 +264,32 @@ async def run_conversations(
                 await watchdog
     duration = time.perf_counter() - driver.start
     outputs = [t.output for t in driver.outputs]
-    modelled_s = loadgen.modelled_duration_s(outputs)
+    modelled_s = modelled_duration_s(outputs)
     is_modelled = modelled_s is not None
     if modelled_s is not None:
         duration = modelled_s
-    metrics = loadgen.compute_metrics(outputs, duration, slo,
-                                      max_concurrency_seen=driver.max_in_flight)
+    metrics = compute_metrics(outputs, duration, slo,
+                              max_concurrency_seen=driver.max_in_flight)
     logger.info("level %s: %d conversations, %d turns completed, %d failed in %.1f s%s%s",
                 level.label, len({t.conversation for t in driver.outputs if t.turn >= 0}),
                 metrics.completed, metrics.failed, duration,
                 f"; {driver.num_cut_at_context} ended before a turn over "
                 f"{driver.max_context_len} tokens" if driver.num_cut_at_context else "",
                 f" ({driver.abort_reason})" if driver.abort_reason else "")
-    result = loadgen.LevelResult(metrics=metrics, outputs=outputs,
-                                 stalled=driver.abort_reason == loadgen.STALLED_ERROR,
-                                 stopped=driver.abort_reason == loadgen.STOPPED_ERROR,
-                                 is_modelled_clock=is_modelled)
+    result = LevelResult(metrics=metrics, outputs=outputs,
+                         stalled=driver.abort_reason == STALLED_ERROR,
+                         stopped=driver.abort_reason == STOPPED_ERROR,
+                         is_modelled_clock=is_modelled)
     return result, list(driver.outputs), driver.num_cut_at_context
 
 
 def run_conversations_sync(
     base_url: str, model: str, conversations: Sequence[Conversation], level: LoadLevel,
     slo: SLO, *, timeout_s: float, tokenizer_dir: Path | None = None,
-    stop_event: loadgen.StopFlag | None = None, stall_timeout_s: float | None = None,
+    stop_event: StopFlag | None = None, stall_timeout_s: float | None = None,
     duration_s: float | None = None, max_context_len: int | None = None,
     api_key: str | None = None,
-) -> tuple[loadgen.LevelResult, list[TurnOutput], int]:
+) -> tuple[LevelResult, list[TurnOutput], int]:
     """`run_conversations` on a fresh event loop, for callers that are threads."""
     return asyncio.run(run_conversations(
         base_url, model, conversations, level, slo, timeout_s=timeout_s,

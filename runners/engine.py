@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from runners import arrivals, conversations, loadgen, prometheus, staircase
+from runners import arrivals, conversations, prometheus, staircase
 from runners.base import (
     EngineConfig,
     EngineInfo,
@@ -30,6 +30,7 @@ from runners.base import (
     StepMetrics,
 )
 from runners.capacity import meets_slo
+from runners.capacity_search import CapacitySearch, Probe
 from runners.credentials import (
     API_KEY_ENV,
     auth_headers,
@@ -40,19 +41,16 @@ from runners.credentials import (
     scrub,
     scrub_file,
 )
+from runners.load_level import LoadLevel
+from runners.loadgen.level import run_level_sync
+from runners.loadgen.metrics import compute_metrics, prompt_len_gap
+from runners.loadgen.requests import build_requests
 from runners.process import EngineProcess, free_port, tail, wait_healthy
 from runners.quality import QualityRun, run_eval
 from runners.telemetry import TelemetrySampler
 from runners.vllm.compile_cache import FORCE_AOT_LOAD
 from runners.vllm.compile_ledger import append_entry, entry_of
-from runners.workload import (
-    CapacitySearch,
-    LengthDistribution,
-    LoadLevel,
-    Probe,
-    QualityEval,
-    Workload,
-)
+from runners.workload import LengthDistribution, QualityEval, Workload
 
 logger = logging.getLogger(__name__)
 
@@ -292,7 +290,7 @@ class EngineRunner:
         # Readiness is /health *and* one real completion: /health can answer before the
         # engine serves (and a dead engine core answers 503 only later). A live engine that
         # only answers errors is not a start-up crash: the load levels judge it.
-        probe = loadgen.build_requests(
+        probe = build_requests(
             replace(workload, prompts_file=None, trace=None, shared_prefix=None,
                     dataset=None, multi_turn=None), 1,
             seed=workload.seed)
@@ -309,7 +307,7 @@ class EngineRunner:
                 "stall_timeout_s"
             stop = threading.Event()
             with _StopWatch(proc, self.stall_timeout_s, stop) as watch:
-                level = loadgen.run_level_sync(
+                level = run_level_sync(
                     base_url, config.served_model_name, probe, LoadLevel(max_concurrency=1),
                     workload.slo, timeout_s=workload.request_timeout_s,
                     seed=workload.seed + attempt, stall_timeout_s=stall_s, stop_event=stop,
@@ -343,16 +341,16 @@ class EngineRunner:
                  proc: EngineProcess, log_path: Path) -> None:
         if workload.num_warmup_requests <= 0:
             return
-        requests = loadgen.build_requests(workload, workload.num_warmup_requests,
-                                          seed=workload.seed + 7919)
+        requests = build_requests(workload, workload.num_warmup_requests,
+                                  seed=workload.seed + 7919)
         first = workload.capacity.level(workload.capacity.low) if workload.capacity else \
             workload.levels[0]
         level = LoadLevel(max_concurrency=min(first.max_concurrency or 8,
                                               workload.num_warmup_requests))
-        loadgen.run_level_sync(base_url, config.served_model_name, requests, level,
-                               workload.slo, timeout_s=workload.request_timeout_s,
-                               seed=workload.seed, stall_timeout_s=self.stall_timeout_s,
-                               api_key=self._api_key)
+        run_level_sync(base_url, config.served_model_name, requests, level,
+                       workload.slo, timeout_s=workload.request_timeout_s,
+                       seed=workload.seed, stall_timeout_s=self.stall_timeout_s,
+                       api_key=self._api_key)
         if not proc.is_alive():
             raise _Abort(self._failure(proc, log_path, "run"))
 
@@ -410,7 +408,7 @@ class EngineRunner:
         # A file's or a dataset's requests in one pass of up to _STREAM_POOL (then cycled, with
         # the loader's warning where the source holds fewer); synthesised ones drawn afresh.
         requests = staircase.endless_requests(
-            lambda num, seed: loadgen.build_requests(workload, num, seed=seed),
+            lambda num, seed: build_requests(workload, num, seed=seed),
             _STREAM_POOL if is_text else 512, workload.seed * 1000, is_finite_source=is_text)
         history: list[Probe] = []
         lifetime_s = staircase.lifetime_estimate_s(workload)
@@ -509,7 +507,7 @@ class EngineRunner:
         per_window: list[tuple[Any, staircase.WindowCounts, staircase.Verdict]] = []
         for outputs, counts in run.windows:
             ours = [o for o in outputs if o.error != staircase.STOPPED_ERROR]
-            metrics = loadgen.compute_metrics(ours or outputs, counts.window_s, workload.slo)
+            metrics = compute_metrics(ours or outputs, counts.window_s, workload.slo)
             verdict = staircase.judge_window(
                 metrics, counts, workload.slo, max_failed_fraction=workload.max_failed_fraction,
                 tolerance=search.tolerance, is_saturated=run.is_saturated,
@@ -520,8 +518,8 @@ class EngineRunner:
         server["steady.warmup_s"] = run.warmup_s
         if not per_window:  # stopped in its warm-up: what it served until then
             ours = [o for o in run.early_outputs if o.error != staircase.STOPPED_ERROR]
-            metrics = loadgen.compute_metrics(ours, max(run.early_duration_s, 1e-9),
-                                              workload.slo)
+            metrics = compute_metrics(ours, max(run.early_duration_s, 1e-9),
+                                      workload.slo)
             verdict = staircase.judge_window(
                 metrics, None, workload.slo, max_failed_fraction=workload.max_failed_fraction,
                 tolerance=search.tolerance, is_saturated=True, is_closed_loop=is_closed)
@@ -619,7 +617,7 @@ class EngineRunner:
             num_sent = float(sum(len(c.turns) for c in dialogues))
             is_estimated = any(c.is_estimated for c in dialogues)
         else:
-            requests = loadgen.build_requests(workload, num, seed=workload.seed * 1000 + index)
+            requests = build_requests(workload, num, seed=workload.seed * 1000 + index)
             num_sent = float(len(requests))
             is_estimated = any(r.is_prompt_len_estimated for r in requests)
         # Each level starts from a cold prefix cache, so levels (and trials) compare: a level
@@ -658,7 +656,7 @@ class EngineRunner:
                     if workload.dataset is not None else None, api_key=self._api_key)
                 turns = conversations.turn_metrics(turn_outputs, num_cut)
             else:
-                result = loadgen.run_level_sync(
+                result = run_level_sync(
                     base_url, config.served_model_name, requests, level, workload.slo,
                     timeout_s=workload.request_timeout_s, seed=workload.seed + index,
                     duration_s=duration_s, max_duration_s=max_duration_s,
@@ -703,7 +701,7 @@ class EngineRunner:
             server["is_modelled_clock"] = 1.0
         # The client's prompt lengths against the server's usage.prompt_tokens; and whether
         # the client's were estimates (text without the model's tokenizer).
-        server.update(loadgen.prompt_len_gap(result.outputs))
+        server.update(prompt_len_gap(result.outputs))
         server["prompt_len_is_estimated"] = 1.0 if is_estimated else 0.0
         server.update(turns)
         if send_offsets_s is not None:
@@ -749,17 +747,17 @@ class EngineRunner:
         operating point's rate (the highest that met the SLO; else the lightest probed), but
         anew, after the stream has closed: `profile_num_requests` into an empty server, a
         lighter batch than the steady operating point holds (not yet profiled inside it)."""
-        requests = loadgen.build_requests(workload, workload.profile_num_requests,
-                                          seed=workload.seed + 104729)
+        requests = build_requests(workload, workload.profile_num_requests,
+                                  seed=workload.seed + 104729)
         level = profile_level(workload, steps)
         try:
             with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0), trust_env=False,
                               headers=auth_headers(self._api_key)) as client:
                 client.post(f"{base_url}/start_profile").raise_for_status()
-                loadgen.run_level_sync(base_url, config.served_model_name, requests, level,
-                                       workload.slo, timeout_s=workload.request_timeout_s,
-                                       seed=workload.seed, stall_timeout_s=self.stall_timeout_s,
-                                       api_key=self._api_key)
+                run_level_sync(base_url, config.served_model_name, requests, level,
+                               workload.slo, timeout_s=workload.request_timeout_s,
+                               seed=workload.seed, stall_timeout_s=self.stall_timeout_s,
+                               api_key=self._api_key)
                 client.post(f"{base_url}/stop_profile").raise_for_status()
         except httpx.HTTPError as exc:
             logger.warning("profiling failed (%s); the trial keeps its measurements", exc)
@@ -769,7 +767,8 @@ class EngineRunner:
             logger.warning("no trace file under %s within %g s of /stop_profile", profile_dir,
                            _TRACE_SETTLE_TIMEOUT_S)
             return None, None
-        from runners import trace
+        from runners.profiler_trace.summary import summarize_many
+        from runners.profiler_trace.trim import summarize_and_trim, trim
 
         # One file per rank of this capture (TP > 1): the newest of each rank.
         newest: dict[str, Path] = {}
@@ -782,11 +781,11 @@ class EngineRunner:
             trimmed = profile_dir.parent / "trace.trimmed.pt.trace.json.gz"
             note = f"kernel events of {ranks[0].name}, trimmed by nightshift"
             if len(ranks) > 1:
-                summary = trace.summarize_many(ranks)
-                trace.trim(ranks[0], trimmed, max_events=_TRACE_ARTIFACT_EVENTS, note=note)
+                summary = summarize_many(ranks)
+                trim(ranks[0], trimmed, max_events=_TRACE_ARTIFACT_EVENTS, note=note)
             else:
-                summary = trace.summarize_and_trim(ranks[0], trimmed,
-                                                   max_events=_TRACE_ARTIFACT_EVENTS, note=note)
+                summary = summarize_and_trim(ranks[0], trimmed,
+                                             max_events=_TRACE_ARTIFACT_EVENTS, note=note)
         except (ValueError, OSError) as exc:  # a cut or corrupt trace: keep the measurements
             logger.warning("trace %s could not be read (%s)", ranks[0], exc)
             return ranks[0], None

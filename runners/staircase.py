@@ -38,9 +38,11 @@ import numpy as np
 from runners import arrivals
 from runners.base import BenchmarkMetrics
 from runners.capacity import failures_miss, slo_miss
+from runners.capacity_search import CapacitySearch
 from runners.credentials import auth_headers
-from runners.loadgen import RequestOutput, RequestSpec, send_request
-from runners.workload import SLO, CapacitySearch, LengthDistribution, Workload
+from runners.loadgen.client import RequestOutput, send_request
+from runners.loadgen.requests import RequestSpec
+from runners.workload import SLO, LengthDistribution, Workload
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from runners.hardware import load_nvml
+from runners.hardware_probe import load_nvml
 
 logger = logging.getLogger(__name__)
 

@@ -1,12 +1,12 @@
-"""Make `runners/vllm/flags_<minor>.json`, the tables `nightshift audit`, the study-file check, the
-search spaces and `regress` read where vLLM is not installed (or is installed without its GPU
-stack): every `vllm serve` flag (booleans apart, as argparse needs to know), its value type,
-choices and bounds where the sources state them, its default where the sources state one, the
+"""Make `search_spaces/engine/flags_<minor>.json`, the tables `nightshift audit`, the study-file
+check, the search spaces and `regress` read where vLLM is not installed (or is installed without
+its GPU stack): every `vllm serve` flag (booleans apart, as argparse needs to know), its value
+type, choices and bounds where the sources state them, its default where the sources state one, the
 booleans whose False is spelled `--no-<flag>`, its short aliases, and the environment variables
 that version reads. Read from a vLLM wheel's sources with `ast` (no import: vLLM needs torch and
 a GPU stack). One wheel at a time (they are ~300 MB):
 
-    python scripts/vllm_flag_table.py vllm-0.27.1-...whl runners/vllm/
+    python scripts/vllm_flag_table.py vllm-0.27.1-...whl search_spaces/engine/
 
 A patch release whose table equals its minor's (flags, types, defaults, aliases, environment)
 is added to that table's `releases`; one that differs gets its own
@@ -410,7 +410,7 @@ def table(source: Path) -> dict[str, Any]:
         "types": {k: types.get(k, {"type": "any", "nullable": True}) for k in sorted(flags)},
         "negatable": sorted(negatable),
         # A flag removed in one release and a flag added in it that names the same config
-        # field is a rename (runners.vllm.flags.flag_change reads it).
+        # field is a rename (search_spaces.engine.releases.flag_change reads it).
         "config_fields": dict(sorted(config_fields.items())),
         "defaults": {k: defaults[k] for k in sorted(defaults)},
         "defaults_source": "the sources' literal defaults (EngineArgs / FrontendArgs fields, or "

@@ -15,7 +15,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from search_spaces.values import contains, is_number
+from search_spaces.values import contains, is_number, on_grid
 
 Value = str | int | float | bool | None
 ParamType = Literal["categorical", "int", "float"]
@@ -84,6 +84,18 @@ class ParamSpec:
             return None
         span = (Decimal(str(self.high)) - Decimal(str(self.low))) / Decimal(str(self.step))
         return int(span) + 1
+
+    def range_default_problem(self, default: float) -> str | None:
+        """Why a range cannot grow to take `default`, or None: only along its own grid (and
+        above 0 when log)."""
+        low, high = cast(float, self.low), cast(float, self.high)
+        if self.log and default <= 0:
+            return f"must be > 0 for a log range but got {default}"
+        if self.step is not None and not on_grid(default, low if default >= low else high,
+                                                 self.step):
+            return (f"{default} is not on the grid {low} + k*{self.step}; pick low and step so "
+                    "that it is")
+        return None
 
     def describe_domain(self) -> str:
         if self.type == "categorical":

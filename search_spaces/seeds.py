@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from search_spaces.bounded_yaml import load_yaml
+from search_spaces.errors import SpaceError
 from search_spaces.params import Value
-from search_spaces.space import ResolvedSpace, SpaceError
+from search_spaces.resolved import ResolvedSpace
 from search_spaces.values import contains, show
 
 TEMPLATES_FILE = Path(__file__).parent / "templates" / "hardware.yaml"

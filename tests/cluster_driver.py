@@ -38,7 +38,7 @@ def reap(registry: Path) -> int:
     """An engine recorded in `registry` as a dead daemon's worker would have left it, then
     `reap_on_other_nodes` from a driver on the head: which node reaped what, and whether the
     engine is gone."""
-    from optimizer.workers import reap_on_other_nodes
+    from optimizer.run.ray_cluster import reap_on_other_nodes
     from runners.process import EngineProcess
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})

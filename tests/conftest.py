@@ -52,7 +52,7 @@ def ray_cluster() -> Iterator[None]:
     the daemon starts its own: on 127.0.0.1 only, whatever RAY_ADDRESS says."""
     import ray
 
-    from optimizer.workers import start_local_ray
+    from optimizer.run.ray_cluster import start_local_ray
 
     if not ray.is_initialized():
         start_local_ray(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,

@@ -250,7 +250,7 @@ def test_an_engine_busy_compiling_on_its_first_request_is_not_cut_at_the_stall_t
 
 
 def test_a_host_that_refuses_a_trials_files_fails_it_as_the_hosts_fault(tmp_path: Path) -> None:
-    from optimizer.executor import TrialSession
+    from optimizer.run.executor import TrialSession
     from runners.base import EngineConfig
 
     (tmp_path / "trial").write_text("a file where the trial's directory goes")  # as EEXIST,
@@ -288,7 +288,7 @@ class _RaisingRunner:
 ])
 def test_only_the_hosts_own_oserrors_are_blamed_on_the_host(
         exc: OSError, reason: FailureReason) -> None:
-    from optimizer.executor import InlineExecutor
+    from optimizer.run.executor import InlineExecutor
     from runners.base import EngineConfig
 
     executor = InlineExecutor(lambda: _RaisingRunner(exc), total_gpus=1)  # type: ignore[arg-type]
@@ -300,7 +300,7 @@ def test_only_the_hosts_own_oserrors_are_blamed_on_the_host(
 
 
 def test_a_trial_stopped_while_its_teardown_raises_reads_interrupted() -> None:
-    from optimizer.executor import TrialSession
+    from optimizer.run.executor import TrialSession
     from runners.base import EngineConfig
 
     session: Any = None

@@ -183,7 +183,7 @@ def test_a_cluster_no_node_of_which_has_the_ray_resources_is_refused_before_any_
 _RAYLET_KILLED = """
 import json, sys, time
 import psutil, ray
-from optimizer.workers import RayExecutor
+from optimizer.run.ray_executor import RayExecutor
 ray.init(address="local", num_cpus=1, num_gpus=1, include_dashboard=False, log_to_driver=False,
          _system_config={"health_check_period_ms": 500, "health_check_failure_threshold": 3})
 tree = psutil.Process().children(recursive=True)
@@ -240,9 +240,9 @@ def test_only_a_dead_raylet_not_a_slow_placement_leaves_no_gpu(
     """A healthy daemon on a shared cluster (another job's demand placed first) or with a dead
     actor's GPUs slow to come back must not stop. Ray's answers are stood in for by string
     path (no Ray here can be made slow to place on purpose)."""
-    from optimizer import workers
+    from optimizer.run import ray_executor
 
-    executor = workers.RayExecutor(None, total_gpus=2)  # type: ignore[arg-type]
+    executor = ray_executor.RayExecutor(None, total_gpus=2)  # type: ignore[arg-type]
     monkeypatch.setattr(executor, "_probe_placement", lambda num_gpus, timeout_s: probe)
-    monkeypatch.setattr(workers, "live_gpus", lambda timeout_s=30.0: listed)
+    monkeypatch.setattr(ray_executor, "live_gpus", lambda timeout_s=30.0: listed)
     assert executor.shrink_to_live(1.0, placing_gpus=1) == expected

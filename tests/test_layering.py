@@ -1,6 +1,8 @@
 """The architecture as the tree draws it: importing a package pulls in no GPU stack (`torch`,
-`vllm`, `pynvml`; `ray` only for the daemon's modules), imports point `optimizer -> runners ->`
-nowhere back, `search_spaces` stands alone, and no process is ever started through a shell."""
+`vllm`, `pynvml`; `ray` only for the daemon's modules), `search_spaces` (with vLLM's engine
+facts, `search_spaces.engine`) imports nothing of ours, `runners` may import `search_spaces`,
+`optimizer` imports both and nothing imports it, there is no cycle, and no process is ever
+started through a shell."""
 
 from __future__ import annotations
 
@@ -19,14 +21,17 @@ PACKAGES = ("search_spaces", "runners", "optimizer")
 HEAVY = frozenset({"torch", "vllm", "ray", "pynvml"})
 # The daemon side runs on Ray by design; the GPU stack stays out of it all the same.
 # The composition root builds the Ray executor; the loop and the policy never load Ray.
-RAY_ALLOWED = frozenset({"optimizer.workers", "optimizer.runtime", "optimizer.cli.commands"})
+RAY_MODULES = ("optimizer/run/ray_cluster.py", "optimizer/run/ray_executor.py")
+RAY_ALLOWED = frozenset({"optimizer.run.ray_cluster", "optimizer.run.ray_executor",
+                         "optimizer.run.runtime", "optimizer.cli.commands"})
 # Named in the house style: each must import light, whatever else discovery finds.
 REQUIRED_MODULES = (
     "search_spaces", "runners", "runners.base", "runners.engine", "runners.loadgen",
     "runners.hardware", "runners.telemetry", "runners.vllm.launcher",
     "runners.simulated.launcher", "optimizer", "optimizer.config", "optimizer.cli",
     "optimizer.study", "optimizer.export", "optimizer.tracking", "optimizer.records",
-    "optimizer.daemon", "optimizer.search", "optimizer.executor", *sorted(RAY_ALLOWED),
+    "optimizer.run.daemon", "optimizer.search.controller", "optimizer.run.executor",
+    *sorted(RAY_ALLOWED),
 )
 SEARCH_SPACES_THIRD_PARTY = frozenset({"yaml", "optuna"})
 _SHELL_TRUE = re.compile(r"\bshell\s*=\s*True\b")
@@ -97,7 +102,7 @@ def test_importing_module_loads_no_gpu_stack(module: str) -> None:
     heavy = _heavy_loaded_by(module) - allowed
     assert not heavy, (
         f"`import {module}` loads {sorted(heavy)}: heavy imports belong inside the function "
-        "that needs them (ray only in optimizer.workers and the modules built on it)")
+        "that needs them (ray only in optimizer.run.ray_* and the modules built on them)")
 
 
 def test_layering_scan_sees_every_package() -> None:
@@ -113,9 +118,24 @@ def test_runners_never_import_optimizer() -> None:
 
 
 def test_search_spaces_never_import_optimizer_or_runners() -> None:
+    """The bottom layer: the spaces and vLLM's engine facts beneath them, which `runners` and
+    `optimizer` both ask (one fact, one place)."""
     offenders = [*_imports_of(("search_spaces",), "optimizer"),
                  *_imports_of(("search_spaces",), "runners")]
     assert not offenders, f"search_spaces/ is pure data + its loader; it imports: {offenders}"
+
+
+def test_vllms_engine_facts_have_one_home_that_runners_and_optimizer_ask() -> None:
+    """The flag tables and the facts derived from them live in `search_spaces.engine`; the
+    runners and the optimizer import them from there (no copy kept where they are needed)."""
+    engine = REPO_ROOT / "search_spaces" / "engine"
+    assert sorted(p.name for p in engine.glob("flags_*.json")), \
+        "the per-release flag tables are bundled with search_spaces.engine"
+    assert not list((REPO_ROOT / "runners").rglob("flags_*.json")), \
+        "no second copy of a flag table under runners/"
+    for package in ("runners", "optimizer"):
+        assert _imports_of((package,), "search_spaces.engine"), \
+            f"{package}/ reads vLLM's flags and facts from search_spaces.engine"
 
 
 def test_search_spaces_import_only_stdlib_yaml_and_optuna() -> None:
@@ -217,7 +237,7 @@ def test_cycle_check_finds_a_loop() -> None:
 
 def test_only_the_ray_executor_imports_ray() -> None:
     """Ray is one implementation of the executor: the policy, the loop and everything else in
-    optimizer/ reach it through `optimizer.executor.Executor`."""
+    optimizer/ reach it through `optimizer.run.executor.Executor`."""
     offenders = sorted({line.split(":")[0] for line in _imports_of(("optimizer",), "ray")})
-    assert offenders == ["optimizer/workers.py"], \
-        f"optimizer imports Ray only in optimizer/workers.py; also in {offenders}"
+    assert offenders == list(RAY_MODULES), \
+        f"optimizer imports Ray only in {', '.join(RAY_MODULES)}; also in {offenders}"

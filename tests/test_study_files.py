@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from optimizer.config import StudyConfig, load_study
-from optimizer.runtime import seed_trial_params, space_context
+from optimizer.run.seeds import seed_trial_params
+from optimizer.run.space_context import space_context
 from runners.hardware import load_preset
 from runners.model_info import load_model_info
 from search_spaces import ResolvedSpace, load_space

@@ -1,5 +1,6 @@
-"""Say what the kept H200 grid store (docs/h200/grid/mlruns) is, in the store itself, and take
-back the one figure it showed that was never the trial's (issue 22). Run once from the repo root:
+"""Say what the kept H200 grid store (tests/fixtures/h200/grid/mlruns) is, in the store itself,
+and take back the one figure it showed that was never the trial's (issue 22). Run once from the
+repo root:
 `python bench/h200/annotate_grid_store.py`; running it again changes nothing.
 
 What it changes, and why each is true (docs/h200-study.md, study 4; docs/h200/grid/daemon.log):
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
-STORE = Path("docs/h200/grid/mlruns/mlflow.db")
+STORE = Path("tests/fixtures/h200/grid/mlruns/mlflow.db")
 EXPERIMENT = "h200-grid"
 STUDY_NOTE = (
     "H200 showcase, kept as the device wrote it (2026-12-03, vLLM 0.26.0, one H200): the grid "

@@ -1,6 +1,6 @@
 #!/bin/bash
 # ON the lent H200, inside run_study.sh's sequence (STUDY="sh:bench/h200/regress_pair.sh ..."):
-# issue 24's proof. Run 1 re-measures docs/regress/h200-library.yaml against the references of
+# issue 24's proof. Run 1 re-measures tests/fixtures/regress/h200-library.yaml against the references of
 # the studies in docs/ (same vLLM 0.26.0: a drift check of this machine) and saves its own
 # measurements as new references; run 2 re-measures against those, with a known regression
 # injected into one case's deployed config: `--enforce-eager` left on in qwen7b-chat (the usual
@@ -8,7 +8,7 @@
 set -uo pipefail
 R=/root/h200-results/regress; mkdir -p $R
 URI=sqlite:///$R/mlruns/mlflow.db
-python3 -m optimizer.cli regress docs/regress/h200-library.yaml --workdir $R/run1 \
+python3 -m optimizer.cli regress tests/fixtures/regress/h200-library.yaml --workdir $R/run1 \
   --report $R/run1 --tracking-uri $URI --save-references $R/library-run1.yaml
 echo "regress run 1 exit $?"
 python3 - "$R" <<'PY'

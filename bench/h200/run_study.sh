@@ -7,7 +7,7 @@
 # STUDY=bench/h200/study3.yaml picks another study file; STUDY="a.yaml b.yaml" runs several one
 # after the other in one background session (one GPU: never side by side); TRIALS=N overrides
 # budget.trials; RESUME=docs/h200/grid/optuna.db starts from an earlier session's Optuna storage
-# (single study only), RESUME="bench/h200/knobs.yaml=docs/h200/knobs/knobs/optuna.db ..." each
+# (single study only), RESUME="bench/h200/knobs.yaml=tests/fixtures/h200/knobs/knobs/optuna.db ..." each
 # named study from its own; TRIM=1 cuts trace fixtures at collect. An entry `regress:LIB.yaml` in STUDY
 # runs `nightshift regress` on a benchmark library (issue 24) in the same sequence, its report
 # under /root/h200-results/regress/<library file name>; `sh:SCRIPT` runs a script there
@@ -26,7 +26,7 @@ studies=${STUDY:-bench/h200/study.yaml}
 status() { for s in $studies; do case $s in regress:*|sh:*) continue;; esac
   python3 -m optimizer.cli status $s 2>&1 | tail -40; done; }
 # Every call that waits also brings back what exists so far: a machine given back between two
-# calls (30 s idle) takes everything on it, as it did to study 3 (docs/NOTES.md).
+# calls (30 s idle) takes everything on it, as it did to study 3 (NOTES.md).
 pack() { mkdir -p $OUT/r; tar czf $OUT/r/h200-results.tar.gz -C /root \
   --exclude='*.pt.trace.json*' h200-results 2>/dev/null; }
 # The sequence's pid is in a file (never pgrep -f: it matches this very command line).

@@ -11,7 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from runners import trace
+from runners.profiler_trace.summary import summarize
+from runners.profiler_trace.trim import trim
 
 SKIP_US = 1_500_000  # past the prefill of the profiled burst: decode steady state
 MAX_EVENTS = 6000  # ~15-20 decode steps of a 28-layer model
@@ -26,13 +27,13 @@ def main(results: Path, out: Path) -> int:
             continue
         full = ranks[-1]
         name = f"trial{int(trial_dir.name)}"
-        summary = trace.summarize(full)
+        summary = summarize(full)
         summary["source_bytes"] = full.stat().st_size
         (out / f"{name}.summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
-        written = trace.trim(full, out / f"{name}.pt.trace.json.gz", max_events=MAX_EVENTS,
-                             start_offset_us=SKIP_US,
-                             note=f"H200 2026-12-02 vLLM 0.26.0, {full.name}, kernel events "
-                                  f"from {SKIP_US / 1e6:g} s into the profiled window")
+        written = trim(full, out / f"{name}.pt.trace.json.gz", max_events=MAX_EVENTS,
+                       start_offset_us=SKIP_US,
+                       note=f"H200 2026-12-02 vLLM 0.26.0, {full.name}, kernel events "
+                            f"from {SKIP_US / 1e6:g} s into the profiled window")
         print(name, full.name, f"{full.stat().st_size / 1e6:.1f} MB", written, "events",
               {k: round(v, 3) for k, v in summary.items() if k.endswith(("share", "fraction"))})
     return 0

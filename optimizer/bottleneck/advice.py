@@ -9,7 +9,7 @@ from typing import Any, Final
 from optimizer.bottleneck.classify import Label, Verdict
 from optimizer.bottleneck.evidence import is_true
 from runners.base import EngineConfig
-from runners.vllm.facts import FP8_WEIGHT_METHODS
+from search_spaces.engine.facts import EngineFlags
 
 _ADVICE: Final[Mapping[Label, str]] = {
     "communication-bound": "prefer a smaller tensor_parallel_size (replicas instead)",
@@ -30,10 +30,10 @@ def advice(verdict: Verdict, *,
     elif config is not None:
         flags = config
     ev = verdict.evidence
-    quantization = str(flags.get("quantization") or "").lower()
-    fp8_weights = ev.get("is_fp8_weights") == 1.0 or quantization in FP8_WEIGHT_METHODS
-    kv_dtype = str(flags.get("kv_cache_dtype") or "").lower()
-    fp8_kv = ev.get("is_fp8_kv") == 1.0 or kv_dtype.startswith("fp8")
+    engine = EngineFlags(flags)
+    quantization = engine.quantization
+    fp8_weights = ev.get("is_fp8_weights") == 1.0 or engine.weights_are_fp8()
+    fp8_kv = ev.get("is_fp8_kv") == 1.0 or engine.kv_cache_is_fp8
     eager = ev.get("is_enforce_eager") == 1.0 or is_true(flags.get("enforce_eager") or False)
     label = verdict.label
     if label == "launch-bound":

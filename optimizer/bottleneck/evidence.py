@@ -20,6 +20,7 @@ from optimizer.objectives import described_step, is_capacity_search
 from runners.base import EngineConfig, EngineInfo, RunResult, StepMetrics
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
+from search_spaces.engine.facts import EngineFlags
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,6 @@ def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
         context = (m.total_input_tokens + m.total_output_tokens / 2) / m.completed
 
     weight_bytes = flops_per_token = kv_per_token = None
-    kv_dtype = str(config.flags.get("kv_cache_dtype") or "auto").lower()
     if model is not None:
         lm_head = model.vocab_size * model.hidden_size
         embeddings = lm_head * (1 if model.tie_word_embeddings else 2)
@@ -201,7 +201,7 @@ def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
         # embedding is a gather of a few rows, left out.
         weight_bytes = linear * bytes_per_param(config, model) + lm_head * 2.0
         flops_per_token = 2.0 * (linear + lm_head)
-        kv_per_token = model.kv_bytes_per_token(1.0 if kv_dtype.startswith("fp8") else 2.0)
+        kv_per_token = model.kv_bytes_per_token(EngineFlags(config.flags).kv_bytes_per_element)
     elif engine is not None and engine.model_memory_gib:
         weight_bytes = engine.model_memory_gib * GIB * tp  # the log's figure is per GPU
 

@@ -8,22 +8,16 @@ from typing import Final
 from runners.base import EngineConfig
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
-from runners.vllm.facts import (
-    BYTES_PER_PARAM,
-    FP8_WEIGHT_METHODS,
-    VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
-)
+from search_spaces.engine.facts import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, EngineFlags
 
 GIB: Final = 1 << 30
 def is_fp8_weights(config: EngineConfig, model: ModelInfo | None = None) -> bool:
     """The GEMMs run on fp8 weights: `--quantization` an fp8 method, or an fp8 checkpoint."""
-    method = str(config.flags.get("quantization") or (model.quant_method if model else "")
-                 or "").lower()
-    return method in FP8_WEIGHT_METHODS or method.startswith("fp8")
+    return EngineFlags(config.flags).weights_are_fp8(model.quant_method if model else None)
 
 
 def is_fp8_kv(config: EngineConfig) -> bool:
-    return str(config.flags.get("kv_cache_dtype") or "auto").lower().startswith("fp8")
+    return EngineFlags(config.flags).kv_cache_is_fp8
 
 
 def memory_problem(config: EngineConfig, hardware: HardwareProfile | None,
@@ -43,9 +37,8 @@ def memory_problem(config: EngineConfig, hardware: HardwareProfile | None,
     if weights_gib > budget_gib:
         return (f"the weights need {weights_gib:.1f} GiB per GPU but gpu_memory_utilization "
                 f"{gmu:g} of {hardware.gpu_memory_gib:.0f} GiB allows {budget_gib:.1f} GiB")
-    kv_dtype = str(config.flags.get("kv_cache_dtype") or "auto").lower()
     max_len = int(config.flags.get("max_model_len") or model.default_max_model_len)
-    kv_gib = model.kv_bytes_per_token(1.0 if kv_dtype.startswith("fp8") else 2.0) * \
+    kv_gib = model.kv_bytes_per_token(EngineFlags(config.flags).kv_bytes_per_element) * \
         max_len / tp / GIB
     if weights_gib + kv_gib > budget_gib:
         return (f"the weights ({weights_gib:.1f} GiB per GPU) and the KV cache of one "
@@ -55,8 +48,5 @@ def memory_problem(config: EngineConfig, hardware: HardwareProfile | None,
 
 
 def bytes_per_param(config: EngineConfig, model: ModelInfo | None) -> float:
-    method = str(config.flags.get("quantization") or (model.quant_method if model else "") or "")
-    if method:
-        return BYTES_PER_PARAM.get(method.lower(), 2.0)
-    dtype = (model.dtype if model else "bfloat16").lower()
-    return 4.0 if dtype in ("float32", "fp32") else 2.0
+    return EngineFlags(config.flags).bytes_per_param(model.quant_method if model else None,
+                                                     model.dtype if model else "bfloat16")

@@ -8,11 +8,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from optimizer.bottleneck.memory import bytes_per_param, is_fp8_kv, is_fp8_weights
+from optimizer.bottleneck.memory import bytes_per_param, is_fp8_weights
 from runners import prometheus
 from runners.base import EngineConfig, StepMetrics
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
+from search_spaces.engine.facts import EngineFlags
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def step_roofline(step: StepMetrics, config: EngineConfig, hardware: HardwarePro
         batch = decode_tps_per_replica * mean_tpot / 1e3  # sequences per decode step
         steps = decode_tps_per_replica / max(batch, 1.0)
     weight_bytes = linear * bytes_per_param(config, model) + lm_head * 2.0
-    kv_per_token = model.kv_bytes_per_token(1.0 if is_fp8_kv(config) else 2.0)
+    kv_per_token = model.kv_bytes_per_token(EngineFlags(config.flags).kv_bytes_per_element)
     heads = model.num_key_value_heads
     kv_share = math.ceil(heads / tp) / heads / pp / dp  # one GPU's part of the engine's KV
     weight_bps = weight_bytes / (tp * pp) * steps

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return exc.exit_code
     except OSError as exc:
-        from optimizer.executor import is_host_refusal
+        from optimizer.run.executor import is_host_refusal
 
         if not is_host_refusal(exc):
             raise  # a bug of ours as often as not: its traceback says where

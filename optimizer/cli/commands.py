@@ -108,7 +108,7 @@ def start(
       nightshift start examples/quickstart.yaml --dry-run
     """
     from optimizer.config.schema import ray_address_problem
-    from optimizer.runtime import build_daemon
+    from optimizer.run.runtime import build_daemon
 
     cfg = _load(study)
     cfg = cfg.with_overrides(tracking_uri=tracking_uri, storage=storage, trials=trials)
@@ -239,7 +239,7 @@ def _recommendation(cfg: StudyConfig) -> str:
 def recommendation_text(study: Any, objectives: Sequence[str]) -> str:
     """`recommended: trial 9, goodput 37.1 req/s` and, where it is not the best measured, why
     (study.recommendation_note); the end-of-run line and `status` print it. "" when none."""
-    from optimizer.study import recommendation_note, recommended_trial
+    from optimizer.recommendation import recommendation_note, recommended_trial
 
     pick = recommended_trial(study)
     if pick is None or not pick.values:
@@ -493,7 +493,7 @@ def export(
         return
     note = choice_note(opened, chosen) if trial is None and max_tpot_ms is None else ""
     if trial is None and max_tpot_ms is None:
-        from optimizer.study import RECOMMENDATION_RULE
+        from optimizer.recommendation import RECOMMENDATION_RULE
 
         note = f"recommended: {RECOMMENDATION_RULE}" + (f"; {note}" if note else "")
     text = render(chosen, cfg, fmt, note=note, path=output, study=opened, minimal=minimal)
@@ -709,7 +709,8 @@ def audit(
       nightshift audit --json --from-file launch.sh
     """
     from optimizer import audit as auditing
-    from runners.hardware import load_preset, probe
+    from runners.hardware import load_preset
+    from runners.hardware_probe import probe
     if sum(x is not None for x in (from_file, pid)) + bool(ctx.args) != 1:
         raise ConfigError("audit: give exactly one launch: `-- vllm serve ...`, --from-file F "
                           "or --pid N.")
@@ -819,7 +820,7 @@ def history(
     like = None
     uri = tracking_uri
     if study is not None:
-        from optimizer.runtime import study_fingerprint
+        from optimizer.run.runtime import study_fingerprint
 
         cfg = _load(study)
         uri = uri or cfg.tracking_uri
@@ -929,7 +930,8 @@ def hw(output: Annotated[Path | None, typer.Option(
         return
 
     from optimizer.config.schema import SimulatedSpec
-    from runners.hardware import load_preset, preset_names, probe
+    from runners.hardware import load_preset, preset_names
+    from runners.hardware_probe import probe
 
     if preset is not None:
         if preset not in preset_names():

@@ -11,7 +11,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from runners.vllm.flags import VllmFlags
+    from search_spaces.engine.tables import VllmFlags
 
 # Flags nightshift sets on every engine itself, and the study key that says what they become.
 # Each entry: what to write instead, as a clause.
@@ -65,9 +65,11 @@ def fixed_flag_problem(name: object, value: object,
     simulated-engine fault. A flag the release removed or renamed is named with the release
     that did, from the flag tables."""
     from runners.simulated.faults import FAULT_PREFIX
-    from runners.vllm.flags import flag_change, flag_name, flag_table, value_problem
+    from runners.vllm.flags import flag_table
     from search_spaces import KNOWN_FLAGS
-    from search_spaces.space import value_problem as space_value_problem
+    from search_spaces.engine.releases import flag_change
+    from search_spaces.engine.tables import flag_name, value_problem
+    from search_spaces.known_flags import value_problem as space_value_problem
 
     if not isinstance(name, str) or not name.isprintable() or len(name) > 100:
         return f"fixed_flags: keys are vLLM flag names such as max_num_seqs but got {name!r:.60}"
@@ -191,7 +193,8 @@ def _extra_value_problem(args: list[str], index: int, written: str, kebab: str) 
     """Why the value `args[index]` gives its flag would be refused by vLLM's parser, or None.
     Checked where the table knows the type: a boolean takes no value; an int, float or choice
     flag takes one (`--x=v` or the next word). Dotted (`--x.y=v`) and `-O3` forms pass."""
-    from runners.vllm.flags import flag_table, value_problem
+    from runners.vllm.flags import flag_table
+    from search_spaces.engine.tables import value_problem
 
     token = args[index]
     if "." in token.split("=", 1)[0] or written == "optimization-level":

@@ -18,13 +18,13 @@ from pydantic import BaseModel, ValidationError
 from optimizer.config.schema import MAX_FILE_BYTES, LengthSpec, StudySpec
 from optimizer.errors import ConfigError
 from optimizer.objectives import OBJECTIVES
+from runners.capacity_search import CapacitySearch
 from runners.credentials import redact_env
+from runners.load_level import LoadLevel
 from runners.workload import (
     SLO,
-    CapacitySearch,
     DatasetSource,
     LengthDistribution,
-    LoadLevel,
     MultiTurn,
     QualityEval,
     SharedPrefix,

@@ -253,7 +253,7 @@ def _check_prompts_file(path: Path, source: str, tokenizer: PromptTokenizer | No
                         default_output_len: int, vocab_size: int | None = None
                         ) -> tuple[int, int]:
     """The longest prompt and the longest output (a line's `output_len`, else the default)."""
-    from runners.loadgen import prompts_file_longest
+    from runners.loadgen.prompts_file import prompts_file_longest
 
     where = f"{source}: workload.prompts_file"
     if not path.is_file():
@@ -300,7 +300,7 @@ def _check_trace_file(path: Path, timestamp_unit_s: float, source: str, *,
     """The trace read as the runner reads it: its longest prompt and output, in tokens, and its
     arrival times (s from the first)."""
     from runners.arrivals import read_trace
-    from runners.loadgen import vocabulary_problem
+    from runners.loadgen.prompts_file import vocabulary_problem
 
     where = f"{source}: workload.trace.path"
     fix = ("give a JSONL file with one {\"timestamp\": s, \"input_length\": n, "

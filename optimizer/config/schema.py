@@ -30,8 +30,8 @@ from optimizer.config.flag_checks import (
 from optimizer.config.store_checks import storage_problem, tracking_uri_problem
 from optimizer.engines import RUNNERS
 from optimizer.objectives import OBJECTIVES
-from optimizer.pruning import PRUNERS
 from optimizer.samplers import SAMPLERS
+from optimizer.search.pruners import PRUNERS
 from runners.credentials import API_KEY_ENV, SECRET_FLAGS, is_secret_flag
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")

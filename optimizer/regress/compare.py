@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 from optimizer.confirm import t975
 from optimizer.regress.library import FIGURES, FigureRef
-from runners.vllm.flags import VllmFlags, bundled_versions, flag_change, flag_name
+from search_spaces.engine.releases import flag_change
+from search_spaces.engine.tables import VllmFlags, bundled_versions, flag_name
 
 FigureVerdict = Literal["held", "improved", "regressed"]
 # "measured only": no reference figure to compare with (nothing held or moved).

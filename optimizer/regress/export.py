@@ -15,9 +15,10 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
 from optimizer.export import trial_env
+from optimizer.recommendation import is_measured, params_of
 from optimizer.records import record_of
 from optimizer.regress.library import DEFAULT_FIGURES, FIGURES
-from optimizer.study import ATTR_BASELINE, ATTR_CONFIRM, is_measured, params_of
+from optimizer.study import ATTR_BASELINE, ATTR_CONFIRM
 from runners.simulated.launcher import is_simulated_argv
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ def card_of(cfg: StudyConfig, trial: FrozenTrial, gpu_param: str | None) -> str:
     of the study's MLflow run (`gpu_param`), else unknown."""
     record = record_of(trial)
     if record is not None and is_simulated_argv(record.argv):
-        from optimizer.runtime import simulated_hardware
+        from optimizer.run.engine_choice import simulated_hardware
 
         sim = cfg.spec.simulated
         return f"simulated {simulated_hardware(sim.hardware, sim.num_gpus).gpu_name}"

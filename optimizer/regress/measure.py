@@ -25,7 +25,7 @@ from optimizer.regress.library import FIGURES, CaseSpec, LibraryConfig
 from optimizer.study import engine_config
 from runners.base import BenchmarkMetrics, Failure, FailureReason, RunResult
 from runners.model_info import load_model_info
-from runners.vllm.flags import VllmFlags
+from search_spaces.engine.tables import VllmFlags
 
 logger = logging.getLogger(__name__)
 
@@ -52,11 +52,11 @@ def installed(case: CaseSpec, simulated_variant: Mapping[str, Any] | None = None
     """What this machine runs the case on: for vLLM the installed package's version, the GPU
     NVML reports and the installed parser; for the simulated engine the release it pretends
     to be (0.26.0 unless `simulated_variant` says otherwise)."""
-    from optimizer.runtime import choose_engine
+    from optimizer.run.engine_choice import choose_engine
 
     engine = choose_engine(case.study_config(), dry_run=False)
     if engine == "simulated":
-        from optimizer.runtime import simulated_hardware
+        from optimizer.run.engine_choice import simulated_hardware
         from runners.simulated.launcher import VllmVariant
 
         variant = VllmVariant.from_dict(simulated_variant or {})
@@ -66,7 +66,7 @@ def installed(case: CaseSpec, simulated_variant: Mapping[str, Any] | None = None
                          {"vllm_variant": variant.to_dict()} if simulated_variant else {})
     from importlib.metadata import PackageNotFoundError, version
 
-    from runners.hardware import probe
+    from runners.hardware_probe import probe
     from runners.vllm.flags import flag_table
 
     try:
@@ -137,7 +137,7 @@ def measure_case(case: CaseSpec, here: Installed, workdir: Path, threshold: floa
     """Start each config `case.rounds` times, interleaved (config 1, 2, ..., 1, 2, ...), each
     start measuring the workload's levels `case.repeats` times on the same server; compare each
     config's figures with its reference. A config that fails is not started again."""
-    from optimizer.runtime import DEFAULT_CACHE_ROOT, simulated_hardware
+    from optimizer.run.engine_choice import DEFAULT_CACHE_ROOT, simulated_hardware
 
     cfg = case.study_config(source)  # paths resolve against the library file's folder
     model = load_model_info(case.model.path)

@@ -76,11 +76,11 @@ def interval_scope(outcome: CaseOutcome) -> str:
 
 def capacity_lines(outcome: CaseOutcome) -> list[str]:
     """The capacity-moving default changes between each reference's vLLM release and the one
-    this case ran on (runners/vllm/releases.py), one line each: what may move a figure with
-    no flag of the case changed. Empty on the same release, or where a version is no
+    this case ran on (search_spaces/engine/releases.py), one line each: what may move a figure
+    with no flag of the case changed. Empty on the same release, or where a version is no
     release (`not installed`)."""
-    from runners.vllm.flags import version_key
-    from runners.vllm.releases import capacity_changes
+    from search_spaces.engine.releases import capacity_changes
+    from search_spaces.engine.tables import version_key
 
     here = outcome.installed.vllm_version
     unmodelled = " (the simulated engine does not model it)" \

@@ -19,23 +19,21 @@ from optimizer import gains
 from optimizer.config import StudyConfig
 from optimizer.objectives import OBJECTIVES, on_all_gpus
 from optimizer.quality import table_cell
-from optimizer.records import ATTR_RECORD, gpus_of
-from optimizer.study import (
-    ATTR_CONFIRM,
+from optimizer.recommendation import (
     NOISE_FRACTION,
     best_trial,
-    count_trials,
     host_independent_defaults,
-    is_search_trial,
     no_baseline_reason,
     params_of,
     recommendation_note,
     recommended_trial,
     vllm_defaults_of,
 )
+from optimizer.records import ATTR_RECORD, gpus_of
+from optimizer.study import ATTR_CONFIRM, count_trials, is_search_trial
 from runners.capacity import bracket_from_metrics
+from runners.capacity_search import Bracket
 from runners.simulated.launcher import is_simulated_argv
-from runners.workload import Bracket
 from search_spaces import PARAM_PARENTS, changed_params
 
 logger = logging.getLogger(__name__)

@@ -8,10 +8,10 @@ from pathlib import Path
 from optimizer import gains
 from optimizer.conclusions import capacity_text, shorten
 from optimizer.objectives import OBJECTIVES, PER_GPU_RULE, on_all_gpus, value_unit
+from optimizer.recommendation import NOISE_FRACTION
 from optimizer.records import objective_unit
 from optimizer.report.build import TOO_FEW_FOR_IMPORTANCES, Report, TrialRow
 from optimizer.report.plots import LABEL_COLOURS, write_plots
-from optimizer.study import NOISE_FRACTION
 from runners.atomic import write_atomic
 
 KNOB_EFFECTS_INTRO = (

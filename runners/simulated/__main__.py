@@ -18,7 +18,8 @@ from runners.base import EngineConfig
 from runners.credentials import API_KEY_ENV
 from runners.hardware import HardwareProfile, load_preset
 from runners.simulated.faults import Faults
-from runners.simulated.server import ServerSettings, serve
+from runners.simulated.server import serve
+from runners.simulated.settings import ServerSettings
 
 EXAMPLE = """example:
   python -m runners.simulated --port 8123 --startup-time-scale 0.001 \\

@@ -18,7 +18,7 @@ from typing import Any
 from runners.base import EngineConfig, EngineInfo, Failure, FailureReason, Phase
 from runners.hardware import HardwareProfile, load_preset
 from runners.vllm import logs as vllm_logs
-from runners.vllm.flags import VllmFlags, bundled_flags, flag_name, has_table
+from search_spaces.engine.tables import VllmFlags, bundled_flags, flag_name, has_table
 
 SERVER_MODULE = "runners.simulated"  # what the launch command runs: `python -m runners.simulated`
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from runners.base import EngineConfig
-from runners.vllm.flags import bundled_flags
+from search_spaces.engine.tables import bundled_flags
 
 # What a start-up did with the compile cache, as its log says (`runners.vllm.logs.parse_log`):
 # "warm" loaded compiled artefacts and compiled nothing, "cold" compiled, "none" ran no
@@ -156,7 +156,8 @@ def compile_key(config: EngineConfig) -> CompileKey | None:
     flags = dict(config.flags)
     if not _compiles(flags):
         return None
-    # `no_<flag>: true` is how the renderer spells a false boolean (runners/vllm/flags.py).
+    # `no_<flag>: true` is how the renderer spells a false boolean
+    # (search_spaces/engine/render.py).
     keyed: dict[str, Any] = {k: v for k, v in sorted(flags.items())
                              if k.removeprefix("no_") not in FLAGS_OUTSIDE_KEY and
                              k.removeprefix("no_") not in ("max_num_seqs",

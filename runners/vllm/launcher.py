@@ -1,5 +1,6 @@
 """How `vllm serve` is launched: argv and environment for one trial (flags rendered by
-`runners.vllm.flags`, the start-up log read by `runners.vllm.logs`).
+`search_spaces.engine.render` with the launched release's table, `runners.vllm.flags`; the
+start-up log read by `runners.vllm.logs`).
 
 Pure functions of their inputs (plus one lazy look-up of the installed vLLM version): the
 process life cycle belongs to `EngineRunner`.
@@ -18,8 +19,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from runners.base import EngineConfig, EngineInfo, Failure, Phase
-from runners.vllm.flags import bundled_flags, flag_args, table_for, to_config_dict
+from runners.vllm.flags import flag_table, table_for
 from runners.vllm.logs import classify_failure, parse_log
+from search_spaces.engine.render import flag_args, to_config_dict
+from search_spaces.engine.tables import bundled_flags
 
 logger = logging.getLogger(__name__)
 
@@ -79,10 +82,10 @@ def config_flags(config: EngineConfig) -> dict[str, Any]:
 
 
 def config_to_yaml_dict(config: EngineConfig) -> dict[str, Any]:
-    """The config as `vllm serve MODEL --config x.yaml` reads it (`flags.to_config_dict`:
+    """The config as `vllm serve MODEL --config x.yaml` reads it (`render.to_config_dict`:
     kebab-case keys, `no-<flag>: true` rather than a YAML `false`, which vLLM drops). The
     model stays on the command line, as does anything the runner owns (host, port)."""
-    return to_config_dict(config_flags(config))
+    return to_config_dict(config_flags(config), flag_table())
 
 
 def command_to_shell(argv: Sequence[str]) -> str:

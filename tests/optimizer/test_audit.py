@@ -16,7 +16,7 @@ import yaml
 
 from optimizer.audit import audit, parse_launch, read_launch_file, read_pid
 from optimizer.cli import main
-from runners.vllm.flags import bundled_flags
+from search_spaces.engine.tables import bundled_flags
 
 TABLE = bundled_flags()
 H200_EAGER = ("python -m vllm.entrypoints.cli.main serve /root/ns-src/runners/model_configs/"

@@ -20,11 +20,11 @@ from optimizer.bottleneck import (
     roofline_terms,
     sentence,
 )
-from runners import trace
 from runners.base import BenchmarkMetrics, EngineConfig, RunResult, StepMetrics
 from runners.hardware import load_preset
+from runners.load_level import LoadLevel
 from runners.model_info import load_model_info
-from runners.workload import LoadLevel
+from runners.profiler_trace.summary import summarize
 
 TRACES = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
 H200 = load_preset("h200")  # 4300 GB/s and 790 TFLOP/s bf16, measured
@@ -178,7 +178,7 @@ def test_evidence_from_steps_reads_fp8_and_eager_flags() -> None:
 ])
 def test_evidence_from_a_profiled_run_uses_the_trace(fixture: str, flags: dict[str, object],
                                                      label: str) -> None:
-    summary = trace.summarize(TRACES / f"{fixture}.pt.trace.json.gz")
+    summary = summarize(TRACES / f"{fixture}.pt.trace.json.gz")
     # NVML as the H200 saw an eager trial unprofiled (study 2, trial 2): a kernel ran 49% of it.
     result = RunResult(status="complete", steps=(_step(18.0, 3000.0),), trace_summary=summary,
                        telemetry={"gpu_util_mean_pct": 49.0, "mem_util_mean_pct": 30.0})

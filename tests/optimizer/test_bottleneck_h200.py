@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from optimizer.bottleneck import classify, evidence_from
-from runners import trace
 from runners.base import BenchmarkMetrics, EngineConfig, EngineInfo, RunResult, StepMetrics
 from runners.hardware import load_preset
+from runners.load_level import LoadLevel
 from runners.model_info import load_model_info
-from runners.workload import LoadLevel
+from runners.profiler_trace.kernels import classify_kernel
+from runners.profiler_trace.summary import summarize
 
 H200_TRACES = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "h200"
 TRIALS: dict[str, dict[str, Any]] = json.loads(
@@ -28,7 +29,7 @@ FP8_WEIGHTS = ("trial1", "trial5")
 
 
 def _summary(name: str) -> dict[str, float]:
-    return trace.summarize(H200_TRACES / f"{name}.pt.trace.json.gz")
+    return summarize(H200_TRACES / f"{name}.pt.trace.json.gz")
 
 
 def _as_result(facts: dict[str, Any], summary: dict[str, float] | None,
@@ -103,7 +104,7 @@ def test_trimmed_fixture_keeps_the_busy_fraction_of_the_whole_window() -> None:
     ("reshape_and_cache_kernel_flash", "kv_write"),
 ])
 def test_real_h200_kernel_names_are_filed_by_what_they_do(name: str, category: str) -> None:
-    assert trace.classify_kernel(name) == category
+    assert classify_kernel(name) == category
 
 
 # --- the H200 grid (study h200-grid, 2026-12-03; tests/fixtures/traces/h200/grid/) -------------
@@ -129,7 +130,7 @@ def test_profiler_gaps_under_a_busy_gpu_are_not_launch_bound() -> None:
     now says the gaps are the profiler's and the step is bound by bandwidth."""
     name = "trial3"
     full = json.loads((GRID / f"{name}.summary.json").read_text())
-    cut = trace.summarize(GRID / f"{name}.pt.trace.json.gz")
+    cut = summarize(GRID / f"{name}.pt.trace.json.gz")
     assert full["gpu_busy_fraction"] < 0.4 and cut["gpu_busy_fraction"] < 0.45, \
         "the profiled window does show the gaps"
     assert GRID_TRIALS[name]["telemetry"]["gpu_util_mean_pct"] > 90

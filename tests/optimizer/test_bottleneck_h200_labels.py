@@ -1,11 +1,11 @@
-"""Recorded on one NVIDIA H200 with vLLM 0.26.0 on 2026-12-04 (docs/h200/labels/; issue 18).
+"""Recorded on one NVIDIA H200 with vLLM 0.26.0 on 2026-12-04 (fixtures/h200/labels/; issue 18).
 
 Two capacity studies, each the vLLM defaults against fp8 weights + an fp8 KV cache: decode/ (a
 Qwen2.5-7B shape, 512 tokens in, 256 out, capacity on concurrency) and prefill/ (a Llama-3.1-8B
 shape, 1000-3000 in, 128 out, capacity on request rate). Each trial's evidence is rebuilt from
 its Optuna record (the steps, engine figures and NVML telemetry it stored) the way the daemon's
 `_verdict` built it, and classified again; the capacity brackets give the gains the conclusions
-state. The stores are copied to tmp_path first: opening one never writes into docs/.
+state. The stores are copied to tmp_path first: opening one never writes into tests/fixtures/.
 
 What the record does not hold, and is taken from elsewhere: the hardware profile the daemon
 classified with (the study run's `hardware.json` artifact in the MLflow store) and the model
@@ -36,11 +36,12 @@ from optimizer.bottleneck import (
 )
 from optimizer.gains import capacity_gain, format_gain
 from runners.base import BenchmarkMetrics, EngineConfig, EngineInfo, RunResult, StepMetrics
+from runners.capacity_search import Bracket
 from runners.hardware import HardwareProfile
+from runners.load_level import LoadLevel
 from runners.model_info import load_model_info, resolve_model_dir
-from runners.workload import Bracket, LoadLevel
 
-LABELS_DIR = Path(__file__).resolve().parents[2] / "docs" / "h200" / "labels"
+LABELS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "h200" / "labels"
 # study -> (folder, bundled model shape)
 STUDIES = {"h200-decode": ("decode", "qwen2.5-7b"), "h200-prefill": ("prefill", "llama-3.1-8b")}
 # (study, trial) -> the label and utilisations (%, rounded) the run logged. These runs predate
@@ -227,9 +228,10 @@ def test_the_mlflow_store_reads_back_each_trial_with_its_figures_and_label(
         records: dict[tuple[str, int], dict[str, Any]], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     # A copy: opening a store may migrate its schema. Artifact URIs are relative to the repo.
-    shutil.copytree(LABELS_DIR / "mlruns", tmp_path / "docs" / "h200" / "labels" / "mlruns")
+    shutil.copytree(LABELS_DIR / "mlruns",
+                    tmp_path / "tests" / "fixtures" / "h200" / "labels" / "mlruns")
     monkeypatch.chdir(tmp_path)
-    client = MlflowClient("sqlite:///docs/h200/labels/mlruns/mlflow.db")
+    client = MlflowClient("sqlite:///tests/fixtures/h200/labels/mlruns/mlflow.db")
     seen = set()
     for study_name in STUDIES:
         experiment = client.get_experiment_by_name(study_name)

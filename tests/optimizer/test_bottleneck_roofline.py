@@ -21,9 +21,10 @@ from optimizer.bottleneck import (
 )
 from runners.base import BenchmarkMetrics, EngineConfig, EngineInfo, RunResult, StepMetrics
 from runners.hardware import load_preset
+from runners.load_level import LoadLevel
 from runners.model_info import load_model_info
-from runners.simulated.model import PerformanceModel, simulate_benchmark
-from runners.workload import LoadLevel
+from runners.simulated.benchmark import simulate_benchmark
+from runners.simulated.performance import PerformanceModel
 
 H200 = load_preset("h200")  # 4300 GB/s copy, 790 TFLOP/s bf16 measured; fp8 2x
 QWEN_7B = load_model_info("qwen2.5-7b")

@@ -106,7 +106,8 @@ def test_help_has_plain_placeholders_whole_sentences_and_an_example(
 
 def test_hw_without_a_gpu_names_the_simulated_preset_and_how_to_choose(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from runners.hardware import preset_names, probe
+    from runners.hardware import preset_names
+    from runners.hardware_probe import probe
 
     if probe().has_gpu:
         pytest.skip("this machine has a GPU")
@@ -202,7 +203,7 @@ def test_trial_table_at_160_columns_keeps_every_token_whole() -> None:
 def test_live_table_counts_confirmation_runs_apart_and_fits_the_terminal(
         tmp_path: Path) -> None:
     from optimizer.cli.live import LiveProgress
-    from optimizer.daemon import TrialEvent
+    from optimizer.run.events import TrialEvent
 
     cfg = parse_study({"name": "live", "model": {"path": "qwen2.5-7b"},
                        "budget": {"trials": 2}, "slo": {"tpot_p99_ms": 10},
@@ -225,7 +226,7 @@ def test_live_table_counts_confirmation_runs_apart_and_fits_the_terminal(
 def test_live_table_after_a_resume_counts_the_earlier_trials_and_paces_on_this_start(
         tmp_path: Path) -> None:
     from optimizer.cli.live import LiveProgress
-    from optimizer.daemon import TrialEvent
+    from optimizer.run.events import TrialEvent
 
     cfg = parse_study({"name": "resumed", "model": {"path": "qwen2.5-7b"},
                        "budget": {"trials": 8}, "slo": {"tpot_p99_ms": 10},
@@ -331,7 +332,7 @@ def test_an_interrupt_while_starting_prints_the_resume_command(
     def interrupted(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("optimizer.runtime.build_daemon", interrupted)
+    monkeypatch.setattr("optimizer.run.runtime.build_daemon", interrupted)
     path = write_study(tmp_path, trials=1)
     assert main(["start", str(path), "--dry-run", "--no-progress"]) == 130
     err = capsys.readouterr().err

@@ -118,7 +118,7 @@ def test_multi_objective_pair() -> None:
 
 
 def _hopper_space() -> Any:
-    from optimizer.runtime import space_context
+    from optimizer.run.space_context import space_context
     from runners.hardware import load_preset
     from runners.model_info import load_model_info
     from search_spaces import load_space
@@ -276,7 +276,8 @@ def test_an_extra_arg_repeating_a_fixed_flag_is_refused() -> None:
 def test_the_installed_parser_makes_a_table_when_vllm_imports() -> None:
     import argparse
 
-    from runners.vllm.flags import flags_from_parser, value_problem
+    from runners.vllm.flags import flags_from_parser
+    from search_spaces.engine.tables import value_problem
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-num-seqs", type=int)

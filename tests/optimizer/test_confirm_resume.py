@@ -15,8 +15,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.config import load_study
 from optimizer.confirm import STUDY_ATTR_CONFIRM, measured_rounds
-from optimizer.daemon import Daemon
-from optimizer.executor import InlineExecutor
+from optimizer.run.daemon import Daemon
+from optimizer.run.executor import InlineExecutor
 from optimizer.study import ATTR_CONFIRM
 from optimizer.study_summary import study_summary
 from optimizer.tracking import Tracker

@@ -516,7 +516,7 @@ def test_the_best_is_confirmed_against_the_defaults_interleaved_with_an_interval
         assert second.datetime_start >= first.datetime_complete, "one at a time"
     summary = study.user_attrs["confirm"]
     assert summary["best_trial"] == 1 and summary["baseline_trial"] == 0
-    from optimizer.study import best_trial
+    from optimizer.recommendation import best_trial
 
     assert best_trial(study).number == 1, "a confirmation run never becomes the study's best"
     assert all(t.user_attrs["record"]["conclusion"].startswith("confirmation run of the")
@@ -588,7 +588,7 @@ def test_an_engine_left_without_its_worker_is_reaped_when_the_daemon_ends(
     """If Ray goes down under a trial (a killed driver takes its local cluster with it), the
     worker dies and its engine, in a session of its own, lives on: the daemon ends it on the
     way out instead of leaving it to the next start."""
-    from optimizer.workers import RayExecutor
+    from optimizer.run.ray_executor import RayExecutor
     from runners.process import EngineProcess
 
     path = write_study(tmp_path, trials=1)

@@ -89,7 +89,7 @@ def test_a_trial_that_ends_before_the_defaults_is_still_compared_with_them(
 def test_a_placement_no_node_of_the_cluster_offers_is_named_with_the_fix() -> None:
     # Issue 35: a ray.resources or ray.accelerator_type the cluster lacks left the trials
     # "running" for as long as one waited. As `ray.nodes()` reports a one-node local cluster:
-    from optimizer.workers import placement_problem
+    from optimizer.run.ray_cluster import placement_problem
 
     nodes = [{"Alive": True, "Resources": {"CPU": 4.0, "GPU": 2.0, "memory": 1e9,
                                            "node:127.0.0.1": 1.0,
@@ -111,7 +111,7 @@ def test_a_worker_ray_cannot_place_is_seen_unplaced_and_cut_at_once(
     # unmade. Polling it must not wait on it, and cutting it must not wait for it to answer.
     from types import SimpleNamespace
 
-    from optimizer.workers import RayExecutor
+    from optimizer.run.ray_executor import RayExecutor
 
     executor = RayExecutor(None, total_gpus=2, resources={"nowhere": 1.0})  # type: ignore[arg-type]
     handle = executor.submit(SimpleNamespace(num_gpus=1), None, tmp_path)  # type: ignore[arg-type]
@@ -126,10 +126,11 @@ def _unplaceable_daemon(tmp_path: Path, stop_at_start: bool) -> Any:
     """A daemon on the session's Ray whose trials need a resource no node has (as when the
     node that had it is gone): Ray holds their workers unplaced."""
     from optimizer.config import load_study
-    from optimizer.daemon import Daemon, TrialEvent
+    from optimizer.run.daemon import Daemon
+    from optimizer.run.events import TrialEvent
+    from optimizer.run.ray_executor import RayExecutor
     from optimizer.study_summary import study_summary
     from optimizer.tracking import Tracker
-    from optimizer.workers import RayExecutor
     from search_spaces import load_space
 
     space_path = categorical_space(tmp_path, max_num_seqs=[256, 512])

@@ -13,7 +13,8 @@ import pytest
 from optimizer.config import parse_study
 from optimizer.fingerprint import Fingerprint, compatibility, fingerprint_of
 from optimizer.memory import EarlierStudy, plan_warm_start
-from optimizer.runtime import _prompt_lengths, simulated_hardware
+from optimizer.run.engine_choice import simulated_hardware
+from optimizer.run.runtime import _prompt_lengths
 from runners.model_info import load_model_info
 from search_spaces import load_space
 
@@ -276,7 +277,7 @@ def _stored_study(tmp_path: Path, fp: Fingerprint) -> str:
 
 def _refusal(url: str, fp: Fingerprint) -> str:
     from optimizer.errors import ConfigError
-    from optimizer.runtime import refuse_a_changed_study
+    from optimizer.run.runtime import refuse_a_changed_study
 
     cfg = parse_study(study()).with_overrides(storage=url)
     try:

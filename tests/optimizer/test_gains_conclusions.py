@@ -16,7 +16,7 @@ from optimizer.config import parse_study
 from optimizer.confirm import confirm_summary
 from optimizer.report import build_report, headline, render_markdown
 from optimizer.study import open_study
-from runners.workload import Bracket
+from runners.capacity_search import Bracket
 
 DEFAULTS_BRACKET = Bracket("request_rate", 8.9, 18.9, "unresolved", 8)
 FP8_BRACKET = Bracket("request_rate", 18.9, 40.0, "unresolved", 8)
@@ -157,7 +157,7 @@ def test_the_report_states_a_capacity_gain_with_both_brackets(tmp_path: Path) ->
 
 
 def test_a_capacity_study_is_told_when_its_probes_cannot_close_the_bracket() -> None:
-    from optimizer.runtime import capacity_notes
+    from optimizer.run.runtime import capacity_notes
 
     def notes(**capacity: Any) -> list[str]:
         data = {"name": "n", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 1},
@@ -218,7 +218,7 @@ def test_a_request_rate_capacity_trial_scores_its_brackets_lower_end() -> None:
     from optimizer.objectives import objective_value
     from optimizer.records import summary_metrics
     from runners.base import RunResult, StepMetrics
-    from runners.workload import LoadLevel
+    from runners.load_level import LoadLevel
     from tests.optimizer.test_records import _metrics
 
     def probe(i: int, rate: float, goodput: float, ok: bool) -> StepMetrics:

@@ -1,4 +1,4 @@
-"""The MLflow store of the H200 grid study (docs/h200/grid/mlruns, 2026-12-03, vLLM 0.26.0):
+"""The MLflow store of the H200 grid study (fixtures/h200/grid/mlruns, 2026-12-03, vLLM 0.26.0):
 what a user finds in the MLflow UI the morning after, read back with MLflow's own client. Each
 trial's run carries the change (params, exact launch command), the metrics, the bottleneck label
 with its evidence and sources, a one-line conclusion, the server log and the trimmed trace."""
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from runners import trace
+from runners.profiler_trace.summary import summarize
 
-STORE = Path(__file__).resolve().parents[2] / "docs" / "h200" / "grid"
+STORE = Path(__file__).resolve().parents[1] / "fixtures" / "h200" / "grid"
 LABELS = {"compute-bound", "memory-bound", "communication-bound", "launch-bound",
           "kv-capacity-bound", "at-physical-limit"}
 
@@ -21,9 +21,9 @@ LABELS = {"compute-bound", "memory-bound", "communication-bound", "launch-bound"
 @pytest.fixture
 def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> MlflowClient:
     # A copy: opening a store may migrate its schema. Artifact URIs are relative to the repo.
-    shutil.copytree(STORE / "mlruns", tmp_path / "docs" / "h200" / "grid" / "mlruns")
+    shutil.copytree(STORE / "mlruns", tmp_path / "tests" / "fixtures" / "h200" / "grid" / "mlruns")
     monkeypatch.chdir(tmp_path)
-    return MlflowClient("sqlite:///docs/h200/grid/mlruns/mlflow.db")
+    return MlflowClient("sqlite:///tests/fixtures/h200/grid/mlruns/mlflow.db")
 
 
 def test_every_measured_h200_trial_has_label_evidence_conclusion_and_trace(
@@ -61,7 +61,7 @@ def test_the_trimmed_trace_artifact_reads_back(client: MlflowClient, tmp_path: P
                              filter_string="attributes.run_name = 'trial-002'")[0]
     local = client.download_artifacts(run.info.run_id, "trace.trimmed.pt.trace.json.gz",
                                       str(tmp_path))
-    summary = trace.summarize(Path(local))
+    summary = summarize(Path(local))
     assert summary["num_kernels"] == 20000
     assert summary["quantize_share"] > 0.1, "fp8 weights: Inductor's fused dynamic quantization"
 

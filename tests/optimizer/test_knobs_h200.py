@@ -1,5 +1,5 @@
 """The H200 run of session 8 read back through the shipped code (docs/h200-knobs.md, records in
-docs/h200/knobs/): the widened knobs one at a time against the defaults on the shared-prefix
+fixtures/h200/knobs/): the widened knobs one at a time against the defaults on the shared-prefix
 load (Qwen2.5-7B shape), and prompt-lookup speculation on SmolLM2-135M's real weights with text
 prompts through its tokenizer. Every figure the doc states comes from these records."""
 
@@ -19,7 +19,7 @@ from runners.prometheus import spec_decode_acceptance
 from runners.vllm.logs import parse_log
 
 REPO = Path(__file__).resolve().parents[2]
-RUN = REPO / "docs" / "h200" / "knobs"
+RUN = REPO / "tests" / "fixtures" / "h200" / "knobs"
 
 
 def _study(name: str) -> optuna.Study:

@@ -80,9 +80,9 @@ def test_a_study_whose_two_oom_configs_share_a_value_writes_it_at_its_end(
     from itertools import product
 
     from optimizer.config import load_study
-    from optimizer.daemon import Daemon
-    from optimizer.executor import InlineExecutor
     from optimizer.memory import learn_facts
+    from optimizer.run.daemon import Daemon
+    from optimizer.run.executor import InlineExecutor
     from optimizer.study_summary import study_summary
     from optimizer.tracking import Tracker
     from search_spaces import load_space

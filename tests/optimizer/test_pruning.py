@@ -11,7 +11,7 @@ from optuna.distributions import IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.bottleneck import ATTR_VERDICT
-from optimizer.pruning import BottleneckPruner, MarginPruner
+from optimizer.search.pruners import BottleneckPruner, MarginPruner
 
 TP = {"tensor_parallel_size": IntDistribution(1, 8)}
 

@@ -16,16 +16,16 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from optimizer.config import load_study
-from optimizer.daemon import Daemon
 from optimizer.errors import ConfigError
-from optimizer.executor import InlineExecutor
 from optimizer.export import render, select_trial
 from optimizer.quality import reference_path
+from optimizer.recommendation import best_trial, recommended_trial
 from optimizer.records import record_of
 from optimizer.report import build_report
 from optimizer.report.render import render_markdown
-from optimizer.runtime import seed_trial_params
-from optimizer.study import best_trial, recommended_trial
+from optimizer.run.daemon import Daemon
+from optimizer.run.executor import InlineExecutor
+from optimizer.run.seeds import seed_trial_params
 from optimizer.study_summary import study_summary
 from optimizer.tracking import Tracker
 from runners.engine import EngineRunner

@@ -1,5 +1,5 @@
 """The quality gate's H200 proof read back through the shipped code (docs/quality.md, records in
-docs/h200/quality/): each scored trial's figures recomputed from the committed samples by
+fixtures/h200/quality/): each scored trial's figures recomputed from the committed samples by
 `runners.quality.compare`, the noise floor, and the verdicts of the default limits."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from optimizer.records import record_of
 from runners.quality import QualitySample, QualityScores, compare
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN = ROOT / "docs" / "h200" / "quality"
+RUN = ROOT / "tests" / "fixtures" / "h200" / "quality"
 
 
 @pytest.fixture(scope="module")

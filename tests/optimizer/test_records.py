@@ -16,7 +16,7 @@ from optimizer.objectives import (
 )
 from optimizer.records import summary_metrics
 from runners.base import BenchmarkMetrics, EngineInfo, RunResult, StepMetrics
-from runners.workload import LoadLevel
+from runners.load_level import LoadLevel
 
 
 def _metrics(goodput: float, tpot: float, completed: int = 10) -> BenchmarkMetrics:
@@ -192,8 +192,8 @@ class _RunnerStep(StepMetrics):
 
 def test_a_probe_missed_for_overload_keeps_its_reason_and_the_trial_says_it_has_no_operating_point(
         ) -> None:
-    from optimizer.outcomes import no_operating_point_note
     from optimizer.records import step_records
+    from optimizer.search.notes import no_operating_point_note
 
     missed = _RunnerStep(step=0, level=LoadLevel(request_rate_rps=9.9), metrics=_metrics(7.6, 9.0),
                          meets_slo=False, miss_reason="overload: 12 connect timeouts",

@@ -14,12 +14,12 @@ from optimizer.config import parse_study
 from optimizer.engines import RUNNERS, RunnerSpec, build_runner
 from optimizer.errors import ConfigError
 from optimizer.objectives import OBJECTIVES, Objective, get_objective, objective_value
-from optimizer.pruning import PRUNERS
 from optimizer.records import objective_unit
 from optimizer.samplers import SAMPLERS
+from optimizer.search.pruners import PRUNERS
 from optimizer.study import make_pruner, make_sampler, open_study
 from runners.base import BenchmarkMetrics, StepMetrics
-from runners.workload import LoadLevel
+from runners.load_level import LoadLevel
 
 BASE: dict[str, Any] = {"name": "s", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 2},
                         "slo": {"tpot_p99_ms": 50}}

@@ -308,7 +308,7 @@ def test_a_case_on_a_newer_release_is_shown_the_capacity_moving_changes_since_it
 ) -> None:
     from optimizer.regress.measure import CaseOutcome, Installed
     from optimizer.regress.report import capacity_lines
-    from runners.vllm.flags import bundled_flags
+    from search_spaces.engine.tables import bundled_flags
 
     def outcome(version: str) -> CaseOutcome:
         return CaseOutcome(name="c", installed=Installed("vllm", version, "H200",
@@ -327,7 +327,7 @@ def test_a_case_on_a_newer_release_is_shown_the_capacity_moving_changes_since_it
 
 
 def test_the_h200_library_is_a_valid_library() -> None:
-    spec = load_library(Path(__file__).parents[2] / "docs" / "regress" / "h200-library.yaml")
+    spec = load_library(Path(__file__).parents[1] / "fixtures" / "regress" / "h200-library.yaml")
     assert [c.name for c in spec.cases] == ["qwen7b-chat", "smollm2-135m"]
     assert all(c.engine == "vllm" and c.configs[0].reference is not None for c in spec.cases)
 

@@ -168,7 +168,7 @@ def test_live_progress_shows_labels_changes_and_an_eta(tmp_path: Path) -> None:
     from rich.console import Console
 
     from optimizer.cli.live import LiveProgress
-    from optimizer.daemon import TrialEvent
+    from optimizer.run.events import TrialEvent
 
     cfg = parse_study({"name": "live", "model": {"path": "qwen2.5-7b"},
                        "budget": {"trials": 4}, "slo": {"tpot_p99_ms": 10},

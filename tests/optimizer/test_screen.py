@@ -10,7 +10,8 @@ import optuna
 
 from optimizer.config import load_study
 from optimizer.samplers import SCREEN_ATTR, ScreenSampler, _tpe
-from optimizer.search import SCREEN_TRIALS, SearchPolicy
+from optimizer.search.controller import SearchController
+from optimizer.search.searcher import SCREEN_TRIALS
 from optimizer.study import make_pruner, make_sampler
 from runners.base import RunResult, StepMetrics
 from runners.hardware import load_preset
@@ -72,9 +73,9 @@ def test_the_policy_screens_the_space_with_the_analytic_model_after_the_defaults
                                  sampler={"name": "screen", "seed": 0}))
     study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
                                 pruner=make_pruner(cfg))
-    policy = SearchPolicy(cfg, load_space(space_path).resolve({}), study,
-                          workload=cfg.workload(vocab_size=32000), total_gpus=1,
-                          hardware=load_preset("h200"), model=load_model_info("qwen2.5-7b"))
+    policy = SearchController(cfg, load_space(space_path).resolve({}), study,
+                              workload=cfg.workload(vocab_size=32000), total_gpus=1,
+                              hardware=load_preset("h200"), model=load_model_info("qwen2.5-7b"))
     policy.prepare()
     assert isinstance(study.sampler, ScreenSampler)
     launched = []
@@ -104,7 +105,7 @@ def test_a_card_without_bandwidth_figures_or_another_objective_searches_with_tpe
         cfg = load_study(write_study(tmp_path, trials=4, search_space=str(space_path),
                                      objective=objective, sampler={"name": "screen"}))
         study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg))
-        SearchPolicy(cfg, load_space(space_path).resolve({}), study,
-                     workload=cfg.workload(vocab_size=32000), total_gpus=1, hardware=hardware,
-                     model=load_model_info("qwen2.5-7b")).prepare()
+        SearchController(cfg, load_space(space_path).resolve({}), study,
+                         workload=cfg.workload(vocab_size=32000), total_gpus=1, hardware=hardware,
+                         model=load_model_info("qwen2.5-7b")).prepare()
         assert isinstance(study.sampler, optuna.samplers.TPESampler), objective

@@ -13,10 +13,10 @@ import pytest
 from optuna.trial import TrialState
 
 from optimizer.config import load_study
-from optimizer.daemon import Daemon
-from optimizer.executor import InlineExecutor
 from optimizer.records import record_of
-from optimizer.search import SearchPolicy
+from optimizer.run.daemon import Daemon
+from optimizer.run.executor import InlineExecutor
+from optimizer.search.controller import SearchController
 from optimizer.study import (
     ATTR_BASELINE,
     ATTR_CONFIRM,
@@ -126,14 +126,14 @@ def test_a_config_failure_teaches_the_sampler_with_the_worst_value_and_a_constra
         assert trial.constraints and max(trial.constraints.values()) > 0, "and infeasible"
 
 
-def _policy(tmp_path: Path, seed: int = 0, **choices: list[Any]) -> SearchPolicy:
+def _policy(tmp_path: Path, seed: int = 0, **choices: list[Any]) -> SearchController:
     space_path = categorical_space(tmp_path, **choices)
     cfg = load_study(write_study(tmp_path, trials=20, search_space=str(space_path),
                                  sampler={"name": "tpe", "seed": seed}))
     study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
                                 pruner=make_pruner(cfg))
-    policy = SearchPolicy(cfg, load_space(space_path).resolve({}), study,
-                          workload=cfg.workload(vocab_size=32000), total_gpus=2)
+    policy = SearchController(cfg, load_space(space_path).resolve({}), study,
+                              workload=cfg.workload(vocab_size=32000), total_gpus=2)
     policy.prepare()
     return policy
 

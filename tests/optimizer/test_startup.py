@@ -1,6 +1,6 @@
-"""The start-up plan of the search policy (optimizer/startup.py): warm compile keys first, one
-compile of a key at a time, the warm-cache check's variable, what a record
-keeps of a start-up, and the study file's `startup` section (savers, refusals)."""
+"""The start-up plan of the search policy (optimizer/search/startup.py): warm compile keys first,
+one compile of a key at a time, the warm-cache check's variable, what a record keeps of a start-up,
+and the study file's `startup` section (savers, refusals)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from optimizer.config import load_study
 from optimizer.errors import ConfigError
 from optimizer.export import trial_env as export_env
-from optimizer.search import SearchPolicy
-from optimizer.startup import CompileCaches, launch_order, startup_record
+from optimizer.search.controller import SearchController
+from optimizer.search.startup import CompileCaches, launch_order, startup_record
 from optimizer.study import engine_config, make_pruner, make_sampler, startup_saver_env
 from runners.base import EngineConfig, EngineInfo, RunResult, StepMetrics
 from runners.vllm.compile_cache import compile_key
@@ -43,19 +43,19 @@ def test_warm_keys_start_first_and_a_key_being_compiled_waits() -> None:
         "one holding the next free GPUs goes first whatever its key"
 
 
-def _policy(tmp_path: Path, **startup: Any) -> SearchPolicy:
+def _policy(tmp_path: Path, **startup: Any) -> SearchController:
     space_path = categorical_space(tmp_path, gpu_memory_utilization=[0.9, 0.8, 0.7])
     cfg = load_study(write_study(tmp_path, trials=10, search_space=str(space_path),
                                  sampler={"name": "tpe", "seed": 0}, startup=startup))
     study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
                                 pruner=make_pruner(cfg))
-    policy = SearchPolicy(cfg, load_space(space_path).resolve({}), study,
-                          workload=cfg.workload(vocab_size=32000), total_gpus=2)
+    policy = SearchController(cfg, load_space(space_path).resolve({}), study,
+                              workload=cfg.workload(vocab_size=32000), total_gpus=2)
     policy.prepare()
     return policy
 
 
-def _step(policy: SearchPolicy) -> StepMetrics:
+def _step(policy: SearchController) -> StepMetrics:
     return StepMetrics(step=0, level=policy.workload.levels[0], metrics=_metrics(5.0, 5.0))
 
 
@@ -129,7 +129,7 @@ def test_startup_settings_that_would_change_the_measurement_are_refused(
 
 def test_mlflow_gets_the_start_up_as_tags_and_metrics() -> None:
     from optimizer.records import TrialRecord, tracking_payload
-    from optimizer.startup import startup_metrics
+    from optimizer.search.startup import startup_metrics
 
     cold = RunResult(status="complete", argv=("vllm",), engine=EngineInfo(
         startup_s=127.0, model_load_s=3.5, compile_s=30.7, graph_capture_s=4.0,
@@ -149,10 +149,10 @@ def test_mlflow_gets_the_start_up_as_tags_and_metrics() -> None:
 
 
 def _ledger_policy(tmp_path: Path, name: str, cache: Path, version: str | None = None,
-                   **startup: Any) -> SearchPolicy:
+                   **startup: Any) -> SearchController:
     """A study on the simulated engine whose trials use `cache` as their VLLM_CACHE_ROOT and
     whose policy reads that root's compile ledger (as `nightshift start` wires it)."""
-    from optimizer.runtime import compile_ledger_of
+    from optimizer.run.engine_choice import compile_ledger_of
     from runners.vllm.compile_ledger import CompileLedger
 
     folder = tmp_path / name
@@ -165,9 +165,9 @@ def _ledger_policy(tmp_path: Path, name: str, cache: Path, version: str | None =
         CompileLedger(cache, vllm_version=version, engine="simulated")
     study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
                                 pruner=make_pruner(cfg))
-    policy = SearchPolicy(cfg, load_space(space_path).resolve({}), study,
-                          workload=cfg.workload(vocab_size=32000), total_gpus=1,
-                          compiled_elsewhere=ledger.compiled_keys if ledger else None)
+    policy = SearchController(cfg, load_space(space_path).resolve({}), study,
+                              workload=cfg.workload(vocab_size=32000), total_gpus=1,
+                              compiled_elsewhere=ledger.compiled_keys if ledger else None)
     policy.prepare()
     return policy
 
@@ -175,8 +175,9 @@ def _ledger_policy(tmp_path: Path, name: str, cache: Path, version: str | None =
 def _run_simulated(tmp_path: Path, config: EngineConfig, name: str, *,
                    ledger_writer: str | None) -> RunResult:
     from runners.engine import EngineRunner
+    from runners.load_level import LoadLevel
     from runners.simulated.launcher import SimulatedLauncher
-    from runners.workload import LengthDistribution, LoadLevel, Workload
+    from runners.workload import LengthDistribution, Workload
 
     runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
                           tmp_path / "engines", ledger_writer=ledger_writer)
@@ -230,7 +231,8 @@ def test_a_ledger_entry_of_another_vllm_version_or_a_per_trial_study_predicts_co
     assert isolated is not None and isolated.prediction == "cold", \
         "per_trial never reads the shared ledger"
     wired = _ledger_policy(tmp_path, "wired", cache, compile_cache="per_trial")
-    assert wired.compiled_elsewhere is None, "nightshift start hands a per_trial study none"
+    assert wired.placement.compiled_elsewhere is None, \
+        "nightshift start hands a per_trial study none"
 
 
 def test_a_per_trial_cache_never_writes_the_shared_ledger(tmp_path: Path) -> None:
@@ -273,8 +275,8 @@ def test_a_resumed_study_trusts_the_ledger_not_its_records_for_what_is_warm(
             params=dict(first.params), distributions=dists,
             values=[1.0], user_attrs={ATTR_RECORD: record.to_user_attr()}))
         study.enqueue_trial(dict(first.params))  # the same key, asked again
-        policy = SearchPolicy(cfg, space, study, workload=cfg.workload(vocab_size=32000),
-                              total_gpus=1, compiled_elsewhere=compiled_elsewhere)
+        policy = SearchController(cfg, space, study, workload=cfg.workload(vocab_size=32000),
+                                  total_gpus=1, compiled_elsewhere=compiled_elsewhere)
         policy.prepare()
         launch = policy.next_launch(lambda n: True)
         assert launch is not None and launch.compile_key == first.compile_key

@@ -1,5 +1,5 @@
 """The compile-cache facts read back from the H200 run of issue 23 (docs/h200-widened.md, records
-in docs/h200/widened/): the committed server logs classified by the shipped log parser, and the
+in fixtures/h200/widened/): the committed server logs classified by the shipped log parser, and the
 estimated compile key against the key vLLM 0.26 itself used (its cache directory in the log)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from optimizer.records import record_of
 from runners.vllm.logs import parse_log
 
-RUN = Path(__file__).resolve().parents[2] / "docs" / "h200" / "widened"
+RUN = Path(__file__).resolve().parents[1] / "fixtures" / "h200" / "widened"
 
 
 @pytest.fixture(scope="module")

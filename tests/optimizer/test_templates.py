@@ -10,10 +10,11 @@ from typing import Any
 import optuna
 
 from optimizer.config import load_study
-from optimizer.daemon import Daemon
-from optimizer.executor import InlineExecutor
 from optimizer.records import record_of, tracking_payload
-from optimizer.runtime import space_context, template_trial_params
+from optimizer.run.daemon import Daemon
+from optimizer.run.executor import InlineExecutor
+from optimizer.run.seeds import template_trial_params
+from optimizer.run.space_context import space_context
 from optimizer.study_summary import study_summary
 from optimizer.tracking import Tracker
 from runners.hardware import load_preset

@@ -20,7 +20,8 @@ import psutil
 import pytest
 
 from runners.base import EngineConfig, FailureReason, Runner, RunResult, StepMetrics
-from runners.workload import SLO, LengthDistribution, LoadLevel, Workload
+from runners.load_level import LoadLevel
+from runners.workload import SLO, LengthDistribution, Workload
 
 NUM_REQUESTS = 8  # per level: enough for percentiles, few enough to finish in well under a second
 INPUT_LEN = 32  # tokens

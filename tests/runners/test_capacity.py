@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 
 from runners.base import EngineConfig
+from runners.capacity_search import CapacitySearch
 from runners.engine import EngineRunner
 from runners.hardware import load_preset
+from runners.simulated.benchmark import simulate_benchmark
 from runners.simulated.launcher import SimulatedLauncher
-from runners.simulated.model import PerformanceModel, simulate_benchmark
-from runners.workload import SLO, CapacitySearch, LengthDistribution, Workload
+from runners.simulated.performance import PerformanceModel
+from runners.workload import SLO, LengthDistribution, Workload
 
 
 def _search_against(search: CapacitySearch, knee: float) -> list[tuple[float, bool]]:
@@ -111,7 +113,7 @@ def test_an_open_loop_level_above_capacity_is_stopped_once_its_queue_keeps_growi
         tmp_path: Path) -> None:
     import time
 
-    from runners.workload import LoadLevel
+    from runners.load_level import LoadLevel
 
     # Eager decode serves a few dozen requests a second; 400 a second is far above it. Run to
     # the end, the 1200 requests would take a minute of queueing; the level stops in seconds.

@@ -12,9 +12,10 @@ import pytest
 
 from runners.base import EngineConfig
 from runners.capacity import bracket_from_metrics
+from runners.capacity_search import Bracket, CapacitySearch, Probe
 from runners.engine import EngineRunner
 from runners.simulated.launcher import SimulatedLauncher
-from runners.workload import SLO, Bracket, CapacitySearch, LengthDistribution, Probe, Workload
+from runners.workload import SLO, LengthDistribution, Workload
 
 
 def _served(load: float, knee: float, ceiling: float, under_read: float) -> float:

@@ -145,7 +145,8 @@ def test_the_load_generator_sends_greedy_requests_only() -> None:
     """The FlashInfer-sampler saver holds only for greedy requests (docs/startup-cost.md)."""
     import asyncio
 
-    from runners.loadgen import RequestSpec, send_request
+    from runners.loadgen.client import send_request
+    from runners.loadgen.requests import RequestSpec
 
     sent: list[dict[str, Any]] = []
 
@@ -168,8 +169,9 @@ def test_a_refused_warm_check_relaunches_without_it(tmp_path: Path) -> None:
     the runner starts it again without the variable, and the result says so; the next start of
     the same key loads the artefact the relaunch saved."""
     from runners.engine import EngineRunner
+    from runners.load_level import LoadLevel
     from runners.simulated.launcher import SimulatedLauncher
-    from runners.workload import LengthDistribution, LoadLevel, Workload
+    from runners.workload import LengthDistribution, Workload
 
     runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
                           tmp_path / "engines")

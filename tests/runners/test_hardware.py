@@ -19,10 +19,9 @@ from runners.hardware import (
     datasheet_spec,
     load_preset,
     preset_names,
-    probe,
-    record_nvml,
     save_profile,
 )
+from runners.hardware_probe import probe, record_nvml
 
 NVML_FIXTURES = Path(__file__).parents[1] / "fixtures" / "nvml"
 ERROR_CODES = {"NVML_ERROR_NOT_SUPPORTED": 3, "NVML_ERROR_DRIVER_NOT_LOADED": 9,

@@ -16,19 +16,15 @@ import httpx
 import numpy as np
 import pytest
 
+from runners.arrivals import arrival_offsets_s
 from runners.capacity import meets_slo
-from runners.loadgen import (
-    STALLED_ERROR,
-    RequestOutput,
-    RequestSpec,
-    arrival_offsets_s,
-    build_requests,
-    compute_metrics,
-    run_level_sync,
-    sample_length,
-)
+from runners.load_level import LoadLevel
+from runners.loadgen.client import RequestOutput
+from runners.loadgen.level import STALLED_ERROR, run_level_sync
+from runners.loadgen.metrics import compute_metrics
+from runners.loadgen.requests import RequestSpec, build_requests, sample_length
 from runners.process import EngineProcess, free_port, wait_healthy
-from runners.workload import SLO, LengthDistribution, LoadLevel, Workload
+from runners.workload import SLO, LengthDistribution, Workload
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TTFT_MS = 20.0

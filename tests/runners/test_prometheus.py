@@ -212,7 +212,7 @@ def test_spec_decode_acceptance_reads_vllms_counters_as_its_dashboard_does() -> 
 
 
 def test_a_speculating_trial_says_what_its_drafts_did() -> None:
-    from optimizer.outcomes import speculation_note
+    from optimizer.search.notes import speculation_note
 
     measured = {"server.spec_decode_acceptance_rate": 0.8268,
                 "server.spec_decode_mean_acceptance_length": 4.3028}
@@ -230,7 +230,7 @@ def test_a_speculating_trial_says_what_its_drafts_did() -> None:
 def test_a_config_vllm_turned_async_scheduling_off_for_says_so() -> None:
     """vLLM 0.26 turns async scheduling off by itself for CPU ngram speculation: the log says
     so, the engine info keeps it, and the conclusion names it beside the change asked for."""
-    from optimizer.outcomes import implied_changes_note
+    from optimizer.search.notes import implied_changes_note
     from runners.base import EngineInfo
     from runners.vllm.logs import parse_log
 

@@ -12,9 +12,10 @@ import pytest
 
 from runners.base import EngineConfig
 from runners.engine import EngineRunner
+from runners.load_level import LoadLevel
 from runners.quality import compare
 from runners.vllm.launcher import VllmLauncher
-from runners.workload import SLO, LengthDistribution, LoadLevel, QualityEval, Workload
+from runners.workload import SLO, LengthDistribution, QualityEval, Workload
 
 pytestmark = pytest.mark.gpu
 

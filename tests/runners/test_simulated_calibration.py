@@ -21,7 +21,8 @@ import pytest
 from runners import prefixes
 from runners.base import EngineConfig
 from runners.hardware import load_preset
-from runners.simulated.model import BenchmarkEstimate, PerformanceModel, simulate_benchmark
+from runners.simulated.benchmark import BenchmarkEstimate, simulate_benchmark
+from runners.simulated.performance import PerformanceModel
 from runners.workload import SharedPrefix
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "h200_calibration.json"

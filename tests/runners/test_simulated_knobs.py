@@ -8,7 +8,9 @@ import pytest
 
 from runners.base import EngineConfig
 from runners.hardware import load_preset
-from runners.simulated.model import PerformanceModel, Scheduler, SimRequest, simulate_benchmark
+from runners.simulated.benchmark import simulate_benchmark
+from runners.simulated.performance import PerformanceModel
+from runners.simulated.scheduler import Scheduler, SimRequest
 
 H200 = load_preset("h200")
 MODE = "compilation_config.cudagraph_mode"

@@ -9,14 +9,10 @@ import pytest
 
 from runners.base import EngineConfig, FailureReason
 from runners.hardware import GpuInfo, HardwareProfile, load_preset
-from runners.simulated.model import (
-    API_LAG_PER_STREAM_S,
-    PerformanceModel,
-    Scheduler,
-    SimRequest,
-    block_hashes,
-    simulate_benchmark,
-)
+from runners.simulated.benchmark import simulate_benchmark
+from runners.simulated.calibration import API_LAG_PER_STREAM_S
+from runners.simulated.performance import PerformanceModel
+from runners.simulated.scheduler import Scheduler, SimRequest, block_hashes
 
 H200 = load_preset("h200")
 # Two H200s over NVLink (the preset has one GPU): for the tensor-parallel rules.

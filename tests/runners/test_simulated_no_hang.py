@@ -13,9 +13,10 @@ from typing import Any
 from runners.base import EngineConfig, FlagValue
 from runners.engine import EngineRunner
 from runners.hardware import load_preset
+from runners.load_level import LoadLevel
+from runners.simulated.engine import SimulatedEngine
 from runners.simulated.launcher import SimulatedLauncher
-from runners.simulated.server import SimulatedEngine
-from runners.workload import LengthDistribution, LoadLevel, SharedPrefix, Workload
+from runners.workload import LengthDistribution, SharedPrefix, Workload
 
 # Far below the runner's 120 s: a replica that sleeps out another replica's modelled clock
 # (the hang this file guards against) is caught in seconds, while a healthy level of these
@@ -63,7 +64,7 @@ def test_a_burst_split_over_replicas_is_stamped_on_one_time_line_without_sleepin
     ahead of replica 1's (32 stalled steps); a burst of two then lands one request on each
     replica. Both are stamped at the same modelled time, and replica 1 does not sleep out the
     14 s it was behind."""
-    from runners.simulated.server import ServerSettings
+    from runners.simulated.settings import ServerSettings
 
     async def main() -> tuple[list[float], float]:
         engine = SimulatedEngine(ServerSettings(
@@ -147,9 +148,10 @@ def test_a_sample_of_the_widened_hopper_space_streams_every_level_to_the_end() -
     max_model_len 4096) each serve a short closed-loop level to its last token in process."""
     import optuna
 
-    from optimizer.runtime import simulated_hardware, space_context
+    from optimizer.run.engine_choice import simulated_hardware
+    from optimizer.run.space_context import space_context
     from runners.model_info import load_model_info
-    from runners.simulated.server import ServerSettings
+    from runners.simulated.settings import ServerSettings
     from search_spaces import load_space
 
     hardware = simulated_hardware("h200", 2)

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from runners.base import EngineConfig, FailureReason
 from runners.simulated.launcher import SimulatedLauncher
-from runners.simulated.model import PerformanceModel
+from runners.simulated.performance import PerformanceModel
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIME_SCALE = 0.001  # ~0.2 s of sleeping for a modelled 200 s start
@@ -313,7 +313,8 @@ def _serve_concurrently(flags: dict[str, object], num_requests: int,
     import asyncio
 
     from runners.hardware import load_preset
-    from runners.simulated.server import ServerSettings, SimulatedEngine
+    from runners.simulated.engine import SimulatedEngine
+    from runners.simulated.settings import ServerSettings
 
     async def main() -> tuple[float, list[int]]:
         engine = SimulatedEngine(ServerSettings(
@@ -353,18 +354,20 @@ _HOG = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end:
 
 
 def _level_figures(engine: Engine) -> dict[str, float]:
-    from runners import loadgen
-    from runners.workload import SLO, LengthDistribution, LoadLevel, Workload
+    from runners.load_level import LoadLevel
+    from runners.loadgen.level import run_level_sync
+    from runners.loadgen.requests import build_requests
+    from runners.workload import SLO, LengthDistribution, Workload
 
     workload = Workload(input_len=LengthDistribution(mean=256),
                         output_len=LengthDistribution(mean=64), vocab_size=1000)
-    requests = loadgen.build_requests(workload, 96, seed=0)
+    requests = build_requests(workload, 96, seed=0)
     slo = SLO(ttft_p99_ms=200, tpot_p99_ms=10)
     # As the runner does: one readiness completion first (the load generator learns there
     # that the server runs a modelled clock), then the measured level.
-    loadgen.run_level_sync(engine.url, "sim", requests[:1], LoadLevel(max_concurrency=1), slo,
-                           timeout_s=60, seed=0)
-    result = loadgen.run_level_sync(
+    run_level_sync(engine.url, "sim", requests[:1], LoadLevel(max_concurrency=1), slo,
+                   timeout_s=60, seed=0)
+    result = run_level_sync(
         engine.url, "sim", requests, LoadLevel(max_concurrency=32), slo, timeout_s=120, seed=0)
     assert result.is_modelled_clock and result.metrics.completed == 96
     m = result.metrics
@@ -398,17 +401,19 @@ def test_one_config_measures_the_same_twice_while_the_cpu_is_busy(launch):
 def test_a_kernel_path_that_jit_compiles_while_serving_reports_the_measured_stall(launch):
     """`quantization: fp8_per_block` served TPOT p99 475 ms on the H200 (kernels JIT-compiled
     while serving): the figures say so, on the modelled clock, without the test sleeping it."""
-    from runners import loadgen
-    from runners.workload import SLO, LengthDistribution, LoadLevel, Workload
+    from runners.load_level import LoadLevel
+    from runners.loadgen.level import run_level_sync
+    from runners.loadgen.requests import build_requests
+    from runners.workload import SLO, LengthDistribution, Workload
 
     engine = launch({"quantization": "fp8_per_block"})
     _wait_healthy(engine, timeout_s=30.0)
     workload = Workload(input_len=LengthDistribution(mean=64),
                         output_len=LengthDistribution(mean=8), vocab_size=1000)
-    requests = loadgen.build_requests(workload, 4, seed=0)
+    requests = build_requests(workload, 4, seed=0)
     started = time.monotonic()
-    result = loadgen.run_level_sync(engine.url, "sim", requests, LoadLevel(max_concurrency=2),
-                                    SLO(tpot_p99_ms=10), timeout_s=60, seed=0)
+    result = run_level_sync(engine.url, "sim", requests, LoadLevel(max_concurrency=2),
+                            SLO(tpot_p99_ms=10), timeout_s=60, seed=0)
     assert result.is_modelled_clock and result.metrics.completed == 4
     assert result.metrics.median_tpot_ms > 400 and result.metrics.request_goodput == 0
     assert time.monotonic() - started < 5.0, "the stall is slept time-scaled, as start-up"
@@ -416,15 +421,17 @@ def test_a_kernel_path_that_jit_compiles_while_serving_reports_the_measured_stal
 
 def test_failed_requests_stay_inside_the_level_duration_on_the_modelled_clock(
         launch: Callable[..., Engine]) -> None:
-    from runners import loadgen
-    from runners.workload import SLO, LoadLevel
+    from runners.load_level import LoadLevel
+    from runners.loadgen.level import run_level_sync
+    from runners.loadgen.requests import RequestSpec
+    from runners.workload import SLO
 
     engine = launch({"sim_error_rate": 0.6})
     _wait_healthy(engine)
-    specs = [loadgen.RequestSpec(list(range(10, 26)), 16, 4) for _ in range(10)]
-    result = loadgen.run_level_sync(engine.url, "sim", specs,
-                                    LoadLevel(request_rate_rps=10.0, burstiness=1e6), SLO(),
-                                    timeout_s=30, seed=0)
+    specs = [RequestSpec(list(range(10, 26)), 16, 4) for _ in range(10)]
+    result = run_level_sync(engine.url, "sim", specs,
+                            LoadLevel(request_rate_rps=10.0, burstiness=1e6), SLO(),
+                            timeout_s=30, seed=0)
     m = result.metrics
     assert result.is_modelled_clock and m.failed > 0 and m.completed > 0
     refused = [o.modelled_span_s for o in result.outputs if not o.success]

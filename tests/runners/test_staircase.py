@@ -9,11 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runners import loadgen, staircase
+from runners import staircase
 from runners.base import BenchmarkMetrics, EngineConfig
+from runners.capacity_search import CapacitySearch
 from runners.engine import EngineRunner
+from runners.loadgen.requests import build_requests
 from runners.simulated.launcher import SimulatedLauncher
-from runners.workload import SLO, CapacitySearch, LengthDistribution, Workload
+from runners.workload import SLO, LengthDistribution, Workload
 
 DECODE = Workload(input_len=LengthDistribution("uniform", 250, 100, 400),
                   output_len=LengthDistribution("uniform", 1000, 600, 1400),
@@ -176,7 +178,7 @@ def test_arrivals_keep_flowing_until_every_measured_request_has_ended(tmp_path: 
         workload = Workload(input_len=LengthDistribution(mean=128),
                             output_len=LengthDistribution(mean=64))
         requests = staircase.endless_requests(
-            lambda n, s: loadgen.build_requests(workload, n, seed=s), 64, 0, False)
+            lambda n, s: build_requests(workload, n, seed=s), 64, 0, False)
         driver = staircase.StaircaseDriver(url, "model", requests, axis="request_rate",
                                            timeout_s=30, seed=0)
         plan = staircase.StepPlan(load=10.0, warmup_s=0.5, window_s=1.0, lifetime_s=0.5,

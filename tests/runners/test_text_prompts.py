@@ -19,20 +19,18 @@ import httpx
 import numpy as np
 import pytest
 
-from runners import conversations, datasets, loadgen
+from runners import conversations, datasets
 from runners.base import EngineConfig
 from runners.datasets import Conversation, Turn
 from runners.engine import EngineRunner
+from runners.load_level import LoadLevel
+from runners.loadgen.client import RequestOutput
+from runners.loadgen.metrics import prompt_len_gap
+from runners.loadgen.prompts_file import check_prompts_file
+from runners.loadgen.requests import build_requests
 from runners.simulated.launcher import SimulatedLauncher
 from runners.tokenizer import PromptTokenizer, load_tokenizer, tokenizer_dir_for
-from runners.workload import (
-    SLO,
-    DatasetSource,
-    LengthDistribution,
-    LoadLevel,
-    MultiTurn,
-    Workload,
-)
+from runners.workload import SLO, DatasetSource, LengthDistribution, MultiTurn, Workload
 from tests.runners.tiny_model import make_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -107,8 +105,8 @@ def test_a_bos_asked_for_only_by_tokenizer_config_is_noted_as_a_possible_gap(
     (doubtful / "tokenizer_config.json").write_text('{"add_bos_token": true}')
     tok = load_tokenizer(doubtful)
     assert tok is not None and tok.note is not None and "add_bos_token" in tok.note
-    spec = loadgen.build_requests(Workload(input_len=LengthDistribution(mean=20),
-                                           tokenizer_dir=plain), 1, 0)[0]
+    spec = build_requests(Workload(input_len=LengthDistribution(mean=20),
+                                   tokenizer_dir=plain), 1, 0)[0]
     assert spec.prompt_len == plain_tok.count(str(spec.prompt)) == 20, \
         "no special token to count"
 
@@ -116,14 +114,14 @@ def test_a_bos_asked_for_only_by_tokenizer_config_is_noted_as_a_possible_gap(
 def test_synthesised_text_prompts_are_exactly_the_drawn_token_length(
         model_dir: Path, tokenizer: PromptTokenizer) -> None:
     fixed = Workload(input_len=LengthDistribution(mean=77), tokenizer_dir=model_dir)
-    for spec in loadgen.build_requests(fixed, 40, seed=3):
+    for spec in build_requests(fixed, 40, seed=3):
         assert isinstance(spec.prompt, str), "a model with a tokenizer gets text prompts"
         assert spec.prompt_len == tokenizer.count(spec.prompt) == 77, \
             "the server's count (BOS included) is the drawn length"
         assert not spec.is_prompt_len_estimated
     uniform = Workload(input_len=LengthDistribution(kind="uniform", low=2, high=600),
                        tokenizer_dir=model_dir)
-    specs = loadgen.build_requests(uniform, 60, seed=4)
+    specs = build_requests(uniform, 60, seed=4)
     lengths = [tokenizer.count(s.prompt) for s in specs if isinstance(s.prompt, str)]
     assert lengths == [s.prompt_len for s in specs]
     assert all(2 <= n <= 600 for n in lengths) and len(set(lengths)) > 30
@@ -132,12 +130,12 @@ def test_synthesised_text_prompts_are_exactly_the_drawn_token_length(
 def test_synthesised_request_i_does_not_depend_on_how_many_are_built(model_dir: Path) -> None:
     w = Workload(input_len=LengthDistribution(kind="uniform", low=5, high=200),
                  tokenizer_dir=model_dir)
-    assert loadgen.build_requests(w, 20, seed=9)[:5] == loadgen.build_requests(w, 5, seed=9)
-    assert loadgen.build_requests(w, 5, seed=9) != loadgen.build_requests(w, 5, seed=10)
+    assert build_requests(w, 20, seed=9)[:5] == build_requests(w, 5, seed=9)
+    assert build_requests(w, 5, seed=9) != build_requests(w, 5, seed=10)
 
 
 def test_without_a_tokenizer_prompts_stay_token_ids() -> None:
-    spec = loadgen.build_requests(Workload(input_len=LengthDistribution(mean=33)), 1, 0)[0]
+    spec = build_requests(Workload(input_len=LengthDistribution(mean=33)), 1, 0)[0]
     assert isinstance(spec.prompt, list) and len(spec.prompt) == spec.prompt_len == 33
 
 
@@ -147,25 +145,25 @@ def test_prompts_file_text_is_counted_with_the_tokenizer_and_estimated_without(
     path = tmp_path / "prompts.jsonl"
     path.write_text(json.dumps({"prompt": text}) + "\n" + json.dumps({"prompt": [5, 6, 7]})
                     + "\n", encoding="utf-8")
-    counted = loadgen.build_requests(Workload(prompts_file=path, tokenizer_dir=model_dir), 2, 0)
+    counted = build_requests(Workload(prompts_file=path, tokenizer_dir=model_dir), 2, 0)
     assert counted[0].prompt_len == tokenizer.count(text) and \
         not counted[0].is_prompt_len_estimated
-    estimated = loadgen.build_requests(Workload(prompts_file=path), 2, 0)
+    estimated = build_requests(Workload(prompts_file=path), 2, 0)
     assert estimated[0].prompt_len == len(text) // 4 and estimated[0].is_prompt_len_estimated
     assert estimated[1].prompt_len == 3 and not estimated[1].is_prompt_len_estimated, \
         "token ids are counted exactly either way"
-    assert loadgen.check_prompts_file(path, tokenizer) == tokenizer.count(text)
+    assert check_prompts_file(path, tokenizer) == tokenizer.count(text)
 
 
 def test_prompt_len_gap_is_server_minus_client_over_successes() -> None:
-    outputs = [loadgen.RequestOutput(success=True, client_prompt_len=10, server_prompt_len=11),
-               loadgen.RequestOutput(success=True, client_prompt_len=20, server_prompt_len=17),
-               loadgen.RequestOutput(success=False, client_prompt_len=5, server_prompt_len=99),
-               loadgen.RequestOutput(success=True, client_prompt_len=7)]
-    assert loadgen.prompt_len_gap(outputs) == {
+    outputs = [RequestOutput(success=True, client_prompt_len=10, server_prompt_len=11),
+               RequestOutput(success=True, client_prompt_len=20, server_prompt_len=17),
+               RequestOutput(success=False, client_prompt_len=5, server_prompt_len=99),
+               RequestOutput(success=True, client_prompt_len=7)]
+    assert prompt_len_gap(outputs) == {
         "prompt_tokens_server_minus_client_mean": -1.0,
         "prompt_tokens_server_minus_client_max_abs": 3.0}
-    assert loadgen.prompt_len_gap(outputs[3:]) == {}, "nothing to compare without usage"
+    assert prompt_len_gap(outputs[3:]) == {}, "nothing to compare without usage"
 
 
 # -- ShareGPT datasets --------------------------------------------------------------------------
@@ -175,7 +173,7 @@ def test_sharegpt_requests_are_first_user_turns_with_reply_lengths_as_vllm_reads
     path = _write_sharegpt(tmp_path / "chats.json", CONVERSATIONS)
     source = DatasetSource(path=path)
     w = Workload(dataset=source, tokenizer_dir=model_dir)
-    specs = loadgen.build_requests(w, 9, seed=1)
+    specs = build_requests(w, 9, seed=1)
     firsts = {c["id"]: (c["conversations"][1 if c["id"] == "rivers" else 0]["value"],
                         c["conversations"][2 if c["id"] == "rivers" else 1]["value"])
               for c in CONVERSATIONS if c["id"] in ("rivers", "primes", "bread")}
@@ -187,18 +185,18 @@ def test_sharegpt_requests_are_first_user_turns_with_reply_lengths_as_vllm_reads
         assert spec.prompt_len == tokenizer.count(spec.prompt)
         assert spec.output_len == len(tokenizer.encode(by_prompt[spec.prompt]))
     assert specs[:3] == specs[3:6], "a short dataset is cycled in the same order"
-    assert loadgen.build_requests(w, 2, seed=1) == specs[:2], "request i is the same for any num"
+    assert build_requests(w, 2, seed=1) == specs[:2], "request i is the same for any num"
 
     jsonl = _write_sharegpt(tmp_path / "chats.jsonl", CONVERSATIONS, jsonl=True)
-    assert loadgen.build_requests(replace(w, dataset=DatasetSource(path=jsonl)), 9, 1) == specs
+    assert build_requests(replace(w, dataset=DatasetSource(path=jsonl)), 9, 1) == specs
 
-    fixed = loadgen.build_requests(replace(w, dataset=replace(source, output_len=5)), 3, 1)
+    fixed = build_requests(replace(w, dataset=replace(source, output_len=5)), 3, 1)
     assert {s.output_len for s in fixed} == {5}
 
 
 def test_sharegpt_without_a_tokenizer_estimates_and_says_so(tmp_path: Path) -> None:
     path = _write_sharegpt(tmp_path / "chats.json", CONVERSATIONS)
-    specs = loadgen.build_requests(Workload(dataset=DatasetSource(path=path)), 3, seed=1)
+    specs = build_requests(Workload(dataset=DatasetSource(path=path)), 3, seed=1)
     assert all(s.is_prompt_len_estimated for s in specs)
     assert all(s.prompt_len == len(s.prompt) // 4 for s in specs)
 
@@ -214,10 +212,10 @@ def _as_openai(entry: dict) -> dict:
 def test_openai_messages_a_single_object_and_blank_turns_read_as_sharegpt(
         tmp_path: Path) -> None:
     source = DatasetSource(path=_write_sharegpt(tmp_path / "chats.json", CONVERSATIONS))
-    specs = loadgen.build_requests(Workload(dataset=source), 6, seed=1)
+    specs = build_requests(Workload(dataset=source), 6, seed=1)
     openai = _write_sharegpt(tmp_path / "messages.jsonl",
                              [_as_openai(e) for e in CONVERSATIONS], jsonl=True)
-    assert loadgen.build_requests(Workload(dataset=DatasetSource(path=openai)), 6, 1) == \
+    assert build_requests(Workload(dataset=DatasetSource(path=openai)), 6, 1) == \
         specs, "role/content turns (content as a string or text parts) are the same turns"
     blank = {"id": "blank", "conversations": [
         {"from": "gpt", "value": "Hello, what would you like to know today?"},
@@ -234,7 +232,7 @@ def test_openai_messages_a_single_object_and_blank_turns_read_as_sharegpt(
         {"id": "q", "messages": [{"role": "system", "content": "Be brief."},
                                  {"role": "user", "content": "Which planet has most moons?"}]}],
         jsonl=True)
-    (spec,) = loadgen.build_requests(
+    (spec,) = build_requests(
         Workload(dataset=DatasetSource(path=asked, output_len=7)), 1, seed=0)
     assert (spec.prompt, spec.output_len) == ("Which planet has most moons?", 7), \
         "an unanswered single turn is a prompt where the output length is fixed"
@@ -249,15 +247,15 @@ def test_a_byte_order_mark_and_a_lone_surrogate_neither_refuse_nor_fail_requests
         {"from": "gpt", "value": "A face cut in half by a broken export, most likely."}]}
     path = tmp_path / "bom.json"
     path.write_text("\ufeff" + json.dumps([broken]), encoding="utf-8")  # \ud83d stays escaped
-    (spec,) = loadgen.build_requests(Workload(dataset=DatasetSource(path=path),
-                                              tokenizer_dir=model_dir), 1, seed=0)
+    (spec,) = build_requests(Workload(dataset=DatasetSource(path=path),
+                                      tokenizer_dir=model_dir), 1, seed=0)
     assert isinstance(spec.prompt, str) and "\ufffd" in spec.prompt, \
         "the lone surrogate is U+FFFD: sendable as UTF-8, countable by the tokenizer"
     assert spec.prompt_len == tokenizer.count(spec.prompt)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\ufeff" + json.dumps({"prompt": "Tell me \ud83d more."}) + "\n",
                        encoding="utf-8")
-    (line,) = loadgen.build_requests(Workload(prompts_file=prompts), 1, seed=0)
+    (line,) = build_requests(Workload(prompts_file=prompts), 1, seed=0)
     assert line.prompt == "Tell me \ufffd more."
 
 
@@ -421,7 +419,7 @@ def test_shared_prefix_text_prompts_start_with_one_prefix_and_are_counted_whole(
 
     workload = Workload(input_len=LengthDistribution(mean=24), tokenizer_dir=model_dir,
                         shared_prefix=SharedPrefix(fraction=0.5, num_tokens=40))
-    requests = loadgen.build_requests(workload, 8, seed=3)
+    requests = build_requests(workload, 8, seed=3)
     tokenizer = load_tokenizer(model_dir)
     assert tokenizer is not None
     shared = [r for r in requests if r.prompt_len > 30]

@@ -13,16 +13,10 @@ import pytest
 
 from runners.base import EngineConfig
 from runners.engine import EngineRunner
+from runners.load_level import LoadLevel
 from runners.tokenizer import load_tokenizer
 from runners.vllm.launcher import VllmLauncher
-from runners.workload import (
-    SLO,
-    DatasetSource,
-    LengthDistribution,
-    LoadLevel,
-    MultiTurn,
-    Workload,
-)
+from runners.workload import SLO, DatasetSource, LengthDistribution, MultiTurn, Workload
 
 pytestmark = pytest.mark.gpu
 

@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 
-from runners import trace
+from runners.profiler_trace.events import GPU_EVENT_CATEGORIES, iter_events
+from runners.profiler_trace.kernels import CATEGORIES, classify_kernel
+from runners.profiler_trace.summary import summarize, summarize_many, top_kernels
+from runners.profiler_trace.trim import summarize_and_trim, trim
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
 
@@ -73,19 +76,19 @@ def _write(path: Path, events: list[dict[str, Any]], **top: Any) -> Path:
      "other"),
 ])
 def test_kernel_names_fall_in_vllm_categories(name: str, category: str) -> None:
-    assert trace.classify_kernel(name) == category, f"{name} belongs to {category}"
+    assert classify_kernel(name) == category, f"{name} belongs to {category}"
 
 
 def test_memcpy_and_memset_are_classified_by_event_category() -> None:
-    assert trace.classify_kernel("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy") == "memcpy"
-    assert trace.classify_kernel("Memset (Device)", "gpu_memset") == "memset"
+    assert classify_kernel("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy") == "memcpy"
+    assert classify_kernel("Memset (Device)", "gpu_memset") == "memset"
 
 
 # --- simulator fixtures -------------------------------------------------------------------------
 
 def test_simulated_eager_trace_is_less_busy_than_graphs() -> None:
-    eager = trace.summarize(_fixture("sim_eager"))
-    graphs = trace.summarize(_fixture("sim_graphs"))
+    eager = summarize(_fixture("sim_eager"))
+    graphs = summarize(_fixture("sim_graphs"))
     assert eager["gpu_busy_fraction"] < 0.4 < graphs["gpu_busy_fraction"], \
         "eager leaves launch gaps between kernels; CUDA graphs do not"
     assert eager["median_gap_us"] > 10 * graphs["median_gap_us"]
@@ -93,24 +96,24 @@ def test_simulated_eager_trace_is_less_busy_than_graphs() -> None:
 
 
 def test_only_the_tp2_trace_has_communication() -> None:
-    shares = {name: trace.summarize(_fixture(name))["communication_share"]
+    shares = {name: summarize(_fixture(name))["communication_share"]
               for name in ("sim_graphs", "sim_eager", "sim_fp8", "sim_tp2")}
     assert shares["sim_tp2"] > 0.1, "TP=2 all-reduces twice per layer"
     assert all(v == 0.0 for k, v in shares.items() if k != "sim_tp2"), shares
 
 
 def test_fp8_weights_lower_the_gemm_share_and_add_quantize_kernels() -> None:
-    bf16 = trace.summarize(_fixture("sim_graphs"))
-    fp8 = trace.summarize(_fixture("sim_fp8"))
+    bf16 = summarize(_fixture("sim_graphs"))
+    fp8 = summarize(_fixture("sim_fp8"))
     assert fp8["gemm_share"] < bf16["gemm_share"], "fp8 GEMMs read half the weight bytes"
     assert fp8["quantize_share"] > 0.0 == bf16["quantize_share"]
 
 
 def test_summary_has_every_category_and_shares_add_up() -> None:
-    summary = trace.summarize(_fixture("sim_tp2"))
-    assert all(f"{c}_s" in summary and f"{c}_share" in summary for c in trace.CATEGORIES)
-    assert sum(summary[f"{c}_share"] for c in trace.CATEGORIES) == pytest.approx(1.0)
-    assert sum(summary[f"{c}_s"] for c in trace.CATEGORIES) == \
+    summary = summarize(_fixture("sim_tp2"))
+    assert all(f"{c}_s" in summary and f"{c}_share" in summary for c in CATEGORIES)
+    assert sum(summary[f"{c}_share"] for c in CATEGORIES) == pytest.approx(1.0)
+    assert sum(summary[f"{c}_s"] for c in CATEGORIES) == \
         pytest.approx(summary["kernel_time_s"])
     assert summary["num_kernels"] == 1500
     assert all(isinstance(v, float) for v in summary.values()), "summaries are flat floats"
@@ -118,21 +121,21 @@ def test_summary_has_every_category_and_shares_add_up() -> None:
 
 
 def test_top_kernels_ranks_by_total_time() -> None:
-    top = trace.top_kernels(_fixture("sim_tp2"), n=3)
+    top = top_kernels(_fixture("sim_tp2"), n=3)
     assert [k.category for k in top[:2]] == ["gemm", "communication"]
     assert top[0].total_s >= top[1].total_s >= top[2].total_s
     assert top[0].count > 100 and len(top) == 3
 
 
 def test_summarize_many_averages_ranks() -> None:
-    one = trace.summarize(_fixture("sim_graphs"))
-    other = trace.summarize(_fixture("sim_eager"))
-    both = trace.summarize_many([_fixture("sim_graphs"), _fixture("sim_eager")])
+    one = summarize(_fixture("sim_graphs"))
+    other = summarize(_fixture("sim_eager"))
+    both = summarize_many([_fixture("sim_graphs"), _fixture("sim_eager")])
     assert both["num_ranks"] == 2
     assert both["gpu_busy_fraction"] == pytest.approx(
         (one["gpu_busy_fraction"] + other["gpu_busy_fraction"]) / 2)
     with pytest.raises(ValueError, match="at least one"):
-        trace.summarize_many([])
+        summarize_many([])
 
 
 # --- exact answers on hand-built traces ---------------------------------------------------------
@@ -148,7 +151,7 @@ def test_busy_time_is_the_union_of_overlapping_streams(tmp_path: Path) -> None:
         {"ph": "i", "cat": "kernel", "name": "instant", "ts": 50},  # not a complete event
     ]
     random.Random(0).shuffle(events)  # file order is not time order
-    summary = trace.summarize(_write(tmp_path / "t.pt.trace.json", events))
+    summary = summarize(_write(tmp_path / "t.pt.trace.json", events))
     assert summary["num_kernels"] == 5
     assert summary["kernel_span_s"] == pytest.approx(40e-6)
     assert summary["gpu_busy_s"] == pytest.approx(30e-6), "[0,15) + [20,25) + [30,40)"
@@ -161,7 +164,7 @@ def test_busy_time_is_the_union_of_overlapping_streams(tmp_path: Path) -> None:
 def test_median_gap_is_taken_on_the_busiest_stream(tmp_path: Path) -> None:
     busy = [_kernel("nvjet", i * 15.0, 10.0, stream=7) for i in range(101)]  # 5 us gaps
     sparse = [_kernel("triton_poi_fused", i * 500.0, 1.0, stream=9) for i in range(10)]
-    summary = trace.summarize(_write(tmp_path / "t.pt.trace.json", busy + sparse))
+    summary = summarize(_write(tmp_path / "t.pt.trace.json", busy + sparse))
     assert summary["median_gap_us"] == pytest.approx(5.0, rel=0.03)
 
 
@@ -169,8 +172,8 @@ def test_events_later_than_the_reorder_window_are_counted_not_lost(tmp_path: Pat
     events = [_kernel("nvjet", 100.0 + i * 10, 5.0) for i in range(50)]
     events.append(_kernel("nvjet", 0.0, 5.0))  # the earliest kernel written last
     path = _write(tmp_path / "t.pt.trace.json", events)
-    exact = trace.summarize(path)
-    windowed = trace.summarize(path, reorder_window=4)
+    exact = summarize(path)
+    windowed = summarize(path, reorder_window=4)
     assert exact["num_late_kernels"] == 0 and exact["gpu_busy_s"] == pytest.approx(255e-6)
     assert windowed["num_late_kernels"] == 1
     assert windowed["num_kernels"] == 51 and windowed["kernel_time_s"] == exact["kernel_time_s"]
@@ -180,7 +183,7 @@ def test_events_later_than_the_reorder_window_are_counted_not_lost(tmp_path: Pat
 def test_a_trace_without_gpu_events_gives_only_counts(tmp_path: Path) -> None:
     path = _write(tmp_path / "cpu.pt.trace.json",
                   [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 1, "dur": 2}])
-    assert trace.summarize(path) == {"num_kernels": 0.0, "kernel_time_s": 0.0}
+    assert summarize(path) == {"num_kernels": 0.0, "kernel_time_s": 0.0}
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -192,13 +195,13 @@ def test_reader_matches_json_load_at_any_chunk_size(tmp_path: Path) -> None:
                   deviceProperties=[{"id": 0, "name": "NVIDIA H200", "totalGlobalMem": 10 ** 12}])
     expected = json.loads(path.read_text())["traceEvents"]
     for chunk_chars in (1, 7, 64, 1 << 20):
-        assert list(trace.iter_events(path, chunk_chars=chunk_chars)) == expected, chunk_chars
+        assert list(iter_events(path, chunk_chars=chunk_chars)) == expected, chunk_chars
 
 
 def test_bare_array_traces_are_read(tmp_path: Path) -> None:
     path = tmp_path / "bare.json"
     path.write_text(json.dumps([_kernel("nvjet", 0, 4), _kernel("nvjet", 10, 4)]))
-    assert trace.summarize(path)["gpu_busy_fraction"] == pytest.approx(8 / 14)
+    assert summarize(path)["gpu_busy_fraction"] == pytest.approx(8 / 14)
 
 
 @pytest.mark.parametrize("text", ['{"traceEvents": [{"ph": "X", "cat": "kernel"',
@@ -207,7 +210,7 @@ def test_a_broken_trace_raises_value_error(tmp_path: Path, text: str) -> None:
     path = tmp_path / "broken.pt.trace.json"
     path.write_text(text)
     with pytest.raises(ValueError):
-        trace.summarize(path)
+        summarize(path)
 
 
 def test_a_cut_gzip_trace_raises_value_error(tmp_path: Path) -> None:
@@ -215,7 +218,7 @@ def test_a_cut_gzip_trace_raises_value_error(tmp_path: Path) -> None:
     path = tmp_path / "cut.pt.trace.json.gz"
     path.write_bytes(whole[: len(whole) // 2])
     with pytest.raises(ValueError, match="truncated"):
-        trace.summarize(path)
+        summarize(path)
 
 
 def test_a_large_trace_is_summarized_in_bounded_memory(tmp_path: Path) -> None:
@@ -236,7 +239,7 @@ def test_a_large_trace_is_summarized_in_bounded_memory(tmp_path: Path) -> None:
     file_bytes = path.stat().st_size
     tracemalloc.start()
     try:
-        summary = trace.summarize(path)
+        summary = summarize(path)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -248,14 +251,14 @@ def test_a_large_trace_is_summarized_in_bounded_memory(tmp_path: Path) -> None:
 
 def test_trim_writes_a_small_valid_trace_of_gpu_events(tmp_path: Path) -> None:
     out = tmp_path / "small.pt.trace.json.gz"
-    count = trace.trim(_fixture("sim_tp2"), out, max_events=300, note="test")
+    count = trim(_fixture("sim_tp2"), out, max_events=300, note="test")
     with gzip.open(out, "rt", encoding="utf-8") as handle:
         data = json.load(handle)
     assert count == len(data["traceEvents"]) == 300
-    assert all(e["ph"] == "X" and e["cat"] in trace.GPU_EVENT_CATEGORIES
+    assert all(e["ph"] == "X" and e["cat"] in GPU_EVENT_CATEGORIES
                for e in data["traceEvents"])
     assert data["nightshift_trim"]["source"] == "sim_tp2.pt.trace.json.gz"
-    summary = trace.summarize(out)
+    summary = summarize(out)
     assert summary["num_kernels"] == 300 and summary["communication_share"] > 0
 
 
@@ -263,18 +266,18 @@ def test_trim_skips_to_the_requested_window(tmp_path: Path) -> None:
     path = _write(tmp_path / "t.pt.trace.json", [_kernel("nvjet", i * 10.0, 5.0)
                                                  for i in range(100)])
     out = tmp_path / "w.pt.trace.json"
-    assert trace.trim(path, out, max_events=10, start_offset_us=500.0) == 10
+    assert trim(path, out, max_events=10, start_offset_us=500.0) == 10
     starts = [e["ts"] for e in json.loads(out.read_text())["traceEvents"]]
     assert starts == [500.0 + 10 * i for i in range(10)]
     with pytest.raises(ValueError, match="max_events"):
-        trace.trim(path, out, max_events=0)
+        trim(path, out, max_events=0)
 
 
 @pytest.mark.parametrize("name", ["sim_graphs", "sim_eager", "sim_tp2"])
 def test_summarize_and_trim_in_one_read_equals_the_two(name: str, tmp_path: Path) -> None:
     path = FIXTURES / f"{name}.pt.trace.json.gz"
-    one = trace.summarize_and_trim(path, tmp_path / "one.json.gz", max_events=300, note="n")
-    trace.trim(path, tmp_path / "two.json.gz", max_events=300, note="n")
-    assert one == trace.summarize(path)
+    one = summarize_and_trim(path, tmp_path / "one.json.gz", max_events=300, note="n")
+    trim(path, tmp_path / "two.json.gz", max_events=300, note="n")
+    assert one == summarize(path)
     assert gzip.decompress((tmp_path / "one.json.gz").read_bytes()) == \
         gzip.decompress((tmp_path / "two.json.gz").read_bytes())

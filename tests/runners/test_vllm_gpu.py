@@ -12,9 +12,10 @@ import pytest
 
 from runners.base import EngineConfig
 from runners.engine import EngineRunner
+from runners.load_level import LoadLevel
 from runners.model_info import resolve_model_dir
 from runners.vllm.launcher import VllmLauncher
-from runners.workload import SLO, LengthDistribution, LoadLevel, Workload
+from runners.workload import SLO, LengthDistribution, Workload
 
 pytestmark = pytest.mark.gpu
 

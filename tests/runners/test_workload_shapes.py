@@ -11,18 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runners import arrivals, loadgen
+from runners import arrivals
 from runners.base import EngineConfig
 from runners.engine import EngineRunner
+from runners.load_level import LoadLevel
+from runners.loadgen.requests import build_requests
 from runners.simulated.launcher import SimulatedLauncher
-from runners.workload import (
-    SLO,
-    LengthDistribution,
-    LoadLevel,
-    SharedPrefix,
-    TraceReplay,
-    Workload,
-)
+from runners.workload import SLO, LengthDistribution, SharedPrefix, TraceReplay, Workload
 
 
 def _gaps(offsets: list[float]) -> np.ndarray:
@@ -73,8 +68,8 @@ def test_shared_prefix_requests_share_exactly_the_prefix_and_keep_their_own_part
                      seed=11)
     workload = Workload(input_len=plain.input_len, output_len=plain.output_len, seed=11,
                         shared_prefix=shared)
-    unique = loadgen.build_requests(plain, 40, seed=5)
-    specs = loadgen.build_requests(workload, 40, seed=5)
+    unique = build_requests(plain, 40, seed=5)
+    specs = build_requests(workload, 40, seed=5)
     prefixes = {tuple(s.prompt[:48]) for s in specs if len(s.prompt) == 68}
     assert len(prefixes) == 2, "two distinct prefixes, each used"
     num_shared = 0
@@ -88,9 +83,9 @@ def test_shared_prefix_requests_share_exactly_the_prefix_and_keep_their_own_part
         else:
             assert spec.prompt == alone.prompt and spec.prompt_len == 20
     assert num_shared == 20, "exactly floor(n x fraction) requests share"
-    assert loadgen.build_requests(workload, 10, seed=5) == specs[:10], \
+    assert build_requests(workload, 10, seed=5) == specs[:10], \
         "request i does not depend on how many are built"
-    other_level = loadgen.build_requests(workload, 40, seed=6)
+    other_level = build_requests(workload, 40, seed=6)
     assert {tuple(s.prompt[:48]) for s in other_level if len(s.prompt) == 68} == prefixes, \
         "every level (and trial) of a study shares the same prefixes"
 
@@ -215,11 +210,23 @@ def test_a_traces_text_prompt_length_is_labelled_recorded_not_counted(tmp_path: 
                     '"prompt": "Four words of text"}\n'
                     '{"timestamp": 1, "input_length": 8, "output_length": 2}\n')
     workload = Workload(trace=TraceReplay(path), num_requests=None)
-    text, ids = loadgen.build_requests(workload, 2, seed=0)
+    text, ids = build_requests(workload, 2, seed=0)
     assert (text.prompt_len, text.is_prompt_len_estimated) == (99, True), \
         "the trace's own input_length, unchecked without a tokenizer: not a count"
     assert not ids.is_prompt_len_estimated, "synthesised token ids are exact"
 
+
+def test_a_traces_file_is_read_once_however_many_levels_build_its_requests(
+        tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 8, "output_length": 2}\n'
+                    '{"timestamp": 1, "input_length": 12, "output_length": 3}\n')
+    trace = TraceReplay(path)
+    workload = Workload(trace=trace, num_requests=None)
+    first = build_requests(workload, 2, seed=0)
+    path.unlink()  # a second read would fail: the parsed entries travel with the workload
+    assert build_requests(workload, 2, seed=0) == first, "the level after reads no file"
+    assert [(e.input_len, e.output_len) for e in trace.entries] == [(8, 2), (12, 3)]
 
 
 def test_a_rate_levels_record_names_the_workloads_burstiness(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from search_spaces import SpaceError, parse_space
-from search_spaces.space import KNOWN_FLAGS
+from search_spaces.known_flags import KNOWN_FLAGS
 from tests.search_spaces.test_space import CONTEXTS
 
 # Words the loader looks for, so generated data gets past the first checks often enough.

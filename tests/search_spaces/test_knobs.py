@@ -8,12 +8,15 @@ from typing import Any
 import pytest
 import yaml
 
-from optimizer.runtime import space_context, workload_facts
+from optimizer.run.space_context import space_context, workload_facts
+from runners.capacity_search import CapacitySearch
 from runners.hardware import load_preset
+from runners.load_level import LoadLevel
 from runners.model_info import load_model_info
-from runners.vllm.flags import bundled_flags, to_argv, to_config_dict, value_problem
-from runners.workload import CapacitySearch, LengthDistribution, LoadLevel, Workload
+from runners.workload import LengthDistribution, Workload
 from search_spaces import load_space, to_flags
+from search_spaces.engine.render import to_argv, to_config_dict
+from search_spaces.engine.tables import bundled_flags, value_problem
 
 NEW_KNOBS: dict[str, Any] = {
     "cudagraph_mode": "PIECEWISE",
@@ -46,7 +49,7 @@ def _domain(resolved: Any, name: str) -> tuple[Any, ...]:
 
 
 def test_each_new_knob_renders_to_argv_as_vllm_026_spells_and_types_it() -> None:
-    argv = to_argv(to_flags(NEW_KNOBS))
+    argv = to_argv(to_flags(NEW_KNOBS), bundled_flags())
     assert argv == EXPECTED_ARGV, "one flag per knob, vLLM's spelling, negatable False as --no-"
     table = bundled_flags()
     for index, arg in enumerate(argv):
@@ -64,7 +67,7 @@ def _typed(text: str) -> object:
 
 
 def test_each_new_knob_renders_to_config_yaml_with_the_same_keys_as_the_argv() -> None:
-    config = to_config_dict(to_flags(NEW_KNOBS))
+    config = to_config_dict(to_flags(NEW_KNOBS), bundled_flags())
     text = yaml.safe_dump(config, sort_keys=False)
     read_back = yaml.safe_load(text)
     # vLLM's config-file loader turns each key into `--key value` (utils/argparse_utils.py).

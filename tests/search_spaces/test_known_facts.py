@@ -10,10 +10,11 @@ import pytest
 import yaml
 
 from optimizer.config import load_study
-from optimizer.runtime import seed_trial_params, space_context
+from optimizer.run.seeds import seed_trial_params
+from optimizer.run.space_context import space_context
 from runners.hardware import load_preset
 from runners.model_info import load_model_info
-from runners.simulated.model import ENGINE_VERSION
+from runners.simulated.sizing import ENGINE_VERSION
 from search_spaces import load_space
 from search_spaces.known_facts import (
     FactError,

@@ -1,0 +1,202 @@
+"""The study's best and the config to ship: `best_trial` (the best measured trial, feasible
+first), `recommended_trial` (the simplest within noise of it whose launch `nightshift audit`
+passes; `RECOMMENDATION_RULE`), and what they read: which trials measured their config
+(`is_measured`), a trial's config (`params_of`), vLLM's defaults on the study's host, and why
+there is no measurement of the defaults (`no_baseline_reason`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from optimizer.records import record_of
+from optimizer.study import (
+    ATTR_BASELINE,
+    ATTR_CONFIRM,
+    QUALITY_CONSTRAINT,
+    STUDY_ATTR_VLLM_DEFAULTS,
+    is_search_trial,
+)
+from search_spaces import HOST_DEFAULTS, changed_params, vllm_default
+
+
+def is_measured(trial: optuna.trial.FrozenTrial) -> bool:
+    """A complete trial that measured its config: not a config failure (held complete in
+    Optuna to teach the sampler, `failed` in its record) nor a final confirmation run."""
+    return trial.state == TrialState.COMPLETE and ATTR_CONFIRM not in trial.user_attrs and \
+        _record_state(trial) == "complete"
+
+
+# Two measurements of one config differ by about this much: a change whose effect is smaller
+# "does not matter here" (records.conclude) and is not worth deploying (recommended_trial).
+NOISE_FRACTION = 0.02
+
+
+def audit_errors(trial: optuna.trial.FrozenTrial) -> list[str]:
+    """The errors `nightshift audit` finds in the flags the trial ran with
+    (optimizer.audit): a config that ships one is never recommended. The simulated engine
+    prices CUDA graphs off only where a decode-only batch would have replayed one, so a
+    mixed-batch workload can measure it as free; the audit's cost is vLLM's on real GPUs."""
+    from optimizer.audit import Launch, audit
+
+    record = record_of(trial)
+    if record is None:
+        return []
+    launch = Launch(model="", flags=dict(record.flags), env={})  # its errors are the flags''
+    return [f.message for f in audit(launch) if f.severity == "error"]
+
+
+def _best_of(study: optuna.Study,
+             trials: Sequence[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial | None:
+    """`best_trial`'s rule over `trials` alone (one objective)."""
+    if not trials or len(study.directions) > 1:
+        return trials[0] if trials else None
+    feasible = [t for t in trials if all(v <= 0 for v in t.constraints.values())]
+    sign = 1.0 if study.direction.name == "MAXIMIZE" else -1.0
+    return max(feasible or trials, key=lambda t: sign * float(t.values[0]))
+
+
+def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    """The study's best: among measured trials (not a config failure, which Optuna holds as
+    complete to teach the sampler, nor a final confirmation run), one that met the SLO
+    somewhere (constraints all <= 0) when any did; else the best measured. For two
+    objectives, the first of the feasible Pareto front."""
+    measured = _measured_trials(study)
+    if not measured:
+        return None
+    if len(study.directions) == 1:
+        feasible = [t for t in measured if all(v <= 0 for v in t.constraints.values())]
+        sign = 1.0 if study.direction.name == "MAXIMIZE" else -1.0
+        return max(feasible or measured, key=lambda t: sign * float(t.values[0]))
+    numbers = {t.number for t in measured}
+    front = [t for t in study.best_trials if t.number in numbers]
+    if not front:  # the front held only refused trials: the front of the rest
+        front = _pareto_front(measured, [d.name == "MAXIMIZE" for d in study.directions])
+    return front[0] if front else None
+
+
+def _pareto_front(trials: list[optuna.trial.FrozenTrial],
+                  maximize: list[bool]) -> list[optuna.trial.FrozenTrial]:
+    def oriented(t: optuna.trial.FrozenTrial) -> list[float]:
+        return [float(v) if up else -float(v) for v, up in zip(t.values, maximize, strict=True)]
+
+    def dominates(a: list[float], b: list[float]) -> bool:
+        return all(x >= y for x, y in zip(a, b, strict=True)) and a != b
+
+    points = [(t, oriented(t)) for t in trials]
+    return [t for t, p in points if not any(dominates(q, p) for _, q in points)]
+
+
+def recommended_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    """The config to ship: among measured trials whose launch `nightshift audit` passes
+    (`audit_errors`: CUDA graphs off is an error, however the search measured it), those within
+    NOISE_FRACTION of the best's value (and meeting the SLO where the best does), the one that
+    changes the fewest flags from the vLLM defaults, then the better value. A flag whose
+    measured effect is noise is not deployed: if the defaults themselves are within noise of
+    the best, they are the recommendation. A flag counts as changed where it changes what vLLM
+    runs with (`changed_params`): an explicit value equal to vLLM's default on the study's host
+    is none. Two objectives, or no defaults trial to count changes from: the best."""
+    measured = _measured_trials(study)
+    shippable = [t for t in measured if not audit_errors(t)]
+    best = best_trial(study)
+    if best is not None and audit_errors(best) and shippable:
+        best = _best_of(study, shippable)
+    if best is None or len(study.directions) > 1 or best.values is None:
+        return best
+    measured = shippable or measured
+    baseline = next((t for t in measured if t.user_attrs.get(ATTR_BASELINE)), None)
+    if baseline is None:
+        return best
+    defaults = params_of(baseline)
+    top = float(best.values[0])
+    best_feasible = all(v <= 0 for v in best.constraints.values())
+    sign = 1.0 if study.direction.name == "MAXIMIZE" else -1.0
+    candidates = [t for t in measured
+                  if abs(float(t.values[0]) - top) <= NOISE_FRACTION * abs(top)
+                  and (not best_feasible or all(v <= 0 for v in t.constraints.values()))]
+
+    host_defaults = vllm_defaults_of(study)
+
+    def changes(trial: optuna.trial.FrozenTrial) -> int:
+        return len(changed_params(params_of(trial), defaults, host_defaults))
+
+    return min(candidates, key=lambda t: (changes(t), -sign * float(t.values[0]), t.number))
+
+
+# The one rule that names the config to ship; every place that names it (the end-of-run line,
+# `status`, the report, MLflow's tag and run name, the export) names `recommended_trial`'s.
+RECOMMENDATION_RULE = (f"the best measured trial whose launch `nightshift audit` passes, unless "
+                       f"one within {NOISE_FRACTION:.0%} of it (noise) changes fewer flags "
+                       "from the vLLM defaults")
+
+
+def recommendation_note(study: optuna.Study, chosen: optuna.trial.FrozenTrial) -> str:
+    """Why the recommendation `chosen` is not the nominal best (empty when it is)."""
+    best = best_trial(study)
+    if best is None or best.number == chosen.number or not best.values or not chosen.values:
+        return ""
+    what = "the vLLM defaults" if chosen.user_attrs.get(ATTR_BASELINE) else \
+        f"trial {chosen.number}"
+    refused = audit_errors(best)
+    if refused:
+        return (f"the best measured, trial {best.number} ({best.values[0]:.4g} vs "
+                f"{chosen.values[0]:.4g}), runs a flag `nightshift audit` calls an error "
+                f"({refused[0].rstrip('.')}); {what} is the best launch that passes it")
+    return (f"{what}: within {NOISE_FRACTION:.0%} of the best measured (trial {best.number}, "
+            f"{best.values[0]:.4g} vs {chosen.values[0]:.4g}) with fewer changes from the "
+            f"vLLM defaults; `--trial {best.number}` exports that one")
+
+
+def vllm_defaults_of(study: optuna.Study) -> dict[str, Any]:
+    """vLLM's value of each param on the study's host, as the study kept it at start; for a
+    study written before it was kept, the host-independent ones only (a host-dependent param
+    set to the host's default then counts as a change)."""
+    kept = study.user_attrs.get(STUDY_ATTR_VLLM_DEFAULTS)
+    if isinstance(kept, Mapping):
+        return dict(kept)
+    return host_independent_defaults(study.get_trials(deepcopy=False))
+
+
+def host_independent_defaults(trials: Sequence[optuna.trial.FrozenTrial]) -> dict[str, Any]:
+    """vLLM's value of each param the trials set that is the same on every host."""
+    names = {k for t in trials for k in params_of(t)}
+    return {k: vllm_default(k) for k in sorted(names) if k not in HOST_DEFAULTS}
+
+
+def _record_state(trial: optuna.trial.FrozenTrial) -> str:
+    """The record's state; a trial without a record is taken as Optuna holds it (complete)."""
+    record = record_of(trial)
+    return record.state if record is not None else "complete"
+
+
+def params_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """The config a trial ran: its record's params, else Optuna's."""
+    record = record_of(trial)
+    return dict(record.params if record is not None and record.params else trial.params)
+
+
+def _measured_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Measured trials that may be the best: a trial the quality gate refused never is, even
+    when no trial met the SLO (its speed was bought with the model's outputs)."""
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if is_measured(t) and t.values is not None
+            and t.constraints.get(QUALITY_CONSTRAINT, 0.0) <= 0]
+
+
+def no_baseline_reason(study: optuna.Study) -> str | None:
+    """Why the study has no measurement of the defaults (every gain is stated against it):
+    the last defaults trial's failure, once none was measured and none is queued or running
+    (a retry may still measure them); None otherwise."""
+    baselines = [t for t in study.get_trials(deepcopy=False)
+                 if t.user_attrs.get(ATTR_BASELINE) and is_search_trial(t)]
+    if not baselines or any(is_measured(t) or not t.state.is_finished() for t in baselines):
+        return None
+    last = max(baselines, key=lambda t: t.number)
+    record = record_of(last)
+    reason = (record.failure_reason if record else None) or last.state.name.lower()
+    message = str((record.failure_message if record else None) or "").strip()[:300]
+    tries = f"; tried {len(baselines)} times" if len(baselines) > 1 else ""
+    return f"{reason}{tries}" + (f": {message}" if message else "")

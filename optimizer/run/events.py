@@ -1,0 +1,61 @@
+"""What the daemon tells its caller: a `TrialEvent` per trial event (the CLI's progress display
+draws them; the core never draws), the figures an event carries (`first_value`,
+`operating_tpot_ms`), and the `DaemonSummary` of a run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from optimizer.objectives import objective_values, operating_step
+from optimizer.search.controller import SearchController
+from optimizer.search.trials import Running
+from optimizer.study import ATTR_CONFIRM
+
+
+@dataclass(frozen=True)
+class TrialEvent:
+    """What the CLI's progress display is told; the core never draws."""
+
+    kind: Literal["started", "step", "finished", "study"]
+    number: int = -1
+    params: Mapping[str, Any] = field(default_factory=dict)
+    state: str = "running"
+    value: float | None = None
+    tpot_p99_ms: float | None = None
+    message: str = ""
+    elapsed_s: float = 0.0
+    label: str = ""  # the bottleneck classifier's verdict, once there is one
+    confirm: str = ""  # "defaults" or "best": a final confirmation run, not a search trial
+
+
+def confirm_of(running: Running) -> str:
+    return str(running.trial.user_attrs.get(ATTR_CONFIRM) or "")
+
+
+@dataclass(frozen=True)
+class DaemonSummary:
+    finished: int  # trials finished by this daemon run
+    total_finished: int  # in the whole study
+    stopped_early: bool  # by a signal or `nightshift stop`
+    best_number: int | None
+    best_values: list[float] | None
+    no_baseline: str = ""  # why the defaults could not be measured, when they could not
+    # What MLflow lacks at the end (writes it refused, still refused by the closing catch-up),
+    # as a sentence; "" when it holds everything. Optuna holds it all; the next start logs it.
+    mlflow_incomplete: str = ""
+
+
+def operating_tpot_ms(policy: SearchController, running: Running) -> float | None:
+    """TPOT p99 at the trial's operating point so far (`objectives.operating_step`), the load
+    its value describes: never a later probe's that missed the SLO."""
+    step = operating_step(policy.cfg.objectives[0], running.steps)
+    return step.metrics.p99_tpot_ms if step is not None else None
+
+
+def first_value(policy: SearchController | None, running: Running) -> float | None:
+    if policy is None:
+        return None
+    values = objective_values(policy.cfg.objectives, running.steps, running.config.num_gpus)
+    return values[0] if values else None

@@ -1,0 +1,212 @@
+"""The Ray cluster around the executor: start a local Ray bound to 127.0.0.1 (`init_ray`,
+`start_local_ray`) or join one, count its live GPUs (`live_gpus`, `largest_node_gpus`), say why
+no node can take a trial placed as the study asks (`placement_problem`), probe a GPU node's
+hardware (`probe_on_cluster`) and reap the engines a dead daemon left on other nodes
+(`reap_on_other_nodes`). With `ray_executor`, the only modules of `optimizer` that import Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayError
+
+from optimizer.errors import ConfigError, NightshiftError
+
+logger = logging.getLogger(__name__)
+
+
+def live_gpus(timeout_s: float = 30.0) -> int:
+    """The GPUs of the cluster's live nodes; raises TimeoutError when Ray's GCS does not answer
+    within `timeout_s` (`ray.nodes()` blocks while it tries to reconnect to a GCS gone)."""
+    nodes = [n for n in cluster_nodes(timeout_s) if n.get("Alive")]
+    return int(sum(n.get("Resources", {}).get("GPU", 0) for n in nodes))
+
+
+def cluster_nodes(timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    """`ray.nodes()`, or TimeoutError when Ray's GCS does not answer within `timeout_s`."""
+    answer: list[list[dict[str, Any]]] = []
+    failure: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            answer.append(ray.nodes())  # type: ignore[no-untyped-call]
+        except BaseException as exc:  # handed to the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=ask, daemon=True, name="nightshift-ray-nodes")
+    thread.start()
+    thread.join(timeout_s)
+    if failure:
+        raise failure[0]
+    if not answer:
+        raise TimeoutError(f"ray.nodes() did not answer within {timeout_s:.0f} s")
+    return answer[0]
+
+
+def largest_node_gpus() -> int:
+    """The most GPUs one live node of the cluster has: a trial's GPUs must share a node."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+    return int(max((n.get("Resources", {}).get("GPU", 0) for n in nodes), default=0))
+
+
+def placement_problem(nodes: Sequence[Mapping[str, Any]], accelerator_type: str | None,
+                      resources: Mapping[str, float]) -> str | None:
+    """Why no live node of the cluster (`ray.nodes()`) can take a trial placed by
+    `ray.accelerator_type` and `ray.resources`, or None. Ray would queue such a task for ever,
+    silently: the study would sit "running" with nothing launched."""
+    if not accelerator_type and not resources:
+        return None
+    alive = [dict(n.get("Resources") or {}) for n in nodes if n.get("Alive")]
+    wanted = dict(resources)
+    if accelerator_type:
+        wanted[f"accelerator_type:{accelerator_type}"] = 0.001  # as Ray asks for it
+    if any(all(node.get(k, 0.0) >= v for k, v in wanted.items()) for node in alive):
+        return None
+    have = sorted({k for node in alive for k in node if k.startswith("accelerator_type:")})
+    if accelerator_type and f"accelerator_type:{accelerator_type}" not in \
+            {k for node in alive for k in node}:
+        kinds = ", ".join(k.partition(":")[2] for k in have) or "none declared"
+        return (f"ray.accelerator_type: no node of the Ray cluster is a {accelerator_type!r} "
+                f"(its nodes: {kinds}); name one of those or leave it out")
+    custom = sorted({k for node in alive for k in node
+                     if k not in ("CPU", "GPU", "memory", "object_store_memory")
+                     and not k.startswith(("node:", "accelerator_type:"))})
+    return (f"ray.resources: no node of the Ray cluster has {dict(wanted)} (custom resources "
+            f"there: {', '.join(custom) or 'none'}); start the nodes with `ray start "
+            "--resources` or leave ray.resources out")
+
+
+def cluster_placement_problem(accelerator_type: str | None,
+                              resources: Mapping[str, float]) -> str | None:
+    """`placement_problem` on the joined cluster's live nodes."""
+    return placement_problem(ray.nodes(), accelerator_type, resources)  # type: ignore[no-untyped-call]
+
+
+def _reap(registry_dir: str) -> list[int]:
+    from runners.process import reap_strays
+
+    return reap_strays(Path(registry_dir))
+
+
+def reap_on_other_nodes(registry_dir: Path, timeout_s: float = 60.0) -> dict[str, list[int]]:
+    """Kill the engines a dead daemon left on the cluster's other live nodes: a worker there
+    launched them and recorded them under `registry_dir` on that node's disk, which the daemon
+    cannot read. One task pinned to each node reaps them (`runners.process.reap_strays`, which
+    acts only on a pid alive with its recorded create time). Call with the study lock held.
+    Returns node id -> pids killed, for the nodes where any were."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not ray.is_initialized():
+        return {}
+    here = ray.get_runtime_context().get_node_id()
+    pending = {}
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
+        if not node.get("Alive") or node["NodeID"] == here:
+            continue
+        strategy = NodeAffinitySchedulingStrategy(node_id=node["NodeID"], soft=False)
+        pending[node["NodeID"]] = ray.remote(_reap).options(
+            num_cpus=0, scheduling_strategy=strategy).remote(str(registry_dir))
+    reaped: dict[str, list[int]] = {}
+    for node_id, ref in pending.items():
+        try:
+            pids = ray.get(ref, timeout=timeout_s)
+        except (GetTimeoutError, RayError) as exc:
+            logger.warning("could not reap stray engines on node %s (%s: %s); they may still "
+                           "hold its GPUs", node_id[:12], type(exc).__name__, str(exc)[:200])
+            continue
+        if pids:
+            reaped[node_id] = list(pids)
+    return reaped
+
+
+def _probe_hardware() -> dict[str, Any]:
+    from runners.hardware_probe import probe
+
+    return probe().to_dict()
+
+
+def probe_on_cluster(accelerator_type: str | None = None,
+                     resources: Mapping[str, float] | None = None,
+                     timeout_s: float = 300.0) -> Any:
+    """The hardware profile of a GPU node of the cluster (the driver may have no GPU), read by
+    a one-GPU task placed as the study's trials will be."""
+    from runners.hardware import HardwareProfile
+
+    options: dict[str, Any] = {"num_gpus": 1, "num_cpus": 0, "resources": dict(resources or {})}
+    if accelerator_type:
+        options["accelerator_type"] = accelerator_type
+    task = ray.remote(_probe_hardware).options(**options)
+    try:
+        data = ray.get(task.remote(), timeout=timeout_s)
+    except GetTimeoutError:
+        raise ConfigError(f"ray: no GPU node of the cluster took a probe within {timeout_s:g} s; "
+                          "check ray.accelerator_type and ray.resources against the cluster's "
+                          "nodes (`ray status`).") from None
+    return HardwareProfile.from_dict(data)
+
+
+LOOPBACK = "127.0.0.1"
+# Ray resolves a loopback `_node_ip_address` to the machine's address unless it believes
+# multi-node clusters are off (ray/_private/services.py `resolve_ip_for_localhost` and
+# `get_node_ip_address`); this switch, read by `ray._private.ray_constants` at import, says so.
+_RAY_CLUSTERS_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def init_ray(num_gpus: int | None, address: str | None = None) -> int:
+    """Join `address` or start a local cluster (declaring `num_gpus` for the simulated engine);
+    returns the GPUs the cluster has."""
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                  "configure_logging": False}
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            start_local_ray(num_gpus=num_gpus, num_cpus=max(2, (num_gpus or 0) + 2), **kwargs)
+    resources: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+    return int(resources.get("GPU", 0))
+
+
+def start_local_ray(**kwargs: Any) -> None:
+    """A Ray of the daemon's own on this machine, bound to 127.0.0.1 only, whatever the
+    environment holds.
+
+    `address="local"` starts a new cluster even with `RAY_ADDRESS` set or a `ray start` left
+    running (which `ray.init()` without an address would join). Ray 2.60 binds its gRPC servers
+    (GCS, raylet and object manager, every core worker and the driver), the runtime-env agent,
+    the autoscaler monitor's metrics server and (by its source; in a minimal install it opens
+    no port) the dashboard agent to loopback when the node's IP is a loopback one; the
+    dashboard process gets `--host=127.0.0.1`, Ray's default. `ray.init` would turn
+    `_node_ip_address="127.0.0.1"` into the machine's address unless multi-node clusters are
+    switched off, so the switch is off for this call: in the environment, for the processes Ray
+    starts (its workers inherit the raylet's), and in the constant already imported, for this
+    process. Raises `NightshiftError` (Ray shut down again) if the node came up on another
+    address all the same."""
+    from ray._private import ray_constants
+
+    saved = {name: os.environ.get(name) for name in ("RAY_ADDRESS", _RAY_CLUSTERS_SWITCH)}
+    saved_switch = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ.pop("RAY_ADDRESS", None)
+    os.environ[_RAY_CLUSTERS_SWITCH] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(address="local", _node_ip_address=LOOPBACK, **kwargs)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_switch
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    nodes = [n.get("NodeManagerAddress") for n in ray.nodes()]  # type: ignore[no-untyped-call]
+    if nodes != [LOOPBACK]:
+        ray.shutdown()
+        raise NightshiftError(f"the local Ray came up on {', '.join(map(str, nodes))}, not "
+                              f"{LOOPBACK} only; this Ray version binds differently: pin ray "
+                              "2.60 or pass --ray-address to use a cluster you run.")

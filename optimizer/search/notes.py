@@ -1,0 +1,77 @@
+"""The notes a trial's conclusion carries beside its figures: what speculative decoding did, what
+vLLM changed by itself for the config, and why a capacity search found no operating point."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import optuna
+
+from optimizer.objectives import described_step, is_capacity_search, operating_step
+from optimizer.records import record_of
+from runners.base import EngineInfo, StepMetrics
+
+
+def speculation_note(params: Mapping[str, Any], metrics: Mapping[str, Any]) -> str:
+    """What speculative decoding did at the headline level, from vLLM's counters: the share of
+    draft tokens accepted and the tokens a verification step yielded; that the counters show
+    no draft proposed (prompt lookup finds nothing the output repeats); or that no counter was
+    read, so nothing is said of the drafts."""
+    method = params.get("spec_method")
+    if method in (None, "none"):
+        return ""
+    rate = metrics.get("server.spec_decode_acceptance_rate")
+    length = metrics.get("server.spec_decode_mean_acceptance_length")
+    if rate is not None and length is not None:
+        return (f"Speculation ({method}): {rate:.0%} of draft tokens accepted, {length:.1f} "
+                "tokens per verification step at the headline level.")
+    if metrics.get("server.spec_decode_num_drafts") == 0:
+        return f"Speculation ({method}): vLLM proposed no draft at the headline level."
+    return (f"Speculation ({method}): vLLM's spec-decode counters were not read at the "
+            "headline level, so what the drafts did is unknown.")
+
+
+def no_operating_point_note(objective: str, steps: Sequence[StepMetrics]) -> str:
+    """After a capacity search in which no load met the SLO, that the trial has no operating
+    point, and why the lightest load probed missed where the runner says (its `miss_reason`,
+    read with getattr until `StepMetrics` has it); "" otherwise."""
+    if not is_capacity_search(steps) or operating_step(objective, steps) is not None:
+        return ""
+    lightest = described_step(objective, steps)
+    if lightest is None:
+        return ""
+    level = lightest.level
+    load = f"{level.request_rate_rps:.3g} req/s" if level.request_rate_rps is not None \
+        else f"concurrency {level.max_concurrency}"
+    why = getattr(lightest, "miss_reason", None)
+    return (f"No operating point: no probed load met the SLO; the lightest, {load}, missed it"
+            + (f" ({why})." if why else "."))
+
+
+def engine_of(trial: optuna.trial.FrozenTrial | None) -> Mapping[str, Any] | None:
+    """A trial's engine as its record keeps it (`EngineInfo`), or None (no trial, no record)."""
+    record = record_of(trial) if trial is not None else None
+    return dict(record.engine or {}) if record is not None else None
+
+
+def implied_changes_note(params: Mapping[str, Any], engine: EngineInfo,
+                         baseline: Mapping[str, Any] | None) -> str:
+    """What vLLM changed by itself for this config, beyond what the trial asked for, so that
+    the change a conclusion names is not taken for the whole of it (vLLM 0.26, with CPU ngram
+    speculation: async scheduling off, config/vllm.py:1059-1107; the V1 model runner instead
+    of V2, config/vllm.py:576-588). Each is said where the defaults' engine is known to have
+    run otherwise, or where the defaults were not measured yet (then of this config alone); a
+    defaults' record that does not say (written before these were read) says nothing."""
+    said = []
+    if engine.async_scheduling is False and params.get("async_scheduling") is not False and \
+            (baseline is None or baseline.get("async_scheduling") is True):
+        said.append("turned async scheduling off (its log: \"Asynchronous scheduling is "
+                    "disabled\")")
+    if engine.model_runner == "V1" and (baseline is None or baseline.get("model_runner") == "V2"):
+        said.append("ran the V1 model runner instead of V2 (its log: \"using the V1 model "
+                    "runner instead\")")
+    if not said:
+        return ""
+    return f"vLLM {' and '.join(said)} for this config, so the result includes that."
+
