@@ -32,6 +32,7 @@ from optimizer.records import (
 )
 from optimizer.samplers import SAMPLERS
 from optimizer.search.pruners import PRUNERS
+from optimizer.storage_wait import ATTEMPT_TIMEOUT_S, LockWait, LockWaitingStorage, StoreLocked
 from runners.base import EngineConfig, FailureReason, RunResult
 from runners.model_info import resolve_model_dir
 
@@ -62,16 +63,24 @@ _STORAGE_ATTEMPTS = 4
 _RACE_ERRORS = frozenset({"IntegrityError", "OperationalError"})
 
 
-def make_storage(url: str) -> optuna.storages.RDBStorage:
-    if url.startswith("sqlite:///"):
+def make_storage(url: str, *, lock_wait: LockWait | None = None,
+                 attempt_timeout_s: float = ATTEMPT_TIMEOUT_S) -> optuna.storages.RDBStorage:
+    """The storage at `url`. A SQLite file's every read and write waits through a lock another
+    process holds (`lock_wait`, by default LOCK_WAIT_S; storage_wait.py), SQLite's own busy
+    wait lasting `attempt_timeout_s` per attempt."""
+    sqlite_file = url.startswith("sqlite:///")
+    if sqlite_file:
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        # The daemon, `status` and `export` may read while the daemon writes.
-        engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}}
-    else:
-        engine_kwargs = {}
     for attempt in range(_STORAGE_ATTEMPTS):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+            if sqlite_file:
+                return LockWaitingStorage(
+                    url, {"connect_args": {"timeout": attempt_timeout_s}},
+                    wait=lock_wait or LockWait(
+                        f"the Optuna storage {url.removeprefix('sqlite:///')}"))
+            return optuna.storages.RDBStorage(url)
+        except StoreLocked:
+            raise
         except Exception as exc:  # SQLAlchemy raises per driver; all mean "unusable URL"
             # Two processes creating the schema at once (a daemon starting while `status`
             # reads) collide once; the second try finds the schema made.
@@ -200,7 +209,7 @@ def tell_config_failure(study: optuna.Study, trial: optuna.Trial, objectives: Se
 
 def requeueable(attrs: Mapping[str, Any]) -> bool:
     """Whether a trial lost to infrastructure goes back in the queue: all but a confirmation
-    run, whose interleaved comparison runs whole again when the study resumes."""
+    run, whose round (its pair of runs) is measured again when the study resumes."""
     return ATTR_CONFIRM not in attrs
 
 

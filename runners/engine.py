@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -33,9 +34,12 @@ from runners.capacity_search import CapacitySearch, Probe
 from runners.credentials import (
     API_KEY_ENV,
     auth_headers,
+    launch_secrets,
     new_api_key,
     redact_argv,
     redact_env,
+    scrub,
+    scrub_file,
 )
 from runners.load_level import LoadLevel
 from runners.loadgen.level import run_level_sync
@@ -179,6 +183,9 @@ class EngineRunner:
         argv, env = self.launcher.command(config, port, workdir, profile_dir)
         self._api_key = new_api_key()
         launch_env = {**env, API_KEY_ENV: self._api_key}
+        # What the engine may print of its secrets (an echoed token, its key) is scrubbed from
+        # its log and failure before anything reads them for a record, MLflow or a message.
+        secrets_ = launch_secrets(argv, {**os.environ, **launch_env})
         log_path = workdir / "server.log"
         steps: list[StepMetrics] = []
         engine = EngineInfo()
@@ -215,13 +222,16 @@ class EngineRunner:
                 trace_path, trace_summary = self._profile(base_url, config, workload, steps,
                                                           profile_dir)
         except _Abort as abort:
-            status, failure = "failed", abort.failure
+            status, failure = "failed", replace(
+                abort.failure, message=scrub(abort.failure.message, secrets_),
+                log_excerpt=scrub(abort.failure.log_excerpt, secrets_))
             logger.info("engine run failed: %s: %s", failure.reason, failure.message)
         finally:
             proc.terminate()
             engine_ended_unix_s = time.time()
             self._proc = None
             self._api_key = None
+            scrub_file(log_path, secrets_)
         search = workload.capacity
         probes = [(search.load_of(s.level), bool(s.meets_slo)) for s in steps
                   if s.meets_slo is not None] if search is not None else []

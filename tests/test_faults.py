@@ -74,37 +74,7 @@ C1: tests/optimizer/test_config.py::test_a_database_server_that_refuses_is_named
 is_written; B: tests/test_bad_study_files.py (about 80 files: one line naming the field, exit 2,
 no writes, bounded time and memory).
 
-Issue 35's faults, each held by a test at the lowest layer that shows it:
-
-| # | fault                               | outcome                                    | test   |
-|---|-------------------------------------|--------------------------------------------|--------|
-| 1 | 3 daemon deaths under the defaults  | re-queued each time, no config retry spent | I1     |
-| 1 | queued for GPUs when daemon died    | not failed, no run, no budget, re-queued   | I2     |
-| 1 | status of a lost trial, no flags    | its changes, never "(defaults)"            | I3     |
-| 2 | MLflow refuses writes mid-study     | end says "MLflow is incomplete" (trials)   | T2     |
-| 3 | SIGHUP in the confirmation round    | stopped, resume line, never "done"         | I4     |
-| 4 | two daemons open a fresh MLflow db  | both open it (a lock beside the store)     | I5     |
-| 5 | ray placement no node offers        | one line naming the field and the fix      | I6     |
-| 6 | full disk / kill -9 mid-write       | the old file whole, no temporary left      | I7     |
-| 7 | 0-byte, cut or garbled SQLite store | one line, exit 2 (start/status/report/...) | I8     |
-| 8 | HF_TOKEN in env, --hf-token         | named, never written; refused in argv      | I9     |
-| 9 | another user on the engine's port   | 401 without the run's own API key          | I10    |
-|10 | SLO/timeouts/env/levels no use      | one line, exit 2, no writes                | B, C2  |
-|11 | 4k, ~, /proc, /dev/zero             | 4k read as vLLM does; the rest refused     | B, C2  |
-
-I1-I2: tests/test_faults_daemon.py (test_repeated_daemon_deaths_under_the_defaults_spend_no_
-config_retry, test_a_trial_queued_for_gpus_when_the_daemon_died_is_not_a_failed_trial);
-I3: tests/optimizer/test_cli.py::test_status_never_shows_a_failed_trial_of_another_config_as_
-the_defaults; I4: tests/optimizer/test_daemon.py::test_sighup_in_the_confirmation_round_stops_
-the_study_and_never_says_done; I5: tests/test_faults_tracking.py::test_two_studies_opening_a_
-fresh_mlflow_store_at_once_both_open_it; I6: tests/optimizer/test_daemon_dispatch.py::test_a_
-placement_no_node_of_the_cluster_offers_is_named_with_the_fix; I7: tests/runners/test_atomic.py;
-I8: tests/optimizer/test_store_checks.py; I9: tests/runners/test_runner_contract.py::test_a_run_
-keeps_secrets_out_of_its_result_and_its_engine_answers_only_the_runner, tests/optimizer/
-test_export.py::test_export_names_a_secret_variable_and_never_writes_its_value,
-tests/runners/test_credentials.py; I10: tests/runners/test_simulated_server.py::test_with_an_
-api_key_every_route_but_health_answers_401_without_it; C2: tests/optimizer/test_config.py
-(test_limits_no_engine_meets_and_settings_that_do_nothing_are_refused and the tests beside it).
+Issue 35's faults, each with what happens now and the test that holds it: docs/reliability.md.
 
 In every case the study goes on (or resumes), Optuna and MLflow agree, and no engine survives.
 """

@@ -264,7 +264,7 @@ def test_a_run_the_dead_daemon_could_not_name_in_optuna_is_adopted_not_duplicate
 
 def _fresh_study(tmp_path: Path) -> tuple[optuna.Study, Any, str]:
     """A study in a fresh Optuna database, its MLflow store and the study's run."""
-    from optimizer.tracking import Tracker
+    from optimizer.tracking.tracker import Tracker
 
     study = optuna.create_study(study_name="e2e", storage=f"sqlite:///{tmp_path}/optuna.db")
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
@@ -356,8 +356,9 @@ def test_a_dead_daemons_seed_is_re_queued_as_a_seed_and_its_confirmation_run_is_
     assert again[0].system_attrs["fixed_params"] == trials[seeded.number].params, \
         "the config it ran, whole"
     assert not [t for t in trials if t.user_attrs.get("retry_of") == confirm.number], \
-        "a confirmation run is not re-queued: the comparison runs whole again"
-    assert "confirmation runs again" in trials[confirm.number].user_attrs["record"]["conclusion"]
+        "a confirmation run is not re-queued: its round is measured again"
+    assert "confirmation round is measured again" in \
+        trials[confirm.number].user_attrs["record"]["conclusion"]
 
 
 def test_a_trial_whose_sampling_the_dead_daemon_cut_short_is_re_queued_only_if_enqueued(
@@ -388,3 +389,55 @@ def test_a_trial_whose_sampling_the_dead_daemon_cut_short_is_re_queued_only_if_e
     assert len(again) == 1 and again[0].system_attrs["fixed_params"] == seed and \
         again[0].user_attrs["seeded"], \
         "an enqueued config goes back in the queue whole, with its attributes"
+
+
+def test_a_dead_daemons_engine_log_is_scrubbed_of_secrets_before_mlflow_takes_it(
+        tmp_path: Path, clean_environ: dict[str, str]) -> None:
+    # Issue 35, item 8: a runner scrubs its engine's log when the engine ends; a daemon killed
+    # mid-trial never did, and the next start's catch-up sent the log's tail to MLflow.
+    from optimizer.records import ATTR_MLFLOW_RUN
+    from optimizer.recovery import Recovery, trial_workdir
+    from optimizer.tracking.tracker import Tracker
+    from search_spaces import load_space
+
+    os.environ["WANDB_API_KEY"] = "wandb-" + "w" * 24  # the user's shell's
+    token = "hf_" + "t" * 32  # the study file's env
+    space = load_space("hopper").resolve({})
+    study = optuna.create_study(study_name="e2e", storage=f"sqlite:///{tmp_path}/optuna.db")
+    study.enqueue_trial(space.defaults())
+    trial = study.ask()
+    space.sample(trial)
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    parent = tracker.start_study("e2e", key="k", params={}, artifacts={}, objectives={})
+    run = tracker.start_trial(parent, "e2e", trial.number, trial.params)
+    trial.set_user_attr(ATTR_MLFLOW_RUN, run)
+    log = trial_workdir(tmp_path / "results", trial.number) / "server.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(f"login with {token}\nwandb {os.environ['WANDB_API_KEY']}\n")
+    Recovery(study, study._storage, space, tracker, parent, "e2e", tmp_path / "results",
+             max_retries=1, study_env={"HF_TOKEN": token}).run()
+    assert log.read_text() == "login with <redacted>\nwandb <redacted>\n"
+    logged = Path(tracker.client.download_artifacts(run, "server.log", str(tmp_path)))
+    assert logged.read_text() == log.read_text(), "MLflow took the scrubbed tail"
+
+
+def test_a_study_whose_stdout_is_closed_runs_to_its_end_with_its_report(
+        tmp_path: Path) -> None:
+    # Issue 35, item 3: `nightshift start s.yaml | head` ended with exit 1, no report and
+    # nothing in daemon.log. Here the reader of stdout is gone before the study starts.
+    import subprocess
+    import sys
+
+    path = write_study(tmp_path, trials=1, workload=_SHORT)
+    with open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "optimizer.cli", "start", str(path),
+                                 "--no-progress"], stdout=subprocess.PIPE, stderr=err,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert proc.stdout is not None
+        proc.stdout.close()  # as `head` exits
+        code = proc.wait(240)
+    text = (tmp_path / "stderr.txt").read_text()
+    assert code == 0, text[-3000:]
+    assert "study e2e done" in text and "Traceback" not in text, text[-3000:]
+    assert (tmp_path / "results" / "report" / "report.html").is_file()
+    assert "trial 0 complete" in (tmp_path / "results" / "daemon.log").read_text()

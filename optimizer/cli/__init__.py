@@ -74,6 +74,19 @@ def main(argv: list[str] | None = None) -> int:
     except NightshiftError as exc:
         console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return exc.exit_code
+    except OSError as exc:
+        from optimizer.run.executor import is_host_refusal
+
+        if not is_host_refusal(exc):
+            raise  # a bug of ours as often as not: its traceback says where
+        # A full or read-only disk, a permission: the host's, said in one line. What nightshift
+        # was writing is whole or absent (runners/atomic.py), never cut.
+        where = f" ({exc.filename})" if exc.filename else ""
+        console.print(f"[red]error:[/] the host refused a file operation{where}: "
+                      f"{exc.strerror or exc}; nothing was left half-written; free space or "
+                      "fix the permissions and run the command again.", highlight=False,
+                      soft_wrap=True)
+        return 1
     return 0
 
 

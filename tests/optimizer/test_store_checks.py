@@ -58,7 +58,7 @@ def test_a_store_with_garbled_pages_is_refused_as_damaged(db: Path) -> None:
     assert problem is not None and "damaged" in problem, problem
 
 
-@pytest.mark.parametrize("command", ["status", "report", "export"])
+@pytest.mark.parametrize("command", ["status", "report", "export", "start"])
 def test_reading_commands_refuse_a_garbled_store_in_one_line_with_exit_2(
         db: Path, tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]) -> None:
     damaged = tmp_path / "damaged.db"
@@ -74,3 +74,6 @@ def test_reading_commands_refuse_a_garbled_store_in_one_line_with_exit_2(
     assert code == 2, f"{command}: exit 2 for a damaged store, got {code}: {err[-400:]}"
     assert len(lines) == 1 and "storage:" in lines[0] and "damaged" in lines[0], lines[:5]
     assert "Traceback" not in err
+    # `start` (issue 35, item 7: it looped on "resume with", then refused after Ray started).
+    assert not (tmp_path / "results").exists() and not (tmp_path / "m.db").exists(), \
+        "refused before anything is written"

@@ -63,7 +63,8 @@ def test_a_confirmation_run_is_never_re_queued(make_setup: Callable[..., Setup])
                             attrs={ATTR_CONFIRM: "best"})
     assert not _queued(study)
     assert result.failure is not None and \
-        result.failure.message.endswith("the confirmation runs whole again.")
+        result.failure.message.endswith(
+            "its confirmation round is measured again on the next start.")
 
 
 @pytest.mark.parametrize(("is_baseline", "is_requeued"), [(True, True), (False, False)])
