@@ -66,7 +66,7 @@ def _daemon(tmp_path: Path, launched: list[dict[str, Any]], stop_at: int | None,
     daemon = Daemon(cfg, space=load_space(space_path).resolve({}), executor=InlineExecutor(
         lambda: ScriptedRunner(script, launched), total_gpus=2),
         registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
-        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        workload=cfg.workload, study_params={}, study_artifacts={},
         summarize=study_summary, poll_s=0.01)
     holder[:] = [daemon]
     return daemon

@@ -145,7 +145,7 @@ def _unplaceable_daemon(tmp_path: Path, stop_at_start: bool) -> Any:
                     executor=RayExecutor(None, total_gpus=2,  # type: ignore[arg-type]
                                          resources={"nowhere": 1.0}),
                     registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
-                    workload=cfg.workload(vocab_size=32000), study_params={},
+                    workload=cfg.workload, study_params={},
                     study_artifacts={}, summarize=study_summary, on_event=on_event,
                     poll_s=0.05)
     holder.append(daemon)
