@@ -254,7 +254,7 @@ def _replay_optuna(table: Table, sampler: str | optuna.samplers.BaseSampler, see
     study = optuna.create_study(  # a sampler object: a test's own, in place of the registry's
         directions=cfg.directions, pruner=make_pruner(cfg),
         sampler=make_sampler(cfg) if isinstance(sampler, str) else sampler)
-    policy = SearchController(cfg, space, study, workload=cfg.workload(vocab_size=32000),
+    policy = SearchController(cfg, space, study, workload=cfg.workload,
                               total_gpus=1)
     policy.prepare()
     spent = 0.0
@@ -270,7 +270,7 @@ def _replay_optuna(table: Table, sampler: str | optuna.samplers.BaseSampler, see
         status = "complete"
         for index, level in enumerate(row["levels"]):
             spent += level["measure_s"]
-            step = StepMetrics(step=index, level=cfg.workload(vocab_size=32000).levels[index],
+            step = StepMetrics(step=index, level=cfg.workload.levels[index],
                                metrics=_level_metrics(level))
             steps.append(step)
             if policy.on_step(running, step):

@@ -114,7 +114,7 @@ def _policy(configs: Sequence[Mapping[str, Any]], arm: Arm, num_gpus: int) -> An
     ).resolve({})
     study = optuna.create_study(directions=cfg.directions, pruner=make_pruner(cfg),
                                 sampler=make_sampler(cfg))
-    policy = SearchController(cfg, space, study, workload=cfg.workload(vocab_size=32000),
+    policy = SearchController(cfg, space, study, workload=cfg.workload,
                               total_gpus=num_gpus)
     policy.prepare([dict(c) for c in configs[1:]])
     return policy

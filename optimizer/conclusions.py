@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 from optimizer import bottleneck, gains
 from optimizer.objectives import OBJECTIVES, on_all_gpus
 from optimizer.recommendation import NOISE_FRACTION, is_measured, params_of
-from optimizer.records import gpus_of, objective_unit, record_of
-from optimizer.study import ATTR_BASELINE
+from optimizer.records import gpus_of, is_baseline, objective_unit, record_of
 from runners.capacity import bracket_from_metrics
 from runners.capacity_search import Bracket
 
@@ -53,7 +52,7 @@ class Conclusion:
 def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
     """The study's measured vLLM-defaults trial (not a confirmation re-run of it), or None."""
     return next((t for t in study.get_trials(deepcopy=False)
-                 if t.user_attrs.get(ATTR_BASELINE) and is_measured(t)), None)
+                 if is_baseline(t) and is_measured(t)), None)
 
 
 def reference_of(trial: FrozenTrial | None, axis: str | None = None) -> Reference | None:

@@ -16,12 +16,9 @@ from optimizer import gains
 from optimizer.config import StudyConfig
 from optimizer.objectives import OBJECTIVES
 from optimizer.recommendation import params_of, recommended_trial
-from optimizer.records import gpus_of, record_of
-from optimizer.study import ATTR_BASELINE, ATTR_CONFIRM
+from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, STUDY_ATTR_CONFIRM, gpus_of, record_of
 
 logger = logging.getLogger(__name__)
-
-STUDY_ATTR_CONFIRM = "confirm"  # the study's user attribute holding the confirmed gain
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (1-30); beyond, the normal's.
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
@@ -56,9 +53,26 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
         return  # a resumed study that was confirmed already
     logger.info("confirming: trial %d (best) vs trial %d (defaults), %d interleaved rounds",
                 best.number, baseline.number, rounds)
-    pairs: list[dict[str, float]] = []
-    for _ in range(rounds):
+    # A round an earlier start measured whole stands: the round goes on from it (a stop or a
+    # dead daemon cut it), never measures it again.
+    kept = measured_rounds(trials, params_of(baseline), params_of(best))[:rounds]
+    pairs = [{"defaults": float(d.values[0]), "best": float(b.values[0])} for d, b in kept]
+    numbers = [[d.number, b.number] for d, b in kept]  # the trials of each round
+    paired = {t.number for pair in kept for t in pair}
+    cut = [t.number for t in trials if t.user_attrs.get(ATTR_CONFIRM) in ("defaults", "best")
+           and t.number not in paired and t.number > baseline.number
+           and params_of(t) in (params_of(baseline), params_of(best))]
+    if kept:
+        logger.info("confirming: %d of %d rounds were measured whole before this start "
+                    "(trials %s) and are kept", len(kept), rounds,
+                    ", ".join(f"{d.number}+{b.number}" for d, b in kept))
+    if cut:
+        logger.info("confirming: trials %s are in no round (a round's two runs are measured "
+                    "back to back, and theirs was cut): their rounds are measured again",
+                    ", ".join(map(str, cut)))
+    for _ in range(rounds - len(pairs)):
         values: dict[str, float] = {}
+        measured_numbers: list[int] = []
         for label, source in (("defaults", baseline), ("best", best)):
             if is_stopping():
                 return
@@ -69,15 +83,43 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
                                measured.number if measured is not None else "?")
                 return
             values[label] = float(measured.values[0])
+            measured_numbers.append(measured.number)
         pairs.append(values)
+        numbers.append(measured_numbers)
     # Each round's values are per GPU (as Optuna holds them), so is the ratio: said so where
     # either config uses more than one GPU.
     num_gpus = [record.num_gpus if (record := record_of(t)) is not None else
                 gpus_of(params_of(t)) for t in (best, baseline)]
     summary = confirm_summary(cfg.objectives[0], best.number, baseline.number, pairs,
                               per_gpu=max(num_gpus) > 1)
+    # Which runs the comparison used: a cut round's run is in none (named, not left unsaid).
+    summary.update(round_trials=numbers, cut_trials=cut)
     study.set_user_attr(STUDY_ATTR_CONFIRM, summary)
     logger.info("re-measured against the defaults: %s", summary["sentence"])
+
+
+def measured_rounds(trials: Sequence[FrozenTrial], defaults: Mapping[str, Any],
+                    best: Mapping[str, Any]) -> list[tuple[FrozenTrial, FrozenTrial]]:
+    """The rounds of the comparison of `best` against `defaults` (their params) measured
+    whole so far, in trial order: a complete "defaults" confirmation run followed, as the
+    next confirmation run of the two configs, by a complete "best" one. A defaults run whose
+    partner failed or never ran is in no round: the two are measured back to back, so that
+    drift in the machine hits both alike."""
+    rounds: list[tuple[FrozenTrial, FrozenTrial]] = []
+    waiting: FrozenTrial | None = None  # a defaults run its best run has not followed yet
+    for trial in sorted(trials, key=lambda t: t.number):
+        label = trial.user_attrs.get(ATTR_CONFIRM)
+        if label not in ("defaults", "best") or not trial.state.is_finished() or \
+                params_of(trial) != (defaults if label == "defaults" else best):
+            continue
+        is_measured = trial.state == TrialState.COMPLETE and bool(trial.values)
+        if label == "defaults":
+            waiting = trial if is_measured else None
+        else:
+            if waiting is not None and is_measured:
+                rounds.append((waiting, trial))
+            waiting = None
+    return rounds
 
 
 def confirm_summary(objective: str, best: int, baseline: int,

@@ -1,7 +1,7 @@
 """A study's fingerprint (what it ran on, what it ran, under which SLO) and the one rule that
 says whether two studies are compatible: whether an earlier study's best config is worth a seed
-trial here. Pure: no store, no files; the tuning memory (optimizer/memory.py) reads and writes.
-docs/tuning-memory.md states the rules."""
+trial here. Pure: no store, no files; the tuning memory (optimizer/tuning_memory.py) reads
+and writes. docs/tuning-memory.md states the rules."""
 
 from __future__ import annotations
 
@@ -236,7 +236,7 @@ def fingerprint_of(cfg: StudyConfig, *, engine: str, engine_version: str | None,
         arrival, peak = f"capacity:{w.capacity.axis}", float(w.capacity.high)
     elif getattr(w, "trace", None) is not None:
         # A trace replays by rate: without `levels`, one level at its recorded mean rate.
-        rates = [lv.request_rate_rps for lv in cfg.workload().levels]
+        rates = [lv.request_rate_rps for lv in cfg.workload.levels]
         arrival = "trace:request_rate"
         peak = None if any(r is None for r in rates) else max(r for r in rates if r is not None)
     else:

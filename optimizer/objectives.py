@@ -90,8 +90,8 @@ def operating_step(objective: str, steps: Sequence[StepMetrics]) -> StepMetrics 
     (its value, headline metrics, latencies, bottleneck label and advice). After a capacity
     search, the highest load that met the SLO (its hold, where one held it), or None when
     none did (the trial has no operating point: `described_step` gives the load to describe
-    then). With fixed levels, the level that gave the objective its value (the best for a rate, the worst for a latency; a
-    level with no sample, nan, never)."""
+    then). With fixed levels, the level that gave the objective its value (the best for a
+    rate, the worst for a latency; a level with no sample, nan, never)."""
     measured = [s for s in steps if s.metrics.completed > 0]
     if is_capacity_search(measured):
         within = [s for s in measured if s.meets_slo]

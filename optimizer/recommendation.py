@@ -12,14 +12,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from optimizer.records import record_of
-from optimizer.study import (
-    ATTR_BASELINE,
-    ATTR_CONFIRM,
-    QUALITY_CONSTRAINT,
-    STUDY_ATTR_VLLM_DEFAULTS,
-    is_search_trial,
-)
+from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, record_of
+from optimizer.study import QUALITY_CONSTRAINT, STUDY_ATTR_VLLM_DEFAULTS, is_search_trial
 from search_spaces import HOST_DEFAULTS, changed_params, vllm_default
 
 

@@ -5,13 +5,11 @@ is given of it."""
 from __future__ import annotations
 
 import math
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from optimizer.fingerprint import Fingerprint
 from optimizer.objectives import (
     OBJECTIVES,
     metrics_value,
@@ -19,17 +17,37 @@ from optimizer.objectives import (
     operating_step,
     per_gpu,
 )
-from optimizer.search.startup import startup_tags
-from optimizer.tracking import KIND_CONFIRMATION, TAG_CONFIRM, TAG_KIND
-from runners.base import BenchmarkMetrics, EngineConfig, RunResult, StepMetrics
-from runners.simulated.launcher import is_simulated_argv
+from runners.base import EngineConfig, RunResult, StepMetrics
 
 if TYPE_CHECKING:
+    from optuna import Study
     from optuna.trial import FrozenTrial
 
 # The trial user attribute holding its `TrialRecord` (the source of truth the tracker, the report
 # and export are rebuilt from).
 ATTR_RECORD = "record"
+# The other marks a trial carries in Optuna's user attributes, read through the accessors below.
+ATTR_CONFIRM = "confirm"  # "defaults" or "best": a final re-measurement, not a search trial
+ATTR_DUPLICATE_OF = "duplicate_of"  # the sampler asked again for a config already measured
+ATTR_BASELINE = "baseline"
+ATTR_RETRY_OF = "retry_of"
+ATTR_CUT_SHORT = "sampling_cut_short"  # its daemon died mid-ask: no config, nothing launched
+# The daemon stopped while it waited for GPUs: failed without a launch, its config re-queued.
+ATTR_NOT_LAUNCHED = "stopped_before_launch"
+ATTR_MLFLOW_RUN = "mlflow_run_id"
+ATTR_RETRIES = "retries"
+# Times a daemon died with this config in flight (kill -9, a host reboot): the infrastructure's
+# losses, counted apart from `retries` (the config's own failures) and capped on their own.
+ATTR_DAEMON_LOSSES = "daemon_losses"
+ATTR_SEEDED = "seeded"  # enqueued from seed_trials, a hardware template or the warm start
+# Where a seed came from: "template:hopper" (a hardware template) or "warm_start:<study>" (an
+# earlier study's best, optimizer/tuning_memory.py)
+ATTR_SEED_SOURCE = "seed.source"
+ATTR_SEED_TITLE = "seed.title"  # "the Hopper template (fp8 weights + ...)", for its conclusion
+# The study's own user attributes, each written once by the module named.
+STUDY_ATTR_CONFIRM = "confirm"  # `confirm.confirm_summary`: the final re-measured gain
+STUDY_ATTR_FINGERPRINT = "fingerprint"  # `Fingerprint.to_dict()` (runtime, at each start)
+STUDY_ATTR_WARM_START = "warm_start"  # the lines the warm start printed (runtime)
 RECORD_VERSION = 1  # bump when a field changes meaning; `from_user_attr` reads every version
 RecordState = Literal["complete", "pruned", "failed"]
 _NULLABLE = frozenset({"values", "capacity", "verdict", "failure_reason", "failure_message",
@@ -65,7 +83,7 @@ class TrialRecord:
     # `QualityAssessment.to_dict()` (optimizer/quality.py): scored, the reference, or why not
     quality: Mapping[str, Any] | None = None
     # "template:hopper" (a hardware template) or "warm_start:<study>" (an earlier study's best,
-    # optimizer/memory.py): a seed measured here like any other trial; "" for every other trial.
+    # optimizer/tuning_memory.py): a seed measured here like any other trial; "" for the rest.
     seed_source: str = ""
     # `optimizer.search.startup.startup_record`: the compile cache predicted and seen, seconds
     # by part
@@ -120,6 +138,64 @@ def record_of(trial: FrozenTrial) -> TrialRecord | None:
     """The trial's record, or None for a trial that has none yet (queued, running)."""
     data = trial.user_attrs.get(ATTR_RECORD)
     return TrialRecord.from_user_attr(data) if isinstance(data, Mapping) and data else None
+
+
+def is_baseline(trial: FrozenTrial) -> bool:
+    """A run of the vLLM defaults: the baseline trial, or the final confirmation's re-run of
+    it (`confirm_label` tells them apart)."""
+    return bool(trial.user_attrs.get(ATTR_BASELINE))
+
+
+def confirm_label(trial: FrozenTrial) -> str | None:
+    """"defaults" or "best" for a final confirmation run (a re-measurement, not a trial of
+    the search), None for every other trial."""
+    label = trial.user_attrs.get(ATTR_CONFIRM)
+    return str(label) if label else None
+
+
+def ran_nothing(trial: FrozenTrial) -> bool:
+    """A trial that launched nothing: a repeat of a config already measured, one whose
+    sampling a dying daemon cut short, or one a stop failed while it waited for GPUs."""
+    return any(attr in trial.user_attrs
+               for attr in (ATTR_DUPLICATE_OF, ATTR_CUT_SHORT, ATTR_NOT_LAUNCHED))
+
+
+@dataclass(frozen=True)
+class StoredConfirmation:
+    """The final confirmation as `confirm.confirm` stored it on the study
+    (`confirm.confirm_summary`): the recommended trial against the defaults, interleaved."""
+
+    sentence: str  # the one line a report and `status` print
+    best_trial: int | None  # the trial re-measured against the defaults
+    gain: float  # geometric mean of the rounds' ratios, > 1 better
+    ci_low: float | None  # 95% interval of the gain; None from one round
+    ci_high: float | None
+    num_rounds: int
+    is_confirmed: bool
+
+
+def confirmation_of(study: Study) -> StoredConfirmation | None:
+    """The study's final confirmation, or None where none ran (or it stored nothing)."""
+    data = study.user_attrs.get(STUDY_ATTR_CONFIRM)
+    if not isinstance(data, Mapping) or not data:
+        return None
+
+    def number(key: str) -> float | None:
+        value = data.get(key)
+        return float(value) if isinstance(value, int | float) else None
+
+    best = data.get("best_trial")
+    return StoredConfirmation(
+        sentence=str(data.get("sentence") or ""),
+        best_trial=int(best) if isinstance(best, int) else None,
+        gain=number("gain") or 0.0, ci_low=number("ci_low"), ci_high=number("ci_high"),
+        num_rounds=len(data.get("ratios") or []), is_confirmed=bool(data.get("is_confirmed")))
+
+
+def stored_fingerprint(study: Study) -> Fingerprint | None:
+    """The fingerprint the study's last start stored, or None (a study from before them)."""
+    data = study.user_attrs.get(STUDY_ATTR_FINGERPRINT)
+    return Fingerprint.from_dict(data)[0] if isinstance(data, Mapping) else None
 
 def objective_unit(objective: str) -> str:
     """The unit an objective's value is printed in ("" where it has none)."""
@@ -222,164 +298,3 @@ def step_records(steps: Sequence[StepMetrics]) -> list[dict[str, Any]]:
             record["miss_reason"] = str(miss_reason)
         out.append(record)
     return out
-
-
-
-
-# A run's name: `t003 fp8+kv-fp8`, the flags a trial changed in a few characters each.
-_SHORT_PREFIX = {
-    "kv_cache_dtype": "kv-", "tensor_parallel_size": "tp", "data_parallel_size": "dp",
-    "pipeline_parallel_size": "pp", "max_num_batched_tokens": "mnbt", "max_num_seqs": "seqs",
-    "gpu_memory_utilization": "gmu", "max_model_len": "len", "block_size": "block",
-    "compilation_config.cudagraph_mode": "cg-", "max_cudagraph_capture_size": "cgmax",
-    "cpu_offload_gb": "offload", "dtype": "dtype-",
-}
-_VALUE_ONLY = frozenset({"quantization", "attention_backend"})  # `fp8`, `flashinfer`
-RUN_NAME_CHARS = 48  # beyond this the rest is counted (`+3`): the runs table's name column
-_LEVEL_KEYS = frozenset({f.name for f in fields(BenchmarkMetrics)} |
-                        {f"spread.{o}" for o in ("goodput", "throughput", "tpot")})
-HEADLINE_PREFIX = "headline."  # the headline level's figures, apart from the per-level series
-
-
-def _short_value(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1024 \
-            and value % 1024 == 0:
-        return f"{value // 1024}k"
-    return str(value).lower().replace("_", "-")
-
-
-def short_change(name: str, value: Any) -> str:
-    """One changed flag in a few characters: `kv-fp8`, `tp2`, `mnbt2k`, `eager`."""
-    if isinstance(value, bool):
-        base = name.removeprefix("no_")
-        negated = name.startswith("no_") == value  # `no_x: true` and `x: false` both drop x
-        return ("no-" if negated else "") + base.replace("_", "-")
-    if name in _VALUE_ONLY:
-        return _short_value(value)
-    prefix = _SHORT_PREFIX.get(name)
-    if prefix is None:
-        return f"{name.rsplit('.', 1)[-1].replace('_', '-')}={_short_value(value)}"
-    return prefix + _short_value(value)
-
-
-def run_name(number: int, record: TrialRecord, fixed_flags: Mapping[str, Any] = {},
-             confirm: str | None = None) -> str:
-    """`t003 fp8+kv-fp8`: the trial number and the flags it set beyond vLLM's defaults and the
-    study's fixed flags; `t000 defaults`; `c014 confirm best` for a confirmation run."""
-    if confirm:
-        return f"c{number:03d} confirm {confirm}"
-    changed = [short_change(k, v) for k, v in record.flags.items()
-               if k not in fixed_flags or fixed_flags[k] != v]
-    if record.is_baseline and not changed:
-        return f"t{number:03d} defaults"
-    shown: list[str] = []
-    for i, change in enumerate(changed):
-        rest = len(changed) - i - 1
-        text = f"t{number:03d} " + "+".join([*shown, change]) + (f" +{rest}" if rest else "")
-        if shown and len(text) > RUN_NAME_CHARS:
-            break
-        shown.append(change)
-    hidden = len(changed) - len(shown)
-    return f"t{number:03d}" + (" " + "+".join(shown) if shown else "") + \
-        (f" +{hidden}" if hidden else "")
-
-
-_CHANGES_HEAD = " vs the vLLM defaults: "
-SIMULATED_TIMING = ("simulated engine: engine.* and startup.* seconds are the modelled "
-                    "real-world start-up; the run's Duration is this simulation's wall time, "
-                    "which sleeps only a fraction of it (simulated.startup_time_scale)")
-
-
-def description_of(conclusion: str) -> str:
-    """A run's MLflow description: the conclusion with its figure first (`goodput 37 req/s,
-    1.12x the vLLM defaults ...`) and the flag list after it, so that a cut-off description
-    still shows the result; a conclusion without a flag list, or a quality refusal, as it
-    is."""
-    head, sep, rest = conclusion.partition(_CHANGES_HEAD)
-    if not sep or conclusion.startswith("refused"):  # a refusal's verdict is its first fact
-        return conclusion
-    return f"{rest} Changes from the vLLM defaults: {head}."
-
-
-def tracking_payload(record: TrialRecord, result: RunResult | None, *, number: int,
-                     fixed_flags: Mapping[str, Any] = {},
-                     confirm: str | None = None) -> dict[str, Any]:
-    """Arguments of `Tracker.finish_trial` from a trial record (and its fresh result, whose
-    files exist only the first time): the run's name and description, its kind (a trial or a
-    confirmation), and the metrics. A load level's figures are series over the levels (step =
-    level); the headline level's copies of them are named `headline.<name>`
-    (`headline.request_goodput`), never a second point at step 0 on top of level 0's. The
-    daemon and the catch-up both call it, so a replayed run is the same run."""
-    tags = {"conclusion": record.conclusion, "mlflow.runName": run_name(
-        number, record, fixed_flags, confirm)}
-    if confirm:
-        tags[TAG_KIND] = KIND_CONFIRMATION
-        tags[TAG_CONFIRM] = confirm
-    if record.argv:
-        tags["launch_command"] = shlex.join(record.argv)
-    if record.failure_reason:
-        tags["failure_reason"] = record.failure_reason
-    if record.is_baseline:
-        tags["baseline"] = "true"
-    if record.seed_source:
-        tags["seed.source"] = record.seed_source
-    if record.host:
-        tags["host"] = str(record.host)
-    if record.is_unstable:
-        tags["unstable"] = "true"
-    if record.seed_source:
-        tags["seed.source"] = record.seed_source
-    if record.quality and record.quality.get("summary"):  # the quality gate's one line
-        tags["quality"] = str(record.quality["summary"])[:5000]
-    if record.conclusion:  # the run's description: its figure first, then what it changed
-        tags["mlflow.note.content"] = description_of(record.conclusion)
-    capacity = record.capacity or {}
-    if capacity.get("status"):
-        tags["capacity.status"] = str(capacity["status"])
-        if capacity["status"] == "unresolved":
-            tags["unresolved"] = "true"
-    verdict = record.verdict or {}
-    if verdict.get("label"):
-        tags["bottleneck"] = str(verdict["label"])
-        tags["bottleneck.reason"] = str(verdict.get("reason", ""))[:5000]
-        tags["bottleneck.sources"] = ",".join(verdict.get("sources") or [])
-    for key, when in (("started", record.engine_started_unix_s),
-                      ("ended", record.engine_ended_unix_s)):
-        if when is not None:  # "engine.started" / "engine.ended", UTC
-            tags[f"engine.{key}"] = datetime.fromtimestamp(float(when), UTC).isoformat(
-                timespec="milliseconds")
-    if record.startup:
-        tags.update(startup_tags(record.startup))
-    if is_simulated_argv(record.argv):
-        # MLflow's Duration column is the run's wall time; the simulated engine sleeps only a
-        # fraction of the start-up it models (simulated.startup_time_scale).
-        tags["timing"] = SIMULATED_TIMING
-    for key in ("attention_backend", "engine_version"):  # what the engine chose, as tags
-        if record.engine.get(key):
-            tags[f"engine.{key}"] = str(record.engine[key])
-    texts: dict[str, str] = {}
-    files: list[Path] = []
-    if result is not None:
-        if result.server_log:
-            texts["server.log"] = result.server_log
-        if result.trace_path is not None:
-            files.append(result.trace_path)
-    launch = {"argv": list(record.argv), "env": dict(record.env), "flags": dict(record.flags)}
-    step_metrics = [(s["step"], s["metrics"]) for s in record.steps]
-    # A fixed rule, so a name means one thing in every run: every figure a load level has
-    # (vLLM's benchmark keys, `spread.*`) and anything else some level of this trial logged.
-    per_level = {k for _, values in step_metrics for k in values} | _LEVEL_KEYS
-    # `objective.*` is the trial's value (`.per_gpu`: as Optuna holds it): a complete trial's
-    # only (a failed or pruned one has none, whatever its levels measured before it ended).
-    metrics = {(HEADLINE_PREFIX + k if k in per_level else k): v
-               for k, v in record.metrics.items()
-               if record.state == "complete" or not k.startswith("objective.")}
-    return {
-        "state": record.state,
-        "metrics": metrics,
-        "step_metrics": step_metrics,
-        "tags": tags,
-        "texts": texts,
-        "dicts": {"launch.json": launch, "record.json": record.to_user_attr()},
-        "files": files,
-    }

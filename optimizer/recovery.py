@@ -8,6 +8,7 @@ mid-study: the trials are safe in Optuna and the next start logs them.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,21 +19,24 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.errors import describe
-from optimizer.records import ATTR_RECORD, TrialRecord, record_of, tracking_payload
-from optimizer.study import (
+from optimizer.records import (
     ATTR_BASELINE,
     ATTR_CONFIRM,
     ATTR_CUT_SHORT,
     ATTR_DAEMON_LOSSES,
     ATTR_DUPLICATE_OF,
     ATTR_MLFLOW_RUN,
+    ATTR_RECORD,
     ATTR_RETRIES,
-    MAX_DAEMON_LOSSES,
-    requeue,
-    requeueable,
+    TrialRecord,
+    record_of,
 )
-from optimizer.tracking import Tracker, TrialLog
+from optimizer.study import MAX_DAEMON_LOSSES, requeue, requeueable
+from optimizer.tracking.payload import TrialLog, tracking_payload
+from optimizer.tracking.tags import SERVER_LOG
+from optimizer.tracking.tracker import Tracker
 from runners.base import FailureReason
+from runners.credentials import launch_secrets, scrub_file
 from search_spaces import ResolvedSpace
 
 logger = logging.getLogger(__name__)
@@ -57,6 +61,10 @@ class Recovery:
     results_dir: Path
     max_retries: int
     fixed_flags: Mapping[str, Any] = field(default_factory=dict)  # the study's: not in run names
+    # The study file's `env`: with this process's environment, the secrets a dead daemon's
+    # engines held (runners.credentials.launch_secrets), scrubbed from their logs before
+    # MLflow takes their tails.
+    study_env: Mapping[str, str] = field(default_factory=dict)
 
     def _set_attr(self, trial: FrozenTrial, key: str, value: Any) -> None:
         study_id = self.storage.get_study_id_from_name(self.study_name)
@@ -65,8 +73,8 @@ class Recovery:
 
     def run(self) -> None:
         """Trials a dead daemon left RUNNING become FAIL (daemon_lost) and are re-queued once
-        (a confirmation run is not: the comparison runs whole again); MLflow is then caught
-        up with Optuna."""
+        (a confirmation run is not: its round is measured again on this start); MLflow is
+        then caught up with Optuna."""
         study = self.study
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if ATTR_DUPLICATE_OF in trial.user_attrs:  # died between marking a repeat and
@@ -79,13 +87,17 @@ class Recovery:
             if not trial.user_attrs.get(ATTR_MLFLOW_RUN) and not self._has_run(trial):
                 self._drop_never_launched(trial)
                 continue
+            # Its engine's log was never scrubbed: its runner died with the daemon (the engine's
+            # own API key died with both, and is not known here).
+            scrub_file(trial_workdir(self.results_dir, trial.number) / SERVER_LOG,
+                       launch_secrets((), {**os.environ, **self.study_env}))
             attrs = dict(trial.user_attrs)
             retries = int(attrs.get(ATTR_RETRIES, 0))
             # The daemon's death is the infrastructure's loss, not the config's failure: it
             # spends no retry of the config's, only one of the losses allowed on their own.
             losses = int(attrs.get(ATTR_DAEMON_LOSSES, 0)) + 1
             if not requeueable(attrs):
-                fate = "the confirmation runs again whole on this start"
+                fate = "its confirmation round is measured again on this start"
             elif losses <= MAX_DAEMON_LOSSES:
                 fate = "re-queued"
             else:
@@ -145,7 +157,7 @@ class Recovery:
         trial does, and its config goes back in the queue with its retries unspent."""
         attrs = dict(trial.user_attrs)
         fate = "re-queued" if requeueable(attrs) else \
-            "the confirmation runs again whole on this start"
+            "its confirmation round is measured again on this start"
         record = TrialRecord.failed(
             trial.params, FailureReason.DAEMON_LOST.value,
             "the daemon died before this trial was launched.",

@@ -1,5 +1,5 @@
 """The informed start's screen: every config of a (finite) space ranked in CPU time by the
-simulated engine's analytic model (runners/simulated/model.py, `PerformanceModel.step_time`:
+simulated engine's analytic model (runners/simulated/performance.py, `PerformanceModel.step_time`:
 the roofline of one engine step), never by running anything. A prediction, never a measurement:
 it only orders which configs the GPU measures first (optimizer/samplers.py `ScreenSampler`).
 

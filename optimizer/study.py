@@ -16,32 +16,27 @@ from optuna.trial import TrialState
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
 from optimizer.objectives import get_objective
-from optimizer.records import record_of
+from optimizer.records import (
+    ATTR_BASELINE,
+    ATTR_CONFIRM,
+    ATTR_CUT_SHORT,
+    ATTR_DAEMON_LOSSES,
+    ATTR_DUPLICATE_OF,
+    ATTR_NOT_LAUNCHED,
+    ATTR_RETRIES,
+    ATTR_RETRY_OF,
+    ATTR_SEED_SOURCE,
+    ATTR_SEED_TITLE,
+    ATTR_SEEDED,
+    record_of,
+)
 from optimizer.samplers import SAMPLERS
 from optimizer.search.pruners import PRUNERS
+from optimizer.storage_wait import ATTEMPT_TIMEOUT_S, LockWait, LockWaitingStorage, StoreLocked
 from runners.base import EngineConfig, FailureReason, RunResult
 from runners.model_info import resolve_model_dir
 
-# Keys under which a trial's record lives in Optuna's user attributes (the source of truth the
-# tracker and reports are rebuilt from).
-ATTR_CONFIRM = "confirm"  # "defaults" or "best": a final re-measurement, not a search trial
-ATTR_DUPLICATE_OF = "duplicate_of"  # the sampler asked again for a config already measured
-ATTR_BASELINE = "baseline"
-ATTR_RETRY_OF = "retry_of"
-ATTR_CUT_SHORT = "sampling_cut_short"  # its daemon died mid-ask: no config, nothing launched
-# The daemon stopped while it waited for GPUs: failed without a launch, its config re-queued.
-ATTR_NOT_LAUNCHED = "stopped_before_launch"
-ATTR_MLFLOW_RUN = "mlflow_run_id"
-ATTR_RETRIES = "retries"
-# Times a daemon died with this config in flight (kill -9, a host reboot): the infrastructure's
-# losses, counted apart from `retries` (the config's own failures) and capped on their own.
-ATTR_DAEMON_LOSSES = "daemon_losses"
-MAX_DAEMON_LOSSES = 5
-ATTR_SEEDED = "seeded"  # enqueued from seed_trials, a hardware template or the warm start
-# Where a seed came from: "template:hopper" (a hardware template) or "warm_start:<study>" (an
-# earlier study's best, optimizer/memory.py)
-ATTR_SEED_SOURCE = "seed.source"
-ATTR_SEED_TITLE = "seed.title"  # "the Hopper template (fp8 weights + ...)", for its conclusion
+MAX_DAEMON_LOSSES = 5  # re-queues of a config a dying daemon lost (records.ATTR_DAEMON_LOSSES)
 # Study user attr: vLLM's value of each searched param on the study's host, the study's fixed
 # flags over them (`ResolvedSpace.vllm_defaults`), as of the daemon's last start: what "no
 # change" means when a report compares trials (an explicit value equal to it is none).
@@ -68,16 +63,24 @@ _STORAGE_ATTEMPTS = 4
 _RACE_ERRORS = frozenset({"IntegrityError", "OperationalError"})
 
 
-def make_storage(url: str) -> optuna.storages.RDBStorage:
-    if url.startswith("sqlite:///"):
+def make_storage(url: str, *, lock_wait: LockWait | None = None,
+                 attempt_timeout_s: float = ATTEMPT_TIMEOUT_S) -> optuna.storages.RDBStorage:
+    """The storage at `url`. A SQLite file's every read and write waits through a lock another
+    process holds (`lock_wait`, by default LOCK_WAIT_S; storage_wait.py), SQLite's own busy
+    wait lasting `attempt_timeout_s` per attempt."""
+    sqlite_file = url.startswith("sqlite:///")
+    if sqlite_file:
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        # The daemon, `status` and `export` may read while the daemon writes.
-        engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}}
-    else:
-        engine_kwargs = {}
     for attempt in range(_STORAGE_ATTEMPTS):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+            if sqlite_file:
+                return LockWaitingStorage(
+                    url, {"connect_args": {"timeout": attempt_timeout_s}},
+                    wait=lock_wait or LockWait(
+                        f"the Optuna storage {url.removeprefix('sqlite:///')}"))
+            return optuna.storages.RDBStorage(url)
+        except StoreLocked:
+            raise
         except Exception as exc:  # SQLAlchemy raises per driver; all mean "unusable URL"
             # Two processes creating the schema at once (a daemon starting while `status`
             # reads) collide once; the second try finds the schema made.
@@ -158,8 +161,8 @@ def open_study(cfg: StudyConfig, *, create: bool = True,
 
 
 def startup_saver_env(savers: Sequence[str]) -> dict[str, str]:
-    """The environment the study's start-up savers set (`schema.STARTUP_SAVERS`)."""
-    from optimizer.config.schema import STARTUP_SAVERS
+    """The environment the study's start-up savers set (`sections.STARTUP_SAVERS`)."""
+    from optimizer.config.sections import STARTUP_SAVERS
 
     return {k: v for name in savers for k, v in STARTUP_SAVERS[name].items()}
 
@@ -206,7 +209,7 @@ def tell_config_failure(study: optuna.Study, trial: optuna.Trial, objectives: Se
 
 def requeueable(attrs: Mapping[str, Any]) -> bool:
     """Whether a trial lost to infrastructure goes back in the queue: all but a confirmation
-    run, whose interleaved comparison runs whole again when the study resumes."""
+    run, whose round (its pair of runs) is measured again when the study resumes."""
     return ATTR_CONFIRM not in attrs
 
 

@@ -10,13 +10,15 @@ import math
 
 import optuna
 
+from optimizer import gains
+from optimizer.conclusions import baseline_trial
 from optimizer.config import StudyConfig
-from optimizer.confirm import STUDY_ATTR_CONFIRM
 from optimizer.objectives import OBJECTIVES
 from optimizer.recommendation import best_trial, is_measured, no_baseline_reason, params_of
+from optimizer.records import confirm_label, confirmation_of
 from optimizer.report import build_report, headline
 from optimizer.report.render import best_tags
-from optimizer.study import ATTR_BASELINE, ATTR_CONFIRM, count_trials
+from optimizer.study import count_trials
 
 
 def study_summary(study: optuna.Study,
@@ -29,7 +31,7 @@ def study_summary(study: optuna.Study,
                                  for k in ("complete", "pruned", "failed")}
     # The final re-measurements are counted apart: they are not trials of the search.
     metrics["confirmation_runs"] = float(sum(
-        t.state.is_finished() and ATTR_CONFIRM in t.user_attrs
+        t.state.is_finished() and confirm_label(t) is not None
         for t in study.get_trials(deepcopy=False)))
     tags: dict[str, str] = {}
     best = best_trial(study)
@@ -46,13 +48,12 @@ def study_summary(study: optuna.Study,
         tags["conclusion"] = headline(report)
         tags["mlflow.note.content"] = tags["conclusion"]  # the run's description
         tags.update(best_tags(report))
-        # What the tuning memory seeds a later study with (optimizer/memory.py): the best's
+        # What the tuning memory seeds a later study with (optimizer/tuning_memory.py): the best's
         # config, and its params that differ from the measured defaults'. best_trial never
         # picks a config the quality gate refused.
         params = params_of(best)
         tags["best.params"] = json.dumps(params, sort_keys=True, default=str)
-        baseline = next((t for t in study.get_trials(deepcopy=False)
-                         if t.user_attrs.get(ATTR_BASELINE) and is_measured(t)), None)
+        baseline = baseline_trial(study)
         if baseline is not None:
             defaults = params_of(baseline)
             tags["best.changes"] = json.dumps(
@@ -63,14 +64,14 @@ def study_summary(study: optuna.Study,
     no_baseline = no_baseline_reason(study) or ""
     if no_baseline:
         tags["no_baseline"] = no_baseline[:5000]
-    confirmed = study.user_attrs.get(STUDY_ATTR_CONFIRM)
-    if confirmed:
-        tags["confirm"] = str(confirmed["sentence"])
-        tags["confirmed"] = "true" if confirmed.get("is_confirmed") else "false"
-        metrics["confirm.gain"] = float(confirmed["gain"])
-        for key in ("ci_low", "ci_high"):
-            if confirmed.get(key) is not None:
-                metrics[f"confirm.gain_{key}"] = float(confirmed[key])
+    confirmed = confirmation_of(study)
+    if confirmed is not None:
+        tags["confirm"] = confirmed.sentence
+        tags["confirmed"] = "true" if confirmed.is_confirmed else "false"
+        metrics["confirm.gain"] = confirmed.gain
+        for key, bound in (("ci_low", confirmed.ci_low), ("ci_high", confirmed.ci_high)):
+            if bound is not None:
+                metrics[f"confirm.gain_{key}"] = bound
     return metrics, tags
 
 
@@ -78,10 +79,7 @@ def trial_figures(study: optuna.Study, cfg: StudyConfig) -> dict[int, dict[str, 
     """The runs view's review columns of each measured trial (trial number -> metrics): each
     objective in its unit and the first's gain over the measured defaults (one measurement
     each; > 1 is better), 3 significant digits (tracking.runs_view)."""
-    from optimizer import gains
-    from optimizer.conclusions import baseline_trial
-    from optimizer.objectives import OBJECTIVES
-    from optimizer.tracking import VIEW_GAIN, three_digits, view_key
+    from optimizer.tracking.view import VIEW_GAIN, three_digits, view_key
 
     baseline = baseline_trial(study)
     base = float(baseline.values[0]) if baseline is not None and baseline.values else None

@@ -30,9 +30,11 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *,
         if mode != 0o600:
             tmp.chmod(mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(exc, OSError) and exc.filename is None:  # fsync's: say which file
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     _fsync_dir(path.parent)
 

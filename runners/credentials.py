@@ -7,9 +7,13 @@ argv with `ps -eww`). What is written keeps the variable's name and drops its va
 
 from __future__ import annotations
 
+import itertools
 import re
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from runners.atomic import write_atomic
 
 # vLLM reads its API key from this variable as from `--api-key` (vllm/envs.py: VLLM_API_KEY;
 # entrypoints/openai/api_server.py: `args.api_key or envs.VLLM_API_KEY`).
@@ -65,11 +69,41 @@ def secret_values(env: Mapping[str, str]) -> list[str]:
     return [v for k, v in env.items() if is_secret_name(k) and len(v) >= 4]
 
 
+def launch_secrets(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """The secret values a launch holds, for scrubbing what its engine prints: those of the
+    variables whose names say secret (the engine's whole environment: the caller's, the study
+    file's, its API key) and of vLLM's secret flags in `argv`; longest first, so that a secret
+    holding another is replaced whole."""
+    values = set(secret_values(env))
+    for token, after in itertools.pairwise([*argv, ""]):
+        flag, eq, value = token.partition("=")
+        if flag in SECRET_FLAGS:
+            values.add(value if eq else after)
+    return sorted((v for v in values if len(v) >= 4), key=lambda v: (-len(v), v))
+
+
 def scrub(text: str, values: Iterable[str]) -> str:
     """`text` with each of `values` replaced by <redacted>."""
     for value in values:
         text = text.replace(value, REDACTED)
     return text
+
+
+def scrub_file(path: Path, values: Sequence[str]) -> bool:
+    """Rewrite the file at `path` (an engine's log) with each of `values` replaced by
+    <redacted>, whole or not at all (runners/atomic.py); whether anything was replaced. A file
+    that cannot be read is left as it is."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    secrets_ = [v.encode() for v in values]
+    if not any(v in data for v in secrets_):
+        return False
+    for value in secrets_:
+        data = data.replace(value, REDACTED.encode())
+    write_atomic(path, data)
+    return True
 
 
 def new_api_key() -> str:

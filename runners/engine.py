@@ -9,6 +9,7 @@ readiness (runners/readiness.py), levels (runners/levels.py), the capacity searc
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -29,7 +30,15 @@ from runners.base import (
 from runners.capacity.probes import run_probes
 from runners.capacity.staircase import run_staircase
 from runners.capacity_search import Bracket, CapacitySearch, Probe
-from runners.credentials import API_KEY_ENV, new_api_key, redact_argv, redact_env
+from runners.credentials import (
+    API_KEY_ENV,
+    launch_secrets,
+    new_api_key,
+    redact_argv,
+    redact_env,
+    scrub,
+    scrub_file,
+)
 from runners.levels import run_levels
 from runners.process import EngineProcess, free_port, tail
 from runners.profiling import Profiled, profile_after_levels
@@ -111,6 +120,9 @@ class EngineRunner:
         argv, env = self.launcher.command(config, port, workdir, profile_dir)
         api_key = new_api_key()
         launch_env = {**env, API_KEY_ENV: api_key}
+        # What the engine may print of its secrets (an echoed token, its key) is scrubbed from
+        # its log and failure before anything reads them for a record, MLflow or a message.
+        secrets_ = launch_secrets(argv, {**os.environ, **launch_env})
         log_path = workdir / "server.log"
         steps: list[StepMetrics] = []
         engine = EngineInfo()
@@ -151,12 +163,15 @@ class EngineRunner:
             elif workload.profile and status == "complete" and profile_dir is not None:
                 trace_path, trace_summary = profile_after_levels(session, steps, profile_dir)
         except Abort as abort:
-            status, failure = "failed", abort.failure
+            status, failure = "failed", replace(
+                abort.failure, message=scrub(abort.failure.message, secrets_),
+                log_excerpt=scrub(abort.failure.log_excerpt, secrets_))
             logger.info("engine run failed: %s: %s", failure.reason, failure.message)
         finally:
             proc.terminate()
             engine_ended_unix_s = time.time()
             self._proc = None
+            scrub_file(log_path, secrets_)
         search = workload.capacity
         probes = [(search.load_of(s.level), bool(s.meets_slo)) for s in steps
                   if s.meets_slo is not None] if search is not None else []

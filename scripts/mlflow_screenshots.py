@@ -15,7 +15,9 @@ import sys
 from pathlib import Path
 from urllib.parse import quote
 
-from optimizer.tracking import TAG_KIND, TAG_RECOMMENDED, Tracker, runs_page
+from optimizer.tracking.tags import TAG_KIND, TAG_RECOMMENDED
+from optimizer.tracking.tracker import Tracker
+from optimizer.tracking.view import runs_page
 from tests.optimizer.test_mlflow_ui import _mlflow_server, _screenshot
 
 

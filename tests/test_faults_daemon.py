@@ -15,6 +15,14 @@ table of tests/test_faults.py:
 |                                |                               | the resume finishes it      |
 | launched trial's run unnamed   | an MLflow run, no run id in   | the resume adopts that run, |
 | in Optuna (storage failed)     | Optuna                        | never makes a second        |
+| a seed and a confirmation run  | trials left RUNNING, recovery | the seed re-queued as a     |
+| in flight when it died         | run on them                   | seed; the confirmation not  |
+| killed between two suggestions | half-asked trials, recovery   | neither launches; only the  |
+|                                |                               | enqueued one is re-queued   |
+
+The daemon's own death (kill -9 of a real daemon, then a resume) runs end to end in
+tests/optimizer/test_daemon.py; what the resume does with each kind of trial left RUNNING is
+held here at the recovery's layer (`Recovery.run` on a real Optuna and MLflow store).
 """
 
 from __future__ import annotations
@@ -34,16 +42,9 @@ import pytest
 from optuna.trial import TrialState
 
 from optimizer.cli import main
-from tests.optimizer.test_daemon import (
-    _engine_pids,
-    _start_daemon,
-    _wait_for,
-    load,
-    write_study,
-)
+from tests.builders import load, write_study
+from tests.optimizer.test_daemon import _engine_pids, _start_daemon, _wait_for
 from tests.test_faults import assert_consistent
-
-pytestmark = pytest.mark.slow
 
 _SHORT = {"input_len": 64, "output_len": 96, "levels": [{"concurrency": 4}],
           "num_requests": 12, "warmup_requests": 0}
@@ -61,6 +62,7 @@ def _measured_configs(tmp_path: Path) -> list[tuple[Any, ...]]:
     return out
 
 
+@pytest.mark.slow
 def test_a_restart_after_stop_now_measures_no_config_twice(tmp_path: Path,
                                                            ray_cluster: None) -> None:
     # Stopped during trial 1, a budget of 4 leaves the resumed sampler its re-run and at least
@@ -93,6 +95,7 @@ def test_a_restart_after_stop_now_measures_no_config_twice(tmp_path: Path,
     assert_consistent(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_second_daemon_on_the_same_study_from_another_directory_is_refused(
         tmp_path: Path, ray_cluster: None, capsys: pytest.CaptureFixture[str]) -> None:
     shared = {"storage": f"sqlite:///{tmp_path}/shared/optuna.db", "workload": _SHORT}
@@ -148,6 +151,7 @@ def _kill_first_engine(registry: Path, killed: dict[str, int]) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_a_one_off_crash_of_the_defaults_is_retried_and_the_gain_stands(
         tmp_path: Path, ray_cluster: None) -> None:
     path = write_study(tmp_path, trials=2, max_parallel_trials=1, workload=_SHORT)
@@ -172,6 +176,7 @@ def test_a_one_off_crash_of_the_defaults_is_retried_and_the_gain_stands(
     assert_consistent(tmp_path)
 
 
+@pytest.mark.slow
 def test_defaults_that_cannot_be_measured_are_named_at_the_end_and_in_the_report(
         tmp_path: Path, ray_cluster: None, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_study(tmp_path, trials=2, max_parallel_trials=1, workload=_SHORT,
@@ -190,6 +195,7 @@ def test_defaults_that_cannot_be_measured_are_named_at_the_end_and_in_the_report
     assert_consistent(tmp_path)
 
 
+@pytest.mark.slow
 def test_an_optuna_storage_failing_mid_study_stops_the_daemon_cleanly_and_a_resume_finishes(
         tmp_path: Path, ray_cluster: None, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_study(tmp_path, trials=1, workload={**_SHORT, "output_len": 32,
@@ -233,9 +239,9 @@ def test_an_optuna_storage_failing_mid_study_stops_the_daemon_cleanly_and_a_resu
 
 def test_a_run_the_dead_daemon_could_not_name_in_optuna_is_adopted_not_duplicated(
         tmp_path: Path) -> None:
+    from optimizer.records import ATTR_MLFLOW_RUN
     from optimizer.recovery import Recovery
-    from optimizer.study import ATTR_MLFLOW_RUN
-    from optimizer.tracking import Tracker
+    from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
 
     space = load_space("hopper").resolve({})
@@ -256,6 +262,16 @@ def test_a_run_the_dead_daemon_could_not_name_in_optuna_is_adopted_not_duplicate
     assert runs[0].info.status == "FAILED" and runs[0].data.tags["state"] == "failed"
 
 
+def _fresh_study(tmp_path: Path) -> tuple[optuna.Study, Any, str]:
+    """A study in a fresh Optuna database, its MLflow store and the study's run."""
+    from optimizer.tracking.tracker import Tracker
+
+    study = optuna.create_study(study_name="e2e", storage=f"sqlite:///{tmp_path}/optuna.db")
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    parent = tracker.start_study("e2e", key="k", params={}, artifacts={}, objectives={})
+    return study, tracker, parent
+
+
 def _recover(tmp_path: Path, study: optuna.Study, space: Any, tracker: Any,
              parent: str) -> None:
     from optimizer.recovery import Recovery
@@ -268,8 +284,8 @@ def test_repeated_daemon_deaths_under_the_defaults_spend_no_config_retry(
         tmp_path: Path) -> None:
     # Issue 35: two kill -9s of the daemon while the defaults ran used up their retries and
     # the defaults were abandoned ("tried 2 times"); the daemon's death is not the config's.
-    from optimizer.study import ATTR_BASELINE, ATTR_MLFLOW_RUN, ATTR_RETRIES
-    from optimizer.tracking import Tracker
+    from optimizer.records import ATTR_BASELINE, ATTR_MLFLOW_RUN, ATTR_RETRIES
+    from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
 
     space = load_space("hopper").resolve({})
@@ -294,8 +310,9 @@ def test_repeated_daemon_deaths_under_the_defaults_spend_no_config_retry(
 
 def test_a_trial_queued_for_gpus_when_the_daemon_died_is_not_a_failed_trial(
         tmp_path: Path) -> None:
-    from optimizer.study import ATTR_RETRIES, count_trials
-    from optimizer.tracking import Tracker
+    from optimizer.records import ATTR_RETRIES
+    from optimizer.study import count_trials
+    from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
 
     space = load_space("hopper").resolve({})
@@ -315,3 +332,112 @@ def test_a_trial_queued_for_gpus_when_the_daemon_died_is_not_a_failed_trial(
     assert not tracker.client.search_runs([tracker.experiment_id("e2e")],
                                           filter_string="tags.`nightshift.trial` = '0'"), \
         "no MLflow run for a trial that never launched"
+
+
+def test_a_dead_daemons_seed_is_re_queued_as_a_seed_and_its_confirmation_run_is_not(
+        tmp_path: Path) -> None:
+    from search_spaces import load_space
+
+    space = load_space("hopper").resolve({})
+    study, tracker, parent = _fresh_study(tmp_path)
+    # What a kill -9 leaves: a seed and a confirmation run asked whole, both RUNNING.
+    seed = {**space.defaults(), "kv_cache_dtype": "fp8"}
+    study.enqueue_trial(seed, user_attrs={"seeded": True})
+    study.enqueue_trial(space.defaults(), user_attrs={"confirm": "best"})
+    seeded, confirm = study.ask(), study.ask()
+    for trial in (seeded, confirm):
+        space.sample(trial)
+    _recover(tmp_path, study, space, tracker, parent)
+    trials = study.get_trials(deepcopy=False)
+    assert trials[seeded.number].state == trials[confirm.number].state == TrialState.FAIL
+    again = [t for t in trials if t.user_attrs.get("retry_of") == seeded.number]
+    assert len(again) == 1 and again[0].user_attrs.get("seeded") is True, \
+        "a seed is re-queued as a seed"
+    assert again[0].system_attrs["fixed_params"] == trials[seeded.number].params, \
+        "the config it ran, whole"
+    assert not [t for t in trials if t.user_attrs.get("retry_of") == confirm.number], \
+        "a confirmation run is not re-queued: its round is measured again"
+    assert "confirmation round is measured again" in \
+        trials[confirm.number].user_attrs["record"]["conclusion"]
+
+
+def test_a_trial_whose_sampling_the_dead_daemon_cut_short_is_re_queued_only_if_enqueued(
+        tmp_path: Path) -> None:
+    from search_spaces import load_space
+
+    space = load_space("hopper").resolve({})
+    study, tracker, parent = _fresh_study(tmp_path)
+    # A daemon killed between two suggestions leaves a RUNNING trial with half a config: one
+    # enqueued whole (a seed) and one the sampler was proposing.
+    seed = {**space.defaults(), "kv_cache_dtype": "fp8"}
+    study.enqueue_trial(seed, user_attrs={"seeded": True})
+    enqueued, proposed = study.ask(), study.ask()
+    tp = space.distributions()["tensor_parallel_size"]
+    for trial in (enqueued, proposed):
+        trial._suggest("tensor_parallel_size", tp)
+    _recover(tmp_path, study, space, tracker, parent)
+    trials = study.get_trials(deepcopy=False)
+    for number in (enqueued.number, proposed.number):
+        cut = trials[number]
+        assert cut.state == TrialState.FAIL and cut.user_attrs["sampling_cut_short"] is True
+        assert cut.user_attrs["record"]["failure_reason"] == "daemon_lost"
+        assert "mlflow_run_id" not in cut.user_attrs, "it launched nothing: no MLflow run"
+    assert "not re-queued" in trials[proposed.number].user_attrs["record"]["conclusion"]
+    assert not [t for t in trials if t.user_attrs.get("retry_of") == proposed.number], \
+        "half a config the sampler proposed is not retried: the sampler asks afresh"
+    again = [t for t in trials if t.user_attrs.get("retry_of") == enqueued.number]
+    assert len(again) == 1 and again[0].system_attrs["fixed_params"] == seed and \
+        again[0].user_attrs["seeded"], \
+        "an enqueued config goes back in the queue whole, with its attributes"
+
+
+def test_a_dead_daemons_engine_log_is_scrubbed_of_secrets_before_mlflow_takes_it(
+        tmp_path: Path, clean_environ: dict[str, str]) -> None:
+    # Issue 35, item 8: a runner scrubs its engine's log when the engine ends; a daemon killed
+    # mid-trial never did, and the next start's catch-up sent the log's tail to MLflow.
+    from optimizer.records import ATTR_MLFLOW_RUN
+    from optimizer.recovery import Recovery, trial_workdir
+    from optimizer.tracking.tracker import Tracker
+    from search_spaces import load_space
+
+    os.environ["WANDB_API_KEY"] = "wandb-" + "w" * 24  # the user's shell's
+    token = "hf_" + "t" * 32  # the study file's env
+    space = load_space("hopper").resolve({})
+    study = optuna.create_study(study_name="e2e", storage=f"sqlite:///{tmp_path}/optuna.db")
+    study.enqueue_trial(space.defaults())
+    trial = study.ask()
+    space.sample(trial)
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    parent = tracker.start_study("e2e", key="k", params={}, artifacts={}, objectives={})
+    run = tracker.start_trial(parent, "e2e", trial.number, trial.params)
+    trial.set_user_attr(ATTR_MLFLOW_RUN, run)
+    log = trial_workdir(tmp_path / "results", trial.number) / "server.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(f"login with {token}\nwandb {os.environ['WANDB_API_KEY']}\n")
+    Recovery(study, study._storage, space, tracker, parent, "e2e", tmp_path / "results",
+             max_retries=1, study_env={"HF_TOKEN": token}).run()
+    assert log.read_text() == "login with <redacted>\nwandb <redacted>\n"
+    logged = Path(tracker.client.download_artifacts(run, "server.log", str(tmp_path)))
+    assert logged.read_text() == log.read_text(), "MLflow took the scrubbed tail"
+
+
+def test_a_study_whose_stdout_is_closed_runs_to_its_end_with_its_report(
+        tmp_path: Path) -> None:
+    # Issue 35, item 3: `nightshift start s.yaml | head` ended with exit 1, no report and
+    # nothing in daemon.log. Here the reader of stdout is gone before the study starts.
+    import subprocess
+    import sys
+
+    path = write_study(tmp_path, trials=1, workload=_SHORT)
+    with open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "optimizer.cli", "start", str(path),
+                                 "--no-progress"], stdout=subprocess.PIPE, stderr=err,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert proc.stdout is not None
+        proc.stdout.close()  # as `head` exits
+        code = proc.wait(240)
+    text = (tmp_path / "stderr.txt").read_text()
+    assert code == 0, text[-3000:]
+    assert "study e2e done" in text and "Traceback" not in text, text[-3000:]
+    assert (tmp_path / "results" / "report" / "report.html").is_file()
+    assert "trial 0 complete" in (tmp_path / "results" / "daemon.log").read_text()

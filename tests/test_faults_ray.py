@@ -11,6 +11,7 @@ workers, the simulated engines) is listed while it runs.
 |                                | of a running local study)      | 127.0.0.0/8 or ::1           |
 | local raylet killed            | psutil kill of the raylet, a   | a lost worker's GPUs are not |
 |                                | Ray in a process of its own    | placed again: 0 GPUs, stop   |
+| ray.resources no node has      | a cluster without them         | one line, exit 2, no writes  |
 
 (Rows of tests/test_faults.py's table.)
 """
@@ -30,11 +31,9 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.optimizer.test_daemon import load, write_study
+from tests.builders import load, write_study
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
-
 _OTHER_RAY = """
 import json, sys, time
 import ray
@@ -133,6 +132,7 @@ def _trial_hosts(tmp_path: Path) -> list[str]:
             for t in load(tmp_path).trials if t.state.is_finished()]
 
 
+@pytest.mark.slow
 def test_a_local_study_ignores_a_ray_address_naming_no_cluster(
         tmp_path: Path, clean_environ: dict[str, str]) -> None:
     os.environ["RAY_ADDRESS"] = "127.0.0.1:9"  # nothing listens there
@@ -142,6 +142,7 @@ def test_a_local_study_ignores_a_ray_address_naming_no_cluster(
     assert [h for h in _trial_hosts(tmp_path) if " node " in h], "the trial ran on Ray"
 
 
+@pytest.mark.slow
 def test_a_local_study_runs_its_own_ray_on_loopback_only_beside_another_cluster(
         tmp_path: Path, other_ray: dict[str, Any]) -> None:
     os.environ["RAY_ADDRESS"] = other_ray["address"]
@@ -158,6 +159,24 @@ def test_a_local_study_runs_its_own_ray_on_loopback_only_beside_another_cluster(
     beyond = [s for s in sockets if not _is_loopback(s[1])]
     assert not beyond, f"every socket of the study is on loopback; not these: {beyond}"
 
+
+
+def test_a_cluster_no_node_of_which_has_the_ray_resources_is_refused_before_any_write(
+        tmp_path: Path, other_ray: dict[str, Any]) -> None:
+    # Issue 35, item 5: trials sat "running" for as long as one waited; now one line naming
+    # the field and the fix, exit 2, with results/ and mlruns/ untouched.
+    path = write_study(tmp_path, trials=1, ray={"address": other_ray["address"],
+                                                "resources": {"tuning_pool": 1}})
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled"}
+    done = subprocess.run([sys.executable, "-m", "optimizer.cli", "start", str(path),
+                           "--no-progress"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=240)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert len(lines) == 1 and "ray.resources: no node of the Ray cluster has" in lines[0] \
+        and "ray start --resources" in lines[0], lines
+    assert not (tmp_path / "results").exists() and not (tmp_path / "mlruns").exists(), \
+        "refused before anything is written"
 
 # A local Ray of its own (health checks every 0.5 s, so its GCS counts a dead raylet out in
 # about 1.5 s rather than 15) whose raylet is killed: what the daemon's executor then says.
@@ -185,6 +204,7 @@ for p in tree:  # whatever of its Ray outlived the raylet
 """
 
 
+@pytest.mark.slow
 def test_a_dead_local_raylet_leaves_no_gpu_to_place_a_trial_on(
         clean_environ: dict[str, str]) -> None:
     """Ray's GCS counts a dead raylet alive until its health checks time out, so the GPU count

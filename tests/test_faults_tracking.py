@@ -32,10 +32,8 @@ import pytest
 from mlflow import MlflowClient
 
 from optimizer.cli import main
-from tests.optimizer.test_daemon import load, trial_runs, write_study
+from tests.builders import load, trial_runs, write_study
 from tests.test_faults import assert_consistent, break_store_when_trial_1_starts
-
-pytestmark = pytest.mark.slow
 
 
 @contextmanager
@@ -71,6 +69,7 @@ def _mark_running_as_a_kill_leaves_it(tmp_path: Path, number: int) -> str:
     return str(run.info.run_id)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["database", "artifact folder"])
 def test_a_restart_with_a_read_only_store_is_refused_up_front_and_writes_nothing(
         tmp_path: Path, ray_cluster: None, capsys: pytest.CaptureFixture[str],
@@ -103,6 +102,7 @@ def test_a_restart_with_a_read_only_store_is_refused_up_front_and_writes_nothing
     assert_consistent(tmp_path)
 
 
+@pytest.mark.slow
 def test_the_catch_up_logs_what_mlflow_missed_once_with_server_logs(
         tmp_path: Path, ray_cluster: None, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_study(tmp_path, trials=4, workload={
@@ -137,7 +137,7 @@ def test_the_catch_up_logs_what_mlflow_missed_once_with_server_logs(
              for key in client.get_run(halfway).data.metrics}
     assert {key: after[key] for key in points} == points, \
         "a finish_trial replayed after a halfway failure logs no metric value twice"
-    from optimizer.tracking import VIEW_GAIN, view_key
+    from optimizer.tracking.view import VIEW_GAIN, view_key
     assert set(after) - set(points) <= {view_key("goodput"), VIEW_GAIN}, \
         "only the review columns, written when the study ends, are new"
     for run in trial_runs(tmp_path):
@@ -175,7 +175,7 @@ def test_a_start_on_a_read_only_optuna_database_is_refused_up_front_and_writes_n
 
 
 def _open_store(uri: str) -> str:
-    from optimizer.tracking import Tracker
+    from optimizer.tracking.tracker import Tracker
 
     try:
         Tracker(uri).client.search_experiments()
@@ -184,6 +184,7 @@ def _open_store(uri: str) -> str:
     return "ok"
 
 
+@pytest.mark.slow  # two processes importing MLflow: most of a minute
 def test_two_studies_opening_a_fresh_mlflow_store_at_once_both_open_it(tmp_path: Path) -> None:
     # Issue 35: two daemons started together in a fresh directory; the second was refused
     # ("MLflow cannot open the store") as both created the store's tables.

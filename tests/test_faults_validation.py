@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from optimizer.cli import main
-from tests.optimizer.test_daemon import load, write_study
+from tests.builders import load, write_study
 
 
 def _refused(capsys: pytest.CaptureFixture[str], tmp_path: Path, expected: str) -> None:

@@ -13,33 +13,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+
+from tests.builders import WORKLOAD, write_study
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
 def _run(tmp_path: Path, *extra: str, duration_s: float) -> dict[str, Any]:
-    study = {
-        "name": "cluster",
-        "engine": "simulated",
-        "model": {"path": "qwen2.5-7b", "load_format": "dummy", "skip_tokenizer_init": True},
-        "workload": {"input_len": 128, "output_len": 16, "levels": [{"concurrency": 4},
-                                                                    {"concurrency": 8}],
-                     "duration_s": duration_s, "num_requests": None, "warmup_requests": 2},
-        "slo": {"ttft_p99_ms": 2000, "tpot_p99_ms": 40},
-        "search_space": "hopper",
-        "budget": {"trials": 4},
-        "max_parallel_trials": 2,
-        "pruner": {"name": "none"},
-        "confirm_rounds": 0,  # four measured trials, nothing after them
+    path = write_study(
+        tmp_path, name="cluster", trials=4, max_parallel_trials=2, pruner={"name": "none"},
+        workload={**WORKLOAD, "duration_s": duration_s, "num_requests": None},
         # A node of one GPU (the space is resolved for it); the cluster has two such nodes.
-        "simulated": {"hardware": "h200", "num_gpus": 1, "startup_time_scale": 0.002},
-        "results_dir": str(tmp_path / "results"),
-        "tracking_uri": f"sqlite:///{tmp_path}/mlruns/mlflow.db",
-    }
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(study))
+        simulated={"hardware": "h200", "num_gpus": 1, "startup_time_scale": 0.002})
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.run([sys.executable, "-m", "tests.cluster_driver", str(path), *extra],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=280)

@@ -1,8 +1,10 @@
 """`nightshift` command line: the composition root. Builds typed config once, wires the study,
 workers, tracker and progress display, and maps errors to exit codes (0 ok, 1 failure, 2 bad
 input). Only this package installs logging handlers or prints. This module is its public face
-(`main`, the `nightshift` entry point); `commands` holds the subcommands, `live` the live table,
-`table` the trial table it and `status` draw, `output` the consoles and logging handlers.
+(`main`, the `nightshift` entry point); `app` the typer app the subcommands share, `run`
+(start, stop), `results` (status, report, export), `history`, `checks` (regress, audit, hw)
+the subcommands, `live` the live table, `table` the trial table it and `status` draw, `output`
+the consoles and logging handlers.
 """
 
 from __future__ import annotations
@@ -23,11 +25,17 @@ from typer._click.exceptions import (
     UsageError,
 )
 
-from optimizer.cli.commands import app
+# Importing a subcommand's module registers it on `app`.
+from optimizer.cli import checks, history, results, run  # noqa: F401
+from optimizer.cli.app import COMMAND_ORDER, app
 from optimizer.cli.output import console
 from optimizer.errors import NightshiftError
 
 __all__ = ["app", "main"]
+
+# `--help` lists the subcommands in COMMAND_ORDER, whichever module registered each.
+app.registered_commands.sort(key=lambda command: COMMAND_ORDER.index(
+    command.name or (command.callback.__name__ if command.callback else "")))
 
 PRIVATE_UMASK = 0o077
 
@@ -66,6 +74,19 @@ def main(argv: list[str] | None = None) -> int:
     except NightshiftError as exc:
         console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return exc.exit_code
+    except OSError as exc:
+        from optimizer.run.executor import is_host_refusal
+
+        if not is_host_refusal(exc):
+            raise  # a bug of ours as often as not: its traceback says where
+        # A full or read-only disk, a permission: the host's, said in one line. What nightshift
+        # was writing is whole or absent (runners/atomic.py), never cut.
+        where = f" ({exc.filename})" if exc.filename else ""
+        console.print(f"[red]error:[/] the host refused a file operation{where}: "
+                      f"{exc.strerror or exc}; nothing was left half-written; free space or "
+                      "fix the permissions and run the command again.", highlight=False,
+                      soft_wrap=True)
+        return 1
     return 0
 
 

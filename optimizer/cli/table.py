@@ -220,7 +220,7 @@ def _longest_word(cells: Iterable[str], at_most: int = 32) -> int:
 
 
 def history_table(rows: Sequence[Any], width: int, title: str | None = None) -> Table:
-    """`optimizer.memory.HistoryRow`s at most `width` columns wide, newest first as given:
+    """`optimizer.tuning_memory.HistoryRow`s at most `width` columns wide, newest first as given:
     study, date, engine and card, the best's change from the defaults, its figure with what
     bounds it, the study's conclusion. Cells wrap at spaces; a longer one ends in "…"."""
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,

@@ -1,7 +1,10 @@
 """The study file: one YAML naming the model, workload, SLO, objective, space, budget and stores,
 parsed once into a typed, frozen `StudyConfig` (every error one line, exit code 2).
 
-`schema` holds the pydantic models and bounds, `loading` reads and validates a file,
+`schema` holds `StudySpec` and the checks between its sections, `sections` and
+`workload_spec` the sections (each workload spec builds the runner value it stands for),
+`fields` the base model, path field and bounds; `loading` reads a file into a `StudyConfig`
+(its workload built once), `validation_errors` turns pydantic's errors into one line,
 `flag_checks` and `store_checks` check single fields, `prestart` checks what `start` needs
 before it writes anything.
 """

@@ -4,33 +4,24 @@ code 2). Environment variables are read here and nowhere else."""
 
 from __future__ import annotations
 
-import difflib
 import os
-import re
 import shlex
 from collections.abc import Mapping
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from optimizer.config.schema import MAX_FILE_BYTES, LengthSpec, StudySpec
+from optimizer.config.fields import MAX_FILE_BYTES
+from optimizer.config.schema import StudySpec
+from optimizer.config.validation_errors import format_validation_error
 from optimizer.errors import ConfigError
 from optimizer.objectives import OBJECTIVES
-from runners.capacity_search import CapacitySearch
 from runners.credentials import redact_env
 from runners.load_level import LoadLevel
-from runners.workload import (
-    SLO,
-    DatasetSource,
-    LengthDistribution,
-    MultiTurn,
-    QualityEval,
-    SharedPrefix,
-    TraceReplay,
-    Workload,
-)
+from runners.workload import QualityEval, TraceReplay, Workload
 from search_spaces.bounded_yaml import YamlLimitError, load_yaml
 
 DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
@@ -113,8 +104,7 @@ class StudyConfig:
         """The evaluation each trial's workload carries; None when the gate is skipped."""
         if self.quality_skip_reason is not None:
             return None
-        q = self.spec.quality
-        return QualityEval(num_prompts=q.num_prompts, max_tokens=q.max_tokens, top_k=q.top_k)
+        return self.spec.quality.evaluation()
 
     @property
     def tokenizer_dir(self) -> Path | None:
@@ -141,61 +131,46 @@ class StudyConfig:
         return why_no_tokenizer(model_dir, skip_tokenizer_init=self.spec.model.skip_tokenizer_init
                                 ) or "no tokenizer"
 
-    def workload(self, vocab_size: int = 32000) -> Workload:
+    @cached_property
+    def workload(self) -> Workload:
+        """What every trial of the study measures, built once: its token ids are drawn below
+        the model's vocabulary where its config.json is here (else 32000), a trace's default
+        level is its recorded mean rate (the trace read once, here)."""
         w = self.spec.workload
-        levels = tuple(LoadLevel(request_rate_rps=lv.request_rate, max_concurrency=lv.concurrency,
-                                 burstiness=lv.burstiness) for lv in w.levels)
+        levels = tuple(level.load_level() for level in w.levels)
         num_requests = w.num_requests
         trace = None
         if w.trace is not None and self.trace_file is not None:
-            trace = TraceReplay(self.trace_file, w.trace.timestamp_unit_s, w.trace.max_gap_s)
+            trace = w.trace.replay(self.trace_file)
             if "num_requests" not in w.model_fields_set:
                 num_requests = None  # the whole trace
             if "levels" not in w.model_fields_set:  # one level: as recorded, x time_scale
                 levels = (LoadLevel(request_rate_rps=_trace_rate(
                     trace, num_requests, self.source_name) * w.trace.time_scale),)
-        d, mt = w.dataset, w.multi_turn
         return Workload(
             tokenizer_dir=self.tokenizer_dir,
-            dataset=DatasetSource(path=self.dataset_file, format=d.format,
-                                  output_len=d.output_len, min_len=d.min_len,
-                                  max_prompt_len=d.max_prompt_len,
-                                  max_total_len=d.max_total_len)
-            if d is not None and self.dataset_file is not None else None,
-            multi_turn=MultiTurn(num_turns=mt.num_turns, max_turns=mt.max_turns)
-            if mt is not None else None,
-            input_len=_dist(w.input_len),
-            output_len=_dist(w.output_len),
+            dataset=w.dataset.source(self.dataset_file)
+            if w.dataset is not None and self.dataset_file is not None else None,
+            multi_turn=w.multi_turn.multi_turn() if w.multi_turn is not None else None,
+            input_len=w.input_len.distribution(),
+            output_len=w.output_len.distribution(),
             prompts_file=self.prompts_file,
             levels=levels,
             num_requests=num_requests,
             duration_s=w.duration_s,
             num_warmup_requests=w.warmup_requests,
             seed=w.seed,
-            slo=SLO(ttft_p99_ms=self.spec.slo.ttft_p99_ms,
-                    tpot_p99_ms=self.spec.slo.tpot_p99_ms,
-                    e2el_ms=self.spec.slo.e2el_ms),
-            vocab_size=vocab_size,
+            slo=self.spec.slo.slo(),
+            vocab_size=_vocab_size(self.spec.model.path),
             request_timeout_s=w.request_timeout_s,
             max_failed_fraction=w.max_failed_fraction,
             profile=w.profile,
             startup_timeout_s=w.startup_timeout_s,
             repeats=w.repeats,
             quality=self.quality_eval,
-            capacity=CapacitySearch(axis=w.capacity.axis, low=w.capacity.low,
-                                    high=w.capacity.high, tolerance=w.capacity.tolerance,
-                                    max_probes=w.capacity.max_probes,
-                                    probe_duration_s=w.capacity.probe_duration_s,
-                                    min_window_requests=w.capacity.min_window_requests,
-                                    min_window_s=w.capacity.min_window_s,
-                                    max_window_s=w.capacity.max_window_s,
-                                    warmup_s=w.capacity.warmup_s)
-            if w.capacity else None,
+            capacity=w.capacity.search() if w.capacity is not None else None,
             burstiness=w.burstiness,
-            shared_prefix=SharedPrefix(fraction=w.shared_prefix.fraction,
-                                       num_tokens=w.shared_prefix.tokens,
-                                       num_prefixes=w.shared_prefix.num_prefixes)
-            if w.shared_prefix else None,
+            shared_prefix=w.shared_prefix.shared_prefix() if w.shared_prefix else None,
             trace=trace,
         )
 
@@ -274,78 +249,21 @@ def engine_env(cfg: StudyConfig, name: str, default: str = "") -> str:
     return value if value is not None else os.environ.get(name, default)
 
 
-def _dist(spec: LengthSpec) -> LengthDistribution:
-    return LengthDistribution(kind=spec.kind, mean=spec.mean, low=spec.low, high=spec.high,
-                              std=spec.std)
+def _vocab_size(model: str) -> int:
+    """The model's vocabulary where its config.json is here, else 32000 (a hub id; a config
+    that cannot be read, which `check_before_start` refuses in one line)."""
+    from runners.model_info import load_model_info
+
+    try:
+        info = load_model_info(model)
+    except ValueError:
+        return 32000
+    return info.vocab_size if info is not None else 32000
 
 
 def _resolve(base: Path, p: Path) -> Path:
     p = p.expanduser()
     return p if p.is_absolute() else base / p
-
-
-def _loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:  # a union member's tag (`str`, `list[str]`, `literal[..]`) is pydantic's
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif not str(part).startswith(("function-", "literal[", "list[")) and part != "str":
-            out += ("." if out else "") + str(part)
-    return out or "(top level)"
-
-
-def _fields_at(loc: tuple[int | str, ...], root: type[BaseModel] = StudySpec) -> list[str]:
-    """The valid keys of the model at a location, for did-you-mean suggestions."""
-    model: Any = root
-    for part in loc:
-        if isinstance(part, int) or model is None:
-            continue
-        field = getattr(model, "model_fields", {}).get(part)
-        if field is None:
-            return []
-        ann = field.annotation
-        candidates = [ann, *getattr(ann, "__args__", ())]
-        model = next((c for c in candidates if isinstance(c, type)
-                      and issubclass(c, BaseModel)), None)
-    return list(getattr(model, "model_fields", {}).keys()) if model else []
-
-
-def format_validation_error(exc: ValidationError, source: str,
-                            root: type[BaseModel] = StudySpec,
-                            example: str = "examples/quickstart.yaml") -> str:
-    """One line for the first problem: file, field, what was wrong, how to fix it; `root` is
-    the schema validated (its keys are the did-you-mean candidates), `example` the file a
-    missing key's message points to."""
-    errors = exc.errors()
-    # A typo'd key also makes its intended key "missing": report the typo, it is the cause.
-    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    loc = tuple(err["loc"])
-    where = _loc(loc)
-    if err["type"] == "extra_forbidden":
-        key = str(loc[-1])
-        valid = _fields_at(loc[:-1], root)
-        close = difflib.get_close_matches(key, valid, n=1)
-        hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(valid)}."
-        return f"{source}: unknown key {where!r}; {hint}"
-    if err["type"] == "invalid_key" or loc[-1:] == ("[key]",):  # `1: x`, `~: x`
-        parent = _loc(loc[:-2] if loc[-1:] == ("[key]",) else loc[:-1])
-        return (f"{source}: {parent}: keys are names but got {err.get('input')!r:.60}; write "
-                "the key as a name.")
-    if err["type"] == "missing":
-        return f"{source}: {where} is required; add it (see {example})."
-    # pydantic names our classes ("a valid dictionary or instance of StartupSpec"): not the
-    # user's words.
-    msg = re.sub(r" or instance of \w+", "", str(err["msg"]).removeprefix("Value error, "))
-    end = "" if msg.endswith((".", "?")) else "."
-    if msg.startswith(where.split("[")[0]) and err["type"] == "value_error":
-        return f"{source}: {msg}{end}"  # the check named the field itself (fixed_flags.x: ...)
-    if where == "(top level)" and err["type"] == "value_error":
-        return f"{source}: {msg}{end}"
-    got = err.get("input")
-    got_text = "" if isinstance(got, dict | list) or got is None else f" but got {got!r:.80}"
-    if got is None and "input" in err:  # `key:` with nothing after it
-        got_text = " but it is empty; give a value or remove the key"
-    return f"{source}: {where}: {msg}{got_text}."
 
 
 def parse_study(data: Any, source: str = "study.yaml", path: Path | None = None) -> StudyConfig:

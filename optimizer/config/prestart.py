@@ -11,19 +11,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from optimizer.config.fields import MAX_PROMPTS_FILE_BYTES, MAX_SECONDS, MAX_TRACE_FILE_BYTES
 from optimizer.config.loading import engine_env
-from optimizer.config.schema import (
-    MAX_PROMPTS_FILE_BYTES,
-    MAX_SECONDS,
-    MAX_TRACE_FILE_BYTES,
-    LengthSpec,
-)
 from optimizer.config.store_checks import (
     server_storage_problem,
     sqlite_file_problem,
     storage_problem,
     tracking_uri_problem,
 )
+from optimizer.config.workload_spec import LengthSpec
 from optimizer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -103,7 +99,7 @@ def check_workload(cfg: StudyConfig) -> None:
             has_tokenizer=tokenizer is not None, vocab_size=vocab_size)
         _check_replay_span(cfg, arrivals)
     if cfg.dataset_file is not None:
-        workload = cfg.workload()
+        workload = cfg.workload
         assert workload.dataset is not None
         _check_dataset(workload.dataset, cfg.source_name, tokenizer)
         # A request's whole context (a multi-turn conversation's too) stays within the

@@ -16,9 +16,8 @@ from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
 from optimizer.export import trial_env
 from optimizer.recommendation import is_measured, params_of
-from optimizer.records import record_of
+from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, record_of
 from optimizer.regress.library import DEFAULT_FIGURES, FIGURES
-from optimizer.study import ATTR_BASELINE, ATTR_CONFIRM
 from runners.simulated.launcher import is_simulated_argv
 
 logger = logging.getLogger(__name__)
@@ -73,7 +72,7 @@ def _config(study: optuna.Study, cfg: StudyConfig, trial: FrozenTrial, name: str
             card: str) -> dict[str, Any]:
     record = record_of(trial)
     flags = dict(record.flags) if record is not None else {}
-    env = trial_env({"env": dict(record.env)}) if record is not None else {}
+    env = trial_env(record.env) if record is not None else {}
     return {"name": name, "flags": flags, "env": env,
             "reference": _reference(study, cfg, trial, card)}
 
@@ -132,7 +131,7 @@ def case_from_study(study: optuna.Study, cfg: StudyConfig, chosen: FrozenTrial,
 
 def study_gpu_param(tracking_uri: str, study_name: str, key: str | None = None) -> str | None:
     """The `gpu` param of the study's MLflow parent run, where the store has it."""
-    from optimizer.tracking import Tracker
+    from optimizer.tracking.tracker import Tracker
 
     if tracking_uri.startswith("sqlite:///") and \
             not Path(tracking_uri.removeprefix("sqlite:///")).is_file():

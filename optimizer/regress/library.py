@@ -15,18 +15,12 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from optimizer.config import StudyConfig
-from optimizer.config.loading import format_validation_error
-from optimizer.config.schema import (
-    MAX_FILE_BYTES,
-    ModelSpec,
-    SimulatedSpec,
-    SLOSpec,
-    StudySpec,
-    WorkloadSpec,
-    _Strict,
-    registered,
-)
+from optimizer.config.fields import MAX_FILE_BYTES, StrictSpec, registered
+from optimizer.config.schema import StudySpec
+from optimizer.config.sections import ModelSpec, SimulatedSpec, SLOSpec
 from optimizer.config.store_checks import tracking_uri_problem
+from optimizer.config.validation_errors import format_validation_error
+from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.engines import RUNNERS
 from optimizer.errors import ConfigError
 from optimizer.objectives import OBJECTIVES
@@ -61,7 +55,7 @@ def _check_name(value: str) -> str:
     return value
 
 
-class FigureRef(_Strict):
+class FigureRef(StrictSpec):
     """One reference figure: its samples (each round x repeat), or a mean with the 95%
     interval of that mean and the count it came from."""
 
@@ -112,7 +106,7 @@ class FigureRef(_Strict):
         return sum(self.samples) / len(self.samples)
 
 
-class Reference(_Strict):
+class Reference(StrictSpec):
     vllm_version: str = Field(min_length=1, max_length=64)  # e.g. 0.26.0
     card: str = Field(min_length=1, max_length=200)  # e.g. NVIDIA H200
     date: str = Field(min_length=1, max_length=40)  # ISO date of the measurement
@@ -132,7 +126,7 @@ class Reference(_Strict):
         return v
 
 
-class LibraryConfig(_Strict):
+class LibraryConfig(StrictSpec):
     """One config a case holds: vLLM-style snake_case flags (as `export` writes them), its
     environment, and its reference measurement."""
 
@@ -161,7 +155,7 @@ class LibraryConfig(_Strict):
         return v
 
 
-class CaseSpec(_Strict):
+class CaseSpec(StrictSpec):
     name: str
     model: ModelSpec
     workload: Annotated[WorkloadSpec, Field(default_factory=WorkloadSpec)]
@@ -224,7 +218,7 @@ class CaseSpec(_Strict):
         return StudyConfig(spec, source)
 
 
-class LibrarySpec(_Strict):
+class LibrarySpec(StrictSpec):
     name: str
     # A figure regressed when it is worse than its reference by more than this fraction AND
     # its interval excludes no change.

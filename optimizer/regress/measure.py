@@ -24,7 +24,6 @@ from optimizer.regress.compare import (
 from optimizer.regress.library import FIGURES, CaseSpec, LibraryConfig
 from optimizer.study import engine_config
 from runners.base import BenchmarkMetrics, Failure, FailureReason, RunResult
-from runners.model_info import load_model_info
 from search_spaces.engine.tables import VllmFlags
 
 logger = logging.getLogger(__name__)
@@ -140,8 +139,7 @@ def measure_case(case: CaseSpec, here: Installed, workdir: Path, threshold: floa
     from optimizer.run.engine_choice import DEFAULT_CACHE_ROOT, simulated_hardware
 
     cfg = case.study_config(source)  # paths resolve against the library file's folder
-    model = load_model_info(case.model.path)
-    workload = cfg.workload(vocab_size=model.vocab_size if model else 32000)
+    workload = cfg.workload
     spec = RunnerSpec(
         kind=here.engine, registry_dir=workdir / "engines",
         hardware=simulated_hardware(case.simulated.hardware, case.simulated.num_gpus).to_dict()

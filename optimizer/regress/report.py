@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from optimizer.regress.library import FIGURES
 from optimizer.regress.measure import CaseOutcome, ConfigOutcome, Installed
 from optimizer.report.plots import save_figure
-from optimizer.tracking import TAG_KIND, Tracker
+from optimizer.tracking.tags import TAG_KIND
+from optimizer.tracking.tracker import Tracker
 from runners.atomic import write_atomic
 
 if TYPE_CHECKING:

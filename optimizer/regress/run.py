@@ -28,7 +28,7 @@ from optimizer.regress.report import (
     version_line,
     write_report,
 )
-from optimizer.tracking import Tracker
+from optimizer.tracking.tracker import Tracker
 from runners.model_info import bundled_shapes, load_model_info
 
 logger = logging.getLogger(__name__)

@@ -6,19 +6,17 @@ public face: callers import from here (`from optimizer.report import build_repor
 
 Built from the trial records in Optuna's storage (the source of truth), so a report can be
 written for a running, stopped or finished study, and again at any time. Modules: `build` (the
-data: `TrialRow`, `Report`, `build_report`), `plots` (the PNGs), `render` (`headline`,
-Markdown, HTML, `write_report`).
+data: `TrialRow`, `Report`, `build_report`), `knobs` (which knobs mattered: one-change
+effects, importances), `plots` (the PNGs), `render` (`headline`, Markdown, HTML,
+`write_report`).
 """
 
-from optimizer.report.build import (
+from optimizer.report.build import Report, TrialRow, build_report, pareto_front
+from optimizer.report.knobs import (
     TOO_FEW_FOR_IMPORTANCES,
     KnobEffect,
-    Report,
-    TrialRow,
-    build_report,
     importances_floor,
     knob_effects,
-    pareto_front,
 )
 from optimizer.report.render import (
     REPORT_FILES,

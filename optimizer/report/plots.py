@@ -9,7 +9,8 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from optimizer.report.build import TOO_FEW_FOR_IMPORTANCES, Report
+from optimizer.report.build import Report
+from optimizer.report.knobs import TOO_FEW_FOR_IMPORTANCES
 from runners.atomic import write_atomic
 
 if TYPE_CHECKING:

@@ -10,7 +10,8 @@ from optimizer.conclusions import capacity_text, shorten
 from optimizer.objectives import OBJECTIVES, PER_GPU_RULE, on_all_gpus, value_unit
 from optimizer.recommendation import NOISE_FRACTION
 from optimizer.records import objective_unit
-from optimizer.report.build import TOO_FEW_FOR_IMPORTANCES, Report, TrialRow
+from optimizer.report.build import Report, TrialRow
+from optimizer.report.knobs import TOO_FEW_FOR_IMPORTANCES
 from optimizer.report.plots import LABEL_COLOURS, write_plots
 from runners.atomic import write_atomic
 

@@ -24,7 +24,7 @@ from optuna.trial import FrozenTrial
 from optimizer import quality
 from optimizer.config import StudyConfig, resume_command
 from optimizer.confirm import confirm
-from optimizer.errors import StorageError, TrackingError, WorkerLost, describe
+from optimizer.errors import NightshiftError, StorageError, TrackingError, WorkerLost, describe
 from optimizer.lock import StorageLease, StudyLock, is_local_file_storage, study_lock_path
 from optimizer.recovery import Recovery, trial_workdir
 from optimizer.run.events import (
@@ -51,7 +51,7 @@ from optimizer.study import (
     mlflow_study_key,
     open_study,
 )
-from optimizer.tracking import Tracker
+from optimizer.tracking.tracker import Tracker
 from runners.atomic import write_atomic
 from runners.base import FailureReason, RunResult
 from runners.hardware import HardwareProfile
@@ -66,6 +66,9 @@ logger = logging.getLogger(__name__)
 # and Ray fails it within seconds where its local raylet died (the study then stops). Under
 # 60 s: a Ray whose GCS is gone ends the driver after 60 s.
 _PLACEMENT_TIMEOUT_S = 30.0
+# While a trial's worker waits unplaced, the cluster is asked at most this often whether any
+# live node still offers the study's ray.accelerator_type / ray.resources.
+_PLACEMENT_CHECK_S = 30.0
 
 
 @dataclass
@@ -96,7 +99,7 @@ class Daemon(StudyRuns):
                  resume: str | None = None,
                  learn_facts: Callable[[optuna.Study], Sequence[str]] | None = None) -> None:
         self.cfg = cfg
-        # The tuning memory's writer of measured facts (optimizer/memory.py `learn_facts`),
+        # The tuning memory's writer of measured facts (optimizer/learned_facts.py `learn_facts`),
         # called at the study's end; None for a simulated study (its figures are a model's).
         self.learn_facts = learn_facts
         # The command that resumes this study with the options it was started with (the CLI
@@ -119,7 +122,7 @@ class Daemon(StudyRuns):
         self.seed_trials = list(seed_trials)  # full configs, enqueued after the baseline
         self.template_trials = list(template_trials)  # (config, tags), before the seeds
         self.max_gpus_per_node = max_gpus_per_node
-        # The tuning memory's (optimizer/memory.py): earlier studies' bests as (config,
+        # The tuning memory's (optimizer/tuning_memory.py): earlier studies' bests as (config,
         # `warm_start:<study>`), queued right after the defaults; the fingerprint and what the
         # warm start did, as tags of the study run and user attrs of the Optuna study.
         self.warm_seeds = list(warm_seeds)
@@ -130,6 +133,7 @@ class Daemon(StudyRuns):
         self._tracking_misses: set[int] = set()  # trials whose MLflow writes failed
         self._parent_run = ""
         self._lease: StorageLease | None = None  # the study's lock in a server RDB
+        self._placement_checked_at: float | None = None  # monotonic s (_watch_placement)
         self.policy: SearchController | None = None
 
     # -- control ----------------------------------------------------------------------------
@@ -197,7 +201,8 @@ class Daemon(StudyRuns):
             self.tracker.set_study_tags(self._parent_run, self.study_tags)
         recovery = Recovery(study, storage, self.space, self.tracker, self._parent_run,
                             self.cfg.name, self.cfg.results_dir, self.cfg.spec.retries,
-                            fixed_flags=self.cfg.engine_fixed_flags)
+                            fixed_flags=self.cfg.engine_fixed_flags,
+                            study_env=self.cfg.spec.env)
         recovery.run()
         policy = SearchController(self.cfg, self.space, study, workload=self.workload,
                               total_gpus=self.executor.total_gpus,
@@ -265,9 +270,7 @@ class Daemon(StudyRuns):
         while True:
             if self._lease is not None and self._lease.is_lost:
                 self.request_stop(now=True)  # another daemon runs the study now
-            if self._stop == "now":
-                for item in list(self._inflight):
-                    self._cancel(policy, item)
+            self._cut_on_stop(policy)
             if not self.stopping:
                 while (running := policy.next_launch(self.executor.can_start)) is not None:
                     self._launch(running)
@@ -275,6 +278,22 @@ class Daemon(StudyRuns):
                 policy.record_deferred(force=True)
                 return
             self._wait_and_collect(policy)
+            self._watch_placement()
+
+    def _watch_placement(self) -> None:
+        """A trial Ray holds unplaced while no live node offers the study's placement any
+        more (its node gone) would wait for ever: the study fails in one line naming the field
+        and the fix (its trials are stopped and re-queued on the way out)."""
+        now = time.monotonic()
+        if self.stopping or (self._placement_checked_at is not None and
+                             now - self._placement_checked_at < _PLACEMENT_CHECK_S) or \
+                all(item.handle.is_placed() for item in self._inflight):
+            return
+        self._placement_checked_at = now
+        problem = self.executor.placement_problem()
+        if problem is not None:
+            raise NightshiftError(f"{problem}; the trials in flight were stopped and are "
+                                  "re-queued for the resume.")
 
     def _wait_and_collect(self, policy: SearchController) -> None:
         """Relay the steps measured since the last call, then collect the trials that ended
@@ -295,10 +314,17 @@ class Daemon(StudyRuns):
         self._launch(running)
         while self._inflight:
             self._wait_and_collect(policy)
-            if self._stop == "now":
-                for item in list(self._inflight):
-                    self._cancel(policy, item)
+            self._cut_on_stop(policy)
+            self._watch_placement()
         return policy.study.get_trials(deepcopy=False)[running.trial.number]
+
+    def _cut_on_stop(self, policy: SearchController) -> None:
+        """A stop `now` cuts every trial in flight; any stop cuts one whose worker Ray never
+        placed (it launched nothing, and a placement no node offers would hold the stop for
+        ever)."""
+        for item in list(self._inflight):
+            if self._stop == "now" or (self.stopping and not item.handle.is_placed()):
+                self._cancel(policy, item)
 
     def _launch(self, running: Running) -> None:
         trial, config = running.trial, running.config

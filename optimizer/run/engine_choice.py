@@ -81,7 +81,7 @@ def compile_ledger_of(cfg: StudyConfig, engine: str) -> CompileLedger | None:
     if not root:
         return None
     if engine == "simulated":
-        from runners.simulated.model import ENGINE_VERSION
+        from runners.simulated.sizing import ENGINE_VERSION
 
         version: str | None = ENGINE_VERSION  # what the simulated engine's log prints
     else:
@@ -101,7 +101,7 @@ def engine_version(engine: str) -> str | None:
     """vLLM's installed version (read from its metadata: vllm is not imported), or the
     simulated engine's `simulated <the vLLM version it mimics>`; None where unknown."""
     if engine == "simulated":
-        from runners.simulated.model import ENGINE_VERSION
+        from runners.simulated.sizing import ENGINE_VERSION
 
         return f"simulated {ENGINE_VERSION}"
     from importlib import metadata

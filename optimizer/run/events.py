@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from optimizer.objectives import objective_values, operating_step
+from optimizer.records import ATTR_CONFIRM
 from optimizer.search.controller import SearchController
 from optimizer.search.trials import Running
-from optimizer.study import ATTR_CONFIRM
 
 
 @dataclass(frozen=True)

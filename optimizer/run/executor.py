@@ -135,6 +135,11 @@ class TrialHandle(Protocol):
         """Stop the trial now; its engine is killed."""
         ...
 
+    def is_placed(self) -> bool:
+        """Whether the trial's worker exists (Ray may hold one back while no node offers what
+        it asks for); a stop ends an unplaced trial at once, as it launched nothing."""
+        ...
+
 
 class Executor(Protocol):
     """GPUs and the workers that own them. Called by the daemon's loop only (one thread)."""
@@ -162,6 +167,12 @@ class Executor(Protocol):
 
     def reap_elsewhere(self, registry_dir: Path) -> dict[str, list[int]]:
         """Kill engines a dead daemon left on other machines (node id -> pids)."""
+        ...
+
+    def placement_problem(self) -> str | None:
+        """Why no live node can hold a trial's worker now (the study's `ray.accelerator_type`
+        or `ray.resources`: the node that offered it is gone), one line naming the field and
+        the fix; None when one can, or where it cannot be said."""
         ...
 
     def shutdown(self) -> None: ...
@@ -201,6 +212,9 @@ class _InlineHandle:
         self.session.cancel()
         self.done.wait(timeout=120)
 
+    def is_placed(self) -> bool:
+        return True  # a thread of this process, started at submit
+
 
 class InlineExecutor:
     """Trials on threads of this process, each on a runner from `make_runner`: no Ray, no
@@ -237,6 +251,9 @@ class InlineExecutor:
 
     def reap_elsewhere(self, registry_dir: Path) -> dict[str, list[int]]:
         return {}  # one machine: the daemon reaps its own registry
+
+    def placement_problem(self) -> str | None:
+        return None  # threads of this process: nothing to place
 
     def shutdown(self) -> None:
         for handle in list(self._running):

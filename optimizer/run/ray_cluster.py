@@ -25,6 +25,12 @@ logger = logging.getLogger(__name__)
 def live_gpus(timeout_s: float = 30.0) -> int:
     """The GPUs of the cluster's live nodes; raises TimeoutError when Ray's GCS does not answer
     within `timeout_s` (`ray.nodes()` blocks while it tries to reconnect to a GCS gone)."""
+    nodes = [n for n in cluster_nodes(timeout_s) if n.get("Alive")]
+    return int(sum(n.get("Resources", {}).get("GPU", 0) for n in nodes))
+
+
+def cluster_nodes(timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    """`ray.nodes()`, or TimeoutError when Ray's GCS does not answer within `timeout_s`."""
     answer: list[list[dict[str, Any]]] = []
     failure: list[BaseException] = []
 
@@ -41,8 +47,7 @@ def live_gpus(timeout_s: float = 30.0) -> int:
         raise failure[0]
     if not answer:
         raise TimeoutError(f"ray.nodes() did not answer within {timeout_s:.0f} s")
-    nodes = [n for n in answer[0] if n.get("Alive")]
-    return int(sum(n.get("Resources", {}).get("GPU", 0) for n in nodes))
+    return answer[0]
 
 
 def largest_node_gpus() -> int:

@@ -30,7 +30,12 @@ from ray.exceptions import (
 from optimizer.engines import RunnerSpec, build_runner
 from optimizer.errors import WorkerLost, describe
 from optimizer.run.executor import TrialHandle, TrialSession
-from optimizer.run.ray_cluster import live_gpus, reap_on_other_nodes
+from optimizer.run.ray_cluster import (
+    cluster_nodes,
+    live_gpus,
+    placement_problem,
+    reap_on_other_nodes,
+)
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics
 from runners.workload import Workload
 
@@ -65,11 +70,21 @@ class RayTrialHandle:
     """The driver's view of one trial running on a worker: every Ray call the daemon makes
     goes through here, so Ray's exceptions become `WorkerLost` at this boundary."""
 
-    def __init__(self, actor: Any, ref: Any) -> None:
+    def __init__(self, actor: Any, ref: Any, placed: Any = None) -> None:
         self.actor = actor
         self.ref = ref
+        self.placed = placed  # resolves once Ray has made the actor (None: made already)
+
+    def is_placed(self) -> bool:
+        """Whether Ray made the trial's worker: one no node can hold waits unplaced for ever."""
+        if self.placed is None:
+            return True
+        ready, _ = ray.wait([self.placed], timeout=0)
+        return bool(ready)
 
     def poll(self, timeout_s: float = 30.0) -> list[StepMetrics]:
+        if not self.is_placed():
+            return []  # nothing measured; asking a worker not made yet would wait timeout_s
         try:
             steps: list[StepMetrics] = ray.get(self.actor.poll.remote(), timeout=timeout_s)
         except _POLL_ERRORS as exc:
@@ -88,6 +103,8 @@ class RayTrialHandle:
         return result
 
     def cancel(self, timeout_s: float = 120.0) -> None:
+        if not self.is_placed():
+            return  # nothing runs: the executor's release kills the actor Ray never made
         try:
             ray.get(self.actor.cancel.remote(), timeout=timeout_s)
             ray.wait([self.ref], timeout=timeout_s)
@@ -138,7 +155,8 @@ class RayExecutor:
     def submit(self, config: EngineConfig, workload: Workload, workdir: Path) -> TrialHandle:
         """Start a trial on a worker owning `config.num_gpus` GPUs (check `can_start` first)."""
         actor = self.acquire(config.num_gpus)
-        return RayTrialHandle(actor, actor.run.remote(config, workload, str(workdir)))
+        return RayTrialHandle(actor, actor.run.remote(config, workload, str(workdir)),
+                              placed=actor.where.remote())
 
     def wait_any(self, handles: Sequence[TrialHandle], timeout_s: float) -> list[TrialHandle]:
         return wait_any(handles, timeout_s)
@@ -220,6 +238,17 @@ class RayExecutor:
         except Exception:  # Ray is gone: nothing of the probe is left to cancel
             logger.debug("cancelling the placement probe failed", exc_info=True)
         return outcome
+
+    def placement_problem(self) -> str | None:
+        resources = self._placement["resources"]
+        accelerator_type = self._placement.get("accelerator_type")
+        if not resources and not accelerator_type:
+            return None
+        try:
+            return placement_problem(cluster_nodes(10.0), accelerator_type, resources)
+        except Exception as exc:  # Ray's GCS not answering: a lost node's path says so
+            logger.debug("the placement check failed (%s)", describe(exc))
+            return None
 
     def release(self, handle: TrialHandle, *, healthy: bool = True) -> None:
         actor = handle.actor if isinstance(handle, RayTrialHandle) else None

@@ -15,12 +15,8 @@ from optimizer.config import StudyConfig, check_before_start
 from optimizer.engines import RunnerSpec
 from optimizer.errors import ConfigError, TrackingError
 from optimizer.fingerprint import Fingerprint, fingerprint_of, resume_changes
-from optimizer.memory import (
-    STUDY_ATTR_FINGERPRINT,
-    STUDY_ATTR_WARM_START,
-    TAG_WARM_START,
-    learn_facts,
-)
+from optimizer.learned_facts import learn_facts
+from optimizer.records import STUDY_ATTR_FINGERPRINT, STUDY_ATTR_WARM_START
 from optimizer.run.daemon import Daemon
 from optimizer.run.engine_choice import (
     DEFAULT_CACHE_ROOT,
@@ -42,7 +38,8 @@ from optimizer.run.seeds import seed_trial_params, template_trial_params, warm_s
 from optimizer.run.space_context import space_context
 from optimizer.study import STUDY_ATTR_VLLM_DEFAULTS, make_storage
 from optimizer.study_summary import study_summary
-from optimizer.tracking import Tracker
+from optimizer.tracking.tracker import Tracker
+from optimizer.tuning_memory import TAG_WARM_START
 from runners.hardware import HardwareProfile
 from runners.hardware_probe import probe
 from runners.model_info import bundled_shapes, load_model_info
@@ -82,8 +79,18 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
         ("simulated" if dry_run or cfg.spec.engine == "simulated" else "vllm")
     model = load_model_info(cfg.spec.model.path)
     sim = cfg.spec.simulated
+    placement = cfg.spec.ray
+    if not address and (placement.accelerator_type or placement.resources):
+        name = "ray.accelerator_type" if placement.accelerator_type else "ray.resources"
+        raise ConfigError(f"{name} picks nodes of a shared Ray cluster, but this study runs on "
+                          "a Ray of its own on this machine (no ray.address or --ray-address); "
+                          "leave it out or give the cluster's address.")
     if address:  # joined before anything is written: a cluster that is not there is bad input
         _join_ray(address)
+        # A label or resource no live node has would leave every trial queued for ever.
+        problem = cluster_placement_problem(placement.accelerator_type, placement.resources)
+        if problem is not None:
+            raise ConfigError(problem + ".")
     if engine == "simulated":
         if model is None:
             raise ConfigError(f"model.path: the simulated engine needs the model's shape; give a "
@@ -93,10 +100,6 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
         notes.append(f"engine: SIMULATED ({sim.num_gpus} x {hardware.gpu_name}); its figures "
                      "come from a model, never a measurement.")
     elif address:  # the driver may have no GPU: the cluster's GPU nodes are what counts
-        problem = cluster_placement_problem(cfg.spec.ray.accelerator_type,
-                                            cfg.spec.ray.resources)
-        if problem is not None:  # said at once, not after the probe's 300 s
-            raise ConfigError(problem + ".")
         hardware = probe_on_cluster(cfg.spec.ray.accelerator_type, cfg.spec.ray.resources)
         notes.append(f"engine: vLLM on the Ray cluster at {address}; a node has "
                      f"{hardware.num_gpus} x {hardware.gpu_name}")
@@ -106,7 +109,7 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
             raise ConfigError("engine vllm: no NVIDIA GPU found; run with --dry-run (or engine: "
                               "auto) to use the simulated engine.")
         notes.append(f"engine: vLLM on {hardware.num_gpus} x {hardware.gpu_name}")
-    workload = cfg.workload(vocab_size=model.vocab_size if model else 32000)
+    workload = cfg.workload
     space_name = cfg.spec.search_space
     if space_name == "auto":
         space_name = recommend_space(hardware.hardware_class)
@@ -198,9 +201,6 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
     total_gpus = init_ray(sim.num_gpus if engine == "simulated" else None, address)
     if total_gpus < 1:
         raise ConfigError("the Ray cluster has no GPU; start Ray with GPUs or use --dry-run.")
-    problem = cluster_placement_problem(cfg.spec.ray.accelerator_type, cfg.spec.ray.resources)
-    if problem is not None:
-        raise ConfigError(problem + ".")
     node_gpus = largest_node_gpus()
     if address:
         notes.append(f"Ray cluster: {total_gpus} GPUs, at most {node_gpus} on one node; trials "

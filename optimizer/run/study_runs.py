@@ -17,13 +17,14 @@ from optimizer.config import StudyConfig
 from optimizer.errors import describe
 from optimizer.lock import is_local_file_storage
 from optimizer.recommendation import best_trial, no_baseline_reason, recommended_trial
-from optimizer.records import tracking_payload
+from optimizer.records import ATTR_CONFIRM, ATTR_MLFLOW_RUN
 from optimizer.run.events import DaemonSummary, TrialEvent, confirm_of, first_value
 from optimizer.search.controller import SearchController
 from optimizer.search.trials import Told
-from optimizer.study import ATTR_CONFIRM, ATTR_MLFLOW_RUN, is_search_trial
+from optimizer.study import is_search_trial
 from optimizer.study_summary import trial_figures
-from optimizer.tracking import Tracker
+from optimizer.tracking.payload import tracking_payload
+from optimizer.tracking.tracker import Tracker
 from runners.base import EngineConfig
 
 logger = logging.getLogger(__name__)

@@ -24,21 +24,20 @@ from optuna.trial import TrialState
 
 from optimizer import bottleneck
 from optimizer.config import StudyConfig
+from optimizer.records import (
+    ATTR_BASELINE,
+    ATTR_CONFIRM,
+    ATTR_NOT_LAUNCHED,
+    ATTR_RETRIES,
+    ATTR_RETRY_OF,
+)
 from optimizer.search.placement import Placement
 from optimizer.search.retries import RetryPolicy
 from optimizer.search.scheduler import PruningScheduler
 from optimizer.search.searcher import Searcher
 from optimizer.search.tell import record_result, tell_without_run
 from optimizer.search.trials import Running, Told, TrialLog, Waiting
-from optimizer.study import (
-    ATTR_BASELINE,
-    ATTR_CONFIRM,
-    ATTR_NOT_LAUNCHED,
-    ATTR_RETRIES,
-    ATTR_RETRY_OF,
-    is_search_trial,
-    requeue,
-)
+from optimizer.study import is_search_trial, requeue
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo

@@ -14,10 +14,9 @@ from collections.abc import Callable, Collection, Sequence
 from optuna.trial import FrozenTrial
 
 from optimizer.config import StudyConfig
-from optimizer.records import record_of
+from optimizer.records import ATTR_BASELINE, ATTR_RETRIES, record_of
 from optimizer.search.startup import CompileCaches, launch_order, trial_env
 from optimizer.search.trials import Running, Waiting
-from optimizer.study import ATTR_BASELINE, ATTR_RETRIES
 from runners.base import EngineConfig, Failure, FailureReason
 from runners.vllm.compile_cache import compile_key
 

@@ -1,6 +1,6 @@
 """Whether a failed trial runs again: a stop re-queues it for free, a failure lost to the
 infrastructure (or a one-off failure of the defaults) while retries are left re-queues it and
-spends one, a confirmation run never (its comparison runs whole again). The failure's message
+spends one, a confirmation run never (its round is measured again). The failure's message
 then says which it was, as the trial's record keeps it.
 """
 
@@ -57,7 +57,7 @@ class RetryPolicy:
     def is_requeued(self, item: Running, failure: Failure) -> bool:
         """Whether a failed trial goes back in the queue: always after a stop; after a failure
         lost to infrastructure (or a one-off of the defaults) while it has retries left; never
-        a confirmation run (the comparison runs whole again)."""
+        a confirmation run (its round is measured again on the next start)."""
         is_retried = item.retries < self.retries and (
             failure.is_retryable or (item.is_baseline and failure.reason in ONE_OFF_FAILURES))
         return (failure.reason == FailureReason.INTERRUPTED or is_retried) and \
@@ -67,5 +67,5 @@ class RetryPolicy:
         if again:
             return "re-queued"
         if not requeueable(item.trial.user_attrs):
-            return "the confirmation runs whole again"
+            return "its confirmation round is measured again on the next start"
         return f"not re-queued (retried {item.retries} times already)"

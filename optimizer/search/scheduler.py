@@ -15,9 +15,8 @@ from optuna.trial import TrialState
 from optimizer import bottleneck
 from optimizer.config import StudyConfig
 from optimizer.objectives import described_step, objective_values
-from optimizer.records import record_of
+from optimizer.records import ATTR_CONFIRM, record_of
 from optimizer.search.trials import Running
-from optimizer.study import ATTR_CONFIRM
 from runners.base import EngineConfig, RunResult, StepMetrics
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo

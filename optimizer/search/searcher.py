@@ -17,18 +17,17 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer import bottleneck
 from optimizer.config import StudyConfig
-from optimizer.records import TrialRecord, record_of
-from optimizer.search.tell import tell_duplicate, tell_without_run
-from optimizer.search.trials import NoLog, Running, TrialLog, Waiting, config_key
-from optimizer.study import (
+from optimizer.records import (
     ATTR_BASELINE,
     ATTR_CONFIRM,
     ATTR_SEED_SOURCE,
     ATTR_SEEDED,
-    CONFIG_FAILURES,
-    engine_config,
-    running_trial,
+    TrialRecord,
+    record_of,
 )
+from optimizer.search.tell import tell_duplicate, tell_without_run
+from optimizer.search.trials import NoLog, Running, TrialLog, Waiting, config_key
+from optimizer.study import CONFIG_FAILURES, engine_config, running_trial
 from runners.base import EngineConfig, Failure, FailureReason
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo

@@ -16,7 +16,7 @@ from runners.base import EngineConfig, RunResult
 from runners.vllm.compile_cache import FORCE_AOT_LOAD, CompileKey, compile_key
 
 if TYPE_CHECKING:
-    from optimizer.config.schema import StartupSpec
+    from optimizer.config.sections import StartupSpec
 
 logger = logging.getLogger(__name__)
 

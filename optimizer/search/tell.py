@@ -17,7 +17,17 @@ from optimizer import bottleneck, quality
 from optimizer.conclusions import baseline_trial, conclude, reference_of
 from optimizer.objectives import objective_values
 from optimizer.recommendation import best_trial
-from optimizer.records import ATTR_RECORD, TrialRecord, record_of, step_records, summary_metrics
+from optimizer.records import (
+    ATTR_CONFIRM,
+    ATTR_DUPLICATE_OF,
+    ATTR_RECORD,
+    ATTR_SEED_SOURCE,
+    ATTR_SEED_TITLE,
+    TrialRecord,
+    record_of,
+    step_records,
+    summary_metrics,
+)
 from optimizer.search.notes import (
     engine_of,
     implied_changes_note,
@@ -26,16 +36,7 @@ from optimizer.search.notes import (
 )
 from optimizer.search.startup import startup_metrics, startup_record
 from optimizer.search.trials import Running, Told, TrialLog
-from optimizer.study import (
-    ATTR_CONFIRM,
-    ATTR_DUPLICATE_OF,
-    ATTR_SEED_SOURCE,
-    ATTR_SEED_TITLE,
-    CONFIG_FAILURES,
-    STATE_NAMES,
-    state_of,
-    tell_config_failure,
-)
+from optimizer.study import CONFIG_FAILURES, STATE_NAMES, state_of, tell_config_failure
 from runners.base import (
     EngineConfig,
     Failure,
@@ -155,7 +156,8 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
     )
     item.trial.set_user_attr(ATTR_RECORD, record.to_user_attr())
     if assessed is not None and assessed.status == "scored":
-        # Outside the limits: infeasible for the sampler, never the best (study.best_trial).
+        # Outside the limits: infeasible for the sampler, never the best
+        # (recommendation.best_trial).
         item.trial.set_constraint(quality.CONSTRAINT, 1.0 if assessed.is_violation else 0.0)
     if state == TrialState.COMPLETE and policy.has_slo:
         # The sampler learns where configs miss the SLO at every load: infeasible for

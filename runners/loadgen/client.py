@@ -77,13 +77,15 @@ async def send_request(
     burst_size: int = 0,
     num_remaining: int | None = None,
     keep_text: bool = False,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> RequestOutput:
     """POST one streaming completion and time it; never raises (failures come back as
     `success=False`, as vLLM's request functions do).
 
     `on_chunk`, a no-argument callable, is called on every SSE data line: the level's stall
     watchdog uses it as a heartbeat. `keep_text` keeps the reply's text (a conversation's next
-    turn carries it).
+    turn carries it). `clock` (seconds) is read once as the request is sent and once as each
+    SSE data line arrives; tests pass a scripted one.
     """
     url = base_url.rstrip("/") + "/v1/completions"
     headers: dict[str, str] | None = None
@@ -102,7 +104,7 @@ async def send_request(
         "stream_options": {"include_usage": True},
         "temperature": 0,
     }
-    start = time.perf_counter()
+    start = clock()
     ttft: float | None = None
     most_recent = start
     itls: list[float] = []
@@ -138,7 +140,7 @@ async def send_request(
                 if data_str == "[DONE]":
                     is_done = True
                     break
-                timestamp = time.perf_counter()
+                timestamp = clock()
                 if on_chunk is not None:
                     on_chunk()
                 data = json.loads(data_str)

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from optimizer.audit import audit, parse_launch, read_launch_file, read_pid
 from optimizer.cli import main
 from search_spaces.engine.tables import bundled_flags
+from tests.builders import WORKLOAD, write_study
 
 TABLE = bundled_flags()
 H200_EAGER = ("python -m vllm.entrypoints.cli.main serve /root/ns-src/runners/model_configs/"
@@ -108,9 +108,12 @@ def test_running_process_is_read_from_proc() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "serve",
                              "some/model", "--enforce-eager"],
                             env={"VLLM_ATTENTION_BACKEND": "TRITON_ATTN", "PATH": "/usr/bin"})
-    try:
-        time.sleep(0.2)
-        argv, env = read_pid(proc.pid)
+    try:  # /proc shows the new argv only once the exec is done: wait for it, not a set time
+        deadline = time.monotonic() + 30
+        while "serve" not in (argv_env := read_pid(proc.pid))[0]:
+            assert time.monotonic() < deadline, f"/proc never showed the argv: {argv_env}"
+            time.sleep(0.01)
+        argv, env = argv_env
         launch = parse_launch(argv, env, TABLE)
         assert launch.model == "some/model"
         assert {f.code for f in audit(launch, table=TABLE)} == {"enforce-eager", "ignored-env"}
@@ -144,17 +147,10 @@ def test_a_launch_option_given_before_the_separator_gets_the_hint(
 @pytest.mark.slow
 def test_measure_pairs_each_fix_with_the_launch_as_is(
         tmp_path: Path, ray_cluster: None) -> None:
-    study = {"name": "prod", "engine": "simulated",
-             "model": {"path": "qwen2.5-7b", "load_format": "dummy",
-                       "skip_tokenizer_init": True},
-             "workload": {"input_len": 128, "output_len": 32, "levels": [{"concurrency": 8}],
-                          "num_requests": 24, "warmup_requests": 2},
-             "slo": {"ttft_p99_ms": 2000, "tpot_p99_ms": 50}, "budget": {"trials": 1},
-             "simulated": {"hardware": "h200", "num_gpus": 1, "startup_time_scale": 0.002},
-             "results_dir": str(tmp_path / "results"),
-             "tracking_uri": f"sqlite:///{tmp_path}/mlruns/mlflow.db"}
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(study))
+    path = write_study(tmp_path, name="prod", trials=1, workload={
+        **WORKLOAD, "output_len": 32, "levels": [{"concurrency": 8}], "num_requests": 24},
+        slo={"ttft_p99_ms": 2000, "tpot_p99_ms": 50},
+        simulated={"hardware": "h200", "num_gpus": 1, "startup_time_scale": 0.002})
     code = main(["audit", "--hardware", "h200", "--study", str(path), "--measure", "--",
                  "vllm", "serve", "qwen2.5-7b", "--enforce-eager", "--no-enable-prefix-caching"])
     assert code == 1, "findings: exit 1 even when measured"

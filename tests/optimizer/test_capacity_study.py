@@ -9,8 +9,8 @@ import pytest
 from mlflow import MlflowClient
 
 from optimizer.cli import main
-from optimizer.records import description_of
-from tests.optimizer.test_daemon import load, trial_runs, write_study
+from optimizer.tracking.payload import description_of
+from tests.builders import load, trial_runs, write_study
 
 pytestmark = pytest.mark.slow
 

@@ -125,7 +125,7 @@ def test_hw_without_a_gpu_names_the_simulated_preset_and_how_to_choose(
 
 
 def test_figures_are_rounded_to_three_digits_with_units() -> None:
-    from optimizer.cli.commands import values_text
+    from optimizer.cli.results import values_text
 
     assert figure(34.378811948857305, "req/s") == "34.4 req/s"
     assert figure(8192.4, "tok/s") == "8,192 tok/s"
@@ -252,7 +252,7 @@ def test_status_counts_confirmations_and_repeats_apart_with_rounded_figures(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 22: `status` said "16 complete" where the report said "12 trials"."""
-    from optimizer.cli import commands
+    from optimizer.cli import results
 
     data = {"name": "counted", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 3},
             "slo": {"tpot_p99_ms": 10}, "results_dir": str(tmp_path / "results")}
@@ -279,7 +279,7 @@ def test_status_counts_confirmations_and_repeats_apart_with_rounded_figures(
         (2, 2, 1, 1)
 
     buffer = io.StringIO()
-    monkeypatch.setattr(commands, "out", Console(file=buffer, width=80, color_system=None))
+    monkeypatch.setattr(results, "out", Console(file=buffer, width=80, color_system=None))
     assert main(["status", str(path)]) == 0
     text = buffer.getvalue()
     first = text.splitlines()[0]
@@ -327,7 +327,7 @@ def test_an_interrupt_while_starting_prints_the_resume_command(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C before the daemon's own handler is installed (Ray takes seconds to start).
     Patched by path, as a last resort: a real signal cannot be timed into that window."""
-    from tests.optimizer.test_daemon import write_study
+    from tests.builders import write_study
 
     def interrupted(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt
@@ -366,7 +366,7 @@ def test_what_nightshift_writes_is_private_to_the_user(tmp_path: Path) -> None:
 
 def test_status_never_shows_a_failed_trial_of_another_config_as_the_defaults(
         tmp_path: Path) -> None:
-    from optimizer.cli.commands import status_rows
+    from optimizer.cli.results import status_rows
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/o.db")
     defaults = {"max_num_seqs": 256, "block_size": 16}

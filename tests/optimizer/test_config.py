@@ -20,14 +20,14 @@ def test_quickstart_example_is_valid() -> None:
     cfg = load_study(Path(__file__).parents[2] / "examples" / "quickstart.yaml")
     assert cfg.name == "quickstart"
     assert cfg.objectives == ["goodput"] and cfg.directions == ["maximize"]
-    workload = cfg.workload()
+    workload = cfg.workload
     assert [lv.max_concurrency for lv in workload.levels] == [8, 32]
 
 
 def test_defaults_fill_a_minimal_study() -> None:
     cfg = parse_study(dict(BASE))
     assert cfg.storage_url == "sqlite:///results/s/optuna.db"
-    assert cfg.workload().slo.tpot_p99_ms == 50
+    assert cfg.workload.slo.tpot_p99_ms == 50
 
 
 @pytest.mark.parametrize(("patch", "expected"), [
@@ -80,7 +80,7 @@ def test_paths_resolve_against_the_study_file(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(data))
     cfg = load_study(path)
     assert cfg.results_dir == tmp_path / "out"
-    assert cfg.workload().prompts_file == tmp_path / "p.jsonl"
+    assert cfg.workload.prompts_file == tmp_path / "p.jsonl"
 
 
 def test_overrides_from_the_command_line() -> None:
@@ -345,7 +345,7 @@ def test_a_database_server_that_refuses_is_named_before_anything_is_written(
     does not answer, is one line and exit 2 before the daemon writes its log, lock or MLflow
     experiment (port 9 on loopback refuses; pymysql is a real, pure-Python driver)."""
     from optimizer.cli import main
-    from tests.optimizer.test_daemon import write_study
+    from tests.builders import write_study
 
     path = write_study(tmp_path)
     argv = ["start", str(path), "--no-progress",
@@ -372,9 +372,41 @@ def test_a_conversations_longest_context_is_the_tail_of_its_sum_not_n_longest_dr
     refuse plausible files on a 8-16k model; the sum's 4-sigma tail is 5,000 + 4 x 300 x
     sqrt(5) = 7,684. Bounded draws keep the strict bound (n x high)."""
     from optimizer.config.prestart import _longest_sum
-    from optimizer.config.schema import LengthSpec
+    from optimizer.config.workload_spec import LengthSpec
 
     assert _longest_sum(LengthSpec(kind="normal", mean=1000, std=300), 5) == 7684
     assert _longest_sum(LengthSpec(kind="normal", mean=1000, std=300, high=1500), 5) == 7500
     assert _longest_sum(LengthSpec(mean=128), 4) == 512
     assert _longest_sum(LengthSpec(mean=128), 0) == 0
+
+
+def test_the_workload_is_built_once_and_each_section_becomes_the_runners_value() -> None:
+    from runners.load_level import LoadLevel
+    from runners.workload import SLO, LengthDistribution, SharedPrefix
+
+    cfg = parse_study({**BASE, "slo": {"ttft_p99_ms": 500, "tpot_p99_ms": 50},
+                       "workload": {"input_len": {"kind": "uniform", "low": 100, "high": 900,
+                                                  "mean": 500},
+                                    "levels": [{"request_rate": 2.0, "concurrency": 4,
+                                                "burstiness": 0.5}],
+                                    "warmup_requests": 3,
+                                    "shared_prefix": {"fraction": 0.5, "tokens": 64,
+                                                      "num_prefixes": 2}}})
+    assert cfg.workload is cfg.workload, "one Workload per loaded study, not one per reader"
+    w = cfg.workload
+    assert w.input_len == LengthDistribution(kind="uniform", mean=500, low=100, high=900)
+    assert w.levels == (LoadLevel(request_rate_rps=2.0, max_concurrency=4, burstiness=0.5),)
+    assert w.shared_prefix == SharedPrefix(fraction=0.5, num_tokens=64, num_prefixes=2)
+    assert w.slo == SLO(ttft_p99_ms=500, tpot_p99_ms=50)
+    assert w.num_warmup_requests == 3
+    assert w.vocab_size == 152064, "the bundled shape's vocabulary, read from its config.json"
+
+
+def test_a_capacity_section_becomes_the_runners_search_field_for_field() -> None:
+    from runners.capacity_search import CapacitySearch
+
+    capacity = {"axis": "request_rate", "low": 1.0, "high": 40.0, "tolerance": 0.1,
+                "max_probes": 6, "probe_duration_s": 20.0, "min_window_requests": 50,
+                "min_window_s": 5.0, "max_window_s": 60.0, "warmup_s": 3.0}
+    cfg = parse_study({**BASE, "workload": {"capacity": capacity}})
+    assert cfg.workload.capacity == CapacitySearch(**capacity)  # type: ignore[arg-type]

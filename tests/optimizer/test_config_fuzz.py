@@ -40,7 +40,7 @@ def test_any_study_data_gives_a_config_or_a_one_line_error(data: object) -> None
         message = str(exc)
         assert message and "\n" not in message, "errors are one line"
         return
-    assert cfg.name and cfg.workload().levels, "an accepted study is usable"
+    assert cfg.name and cfg.workload.levels, "an accepted study is usable"
 
 
 @settings(max_examples=200, deadline=None)

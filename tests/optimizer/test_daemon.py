@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import optuna
 import psutil
 import pytest
 import sqlalchemy.exc
@@ -21,58 +20,10 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from optimizer.cli import main
-
-pytestmark = pytest.mark.slow
-
-
-def write_study(tmp_path: Path, *, name: str = "e2e", trials: int = 12,
-                **overrides: Any) -> Path:
-    study = {
-        "name": name,
-        "engine": "simulated",
-        "model": {"path": "qwen2.5-7b", "load_format": "dummy", "skip_tokenizer_init": True},
-        "workload": {"input_len": 128, "output_len": 16,
-                     "levels": [{"concurrency": 4}, {"concurrency": 8}],
-                     "num_requests": 16, "warmup_requests": 2},
-        "slo": {"ttft_p99_ms": 2000, "tpot_p99_ms": 40},
-        "search_space": "hopper",
-        "budget": {"trials": trials},
-        "simulated": {"hardware": "h200", "num_gpus": 2, "startup_time_scale": 0.002},
-        "confirm_rounds": 0,  # the final re-measurement has a test of its own
-        "results_dir": str(tmp_path / "results"),
-        "tracking_uri": f"sqlite:///{tmp_path}/mlruns/mlflow.db",
-        **overrides,
-    }
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(study))
-    return path
+from tests.builders import categorical_space, load, trial_runs, write_study
 
 
-def categorical_space(tmp_path: Path, **choices: list[Any]) -> Path:
-    """A small search space file: each param categorical over `choices`, vLLM's default first
-    (the defaults baseline runs it)."""
-    path = tmp_path / "space.yaml"
-    path.write_text(yaml.safe_dump({"name": "small", "parameters": {
-        name: {"type": "categorical", "choices": values, "default": "vllm"}
-        for name, values in choices.items()}}))
-    return path
-
-
-def load(tmp_path: Path, name: str = "e2e") -> optuna.Study:
-    return optuna.load_study(study_name=name,
-                             storage=f"sqlite:///{tmp_path}/results/optuna.db")
-
-
-def trial_runs(tmp_path: Path, name: str = "e2e") -> list[Any]:
-    """The run of every Optuna trial: search trials and confirmation runs (kind
-    `confirmation`), not the study's own run."""
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
-    exp = client.get_experiment_by_name(name)
-    return client.search_runs([exp.experiment_id],
-                              filter_string="tags.`nightshift.kind` != 'study'",
-                              max_results=1000)
-
-
+@pytest.mark.slow
 def test_study_of_twelve_trials_runs_two_at_a_time_and_logs_everything(
         tmp_path: Path, ray_cluster: None) -> None:
     path = write_study(tmp_path)
@@ -145,6 +96,7 @@ def _engine_pids(tmp_path: Path) -> list[int]:
     return [int(p.stem) for p in (tmp_path / "results" / "engines").glob("*.json")]
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_keeps_finished_trials(tmp_path: Path) -> None:
     # Killed once two trials have finished and an engine runs, a budget of 5 leaves the
     # resumed daemon the re-runs of the trials in flight to count.
@@ -191,8 +143,8 @@ def test_resume_after_sigkill_keeps_finished_trials(tmp_path: Path) -> None:
                 # it was (tests/test_faults_daemon.py makes this case on purpose).
                 assert len(retries) == 1 and "mlflow_run_id" not in after[number].user_attrs
                 continue
-            # The kill fell between two suggestions: half a config is not re-queued (a test
-            # of its own below makes this case on purpose).
+            # The kill fell between two suggestions: half a config is not re-queued
+            # (tests/test_faults_daemon.py makes this case on purpose).
             assert retries == []
             continue
         assert len(retries) == 1, f"trial {number} re-queued exactly once"
@@ -212,72 +164,6 @@ def test_resume_after_sigkill_keeps_finished_trials(tmp_path: Path) -> None:
     assert _engine_pids(tmp_path) == []
 
 
-def test_a_trial_whose_sampling_the_dead_daemon_cut_short_launches_nothing(
-        tmp_path: Path, ray_cluster: None) -> None:
-    path = write_study(tmp_path, trials=1)  # the defaults: a config to seed from
-    assert main(["start", str(path), "--no-progress"]) == 0
-    # A daemon killed between two suggestions leaves a RUNNING trial with half a config: one
-    # enqueued whole (a seed) and one the sampler was proposing.
-    study = load(tmp_path)
-    tp = study.trials[0].distributions["tensor_parallel_size"]
-    seed = {**study.trials[0].params, "kv_cache_dtype": "fp8"}
-    study.enqueue_trial(seed, user_attrs={"seeded": True})
-    enqueued, proposed = study.ask(), study.ask()
-    for trial in (enqueued, proposed):
-        trial.suggest_categorical("tensor_parallel_size", list(tp.choices))
-
-    write_study(tmp_path, trials=3)
-    assert main(["start", str(path), "--no-progress"]) == 0
-
-    study = load(tmp_path)
-    for number in (enqueued.number, proposed.number):
-        cut = study.trials[number]
-        assert cut.state == TrialState.FAIL and cut.user_attrs["sampling_cut_short"] is True
-        assert cut.user_attrs["record"]["failure_reason"] == "daemon_lost"
-        assert "mlflow_run_id" not in cut.user_attrs, "it launched nothing: no MLflow run"
-    assert "not re-queued" in study.trials[proposed.number].user_attrs["record"]["conclusion"]
-    assert not [t for t in study.trials if t.user_attrs.get("retry_of") == proposed.number], \
-        "half a config the sampler proposed is not retried: the sampler asks afresh"
-    again = [t for t in study.trials if t.user_attrs.get("retry_of") == enqueued.number]
-    assert len(again) == 1 and again[0].params == seed and again[0].user_attrs["seeded"], \
-        "an enqueued config goes back in the queue whole, with its attributes"
-    assert again[0].state == TrialState.COMPLETE
-    search = [t for t in study.trials if t.state.is_finished() and not
-              {"duplicate_of", "sampling_cut_short"} & t.user_attrs.keys()]
-    assert len(search) == 3, "cut-short trials count for no budget"
-    runs = trial_runs(tmp_path)
-    assert len(runs) == 3 and not [r for r in runs if r.info.status == "RUNNING"]
-
-
-def test_a_dead_daemons_trials_are_re_queued_as_what_they_were(
-        tmp_path: Path, ray_cluster: None) -> None:
-    path = write_study(tmp_path, trials=2)
-    assert main(["start", str(path), "--no-progress"]) == 0
-    # What a kill -9 leaves: a seed and a confirmation run asked whole, both RUNNING.
-    study = load(tmp_path)
-    measured = study.trials[1]
-    seed = {**study.trials[0].params, "kv_cache_dtype": "fp8"}
-    study.enqueue_trial(seed, user_attrs={"seeded": True})
-    study.enqueue_trial(measured.params, user_attrs={"confirm": "best"})
-    in_flight = [study.ask(), study.ask()]
-    for trial in in_flight:
-        for name, distribution in measured.distributions.items():
-            trial._suggest(name, distribution)
-
-    write_study(tmp_path, trials=3)
-    assert main(["start", str(path), "--no-progress"]) == 0
-    study = load(tmp_path)
-    seeded, confirm = (study.trials[t.number] for t in in_flight)
-    assert seeded.state == confirm.state == TrialState.FAIL
-    again = [t for t in study.trials if t.user_attrs.get("retry_of") == seeded.number]
-    assert len(again) == 1 and again[0].user_attrs.get("seeded") is True, \
-        "a seed is re-queued as a seed"
-    assert again[0].params == seed and again[0].state == TrialState.COMPLETE
-    assert not [t for t in study.trials if t.user_attrs.get("retry_of") == confirm.number], \
-        "a confirmation run is not re-queued: the comparison runs whole again"
-    assert "confirmation runs again" in confirm.user_attrs["record"]["conclusion"]
-
-
 def _start_daemon(path: Path, log: Path) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "optimizer.cli", "start", str(path), "--no-progress"]
     with open(log, "a") as out:
@@ -294,6 +180,7 @@ def _wait_for(predicate: Any, daemon: subprocess.Popen[bytes], log: Path,
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_stop_finishes_trials_in_flight_and_stop_now_fails_and_requeues_them(
         tmp_path: Path) -> None:
     path = write_study(tmp_path, trials=40, workload={
@@ -351,6 +238,7 @@ def test_no_gpu_for_engine_vllm_is_a_clear_error(tmp_path: Path) -> None:
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_profiled_trials_log_trace_shares_verdict_and_trimmed_trace(
         tmp_path: Path, ray_cluster: None) -> None:
     path = write_study(tmp_path, trials=2, workload={
@@ -378,6 +266,7 @@ def test_profiled_trials_log_trace_shares_verdict_and_trimmed_trace(
         "the study's conclusion weighs the best against the defaults"
 
 
+@pytest.mark.slow
 def test_seed_trials_run_right_after_the_baseline_in_order(
         tmp_path: Path, ray_cluster: None) -> None:
     seeds = [{"kv_cache_dtype": "fp8"}, {"quantization": "fp8", "max_num_seqs": 256}]
@@ -404,7 +293,7 @@ def test_seed_trials_run_right_after_the_baseline_in_order(
 
 
 def test_seed_trial_outside_the_space_is_refused_before_anything_is_written(
-        tmp_path: Path, ray_cluster: None, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_study(tmp_path, trials=3, seed_trials=[{"kv_cache_dtype": "fp8_e5m2"}])
     assert main(["start", str(path), "--no-progress"]) == 2
     err = capsys.readouterr().err
@@ -412,6 +301,7 @@ def test_seed_trial_outside_the_space_is_refused_before_anything_is_written(
     assert not (tmp_path / "results" / "optuna.db").exists(), "nothing recorded on bad input"
 
 
+@pytest.mark.slow
 def test_a_measured_config_is_never_launched_twice_and_an_exhausted_space_ends_the_study(
         tmp_path: Path, ray_cluster: None) -> None:
     space = categorical_space(tmp_path, enforce_eager=[False, True],
@@ -435,6 +325,7 @@ def test_a_measured_config_is_never_launched_twice_and_an_exhausted_space_ends_t
     assert len(trial_runs(tmp_path)) == 4, "only launched trials get an MLflow run"
 
 
+@pytest.mark.slow
 def test_capacity_studies_score_goodput_at_capacity_and_teach_the_sampler_slo_misses(
         tmp_path: Path, ray_cluster: None) -> None:
     space = categorical_space(tmp_path, enforce_eager=[False, True],
@@ -470,6 +361,7 @@ def test_capacity_studies_score_goodput_at_capacity_and_teach_the_sampler_slo_mi
         "a config that cannot run teaches TPE (which ignores FAIL trials): worst and infeasible"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("fault", "is_unstable"), [({"sim_unstable": 1.5}, True), ({}, False)])
 def test_repeats_flag_a_config_whose_measurements_spread(
         tmp_path: Path, ray_cluster: None, fault: dict[str, Any], is_unstable: bool) -> None:
@@ -494,6 +386,7 @@ def test_repeats_flag_a_config_whose_measurements_spread(
         assert run.data.tags["unstable"] == "true"
 
 
+@pytest.mark.slow
 def test_the_best_is_confirmed_against_the_defaults_interleaved_with_an_interval(
         tmp_path: Path, ray_cluster: None) -> None:
     # fp8 weights beat the defaults by a wide margin on the simulated H200.
@@ -560,6 +453,7 @@ def test_the_best_is_confirmed_against_the_defaults_interleaved_with_an_interval
     assert "Confirmed:" not in report, "the word is the interval's to give, not a heading"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("tpot_slo_ms", "is_pruned"), [(12.0, True), (60.0, False)])
 def test_a_trial_is_pruned_only_at_a_load_where_it_misses_the_slo(
         tmp_path: Path, ray_cluster: None, tpot_slo_ms: float, is_pruned: bool) -> None:
@@ -583,6 +477,7 @@ def test_a_trial_is_pruned_only_at_a_load_where_it_misses_the_slo(
         eager.user_attrs["record"]["conclusion"]
 
 
+@pytest.mark.slow
 def test_an_engine_left_without_its_worker_is_reaped_when_the_daemon_ends(
         tmp_path: Path, ray_cluster: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """If Ray goes down under a trial (a killed driver takes its local cluster with it), the
@@ -607,6 +502,7 @@ def test_an_engine_left_without_its_worker_is_reaped_when_the_daemon_ends(
     assert not list(registry.glob("*.json")), "and its record cleared"
 
 
+@pytest.mark.slow
 def test_sighup_in_the_confirmation_round_stops_the_study_and_never_says_done(
         tmp_path: Path) -> None:
     # SIGHUP (the terminal closed) stops as SIGTERM does; a stop in the confirmation round

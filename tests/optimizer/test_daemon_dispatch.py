@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from optimizer.cli import main
-from tests.optimizer.test_daemon import categorical_space, load, trial_runs, write_study
-
-pytestmark = pytest.mark.slow
+from tests.builders import categorical_space, load, trial_runs, write_study
 
 
 def engine_intervals(tmp_path: Path) -> dict[int, tuple[float, float]]:
@@ -30,6 +29,7 @@ def overlapping(intervals: dict[int, tuple[float, float]]) -> set[frozenset[int]
             in itertools.combinations(intervals.items(), 2) if s1 < e2 and s2 < e1}
 
 
+@pytest.mark.slow
 def test_a_trial_waiting_for_two_gpus_does_not_hold_back_one_that_fits(
         tmp_path: Path, ray_cluster: None) -> None:
     # Two GPUs. The defaults take one; the next config asked (TP 2) needs both and must wait;
@@ -62,6 +62,7 @@ def test_a_trial_waiting_for_two_gpus_does_not_hold_back_one_that_fits(
             conclusion, f"trial {number} is compared with the defaults: {conclusion}"
 
 
+@pytest.mark.slow
 def test_a_trial_that_ends_before_the_defaults_is_still_compared_with_them(
         tmp_path: Path, ray_cluster: None) -> None:
     # Two GPUs, two 1-GPU trials side by side: the defaults and fp8 weights, which the
@@ -102,3 +103,88 @@ def test_a_placement_no_node_of_the_cluster_offers_is_named_with_the_fix() -> No
     problem = placement_problem(nodes, None, {"tuning_pool": 1.0})
     assert problem is not None and problem.startswith("ray.resources:") \
         and "ray start --resources" in problem, "a dead node's resources do not count"
+
+
+def test_a_worker_ray_cannot_place_is_seen_unplaced_and_cut_at_once(
+        tmp_path: Path, ray_cluster: None) -> None:
+    # A placement that a node offered at the start may go with the node: the actor then waits
+    # unmade. Polling it must not wait on it, and cutting it must not wait for it to answer.
+    from types import SimpleNamespace
+
+    from optimizer.run.ray_executor import RayExecutor
+
+    executor = RayExecutor(None, total_gpus=2, resources={"nowhere": 1.0})  # type: ignore[arg-type]
+    handle = executor.submit(SimpleNamespace(num_gpus=1), None, tmp_path)  # type: ignore[arg-type]
+    assert not handle.is_placed(), "no node has the resource: the worker is never made"
+    assert handle.poll() == [], "nothing measured, answered without waiting on the worker"
+    handle.cancel()
+    executor.release(handle, healthy=False)
+    assert executor.gpus_busy == 0 and not executor.can_start(3)
+
+
+def _unplaceable_daemon(tmp_path: Path, stop_at_start: bool) -> Any:
+    """A daemon on the session's Ray whose trials need a resource no node has (as when the
+    node that had it is gone): Ray holds their workers unplaced."""
+    from optimizer.config import load_study
+    from optimizer.run.daemon import Daemon
+    from optimizer.run.events import TrialEvent
+    from optimizer.run.ray_executor import RayExecutor
+    from optimizer.study_summary import study_summary
+    from optimizer.tracking.tracker import Tracker
+    from search_spaces import load_space
+
+    space_path = categorical_space(tmp_path, max_num_seqs=[256, 512])
+    cfg = load_study(write_study(tmp_path, trials=2, search_space=str(space_path)))
+    holder: list[Daemon] = []
+
+    def on_event(event: TrialEvent) -> None:
+        if stop_at_start and event.kind == "started":
+            holder[0].request_stop()  # the stop SIGTERM makes
+
+    daemon = Daemon(cfg, space=load_space(space_path).resolve({}),
+                    executor=RayExecutor(None, total_gpus=2,  # type: ignore[arg-type]
+                                         resources={"nowhere": 1.0}),
+                    registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
+                    workload=cfg.workload, study_params={},
+                    study_artifacts={}, summarize=study_summary, on_event=on_event,
+                    poll_s=0.05)
+    holder.append(daemon)
+    return daemon
+
+
+def _assert_interrupted_and_closed(tmp_path: Path) -> None:
+    trial = load(tmp_path).trials[0]
+    assert trial.user_attrs["record"]["failure_reason"] == "interrupted", trial.user_attrs
+    assert [t for t in load(tmp_path).trials if t.user_attrs.get("retry_of") == 0], \
+        "re-queued for the resume"
+    assert not [r for r in trial_runs(tmp_path) if r.info.status == "RUNNING"]
+
+
+def test_a_stop_ends_a_trial_whose_worker_ray_never_placed(
+        tmp_path: Path, ray_cluster: None) -> None:
+    # Issue 35, item 5: SIGTERM did not end a study whose trials Ray held unplaced (the stop
+    # waited for them to finish).
+    import threading
+
+    daemon = _unplaceable_daemon(tmp_path, stop_at_start=True)
+    ended: list[Any] = []
+    thread = threading.Thread(target=lambda: ended.append(daemon.run()), daemon=True)
+    thread.start()
+    thread.join(120)
+    assert ended, "the stop ended the study (it waited for a trial Ray never placed)"
+    assert ended[0].stopped_early
+    _assert_interrupted_and_closed(tmp_path)
+
+
+def test_a_placement_no_live_node_offers_any_more_fails_the_study_naming_the_field(
+        tmp_path: Path, ray_cluster: None) -> None:
+    # Issue 35, item 5, once the study runs: trials sat "running" with no message for as long
+    # as one waited. Now the study fails in one line naming the field and the fix.
+    from optimizer.errors import NightshiftError
+
+    with pytest.raises(NightshiftError) as caught:
+        _unplaceable_daemon(tmp_path, stop_at_start=False).run()
+    message = str(caught.value)
+    assert message.startswith("ray.resources: no node of the Ray cluster has") and \
+        "ray start --resources" in message and "re-queued" in message, message
+    _assert_interrupted_and_closed(tmp_path)

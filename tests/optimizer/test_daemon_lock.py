@@ -21,7 +21,7 @@ from optimizer.lock import (
     read_lease,
     study_lock_path,
 )
-from tests.optimizer.test_daemon import write_study
+from tests.builders import write_study
 
 
 def test_the_lock_follows_the_storage_and_study_name_not_the_directory(

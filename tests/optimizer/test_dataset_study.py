@@ -12,7 +12,7 @@ import pytest
 from mlflow import MlflowClient
 
 from optimizer.cli import main
-from tests.optimizer.test_daemon import load, trial_runs, write_study
+from tests.builders import load, trial_runs, write_study
 from tests.runners.tiny_model import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -63,7 +63,7 @@ def test_yaml_export_is_plain_data_and_never_false() -> None:
 
 def test_env_export_and_pareto_choice() -> None:
     study, cfg = _study()
-    assert trial_env({"env": {"NCCL_P2P_DISABLE": "0", "PATH": "/bin"}}) == \
+    assert trial_env({"NCCL_P2P_DISABLE": "0", "PATH": "/bin"}) == \
         {"NCCL_P2P_DISABLE": "0"}
     chosen = select_trial(study, cfg, max_tpot_ms=40)
     assert chosen.values == [3.0], "the best trial within the TPOT limit, not the best overall"
@@ -260,7 +260,7 @@ def _morning_study(confirm: dict[str, object] | None = None
     one with gpu_memory_utilization at vLLM's own 0.92 on this host, and the fp8 one without
     its block size; the stored fingerprint as `start` keeps it."""
     from optimizer.fingerprint import fingerprint_of
-    from optimizer.memory import STUDY_ATTR_FINGERPRINT
+    from optimizer.records import STUDY_ATTR_FINGERPRINT
     from optimizer.run.engine_choice import simulated_hardware
     from optimizer.study import STUDY_ATTR_VLLM_DEFAULTS
     from runners.model_info import load_model_info
@@ -387,3 +387,66 @@ def test_export_names_a_secret_variable_and_never_writes_its_value(tmp_path: Pat
                            env={"PATH": "/usr/bin:/bin"})
     assert unset.returncode != 0 and "VLLM_S3_SECRET_KEY" in unset.stderr, \
         "the launcher stops, naming the secret, where it is not set"
+
+
+# -- the export renders the launch that ran (issue 33) ---------------------------------------
+
+
+def _launched_study(ran: dict[str, object], today: dict[str, object]
+                    ) -> tuple[optuna.Study, object]:
+    """One complete trial whose record holds the argv `VllmLauncher` built for the study as
+    it was (`ran`), exported under the study file as it is now (`today`)."""
+    from runners.base import EngineConfig
+    from runners.vllm.launcher import VllmLauncher
+
+    config = EngineConfig(model="/models/qwen", flags={
+        "quantization": "fp8", "enable_prefix_caching": False,
+        "compilation_config": {"cudagraph_mode": "NONE"}, "cudagraph_capture_sizes": [1, 2]},
+        **ran)  # type: ignore[arg-type]
+    argv, env = VllmLauncher(vllm_version="0.26.0").command(config, 8123, Path("/tmp/w"), None)
+    cfg = parse_study({"name": "d", "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
+                       "budget": {"trials": 2}, "slo": {"tpot_p99_ms": 10}, **today})
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    trial.set_user_attr("record", {"state": "complete", "flags": dict(config.flags),
+                                   "argv": argv, "env": env, "metrics": {},
+                                   "conclusion": "new best."})
+    study.tell(trial, 30.0)
+    return study, cfg
+
+
+def test_export_takes_extra_args_served_name_and_weights_from_the_argv_that_ran() -> None:
+    study, cfg = _launched_study(
+        {"served_model_name": "chat", "load_format": "dummy",
+         "extra_args": ("--enable-log-requests", "--max-log-len", "100")},
+        {"vllm": {"extra_args": ["--disable-log-stats"]}})
+    chosen = select_trial(study, cfg)
+    sh = render(chosen, cfg, "sh")
+    exec_line = next(line for line in sh.splitlines() if line.startswith("exec "))
+    assert exec_line.endswith("--enable-log-requests --max-log-len 100 \"$@\""), \
+        "the extra args that ran, last, as they ran"
+    assert "--disable-log-stats" not in sh, "today's study file's extra_args did not run"
+    assert "--served-model-name chat" in exec_line, "the served name the engine was given"
+    assert "--no-enable-prefix-caching" in exec_line and "--cudagraph-capture-sizes 1 2" in \
+        exec_line, "the config's flags, from the record"
+    for word in ("--host", "--port", "--load-format", "--enable-mfu-metrics"):
+        assert word not in exec_line, f"{word}: the launcher's, not the deployment's"
+    assert "measured with dummy weights" in sh, "dummy weights read from the argv"
+    data = yaml.safe_load(render(chosen, cfg, "yaml"))
+    assert data["served-model-name"] == "chat" and "load-format" not in data
+
+
+def test_export_of_a_record_without_argv_says_its_extra_args_are_todays() -> None:
+    study, cfg = _deploy_study({"path": "Qwen/Qwen2.5-7B-Instruct"},
+                               vllm={"extra_args": ["--enable-log-requests"]})
+    text = render(select_trial(study, cfg), cfg, "sh")
+    assert "--enable-log-requests" in text
+    assert "vllm.extra_args from today's study file (the trial's record holds no vllm serve " \
+           "command line)" in text
+
+
+def test_export_never_writes_a_secret_flag_value_of_the_argv_that_ran() -> None:
+    study, cfg = _launched_study({"extra_args": ("--hf-token", "hf_secret_value")}, {})
+    for fmt in ("sh", "yaml"):
+        text = render(select_trial(study, cfg), cfg, fmt)
+        assert "hf_secret_value" not in text and "--hf-token '<redacted>'" in text, fmt

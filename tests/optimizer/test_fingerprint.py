@@ -12,9 +12,9 @@ import pytest
 
 from optimizer.config import parse_study
 from optimizer.fingerprint import Fingerprint, compatibility, fingerprint_of
-from optimizer.memory import EarlierStudy, plan_warm_start
 from optimizer.run.engine_choice import simulated_hardware
 from optimizer.run.runtime import _prompt_lengths
+from optimizer.tuning_memory import EarlierStudy, plan_warm_start
 from runners.model_info import load_model_info
 from search_spaces import load_space
 
@@ -257,7 +257,7 @@ def test_a_traces_text_prompts_are_labelled_recorded_lengths(tmp_path: Path) -> 
                        "workload": {"trace": {"path": "t.jsonl"}}, "slo": {"tpot_p99_ms": 50},
                        "budget": {"trials": 1}},
                       path=tmp_path / "s.yaml")
-    assert _prompt_lengths(cfg, cfg.workload()) == "recorded_where_text", \
+    assert _prompt_lengths(cfg, cfg.workload) == "recorded_where_text", \
         "a text prompt's length is the trace's own input_length, not token ids nor a count"
 
 
@@ -267,7 +267,7 @@ def test_a_traces_text_prompts_are_labelled_recorded_lengths(tmp_path: Path) -> 
 def _stored_study(tmp_path: Path, fp: Fingerprint) -> str:
     import optuna
 
-    from optimizer.memory import STUDY_ATTR_FINGERPRINT
+    from optimizer.records import STUDY_ATTR_FINGERPRINT
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     stored = optuna.create_study(study_name="here", storage=url, direction="maximize")

@@ -164,7 +164,7 @@ def test_a_capacity_study_is_told_when_its_probes_cannot_close_the_bracket() -> 
                 "slo": {"ttft_p99_ms": 500},
                 "workload": {"num_requests": 128, "capacity": {"axis": "request_rate",
                                                                **capacity}}}
-        return capacity_notes(parse_study(data).workload())
+        return capacity_notes(parse_study(data).workload)
 
     tight = notes(low=1, high=64, tolerance=0.05, max_probes=8)
     assert any("can take 9 probes but max_probes is 8" in n for n in tight)
@@ -174,7 +174,7 @@ def test_a_capacity_study_is_told_when_its_probes_cannot_close_the_bracket() -> 
     assert roomy == [], roomy
     default = parse_study({"name": "n", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 1},
                            "slo": {"ttft_p99_ms": 500},
-                           "workload": {"capacity": {"low": 1, "high": 8}}}).workload()
+                           "workload": {"capacity": {"low": 1, "high": 8}}}).workload
     assert default.capacity is not None and default.capacity.probe_duration_s == 30.0
 
 

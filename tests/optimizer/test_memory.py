@@ -11,35 +11,22 @@ from typing import Any
 
 import optuna
 import pytest
-import yaml
 from mlflow import MlflowClient
 
 from optimizer.cli import main
-from optimizer.study import ATTR_SEED_SOURCE
+from optimizer.records import ATTR_SEED_SOURCE
+from tests import builders
 
 pytestmark = pytest.mark.slow
 
 
 def write_study(tmp_path: Path, name: str, **overrides: Any) -> Path:
-    study = {
-        "name": name,
-        "engine": "simulated",
-        "model": {"path": "qwen2.5-7b", "load_format": "dummy", "skip_tokenizer_init": True},
-        "workload": {"input_len": 128, "output_len": 16, "levels": [{"concurrency": 8}],
-                     "num_requests": 16, "warmup_requests": 2},
-        "slo": {"ttft_p99_ms": 2000, "tpot_p99_ms": 40},
-        "search_space": "hopper",
-        "budget": {"trials": 2},
-        "max_parallel_trials": 1,
-        "simulated": {"hardware": "h200", "num_gpus": 2, "startup_time_scale": 0.002},
-        "confirm_rounds": 0,
-        "results_dir": str(tmp_path / name),
-        "tracking_uri": f"sqlite:///{tmp_path}/mlruns/mlflow.db",
-        **overrides,
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(study))
-    return path
+    """The study `name`, one trial at a time, its results under tmp_path/name; one MLflow store
+    for all (the memory reads across studies)."""
+    return builders.write_study(
+        tmp_path, name=name, trials=2, file_name=f"{name}.yaml", max_parallel_trials=1,
+        results_dir=str(tmp_path / name), **{"workload": {
+            **builders.WORKLOAD, "levels": [{"concurrency": 8}]}, **overrides})
 
 
 def trials_of(tmp_path: Path, name: str) -> list[optuna.trial.FrozenTrial]:

@@ -1,4 +1,4 @@
-"""The tuning memory's writer of measured facts (optimizer/memory.py `measured_facts`,
+"""The tuning memory's writer of measured facts (optimizer/learned_facts.py `measured_facts`,
 `write_facts`): a knob value held by every pathological trial of a study and by no healthy one
 becomes a fact for the study's hardware class and vLLM release; one trial changing many knobs
 names none; the user's file keeps what the user wrote."""
@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from optimizer.memory import measured_facts, write_facts
+from optimizer.learned_facts import measured_facts, write_facts
 from optimizer.records import TrialRecord
 from search_spaces.known_facts import read_facts_file
 
@@ -80,13 +80,13 @@ def test_a_study_whose_two_oom_configs_share_a_value_writes_it_at_its_end(
     from itertools import product
 
     from optimizer.config import load_study
-    from optimizer.memory import learn_facts
+    from optimizer.learned_facts import learn_facts
     from optimizer.run.daemon import Daemon
     from optimizer.run.executor import InlineExecutor
     from optimizer.study_summary import study_summary
-    from optimizer.tracking import Tracker
+    from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
-    from tests.optimizer.test_daemon import categorical_space, write_study
+    from tests.builders import categorical_space, write_study
     from tests.optimizer.test_search_policy import ScriptedRunner
 
     space_path = categorical_space(tmp_path, max_num_seqs=[256, 512, 1024],
@@ -102,7 +102,7 @@ def test_a_study_whose_two_oom_configs_share_a_value_writes_it_at_its_end(
     daemon = Daemon(cfg, space=space, executor=InlineExecutor(lambda: ScriptedRunner(
         lambda flags: None if flags.get("max_num_seqs") == 1024 else 10.0, launched),
         total_gpus=1), registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
-        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        workload=cfg.workload, study_params={}, study_artifacts={},
         summarize=study_summary, poll_s=0.01, seed_trials=seeds,
         learn_facts=partial(learn_facts, study_name=cfg.name, hardware_class="hopper",
                             vllm_version="0.26.0", path=path))

@@ -7,22 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from optimizer.cli import main
-
-
-def write_study(tmp_path: Path, **overrides: object) -> Path:
-    study = {
-        "name": "named", "engine": "simulated",
-        "model": {"path": "qwen2.5-7b", "load_format": "dummy", "skip_tokenizer_init": True},
-        "slo": {"tpot_p99_ms": 40}, "search_space": "hopper", "budget": {"trials": 2},
-        "results_dir": str(tmp_path / "results"),
-        "tracking_uri": f"sqlite:///{tmp_path}/mlruns/mlflow.db", **overrides,
-    }
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(study))
-    return path
+from tests.builders import write_study
 
 
 def test_warm_start_naming_a_study_the_store_lacks_exits_2_before_a_trial_is_queued(
@@ -76,7 +63,7 @@ def test_history_table_fits_the_terminal_and_keeps_each_figure_s_bound(width: in
     from rich.console import Console
 
     from optimizer.cli.table import history_table
-    from optimizer.memory import HistoryRow
+    from optimizer.tuning_memory import HistoryRow
 
     bound = "1.98x the vLLM defaults (95% CI [1.52x, 2.44x] over 3 rounds)"
     rows = [HistoryRow("second", "2026-12-04 17:24", "FINISHED", "simulated 0.26.0",
@@ -96,7 +83,7 @@ def test_history_table_never_breaks_a_flag_inside_its_name(width: int) -> None:
     from rich.console import Console
 
     from optimizer.cli.table import history_table
-    from optimizer.memory import HistoryRow
+    from optimizer.tuning_memory import HistoryRow
 
     change = ("data_parallel_size=2, attention_backend=FLASHINFER, kv_cache_dtype=fp8, "
               "quantization=fp8 (+7 more)")

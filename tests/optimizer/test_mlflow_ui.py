@@ -21,11 +21,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from optimizer.records import TrialRecord, tracking_payload
-from optimizer.tracking import VIEW_GAIN, Tracker, runs_page, three_digits, view_key
+from optimizer.records import TrialRecord
+from optimizer.tracking.payload import tracking_payload
+from optimizer.tracking.tracker import Tracker
+from optimizer.tracking.view import VIEW_GAIN, runs_page, three_digits, view_key
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+pytestmark = [pytest.mark.slow,  # an MLflow server and a browser
+              pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")]
 
 CONCLUSIONS = {
     0: "vLLM defaults: goodput 29.3 req/s; the baseline every other trial is compared with.",

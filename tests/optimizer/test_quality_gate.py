@@ -27,11 +27,11 @@ from optimizer.run.daemon import Daemon
 from optimizer.run.executor import InlineExecutor
 from optimizer.run.seeds import seed_trial_params
 from optimizer.study_summary import study_summary
-from optimizer.tracking import Tracker
+from optimizer.tracking.tracker import Tracker
 from runners.engine import EngineRunner
 from runners.simulated.launcher import SimulatedLauncher
 from search_spaces import load_space
-from tests.optimizer.test_daemon import categorical_space, write_study
+from tests.builders import categorical_space, write_study
 
 SMALL_WORKLOAD = {"input_len": 32, "output_len": 8, "levels": [{"concurrency": 4}],
                   "num_requests": 8, "warmup_requests": 2}
@@ -55,7 +55,7 @@ def _run(tmp_path: Path, model: Mapping[str, Any], seeds: list[dict[str, Any]],
         lambda: EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.002, seed=0),
                              tmp_path / "engines"), total_gpus=2),
         registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
-        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        workload=cfg.workload, study_params={}, study_artifacts={},
         summarize=study_summary, poll_s=0.01)
     daemon.run()
     return optuna.load_study(study_name=cfg.name, storage=cfg.storage_url), cfg

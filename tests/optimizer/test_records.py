@@ -205,3 +205,39 @@ def test_a_probe_missed_for_overload_keeps_its_reason_and_the_trial_says_it_has_
         "No operating point: no probed load met the SLO; the lightest, 9.9 req/s, missed it "
         "(overload: 12 connect timeouts).")
     assert no_operating_point_note("goodput", _search()) == "", "the search met it at 10 req/s"
+
+
+def test_typed_accessors_read_a_trials_marks_and_the_studys_confirmation() -> None:
+    import optuna
+
+    from optimizer.records import (
+        ATTR_BASELINE,
+        ATTR_CONFIRM,
+        ATTR_DUPLICATE_OF,
+        STUDY_ATTR_CONFIRM,
+        confirm_label,
+        confirmation_of,
+        is_baseline,
+        ran_nothing,
+        record_of,
+    )
+
+    study = optuna.create_study(direction="maximize")
+    assert confirmation_of(study) is None, "no confirmation ran"
+    study.set_user_attr(STUDY_ATTR_CONFIRM, {
+        "best_trial": 3, "gain": 1.2, "ci_low": 1.05, "ci_high": 1.4, "ratios": [1.1, 1.3],
+        "is_confirmed": True, "sentence": "trial 3 vs the defaults: 1.2x"})
+    confirmed = confirmation_of(study)
+    assert confirmed is not None and (confirmed.best_trial, confirmed.gain, confirmed.ci_low,
+                                      confirmed.num_rounds, confirmed.is_confirmed) == \
+        (3, 1.2, 1.05, 2, True)
+    dist = {"x": optuna.distributions.IntDistribution(0, 1)}
+    for attrs in ({ATTR_BASELINE: True}, {ATTR_BASELINE: True, ATTR_CONFIRM: "defaults"},
+                  {ATTR_DUPLICATE_OF: 0}):
+        study.add_trial(optuna.trial.create_trial(params={"x": 0}, distributions=dist,
+                                                  value=1.0, user_attrs=attrs))
+    baseline, rerun, repeat = study.trials
+    assert is_baseline(baseline) and confirm_label(baseline) is None
+    assert is_baseline(rerun) and confirm_label(rerun) == "defaults"
+    assert ran_nothing(repeat) and not ran_nothing(baseline)
+    assert record_of(baseline) is None, "a trial without a record has none"

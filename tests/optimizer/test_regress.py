@@ -16,11 +16,11 @@ import yaml
 
 from optimizer.cli import main
 from optimizer.config import load_study
-from optimizer.records import TrialRecord, summary_metrics
+from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, TrialRecord, summary_metrics
 from optimizer.regress.compare import compare_figure, flag_problems
 from optimizer.regress.library import FigureRef, LibraryConfig, load_library
 from optimizer.regress.measure import installed, measure_case
-from optimizer.study import ATTR_BASELINE, ATTR_CONFIRM, open_study
+from optimizer.study import open_study
 from runners.base import RunResult
 from runners.simulated.launcher import VllmVariant
 
@@ -124,6 +124,36 @@ def test_export_to_library_writes_the_defaults_and_the_trial_with_their_samples(
     assert defaults is not None and len(defaults.figures["goodput"].values) == 2, \
         "the defaults' confirmation run is a sample of the defaults, not of the trial"
 
+
+
+def test_export_to_library_on_a_full_disk_is_one_line_and_leaves_the_library_whole(
+        library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 35, item 6: a traceback, and the library cut at 8192 bytes (regress then refused
+    # every case of it).
+    import errno
+    import shutil
+
+    lib = tmp_path / "bench.yaml"
+    shutil.copyfile(library, lib)
+    before = lib.read_bytes()
+
+    def disk_full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    # mock.patch as last resort: a real full disk cannot be made in a test's tmp_path.
+    monkeypatch.setattr("runners.atomic.os.fsync", disk_full)
+    capsys.readouterr()
+    code = main(["export", str(library.parent / "study.yaml"), "--trial", "1",
+                 "--to-library", str(lib), "--case", "third"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "No space left on device" in lines[0] and str(lib) in lines[0], \
+        lines
+    assert "Traceback" not in err
+    assert lib.read_bytes() == before, "the library is as it was, whole"
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.yaml"], "no temporary left"
 
 def test_round_trip_holds_and_logs_a_run_per_case_per_version(
         library: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

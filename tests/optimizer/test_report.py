@@ -19,7 +19,7 @@ from optimizer.cli import main
 from optimizer.config import parse_study
 from optimizer.report import TrialRow, build_report, pareto_front, render_markdown, write_report
 from optimizer.study import open_study
-from optimizer.tracking import Tracker
+from optimizer.tracking.tracker import Tracker
 
 CHOICES = {"quantization": ["none", "fp8"], "enforce_eager": [False, True]}
 DISTRIBUTIONS = {k: optuna.distributions.CategoricalDistribution(v) for k, v in CHOICES.items()}
@@ -138,6 +138,7 @@ def _png_size(path: Path) -> tuple[int, int]:
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+@pytest.mark.slow  # a browser
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
 def test_html_report_renders_in_headless_chromium(study_file: Path, tmp_path: Path) -> None:
     import yaml
@@ -274,7 +275,7 @@ def test_importances_rank_a_parameter_a_rule_fixed_in_some_trials() -> None:
     """The quickstart's winner changed data_parallel_size; Optuna sampled it only at TP 1 (the
     rule replicas-fit-gpus fixed it to 1 at TP 2), and its evaluators rank only parameters
     every trial holds: it was left out. Each trial's record holds the value it ran with."""
-    from optimizer.report.build import _importances
+    from optimizer.report.knobs import importances
 
     tp = optuna.distributions.CategoricalDistribution([1, 2])
     dp = optuna.distributions.CategoricalDistribution([1, 2])
@@ -292,9 +293,9 @@ def test_importances_rank_a_parameter_a_rule_fixed_in_some_trials() -> None:
         record = {"state": "complete", "params": {**params, "data_parallel_size": dp_size}}
         study.add_trial(optuna.trial.create_trial(params=params, distributions=dists,
                                                   value=value, user_attrs={"record": record}))
-    importances = _importances(study)
-    assert set(importances) == {"tensor_parallel_size", "data_parallel_size", "quantization"}
-    assert max(importances, key=importances.__getitem__) == "data_parallel_size", \
+    ranked = importances(study)
+    assert set(ranked) == {"tensor_parallel_size", "data_parallel_size", "quantization"}
+    assert max(ranked, key=ranked.__getitem__) == "data_parallel_size", \
         "replicas double goodput here: the parameter that matters most is ranked first"
 
 
@@ -406,7 +407,7 @@ def test_the_headline_names_a_recommended_defaults_and_a_best_of_the_defaults_fl
 def test_one_change_fills_a_missing_key_with_vllms_default_and_ignores_a_moot_capture_size(
         ) -> None:
     from optimizer.gains import point_gain
-    from optimizer.report.build import KnobEffect, _one_change
+    from optimizer.report.knobs import KnobEffect, _one_change
 
     host = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "enforce_eager": False,
             "cudagraph_mode": "FULL_AND_PIECEWISE", "enable_prefix_caching": True}

@@ -17,7 +17,7 @@ from runners.base import RunResult, StepMetrics
 from runners.hardware import load_preset
 from runners.model_info import load_model_info
 from search_spaces import load_space
-from tests.optimizer.test_daemon import categorical_space, write_study
+from tests.builders import categorical_space, write_study
 from tests.optimizer.test_search_policy import _metrics
 
 
@@ -74,7 +74,7 @@ def test_the_policy_screens_the_space_with_the_analytic_model_after_the_defaults
     study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
                                 pruner=make_pruner(cfg))
     policy = SearchController(cfg, load_space(space_path).resolve({}), study,
-                              workload=cfg.workload(vocab_size=32000), total_gpus=1,
+                              workload=cfg.workload, total_gpus=1,
                               hardware=load_preset("h200"), model=load_model_info("qwen2.5-7b"))
     policy.prepare()
     assert isinstance(study.sampler, ScreenSampler)
@@ -106,6 +106,6 @@ def test_a_card_without_bandwidth_figures_or_another_objective_searches_with_tpe
                                      objective=objective, sampler={"name": "screen"}))
         study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg))
         SearchController(cfg, load_space(space_path).resolve({}), study,
-                         workload=cfg.workload(vocab_size=32000), total_gpus=1, hardware=hardware,
+                         workload=cfg.workload, total_gpus=1, hardware=hardware,
                          model=load_model_info("qwen2.5-7b")).prepare()
         assert isinstance(study.sampler, optuna.samplers.TPESampler), objective

@@ -13,20 +13,13 @@ import pytest
 from optuna.trial import TrialState
 
 from optimizer.config import load_study
-from optimizer.records import record_of
+from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, ATTR_DUPLICATE_OF, record_of
 from optimizer.run.daemon import Daemon
 from optimizer.run.executor import InlineExecutor
 from optimizer.search.controller import SearchController
-from optimizer.study import (
-    ATTR_BASELINE,
-    ATTR_CONFIRM,
-    ATTR_DUPLICATE_OF,
-    count_trials,
-    make_pruner,
-    make_sampler,
-)
+from optimizer.study import count_trials, make_pruner, make_sampler
 from optimizer.study_summary import study_summary
-from optimizer.tracking import Tracker
+from optimizer.tracking.tracker import Tracker
 from runners.base import (
     BenchmarkMetrics,
     EngineConfig,
@@ -37,9 +30,10 @@ from runners.base import (
 )
 from runners.workload import Workload
 from search_spaces import load_space
-from tests.optimizer.test_daemon import categorical_space, write_study
+from tests.builders import categorical_space, write_study
 
-Script = Callable[[Mapping[str, Any]], float | None]  # flags -> goodput (None: OOM at start)
+# flags -> goodput, or the reason its engine failed (None: OOM at start)
+Script = Callable[[Mapping[str, Any]], float | FailureReason | None]
 
 
 def _metrics(goodput: float, throughput: float) -> BenchmarkMetrics:
@@ -53,7 +47,8 @@ def _metrics(goodput: float, throughput: float) -> BenchmarkMetrics:
 
 class ScriptedRunner:
     """A `Runner` whose goodput at each level is `script(flags)` (half of it, with twice the
-    throughput, at the first level: a level that missed the SLO); None fails at start."""
+    throughput, at the first level: a level that missed the SLO); a `FailureReason` fails the
+    run with it, None with an OOM at start."""
 
     def __init__(self, script: Script, launched: list[dict[str, Any]]) -> None:
         self.script = script
@@ -63,9 +58,9 @@ class ScriptedRunner:
             on_step: Callable[[StepMetrics], bool] | None = None) -> RunResult:
         self.launched.append(dict(config.flags))
         value = self.script(config.flags)
-        if value is None:
-            return RunResult(status="failed", failure=Failure(FailureReason.OOM_AT_START,
-                                                              "scripted OOM"))
+        if value is None or isinstance(value, FailureReason):
+            reason = value or FailureReason.OOM_AT_START
+            return RunResult(status="failed", failure=Failure(reason, f"scripted {reason}"))
         steps = []
         for index, level in enumerate(workload.levels):
             goodput = value * (0.5 if index == 0 else 1.0)
@@ -88,7 +83,7 @@ def _run_daemon(tmp_path: Path, script: Script, *, trials: int,
     daemon = Daemon(cfg, space=space, executor=InlineExecutor(
         lambda: ScriptedRunner(script, launched), total_gpus=2),
         registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
-        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        workload=cfg.workload, study_params={}, study_artifacts={},
         summarize=study_summary, poll_s=0.01)
     summary = daemon.run()
     assert summary.total_finished >= 1
@@ -109,6 +104,26 @@ def test_the_daemon_runs_a_study_on_the_inline_executor_without_ray(tmp_path: Pa
     assert all(r.conclusion for r in records), "every finished trial has its conclusion"
     assert sum(1 for t in trials if ATTR_DUPLICATE_OF not in t.user_attrs
                and t.state.is_finished()) == 6, "the budget counts launched trials"
+
+
+@pytest.mark.parametrize(("reason", "is_one_off"), [
+    (FailureReason.CRASH_MID_RUN, True), (FailureReason.HANG, True),
+    (FailureReason.STARTUP_TIMEOUT, True), (FailureReason.STARTUP_CRASH, True),
+    (FailureReason.OOM_AT_START, False), (FailureReason.CUDA_GRAPH_CAPTURE, False),
+])
+def test_an_engine_fault_fails_its_trial_and_only_a_one_off_of_the_defaults_is_retried(
+        tmp_path: Path, reason: FailureReason, is_one_off: bool) -> None:
+    """Every trial's engine fails (a fault in `fixed_flags` does that end to end): each is
+    failed with its reason and a conclusion, and the study goes on. A crash, a hang or a failed
+    start may be one-off: the defaults (every gain's reference) get one retry; a config
+    failure repeats and is not retried."""
+    study, launched = _run_daemon(tmp_path, lambda flags: reason, trials=2,
+                                  max_num_seqs=[256, 512, 1024])
+    records = [record_of(t) for t in study.trials]
+    assert len(launched) == len(records) == 2 + is_one_off
+    assert all(r is not None and r.state == "failed" and r.failure_reason == reason.value
+               and r.conclusion for r in records), records
+    assert sum(r is not None and r.is_baseline for r in records) == 1 + is_one_off
 
 
 def test_a_config_failure_teaches_the_sampler_with_the_worst_value_and_a_constraint(
@@ -133,7 +148,7 @@ def _policy(tmp_path: Path, seed: int = 0, **choices: list[Any]) -> SearchContro
     study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
                                 pruner=make_pruner(cfg))
     policy = SearchController(cfg, load_space(space_path).resolve({}), study,
-                              workload=cfg.workload(vocab_size=32000), total_gpus=2)
+                              workload=cfg.workload, total_gpus=2)
     policy.prepare()
     return policy
 
@@ -242,7 +257,7 @@ def test_a_store_that_refuses_the_study_run_starts_nothing_with_one_clear_error(
     daemon = Daemon(cfg, space=load_space(space_path).resolve({}), executor=InlineExecutor(
         lambda: ScriptedRunner(lambda flags: 1.0, launched), total_gpus=1),
         registry_dir=tmp_path / "engines", tracker=tracker,
-        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        workload=cfg.workload, study_params={}, study_artifacts={},
         summarize=study_summary, poll_s=0.01)
     with pytest.raises(TrackingError, match="nothing was launched"):
         daemon.run()
@@ -266,7 +281,7 @@ def test_a_confirmation_never_takes_a_seed_still_queued_beyond_the_budget(
         lambda: ScriptedRunner(lambda flags: 1000.0 / float(flags.get("max_num_seqs") or 256),
                                launched), total_gpus=2),
         registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
-        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        workload=cfg.workload, study_params={}, study_artifacts={},
         summarize=study_summary, poll_s=0.01, seed_trials=[
             {**space.defaults(), "max_num_seqs": n} for n in (64, 128, 512)])
     daemon.run()
@@ -294,7 +309,7 @@ def test_a_fixed_flag_is_no_trials_change_in_its_conclusion(tmp_path: Path) -> N
         lambda: ScriptedRunner(lambda flags: 1000.0 / float(flags.get("max_num_seqs") or 256),
                                []), total_gpus=2),
         registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
-        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        workload=cfg.workload, study_params={}, study_artifacts={},
         summarize=study_summary, poll_s=0.01,
         seed_trials=[{**space.defaults(), "max_num_seqs": 64}])
     daemon.run()
@@ -339,7 +354,7 @@ def test_a_lost_worker_whose_gpus_are_gone_stops_the_study_instead_of_waiting_fo
     resume = f"nightshift start {cfg.source} --storage 'sqlite:///a b.db'"
     daemon = Daemon(cfg, space=load_space(space_path).resolve({}), executor=executor,
                     registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
-                    workload=cfg.workload(vocab_size=32000), study_params={},
+                    workload=cfg.workload, study_params={},
                     study_artifacts={}, summarize=study_summary, poll_s=0.01, resume=resume)
     summary = daemon.run()
     assert summary.stopped_early, "stopped, for a resume once Ray is back"

@@ -19,7 +19,7 @@ from optimizer.study import engine_config, make_pruner, make_sampler, startup_sa
 from runners.base import EngineConfig, EngineInfo, RunResult, StepMetrics
 from runners.vllm.compile_cache import compile_key
 from search_spaces import load_space
-from tests.optimizer.test_daemon import categorical_space, write_study
+from tests.builders import categorical_space, write_study
 from tests.optimizer.test_search_policy import _metrics
 
 
@@ -50,7 +50,7 @@ def _policy(tmp_path: Path, **startup: Any) -> SearchController:
     study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
                                 pruner=make_pruner(cfg))
     policy = SearchController(cfg, load_space(space_path).resolve({}), study,
-                              workload=cfg.workload(vocab_size=32000), total_gpus=2)
+                              workload=cfg.workload, total_gpus=2)
     policy.prepare()
     return policy
 
@@ -108,7 +108,7 @@ def test_the_sampler_saver_reaches_every_trial_and_never_the_export(tmp_path: Pa
     assert config.env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
     record = {"env": {**config.env, "VLLM_FORCE_AOT_LOAD": "1", "VLLM_CACHE_ROOT": "/c",
                       "VLLM_USE_DEEP_GEMM": "0"}}
-    exported = export_env(record, startup_saver_env(cfg.spec.startup.savers))
+    exported = export_env(record["env"], startup_saver_env(cfg.spec.startup.savers))
     assert exported == {"VLLM_USE_DEEP_GEMM": "0"}, "savers and the warm check stay behind"
 
 
@@ -128,8 +128,9 @@ def test_startup_settings_that_would_change_the_measurement_are_refused(
 
 
 def test_mlflow_gets_the_start_up_as_tags_and_metrics() -> None:
-    from optimizer.records import TrialRecord, tracking_payload
+    from optimizer.records import TrialRecord
     from optimizer.search.startup import startup_metrics
+    from optimizer.tracking.payload import tracking_payload
 
     cold = RunResult(status="complete", argv=("vllm",), engine=EngineInfo(
         startup_s=127.0, model_load_s=3.5, compile_s=30.7, graph_capture_s=4.0,
@@ -166,7 +167,7 @@ def _ledger_policy(tmp_path: Path, name: str, cache: Path, version: str | None =
     study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
                                 pruner=make_pruner(cfg))
     policy = SearchController(cfg, load_space(space_path).resolve({}), study,
-                              workload=cfg.workload(vocab_size=32000), total_gpus=1,
+                              workload=cfg.workload, total_gpus=1,
                               compiled_elsewhere=ledger.compiled_keys if ledger else None)
     policy.prepare()
     return policy
@@ -275,7 +276,7 @@ def test_a_resumed_study_trusts_the_ledger_not_its_records_for_what_is_warm(
             params=dict(first.params), distributions=dists,
             values=[1.0], user_attrs={ATTR_RECORD: record.to_user_attr()}))
         study.enqueue_trial(dict(first.params))  # the same key, asked again
-        policy = SearchController(cfg, space, study, workload=cfg.workload(vocab_size=32000),
+        policy = SearchController(cfg, space, study, workload=cfg.workload,
                                   total_gpus=1, compiled_elsewhere=compiled_elsewhere)
         policy.prepare()
         launch = policy.next_launch(lambda n: True)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import optuna
 import pytest
-import yaml
 
 from optimizer.cli import main
 from optimizer.config.store_checks import sqlite_file_problem
+from tests.builders import write_study
 
 
 def _real_study_db(path: Path) -> None:
@@ -58,22 +58,22 @@ def test_a_store_with_garbled_pages_is_refused_as_damaged(db: Path) -> None:
     assert problem is not None and "damaged" in problem, problem
 
 
-@pytest.mark.parametrize("command", ["status", "report", "export"])
+@pytest.mark.parametrize("command", ["status", "report", "export", "start"])
 def test_reading_commands_refuse_a_garbled_store_in_one_line_with_exit_2(
         db: Path, tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]) -> None:
     damaged = tmp_path / "damaged.db"
     shutil.copy(db, damaged)
     with damaged.open("r+b") as f:
         f.truncate(damaged.stat().st_size // 3)
-    study = tmp_path / "s.yaml"
-    study.write_text(yaml.safe_dump({
-        "name": "s", "engine": "simulated", "model": {"path": "qwen2.5-7b"},
-        "budget": {"trials": 1}, "slo": {"tpot_p99_ms": 50},
-        "storage": f"sqlite:///{damaged}", "tracking_uri": f"sqlite:///{tmp_path / 'm.db'}",
-        "results_dir": str(tmp_path / "results")}))
+    study = write_study(tmp_path, name="s", trials=1, file_name="s.yaml",
+                        storage=f"sqlite:///{damaged}",
+                        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}")
     code = main([command, str(study)])
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2, f"{command}: exit 2 for a damaged store, got {code}: {err[-400:]}"
     assert len(lines) == 1 and "storage:" in lines[0] and "damaged" in lines[0], lines[:5]
     assert "Traceback" not in err
+    # `start` (issue 35, item 7: it looped on "resume with", then refused after Ray started).
+    assert not (tmp_path / "results").exists() and not (tmp_path / "m.db").exists(), \
+        "refused before anything is written"

@@ -10,24 +10,25 @@ from typing import Any
 import optuna
 
 from optimizer.config import load_study
-from optimizer.records import record_of, tracking_payload
+from optimizer.records import record_of
 from optimizer.run.daemon import Daemon
 from optimizer.run.executor import InlineExecutor
 from optimizer.run.seeds import template_trial_params
 from optimizer.run.space_context import space_context
 from optimizer.study_summary import study_summary
-from optimizer.tracking import Tracker
+from optimizer.tracking.payload import tracking_payload
+from optimizer.tracking.tracker import Tracker
 from runners.hardware import load_preset
 from runners.model_info import load_model_info
 from search_spaces import load_space
 from search_spaces.seeds import Template, load_templates, template_seeds
-from tests.optimizer.test_daemon import write_study
+from tests.builders import write_study
 from tests.optimizer.test_search_policy import ScriptedRunner
 
 
 def _hopper(cfg: Any) -> Any:
     return load_space("hopper").resolve(space_context(
-        load_preset("h200"), load_model_info("qwen2.5-7b"), cfg.workload(), "dummy"))
+        load_preset("h200"), load_model_info("qwen2.5-7b"), cfg.workload, "dummy"))
 
 
 def test_each_hardware_class_of_the_profile_has_its_template() -> None:
@@ -48,7 +49,7 @@ def test_the_hopper_template_runs_right_after_the_defaults_tagged_and_named(
     daemon = Daemon(cfg, space=space, executor=InlineExecutor(
         lambda: ScriptedRunner(lambda flags: 10.0, launched), total_gpus=2),
         registry_dir=tmp_path / "engines", tracker=Tracker(cfg.tracking_uri),
-        workload=cfg.workload(vocab_size=32000), study_params={}, study_artifacts={},
+        workload=cfg.workload, study_params={}, study_artifacts={},
         summarize=study_summary, poll_s=0.01,
         seed_trials=[{**space.defaults(), "max_num_seqs": 256}], template_trials=templates)
     daemon.run()
@@ -74,7 +75,7 @@ def test_a_template_the_rules_refuse_is_reported_with_the_rule_not_dropped(
         tmp_path: Path) -> None:
     cfg = load_study(write_study(tmp_path, trials=3, templates="auto"))
     space = load_space("consumer_24gb").resolve(space_context(
-        load_preset("h200"), load_model_info("qwen2.5-7b"), cfg.workload(), "dummy"))
+        load_preset("h200"), load_model_info("qwen2.5-7b"), cfg.workload, "dummy"))
     templates, notes = template_trial_params(cfg, space, "24gb")
     assert templates == []
     assert notes == [

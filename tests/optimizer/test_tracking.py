@@ -9,7 +9,9 @@ import pytest
 from mlflow import MlflowClient
 
 from optimizer.errors import TrackingError
-from optimizer.tracking import CatchUp, Tracker, TrialLog, artifact_root_for
+from optimizer.tracking.payload import TrialLog
+from optimizer.tracking.store import artifact_root_for
+from optimizer.tracking.tracker import CatchUp, Tracker
 
 
 def test_parent_and_child_runs_nest_with_states(tmp_path: Path) -> None:
@@ -141,7 +143,7 @@ def _record(**kw: Any) -> Any:
 
 def test_runs_are_named_described_and_headline_figures_never_sit_on_a_level(
         tmp_path: Path) -> None:
-    from optimizer.records import tracking_payload
+    from optimizer.tracking.payload import tracking_payload
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     tracker = Tracker(uri)
@@ -165,7 +167,7 @@ def test_runs_are_named_described_and_headline_figures_never_sit_on_a_level(
 
 
 def test_confirmation_and_failed_runs_say_what_they_are(tmp_path: Path) -> None:
-    from optimizer.records import tracking_payload
+    from optimizer.tracking.payload import tracking_payload
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     tracker = Tracker(uri)
@@ -223,7 +225,7 @@ def test_the_recommended_trial_is_marked_by_tag_and_name_and_the_mark_moves(
 
 
 def test_the_runs_view_opens_on_the_objective_the_gain_and_the_bottleneck() -> None:
-    from optimizer.tracking import runs_view, three_digits, view_key
+    from optimizer.tracking.view import runs_view, three_digits, view_key
 
     columns = runs_view({"goodput": "maximize"})["selectedColumns"]
     assert columns[:3] == ["metrics.`goodput in req per s per GPU`",
@@ -233,7 +235,7 @@ def test_the_runs_view_opens_on_the_objective_the_gain_and_the_bottleneck() -> N
 
 
 def test_a_runs_description_starts_with_its_figure_and_simulated_timing_is_explained() -> None:
-    from optimizer.records import SIMULATED_TIMING, tracking_payload
+    from optimizer.tracking.payload import SIMULATED_TIMING, tracking_payload
 
     conclusion = ("quantization=fp8, kv_cache_dtype=fp8 vs the vLLM defaults: goodput 38.6 "
                   "req/s, 1.32x the vLLM defaults (one measurement each: no interval). "

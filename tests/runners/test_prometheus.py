@@ -25,6 +25,7 @@ class _ScriptedMetricsServer:
         self.render = render
         self.status = status
         self.num_gets = 0
+        self.answered = threading.Condition()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -36,6 +37,8 @@ class _ScriptedMetricsServer:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+                with server.answered:
+                    server.answered.notify_all()
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # keep test output clean
@@ -43,6 +46,12 @@ class _ScriptedMetricsServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def wait_for_gets(self, num: int, timeout_s: float = 60.0) -> None:
+        """Return once `num` GETs were answered: a poller's samples, counted, not timed."""
+        with self.answered:
+            assert self.answered.wait_for(lambda: self.num_gets >= num, timeout_s), \
+                f"{self.num_gets} GETs of {num} within {timeout_s} s"
 
     def __enter__(self) -> _ScriptedMetricsServer:
         self.thread.start()
@@ -161,7 +170,7 @@ def test_poller_sees_a_rising_queue_and_kv_pressure(rising_queue: _ScriptedMetri
                                                     ) -> None:
     poller = MetricsPoller(rising_queue.base_url, interval_s=0.05)
     poller.start()
-    time.sleep(0.4)
+    rising_queue.wait_for_gets(5)
     summary = poller.stop()
     num = int(summary["num_samples"])
     assert num >= 4 and num == rising_queue.num_gets
@@ -176,7 +185,7 @@ def test_poller_sees_a_rising_queue_and_kv_pressure(rising_queue: _ScriptedMetri
 def test_poller_sees_a_flat_queue_as_not_rising() -> None:
     with _ScriptedMetricsServer(lambda n: _gauges(waiting=3.0 + (n % 2), kv=0.4)) as server:
         with MetricsPoller(server.base_url, interval_s=0.05) as poller:
-            time.sleep(0.3)
+            server.wait_for_gets(4)
         summary = poller.summary()
     assert summary["is_waiting_rising"] == 0.0
     assert summary["max_num_requests_waiting"] == 4.0

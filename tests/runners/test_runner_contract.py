@@ -3,6 +3,7 @@ driven through the whole runner (launch, readiness, load, classification, teardo
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -11,9 +12,18 @@ import httpx
 import psutil
 import pytest
 
-from runners.base import EngineConfig, FailureReason, FlagValue, Runner, RunResult
+from runners.base import (
+    EngineConfig,
+    Failure,
+    FailureReason,
+    FlagValue,
+    Phase,
+    Runner,
+    RunResult,
+)
 from runners.engine import EngineRunner
 from runners.simulated.launcher import SimulatedLauncher
+from runners.vllm.logs import classify_failure as vllm_classify_failure
 from runners.workload import Workload
 from tests.runners.contract import EngineWatcher, RunnerContract, small_workload
 
@@ -155,6 +165,54 @@ def test_high_error_rate_on_a_live_engine_is_too_many_errors_not_startup_crash(
     _assert_failed(result, FailureReason.TOO_MANY_ERRORS)
 
 
+# An engine that prints its secrets (as a library may echo a token in an error) and dies at
+# start; the key it was given goes to a side file, for the test alone to know it.
+_ECHO = """
+import os, pathlib, sys
+pathlib.Path(sys.argv[1]).write_text(os.environ["VLLM_API_KEY"])
+print("logging in with", os.environ["HF_TOKEN"], "key", os.environ["VLLM_API_KEY"], flush=True)
+raise RuntimeError("login refused for token " + os.environ["HF_TOKEN"])
+"""
+
+
+class _EchoingLauncher(SimulatedLauncher):
+    """The simulated launcher's record, an engine that echoes its secrets, vLLM's classifier
+    (whose failure message quotes the error line)."""
+
+    def __init__(self, key_file: Path) -> None:
+        super().__init__("h200", startup_time_scale=STARTUP_TIME_SCALE)
+        self.key_file = key_file
+
+    def command(self, config: EngineConfig, port: int, workdir: Path,
+                profile_dir: Path | None) -> tuple[list[str], dict[str, str]]:
+        _, env = super().command(config, port, workdir, profile_dir)
+        return [sys.executable, "-c", _ECHO, str(self.key_file)], env
+
+    def classify_failure(self, log_text: str, returncode: int | None,
+                         phase: Phase) -> Failure:
+        return vllm_classify_failure(log_text, returncode, phase)
+
+
+def test_secrets_an_engine_prints_are_scrubbed_from_its_log_failure_and_result(
+        registry_dir: Path, tmp_path: Path, workload: Workload) -> None:
+    # Issue 35, item 8: the token of the study's env and the engine's own API key.
+    token = "hf_" + "s" * 32
+    runner = EngineRunner(_EchoingLauncher(tmp_path / "key"), registry_dir)
+    config = EngineConfig(model=MODEL, load_format="dummy", env={"HF_TOKEN": token})
+    with EngineWatcher(registry_dir) as watcher:
+        result = runner.run(config, workload, tmp_path / "trial")
+    watcher.assert_none_survive(result)
+    key = (tmp_path / "key").read_text()
+    assert result.failure is not None and result.failure.reason == FailureReason.STARTUP_CRASH
+    assert "RuntimeError: login refused for token <redacted>" in result.failure.message, \
+        result.failure.message
+    log = (tmp_path / "trial" / "server.log").read_text()
+    assert "logging in with <redacted> key <redacted>" in log, log
+    for where, text in (("the failure", repr(result.failure)), ("the log kept", log),
+                        ("the log's tail for MLflow", result.server_log)):
+        assert token not in text and key not in text, f"no secret value in {where}"
+
+
 def test_a_run_keeps_secrets_out_of_its_result_and_its_engine_answers_only_the_runner(
         runner: EngineRunner, registry_dir: Path, tmp_path: Path, workload: Workload) -> None:
     token = "hf_" + "t" * 32
@@ -162,11 +220,13 @@ def test_a_run_keeps_secrets_out_of_its_result_and_its_engine_answers_only_the_r
                           flags={"max_model_len": 2048, "max_num_seqs": 16},
                           env={"HF_TOKEN": token, "TOKENIZERS_PARALLELISM": "false"})
     outsider: list[int] = []
+    live_argv: list[str] = []
 
     def probe(_: object) -> bool:
         # Another local user, knowing the port but not the key, while the level runs.
         assert runner._proc is not None
         argv = psutil.Process(runner._proc.pid).cmdline()
+        live_argv.append(" ".join(argv))  # what another user reads with `ps -eww`
         port = argv[argv.index("--port") + 1]
         outsider.append(httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code)
         outsider.append(httpx.post(f"http://127.0.0.1:{port}/reset_prefix_cache").status_code)
@@ -177,6 +237,7 @@ def test_a_run_keeps_secrets_out_of_its_result_and_its_engine_answers_only_the_r
     watcher.assert_none_survive(result)
     assert result.status == "complete", result.failure
     assert outsider and set(outsider) == {401}, "the engine answers only the key's holder"
+    assert live_argv and token not in live_argv[0], "the engine's argv never holds a secret"
     written = repr((result.argv, dict(result.env)))
     assert token not in written, "the record names the secret, never its value"
     assert result.env["HF_TOKEN"] == "${HF_TOKEN}"

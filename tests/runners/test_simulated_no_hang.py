@@ -6,7 +6,6 @@ engine, never measurements."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from runners.load_level import LoadLevel
 from runners.simulated.engine import SimulatedEngine
 from runners.simulated.launcher import SimulatedLauncher
 from runners.workload import LengthDistribution, SharedPrefix, Workload
+from tests.virtual_time import run_in_virtual_time
 
 # Far below the runner's 120 s: a replica that sleeps out another replica's modelled clock
 # (the hang this file guards against) is caught in seconds, while a healthy level of these
@@ -89,30 +89,34 @@ def test_a_burst_split_over_replicas_is_stamped_on_one_time_line_without_sleepin
                 if event.is_first:
                     arrivals.append(event.request.arrival_s)
 
-        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         await asyncio.wait_for(asyncio.gather(one(300), one(400)), timeout=30)
         assert [len(r.scheduler.running) for r in engine.replicas] == [0, 0]
-        return arrivals, time.monotonic() - started
+        return arrivals, loop.time() - started
 
-    arrivals, wall_s = asyncio.run(main())
+    # In virtual time: the engine's sleeps take no wall time, and the loop's clock says how
+    # long it would have slept.
+    arrivals, slept_s = run_in_virtual_time(main())
     assert len(arrivals) == 2 and abs(arrivals[0] - arrivals[1]) < 1e-6, arrivals
-    assert wall_s < 5.0, f"the burst took {wall_s:.1f} s of wall time: a replica slept the gap"
+    assert slept_s < 5.0, f"the burst slept {slept_s:.1f} s: a replica slept the gap"
 
 
 async def _closed_loop(engine: SimulatedEngine, prompts: list[list[int]], concurrency: int,
                        max_tokens: int, stall_s: float) -> int:
     """Drive a started SimulatedEngine as the load generator drives the server: the first
-    `concurrency` requests as one burst, then a refill as each ends; fails on `stall_s` of wall
-    time without a chunk from any request in flight. Returns the tokens received."""
+    `concurrency` requests as one burst, then a refill as each ends; fails on `stall_s` of the
+    loop's time without a chunk from any request in flight. Returns the tokens received."""
+    loop = asyncio.get_running_loop()
     received = [0]
-    last_chunk = [time.monotonic()]
+    last_chunk = [loop.time()]
     queue = list(enumerate(prompts))
 
     async def one(ids: list[int], is_refilled: bool, burst: int) -> None:
         async for event in engine.generate(ids, max_tokens, is_refilled, burst,
                                            num_remaining=len(queue)):
             received[0] += event.num_tokens
-            last_chunk[0] = time.monotonic()
+            last_chunk[0] = loop.time()
 
     async def worker() -> None:
         is_refilled = False
@@ -124,7 +128,7 @@ async def _closed_loop(engine: SimulatedEngine, prompts: list[list[int]], concur
     async def watchdog() -> None:
         while True:
             await asyncio.sleep(0.05)
-            assert time.monotonic() - last_chunk[0] < stall_s, \
+            assert loop.time() - last_chunk[0] < stall_s, \
                 f"no chunk for {stall_s} s: the simulated engine stopped producing tokens"
 
     workers: asyncio.Future[list[None]] = asyncio.gather(
@@ -145,7 +149,8 @@ async def _closed_loop(engine: SimulatedEngine, prompts: list[list[int]], concur
 def test_a_sample_of_the_widened_hopper_space_streams_every_level_to_the_end() -> None:
     """30 configs drawn at random (seeded) from search_spaces' hopper space resolved for two
     simulated H200s and the h200-widened study's workload (dummy weights, shared prefix,
-    max_model_len 4096) each serve a short closed-loop level to its last token in process."""
+    max_model_len 4096) each serve a short closed-loop level to its last token in process, in
+    virtual time (a config that sleeps out a stall shows it on the loop's clock)."""
     import optuna
 
     from optimizer.run.engine_choice import simulated_hardware
@@ -188,7 +193,7 @@ def test_a_sample_of_the_widened_hopper_space_streams_every_level_to_the_end() -
                     if replica.task is not None:
                         replica.task.cancel()
 
-        received = asyncio.run(level())
+        received = run_in_virtual_time(level())
         if received is not None:
             assert received == 16 * len(prompts), (params, received)
             num_served += 1

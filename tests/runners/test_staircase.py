@@ -96,7 +96,7 @@ def test_close_stops_the_stream_even_where_the_cancel_never_reaches_its_loop() -
 
     workload = Workload(input_len=LengthDistribution(mean=16),
                         output_len=LengthDistribution(mean=4))
-    requests = endless_requests(lambda n, s: loadgen.build_requests(workload, n, seed=s), 64, 0,
+    requests = endless_requests(lambda n, s: build_requests(workload, n, seed=s), 64, 0,
                                 False)
     driver = StaircaseDriver("http://127.0.0.1:9", "m", requests, axis="request_rate",
                              timeout_s=5, seed=0)
@@ -162,6 +162,7 @@ def simulated(tmp_path: Path) -> EngineRunner:
                         tmp_path / "registry")
 
 
+@pytest.mark.slow  # a whole capacity search: a minute and more
 def test_a_capacity_search_walks_every_step_on_one_engine_without_a_restart(
         simulated: EngineRunner, tmp_path: Path) -> None:
     workload = Workload(input_len=LengthDistribution(mean=256),

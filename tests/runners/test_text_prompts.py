@@ -404,7 +404,7 @@ def test_the_example_dataset_study_passes_the_checks_before_start(
     monkeypatch.chdir(tmp_path)
     cfg = load_study(REPO_ROOT / "examples" / "dataset.yaml")
     check_before_start(cfg)
-    workload = cfg.workload()
+    workload = cfg.workload
     assert workload.dataset is not None and workload.multi_turn is not None
     assert workload.tokenizer_dir is None, "a bundled shape has no tokenizer.json"
     dialogues = conversations.build_conversations(workload, 64, seed=0)

@@ -221,6 +221,7 @@ def test_a_cut_gzip_trace_raises_value_error(tmp_path: Path) -> None:
         summarize(path)
 
 
+@pytest.mark.slow  # a large trace written and read: most of a minute
 def test_a_large_trace_is_summarized_in_bounded_memory(tmp_path: Path) -> None:
     """100k events (~22 MB; tracemalloc makes more slow): the reader keeps one chunk and the
     reorder window, so the peak does not grow with the file."""

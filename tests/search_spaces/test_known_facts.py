@@ -118,7 +118,7 @@ def test_no_bundled_study_or_template_on_hopper_measures_fp8_per_block_on_vllm_0
     local = path.parent / name
     space = load_space(local if local.is_file() else ("hopper" if name == "auto" else name))
     resolved = space.resolve(space_context(
-        load_preset("h200"), load_model_info(cfg.spec.model.path), cfg.workload(),
+        load_preset("h200"), load_model_info(cfg.spec.model.path), cfg.workload,
         cfg.spec.model.load_format, vllm_version="0.26.0", known_facts=load_facts(
             Path("/nonexistent")), ignore_facts=cfg.spec.known_facts.ignore))
     assert not cfg.spec.known_facts.ignore, "a bundled study does not override the fact"

@@ -13,7 +13,7 @@ import pytest
 from optimizer.config import StudyConfig, load_study
 from optimizer.study import make_pruner, make_sampler
 from runners.base import BenchmarkMetrics, StepMetrics
-from runners.workload import LoadLevel
+from runners.load_level import LoadLevel
 from search_spaces import ResolvedSpace, load_space
 from tests.optimizer.test_daemon import categorical_space, write_study
 

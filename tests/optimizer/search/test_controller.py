@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from optimizer.records import record_of
+from optimizer.records import ATTR_BASELINE, ATTR_DUPLICATE_OF, record_of
 from optimizer.search.controller import SearchController
-from optimizer.study import ATTR_BASELINE, ATTR_DUPLICATE_OF
 from runners.base import RunResult
 from tests.optimizer.search.conftest import Setup, step
 
@@ -16,7 +15,7 @@ from tests.optimizer.search.conftest import Setup, step
 def _controller(make_setup: Callable[..., Setup], total_gpus: int = 1,
                 **choices: list[object]) -> SearchController:
     cfg, space, study = make_setup(choices or None)
-    controller = SearchController(cfg, space, study, workload=cfg.workload(vocab_size=32000),
+    controller = SearchController(cfg, space, study, workload=cfg.workload,
                                   total_gpus=total_gpus, clock=lambda: 0.0)
     controller.prepare()
     return controller

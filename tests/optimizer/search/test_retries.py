@@ -10,9 +10,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, ATTR_RETRIES, ATTR_RETRY_OF
 from optimizer.search.retries import RetryPolicy
 from optimizer.search.trials import Running
-from optimizer.study import ATTR_BASELINE, ATTR_CONFIRM, ATTR_RETRIES, ATTR_RETRY_OF, engine_config
+from optimizer.study import engine_config
 from runners.base import Failure, FailureReason, RunResult
 from tests.optimizer.search.conftest import Setup
 
@@ -62,7 +63,8 @@ def test_a_confirmation_run_is_never_re_queued(make_setup: Callable[..., Setup])
                             attrs={ATTR_CONFIRM: "best"})
     assert not _queued(study)
     assert result.failure is not None and \
-        result.failure.message.endswith("the confirmation runs whole again.")
+        result.failure.message.endswith(
+            "its confirmation round is measured again on the next start.")
 
 
 @pytest.mark.parametrize(("is_baseline", "is_requeued"), [(True, True), (False, False)])

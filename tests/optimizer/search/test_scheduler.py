@@ -23,7 +23,7 @@ def _scheduler(make_setup: Callable[..., Setup]) -> PruningScheduler:
         trial = study.ask()
         trial.report(value, 0)
         study.tell(trial, value)
-    return PruningScheduler(cfg, study, workload=cfg.workload(vocab_size=32000))
+    return PruningScheduler(cfg, study, workload=cfg.workload)
 
 
 def _running(scheduler: PruningScheduler, *, is_baseline: bool = False) -> Running:
@@ -75,7 +75,7 @@ def test_the_last_level_and_the_defaults_are_never_pruned(
 def test_a_multi_objective_study_is_never_pruned(make_setup: Callable[..., Setup]) -> None:
     cfg, _, _ = make_setup(objective=["goodput", "tpot"])
     study = optuna.create_study(directions=cfg.directions)
-    scheduler = PruningScheduler(cfg, study, workload=cfg.workload(vocab_size=32000))
+    scheduler = PruningScheduler(cfg, study, workload=cfg.workload)
     item = _running(scheduler)
     assert not _judge(scheduler, item, 0, goodput=0.1, throughput=4.0), \
         "Optuna prunes single-objective studies only"

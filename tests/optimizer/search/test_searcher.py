@@ -7,16 +7,17 @@ from collections.abc import Callable
 
 from optuna.trial import TrialState
 
-from optimizer.records import TrialRecord, record_of
-from optimizer.search.searcher import Searcher
-from optimizer.search.tell import MAX_CONSECUTIVE_DUPLICATES
-from optimizer.search.trials import Told, Waiting
-from optimizer.study import (
+from optimizer.records import (
     ATTR_BASELINE,
     ATTR_DUPLICATE_OF,
     ATTR_SEED_SOURCE,
     ATTR_SEEDED,
+    TrialRecord,
+    record_of,
 )
+from optimizer.search.searcher import Searcher
+from optimizer.search.tell import MAX_CONSECUTIVE_DUPLICATES
+from optimizer.search.trials import Told, Waiting
 from runners.base import EngineConfig
 from tests.optimizer.search.conftest import Setup
 
@@ -36,7 +37,7 @@ class Heard:
 
 def _searcher(make_setup: Callable[..., Setup], **choices: list[object]) -> Searcher:
     cfg, space, study = make_setup(choices or None)
-    return Searcher(cfg, space, study, workload=cfg.workload(vocab_size=32000), log=Heard())
+    return Searcher(cfg, space, study, workload=cfg.workload, log=Heard())
 
 
 def _no_problem(config: EngineConfig) -> str | None:

@@ -1,0 +1,15 @@
+"""`nightshift export`: a trial as what a user deploys, a `vllm serve --config` YAML (data
+only), a shell launcher, or env vars, each built from what the trial ran: its recorded flags,
+environment and command line, never today's study file where the record says.
+
+Modules: `choice` (which trial: `select_trial`, the recommendation's note, the flags a
+deployment leaves out), `launch` (what ran: `launched`, the flags, extra args, model and
+environment a deployment passes), `render` (the header and the three formats). This package's
+public face: callers import from here.
+"""
+
+from optimizer.export.choice import choice_note, select_trial
+from optimizer.export.launch import trial_env
+from optimizer.export.render import FORMATS, render
+
+__all__ = ["FORMATS", "choice_note", "render", "select_trial", "trial_env"]

@@ -1,0 +1,136 @@
+"""Which trial an export writes (`select_trial`: the recommendation, a trial named, the best
+within a TPOT limit) and which of its flags a deployment leaves out (`default_flags`,
+`minimal_drops`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from optimizer.config import StudyConfig
+from optimizer.errors import ConfigError, NightshiftError
+from optimizer.objectives import OBJECTIVES
+from optimizer.quality import is_quality_violation
+from optimizer.recommendation import (
+    NOISE_FRACTION,
+    audit_errors,
+    is_measured,
+    params_of,
+    recommendation_note,
+    recommended_trial,
+    vllm_defaults_of,
+)
+from optimizer.records import (
+    record_of,
+)
+from search_spaces import SpaceError, changed_params, to_flags
+
+
+def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = None,
+                 max_tpot_ms: float | None = None,
+                 force_quality: bool = False) -> optuna.trial.FrozenTrial:
+    # Measured configs: not a config failure (complete to Optuna, failed to us), not a final
+    # confirmation run (a copy of the best or of the defaults), not refused by the quality gate.
+    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if is_measured(t) and not is_quality_violation(t.constraints)]
+    if number is not None:
+        found = [t for t in study.get_trials(deepcopy=False) if t.number == number]
+        if not found:
+            raise ConfigError(f"--trial {number}: no such trial in study {cfg.name!r}; "
+                              f"see `nightshift status` for the numbers.")
+        record = record_of(found[0])
+        state = record.state if record is not None else found[0].state.name.lower()
+        if found[0].state != TrialState.COMPLETE or state != "complete":
+            raise ConfigError(f"--trial {number}: the trial is {state}, not complete; export a "
+                              "complete trial.")
+        if is_quality_violation(found[0].constraints) and not force_quality:
+            failed = ((record.quality if record is not None else None) or {}).get(
+                "failed") or ["outside the limits"]
+            raise ConfigError(f"--trial {number}: the quality gate refused it "
+                              f"({'; '.join(failed)}); export another trial, or pass "
+                              "--force-quality to export it anyway.")
+        errors = audit_errors(found[0])
+        if errors:
+            raise ConfigError(f"--trial {number}: its launch has what `nightshift audit` calls "
+                              f"an error ({errors[0].rstrip('.')}); export another trial.")
+        return found[0]
+    if max_tpot_ms is not None:
+        within = [t for t in complete if not audit_errors(t)
+                  and _metric(t, "p99_tpot_ms") is not None
+                  and _metric(t, "p99_tpot_ms") <= max_tpot_ms]  # type: ignore[operator]
+        if not within:
+            raise ConfigError(f"--max-tpot-ms {max_tpot_ms:g}: no complete trial has a TPOT p99 "
+                              "that low; raise the limit or run more trials.")
+        sign = 1 if OBJECTIVES[cfg.objectives[0]].direction == "maximize" else -1
+        return max(within, key=lambda t: sign * t.values[0])
+    chosen = recommended_trial(study)
+    if chosen is None:
+        raise NightshiftError(f"study {cfg.name!r} has no complete trial yet; wait for one or "
+                              "check `nightshift status`.")
+    return chosen
+
+
+def choice_note(study: optuna.Study, chosen: optuna.trial.FrozenTrial) -> str:
+    """Why the recommendation is not the nominal best (empty when it is)."""
+    return recommendation_note(study, chosen)
+
+
+def _metric(trial: optuna.trial.FrozenTrial, key: str) -> float | None:
+    record = record_of(trial)
+    value = record.metrics.get(key) if record is not None else None
+    return float(value) if isinstance(value, int | float) else None
+
+
+def default_flags(study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                  flags: Mapping[str, Any]) -> list[str]:
+    """The flags among `flags` that set vLLM's own value on the study's host (or one another
+    flag makes moot, a capture size with CUDA graphs off): `changed_params` counts them as no
+    change, and a deployment leaves them out."""
+    params = params_of(trial)
+    changed = set(changed_params(params, {}, vllm_defaults_of(study)))
+    out = []
+    for name, value in params.items():
+        if name in changed or value is None:
+            continue
+        try:
+            rendered = to_flags({name: value})
+        except SpaceError:  # a param outside the known flags: kept as it ran
+            continue
+        out += [k for k, v in rendered.items() if k in flags and flags[k] == v]
+    return out
+
+
+def minimal_drops(study: optuna.Study, trial: optuna.trial.FrozenTrial
+                  ) -> list[tuple[str, str]]:
+    """(param, why) for each param whose removal did not change the measured result, by the
+    study's own records: a measured trial that ran the same config with that param at vLLM's
+    default, within NOISE_FRACTION of this trial's value (or better). Cumulative: two params
+    each harmless alone are not known to be harmless together, so a second is dropped only
+    where a trial without both was measured."""
+    if not trial.values or len(study.directions) > 1:
+        return []
+    host = vllm_defaults_of(study)
+    sign = 1.0 if study.direction.name == "MAXIMIZE" else -1.0
+    top = float(trial.values[0])
+    mine = params_of(trial)
+    kept = dict(mine)
+    drops: list[tuple[str, str]] = []
+    others = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+              if is_measured(t) and t.values and t.number != trial.number]
+    for name in changed_params(mine, {}, host):
+        without = {**kept, name: None}
+        for other in others:
+            theirs = params_of(other)
+            if changed_params(without, theirs, host):
+                continue
+            value = float(other.values[0])
+            if sign * (value - top) >= -NOISE_FRACTION * abs(top):
+                kept = without
+                drops.append((name, f"trial {other.number} ran without it (vLLM's default) "
+                                    f"and measured {value:.4g} vs {top:.4g}: within "
+                                    f"{NOISE_FRACTION:.0%}"))
+                break
+    return drops

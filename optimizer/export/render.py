@@ -1,0 +1,206 @@
+"""The export as text: its header (the trial, model, GPUs, engine, workload, SLO, gain and
+quality, one fact a line) and the three formats (`render`)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+from optimizer import gains
+from optimizer.conclusions import baseline_trial, reference_of
+from optimizer.config import StudyConfig
+from optimizer.errors import ConfigError
+from optimizer.export.choice import default_flags, minimal_drops
+from optimizer.export.launch import (
+    deploy_extra_args,
+    deploy_flags,
+    deploy_model,
+    launched,
+    serve_argv,
+    trial_env,
+)
+from optimizer.objectives import OBJECTIVES
+from optimizer.quality import header_line
+from optimizer.recommendation import params_of
+from optimizer.records import (
+    TrialRecord,
+    confirmation_of,
+    gpus_of,
+    is_baseline,
+    objective_unit,
+    record_of,
+    stored_fingerprint,
+)
+from optimizer.study import startup_saver_env
+from runners.credentials import is_secret_name
+from runners.vllm.flags import flag_table
+from search_spaces import to_flags
+from search_spaces.engine.render import to_config_dict
+
+FORMATS = ("yaml", "sh", "env")
+
+
+def _flag_text(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def export_header(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyConfig,
+           model: str, model_note: str) -> list[str]:
+    """The export's header, one fact a line: the trial and its figure, the model, the GPUs,
+    the vLLM version, the engine (real or SIMULATED), the workload, the SLO, the gain as its
+    interval with what the final confirmation found, and the quality verdict."""
+    fp = stored_fingerprint(study)
+    record = record_of(trial)
+    flags: Mapping[str, Any] = record.flags if record is not None else {}
+    # A rate's value is per GPU (objectives.per_gpu): said so, with the GPUs it ran on.
+    num_gpus = gpus_of(flags or trial.params)
+    values = ", ".join(
+        f"{o} {v:.3g} {objective_unit(o)}".rstrip()
+        + (f" per GPU on {num_gpus} GPU{'s' if num_gpus > 1 else ''}"
+           if o in OBJECTIVES and OBJECTIVES[o].is_per_gpu else "")
+        for o, v in zip(cfg.objectives, trial.values or [], strict=False))
+    lines = [f"nightshift study {cfg.name!r}, trial {trial.number}: {values}"]
+    lines.append(f"model: {model}" + (f" ({model_note.removeprefix('model: ')})"
+                                       if model_note else ""))
+    tp = int(flags.get("tensor_parallel_size") or 1)
+    dp = int(flags.get("data_parallel_size") or 1)
+    card = fp.gpu_model if fp is not None and fp.gpu_model else "unknown GPU"
+    layout = f"tensor parallel {tp} x {dp} replica{'s' if dp > 1 else ''}"
+    lines.append(f"gpus: {tp * dp} x {card} ({layout}; the study's host: "
+                 f"{fp.card if fp is not None else 'unknown'})")
+    engine = fp.engine if fp is not None else None
+    version = str((record.engine if record is not None else {}).get("engine_version") or
+                  (fp.engine_version if fp is not None else "") or "unknown")
+    if engine == "simulated":
+        lines.append(f"vllm: none ran (the simulated engine models vLLM "
+                     f"{version.removeprefix('simulated ')})")
+        lines.append("engine: SIMULATED: every figure here comes from a model of the GPU, "
+                     "never a measurement")
+    else:
+        lines.append(f"vllm: {version}")
+        lines.append("engine: vLLM on real GPUs" if engine == "vllm" else
+                     "engine: unknown (a study from before fingerprints)")
+    if fp is not None:
+        peak = f" up to {fp.peak_load:g}" if fp.peak_load is not None else ""
+        lines.append(f"workload: input {fp.input_len} tokens, output {fp.output_len} tokens, "
+                     f"{fp.arrival}{peak}" + (f", prompts {fp.prompts_file}"
+                                               if fp.prompts_file else ""))
+        slo = [f"{name} <= {v:g} ms" for name, v in (
+            ("TTFT p99", fp.slo_ttft_p99_ms), ("TPOT p99", fp.slo_tpot_p99_ms),
+            ("E2E latency", fp.slo_e2el_ms)) if v is not None]
+        lines.append("slo: " + (", ".join(slo) if slo else "none"))
+    lines.append("gain: " + gain_line(study, trial, cfg))
+    return lines
+
+
+def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyConfig) -> str:
+    """The trial's gain over the defaults with what bounds it. The final confirmation's
+    interval wins where it re-measured this trial (a search measurement's bounds never stand
+    beside an interval that contradicts them); else the search's own, not confirmed."""
+    objective = cfg.objectives[0]
+    confirmed = confirmation_of(study)
+    if confirmed is not None and confirmed.best_trial == trial.number:
+        gain = gains.interval_gain(confirmed.gain, confirmed.ci_low, confirmed.ci_high,
+                                   confirmed.num_rounds)
+        verdict = gains.confirmation_verdict(gain)
+        state = "confirmed" if gain.is_better else "not confirmed"
+        return (f"{objective} {gains.format_gain(gain)}; {state} (re-measured interleaved "
+                f"with the defaults: {verdict})")
+    if is_baseline(trial):
+        return "none: this is the vLLM defaults"
+    capacity = cfg.spec.workload.capacity
+    axis = capacity.axis if capacity is not None else None
+    here, base = reference_of(trial, axis), reference_of(baseline_trial(study), axis)
+    if here is None or base is None:
+        return "unknown: the defaults were not measured; not confirmed"
+    gain = gains.gain_over(here.value, base.value, here.capacity, base.capacity,
+                           maximize=OBJECTIVES[objective].direction == "maximize")
+    why = (f"the final confirmation re-measured trial {confirmed.best_trial}, not this one"
+           if confirmed is not None else "no final confirmation re-measured it")
+    return f"{objective} {gains.format_gain(gain)}; not confirmed ({why})"
+
+
+def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
+           note: str = "", path: Path | None = None, study: optuna.Study | None = None,
+           minimal: bool = False) -> str:
+    """The trial as `fmt`; `path` is the file it is written to (the YAML's run line names it).
+    With `study` (the study it belongs to), flags equal to vLLM's defaults on the study's host
+    are left out and the header states the GPUs, engine, workload, SLO and gain; `minimal`
+    also drops the flags the study measured as making no difference (`minimal_drops`)."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}.")
+    record = record_of(trial) or TrialRecord.from_user_attr({})
+    fp = stored_fingerprint(study) if study is not None else None
+    ran = launched(record)
+    flags, notes = deploy_flags(cfg, record, ran, fp.weights if fp is not None else None)
+    model, model_note = deploy_model(cfg)
+    if study is not None:
+        dropped = default_flags(study, trial, flags)
+        for name in dropped:
+            flags.pop(name, None)
+        if dropped:
+            notes.append("left out, as vLLM's own value on the study's host: "
+                         + ", ".join(_flag_text(k) for k in dropped))
+        if minimal:
+            drops = minimal_drops(study, trial)
+            for name, why in drops:
+                for flag in to_flags({name: params_of(trial)[name]}):
+                    flags.pop(flag, None)
+                notes.append(f"--minimal dropped {name}: {why}")
+            if not drops:
+                notes.append("--minimal dropped nothing: no measured trial ran this config "
+                             "with one of its flags at vLLM's default")
+        about_lines = export_header(study, trial, cfg, model, model_note)
+    else:
+        values = ", ".join(f"{o}={v:.4g}" for o, v in zip(cfg.objectives, trial.values or [],
+                                                          strict=False))
+        about_lines = [f"nightshift study {cfg.name!r}, trial {trial.number} ({values})",
+                       record.conclusion]
+        if model_note:
+            notes.append(model_note)
+    if note:
+        notes.insert(0, note)
+    quality_note = header_line(record.quality, cfg.quality_skip_reason)
+    if quality_note:
+        notes.append(quality_note)
+    # A secret is named, never written: an older study may hold one (runners/credentials.py).
+    extra_args, extra_note = deploy_extra_args(cfg, ran)
+    if extra_note:
+        notes.append(extra_note)
+    env = trial_env(record.env, startup_saver_env(cfg.spec.startup.savers))
+    secrets = sorted(k for k in env if is_secret_name(k))
+    env = {k: v for k, v in env.items() if k not in secrets}
+    if secrets:
+        notes.append(f"secrets not written: set {', '.join(secrets)} in the environment "
+                     "before serving")
+    about = "\n".join([*about_lines, *notes])
+    if fmt == "env":
+        header = "".join(f"# {line}\n" for line in about.splitlines())
+        if not env:
+            return header + ("# environment: none needed (the trial ran with no VLLM_, NCCL_, "
+                             "CUDA_, TORCH_ or PYTORCH_ variable set)\n")
+        return header + "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items())
+    if fmt == "sh":
+        lines = ["#!/usr/bin/env bash", *(f"# {line}" for line in about.splitlines()),
+                 "set -euo pipefail"]
+        lines += [f'export {k}="${{{k}:?set {k} (a secret, not written here)}}"'
+                  for k in secrets]
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+        lines.append("exec " + shlex.join(serve_argv(model, flags, extra_args)) + ' "$@"')
+        return "\n".join(lines) + "\n"
+    config_file = shlex.quote(str(path)) if path is not None else "THIS_FILE"
+    run = shlex.join(["vllm", "serve", model]) + f" --config {config_file}" + \
+        "".join(f" {shlex.quote(a)}" for a in extra_args)
+    comments = [*(f"# {line}" for line in about.splitlines()),
+                f"# run: {run}" + (" (with the env: variables below set)" if env else "")]
+    # A comment is one line: values go JSON-escaped (a newline would end the comment).
+    comments += [f"# env: {k}={json.dumps(v)}" for k, v in env.items()]
+    body: str = yaml.safe_dump(to_config_dict(flags, flag_table()), sort_keys=False,
+                               default_flow_style=False)
+    return "\n".join(comments) + "\n" + body

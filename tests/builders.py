@@ -1,0 +1,71 @@
+"""The study files tests build, and readers of what a study left: one small simulated study
+(two simulated H200s, a tiny workload, no confirmation round) that each test changes only where
+its point needs (`write_study(tmp_path, trials=2, workload={...})`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from mlflow import MlflowClient
+
+MODEL = {"path": "qwen2.5-7b", "load_format": "dummy", "skip_tokenizer_init": True}
+WORKLOAD = {"input_len": 128, "output_len": 16, "levels": [{"concurrency": 4}, {"concurrency": 8}],
+            "num_requests": 16, "warmup_requests": 2}
+
+
+def study_dict(tmp_path: Path, *, name: str = "e2e", trials: int = 12,
+               **overrides: Any) -> dict[str, Any]:
+    """The study, as the YAML file holds it; its results under tmp_path/results and its MLflow
+    store at tmp_path/mlruns/mlflow.db. A key given in `overrides` replaces the default whole."""
+    return {
+        "name": name,
+        "engine": "simulated",
+        "model": dict(MODEL),
+        "workload": dict(WORKLOAD),
+        "slo": {"ttft_p99_ms": 2000, "tpot_p99_ms": 40},
+        "search_space": "hopper",
+        "budget": {"trials": trials},
+        "simulated": {"hardware": "h200", "num_gpus": 2, "startup_time_scale": 0.002},
+        "confirm_rounds": 0,  # the final re-measurement has a test of its own
+        "results_dir": str(tmp_path / "results"),
+        "tracking_uri": f"sqlite:///{tmp_path}/mlruns/mlflow.db",
+        **overrides,
+    }
+
+
+def write_study(tmp_path: Path, *, name: str = "e2e", trials: int = 12,
+                file_name: str = "study.yaml", **overrides: Any) -> Path:
+    """`study_dict` written to tmp_path/file_name; its path."""
+    path = tmp_path / file_name
+    path.write_text(yaml.safe_dump(study_dict(tmp_path, name=name, trials=trials, **overrides)))
+    return path
+
+
+def categorical_space(tmp_path: Path, **choices: list[Any]) -> Path:
+    """A small search space file: each param categorical over `choices`, vLLM's default first
+    (the defaults baseline runs it)."""
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump({"name": "small", "parameters": {
+        name: {"type": "categorical", "choices": values, "default": "vllm"}
+        for name, values in choices.items()}}))
+    return path
+
+
+def load(tmp_path: Path, name: str = "e2e") -> optuna.Study:
+    """The study `write_study` stored, from its Optuna database."""
+    return optuna.load_study(study_name=name,
+                             storage=f"sqlite:///{tmp_path}/results/optuna.db")
+
+
+def trial_runs(tmp_path: Path, name: str = "e2e") -> list[Any]:
+    """The run of every Optuna trial: search trials and confirmation runs (kind
+    `confirmation`), not the study's own run."""
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    exp = client.get_experiment_by_name(name)
+    assert exp is not None, f"no MLflow experiment {name!r}"
+    return client.search_runs([exp.experiment_id],
+                              filter_string="tags.`nightshift.kind` != 'study'",
+                              max_results=1000)
