@@ -106,13 +106,20 @@ class CapacitySpec(StrictSpec):
     # A trace or multi-turn probe (measured level by level) sends no new request after this
     # long (in-flight ones finish): a light probe (few requests/s) must not take minutes.
     probe_duration_s: float = Field(default=30.0, gt=0, le=3600)
-    # Every other workload walks a steady staircase (runners/staircase.py): each step's
-    # measured window sends at least `min_window_requests` requests and lasts at least
-    # `min_window_s`, at most `max_window_s`; its warm-up is one request life, or `warmup_s`.
+    # Every other workload walks a steady staircase (runners/capacity/): each step's measured
+    # window sends at least `min_window_requests` requests and lasts at least `min_window_s`, at
+    # most `max_window_s`; its warm-up is two request lives (up to four while the in-flight
+    # count still rises), or `warmup_s`.
     min_window_requests: int = Field(default=200, ge=1, le=1_000_000)
     min_window_s: float = Field(default=10.0, gt=0, le=3600)
     max_window_s: float = Field(default=180.0, gt=0, le=86_400)
     warmup_s: float | None = Field(default=None, ge=0, le=3600)
+    # Then the bracket's lower end is held (runners/capacity/staircase.py): measured again over
+    # at least `hold_s` of free arrivals and `hold_lives` request lives, stepping down at most
+    # `max_holds` times; 0 s: no hold (the claim rests on short windows, and says so).
+    hold_s: float = Field(default=180.0, ge=0, le=86_400)
+    hold_lives: float = Field(default=10.0, ge=0, le=1000)
+    max_holds: int = Field(default=3, ge=1, le=10)
 
     @model_validator(mode="after")
     def _bracket(self) -> CapacitySpec:

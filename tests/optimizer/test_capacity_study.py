@@ -23,7 +23,8 @@ def test_capacity_brackets_land_in_mlflow_and_bound_the_gain(
                                  "warmup_requests": 2,
                                  "capacity": {"axis": "concurrency", "low": 2, "high": 32,
                                               "max_probes": 4, "min_window_requests": 24,
-                                              "min_window_s": 1, "max_window_s": 4}},
+                                              "min_window_s": 1, "max_window_s": 4,
+                                              "hold_s": 2, "hold_lives": 1, "max_holds": 2}},
                        slo={"tpot_p99_ms": 7})
     assert main(["start", str(path), "--no-progress"]) == 0
     err = capsys.readouterr().err
@@ -45,6 +46,12 @@ def test_capacity_brackets_land_in_mlflow_and_bound_the_gain(
         else:
             assert metrics["capacity.bracket_high"] == capacity["missed_load"]
             assert probes[capacity["missed_load"]] is False, "the upper end missed it"
+        if met is not None:  # the claim was held (or the record says it was not)
+            assert capacity["held"] is not None
+            assert metrics["capacity.is_held"] == (1.0 if capacity["held"] else 0.0)
+            holds = [s for s in record["steps"] if s["server"].get("steady.is_hold")]
+            assert holds and (not capacity["held"] or any(
+                s["meets_slo"] and s["level"]["max_concurrency"] == met for s in holds))
         assert tags["capacity.status"] == capacity["status"]
         assert (tags.get("unresolved") == "true") == (capacity["status"] == "unresolved")
         assert tags["conclusion"] == record["conclusion"]
