@@ -124,7 +124,7 @@ def test_a_light_step_is_bounded_by_its_window_not_by_num_requests(tmp_path: Pat
     # 2 req/s for 200 requests would take 100 s; a window of at most 3 s sends about 6.
     search = CapacitySearch("request_rate", low=1.0, high=2.0, max_probes=1,
                             min_window_requests=200, min_window_s=1.0, max_window_s=3.0,
-                            warmup_s=0.5)
+                            warmup_s=0.5, hold_s=0)
     workload = Workload(input_len=LengthDistribution(mean=64), output_len=LengthDistribution(
         mean=8), num_requests=128, num_warmup_requests=1, slo=SLO(tpot_p99_ms=200.0),
         capacity=search)
@@ -174,7 +174,7 @@ def test_a_saturated_rate_probe_steers_the_search_on_the_simulated_engine(
     # Eager decode with 32 sequences serves a few dozen requests a second: 400/s saturates.
     # Two probes: the saturated one and the one it steers (a third is asserted on by none).
     search = CapacitySearch("request_rate", low=1.0, high=400.0, tolerance=0.1, max_probes=2,
-                            probe_duration_s=8.0)
+                            probe_duration_s=8.0, hold_s=0)
     workload = Workload(input_len=LengthDistribution(mean=128), output_len=LengthDistribution(
         mean=64), num_requests=600, num_warmup_requests=2, slo=SLO(tpot_p99_ms=50.0),
         capacity=search)
