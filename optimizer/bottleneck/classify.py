@@ -133,8 +133,6 @@ def classify(evidence: Evidence, thresholds: Thresholds = DEFAULT_THRESHOLDS) ->
         value = getattr(evidence, name)
         if value is not None and name not in verdict.evidence:
             extra[name] = float(value)
-    if evidence.profile_concurrency is not None:
-        extra["profile_concurrency"] = evidence.profile_concurrency
     load = _load(evidence)
     return replace(verdict, evidence={**verdict.evidence, **extra}, load=load,
                    reason=_with_where(verdict, evidence, load))
@@ -151,18 +149,22 @@ def _load(e: Evidence) -> str:
 
 
 def _with_where(verdict: Verdict, e: Evidence, load: str) -> str:
-    """The reason with the load it describes and, where the trace decided, the load the
-    profile was taken at (after the levels, never the operating point's), both inside the one
-    sentence: `label: why at <load> (from trace; the trace taken after the levels at ...).`"""
+    """The reason with the load it describes and, where the trace decided, where the profile
+    was taken, both inside the one sentence: `label: why at <load> (from trace; the trace taken
+    inside the stream at the operating point)` or `(...; the trace taken after the load levels,
+    at <its load>)`."""
     head, sep, sources = verdict.reason.rpartition(" (from ")
     if not sep:
         return verdict.reason
     at = f" at {load}" if load else ""
     trace = ""
     if "trace" in verdict.sources:
-        taken = f"concurrency {e.profile_concurrency:g}" if e.profile_concurrency is not None \
-            else "a load of its own"
-        trace = f"; the trace taken after the load levels, at {taken}"
+        if e.is_profile_in_stream:
+            trace = f"; the trace taken inside the stream at {e.profile_load or load}, in " \
+                "steady state"
+        else:
+            where = e.profile_load or "a load of its own"
+            trace = f"; the trace taken after the load levels, at {where}"
     return f"{head}{at}{sep}{sources.removesuffix(').')}{trace})."
 
 

@@ -75,9 +75,12 @@ class Evidence:
     # True: the trial's operating point, the highest load that met the SLO; False: no load met
     # it, so the lightest probed (which missed it); None: fixed load levels (no SLO verdict).
     is_within_slo: bool | None = None
-    # The profiled window's load: traces are taken after the levels, at a load of their own
-    # (the runner's `trace_summary["max_concurrency"]` where it says; None: not said).
-    profile_concurrency: float | None = None
+    # The profiled window's load as the runner recorded it (`trace_summary["profile.*"]`,
+    # runners/capacity/profile_window.py): "9.9 req/s", "concurrency 16"; "" where not said.
+    profile_load: str = ""
+    # True: a window of the capacity search's own stream at the operating point, in steady
+    # state; False: a batch of its own after the levels; None: not said.
+    is_profile_in_stream: bool | None = None
 
     @property
     def has_trace(self) -> bool:
@@ -260,8 +263,20 @@ def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
         is_fp8_kv=is_fp8_kv(config),
         load=_load_text(step) if step is not None else "",
         is_within_slo=step.meets_slo if step is not None else None,
-        profile_concurrency=finite(trace.get("max_concurrency")) if trace else None,
+        profile_load=_profile_load(trace) if trace else "",
+        is_profile_in_stream=bool(trace["profile.is_in_stream"] and
+                                  trace.get("profile.is_operating_point"))
+        if trace and trace.get("profile.is_in_stream") is not None else None,
     )
+
+
+def _profile_load(trace: Mapping[str, Any]) -> str:
+    """The profiled window's load (`profile.request_rate_rps` or `profile.concurrency`)."""
+    rate, concurrency = finite(trace.get("profile.request_rate_rps")), \
+        finite(trace.get("profile.concurrency"))
+    if rate is not None:
+        return f"{rate:.3g} req/s"
+    return f"concurrency {concurrency:g}" if concurrency is not None else ""
 
 
 def _load_text(step: StepMetrics) -> str:

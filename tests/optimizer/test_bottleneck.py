@@ -226,14 +226,27 @@ def test_with_no_load_within_the_slo_the_label_describes_the_lightest_and_says_i
                             "met it)")
 
 
-def test_a_trace_verdict_says_the_profile_was_taken_after_the_levels() -> None:
+def test_a_trace_verdict_says_where_the_profile_was_taken() -> None:
     verdict = classify(Evidence(communication_share=0.4, tensor_parallel_size=2,
-                                load="9.9 req/s", is_within_slo=True, profile_concurrency=16))
+                                load="9.9 req/s", is_within_slo=True,
+                                profile_load="concurrency 16", is_profile_in_stream=False))
     assert verdict.reason == (
         "communication-bound: collectives take 40% of GPU kernel time at 9.9 req/s, the "
         "highest load that met the SLO (from trace; the trace taken after the load levels, "
         "at concurrency 16)."), verdict.reason
-    assert verdict.evidence["profile_concurrency"] == 16.0
+    inside = classify(Evidence(communication_share=0.4, tensor_parallel_size=2,
+                               load="9.9 req/s", is_within_slo=True,
+                               profile_load="9.9 req/s", is_profile_in_stream=True))
+    assert inside.reason.endswith("(from trace; the trace taken inside the stream at 9.9 req/s, "
+                                  "in steady state)."), inside.reason
+
+
+def test_the_evidence_reads_where_the_runner_says_the_profile_ran() -> None:
+    from optimizer.bottleneck.evidence import _profile_load
+
+    assert _profile_load({"profile.request_rate_rps": 10.7}) == "10.7 req/s"
+    assert _profile_load({"profile.concurrency": 16.0}) == "concurrency 16"
+    assert _profile_load({}) == ""
 
 
 def test_a_run_without_measured_levels_gives_empty_evidence() -> None:
