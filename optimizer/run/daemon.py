@@ -35,6 +35,7 @@ from optimizer.run.events import (
     operating_tpot_ms,
 )
 from optimizer.run.executor import Executor, TrialHandle
+from optimizer.run.strays import reap_left_by_dead_daemon, reap_orphans
 from optimizer.run.study_runs import (
     MlflowLog,
     StudyRuns,
@@ -178,7 +179,7 @@ class Daemon(StudyRuns):
                                  self.cfg.name)
             lease.acquire()
             self._lease = lease
-        self._reap_strays()
+        reap_left_by_dead_daemon(self.registry_dir, self.executor)
         known = mlflow_study_key(study)
         key = known or uuid.uuid4().hex
         if known is None:
@@ -241,30 +242,13 @@ class Daemon(StudyRuns):
                    lambda: policy.record_deferred(force=True)),
                   ("re-queuing the trials that waited for GPUs", policy.release_waiting),
                   ("shutting the workers down", self.executor.shutdown),
-                  ("ending engines left without a worker", self._reap_orphans)]
+                  ("ending engines left without a worker",
+                   partial(reap_orphans, self.registry_dir))]
         for what, step in steps:
             try:
                 step()
             except Exception as exc:  # logged; the next step must still run
                 logger.warning("while stopping: %s failed (%s)", what, describe(exc))
-
-    def _reap_orphans(self) -> None:
-        # Every trial was collected, so an engine still recorded has no worker left (Ray went
-        # down under it, as a killed driver takes its local cluster): end it now rather than at
-        # the next start.
-        orphans = reap_strays(self.registry_dir)
-        if orphans:
-            logger.warning("reaped %d engine processes whose workers were gone: %s",
-                           len(orphans), orphans)
-
-    def _reap_strays(self) -> None:
-        killed = reap_strays(self.registry_dir)
-        if killed:
-            logger.warning("reaped %d engine processes left by a dead daemon: %s",
-                           len(killed), killed)
-        for node_id, pids in self.executor.reap_elsewhere(self.registry_dir).items():
-            logger.warning("reaped %d engine processes left by a dead daemon on node %s: "
-                           "%s", len(pids), node_id[:12], pids)
 
     def _loop(self, policy: SearchController) -> None:
         while True:
