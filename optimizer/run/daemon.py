@@ -26,6 +26,7 @@ from optimizer.config import StudyConfig, resume_command
 from optimizer.confirm import confirm
 from optimizer.errors import NightshiftError, StorageError, TrackingError, WorkerLost, describe
 from optimizer.lock import StorageLease, StudyLock, is_local_file_storage, study_lock_path
+from optimizer.records import STUDY_ATTR_MLFLOW_KEY, mlflow_study_key
 from optimizer.recovery import Recovery, trial_workdir
 from optimizer.run.events import (
     DaemonSummary,
@@ -46,12 +47,7 @@ from optimizer.run.study_runs import (
 )
 from optimizer.search.controller import SearchController
 from optimizer.search.trials import Running
-from optimizer.study import (
-    STUDY_ATTR_MLFLOW_KEY,
-    make_storage,
-    mlflow_study_key,
-    open_study,
-)
+from optimizer.study import make_storage, open_study
 from optimizer.tracking.tracker import Tracker
 from runners.atomic import write_atomic
 from runners.base import FailureReason, RunResult
