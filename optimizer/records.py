@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, Protocol
 
-from optimizer.bottleneck.classify import ATTR_VERDICT
 from optimizer.fingerprint import Fingerprint
 from optimizer.objectives import (
     OBJECTIVES,
@@ -215,12 +214,6 @@ def mlflow_run_of(trial: HasUserAttrs) -> str | None:
     """The id of the trial's MLflow run, None before one was opened (or where it failed)."""
     run_id = trial.user_attrs.get(ATTR_MLFLOW_RUN)
     return str(run_id) if run_id else None
-
-
-def verdict_of(trial: HasUserAttrs) -> Mapping[str, Any] | None:
-    """The bottleneck verdict the trial stored (`Verdict.as_user_attr()`), or None."""
-    verdict = trial.user_attrs.get(ATTR_VERDICT)
-    return verdict if isinstance(verdict, Mapping) else None
 
 
 def requeue_marks(trial: HasUserAttrs) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from optimizer.bottleneck.classify import (
     Thresholds,
     Verdict,
     classify,
+    verdict_of,
 )
 from optimizer.bottleneck.evidence import Evidence, evidence_from
 from optimizer.bottleneck.memory import GIB, is_fp8_kv, is_fp8_weights, memory_problem
@@ -55,4 +56,5 @@ __all__ = [
     "roofline_terms",
     "sentence",
     "step_roofline",
+    "verdict_of",
 ]
