@@ -82,7 +82,7 @@ class TrialRecord:
     is_baseline: bool = False  # the vLLM defaults
     host: str = ""  # where it ran (host, Ray node, GPUs)
     is_unstable: bool = False  # its repeats spread beyond workload.max_spread
-    # `QualityAssessment.to_dict()` (optimizer/quality.py): scored, the reference, or why not
+    # `QualityAssessment.to_dict()` (optimizer/quality_gate.py): scored, the reference, or why not
     quality: Mapping[str, Any] | None = None
     # "template:hopper" (a hardware template) or "warm_start:<study>" (an earlier study's best,
     # optimizer/tuning_memory.py): a seed measured here like any other trial; "" for the rest.

@@ -37,7 +37,7 @@ from runners.base import EngineConfig, FailureReason, RunResult
 from runners.model_info import resolve_model_dir
 
 MAX_DAEMON_LOSSES = 5  # re-queues of a config a dying daemon lost (records.ATTR_DAEMON_LOSSES)
-# The Optuna constraint a trial outside the quality limits violates (optimizer/quality.py).
+# The Optuna constraint a trial outside the quality limits violates (optimizer/quality_gate.py).
 QUALITY_CONSTRAINT = "quality"
 # A config that failed for one of these reasons fails again: it is never launched twice, and
 # the sampler is told it as the worst value with a violated constraint (`tell_config_failure`).

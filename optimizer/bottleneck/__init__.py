@@ -23,7 +23,7 @@ from optimizer.bottleneck.classify import (
     verdict_of,
 )
 from optimizer.bottleneck.evidence import Evidence, evidence_from
-from optimizer.bottleneck.memory import GIB, is_fp8_kv, is_fp8_weights, memory_problem
+from optimizer.bottleneck.memory_fit import GIB, is_fp8_kv, is_fp8_weights, memory_problem
 from optimizer.bottleneck.roofline import (
     Roofline,
     StepRoofline,

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import optuna
 from optuna.trial import FrozenTrial
 
-from optimizer import quality
+from optimizer import quality_gate
 from optimizer.config import StudyConfig, resume_command
 from optimizer.confirm import confirm
 from optimizer.errors import NightshiftError, StorageError, TrackingError, WorkerLost, describe
@@ -311,7 +311,7 @@ class Daemon(StudyRuns):
         running.run_id = self._open_run(trial, {**running.params, "launch.model": config.model})
         workdir = trial_workdir(self.cfg.results_dir, trial.number)
         # The defaults trial also measures the quality reference and its noise floor.
-        workload = quality.workload_for(self.workload, running.is_baseline)
+        workload = quality_gate.workload_for(self.workload, running.is_baseline)
         handle = self.executor.submit(config, workload, workdir)
         self._inflight.append(_InFlight(running, handle, workdir))
         logger.info("trial %d started: params=%s", trial.number, running.params)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import optuna
 from optuna.trial import TrialState
 
-from optimizer import bottleneck, quality
+from optimizer import bottleneck, quality_gate
 from optimizer.conclusions import baseline_trial, conclude, reference_of
 from optimizer.objectives import objective_values
 from optimizer.recommendation import best_trial
@@ -91,7 +91,7 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
     if result.steps:
         verdict = policy.verdict(result.steps, item.config, result)
         metrics.update(verdict.as_metrics())
-    assessed = quality.assess(cfg, is_baseline=item.is_baseline, params=item.params,
+    assessed = quality_gate.assess(cfg, is_baseline=item.is_baseline, params=item.params,
                               defaults=policy.space.defaults(), result=result,
                               trial_number=item.trial.number) \
         if state == TrialState.COMPLETE else None
@@ -158,7 +158,7 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
     if assessed is not None and assessed.status == "scored":
         # Outside the limits: infeasible for the sampler, never the best
         # (recommendation.best_trial).
-        item.trial.set_constraint(quality.CONSTRAINT, 1.0 if assessed.is_violation else 0.0)
+        item.trial.set_constraint(quality_gate.CONSTRAINT, 1.0 if assessed.is_violation else 0.0)
     if state == TrialState.COMPLETE and policy.has_slo:
         # The sampler learns where configs miss the SLO at every load: infeasible for
         # Optuna's constrained TPE (and never the study's best while one meets it).
