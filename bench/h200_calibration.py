@@ -169,18 +169,20 @@ def from_optuna(storage: str, study_name: str, study_file: Path,
     """One record per recorded step of each complete trial of an Optuna study."""
     import optuna
 
+    from optimizer.records import record_of
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=study_name, storage=storage)
     model, workload, slo = _workload_of(study_file)
     records: list[dict[str, Any]] = []
     for trial in study.trials:
-        record = trial.user_attrs.get("record")
-        if not isinstance(record, dict) or record.get("state") != "complete":
+        record = record_of(trial)
+        if record is None or record.state != "complete":
             continue
-        flags = _flags_of({}, record.get("flags") or {})
-        startup = (record.get("engine") or {}).get("startup_s")
-        kv_tokens = (record.get("engine") or {}).get("kv_cache_tokens")
-        for step in record.get("steps") or []:
+        flags = _flags_of({}, record.flags)
+        startup = record.engine.get("startup_s")
+        kv_tokens = record.engine.get("kv_cache_tokens")
+        for step in record.steps:
             level, metrics = step["level"], step["metrics"]
             if not metrics.get("completed"):
                 continue  # a level stopped as saturated: no figures to compare

@@ -23,23 +23,25 @@ from typing import Any
 
 import optuna
 
+from optimizer.records import is_repeat, record_of
+
 
 def breakdown(db: Path, study_name: str) -> dict[str, Any]:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{db}")
     rows = []
     for trial in study.get_trials(deepcopy=False):
-        record = trial.user_attrs.get("record") or {}
-        steps = record.get("steps") or []
-        if record.get("state") != "complete" or not steps or trial.datetime_start is None \
-                or trial.datetime_complete is None or "duplicate_of" in trial.user_attrs:
+        record = record_of(trial)
+        if record is None or record.state != "complete" or not record.steps \
+                or trial.datetime_start is None or trial.datetime_complete is None \
+                or is_repeat(trial):
             continue
+        steps = record.steps
         total = (trial.datetime_complete - trial.datetime_start).total_seconds()
         engine = float(steps[-1]["elapsed_s"])  # launch -> end of the last level
-        runner = float(record.get("wall_s") or engine)  # launch -> torn down
+        runner = float(record.wall_s or engine)  # launch -> torn down
         # The simulated engine reports its modelled start-up, which it slept time-scaled.
-        startup = min(float((record.get("metrics") or {}).get("engine.startup_s") or 0.0),
-                      engine)
+        startup = min(float(record.metrics.get("engine.startup_s") or 0.0), engine)
         rows.append({"trial": trial.number, "total_s": total, "startup_s": startup,
                      "measure_s": engine - startup, "after_levels_s": runner - engine,
                      "outside_runner_s": total - runner})

@@ -31,6 +31,7 @@ import optuna
 import yaml
 
 from optimizer.cli import main as nightshift
+from optimizer.records import record_of
 from optimizer.study import is_search_trial
 
 STUDY: dict[str, Any] = {
@@ -50,10 +51,12 @@ STUDY: dict[str, Any] = {
 
 
 def gpu_seconds(trial: optuna.trial.FrozenTrial) -> float:
-    record = trial.user_attrs.get("record") or {}
-    tp = int((record.get("flags") or {}).get("tensor_parallel_size") or 1)
-    startup = float((record.get("metrics") or {}).get("engine.startup_s") or 0.0)
-    measured = sum(float(s["metrics"].get("duration_s", 0.0)) for s in record.get("steps", []))
+    record = record_of(trial)
+    if record is None:
+        return 0.0
+    tp = int(record.flags.get("tensor_parallel_size") or 1)
+    startup = float(record.metrics.get("engine.startup_s") or 0.0)
+    measured = sum(float(s["metrics"].get("duration_s", 0.0)) for s in record.steps)
     return tp * (startup + measured)
 
 

@@ -16,7 +16,14 @@ from optimizer import gains
 from optimizer.config import StudyConfig
 from optimizer.objectives import OBJECTIVES
 from optimizer.recommendation import params_of, recommended_trial
-from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, STUDY_ATTR_CONFIRM, gpus_of, record_of
+from optimizer.records import (
+    STUDY_ATTR_CONFIRM,
+    confirm_label,
+    confirmation_of,
+    gpus_of,
+    is_baseline,
+    record_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +51,12 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
     rounds = cfg.spec.confirm_rounds
     best = recommended_trial(study)
     trials = study.get_trials(deepcopy=False)
-    baseline = next((t for t in trials if t.user_attrs.get(ATTR_BASELINE)
+    baseline = next((t for t in trials if is_baseline(t)
                      and t.state == TrialState.COMPLETE), None)
     if not rounds or cfg.is_multi_objective or best is None or baseline is None or \
-            best.number == baseline.number or ATTR_CONFIRM in best.user_attrs:
+            best.number == baseline.number or confirm_label(best) is not None:
         return
-    if study.user_attrs.get(STUDY_ATTR_CONFIRM):
+    if confirmation_of(study) is not None:
         return  # a resumed study that was confirmed already
     logger.info("confirming: trial %d (best) vs trial %d (defaults), %d interleaved rounds",
                 best.number, baseline.number, rounds)
@@ -59,7 +66,7 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
     pairs = [{"defaults": float(d.values[0]), "best": float(b.values[0])} for d, b in kept]
     numbers = [[d.number, b.number] for d, b in kept]  # the trials of each round
     paired = {t.number for pair in kept for t in pair}
-    cut = [t.number for t in trials if t.user_attrs.get(ATTR_CONFIRM) in ("defaults", "best")
+    cut = [t.number for t in trials if confirm_label(t) in ("defaults", "best")
            and t.number not in paired and t.number > baseline.number
            and params_of(t) in (params_of(baseline), params_of(best))]
     if kept:
@@ -108,7 +115,7 @@ def measured_rounds(trials: Sequence[FrozenTrial], defaults: Mapping[str, Any],
     rounds: list[tuple[FrozenTrial, FrozenTrial]] = []
     waiting: FrozenTrial | None = None  # a defaults run its best run has not followed yet
     for trial in sorted(trials, key=lambda t: t.number):
-        label = trial.user_attrs.get(ATTR_CONFIRM)
+        label = confirm_label(trial)
         if label not in ("defaults", "best") or not trial.state.is_finished() or \
                 params_of(trial) != (defaults if label == "defaults" else best):
             continue

@@ -1,17 +1,19 @@
-"""The exception tree of nightshift. Foreign exceptions are translated at the boundary and chained.
+"""The exception tree of nightshift: what stops a command, as one line that says what to fix.
 
     NightshiftError
      ├── ConfigError          bad study/space file or flag (exit code 2)
-     ├── EngineError          an engine could not be measured
-     │    ├── EngineStartError
-     │    ├── ReadinessTimeout
-     │    └── WorkerLost      the Ray worker (or its node) died
+     ├── WorkerLost           the Ray worker (or its node) died
      ├── StudyLockedError     another daemon runs this study
      ├── StorageError         the Optuna storage failed mid-study (the daemon stops; resume)
      └── TrackingError        the tracking store refused a write (MLflow)
 
-Trial-level failures never raise through the daemon: runners return them as data
-(`RunResult.failure`). These exceptions are for what stops a command.
+Foreign exceptions (YAML, pydantic, OSError, SQLAlchemy, MLflow, Ray) are translated where they
+enter into one of these, with a one-line message (`describe` renders a foreign cause for it);
+the CLI prints that line alone. Most drop the cause (`raise ... from None`): a bad input's line
+names the field and the fix, and the parser's traceback would add nothing. Where the cause may
+matter to whoever debugs (a storage, MLflow or Ray call that failed) it is chained
+(`from exc`). Trial-level failures never raise through the daemon: runners return them as data
+(`RunResult.failure`).
 """
 
 from __future__ import annotations
@@ -30,20 +32,8 @@ class ConfigError(NightshiftError, ValueError):
     exit_code = 2
 
 
-class EngineError(NightshiftError):
-    pass
-
-
-class EngineStartError(EngineError):
-    pass
-
-
-class ReadinessTimeout(EngineError):
-    pass
-
-
-class WorkerLost(EngineError):
-    pass
+class WorkerLost(NightshiftError):
+    """A Ray worker (or its node) died under a trial (`optimizer.run.ray_executor`)."""
 
 
 class StudyLockedError(NightshiftError):

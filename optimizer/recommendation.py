@@ -6,21 +6,21 @@ there is no measurement of the defaults (`no_baseline_reason`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
-from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, record_of
-from optimizer.study import QUALITY_CONSTRAINT, STUDY_ATTR_VLLM_DEFAULTS, is_search_trial
+from optimizer.records import confirm_label, is_baseline, record_of, stored_vllm_defaults
+from optimizer.study import QUALITY_CONSTRAINT, is_search_trial
 from search_spaces import HOST_DEFAULTS, changed_params, vllm_default
 
 
 def is_measured(trial: optuna.trial.FrozenTrial) -> bool:
     """A complete trial that measured its config: not a config failure (held complete in
     Optuna to teach the sampler, `failed` in its record) nor a final confirmation run."""
-    return trial.state == TrialState.COMPLETE and ATTR_CONFIRM not in trial.user_attrs and \
+    return trial.state == TrialState.COMPLETE and confirm_label(trial) is None and \
         _record_state(trial) == "complete"
 
 
@@ -101,7 +101,7 @@ def recommended_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     if best is None or len(study.directions) > 1 or best.values is None:
         return best
     measured = shippable or measured
-    baseline = next((t for t in measured if t.user_attrs.get(ATTR_BASELINE)), None)
+    baseline = next((t for t in measured if is_baseline(t)), None)
     if baseline is None:
         return best
     defaults = params_of(baseline)
@@ -132,7 +132,7 @@ def recommendation_note(study: optuna.Study, chosen: optuna.trial.FrozenTrial) -
     best = best_trial(study)
     if best is None or best.number == chosen.number or not best.values or not chosen.values:
         return ""
-    what = "the vLLM defaults" if chosen.user_attrs.get(ATTR_BASELINE) else \
+    what = "the vLLM defaults" if is_baseline(chosen) else \
         f"trial {chosen.number}"
     refused = audit_errors(best)
     if refused:
@@ -148,8 +148,8 @@ def vllm_defaults_of(study: optuna.Study) -> dict[str, Any]:
     """vLLM's value of each param on the study's host, as the study kept it at start; for a
     study written before it was kept, the host-independent ones only (a host-dependent param
     set to the host's default then counts as a change)."""
-    kept = study.user_attrs.get(STUDY_ATTR_VLLM_DEFAULTS)
-    if isinstance(kept, Mapping):
+    kept = stored_vllm_defaults(study)
+    if kept is not None:
         return dict(kept)
     return host_independent_defaults(study.get_trials(deepcopy=False))
 
@@ -185,7 +185,7 @@ def no_baseline_reason(study: optuna.Study) -> str | None:
     the last defaults trial's failure, once none was measured and none is queued or running
     (a retry may still measure them); None otherwise."""
     baselines = [t for t in study.get_trials(deepcopy=False)
-                 if t.user_attrs.get(ATTR_BASELINE) and is_search_trial(t)]
+                 if is_baseline(t) and is_search_trial(t)]
     if not baselines or any(is_measured(t) or not t.state.is_finished() for t in baselines):
         return None
     last = max(baselines, key=lambda t: t.number)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from optimizer.fingerprint import Fingerprint
 from optimizer.objectives import (
@@ -18,10 +18,6 @@ from optimizer.objectives import (
     per_gpu,
 )
 from runners.base import EngineConfig, RunResult, StepMetrics
-
-if TYPE_CHECKING:
-    from optuna import Study
-    from optuna.trial import FrozenTrial
 
 # The trial user attribute holding its `TrialRecord` (the source of truth the tracker, the report
 # and export are rebuilt from).
@@ -48,6 +44,12 @@ ATTR_SEED_TITLE = "seed.title"  # "the Hopper template (fp8 weights + ...)", for
 STUDY_ATTR_CONFIRM = "confirm"  # `confirm.confirm_summary`: the final re-measured gain
 STUDY_ATTR_FINGERPRINT = "fingerprint"  # `Fingerprint.to_dict()` (runtime, at each start)
 STUDY_ATTR_WARM_START = "warm_start"  # the lines the warm start printed (runtime)
+# vLLM's value of each searched param on the study's host, the study's fixed flags over them
+# (`ResolvedSpace.vllm_defaults`), as of the daemon's last start: what "no change" means when a
+# report compares trials (an explicit value equal to it is none).
+STUDY_ATTR_VLLM_DEFAULTS = "vllm_defaults"
+# The key that ties the Optuna study to its MLflow parent run (tracking.TAG_STUDY_KEY).
+STUDY_ATTR_MLFLOW_KEY = "mlflow_study_key"
 RECORD_VERSION = 1  # bump when a field changes meaning; `from_user_attr` reads every version
 RecordState = Literal["complete", "pruned", "failed"]
 _NULLABLE = frozenset({"values", "capacity", "verdict", "failure_reason", "failure_message",
@@ -80,7 +82,7 @@ class TrialRecord:
     is_baseline: bool = False  # the vLLM defaults
     host: str = ""  # where it ran (host, Ray node, GPUs)
     is_unstable: bool = False  # its repeats spread beyond workload.max_spread
-    # `QualityAssessment.to_dict()` (optimizer/quality.py): scored, the reference, or why not
+    # `QualityAssessment.to_dict()` (optimizer/quality_gate.py): scored, the reference, or why not
     quality: Mapping[str, Any] | None = None
     # "template:hopper" (a hardware template) or "warm_start:<study>" (an earlier study's best,
     # optimizer/tuning_memory.py): a seed measured here like any other trial; "" for the rest.
@@ -134,30 +136,105 @@ def gpus_of(flags: Mapping[str, Any]) -> int:
     return EngineConfig(model="", flags={k: flags[k] for k in parallel if k in flags}).num_gpus
 
 
-def record_of(trial: FrozenTrial) -> TrialRecord | None:
+class HasUserAttrs(Protocol):
+    """What the accessors below read: a trial (`FrozenTrial`, a live `optuna.Trial`) or a
+    study, with the attributes Optuna stores for it."""
+
+    @property
+    def user_attrs(self) -> dict[str, Any]: ...
+
+
+def record_of(trial: HasUserAttrs) -> TrialRecord | None:
     """The trial's record, or None for a trial that has none yet (queued, running)."""
     data = trial.user_attrs.get(ATTR_RECORD)
     return TrialRecord.from_user_attr(data) if isinstance(data, Mapping) and data else None
 
 
-def is_baseline(trial: FrozenTrial) -> bool:
+def is_baseline(trial: HasUserAttrs) -> bool:
     """A run of the vLLM defaults: the baseline trial, or the final confirmation's re-run of
     it (`confirm_label` tells them apart)."""
     return bool(trial.user_attrs.get(ATTR_BASELINE))
 
 
-def confirm_label(trial: FrozenTrial) -> str | None:
+def confirm_label(trial: HasUserAttrs) -> str | None:
     """"defaults" or "best" for a final confirmation run (a re-measurement, not a trial of
     the search), None for every other trial."""
     label = trial.user_attrs.get(ATTR_CONFIRM)
     return str(label) if label else None
 
 
-def ran_nothing(trial: FrozenTrial) -> bool:
+def is_repeat(trial: HasUserAttrs) -> bool:
+    """The sampler asked again for a config already measured: this trial launched nothing."""
+    return ATTR_DUPLICATE_OF in trial.user_attrs
+
+
+def is_cut_short(trial: HasUserAttrs) -> bool:
+    """Its daemon died while its config was sampled (or before it launched): nothing ran."""
+    return ATTR_CUT_SHORT in trial.user_attrs
+
+
+def is_stopped_before_launch(trial: HasUserAttrs) -> bool:
+    """A stop failed it while it waited for GPUs; its config was queued again."""
+    return ATTR_NOT_LAUNCHED in trial.user_attrs
+
+
+def ran_nothing(trial: HasUserAttrs) -> bool:
     """A trial that launched nothing: a repeat of a config already measured, one whose
     sampling a dying daemon cut short, or one a stop failed while it waited for GPUs."""
-    return any(attr in trial.user_attrs
-               for attr in (ATTR_DUPLICATE_OF, ATTR_CUT_SHORT, ATTR_NOT_LAUNCHED))
+    return is_repeat(trial) or is_cut_short(trial) or is_stopped_before_launch(trial)
+
+
+def retry_of(trial: HasUserAttrs) -> int | None:
+    """The trial number this one re-runs (a copy queued after a loss), or None."""
+    number = trial.user_attrs.get(ATTR_RETRY_OF)
+    return int(number) if number is not None else None
+
+
+def retries_of(trial: HasUserAttrs) -> int:
+    """How many of the config's retries its earlier runs spent."""
+    return int(trial.user_attrs.get(ATTR_RETRIES, 0))
+
+
+def daemon_losses_of(trial: HasUserAttrs) -> int:
+    """How many times a daemon died with this config in flight (`ATTR_DAEMON_LOSSES`)."""
+    return int(trial.user_attrs.get(ATTR_DAEMON_LOSSES, 0))
+
+
+def seed_source_of(trial: HasUserAttrs) -> str:
+    """"template:<name>" or "warm_start:<study>" for a seed from there, "" for the rest."""
+    return str(trial.user_attrs.get(ATTR_SEED_SOURCE) or "")
+
+
+def seed_title_of(trial: HasUserAttrs) -> str:
+    """The hardware template's title for a seed from one, "" for the rest."""
+    return str(trial.user_attrs.get(ATTR_SEED_TITLE, ""))
+
+
+def mlflow_run_of(trial: HasUserAttrs) -> str | None:
+    """The id of the trial's MLflow run, None before one was opened (or where it failed)."""
+    run_id = trial.user_attrs.get(ATTR_MLFLOW_RUN)
+    return str(run_id) if run_id else None
+
+
+def requeue_marks(trial: HasUserAttrs) -> dict[str, Any]:
+    """The marks a copy of the trial queued again keeps: what it was (the defaults, a seed)
+    and the daemon losses it carries."""
+    attrs = trial.user_attrs
+    return {key: attrs[key] for key in (ATTR_BASELINE, ATTR_SEEDED, ATTR_SEED_SOURCE,
+                                        ATTR_SEED_TITLE, ATTR_DAEMON_LOSSES) if key in attrs}
+
+
+def mlflow_study_key(study: HasUserAttrs) -> str | None:
+    """The study's MLflow key, None for a study that has none yet."""
+    key = study.user_attrs.get(STUDY_ATTR_MLFLOW_KEY)
+    return key if isinstance(key, str) and key else None
+
+
+def stored_vllm_defaults(study: HasUserAttrs) -> Mapping[str, Any] | None:
+    """vLLM's defaults on the study's host as its last start stored them
+    (`STUDY_ATTR_VLLM_DEFAULTS`), or None (a study from before them)."""
+    kept = study.user_attrs.get(STUDY_ATTR_VLLM_DEFAULTS)
+    return kept if isinstance(kept, Mapping) else None
 
 
 @dataclass(frozen=True)
@@ -174,7 +251,7 @@ class StoredConfirmation:
     is_confirmed: bool
 
 
-def confirmation_of(study: Study) -> StoredConfirmation | None:
+def confirmation_of(study: HasUserAttrs) -> StoredConfirmation | None:
     """The study's final confirmation, or None where none ran (or it stored nothing)."""
     data = study.user_attrs.get(STUDY_ATTR_CONFIRM)
     if not isinstance(data, Mapping) or not data:
@@ -192,7 +269,7 @@ def confirmation_of(study: Study) -> StoredConfirmation | None:
         num_rounds=len(data.get("ratios") or []), is_confirmed=bool(data.get("is_confirmed")))
 
 
-def stored_fingerprint(study: Study) -> Fingerprint | None:
+def stored_fingerprint(study: HasUserAttrs) -> Fingerprint | None:
     """The fingerprint the study's last start stored, or None (a study from before them)."""
     data = study.user_attrs.get(STUDY_ATTR_FINGERPRINT)
     return Fingerprint.from_dict(data)[0] if isinstance(data, Mapping) else None

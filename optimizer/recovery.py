@@ -20,16 +20,18 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.errors import describe
 from optimizer.records import (
-    ATTR_BASELINE,
-    ATTR_CONFIRM,
     ATTR_CUT_SHORT,
-    ATTR_DAEMON_LOSSES,
-    ATTR_DUPLICATE_OF,
     ATTR_MLFLOW_RUN,
     ATTR_RECORD,
-    ATTR_RETRIES,
     TrialRecord,
+    confirm_label,
+    daemon_losses_of,
+    is_baseline,
+    is_cut_short,
+    is_repeat,
+    mlflow_run_of,
     record_of,
+    retries_of,
 )
 from optimizer.study import MAX_DAEMON_LOSSES, requeue, requeueable
 from optimizer.tracking.payload import TrialLog, tracking_payload
@@ -77,26 +79,25 @@ class Recovery:
         then caught up with Optuna."""
         study = self.study
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if ATTR_DUPLICATE_OF in trial.user_attrs:  # died between marking a repeat and
+            if is_repeat(trial):  # died between marking a repeat and
                 study.tell(trial.number, state=TrialState.FAIL)  # telling it: it launched
                 continue  # nothing and has no run
             unsampled = self.space.unsampled(trial.params)
-            if unsampled and ATTR_MLFLOW_RUN not in trial.user_attrs:
+            if unsampled and mlflow_run_of(trial) is None:
                 self._drop_cut_short(trial, unsampled)
                 continue
-            if not trial.user_attrs.get(ATTR_MLFLOW_RUN) and not self._has_run(trial):
+            if mlflow_run_of(trial) is None and not self._has_run(trial):
                 self._drop_never_launched(trial)
                 continue
             # Its engine's log was never scrubbed: its runner died with the daemon (the engine's
             # own API key died with both, and is not known here).
             scrub_file(trial_workdir(self.results_dir, trial.number) / SERVER_LOG,
                        launch_secrets((), {**os.environ, **self.study_env}))
-            attrs = dict(trial.user_attrs)
-            retries = int(attrs.get(ATTR_RETRIES, 0))
+            retries = retries_of(trial)
             # The daemon's death is the infrastructure's loss, not the config's failure: it
             # spends no retry of the config's, only one of the losses allowed on their own.
-            losses = int(attrs.get(ATTR_DAEMON_LOSSES, 0)) + 1
-            if not requeueable(attrs):
+            losses = daemon_losses_of(trial) + 1
+            if not requeueable(trial):
                 fate = "its confirmation round is measured again on this start"
             elif losses <= MAX_DAEMON_LOSSES:
                 fate = "re-queued"
@@ -106,9 +107,9 @@ class Recovery:
                 trial.params, FailureReason.DAEMON_LOST.value,
                 "the daemon exited with this trial in flight (killed, or stopped by an error).",
                 f"the daemon exited with this trial in flight; {fate}.",
-                is_baseline=bool(attrs.get(ATTR_BASELINE)))
+                is_baseline=is_baseline(trial))
             self._set_attr(trial, ATTR_RECORD, record.to_user_attr())
-            if not trial.user_attrs.get(ATTR_MLFLOW_RUN):
+            if mlflow_run_of(trial) is None:
                 # Asked but never launched (it waited for GPUs): give it its run now, while the
                 # trial can still take the run's id, so every Optuna trial names its one run.
                 # Or launched, with a run the dead daemon could not name in Optuna (the
@@ -118,7 +119,7 @@ class Recovery:
                                                          trial.number) or \
                         self.tracker.start_trial(
                             self.parent_run, self.study_name, trial.number, trial.params,
-                            confirm=attrs.get(ATTR_CONFIRM))
+                            confirm=confirm_label(trial))
                     self._set_attr(trial, ATTR_MLFLOW_RUN, run_id)
                 except Exception as exc:  # any store error: the catch-up finds it by its tag
                     logger.warning("trial %d: MLflow start_trial failed (%s); logged on the "
@@ -130,8 +131,7 @@ class Recovery:
             # queued (`_unfinished_with`) and `outcomes.tell_duplicate` fails it as a repeat.
             # Change that dedupe and this order would run the config twice.
             if fate == "re-queued":
-                requeue(study, trial.number, trial.params,
-                        {**attrs, ATTR_DAEMON_LOSSES: losses}, retries)
+                requeue(study, trial, trial.params, retries, daemon_losses=losses)
             study.tell(trial.number, state=TrialState.FAIL)
             logger.warning("trial %d was in flight when the daemon exited: failed, %s",
                            trial.number, fate)
@@ -155,19 +155,17 @@ class Recovery:
         """A dead daemon's trial asked whole but never launched (it waited for GPUs): nothing
         ran, so it is not a failure of its config; it counts for no budget, as a cut-short
         trial does, and its config goes back in the queue with its retries unspent."""
-        attrs = dict(trial.user_attrs)
-        fate = "re-queued" if requeueable(attrs) else \
+        fate = "re-queued" if requeueable(trial) else \
             "its confirmation round is measured again on this start"
         record = TrialRecord.failed(
             trial.params, FailureReason.DAEMON_LOST.value,
             "the daemon died before this trial was launched.",
             f"the daemon died before launching this trial: nothing ran, {fate}.",
-            is_baseline=bool(attrs.get(ATTR_BASELINE)))
+            is_baseline=is_baseline(trial))
         self._set_attr(trial, ATTR_RECORD, record.to_user_attr())
         self._set_attr(trial, ATTR_CUT_SHORT, True)  # launched nothing: no budget, no run
-        if requeueable(attrs):
-            requeue(self.study, trial.number, trial.params, attrs,
-                    int(attrs.get(ATTR_RETRIES, 0)))
+        if requeueable(trial):
+            requeue(self.study, trial, trial.params, retries_of(trial))
         self.study.tell(trial.number, state=TrialState.FAIL)
         logger.warning("trial %d was queued for GPUs when the daemon died: nothing was "
                        "launched; %s", trial.number, fate)
@@ -177,21 +175,20 @@ class Recovery:
         fails without a run and counts for no budget. One the sampler proposed is not
         re-queued (pinning half a config would retry nothing; the sampler asks again); one
         enqueued whole (the defaults, a seed, a retry) goes back in the queue as it was."""
-        attrs = dict(trial.user_attrs)
         enqueued = trial.system_attrs.get("fixed_params")
-        again = enqueued if enqueued and requeueable(attrs) else None  # what goes back
+        again = enqueued if enqueued and requeueable(trial) else None  # what goes back
         fate = "re-queued as enqueued" if again else "not re-queued"
         record = TrialRecord.failed(
             trial.params, FailureReason.DAEMON_LOST.value,
             "the daemon died while this trial's config was being sampled.",
             f"the daemon died before sampling {', '.join(unsampled)}: nothing launched, "
             f"{fate}.",
-            is_baseline=bool(attrs.get(ATTR_BASELINE)))
+            is_baseline=is_baseline(trial))
         self._set_attr(trial, ATTR_RECORD, record.to_user_attr())
         self._set_attr(trial, ATTR_CUT_SHORT, True)
         self.study.tell(trial.number, state=TrialState.FAIL)
         if again:
-            requeue(self.study, trial.number, again, attrs, int(attrs.get(ATTR_RETRIES, 0)))
+            requeue(self.study, trial, again, retries_of(trial))
         logger.warning("trial %d was being sampled when the daemon died (no %s yet): failed, "
                        "%s", trial.number, ", ".join(unsampled), fate)
 
@@ -203,13 +200,13 @@ class Recovery:
             record = record_of(frozen)
             if record is None or not frozen.state.is_finished():
                 continue
-            if ATTR_DUPLICATE_OF in frozen.user_attrs or ATTR_CUT_SHORT in frozen.user_attrs:
+            if is_repeat(frozen) or is_cut_short(frozen):
                 continue  # launched nothing and has no run (a repeat: its original's stands)
             trials.append(TrialLog(
-                number=frozen.number, run_id=frozen.user_attrs.get(ATTR_MLFLOW_RUN) or None,
+                number=frozen.number, run_id=mlflow_run_of(frozen),
                 params=frozen.params, payload=tracking_payload(
                     record, None, number=frozen.number, fixed_flags=self.fixed_flags,
-                    confirm=frozen.user_attrs.get(ATTR_CONFIRM)),
+                    confirm=confirm_label(frozen)),
                 workdir=trial_workdir(self.results_dir, frozen.number)))
         try:
             done = self.tracker.catch_up(self.study_name, self.parent_run, trials)

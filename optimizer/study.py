@@ -17,18 +17,18 @@ from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
 from optimizer.objectives import get_objective
 from optimizer.records import (
-    ATTR_BASELINE,
-    ATTR_CONFIRM,
-    ATTR_CUT_SHORT,
     ATTR_DAEMON_LOSSES,
-    ATTR_DUPLICATE_OF,
-    ATTR_NOT_LAUNCHED,
     ATTR_RETRIES,
     ATTR_RETRY_OF,
-    ATTR_SEED_SOURCE,
-    ATTR_SEED_TITLE,
-    ATTR_SEEDED,
+    HasUserAttrs,
+    confirm_label,
+    is_cut_short,
+    is_repeat,
+    is_stopped_before_launch,
+    ran_nothing,
     record_of,
+    requeue_marks,
+    retry_of,
 )
 from optimizer.samplers import SAMPLERS
 from optimizer.search.pruners import PRUNERS
@@ -37,19 +37,7 @@ from runners.base import EngineConfig, FailureReason, RunResult
 from runners.model_info import resolve_model_dir
 
 MAX_DAEMON_LOSSES = 5  # re-queues of a config a dying daemon lost (records.ATTR_DAEMON_LOSSES)
-# Study user attr: vLLM's value of each searched param on the study's host, the study's fixed
-# flags over them (`ResolvedSpace.vllm_defaults`), as of the daemon's last start: what "no
-# change" means when a report compares trials (an explicit value equal to it is none).
-STUDY_ATTR_VLLM_DEFAULTS = "vllm_defaults"
-# The key that ties the Optuna study to its MLflow parent run (tracking.TAG_STUDY_KEY).
-STUDY_ATTR_MLFLOW_KEY = "mlflow_study_key"
-
-
-def mlflow_study_key(study: optuna.Study) -> str | None:
-    """The study's MLflow key, None for a study that has none yet."""
-    key = study.user_attrs.get(STUDY_ATTR_MLFLOW_KEY)
-    return key if isinstance(key, str) and key else None
-# The Optuna constraint a trial outside the quality limits violates (optimizer/quality.py).
+# The Optuna constraint a trial outside the quality limits violates (optimizer/quality_gate.py).
 QUALITY_CONSTRAINT = "quality"
 # A config that failed for one of these reasons fails again: it is never launched twice, and
 # the sampler is told it as the worst value with a violated constraint (`tell_config_failure`).
@@ -207,22 +195,25 @@ def tell_config_failure(study: optuna.Study, trial: optuna.Trial, objectives: Se
     study.tell(trial, [_WORST[get_objective(o).direction] for o in objectives])
 
 
-def requeueable(attrs: Mapping[str, Any]) -> bool:
+def requeueable(trial: HasUserAttrs) -> bool:
     """Whether a trial lost to infrastructure goes back in the queue: all but a confirmation
     run, whose round (its pair of runs) is measured again when the study resumes."""
-    return ATTR_CONFIRM not in attrs
+    return confirm_label(trial) is None
 
 
-def requeue(study: optuna.Study, number: int, params: Mapping[str, Any],
-            attrs: Mapping[str, Any], retries: int) -> bool:
+def requeue(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial,
+            params: Mapping[str, Any], retries: int, *,
+            daemon_losses: int | None = None) -> bool:
     """Queue again a trial lost to infrastructure, as what it was (the defaults, a seed),
-    unless it is a confirmation run (`requeueable`); says whether it did."""
-    if not requeueable(attrs):
+    unless it is a confirmation run (`requeueable`); says whether it did. `daemon_losses`
+    replaces the count the trial carries."""
+    if not requeueable(trial):
         return False
-    kept = {key: attrs[key] for key in (ATTR_BASELINE, ATTR_SEEDED, ATTR_SEED_SOURCE,
-                                        ATTR_SEED_TITLE, ATTR_DAEMON_LOSSES) if key in attrs}
+    kept = requeue_marks(trial)
+    if daemon_losses is not None:
+        kept[ATTR_DAEMON_LOSSES] = daemon_losses
     study.enqueue_trial(dict(params), user_attrs={
-        **kept, ATTR_RETRY_OF: number, ATTR_RETRIES: retries})
+        **kept, ATTR_RETRY_OF: trial.number, ATTR_RETRIES: retries})
     return True
 
 
@@ -235,9 +226,7 @@ def is_search_trial(trial: optuna.trial.FrozenTrial) -> bool:
     nothing; the original stands for it), nor one whose sampling a dying daemon cut short (it
     has no config), nor one a stop failed while it waited for GPUs (its config is queued
     again), nor a final confirmation run."""
-    return not any(attr in trial.user_attrs
-                   for attr in (ATTR_DUPLICATE_OF, ATTR_CUT_SHORT, ATTR_CONFIRM,
-                                ATTR_NOT_LAUNCHED))
+    return not ran_nothing(trial) and confirm_label(trial) is None
 
 
 # The one naming of Optuna's trial states for records, the CLI and MLflow ("failed", "queued").
@@ -297,16 +286,16 @@ def count_trials(trials: Sequence[optuna.trial.FrozenTrial]) -> TrialCounts:
     by_state = {"complete": 0, "pruned": 0, "failed": 0, "running": 0}
     queued = confirmation_runs = repeats = cut_short = not_launched = rerun = 0
     # A copy still queued has not run yet, and one failed as a repeat never ran.
-    retried = {t.user_attrs.get(ATTR_RETRY_OF) for t in trials
-               if t.state != TrialState.WAITING and ATTR_DUPLICATE_OF not in t.user_attrs}
+    retried = {retry_of(t) for t in trials
+               if t.state != TrialState.WAITING and not is_repeat(t)}
     for t in trials:
-        if ATTR_CONFIRM in t.user_attrs:
+        if confirm_label(t) is not None:
             confirmation_runs += 1
-        elif ATTR_DUPLICATE_OF in t.user_attrs:
+        elif is_repeat(t):
             repeats += 1
-        elif ATTR_CUT_SHORT in t.user_attrs:
+        elif is_cut_short(t):
             cut_short += 1
-        elif ATTR_NOT_LAUNCHED in t.user_attrs:
+        elif is_stopped_before_launch(t):
             not_launched += 1
         elif t.state == TrialState.WAITING:
             queued += 1

@@ -17,7 +17,7 @@ from runners.load_level import LoadLevel
 from runners.workload import Workload
 
 if TYPE_CHECKING:
-    from runners.quality import QualityRun
+    from runners.quality_eval import QualityRun
 
 FlagValue = str | int | float | bool | None
 

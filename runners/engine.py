@@ -42,7 +42,7 @@ from runners.credentials import (
 from runners.levels import run_levels
 from runners.process import EngineProcess, free_port, tail
 from runners.profiling import Profiled, profile_after_levels
-from runners.quality import QualityRun, run_eval
+from runners.quality_eval import QualityRun, run_eval
 from runners.readiness import await_ready, warm_up
 from runners.session import LOG_TAIL_BYTES, Abort, EngineSession
 from runners.telemetry import TelemetrySampler

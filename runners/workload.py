@@ -44,7 +44,7 @@ class SLO:
 
 @dataclass(frozen=True)
 class QualityEval:
-    """The output-quality evaluation a run adds after its load levels (runners/quality.py):
+    """The output-quality evaluation a run adds after its load levels (runners/quality_eval.py):
     the first `num_prompts` prompts of the built-in corpus, each scored teacher-forced
     (`prompt_logprobs`) and continued greedily for `max_tokens` with top-`top_k` logprobs."""
 

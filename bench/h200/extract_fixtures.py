@@ -13,6 +13,8 @@ from pathlib import Path
 
 import optuna
 
+from optimizer.records import record_of
+
 KEEP_SERVER = ("max_num_requests_running", "max_kv_cache_usage_perc", "max_num_requests_waiting",
                "num_preemptions", "is_waiting_rising")
 
@@ -27,19 +29,20 @@ def main(db: str, study_name: str, out: Path, recorded: str = RECORDED) -> int:
     study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{db}")
     trials = {}
     for t in study.trials:
-        record = t.user_attrs.get("record") or {}
-        if record.get("state") != "complete":
+        record = record_of(t)
+        if record is None or record.state != "complete":
             continue
-        step = record["steps"][-1]
-        metrics = record["metrics"]
+        step = record.steps[-1]
+        metrics = record.metrics
+        verdict = record.verdict or {}
         trials[f"trial{t.number}"] = {
-            "flags": record["flags"],
+            "flags": dict(record.flags),
             "step_metrics": step["metrics"],  # every BenchmarkMetrics field
             "server_metrics": {k: step["server"][k] for k in KEEP_SERVER if k in step["server"]},
             "telemetry": {k.removeprefix("gpu."): v for k, v in metrics.items()
                           if k.startswith("gpu.")},
-            "engine": {k: v for k, v in record["engine"].items() if v is not None},
-            "device_verdict": {k: record["verdict"][k] for k in ("label", "reason", "sources")},
+            "engine": {k: v for k, v in record.engine.items() if v is not None},
+            "device_verdict": {k: verdict[k] for k in ("label", "reason", "sources")},
         }
     out.write_text(json.dumps({
         "_recorded": f"{recorded}; extracted by bench/h200/extract_fixtures.py",

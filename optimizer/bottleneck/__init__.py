@@ -20,9 +20,10 @@ from optimizer.bottleneck.classify import (
     Thresholds,
     Verdict,
     classify,
+    verdict_of,
 )
 from optimizer.bottleneck.evidence import Evidence, evidence_from
-from optimizer.bottleneck.memory import GIB, is_fp8_kv, is_fp8_weights, memory_problem
+from optimizer.bottleneck.memory_fit import GIB, is_fp8_kv, is_fp8_weights, memory_problem
 from optimizer.bottleneck.roofline import (
     Roofline,
     StepRoofline,
@@ -55,4 +56,5 @@ __all__ = [
     "roofline_terms",
     "sentence",
     "step_roofline",
+    "verdict_of",
 ]

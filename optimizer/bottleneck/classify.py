@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Final, Literal, get_args
+from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 
 from optimizer.bottleneck.evidence import Evidence
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
 
 Label = Literal["compute-bound", "memory-bound", "communication-bound", "launch-bound",
                 "kv-capacity-bound", "at-physical-limit", "unknown"]
@@ -16,6 +19,14 @@ LABELS: Final[tuple[Label, ...]] = get_args(Label)
 Source = Literal["trace", "telemetry", "metrics", "roofline", "config"]
 
 ATTR_VERDICT: Final = "verdict"  # trial user attribute holding `Verdict.as_user_attr()`
+
+
+def verdict_of(trial: FrozenTrial) -> Mapping[str, Any] | None:
+    """The verdict the trial stored (`Verdict.as_user_attr()`), or None. Here, not with the
+    other accessors in optimizer/records.py: the pruners read it, and records' imports lead
+    back to them (records -> fingerprint -> config -> search.pruners)."""
+    verdict = trial.user_attrs.get(ATTR_VERDICT)
+    return verdict if isinstance(verdict, Mapping) else None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from optimizer.bottleneck.memory import GIB, bytes_per_param, is_fp8_kv, is_fp8_weights
+from optimizer.bottleneck.memory_fit import GIB, bytes_per_param, is_fp8_kv, is_fp8_weights
 from optimizer.bottleneck.roofline import (
     Roofline,
     finite,

@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from optimizer.bottleneck.memory import bytes_per_param, is_fp8_weights
+from optimizer.bottleneck.memory_fit import bytes_per_param, is_fp8_weights
 from runners import prometheus
 from runners.base import EngineConfig, StepMetrics
 from runners.hardware import HardwareProfile

@@ -204,9 +204,9 @@ def export(
     chosen = select_trial(opened, cfg, number=trial, max_tpot_ms=max_tpot_ms,
                           force_quality=force_quality)
     if to_library is not None:
+        from optimizer.records import mlflow_study_key
         from optimizer.regress.export import case_from_study, study_gpu_param
         from optimizer.regress.library import append_case
-        from optimizer.study import mlflow_study_key
 
         name = case or cfg.name
         entry = case_from_study(opened, cfg, chosen, name,
@@ -233,8 +233,9 @@ def write_report_files(cfg: StudyConfig, output: Path | None, *,
                        log_to_mlflow: bool) -> list[Path]:
     """The study's report written (into `output`, else its results directory), and logged to
     its MLflow parent run where `log_to_mlflow`; the files written."""
+    from optimizer.records import mlflow_study_key
     from optimizer.report import build_report, write_report
-    from optimizer.study import mlflow_study_key, open_study
+    from optimizer.study import open_study
     from optimizer.tracking.tracker import Tracker
 
     study = open_study(cfg, create=False)

@@ -90,7 +90,7 @@ class StudyConfig:
     @property
     def quality_skip_reason(self) -> str | None:
         """Why the study scores no output quality (shown wherever quality is); None when it
-        does (optimizer/quality.py)."""
+        does (optimizer/quality_gate.py)."""
         if self.spec.quality.enabled == "off":
             return "skipped: quality.enabled is off"
         if self.spec.model.load_format == "dummy":

@@ -31,7 +31,7 @@ class ModelSpec(StrictSpec):
 
 
 class QualitySpec(StrictSpec):
-    """The quality gate (optimizer/quality.py). The limits are provisional until measured on
+    """The quality gate (optimizer/quality_gate.py). The limits are provisional until measured on
     real weights (docs/quality.md): a limit set to null is not checked."""
 
     # auto: on with real weights and a tokenizer, skipped (and said so) otherwise.

@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError, NightshiftError
 from optimizer.objectives import OBJECTIVES
-from optimizer.quality import is_quality_violation
+from optimizer.quality_gate import is_quality_violation
 from optimizer.recommendation import (
     NOISE_FRACTION,
     audit_errors,

@@ -26,7 +26,7 @@ from optimizer.export.launch import (
     trial_env,
 )
 from optimizer.objectives import OBJECTIVES
-from optimizer.quality import header_line
+from optimizer.quality_gate import header_line
 from optimizer.recommendation import params_of
 from optimizer.records import (
     TrialRecord,

@@ -16,7 +16,7 @@ from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
 from optimizer.export import trial_env
 from optimizer.recommendation import is_measured, params_of
-from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, record_of
+from optimizer.records import confirm_label, is_baseline, record_of
 from optimizer.regress.library import DEFAULT_FIGURES, FIGURES
 from runners.simulated.launcher import is_simulated_argv
 
@@ -29,7 +29,7 @@ def _samples(study: optuna.Study, trial: FrozenTrial) -> list[FrozenTrial]:
     runs = [trial]
     for other in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         record = record_of(other)
-        if ATTR_CONFIRM in other.user_attrs and record is not None and \
+        if confirm_label(other) is not None and record is not None and \
                 record.state == "complete" and params_of(other) == params:
             runs.append(other)
     return runs
@@ -99,7 +99,7 @@ def case_from_study(study: optuna.Study, cfg: StudyConfig, chosen: FrozenTrial,
                           "re-measures fixed load levels, so give its case workload.levels "
                           "by hand (docs/regress.md).")
     baseline = next((t for t in study.get_trials(deepcopy=False)
-                     if t.user_attrs.get(ATTR_BASELINE) and is_measured(t)), None)
+                     if is_baseline(t) and is_measured(t)), None)
     card = card_of(cfg, chosen, gpu_param)
     configs = []
     if baseline is not None:

@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer import gains
 from optimizer.config import StudyConfig
 from optimizer.objectives import OBJECTIVES, on_all_gpus
-from optimizer.quality import table_cell
+from optimizer.quality_gate import table_cell
 from optimizer.recommendation import (
     best_trial,
     no_baseline_reason,
@@ -55,7 +55,7 @@ class TrialRow:
     is_baseline: bool
     capacity: Bracket | None = None  # after a capacity search: where its capacity lies
     conclusion_short: str = ""  # the conclusion for a table cell (<= ~70 characters)
-    quality: str = ""  # the quality gate's cell (optimizer/quality.py `table_cell`)
+    quality: str = ""  # the quality gate's cell (optimizer/quality_gate.py `table_cell`)
     num_gpus: int = 1  # the GPUs its config used; `value` is per GPU (`objectives.per_gpu`)
 
     @property

@@ -21,11 +21,12 @@ from typing import Any, Literal
 import optuna
 from optuna.trial import FrozenTrial
 
-from optimizer import quality
+from optimizer import quality_gate
 from optimizer.config import StudyConfig, resume_command
 from optimizer.confirm import confirm
 from optimizer.errors import NightshiftError, StorageError, TrackingError, WorkerLost, describe
 from optimizer.lock import StorageLease, StudyLock, is_local_file_storage, study_lock_path
+from optimizer.records import STUDY_ATTR_MLFLOW_KEY, mlflow_study_key
 from optimizer.recovery import Recovery, trial_workdir
 from optimizer.run.events import (
     DaemonSummary,
@@ -35,6 +36,7 @@ from optimizer.run.events import (
     operating_tpot_ms,
 )
 from optimizer.run.executor import Executor, TrialHandle
+from optimizer.run.strays import reap_left_by_dead_daemon, reap_orphans
 from optimizer.run.study_runs import (
     MlflowLog,
     StudyRuns,
@@ -45,12 +47,7 @@ from optimizer.run.study_runs import (
 )
 from optimizer.search.controller import SearchController
 from optimizer.search.trials import Running
-from optimizer.study import (
-    STUDY_ATTR_MLFLOW_KEY,
-    make_storage,
-    mlflow_study_key,
-    open_study,
-)
+from optimizer.study import make_storage, open_study
 from optimizer.tracking.tracker import Tracker
 from runners.atomic import write_atomic
 from runners.base import FailureReason, RunResult
@@ -178,7 +175,7 @@ class Daemon(StudyRuns):
                                  self.cfg.name)
             lease.acquire()
             self._lease = lease
-        self._reap_strays()
+        reap_left_by_dead_daemon(self.registry_dir, self.executor)
         known = mlflow_study_key(study)
         key = known or uuid.uuid4().hex
         if known is None:
@@ -241,30 +238,13 @@ class Daemon(StudyRuns):
                    lambda: policy.record_deferred(force=True)),
                   ("re-queuing the trials that waited for GPUs", policy.release_waiting),
                   ("shutting the workers down", self.executor.shutdown),
-                  ("ending engines left without a worker", self._reap_orphans)]
+                  ("ending engines left without a worker",
+                   partial(reap_orphans, self.registry_dir))]
         for what, step in steps:
             try:
                 step()
             except Exception as exc:  # logged; the next step must still run
                 logger.warning("while stopping: %s failed (%s)", what, describe(exc))
-
-    def _reap_orphans(self) -> None:
-        # Every trial was collected, so an engine still recorded has no worker left (Ray went
-        # down under it, as a killed driver takes its local cluster): end it now rather than at
-        # the next start.
-        orphans = reap_strays(self.registry_dir)
-        if orphans:
-            logger.warning("reaped %d engine processes whose workers were gone: %s",
-                           len(orphans), orphans)
-
-    def _reap_strays(self) -> None:
-        killed = reap_strays(self.registry_dir)
-        if killed:
-            logger.warning("reaped %d engine processes left by a dead daemon: %s",
-                           len(killed), killed)
-        for node_id, pids in self.executor.reap_elsewhere(self.registry_dir).items():
-            logger.warning("reaped %d engine processes left by a dead daemon on node %s: "
-                           "%s", len(pids), node_id[:12], pids)
 
     def _loop(self, policy: SearchController) -> None:
         while True:
@@ -331,7 +311,7 @@ class Daemon(StudyRuns):
         running.run_id = self._open_run(trial, {**running.params, "launch.model": config.model})
         workdir = trial_workdir(self.cfg.results_dir, trial.number)
         # The defaults trial also measures the quality reference and its noise floor.
-        workload = quality.workload_for(self.workload, running.is_baseline)
+        workload = quality_gate.workload_for(self.workload, running.is_baseline)
         handle = self.executor.submit(config, workload, workdir)
         self._inflight.append(_InFlight(running, handle, workdir))
         logger.info("trial %d started: params=%s", trial.number, running.params)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from optimizer.objectives import objective_values, operating_step
-from optimizer.records import ATTR_CONFIRM
+from optimizer.records import confirm_label
 from optimizer.search.controller import SearchController
 from optimizer.search.trials import Running
 
@@ -31,7 +31,7 @@ class TrialEvent:
 
 
 def confirm_of(running: Running) -> str:
-    return str(running.trial.user_attrs.get(ATTR_CONFIRM) or "")
+    return confirm_label(running.trial) or ""
 
 
 @dataclass(frozen=True)

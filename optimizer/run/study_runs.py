@@ -17,7 +17,7 @@ from optimizer.config import StudyConfig
 from optimizer.errors import describe
 from optimizer.lock import is_local_file_storage
 from optimizer.recommendation import best_trial, no_baseline_reason, recommended_trial
-from optimizer.records import ATTR_CONFIRM, ATTR_MLFLOW_RUN
+from optimizer.records import ATTR_MLFLOW_RUN, confirm_label
 from optimizer.run.events import DaemonSummary, TrialEvent, confirm_of, first_value
 from optimizer.search.controller import SearchController
 from optimizer.search.trials import Told
@@ -59,7 +59,7 @@ class StudyRuns:
         try:
             run_id = self.tracker.start_trial(self._parent_run, self.cfg.name, trial.number,
                                               params,
-                                              confirm=trial.user_attrs.get(ATTR_CONFIRM))
+                                              confirm=confirm_label(trial))
         except Exception as exc:  # any store error: the study must go on
             self._tracking_failed("start_trial", trial.number, exc)
             return None
@@ -86,7 +86,7 @@ class StudyRuns:
         if told.kind == "duplicate":
             return  # launched nothing, has no run: its original's stands
         record = told.record
-        confirm = told.running.trial.user_attrs.get(ATTR_CONFIRM) if told.running else None
+        confirm = confirm_label(told.running.trial) if told.running else None
         self._close_run(told.number, told.run_id, tracking_payload(
             record, told.result, number=told.number, fixed_flags=self.cfg.engine_fixed_flags,
             confirm=confirm))

@@ -25,11 +25,11 @@ from optuna.trial import TrialState
 from optimizer import bottleneck
 from optimizer.config import StudyConfig
 from optimizer.records import (
-    ATTR_BASELINE,
-    ATTR_CONFIRM,
     ATTR_NOT_LAUNCHED,
-    ATTR_RETRIES,
-    ATTR_RETRY_OF,
+    confirm_label,
+    is_baseline,
+    retries_of,
+    retry_of,
 )
 from optimizer.search.placement import Placement
 from optimizer.search.retries import RetryPolicy
@@ -128,7 +128,7 @@ class SearchController:
             trials = self.study.get_trials(deepcopy=False)
             # A failure lost to infrastructure and re-queued does not count: its re-run does;
             # nor does a repeat of a measured config, which cost nothing.
-            requeued = {t.user_attrs.get(ATTR_RETRY_OF) for t in trials}
+            requeued = {retry_of(t) for t in trials}
             done = sum(1 for t in trials if t.state.is_finished() and t.number not in requeued
                        and is_search_trial(t))
             return done + len(self.running) + len(self.waiting) + len(self.deferred) < \
@@ -199,7 +199,7 @@ class SearchController:
             self.running.remove(running)
         self.placement.ended(running,
                              result.engine.compile_cache or ("cold" if result.steps else None))
-        if not running.is_baseline and ATTR_CONFIRM not in running.trial.user_attrs and \
+        if not running.is_baseline and confirm_label(running.trial) is None and \
                 self.baseline_pending():
             logger.info("trial %d measured; recorded once the defaults are",
                         running.trial.number)
@@ -216,8 +216,8 @@ class SearchController:
         if baseline_trial(self.study) is not None:
             return False
         return any(i.is_baseline for i in self.running) or \
-            any(ATTR_BASELINE in w.trial.user_attrs for w in self.waiting) or \
-            any(ATTR_BASELINE in t.user_attrs
+            any(is_baseline(w.trial) for w in self.waiting) or \
+            any(is_baseline(t)
                 for t in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
     def record_deferred(self, *, force: bool = False) -> None:
@@ -254,8 +254,6 @@ class SearchController:
         for item in self.placement.release():
             failure = Failure(FailureReason.INTERRUPTED,
                               "the daemon stopped before this trial was launched; re-queued.")
-            attrs = dict(item.trial.user_attrs)
             item.trial.set_user_attr(ATTR_NOT_LAUNCHED, True)  # counted apart, not failed
             tell_without_run(self.searcher, item.trial, item.params, failure)
-            requeue(self.study, item.trial.number, item.params, attrs,
-                    int(attrs.get(ATTR_RETRIES, 0)))
+            requeue(self.study, item.trial, item.params, retries_of(item.trial))

@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Sequence
 from optuna.trial import FrozenTrial
 
 from optimizer.config import StudyConfig
-from optimizer.records import ATTR_BASELINE, ATTR_RETRIES, record_of
+from optimizer.records import is_baseline, record_of, retries_of
 from optimizer.search.startup import CompileCaches, launch_order, trial_env
 from optimizer.search.trials import Running, Waiting
 from runners.base import EngineConfig, Failure, FailureReason
@@ -125,7 +125,6 @@ class Placement:
         """`waiting` as it runs: its estimated compile key and what its cache is predicted to
         be (the key then counts as compiling), the warm-cache check in its environment."""
         trial, params, config = waiting.trial, waiting.params, waiting.config
-        attrs = trial.user_attrs
         key = compile_key(config)
         startup = self.cfg.spec.startup
         prediction = self.caches.predict(key) if startup.compile_cache == "shared" else \
@@ -133,7 +132,7 @@ class Placement:
         if startup.compile_cache == "shared":
             self.caches.launched(trial.number, key, prediction)
         return Running(trial, params, trial_env(config, startup, prediction),
-                       bool(attrs.get(ATTR_BASELINE)), int(attrs.get(ATTR_RETRIES, 0)),
+                       is_baseline(trial), retries_of(trial),
                        started=self.clock(), compile_key=key, prediction=prediction)
 
     def started(self, running: Running) -> None:

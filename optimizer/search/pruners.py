@@ -9,14 +9,14 @@ than a percentile of earlier trials at the same load level by a clear relative m
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import numpy as np
 import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer.bottleneck import ATTR_VERDICT
+from optimizer.bottleneck import verdict_of
 
 
 class MarginPruner(optuna.pruners.BasePruner):
@@ -63,7 +63,7 @@ class MarginPruner(optuna.pruners.BasePruner):
 
 class BottleneckPruner(optuna.pruners.BasePruner):
     """Wraps a base pruner (default `MarginPruner()`) and also prunes on the verdict a trial
-    stored in `trial.user_attrs["verdict"]` (`bottleneck.Verdict.as_user_attr`, set by the
+    stored (`bottleneck.verdict_of`: `bottleneck.Verdict.as_user_attr`, set by the
     caller before `should_prune`):
 
     - communication-bound at TP>1, with a value at this step worse than the best TP=1 trial's
@@ -98,8 +98,8 @@ class BottleneckPruner(optuna.pruners.BasePruner):
                     "there by more than the margin.")
         if step is None or step < self.n_warmup_steps or len(study.directions) != 1:
             return None
-        verdict = trial.user_attrs.get(ATTR_VERDICT)
-        if not isinstance(verdict, Mapping):
+        verdict = verdict_of(trial)
+        if verdict is None:
             return None
         value = trial.intermediate_values[step]
         if not math.isfinite(value):
@@ -153,8 +153,8 @@ def _tensor_parallel_size(trial: FrozenTrial) -> int:
     """TP of a trial: its sampled param, else what its verdict recorded, else vLLM's default."""
     value = trial.params.get("tensor_parallel_size")
     if value is None:
-        verdict = trial.user_attrs.get(ATTR_VERDICT)
-        if isinstance(verdict, Mapping):
+        verdict = verdict_of(trial)
+        if verdict is not None:
             value = verdict.get("tensor_parallel_size")
     try:
         return int(value) if value is not None else 1

@@ -47,7 +47,7 @@ class RetryPolicy:
                                  f"{self.fate(item, again)}."))
         if failure is not None and again:
             # A stop (`stop --now`, a second Ctrl-C) is nobody's fault: it spends no retry.
-            requeue(self.study, item.trial.number, item.params, item.trial.user_attrs,
+            requeue(self.study, item.trial, item.params,
                     item.retries + (failure.reason != FailureReason.INTERRUPTED))
             logger.info("trial %d re-queued after %s%s", item.trial.number, failure.reason,
                         " (the defaults: every gain is measured against them)"
@@ -61,11 +61,11 @@ class RetryPolicy:
         is_retried = item.retries < self.retries and (
             failure.is_retryable or (item.is_baseline and failure.reason in ONE_OFF_FAILURES))
         return (failure.reason == FailureReason.INTERRUPTED or is_retried) and \
-            requeueable(item.trial.user_attrs)
+            requeueable(item.trial)
 
     def fate(self, item: Running, again: bool) -> str:
         if again:
             return "re-queued"
-        if not requeueable(item.trial.user_attrs):
+        if not requeueable(item.trial):
             return "its confirmation round is measured again on the next start"
         return f"not re-queued (retried {item.retries} times already)"

@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 from optimizer import bottleneck
 from optimizer.config import StudyConfig
 from optimizer.objectives import described_step, objective_values
-from optimizer.records import ATTR_CONFIRM, record_of
+from optimizer.records import confirm_label, record_of
 from optimizer.search.trials import Running
 from runners.base import EngineConfig, RunResult, StepMetrics
 from runners.hardware import HardwareProfile
@@ -41,7 +41,7 @@ class PruningScheduler:
         """Whether to stop `item` after `step`, the last of `item.steps`; sets its
         `prune_reason` when it does."""
         if self.cfg.is_multi_objective or item.is_baseline or \
-                ATTR_CONFIRM in item.trial.user_attrs:
+                confirm_label(item.trial) is not None:
             return False  # Optuna prunes single-objective only; these always complete
         values = objective_values(self.cfg.objectives, item.steps, item.config.num_gpus)
         if values is None:

@@ -23,6 +23,8 @@ from optimizer.records import (
     ATTR_SEED_SOURCE,
     ATTR_SEEDED,
     TrialRecord,
+    confirm_label,
+    is_baseline,
     record_of,
 )
 from optimizer.search.tell import tell_duplicate, tell_without_run
@@ -84,7 +86,7 @@ class Searcher:
             self.remember(frozen.number, record_of(frozen))
         if self.cfg.spec.sampler.name == "screen":
             self._start_screen()
-        if not any(ATTR_BASELINE in t.user_attrs for t in trials):
+        if not any(is_baseline(t) for t in trials):
             self.study.enqueue_trial(self.space.defaults(), user_attrs={ATTR_BASELINE: True})
         for params, source in warm_seeds:
             self.study.enqueue_trial(dict(params), user_attrs={
@@ -154,7 +156,7 @@ class Searcher:
         earlier = self._measured.get(key)
         if earlier is None:
             earlier = self._unfinished_with(key, trial.number, unfinished)
-        if earlier is not None and ATTR_CONFIRM not in trial.user_attrs:
+        if earlier is not None and confirm_label(trial) is None:
             tell_duplicate(self, trial, params, earlier)
             return None
         self.duplicates_in_a_row = 0
@@ -179,7 +181,7 @@ class Searcher:
         if self.storage is not None:
             trial = running_trial(self.study, self.storage, params, {ATTR_CONFIRM: label})
         else:
-            if any(ATTR_CONFIRM not in t.user_attrs for t in
+            if any(confirm_label(t) is None for t in
                    self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
                 raise RuntimeError("a confirmation needs the study's storage while trials are "
                                    "queued: pass storage= to SearchController.")
@@ -199,6 +201,6 @@ class Searcher:
         for queued in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             fixed = queued.system_attrs.get("fixed_params")
             if queued.number != asking and fixed and config_key(fixed) == key and \
-                    ATTR_CONFIRM not in queued.user_attrs:
+                    confirm_label(queued) is None:
                 return queued.number
         return None

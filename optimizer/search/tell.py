@@ -13,18 +13,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 import optuna
 from optuna.trial import TrialState
 
-from optimizer import bottleneck, quality
+from optimizer import bottleneck, quality_gate
 from optimizer.conclusions import baseline_trial, conclude, reference_of
 from optimizer.objectives import objective_values
 from optimizer.recommendation import best_trial
 from optimizer.records import (
-    ATTR_CONFIRM,
     ATTR_DUPLICATE_OF,
     ATTR_RECORD,
-    ATTR_SEED_SOURCE,
-    ATTR_SEED_TITLE,
     TrialRecord,
+    confirm_label,
     record_of,
+    seed_source_of,
+    seed_title_of,
     step_records,
     summary_metrics,
 )
@@ -91,7 +91,7 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
     if result.steps:
         verdict = policy.verdict(result.steps, item.config, result)
         metrics.update(verdict.as_metrics())
-    assessed = quality.assess(cfg, is_baseline=item.is_baseline, params=item.params,
+    assessed = quality_gate.assess(cfg, is_baseline=item.is_baseline, params=item.params,
                               defaults=policy.space.defaults(), result=result,
                               trial_number=item.trial.number) \
         if state == TrialState.COMPLETE else None
@@ -113,7 +113,7 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
         tolerance=search.tolerance if search is not None else None,
         pruned_at=item.pruned_at, prune_reason=item.prune_reason,
         verdict=verdict if state != TrialState.FAIL else None,
-        confirm_label=item.trial.user_attrs.get(ATTR_CONFIRM),
+        confirm_label=confirm_label(item.trial),
         note=" ".join(n for n in (
             f"Unstable: its {cfg.objectives[0]} varied {objective_spread:.0%} "
             f"across {workload.repeats} repeats (limit "
@@ -126,7 +126,7 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
             no_operating_point_note(cfg.objectives[0], result.steps))
             if n),
         quality_failed=assessed.failed if assessed is not None else (),
-        template=str(item.trial.user_attrs.get(ATTR_SEED_TITLE, "")),
+        template=seed_title_of(item.trial),
         num_gpus=item.config.num_gpus)
     record = TrialRecord(
         state=state_name,  # type: ignore[arg-type]
@@ -151,14 +151,14 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
         host=result.host or "",
         is_unstable=is_unstable,
         quality=assessed.to_dict() if assessed is not None else None,
-        seed_source=str(item.trial.user_attrs.get(ATTR_SEED_SOURCE) or ""),
+        seed_source=seed_source_of(item.trial),
         startup=startup,
     )
     item.trial.set_user_attr(ATTR_RECORD, record.to_user_attr())
     if assessed is not None and assessed.status == "scored":
         # Outside the limits: infeasible for the sampler, never the best
         # (recommendation.best_trial).
-        item.trial.set_constraint(quality.CONSTRAINT, 1.0 if assessed.is_violation else 0.0)
+        item.trial.set_constraint(quality_gate.CONSTRAINT, 1.0 if assessed.is_violation else 0.0)
     if state == TrialState.COMPLETE and policy.has_slo:
         # The sampler learns where configs miss the SLO at every load: infeasible for
         # Optuna's constrained TPE (and never the study's best while one meets it).
@@ -271,7 +271,7 @@ def tell_without_run(policy: TellState, trial: optuna.Trial, params: dict[str, A
     conclusion = f"{what} ({failure.reason.value}): {failure.message}"
     record = replace(TrialRecord.failed(params, failure.reason.value, failure.message,
                                         conclusion),
-                     seed_source=str(trial.user_attrs.get(ATTR_SEED_SOURCE) or ""))
+                     seed_source=seed_source_of(trial))
     trial.set_user_attr(ATTR_RECORD, record.to_user_attr())
     policy.remember(trial.number, record)
     run_id = policy.log.open_run(trial, params)

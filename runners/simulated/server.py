@@ -35,7 +35,7 @@ from runners.loadgen.client import (
     MODELLED_TIME_FIELD,
     MODELLED_TIME_HEADER,
 )
-from runners.simulated import quality as sim_quality
+from runners.simulated import logprobs as sim_logprobs
 from runners.simulated.engine import SimulatedEngine
 from runners.simulated.settings import ServerSettings
 
@@ -79,8 +79,8 @@ def build_app(engine: SimulatedEngine) -> Any:
     # Text prompts are counted with the model's own tokenizer where its directory has one, as
     # the load generator counts them; else the word stand-in `_tokenize`.
     text_tokenizer = _model_tokenizer(config)
-    logits = sim_quality.LogitModel(vocab, sim_quality.noise_sigma(config.flags),
-                                    sim_quality.numerics_seed(config.flags))
+    logits = sim_logprobs.LogitModel(vocab, sim_logprobs.noise_sigma(config.flags),
+                                    sim_logprobs.numerics_seed(config.flags))
     in_flight = [0]  # logprob requests being answered
 
     async def health(_: Request) -> Response:
@@ -132,13 +132,13 @@ def build_app(engine: SimulatedEngine) -> Any:
                 _sse(engine, prompt_ids, max_tokens, request_id, model_name, include_usage,
                      is_refilled, burst_size, num_remaining),
                 media_type="text/event-stream", headers=MODELLED_CLOCK_HEADERS)
-        if sim_quality.wants_logprobs(body):  # the quality evaluation's requests
+        if sim_logprobs.wants_logprobs(body):  # the quality evaluation's requests
             in_flight[0] += 1
             try:
                 batch_key = in_flight[0]  # 1 = alone; batching moves logprobs a little
                 async for _event in engine.generate(prompt_ids, max_tokens):
                     pass
-                choice = sim_quality.completion_choice(logits, prompt_ids, body, max_tokens,
+                choice = sim_logprobs.completion_choice(logits, prompt_ids, body, max_tokens,
                                                        batch_key)
             finally:
                 in_flight[0] -= 1

@@ -131,7 +131,7 @@ def test_recommendation_counts_only_changes_vllm_would_run_with() -> None:
     """An explicit value equal to vLLM's default on the study's host, or a capture size that
     eager mode makes moot, is no flag changed: the recommendation does not pay for it."""
     from optimizer.recommendation import recommended_trial
-    from optimizer.study import STUDY_ATTR_VLLM_DEFAULTS
+    from optimizer.records import STUDY_ATTR_VLLM_DEFAULTS
 
     study = optuna.create_study(direction="maximize")
     study.set_user_attr(STUDY_ATTR_VLLM_DEFAULTS, {"max_num_seqs": 1024, "quantization": "none",
@@ -260,9 +260,8 @@ def _morning_study(confirm: dict[str, object] | None = None
     one with gpu_memory_utilization at vLLM's own 0.92 on this host, and the fp8 one without
     its block size; the stored fingerprint as `start` keeps it."""
     from optimizer.fingerprint import fingerprint_of
-    from optimizer.records import STUDY_ATTR_FINGERPRINT
+    from optimizer.records import STUDY_ATTR_FINGERPRINT, STUDY_ATTR_VLLM_DEFAULTS
     from optimizer.run.engine_choice import simulated_hardware
-    from optimizer.study import STUDY_ATTR_VLLM_DEFAULTS
     from runners.model_info import load_model_info
 
     cfg = parse_study({"name": "m", "engine": "simulated",

@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from optimizer.config import load_study
 from optimizer.errors import ConfigError
 from optimizer.export import render, select_trial
-from optimizer.quality import reference_path
+from optimizer.quality_gate import reference_path
 from optimizer.recommendation import best_trial, recommended_trial
 from optimizer.records import record_of
 from optimizer.report import build_report

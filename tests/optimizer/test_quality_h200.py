@@ -1,6 +1,6 @@
 """The quality gate's H200 proof read back through the shipped code (docs/quality.md, records in
 fixtures/h200/quality/): each scored trial's figures recomputed from the committed samples by
-`runners.quality.compare`, the noise floor, and the verdicts of the default limits."""
+`runners.quality_eval.compare`, the noise floor, and the verdicts of the default limits."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import optuna
 import pytest
 
 from optimizer.config import parse_study
-from optimizer.quality import limits_failed
+from optimizer.quality_gate import limits_failed
 from optimizer.records import record_of
-from runners.quality import QualitySample, QualityScores, compare
+from runners.quality_eval import QualitySample, QualityScores, compare
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "tests" / "fixtures" / "h200" / "quality"

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from runners.quality import (
+from runners.quality_eval import (
     PromptSample,
     QualityRun,
     QualitySample,

@@ -13,7 +13,7 @@ import pytest
 from runners.base import EngineConfig
 from runners.engine import EngineRunner
 from runners.load_level import LoadLevel
-from runners.quality import compare
+from runners.quality_eval import compare
 from runners.vllm.launcher import VllmLauncher
 from runners.workload import SLO, LengthDistribution, QualityEval, Workload
 

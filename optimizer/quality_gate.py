@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from optimizer.study import QUALITY_CONSTRAINT
 from runners.atomic import write_atomic
-from runners.quality import QualitySample, QualityScores, changes_numerics, compare
+from runners.quality_eval import QualitySample, QualityScores, changes_numerics, compare
 from runners.workload import Workload
 
 if TYPE_CHECKING:
