@@ -78,6 +78,7 @@ def test_a_restart_after_stop_now_measures_no_config_twice(tmp_path: Path,
     finally:
         if daemon.poll() is None:
             daemon.kill()
+            daemon.wait(30)  # reaped: no daemon outlives its test
     first = {t.number for t in load(tmp_path).trials}
     assert main(["start", str(path), "--no-progress"]) == 0
 
@@ -132,6 +133,7 @@ def test_a_second_daemon_on_the_same_study_from_another_directory_is_refused(
     finally:
         if daemon.poll() is None:
             daemon.kill()
+            daemon.wait(30)  # reaped: no daemon outlives its test
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 

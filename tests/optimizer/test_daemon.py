@@ -119,6 +119,7 @@ def test_resume_after_sigkill_keeps_finished_trials(tmp_path: Path) -> None:
     finally:
         if daemon.poll() is None:
             daemon.kill()
+            daemon.wait(30)  # reaped: no daemon outlives its test
     before = {t.number: (t.state, t.values) for t in load(tmp_path).trials
               if t.state.is_finished()}
     running = [t.number for t in load(tmp_path).trials if t.state == TrialState.RUNNING]
@@ -209,6 +210,7 @@ def test_stop_finishes_trials_in_flight_and_stop_now_fails_and_requeues_them(
     finally:
         if daemon.poll() is None:
             daemon.kill()
+            daemon.wait(30)  # reaped: no daemon outlives its test
     study = load(tmp_path)
     interrupted = [t for t in study.trials
                    if (t.user_attrs.get("record") or {}).get("failure_reason") == "interrupted"]
@@ -518,7 +520,8 @@ def test_sighup_in_the_confirmation_round_stops_the_study_and_never_says_done(
         def confirming() -> bool:
             try:
                 trials = load(tmp_path).trials
-            except (sqlalchemy.exc.OperationalError, KeyError):  # not made yet
+            except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError,
+                    KeyError):  # not made yet (or being made: both stamp its schema version)
                 return False
             return any("confirm" in t.user_attrs for t in trials
                        if t.state == TrialState.RUNNING)
@@ -529,6 +532,7 @@ def test_sighup_in_the_confirmation_round_stops_the_study_and_never_says_done(
     finally:
         if daemon.poll() is None:
             daemon.kill()
+            daemon.wait(30)  # reaped: no daemon outlives its test
     text = log.read_text()
     assert code != -signal.SIGHUP, "SIGHUP does not kill the daemon outright"
     assert "study e2e stopped" in text and "resume with:" in text, text[-2000:]
