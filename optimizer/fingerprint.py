@@ -295,7 +295,8 @@ def _digest(path: Path) -> str | None:
 
 def _mean(spec: Any) -> float:
     """The mean length a distribution draws, as far as the study file states it: a uniform
-    range's midpoint, else `mean` (runners/loadgen.py keeps it the mean, before clipping)."""
+    range's midpoint, else `mean` (runners/loadgen/requests.py keeps it the mean, before
+    clipping)."""
     if spec.kind == "uniform" and spec.low is not None and spec.high is not None:
         return (float(spec.low) + float(spec.high)) / 2
     return float(spec.mean)

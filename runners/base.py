@@ -116,7 +116,7 @@ class StepMetrics:
     repeats: tuple[BenchmarkMetrics, ...] = ()
     # Why a capacity step missed the SLO (one line; None when it met or was not judged).
     miss_reason: str | None = None
-    # A steady-state step's measured window (runners/staircase.py): the rate its measured
+    # A steady-state step's measured window (runners/capacity/): the rate its measured
     # requests were sent at, and the rate requests ended at over the same window, requests/s.
     offered_rate_rps: float | None = None
     completed_rate_rps: float | None = None

@@ -142,7 +142,7 @@ class CapacitySearch:
     # A probe of a trace or multi-turn workload (measured level by level, not on the steady
     # staircase) sends no new request after this long. None: unbounded.
     probe_duration_s: float | None = 30.0
-    # The steady staircase (runners/staircase.py): a step's window sends at least this many
+    # The steady staircase (runners/capacity/): a step's window sends at least this many
     # requests and lasts at least `min_window_s`, at most `max_window_s` (None: unbounded);
     # its warm-up is one request life unless `warmup_s` is given.
     min_window_requests: int = 200

@@ -314,9 +314,9 @@ def _check_trace_file(path: Path, timestamp_unit_s: float, source: str, *,
         if problem is not None:
             raise ConfigError(f"{where}: request {number}: {problem}.")
     if has_shared_prefix:
-        # As runners/loadgen.py `_with_shared_prefix` joins them: every prompt token ids, or
-        # every prompt text (an entry without one is synthesised: text where the model has a
-        # tokenizer, token ids where not) counted again with the tokenizer.
+        # As runners/loadgen/requests.py `_with_shared_prefix` joins them: every prompt token
+        # ids, or every prompt text (an entry without one is synthesised: text where the model
+        # has a tokenizer, token ids where not) counted again with the tokenizer.
         kinds = ["text" if isinstance(e.prompt, str) else "ids" if isinstance(e.prompt, list)
                  else "text" if has_tokenizer else "ids" for e in entries]
         if len(set(kinds)) > 1:

@@ -230,7 +230,8 @@ class VllmSpec(StrictSpec):
 STARTUP_SAVERS: dict[str, dict[str, str]] = {
     # Greedy requests never take FlashInfer's top-k/top-p sampler (v1/worker/gpu/sample/
     # sampler.py:231-246): off, the start-up skips building it (a first start JIT-builds it).
-    # nightshift's load generator sends temperature 0 only (runners/loadgen.py send_request).
+    # nightshift's load generator sends temperature 0 only (runners/loadgen/client.py
+    # send_request).
     "flashinfer_sampler_off": {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
 }
 
