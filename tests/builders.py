@@ -1,6 +1,7 @@
 """The study files tests build, and readers of what a study left: one small simulated study
 (two simulated H200s, a tiny workload, no confirmation round) that each test changes only where
-its point needs (`write_study(tmp_path, trials=2, workload={...})`)."""
+its point needs (`write_study(tmp_path, trials=2, workload={...})`); and one level's figures
+(`benchmark_metrics`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 import optuna
 import yaml
 from mlflow import MlflowClient
+
+from runners.base import BenchmarkMetrics
 
 MODEL = {"path": "qwen2.5-7b", "load_format": "dummy", "skip_tokenizer_init": True}
 WORKLOAD = {"input_len": 128, "output_len": 16, "levels": [{"concurrency": 4}, {"concurrency": 8}],
@@ -69,3 +72,18 @@ def trial_runs(tmp_path: Path, name: str = "e2e") -> list[Any]:
     return client.search_runs([exp.experiment_id],
                               filter_string="tags.`nightshift.kind` != 'study'",
                               max_results=1000)
+
+
+LATENCY_FIELDS = tuple(f"{s}_{m}_ms" for s in ("mean", "median", "std", "p90", "p99")
+                       for m in ("ttft", "tpot", "itl", "e2el"))
+
+
+def benchmark_metrics(latency_ms: float | None = None, **figures: Any) -> BenchmarkMetrics:
+    """One level's figures: every latency statistic `latency_ms` (None: no sample), then
+    `figures` (any field: `completed=150`, `p99_tpot_ms=14.0`, ...); counts and rates not
+    given are 0, the goodput None, one second long."""
+    fields: dict[str, Any] = dict.fromkeys(LATENCY_FIELDS, latency_ms)
+    fields.update(completed=1, failed=0, duration_s=1.0, total_input_tokens=0,
+                  total_output_tokens=0, request_throughput=0.0, request_goodput=None,
+                  output_throughput=0.0, total_token_throughput=0.0)
+    return BenchmarkMetrics(**{**fields, **figures})

@@ -5,19 +5,16 @@ from __future__ import annotations
 
 from optimizer.conclusions import capacity_text
 from optimizer.objectives import operating_step
-from runners.base import BenchmarkMetrics, StepMetrics
+from runners.base import StepMetrics
 from runners.capacity.bracket import bracket_from_metrics
 from runners.capacity_search import Bracket
 from runners.load_level import LoadLevel
+from tests.builders import benchmark_metrics
 
 
 def _step(index: int, load: float, met: bool, *, hold: bool = False) -> StepMetrics:
-    latencies = {f"{s}_{m}_ms": None for s in ("mean", "median", "std", "p90", "p99")
-                 for m in ("ttft", "tpot", "itl", "e2el")}
-    metrics = BenchmarkMetrics(**latencies, completed=150, failed=0, duration_s=14.0,
-                               total_input_tokens=0, total_output_tokens=0,
-                               request_throughput=load, request_goodput=load,
-                               output_throughput=0.0, total_token_throughput=0.0)
+    metrics = benchmark_metrics(completed=150, duration_s=14.0, request_throughput=load,
+                                request_goodput=load)
     return StepMetrics(step=index, level=LoadLevel(request_rate_rps=load), metrics=metrics,
                        server_metrics={"steady.is_hold": 1.0 if hold else 0.0}, meets_slo=met)
 

@@ -30,19 +30,16 @@ from runners.base import (
 )
 from runners.workload import Workload
 from search_spaces import load_space
-from tests.builders import categorical_space, write_study
+from tests.builders import benchmark_metrics, categorical_space, write_study
 
 # flags -> goodput, or the reason its engine failed (None: OOM at start)
 Script = Callable[[Mapping[str, Any]], float | FailureReason | None]
 
 
 def _metrics(goodput: float, throughput: float) -> BenchmarkMetrics:
-    zero = {f"{s}_{m}_ms": 1.0 for s in ("mean", "median", "std", "p90", "p99")
-            for m in ("ttft", "tpot", "itl", "e2el")}
-    return BenchmarkMetrics(completed=16, failed=0, duration_s=1.0, total_input_tokens=1,
-                            total_output_tokens=1, request_throughput=throughput,
-                            request_goodput=goodput, output_throughput=100 * goodput,
-                            total_token_throughput=1.0, **zero)
+    return benchmark_metrics(1.0, completed=16, total_input_tokens=1, total_output_tokens=1,
+                             request_throughput=throughput, request_goodput=goodput,
+                             output_throughput=100 * goodput, total_token_throughput=1.0)
 
 
 class ScriptedRunner:

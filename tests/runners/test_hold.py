@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runners.base import BenchmarkMetrics, EngineConfig, StepMetrics
+from runners.base import EngineConfig, StepMetrics
 from runners.capacity.driver import StaircaseDriver
 from runners.capacity.judge import WindowCounts, judge_window
 from runners.capacity.plan import plan_hold, plan_step
@@ -19,6 +19,7 @@ from runners.engine import EngineRunner, held_bracket
 from runners.load_level import LoadLevel
 from runners.simulated.launcher import SimulatedLauncher
 from runners.workload import SLO, LengthDistribution, Workload
+from tests.builders import benchmark_metrics
 
 SEARCH = CapacitySearch("request_rate", low=2, high=16, tolerance=0.1, max_probes=6,
                         min_window_requests=150, min_window_s=10, max_window_s=60)
@@ -26,12 +27,7 @@ SEARCH = CapacitySearch("request_rate", low=2, high=16, tolerance=0.1, max_probe
 
 def _step(index: int, load: float, met: bool, *, hold: bool = False,
           window_s: float = 14.0) -> StepMetrics:
-    latencies = {f"{s}_{m}_ms": None for s in ("mean", "median", "std", "p90", "p99")
-                 for m in ("ttft", "tpot", "itl", "e2el")}
-    metrics = BenchmarkMetrics(
-        **latencies, completed=150, failed=0, duration_s=window_s, total_input_tokens=0,
-        total_output_tokens=0, request_throughput=load, request_goodput=None,
-        output_throughput=0.0, total_token_throughput=0.0)
+    metrics = benchmark_metrics(completed=150, duration_s=window_s, request_throughput=load)
     return StepMetrics(step=index, level=LoadLevel(request_rate_rps=load), metrics=metrics,
                        server_metrics={"steady.window_s": window_s,
                                        "steady.is_hold": 1.0 if hold else 0.0},
@@ -181,12 +177,8 @@ def test_a_holds_wandering_in_flight_line_is_not_a_miss_but_its_growing_queue_is
     """Over ten lives of free arrivals the in-flight count wanders by about sqrt(n) a life; a
     line through it that rises by the tolerance is chance, not a ramp. The queue still
     judges an overload."""
-    latencies = {f"{s}_{m}_ms": None for s in ("mean", "median", "std", "p90", "p99")
-                 for m in ("ttft", "tpot", "itl", "e2el")}
-    metrics = BenchmarkMetrics(**{**latencies, "p99_tpot_ms": 14.0}, completed=1926, failed=0,
-                               duration_s=180.0, total_input_tokens=0, total_output_tokens=0,
-                               request_throughput=10.7, request_goodput=None,
-                               output_throughput=0.0, total_token_throughput=0.0)
+    metrics = benchmark_metrics(p99_tpot_ms=14.0, completed=1926, duration_s=180.0,
+                                request_throughput=10.7)
     wander = WindowCounts(window_s=180.0, num_sent=1926, num_ended=1920, mean_in_flight=160.0,
                           waiting_rise=0.0, in_flight_rise=18.0)
     kw = {"max_failed_fraction": 0.05, "tolerance": 0.1}

@@ -19,6 +19,7 @@ from runners.engine import EngineRunner
 from runners.loadgen.requests import build_requests
 from runners.simulated.launcher import SimulatedLauncher
 from runners.workload import SLO, LengthDistribution, Workload
+from tests.builders import benchmark_metrics
 
 DECODE = Workload(input_len=LengthDistribution("uniform", 250, 100, 400),
                   output_len=LengthDistribution("uniform", 1000, 600, 1400),
@@ -27,14 +28,9 @@ DECODE = Workload(input_len=LengthDistribution("uniform", 250, 100, 400),
 
 def _metrics(*, completed: int = 200, failed: int = 0, p99_tpot_ms: float | None = 12.0,
              p99_ttft_ms: float | None = 200.0) -> BenchmarkMetrics:
-    latencies = {f"{s}_{m}_ms": None for s in ("mean", "median", "std", "p90", "p99")
-                 for m in ("ttft", "tpot", "itl", "e2el")}
-    return BenchmarkMetrics(**{**latencies, "p99_tpot_ms": p99_tpot_ms,
-                               "p99_ttft_ms": p99_ttft_ms},
-                            completed=completed, failed=failed, duration_s=20.0,
-                            total_input_tokens=0, total_output_tokens=0,
-                            request_throughput=completed / 20.0, request_goodput=None,
-                            output_throughput=0.0, total_token_throughput=0.0)
+    return benchmark_metrics(p99_tpot_ms=p99_tpot_ms, p99_ttft_ms=p99_ttft_ms,
+                             completed=completed, failed=failed, duration_s=20.0,
+                             request_throughput=completed / 20.0)
 
 
 def _steady(num_sent: int = 200, num_ended: int = 200, in_flight: float = 150.0,

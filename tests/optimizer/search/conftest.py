@@ -15,6 +15,7 @@ from optimizer.study import make_pruner, make_sampler
 from runners.base import BenchmarkMetrics, StepMetrics
 from runners.load_level import LoadLevel
 from search_spaces import ResolvedSpace, load_space
+from tests.builders import benchmark_metrics
 from tests.optimizer.test_daemon import categorical_space, write_study
 
 Setup = tuple[StudyConfig, ResolvedSpace, optuna.Study]
@@ -37,12 +38,9 @@ def make_setup(tmp_path: Path) -> Callable[..., Setup]:
 
 def metrics(goodput: float, throughput: float) -> BenchmarkMetrics:
     """A level's figures: `goodput` of `throughput` requests/s met the SLO."""
-    latency = {f"{s}_{m}_ms": 1.0 for s in ("mean", "median", "std", "p90", "p99")
-               for m in ("ttft", "tpot", "itl", "e2el")}
-    return BenchmarkMetrics(completed=16, failed=0, duration_s=1.0, total_input_tokens=1,
-                            total_output_tokens=1, request_throughput=throughput,
-                            request_goodput=goodput, output_throughput=100 * goodput,
-                            total_token_throughput=1.0, **latency)
+    return benchmark_metrics(1.0, completed=16, total_input_tokens=1, total_output_tokens=1,
+                             request_throughput=throughput, request_goodput=goodput,
+                             output_throughput=100 * goodput, total_token_throughput=1.0)
 
 
 def step(index: int, level: LoadLevel, goodput: float, throughput: float) -> StepMetrics:
