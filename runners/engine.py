@@ -28,7 +28,7 @@ from runners.base import (
     StepMetrics,
 )
 from runners.capacity.probes import run_probes
-from runners.capacity.staircase import run_staircase
+from runners.capacity.staircase import holds_of, run_staircase
 from runners.capacity_search import Bracket, CapacitySearch, Probe
 from runners.credentials import (
     API_KEY_ENV,
@@ -242,8 +242,7 @@ def held_bracket(search: CapacitySearch, probes: Sequence[Probe],
     False where holds ran and none met there (the claim rests on a short window), None where
     no hold ran (none asked for, a trace's probes, or the trial stopped first)."""
     bracket = search.bracket(probes)
-    holds = [s for s in steps if s.is_hold]
+    holds = holds_of(search, steps)
     if not holds or bracket.met_load is None:
         return bracket
-    held = any(s.meets_slo and search.load_of(s.level) == bracket.met_load for s in holds)
-    return replace(bracket, held=held)
+    return replace(bracket, held=any(ok and load == bracket.met_load for load, ok in holds))

@@ -91,7 +91,6 @@ def run_staircase(session: EngineSession, steps: list[StepMetrics], on_step: OnS
         burstiness=workload.burstiness, stall_timeout_s=s.stall_timeout_s,
         api_key=s.api_key)
     driver.start(first)
-    holds: list[tuple[float, bool]] = []  # (load, met) of each hold, in order
     try:
         item: tuple[float, bool] | None = (first, False)  # (load, is a hold)
         while item is not None:
@@ -125,11 +124,9 @@ def run_staircase(session: EngineSession, steps: list[StepMetrics], on_step: OnS
                     step.completed_rate_rps < step.offered_rate_rps * (1 - search.tolerance):
                 # Fell behind in its window, no drain bias: what it served steers the next.
                 served = step.completed_rate_rps
-            if is_hold:
-                holds.append((load, bool(step.meets_slo)))
-                if not step.meets_slo:
-                    history[:] = supersede_history(history, load, served)
-                    steps[:] = supersede_steps(search, steps, step)
+            if is_hold and not step.meets_slo:
+                history[:] = supersede_history(history, load, served)
+                steps[:] = supersede_steps(search, steps, step)
             else:
                 history.append((load, bool(step.meets_slo), served))
             steps.append(step)
@@ -144,7 +141,7 @@ def run_staircase(session: EngineSession, steps: list[StepMetrics], on_step: OnS
                 if step.metrics.p90_e2el_ms is not None:  # a missed step's lives queued
                     lifetime_s = lifetime_estimate_s(
                         workload, measured_e2el_s=step.metrics.p90_e2el_ms / 1000.0)
-            item = next_measurement(search, history, holds)
+            item = next_measurement(search, history, holds_of(search, steps))
             # After the last step the stream goes on at the profile's load, where asked.
             follow = item[0] if item is not None else \
                 search.load_of(profile_level(workload, steps)) if is_profiled else None
@@ -166,6 +163,11 @@ def run_staircase(session: EngineSession, steps: list[StepMetrics], on_step: OnS
                                            profile_dir)
     finally:
         driver.close()
+
+
+def holds_of(search: CapacitySearch, steps: Sequence[StepMetrics]) -> list[tuple[float, bool]]:
+    """(load, met the SLO) of each hold among `steps`, in order."""
+    return [(search.load_of(s.level), bool(s.meets_slo)) for s in steps if s.is_hold]
 
 
 def next_measurement(search: CapacitySearch, history: Sequence[Probe],
