@@ -153,7 +153,7 @@ class CapacitySearch:
     # lower end is measured again over a window of at least `hold_s` of arrivals and at least
     # `hold_lives` request lives, with free (unconditioned) Poisson or gamma arrivals as
     # `vllm bench serve` sends them; the claim is a load that held. A step's short window sees
-    # one batch (its p99 is its median); the p99 an operator reads over minutes is set by the
+    # one batch (its p99 is about its median); the p99 an operator reads over minutes is set by the
     # load's swings (docs/h100-steady.md). 0: no hold (the claim rests on short windows and
     # says so). A hold that misses steps down (`next_hold`), at most `max_holds` times.
     hold_s: float = 180.0  # s

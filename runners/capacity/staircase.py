@@ -185,7 +185,7 @@ def next_measurement(search: CapacitySearch, history: Sequence[Probe],
 def supersede_history(history: Sequence[Probe], missed_load: float,
                       served: float | None) -> list[Probe]:
     """The probes after a hold at `missed_load` missed: the steps that met at or above it
-    count as missed (a short window's p99 is its median: docs/h100-steady.md), and the hold
+    count as missed (a short window's p99 is about its median: docs/h100-steady.md), and the hold
     is a miss at its load."""
     out: list[Probe] = []
     for probe in history:
