@@ -109,7 +109,7 @@ def capacity_text(bracket: Bracket, tolerance: float | None, *,
         text += ", held over a long window of free arrivals"
     elif bracket.held is False:
         text += (", not held: every hold missed, so its lower end rests on a short window "
-                 "(whose p99 reads low)")
+                 "(whose p99 can read low)")
     if not bracket.is_resolved and is_stopped:
         text += ", unresolved: the search was stopped"
     elif not bracket.is_resolved:
