@@ -1,7 +1,8 @@
 """The study files tests build, and readers of what a study left: one small simulated study
 (two simulated H200s, a tiny workload, no confirmation round) that each test changes only where
-its point needs (`write_study(tmp_path, trials=2, workload={...})`); and one level's figures
-(`benchmark_metrics`)."""
+its point needs (`write_study(tmp_path, trials=2, workload={...})`); one level's figures
+(`benchmark_metrics`); and a short capacity search on the simulated engine
+(`staircase_workload`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import yaml
 from mlflow import MlflowClient
 
 from runners.base import BenchmarkMetrics
+from runners.capacity_search import CapacitySearch
+from runners.workload import SLO, LengthDistribution, Workload
 
 MODEL = {"path": "qwen2.5-7b", "load_format": "dummy", "skip_tokenizer_init": True}
 WORKLOAD = {"input_len": 128, "output_len": 16, "levels": [{"concurrency": 4}, {"concurrency": 8}],
@@ -87,3 +90,16 @@ def benchmark_metrics(latency_ms: float | None = None, **figures: Any) -> Benchm
                   total_output_tokens=0, request_throughput=0.0, request_goodput=None,
                   output_throughput=0.0, total_token_throughput=0.0)
     return BenchmarkMetrics(**{**fields, **figures})
+
+
+def staircase_workload(workload: dict[str, Any] | None = None, **capacity: Any) -> Workload:
+    """A steady staircase sized for the simulated engine: 256 in / 64 out, TPOT p99 <= 12 ms, a
+    request rate in [2, 400] to 30% in at most 3 steps of 1-5 s windows; `capacity` and
+    `workload` change what a test's point needs (`hold_s=0`, `profile=True`)."""
+    search = {"axis": "request_rate", "low": 2, "high": 400, "tolerance": 0.3,
+              "max_probes": 3, "min_window_requests": 40, "min_window_s": 1.0,
+              "max_window_s": 5.0, **capacity}
+    return Workload(input_len=LengthDistribution(mean=256),
+                    output_len=LengthDistribution(mean=64), slo=SLO(tpot_p99_ms=12),
+                    num_warmup_requests=2, capacity=CapacitySearch(**search),
+                    **(workload or {}))

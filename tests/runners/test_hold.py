@@ -18,8 +18,8 @@ from runners.capacity_search import Bracket, CapacitySearch
 from runners.engine import EngineRunner, held_bracket
 from runners.load_level import LoadLevel
 from runners.simulated.launcher import SimulatedLauncher
-from runners.workload import SLO, LengthDistribution, Workload
-from tests.builders import benchmark_metrics
+from runners.workload import SLO
+from tests.builders import benchmark_metrics, staircase_workload
 
 SEARCH = CapacitySearch("request_rate", low=2, high=16, tolerance=0.1, max_probes=6,
                         min_window_requests=150, min_window_s=10, max_window_s=60)
@@ -144,13 +144,7 @@ def test_a_capacity_search_holds_its_claim_on_the_same_stream(tmp_path: Path) ->
     """The steps find the bracket, then its lower end is held over a longer window of free
     arrivals on the same engine; the hold is a step of the record and the bracket says it
     held (or, where it missed, which load did)."""
-    workload = Workload(input_len=LengthDistribution(mean=256),
-                        output_len=LengthDistribution(mean=64), slo=SLO(tpot_p99_ms=12),
-                        num_warmup_requests=2,
-                        capacity=CapacitySearch("request_rate", low=2, high=400, tolerance=0.3,
-                                                max_probes=3, min_window_requests=40,
-                                                min_window_s=1.0, max_window_s=3.0,
-                                                hold_s=4.0, hold_lives=1.0, max_holds=2))
+    workload = staircase_workload(max_window_s=3.0, hold_s=4.0, hold_lives=1.0, max_holds=2)
     runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.01, seed=0),
                           tmp_path / "registry")
     try:

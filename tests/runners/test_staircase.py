@@ -19,7 +19,7 @@ from runners.engine import EngineRunner
 from runners.loadgen.requests import build_requests
 from runners.simulated.launcher import SimulatedLauncher
 from runners.workload import SLO, LengthDistribution, Workload
-from tests.builders import benchmark_metrics
+from tests.builders import benchmark_metrics, staircase_workload
 
 DECODE = Workload(input_len=LengthDistribution("uniform", 250, 100, 400),
                   output_len=LengthDistribution("uniform", 1000, 600, 1400),
@@ -161,13 +161,7 @@ def simulated(tmp_path: Path) -> EngineRunner:
 @pytest.mark.slow  # a whole capacity search: a minute and more
 def test_a_capacity_search_walks_every_step_on_one_engine_without_a_restart(
         simulated: EngineRunner, tmp_path: Path) -> None:
-    workload = Workload(input_len=LengthDistribution(mean=256),
-                        output_len=LengthDistribution(mean=64), slo=SLO(tpot_p99_ms=12),
-                        num_warmup_requests=2,
-                        capacity=CapacitySearch("request_rate", low=2, high=400, tolerance=0.3,
-                                                max_probes=3, min_window_requests=40,
-                                                min_window_s=1.0, max_window_s=5.0,
-                                                hold_s=0))
+    workload = staircase_workload(hold_s=0)
     config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
     result = simulated.run(config, workload, tmp_path / "w")
     assert result.status == "complete", result.failure
@@ -228,13 +222,7 @@ def test_the_profile_covers_a_steady_window_of_the_stream_at_the_operating_point
     """The label's trace and the headline describe one operating point: the profiled window is
     part of the same stream, at the highest load that met the SLO, after its warm-up (not a
     fresh batch into an emptied server), and the result says what it covered."""
-    workload = Workload(input_len=LengthDistribution(mean=256),
-                        output_len=LengthDistribution(mean=64), slo=SLO(tpot_p99_ms=12),
-                        num_warmup_requests=2, profile=True, profile_num_requests=40,
-                        capacity=CapacitySearch("request_rate", low=2, high=400, tolerance=0.3,
-                                                max_probes=3, min_window_requests=40,
-                                                min_window_s=1.0, max_window_s=5.0,
-                                                hold_s=0))
+    workload = staircase_workload({"profile": True, "profile_num_requests": 40}, hold_s=0)
     config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
     result = simulated.run(config, workload, tmp_path / "w")
     assert result.status == "complete", result.failure
