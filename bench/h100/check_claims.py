@@ -57,6 +57,7 @@ def main() -> int:
         if not met:
             continue
         label = "defaults" if record.is_baseline else f"trial{trial.number}"
+        print(f"claim of {label}: {record.capacity}", flush=True)  # held or not, with the bracket
         claims.append((float(met), label, record))
     best = max((c for c in claims if c[1] != "defaults"), default=None, key=lambda c: c[0])
     order = [c for c in (best, next((c for c in claims if c[1] == "defaults"), None)) if c]
