@@ -32,7 +32,7 @@ import yaml
 
 from optimizer.cli import main as nightshift
 from optimizer.records import record_of
-from optimizer.study import is_search_trial
+from optimizer.storage.study import is_search_trial
 
 STUDY: dict[str, Any] = {
     "engine": "simulated",

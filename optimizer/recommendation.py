@@ -13,7 +13,7 @@ import optuna
 from optuna.trial import TrialState
 
 from optimizer.records import confirm_label, is_baseline, record_of, stored_vllm_defaults
-from optimizer.study import QUALITY_CONSTRAINT, is_search_trial
+from optimizer.storage.study import QUALITY_CONSTRAINT, is_search_trial
 from search_spaces import HOST_DEFAULTS, changed_params, vllm_default
 
 

@@ -18,7 +18,7 @@ from optimizer.recommendation import best_trial, is_measured, no_baseline_reason
 from optimizer.records import confirm_label, confirmation_of
 from optimizer.report import build_report, headline
 from optimizer.report.render import best_tags
-from optimizer.study import count_trials
+from optimizer.storage.study import count_trials
 
 
 def study_summary(study: optuna.Study,

@@ -33,9 +33,9 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
     Example:
       nightshift status examples/quickstart.yaml
     """
-    from optimizer.lock import read_lease, read_lock, study_lock_path
     from optimizer.records import confirmation_of
-    from optimizer.study import count_trials, existing_storage, open_study
+    from optimizer.storage.lock import read_lease, read_lock, study_lock_path
+    from optimizer.storage.study import count_trials, existing_storage, open_study
 
     cfg = load_config(study).with_overrides(storage=storage)
     store = existing_storage(cfg)
@@ -184,7 +184,7 @@ def export(
       nightshift export examples/quickstart.yaml --to-library bench.yaml --case qwen7b-chat
     """
     from optimizer.export import choice_note, render, select_trial
-    from optimizer.study import open_study
+    from optimizer.storage.study import open_study
 
     cfg = load_config(study).with_overrides(storage=storage)
     if max_tpot_ms is not None and not (math.isfinite(max_tpot_ms) and max_tpot_ms > 0):
@@ -235,7 +235,7 @@ def write_report_files(cfg: StudyConfig, output: Path | None, *,
     its MLflow parent run where `log_to_mlflow`; the files written."""
     from optimizer.records import mlflow_study_key
     from optimizer.report import build_report, write_report
-    from optimizer.study import open_study
+    from optimizer.storage.study import open_study
     from optimizer.tracking.tracker import Tracker
 
     study = open_study(cfg, create=False)

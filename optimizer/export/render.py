@@ -37,7 +37,7 @@ from optimizer.records import (
     record_of,
     stored_fingerprint,
 )
-from optimizer.study import startup_saver_env
+from optimizer.storage.study import startup_saver_env
 from runners.credentials import is_secret_name
 from runners.vllm.flags import flag_table
 from search_spaces import to_flags

@@ -22,7 +22,7 @@ from optimizer.regress.compare import (
     worst,
 )
 from optimizer.regress.library import FIGURES, CaseSpec, LibraryConfig
-from optimizer.study import engine_config
+from optimizer.storage.study import engine_config
 from runners.base import BenchmarkMetrics, Failure, FailureReason, RunResult
 from search_spaces.engine.tables import VllmFlags
 

@@ -28,7 +28,7 @@ from optimizer.recommendation import (
 )
 from optimizer.records import confirm_label, confirmation_of, gpus_of, is_baseline, record_of
 from optimizer.report.knobs import KnobEffect, finite_or_none, importances, knob_effects
-from optimizer.study import count_trials, is_search_trial
+from optimizer.storage.study import count_trials, is_search_trial
 from runners.capacity import bracket_from_metrics
 from runners.capacity_search import Bracket
 from runners.simulated.launcher import is_simulated_argv

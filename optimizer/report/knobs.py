@@ -21,7 +21,7 @@ from optimizer.recommendation import (
     params_of,
 )
 from optimizer.records import gpus_of, record_of
-from optimizer.study import is_search_trial
+from optimizer.storage.study import is_search_trial
 from runners.capacity import bracket_from_metrics
 from search_spaces import PARAM_PARENTS, changed_params
 

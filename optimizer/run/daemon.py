@@ -25,9 +25,7 @@ from optimizer import quality_gate
 from optimizer.config import StudyConfig, resume_command
 from optimizer.confirm import confirm
 from optimizer.errors import NightshiftError, StorageError, TrackingError, WorkerLost, describe
-from optimizer.lock import StorageLease, StudyLock, is_local_file_storage, study_lock_path
 from optimizer.records import STUDY_ATTR_MLFLOW_KEY, mlflow_study_key
-from optimizer.recovery import Recovery, trial_workdir
 from optimizer.run.events import (
     DaemonSummary,
     TrialEvent,
@@ -36,6 +34,7 @@ from optimizer.run.events import (
     operating_tpot_ms,
 )
 from optimizer.run.executor import Executor, TrialHandle
+from optimizer.run.recovery import Recovery, trial_workdir
 from optimizer.run.strays import reap_left_by_dead_daemon, reap_orphans
 from optimizer.run.study_runs import (
     MlflowLog,
@@ -47,7 +46,8 @@ from optimizer.run.study_runs import (
 )
 from optimizer.search.controller import SearchController
 from optimizer.search.trials import Running
-from optimizer.study import make_storage, open_study
+from optimizer.storage.lock import StorageLease, StudyLock, is_local_file_storage, study_lock_path
+from optimizer.storage.study import make_storage, open_study
 from optimizer.tracking.tracker import Tracker
 from runners.atomic import write_atomic
 from runners.base import FailureReason, RunResult

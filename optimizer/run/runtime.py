@@ -40,7 +40,7 @@ from optimizer.run.ray_cluster import (
 from optimizer.run.ray_executor import RayExecutor
 from optimizer.run.seeds import seed_trial_params, template_trial_params, warm_start
 from optimizer.run.space_context import space_context
-from optimizer.study import make_storage
+from optimizer.storage.study import make_storage
 from optimizer.study_summary import study_summary
 from optimizer.tracking.tracker import Tracker
 from optimizer.tuning_memory import TAG_WARM_START

@@ -37,7 +37,7 @@ from optimizer.search.scheduler import PruningScheduler
 from optimizer.search.searcher import Searcher
 from optimizer.search.tell import record_result, tell_without_run
 from optimizer.search.trials import Running, Told, TrialLog, Waiting
-from optimizer.study import is_search_trial, requeue
+from optimizer.storage.study import is_search_trial, requeue
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo

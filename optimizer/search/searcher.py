@@ -29,7 +29,7 @@ from optimizer.records import (
 )
 from optimizer.search.tell import tell_duplicate, tell_without_run
 from optimizer.search.trials import NoLog, Running, TrialLog, Waiting, config_key
-from optimizer.study import CONFIG_FAILURES, engine_config, running_trial
+from optimizer.storage.study import CONFIG_FAILURES, engine_config, running_trial
 from runners.base import EngineConfig, Failure, FailureReason
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo

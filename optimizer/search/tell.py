@@ -36,7 +36,7 @@ from optimizer.search.notes import (
 )
 from optimizer.search.startup import startup_metrics, startup_record
 from optimizer.search.trials import Running, Told, TrialLog
-from optimizer.study import CONFIG_FAILURES, STATE_NAMES, state_of, tell_config_failure
+from optimizer.storage.study import CONFIG_FAILURES, STATE_NAMES, state_of, tell_config_failure
 from runners.base import (
     EngineConfig,
     Failure,

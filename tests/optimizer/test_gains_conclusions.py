@@ -15,7 +15,7 @@ from optimizer.conclusions import SHORT_CHARS, Reference, conclude
 from optimizer.config import parse_study
 from optimizer.confirm import confirm_summary
 from optimizer.report import build_report, headline, render_markdown
-from optimizer.study import open_study
+from optimizer.storage.study import open_study
 from runners.capacity_search import Bracket
 
 DEFAULTS_BRACKET = Bracket("request_rate", 8.9, 18.9, "unresolved", 8)

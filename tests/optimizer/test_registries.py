@@ -17,7 +17,7 @@ from optimizer.objectives import OBJECTIVES, Objective, get_objective, objective
 from optimizer.records import objective_unit
 from optimizer.samplers import SAMPLERS
 from optimizer.search.pruners import PRUNERS
-from optimizer.study import make_pruner, make_sampler, open_study
+from optimizer.storage.study import make_pruner, make_sampler, open_study
 from runners.base import BenchmarkMetrics, StepMetrics
 from runners.load_level import LoadLevel
 

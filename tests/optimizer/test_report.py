@@ -18,7 +18,7 @@ from mlflow import MlflowClient
 from optimizer.cli import main
 from optimizer.config import parse_study
 from optimizer.report import TrialRow, build_report, pareto_front, render_markdown, write_report
-from optimizer.study import open_study
+from optimizer.storage.study import open_study
 from optimizer.tracking.tracker import Tracker
 
 CHOICES = {"quantization": ["none", "fp8"], "enforce_eager": [False, True]}

@@ -15,7 +15,7 @@ from optimizer.errors import ConfigError
 from optimizer.export import trial_env as export_env
 from optimizer.search.controller import SearchController
 from optimizer.search.startup import CompileCaches, launch_order, startup_record
-from optimizer.study import engine_config, make_pruner, make_sampler, startup_saver_env
+from optimizer.storage.study import engine_config, make_pruner, make_sampler, startup_saver_env
 from runners.base import EngineConfig, EngineInfo, RunResult, StepMetrics
 from runners.vllm.compile_cache import compile_key
 from search_spaces import load_space

@@ -32,7 +32,12 @@ from optimizer.records import (
 )
 from optimizer.samplers import SAMPLERS
 from optimizer.search.pruners import PRUNERS
-from optimizer.storage_wait import ATTEMPT_TIMEOUT_S, LockWait, LockWaitingStorage, StoreLocked
+from optimizer.storage.sqlite_wait import (
+    ATTEMPT_TIMEOUT_S,
+    LockWait,
+    LockWaitingStorage,
+    StoreLocked,
+)
 from runners.base import EngineConfig, FailureReason, RunResult
 from runners.model_info import resolve_model_dir
 
@@ -54,7 +59,7 @@ _RACE_ERRORS = frozenset({"IntegrityError", "OperationalError"})
 def make_storage(url: str, *, lock_wait: LockWait | None = None,
                  attempt_timeout_s: float = ATTEMPT_TIMEOUT_S) -> optuna.storages.RDBStorage:
     """The storage at `url`. A SQLite file's every read and write waits through a lock another
-    process holds (`lock_wait`, by default LOCK_WAIT_S; storage_wait.py), SQLite's own busy
+    process holds (`lock_wait`, by default LOCK_WAIT_S; sqlite_wait.py), SQLite's own busy
     wait lasting `attempt_timeout_s` per attempt."""
     sqlite_file = url.startswith("sqlite:///")
     if sqlite_file:
