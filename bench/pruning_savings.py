@@ -31,7 +31,7 @@ import optuna
 import yaml
 
 from optimizer.cli import main as nightshift
-from optimizer.records import record_of
+from optimizer.results.trial_record import record_of
 from optimizer.storage.study import is_search_trial
 
 STUDY: dict[str, Any] = {

@@ -35,7 +35,7 @@ from typing import Any
 
 import optuna
 
-from optimizer.records import record_of
+from optimizer.results.trial_record import record_of
 from optimizer.storage.study import is_search_trial
 
 WITHIN = 0.97  # "found": a trial at >= 97% of the grid's best objective

@@ -14,7 +14,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from optimizer.objectives import OBJECTIVES
+from optimizer.results.objectives import OBJECTIVES
 
 # The room the changes and conclusion columns need side by side (a long flag and most of a
 # short conclusion); with less, each trial's changes sit over its conclusion in one column.

@@ -31,8 +31,8 @@ class ModelSpec(StrictSpec):
 
 
 class QualitySpec(StrictSpec):
-    """The quality gate (optimizer/quality_gate.py). The limits are provisional until measured on
-    real weights (docs/quality.md): a limit set to null is not checked."""
+    """The quality gate (optimizer/results/quality_gate.py). The limits are provisional until
+    measured on real weights (docs/quality.md): a limit set to null is not checked."""
 
     # auto: on with real weights and a tokenizer, skipped (and said so) otherwise.
     enabled: Literal["auto", "on", "off"] = "auto"

@@ -23,7 +23,7 @@ from optimizer.config.validation_errors import format_validation_error
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.engines import RUNNERS
 from optimizer.errors import ConfigError
-from optimizer.objectives import OBJECTIVES
+from optimizer.results.objectives import OBJECTIVES
 from runners.atomic import write_atomic
 from search_spaces.bounded_yaml import YamlLimitError, load_yaml
 

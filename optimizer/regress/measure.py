@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.engines import RunnerSpec, build_runner
-from optimizer.objectives import operating_step
 from optimizer.regress.compare import (
     CaseVerdict,
     FigureComparison,
@@ -22,6 +21,7 @@ from optimizer.regress.compare import (
     worst,
 )
 from optimizer.regress.library import FIGURES, CaseSpec, LibraryConfig
+from optimizer.results.objectives import operating_step
 from optimizer.storage.study import engine_config
 from runners.base import BenchmarkMetrics, Failure, FailureReason, RunResult
 from search_spaces.engine.tables import VllmFlags

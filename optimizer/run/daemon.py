@@ -4,7 +4,7 @@ the policy, and log every trial to MLflow, until the budget ends or a stop.
 
 Policy (what runs, pruning, what Optuna is told) is `optimizer.search` (its controller); where
 trials run is `optimizer.run.executor` (Ray: `optimizer.run.ray_executor`); the MLflow side is
-`optimizer.run.study_runs`; the record of a trial is `optimizer.records`.
+`optimizer.run.study_runs`; the record of a trial is `optimizer.results.trial_record`.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any, Literal
 import optuna
 from optuna.trial import FrozenTrial
 
-from optimizer import quality_gate
 from optimizer.config import StudyConfig, resume_command
-from optimizer.confirm import confirm
 from optimizer.errors import NightshiftError, StorageError, TrackingError, WorkerLost, describe
-from optimizer.records import STUDY_ATTR_MLFLOW_KEY, mlflow_study_key
+from optimizer.results import quality_gate
+from optimizer.results.confirmation import confirm
+from optimizer.results.trial_record import STUDY_ATTR_MLFLOW_KEY, mlflow_study_key
 from optimizer.run.events import (
     DaemonSummary,
     TrialEvent,

@@ -19,7 +19,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.errors import describe
-from optimizer.records import (
+from optimizer.results.trial_record import (
     ATTR_CUT_SHORT,
     ATTR_MLFLOW_RUN,
     ATTR_RECORD,

@@ -16,7 +16,7 @@ from optimizer.engines import RunnerSpec
 from optimizer.errors import ConfigError, TrackingError
 from optimizer.fingerprint import Fingerprint, fingerprint_of, resume_changes
 from optimizer.learned_facts import learn_facts
-from optimizer.records import (
+from optimizer.results.trial_record import (
     STUDY_ATTR_FINGERPRINT,
     STUDY_ATTR_VLLM_DEFAULTS,
     STUDY_ATTR_WARM_START,
@@ -41,7 +41,7 @@ from optimizer.run.ray_executor import RayExecutor
 from optimizer.run.seeds import seed_trial_params, template_trial_params, warm_start
 from optimizer.run.space_context import space_context
 from optimizer.storage.study import make_storage
-from optimizer.study_summary import study_summary
+from optimizer.tracking.study_summary import study_summary
 from optimizer.tracking.tracker import Tracker
 from optimizer.tuning_memory import TAG_WARM_START
 from runners.hardware import HardwareProfile

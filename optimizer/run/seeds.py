@@ -11,7 +11,7 @@ from typing import Any
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
 from optimizer.fingerprint import Fingerprint
-from optimizer.records import ATTR_SEED_SOURCE, ATTR_SEED_TITLE
+from optimizer.results.trial_record import ATTR_SEED_SOURCE, ATTR_SEED_TITLE
 from optimizer.tracking.tracker import Tracker
 from optimizer.tuning_memory import WarmStart, plan_warm_start, read_studies
 from search_spaces import ResolvedSpace, SpaceError

@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer import bottleneck
 from optimizer.config import StudyConfig
-from optimizer.records import (
+from optimizer.results.trial_record import (
     ATTR_BASELINE,
     ATTR_CONFIRM,
     ATTR_SEED_SOURCE,

@@ -15,8 +15,8 @@ from optuna.trial import TrialState
 
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
-from optimizer.objectives import get_objective
-from optimizer.records import (
+from optimizer.results.objectives import get_objective
+from optimizer.results.trial_record import (
     ATTR_DAEMON_LOSSES,
     ATTR_RETRIES,
     ATTR_RETRY_OF,
@@ -41,8 +41,8 @@ from optimizer.storage.sqlite_wait import (
 from runners.base import EngineConfig, FailureReason, RunResult
 from runners.model_info import resolve_model_dir
 
-MAX_DAEMON_LOSSES = 5  # re-queues of a config a dying daemon lost (records.ATTR_DAEMON_LOSSES)
-# The Optuna constraint a trial outside the quality limits violates (optimizer/quality_gate.py).
+MAX_DAEMON_LOSSES = 5  # re-queues of a config a dying daemon lost (ATTR_DAEMON_LOSSES)
+# The Optuna constraint a trial outside the quality limits violates (results/quality_gate.py).
 QUALITY_CONSTRAINT = "quality"
 # A config that failed for one of these reasons fails again: it is never launched twice, and
 # the sampler is told it as the worst value with a violated constraint (`tell_config_failure`).

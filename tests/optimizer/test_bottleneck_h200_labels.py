@@ -34,7 +34,7 @@ from optimizer.bottleneck import (
     level_metrics,
     sentence,
 )
-from optimizer.gains import capacity_gain, format_gain
+from optimizer.results.gains import capacity_gain, format_gain
 from runners.base import BenchmarkMetrics, EngineConfig, EngineInfo, RunResult, StepMetrics
 from runners.capacity_search import Bracket
 from runners.hardware import HardwareProfile

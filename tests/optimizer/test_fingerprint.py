@@ -267,7 +267,7 @@ def test_a_traces_text_prompts_are_labelled_recorded_lengths(tmp_path: Path) -> 
 def _stored_study(tmp_path: Path, fp: Fingerprint) -> str:
     import optuna
 
-    from optimizer.records import STUDY_ATTR_FINGERPRINT
+    from optimizer.results.trial_record import STUDY_ATTR_FINGERPRINT
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     stored = optuna.create_study(study_name="here", storage=url, direction="maximize")

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from optimizer.learned_facts import measured_facts, write_facts
-from optimizer.records import TrialRecord
+from optimizer.results.trial_record import TrialRecord
 from search_spaces.known_facts import read_facts_file
 
 
@@ -83,7 +83,7 @@ def test_a_study_whose_two_oom_configs_share_a_value_writes_it_at_its_end(
     from optimizer.learned_facts import learn_facts
     from optimizer.run.daemon import Daemon
     from optimizer.run.executor import InlineExecutor
-    from optimizer.study_summary import study_summary
+    from optimizer.tracking.study_summary import study_summary
     from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
     from tests.builders import categorical_space, write_study

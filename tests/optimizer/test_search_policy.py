@@ -13,12 +13,17 @@ import pytest
 from optuna.trial import TrialState
 
 from optimizer.config import load_study
-from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, ATTR_DUPLICATE_OF, record_of
+from optimizer.results.trial_record import (
+    ATTR_BASELINE,
+    ATTR_CONFIRM,
+    ATTR_DUPLICATE_OF,
+    record_of,
+)
 from optimizer.run.daemon import Daemon
 from optimizer.run.executor import InlineExecutor
 from optimizer.search.controller import SearchController
 from optimizer.storage.study import count_trials, make_pruner, make_sampler
-from optimizer.study_summary import study_summary
+from optimizer.tracking.study_summary import study_summary
 from optimizer.tracking.tracker import Tracker
 from runners.base import (
     BenchmarkMetrics,

@@ -128,7 +128,7 @@ def test_startup_settings_that_would_change_the_measurement_are_refused(
 
 
 def test_mlflow_gets_the_start_up_as_tags_and_metrics() -> None:
-    from optimizer.records import TrialRecord
+    from optimizer.results.trial_record import TrialRecord
     from optimizer.search.startup import startup_metrics
     from optimizer.tracking.payload import tracking_payload
 
@@ -254,7 +254,7 @@ def test_a_resumed_study_trusts_the_ledger_not_its_records_for_what_is_warm(
     """A study resumed on a machine whose cache root is new (or cleared) holds records of keys
     compiled elsewhere: with a ledger read on that root, they are cold (a warm prediction would
     launch a must-compile start under VLLM_FORCE_AOT_LOAD); with no ledger, the records say."""
-    from optimizer.records import ATTR_RECORD, TrialRecord
+    from optimizer.results.trial_record import ATTR_RECORD, TrialRecord
 
     cache = tmp_path / "cache"
     first = _ledger_policy(tmp_path, "first", cache).next_launch(lambda n: True)

@@ -10,7 +10,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, ATTR_RETRIES, ATTR_RETRY_OF
+from optimizer.results.trial_record import ATTR_BASELINE, ATTR_CONFIRM, ATTR_RETRIES, ATTR_RETRY_OF
 from optimizer.search.retries import RetryPolicy
 from optimizer.search.trials import Running
 from optimizer.storage.study import engine_config

@@ -12,7 +12,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from optimizer.records import confirm_label, is_baseline, record_of, stored_vllm_defaults
+from optimizer.results.trial_record import confirm_label, is_baseline, record_of, stored_vllm_defaults
 from optimizer.storage.study import QUALITY_CONSTRAINT, is_search_trial
 from search_spaces import HOST_DEFAULTS, changed_params, vllm_default
 
@@ -25,7 +25,7 @@ def is_measured(trial: optuna.trial.FrozenTrial) -> bool:
 
 
 # Two measurements of one config differ by about this much: a change whose effect is smaller
-# "does not matter here" (records.conclude) and is not worth deploying (recommended_trial).
+# "does not matter here" (conclusion.conclude) and is not worth deploying (recommended_trial).
 NOISE_FRACTION = 0.02
 
 

@@ -10,14 +10,14 @@ import math
 
 import optuna
 
-from optimizer import gains
-from optimizer.conclusions import baseline_trial
 from optimizer.config import StudyConfig
-from optimizer.objectives import OBJECTIVES
-from optimizer.recommendation import best_trial, is_measured, no_baseline_reason, params_of
-from optimizer.records import confirm_label, confirmation_of
 from optimizer.report import build_report, headline
 from optimizer.report.render import best_tags
+from optimizer.results import gains
+from optimizer.results.conclusion import baseline_trial
+from optimizer.results.objectives import OBJECTIVES
+from optimizer.results.recommendation import best_trial, is_measured, no_baseline_reason, params_of
+from optimizer.results.trial_record import confirm_label, confirmation_of
 from optimizer.storage.study import count_trials
 
 
