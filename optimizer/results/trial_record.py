@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, Protocol
 
-from optimizer.fingerprint import Fingerprint
+from optimizer.tuning_memory.fingerprint import Fingerprint
 from optimizer.results.objectives import (
     OBJECTIVES,
     metrics_value,
@@ -37,7 +37,7 @@ ATTR_RETRIES = "retries"
 ATTR_DAEMON_LOSSES = "daemon_losses"
 ATTR_SEEDED = "seeded"  # enqueued from seed_trials, a hardware template or the warm start
 # Where a seed came from: "template:hopper" (a hardware template) or "warm_start:<study>" (an
-# earlier study's best, optimizer/tuning_memory.py)
+# earlier study's best, optimizer/tuning_memory/earlier_studies.py)
 ATTR_SEED_SOURCE = "seed.source"
 ATTR_SEED_TITLE = "seed.title"  # "the Hopper template (fp8 weights + ...)", for its conclusion
 # The study's own user attributes, each written once by the module named.
@@ -85,7 +85,7 @@ class TrialRecord:
     # `QualityAssessment.to_dict()` (optimizer/results/quality_gate.py): scored, the reference, or why not
     quality: Mapping[str, Any] | None = None
     # "template:hopper" (a hardware template) or "warm_start:<study>" (an earlier study's best,
-    # optimizer/tuning_memory.py): a seed measured here like any other trial; "" for the rest.
+    # optimizer/tuning_memory/earlier_studies.py): a seed measured here like any other trial; "" for the rest.
     seed_source: str = ""
     # `optimizer.search.startup.startup_record`: the compile cache predicted and seen, seconds
     # by part

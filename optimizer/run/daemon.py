@@ -96,8 +96,9 @@ class Daemon(StudyRuns):
                  resume: str | None = None,
                  learn_facts: Callable[[optuna.Study], Sequence[str]] | None = None) -> None:
         self.cfg = cfg
-        # The tuning memory's writer of measured facts (optimizer/learned_facts.py `learn_facts`),
-        # called at the study's end; None for a simulated study (its figures are a model's).
+        # The tuning memory's writer of measured facts (`learn_facts`,
+        # optimizer/tuning_memory/learned_facts.py), called at the study's end; None for a
+        # simulated study (its figures are a model's).
         self.learn_facts = learn_facts
         # The command that resumes this study with the options it was started with (the CLI
         # renders it); without one, the study file alone.
@@ -119,9 +120,9 @@ class Daemon(StudyRuns):
         self.seed_trials = list(seed_trials)  # full configs, enqueued after the baseline
         self.template_trials = list(template_trials)  # (config, tags), before the seeds
         self.max_gpus_per_node = max_gpus_per_node
-        # The tuning memory's (optimizer/tuning_memory.py): earlier studies' bests as (config,
-        # `warm_start:<study>`), queued right after the defaults; the fingerprint and what the
-        # warm start did, as tags of the study run and user attrs of the Optuna study.
+        # The tuning memory's (optimizer/tuning_memory/earlier_studies.py): earlier studies' bests
+        # as (config, `warm_start:<study>`), queued right after the defaults; the fingerprint and
+        # what the warm start did, as tags of the study run and user attrs of the Optuna study.
         self.warm_seeds = list(warm_seeds)
         self.study_tags = dict(study_tags)
         self.study_attrs = dict(study_attrs)

@@ -14,8 +14,6 @@ from pathlib import Path
 from optimizer.config import StudyConfig, check_before_start
 from optimizer.engines import RunnerSpec
 from optimizer.errors import ConfigError, TrackingError
-from optimizer.fingerprint import Fingerprint, fingerprint_of, resume_changes
-from optimizer.learned_facts import learn_facts
 from optimizer.results.trial_record import (
     STUDY_ATTR_FINGERPRINT,
     STUDY_ATTR_VLLM_DEFAULTS,
@@ -43,7 +41,9 @@ from optimizer.run.space_context import space_context
 from optimizer.storage.study import make_storage
 from optimizer.tracking.study_summary import study_summary
 from optimizer.tracking.tracker import Tracker
-from optimizer.tuning_memory import TAG_WARM_START
+from optimizer.tuning_memory.earlier_studies import TAG_WARM_START
+from optimizer.tuning_memory.fingerprint import Fingerprint, fingerprint_of, resume_changes
+from optimizer.tuning_memory.learned_facts import learn_facts
 from runners.hardware import HardwareProfile
 from runners.hardware_probe import probe
 from runners.model_info import bundled_shapes, load_model_info

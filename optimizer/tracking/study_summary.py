@@ -48,9 +48,10 @@ def study_summary(study: optuna.Study,
         tags["conclusion"] = headline(report)
         tags["mlflow.note.content"] = tags["conclusion"]  # the run's description
         tags.update(best_tags(report))
-        # What the tuning memory seeds a later study with (optimizer/tuning_memory.py): the best's
-        # config, and its params that differ from the measured defaults'. best_trial never
-        # picks a config the quality gate refused.
+        # What the tuning memory seeds a later study with
+        # (optimizer/tuning_memory/earlier_studies.py): the best's config, and its params that
+        # differ from the measured defaults'. best_trial never picks a config the quality gate
+        # refused.
         params = params_of(best)
         tags["best.params"] = json.dumps(params, sort_keys=True, default=str)
         baseline = baseline_trial(study)

@@ -259,9 +259,9 @@ def _morning_study(confirm: dict[str, object] | None = None
     graphs off (measured as free: the model prices graphs only in decode-only batches), an fp8
     one with gpu_memory_utilization at vLLM's own 0.92 on this host, and the fp8 one without
     its block size; the stored fingerprint as `start` keeps it."""
-    from optimizer.fingerprint import fingerprint_of
     from optimizer.results.trial_record import STUDY_ATTR_FINGERPRINT, STUDY_ATTR_VLLM_DEFAULTS
     from optimizer.run.engine_choice import simulated_hardware
+    from optimizer.tuning_memory.fingerprint import fingerprint_of
     from runners.model_info import load_model_info
 
     cfg = parse_study({"name": "m", "engine": "simulated",

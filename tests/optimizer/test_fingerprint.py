@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from optimizer.config import parse_study
-from optimizer.fingerprint import Fingerprint, compatibility, fingerprint_of
 from optimizer.run.engine_choice import simulated_hardware
 from optimizer.run.runtime import _prompt_lengths
-from optimizer.tuning_memory import EarlierStudy, plan_warm_start
+from optimizer.tuning_memory.earlier_studies import EarlierStudy, plan_warm_start
+from optimizer.tuning_memory.fingerprint import Fingerprint, compatibility, fingerprint_of
 from runners.model_info import load_model_info
 from search_spaces import load_space
 
