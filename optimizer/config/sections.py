@@ -14,8 +14,8 @@ from pydantic import Field, field_validator, model_validator
 
 from optimizer.config.fields import MAX_SEED, FilePath, StrictSpec, registered, yaml_off
 from optimizer.config.flag_checks import extra_args_problem
-from optimizer.samplers import SAMPLERS
 from optimizer.search.pruners import PRUNERS
+from optimizer.search.samplers import SAMPLERS
 from runners.credentials import API_KEY_ENV, SECRET_FLAGS, is_secret_flag
 from runners.workload import SLO, QualityEval
 

@@ -101,9 +101,9 @@ class Searcher:
     def _start_screen(self) -> None:
         """The informed start (`sampler: screen`): after the queued trials, SCREEN_TRIALS
         configs ranked by the analytic model over SCREEN_CANDIDATES of the space, refitted to
-        each measurement, then the study's TPE (optimizer/samplers.py `ScreenSampler`)."""
-        from optimizer.samplers import ScreenSampler
-        from optimizer.screen import load_of, sample_candidates, screen
+        each measurement, then the study's TPE (optimizer/search/samplers.py `ScreenSampler`)."""
+        from optimizer.search.samplers import ScreenSampler
+        from optimizer.search.screen import load_of, sample_candidates, screen
 
         load = load_of(self.workload)
         hw = self.hardware

@@ -30,8 +30,8 @@ from optimizer.results.trial_record import (
     requeue_marks,
     retry_of,
 )
-from optimizer.samplers import SAMPLERS
 from optimizer.search.pruners import PRUNERS
+from optimizer.search.samplers import SAMPLERS
 from optimizer.storage.sqlite_wait import (
     ATTEMPT_TIMEOUT_S,
     LockWait,

@@ -15,8 +15,8 @@ from optimizer.engines import RUNNERS, RunnerSpec, build_runner
 from optimizer.errors import ConfigError
 from optimizer.results.objectives import OBJECTIVES, Objective, get_objective, objective_value
 from optimizer.results.trial_record import objective_unit
-from optimizer.samplers import SAMPLERS
 from optimizer.search.pruners import PRUNERS
+from optimizer.search.samplers import SAMPLERS
 from optimizer.storage.study import make_pruner, make_sampler, open_study
 from runners.base import BenchmarkMetrics, StepMetrics
 from runners.load_level import LoadLevel
