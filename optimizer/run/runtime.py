@@ -12,7 +12,6 @@ from functools import partial
 from pathlib import Path
 
 from optimizer.config import StudyConfig, check_before_start
-from optimizer.engines import RunnerSpec
 from optimizer.errors import ConfigError, TrackingError
 from optimizer.results.trial_record import (
     STUDY_ATTR_FINGERPRINT,
@@ -28,6 +27,7 @@ from optimizer.run.engine_choice import (
     release_table,
     simulated_hardware,
 )
+from optimizer.run.engines import RunnerSpec
 from optimizer.run.events import TrialEvent
 from optimizer.run.ray_cluster import (
     cluster_placement_problem,

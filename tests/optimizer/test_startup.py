@@ -237,7 +237,7 @@ def test_a_ledger_entry_of_another_vllm_version_or_a_per_trial_study_predicts_co
 
 
 def test_a_per_trial_cache_never_writes_the_shared_ledger(tmp_path: Path) -> None:
-    from optimizer.engines import RunnerSpec, build_runner
+    from optimizer.run.engines import RunnerSpec, build_runner
     from runners.vllm.compile_ledger import ledger_path
 
     spec = RunnerSpec(kind="simulated", registry_dir=tmp_path / "engines",
