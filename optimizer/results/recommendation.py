@@ -31,10 +31,10 @@ NOISE_FRACTION = 0.02
 
 def audit_errors(trial: optuna.trial.FrozenTrial) -> list[str]:
     """The errors `nightshift audit` finds in the flags the trial ran with
-    (optimizer.audit): a config that ships one is never recommended. The simulated engine
+    (optimizer.export.audit): a config that ships one is never recommended. The simulated engine
     prices CUDA graphs off only where a decode-only batch would have replayed one, so a
     mixed-batch workload can measure it as free; the audit's cost is vLLM's on real GPUs."""
-    from optimizer.audit import Launch, audit
+    from optimizer.export.audit import Launch, audit
 
     record = record_of(trial)
     if record is None:
