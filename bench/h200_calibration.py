@@ -169,7 +169,7 @@ def from_optuna(storage: str, study_name: str, study_file: Path,
     """One record per recorded step of each complete trial of an Optuna study."""
     import optuna
 
-    from optimizer.records import record_of
+    from optimizer.results.trial_record import record_of
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=study_name, storage=storage)

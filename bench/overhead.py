@@ -23,7 +23,7 @@ from typing import Any
 
 import optuna
 
-from optimizer.records import is_repeat, record_of
+from optimizer.results.trial_record import is_repeat, record_of
 
 
 def breakdown(db: Path, study_name: str) -> dict[str, Any]:

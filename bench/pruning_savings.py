@@ -31,8 +31,8 @@ import optuna
 import yaml
 
 from optimizer.cli import main as nightshift
-from optimizer.records import record_of
-from optimizer.study import is_search_trial
+from optimizer.results.trial_record import record_of
+from optimizer.storage.study import is_search_trial
 
 STUDY: dict[str, Any] = {
     "engine": "simulated",

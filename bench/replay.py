@@ -35,8 +35,8 @@ from typing import Any
 
 import optuna
 
-from optimizer.records import record_of
-from optimizer.study import is_search_trial
+from optimizer.results.trial_record import record_of
+from optimizer.storage.study import is_search_trial
 
 WITHIN = 0.97  # "found": a trial at >= 97% of the grid's best objective
 SIM_SPACE: dict[str, list[Any]] = {
@@ -246,7 +246,7 @@ def _replay_optuna(table: Table, sampler: str | optuna.samplers.BaseSampler, see
     the study's pruner): each config paid once; a pruned trial pays its start-up and the levels
     it ran."""
     from optimizer.search.controller import SearchController
-    from optimizer.study import make_pruner, make_sampler
+    from optimizer.storage.study import make_pruner, make_sampler
     from runners.base import Failure, FailureReason, RunResult, StepMetrics
 
     cfg = _study_config(table, sampler if isinstance(sampler, str) else "tpe", seed, pruner)

@@ -43,9 +43,10 @@ SHIPPED = "screen+tpe"  # the study file's defaults: sampler screen, pruner bott
 POLICIES: dict[str, tuple[str, str]] = {  # name -> (sampler, pruner), the study file's names
     "random": ("random", "none"),
     "tpe+pruning": ("tpe", "bottleneck"),  # the shipped defaults before issue 36
-    # The informed start (the shipped default since issue 36): SCREEN_TRIALS (optimizer/
-    # search.py) configs from the analytic screen, refitted to each
-    # measurement, then TPE (optimizer/samplers.py ScreenSampler, optimizer/screen.py).
+    # The informed start (the shipped default since issue 36): SCREEN_TRIALS
+    # (optimizer/search/searcher.py) configs from the analytic screen, refitted to each
+    # measurement, then TPE (optimizer/search/samplers.py ScreenSampler,
+    # optimizer/search/screen.py).
     "screen+tpe": ("screen", "bottleneck"),
 }
 RANDOM_SEED_OFFSET = 100_000  # random's seeds differ from the others': independent arms
@@ -159,7 +160,7 @@ def load_grid(name: str, *, rebuild: bool = False) -> dict[str, Any]:
 def screen_load(grid: str) -> tuple[str, str, Any, dict[str, Any]]:
     """What the screen knows of a grid's workload: (model, hardware preset, load, fixed
     flags), as its study file would say it."""
-    from optimizer.screen import ScreenLoad
+    from optimizer.search.screen import ScreenLoad
 
     if grid in SIM_GRIDS:
         s = SIM_GRIDS[grid]
@@ -180,7 +181,7 @@ def screen_load(grid: str) -> tuple[str, str, Any, dict[str, Any]]:
 
 def predictions(grid: str, table: replay.Table) -> tuple[list[dict[str, Any]], list[float]]:
     """Every config of the grid and the screen's prediction for it (CPU time, no GPU)."""
-    from optimizer.screen import screen
+    from optimizer.search.screen import screen
     from runners.hardware import load_preset
 
     model, preset, load, fixed = screen_load(grid)
@@ -194,7 +195,7 @@ def costs(table: replay.Table, policy: str, seeds: Sequence[int], *,
           progress: Callable[[], None] = lambda: None) -> list[float]:
     """GPU-seconds to within 3% of the best, one a seed; a seed that never got there counts as
     the grid's whole cost."""
-    from optimizer.samplers import ScreenSampler, _tpe
+    from optimizer.search.samplers import ScreenSampler, _tpe
     from optimizer.search.searcher import SCREEN_TRIALS
 
     sampler, pruner = POLICIES[policy]

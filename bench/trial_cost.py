@@ -94,7 +94,7 @@ ARMS = (
 def _policy(configs: Sequence[Mapping[str, Any]], arm: Arm, num_gpus: int) -> Any:
     from optimizer.config import parse_study
     from optimizer.search.controller import SearchController
-    from optimizer.study import make_pruner, make_sampler
+    from optimizer.storage.study import make_pruner, make_sampler
     from search_spaces import parse_space
 
     names = list(configs[0])

@@ -38,7 +38,8 @@ class ModelInfo:
     quant_method: str | None = None  # "awq", "gptq", "fp8", ... when the checkpoint is quantized
     tie_word_embeddings: bool = False
     # `architectures[0]` of config.json (`Qwen2ForCausalLM`), else its `model_type`; None where
-    # the config names neither. The tuning memory compares it (optimizer/fingerprint.py).
+    # the config names neither. The tuning memory compares it
+    # (optimizer/tuning_memory/fingerprint.py).
     architecture: str | None = None
     # tokens; the context vLLM 0.26 derives from config.json (`derived_max_model_len`), its
     # max_model_len when none is given; None: config.json names none of the keys vLLM reads

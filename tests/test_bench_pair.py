@@ -9,7 +9,7 @@ from types import ModuleType
 
 import optuna
 
-from optimizer.records import ATTR_RECORD, TrialRecord
+from optimizer.results.trial_record import ATTR_RECORD, TrialRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 

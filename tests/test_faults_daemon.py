@@ -241,8 +241,8 @@ def test_an_optuna_storage_failing_mid_study_stops_the_daemon_cleanly_and_a_resu
 
 def test_a_run_the_dead_daemon_could_not_name_in_optuna_is_adopted_not_duplicated(
         tmp_path: Path) -> None:
-    from optimizer.records import ATTR_MLFLOW_RUN
-    from optimizer.recovery import Recovery
+    from optimizer.results.trial_record import ATTR_MLFLOW_RUN
+    from optimizer.run.recovery import Recovery
     from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
 
@@ -276,7 +276,7 @@ def _fresh_study(tmp_path: Path) -> tuple[optuna.Study, Any, str]:
 
 def _recover(tmp_path: Path, study: optuna.Study, space: Any, tracker: Any,
              parent: str) -> None:
-    from optimizer.recovery import Recovery
+    from optimizer.run.recovery import Recovery
 
     Recovery(study, study._storage, space, tracker, parent, "e2e", tmp_path / "results",
              max_retries=1).run()
@@ -286,7 +286,7 @@ def test_repeated_daemon_deaths_under_the_defaults_spend_no_config_retry(
         tmp_path: Path) -> None:
     # Issue 35: two kill -9s of the daemon while the defaults ran used up their retries and
     # the defaults were abandoned ("tried 2 times"); the daemon's death is not the config's.
-    from optimizer.records import ATTR_BASELINE, ATTR_MLFLOW_RUN, ATTR_RETRIES
+    from optimizer.results.trial_record import ATTR_BASELINE, ATTR_MLFLOW_RUN, ATTR_RETRIES
     from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
 
@@ -312,8 +312,8 @@ def test_repeated_daemon_deaths_under_the_defaults_spend_no_config_retry(
 
 def test_a_trial_queued_for_gpus_when_the_daemon_died_is_not_a_failed_trial(
         tmp_path: Path) -> None:
-    from optimizer.records import ATTR_RETRIES
-    from optimizer.study import count_trials
+    from optimizer.results.trial_record import ATTR_RETRIES
+    from optimizer.storage.study import count_trials
     from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
 
@@ -397,8 +397,8 @@ def test_a_dead_daemons_engine_log_is_scrubbed_of_secrets_before_mlflow_takes_it
         tmp_path: Path, clean_environ: dict[str, str]) -> None:
     # Issue 35, item 8: a runner scrubs its engine's log when the engine ends; a daemon killed
     # mid-trial never did, and the next start's catch-up sent the log's tail to MLflow.
-    from optimizer.records import ATTR_MLFLOW_RUN
-    from optimizer.recovery import Recovery, trial_workdir
+    from optimizer.results.trial_record import ATTR_MLFLOW_RUN
+    from optimizer.run.recovery import Recovery, trial_workdir
     from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
 

@@ -29,7 +29,8 @@ REQUIRED_MODULES = (
     "search_spaces", "runners", "runners.base", "runners.engine", "runners.loadgen",
     "runners.hardware", "runners.telemetry", "runners.vllm.launcher",
     "runners.simulated.launcher", "optimizer", "optimizer.config", "optimizer.cli",
-    "optimizer.study", "optimizer.export", "optimizer.tracking", "optimizer.records",
+    "optimizer.storage.study", "optimizer.export", "optimizer.tracking",
+    "optimizer.results.trial_record",
     "optimizer.run.daemon", "optimizer.search.controller", "optimizer.run.executor",
     *sorted(RAY_ALLOWED),
 )

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 import optuna  # noqa: E402
 
 from optimizer.config import load_study  # noqa: E402
-from optimizer.records import record_of  # noqa: E402
+from optimizer.results.trial_record import record_of  # noqa: E402
 
 # Flags bench_serve_check sets itself (or cannot allow), each followed by a value unless boolean.
 _OWN_WITH_VALUE = {"--host", "--port", "--served-model-name", "--load-format", "--tokenizer",

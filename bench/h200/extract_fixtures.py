@@ -13,7 +13,7 @@ from pathlib import Path
 
 import optuna
 
-from optimizer.records import record_of
+from optimizer.results.trial_record import record_of
 
 KEEP_SERVER = ("max_num_requests_running", "max_kv_cache_usage_perc", "max_num_requests_waiting",
                "num_preemptions", "is_waiting_rising")

@@ -15,7 +15,7 @@ from typing import Any
 
 import optuna
 
-from optimizer.records import record_of
+from optimizer.results.trial_record import record_of
 
 
 def arm(folder: Path) -> dict[str, Any]:

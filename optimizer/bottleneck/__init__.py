@@ -5,7 +5,7 @@ callers import from here (`from optimizer import bottleneck; bottleneck.classify
 
 Rules and thresholds are explained in docs/bottleneck.md; `classify` never does I/O, so it is
 tested on recorded summaries. Modules, each importing only those before it:
-`memory` (bytes per weight, fp8 facts, `memory_problem`), `roofline` (decode and step-mix
+`memory_fit` (bytes per weight, fp8 facts, `memory_problem`), `roofline` (decode and step-mix
 rooflines, `level_metrics`), `evidence` (`Evidence`, `evidence_from`), `classify` (labels,
 `Thresholds`, `Verdict`, `classify`), `advice` (`advice`, `sentence`).
 """

@@ -23,8 +23,9 @@ ATTR_VERDICT: Final = "verdict"  # trial user attribute holding `Verdict.as_user
 
 def verdict_of(trial: FrozenTrial) -> Mapping[str, Any] | None:
     """The verdict the trial stored (`Verdict.as_user_attr()`), or None. Here, not with the
-    other accessors in optimizer/records.py: the pruners read it, and records' imports lead
-    back to them (records -> fingerprint -> config -> search.pruners)."""
+    other accessors in optimizer/results/trial_record.py: the pruners read it, and
+    trial_record's imports lead back to them (trial_record -> fingerprint -> config ->
+    search.pruners)."""
     verdict = trial.user_attrs.get(ATTR_VERDICT)
     return verdict if isinstance(verdict, Mapping) else None
 

@@ -16,7 +16,7 @@ from optimizer.bottleneck.roofline import (
     roofline_terms,
     step_roofline,
 )
-from optimizer.objectives import described_step, is_capacity_search
+from optimizer.results.objectives import described_step, is_capacity_search
 from runners.base import EngineConfig, EngineInfo, RunResult, StepMetrics
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo

@@ -169,7 +169,7 @@ def audit(
       nightshift audit -- vllm serve Qwen/Qwen2.5-7B --enforce-eager
       nightshift audit --json --from-file launch.sh
     """
-    from optimizer import audit as auditing
+    from optimizer.export import audit as auditing
     from runners.hardware import load_preset
     from runners.hardware_probe import probe
     if sum(x is not None for x in (from_file, pid)) + bool(ctx.args) != 1:

@@ -1,5 +1,5 @@
 """`nightshift history`: what earlier studies of a model or fingerprint found (the tuning
-memory, optimizer/tuning_memory.py)."""
+memory, optimizer/tuning_memory/earlier_studies.py)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,12 @@ def history(
     from optimizer.cli.table import history_table
     from optimizer.config.loading import default_tracking_uri
     from optimizer.config.store_checks import sqlite_file_problem, tracking_uri_problem
-    from optimizer.tuning_memory import history_rows, read_studies, select, trial_conclusions
+    from optimizer.tuning_memory.earlier_studies import (
+        history_rows,
+        read_studies,
+        select,
+        trial_conclusions,
+    )
 
     if fingerprint is not None and not re.fullmatch(r"[0-9a-fA-F]{4,12}", fingerprint):
         raise ConfigError(f"history --fingerprint: expected 4-12 hex digits of a fingerprint "

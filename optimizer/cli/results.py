@@ -16,7 +16,7 @@ from optimizer.cli.output import console, out
 from optimizer.cli.table import TableRow, figure, trial_table
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
-from optimizer.objectives import value_unit
+from optimizer.results.objectives import value_unit
 from runners.atomic import write_atomic
 
 if TYPE_CHECKING:
@@ -33,9 +33,9 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
     Example:
       nightshift status examples/quickstart.yaml
     """
-    from optimizer.lock import read_lease, read_lock, study_lock_path
-    from optimizer.records import confirmation_of
-    from optimizer.study import count_trials, existing_storage, open_study
+    from optimizer.results.trial_record import confirmation_of
+    from optimizer.storage.lock import read_lease, read_lock, study_lock_path
+    from optimizer.storage.study import count_trials, existing_storage, open_study
 
     cfg = load_config(study).with_overrides(storage=storage)
     store = existing_storage(cfg)
@@ -60,7 +60,7 @@ def status_rows(trials: Sequence[FrozenTrial]) -> list[TableRow]:
     repeat of a measured config launched nothing; the status line counts it)."""
     from optuna.trial import TrialState
 
-    from optimizer.records import confirm_label, is_baseline, ran_nothing, record_of
+    from optimizer.results.trial_record import confirm_label, is_baseline, ran_nothing, record_of
 
     def is_defaults(t: FrozenTrial) -> bool:  # the defaults' trial, not a confirmation re-run
         return is_baseline(t) and confirm_label(t) is None
@@ -117,7 +117,7 @@ def recommendation_text(study: Any, objectives: Sequence[str]) -> str:
     """`recommended: trial 9, goodput 37.1 req/s` and, where it is not the best measured, why
     (recommendation.recommendation_note); the end-of-run line and `status` print it. "" when
     none."""
-    from optimizer.recommendation import recommendation_note, recommended_trial
+    from optimizer.results.recommendation import recommendation_note, recommended_trial
 
     pick = recommended_trial(study)
     if pick is None or not pick.values:
@@ -184,7 +184,7 @@ def export(
       nightshift export examples/quickstart.yaml --to-library bench.yaml --case qwen7b-chat
     """
     from optimizer.export import choice_note, render, select_trial
-    from optimizer.study import open_study
+    from optimizer.storage.study import open_study
 
     cfg = load_config(study).with_overrides(storage=storage)
     if max_tpot_ms is not None and not (math.isfinite(max_tpot_ms) and max_tpot_ms > 0):
@@ -204,9 +204,9 @@ def export(
     chosen = select_trial(opened, cfg, number=trial, max_tpot_ms=max_tpot_ms,
                           force_quality=force_quality)
     if to_library is not None:
-        from optimizer.records import mlflow_study_key
         from optimizer.regress.export import case_from_study, study_gpu_param
         from optimizer.regress.library import append_case
+        from optimizer.results.trial_record import mlflow_study_key
 
         name = case or cfg.name
         entry = case_from_study(opened, cfg, chosen, name,
@@ -218,7 +218,7 @@ def export(
         return
     note = choice_note(opened, chosen) if trial is None and max_tpot_ms is None else ""
     if trial is None and max_tpot_ms is None:
-        from optimizer.recommendation import RECOMMENDATION_RULE
+        from optimizer.results.recommendation import RECOMMENDATION_RULE
 
         note = f"recommended: {RECOMMENDATION_RULE}" + (f"; {note}" if note else "")
     text = render(chosen, cfg, fmt, note=note, path=output, study=opened, minimal=minimal)
@@ -233,9 +233,9 @@ def write_report_files(cfg: StudyConfig, output: Path | None, *,
                        log_to_mlflow: bool) -> list[Path]:
     """The study's report written (into `output`, else its results directory), and logged to
     its MLflow parent run where `log_to_mlflow`; the files written."""
-    from optimizer.records import mlflow_study_key
     from optimizer.report import build_report, write_report
-    from optimizer.study import open_study
+    from optimizer.results.trial_record import mlflow_study_key
+    from optimizer.storage.study import open_study
     from optimizer.tracking.tracker import Tracker
 
     study = open_study(cfg, create=False)

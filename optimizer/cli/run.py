@@ -154,7 +154,7 @@ def start(
 def _finished_before(cfg: StudyConfig) -> int:
     """The search's trials a resumed study finished on earlier starts (0 for a new one, or
     where its storage cannot be read: the live table is a view)."""
-    from optimizer.study import finished_trials, is_search_trial, open_study
+    from optimizer.storage.study import finished_trials, is_search_trial, open_study
 
     try:
         study = open_study(cfg, create=False)
@@ -179,7 +179,7 @@ def _mlflow_review(cfg: StudyConfig) -> str:
 
 def _recommendation(cfg: StudyConfig) -> str:
     """The recommendation line of the finished study ("" when it has none or cannot be read)."""
-    from optimizer.study import open_study
+    from optimizer.storage.study import open_study
 
     try:
         return recommendation_text(open_study(cfg, create=False), cfg.objectives)
@@ -189,7 +189,7 @@ def _recommendation(cfg: StudyConfig) -> str:
 
 
 def _counts(cfg: StudyConfig) -> str:
-    from optimizer.study import count_trials, open_study
+    from optimizer.storage.study import count_trials, open_study
 
     try:
         return count_trials(open_study(cfg, create=False).get_trials(deepcopy=False)).describe()
@@ -216,7 +216,7 @@ def stop(study: StudyArg,
     Example:
       nightshift stop examples/quickstart.yaml --now
     """
-    from optimizer.lock import read_lock, study_lock_path
+    from optimizer.storage.lock import read_lock, study_lock_path
 
     if not (math.isfinite(timeout_s) and timeout_s >= 0):
         raise ConfigError(f"stop --timeout-s: expected seconds >= 0 but got {timeout_s:g}; "

@@ -14,7 +14,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from optimizer.objectives import OBJECTIVES
+from optimizer.results.objectives import OBJECTIVES
 
 # The room the changes and conclusion columns need side by side (a long flag and most of a
 # short conclusion); with less, each trial's changes sit over its conclusion in one column.
@@ -220,9 +220,9 @@ def _longest_word(cells: Iterable[str], at_most: int = 32) -> int:
 
 
 def history_table(rows: Sequence[Any], width: int, title: str | None = None) -> Table:
-    """`optimizer.tuning_memory.HistoryRow`s at most `width` columns wide, newest first as given:
-    study, date, engine and card, the best's change from the defaults, its figure with what
-    bounds it, the study's conclusion. Cells wrap at spaces; a longer one ends in "…"."""
+    """`optimizer.tuning_memory.earlier_studies.HistoryRow`s at most `width` columns wide, newest
+    first as given: study, date, engine and card, the best's change from the defaults, its figure
+    with what bounds it, the study's conclusion. Cells wrap at spaces; a longer one ends in "…"."""
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                   padding=(0, 1), title_justify="left")
     study_w = max(12, min(24, max((len(r.study) for r in rows), default=12)))

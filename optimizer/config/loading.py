@@ -18,7 +18,7 @@ from optimizer.config.fields import MAX_FILE_BYTES
 from optimizer.config.schema import StudySpec
 from optimizer.config.validation_errors import format_validation_error
 from optimizer.errors import ConfigError
-from optimizer.objectives import OBJECTIVES
+from optimizer.results.objectives import OBJECTIVES
 from runners.credentials import redact_env
 from runners.load_level import LoadLevel
 from runners.workload import QualityEval, TraceReplay, Workload
@@ -90,7 +90,7 @@ class StudyConfig:
     @property
     def quality_skip_reason(self) -> str | None:
         """Why the study scores no output quality (shown wherever quality is); None when it
-        does (optimizer/quality_gate.py)."""
+        does (optimizer/results/quality_gate.py)."""
         if self.spec.quality.enabled == "off":
             return "skipped: quality.enabled is off"
         if self.spec.model.load_format == "dummy":

@@ -36,8 +36,8 @@ from optimizer.config.sections import (
 )
 from optimizer.config.store_checks import storage_problem, tracking_uri_problem
 from optimizer.config.workload_spec import WorkloadSpec
-from optimizer.engines import RUNNERS
-from optimizer.objectives import OBJECTIVES
+from optimizer.results.objectives import OBJECTIVES
+from optimizer.run.engines import RUNNERS
 from runners.credentials import API_KEY_ENV, is_secret_flag
 
 

@@ -14,8 +14,8 @@ from pydantic import Field, field_validator, model_validator
 
 from optimizer.config.fields import MAX_SEED, FilePath, StrictSpec, registered, yaml_off
 from optimizer.config.flag_checks import extra_args_problem
-from optimizer.samplers import SAMPLERS
 from optimizer.search.pruners import PRUNERS
+from optimizer.search.samplers import SAMPLERS
 from runners.credentials import API_KEY_ENV, SECRET_FLAGS, is_secret_flag
 from runners.workload import SLO, QualityEval
 
@@ -31,8 +31,8 @@ class ModelSpec(StrictSpec):
 
 
 class QualitySpec(StrictSpec):
-    """The quality gate (optimizer/quality_gate.py). The limits are provisional until measured on
-    real weights (docs/quality.md): a limit set to null is not checked."""
+    """The quality gate (optimizer/results/quality_gate.py). The limits are provisional until
+    measured on real weights (docs/quality.md): a limit set to null is not checked."""
 
     # auto: on with real weights and a tokenizer, skipped (and said so) otherwise.
     enabled: Literal["auto", "on", "off"] = "auto"

@@ -12,9 +12,9 @@ from optuna.trial import TrialState
 
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError, NightshiftError
-from optimizer.objectives import OBJECTIVES
-from optimizer.quality_gate import is_quality_violation
-from optimizer.recommendation import (
+from optimizer.results.objectives import OBJECTIVES
+from optimizer.results.quality_gate import is_quality_violation
+from optimizer.results.recommendation import (
     NOISE_FRACTION,
     audit_errors,
     is_measured,
@@ -23,7 +23,7 @@ from optimizer.recommendation import (
     recommended_trial,
     vllm_defaults_of,
 )
-from optimizer.records import (
+from optimizer.results.trial_record import (
     record_of,
 )
 from search_spaces import SpaceError, changed_params, to_flags

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from optimizer.config import StudyConfig
-from optimizer.records import (
+from optimizer.results.trial_record import (
     TrialRecord,
 )
 from runners.credentials import redact_argv

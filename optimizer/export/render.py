@@ -12,8 +12,6 @@ from typing import Any
 import optuna
 import yaml
 
-from optimizer import gains
-from optimizer.conclusions import baseline_trial, reference_of
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
 from optimizer.export.choice import default_flags, minimal_drops
@@ -25,10 +23,12 @@ from optimizer.export.launch import (
     serve_argv,
     trial_env,
 )
-from optimizer.objectives import OBJECTIVES
-from optimizer.quality_gate import header_line
-from optimizer.recommendation import params_of
-from optimizer.records import (
+from optimizer.results import gains
+from optimizer.results.conclusion import baseline_trial, reference_of
+from optimizer.results.objectives import OBJECTIVES
+from optimizer.results.quality_gate import header_line
+from optimizer.results.recommendation import params_of
+from optimizer.results.trial_record import (
     TrialRecord,
     confirmation_of,
     gpus_of,
@@ -37,7 +37,7 @@ from optimizer.records import (
     record_of,
     stored_fingerprint,
 )
-from optimizer.study import startup_saver_env
+from optimizer.storage.study import startup_saver_env
 from runners.credentials import is_secret_name
 from runners.vllm.flags import flag_table
 from search_spaces import to_flags

@@ -1,5 +1,5 @@
 """A re-measurement against its reference: each figure's ratio with a 95% interval (Welch's t on
-the log samples, `confirm.t975`'s quantiles), the verdict (held, improved, regressed) against
+the log samples, `confirmation.t975`'s quantiles), the verdict (held, improved, regressed) against
 the library's threshold, and the flags a vLLM version does not take (removed or renamed, as the
 bundled flag tables of each release say)."""
 
@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from optimizer.confirm import t975
 from optimizer.regress.library import FIGURES, FigureRef
+from optimizer.results.confirmation import t975
 from search_spaces.engine.releases import flag_change
 from search_spaces.engine.tables import VllmFlags, bundled_versions, flag_name
 
@@ -83,7 +83,7 @@ def _ref_log_stats(ref: FigureRef) -> tuple[float, float | None, int]:
     if ref.ci_low is None or ref.ci_high is None or not ref.ci_low > 0 or ref.n is None:
         return mean, None, 0
     # A 95% t-interval of the mean from n samples: its half-width on the log scale is
-    # t975(n-1) standard errors (symmetric on logs, as `confirm` writes it).
+    # t975(n-1) standard errors (symmetric on logs, as `confirmation` writes it).
     se = (math.log(ref.ci_high) - math.log(ref.ci_low)) / (2 * t975(ref.n - 1))
     return mean, se * se, ref.n - 1
 

@@ -15,9 +15,9 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
 from optimizer.export import trial_env
-from optimizer.recommendation import is_measured, params_of
-from optimizer.records import confirm_label, is_baseline, record_of
 from optimizer.regress.library import DEFAULT_FIGURES, FIGURES
+from optimizer.results.recommendation import is_measured, params_of
+from optimizer.results.trial_record import confirm_label, is_baseline, record_of
 from runners.simulated.launcher import is_simulated_argv
 
 logger = logging.getLogger(__name__)

@@ -21,9 +21,9 @@ from optimizer.config.sections import ModelSpec, SimulatedSpec, SLOSpec
 from optimizer.config.store_checks import tracking_uri_problem
 from optimizer.config.validation_errors import format_validation_error
 from optimizer.config.workload_spec import WorkloadSpec
-from optimizer.engines import RUNNERS
 from optimizer.errors import ConfigError
-from optimizer.objectives import OBJECTIVES
+from optimizer.results.objectives import OBJECTIVES
+from optimizer.run.engines import RUNNERS
 from runners.atomic import write_atomic
 from search_spaces.bounded_yaml import YamlLimitError, load_yaml
 

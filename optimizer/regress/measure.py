@@ -11,8 +11,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from optimizer.engines import RunnerSpec, build_runner
-from optimizer.objectives import operating_step
 from optimizer.regress.compare import (
     CaseVerdict,
     FigureComparison,
@@ -22,7 +20,9 @@ from optimizer.regress.compare import (
     worst,
 )
 from optimizer.regress.library import FIGURES, CaseSpec, LibraryConfig
-from optimizer.study import engine_config
+from optimizer.results.objectives import operating_step
+from optimizer.run.engines import RunnerSpec, build_runner
+from optimizer.storage.study import engine_config
 from runners.base import BenchmarkMetrics, Failure, FailureReason, RunResult
 from search_spaces.engine.tables import VllmFlags
 

@@ -14,11 +14,12 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer import gains
 from optimizer.config import StudyConfig
-from optimizer.objectives import OBJECTIVES, on_all_gpus
-from optimizer.quality_gate import table_cell
-from optimizer.recommendation import (
+from optimizer.report.knobs import KnobEffect, finite_or_none, importances, knob_effects
+from optimizer.results import gains
+from optimizer.results.objectives import OBJECTIVES, on_all_gpus
+from optimizer.results.quality_gate import table_cell
+from optimizer.results.recommendation import (
     best_trial,
     no_baseline_reason,
     params_of,
@@ -26,9 +27,14 @@ from optimizer.recommendation import (
     recommended_trial,
     vllm_defaults_of,
 )
-from optimizer.records import confirm_label, confirmation_of, gpus_of, is_baseline, record_of
-from optimizer.report.knobs import KnobEffect, finite_or_none, importances, knob_effects
-from optimizer.study import count_trials, is_search_trial
+from optimizer.results.trial_record import (
+    confirm_label,
+    confirmation_of,
+    gpus_of,
+    is_baseline,
+    record_of,
+)
+from optimizer.storage.study import count_trials, is_search_trial
 from runners.capacity import bracket_from_metrics
 from runners.capacity_search import Bracket
 from runners.simulated.launcher import is_simulated_argv
@@ -55,7 +61,7 @@ class TrialRow:
     is_baseline: bool
     capacity: Bracket | None = None  # after a capacity search: where its capacity lies
     conclusion_short: str = ""  # the conclusion for a table cell (<= ~70 characters)
-    quality: str = ""  # the quality gate's cell (optimizer/quality_gate.py `table_cell`)
+    quality: str = ""  # the quality gate's cell (optimizer/results/quality_gate.py `table_cell`)
     num_gpus: int = 1  # the GPUs its config used; `value` is per GPU (`objectives.per_gpu`)
 
     @property

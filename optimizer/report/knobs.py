@@ -13,15 +13,15 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer import gains
-from optimizer.objectives import OBJECTIVES
-from optimizer.recommendation import (
+from optimizer.results import gains
+from optimizer.results.objectives import OBJECTIVES
+from optimizer.results.recommendation import (
     NOISE_FRACTION,
     host_independent_defaults,
     params_of,
 )
-from optimizer.records import gpus_of, record_of
-from optimizer.study import is_search_trial
+from optimizer.results.trial_record import gpus_of, record_of
+from optimizer.storage.study import is_search_trial
 from runners.capacity import bracket_from_metrics
 from search_spaces import PARAM_PARENTS, changed_params
 
@@ -37,7 +37,7 @@ class KnobEffect:
     """A trial that changed one searched parameter alone from the defaults, measured in the
     same study: that knob's main effect at the defaults (what it does combined with other
     changes is not seen). `spread` is the larger of the two trials' repeat spreads of the
-    objective, (max - min) / median over the repeats on one server (`records.spread`; of two
+    objective, (max - min) / median over the repeats on one server (`trial_record.spread`; of two
     repeats the median is the larger): not a start-to-start interval, which only a
     confirmation round measures."""
 

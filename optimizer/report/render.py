@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from optimizer import gains
-from optimizer.conclusions import capacity_text, shorten
-from optimizer.objectives import OBJECTIVES, PER_GPU_RULE, on_all_gpus, value_unit
-from optimizer.recommendation import NOISE_FRACTION
-from optimizer.records import objective_unit
 from optimizer.report.build import Report, TrialRow
 from optimizer.report.knobs import TOO_FEW_FOR_IMPORTANCES
 from optimizer.report.plots import LABEL_COLOURS, write_plots
+from optimizer.results import gains
+from optimizer.results.conclusion import capacity_text, shorten
+from optimizer.results.objectives import OBJECTIVES, PER_GPU_RULE, on_all_gpus, value_unit
+from optimizer.results.recommendation import NOISE_FRACTION
+from optimizer.results.trial_record import objective_unit
 from runners.atomic import write_atomic
 
 KNOB_EFFECTS_INTRO = (

@@ -4,7 +4,7 @@ the policy, and log every trial to MLflow, until the budget ends or a stop.
 
 Policy (what runs, pruning, what Optuna is told) is `optimizer.search` (its controller); where
 trials run is `optimizer.run.executor` (Ray: `optimizer.run.ray_executor`); the MLflow side is
-`optimizer.run.study_runs`; the record of a trial is `optimizer.records`.
+`optimizer.run.study_runs`; the record of a trial is `optimizer.results.trial_record`.
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ from typing import Any, Literal
 import optuna
 from optuna.trial import FrozenTrial
 
-from optimizer import quality_gate
 from optimizer.config import StudyConfig, resume_command
-from optimizer.confirm import confirm
 from optimizer.errors import NightshiftError, StorageError, TrackingError, WorkerLost, describe
-from optimizer.lock import StorageLease, StudyLock, is_local_file_storage, study_lock_path
-from optimizer.records import STUDY_ATTR_MLFLOW_KEY, mlflow_study_key
-from optimizer.recovery import Recovery, trial_workdir
+from optimizer.results import quality_gate
+from optimizer.results.confirmation import confirm
+from optimizer.results.trial_record import STUDY_ATTR_MLFLOW_KEY, mlflow_study_key
 from optimizer.run.events import (
     DaemonSummary,
     TrialEvent,
@@ -36,6 +34,7 @@ from optimizer.run.events import (
     operating_tpot_ms,
 )
 from optimizer.run.executor import Executor, TrialHandle
+from optimizer.run.recovery import Recovery, trial_workdir
 from optimizer.run.strays import reap_left_by_dead_daemon, reap_orphans
 from optimizer.run.study_runs import (
     MlflowLog,
@@ -47,7 +46,8 @@ from optimizer.run.study_runs import (
 )
 from optimizer.search.controller import SearchController
 from optimizer.search.trials import Running
-from optimizer.study import make_storage, open_study
+from optimizer.storage.lock import StorageLease, StudyLock, is_local_file_storage, study_lock_path
+from optimizer.storage.study import make_storage, open_study
 from optimizer.tracking.tracker import Tracker
 from runners.atomic import write_atomic
 from runners.base import FailureReason, RunResult
@@ -96,8 +96,9 @@ class Daemon(StudyRuns):
                  resume: str | None = None,
                  learn_facts: Callable[[optuna.Study], Sequence[str]] | None = None) -> None:
         self.cfg = cfg
-        # The tuning memory's writer of measured facts (optimizer/learned_facts.py `learn_facts`),
-        # called at the study's end; None for a simulated study (its figures are a model's).
+        # The tuning memory's writer of measured facts (`learn_facts`,
+        # optimizer/tuning_memory/learned_facts.py), called at the study's end; None for a
+        # simulated study (its figures are a model's).
         self.learn_facts = learn_facts
         # The command that resumes this study with the options it was started with (the CLI
         # renders it); without one, the study file alone.
@@ -119,9 +120,9 @@ class Daemon(StudyRuns):
         self.seed_trials = list(seed_trials)  # full configs, enqueued after the baseline
         self.template_trials = list(template_trials)  # (config, tags), before the seeds
         self.max_gpus_per_node = max_gpus_per_node
-        # The tuning memory's (optimizer/tuning_memory.py): earlier studies' bests as (config,
-        # `warm_start:<study>`), queued right after the defaults; the fingerprint and what the
-        # warm start did, as tags of the study run and user attrs of the Optuna study.
+        # The tuning memory's (optimizer/tuning_memory/earlier_studies.py): earlier studies' bests
+        # as (config, `warm_start:<study>`), queued right after the defaults; the fingerprint and
+        # what the warm start did, as tags of the study run and user attrs of the Optuna study.
         self.warm_seeds = list(warm_seeds)
         self.study_tags = dict(study_tags)
         self.study_attrs = dict(study_attrs)

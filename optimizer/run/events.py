@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from optimizer.objectives import objective_values, operating_step
-from optimizer.records import confirm_label
+from optimizer.results.objectives import objective_values, operating_step
+from optimizer.results.trial_record import confirm_label
 from optimizer.search.controller import SearchController
 from optimizer.search.trials import Running
 

@@ -27,8 +27,8 @@ from ray.exceptions import (
     WorkerCrashedError,
 )
 
-from optimizer.engines import RunnerSpec, build_runner
 from optimizer.errors import WorkerLost, describe
+from optimizer.run.engines import RunnerSpec, build_runner
 from optimizer.run.executor import TrialHandle, TrialSession
 from optimizer.run.ray_cluster import (
     cluster_nodes,

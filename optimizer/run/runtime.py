@@ -12,11 +12,8 @@ from functools import partial
 from pathlib import Path
 
 from optimizer.config import StudyConfig, check_before_start
-from optimizer.engines import RunnerSpec
 from optimizer.errors import ConfigError, TrackingError
-from optimizer.fingerprint import Fingerprint, fingerprint_of, resume_changes
-from optimizer.learned_facts import learn_facts
-from optimizer.records import (
+from optimizer.results.trial_record import (
     STUDY_ATTR_FINGERPRINT,
     STUDY_ATTR_VLLM_DEFAULTS,
     STUDY_ATTR_WARM_START,
@@ -30,6 +27,7 @@ from optimizer.run.engine_choice import (
     release_table,
     simulated_hardware,
 )
+from optimizer.run.engines import RunnerSpec
 from optimizer.run.events import TrialEvent
 from optimizer.run.ray_cluster import (
     cluster_placement_problem,
@@ -40,10 +38,12 @@ from optimizer.run.ray_cluster import (
 from optimizer.run.ray_executor import RayExecutor
 from optimizer.run.seeds import seed_trial_params, template_trial_params, warm_start
 from optimizer.run.space_context import space_context
-from optimizer.study import make_storage
-from optimizer.study_summary import study_summary
+from optimizer.storage.study import make_storage
+from optimizer.tracking.study_summary import study_summary
 from optimizer.tracking.tracker import Tracker
-from optimizer.tuning_memory import TAG_WARM_START
+from optimizer.tuning_memory.earlier_studies import TAG_WARM_START
+from optimizer.tuning_memory.fingerprint import Fingerprint, fingerprint_of, resume_changes
+from optimizer.tuning_memory.learned_facts import learn_facts
 from runners.hardware import HardwareProfile
 from runners.hardware_probe import probe
 from runners.model_info import bundled_shapes, load_model_info

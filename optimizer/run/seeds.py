@@ -1,7 +1,7 @@
 """The trials queued before the search's own, as `nightshift start` plans them: the study file's
 `seed_trials` (`seed_trial_params`), the hardware templates (`template_trial_params`) and the
 warm start from earlier studies in the tracking store (`warm_start`,
-optimizer/tuning_memory.py)."""
+optimizer/tuning_memory/earlier_studies.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
-from optimizer.fingerprint import Fingerprint
-from optimizer.records import ATTR_SEED_SOURCE, ATTR_SEED_TITLE
+from optimizer.results.trial_record import ATTR_SEED_SOURCE, ATTR_SEED_TITLE
 from optimizer.tracking.tracker import Tracker
-from optimizer.tuning_memory import WarmStart, plan_warm_start, read_studies
+from optimizer.tuning_memory.earlier_studies import WarmStart, plan_warm_start, read_studies
+from optimizer.tuning_memory.fingerprint import Fingerprint
 from search_spaces import ResolvedSpace, SpaceError
 from search_spaces.seeds import load_templates, template_seeds
 
@@ -22,9 +22,9 @@ logger = logging.getLogger(__name__)
 
 def warm_start(cfg: StudyConfig, tracker: Tracker, fingerprint: Fingerprint,
                space: ResolvedSpace, seed_trials: list[dict[str, Any]]) -> WarmStart:
-    """The seeds of the study's `warm_start` from the tracking store (optimizer/tuning_memory.py).
-    A store that cannot be read skips an `auto` warm start (said so); a study named in the
-    study file that the store does not hold is bad input."""
+    """The seeds of the study's `warm_start` from the tracking store
+    (optimizer/tuning_memory/earlier_studies.py). A store that cannot be read skips an `auto` warm
+    start (said so); a study named in the study file that the store does not hold is bad input."""
     setting = cfg.spec.warm_start
     if setting == "off":
         return WarmStart((), ("off",))

@@ -15,15 +15,15 @@ import optuna
 
 from optimizer.config import StudyConfig
 from optimizer.errors import describe
-from optimizer.lock import is_local_file_storage
-from optimizer.recommendation import best_trial, no_baseline_reason, recommended_trial
-from optimizer.records import ATTR_MLFLOW_RUN, confirm_label
+from optimizer.results.recommendation import best_trial, no_baseline_reason, recommended_trial
+from optimizer.results.trial_record import ATTR_MLFLOW_RUN, confirm_label
 from optimizer.run.events import DaemonSummary, TrialEvent, confirm_of, first_value
 from optimizer.search.controller import SearchController
 from optimizer.search.trials import Told
-from optimizer.study import is_search_trial
-from optimizer.study_summary import trial_figures
+from optimizer.storage.lock import is_local_file_storage
+from optimizer.storage.study import is_search_trial
 from optimizer.tracking.payload import tracking_payload
+from optimizer.tracking.study_summary import trial_figures
 from optimizer.tracking.tracker import Tracker
 from runners.base import EngineConfig
 

@@ -1,5 +1,6 @@
-"""The search, split as Ray Tune splits it: `searcher` (what to try next), `scheduler` (when to
-stop a trial; its pruners in `pruners`), `placement` (where and when a trial runs: GPUs, the
+"""The search, split as Ray Tune splits it: `searcher` (what to try next; the study's sampler
+from `samplers`, the informed start's ranking from `screen`), `scheduler` (when to stop a
+trial; its pruners in `pruners`), `placement` (where and when a trial runs: GPUs, the
 compile-cache order of `startup`), `retries` (what runs again), and the one `controller` that
 drives them (`SearchController`, used by the daemon and `bench/replay.py`); `tell` writes what
 Optuna is told of each trial (with the conclusion's `notes`), `trials` the types a trial passes

@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 
 from optimizer import bottleneck
 from optimizer.config import StudyConfig
-from optimizer.records import (
+from optimizer.results.trial_record import (
     ATTR_NOT_LAUNCHED,
     confirm_label,
     is_baseline,
@@ -37,7 +37,7 @@ from optimizer.search.scheduler import PruningScheduler
 from optimizer.search.searcher import Searcher
 from optimizer.search.tell import record_result, tell_without_run
 from optimizer.search.trials import Running, Told, TrialLog, Waiting
-from optimizer.study import is_search_trial, requeue
+from optimizer.storage.study import is_search_trial, requeue
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
@@ -211,7 +211,7 @@ class SearchController:
     def baseline_pending(self) -> bool:
         """Whether this run is still to measure the defaults: in flight, waiting for GPUs, or
         queued (a retry included)."""
-        from optimizer.conclusions import baseline_trial
+        from optimizer.results.conclusion import baseline_trial
 
         if baseline_trial(self.study) is not None:
             return False

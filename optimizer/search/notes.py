@@ -8,8 +8,8 @@ from typing import Any
 
 import optuna
 
-from optimizer.objectives import described_step, is_capacity_search, operating_step
-from optimizer.records import record_of
+from optimizer.results.objectives import described_step, is_capacity_search, operating_step
+from optimizer.results.trial_record import record_of
 from runners.base import EngineInfo, StepMetrics
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Sequence
 from optuna.trial import FrozenTrial
 
 from optimizer.config import StudyConfig
-from optimizer.records import is_baseline, record_of, retries_of
+from optimizer.results.trial_record import is_baseline, record_of, retries_of
 from optimizer.search.startup import CompileCaches, launch_order, trial_env
 from optimizer.search.trials import Running, Waiting
 from runners.base import EngineConfig, Failure, FailureReason

@@ -12,7 +12,7 @@ from dataclasses import replace
 import optuna
 
 from optimizer.search.trials import Running
-from optimizer.study import requeue, requeueable
+from optimizer.storage.study import requeue, requeueable
 from runners.base import Failure, FailureReason, RunResult
 
 logger = logging.getLogger(__name__)

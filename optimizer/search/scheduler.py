@@ -14,8 +14,8 @@ from optuna.trial import TrialState
 
 from optimizer import bottleneck
 from optimizer.config import StudyConfig
-from optimizer.objectives import described_step, objective_values
-from optimizer.records import confirm_label, record_of
+from optimizer.results.objectives import described_step, objective_values
+from optimizer.results.trial_record import confirm_label, record_of
 from optimizer.search.trials import Running
 from runners.base import EngineConfig, RunResult, StepMetrics
 from runners.hardware import HardwareProfile

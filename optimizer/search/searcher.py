@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer import bottleneck
 from optimizer.config import StudyConfig
-from optimizer.records import (
+from optimizer.results.trial_record import (
     ATTR_BASELINE,
     ATTR_CONFIRM,
     ATTR_SEED_SOURCE,
@@ -29,7 +29,7 @@ from optimizer.records import (
 )
 from optimizer.search.tell import tell_duplicate, tell_without_run
 from optimizer.search.trials import NoLog, Running, TrialLog, Waiting, config_key
-from optimizer.study import CONFIG_FAILURES, engine_config, running_trial
+from optimizer.storage.study import CONFIG_FAILURES, engine_config, running_trial
 from runners.base import EngineConfig, Failure, FailureReason
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
@@ -101,9 +101,9 @@ class Searcher:
     def _start_screen(self) -> None:
         """The informed start (`sampler: screen`): after the queued trials, SCREEN_TRIALS
         configs ranked by the analytic model over SCREEN_CANDIDATES of the space, refitted to
-        each measurement, then the study's TPE (optimizer/samplers.py `ScreenSampler`)."""
-        from optimizer.samplers import ScreenSampler
-        from optimizer.screen import load_of, sample_candidates, screen
+        each measurement, then the study's TPE (optimizer/search/samplers.py `ScreenSampler`)."""
+        from optimizer.search.samplers import ScreenSampler
+        from optimizer.search.screen import load_of, sample_candidates, screen
 
         load = load_of(self.workload)
         hw = self.hardware

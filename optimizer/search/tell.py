@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import optuna
 from optuna.trial import TrialState
 
-from optimizer import bottleneck, quality_gate
-from optimizer.conclusions import baseline_trial, conclude, reference_of
-from optimizer.objectives import objective_values
-from optimizer.recommendation import best_trial
-from optimizer.records import (
+from optimizer import bottleneck
+from optimizer.results import quality_gate
+from optimizer.results.conclusion import baseline_trial, conclude, reference_of
+from optimizer.results.objectives import objective_values
+from optimizer.results.recommendation import best_trial
+from optimizer.results.trial_record import (
     ATTR_DUPLICATE_OF,
     ATTR_RECORD,
     TrialRecord,
@@ -36,7 +37,7 @@ from optimizer.search.notes import (
 )
 from optimizer.search.startup import startup_metrics, startup_record
 from optimizer.search.trials import Running, Told, TrialLog
-from optimizer.study import CONFIG_FAILURES, STATE_NAMES, state_of, tell_config_failure
+from optimizer.storage.study import CONFIG_FAILURES, STATE_NAMES, state_of, tell_config_failure
 from runners.base import (
     EngineConfig,
     Failure,

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import optuna
 
-from optimizer.records import TrialRecord
+from optimizer.results.trial_record import TrialRecord
 from runners.base import EngineConfig, RunResult, StepMetrics
 from runners.vllm.compile_cache import CompileKey
 

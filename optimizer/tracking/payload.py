@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from optimizer.records import TrialRecord
+from optimizer.results.trial_record import TrialRecord
 from optimizer.search.startup import startup_tags
 from optimizer.tracking.tags import (
     KIND_CONFIRMATION,

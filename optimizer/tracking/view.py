@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from optimizer.objectives import OBJECTIVES
+from optimizer.results.objectives import OBJECTIVES
 from optimizer.tracking.tags import TAG_KIND
 
 # A saved view of the runs table (MLflow 3.17: the experiment tag `mlflow.sharedViewState.<key>`
@@ -28,7 +28,7 @@ VIEW_GAIN = "gain vs defaults x"
 def view_key(objective: str) -> str:
     """The review column of `objective`: its value in its unit, 3 significant digits
     (`goodput in req per s`)."""
-    from optimizer.objectives import OBJECTIVES
+    from optimizer.results.objectives import OBJECTIVES
 
     unit = OBJECTIVES[objective].unit if objective in OBJECTIVES else ""
     # A rate is told per GPU (objectives.per_gpu), as the value Optuna holds.

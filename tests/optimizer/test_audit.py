@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from optimizer.audit import audit, parse_launch, read_launch_file, read_pid
 from optimizer.cli import main
+from optimizer.export.audit import audit, parse_launch, read_launch_file, read_pid
 from search_spaces.engine.tables import bundled_flags
 from tests.builders import WORKLOAD, write_study
 

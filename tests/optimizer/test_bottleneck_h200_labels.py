@@ -34,7 +34,7 @@ from optimizer.bottleneck import (
     level_metrics,
     sentence,
 )
-from optimizer.gains import capacity_gain, format_gain
+from optimizer.results.gains import capacity_gain, format_gain
 from runners.base import BenchmarkMetrics, EngineConfig, EngineInfo, RunResult, StepMetrics
 from runners.capacity_search import Bracket
 from runners.hardware import HardwareProfile
@@ -108,7 +108,8 @@ def _rebuilt(record: dict[str, Any], study_name: str, *,
                        engine=EngineInfo(**record["engine"]),
                        telemetry={k.removeprefix("gpu."): v
                                   for k, v in record["metrics"].items() if k.startswith("gpu.")})
-    # As `optimizer.study.engine_config` builds it: the flags the trial ran (fixed ones in).
+    # As `optimizer.storage.study.engine_config` builds it: the flags the trial ran (fixed
+    # ones in).
     config = EngineConfig(model=str(resolve_model_dir(model_name)), flags=record["flags"],
                           load_format="dummy", skip_tokenizer_init=True)
     assert config.tensor_parallel_size == 1

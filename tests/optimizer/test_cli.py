@@ -23,7 +23,7 @@ from rich.console import Console
 from optimizer.cli import app, main
 from optimizer.cli.table import TableRow, clip, clip_changes, figure, trial_table
 from optimizer.config import parse_study
-from optimizer.study import count_trials, open_study
+from optimizer.storage.study import count_trials, open_study
 
 USAGE_ERRORS = [
     pytest.param([], id="bare"),
@@ -294,7 +294,7 @@ def test_status_counts_confirmations_and_repeats_apart_with_rounded_figures(
 def test_counts_say_which_failures_were_lost_to_infrastructure_and_re_run() -> None:
     """A trial lost to a worker and queued again is "failed" in its record, but its config is
     measured under another number: the count says so rather than look like a config failure."""
-    from optimizer.study import TrialCounts
+    from optimizer.storage.study import TrialCounts
 
     dist = {"quantization": optuna.distributions.CategoricalDistribution(["none", "fp8"])}
     trials = [

@@ -10,7 +10,7 @@ import yaml
 
 from optimizer.config import load_study, parse_study
 from optimizer.errors import ConfigError
-from optimizer.study import engine_config
+from optimizer.storage.study import engine_config
 
 BASE = {"name": "s", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 3},
         "slo": {"tpot_p99_ms": 50}}
@@ -143,7 +143,7 @@ def test_a_fixed_flag_is_no_longer_searched_and_every_trial_and_the_baseline_run
 
 
 def test_fixed_flags_win_over_a_sampled_value_in_the_engine_config() -> None:
-    from optimizer.study import engine_config
+    from optimizer.storage.study import engine_config
 
     cfg = parse_study({**BASE, "fixed_flags": {"max_num_seqs": 64, "cudagraph_mode": "PIECEWISE",
                                                "enable_prefix_caching": False}})

@@ -14,11 +14,11 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.config import load_study
-from optimizer.confirm import measured_rounds
-from optimizer.records import ATTR_CONFIRM, STUDY_ATTR_CONFIRM
+from optimizer.results.confirmation import measured_rounds
+from optimizer.results.trial_record import ATTR_CONFIRM, STUDY_ATTR_CONFIRM
 from optimizer.run.daemon import Daemon
 from optimizer.run.executor import InlineExecutor
-from optimizer.study_summary import study_summary
+from optimizer.tracking.study_summary import study_summary
 from optimizer.tracking.tracker import Tracker
 from search_spaces import load_space
 from tests.optimizer.test_daemon import categorical_space, load, trial_runs, write_study
@@ -83,7 +83,7 @@ def test_a_stop_in_the_confirmation_round_resumes_from_the_rounds_measured_whole
     assert len(launched) == 5
 
     resumed: list[dict[str, Any]] = []
-    caplog.set_level("INFO", logger="optimizer.confirm")
+    caplog.set_level("INFO", logger="optimizer.results.confirmation")
     summary = _daemon(tmp_path, resumed, stop_at=None, holder=holder).run()
     assert not summary.stopped_early
     assert len(resumed) == 4, "two rounds measured on resume, not three: the first is kept"

@@ -412,7 +412,7 @@ def test_the_best_is_confirmed_against_the_defaults_interleaved_with_an_interval
         assert second.datetime_start >= first.datetime_complete, "one at a time"
     summary = study.user_attrs["confirm"]
     assert summary["best_trial"] == 1 and summary["baseline_trial"] == 0
-    from optimizer.recommendation import best_trial
+    from optimizer.results.recommendation import best_trial
 
     assert best_trial(study).number == 1, "a confirmation run never becomes the study's best"
     assert all(t.user_attrs["record"]["conclusion"].startswith("confirmation run of the")

@@ -129,7 +129,7 @@ def _unplaceable_daemon(tmp_path: Path, stop_at_start: bool) -> Any:
     from optimizer.run.daemon import Daemon
     from optimizer.run.events import TrialEvent
     from optimizer.run.ray_executor import RayExecutor
-    from optimizer.study_summary import study_summary
+    from optimizer.tracking.study_summary import study_summary
     from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
 

@@ -11,10 +11,10 @@ import optuna
 import pytest
 from optuna.storages import BaseStorage
 
-from optimizer import lock as lock_module
 from optimizer.config import load_study
 from optimizer.errors import StudyLockedError
-from optimizer.lock import (
+from optimizer.storage import lock as lock_module
+from optimizer.storage.lock import (
     LEASE_ATTR,
     LEASE_TTL_S,
     StorageLease,

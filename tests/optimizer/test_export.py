@@ -104,7 +104,7 @@ def _grid_study(values: dict[str, float], constraints: dict[str, float] | None =
 
 def test_export_recommends_the_fewest_changes_within_noise_of_the_best() -> None:
     from optimizer.export import choice_note
-    from optimizer.recommendation import best_trial, recommended_trial
+    from optimizer.results.recommendation import best_trial, recommended_trial
 
     # Measured on the H200 (study h200-grid): fp8 38.64, fp8 + a 2048-token budget 38.81.
     study, cfg = _grid_study({"defaults": 29.3, "fp8": 38.64, "fp8+2048": 38.81})
@@ -130,8 +130,8 @@ def test_export_recommends_the_fewest_changes_within_noise_of_the_best() -> None
 def test_recommendation_counts_only_changes_vllm_would_run_with() -> None:
     """An explicit value equal to vLLM's default on the study's host, or a capture size that
     eager mode makes moot, is no flag changed: the recommendation does not pay for it."""
-    from optimizer.recommendation import recommended_trial
-    from optimizer.records import STUDY_ATTR_VLLM_DEFAULTS
+    from optimizer.results.recommendation import recommended_trial
+    from optimizer.results.trial_record import STUDY_ATTR_VLLM_DEFAULTS
 
     study = optuna.create_study(direction="maximize")
     study.set_user_attr(STUDY_ATTR_VLLM_DEFAULTS, {"max_num_seqs": 1024, "quantization": "none",
@@ -259,9 +259,9 @@ def _morning_study(confirm: dict[str, object] | None = None
     graphs off (measured as free: the model prices graphs only in decode-only batches), an fp8
     one with gpu_memory_utilization at vLLM's own 0.92 on this host, and the fp8 one without
     its block size; the stored fingerprint as `start` keeps it."""
-    from optimizer.fingerprint import fingerprint_of
-    from optimizer.records import STUDY_ATTR_FINGERPRINT, STUDY_ATTR_VLLM_DEFAULTS
+    from optimizer.results.trial_record import STUDY_ATTR_FINGERPRINT, STUDY_ATTR_VLLM_DEFAULTS
     from optimizer.run.engine_choice import simulated_hardware
+    from optimizer.tuning_memory.fingerprint import fingerprint_of
     from runners.model_info import load_model_info
 
     cfg = parse_study({"name": "m", "engine": "simulated",
@@ -306,7 +306,7 @@ def _morning_study(confirm: dict[str, object] | None = None
 
 def test_export_never_ships_what_the_audit_calls_an_error(tmp_path: Path) -> None:
     from optimizer.cli import main
-    from optimizer.recommendation import recommendation_note, recommended_trial
+    from optimizer.results.recommendation import recommendation_note, recommended_trial
 
     study, cfg = _morning_study()
     chosen = recommended_trial(study)

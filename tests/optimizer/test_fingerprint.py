@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from optimizer.config import parse_study
-from optimizer.fingerprint import Fingerprint, compatibility, fingerprint_of
 from optimizer.run.engine_choice import simulated_hardware
 from optimizer.run.runtime import _prompt_lengths
-from optimizer.tuning_memory import EarlierStudy, plan_warm_start
+from optimizer.tuning_memory.earlier_studies import EarlierStudy, plan_warm_start
+from optimizer.tuning_memory.fingerprint import Fingerprint, compatibility, fingerprint_of
 from runners.model_info import load_model_info
 from search_spaces import load_space
 
@@ -267,7 +267,7 @@ def test_a_traces_text_prompts_are_labelled_recorded_lengths(tmp_path: Path) -> 
 def _stored_study(tmp_path: Path, fp: Fingerprint) -> str:
     import optuna
 
-    from optimizer.records import STUDY_ATTR_FINGERPRINT
+    from optimizer.results.trial_record import STUDY_ATTR_FINGERPRINT
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     stored = optuna.create_study(study_name="here", storage=url, direction="maximize")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from optimizer.config import parse_study
 from optimizer.errors import ConfigError
-from optimizer.study import engine_config
+from optimizer.storage.study import engine_config
 from runners.vllm.launcher import VllmLauncher
 
 BASE = {"name": "s", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 2},

@@ -10,12 +10,12 @@ from typing import Any
 import optuna
 import pytest
 
-from optimizer import gains
-from optimizer.conclusions import SHORT_CHARS, Reference, conclude
 from optimizer.config import parse_study
-from optimizer.confirm import confirm_summary
 from optimizer.report import build_report, headline, render_markdown
-from optimizer.study import open_study
+from optimizer.results import gains
+from optimizer.results.conclusion import SHORT_CHARS, Reference, conclude
+from optimizer.results.confirmation import confirm_summary
+from optimizer.storage.study import open_study
 from runners.capacity_search import Bracket
 
 DEFAULTS_BRACKET = Bracket("request_rate", 8.9, 18.9, "unresolved", 8)
@@ -215,8 +215,8 @@ def test_a_trial_pruned_at_a_fixed_level_is_not_given_a_ratio() -> None:
 
 
 def test_a_request_rate_capacity_trial_scores_its_brackets_lower_end() -> None:
-    from optimizer.objectives import objective_value
-    from optimizer.records import summary_metrics
+    from optimizer.results.objectives import objective_value
+    from optimizer.results.trial_record import summary_metrics
     from runners.base import RunResult, StepMetrics
     from runners.load_level import LoadLevel
     from tests.optimizer.test_records import _metrics
@@ -237,7 +237,7 @@ def test_a_request_rate_capacity_trial_scores_its_brackets_lower_end() -> None:
 def test_shown_bounds_round_outwards_so_more_than_and_less_than_stay_true() -> None:
     """A bound shown to two decimals is rounded away from the ratio it bounds: 1.2468 is
     "more than 1.24x", never "more than 1.25x" (false), and 1.3811 "less than 1.39x"."""
-    from optimizer import gains as g
+    from optimizer.results import gains as g
 
     text = g.format_gain(g.Gain(1.3, 1.2468, 1.3811, "capacity"))
     assert "more than 1.24x and less than 1.39x" in text, text

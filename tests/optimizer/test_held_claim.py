@@ -3,8 +3,8 @@ highest met load, and the conclusion says whether the bracket's lower end held."
 
 from __future__ import annotations
 
-from optimizer.conclusions import capacity_text
-from optimizer.objectives import operating_step
+from optimizer.results.conclusion import capacity_text
+from optimizer.results.objectives import operating_step
 from runners.base import StepMetrics
 from runners.capacity.bracket import bracket_from_metrics
 from runners.capacity_search import Bracket

@@ -13,8 +13,8 @@ import optuna
 import pytest
 
 from optimizer.config import load_study
-from optimizer.records import record_of
 from optimizer.report import build_report
+from optimizer.results.trial_record import record_of
 from runners.prometheus import spec_decode_acceptance
 from runners.vllm.logs import parse_log
 

@@ -14,7 +14,7 @@ import pytest
 from mlflow import MlflowClient
 
 from optimizer.cli import main
-from optimizer.records import ATTR_SEED_SOURCE
+from optimizer.results.trial_record import ATTR_SEED_SOURCE
 from tests import builders
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,7 @@
-"""The tuning memory's writer of measured facts (optimizer/learned_facts.py `measured_facts`,
-`write_facts`): a knob value held by every pathological trial of a study and by no healthy one
-becomes a fact for the study's hardware class and vLLM release; one trial changing many knobs
-names none; the user's file keeps what the user wrote."""
+"""The tuning memory's writer of measured facts (optimizer/tuning_memory/learned_facts.py
+`measured_facts`, `write_facts`): a knob value held by every pathological trial of a study and by
+no healthy one becomes a fact for the study's hardware class and vLLM release; one trial changing
+many knobs names none; the user's file keeps what the user wrote."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from optimizer.learned_facts import measured_facts, write_facts
-from optimizer.records import TrialRecord
+from optimizer.results.trial_record import TrialRecord
+from optimizer.tuning_memory.learned_facts import measured_facts, write_facts
 from search_spaces.known_facts import read_facts_file
 
 
@@ -80,11 +80,11 @@ def test_a_study_whose_two_oom_configs_share_a_value_writes_it_at_its_end(
     from itertools import product
 
     from optimizer.config import load_study
-    from optimizer.learned_facts import learn_facts
     from optimizer.run.daemon import Daemon
     from optimizer.run.executor import InlineExecutor
-    from optimizer.study_summary import study_summary
+    from optimizer.tracking.study_summary import study_summary
     from optimizer.tracking.tracker import Tracker
+    from optimizer.tuning_memory.learned_facts import learn_facts
     from search_spaces import load_space
     from tests.builders import categorical_space, write_study
     from tests.optimizer.test_search_policy import ScriptedRunner

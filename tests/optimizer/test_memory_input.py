@@ -63,7 +63,7 @@ def test_history_table_fits_the_terminal_and_keeps_each_figure_s_bound(width: in
     from rich.console import Console
 
     from optimizer.cli.table import history_table
-    from optimizer.tuning_memory import HistoryRow
+    from optimizer.tuning_memory.earlier_studies import HistoryRow
 
     bound = "1.98x the vLLM defaults (95% CI [1.52x, 2.44x] over 3 rounds)"
     rows = [HistoryRow("second", "2026-12-04 17:24", "FINISHED", "simulated 0.26.0",
@@ -83,7 +83,7 @@ def test_history_table_never_breaks_a_flag_inside_its_name(width: int) -> None:
     from rich.console import Console
 
     from optimizer.cli.table import history_table
-    from optimizer.tuning_memory import HistoryRow
+    from optimizer.tuning_memory.earlier_studies import HistoryRow
 
     change = ("data_parallel_size=2, attention_backend=FLASHINFER, kv_cache_dtype=fp8, "
               "quantization=fp8 (+7 more)")

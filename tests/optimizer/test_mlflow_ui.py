@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from optimizer.records import TrialRecord
+from optimizer.results.trial_record import TrialRecord
 from optimizer.tracking.payload import tracking_payload
 from optimizer.tracking.tracker import Tracker
 from optimizer.tracking.view import VIEW_GAIN, runs_page, three_digits, view_key

@@ -18,15 +18,15 @@ from mlflow.tracking import MlflowClient
 from optimizer.config import load_study
 from optimizer.errors import ConfigError
 from optimizer.export import render, select_trial
-from optimizer.quality_gate import reference_path
-from optimizer.recommendation import best_trial, recommended_trial
-from optimizer.records import record_of
 from optimizer.report import build_report
 from optimizer.report.render import render_markdown
+from optimizer.results.quality_gate import reference_path
+from optimizer.results.recommendation import best_trial, recommended_trial
+from optimizer.results.trial_record import record_of
 from optimizer.run.daemon import Daemon
 from optimizer.run.executor import InlineExecutor
 from optimizer.run.seeds import seed_trial_params
-from optimizer.study_summary import study_summary
+from optimizer.tracking.study_summary import study_summary
 from optimizer.tracking.tracker import Tracker
 from runners.engine import EngineRunner
 from runners.simulated.launcher import SimulatedLauncher

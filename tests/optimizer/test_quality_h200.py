@@ -11,8 +11,8 @@ import optuna
 import pytest
 
 from optimizer.config import parse_study
-from optimizer.quality_gate import limits_failed
-from optimizer.records import record_of
+from optimizer.results.quality_gate import limits_failed
+from optimizer.results.trial_record import record_of
 from runners.quality_eval import QualitySample, QualityScores, compare
 
 ROOT = Path(__file__).resolve().parents[2]

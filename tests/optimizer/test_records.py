@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from optimizer.conclusions import Reference, conclude, param_changes
-from optimizer.objectives import (
+from optimizer.results.conclusion import Reference, conclude, param_changes
+from optimizer.results.objectives import (
     described_step,
     objective_value,
     objective_values,
     operating_step,
 )
-from optimizer.records import summary_metrics
+from optimizer.results.trial_record import summary_metrics
 from runners.base import BenchmarkMetrics, EngineInfo, RunResult, StepMetrics
 from runners.load_level import LoadLevel
 
@@ -159,7 +159,7 @@ def test_param_changes_lists_only_differences() -> None:
 
 
 def test_confirmed_gain_is_the_mean_paired_ratio_with_a_t_interval() -> None:
-    from optimizer.confirm import confirm_summary
+    from optimizer.results.confirmation import confirm_summary
 
     pairs = [{"defaults": 10.0, "best": 13.0}, {"defaults": 10.0, "best": 14.0},
              {"defaults": 11.0, "best": 14.3}]
@@ -192,7 +192,7 @@ class _RunnerStep(StepMetrics):
 
 def test_a_probe_missed_for_overload_keeps_its_reason_and_the_trial_says_it_has_no_operating_point(
         ) -> None:
-    from optimizer.records import step_records
+    from optimizer.results.trial_record import step_records
     from optimizer.search.notes import no_operating_point_note
 
     missed = _RunnerStep(step=0, level=LoadLevel(request_rate_rps=9.9), metrics=_metrics(7.6, 9.0),
@@ -210,7 +210,7 @@ def test_a_probe_missed_for_overload_keeps_its_reason_and_the_trial_says_it_has_
 def test_typed_accessors_read_a_trials_marks_and_the_studys_confirmation() -> None:
     import optuna
 
-    from optimizer.records import (
+    from optimizer.results.trial_record import (
         ATTR_BASELINE,
         ATTR_CONFIRM,
         ATTR_DUPLICATE_OF,

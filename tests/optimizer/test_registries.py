@@ -11,13 +11,13 @@ import optuna
 import pytest
 
 from optimizer.config import parse_study
-from optimizer.engines import RUNNERS, RunnerSpec, build_runner
 from optimizer.errors import ConfigError
-from optimizer.objectives import OBJECTIVES, Objective, get_objective, objective_value
-from optimizer.records import objective_unit
-from optimizer.samplers import SAMPLERS
+from optimizer.results.objectives import OBJECTIVES, Objective, get_objective, objective_value
+from optimizer.results.trial_record import objective_unit
+from optimizer.run.engines import RUNNERS, RunnerSpec, build_runner
 from optimizer.search.pruners import PRUNERS
-from optimizer.study import make_pruner, make_sampler, open_study
+from optimizer.search.samplers import SAMPLERS
+from optimizer.storage.study import make_pruner, make_sampler, open_study
 from runners.base import BenchmarkMetrics, StepMetrics
 from runners.load_level import LoadLevel
 

@@ -16,11 +16,16 @@ import yaml
 
 from optimizer.cli import main
 from optimizer.config import load_study
-from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, TrialRecord, summary_metrics
 from optimizer.regress.compare import compare_figure, flag_problems
 from optimizer.regress.library import FigureRef, LibraryConfig, load_library
 from optimizer.regress.measure import installed, measure_case
-from optimizer.study import open_study
+from optimizer.results.trial_record import (
+    ATTR_BASELINE,
+    ATTR_CONFIRM,
+    TrialRecord,
+    summary_metrics,
+)
+from optimizer.storage.study import open_study
 from runners.base import RunResult
 from runners.simulated.launcher import VllmVariant
 

@@ -18,7 +18,7 @@ from mlflow import MlflowClient
 from optimizer.cli import main
 from optimizer.config import parse_study
 from optimizer.report import TrialRow, build_report, pareto_front, render_markdown, write_report
-from optimizer.study import open_study
+from optimizer.storage.study import open_study
 from optimizer.tracking.tracker import Tracker
 
 CHOICES = {"quantization": ["none", "fp8"], "enforce_eager": [False, True]}
@@ -406,8 +406,8 @@ def test_the_headline_names_a_recommended_defaults_and_a_best_of_the_defaults_fl
 
 def test_one_change_fills_a_missing_key_with_vllms_default_and_ignores_a_moot_capture_size(
         ) -> None:
-    from optimizer.gains import point_gain
     from optimizer.report.knobs import KnobEffect, _one_change
+    from optimizer.results.gains import point_gain
 
     host = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "enforce_eager": False,
             "cudagraph_mode": "FULL_AND_PIECEWISE", "enable_prefix_caching": True}

@@ -13,12 +13,17 @@ import pytest
 from optuna.trial import TrialState
 
 from optimizer.config import load_study
-from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, ATTR_DUPLICATE_OF, record_of
+from optimizer.results.trial_record import (
+    ATTR_BASELINE,
+    ATTR_CONFIRM,
+    ATTR_DUPLICATE_OF,
+    record_of,
+)
 from optimizer.run.daemon import Daemon
 from optimizer.run.executor import InlineExecutor
 from optimizer.search.controller import SearchController
-from optimizer.study import count_trials, make_pruner, make_sampler
-from optimizer.study_summary import study_summary
+from optimizer.storage.study import count_trials, make_pruner, make_sampler
+from optimizer.tracking.study_summary import study_summary
 from optimizer.tracking.tracker import Tracker
 from runners.base import (
     BenchmarkMetrics,
@@ -259,7 +264,7 @@ def test_a_store_that_refuses_the_study_run_starts_nothing_with_one_clear_error(
     with pytest.raises(TrackingError, match="nothing was launched"):
         daemon.run()
     assert not launched, "no engine started"
-    from optimizer.lock import read_lock, study_lock_path
+    from optimizer.storage.lock import read_lock, study_lock_path
 
     assert read_lock(study_lock_path(cfg)) is None, "the study's lock is free again"
 

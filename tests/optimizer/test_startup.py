@@ -15,7 +15,7 @@ from optimizer.errors import ConfigError
 from optimizer.export import trial_env as export_env
 from optimizer.search.controller import SearchController
 from optimizer.search.startup import CompileCaches, launch_order, startup_record
-from optimizer.study import engine_config, make_pruner, make_sampler, startup_saver_env
+from optimizer.storage.study import engine_config, make_pruner, make_sampler, startup_saver_env
 from runners.base import EngineConfig, EngineInfo, RunResult, StepMetrics
 from runners.vllm.compile_cache import compile_key
 from search_spaces import load_space
@@ -128,7 +128,7 @@ def test_startup_settings_that_would_change_the_measurement_are_refused(
 
 
 def test_mlflow_gets_the_start_up_as_tags_and_metrics() -> None:
-    from optimizer.records import TrialRecord
+    from optimizer.results.trial_record import TrialRecord
     from optimizer.search.startup import startup_metrics
     from optimizer.tracking.payload import tracking_payload
 
@@ -237,7 +237,7 @@ def test_a_ledger_entry_of_another_vllm_version_or_a_per_trial_study_predicts_co
 
 
 def test_a_per_trial_cache_never_writes_the_shared_ledger(tmp_path: Path) -> None:
-    from optimizer.engines import RunnerSpec, build_runner
+    from optimizer.run.engines import RunnerSpec, build_runner
     from runners.vllm.compile_ledger import ledger_path
 
     spec = RunnerSpec(kind="simulated", registry_dir=tmp_path / "engines",
@@ -254,7 +254,7 @@ def test_a_resumed_study_trusts_the_ledger_not_its_records_for_what_is_warm(
     """A study resumed on a machine whose cache root is new (or cleared) holds records of keys
     compiled elsewhere: with a ledger read on that root, they are cold (a warm prediction would
     launch a must-compile start under VLLM_FORCE_AOT_LOAD); with no ledger, the records say."""
-    from optimizer.records import ATTR_RECORD, TrialRecord
+    from optimizer.results.trial_record import ATTR_RECORD, TrialRecord
 
     cache = tmp_path / "cache"
     first = _ledger_policy(tmp_path, "first", cache).next_launch(lambda n: True)

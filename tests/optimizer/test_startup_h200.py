@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from optimizer.records import record_of
+from optimizer.results.trial_record import record_of
 from runners.vllm.logs import parse_log
 
 RUN = Path(__file__).resolve().parents[1] / "fixtures" / "h200" / "widened"

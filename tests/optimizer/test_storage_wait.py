@@ -14,8 +14,8 @@ import optuna
 import pytest
 
 from optimizer.errors import StorageError
-from optimizer.storage_wait import SESSION_METHODS, LockWait, StoreLocked, is_locked
-from optimizer.study import make_storage
+from optimizer.storage.sqlite_wait import SESSION_METHODS, LockWait, StoreLocked, is_locked
+from optimizer.storage.study import make_storage
 
 
 class ScriptedClock:
@@ -67,7 +67,7 @@ def test_a_write_waits_through_a_reader_holding_the_database_and_says_what_it_wa
     wait = LockWait("the Optuna storage optuna.db", bound_s=600.0, clock=clock, sleep=sleep)
     storage = make_storage(f"sqlite:///{db}", lock_wait=wait, attempt_timeout_s=0.05)
     study = optuna.load_study(study_name="s", storage=storage)
-    with caplog.at_level(logging.WARNING, logger="optimizer.storage_wait"):
+    with caplog.at_level(logging.WARNING, logger="optimizer.storage.sqlite_wait"):
         study.set_user_attr("written", True)
     assert len(clock.sleeps) == 4, "the write was tried again until the reader let go"
     assert optuna.load_study(study_name="s", storage=f"sqlite:///{db}").user_attrs == {

@@ -10,13 +10,13 @@ from typing import Any
 import optuna
 
 from optimizer.config import load_study
-from optimizer.records import record_of
+from optimizer.results.trial_record import record_of
 from optimizer.run.daemon import Daemon
 from optimizer.run.executor import InlineExecutor
 from optimizer.run.seeds import template_trial_params
 from optimizer.run.space_context import space_context
-from optimizer.study_summary import study_summary
 from optimizer.tracking.payload import tracking_payload
+from optimizer.tracking.study_summary import study_summary
 from optimizer.tracking.tracker import Tracker
 from runners.hardware import load_preset
 from runners.model_info import load_model_info

@@ -128,7 +128,7 @@ def test_unusable_store_is_a_tracking_error(tmp_path: Path) -> None:
 
 
 def _record(**kw: Any) -> Any:
-    from optimizer.records import TrialRecord
+    from optimizer.results.trial_record import TrialRecord
 
     base: dict[str, Any] = {
         "state": "complete", "params": {}, "conclusion": "fp8 weights: 1.32x the defaults.",

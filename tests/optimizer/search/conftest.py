@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 from optimizer.config import StudyConfig, load_study
-from optimizer.study import make_pruner, make_sampler
+from optimizer.storage.study import make_pruner, make_sampler
 from runners.base import BenchmarkMetrics, StepMetrics
 from runners.load_level import LoadLevel
 from search_spaces import ResolvedSpace, load_space

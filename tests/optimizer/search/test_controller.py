@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from optimizer.records import ATTR_BASELINE, ATTR_DUPLICATE_OF, record_of
+from optimizer.results.trial_record import ATTR_BASELINE, ATTR_DUPLICATE_OF, record_of
 from optimizer.search.controller import SearchController
 from runners.base import RunResult
 from tests.optimizer.search.conftest import Setup, step

@@ -11,7 +11,7 @@ import optuna
 
 from optimizer.search.placement import MAX_OVERTAKEN, Placement
 from optimizer.search.trials import Waiting
-from optimizer.study import engine_config
+from optimizer.storage.study import engine_config
 from runners.base import Failure, FailureReason
 from runners.vllm.compile_cache import FORCE_AOT_LOAD
 from tests.optimizer.search.conftest import Setup

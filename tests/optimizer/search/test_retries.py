@@ -10,10 +10,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from optimizer.records import ATTR_BASELINE, ATTR_CONFIRM, ATTR_RETRIES, ATTR_RETRY_OF
+from optimizer.results.trial_record import ATTR_BASELINE, ATTR_CONFIRM, ATTR_RETRIES, ATTR_RETRY_OF
 from optimizer.search.retries import RetryPolicy
 from optimizer.search.trials import Running
-from optimizer.study import engine_config
+from optimizer.storage.study import engine_config
 from runners.base import Failure, FailureReason, RunResult
 from tests.optimizer.search.conftest import Setup
 

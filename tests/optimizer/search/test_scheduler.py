@@ -10,7 +10,7 @@ import pytest
 
 from optimizer.search.scheduler import PruningScheduler
 from optimizer.search.trials import Running
-from optimizer.study import engine_config
+from optimizer.storage.study import engine_config
 from tests.optimizer.search.conftest import Setup, step
 
 # Earlier trials enough for the margin pruner to judge (its n_startup_trials).

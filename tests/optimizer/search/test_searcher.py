@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from optuna.trial import TrialState
 
-from optimizer.records import (
+from optimizer.results.trial_record import (
     ATTR_BASELINE,
     ATTR_DUPLICATE_OF,
     ATTR_SEED_SOURCE,

@@ -8,10 +8,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from optimizer import bottleneck, gains
-from optimizer.objectives import OBJECTIVES, on_all_gpus
-from optimizer.recommendation import NOISE_FRACTION, is_measured, params_of
-from optimizer.records import gpus_of, is_baseline, objective_unit, record_of
+from optimizer import bottleneck
+from optimizer.results import gains
+from optimizer.results.objectives import OBJECTIVES, on_all_gpus
+from optimizer.results.recommendation import NOISE_FRACTION, is_measured, params_of
+from optimizer.results.trial_record import gpus_of, is_baseline, objective_unit, record_of
 from runners.capacity import bracket_from_metrics
 from runners.capacity_search import Bracket
 

@@ -55,7 +55,7 @@ SCREEN_ATTR = "screen"  # system attr of a trial the screen chose: its rank amon
 class ScreenSampler(optuna.samplers.BaseSampler):
     """The informed start: the first `n_screen` trials it is asked for (the queued defaults,
     templates and seeds go before it, untouched) are configs of `candidates` in the order of a
-    prediction (`predicted`, e.g. optimizer/screen.py), refitted to each measurement; then
+    prediction (`predicted`, e.g. optimizer/search/screen.py), refitted to each measurement; then
     `fallback` (the model-based sampler) takes over, with the screen's trials as its history.
 
     The refit: a ridge regression of log(measured / predicted), less its mean (a scale the

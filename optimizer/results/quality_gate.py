@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from optimizer.study import QUALITY_CONSTRAINT
+from optimizer.storage.study import QUALITY_CONSTRAINT
 from runners.atomic import write_atomic
 from runners.quality_eval import QualitySample, QualityScores, changes_numerics, compare
 from runners.workload import Workload

@@ -9,10 +9,10 @@ from pathlib import Path
 import optuna
 
 from optimizer.config import load_study
-from optimizer.samplers import SCREEN_ATTR, ScreenSampler, _tpe
 from optimizer.search.controller import SearchController
+from optimizer.search.samplers import SCREEN_ATTR, ScreenSampler, _tpe
 from optimizer.search.searcher import SCREEN_TRIALS
-from optimizer.study import make_pruner, make_sampler
+from optimizer.storage.study import make_pruner, make_sampler
 from runners.base import RunResult, StepMetrics
 from runners.hardware import load_preset
 from runners.model_info import load_model_info

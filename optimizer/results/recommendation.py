@@ -12,8 +12,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from optimizer.records import confirm_label, is_baseline, record_of, stored_vllm_defaults
-from optimizer.study import QUALITY_CONSTRAINT, is_search_trial
+from optimizer.results.trial_record import confirm_label, is_baseline, record_of, stored_vllm_defaults
+from optimizer.storage.study import QUALITY_CONSTRAINT, is_search_trial
 from search_spaces import HOST_DEFAULTS, changed_params, vllm_default
 
 
@@ -25,16 +25,16 @@ def is_measured(trial: optuna.trial.FrozenTrial) -> bool:
 
 
 # Two measurements of one config differ by about this much: a change whose effect is smaller
-# "does not matter here" (records.conclude) and is not worth deploying (recommended_trial).
+# "does not matter here" (conclusion.conclude) and is not worth deploying (recommended_trial).
 NOISE_FRACTION = 0.02
 
 
 def audit_errors(trial: optuna.trial.FrozenTrial) -> list[str]:
     """The errors `nightshift audit` finds in the flags the trial ran with
-    (optimizer.audit): a config that ships one is never recommended. The simulated engine
+    (optimizer.export.audit): a config that ships one is never recommended. The simulated engine
     prices CUDA graphs off only where a decode-only batch would have replayed one, so a
     mixed-batch workload can measure it as free; the audit's cost is vLLM's on real GPUs."""
-    from optimizer.audit import Launch, audit
+    from optimizer.export.audit import Launch, audit
 
     record = record_of(trial)
     if record is None:

@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from optimizer.records import TrialRecord, record_of
-from optimizer.study import CONFIG_FAILURES
+from optimizer.results.trial_record import TrialRecord, record_of
+from optimizer.storage.study import CONFIG_FAILURES
 from search_spaces.known_facts import KnownFact, read_facts_file, release_of
 
 logger = logging.getLogger(__name__)

@@ -10,15 +10,15 @@ import math
 
 import optuna
 
-from optimizer import gains
-from optimizer.conclusions import baseline_trial
 from optimizer.config import StudyConfig
-from optimizer.objectives import OBJECTIVES
-from optimizer.recommendation import best_trial, is_measured, no_baseline_reason, params_of
-from optimizer.records import confirm_label, confirmation_of
 from optimizer.report import build_report, headline
 from optimizer.report.render import best_tags
-from optimizer.study import count_trials
+from optimizer.results import gains
+from optimizer.results.conclusion import baseline_trial
+from optimizer.results.objectives import OBJECTIVES
+from optimizer.results.recommendation import best_trial, is_measured, no_baseline_reason, params_of
+from optimizer.results.trial_record import confirm_label, confirmation_of
+from optimizer.storage.study import count_trials
 
 
 def study_summary(study: optuna.Study,
@@ -48,9 +48,10 @@ def study_summary(study: optuna.Study,
         tags["conclusion"] = headline(report)
         tags["mlflow.note.content"] = tags["conclusion"]  # the run's description
         tags.update(best_tags(report))
-        # What the tuning memory seeds a later study with (optimizer/tuning_memory.py): the best's
-        # config, and its params that differ from the measured defaults'. best_trial never
-        # picks a config the quality gate refused.
+        # What the tuning memory seeds a later study with
+        # (optimizer/tuning_memory/earlier_studies.py): the best's config, and its params that
+        # differ from the measured defaults'. best_trial never picks a config the quality gate
+        # refused.
         params = params_of(best)
         tags["best.params"] = json.dumps(params, sort_keys=True, default=str)
         baseline = baseline_trial(study)

@@ -12,11 +12,11 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer import gains
+from optimizer.results import gains
 from optimizer.config import StudyConfig
-from optimizer.objectives import OBJECTIVES
-from optimizer.recommendation import params_of, recommended_trial
-from optimizer.records import (
+from optimizer.results.objectives import OBJECTIVES
+from optimizer.results.recommendation import params_of, recommended_trial
+from optimizer.results.trial_record import (
     STUDY_ATTR_CONFIRM,
     confirm_label,
     confirmation_of,

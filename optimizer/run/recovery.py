@@ -19,7 +19,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.errors import describe
-from optimizer.records import (
+from optimizer.results.trial_record import (
     ATTR_CUT_SHORT,
     ATTR_MLFLOW_RUN,
     ATTR_RECORD,
@@ -33,7 +33,7 @@ from optimizer.records import (
     record_of,
     retries_of,
 )
-from optimizer.study import MAX_DAEMON_LOSSES, requeue, requeueable
+from optimizer.storage.study import MAX_DAEMON_LOSSES, requeue, requeueable
 from optimizer.tracking.payload import TrialLog, tracking_payload
 from optimizer.tracking.tags import SERVER_LOG
 from optimizer.tracking.tracker import Tracker

@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, Protocol
 
-from optimizer.fingerprint import Fingerprint
-from optimizer.objectives import (
+from optimizer.tuning_memory.fingerprint import Fingerprint
+from optimizer.results.objectives import (
     OBJECTIVES,
     metrics_value,
     objective_value,
@@ -37,11 +37,11 @@ ATTR_RETRIES = "retries"
 ATTR_DAEMON_LOSSES = "daemon_losses"
 ATTR_SEEDED = "seeded"  # enqueued from seed_trials, a hardware template or the warm start
 # Where a seed came from: "template:hopper" (a hardware template) or "warm_start:<study>" (an
-# earlier study's best, optimizer/tuning_memory.py)
+# earlier study's best, optimizer/tuning_memory/earlier_studies.py)
 ATTR_SEED_SOURCE = "seed.source"
 ATTR_SEED_TITLE = "seed.title"  # "the Hopper template (fp8 weights + ...)", for its conclusion
 # The study's own user attributes, each written once by the module named.
-STUDY_ATTR_CONFIRM = "confirm"  # `confirm.confirm_summary`: the final re-measured gain
+STUDY_ATTR_CONFIRM = "confirm"  # `confirmation.confirm_summary`: the final re-measured gain
 STUDY_ATTR_FINGERPRINT = "fingerprint"  # `Fingerprint.to_dict()` (runtime, at each start)
 STUDY_ATTR_WARM_START = "warm_start"  # the lines the warm start printed (runtime)
 # vLLM's value of each searched param on the study's host, the study's fixed flags over them
@@ -82,10 +82,10 @@ class TrialRecord:
     is_baseline: bool = False  # the vLLM defaults
     host: str = ""  # where it ran (host, Ray node, GPUs)
     is_unstable: bool = False  # its repeats spread beyond workload.max_spread
-    # `QualityAssessment.to_dict()` (optimizer/quality_gate.py): scored, the reference, or why not
+    # `QualityAssessment.to_dict()` (optimizer/results/quality_gate.py): scored, the reference, or why not
     quality: Mapping[str, Any] | None = None
     # "template:hopper" (a hardware template) or "warm_start:<study>" (an earlier study's best,
-    # optimizer/tuning_memory.py): a seed measured here like any other trial; "" for the rest.
+    # optimizer/tuning_memory/earlier_studies.py): a seed measured here like any other trial; "" for the rest.
     seed_source: str = ""
     # `optimizer.search.startup.startup_record`: the compile cache predicted and seen, seconds
     # by part
@@ -239,8 +239,8 @@ def stored_vllm_defaults(study: HasUserAttrs) -> Mapping[str, Any] | None:
 
 @dataclass(frozen=True)
 class StoredConfirmation:
-    """The final confirmation as `confirm.confirm` stored it on the study
-    (`confirm.confirm_summary`): the recommended trial against the defaults, interleaved."""
+    """The final confirmation as `confirmation.confirm` stored it on the study
+    (`confirmation.confirm_summary`): the recommended trial against the defaults, interleaved."""
 
     sentence: str  # the one line a report and `status` print
     best_trial: int | None  # the trial re-measured against the defaults

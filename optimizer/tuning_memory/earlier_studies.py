@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from optimizer.fingerprint import Fingerprint, compatibility
 from optimizer.tracking.tags import TAG_KIND, TAG_PARENT
+from optimizer.tuning_memory.fingerprint import Fingerprint, compatibility
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

@@ -15,8 +15,8 @@ from optuna.trial import TrialState
 
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
-from optimizer.objectives import get_objective
-from optimizer.records import (
+from optimizer.results.objectives import get_objective
+from optimizer.results.trial_record import (
     ATTR_DAEMON_LOSSES,
     ATTR_RETRIES,
     ATTR_RETRY_OF,
@@ -30,14 +30,19 @@ from optimizer.records import (
     requeue_marks,
     retry_of,
 )
-from optimizer.samplers import SAMPLERS
 from optimizer.search.pruners import PRUNERS
-from optimizer.storage_wait import ATTEMPT_TIMEOUT_S, LockWait, LockWaitingStorage, StoreLocked
+from optimizer.search.samplers import SAMPLERS
+from optimizer.storage.sqlite_wait import (
+    ATTEMPT_TIMEOUT_S,
+    LockWait,
+    LockWaitingStorage,
+    StoreLocked,
+)
 from runners.base import EngineConfig, FailureReason, RunResult
 from runners.model_info import resolve_model_dir
 
-MAX_DAEMON_LOSSES = 5  # re-queues of a config a dying daemon lost (records.ATTR_DAEMON_LOSSES)
-# The Optuna constraint a trial outside the quality limits violates (optimizer/quality_gate.py).
+MAX_DAEMON_LOSSES = 5  # re-queues of a config a dying daemon lost (ATTR_DAEMON_LOSSES)
+# The Optuna constraint a trial outside the quality limits violates (results/quality_gate.py).
 QUALITY_CONSTRAINT = "quality"
 # A config that failed for one of these reasons fails again: it is never launched twice, and
 # the sampler is told it as the worst value with a violated constraint (`tell_config_failure`).
@@ -54,7 +59,7 @@ _RACE_ERRORS = frozenset({"IntegrityError", "OperationalError"})
 def make_storage(url: str, *, lock_wait: LockWait | None = None,
                  attempt_timeout_s: float = ATTEMPT_TIMEOUT_S) -> optuna.storages.RDBStorage:
     """The storage at `url`. A SQLite file's every read and write waits through a lock another
-    process holds (`lock_wait`, by default LOCK_WAIT_S; storage_wait.py), SQLite's own busy
+    process holds (`lock_wait`, by default LOCK_WAIT_S; sqlite_wait.py), SQLite's own busy
     wait lasting `attempt_timeout_s` per attempt."""
     sqlite_file = url.startswith("sqlite:///")
     if sqlite_file:

@@ -1,7 +1,7 @@
 """The informed start's screen: every config of a (finite) space ranked in CPU time by the
 simulated engine's analytic model (runners/simulated/performance.py, `PerformanceModel.step_time`:
 the roofline of one engine step), never by running anything. A prediction, never a measurement:
-it only orders which configs the GPU measures first (optimizer/samplers.py `ScreenSampler`).
+it only orders which configs the GPU measures first (optimizer/search/samplers.py `ScreenSampler`).
 
 The estimate a level: a closed loop of `concurrency` requests decoding `output_len` tokens each
 after a prompt of `input_len` (`prefix_tokens` of it shared and, with prefix caching, computed

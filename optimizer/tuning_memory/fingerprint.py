@@ -1,7 +1,8 @@
 """A study's fingerprint (what it ran on, what it ran, under which SLO) and the one rule that
 says whether two studies are compatible: whether an earlier study's best config is worth a seed
-trial here. Pure: no store, no files; the tuning memory (optimizer/tuning_memory.py) reads
-and writes. docs/tuning-memory.md states the rules."""
+trial here. Pure: no store, no files; the tuning memory's other modules
+(optimizer/tuning_memory/earlier_studies.py) read and write. docs/tuning-memory.md states the
+rules."""
 
 from __future__ import annotations
 
