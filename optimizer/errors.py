@@ -3,20 +3,26 @@
     NightshiftError
      ├── ConfigError          bad study/space file or flag (exit code 2)
      ├── WorkerLost           the Ray worker (or its node) died
-     ├── StudyLockedError     another daemon runs this study
+     ├── StudyLockedError     another daemon runs this study (exit code 2)
      ├── StorageError         the Optuna storage failed mid-study (the daemon stops; resume)
      └── TrackingError        the tracking store refused a write (MLflow)
 
-Foreign exceptions (YAML, pydantic, OSError, SQLAlchemy, MLflow, Ray) are translated where they
-enter into one of these, with a one-line message (`describe` renders a foreign cause for it);
-the CLI prints that line alone. Most drop the cause (`raise ... from None`): a bad input's line
-names the field and the fix, and the parser's traceback would add nothing. Where the cause may
-matter to whoever debugs (a storage, MLflow or Ray call that failed) it is chained
-(`from exc`). Trial-level failures never raise through the daemon: runners return them as data
-(`RunResult.failure`).
+Foreign exceptions (YAML, pydantic, OSError, SQLAlchemy, MLflow, Ray, and the ValueErrors of
+runners/ and search_spaces/, which may not import this tree) become one of these in one way:
+`raise translate(exc, message) from exc`. `FOREIGN_ERRORS` maps a foreign type to the class it
+becomes; a site passes `into=` where what it was doing decides instead (any foreign error met
+while checking input before a study starts is a ConfigError, exit 2). The message is one line
+(`describe` renders a foreign cause for it, `one_line` a lower layer's own message); the CLI
+prints that line alone, while the chained cause keeps the foreign traceback for the daemon's
+log and for whoever debugs. `from None` is left only where the caught exception is our own
+control flow and says nothing (a miss in one of our registries, an interrupt turned into an
+exit code), each with a comment. Trial-level failures never raise through the daemon: runners
+return them as data (`RunResult.failure`).
 """
 
 from __future__ import annotations
+
+from typing import Final
 
 
 class NightshiftError(Exception):
@@ -49,12 +55,65 @@ class TrackingError(NightshiftError):
     pass
 
 
+# The class a foreign exception becomes where its site does not say (`translate`'s `into`):
+# the first base of its type found here decides, a type with none becomes a NightshiftError
+# (exit 1). Keys are qualified names, so that this module imports none of these packages.
+FOREIGN_ERRORS: Final[dict[str, type[NightshiftError]]] = {
+    # A file or value the user gave: bad input.
+    "yaml.error.YAMLError": ConfigError,
+    "pydantic_core._pydantic_core.ValidationError": ConfigError,
+    "json.decoder.JSONDecodeError": ConfigError,
+    "builtins.UnicodeDecodeError": ConfigError,
+    "search_spaces.errors.SpaceError": ConfigError,
+    "search_spaces.known_facts.FactError": ConfigError,
+    "search_spaces.engine.tables.UnknownVersionError": ConfigError,
+    # A store or the cluster failing under a study that runs.
+    "sqlalchemy.exc.SQLAlchemyError": StorageError,
+    "optuna.exceptions.StorageInternalError": StorageError,
+    "mlflow.exceptions.MlflowException": TrackingError,
+    "ray.exceptions.RayError": WorkerLost,
+}
+
+
+def error_class(exc: BaseException) -> type[NightshiftError]:
+    """The class `exc` becomes by `FOREIGN_ERRORS` (its own, for one of ours)."""
+    if isinstance(exc, NightshiftError):
+        return type(exc)
+    for base in type(exc).__mro__:
+        into = FOREIGN_ERRORS.get(f"{base.__module__}.{base.__qualname__}")
+        if into is not None:
+            return into
+    return NightshiftError
+
+
+def translate(exc: BaseException, message: str, *,
+              into: type[NightshiftError] | None = None) -> NightshiftError:
+    """`exc` as the NightshiftError that says `message`: of class `into`, else the one
+    `FOREIGN_ERRORS` maps its type to, with `exc` as its cause. Raise it `from exc` (the
+    traceback, `--verbose` and the daemon's log keep the foreign one; the CLI prints the
+    message alone). A message of several lines (a foreign text within it) is joined into one."""
+    if len(message.splitlines()) > 1:
+        message = " ".join(message.split())
+    error = (into or error_class(exc))(message)
+    error.__cause__ = exc
+    return error
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """A lower layer's own message (runners' and search_spaces' ValueErrors name the file and
+    the fix) as one line for a message of ours: whitespace joined, at most `limit`
+    characters, no final period (the message adds its own)."""
+    return " ".join(str(exc).split())[:limit].rstrip(".")
+
+
 def describe(exc: BaseException) -> str:
     """A foreign exception as one line for a message: the type and first line of what caused
     it (SQLAlchemy and MLflow wrap the driver's error and append the SQL), at most 200
-    characters."""
+    characters. The walk down the causes stops at one of ours: its line already says its
+    cause."""
     root = exc
-    while root.__cause__ is not None and root.__cause__ is not root:
+    while root.__cause__ is not None and root.__cause__ is not root and \
+            not isinstance(root, NightshiftError):
         root = root.__cause__
     lines = str(getattr(root, "orig", None) or root).strip().splitlines()
     text = lines[0].strip() if lines else ""
