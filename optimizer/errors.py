@@ -106,6 +106,26 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     return " ".join(str(exc).split())[:limit].rstrip(".")
 
 
+def yaml_message(exc: BaseException, source: str, text: str) -> str:
+    """A YAML parser's refusal of `text`, the file `source`, as one line: the line it is on,
+    what is wrong and the fix (a character YAML does not allow, a syntax error, or one of
+    `load_yaml`'s limits, whose problem says the fix)."""
+    import yaml
+
+    from search_spaces.bounded_yaml import YamlLimitError
+
+    if isinstance(exc, yaml.reader.ReaderError):
+        line = text.count("\n", 0, exc.position) + 1
+        return (f"{source}: not valid YAML at line {line}: character #x{exc.character:04x} "
+                "is not allowed in YAML text; remove it.")
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}" if mark is not None else ""
+    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+    if isinstance(exc, YamlLimitError):
+        return f"{source}{where}: {problem[:200]}."
+    return f"{source}: not valid YAML{where}: {problem[:200]}; fix the syntax."
+
+
 def describe(exc: BaseException) -> str:
     """A foreign exception as one line for a message: the type and first line of what caused
     it (SQLAlchemy and MLflow wrap the driver's error and append the SQL), at most 200

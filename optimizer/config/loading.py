@@ -17,12 +17,12 @@ from pydantic import ValidationError
 from optimizer.config.fields import MAX_FILE_BYTES
 from optimizer.config.schema import StudySpec
 from optimizer.config.validation_errors import format_validation_error
-from optimizer.errors import ConfigError, one_line, translate
+from optimizer.errors import ConfigError, one_line, translate, yaml_message
 from optimizer.objectives import OBJECTIVES
 from runners.credentials import redact_env
 from runners.load_level import LoadLevel
 from runners.workload import QualityEval, TraceReplay, Workload
-from search_spaces.bounded_yaml import YamlLimitError, load_yaml
+from search_spaces.bounded_yaml import load_yaml
 
 DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
 
@@ -294,18 +294,8 @@ def load_study(path: Path) -> StudyConfig:
     try:
         text = raw.decode("utf-8")
         data = load_yaml(text)
-    except yaml.reader.ReaderError as exc:
-        line = text.count("\n", 0, exc.position) + 1
-        raise translate(exc, f"{path.name}: not valid YAML at line {line}: character "
-                        f"#x{exc.character:04x} is not allowed in YAML text; remove it.") from exc
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line
-        if isinstance(exc, YamlLimitError):
-            raise translate(exc, f"{path.name}{where}: {problem[:200]}.") from exc
-        raise translate(exc, f"{path.name}: not valid YAML{where}: {problem[:200]}; fix the "
-                        "syntax.") from exc
+        raise translate(exc, yaml_message(exc, path.name, text)) from exc
     except UnicodeDecodeError as exc:
         raise translate(exc, f"{path.name}: not UTF-8 text; save the study file as "
                         "UTF-8.") from exc

@@ -22,10 +22,10 @@ from optimizer.config.store_checks import tracking_uri_problem
 from optimizer.config.validation_errors import format_validation_error
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.engines import RUNNERS
-from optimizer.errors import ConfigError, translate
+from optimizer.errors import ConfigError, translate, yaml_message
 from optimizer.objectives import OBJECTIVES
 from runners.atomic import write_atomic
-from search_spaces.bounded_yaml import YamlLimitError, load_yaml
+from search_spaces.bounded_yaml import load_yaml
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _ENV_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -254,17 +254,12 @@ def _read_yaml(path: Path) -> Any:
         raise ConfigError(f"{path.name}: over {MAX_FILE_BYTES:,} bytes, far more than a "
                           "library holds; check that this is the library YAML.")
     try:
-        return load_yaml(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        return load_yaml(text)
     except UnicodeDecodeError as exc:
         raise translate(exc, f"{path.name}: not UTF-8 text; save the library as UTF-8.") from exc
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
-        if isinstance(exc, YamlLimitError):
-            raise translate(exc, f"{path.name}{where}: {problem[:200]}.") from exc
-        raise translate(exc, f"{path.name}: not valid YAML{where}: {problem[:200]}; fix the "
-                        "syntax.") from exc
+        raise translate(exc, yaml_message(exc, path.name, text)) from exc
 
 
 def parse_library(data: Any, source: str = "library.yaml") -> LibrarySpec:

@@ -4,6 +4,7 @@ one line, and the foreign exception chained as its cause."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import json
 import traceback
@@ -24,6 +25,7 @@ from optimizer.errors import (
     error_class,
     one_line,
     translate,
+    yaml_message,
 )
 
 
@@ -177,3 +179,40 @@ def test_one_line_joins_a_lower_layers_message_and_drops_its_period() -> None:
     assert one_line(ValueError("config.json:\n  not JSON (ValueError);  give it.")) == \
         "config.json: not JSON (ValueError); give it"
     assert len(one_line(ValueError("x" * 500))) == 300
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("a: [1, 2\n", "s.yaml: not valid YAML at line 2: expected ',' or ']', but got '<stream "
+     "end>'; fix the syntax."),
+    ("a: 1\nb: \x07\n", "s.yaml: not valid YAML at line 2: character #x0007 is not allowed in "
+     "YAML text; remove it."),
+    ("a: 1\na: 2\n", "s.yaml at line 2: duplicate key 'a' (YAML would keep only the last); "
+     "keep one."),
+], ids=["syntax", "a character YAML refuses", "a limit of load_yaml"])
+def test_a_yaml_refusal_reads_as_one_line_with_its_line_and_fix(text: str, message: str) -> None:
+    from search_spaces.bounded_yaml import load_yaml
+
+    refusal = _raised(lambda: load_yaml(text))
+    assert yaml_message(refusal, "s.yaml", text) == message
+    assert error_class(refusal) is ConfigError
+
+
+def test_every_raise_from_none_says_why() -> None:
+    """A raise that drops its cause (`from None`) says why on its line or its `except` line:
+    only our own control flow may (a registry miss, an exit code), never a foreign failure."""
+    root = Path(__file__).resolve().parents[2]
+    silent = []
+    for package in ("optimizer", "runners", "search_spaces"):
+        for path in sorted((root / package).rglob("*.py")):
+            lines = path.read_text(encoding="utf-8").splitlines()
+            for handler in ast.walk(ast.parse("\n".join(lines))):
+                if not isinstance(handler, ast.ExceptHandler):
+                    continue
+                for node in ast.walk(handler):
+                    if isinstance(node, ast.Raise) and isinstance(node.cause, ast.Constant) \
+                            and node.cause.value is None:
+                        said = lines[handler.lineno - 1] + "".join(
+                            lines[node.lineno - 1:node.end_lineno or node.lineno])
+                        if "#" not in said:
+                            silent.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not silent, f"raised from None without saying why: {silent}"
