@@ -7,17 +7,18 @@
      ├── StorageError         the Optuna storage failed mid-study (the daemon stops; resume)
      └── TrackingError        the tracking store refused a write (MLflow)
 
-Foreign exceptions (YAML, pydantic, OSError, SQLAlchemy, MLflow, Ray, and the ValueErrors of
-runners/ and search_spaces/, which may not import this tree) become one of these in one way:
-`raise translate(exc, message) from exc`. `FOREIGN_ERRORS` maps a foreign type to the class it
-becomes; a site passes `into=` where what it was doing decides instead (any foreign error met
-while checking input before a study starts is a ConfigError, exit 2). The message is one line
-(`describe` renders a foreign cause for it, `one_line` a lower layer's own message); the CLI
-prints that line alone, while the chained cause keeps the foreign traceback for the daemon's
-log and for whoever debugs. `from None` is left only where the caught exception is our own
-control flow and says nothing (a miss in one of our registries, an interrupt turned into an
-exit code), each with a comment. Trial-level failures never raise through the daemon: runners
-return them as data (`RunResult.failure`).
+Foreign exceptions (YAML, pydantic, JSON, OSError, SQLAlchemy, Optuna's storage, MLflow, Ray,
+and the ValueErrors of runners/ and search_spaces/, which may not import this tree) become one
+of these in one way: `raise translate(exc, message) from exc`. `FOREIGN_ERRORS` maps a
+foreign type to the class it becomes; a site passes `into=` where what it was doing decides
+instead (a foreign error met while checking input before a study starts is bad input,
+ConfigError). The message is the site's one line (what was expected, what was got, what to
+do); `describe`, `one_line` and `yaml_message` render a foreign exception for it. The CLI
+prints that line alone; the chained cause keeps the foreign traceback for the daemon's log and
+whoever debugs. Four raises drop their cause (`from None`), each saying why: a miss in one of
+our own registries and an interrupt or logged failure turned into an exit code, never a
+foreign failure (tests/optimizer/test_errors.py holds each to its comment). Trial-level
+failures never raise through the daemon: runners return them as data (`RunResult.failure`).
 """
 
 from __future__ import annotations
