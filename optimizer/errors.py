@@ -13,11 +13,11 @@ of these in one way: `raise translate(exc, message) from exc`. `FOREIGN_ERRORS` 
 foreign type to the class it becomes; a site passes `into=` where what it was doing decides
 instead (a foreign error met while checking input before a study starts is bad input,
 ConfigError). The message is the site's one line (what was expected, what was got, what to
-do); `describe`, `one_line` and `yaml_message` render a foreign exception for it. The CLI
-prints that line alone; the chained cause keeps the foreign traceback for the daemon's log and
-whoever debugs. Four raises drop their cause (`from None`), each saying why: a miss in one of
-our own registries and an interrupt or logged failure turned into an exit code, never a
-foreign failure (tests/optimizer/test_errors.py holds each to its comment). Trial-level
+do); `describe`, `headline`, `one_line` and `yaml_message` render a foreign exception for it.
+The CLI prints that line alone; the chained cause keeps the foreign traceback for the daemon's
+log and whoever debugs. Four raises drop their cause (`from None`), each saying why: a miss
+in one of our own registries and an interrupt or logged failure turned into an exit code,
+never a foreign failure (tests/optimizer/test_errors.py holds each to its comment). Trial-level
 failures never raise through the daemon: runners return them as data (`RunResult.failure`).
 """
 
@@ -125,6 +125,13 @@ def yaml_message(exc: BaseException, source: str, text: str) -> str:
     if isinstance(exc, YamlLimitError):
         return f"{source}{where}: {problem[:200]}."
     return f"{source}: not valid YAML{where}: {problem[:200]}; fix the syntax."
+
+
+def headline(exc: BaseException, limit: int = 160) -> str:
+    """A foreign exception itself (not its root cause, as `describe`) as its type and the
+    first line of its text, cut at `limit` characters: what MLflow or Ray said on refusing."""
+    first = (str(exc).splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first[:limit]}"
 
 
 def describe(exc: BaseException) -> str:

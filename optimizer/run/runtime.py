@@ -13,7 +13,7 @@ from pathlib import Path
 
 from optimizer.config import StudyConfig, check_before_start
 from optimizer.engines import RunnerSpec
-from optimizer.errors import ConfigError, TrackingError, translate
+from optimizer.errors import ConfigError, TrackingError, headline, translate
 from optimizer.fingerprint import Fingerprint, fingerprint_of, resume_changes
 from optimizer.learned_facts import learn_facts
 from optimizer.records import (
@@ -288,9 +288,8 @@ def _join_ray(address: str) -> None:
     try:
         init_ray(None, address)
     except (ConnectionError, TimeoutError, ValueError, RuntimeError) as exc:
-        first = (str(exc).splitlines() or [""])[0][:160]
         raise translate(exc, f"ray.address: cannot join the Ray cluster at {address} "
-                        f"({type(exc).__name__}: {first}); start it (`ray start --head`) or "
+                        f"({headline(exc)}); start it (`ray start --head`) or "
                         "fix the address.", into=ConfigError) from exc
 
 

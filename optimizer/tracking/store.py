@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
-from optimizer.errors import TrackingError, translate
+from optimizer.errors import TrackingError, headline, translate
 from optimizer.tracking.tags import EXPERIMENT_KIND_RUNS, TAG_EXPERIMENT_KIND
 
 if TYPE_CHECKING:
@@ -117,13 +117,12 @@ class TrackingStore:
             with quiet("mlflow"), creating(tracking_uri):
                 self.client: MlflowClient = MlflowClient(tracking_uri)
         except Exception as exc:  # MLflow raises many types; all mean "cannot open the store"
-            first = (str(exc).splitlines() or [""])[0][:160]
             if "MLFLOW_ALLOW_FILE_STORE" in str(exc):
                 raise translate(exc, f"MLflow 3 opens no file store ({tracking_uri}) unless "
                                 "MLFLOW_ALLOW_FILE_STORE=true is set; give "
                                 "sqlite:///mlruns/mlflow.db", into=TrackingError) from exc
             raise translate(exc, f"MLflow cannot open the store {tracking_uri} "
-                            f"({type(exc).__name__}: {first}); pass another --tracking-uri.",
+                            f"({headline(exc)}); pass another --tracking-uri.",
                             into=TrackingError) from exc
 
     # -- study ------------------------------------------------------------------------------
@@ -139,9 +138,8 @@ class TrackingStore:
                 name, artifact_location=location,
                 tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND_RUNS}))
         except Exception as exc:  # MLflow raises many types; all mean "store unusable"
-            first = (str(exc).splitlines() or [""])[0][:160]
             raise translate(exc, f"MLflow store {self.tracking_uri} refused the study "
-                            f"({type(exc).__name__}: {first}); check --tracking-uri or the "
+                            f"({headline(exc)}); check --tracking-uri or the "
                             "study's tracking_uri.", into=TrackingError) from exc
 
     def check_writable(self, study_name: str) -> str:
@@ -157,9 +155,8 @@ class TrackingStore:
                 self.client.delete_experiment_tag(exp_id, _PROBE_TAG)
                 location = self.client.get_experiment(exp_id).artifact_location
         except Exception as exc:  # MLflow raises many types; all mean "store read-only"
-            first = (str(exc).splitlines() or [""])[0][:160]
             raise translate(exc, f"MLflow store {self.tracking_uri} can be read but refused "
-                            f"a write ({type(exc).__name__}: {first}); make it writable or "
+                            f"a write ({headline(exc)}); make it writable or "
                             "pass another --tracking-uri.", into=TrackingError) from exc
         folder = local_path(location)
         if folder is not None:

@@ -23,6 +23,7 @@ from optimizer.errors import (
     WorkerLost,
     describe,
     error_class,
+    headline,
     one_line,
     translate,
     yaml_message,
@@ -216,3 +217,11 @@ def test_every_raise_from_none_says_why() -> None:
                         if "#" not in said:
                             silent.append(f"{path.relative_to(root)}:{node.lineno}")
     assert not silent, f"raised from None without saying why: {silent}"
+
+
+def test_headline_is_the_exception_itself_on_one_line() -> None:
+    refusal = _raised(_mlflow)
+    assert headline(refusal) == "MlflowException: RESOURCE_DOES_NOT_EXIST: no experiment 'x'"
+    assert headline(RuntimeError("first\nsecond")) == "RuntimeError: first"
+    assert headline(RuntimeError("x" * 500)) == "RuntimeError: " + "x" * 160
+    assert headline(RuntimeError()) == "RuntimeError: "
