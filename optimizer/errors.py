@@ -14,11 +14,12 @@ foreign type to the class it becomes; a site passes `into=` where what it was do
 instead (a foreign error met while checking input before a study starts is bad input,
 ConfigError). The message is the site's one line (what was expected, what was got, what to
 do); `describe`, `headline`, `one_line` and `yaml_message` render a foreign exception for it.
-The CLI prints that line alone; the chained cause keeps the foreign traceback for the daemon's
-log and whoever debugs. Four raises drop their cause (`from None`), each saying why: a miss
-in one of our own registries and an interrupt or logged failure turned into an exit code,
-never a foreign failure (tests/optimizer/test_errors.py holds each to its comment). Trial-level
-failures never raise through the daemon: runners return them as data (`RunResult.failure`).
+The CLI prints that line alone; the chained cause keeps the foreign traceback in the daemon's
+log (for an error that stops a running study) and for whoever debugs. Four raises drop their
+cause (`from None`), each saying why: a miss in one of our own registries and an interrupt or
+logged failure turned into an exit code, never a foreign failure (a test in
+tests/optimizer/test_errors.py holds each to its comment). Trial-level failures never raise
+through the daemon: runners return them as data (`RunResult.failure`).
 """
 
 from __future__ import annotations
