@@ -91,8 +91,8 @@ def error_class(exc: BaseException) -> type[NightshiftError]:
 def translate(exc: BaseException, message: str, *,
               into: type[NightshiftError] | None = None) -> NightshiftError:
     """`exc` as the NightshiftError that says `message`: of class `into`, else the one
-    `FOREIGN_ERRORS` maps its type to, with `exc` as its cause. Raise it `from exc` (the
-    traceback, `--verbose` and the daemon's log keep the foreign one; the CLI prints the
+    `FOREIGN_ERRORS` maps its type to, with `exc` as its cause. Raise it `from exc` (a
+    traceback, as the daemon's log writes one, keeps the foreign one; the CLI prints the
     message alone). A message of several lines (a foreign text within it) is joined into one."""
     if len(message.splitlines()) > 1:
         message = " ".join(message.split())
