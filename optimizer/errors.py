@@ -3,20 +3,28 @@
     NightshiftError
      ├── ConfigError          bad study/space file or flag (exit code 2)
      ├── WorkerLost           the Ray worker (or its node) died
-     ├── StudyLockedError     another daemon runs this study
+     ├── StudyLockedError     another daemon runs this study (exit code 2)
      ├── StorageError         the Optuna storage failed mid-study (the daemon stops; resume)
      └── TrackingError        the tracking store refused a write (MLflow)
 
-Foreign exceptions (YAML, pydantic, OSError, SQLAlchemy, MLflow, Ray) are translated where they
-enter into one of these, with a one-line message (`describe` renders a foreign cause for it);
-the CLI prints that line alone. Most drop the cause (`raise ... from None`): a bad input's line
-names the field and the fix, and the parser's traceback would add nothing. Where the cause may
-matter to whoever debugs (a storage, MLflow or Ray call that failed) it is chained
-(`from exc`). Trial-level failures never raise through the daemon: runners return them as data
-(`RunResult.failure`).
+Foreign exceptions (YAML, pydantic, JSON, OSError, SQLAlchemy, Optuna's storage, MLflow, Ray,
+and the ValueErrors of runners/ and search_spaces/, which may not import this tree) become one
+of these in one way: `raise translate(exc, message) from exc`. `FOREIGN_ERRORS` maps a
+foreign type to the class it becomes; a site passes `into=` where what it was doing decides
+instead (a foreign error met while checking input before a study starts is bad input,
+ConfigError). The message is the site's one line (what was expected, what was got, what to
+do); `describe`, `headline`, `one_line` and `yaml_message` render a foreign exception for it.
+The CLI prints that line alone; the chained cause keeps the foreign traceback in the daemon's
+log (for an error that stops a running study) and for whoever debugs. Four raises drop their
+cause (`from None`), each saying why: a miss in one of our own registries and an interrupt or
+logged failure turned into an exit code, never a foreign failure (a test in
+tests/optimizer/test_errors.py holds each to its comment). Trial-level failures never raise
+through the daemon: runners return them as data (`RunResult.failure`).
 """
 
 from __future__ import annotations
+
+from typing import Final
 
 
 class NightshiftError(Exception):
@@ -49,12 +57,92 @@ class TrackingError(NightshiftError):
     pass
 
 
+# The class a foreign exception becomes where its site does not say (`translate`'s `into`):
+# the first base of its type found here decides, a type with none becomes a NightshiftError
+# (exit 1). Keys are qualified names, so that this module imports none of these packages.
+FOREIGN_ERRORS: Final[dict[str, type[NightshiftError]]] = {
+    # A file or value the user gave: bad input.
+    "yaml.error.YAMLError": ConfigError,
+    "pydantic_core._pydantic_core.ValidationError": ConfigError,
+    "json.decoder.JSONDecodeError": ConfigError,
+    "builtins.UnicodeDecodeError": ConfigError,
+    "search_spaces.errors.SpaceError": ConfigError,
+    "search_spaces.known_facts.FactError": ConfigError,
+    "search_spaces.engine.tables.UnknownVersionError": ConfigError,
+    # A store or the cluster failing under a study that runs.
+    "sqlalchemy.exc.SQLAlchemyError": StorageError,
+    "optuna.exceptions.StorageInternalError": StorageError,
+    "mlflow.exceptions.MlflowException": TrackingError,
+    "ray.exceptions.RayError": WorkerLost,
+}
+
+
+def error_class(exc: BaseException) -> type[NightshiftError]:
+    """The class `exc` becomes by `FOREIGN_ERRORS` (its own, for one of ours)."""
+    if isinstance(exc, NightshiftError):
+        return type(exc)
+    for base in type(exc).__mro__:
+        into = FOREIGN_ERRORS.get(f"{base.__module__}.{base.__qualname__}")
+        if into is not None:
+            return into
+    return NightshiftError
+
+
+def translate(exc: BaseException, message: str, *,
+              into: type[NightshiftError] | None = None) -> NightshiftError:
+    """`exc` as the NightshiftError that says `message`: of class `into`, else the one
+    `FOREIGN_ERRORS` maps its type to, with `exc` as its cause. Raise it `from exc` (a
+    traceback, as the daemon's log writes one, keeps the foreign one; the CLI prints the
+    message alone). A message of several lines (a foreign text within it) is joined into one."""
+    if len(message.splitlines()) > 1:
+        message = " ".join(message.split())
+    error = (into or error_class(exc))(message)
+    error.__cause__ = exc
+    return error
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """A lower layer's own message (runners' and search_spaces' ValueErrors name the file and
+    the fix) as one line for a message of ours: whitespace joined, at most `limit`
+    characters, no final period (the message adds its own)."""
+    return " ".join(str(exc).split())[:limit].rstrip(".")
+
+
+def yaml_message(exc: BaseException, source: str, text: str) -> str:
+    """A YAML parser's refusal of `text`, the file `source`, as one line: the line it is on,
+    what is wrong and the fix (a character YAML does not allow, a syntax error, or one of
+    `load_yaml`'s limits, whose problem says the fix)."""
+    import yaml
+
+    from search_spaces.bounded_yaml import YamlLimitError
+
+    if isinstance(exc, yaml.reader.ReaderError):
+        line = text.count("\n", 0, exc.position) + 1
+        return (f"{source}: not valid YAML at line {line}: character #x{exc.character:04x} "
+                "is not allowed in YAML text; remove it.")
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}" if mark is not None else ""
+    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+    if isinstance(exc, YamlLimitError):
+        return f"{source}{where}: {problem[:200]}."
+    return f"{source}: not valid YAML{where}: {problem[:200]}; fix the syntax."
+
+
+def headline(exc: BaseException, limit: int = 160) -> str:
+    """A foreign exception itself (not its root cause, as `describe`) as its type and the
+    first line of its text, cut at `limit` characters: what MLflow or Ray said on refusing."""
+    first = (str(exc).splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first[:limit]}"
+
+
 def describe(exc: BaseException) -> str:
     """A foreign exception as one line for a message: the type and first line of what caused
     it (SQLAlchemy and MLflow wrap the driver's error and append the SQL), at most 200
-    characters."""
+    characters. The walk down the causes stops at one of ours: its line already says its
+    cause."""
     root = exc
-    while root.__cause__ is not None and root.__cause__ is not root:
+    while root.__cause__ is not None and root.__cause__ is not root and \
+            not isinstance(root, NightshiftError):
         root = root.__cause__
     lines = str(getattr(root, "orig", None) or root).strip().splitlines()
     text = lines[0].strip() if lines else ""

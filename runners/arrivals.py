@@ -162,9 +162,9 @@ def json_object(where: str, line: str) -> dict[str, Any]:
         entry = json.loads(line)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{where}: expected a JSON object but got invalid JSON ({exc}).") from exc
-    except RecursionError:
+    except RecursionError as exc:
         raise ValueError(f"{where}: expected a JSON object but got JSON nested too deeply to "
-                         "read.") from None
+                         "read.") from exc
     if not isinstance(entry, dict):
         raise ValueError(f"{where}: expected a JSON object but got {type(entry).__name__}.")
     return entry

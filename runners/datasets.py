@@ -81,10 +81,10 @@ def _entries(path: Path) -> list[Any]:
         except json.JSONDecodeError as exc:
             raise _fail(path, f"line {exc.lineno}", f"expected a JSON list of conversations "
                         f"but got invalid JSON ({exc.msg}); fix the syntax.") from exc
-        except RecursionError:
+        except RecursionError as exc:
             raise _fail(path, "line 1", "expected a JSON list of conversations but it is "
                         "nested too deeply to read; a conversation is a few levels deep."
-                        ) from None
+                        ) from exc
         return list(data)
     if stripped.startswith("{"):
         # One conversation as a whole file (pretty-printed over many lines) is not JSONL.
@@ -104,9 +104,9 @@ def _entries(path: Path) -> list[Any]:
             raise _fail(path, f"line {line_no}", "expected one JSON conversation object a line "
                         f"(JSONL) or a JSON list but got invalid JSON ({exc.msg}); fix the "
                         "line.") from exc
-        except RecursionError:
+        except RecursionError as exc:
             raise _fail(path, f"line {line_no}", "expected one JSON conversation object a line "
-                        "but it is nested too deeply to read; fix the line.") from None
+                        "but it is nested too deeply to read; fix the line.") from exc
     return entries
 
 

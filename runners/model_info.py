@@ -209,7 +209,7 @@ def load_model_info(model: str) -> ModelInfo | None:
         path = str(directory / "config.json")
         fix = "" if "; " in message else "; give the model's config.json as published"
         raise ValueError(message if message.startswith(path) else f"{path}: {message}{fix}"
-                         ) from None
+                         ) from exc
 
 
 def read_config(directory: Path) -> Any:
@@ -220,8 +220,8 @@ def read_config(directory: Path) -> Any:
         config = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ValueError(f"{path}: cannot read it ({type(exc).__name__}); check its "
-                         "permissions") from None
+                         "permissions") from exc
     except (UnicodeDecodeError, RecursionError, ValueError) as exc:
         raise ValueError(f"{path}: not JSON ({type(exc).__name__}); give the model's "
-                         "config.json as published") from None
+                         "config.json as published") from exc
     return config

@@ -14,7 +14,7 @@ import typer
 from optimizer.cli.app import Command, app, check_output_file, load_config
 from optimizer.cli.output import console, out, setup_logging
 from optimizer.cli.run import start
-from optimizer.errors import ConfigError, NightshiftError
+from optimizer.errors import ConfigError, NightshiftError, translate
 from runners.atomic import write_atomic
 
 
@@ -82,8 +82,9 @@ def regress(
         try:
             variant = json.loads(simulated_vllm.read_text())
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"--simulated-vllm: cannot read {simulated_vllm} as JSON "
-                              f"({type(exc).__name__}); give a JSON object.") from None
+            raise translate(exc, f"--simulated-vllm: cannot read {simulated_vllm} as JSON "
+                            f"({type(exc).__name__}); give a JSON object.",
+                            into=ConfigError) from exc
         from runners.simulated.launcher import VllmVariant
 
         if not isinstance(variant, dict):
@@ -92,7 +93,7 @@ def regress(
         try:
             VllmVariant.from_dict(variant)
         except ValueError as exc:
-            raise ConfigError(f"--simulated-vllm: {exc}") from None
+            raise translate(exc, f"--simulated-vllm: {exc}", into=ConfigError) from exc
     uri = tracking_uri or spec.tracking_uri or default_tracking_uri()
     problem = tracking_uri_problem(uri) if tracking_uri is not None else None
     if problem is not None:
@@ -233,7 +234,7 @@ def _print_facts() -> None:
     try:
         known = load_facts(path)
     except FactError as exc:
-        raise ConfigError(str(exc)) from None
+        raise translate(exc, str(exc)) from exc
     out.print(f"measured facts: bundled (search_spaces/facts/known_facts.yaml) and {path} "
               f"({'present' if path.is_file() else 'none written yet'}); a study file's "
               "known_facts.ignore: [ID] turns one off.", highlight=False, soft_wrap=True,

@@ -11,7 +11,7 @@ import typer
 
 from optimizer.cli.app import Command, app, load_config
 from optimizer.cli.output import out
-from optimizer.errors import ConfigError, NightshiftError
+from optimizer.errors import ConfigError, TrackingError, headline, translate
 
 
 @app.command(cls=Command, short_help="What earlier studies of a model or fingerprint found.")
@@ -93,19 +93,18 @@ def history(
     try:
         client = MlflowClient(uri)
     except Exception as exc:  # MLflow raises many types; all mean "not a store it opens"
-        first = (str(exc).splitlines() or [""])[0]
         hint = ("MLflow 3 opens no file store unless MLFLOW_ALLOW_FILE_STORE=true is set; give "
                 "sqlite:///mlruns/mlflow.db" if "MLFLOW_ALLOW_FILE_STORE" in str(exc) else
-                f"{type(exc).__name__}: {first[:160]}; check --tracking-uri")
-        raise ConfigError(f"history --tracking-uri: MLflow cannot open {uri} ({hint}).") \
-            from None
+                f"{headline(exc)}; check --tracking-uri")
+        raise translate(exc, f"history --tracking-uri: MLflow cannot open {uri} ({hint}).",
+                        into=ConfigError) from exc
     try:
         found = select(read_studies(client), model=model, fingerprint_hash=fingerprint,
                        like=like)
     except Exception as exc:  # MLflow raises many types; all mean "cannot read the store"
-        raise NightshiftError(f"history: the tracking store {uri} could not be read "
-                              f"({type(exc).__name__}: {str(exc)[:160]}); check "
-                              "--tracking-uri.") from None
+        raise translate(exc, f"history: the tracking store {uri} could not be read "
+                        f"({headline(exc)}); check --tracking-uri.",
+                        into=TrackingError) from exc
     this = cfg.name if like is not None and study is not None else None
     if not found:
         unknown = "" if like is None or like.gpu_model is not None else (

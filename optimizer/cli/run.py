@@ -78,7 +78,7 @@ def start(
     except KeyboardInterrupt:  # before the daemon's own handler: Ray may be starting
         console.print(f"interrupted while starting: nothing was launched; resume with: "
                       f"{resume}", soft_wrap=True)
-        raise typer.Exit(130) from None
+        raise typer.Exit(130) from None  # an exit code, not an error: nothing to chain
     # Only now, with the study validated, does anything get written under results_dir.
     log_file = add_log_file(cfg.results_dir / "daemon.log")
     for note in notes:
@@ -116,7 +116,7 @@ def start(
             f"{cfg.results_dir / 'daemon.log'}.")
         console.print(f"[red]error:[/] {what}", highlight=False, soft_wrap=True)
         console.print(f"resume with: {resume}", soft_wrap=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(1) from None  # the error is printed above and its traceback logged
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)

@@ -17,12 +17,12 @@ from pydantic import ValidationError
 from optimizer.config.fields import MAX_FILE_BYTES
 from optimizer.config.schema import StudySpec
 from optimizer.config.validation_errors import format_validation_error
-from optimizer.errors import ConfigError
+from optimizer.errors import ConfigError, one_line, translate, yaml_message
 from optimizer.results.objectives import OBJECTIVES
 from runners.credentials import redact_env
 from runners.load_level import LoadLevel
 from runners.workload import QualityEval, TraceReplay, Workload
-from search_spaces.bounded_yaml import YamlLimitError, load_yaml
+from search_spaces.bounded_yaml import load_yaml
 
 DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
 
@@ -202,7 +202,7 @@ class StudyConfig:
             for option, key in (("--trials", "budget.trials"), ("--storage", "storage"),
                                 ("--tracking-uri", "tracking_uri")):
                 message = message.replace(f"command line: {key}:", f"{option}:")
-            raise ConfigError(message) from None
+            raise translate(exc, message) from exc
         return StudyConfig(spec, self.source)
 
 
@@ -232,8 +232,8 @@ def _trace_rate(trace: TraceReplay, num_requests: int | None, source: str) -> fl
         entries = read_trace(trace.path, trace.timestamp_unit_s, trace.max_gap_s)
         return trace_rate_rps([e.arrival_s for e in entries[:num_requests or len(entries)]])
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        message = " ".join(str(exc).split())[:300].rstrip(".")
-        raise ConfigError(f"{source}: workload.trace: {message}.") from None
+        raise translate(exc, f"{source}: workload.trace: {one_line(exc)}.",
+                        into=ConfigError) from exc
 
 
 def default_tracking_uri() -> str:
@@ -273,7 +273,7 @@ def parse_study(data: Any, source: str = "study.yaml", path: Path | None = None)
     try:
         spec = StudySpec.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source)) from None
+        raise translate(exc, format_validation_error(exc, source)) from exc
     return StudyConfig(spec, path)
 
 
@@ -286,32 +286,22 @@ def load_study(path: Path) -> StudyConfig:
         with path.open("rb") as f:
             raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(f"{path.name}: cannot read the study file ({type(exc).__name__}); "
-                          "check its permissions.") from None
+        raise translate(exc, f"{path.name}: cannot read the study file ({type(exc).__name__}); "
+                        "check its permissions.", into=ConfigError) from exc
     if len(raw) > MAX_FILE_BYTES:
         raise ConfigError(f"{path.name}: over {MAX_FILE_BYTES:,} bytes, far more than a study "
                           "file holds; check that this is the study YAML.")
     try:
         text = raw.decode("utf-8")
         data = load_yaml(text)
-    except yaml.reader.ReaderError as exc:
-        line = text.count("\n", 0, exc.position) + 1
-        raise ConfigError(f"{path.name}: not valid YAML at line {line}: character "
-                          f"#x{exc.character:04x} is not allowed in YAML text; remove it."
-                          ) from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line
-        if isinstance(exc, YamlLimitError):
-            raise ConfigError(f"{path.name}{where}: {problem[:200]}.") from None
-        raise ConfigError(f"{path.name}: not valid YAML{where}: {problem[:200]}; fix the "
-                          "syntax.") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path.name}: not UTF-8 text; save the study file as UTF-8.") from None
-    except RecursionError:
-        raise ConfigError(f"{path.name}: nested too deeply; a study file is a few levels "
-                          "deep.") from None
+        raise translate(exc, yaml_message(exc, path.name, text)) from exc
+    except UnicodeDecodeError as exc:
+        raise translate(exc, f"{path.name}: not UTF-8 text; save the study file as "
+                        "UTF-8.") from exc
+    except RecursionError as exc:
+        raise translate(exc, f"{path.name}: nested too deeply; a study file is a few levels "
+                        "deep.", into=ConfigError) from exc
     if data is None:
         raise ConfigError(f"{path.name}: the file is empty; see examples/quickstart.yaml for "
                           "a study.")

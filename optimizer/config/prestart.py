@@ -20,7 +20,7 @@ from optimizer.config.store_checks import (
     tracking_uri_problem,
 )
 from optimizer.config.workload_spec import LengthSpec
-from optimizer.errors import ConfigError
+from optimizer.errors import ConfigError, one_line, translate
 
 if TYPE_CHECKING:
     from optimizer.config.loading import StudyConfig
@@ -166,8 +166,8 @@ def _check_model_config(cfg: StudyConfig) -> ModelInfo | None:
     try:
         return load_model_info(cfg.spec.model.path)
     except ValueError as exc:
-        message = " ".join(str(exc).split())[:300].rstrip(".")
-        raise ConfigError(f"{cfg.source_name}: model.path: {message}.") from None
+        raise translate(exc, f"{cfg.source_name}: model.path: {one_line(exc)}.",
+                        into=ConfigError) from exc
 
 
 def _check_tokenizer(cfg: StudyConfig) -> PromptTokenizer | None:
@@ -176,8 +176,8 @@ def _check_tokenizer(cfg: StudyConfig) -> PromptTokenizer | None:
     try:
         return load_tokenizer(cfg.tokenizer_dir)
     except ValueError as exc:
-        message = " ".join(str(exc).split())[:300].rstrip(".")
-        raise ConfigError(f"{cfg.source_name}: model.path: {message}.") from None
+        raise translate(exc, f"{cfg.source_name}: model.path: {one_line(exc)}.",
+                        into=ConfigError) from exc
 
 
 def _check_dataset(source: DatasetSource, study: str,
@@ -204,16 +204,16 @@ def _read_as_the_runner(where: str, path: Path, fix: str) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        raise ConfigError(f"{where}: cannot read {str(path)!r:.120} ({type(exc).__name__}); "
-                          "check its permissions.") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{where}: {str(path)!r:.120} is not UTF-8 text; {fix}.") from None
-    except RecursionError:
-        raise ConfigError(f"{where}: {str(path)!r:.120} holds JSON nested too deeply to read; "
-                          f"{fix}.") from None
+        raise translate(exc, f"{where}: cannot read {str(path)!r:.120} "
+                        f"({type(exc).__name__}); check its permissions.",
+                        into=ConfigError) from exc
+    except UnicodeDecodeError as exc:
+        raise translate(exc, f"{where}: {str(path)!r:.120} is not UTF-8 text; {fix}.") from exc
+    except RecursionError as exc:
+        raise translate(exc, f"{where}: {str(path)!r:.120} holds JSON nested too deeply to "
+                        f"read; {fix}.", into=ConfigError) from exc
     except (ValueError, TypeError) as exc:
-        message = " ".join(str(exc).split())[:300].rstrip(".")
-        raise ConfigError(f"{where}: {message}.") from None
+        raise translate(exc, f"{where}: {one_line(exc)}.", into=ConfigError) from exc
 
 
 def _check_parent(field: str, path: Path, made_by_us: list[Path], source: str) -> None:
@@ -239,9 +239,9 @@ def _check_writable(field: str, path: Path, source: str) -> None:
     except FileNotFoundError:
         return  # made on the first start
     except OSError as exc:
-        raise ConfigError(f"{source}: {field}: {str(path)!r:.120} cannot be written "
-                          f"({exc.strerror or type(exc).__name__}); make it writable and start "
-                          "again.") from None
+        raise translate(exc, f"{source}: {field}: {str(path)!r:.120} cannot be written "
+                        f"({exc.strerror or type(exc).__name__}); make it writable and start "
+                        "again.", into=ConfigError) from exc
     os.close(fd)
 
 

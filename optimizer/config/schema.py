@@ -168,9 +168,9 @@ class StudySpec(StrictSpec):
                 # vLLM takes "4k" here: read it as vLLM does, so the study holds the integer.
                 try:
                     v[name] = value = human_readable_int(value)
-                except ValueError:
+                except ValueError as exc:
                     raise ValueError(f"fixed_flags.{name}: {value!r:.40} is not an integer or "
-                                     "vLLM's form of one (4k = 4000, 4K = 4096)") from None
+                                     "vLLM's form of one (4k = 4000, 4K = 4096)") from exc
             problem = fixed_flag_problem(name, value)
             if problem is not None:
                 raise ValueError(problem)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import yaml
 
-from optimizer.errors import ConfigError
+from optimizer.errors import ConfigError, translate
 from runners.atomic import write_atomic
 from runners.credentials import redact_env
 from runners.vllm.flags import flag_table, installed_version
@@ -77,7 +77,7 @@ def table_of(declared: str | None) -> VllmFlags:
     try:
         return flag_table(here or declared)
     except UnknownVersionError as exc:
-        raise ConfigError(f"audit --vllm-version: {exc}.") from None
+        raise translate(exc, f"audit --vllm-version: {exc}.") from exc
 
 
 def _serve_args(argv: Sequence[str]) -> list[str]:
@@ -162,8 +162,8 @@ def _config_file(path: Path) -> Mapping[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{where} cannot be read as YAML ({type(exc).__name__}); give a "
-                          "YAML mapping of flags.") from None
+        raise translate(exc, f"{where} cannot be read as YAML ({type(exc).__name__}); give a "
+                        "YAML mapping of flags.", into=ConfigError) from exc
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where} holds a {type(data).__name__}, not a mapping of flags; "
                           "vLLM would refuse it: give `flag: value` lines.")
@@ -292,8 +292,8 @@ def read_pid(pid: int) -> tuple[list[str], dict[str, str]]:
         argv = [a for a in (base / "cmdline").read_bytes().decode().split("\0") if a]
         pairs = (base / "environ").read_bytes().decode(errors="replace").split("\0")
     except OSError as exc:
-        raise ConfigError(f"--pid {pid}: cannot read /proc/{pid} ({exc.strerror}); give the "
-                          "pid of a running vllm serve you may inspect.") from None
+        raise translate(exc, f"--pid {pid}: cannot read /proc/{pid} ({exc.strerror}); give the "
+                        "pid of a running vllm serve you may inspect.", into=ConfigError) from exc
     env = dict(p.split("=", 1) for p in pairs if "=" in p)
     return argv, env
 
@@ -303,11 +303,11 @@ def read_launch_file(path: Path) -> tuple[list[str], dict[str, str]]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"--from-file {path}: {exc.strerror}; give a readable launcher.") \
-            from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"--from-file {path}: not UTF-8 text; give the shell launcher that "
-                          "starts the server.") from None
+        raise translate(exc, f"--from-file {path}: {exc.strerror}; give a readable launcher.",
+                        into=ConfigError) from exc
+    except UnicodeDecodeError as exc:
+        raise translate(exc, f"--from-file {path}: not UTF-8 text; give the shell launcher that "
+                        "starts the server.") from exc
     env: dict[str, str] = {}
     command = ""
     for line in text.replace("\\\n", " ").splitlines():
@@ -317,8 +317,8 @@ def read_launch_file(path: Path) -> tuple[list[str], dict[str, str]]:
         try:
             words = shlex.split(stripped, comments=True)
         except ValueError as exc:  # an unclosed quote
-            raise ConfigError(f"--from-file {path}: cannot split {stripped[:60]!r} into words "
-                              f"({exc}); fix the line's quoting.") from None
+            raise translate(exc, f"--from-file {path}: cannot split {stripped[:60]!r} into "
+                            f"words ({exc}); fix the line's quoting.", into=ConfigError) from exc
         if words and words[0] == "export":
             for word in words[1:]:
                 if "=" in word:

@@ -21,11 +21,11 @@ from optimizer.config.sections import ModelSpec, SimulatedSpec, SLOSpec
 from optimizer.config.store_checks import tracking_uri_problem
 from optimizer.config.validation_errors import format_validation_error
 from optimizer.config.workload_spec import WorkloadSpec
-from optimizer.errors import ConfigError
+from optimizer.errors import ConfigError, translate, yaml_message
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.run.engines import RUNNERS
 from runners.atomic import write_atomic
-from search_spaces.bounded_yaml import YamlLimitError, load_yaml
+from search_spaces.bounded_yaml import load_yaml
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _ENV_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -254,17 +254,12 @@ def _read_yaml(path: Path) -> Any:
         raise ConfigError(f"{path.name}: over {MAX_FILE_BYTES:,} bytes, far more than a "
                           "library holds; check that this is the library YAML.")
     try:
-        return load_yaml(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path.name}: not UTF-8 text; save the library as UTF-8.") from None
+        text = raw.decode("utf-8")
+        return load_yaml(text)
+    except UnicodeDecodeError as exc:
+        raise translate(exc, f"{path.name}: not UTF-8 text; save the library as UTF-8.") from exc
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
-        if isinstance(exc, YamlLimitError):
-            raise ConfigError(f"{path.name}{where}: {problem[:200]}.") from None
-        raise ConfigError(f"{path.name}: not valid YAML{where}: {problem[:200]}; fix the "
-                          "syntax.") from None
+        raise translate(exc, yaml_message(exc, path.name, text)) from exc
 
 
 def parse_library(data: Any, source: str = "library.yaml") -> LibrarySpec:
@@ -274,8 +269,8 @@ def parse_library(data: Any, source: str = "library.yaml") -> LibrarySpec:
     try:
         return LibrarySpec.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source, LibrarySpec,
-                                                  "docs/regress.md")) from None
+        raise translate(exc, format_validation_error(exc, source, LibrarySpec,
+                                                     "docs/regress.md")) from exc
 
 
 def load_library(path: Path) -> LibrarySpec:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.config import check_workload
-from optimizer.errors import ConfigError, TrackingError
+from optimizer.errors import ConfigError, TrackingError, translate
 from optimizer.regress.compare import PASSING
 from optimizer.regress.library import DEFAULT_FIGURES, CaseSpec, LibrarySpec
 from optimizer.regress.measure import CaseOutcome, Installed, installed, measure_case
@@ -63,7 +63,7 @@ def prepare(spec: LibrarySpec, cases: Sequence[CaseSpec], tracking_uri: str | No
         try:
             check_workload(case.study_config(source))
         except ConfigError as exc:
-            raise ConfigError(f"cases {case.name}: {exc}") from None
+            raise translate(exc, f"cases {case.name}: {exc}") from exc
         info = installed(case, simulated_variant)
         if info.engine == "simulated" and load_model_info(case.model.path) is None:
             raise ConfigError(f"cases {case.name}: model.path: the simulated engine needs the "
@@ -75,8 +75,8 @@ def prepare(spec: LibrarySpec, cases: Sequence[CaseSpec], tracking_uri: str | No
         try:
             tracker = Tracker(tracking_uri)
             tracker.check_writable(experiment_name(spec.name))
-        except TrackingError as exc:
-            raise ConfigError(f"--tracking-uri: {exc}") from None
+        except TrackingError as exc:  # at the start a store that refuses is bad input
+            raise translate(exc, f"--tracking-uri: {exc}", into=ConfigError) from exc
     return here, tracker
 
 

@@ -63,7 +63,7 @@ def get_objective(name: str) -> Objective:
     """The registered objective called `name`; ValueError naming the valid ones otherwise."""
     try:
         return OBJECTIVES[name]
-    except KeyError:
+    except KeyError:  # from None: a miss in our own registry; the message lists its names
         raise ValueError(f"unknown objective {name!r}; valid: {', '.join(OBJECTIVES)}.") from None
 
 

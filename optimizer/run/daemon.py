@@ -22,7 +22,14 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from optimizer.config import StudyConfig, resume_command
-from optimizer.errors import NightshiftError, StorageError, TrackingError, WorkerLost, describe
+from optimizer.errors import (
+    NightshiftError,
+    StorageError,
+    TrackingError,
+    WorkerLost,
+    describe,
+    translate,
+)
 from optimizer.results import quality_gate
 from optimizer.results.confirmation import confirm
 from optimizer.results.trial_record import STUDY_ATTR_MLFLOW_KEY, mlflow_study_key
@@ -154,11 +161,11 @@ class Daemon(StudyRuns):
             return self._run_locked()
         except Exception as exc:
             if is_storage_error(exc):  # the source of truth failed: nothing can be recorded
-                raise StorageError(
-                    f"the Optuna storage {self.cfg.storage_url} failed mid-study "
+                raise translate(
+                    exc, f"the Optuna storage {self.cfg.storage_url} failed mid-study "
                     f"({describe(exc)}){storage_file_note(self.cfg.storage_url)}; the trials in "
                     "flight were stopped and their engines ended; fix the storage, then resume: "
-                    "it recovers what could not be recorded.") from exc
+                    "it recovers what could not be recorded.", into=StorageError) from exc
             raise
         finally:
             if self._lease is not None:
@@ -191,10 +198,10 @@ class Daemon(StudyRuns):
                 objectives=dict(zip(self.cfg.objectives, self.cfg.directions, strict=True)),
                 searched=[p.name for p in self.space.params if not p.is_fixed])
         except Exception as exc:  # the store broke since the start-up check: start nothing
-            raise TrackingError(
-                f"MLflow refused the study's run at {self.cfg.tracking_uri} "
+            raise translate(
+                exc, f"MLflow refused the study's run at {self.cfg.tracking_uri} "
                 f"({describe(exc)}); nothing was launched; fix the "
-                f"store and run `{self.resume}` again.") from exc
+                f"store and run `{self.resume}` again.", into=TrackingError) from exc
         if self.study_tags:
             self.tracker.set_study_tags(self._parent_run, self.study_tags)
         recovery = Recovery(study, storage, self.space, self.tracker, self._parent_run,

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from optimizer.config import StudyConfig
-from optimizer.errors import ConfigError
+from optimizer.errors import ConfigError, translate
 from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names
 from runners.vllm.compile_ledger import CompileLedger
 from runners.vllm.flags import flag_table
@@ -39,9 +39,9 @@ def simulated_hardware(preset: str, num_gpus: int) -> HardwareProfile:
     """A preset's GPU repeated `num_gpus` times, as the simulated engine's host."""
     try:
         base = load_preset(preset)
-    except ValueError:
-        raise ConfigError(f"simulated.hardware: unknown preset {preset!r}; valid: "
-                          f"{', '.join(preset_names())}.") from None
+    except ValueError as exc:
+        raise translate(exc, f"simulated.hardware: unknown preset {preset!r}; valid: "
+                        f"{', '.join(preset_names())}.", into=ConfigError) from exc
     if base.num_gpus >= num_gpus:
         gpus = base.gpus[:num_gpus]
         interconnect = base.interconnect if num_gpus > 1 else "none"

@@ -71,6 +71,6 @@ RUNNERS: dict[str, Callable[[RunnerSpec, tuple[int, ...] | None], Any]] = {
 def build_runner(spec: RunnerSpec, gpu_indices: tuple[int, ...] | None = None) -> Any:
     try:
         factory = RUNNERS[spec.kind]
-    except KeyError:
+    except KeyError:  # from None: a miss in our own registry; the message lists its names
         raise ValueError(f"unknown runner {spec.kind!r}; valid: {', '.join(RUNNERS)}") from None
     return factory(spec, gpu_indices)

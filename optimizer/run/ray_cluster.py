@@ -17,7 +17,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayError
 
-from optimizer.errors import ConfigError, NightshiftError
+from optimizer.errors import ConfigError, NightshiftError, translate
 
 logger = logging.getLogger(__name__)
 
@@ -145,10 +145,10 @@ def probe_on_cluster(accelerator_type: str | None = None,
     task = ray.remote(_probe_hardware).options(**options)
     try:
         data = ray.get(task.remote(), timeout=timeout_s)
-    except GetTimeoutError:
-        raise ConfigError(f"ray: no GPU node of the cluster took a probe within {timeout_s:g} s; "
-                          "check ray.accelerator_type and ray.resources against the cluster's "
-                          "nodes (`ray status`).") from None
+    except GetTimeoutError as exc:  # no node fits what the study asks of one: bad input
+        raise translate(exc, f"ray: no GPU node of the cluster took a probe within "
+                        f"{timeout_s:g} s; check ray.accelerator_type and ray.resources against "
+                        "the cluster's nodes (`ray status`).", into=ConfigError) from exc
     return HardwareProfile.from_dict(data)
 
 

@@ -27,7 +27,7 @@ from ray.exceptions import (
     WorkerCrashedError,
 )
 
-from optimizer.errors import WorkerLost, describe
+from optimizer.errors import WorkerLost, describe, translate
 from optimizer.run.engines import RunnerSpec, build_runner
 from optimizer.run.executor import TrialHandle, TrialSession
 from optimizer.run.ray_cluster import (
@@ -88,7 +88,8 @@ class RayTrialHandle:
         try:
             steps: list[StepMetrics] = ray.get(self.actor.poll.remote(), timeout=timeout_s)
         except _POLL_ERRORS as exc:
-            raise WorkerLost(f"worker did not answer a poll ({type(exc).__name__})") from exc
+            raise translate(exc, f"worker did not answer a poll ({type(exc).__name__})",
+                            into=WorkerLost) from exc
         return steps
 
     def decide(self, step: int, stop: bool) -> None:

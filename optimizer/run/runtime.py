@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 
 from optimizer.config import StudyConfig, check_before_start
-from optimizer.errors import ConfigError, TrackingError
+from optimizer.errors import ConfigError, TrackingError, headline, translate
 from optimizer.results.trial_record import (
     STUDY_ATTR_FINGERPRINT,
     STUDY_ATTR_VLLM_DEFAULTS,
@@ -70,7 +70,7 @@ def build_daemon(cfg: StudyConfig, *, dry_run: bool = False, ray_address: str | 
         message = str(exc)
         if message.startswith(f"{cfg.source_name}:"):
             raise
-        raise ConfigError(f"{cfg.source_name}: {message}") from None
+        raise translate(exc, f"{cfg.source_name}: {message}") from exc
 
 
 def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
@@ -129,9 +129,9 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
             vllm_version=engine_version(engine), known_facts=load_facts(),
             ignore_facts=cfg.spec.known_facts.ignore))
     except SpaceError as exc:
-        raise ConfigError(f"search_space: {exc}") from None
+        raise translate(exc, f"search_space: {exc}") from exc
     except FactError as exc:
-        raise ConfigError(f"known_facts: {exc}") from None
+        raise translate(exc, f"known_facts: {exc}") from exc
     for rule in resolved.applied_rules:
         notes.append(f"rule {rule.name}: {rule.effect} ({rule.reason})")
     if engine == "simulated":
@@ -144,7 +144,7 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
     try:
         resolved, removed = resolved.with_fixed(cfg.spec.fixed_flags)
     except SpaceError as exc:
-        raise ConfigError(f"{cfg.source_name}: {exc}") from None
+        raise translate(exc, f"{cfg.source_name}: {exc}") from exc
     notes.extend(removed)  # one line per param the study's fixed flags take out of the search
     if cfg.spec.fixed_flags:
         notes.append(f"baseline: {cfg.baseline_name}; every trial runs these fixed flags too")
@@ -188,7 +188,7 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
     try:  # an unreachable store is bad input: refuse before anything is written
         tracker = Tracker(cfg.tracking_uri)
     except TrackingError as exc:
-        raise ConfigError(f"tracking_uri: {exc}") from None
+        raise translate(exc, f"tracking_uri: {exc}", into=ConfigError) from exc
     # Study names are looked up before the store takes a write (the study's experiment), so
     # that a name it does not hold is refused with nothing written.
     warm = warm_start(cfg, tracker, fingerprint, resolved, seed_trials) \
@@ -196,7 +196,7 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
     try:  # a read-only store is bad input too
         tracker.check_writable(cfg.name)
     except TrackingError as exc:
-        raise ConfigError(f"tracking_uri: {exc}") from None
+        raise translate(exc, f"tracking_uri: {exc}", into=ConfigError) from exc
     if warm is None:
         warm = warm_start(cfg, tracker, fingerprint, resolved, seed_trials)
     notes.append(f"fingerprint {fingerprint.hash}: {fingerprint.card}, "
@@ -288,10 +288,9 @@ def _join_ray(address: str) -> None:
     try:
         init_ray(None, address)
     except (ConnectionError, TimeoutError, ValueError, RuntimeError) as exc:
-        first = (str(exc).splitlines() or [""])[0][:160]
-        raise ConfigError(f"ray.address: cannot join the Ray cluster at {address} "
-                          f"({type(exc).__name__}: {first}); start it (`ray start --head`) or "
-                          "fix the address.") from None
+        raise translate(exc, f"ray.address: cannot join the Ray cluster at {address} "
+                        f"({headline(exc)}); start it (`ray start --head`) or "
+                        "fix the address.", into=ConfigError) from exc
 
 
 def study_fingerprint(cfg: StudyConfig, *, dry_run: bool = False) -> Fingerprint:

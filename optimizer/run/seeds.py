@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from optimizer.config import StudyConfig
-from optimizer.errors import ConfigError
+from optimizer.errors import ConfigError, translate
 from optimizer.results.trial_record import ATTR_SEED_SOURCE, ATTR_SEED_TITLE
 from optimizer.tracking.tracker import Tracker
 from optimizer.tuning_memory.earlier_studies import WarmStart, plan_warm_start, read_studies
@@ -32,9 +32,9 @@ def warm_start(cfg: StudyConfig, tracker: Tracker, fingerprint: Fingerprint,
         studies = read_studies(tracker.client, exclude=cfg.name)
     except Exception as exc:  # MLflow raises many types; all mean "cannot read the store"
         if setting != "auto":
-            raise ConfigError(f"warm_start: the tracking store {cfg.tracking_uri} could not "
-                              f"be read ({type(exc).__name__}); fix it or set warm_start: "
-                              "auto or off.") from None
+            raise translate(exc, f"warm_start: the tracking store {cfg.tracking_uri} could "
+                            f"not be read ({type(exc).__name__}); fix it or set warm_start: "
+                            "auto or off.", into=ConfigError) from exc
         logger.warning("warm start skipped: the tracking store could not be read (%s: %s)",
                        type(exc).__name__, str(exc)[:200])
         return WarmStart((), ("skipped: the tracking store could not be read",))
@@ -43,9 +43,9 @@ def warm_start(cfg: StudyConfig, tracker: Tracker, fingerprint: Fingerprint,
                                fixed_flags=cfg.spec.fixed_flags, seed_trials=seed_trials)
     except ValueError as exc:
         names = ", ".join(sorted({s.name for s in studies})[:10]) or "none"
-        raise ConfigError(f"warm_start: no study named {exc.args[0]!r} in the tracking store "
-                          f"{cfg.tracking_uri} (studies there: {names}); fix the name or set "
-                          "warm_start: auto.") from None
+        raise translate(exc, f"warm_start: no study named {exc.args[0]!r} in the tracking "
+                        f"store {cfg.tracking_uri} (studies there: {names}); fix the name or "
+                        "set warm_start: auto.", into=ConfigError) from exc
     for line in plan.lines:
         logger.info("warm start: %s", line)
     return plan
@@ -60,7 +60,7 @@ def template_trial_params(cfg: StudyConfig, space: ResolvedSpace, hardware_class
     try:
         templates = load_templates(hardware_class)
     except SpaceError as exc:
-        raise ConfigError(f"templates: {exc}") from None
+        raise translate(exc, f"templates: {exc}") from exc
     trials: list[tuple[dict[str, Any], dict[str, str]]] = []
     notes: list[str] = []
     for seed in template_seeds(space, templates, cfg.spec.fixed_flags):

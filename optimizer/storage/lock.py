@@ -21,7 +21,7 @@ from typing import Any
 from optuna.storages import BaseStorage
 
 from optimizer.config import StudyConfig
-from optimizer.errors import StudyLockedError
+from optimizer.errors import StudyLockedError, translate
 
 logger = logging.getLogger(__name__)
 
@@ -72,14 +72,14 @@ class StudyLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except BlockingIOError as exc:
             os.close(fd)
             holder = read_lock(self.path) or {}
-            raise StudyLockedError(
-                f"study {study!r} is already run by pid {holder.get('pid', '?')} on "
+            raise translate(
+                exc, f"study {study!r} is already run by pid {holder.get('pid', '?')} on "
                 f"{holder.get('host', '?')} (started in {holder.get('cwd', '?')}, lock "
                 f"{self.path}); `nightshift stop` it first or give this study another "
-                "name or storage.") from None
+                "name or storage.", into=StudyLockedError) from exc
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                  "started": time.time(), "study": study,

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import optuna
 
-from optimizer.errors import StorageError
+from optimizer.errors import StorageError, translate
 
 logger = logging.getLogger(__name__)
 
@@ -87,10 +87,10 @@ class LockWait:
                     raise
                 waited = self.clock() - start
                 if waited >= self.bound_s:
-                    raise StoreLocked(
-                        f"{self.what} stayed locked by another process for {waited:.0f} s "
+                    raise translate(
+                        exc, f"{self.what} stayed locked by another process for {waited:.0f} s "
                         f"(nightshift waits {self.bound_s:.0f} s at most); close what holds "
-                        "it, such as an open sqlite3 shell") from None
+                        "it, such as an open sqlite3 shell", into=StoreLocked) from exc
                 if logged_at is None or waited - logged_at >= _LOG_EVERY_S:
                     logger.warning("%s is locked by another process (an open sqlite3 shell, a "
                                    "backup, a stalled reader?): waited %.0f s, waiting up to "

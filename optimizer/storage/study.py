@@ -14,7 +14,7 @@ import optuna
 from optuna.trial import TrialState
 
 from optimizer.config import StudyConfig
-from optimizer.errors import ConfigError
+from optimizer.errors import ConfigError, translate
 from optimizer.results.objectives import get_objective
 from optimizer.results.trial_record import (
     ATTR_DAEMON_LOSSES,
@@ -80,8 +80,9 @@ def make_storage(url: str, *, lock_wait: LockWait | None = None,
             if attempt + 1 < _STORAGE_ATTEMPTS and type(exc).__name__ in _RACE_ERRORS:
                 time.sleep(0.5 * (attempt + 1))
                 continue
-            raise ConfigError(f"storage {url!r} cannot be opened ({type(exc).__name__}); give "
-                              "a reachable RDB URL such as sqlite:///results/optuna.db.") from exc
+            raise translate(exc, f"storage {url!r} cannot be opened ({type(exc).__name__}); "
+                            "give a reachable RDB URL such as sqlite:///results/optuna.db.",
+                            into=ConfigError) from exc
     raise AssertionError("unreachable")
 
 
@@ -135,9 +136,10 @@ def open_study(cfg: StudyConfig, *, create: bool = True,
         try:
             return optuna.load_study(study_name=cfg.name, storage=storage,
                                      sampler=make_sampler(cfg), pruner=make_pruner(cfg))
-        except KeyError:
-            raise ConfigError(f"no study named {cfg.name!r} in {cfg.storage_url}; start it "
-                              f"with `nightshift start {cfg.source or 'STUDY.yaml'}`.") from None
+        except KeyError as exc:  # Optuna's answer for a name its storage does not hold
+            raise translate(exc, f"no study named {cfg.name!r} in {cfg.storage_url}; start it "
+                            f"with `nightshift start {cfg.source or 'STUDY.yaml'}`.",
+                            into=ConfigError) from exc
     study = optuna.create_study(study_name=cfg.name, storage=storage,
                                 sampler=make_sampler(cfg), pruner=make_pruner(cfg),
                                 directions=cast(list[Literal["minimize", "maximize"]],

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
-from optimizer.errors import TrackingError
+from optimizer.errors import TrackingError, headline, translate
 from optimizer.tracking.tags import EXPERIMENT_KIND_RUNS, TAG_EXPERIMENT_KIND
 
 if TYPE_CHECKING:
@@ -86,9 +86,9 @@ def probe_folder(folder: Path) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise TrackingError(f"the MLflow artifact location {folder} is not writable "
-                            f"({exc.strerror or exc}); make it writable or pass another "
-                            "--tracking-uri.") from exc
+        raise translate(exc, f"the MLflow artifact location {folder} is not writable "
+                        f"({exc.strerror or exc}); make it writable or pass another "
+                        "--tracking-uri.", into=TrackingError) from exc
     finally:
         for path in missing:  # deepest first
             with contextlib.suppress(OSError):
@@ -108,22 +108,22 @@ class TrackingStore:
             try:
                 db_path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise TrackingError(f"cannot create the tracking directory {db_path.parent} "
-                                    f"({exc.strerror}); pass a writable --tracking-uri.") from exc
+                raise translate(exc, f"cannot create the tracking directory {db_path.parent} "
+                                f"({exc.strerror}); pass a writable --tracking-uri.",
+                                into=TrackingError) from exc
         from mlflow import MlflowClient
 
         try:
             with quiet("mlflow"), creating(tracking_uri):
                 self.client: MlflowClient = MlflowClient(tracking_uri)
         except Exception as exc:  # MLflow raises many types; all mean "cannot open the store"
-            first = (str(exc).splitlines() or [""])[0][:160]
             if "MLFLOW_ALLOW_FILE_STORE" in str(exc):
-                raise TrackingError(f"MLflow 3 opens no file store ({tracking_uri}) unless "
-                                    "MLFLOW_ALLOW_FILE_STORE=true is set; give "
-                                    "sqlite:///mlruns/mlflow.db") from exc
-            raise TrackingError(f"MLflow cannot open the store {tracking_uri} "
-                                f"({type(exc).__name__}: {first}); pass another "
-                                "--tracking-uri.") from exc
+                raise translate(exc, f"MLflow 3 opens no file store ({tracking_uri}) unless "
+                                "MLFLOW_ALLOW_FILE_STORE=true is set; give "
+                                "sqlite:///mlruns/mlflow.db", into=TrackingError) from exc
+            raise translate(exc, f"MLflow cannot open the store {tracking_uri} "
+                            f"({headline(exc)}); pass another --tracking-uri.",
+                            into=TrackingError) from exc
 
     # -- study ------------------------------------------------------------------------------
 
@@ -138,10 +138,9 @@ class TrackingStore:
                 name, artifact_location=location,
                 tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND_RUNS}))
         except Exception as exc:  # MLflow raises many types; all mean "store unusable"
-            first = (str(exc).splitlines() or [""])[0][:160]
-            raise TrackingError(f"MLflow store {self.tracking_uri} refused the study "
-                                f"({type(exc).__name__}: {first}); check --tracking-uri or "
-                                "the study's tracking_uri.") from exc
+            raise translate(exc, f"MLflow store {self.tracking_uri} refused the study "
+                            f"({headline(exc)}); check --tracking-uri or the "
+                            "study's tracking_uri.", into=TrackingError) from exc
 
     def check_writable(self, study_name: str) -> str:
         """The study's experiment id, once the store has taken a write: a probe tag set on the
@@ -156,10 +155,9 @@ class TrackingStore:
                 self.client.delete_experiment_tag(exp_id, _PROBE_TAG)
                 location = self.client.get_experiment(exp_id).artifact_location
         except Exception as exc:  # MLflow raises many types; all mean "store read-only"
-            first = (str(exc).splitlines() or [""])[0][:160]
-            raise TrackingError(f"MLflow store {self.tracking_uri} can be read but refused a "
-                                f"write ({type(exc).__name__}: {first}); make it writable or "
-                                "pass another --tracking-uri.") from exc
+            raise translate(exc, f"MLflow store {self.tracking_uri} can be read but refused "
+                            f"a write ({headline(exc)}); make it writable or "
+                            "pass another --tracking-uri.", into=TrackingError) from exc
         folder = local_path(location)
         if folder is not None:
             probe_folder(folder)
