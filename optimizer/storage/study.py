@@ -3,9 +3,12 @@ from a runner's result to an Optuna trial state."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
+import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -14,7 +17,7 @@ import optuna
 from optuna.trial import TrialState
 
 from optimizer.config import StudyConfig
-from optimizer.errors import ConfigError, translate
+from optimizer.errors import ConfigError, NightshiftError, translate
 from optimizer.results.objectives import get_objective
 from optimizer.results.trial_record import (
     ATTR_DAEMON_LOSSES,
@@ -58,26 +61,31 @@ _RACE_ERRORS = frozenset({"IntegrityError", "OperationalError"})
 
 def make_storage(url: str, *, lock_wait: LockWait | None = None,
                  attempt_timeout_s: float = ATTEMPT_TIMEOUT_S) -> optuna.storages.RDBStorage:
-    """The storage at `url`. A SQLite file's every read and write waits through a lock another
-    process holds (`lock_wait`, by default LOCK_WAIT_S; sqlite_wait.py), SQLite's own busy
-    wait lasting `attempt_timeout_s` per attempt."""
+    """The storage at `url`. A SQLite file is opened under its creation lock
+    (`_creating_store`): a process creating it (its file, tables and schema version) finishes
+    before another opens it, which then finds the schema made. Its every read and write waits
+    through a lock another process holds (`lock_wait`, by default LOCK_WAIT_S;
+    sqlite_wait.py), SQLite's own busy wait lasting `attempt_timeout_s` per attempt."""
     sqlite_file = url.startswith("sqlite:///")
     if sqlite_file:
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     for attempt in range(_STORAGE_ATTEMPTS):
         try:
             if sqlite_file:
-                return LockWaitingStorage(
-                    url, {"connect_args": {"timeout": attempt_timeout_s}},
-                    wait=lock_wait or LockWait(
-                        f"the Optuna storage {url.removeprefix('sqlite:///')}"))
+                with _creating_store(url):
+                    return LockWaitingStorage(
+                        url, {"connect_args": {"timeout": attempt_timeout_s}},
+                        wait=lock_wait or LockWait(
+                            f"the Optuna storage {url.removeprefix('sqlite:///')}"))
             return optuna.storages.RDBStorage(url)
         except StoreLocked:
             raise
         except Exception as exc:  # SQLAlchemy raises per driver; all mean "unusable URL"
-            # Two processes creating the schema at once (a daemon starting while `status`
-            # reads) collide once; the second try finds the schema made.
-            if attempt + 1 < _STORAGE_ATTEMPTS and type(exc).__name__ in _RACE_ERRORS:
+            # A server RDB has no file to lock: two processes creating its schema at once (a
+            # daemon starting while `status` reads on another host) collide once; the second
+            # try finds the schema made.
+            if not sqlite_file and attempt + 1 < _STORAGE_ATTEMPTS and \
+                    type(exc).__name__ in _RACE_ERRORS:
                 time.sleep(0.5 * (attempt + 1))
                 continue
             raise translate(exc, f"storage {url!r} cannot be opened ({type(exc).__name__}); "
@@ -86,17 +94,64 @@ def make_storage(url: str, *, lock_wait: LockWait | None = None,
     raise AssertionError("unreachable")
 
 
+@contextlib.contextmanager
+def _creating_store(url: str) -> Iterator[bool]:
+    """Held while a process opens the SQLite store at `url`, creating it where it is new, or
+    looks at what its file is (`existing_storage`): an exclusive `flock` on the store's folder.
+    Optuna creates a store unguarded: a second process opening it meanwhile finds an empty file,
+    or collides on alembic's schema-version stamp (IntegrityError). Yields whether the folder
+    exists (where it does not, no store is being created there); where it cannot be locked
+    (unreadable, or a file system without `flock`) nothing is held."""
+    if not url.startswith("sqlite:///"):
+        yield True
+        return
+    try:
+        fd = os.open(Path(url.removeprefix("sqlite:///")).parent, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        yield False
+        return
+    except OSError:
+        yield True
+        return
+    try:
+        with contextlib.suppress(OSError):  # a file system without flock (NFS): unguarded
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield True
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+def _being_created(cfg: StudyConfig) -> NightshiftError | None:
+    """The one line for a study its store does not hold yet while its daemon, which takes the
+    study's lock before it opens the store, is creating it; None where no daemon holds it."""
+    from optimizer.lock import read_lock, study_lock_path
+
+    holder = read_lock(study_lock_path(cfg))
+    if holder is None:
+        return None
+    return NightshiftError(f"study {cfg.name!r} is being created: its daemon (pid "
+                           f"{holder.get('pid', '?')}) has started but not yet written it to "
+                           f"{cfg.storage_url}; run the command again in a moment.")
+
+
 def existing_storage(cfg: StudyConfig) -> optuna.storages.RDBStorage:
     """The study's storage for a command that only reads it (`status`, `export`, `report`): a
     SQLite file that does not exist is refused (ConfigError) rather than created with its
-    directory."""
+    directory. Its file is looked at once no process is creating it (`_creating_store`), so a
+    store being created is not taken for an empty or a missing one."""
     from optimizer.config.store_checks import sqlite_file_problem
 
     url = cfg.storage_url
-    problem = sqlite_file_problem("storage", url)
+    with _creating_store(url) as has_folder:
+        problem = sqlite_file_problem("storage", url) if has_folder else None
+        is_missing = not has_folder or (url.startswith("sqlite:///") and
+                                        not Path(url.removeprefix("sqlite:///")).is_file())
     if problem is not None:
         raise ConfigError(f"{problem}.")
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+    if is_missing:
+        being_created = _being_created(cfg)
+        if being_created is not None:
+            raise being_created
         raise ConfigError(f"no study named {cfg.name!r}: there is no storage file at {url}; "
                           f"start it with `nightshift start {cfg.source or 'STUDY.yaml'}` or "
                           "pass the --storage it ran with.")
@@ -137,6 +192,9 @@ def open_study(cfg: StudyConfig, *, create: bool = True,
             return optuna.load_study(study_name=cfg.name, storage=storage,
                                      sampler=make_sampler(cfg), pruner=make_pruner(cfg))
         except KeyError as exc:  # Optuna's answer for a name its storage does not hold
+            being_created = _being_created(cfg)
+            if being_created is not None:
+                raise being_created from exc
             raise translate(exc, f"no study named {cfg.name!r} in {cfg.storage_url}; start it "
                             f"with `nightshift start {cfg.source or 'STUDY.yaml'}`.",
                             into=ConfigError) from exc
