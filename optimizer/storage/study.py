@@ -124,7 +124,7 @@ def _creating_store(url: str) -> Iterator[bool]:
 def _being_created(cfg: StudyConfig) -> NightshiftError | None:
     """The one line for a study its store does not hold yet while its daemon, which takes the
     study's lock before it opens the store, is creating it; None where no daemon holds it."""
-    from optimizer.lock import read_lock, study_lock_path
+    from optimizer.storage.lock import read_lock, study_lock_path
 
     holder = read_lock(study_lock_path(cfg))
     if holder is None:
