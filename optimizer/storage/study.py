@@ -35,6 +35,7 @@ from optimizer.results.trial_record import (
 )
 from optimizer.search.pruners import PRUNERS
 from optimizer.search.samplers import SAMPLERS
+from optimizer.storage.lock import read_lock, study_lock_path
 from optimizer.storage.sqlite_wait import (
     ATTEMPT_TIMEOUT_S,
     LockWait,
@@ -124,8 +125,6 @@ def _creating_store(url: str) -> Iterator[bool]:
 def _being_created(cfg: StudyConfig) -> NightshiftError | None:
     """The one line for a study its store does not hold yet while its daemon, which takes the
     study's lock before it opens the store, is creating it; None where no daemon holds it."""
-    from optimizer.storage.lock import read_lock, study_lock_path
-
     holder = read_lock(study_lock_path(cfg))
     if holder is None:
         return None
