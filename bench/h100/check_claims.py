@@ -2,7 +2,10 @@
 with vLLM's own client (bench/gpu/bench_serve_check.py) at C and 1.15 x C, the best trial first,
 then the defaults. Runs as one `sh:` entry of bench/h200/run_study.sh's sequence.
 
-    python3 bench/h100/check_claims.py bench/h100/steady.yaml /root/h200-results/claims
+    python3 bench/h100/check_claims.py bench/h100/steady.yaml /root/h200-results/claims [LABEL]
+
+LABEL names the baseline trial's check (default "defaults"; a study whose fixed flags make its
+baseline another config names that config).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def serve_args(argv: list[str]) -> list[str]:
 
 def main() -> int:
     study_file, out_root = Path(sys.argv[1]), Path(sys.argv[2])
+    baseline_label = sys.argv[3] if len(sys.argv) > 3 else "defaults"
     cfg = load_study(study_file)
     study = optuna.load_study(study_name=cfg.name, storage=cfg.storage_url)
     claims = []
@@ -56,11 +60,11 @@ def main() -> int:
         met = record.capacity.get("met_load")
         if not met:
             continue
-        label = "defaults" if record.is_baseline else f"trial{trial.number}"
+        label = baseline_label if record.is_baseline else f"trial{trial.number}"
         print(f"claim of {label}: {record.capacity}", flush=True)  # held or not, with the bracket
         claims.append((float(met), label, record))
-    best = max((c for c in claims if c[1] != "defaults"), default=None, key=lambda c: c[0])
-    order = [c for c in (best, next((c for c in claims if c[1] == "defaults"), None)) if c]
+    best = max((c for c in claims if c[1] != baseline_label), default=None, key=lambda c: c[0])
+    order = [c for c in (best, next((c for c in claims if c[1] == baseline_label), None)) if c]
     for met, label, record in order:
         env = [f"--env={k}={v}" for k, v in record.env.items()
                if k in ("VLLM_CACHE_ROOT", "VLLM_USE_FLASHINFER_SAMPLER")]
