@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final
 
+from optimizer.storage.creation_lock import creating_store
+
 _TRACKING_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https",
                      "databricks", "databricks-uc", "uc")
 _STORAGE_BACKENDS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
@@ -82,13 +84,16 @@ def sqlite_file_problem(field: str, uri: str) -> str | None:
     shown = f"{str(path)!r:.120}"
     if path.is_dir():
         return f"{field}: {shown} is a directory; name a database file such as {path / 'x.db'}"
-    if not path.exists():
-        return None
-    try:
-        with path.open("rb") as f:
-            header = f.read(len(_SQLITE_HEADER))
-    except OSError as exc:
-        return f"{field}: cannot read {shown} ({type(exc).__name__}); check its permissions"
+    # Read under the store's creation lock: a store another process is creating at this moment
+    # (two studies in one storage, started together) is an empty file until its first page.
+    with creating_store(uri):
+        if not path.exists():
+            return None
+        try:
+            with path.open("rb") as f:
+                header = f.read(len(_SQLITE_HEADER))
+        except OSError as exc:
+            return f"{field}: cannot read {shown} ({type(exc).__name__}); check its permissions"
     if not header:
         # SQLite would take it as a new database, and the study would start again from
         # nothing where the user meant to resume: a store is never 0 bytes once written.

@@ -3,12 +3,9 @@ from a runner's result to an Optuna trial state."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import fcntl
-import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -35,6 +32,7 @@ from optimizer.results.trial_record import (
 )
 from optimizer.search.pruners import PRUNERS
 from optimizer.search.samplers import SAMPLERS
+from optimizer.storage.creation_lock import creating_store
 from optimizer.storage.lock import read_lock, study_lock_path
 from optimizer.storage.sqlite_wait import (
     ATTEMPT_TIMEOUT_S,
@@ -63,7 +61,7 @@ _RACE_ERRORS = frozenset({"IntegrityError", "OperationalError"})
 def make_storage(url: str, *, lock_wait: LockWait | None = None,
                  attempt_timeout_s: float = ATTEMPT_TIMEOUT_S) -> optuna.storages.RDBStorage:
     """The storage at `url`. A SQLite file is opened under its creation lock
-    (`_creating_store`): a process creating it (its file, tables and schema version) finishes
+    (`creating_store`): a process creating it (its file, tables and schema version) finishes
     before another opens it, which then finds the schema made. Its every read and write waits
     through a lock another process holds (`lock_wait`, by default LOCK_WAIT_S;
     sqlite_wait.py), SQLite's own busy wait lasting `attempt_timeout_s` per attempt."""
@@ -73,7 +71,7 @@ def make_storage(url: str, *, lock_wait: LockWait | None = None,
     for attempt in range(_STORAGE_ATTEMPTS):
         try:
             if sqlite_file:
-                with _creating_store(url):
+                with creating_store(url):
                     return LockWaitingStorage(
                         url, {"connect_args": {"timeout": attempt_timeout_s}},
                         wait=lock_wait or LockWait(
@@ -95,31 +93,6 @@ def make_storage(url: str, *, lock_wait: LockWait | None = None,
     raise AssertionError("unreachable")
 
 
-@contextlib.contextmanager
-def _creating_store(url: str) -> Iterator[bool]:
-    """Held while a process opens the SQLite store at `url`, creating it where it is new, or
-    looks at what its file is (`existing_storage`): an exclusive `flock` on the store's folder.
-    Optuna creates a store unguarded: a second process opening it meanwhile finds an empty file,
-    or collides on alembic's schema-version stamp (IntegrityError). Yields whether the folder
-    exists (where it does not, no store is being created there); where it cannot be locked
-    (unreadable, or a file system without `flock`) nothing is held."""
-    if not url.startswith("sqlite:///"):
-        yield True
-        return
-    try:
-        fd = os.open(Path(url.removeprefix("sqlite:///")).parent, os.O_RDONLY | os.O_DIRECTORY)
-    except FileNotFoundError:
-        yield False
-        return
-    except OSError:
-        yield True
-        return
-    try:
-        with contextlib.suppress(OSError):  # a file system without flock (NFS): unguarded
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield True
-    finally:
-        os.close(fd)  # closing drops the lock
 
 
 def _being_created(cfg: StudyConfig) -> NightshiftError | None:
@@ -136,12 +109,12 @@ def _being_created(cfg: StudyConfig) -> NightshiftError | None:
 def existing_storage(cfg: StudyConfig) -> optuna.storages.RDBStorage:
     """The study's storage for a command that only reads it (`status`, `export`, `report`): a
     SQLite file that does not exist is refused (ConfigError) rather than created with its
-    directory. Its file is looked at once no process is creating it (`_creating_store`), so a
+    directory. Its file is looked at once no process is creating it (`creating_store`), so a
     store being created is not taken for an empty or a missing one."""
     from optimizer.config.store_checks import sqlite_file_problem
 
     url = cfg.storage_url
-    with _creating_store(url) as has_folder:
+    with creating_store(url) as has_folder:
         problem = sqlite_file_problem("storage", url) if has_folder else None
         is_missing = not has_folder or (url.startswith("sqlite:///") and
                                         not Path(url.removeprefix("sqlite:///")).is_file())

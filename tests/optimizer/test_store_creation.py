@@ -23,8 +23,9 @@ import pytest
 from optimizer.cli import main
 from optimizer.config import StudyConfig, load_study
 from optimizer.errors import NightshiftError
+from optimizer.storage.creation_lock import creating_store
 from optimizer.storage.lock import StudyLock, study_lock_path
-from optimizer.storage.study import _creating_store, existing_storage, make_storage, open_study
+from optimizer.storage.study import existing_storage, make_storage, open_study
 from tests.builders import write_study
 
 ROUNDS = 20  # fresh stores per race; each round's open meets the creation at some step of it
@@ -162,7 +163,7 @@ def test_status_while_the_daemon_creates_the_store_waits_for_it_and_shows_the_st
     daemon_lock = StudyLock(study_lock_path(cfg))
     daemon_lock.acquire(cfg.name, cfg.storage_url)  # this process plays the starting daemon
     try:
-        with _creating_store(cfg.storage_url):
+        with creating_store(cfg.storage_url):
             db.touch()  # SQLite's file, before its first page
             status = subprocess.Popen(
                 [sys.executable, "-m", "optimizer.cli", "status", str(path)],
@@ -199,3 +200,36 @@ def test_status_of_a_study_its_daemon_is_creating_says_so_in_one_line(
     assert code == 1, err
     assert len(lines) == 1 and f"study 'e2e' {BEING_CREATED}: its daemon (pid {os.getpid()})" \
         in lines[0], err
+
+
+def test_the_check_before_a_start_waits_for_a_store_another_start_is_creating(
+        tmp_path: Path) -> None:
+    # Two studies in one storage, started together: the second `start`'s check of the file,
+    # run while the first's SQLite had made it (0 bytes) and not yet its first page, read "an
+    # empty file (0 bytes) ... restore it from a backup" and refused to start (exit 2).
+    db = tmp_path / "store" / "optuna.db"
+    db.parent.mkdir()
+    url = f"sqlite:///{db}"
+    with creating_store(url):
+        db.touch()  # SQLite's file, before its first page
+        check = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from optimizer.config.store_checks import "
+             "sqlite_file_problem; print(sqlite_file_problem('storage', sys.argv[1]))", url],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while not _waits_on(db.parent, check):
+            time.sleep(0.05)  # a poll, not a bound: it ends when the check waits or ends
+        make_storage(url)  # the first start's store, made under the lock it already holds
+    out, err = check.communicate()
+    assert check.returncode == 0, err
+    assert out.strip() == "None", out
+
+
+def test_the_creation_lock_is_re_entrant_in_one_thread(tmp_path: Path) -> None:
+    # `existing_storage` looks at the file under the lock and asks `sqlite_file_problem`, which
+    # takes it too: a second flock of the same folder through another descriptor would wait on
+    # the first forever.
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    with creating_store(url) as outer, creating_store(url) as inner:
+        assert outer and inner
+    with creating_store(url):  # let go: taken again
+        pass
