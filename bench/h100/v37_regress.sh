@@ -10,6 +10,8 @@
 # launches `vllm serve` with the interpreter it runs in (sys.executable) and the environment it
 # inherits, and reads the vLLM version from the metadata first on the path, so the PYTHONPATH
 # switch picks both the engine and its flag table (search_spaces/engine/flags_0.32.json).
+# STUDY37=1 then runs bench/h100/v37-study.yaml (two eager SmolLM2 trials through the daemon, Ray
+# and MLflow) on 0.32.0: the issue's "serves a study end to end".
 # ROUNDS=1 halves the engine starts where device time is short (the interval is then one
 # server's run-to-run noise: docs/regress.md).
 set -uo pipefail
@@ -68,7 +70,14 @@ PY
       python3 -m optimizer.cli regress $R/library-0.26.yaml --workdir $R/v0.32 \
         --report $R/v0.32/report --tracking-uri $URI --save-references $R/library-0.32.yaml
       echo "regress 0.32 exit $?"
-      echo "=== done $(date -u +%FT%TZ)"' seq $src $R $lib > $R/sequence.out 2>&1 < /dev/null &
+      if [ "$4" = 1 ]; then
+        echo "=== study on vLLM 0.32.0 $(date -u +%FT%TZ)"
+        python3 -m optimizer.cli start bench/h100/v37-study.yaml --no-progress
+        echo "study exit $?"
+        python3 -m optimizer.cli export bench/h100/v37-study.yaml > $R/study/best.yaml
+        python3 -m optimizer.cli report bench/h100/v37-study.yaml 2>&1 | tail -3
+      fi
+      echo "=== done $(date -u +%FT%TZ)"' seq $src $R $lib "${STUDY37:-0}" > $R/sequence.out 2>&1 < /dev/null &
     echo $! > $R/sequence.pid
     sleep 30; tail -15 $R/sequence.out ;;
   wait)
@@ -76,7 +85,7 @@ PY
     while [ $SECONDS -lt $end ] && running; do
       sleep 10; if [ $((SECONDS - last)) -ge 60 ]; then pack; last=$SECONDS; fi
     done
-    grep -E "^===|regress .* exit|installed vLLM|same version|verdicts|held|improved|regressed|failed|Traceback|Error" \
+    grep -E "^===|regress .* exit|study exit|INFO trial|installed vLLM|same version|verdicts|held|improved|regressed|failed|Traceback|Error" \
       $R/sequence.out | cut -c1-300 | tail -40
     running && echo "still running" || echo "sequence finished"
     pack ;;
