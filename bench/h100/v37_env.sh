@@ -5,7 +5,8 @@
 # /tmp/site37 does not carry, through LD_LIBRARY_PATH (site37's own folders first).
 img=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 export PYTHONPATH=${NS_SRC:+$NS_SRC:}/tmp/site37:/tmp/site
-LD_LIBRARY_PATH=$(ls -d /tmp/site37/nvidia/*/lib "$img"/nvidia/*/lib 2>/dev/null | paste -sd:)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+LD_LIBRARY_PATH=$( (ls -d /tmp/site37/nvidia/*/lib "$img"/nvidia/*/lib 2>/dev/null || true) |
+  paste -sd:)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export LD_LIBRARY_PATH
 # torch 2.13.0 was built with cudnn 9.20 and refuses a 9.19 runtime at its first cudnn call unless
 # told; every cudnn symbol it imports is in 9.19 (checked on CPU). Not needed once install-pins
