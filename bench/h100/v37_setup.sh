@@ -52,7 +52,7 @@ case "${1:-}" in
     if [ ! -d /tmp/site37/vllm ]; then
       assemble core
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-        --target /tmp/site37 /root/wheels37/*.whl 2>&1 | grep -v "already exists" | tail -3
+        --target /tmp/site37 /root/wheels37/*.whl 2>&1 | tail -3
     else echo "core already installed"; fi
     smoke ;;
   install-pins)
