@@ -86,7 +86,7 @@ PY
       sleep 10; if [ $((SECONDS - last)) -ge 60 ]; then pack; last=$SECONDS; fi
     done
     grep -E "^===|regress .* exit|study exit|INFO trial|installed vLLM|same version|verdicts|held|improved|regressed|failed|Traceback|Error" \
-      $R/sequence.out | cut -c1-300 | tail -40
+      $R/sequence.out | grep -v "INFO level" | cut -c1-300 | tail -40
     running && echo "still running" || echo "sequence finished"
     pack ;;
   collect)
