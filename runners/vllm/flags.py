@@ -35,10 +35,10 @@ def installed_flags() -> VllmFlags | None:
             from vllm.entrypoints.launchers.cli_args import make_arg_parser
         except ImportError:
             from vllm.entrypoints.openai.cli_args import make_arg_parser
-    except Exception:  # absent, or present without its GPU stack: the bundled table serves
-        return None
-    return flags_from_parser(make_arg_parser(FlexibleArgumentParser()),
-                             version=str(vllm.__version__),
+        parser = make_arg_parser(FlexibleArgumentParser())
+    except Exception:  # absent, or present without its GPU stack (building the parser infers
+        return None    # the device: "Failed to infer device type"): the bundled table serves
+    return flags_from_parser(parser, version=str(vllm.__version__),
                              env_vars=frozenset(vllm_envs.environment_variables))
 
 
