@@ -337,8 +337,11 @@ def test_capacity_studies_score_goodput_at_capacity_and_teach_the_sampler_slo_mi
                        workload={
         "input_len": 128, "output_len": 24, "num_requests": 32, "warmup_requests": 2,
         "capacity": {"axis": "concurrency", "low": 2, "high": 32, "max_probes": 5,
-                     "min_window_requests": 24, "min_window_s": 1, "max_window_s": 4,
-                     "hold_s": 0}},
+                     # Short steps: a request lives well under 1 s here (the warm-up is
+                     # not two lives of 2.3 s sized from the 2 s TTFT bound), and eager
+                     # misses 12 ms by 4 ms at every load, its light steps in 2 s
+                     "min_window_requests": 24, "min_window_s": 1, "max_window_s": 2,
+                     "warmup_s": 1, "hold_s": 0}},
         slo={"tpot_p99_ms": 12})
     assert main(["start", str(path), "--no-progress"]) == 0
 
