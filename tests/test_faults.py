@@ -28,7 +28,8 @@ class runs end to end: a one-off (a crash, D4 below) and a config failure (an OO
 |                                |                                | retry spent (<= 5 deaths)    |
 | daemon killed mid-sampling     | half-asked trial (recovery,    | daemon_lost, no run; only an |
 |                                | test_faults_daemon)            | enqueued config re-queued    |
-| daemon stopped / stop --now    | nightshift stop (test_daemon)  | finished / failed+re-queued  |
+| daemon stopped / stop --now    | nightshift stop (test_daemon / | finished / failed+re-queued  |
+|                                | test_faults_daemon D1)         |                              |
 | Ray worker process killed      | SIGKILL to the actor process   | worker_lost, re-queued once  |
 | tracking store fails mid-study | mlflow.db overwritten in place | goes on; resume logs the rest|
 |                                |                                | (T2)                         |
@@ -56,7 +57,8 @@ Issue 19's faults, each held by a test of its own module:
 | fixed vs sampled flag    | fixed max_num_seqs 64    | every trial runs 64        | V5     |
 | malformed study files    | fixtures/bad_studies     | one line, exit 2           | B      |
 
-D1-D4: tests/test_faults_daemon.py (test_a_restart_after_stop_now_measures_no_config_twice,
+D1-D4: tests/test_faults_daemon.py (test_stop_now_fails_and_requeues_the_trials_in_flight_and_a_
+restart_measures_no_config_twice,
 test_a_second_daemon_on_the_same_study_from_another_directory_is_refused,
 test_a_one_off_crash_of_the_defaults_is_retried_and_the_gain_stands,
 test_defaults_that_cannot_be_measured_are_named_at_the_end_and_in_the_report);

@@ -42,7 +42,7 @@ import pytest
 from optuna.trial import TrialState
 
 from optimizer.cli import main
-from tests.builders import load, write_study
+from tests.builders import load, trial_runs, write_study
 from tests.optimizer.test_daemon import _engine_pids, _start_daemon, _wait_for
 from tests.test_faults import assert_consistent
 
@@ -63,10 +63,11 @@ def _measured_configs(tmp_path: Path) -> list[tuple[Any, ...]]:
 
 
 @pytest.mark.slow
-def test_a_restart_after_stop_now_measures_no_config_twice(tmp_path: Path,
-                                                           ray_cluster: None) -> None:
+def test_stop_now_fails_and_requeues_the_trials_in_flight_and_a_restart_measures_no_config_twice(
+        tmp_path: Path, ray_cluster: None) -> None:
     # Stopped during trial 1, a budget of 4 leaves the resumed sampler its re-run and at least
-    # two fresh proposals, where a replay of an earlier one would show.
+    # two fresh proposals, where a replay of an earlier one would show. (A graceful stop is
+    # tests/optimizer/test_daemon.py's.)
     path = write_study(tmp_path, trials=4, workload=_SHORT)
     log = tmp_path / "daemon.log"
     daemon = _start_daemon(path, log)
@@ -79,7 +80,18 @@ def test_a_restart_after_stop_now_measures_no_config_twice(tmp_path: Path,
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait(30)  # reaped: no daemon outlives its test
-    first = {t.number for t in load(tmp_path).trials}
+    study = load(tmp_path)
+    interrupted = [t for t in study.trials
+                   if (t.user_attrs.get("record") or {}).get("failure_reason") == "interrupted"]
+    assert interrupted, "stop --now fails the trials in flight"
+    retried = {t.user_attrs.get("retry_of") for t in study.trials}
+    assert retried >= {t.number for t in interrupted}, "interrupted trials are re-queued"
+    assert [t for t in study.trials if t.state == TrialState.WAITING], \
+        "the re-queued trials wait for the resume"
+    assert not [r for r in trial_runs(tmp_path) if r.info.status == "RUNNING"]
+    assert _engine_pids(tmp_path) == [], "no engine outlives a stop --now"
+
+    first = {t.number for t in study.trials}
     assert main(["start", str(path), "--no-progress"]) == 0
 
     configs = _measured_configs(tmp_path)
