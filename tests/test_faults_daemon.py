@@ -7,7 +7,8 @@ table of tests/test_faults.py:
 |                                |                               | no proposal replayed        |
 | second daemon on one study,    | start from another dir, same  | one line, exit 2; the       |
 | another directory              | storage                       | first's trials untouched    |
-| defaults crash once            | SIGKILL to the defaults' pid  | retried once; measured      |
+| defaults crash once            | a scripted crash_mid_run      | retried once; measured; the |
+| (test_search_policy.py)        | (inline executor)             | retry is the baseline       |
 | defaults always crash          | sim_crash_after_requests      | retried once; "No baseline" |
 |                                |                               | at the end and in report    |
 | Optuna storage fails mid-study | optuna.db zeroed in place     | engines ended; one line and |
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import sqlite3
 import threading
 import time
@@ -151,43 +151,6 @@ def test_a_second_daemon_on_the_same_study_from_another_directory_is_refused(
 
 def _trials(storage: str) -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(study_name="e2e", storage=storage).trials
-
-
-def _kill_first_engine(registry: Path, killed: dict[str, int]) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        records = list(registry.glob("*.json")) if registry.is_dir() else []
-        if records:
-            time.sleep(0.3)
-            killed["engine"] = int(records[0].stem)
-            os.kill(killed["engine"], signal.SIGKILL)
-            return
-        time.sleep(0.02)
-
-
-@pytest.mark.slow
-def test_a_one_off_crash_of_the_defaults_is_retried_and_the_gain_stands(
-        tmp_path: Path, ray_cluster: None) -> None:
-    path = write_study(tmp_path, trials=2, max_parallel_trials=1, workload=_SHORT)
-    killed: dict[str, int] = {}
-    killer = threading.Thread(target=_kill_first_engine,
-                              args=(tmp_path / "results" / "engines", killed))
-    killer.start()
-    assert main(["start", str(path), "--no-progress"]) == 0
-    killer.join()
-    assert killed, "the defaults' engine was killed"
-
-    trials = sorted(load(tmp_path).trials, key=lambda t: t.number)
-    lost = trials[0]
-    assert lost.user_attrs["baseline"] is True and lost.state == TrialState.FAIL
-    assert lost.user_attrs["record"]["failure_reason"] in ("crash_mid_run", "startup_crash")
-    retry = [t for t in trials if t.user_attrs.get("retry_of") == lost.number]
-    assert len(retry) == 1 and retry[0].user_attrs.get("baseline") is True, \
-        "the defaults are queued again, as the defaults"
-    assert retry[0].user_attrs["record"]["state"] == "complete", "and measured the second time"
-    report = (tmp_path / "results" / "report" / "report.md").read_text()
-    assert "No baseline" not in report
-    assert_consistent(tmp_path)
 
 
 @pytest.mark.slow
