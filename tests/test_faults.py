@@ -64,7 +64,8 @@ test_defaults_that_cannot_be_measured_are_named_at_the_end_and_in_the_report); D
 tests/optimizer/test_search_policy.py::test_a_one_off_crash_of_the_defaults_is_retried_and_the_
 retry_is_every_gains_reference (the class's end-to-end study is D4's: its crash is one-off
 each time, the defaults retried once);
-R1-R2: tests/test_faults_ray.py (test_a_local_study_ignores_a_ray_address_naming_no_cluster,
+R1-R2: tests/test_faults_ray.py (test_a_local_ray_starts_whatever_the_ray_address_in_the_
+environment_names,
 test_a_local_study_runs_its_own_ray_on_loopback_only_beside_another_cluster);
 T1-T3: tests/test_faults_tracking.py (test_a_restart_with_a_read_only_store_is_refused_up_front_
 and_writes_nothing, test_the_catch_up_logs_what_mlflow_missed_once_with_server_logs,
