@@ -28,7 +28,8 @@ class runs end to end: a one-off (a crash, D4 below) and a config failure (an OO
 |                                |                                | retry spent (<= 5 deaths)    |
 | daemon killed mid-sampling     | half-asked trial (recovery,    | daemon_lost, no run; only an |
 |                                | test_faults_daemon)            | enqueued config re-queued    |
-| daemon stopped / stop --now    | nightshift stop (test_daemon)  | finished / failed+re-queued  |
+| daemon stopped / stop --now    | nightshift stop (test_daemon / | finished / failed+re-queued  |
+|                                | test_faults_daemon D1)         |                              |
 | Ray worker process killed      | SIGKILL to the actor process   | worker_lost, re-queued once  |
 | tracking store fails mid-study | mlflow.db overwritten in place | goes on; resume logs the rest|
 |                                |                                | (T2)                         |
@@ -41,7 +42,7 @@ Issue 19's faults, each held by a test of its own module:
 |--------------------------|--------------------------|----------------------------|--------|
 | stop --now, restart      | nightshift stop --now    | no config twice, no replay | D1     |
 | 2nd daemon, other dir    | same storage and study   | one line, exit 2           | D2     |
-| defaults crash once      | SIGKILL to its engine    | retried once, measured     | D3     |
+| defaults crash once      | a scripted crash         | retried once, measured     | D3     |
 | defaults always crash    | sim_crash_after_requests | 'No baseline' named        | D4     |
 | RAY_ADDRESS: no cluster  | RAY_ADDRESS=127.0.0.1:9  | its own Ray                | R1     |
 | RAY_ADDRESS: live Ray    | a second Ray             | its own Ray, loopback      | R2     |
@@ -56,11 +57,15 @@ Issue 19's faults, each held by a test of its own module:
 | fixed vs sampled flag    | fixed max_num_seqs 64    | every trial runs 64        | V5     |
 | malformed study files    | fixtures/bad_studies     | one line, exit 2           | B      |
 
-D1-D4: tests/test_faults_daemon.py (test_a_restart_after_stop_now_measures_no_config_twice,
+D1, D2, D4: tests/test_faults_daemon.py (test_stop_now_fails_and_requeues_the_trials_in_flight_
+and_a_restart_measures_no_config_twice,
 test_a_second_daemon_on_the_same_study_from_another_directory_is_refused,
-test_a_one_off_crash_of_the_defaults_is_retried_and_the_gain_stands,
-test_defaults_that_cannot_be_measured_are_named_at_the_end_and_in_the_report);
-R1-R2: tests/test_faults_ray.py (test_a_local_study_ignores_a_ray_address_naming_no_cluster,
+test_defaults_that_cannot_be_measured_are_named_at_the_end_and_in_the_report); D3:
+tests/optimizer/test_search_policy.py::test_a_one_off_crash_of_the_defaults_is_retried_and_the_
+retry_is_every_gains_reference (the class's end-to-end study is D4's: its crash is one-off
+each time, the defaults retried once);
+R1-R2: tests/test_faults_ray.py (test_a_local_ray_starts_whatever_the_ray_address_in_the_
+environment_names,
 test_a_local_study_runs_its_own_ray_on_loopback_only_beside_another_cluster);
 T1-T3: tests/test_faults_tracking.py (test_a_restart_with_a_read_only_store_is_refused_up_front_
 and_writes_nothing, test_the_catch_up_logs_what_mlflow_missed_once_with_server_logs,

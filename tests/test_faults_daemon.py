@@ -7,7 +7,8 @@ table of tests/test_faults.py:
 |                                |                               | no proposal replayed        |
 | second daemon on one study,    | start from another dir, same  | one line, exit 2; the       |
 | another directory              | storage                       | first's trials untouched    |
-| defaults crash once            | SIGKILL to the defaults' pid  | retried once; measured      |
+| defaults crash once            | a scripted crash_mid_run      | retried once; measured; the |
+| (test_search_policy.py)        | (inline executor)             | retry is the baseline       |
 | defaults always crash          | sim_crash_after_requests      | retried once; "No baseline" |
 |                                |                               | at the end and in report    |
 | Optuna storage fails mid-study | optuna.db zeroed in place     | engines ended; one line and |
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import sqlite3
 import threading
 import time
@@ -42,7 +42,7 @@ import pytest
 from optuna.trial import TrialState
 
 from optimizer.cli import main
-from tests.builders import load, write_study
+from tests.builders import load, trial_runs, write_study
 from tests.optimizer.test_daemon import _engine_pids, _start_daemon, _wait_for
 from tests.test_faults import assert_consistent
 
@@ -63,10 +63,11 @@ def _measured_configs(tmp_path: Path) -> list[tuple[Any, ...]]:
 
 
 @pytest.mark.slow
-def test_a_restart_after_stop_now_measures_no_config_twice(tmp_path: Path,
-                                                           ray_cluster: None) -> None:
+def test_stop_now_fails_and_requeues_the_trials_in_flight_and_a_restart_measures_no_config_twice(
+        tmp_path: Path, ray_cluster: None) -> None:
     # Stopped during trial 1, a budget of 4 leaves the resumed sampler its re-run and at least
-    # two fresh proposals, where a replay of an earlier one would show.
+    # two fresh proposals, where a replay of an earlier one would show. (A graceful stop is
+    # tests/optimizer/test_daemon.py's.)
     path = write_study(tmp_path, trials=4, workload=_SHORT)
     log = tmp_path / "daemon.log"
     daemon = _start_daemon(path, log)
@@ -79,7 +80,18 @@ def test_a_restart_after_stop_now_measures_no_config_twice(tmp_path: Path,
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait(30)  # reaped: no daemon outlives its test
-    first = {t.number for t in load(tmp_path).trials}
+    study = load(tmp_path)
+    interrupted = [t for t in study.trials
+                   if (t.user_attrs.get("record") or {}).get("failure_reason") == "interrupted"]
+    assert interrupted, "stop --now fails the trials in flight"
+    retried = {t.user_attrs.get("retry_of") for t in study.trials}
+    assert retried >= {t.number for t in interrupted}, "interrupted trials are re-queued"
+    assert [t for t in study.trials if t.state == TrialState.WAITING], \
+        "the re-queued trials wait for the resume"
+    assert not [r for r in trial_runs(tmp_path) if r.info.status == "RUNNING"]
+    assert _engine_pids(tmp_path) == [], "no engine outlives a stop --now"
+
+    first = {t.number for t in study.trials}
     assert main(["start", str(path), "--no-progress"]) == 0
 
     configs = _measured_configs(tmp_path)
@@ -139,43 +151,6 @@ def test_a_second_daemon_on_the_same_study_from_another_directory_is_refused(
 
 def _trials(storage: str) -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(study_name="e2e", storage=storage).trials
-
-
-def _kill_first_engine(registry: Path, killed: dict[str, int]) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        records = list(registry.glob("*.json")) if registry.is_dir() else []
-        if records:
-            time.sleep(0.3)
-            killed["engine"] = int(records[0].stem)
-            os.kill(killed["engine"], signal.SIGKILL)
-            return
-        time.sleep(0.02)
-
-
-@pytest.mark.slow
-def test_a_one_off_crash_of_the_defaults_is_retried_and_the_gain_stands(
-        tmp_path: Path, ray_cluster: None) -> None:
-    path = write_study(tmp_path, trials=2, max_parallel_trials=1, workload=_SHORT)
-    killed: dict[str, int] = {}
-    killer = threading.Thread(target=_kill_first_engine,
-                              args=(tmp_path / "results" / "engines", killed))
-    killer.start()
-    assert main(["start", str(path), "--no-progress"]) == 0
-    killer.join()
-    assert killed, "the defaults' engine was killed"
-
-    trials = sorted(load(tmp_path).trials, key=lambda t: t.number)
-    lost = trials[0]
-    assert lost.user_attrs["baseline"] is True and lost.state == TrialState.FAIL
-    assert lost.user_attrs["record"]["failure_reason"] in ("crash_mid_run", "startup_crash")
-    retry = [t for t in trials if t.user_attrs.get("retry_of") == lost.number]
-    assert len(retry) == 1 and retry[0].user_attrs.get("baseline") is True, \
-        "the defaults are queued again, as the defaults"
-    assert retry[0].user_attrs["record"]["state"] == "complete", "and measured the second time"
-    report = (tmp_path / "results" / "report" / "report.md").read_text()
-    assert "No baseline" not in report
-    assert_consistent(tmp_path)
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ workers, the simulated engines) is listed while it runs.
 
 | fault                          | injected by                    | outcome                      |
 |--------------------------------|--------------------------------|------------------------------|
-| RAY_ADDRESS names no cluster   | RAY_ADDRESS=127.0.0.1:9        | its own Ray; exit 0          |
+| RAY_ADDRESS names no cluster   | RAY_ADDRESS=127.0.0.1:9 (at    | its own Ray, on loopback     |
+|                                | start_local_ray's layer)       |                              |
 | RAY_ADDRESS names a live Ray   | a second Ray the test starts   | its own Ray, not the other   |
 | a socket beyond loopback       | (none: checked on every socket | every socket of the study on |
 |                                | of a running local study)      | 127.0.0.0/8 or ::1           |
@@ -74,11 +75,10 @@ def _sockets(root: psutil.Process) -> list[tuple[str, str, int, str]]:
     return [(labels[c.pid], c.laddr.ip, c.laddr.port, c.status) for c in mine]
 
 
-def _run_study(tmp_path: Path, *, trials: int, is_watched: bool = True) -> tuple[
+def _run_study(tmp_path: Path, *, trials: int) -> tuple[
         int, str, list[tuple[str, str, int, str]]]:
     """`nightshift start` on a simulated local study in a process of its own, with the test's
-    environment; its exit code, stderr and every socket seen while it ran (none looked for
-    unless `is_watched`)."""
+    environment; its exit code, stderr and every socket seen while it ran."""
     path = write_study(tmp_path, trials=trials, workload={
         "input_len": 64, "output_len": 16, "levels": [{"concurrency": 4}],
         "duration_s": 2.0, "num_requests": None, "warmup_requests": 0},
@@ -94,8 +94,7 @@ def _run_study(tmp_path: Path, *, trials: int, is_watched: bool = True) -> tuple
             root = psutil.Process(daemon.pid)
             deadline = time.monotonic() + 280
             while daemon.poll() is None and time.monotonic() < deadline:
-                if is_watched:
-                    seen.update(_sockets(root))
+                seen.update(_sockets(root))
                 time.sleep(0.1)
         finally:
             if daemon.poll() is None:
@@ -132,14 +131,34 @@ def _trial_hosts(tmp_path: Path) -> list[str]:
             for t in load(tmp_path).trials if t.state.is_finished()]
 
 
+# The daemon's own Ray, started where RAY_ADDRESS names nothing: what `start_local_ray` did.
+_LOCAL_RAY = """
+import json, os, ray
+from optimizer.run.ray_cluster import start_local_ray
+start_local_ray(num_cpus=1, num_gpus=1, include_dashboard=False, log_to_driver=False)
+print(json.dumps({"gcs": ray.get_runtime_context().gcs_address,
+                  "nodes": [n["NodeManagerAddress"] for n in ray.nodes()],
+                  "gpus": ray.cluster_resources().get("GPU"),
+                  "env": os.environ.get("RAY_ADDRESS")}), flush=True)
+ray.shutdown()
+"""
+
+
 @pytest.mark.slow
-def test_a_local_study_ignores_a_ray_address_naming_no_cluster(
-        tmp_path: Path, clean_environ: dict[str, str]) -> None:
-    os.environ["RAY_ADDRESS"] = "127.0.0.1:9"  # nothing listens there
-    code, err, _ = _run_study(tmp_path, trials=1, is_watched=False)
-    assert code == 0, err[-3000:]
-    assert "Traceback" not in err
-    assert [h for h in _trial_hosts(tmp_path) if " node " in h], "the trial ran on Ray"
+def test_a_local_ray_starts_whatever_the_ray_address_in_the_environment_names(
+        clean_environ: dict[str, str]) -> None:
+    # At the layer that starts Ray (the daemon's whole study beside a live Ray that
+    # RAY_ADDRESS names is the next test's).
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled",
+           "RAY_ADDRESS": "127.0.0.1:9"}  # nothing listens there
+    done = subprocess.run([sys.executable, "-c", _LOCAL_RAY], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+    assert not out["gcs"].endswith(":9") and out["nodes"] == ["127.0.0.1"], \
+        f"a Ray of its own on loopback, not a join of 127.0.0.1:9: {out}"
+    assert out["gpus"] == 1.0 and out["env"] == "127.0.0.1:9", \
+        "what was asked for, and the environment given back as it was"
 
 
 @pytest.mark.slow

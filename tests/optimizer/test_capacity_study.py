@@ -24,6 +24,10 @@ def test_capacity_brackets_land_in_mlflow_and_bound_the_gain(
                                  "capacity": {"axis": "concurrency", "low": 2, "high": 32,
                                               "max_probes": 4, "min_window_requests": 24,
                                               "min_window_s": 1, "max_window_s": 4,
+                                              # 1 s, not two 2.2 s lives sized from the
+                                              # 2 s TTFT bound: a request lives well under
+                                              # 1 s here (7 steps: 57 s -> 34 s)
+                                              "warmup_s": 1,
                                               "hold_s": 2, "hold_lives": 1, "max_holds": 2}},
                        slo={"tpot_p99_ms": 7})
     assert main(["start", str(path), "--no-progress"]) == 0

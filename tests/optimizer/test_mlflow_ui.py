@@ -137,11 +137,24 @@ def _page_text(url: str, tmp_path: Path) -> str:
     return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom)))
 
 
-def test_the_runs_page_shows_each_trial_with_its_conclusion_best_first(
-        tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def runs_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The runs page of `_store`'s study, served by one `mlflow server` for this module's
+    tests (a server's start is most of the CPU a test here takes)."""
+    tmp_path = tmp_path_factory.mktemp("ui")
     uri, exp_id = _store(tmp_path)
     with _mlflow_server(uri, tmp_path) as server:
-        text = _page_text(runs_page(server, exp_id), tmp_path)
+        yield runs_page(server, exp_id)
+
+
+@pytest.fixture(scope="module")
+def runs_text(runs_url: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The text of the runs page as Chromium built it, read once for this module's tests."""
+    return _page_text(runs_url, tmp_path_factory.mktemp("chromium"))
+
+
+def test_the_runs_page_shows_each_trial_with_its_conclusion_best_first(runs_text: str) -> None:
+    text = runs_text
     assert "Detect Issues" not in text and "Runs - Experiment" in text, \
         "the runs table, not GenAI's Overview of traces"
     assert "4 matching runs" in text, "three trials and the confirmation; not the study's run"
@@ -185,13 +198,10 @@ def _screenshot(url: str, path: Path, tmp_path: Path, width: int = 1600,
 
 
 def test_the_saved_view_fits_a_1600_pixel_screen_with_the_review_columns(
-        tmp_path: Path) -> None:
+        runs_url: str, runs_text: str, tmp_path: Path) -> None:
     """At 1600 px the objective, the gain and the bottleneck are in view (they were last, and
     only two metric columns showed): the screenshot is what a user sees."""
-    uri, exp_id = _store(tmp_path)
     shot = tmp_path / "runs.png"
-    with _mlflow_server(uri, tmp_path) as server:
-        _screenshot(runs_page(server, exp_id), shot, tmp_path)
-        text = _page_text(runs_page(server, exp_id), tmp_path)
+    _screenshot(runs_url, shot, tmp_path)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
-    assert "★ recommended: t001" in text
+    assert "★ recommended: t001" in runs_text

@@ -128,6 +128,41 @@ def test_an_engine_fault_fails_its_trial_and_only_a_one_off_of_the_defaults_is_r
     assert sum(r is not None and r.is_baseline for r in records) == 1 + is_one_off
 
 
+def test_a_one_off_crash_of_the_defaults_is_retried_and_the_retry_is_every_gains_reference(
+        tmp_path: Path) -> None:
+    """The defaults' engine crashes once (as a kill mid-run would leave it): they are queued
+    again as the defaults, measured the second time, and the other trials are compared with
+    that measurement; the study has its baseline (no "No baseline" in its report)."""
+    from optimizer.conclusions import baseline_trial
+    from optimizer.recommendation import no_baseline_reason
+
+    crashes = itertools.count()
+
+    def crash_the_defaults_once(flags: Mapping[str, Any]) -> float | FailureReason:
+        if "max_num_seqs" not in flags and next(crashes) == 0:
+            return FailureReason.CRASH_MID_RUN
+        return float(flags.get("max_num_seqs") or 1024) / 10
+
+    study, launched = _run_daemon(tmp_path, crash_the_defaults_once, trials=2,
+                                  max_num_seqs=[1024, 256, 512])
+    trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
+    lost = trials[0]
+    assert lost.user_attrs[ATTR_BASELINE] is True and lost.state == TrialState.FAIL
+    retry = [t for t in trials if t.user_attrs.get("retry_of") == lost.number]
+    assert len(retry) == 1 and retry[0].user_attrs.get(ATTR_BASELINE) is True, \
+        "the defaults are queued again, as the defaults"
+    record = record_of(retry[0])
+    assert record is not None and record.state == "complete", "and measured the second time"
+    baseline = baseline_trial(study)
+    assert baseline is not None and baseline.number == retry[0].number
+    assert no_baseline_reason(study) is None, "the study has its baseline"
+    others = [r for t in trials if not t.user_attrs.get(ATTR_BASELINE)
+              and (r := record_of(t)) is not None and r.state == "complete"]
+    assert others and all("vs the vLLM defaults" in r.conclusion for r in others), \
+        "the other trials are compared with the retried defaults"
+    assert len(launched) == 3, "two trials and one retry"
+
+
 def test_a_config_failure_teaches_the_sampler_with_the_worst_value_and_a_constraint(
         tmp_path: Path) -> None:
     study, _ = _run_daemon(tmp_path, lambda flags: None if flags.get("kv_cache_dtype") ==

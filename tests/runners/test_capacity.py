@@ -87,10 +87,12 @@ def test_capacity_search_probes_one_running_server_and_stops_by_its_rule(
     # Whether a probe near the knee meets the SLO depends on the host as well as the model (a
     # busy client under-loads the server): the knee itself is checked in virtual time above;
     # here, what the search does with whatever each probe measured.
-    # Windows sized for the simulated engine (a default 200-request window runs minutes here).
+    # Windows sized for the simulated engine (a default 200-request window runs minutes here),
+    # and a warm-up of 2 s, two lives of a request near the knee (0.5-0.9 s here), where two
+    # lives sized from the SLO's bounds would take 5.3 s a step.
     search = CapacitySearch("concurrency", low=8, high=256, tolerance=0.1, max_probes=5,
                             min_window_requests=60, min_window_s=1.0, max_window_s=5.0,
-                            hold_s=0)
+                            warmup_s=2.0, hold_s=0)
     runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
                           tmp_path / "engines", stall_timeout_s=10.0)
     try:
