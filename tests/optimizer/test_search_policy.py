@@ -133,8 +133,8 @@ def test_a_one_off_crash_of_the_defaults_is_retried_and_the_retry_is_every_gains
     """The defaults' engine crashes once (as a kill mid-run would leave it): they are queued
     again as the defaults, measured the second time, and the other trials are compared with
     that measurement; the study has its baseline (no "No baseline" in its report)."""
-    from optimizer.conclusions import baseline_trial
-    from optimizer.recommendation import no_baseline_reason
+    from optimizer.results.conclusion import baseline_trial
+    from optimizer.results.recommendation import no_baseline_reason
 
     crashes = itertools.count()
 
