@@ -1,8 +1,8 @@
-"""The lock a process holds while it creates or opens a SQLite store, or reads what its file is:
-an exclusive `flock` on the store's folder. Optuna and SQLite create a store unguarded: a second
-process opening it meanwhile finds an empty file, or collides on alembic's schema-version stamp.
-Standard library only, so every reader of a store's file (the study store, the checks before a
-start) can take it."""
+"""The lock a process holds while it creates or opens a SQLite store (Optuna's or MLflow's), or
+reads what its file is: an exclusive `flock` on the store's folder. Optuna, MLflow and SQLite
+create a store unguarded: a second process opening it meanwhile finds an empty file, or collides
+on alembic's schema-version stamp or a table. Standard library only, so every opener and reader
+of a store's file (the study store, the tracking store, the checks before a start) can take it."""
 
 from __future__ import annotations
 

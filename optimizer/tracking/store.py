@@ -4,7 +4,6 @@ one creator at a time for a fresh store, MLflow's own logging quietened, a probe
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import math
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from optimizer.errors import TrackingError, headline, translate
+from optimizer.storage.creation_lock import creating_store
 from optimizer.tracking.tags import EXPERIMENT_KIND_RUNS, TAG_EXPERIMENT_KIND
 
 if TYPE_CHECKING:
@@ -32,24 +32,6 @@ def artifact_root_for(tracking_uri: str) -> Path | None:
         return None
     db_path = Path(tracking_uri.removeprefix("sqlite:///"))
     return db_path.parent / "artifacts"
-
-
-@contextlib.contextmanager
-def creating(tracking_uri: str) -> Iterator[None]:
-    """Held while MLflow opens a SQLite store: the first open creates its tables and runs its
-    migrations, and two daemons doing that at once on a fresh file make one of them fail. An
-    exclusive lock on a file beside the store lets one create it and the other open it after."""
-    if not tracking_uri.startswith("sqlite:///"):
-        yield
-        return
-    db_path = Path(tracking_uri.removeprefix("sqlite:///"))
-    fd = os.open(db_path.with_name(db_path.name + ".create-lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing drops the lock
-
 
 
 @contextlib.contextmanager
@@ -114,7 +96,7 @@ class TrackingStore:
         from mlflow import MlflowClient
 
         try:
-            with quiet("mlflow"), creating(tracking_uri):
+            with quiet("mlflow"), creating_store(tracking_uri):
                 self.client: MlflowClient = MlflowClient(tracking_uri)
         except Exception as exc:  # MLflow raises many types; all mean "cannot open the store"
             if "MLFLOW_ALLOW_FILE_STORE" in str(exc):
