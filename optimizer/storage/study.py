@@ -14,6 +14,7 @@ import optuna
 from optuna.trial import TrialState
 
 from optimizer.config import StudyConfig
+from optimizer.config.store_checks import sqlite_file_problem
 from optimizer.errors import ConfigError, NightshiftError, translate
 from optimizer.results.objectives import get_objective
 from optimizer.results.trial_record import (
@@ -93,8 +94,6 @@ def make_storage(url: str, *, lock_wait: LockWait | None = None,
     raise AssertionError("unreachable")
 
 
-
-
 def _being_created(cfg: StudyConfig) -> NightshiftError | None:
     """The one line for a study its store does not hold yet while its daemon, which takes the
     study's lock before it opens the store, is creating it; None where no daemon holds it."""
@@ -111,8 +110,6 @@ def existing_storage(cfg: StudyConfig) -> optuna.storages.RDBStorage:
     SQLite file that does not exist is refused (ConfigError) rather than created with its
     directory. Its file is looked at once no process is creating it (`creating_store`), so a
     store being created is not taken for an empty or a missing one."""
-    from optimizer.config.store_checks import sqlite_file_problem
-
     url = cfg.storage_url
     with creating_store(url) as has_folder:
         problem = sqlite_file_problem("storage", url) if has_folder else None
