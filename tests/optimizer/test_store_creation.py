@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -202,26 +203,56 @@ def test_status_of_a_study_its_daemon_is_creating_says_so_in_one_line(
         in lines[0], err
 
 
+def _make_tracking_store(url: str) -> None:
+    from optimizer.tracking.store import TrackingStore
+
+    TrackingStore(url)
+
+
+@pytest.mark.parametrize(("field", "name", "make"), [
+    ("storage", "optuna.db", make_storage),
+    ("tracking_uri", "mlflow.db", _make_tracking_store),
+], ids=["optuna", "mlflow"])
 def test_the_check_before_a_start_waits_for_a_store_another_start_is_creating(
-        tmp_path: Path) -> None:
-    # Two studies in one storage, started together: the second `start`'s check of the file,
-    # run while the first's SQLite had made it (0 bytes) and not yet its first page, read "an
-    # empty file (0 bytes) ... restore it from a backup" and refused to start (exit 2).
-    db = tmp_path / "store" / "optuna.db"
+        tmp_path: Path, field: str, name: str, make: Callable[[str], object]) -> None:
+    # Two studies in one storage (or one tracking store), started together: the second
+    # `start`'s check of the file, run while the first's SQLite had made it (0 bytes) and not
+    # yet its first page, read "an empty file (0 bytes) ... restore it from a backup" and
+    # refused to start (exit 2).
+    db = tmp_path / "store" / name
     db.parent.mkdir()
     url = f"sqlite:///{db}"
     with creating_store(url):
         db.touch()  # SQLite's file, before its first page
         check = subprocess.Popen(
             [sys.executable, "-c", "import sys; from optimizer.config.store_checks import "
-             "sqlite_file_problem; print(sqlite_file_problem('storage', sys.argv[1]))", url],
+             "sqlite_file_problem; print(sqlite_file_problem(sys.argv[1], sys.argv[2]))",
+             field, url],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         while not _waits_on(db.parent, check):
             time.sleep(0.05)  # a poll, not a bound: it ends when the check waits or ends
-        make_storage(url)  # the first start's store, made under the lock it already holds
+        make(url)  # the first start's store, made under the lock it already holds
     out, err = check.communicate()
     assert check.returncode == 0, err
     assert out.strip() == "None", out
+
+
+def test_a_tracking_store_is_opened_under_the_same_creation_lock(tmp_path: Path) -> None:
+    # MLflow's store is created and read under the lock the Optuna store and the check before
+    # a start take: a process holding it (creating a store in that folder) makes the open wait.
+    db = tmp_path / "mlruns" / "mlflow.db"
+    db.parent.mkdir()
+    url = f"sqlite:///{db}"
+    with creating_store(url):
+        opener = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from optimizer.tracking.store import "
+             "TrackingStore; TrackingStore(sys.argv[1]); print('opened')", url],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while not _waits_on(db.parent, opener):
+            time.sleep(0.05)  # a poll, not a bound: it ends when the open waits or ends
+        assert opener.poll() is None, "the open went ahead while another held the lock"
+    out, err = opener.communicate()
+    assert opener.returncode == 0 and out.strip() == "opened", err
 
 
 def test_the_creation_lock_is_re_entrant_in_one_thread(tmp_path: Path) -> None:
