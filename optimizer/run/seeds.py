@@ -46,9 +46,7 @@ def warm_start(cfg: StudyConfig, tracker: Tracker, fingerprint: Fingerprint,
         raise translate(exc, f"warm_start: no study named {exc.args[0]!r} in the tracking "
                         f"store {cfg.tracking_uri} (studies there: {names}); fix the name or "
                         "set warm_start: auto.", into=ConfigError) from exc
-    for line in plan.lines:
-        logger.info("warm start: %s", line)
-    return plan
+    return plan  # its lines reach the log with the start's other notes, once
 
 
 def template_trial_params(cfg: StudyConfig, space: ResolvedSpace, hardware_class: str,

@@ -81,11 +81,12 @@ def make_storage(url: str, *, lock_wait: LockWait | None = None,
         except StoreLocked:
             raise
         except Exception as exc:  # SQLAlchemy raises per driver; all mean "unusable URL"
-            # A server RDB has no file to lock: two processes creating its schema at once (a
-            # daemon starting while `status` reads on another host) collide once; the second
-            # try finds the schema made.
-            if not sqlite_file and attempt + 1 < _STORAGE_ATTEMPTS and \
-                    type(exc).__name__ in _RACE_ERRORS:
+            # Two processes creating the schema at once collide once (on a table or the
+            # schema-version row); the second try finds it made. A server RDB has no file to
+            # lock (a daemon starting while `status` reads on another host), and an opener that
+            # is not ours (optuna-dashboard, a script's `optuna.load_study`) does not take the
+            # creation lock of a SQLite file.
+            if attempt + 1 < _STORAGE_ATTEMPTS and type(exc).__name__ in _RACE_ERRORS:
                 time.sleep(0.5 * (attempt + 1))
                 continue
             raise translate(exc, f"storage {url!r} cannot be opened ({type(exc).__name__}); "

@@ -20,6 +20,7 @@ from typing import Any
 
 import optuna
 import pytest
+from alembic.runtime.migration import HeadMaintainer
 
 from optimizer.cli import main
 from optimizer.config import StudyConfig, load_study
@@ -141,6 +142,34 @@ def test_two_processes_creating_one_fresh_store_at_once_both_open_it(tmp_path: P
             stamps.append(db.execute("SELECT version_num FROM alembic_version").fetchall())
     assert all(len(rows) == 1 for rows in stamps) and len({*map(tuple, stamps)}) == 1, \
         f"every store is stamped once, with one schema version: {stamps}"
+
+
+def test_an_opener_without_the_lock_stamping_the_schema_first_is_met_by_a_second_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An opener that is not nightshift's (optuna-dashboard, a script's `optuna.load_study`, a
+    # test's poller) takes no creation lock: it can stamp alembic's schema version between this
+    # open's look and its own stamp. CI saw a daemon exit so ("cannot be opened
+    # (IntegrityError)"). That interleaving, made on purpose on a real SQLite file: the open
+    # collides once, then finds the store made and opens it.
+    db = tmp_path / "optuna.db"
+    insert = HeadMaintainer._insert_version
+    foreign: list[str] = []
+
+    def stamped_first_by_another(self: HeadMaintainer, version: str) -> None:
+        if not foreign:  # this open has read no stamp; the other commits its own now
+            foreign.append(version)
+            with contextlib.closing(sqlite3.connect(db, timeout=0)) as conn, conn:
+                conn.execute("INSERT INTO alembic_version VALUES (?)", (version,))
+        insert(self, version)
+
+    monkeypatch.setattr(HeadMaintainer, "_insert_version", stamped_first_by_another)
+    storage = make_storage(f"sqlite:///{db}")
+    assert foreign, "the other opener stamped first"
+    study = optuna.create_study(study_name="s", storage=storage)
+    assert [s.study_name for s in optuna.get_all_study_summaries(storage)] == [study.study_name]
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == \
+            [(foreign[0],)], "stamped once, by the other opener"
 
 
 def _waits_on(folder: Path, proc: subprocess.Popen[str]) -> bool:
