@@ -45,13 +45,19 @@ class ModelInfo:
     # max_model_len when none is given; None: config.json names none of the keys vLLM reads
     # (Transformers then fills one from the model type's defaults, which are not read here)
     derived_max_model_len: int | None = None
+    # tokens; vLLM 0.26's max_model_len when none is given for a LongRoPE model (Phi-3's 128k
+    # variants): its `original_max_position_embeddings`, not the long context above, which a
+    # given max_model_len may still reach (config/model.py:2244-2255); None for any other model
+    longrope_default_len: int | None = None
     # False where config.json gives no vocab_size (the 32000 above is a stand-in)
     is_vocab_size_given: bool = True
 
     @property
     def default_max_model_len(self) -> int:
-        """vLLM's max_model_len for this model when none is given (tokens)."""
-        return self.derived_max_model_len or self.max_position_embeddings
+        """vLLM's max_model_len for this model when none is given (tokens): the derived
+        context, or a LongRoPE model's original length."""
+        return self.longrope_default_len or self.derived_max_model_len or \
+            self.max_position_embeddings
 
     @property
     def num_params(self) -> int:
@@ -99,6 +105,7 @@ class ModelInfo:
             tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
             architecture=_architecture(config),
             derived_max_model_len=_derived_max_model_len(config, text),
+            longrope_default_len=_longrope_default_len(config, text),
             is_vocab_size_given=text.get("vocab_size") is not None,
         )
 
@@ -136,7 +143,8 @@ def _derived_max_model_len(config: dict[str, Any], text: dict[str, Any]) -> int 
     `su`, `longrope` and `llama3` types (whose length is already the long context) and for
     Gemma 3; YaRN scales `original_max_position_embeddings`. None where config.json names no
     length key. Not modelled: the per-architecture convertors (e.g. MPT's, Falcon's), and a
-    tokenizer_config.json's `model_max_length`, a further upper bound where vLLM reads one."""
+    tokenizer_config.json's `model_max_length`, which vLLM 0.26 reads only for pooling models
+    with absolute position embeddings (config/model.py:1766-1776), never for generation."""
     lengths = [v for k in _LENGTH_KEYS if isinstance(v := text.get(k), int | float)
                and not isinstance(v, bool) and v >= 1]
     if not lengths:
@@ -144,15 +152,8 @@ def _derived_max_model_len(config: dict[str, Any], text: dict[str, Any]) -> int 
     explicit = text.get("model_max_length")
     derived = float(explicit) if isinstance(explicit, int | float) and \
         not isinstance(explicit, bool) and explicit >= 1 else float(min(lengths))
-    rope = text.get("rope_parameters") or text.get("rope_scaling")
-    if not isinstance(rope, dict) or "gemma3" in str(text.get("model_type") or
-                                                    config.get("model_type") or ""):
-        return int(derived)
-    # Transformers 5 may nest the parameters per layer type; all share one factor.
-    sections = [rope] if "rope_type" in rope or "type" in rope or "factor" in rope else \
-        [v for v in rope.values() if isinstance(v, dict)]
-    factor = 1.0
-    for section in sections:
+    factor = 1.0  # every layer type shares one factor
+    for section in _rope_sections(config, text):
         kind = section.get("rope_type", section.get("type"))
         if kind in ("su", "longrope", "llama3"):
             continue
@@ -164,6 +165,35 @@ def _derived_max_model_len(config: dict[str, Any], text: dict[str, Any]) -> int 
             if isinstance(original, int) and original >= 1:
                 derived = float(original)
     return max(1, int(derived * factor))
+
+
+def _rope_sections(config: dict[str, Any], text: dict[str, Any]) -> list[dict[str, Any]]:
+    """The config's RoPE parameters, one dict per layer type (Transformers 5 may nest them);
+    none for Gemma 3, whose length vLLM never scales."""
+    rope = text.get("rope_parameters") or text.get("rope_scaling")
+    if not isinstance(rope, dict) or "gemma3" in str(text.get("model_type") or
+                                                    config.get("model_type") or ""):
+        return []
+    if "rope_type" in rope or "type" in rope or "factor" in rope:
+        return [rope]
+    return [v for v in rope.values() if isinstance(v, dict)]
+
+
+def _longrope_default_len(config: dict[str, Any], text: dict[str, Any]) -> int | None:
+    """vLLM 0.26's max_model_len with none given, for a model with a LongRoPE section:
+    `original_max_position_embeddings` (the config's, else the section's), so that short
+    prompts keep the short factors' quality; None for any other model, or where the length
+    is not given (vLLM then keeps the derived context)."""
+    sections = _rope_sections(config, text)
+    if not any(s.get("rope_type", s.get("type")) in ("longrope", "su") for s in sections):
+        return None
+    original = text.get("original_max_position_embeddings")
+    for section in sections:
+        if original is None:
+            original = section.get("original_max_position_embeddings")
+    if isinstance(original, int) and not isinstance(original, bool) and original >= 1:
+        return original
+    return None
 
 
 def _architecture(config: dict[str, Any]) -> str | None:

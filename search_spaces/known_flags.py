@@ -19,7 +19,7 @@ from search_spaces.engine.render import bool_flag
 from search_spaces.engine.tables import bundled_flags
 from search_spaces.errors import SpaceError
 from search_spaces.params import Value
-from search_spaces.rules.builtin import model_context_len
+from search_spaces.rules.builtin import model_default_len
 from search_spaces.values import did_you_mean, is_number, is_scalar, lookup, show
 
 FlagKind = Literal["bool", "int", "float", "enum"]
@@ -132,7 +132,7 @@ def _vllm_default(name: str, context: Mapping[str, Any]) -> Value:
         if isinstance(host, Mapping) and is_number(host.get(name)):
             return cast(Value, host[name])
         if name == "max_model_len":
-            return model_context_len(context)
+            return model_default_len(context)
         memory_gib = lookup(context, "hardware.gpu_memory_gib")
         gpu_name = lookup(context, "hardware.gpu_name")
         return vllm_scheduler_defaults(float(memory_gib) if is_number(memory_gib) else 0.0,

@@ -361,10 +361,16 @@ def _check_fits_model(cfg: StudyConfig, model: ModelInfo | None, longest_prompt:
             "config.json, and vLLM refuses to start with it; lower it, or set env "
             "VLLM_ALLOW_LONG_MAX_MODEL_LEN: '1' if the model is known to hold longer contexts "
             "(RoPE positions past its own give NaNs).")
+    raise_it = "raise fixed_flags.max_model_len"
     if fixed is not None and fixed > 0:
         limit, why = fixed, "fixed_flags.max_model_len"
     elif model is None or derived is None:
         return  # a hub id, or a config.json whose length Transformers fills: not known here
+    elif model.longrope_default_len is not None and model.longrope_default_len < derived:
+        limit = model.longrope_default_len
+        why = (f"vLLM's default for {model.name}, a LongRoPE model: its "
+               "original_max_position_embeddings")
+        raise_it = f"set fixed_flags.max_model_len (up to {derived}, its long context)"
     else:
         limit, why = derived, f"the context vLLM derives from {model.name}'s config.json"
     longest = longest_prompt + longest_output
@@ -373,5 +379,5 @@ def _check_fits_model(cfg: StudyConfig, model: ModelInfo | None, longest_prompt:
             f"{cfg.source_name}: workload: a prompt of up to {longest_prompt} tokens plus an "
             f"output of up to {longest_output} is {longest} tokens, over "
             f"the max_model_len of {limit} ({why}); shorten input_len/output_len (a normal "
-            "or lognormal length without `high` counts its 4-sigma tail: set `high`) or raise "
-            "fixed_flags.max_model_len.")
+            f"or lognormal length without `high` counts its 4-sigma tail: set `high`) or "
+            f"{raise_it}.")

@@ -35,6 +35,8 @@ def space_context(hardware: HardwareProfile, model: ModelInfo | None,
                "quant_method": model.quant_method,
                "max_position_embeddings": model.max_position_embeddings,
                "max_model_len": model.derived_max_model_len,
+               "default_max_model_len": model.longrope_default_len or
+               model.derived_max_model_len,
                "num_params": model.num_params}
     if load_format is not None:
         mdl["real_weights"] = load_format != "dummy"

@@ -90,7 +90,7 @@ def _fp8_needs_sm89(context: Mapping[str, Any], specs: Mapping[str, ParamSpec]) 
 
 
 def model_context_len(context: Mapping[str, Any]) -> int | None:
-    """The context vLLM derives for the model (its max_model_len when none is given), tokens:
+    """The context vLLM derives for the model, the largest max_model_len it accepts, tokens:
     `model.max_model_len` where the context has that key (None there: not known), else
     `model.max_position_embeddings`; None where neither is known."""
     model = context.get("model")
@@ -98,6 +98,17 @@ def model_context_len(context: Mapping[str, Any]) -> int | None:
     value = lookup(context, "model.max_model_len" if has_key else
                    "model.max_position_embeddings")
     return int(value) if is_number(value) else None
+
+
+def model_default_len(context: Mapping[str, Any]) -> int | None:
+    """vLLM's max_model_len with none given, tokens: `model.default_max_model_len` where the
+    context has that key (a LongRoPE model's original length, below its derived context;
+    None there: not known), else the derived context (`model_context_len`)."""
+    model = context.get("model")
+    if isinstance(model, Mapping) and "default_max_model_len" in model:
+        value = model["default_max_model_len"]
+        return int(value) if is_number(value) else None
+    return model_context_len(context)
 
 
 def _max_model_len_within_model(

@@ -28,6 +28,8 @@ CONTEXT_KEYS: dict[str, Literal["number", "text", "flag"]] = {
     "model.quant_method": "text",  # None for an unquantized checkpoint
     "model.max_position_embeddings": "number",
     "model.max_model_len": "number",  # the context vLLM derives from config.json (RoPE scaling)
+    # vLLM's max_model_len with none given: the above, or a LongRoPE model's original length
+    "model.default_max_model_len": "number",
     "model.num_params": "number",
     "model.real_weights": "flag",  # false when the study loads dummy weights (load_format)
     "workload.shares_prefix": "flag",  # requests share a prompt prefix the cache could reuse

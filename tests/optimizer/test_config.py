@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -336,6 +337,29 @@ def test_the_workload_must_fit_the_context_vllm_derives_from_the_models_config(
     check_before_start(parse_study({**llama, "workload": {**long, "input_len": 130_000}}))
     with pytest.raises(ConfigError, match="over the max_model_len of 131072"):
         check_before_start(parse_study({**llama, "workload": {**long, "input_len": 140_000}}))
+    assert not (tmp_path / "results").exists() and not (tmp_path / "mlruns").exists()
+
+
+def test_a_longrope_models_workload_must_fit_vllms_default_context_unless_one_is_fixed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Phi-3-mini-128k's shape: vLLM 0.26 serves its original 4096 tokens unless max_model_len
+    # is given (config/model.py:2244-2255), though it accepts one up to 131072.
+    from optimizer.config import check_before_start
+
+    monkeypatch.chdir(tmp_path)
+    model = tmp_path / "phi3"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["Phi3ForCausalLM"], "hidden_size": 3072, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "intermediate_size": 8192, "vocab_size": 32064,
+        "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+        "rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}}))
+    study = {**BASE, "model": {"path": str(model)},
+             "workload": {"input_len": 8000, "output_len": 16, "num_requests": 8}}
+    with pytest.raises(ConfigError, match=r"over the max_model_len of 4096 \(vLLM's default "
+                       r"for .*LongRoPE.*set fixed_flags\.max_model_len \(up to 131072"):
+        check_before_start(parse_study(study))
+    check_before_start(parse_study({**study, "fixed_flags": {"max_model_len": 16384}}))
     assert not (tmp_path / "results").exists() and not (tmp_path / "mlruns").exists()
 
 

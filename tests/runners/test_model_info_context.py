@@ -64,3 +64,22 @@ def test_a_missing_shape_key_says_transformers_fills_it_not_that_the_file_is_wro
                                           '"num_attention_heads": 4}')
     model = load_model_info(str(tmp_path))
     assert model is not None and not model.is_vocab_size_given
+
+
+@pytest.mark.parametrize("rope_key", ["rope_scaling", "rope_parameters"])
+def test_a_longrope_models_default_is_its_original_length_and_its_bound_the_long_one(
+        rope_key: str) -> None:
+    # Phi-3-mini-128k: with no max_model_len vLLM 0.26 serves original_max_position_embeddings
+    # (config/model.py:2244-2255); a given one may reach max_position_embeddings. "su" is
+    # LongRoPE's legacy name (transformers_utils/config.py:505).
+    for kind in ("longrope", "su"):
+        phi3 = {**BASE, "max_position_embeddings": 131072, "original_max_position_embeddings":
+                4096, rope_key: {"type": kind, "long_factor": [1.0], "short_factor": [1.0]}}
+        info = ModelInfo.from_config(phi3)
+        assert (info.default_max_model_len, info.derived_max_model_len) == (4096, 131072)
+    nested = {**BASE, "max_position_embeddings": 131072, "rope_parameters": {
+        "rope_type": "longrope", "original_max_position_embeddings": 8192}}
+    assert ModelInfo.from_config(nested).default_max_model_len == 8192
+    assert ModelInfo.from_config({**BASE, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                  "original_max_position_embeddings": 8192}}
+                                 ).longrope_default_len is None, "only LongRoPE"

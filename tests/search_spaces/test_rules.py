@@ -303,3 +303,20 @@ def test_replicas_are_fixed_to_one_once_tp_takes_more_than_half_the_host() -> No
     assert resolved.sample(trial)["data_parallel_size"] == 2, "2 x 2 fills the 4 GPUs"
     single = load_space("hopper").resolve(_host(num_gpus=1))
     assert _choices(single, "data_parallel_size") == (1,)
+
+
+def test_a_longrope_models_no_flag_context_is_its_default_and_its_ceiling_the_long_one() -> None:
+    # A trial that sets max_model_len to the long context changed vLLM's default (so an export
+    # keeps the flag), and the ceiling rule still allows it.
+    from search_spaces.known_flags import vllm_default
+
+    context = {"model": {"max_model_len": 131072, "default_max_model_len": 4096}}
+    assert vllm_default("max_model_len", context) == 4096
+    assert vllm_default("max_model_len", {"model": {"max_model_len": 32768}}) == 32768
+    space = parse_space({"parameters": {"max_model_len": {
+        "type": "categorical", "choices": [None, 8192, 131072, 262144]}}})
+    resolved = space.resolve(context)
+    assert [p.choices for p in resolved.params] == [(None, 4096, 8192, 131072)], \
+        "the default joins the choices (the baseline runs it); 262144 is over the ceiling"
+    assert resolved.defaults() == {"max_model_len": 4096}
+    assert resolved.vllm_defaults["max_model_len"] == 4096
