@@ -29,7 +29,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CHARS_PER_TOKEN = 4  # a rough English estimate, used only where the model has no tokenizer
+# Where the model has no tokenizer: tokens estimated as UTF-8 bytes / 4. For English that is
+# chars / 4; scripts stored in two to four bytes a character (Cyrillic, Arabic, Chinese,
+# Japanese, Korean, emoji), on which byte-level BPE tokenizers spend more tokens a character
+# than on English, estimate two to four times what chars / 4 did, which undercounted CJK most.
+# An estimate, not checked against a tokenizer here.
+BYTES_PER_TOKEN = 4
+ESTIMATE = f"UTF-8 bytes / {BYTES_PER_TOKEN}"  # how an estimate is made, as messages say it
 USER_ROLES = frozenset({"human", "user"})
 ASSISTANT_ROLES = frozenset({"gpt", "assistant", "chatgpt", "bard", "bing", "model"})
 _SHAPE = '{"from": "human" | "gpt", "value": "..."}'
@@ -48,8 +54,9 @@ def well_formed(text: str) -> str:
 
 
 def estimate_tokens(text: str) -> int:
-    """Tokens of `text` where no tokenizer is at hand: an estimate (chars / 4), never a count."""
-    return max(1, len(text) // CHARS_PER_TOKEN)
+    """Tokens of `text` where no tokenizer is at hand: an estimate (`ESTIMATE`), never a
+    count."""
+    return max(1, len(text.encode("utf-8", "surrogatepass")) // BYTES_PER_TOKEN)
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,7 @@ class Turn:
 class Conversation:
     id: str
     turns: tuple[Turn, ...]  # user/reply pairs in order; at least one
-    is_estimated: bool  # lengths are chars/4 estimates: the model has no tokenizer here
+    is_estimated: bool  # lengths are estimates (ESTIMATE): the model has no tokenizer here
 
 
 def _fail(path: Path, where: str, problem: str) -> ValueError:

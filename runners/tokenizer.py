@@ -105,11 +105,11 @@ def why_no_tokenizer(model_dir: Path | None, *, skip_tokenizer_init: bool) -> st
                 "ids")
     if model_dir is None:
         return ("no tokenizer: the model is not a local directory, so synthesised prompts are "
-                "token ids and text prompts' lengths are estimates (chars / 4)")
+                "token ids and text prompts' lengths are estimates (UTF-8 bytes / 4)")
     if not (model_dir / TOKENIZER_FILE).is_file():
         return (f"no tokenizer: {model_dir} has no {TOKENIZER_FILE} (a config-only model), so "
                 "synthesised prompts are token ids and text prompts' lengths are estimates "
-                "(chars / 4)")
+                "(UTF-8 bytes / 4)")
     return None
 
 

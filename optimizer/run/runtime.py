@@ -159,9 +159,9 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
     if tokenizer is not None and tokenizer.note is not None:
         notes.append(tokenizer.note)
     if prompt_lengths == "estimated":
-        notes.append("workload: text prompts' lengths are ESTIMATES (chars / 4): the model has "
-                     "no tokenizer.json here; the server's usage.prompt_tokens is logged beside "
-                     "them (server.prompt_tokens_server_minus_client_*)")
+        notes.append("workload: text prompts' lengths are ESTIMATES (UTF-8 bytes / 4): the "
+                     "model has no tokenizer.json here; the server's usage.prompt_tokens is "
+                     "logged beside them (server.prompt_tokens_server_minus_client_*)")
     for name in cfg.spec.fixed_flags:  # the flags themselves were checked with the study file
         if name.startswith("sim_") and engine != "simulated":
             raise ConfigError(f"fixed_flags.{name}: a simulated-engine fault, but this study "
@@ -335,7 +335,7 @@ def capacity_notes(workload: Workload) -> list[str]:
 
 def _prompt_lengths(cfg: StudyConfig, workload: Workload) -> str:
     """How the load generator knows its prompts' lengths: `counted` (the model's tokenizer),
-    `token_ids` (synthesised ids, exact by construction), `estimated` (text, chars / 4) or
+    `token_ids` (synthesised ids, exact by construction), `estimated` (text, UTF-8 bytes / 4) or
     `estimated_where_text` (a prompts file: its token-id lines exact, its text lines not) or
     `recorded_where_text` (a trace: its text prompts' lengths are its recorded input_length,
     unchecked; its other requests token ids)."""

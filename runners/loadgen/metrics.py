@@ -127,7 +127,8 @@ def prompt_len_gap(outputs: Sequence[RequestOutput]) -> dict[str, float]:
     """How far the load generator's prompt lengths are from the server's usage.prompt_tokens,
     over the successful requests where the server sent one: the mean of (server - client) and
     the largest gap, in tokens. Counted with the model's tokenizer they agree (special tokens
-    included); a chars/4 estimate shows its error here. Empty where the server sent none."""
+    included); an estimate (UTF-8 bytes / 4) shows its error here. Empty where the server sent
+    none."""
     gaps = [o.server_prompt_len - o.client_prompt_len for o in outputs
             if o.success and o.server_prompt_len is not None]
     if not gaps:

@@ -58,7 +58,7 @@ def parse_prompt_line(path: Path, line_no: int, line: str,
                        tokenizer: PromptTokenizer | None = None) -> PromptEntry:
     """(prompt, its length in tokens, output_len or None, whether the length is an estimate).
     A text prompt is counted with the tokenizer; without one a `prompt_len` the line gives
-    is taken, else chars / 4 is estimated."""
+    is taken, else it is estimated (UTF-8 bytes / 4)."""
     where = f"{path}:{line_no}"
     entry = arrivals.json_object(where, line)
     prompt = entry.get("prompt")

@@ -29,7 +29,7 @@ class RequestSpec:
 
     prompt: str | list[int]  # text, or token ids (servers started with --skip-tokenizer-init)
     # tokens, as the server counts them (special tokens included) where the model's tokenizer
-    # counted it; a chars/4 estimate where `is_prompt_len_estimated`
+    # counted it; an estimate (UTF-8 bytes / 4) where `is_prompt_len_estimated`
     prompt_len: int
     output_len: int  # tokens; sent as max_tokens with ignore_eos
     is_prompt_len_estimated: bool = False  # text without a tokenizer to count it
@@ -93,7 +93,7 @@ def build_requests(workload: Workload, num: int, seed: int) -> list[RequestSpec]
     if workload.dataset is not None:
         if tokenizer is None:
             _warn_once(f"{workload.dataset.path}: prompt and output lengths are "
-                       f"estimates (chars / {datasets.CHARS_PER_TOKEN}): the model has no "
+                       f"estimates ({datasets.ESTIMATE}): the model has no "
                        "tokenizer here")
         conversations = datasets.iter_conversations(workload.dataset, tokenizer, seed)
         specs = [RequestSpec(c.turns[0].user, c.turns[0].user_len, c.turns[0].reply_len,
@@ -219,8 +219,8 @@ def _requests_from_file(
     if not entries:
         raise ValueError(f"{path}: expected JSONL lines with a 'prompt' but the file is empty.")
     if tokenizer is None and any(entry[3] for entry in entries):
-        _warn_once(f"{path}: text prompts' lengths are estimates (chars / "
-                   f"{datasets.CHARS_PER_TOKEN}): the model has no tokenizer here")
+        _warn_once(f"{path}: text prompts' lengths are estimates ({datasets.ESTIMATE}): "
+                   "the model has no tokenizer here")
     specs = []
     for i in range(num):
         prompt, prompt_len, output_len, is_estimated = entries[i % len(entries)]

@@ -155,6 +155,20 @@ def test_prompts_file_text_is_counted_with_the_tokenizer_and_estimated_without(
     assert check_prompts_file(path, tokenizer) == tokenizer.count(text)
 
 
+def test_an_estimate_counts_utf8_bytes_so_cjk_is_not_read_as_a_quarter_of_its_length(
+        tmp_path: Path) -> None:
+    # chars / 4 read 384 Chinese characters as 96 tokens; a byte-level BPE spends about a token
+    # a character there, so a fit check against max_model_len passed prompts that did not fit.
+    english = "The quick brown fox jumps over the lazy dog near the river bank."
+    chinese = "大型语言模型的高效服务需要对请求进行仔细的批处理" * 16  # 384 characters
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p}, ensure_ascii=False) + "\n"
+                            for p in (english, chinese)), encoding="utf-8")
+    estimated = build_requests(Workload(prompts_file=path), 2, 0)
+    assert [s.prompt_len for s in estimated] == [len(english) // 4, 384 * 3 // 4]
+    assert all(s.is_prompt_len_estimated for s in estimated)
+
+
 def test_prompt_len_gap_is_server_minus_client_over_successes() -> None:
     outputs = [RequestOutput(success=True, client_prompt_len=10, server_prompt_len=11),
                RequestOutput(success=True, client_prompt_len=20, server_prompt_len=17),
