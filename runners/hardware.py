@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 PRESETS_DIR = Path(__file__).parent / "hardware_profiles"
 
 Interconnect = Literal["nvlink", "pcie", "none"]
-HardwareClass = Literal["hopper", "ampere", "24gb", "other", "none"]
+HardwareClass = Literal["hopper", "blackwell", "ampere", "24gb", "other", "none"]
 
 
 @dataclass(frozen=True)
@@ -80,10 +80,14 @@ class HardwareProfile:
     def hardware_class(self) -> HardwareClass:
         if not self.gpus:
             return "none"
-        if self.compute_capability >= 9.0:
+        if 9.0 <= self.compute_capability < 10.0:
             return "hopper"
         if self.gpu_memory_gib <= 26:
             return "24gb"
+        if self.compute_capability >= 10.0:
+            # Blackwell (B200 10.0, RTX 50xx 12.0) is not Hopper: neither Hopper's template,
+            # space nor the facts measured there (known or learned, keyed by class) carry over.
+            return "blackwell"
         if self.compute_capability >= 8.0 and "A100" in self.gpu_name:
             return "ampere"
         return "other"

@@ -39,7 +39,7 @@ CONTEXT_KEYS: dict[str, Literal["number", "text", "flag"]] = {
 }
 CONTEXT_ENUMS: dict[str, tuple[str, ...]] = {
     "hardware.interconnect": ("nvlink", "pcie", "none"),
-    "hardware.hardware_class": ("hopper", "ampere", "24gb", "other", "none"),
+    "hardware.hardware_class": ("hopper", "blackwell", "ampere", "24gb", "other", "none"),
 }
 
 ValueProblem = Callable[[str, object], "str | None"]

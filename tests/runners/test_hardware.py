@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from runners.hardware import (
+    GpuInfo,
     HardwareProfile,
     datasheet_spec,
     load_preset,
@@ -285,3 +286,20 @@ def test_save_profile_round_trips_through_load_preset(tmp_path: Path,
     assert loaded.gpus == profile.gpus
     assert loaded.nvlink_links == profile.nvlink_links
     assert json.loads((tmp_path / "probed.json").read_text())["_recorded"] == "probed in a test"
+
+
+@pytest.mark.parametrize(("name", "memory_gib", "capability", "expected"), [
+    ("NVIDIA H100 80GB HBM3", 79.6, (9, 0), "hopper"),
+    ("NVIDIA H20", 95.6, (9, 0), "hopper"),
+    ("NVIDIA B200", 178.4, (10, 0), "blackwell"),
+    ("NVIDIA GeForce RTX 5090", 31.4, (12, 0), "blackwell"),
+    ("NVIDIA GeForce RTX 5080", 15.5, (12, 0), "24gb"),
+    ("NVIDIA L40S", 44.4, (8, 9), "other"),
+])
+def test_the_hardware_class_is_hopper_only_for_hopper(
+        name: str, memory_gib: float, capability: tuple[int, int], expected: str) -> None:
+    # A Blackwell card read as "hopper" took Hopper's space, template and every fact measured
+    # on Hopper (bundled or learned by earlier studies: both keyed by class).
+    profile = HardwareProfile(gpus=(GpuInfo(0, name, memory_gib=memory_gib,
+                                            compute_capability=capability),))
+    assert profile.hardware_class == expected

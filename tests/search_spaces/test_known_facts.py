@@ -68,6 +68,19 @@ def test_another_hardware_class_keeps_it() -> None:
     assert not any(r.name.startswith("known-fact:") for r in space.applied_rules)
 
 
+def test_a_hopper_fact_does_not_reach_a_blackwell_card() -> None:
+    from dataclasses import replace
+
+    from runners.hardware import GpuInfo
+
+    b200 = replace(load_preset("h200"), gpus=(GpuInfo(0, "NVIDIA B200", memory_gib=178.4,
+                                                      compute_capability=(10, 0)),))
+    space = load_space("default").resolve(space_context(
+        b200, load_model_info("qwen2.5-7b"), vllm_version="0.26.0"))
+    assert not any(r.name.startswith("known-fact:") for r in space.applied_rules)
+    assert load_templates(b200.hardware_class) == ()
+
+
 def test_a_study_files_ignore_overrides_the_fact() -> None:
     assert "fp8_per_block" in _quantizations(_hopper("0.26.0", ignore_facts=[FACT]))
 
