@@ -146,7 +146,8 @@ class GpuSpec:
 
 
 DATASHEET: tuple[tuple[re.Pattern[str], GpuSpec], ...] = (
-    (re.compile(r"H200"), GpuSpec(4800, 989, 1979)),
+    # not GH200: its HBM (96 GB HBM3 at 4.0 TB/s, 144 GB HBM3e at 4.9) is not H200's
+    (re.compile(r"(?<!G)H200"), GpuSpec(4800, 989, 1979)),
     (re.compile(r"H100.*PCIe", re.IGNORECASE), GpuSpec(2000, 756, 1513)),
     (re.compile(r"H100"), GpuSpec(3350, 989, 1979)),
     (re.compile(r"A100.*80\s*GB", re.IGNORECASE), GpuSpec(2039, 312, 0)),

@@ -247,6 +247,7 @@ def test_datasheet_matches_the_most_specific_name(name: str, bandwidth_gbps: flo
 
 def test_unknown_gpu_has_no_datasheet_entry() -> None:
     assert datasheet_spec("Tesla T4") is None
+    assert datasheet_spec("NVIDIA GH200 480GB") is None, "not an H200: its HBM differs"
 
 
 # ---------------------------------------------------------------------------------- presets
