@@ -13,7 +13,8 @@ of these in one way: `raise translate(exc, message) from exc`. `FOREIGN_ERRORS` 
 foreign type to the class it becomes; a site passes `into=` where what it was doing decides
 instead (a foreign error met while checking input before a study starts is bad input,
 ConfigError). The message is the site's one line (what was expected, what was got, what to
-do); `describe`, `headline`, `one_line` and `yaml_message` render a foreign exception for it.
+do); `describe`, `headline` and `one_line` render a foreign exception for it (a YAML refusal:
+`search_spaces.bounded_yaml.yaml_message`, which search spaces share).
 The CLI prints that line alone; the chained cause keeps the foreign traceback in the daemon's
 log (for an error that stops a running study) and for whoever debugs. Four raises drop their
 cause (`from None`), each saying why: a miss in one of our own registries and an interrupt or
@@ -106,26 +107,6 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     the fix) as one line for a message of ours: whitespace joined, at most `limit`
     characters, no final period (the message adds its own)."""
     return " ".join(str(exc).split())[:limit].rstrip(".")
-
-
-def yaml_message(exc: BaseException, source: str, text: str) -> str:
-    """A YAML parser's refusal of `text`, the file `source`, as one line: the line it is on,
-    what is wrong and the fix (a character YAML does not allow, a syntax error, or one of
-    `load_yaml`'s limits, whose problem says the fix)."""
-    import yaml
-
-    from search_spaces.bounded_yaml import YamlLimitError
-
-    if isinstance(exc, yaml.reader.ReaderError):
-        line = text.count("\n", 0, exc.position) + 1
-        return (f"{source}: not valid YAML at line {line}: character #x{exc.character:04x} "
-                "is not allowed in YAML text; remove it.")
-    mark = getattr(exc, "problem_mark", None)
-    where = f" at line {mark.line + 1}" if mark is not None else ""
-    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
-    if isinstance(exc, YamlLimitError):
-        return f"{source}{where}: {problem[:200]}."
-    return f"{source}: not valid YAML{where}: {problem[:200]}; fix the syntax."
 
 
 def headline(exc: BaseException, limit: int = 160) -> str:

@@ -21,11 +21,11 @@ from optimizer.config.sections import ModelSpec, SimulatedSpec, SLOSpec
 from optimizer.config.store_checks import tracking_uri_problem
 from optimizer.config.validation_errors import format_validation_error
 from optimizer.config.workload_spec import WorkloadSpec
-from optimizer.errors import ConfigError, translate, yaml_message
+from optimizer.errors import ConfigError, translate
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.run.engines import RUNNERS
 from runners.atomic import write_atomic
-from search_spaces.bounded_yaml import load_yaml
+from search_spaces.bounded_yaml import load_yaml, yaml_message
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _ENV_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
