@@ -14,9 +14,12 @@ foreign type to the class it becomes; a site passes `into=` where what it was do
 instead (a foreign error met while checking input before a study starts is bad input,
 ConfigError). The message is the site's one line (what was expected, what was got, what to
 do); `describe`, `headline` and `one_line` render a foreign exception for it (a YAML refusal:
-`search_spaces.bounded_yaml.yaml_message`, which search spaces share).
-The CLI prints that line alone; the chained cause keeps the foreign traceback in the daemon's
-log (for an error that stops a running study) and for whoever debugs. Four raises drop their
+`search_spaces.bounded_yaml.yaml_message`, which search spaces share). A check that returns its
+line rather than raising returns a `Problem`, which keeps the foreign exception it caught, and
+the error raised from it chains that (`cause_of`).
+The CLI prints that line alone (with `--debug`, the traceback and its causes after it); the
+chained cause keeps the foreign traceback in the daemon's log (for an error that stops a
+running study) and for whoever debugs. Four raises drop their
 cause (`from None`), each saying why: a miss in one of our own registries and an interrupt or
 logged failure turned into an exit code, never a foreign failure (a test in
 tests/optimizer/test_errors.py holds each to its comment). Trial-level failures never raise
@@ -100,6 +103,27 @@ def translate(exc: BaseException, message: str, *,
     error = (into or error_class(exc))(message)
     error.__cause__ = exc
     return error
+
+
+class Problem(str):
+    """A check's one line (`storage_problem`, `sqlite_file_problem`, ...: what was expected, what
+    was got, what to do) with the foreign exception that showed it, where one did, as `cause`.
+    A str, read and joined as any message is; the ConfigError raised from it chains the cause
+    (`raise ConfigError(f"{source}: {problem}.") from cause_of(problem)`), so the traceback
+    `--debug` prints shows what the line sums up."""
+
+    cause: BaseException | None
+
+    def __new__(cls, message: str, cause: BaseException | None = None) -> Problem:
+        problem = super().__new__(cls, message)
+        problem.cause = cause
+        return problem
+
+
+def cause_of(problem: str | None) -> BaseException | None:
+    """The foreign exception behind a check's `problem` (a `Problem`'s cause), or None (a plain
+    message, or no problem): what the error raised from it chains."""
+    return problem.cause if isinstance(problem, Problem) else None
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final
 
+from optimizer.errors import Problem
 from optimizer.storage.creation_lock import creating_store
 
 _TRACKING_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https",
@@ -21,9 +22,9 @@ def storage_problem(url: str) -> str | None:
 
     try:
         parsed = make_url(url)
-    except (ArgumentError, ValueError):
-        return (f"storage: {url!r:.80} is not a database URL; give one such as "
-                "sqlite:///results/optuna.db")
+    except (ArgumentError, ValueError) as exc:
+        return Problem(f"storage: {url!r:.80} is not a database URL; give one such as "
+                       "sqlite:///results/optuna.db", exc)
     backend = parsed.get_backend_name()
     if backend not in _STORAGE_BACKENDS:
         return (f"storage: {backend!r} is not a database Optuna stores to (valid: "
@@ -38,8 +39,9 @@ def storage_problem(url: str) -> str | None:
     try:
         parsed.get_dialect().import_dbapi()
     except Exception as exc:  # NoSuchModuleError, ImportError: per dialect
-        return (f"storage: the {parsed.drivername} driver is not installed here "
-                f"({type(exc).__name__}); install it or use sqlite:///results/optuna.db")
+        return Problem(f"storage: the {parsed.drivername} driver is not installed here "
+                       f"({type(exc).__name__}); install it or use sqlite:///results/optuna.db",
+                       exc)
     return None
 
 
@@ -64,8 +66,9 @@ def server_storage_problem(url: str) -> str | None:
             return None
     except Exception as exc:  # OperationalError, InterfaceError, ...: per driver
         detail = " ".join(str(getattr(exc, "orig", None) or exc).split())[:120]
-        return (f"storage: cannot connect to {parsed.render_as_string(hide_password=True)} "
-                f"({detail}); start the database server or use sqlite:///results/optuna.db")
+        return Problem(f"storage: cannot connect to "
+                       f"{parsed.render_as_string(hide_password=True)} ({detail}); start the "
+                       "database server or use sqlite:///results/optuna.db", exc)
     finally:
         engine.dispose()
 
@@ -93,7 +96,8 @@ def sqlite_file_problem(field: str, uri: str) -> str | None:
             with path.open("rb") as f:
                 header = f.read(len(_SQLITE_HEADER))
         except OSError as exc:
-            return f"{field}: cannot read {shown} ({type(exc).__name__}); check its permissions"
+            return Problem(f"{field}: cannot read {shown} ({type(exc).__name__}); check its "
+                           "permissions", exc)
     if not header:
         # SQLite would take it as a new database, and the study would start again from
         # nothing where the user meant to resume: a store is never 0 bytes once written.
@@ -115,21 +119,22 @@ def _damage_problem(field: str, path: Path, shown: str) -> str | None:
                                      timeout=5.0)
     except sqlite3.Error:
         return None  # cannot be opened here at all: the store's own error says why
+    cause: sqlite3.Error | None = None
     try:
         rows = connection.execute("PRAGMA quick_check").fetchall()
         damage = "; ".join(str(r[0]) for r in rows if r and r[0] != "ok")
     except sqlite3.OperationalError as exc:
         if "locked" in str(exc) or "busy" in str(exc):
             return None
-        damage = str(exc)
+        damage, cause = str(exc), exc
     except sqlite3.DatabaseError as exc:  # "database disk image is malformed", ...
-        damage = str(exc)
+        damage, cause = str(exc), exc
     finally:
         connection.close()
     if not damage:
         return None
-    return (f"{field}: {shown} is damaged (SQLite: {' '.join(damage.split())[:100]}); restore "
-            "it from a backup, or move it away to start afresh")
+    return Problem(f"{field}: {shown} is damaged (SQLite: {' '.join(damage.split())[:100]}); "
+                   "restore it from a backup, or move it away to start afresh", cause)
 
 
 _SYSTEM_ROOTS: Final = ("/proc", "/sys", "/dev")
@@ -156,8 +161,9 @@ def tracking_uri_problem(uri: str) -> str | None:
         return "tracking_uri: it is empty; give sqlite:///mlruns/mlflow.db or leave it out"
     try:
         parsed = urlparse(uri)
-    except ValueError:
-        return f"tracking_uri: {uri!r:.80} is not a URI; give sqlite:///mlruns/mlflow.db"
+    except ValueError as exc:
+        return Problem(f"tracking_uri: {uri!r:.80} is not a URI; give "
+                       "sqlite:///mlruns/mlflow.db", exc)
     scheme = parsed.scheme.split("+")[0]
     if scheme not in _TRACKING_SCHEMES:
         return (f"tracking_uri: MLflow does not store to scheme {parsed.scheme!r:.40}; give "

@@ -21,7 +21,7 @@ from optimizer.config.sections import ModelSpec, SimulatedSpec, SLOSpec
 from optimizer.config.store_checks import tracking_uri_problem
 from optimizer.config.validation_errors import format_validation_error
 from optimizer.config.workload_spec import WorkloadSpec
-from optimizer.errors import ConfigError, translate
+from optimizer.errors import ConfigError, cause_of, translate
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.run.engines import RUNNERS
 from runners.atomic import write_atomic
@@ -233,7 +233,7 @@ class LibrarySpec(StrictSpec):
     def _tracking_uri(cls, v: str | None) -> str | None:
         problem = None if v is None else tracking_uri_problem(v)
         if problem is not None:
-            raise ValueError(problem)
+            raise ValueError(problem) from cause_of(problem)
         return v
 
     @model_validator(mode="after")

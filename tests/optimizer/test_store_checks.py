@@ -4,13 +4,21 @@ field and the fix, before anything starts (exit 2), by `start`, `status`, `repor
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
 import pytest
 
 from optimizer.cli import main
-from optimizer.config.store_checks import sqlite_file_problem
+from optimizer.config.flag_checks import fixed_flag_problem
+from optimizer.config.store_checks import (
+    server_storage_problem,
+    sqlite_file_problem,
+    storage_problem,
+    tracking_uri_problem,
+)
+from optimizer.errors import ConfigError, cause_of
 from tests.builders import write_study
 
 
@@ -77,3 +85,67 @@ def test_reading_commands_refuse_a_garbled_store_in_one_line_with_exit_2(
     # `start` (issue 35, item 7: it looped on "resume with", then refused after Ray started).
     assert not (tmp_path / "results").exists() and not (tmp_path / "m.db").exists(), \
         "refused before anything is written"
+
+
+def _garbled(tmp_path: Path) -> str:
+    path = tmp_path / "garbled.db"
+    path.write_bytes(b"SQLite format 3\x00" + b"\xa5" * 5000)  # a header, then no database
+    return f"sqlite:///{path}"
+
+
+@pytest.mark.parametrize(("check", "line", "foreign"), [
+    (lambda _: storage_problem("not a url"), "storage: 'not a url' is not a database URL; give "
+     "one such as sqlite:///results/optuna.db", "ArgumentError"),
+    (lambda _: storage_problem("mysql+nosuchdriver://u@h/db"), "storage: the "
+     "mysql+nosuchdriver driver is not installed here (NoSuchModuleError); install it or use "
+     "sqlite:///results/optuna.db", "NoSuchModuleError"),
+    # Port 9 on loopback refuses; pymysql is a real, pure-Python driver.
+    (lambda _: server_storage_problem("mysql+pymysql://u@127.0.0.1:9/db"), "storage: cannot "
+     "connect to mysql+pymysql://u@127.0.0.1:9/db ((2003, \"Can't connect to MySQL server on "
+     "'127.0.0.1' ([Errno 111] Connection refused)\")); start the database server or use "
+     "sqlite:///results/optuna.db", "OperationalError"),
+    # /proc/self/mem opens, even for root, but its first bytes are no one's to read.
+    (lambda _: sqlite_file_problem("storage", "sqlite:////proc/self/mem"), "storage: cannot "
+     "read '/proc/self/mem' (OSError); check its permissions", "OSError"),
+    (lambda tmp_path: sqlite_file_problem("tracking_uri", _garbled(tmp_path)), "tracking_uri: "
+     "'{tmp_path}/garbled.db' is damaged (SQLite: file is not a database); restore it from a "
+     "backup, or move it away to start afresh", "DatabaseError"),
+    (lambda _: tracking_uri_problem("http://[::1"), "tracking_uri: 'http://[::1' is not a URI; "
+     "give sqlite:///mlruns/mlflow.db", "ValueError"),
+    (lambda _: fixed_flag_problem("sim_error_rate", 2), "fixed_flags.sim_error_rate: "
+     "sim_error_rate must be in [0, 1] but got 2", "ValueError"),
+], ids=["storage URL", "storage driver", "storage server", "unreadable file", "damaged file",
+        "tracking URI", "fault value"])
+def test_a_checks_line_keeps_the_foreign_error_it_caught_as_its_cause(
+        tmp_path: Path, check: Callable[[Path], str | None], line: str, foreign: str) -> None:
+    """The six checks that return their line caught a foreign error and dropped it: the line
+    is unchanged, and the error raised from it can chain what SQLAlchemy, SQLite, the OS or
+    the simulated engine said."""
+    problem = check(tmp_path)
+    assert problem == line.format(tmp_path=tmp_path), "the line a user reads is unchanged"
+    cause = cause_of(problem)
+    assert cause is not None and type(cause).__name__ == foreign, \
+        f"the foreign error is kept: {cause!r}"
+
+
+def test_a_start_refused_by_a_check_chains_the_foreign_error(tmp_path: Path) -> None:
+    """Before the study starts (`check_before_start`) and while the file is read (the schema's
+    checks, through pydantic): the ConfigError leads to what SQLite or SQLAlchemy raised."""
+    import sqlite3
+
+    from pydantic import ValidationError
+    from sqlalchemy.exc import ArgumentError
+
+    from optimizer.config import load_study
+    from optimizer.config.prestart import check_before_start
+
+    cfg = load_study(write_study(tmp_path, storage=_garbled(tmp_path)))
+    with pytest.raises(ConfigError, match="is damaged") as start:
+        check_before_start(cfg)
+    assert isinstance(start.value.__cause__, sqlite3.DatabaseError)
+
+    with pytest.raises(ConfigError, match="is not a database URL") as read:
+        load_study(write_study(tmp_path, storage="not a url"))
+    assert isinstance(read.value.__cause__, ValidationError)
+    wrapped = read.value.__cause__.errors()[0]["ctx"]["error"]  # the check's ValueError
+    assert isinstance(wrapped.__cause__, ArgumentError), "the schema's check chains it too"
