@@ -79,8 +79,9 @@ _SQLITE_HEADER = b"SQLite format 3\x00"
 def sqlite_file_problem(field: str, uri: str) -> str | None:
     """Why the file a `sqlite:///` URI names cannot be the store it is meant to be, or None
     (nothing is created): a directory, or an existing file that is not a SQLite database (SQLite
-    would refuse it only once opened, MLflow after a minute of retries). An empty or absent file
-    is fine: SQLite makes it a database."""
+    would refuse it only once opened, MLflow after a minute of retries), an empty one, a
+    damaged one, or one holding another application's tables (`_foreign_tables_problem`). An
+    absent file is fine: SQLite makes it a database."""
     if not uri.startswith("sqlite:///"):
         return None
     path = Path(uri.removeprefix("sqlite:///")).expanduser()
@@ -106,7 +107,7 @@ def sqlite_file_problem(field: str, uri: str) -> str | None:
     if header != _SQLITE_HEADER:
         return (f"{field}: {shown} exists and is not a SQLite database; name a new file or "
                 "the store's own database")
-    return _damage_problem(field, path, shown)
+    return _damage_problem(field, path, shown) or _foreign_tables_problem(field, path, shown)
 
 
 def _damage_problem(field: str, path: Path, shown: str) -> str | None:
@@ -135,6 +136,62 @@ def _damage_problem(field: str, path: Path, shown: str) -> str | None:
         return None
     return Problem(f"{field}: {shown} is damaged (SQLite: {' '.join(damage.split())[:100]}); "
                    "restore it from a backup, or move it away to start afresh", cause)
+
+
+# Each store's own tables, by the field that names its file: the tables of Optuna 5.0's RDB
+# storage and the core of MLflow 3's tracking store (both have kept these names since their
+# 2.x releases); alembic's `alembic_version`, which both keep, is neither's alone.
+# tests/optimizer/test_store_checks.py holds them to the stores the installed libraries make.
+_STORE_TABLES: Final[dict[str, tuple[str, tuple[str, ...], str]]] = {
+    "storage": ("Optuna", (
+        "studies", "trials", "study_directions", "study_user_attributes",
+        "study_system_attributes", "trial_params", "trial_values", "trial_intermediate_values",
+        "trial_user_attributes", "trial_system_attributes", "trial_heartbeats",
+        "version_info"), "sqlite:///results/optuna.db"),
+    "tracking_uri": ("MLflow", (
+        "experiments", "runs", "experiment_tags", "latest_metrics", "registered_models",
+        "model_versions"), "sqlite:///mlruns/mlflow.db"),
+}
+
+
+def _foreign_tables_problem(field: str, path: Path, shown: str) -> str | None:
+    """Why a SQLite file holding tables, none of them the store's the field names, cannot be
+    that store, or None: Optuna and MLflow would each add their tables to another
+    application's database (MLflow 3.17 adds some 70 without a word), or to each other's store
+    and then fail on its alembic version. Read only; a file locked by a writer is left be."""
+    import sqlite3
+
+    if field not in _STORE_TABLES:
+        return None
+    library, own, example = _STORE_TABLES[field]
+    try:
+        connection = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True,
+                                     timeout=5.0)
+    except sqlite3.Error:
+        return None  # cannot be opened here at all: the store's own error says why
+    try:
+        tables = {str(row[0]) for row in connection.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error:
+        return None  # locked by a writer, or damaged: `_damage_problem` looked already
+    finally:
+        connection.close()
+    tables = {name for name in tables if not name.startswith("sqlite_")}
+    if not tables or tables.intersection(own):
+        return None  # a new database, or the store's own (whole or being made)
+    fix = f"point {field} at a new file, such as {example}"
+    for key, (other, theirs, _) in _STORE_TABLES.items():
+        found = [name for name in theirs if name in tables]
+        if key != field and found:
+            return (f"{field}: {shown} is {other}'s store ({', '.join(found[:2])}), not "
+                    f"{library}'s, and {library} would add its tables to it; {fix}")
+    # alembic's table last: the application's own tables say whose the file is.
+    ordered = sorted(tables, key=lambda name: (name == "alembic_version", name))
+    named = ", ".join(name if name.isidentifier() and len(name) <= 40 else repr(name[:40])
+                      for name in ordered[:2])
+    more = f" and {len(ordered) - 2} more" if len(ordered) > 2 else ""
+    return (f"{field}: {shown} holds another application's tables ({named}{more}), none of "
+            f"them {library}'s, and {library} would add its own to them; {fix}")
 
 
 _SYSTEM_ROOTS: Final = ("/proc", "/sys", "/dev")

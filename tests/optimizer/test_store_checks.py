@@ -4,11 +4,13 @@ field and the fix, before anything starts (exit 2), by `start`, `status`, `repor
 from __future__ import annotations
 
 import shutil
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
 import optuna
 import pytest
+from mlflow import MlflowClient
 
 from optimizer.cli import main
 from optimizer.config.flag_checks import fixed_flag_problem
@@ -149,3 +151,96 @@ def test_a_start_refused_by_a_check_chains_the_foreign_error(tmp_path: Path) -> 
     assert isinstance(read.value.__cause__, ValidationError)
     wrapped = read.value.__cause__.errors()[0]["ctx"]["error"]  # the check's ValueError
     assert isinstance(wrapped.__cause__, ArgumentError), "the schema's check chains it too"
+
+
+def _tables(path: Path) -> set[str]:
+    connection = sqlite3.connect(path)
+    try:
+        return {row[0] for row in connection.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    finally:
+        connection.close()
+
+
+def _application_db(path: Path) -> Path:
+    """Another application's SQLite database: its own tables, a row in one."""
+    connection = sqlite3.connect(path)
+    connection.executescript("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT);"
+                             "CREATE TABLE orders (id INTEGER PRIMARY KEY, total REAL);"
+                             "INSERT INTO users (name) VALUES ('ada');")
+    connection.close()
+    return path
+
+
+def _mlflow_store(path: Path) -> Path:
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()  # makes the store
+    return path
+
+
+@pytest.mark.parametrize("field", ["storage", "tracking_uri"])
+def test_another_applications_database_is_refused_before_anything_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], field: str) -> None:
+    """`storage` (or `tracking_uri`) naming another application's SQLite database got Optuna's
+    tables (MLflow's: some 70 of them) added to it: one line naming the field, the tables and
+    the fix, exit 2, the database untouched and nothing written."""
+    monkeypatch.chdir(tmp_path)
+    app_db = _application_db(tmp_path / "app.db")
+    before = app_db.read_bytes()
+    stores = {"storage": f"sqlite:///{tmp_path / 'optuna.db'}",
+              "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+              field: f"sqlite:///{app_db}"}
+    study = write_study(tmp_path, name="s", trials=1, file_name="s.yaml", **stores)
+    code = main(["start", str(study), "--dry-run", "--no-progress"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, f"exit 2 for bad input, got {code}: {err[-400:]}"
+    library, example = {"storage": ("Optuna", "sqlite:///results/optuna.db"),
+                        "tracking_uri": ("MLflow", "sqlite:///mlruns/mlflow.db")}[field]
+    assert lines == [f"error: s.yaml: {field}: {str(app_db)!r} holds another application's "
+                     f"tables (orders, users), none of them {library}'s, and {library} would "
+                     f"add its own to them; point {field} at a new file, such as {example}."], \
+        lines
+    assert app_db.read_bytes() == before, "the application's database is untouched"
+    assert _tables(app_db) == {"users", "orders"}
+    assert not (tmp_path / "results").exists() and not (tmp_path / "optuna.db").exists() and \
+        not (tmp_path / "mlflow.db").exists(), "refused before anything is written"
+
+
+def test_each_store_named_in_the_others_field_is_refused(db: Path, tmp_path: Path) -> None:
+    """An MLflow store named as `storage` got Optuna's tables, then Optuna refused its alembic
+    version; an Optuna store named as `tracking_uri` got MLflow's, then MLflow refused: each is
+    refused first, named as the other's store."""
+    mlflow_db = _mlflow_store(tmp_path / "mlflow.db")
+    mlflow_tables, optuna_tables = _tables(mlflow_db), _tables(db)
+    assert sqlite_file_problem("storage", f"sqlite:///{mlflow_db}") == (
+        f"storage: {str(mlflow_db)!r} is MLflow's store (experiments, runs), not Optuna's, and "
+        "Optuna would add its tables to it; point storage at a new file, such as "
+        "sqlite:///results/optuna.db")
+    assert sqlite_file_problem("tracking_uri", f"sqlite:///{db}") == (
+        f"tracking_uri: {str(db)!r} is Optuna's store (studies, trials), not MLflow's, and "
+        "MLflow would add its tables to it; point tracking_uri at a new file, such as "
+        "sqlite:///mlruns/mlflow.db")
+    assert (_tables(mlflow_db), _tables(db)) == (mlflow_tables, optuna_tables), "read only"
+
+
+def test_a_stores_own_database_and_one_without_tables_pass_as_before(
+        db: Path, tmp_path: Path) -> None:
+    """The tables each field takes as its store's are tables the installed Optuna and MLflow
+    make (a rename upstream would refuse every store: this fails first); a SQLite file with no
+    table yet is a new database, as SQLite takes it."""
+    from optimizer.config.store_checks import _STORE_TABLES
+
+    mlflow_db = _mlflow_store(tmp_path / "mlflow.db")
+    for field, store in (("storage", db), ("tracking_uri", mlflow_db)):
+        library, own, _ = _STORE_TABLES[field]
+        missing = set(own) - _tables(store)
+        assert not missing, f"{library} makes no table {missing}"
+        assert sqlite_file_problem(field, f"sqlite:///{store}") is None, f"{library}'s own store"
+    blank = tmp_path / "blank.db"
+    connection = sqlite3.connect(blank)
+    connection.execute("PRAGMA user_version = 3")  # a header and a page, no table
+    connection.close()
+    assert blank.stat().st_size > 0
+    for field in ("storage", "tracking_uri"):
+        assert sqlite_file_problem(field, f"sqlite:///{blank}") is None
