@@ -157,7 +157,7 @@ _STORE_TABLES: Final[dict[str, tuple[str, tuple[str, ...], str]]] = {
 def _foreign_tables_problem(field: str, path: Path, shown: str) -> str | None:
     """Why a SQLite file holding tables, none of them the store's the field names, cannot be
     that store, or None: Optuna and MLflow would each add their tables to another
-    application's database (MLflow 3.17 adds some 70 without a word), or to each other's store
+    application's database (MLflow 3.17 adds its 65 without a word), or to each other's store
     and then fail on its alembic version. Read only; a file locked by a writer is left be."""
     import sqlite3
 

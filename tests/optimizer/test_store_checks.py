@@ -182,7 +182,7 @@ def test_another_applications_database_is_refused_before_anything_is_written(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str], field: str) -> None:
     """`storage` (or `tracking_uri`) naming another application's SQLite database got Optuna's
-    tables (MLflow's: some 70 of them) added to it: one line naming the field, the tables and
+    tables (MLflow 3.17's: 65 of them) added to it: one line naming the field, the tables and
     the fix, exit 2, the database untouched and nothing written."""
     monkeypatch.chdir(tmp_path)
     app_db = _application_db(tmp_path / "app.db")
