@@ -14,16 +14,16 @@ foreign type to the class it becomes; a site passes `into=` where what it was do
 instead (a foreign error met while checking input before a study starts is bad input,
 ConfigError). The message is the site's one line (what was expected, what was got, what to
 do); `describe`, `headline` and `one_line` render a foreign exception for it (a YAML refusal:
-`search_spaces.bounded_yaml.yaml_message`, which search spaces share). A check that returns its
-line rather than raising returns a `Problem`, which keeps the foreign exception it caught, and
-the error raised from it chains that (`cause_of`).
-The CLI prints that line alone (with `--debug`, the traceback and its causes after it); the
-chained cause keeps the foreign traceback in the daemon's log (for an error that stops a
-running study) and for whoever debugs. Four raises drop their
-cause (`from None`), each saying why: a miss in one of our own registries and an interrupt or
-logged failure turned into an exit code, never a foreign failure (a test in
-tests/optimizer/test_errors.py holds each to its comment). Trial-level failures never raise
-through the daemon: runners return them as data (`RunResult.failure`).
+`search_spaces.bounded_yaml.yaml_message`, which search spaces share). A check that returns
+its line rather than raising it returns a `Problem`, which keeps the foreign exception it
+caught; the error raised from that line chains it (`cause_of`). The CLI prints the line alone
+(`nightshift --debug`: then the traceback, its causes with it); the chained cause keeps the
+foreign traceback in the daemon's log (for an error that stops a running study) and for
+whoever debugs. Four raises drop their cause (`from None`), each saying why: a miss in one of
+our own registries and an interrupt or logged failure turned into an exit code, never a
+foreign failure (a test in tests/optimizer/test_errors.py holds each to its comment).
+Trial-level failures never raise through the daemon: runners return them as data
+(`RunResult.failure`).
 """
 
 from __future__ import annotations
