@@ -13,13 +13,17 @@ of these in one way: `raise translate(exc, message) from exc`. `FOREIGN_ERRORS` 
 foreign type to the class it becomes; a site passes `into=` where what it was doing decides
 instead (a foreign error met while checking input before a study starts is bad input,
 ConfigError). The message is the site's one line (what was expected, what was got, what to
-do); `describe`, `headline`, `one_line` and `yaml_message` render a foreign exception for it.
-The CLI prints that line alone; the chained cause keeps the foreign traceback in the daemon's
-log (for an error that stops a running study) and for whoever debugs. Four raises drop their
-cause (`from None`), each saying why: a miss in one of our own registries and an interrupt or
-logged failure turned into an exit code, never a foreign failure (a test in
-tests/optimizer/test_errors.py holds each to its comment). Trial-level failures never raise
-through the daemon: runners return them as data (`RunResult.failure`).
+do); `describe`, `headline` and `one_line` render a foreign exception for it (a YAML refusal:
+`search_spaces.bounded_yaml.yaml_message`, which search spaces share). A check that returns
+its line rather than raising it returns a `Problem`, which keeps the foreign exception it
+caught; the error raised from that line chains it (`cause_of`). The CLI prints the line alone
+(`nightshift --debug`: then the traceback, its causes with it); the chained cause keeps the
+foreign traceback in the daemon's log (for an error that stops a running study) and for
+whoever debugs. Four raises drop their cause (`from None`), each saying why: a miss in one of
+our own registries and an interrupt or logged failure turned into an exit code, never a
+foreign failure (a test in tests/optimizer/test_errors.py holds each to its comment).
+Trial-level failures never raise through the daemon: runners return them as data
+(`RunResult.failure`).
 """
 
 from __future__ import annotations
@@ -101,31 +105,32 @@ def translate(exc: BaseException, message: str, *,
     return error
 
 
+class Problem(str):
+    """A check's one line (`storage_problem`, `sqlite_file_problem`, ...: what was expected, what
+    was got, what to do) with the foreign exception that showed it, where one did, as `cause`.
+    A str, read and joined as any message is; the ConfigError raised from it chains the cause
+    (`raise ConfigError(f"{source}: {problem}.") from cause_of(problem)`), so the traceback
+    `--debug` prints shows what the line sums up."""
+
+    cause: BaseException | None
+
+    def __new__(cls, message: str, cause: BaseException | None = None) -> Problem:
+        problem = super().__new__(cls, message)
+        problem.cause = cause
+        return problem
+
+
+def cause_of(problem: str | None) -> BaseException | None:
+    """The foreign exception behind a check's `problem` (a `Problem`'s cause), or None (a plain
+    message, or no problem): what the error raised from it chains."""
+    return problem.cause if isinstance(problem, Problem) else None
+
+
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """A lower layer's own message (runners' and search_spaces' ValueErrors name the file and
     the fix) as one line for a message of ours: whitespace joined, at most `limit`
     characters, no final period (the message adds its own)."""
     return " ".join(str(exc).split())[:limit].rstrip(".")
-
-
-def yaml_message(exc: BaseException, source: str, text: str) -> str:
-    """A YAML parser's refusal of `text`, the file `source`, as one line: the line it is on,
-    what is wrong and the fix (a character YAML does not allow, a syntax error, or one of
-    `load_yaml`'s limits, whose problem says the fix)."""
-    import yaml
-
-    from search_spaces.bounded_yaml import YamlLimitError
-
-    if isinstance(exc, yaml.reader.ReaderError):
-        line = text.count("\n", 0, exc.position) + 1
-        return (f"{source}: not valid YAML at line {line}: character #x{exc.character:04x} "
-                "is not allowed in YAML text; remove it.")
-    mark = getattr(exc, "problem_mark", None)
-    where = f" at line {mark.line + 1}" if mark is not None else ""
-    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
-    if isinstance(exc, YamlLimitError):
-        return f"{source}{where}: {problem[:200]}."
-    return f"{source}: not valid YAML{where}: {problem[:200]}; fix the syntax."
 
 
 def headline(exc: BaseException, limit: int = 160) -> str:

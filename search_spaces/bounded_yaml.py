@@ -1,6 +1,7 @@
 """A bounded YAML loader for the files users hand nightshift (study files, search spaces): a
 duplicate key, nesting beyond a few dozen levels, an alias bomb or a value containing itself is
-an error with its line, never a silent last-wins value or a runaway in memory."""
+an error with its line, never a silent last-wins value or a runaway in memory; and the one
+wording of a YAML refusal (`yaml_message`) every such file's error shares."""
 
 from __future__ import annotations
 
@@ -96,3 +97,21 @@ def load_yaml(text: str) -> Any:
         return loader.get_single_data()
     finally:
         loader.dispose()
+
+
+def yaml_message(exc: yaml.YAMLError, source: str, text: str) -> str:
+    """A YAML parser's refusal of `text`, the file `source`, as one line: where it is (line and
+    column, counted from 1), what is wrong and the fix: a character YAML does not allow, a
+    syntax error, or one of `load_yaml`'s limits, whose problem says its fix. The one wording
+    of the study file's, a search space's and a benchmark library's YAML errors."""
+    if isinstance(exc, yaml.reader.ReaderError):
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - text.rfind("\n", 0, exc.position)
+        return (f"{source}: not valid YAML at line {line}, column {column}: character "
+                f"#x{exc.character:04x} is not allowed in YAML text; remove it.")
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+    if isinstance(exc, YamlLimitError):
+        return f"{source}{where}: {problem[:200]}."
+    return f"{source}: not valid YAML{where}: {problem[:200]}; fix the syntax."

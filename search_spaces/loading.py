@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import yaml
 
-from search_spaces.bounded_yaml import YamlLimitError, load_yaml
+from search_spaces.bounded_yaml import load_yaml, yaml_message
 from search_spaces.errors import SpaceError, fail, sentence
 from search_spaces.known_flags import HOST_DEFAULTS, KNOWN_FLAGS, value_problem, vllm_default
 from search_spaces.params import ParamSpec, ParamType, Value
@@ -57,13 +57,7 @@ def load_space(path_or_name: str | Path) -> SearchSpace:
     try:
         data = load_yaml(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        if isinstance(exc, YamlLimitError):
-            raise SpaceError(f"{source}{where}: {sentence(problem)}") from exc
-        raise SpaceError(f"{source}: not valid YAML{where} ({show(str(problem), 80)}); fix "
-                         "the syntax.") from exc
+        raise SpaceError(yaml_message(exc, source, text)) from exc
     except RecursionError as exc:
         raise SpaceError(f"{source}: YAML nested too deeply; flatten it.") from exc
     return parse_space(data, source=source, default_name=path.stem)

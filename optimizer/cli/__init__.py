@@ -27,8 +27,8 @@ from typer._click.exceptions import (
 
 # Importing a subcommand's module registers it on `app`.
 from optimizer.cli import checks, history, results, run  # noqa: F401
-from optimizer.cli.app import COMMAND_ORDER, app
-from optimizer.cli.output import console
+from optimizer.cli.app import COMMAND_ORDER, GlobalOptions, app
+from optimizer.cli.output import console, print_debug_traceback
 from optimizer.errors import NightshiftError
 
 __all__ = ["app", "main"]
@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     # An unreachable tracking server must fail in seconds, not after MLflow's long back-off.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+    GlobalOptions.is_debug = False  # `--debug` sets it, before the subcommand runs
     try:
         # Without standalone mode typer returns a command's `typer.Exit(code)` (and --help's
         # exit) as a value and raises usage errors to us instead of printing them itself.
@@ -73,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except NightshiftError as exc:
         console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        if GlobalOptions.is_debug:
+            print_debug_traceback(exc)
         return exc.exit_code
     except OSError as exc:
         from optimizer.run.executor import is_host_refusal
@@ -86,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{exc.strerror or exc}; nothing was left half-written; free space or "
                       "fix the permissions and run the command again.", highlight=False,
                       soft_wrap=True)
+        if GlobalOptions.is_debug:
+            print_debug_traceback(exc)
         return 1
     return 0
 

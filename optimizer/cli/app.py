@@ -39,6 +39,24 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                        "\n\nRun `nightshift COMMAND --help` for a command's options and an "
                        "example. Exit codes: 0 ok, 1 failure, 2 bad input.")
 
+
+
+class GlobalOptions:
+    """The options given before the subcommand (`nightshift --debug start ...`), which `main`
+    reads once the command has ended; set afresh on each run (tests run `main` many times in
+    one process)."""
+
+    is_debug: bool = False  # print an error's traceback, its causes too, after its one line
+
+
+@app.callback()
+def _global_options(debug: Annotated[bool, typer.Option(
+        "--debug", help="On an error, also print its traceback, with the errors that caused "
+                        "it (SQLite's, YAML's, MLflow's...), after the one line.")] = False
+                    ) -> None:
+    GlobalOptions.is_debug = debug
+
+
 StudyArg = Annotated[Path, typer.Argument(
     metavar="STUDY.yaml", show_default=False,
     help="The study file (see examples/quickstart.yaml).")]

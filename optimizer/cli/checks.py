@@ -14,7 +14,7 @@ import typer
 from optimizer.cli.app import Command, app, check_output_file, load_config
 from optimizer.cli.output import console, out, setup_logging
 from optimizer.cli.run import start
-from optimizer.errors import ConfigError, NightshiftError, translate
+from optimizer.errors import ConfigError, NightshiftError, cause_of, translate
 from runners.atomic import write_atomic
 
 
@@ -97,11 +97,12 @@ def regress(
     uri = tracking_uri or spec.tracking_uri or default_tracking_uri()
     problem = tracking_uri_problem(uri) if tracking_uri is not None else None
     if problem is not None:
-        raise ConfigError(f"--tracking-uri: {problem}")
+        raise ConfigError(f"--tracking-uri: {problem}") from cause_of(problem)
     problem = sqlite_file_problem("tracking_uri", uri) if mlflow else None
     if problem is not None:
         where = "--tracking-uri" if tracking_uri is not None else f"{library.name}: tracking_uri"
-        raise ConfigError(f"{where}: {problem.removeprefix('tracking_uri: ')}.")
+        raise ConfigError(f"{where}: {problem.removeprefix('tracking_uri: ')}."
+                          ) from cause_of(problem)
     # Where the run writes, checked before any engine starts: not after an hour of measuring.
     for option, folder in (("--workdir", workdir), ("--report", report_dir)):
         problem = directory_problem(option, folder)

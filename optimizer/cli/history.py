@@ -11,7 +11,7 @@ import typer
 
 from optimizer.cli.app import Command, app, load_config
 from optimizer.cli.output import out
-from optimizer.errors import ConfigError, TrackingError, headline, translate
+from optimizer.errors import ConfigError, TrackingError, cause_of, headline, translate
 
 
 @app.command(cls=Command, short_help="What earlier studies of a model or fingerprint found.")
@@ -80,7 +80,8 @@ def history(
     uri = uri or default_tracking_uri()
     problem = tracking_uri_problem(uri) or sqlite_file_problem("tracking_uri", uri)
     if problem is not None:
-        raise ConfigError(f"history --tracking-uri: {problem.removeprefix('tracking_uri: ')}.")
+        raise ConfigError(f"history --tracking-uri: {problem.removeprefix('tracking_uri: ')}."
+                          ) from cause_of(problem)
     what = " and ".join(p for p in (
         f"model {model}" if model else "", f"fingerprint {fingerprint}" if fingerprint else "",
         f"studies compatible with {study} (fingerprint {like.hash})" if like else "") if p) \

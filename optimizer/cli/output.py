@@ -1,17 +1,50 @@
 """Where the command line's output goes: `console` (stderr: messages, progress, logs) and `out`
-(stdout: what a command reports), and the logging handlers; the only place that installs them."""
+(stdout: what a command reports), and the logging handlers; the only place that installs them.
+`--debug`'s traceback of an error, its causes with it (`print_debug_traceback`)."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import traceback
 from pathlib import Path
 
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.text import Text
 
 console = Console(stderr=True)
 out = Console()
+
+
+def debug_traceback(exc: BaseException) -> str:
+    """`exc`'s traceback with the chain of its causes, as Python prints it; and, where pydantic
+    stands in that chain, the traceback of each check it wrapped (a check's ValueError, which
+    chains the foreign error the check caught: pydantic keeps it in the error's context, where
+    a traceback does not look)."""
+    from pydantic import ValidationError
+
+    parts = ["".join(traceback.format_exception(exc))]
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, ValidationError):
+            for error in link.errors():
+                wrapped = (error.get("ctx") or {}).get("error")
+                if isinstance(wrapped, BaseException):
+                    where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+                    parts.append(f"\nThe check pydantic wrapped in the ValidationError above "
+                                 f"({where}):\n\n" +
+                                 "".join(traceback.format_exception(wrapped)))
+        link = link.__cause__ or (None if link.__suppress_context__ else link.__context__)
+    return "".join(parts).rstrip("\n")
+
+
+def print_debug_traceback(exc: BaseException) -> None:
+    """`--debug`: `exc`'s traceback and its causes (`debug_traceback`) on stderr, after the one
+    line that said it."""
+    console.print(Text(debug_traceback(exc)), highlight=False, soft_wrap=True)
 
 
 def add_log_file(path: Path) -> logging.Handler:

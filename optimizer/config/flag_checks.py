@@ -10,6 +10,8 @@ import math
 import re
 from typing import TYPE_CHECKING
 
+from optimizer.errors import Problem
+
 if TYPE_CHECKING:
     from search_spaces.engine.tables import VllmFlags
 
@@ -134,7 +136,7 @@ def _fault_problem(name: str, value: object) -> str | None:
     try:
         Faults.from_mapping({name: value})
     except ValueError as exc:
-        return f"{where}: {str(exc).rstrip('.')}"
+        return Problem(f"{where}: {str(exc).rstrip('.')}", exc)
     return None
 
 

@@ -17,12 +17,12 @@ from pydantic import ValidationError
 from optimizer.config.fields import MAX_FILE_BYTES
 from optimizer.config.schema import StudySpec
 from optimizer.config.validation_errors import format_validation_error
-from optimizer.errors import ConfigError, one_line, translate, yaml_message
+from optimizer.errors import ConfigError, one_line, translate
 from optimizer.results.objectives import OBJECTIVES
 from runners.credentials import redact_env
 from runners.load_level import LoadLevel
 from runners.workload import QualityEval, TraceReplay, Workload
-from search_spaces.bounded_yaml import load_yaml
+from search_spaces.bounded_yaml import load_yaml, yaml_message
 
 DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
 

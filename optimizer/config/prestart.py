@@ -20,7 +20,7 @@ from optimizer.config.store_checks import (
     tracking_uri_problem,
 )
 from optimizer.config.workload_spec import LengthSpec
-from optimizer.errors import ConfigError, one_line, translate
+from optimizer.errors import ConfigError, cause_of, one_line, translate
 
 if TYPE_CHECKING:
     from optimizer.config.loading import StudyConfig
@@ -48,10 +48,10 @@ def check_before_start(cfg: StudyConfig) -> None:
                     directory_problem("results_dir", cfg.results_dir),
                     directory_problem("vllm.cache_root", cfg.spec.vllm.cache_root)):
         if problem is not None:
-            raise ConfigError(f"{cfg.source_name}: {problem}.")
+            raise ConfigError(f"{cfg.source_name}: {problem}.") from cause_of(problem)
     problem = server_storage_problem(cfg.storage_url)
     if problem is not None:
-        raise ConfigError(f"{cfg.source_name}: {problem}.")
+        raise ConfigError(f"{cfg.source_name}: {problem}.") from cause_of(problem)
     made_by_us = [cfg.results_dir, Path("mlruns")]
     if cfg.storage_url.startswith("sqlite:///"):
         _check_parent("storage", Path(cfg.storage_url.removeprefix("sqlite:///")), made_by_us,

@@ -36,6 +36,7 @@ from optimizer.config.sections import (
 )
 from optimizer.config.store_checks import storage_problem, tracking_uri_problem
 from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.errors import cause_of
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.run.engines import RUNNERS
 from runners.credentials import API_KEY_ENV, is_secret_flag
@@ -173,7 +174,7 @@ class StudySpec(StrictSpec):
                                      "vLLM's form of one (4k = 4000, 4K = 4096)") from exc
             problem = fixed_flag_problem(name, value)
             if problem is not None:
-                raise ValueError(problem)
+                raise ValueError(problem) from cause_of(problem)
         return v
 
     @field_validator("storage")
@@ -181,7 +182,7 @@ class StudySpec(StrictSpec):
     def _storage(cls, v: str | None) -> str | None:
         problem = None if v is None else storage_problem(v)
         if problem is not None:
-            raise ValueError(problem)
+            raise ValueError(problem) from cause_of(problem)
         return v
 
     @field_validator("tracking_uri")
@@ -189,7 +190,7 @@ class StudySpec(StrictSpec):
     def _tracking_uri(cls, v: str | None) -> str | None:
         problem = None if v is None else tracking_uri_problem(v)
         if problem is not None:
-            raise ValueError(problem)
+            raise ValueError(problem) from cause_of(problem)
         return v
 
     @model_validator(mode="after")

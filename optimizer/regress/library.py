@@ -21,11 +21,11 @@ from optimizer.config.sections import ModelSpec, SimulatedSpec, SLOSpec
 from optimizer.config.store_checks import tracking_uri_problem
 from optimizer.config.validation_errors import format_validation_error
 from optimizer.config.workload_spec import WorkloadSpec
-from optimizer.errors import ConfigError, translate, yaml_message
+from optimizer.errors import ConfigError, cause_of, translate
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.run.engines import RUNNERS
 from runners.atomic import write_atomic
-from search_spaces.bounded_yaml import load_yaml
+from search_spaces.bounded_yaml import load_yaml, yaml_message
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _ENV_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -233,7 +233,7 @@ class LibrarySpec(StrictSpec):
     def _tracking_uri(cls, v: str | None) -> str | None:
         problem = None if v is None else tracking_uri_problem(v)
         if problem is not None:
-            raise ValueError(problem)
+            raise ValueError(problem) from cause_of(problem)
         return v
 
     @model_validator(mode="after")

@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 from optimizer.config import StudyConfig
 from optimizer.config.store_checks import sqlite_file_problem
-from optimizer.errors import ConfigError, NightshiftError, translate
+from optimizer.errors import ConfigError, NightshiftError, cause_of, translate
 from optimizer.results.objectives import get_objective
 from optimizer.results.trial_record import (
     ATTR_DAEMON_LOSSES,
@@ -117,7 +117,7 @@ def existing_storage(cfg: StudyConfig) -> optuna.storages.RDBStorage:
         is_missing = not has_folder or (url.startswith("sqlite:///") and
                                         not Path(url.removeprefix("sqlite:///")).is_file())
     if problem is not None:
-        raise ConfigError(f"{problem}.")
+        raise ConfigError(f"{problem}.") from cause_of(problem)
     if is_missing:
         being_created = _being_created(cfg)
         if being_created is not None:

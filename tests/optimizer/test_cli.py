@@ -104,6 +104,53 @@ def test_help_has_plain_placeholders_whole_sentences_and_an_example(
                 assert param.help, f"{name} {param.opts[0]} has a description"
 
 
+def _bad_study(tmp_path: Path, kind: str) -> Path:
+    """A study `start` refuses, each on a foreign error it chains: SQLite's (a damaged store,
+    before the start), YAML's (the file itself), SQLAlchemy's (a check pydantic wrapped)."""
+    from tests.builders import write_study
+
+    if kind == "yaml":
+        path = tmp_path / "study.yaml"
+        path.write_text("name: s\nbudget: {trials: [1\n", encoding="utf-8")
+        return path
+    if kind == "damaged store":
+        store = tmp_path / "garbled.db"
+        store.write_bytes(b"SQLite format 3\x00" + b"\xa5" * 5000)
+        return write_study(tmp_path, storage=f"sqlite:///{store}",
+                           tracking_uri=f"sqlite:///{tmp_path / 'm.db'}")
+    return write_study(tmp_path, storage="not a url")
+
+
+@pytest.mark.parametrize(("kind", "foreign"), [
+    ("damaged store", "sqlite3.DatabaseError: file is not a database"),
+    ("yaml", "yaml.parser.ParserError"),
+    ("storage URL", "sqlalchemy.exc.ArgumentError: Could not parse SQLAlchemy URL"),
+])
+def test_debug_prints_the_chained_traceback_after_the_same_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        kind: str, foreign: str) -> None:
+    """A start-up ConfigError kept its foreign cause but nothing wrote it: `--debug` prints it
+    after the one line, which stays as it is; without `--debug` the line is all (and a
+    `--debug` run leaves the next run without it)."""
+    monkeypatch.chdir(tmp_path)
+    study = _bad_study(tmp_path, kind)
+    argv = ["start", str(study), "--dry-run", "--no-progress"]
+    assert main(["--debug", *argv]) == 2, "still bad input"
+    debug = capsys.readouterr()
+    assert main(argv) == 2
+    plain = capsys.readouterr()
+    lines = [line for line in plain.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines[:5]
+    assert "Traceback" not in plain.err, "without --debug the one line is all"
+    assert debug.err.splitlines()[0] == lines[0], "the same line first"
+    assert "Traceback (most recent call last)" in debug.err
+    assert foreign in debug.err, f"the foreign error is printed: {debug.err[-2000:]}"
+    assert "optimizer.errors.ConfigError" in debug.err
+    assert debug.out == plain.out == "", "stdout stays a command's report alone"
+    assert not (tmp_path / "results").exists() and not (tmp_path / "m.db").exists(), \
+        "refused before anything is written, with --debug too"
+
+
 def test_hw_without_a_gpu_names_the_simulated_preset_and_how_to_choose(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from runners.hardware import preset_names

@@ -295,7 +295,7 @@ def test_the_installed_parser_makes_a_table_when_vllm_imports() -> None:
 def test_duplicate_keys_and_alias_bombs_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(BASE) + "name: t\n")
-    with pytest.raises(ConfigError, match="line 8: duplicate key 'name'"):
+    with pytest.raises(ConfigError, match="line 8, column 1: duplicate key 'name'"):
         load_study(path)
     bomb = "a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
         f"b{i}: &b{i} [" + ", ".join([f"*{'a' if i == 0 else f'b{i - 1}'}"] * 10) + "]\n"

@@ -26,7 +26,6 @@ from optimizer.errors import (
     headline,
     one_line,
     translate,
-    yaml_message,
 )
 
 
@@ -180,22 +179,6 @@ def test_one_line_joins_a_lower_layers_message_and_drops_its_period() -> None:
     assert one_line(ValueError("config.json:\n  not JSON (ValueError);  give it.")) == \
         "config.json: not JSON (ValueError); give it"
     assert len(one_line(ValueError("x" * 500))) == 300
-
-
-@pytest.mark.parametrize(("text", "message"), [
-    ("a: [1, 2\n", "s.yaml: not valid YAML at line 2: expected ',' or ']', but got '<stream "
-     "end>'; fix the syntax."),
-    ("a: 1\nb: \x07\n", "s.yaml: not valid YAML at line 2: character #x0007 is not allowed in "
-     "YAML text; remove it."),
-    ("a: 1\na: 2\n", "s.yaml at line 2: duplicate key 'a' (YAML would keep only the last); "
-     "keep one."),
-], ids=["syntax", "a character YAML refuses", "a limit of load_yaml"])
-def test_a_yaml_refusal_reads_as_one_line_with_its_line_and_fix(text: str, message: str) -> None:
-    from search_spaces.bounded_yaml import load_yaml
-
-    refusal = _raised(lambda: load_yaml(text))
-    assert yaml_message(refusal, "s.yaml", text) == message
-    assert error_class(refusal) is ConfigError
 
 
 def test_every_raise_from_none_says_why() -> None:
