@@ -52,6 +52,12 @@ def check_before_start(cfg: StudyConfig) -> None:
     problem = server_storage_problem(cfg.storage_url)
     if problem is not None:
         raise ConfigError(f"{cfg.source_name}: {problem}.") from cause_of(problem)
+    if _same_sqlite_file(cfg.storage_url, cfg.tracking_uri):
+        # Optuna would create its tables there, then MLflow fail on Optuna's schema version:
+        # a new file neither can open again.
+        raise ConfigError(f"{cfg.source_name}: tracking_uri: {cfg.tracking_uri} is the same "
+                          "SQLite file as storage; the Optuna and MLflow stores need a file "
+                          "each: use sqlite:///mlruns/mlflow.db (the default) or another file.")
     made_by_us = [cfg.results_dir, Path("mlruns")]
     if cfg.storage_url.startswith("sqlite:///"):
         _check_parent("storage", Path(cfg.storage_url.removeprefix("sqlite:///")), made_by_us,
@@ -62,6 +68,20 @@ def check_before_start(cfg: StudyConfig) -> None:
         _check_parent("tracking_uri", Path(cfg.tracking_uri.removeprefix("sqlite:///")),
                       made_by_us, cfg.source_name)
     check_workload(cfg)
+
+
+def _same_sqlite_file(storage: str, tracking_uri: str) -> bool:
+    """Whether both URLs name one SQLite file (after `~` and relative paths are resolved)."""
+    if not (storage.startswith("sqlite:///") and tracking_uri.startswith("sqlite:///")):
+        return False
+    paths = [Path(u.removeprefix("sqlite:///")).expanduser().absolute() for u in
+             (storage, tracking_uri)]
+    if os.path.normpath(paths[0]) == os.path.normpath(paths[1]):
+        return True
+    try:  # two names of one existing file (a link)
+        return paths[0].exists() and paths[1].exists() and paths[0].samefile(paths[1])
+    except OSError:
+        return False
 
 
 def directory_problem(field: str, path: Path | None) -> str | None:

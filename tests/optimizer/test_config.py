@@ -434,3 +434,18 @@ def test_a_capacity_section_becomes_the_runners_search_field_for_field() -> None
                 "min_window_s": 5.0, "max_window_s": 60.0, "warmup_s": 3.0}
     cfg = parse_study({**BASE, "workload": {"capacity": capacity}})
     assert cfg.workload.capacity == CapacitySearch(**capacity)  # type: ignore[arg-type]
+
+
+def test_storage_and_tracking_uri_naming_one_sqlite_file_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Optuna would create its tables in it, then MLflow refuse Optuna's schema version.
+    from optimizer.config import check_before_start
+
+    monkeypatch.chdir(tmp_path)
+    study = {**BASE, "storage": "sqlite:///stores/one.db",
+             "tracking_uri": f"sqlite:///{tmp_path}/stores/./one.db"}
+    with pytest.raises(ConfigError, match=r"tracking_uri: .* is the same SQLite file as "
+                                          r"storage; .* need a file each"):
+        check_before_start(parse_study(study))
+    assert not (tmp_path / "stores").exists()
+    check_before_start(parse_study({**study, "tracking_uri": "sqlite:///stores/mlflow.db"}))
