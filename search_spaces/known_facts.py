@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import yaml
 
-from search_spaces.bounded_yaml import load_yaml
+from search_spaces.bounded_yaml import load_yaml, yaml_message
 from search_spaces.values import lookup, show
 
 BUNDLED_FACTS = Path(__file__).resolve().parent / "facts" / "known_facts.yaml"
@@ -119,10 +119,14 @@ def read_facts_file(path: Path, source: str | None = None) -> tuple[KnownFact, .
     if not path.is_file():
         return ()
     try:
-        data = load_yaml(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
         raise FactError(f"{path}: cannot read the facts file ({type(exc).__name__}); fix it "
                         "or delete it.") from exc
+    try:
+        data = load_yaml(text)
+    except yaml.YAMLError as exc:
+        raise FactError(yaml_message(exc, str(path), text)) from exc
     return parse_facts(data, source or str(path))
 
 

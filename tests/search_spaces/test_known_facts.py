@@ -142,3 +142,12 @@ def test_no_bundled_study_or_template_on_hopper_measures_fp8_per_block_on_vllm_0
                *(s.params for s in template_seeds(resolved, load_templates("hopper"),
                                                   cfg.spec.fixed_flags) if s.params)]
     assert all(c.get("quantization") != "fp8_per_block" for c in configs)
+
+
+def test_a_facts_file_with_broken_yaml_is_worded_as_a_study_files_yaml_error(
+        tmp_path: Path) -> None:
+    user = tmp_path / "facts.yaml"
+    user.write_text("facts:\n  - id: x\n    param: [q\n", encoding="utf-8")
+    with pytest.raises(FactError, match=rf"^{user}: not valid YAML at line \d+, column \d+: "
+                                        r".*; fix the syntax\.$"):
+        load_facts(user)
