@@ -1,5 +1,7 @@
 """Opening an MLflow store and proving it writable: where a SQLite store keeps its artifacts,
-one creator at a time for a fresh store, MLflow's own logging quietened, a probe file."""
+one creator at a time for a fresh store, MLflow's own logging quietened, a probe file; and the
+bounded wait of a trial's writes on a SQLite store another process holds locked
+(`TrackingStore.trial_write`)."""
 
 from __future__ import annotations
 
@@ -9,20 +11,36 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from optimizer.errors import TrackingError, headline, translate
 from optimizer.storage.creation_lock import creating_store
+from optimizer.storage.sqlite_wait import is_locked
 from optimizer.tracking.tags import EXPERIMENT_KIND_RUNS, TAG_EXPERIMENT_KIND
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
+logger = logging.getLogger(__name__)
+
 _MAX_PARAM_LEN = 6000  # MLflow 3 param value limit is 6000 characters
 _PROBE_TAG = "nightshift.write_probe"
+
+# How long a trial's write (its run opened or closed, from the daemon's loop) waits for a lock
+# another process holds on a SQLite store (the MLflow UI, another study writing) before it is
+# left to the catch-up: MLflow waits 20 s a call (its `PRAGMA busy_timeout = 20000` per
+# session), and a trial makes several, all the while no other trial is collected or launched.
+TRIAL_LOCK_WAIT_S = 2.0
+# Once a trial's write found the store locked, trial writes are left to the catch-up for this
+# long without a try: each try would stall the loop TRIAL_LOCK_WAIT_S again.
+LOCKED_RETRY_S = 60.0
+# The busy timeout (ms) the SQLite sessions opened in this context get instead of MLflow's
+# (`_bounded_busy_timeout`); None: MLflow's own.
+_LOCK_WAIT_MS: ContextVar[int | None] = ContextVar("mlflow_lock_wait_ms", default=None)
 
 
 def artifact_root_for(tracking_uri: str) -> Path | None:
@@ -44,6 +62,32 @@ def quiet(name: str) -> Iterator[None]:
         yield
     finally:
         target.setLevel(level)
+
+
+def _bounded_busy_timeout(conn: Any, cursor: Any, statement: str, parameters: Any,
+                          context: Any, executemany: bool) -> tuple[str, Any]:
+    """SQLAlchemy's `before_cursor_execute` on an MLflow SQLite store's engine: MLflow's
+    `PRAGMA busy_timeout` at the start of each session set to `_LOCK_WAIT_MS` where a
+    `TrackingStore.trial_write` asks for it."""
+    wait_ms = _LOCK_WAIT_MS.get()
+    if wait_ms is not None and statement.lstrip().upper().startswith("PRAGMA BUSY_TIMEOUT"):
+        return f"PRAGMA busy_timeout = {wait_ms};", parameters
+    return statement, parameters
+
+
+def _bound_lock_waits(client: MlflowClient) -> bool:
+    """Let `trial_write` bound the lock waits of the client's SQLite store; whether it could
+    (MLflow keeps the engine on its store: `client._tracking_client.store.engine`; one store,
+    cached by MLflow, serves every client of a URI, so the listener is added once)."""
+    from sqlalchemy import event
+
+    store = getattr(getattr(client, "_tracking_client", None), "store", None)
+    engine = getattr(store, "engine", None)
+    if engine is None or engine.url.get_backend_name() != "sqlite":
+        return False
+    if not event.contains(engine, "before_cursor_execute", _bounded_busy_timeout):
+        event.listen(engine, "before_cursor_execute", _bounded_busy_timeout, retval=True)
+    return True
 
 
 def local_path(location: str | None) -> Path | None:
@@ -80,10 +124,18 @@ def probe_folder(folder: Path) -> None:
 class TrackingStore:
     """An MLflow store opened through `MlflowClient` (no global active run): its experiments,
     proof that it takes writes, and the idempotent logging every run write goes through
-    (`Tracker` builds the study's and trials' runs on it)."""
+    (`Tracker` builds the study's and trials' runs on it). `trial_lock_wait_s`,
+    `locked_retry_s` and `clock` (monotonic s) bound a trial's writes on a locked store
+    (`trial_write`)."""
 
-    def __init__(self, tracking_uri: str) -> None:
+    def __init__(self, tracking_uri: str, *, trial_lock_wait_s: float = TRIAL_LOCK_WAIT_S,
+                 locked_retry_s: float = LOCKED_RETRY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.tracking_uri = tracking_uri
+        self.trial_lock_wait_s = trial_lock_wait_s
+        self.locked_retry_s = locked_retry_s
+        self.clock = clock
+        self._locked_at: float | None = None  # when a trial's write last found it locked
         parsed = urlparse(tracking_uri)
         if parsed.scheme == "sqlite":
             db_path = Path(tracking_uri.removeprefix("sqlite:///"))
@@ -106,6 +158,45 @@ class TrackingStore:
             raise translate(exc, f"MLflow cannot open the store {tracking_uri} "
                             f"({headline(exc)}); pass another --tracking-uri.",
                             into=TrackingError) from exc
+        self.is_lock_wait_bounded = parsed.scheme == "sqlite" and _bound_lock_waits(self.client)
+
+    @contextlib.contextmanager
+    def trial_write(self) -> Iterator[None]:
+        """A trial's writes, made from the daemon's loop: on a SQLite store another process
+        holds locked, each waits `trial_lock_wait_s` at most (not MLflow's 20 s) and the block
+        raises `TrackingError`; for `locked_retry_s` after that, the block raises at once,
+        without a try. The caller keeps the trial in Optuna and the catch-up (at the study's
+        end, or its next start) logs what was refused: nothing is queued in memory, so a crash
+        loses nothing. One warning when the store is found locked, one line when it takes
+        writes again. Any other failure is raised as it was."""
+        since = None if self._locked_at is None else self.clock() - self._locked_at
+        if since is not None and since < self.locked_retry_s:
+            raise TrackingError(
+                f"the MLflow store was locked by another process {since:.0f} s ago: trial "
+                f"writes wait {self.locked_retry_s:.0f} s before a try ({self.tracking_uri})")
+        token = _LOCK_WAIT_MS.set(max(1, round(self.trial_lock_wait_s * 1000)))
+        try:
+            with quiet("mlflow"):  # it logs a locked store's refusal with a traceback
+                yield
+        except Exception as exc:
+            if not is_locked(exc):
+                raise
+            if self._locked_at is None:
+                logger.warning(
+                    "MLflow store %s is locked by another process (the MLflow UI or another "
+                    "study writing?): a trial's run waits %g s at most for it, then is left to "
+                    "the catch-up (at the study's end, or its next start); tried again every "
+                    "%.0f s", self.tracking_uri,
+                    self.trial_lock_wait_s, self.locked_retry_s)
+            self._locked_at = self.clock()
+            raise translate(exc, "another process held the MLflow store locked past "
+                            f"{self.trial_lock_wait_s:g} s ({self.tracking_uri})",
+                            into=TrackingError) from exc
+        finally:
+            _LOCK_WAIT_MS.reset(token)
+        if self._locked_at is not None:
+            logger.warning("MLflow store %s takes writes again", self.tracking_uri)
+            self._locked_at = None
 
     # -- study ------------------------------------------------------------------------------
 

@@ -155,7 +155,15 @@ class Tracker(TrackingStore):
     def start_trial(self, parent_run_id: str, study_name: str, trial_number: int,
                     params: Mapping[str, Any], *, confirm: str | None = None) -> str:
         """A trial's run, named `t003` (`c014` for a confirmation run, `confirm` naming its
-        side) until `finish_trial` gives it the name that says what it changed."""
+        side) until `finish_trial` gives it the name that says what it changed. On a store
+        another process holds locked it raises `TrackingError` within `trial_lock_wait_s`
+        (`trial_write`): the catch-up makes the run."""
+        with self.trial_write():
+            return self._start_trial(parent_run_id, study_name, trial_number, params,
+                                     confirm=confirm)
+
+    def _start_trial(self, parent_run_id: str, study_name: str, trial_number: int,
+                     params: Mapping[str, Any], *, confirm: str | None = None) -> str:
         exp_id = self.client.get_run(parent_run_id).info.experiment_id
         tags = {TAG_PARENT: parent_run_id, TAG_STUDY: study_name, TAG_KIND: KIND_TRIAL,
                 TAG_TRIAL: str(trial_number), TAG_STATE: "running"}
@@ -172,9 +180,21 @@ class Tracker(TrackingStore):
                      tags: Mapping[str, str] = {}, params: Mapping[str, Any] = {},
                      texts: Mapping[str, str] = {}, dicts: Mapping[str, Any] = {},
                      files: Iterable[Path] = ()) -> None:
-        """Log a trial's outcome and close its run. Idempotent: what the run holds already (a
-        param, a metric's value at its step, an artifact of the same size) is not logged again,
-        so `catch_up` replaying a call that failed halfway logs only the rest."""
+        """Log a trial's outcome and close its run (`tracking_payload` gives the arguments).
+        On a store another process holds locked it raises `TrackingError` within
+        `trial_lock_wait_s` (`trial_write`), the run left RUNNING for the catch-up to finish."""
+        with self.trial_write():
+            self._finish_trial(run_id, state=state, metrics=metrics, step_metrics=step_metrics,
+                               tags=tags, params=params, texts=texts, dicts=dicts, files=files)
+
+    def _finish_trial(self, run_id: str, *, state: str, metrics: Mapping[str, float],
+                      step_metrics: Iterable[tuple[int, Mapping[str, float]]] = (),
+                      tags: Mapping[str, str] = {}, params: Mapping[str, Any] = {},
+                      texts: Mapping[str, str] = {}, dicts: Mapping[str, Any] = {},
+                      files: Iterable[Path] = ()) -> None:
+        """Idempotent: what the run holds already (a param, a metric's value at its step, an
+        artifact of the same size) is not logged again, so `catch_up` replaying a call that
+        failed halfway logs only the rest."""
         from mlflow.entities import Metric
 
         run = self.client.get_run(run_id)
@@ -252,7 +272,9 @@ class Tracker(TrackingStore):
         from its workdir. A run left RUNNING is finished from its trial's record, logging only
         what it lacks (`finish_trial` is idempotent), its server log and trace included; a run
         left RUNNING whose trial Optuna does not hold finished is closed FAILED (`daemon_lost`).
-        Runs already closed are not touched. Only runs found RUNNING count as left running."""
+        Runs already closed are not touched. Only runs found RUNNING count as left running.
+        Off the loop's path (at a start, at the study's end), its writes wait for a locked
+        store as MLflow does (20 s a call), not `trial_lock_wait_s`."""
         exp = self.client.get_experiment_by_name(study_name)
         if exp is None:
             return CatchUp(0, 0)
@@ -269,13 +291,13 @@ class Tracker(TrackingStore):
             run_id = trial.run_id if trial.run_id in runs else by_number.get(trial.number)
             is_new = run_id is None
             if run_id is None:
-                run_id = self.start_trial(
+                run_id = self._start_trial(
                     parent_run_id, study_name, trial.number, trial.params,
                     confirm=(trial.payload.get("tags") or {}).get(TAG_CONFIRM))
                 created += 1
             seen.add(run_id)
             if is_new or run_id in running:
-                self.finish_trial(run_id, **with_workdir_files(trial))
+                self._finish_trial(run_id, **with_workdir_files(trial))
         for run_id in sorted(running - seen):
             self.client.set_tag(run_id, TAG_FAILURE, "daemon_lost")
             self.client.set_tag(run_id, TAG_CONCLUSION,

@@ -4,13 +4,17 @@ over to TPE after SCREEN_TRIALS; a real Optuna study, the real analytic model, n
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import optuna
+from optuna.trial import BaseTrial
 
 from optimizer.config import load_study
 from optimizer.search.controller import SearchController
 from optimizer.search.samplers import SCREEN_ATTR, ScreenSampler, _tpe
+from optimizer.search.screen import sample_candidates
 from optimizer.search.searcher import SCREEN_TRIALS
 from optimizer.storage.study import make_pruner, make_sampler
 from runners.base import RunResult, StepMetrics
@@ -109,3 +113,76 @@ def test_a_card_without_bandwidth_figures_or_another_objective_searches_with_tpe
                          workload=cfg.workload, total_gpus=1, hardware=hardware,
                          model=load_model_info("qwen2.5-7b")).prepare()
         assert isinstance(study.sampler, optuna.samplers.TPESampler), objective
+
+
+# -- the candidates: drawn from the distributions, as a RandomSampler study would draw them ------
+
+def _asked(sample: Callable[[BaseTrial], Mapping[str, Any]], count: int,
+           seed: int) -> list[dict[str, Any]]:
+    """The candidates as the screen drew them before (Optuna's RandomSampler in a scratch study,
+    asked up to 3 * count times): the reference the direct draw must equal."""
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    seen: dict[str, dict[str, Any]] = {}
+    for _ in range(3 * count):
+        params = dict(sample(study.ask()))
+        seen.setdefault(repr(sorted(params.items(), key=lambda kv: kv[0])), params)
+        if len(seen) >= count:
+            break
+    return list(seen.values())
+
+
+def _every_kind(trial: BaseTrial) -> dict[str, Any]:
+    """Every distribution a space can give, a param suggested only for some configs, and a
+    single-valued one (Optuna takes no draw for it)."""
+    params: dict[str, Any] = {
+        "mixed": trial.suggest_categorical("mixed", [None, True, 2, 0.5, "x"]),
+        "seqs": trial.suggest_int("seqs", 8, 512, log=True),
+        "blocks": trial.suggest_int("blocks", 16, 128, step=16),
+        "util": trial.suggest_float("util", 0.8, 0.95, step=0.01),
+        "scale": trial.suggest_float("scale", 1e-3, 1.0, log=True),
+        "ratio": trial.suggest_float("ratio", 0.0, 1.0),
+        "one": trial.suggest_int("one", 4, 4),
+    }
+    if params["mixed"] == "x":
+        params["only_x"] = trial.suggest_categorical("only_x", ["a", "b"])
+    return params
+
+
+def _typed(configs: list[dict[str, Any]]) -> list[list[tuple[str, Any, type]]]:
+    return [[(k, v, type(v)) for k, v in c.items()] for c in configs]
+
+
+def test_the_candidates_are_the_configs_a_random_sampler_study_would_give_for_the_seed() -> None:
+    for seed in (0, 7):
+        assert _typed(sample_candidates(_every_kind, 300, seed=seed)) == \
+            _typed(_asked(_every_kind, 300, seed)), \
+            f"seed {seed}: the same configs, values, types and order as RandomSampler's"
+
+
+def test_the_candidates_of_a_bundled_space_are_those_the_study_would_give() -> None:
+    space = load_space("hopper").resolve({})
+    drawn = sample_candidates(space.sample, 400, seed=3)
+    assert len(drawn) == 400
+    assert _typed(drawn) == _typed(_asked(space.sample, 400, 3)), \
+        "the same configs screened, in the same order, for the same seed"
+    assert drawn != sample_candidates(space.sample, 400, seed=4), "another seed, other configs"
+
+
+def test_a_space_smaller_than_the_count_gives_all_its_configs(tmp_path: Path) -> None:
+    space = load_space(categorical_space(tmp_path, max_num_seqs=[256, 64, 16],
+                                         kv_cache_dtype=["auto", "fp8"])).resolve({})
+    drawn = sample_candidates(space.sample, 50, seed=0)
+    assert len(drawn) == space.size() == 6, "every config of a space smaller than the count"
+    assert drawn == _asked(space.sample, 50, 0)
+
+
+def test_the_candidates_are_drawn_without_asking_an_optuna_study() -> None:
+    asked: list[BaseTrial] = []
+
+    def sample(trial: BaseTrial) -> dict[str, Any]:
+        asked.append(trial)
+        return {"x": trial.suggest_int("x", 0, 1000)}
+
+    sample_candidates(sample, 200, seed=0)
+    assert not any(isinstance(t, optuna.trial.Trial) for t in asked), \
+        "no trial of a study per candidate: a study start asked one 1,500 to 4,500 times"
