@@ -79,7 +79,8 @@ class StudyRuns:
     def _tracking_failed(self, action: str, number: int, exc: Exception) -> None:
         self._tracking_misses.add(number)
         logger.warning("trial %d: MLflow %s failed (%s); the trial is kept in Optuna and "
-                       "logged to MLflow on the next resume", number, action, describe(exc))
+                       "logged to MLflow at the study's end (or at the next start, if it stops "
+                       "first)", number, action, describe(exc))
 
     def _told(self, told: Told) -> None:
         """A trial the policy told Optuna about: its run closed, a log line and an event."""
