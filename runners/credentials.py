@@ -93,7 +93,9 @@ def launch_secrets(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
 
 def scrub(text: str, values: Iterable[str]) -> str:
     """`text` with every occurrence of each of `values` replaced by <redacted>: one marker for
-    each run of occurrences that overlap (a secret holding another is replaced whole)."""
+    each run of occurrences that overlap (a secret holding another is replaced whole). An end
+    that is a secret's start of `MIN_SECRET_CHARS` or more, cut short (an engine killed while
+    printing it), is replaced too."""
     return _redacted(text, [v for v in values if v], REDACTED)[0]
 
 
@@ -117,12 +119,10 @@ class StreamScrubber:
     `feed` returns for each piece, then `flush` at the end, joined, is `scrub` of the whole,
     wherever the pieces were cut. A piece's end that may be the start of a secret (`hf_ab` of
     `hf_abc123`) is held back until what follows decides it: fewer bytes than the longest
-    secret, and only ever such a start. What is held at the end (a secret cut short, the
-    engine killed while printing it) goes out as it is: it is no longer the secret."""
+    secret, and only ever such a start."""
 
     def __init__(self, values: Iterable[str]) -> None:
         self._values = sorted({v.encode() for v in values if v}, key=len, reverse=True)
-        self._firsts = frozenset(v[0] for v in self._values)
         self._held = b""
         # How many leading bytes of `_held` continue an occurrence whose marker already went
         # out (it overlapped the cut): masked with no second marker.
@@ -131,7 +131,7 @@ class StreamScrubber:
     def feed(self, data: bytes) -> bytes:
         """The scrubbed bytes of `data` (and of what was held) that are decided."""
         text = self._held + data
-        cut = self._undecided_from(text)
+        cut = _cut_short_from(text, self._values)
         out, self._masked = _redacted(text, self._values, REDACTED.encode(), cut=cut,
                                       masked=self._masked)
         self._held = text[cut:]
@@ -143,17 +143,16 @@ class StreamScrubber:
         self._held, self._masked = b"", 0
         return out
 
-    def _undecided_from(self, text: bytes) -> int:
-        """The first position whose rest of `text` is a secret's start cut short (an
-        occurrence may begin there and end in the next piece); len(text) if none."""
-        longest = len(self._values[0]) if self._values else 0
-        for start in range(max(0, len(text) - longest + 1), len(text)):
-            if text[start] not in self._firsts:
-                continue
-            rest = text[start:]
-            if any(len(v) > len(rest) and v.startswith(rest) for v in self._values):
-                return start
-        return len(text)
+
+def _cut_short_from(text: AnyStr, values: Sequence[AnyStr]) -> int:
+    """The first position whose rest of `text` is a secret's start cut short (in a stream, an
+    occurrence may begin there and end in the next piece); len(text) if none."""
+    longest = max(map(len, values), default=0)
+    for start in range(max(0, len(text) - longest + 1), len(text)):
+        rest = text[start:]
+        if any(len(v) > len(rest) and v.startswith(rest) for v in values):
+            return start
+    return len(text)
 
 
 def _redacted(text: AnyStr, values: Sequence[AnyStr], marker: AnyStr, *, cut: int | None = None,
@@ -161,9 +160,12 @@ def _redacted(text: AnyStr, values: Sequence[AnyStr], marker: AnyStr, *, cut: in
     """`text[:cut]` with each run of overlapping occurrences of `values` replaced by `marker`,
     and how many characters past `cut` the last run that began before it reaches (masked in
     the next piece). The first `masked` characters continue a run already marked: masked with
-    no marker of their own."""
+    no marker of their own. Without `cut`, `text` ends there: a secret's start cut short by
+    the end is an occurrence where it is `MIN_SECRET_CHARS` long or more."""
     end = len(text) if cut is None else cut
     spans = [(0, masked)] if masked else []
+    if cut is None and len(text) - (short := _cut_short_from(text, values)) >= MIN_SECRET_CHARS:
+        spans.append((short, len(text)))
     for value in values:
         start = text.find(value)
         while start != -1:
