@@ -108,10 +108,9 @@ class LogPump:
                 selector.register(self._wake_read, selectors.EVENT_READ)
                 while True:
                     ready = {key.fd for key, _ in selector.select()}
-                    if self._wake_read in ready:
-                        self._drain(limit_bytes=self._pipe_bytes)
-                        return
-                    if not self._drain(limit_bytes=None):
+                    # Bounded, so that a writer faster than the disk cannot keep the pump
+                    # from seeing `close`'s wake-up.
+                    if not self._drain(limit_bytes=self._pipe_bytes) or self._wake_read in ready:
                         return
         except Exception:
             # Fail closed: never write unscrubbed, never leave the engine on a full pipe.
@@ -120,11 +119,11 @@ class LogPump:
         finally:
             self._wind_up()
 
-    def _drain(self, limit_bytes: int | None) -> bool:
+    def _drain(self, limit_bytes: int) -> bool:
         """Read, scrub and write pieces until the pipe is empty (True) or has ended (False),
         or `limit_bytes` were read (True)."""
         num_read = 0
-        while limit_bytes is None or num_read < limit_bytes:
+        while num_read < limit_bytes:
             with self._lock:
                 if self._is_drained:
                     return False
