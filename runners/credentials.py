@@ -35,8 +35,8 @@ REDACTED = "<redacted>"
 
 # Shorter values are not scrubbed: a secret of 1-3 characters would mask every such string in a
 # log ("1" every digit 1: HF_HUB_DISABLE_IMPLICIT_TOKEN=1 is a switch whose name says TOKEN),
-# cutting the figures the log's parsers read, while hiding nothing worth hiding (at most 2**24
-# values of url-safe text: a guess, not a secret).
+# cutting the figures the log's parsers read, while hiding little (3 bytes are at most 2**24
+# guesses).
 MIN_SECRET_CHARS = 4
 
 

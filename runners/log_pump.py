@@ -3,10 +3,12 @@
 knows reaches the disk: not while the engine runs, not when it crashes, not after the process
 that launched it is killed (the engine's next write then fails with EPIPE; nothing lands).
 
-A thread of the launching process drains the pipe as the engine writes, a piece at a time, so
-the engine never waits on a full pipe for longer than one disk write; it ends when every
-writer has closed the pipe, or at `close` (a writer that outlived its engine's teardown gets
-EPIPE from then on). `sync` lets a reader see everything the engine wrote up to the call.
+A thread of the launching process drains the pipe as the engine writes, a piece at a time:
+the engine waits only where it prints more than the pipe holds (1 MiB where Linux allows it)
+before the thread gets to run (docs/reliability.md gives the measured cost). The thread ends
+when every writer has closed the pipe, or at `close` (a writer that outlived its engine's
+teardown gets EPIPE from then on). `sync` lets a reader see everything the engine wrote up to
+the call.
 """
 
 from __future__ import annotations
@@ -145,8 +147,10 @@ class LogPump:
                 return
             self._is_drained = True
             _close_fd(self._read_fd)
-            self._write(self._scrubber.flush())
-            self._file.close()
+            try:
+                self._write(self._scrubber.flush())
+            finally:
+                self._file.close()
 
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
