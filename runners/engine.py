@@ -37,7 +37,6 @@ from runners.credentials import (
     redact_argv,
     redact_env,
     scrub,
-    scrub_file,
 )
 from runners.levels import run_levels
 from runners.process import EngineProcess, free_port, tail
@@ -121,7 +120,7 @@ class EngineRunner:
         api_key = new_api_key()
         launch_env = {**env, API_KEY_ENV: api_key}
         # What the engine may print of its secrets (an echoed token, its key) is scrubbed from
-        # its log and failure before anything reads them for a record, MLflow or a message.
+        # its output before it reaches its log (runners/log_pump.py), and from its failure.
         secrets_ = launch_secrets(argv, {**os.environ, **launch_env})
         log_path = workdir / "server.log"
         steps: list[StepMetrics] = []
@@ -133,7 +132,8 @@ class EngineRunner:
         telemetry: dict[str, float] = {}
         quality: QualityRun | None = None
         profiled: Profiled | None = None
-        proc = EngineProcess.start(argv, launch_env, log_path, self.registry_dir)
+        proc = EngineProcess.start(argv, launch_env, log_path, self.registry_dir,
+                                   secrets=secrets_)
         engine_started_unix_s = time.time()
         self._proc = proc
         logger.info("engine %s started (pid %d, port %d)", self.launcher.name, proc.pid, port)
@@ -171,7 +171,6 @@ class EngineRunner:
             proc.terminate()
             engine_ended_unix_s = time.time()
             self._proc = None
-            scrub_file(log_path, secrets_)
         search = workload.capacity
         probes = [(search.load_of(s.level), bool(s.meets_slo)) for s in steps
                   if s.meets_slo is not None] if search is not None else []

@@ -1,5 +1,6 @@
-"""Owns engine processes: launch in their own process group with a registry record, readiness,
-teardown of the whole tree, and reaping of strays a dead daemon left behind."""
+"""Owns engine processes: launch in their own process group with a registry record and a
+scrubbed log (runners/log_pump.py), readiness, teardown of the whole tree, and reaping of strays
+a dead daemon left behind."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import httpx
 import psutil
 
 from runners.credentials import auth_headers
+from runners.log_pump import LogPump, sync_log
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +75,9 @@ class EngineProcess:
     """
 
     def __init__(self, popen: subprocess.Popen[bytes], argv: Sequence[str], log_path: Path,
-                 record_path: Path) -> None:
+                 record_path: Path, pump: LogPump) -> None:
         self._popen = popen
+        self._pump = pump
         self.argv = tuple(argv)
         self.log_path = log_path
         self.record_path = record_path
@@ -82,25 +85,31 @@ class EngineProcess:
 
     @classmethod
     def start(cls, argv: Sequence[str], env: Mapping[str, str], log_path: Path,
-              registry_dir: Path) -> EngineProcess:
+              registry_dir: Path, *, secrets: Sequence[str] = ()) -> EngineProcess:
         """Launch `argv` (no shell) with os.environ plus `env`, stdout and stderr appended to
-        `log_path`. Raises OSError when argv[0] cannot be executed."""
+        `log_path` with each of `secrets` replaced by <redacted> before it is written
+        (runners/log_pump.py). Raises OSError when argv[0] cannot be executed."""
         if not argv:
             raise ValueError("EngineProcess.start needs a command but argv is empty.")
         log_path.parent.mkdir(parents=True, exist_ok=True)
         registry_dir.mkdir(parents=True, exist_ok=True)
-        with log_path.open("ab") as log_file:
+        pump = LogPump(log_path, secrets)
+        try:
             popen = subprocess.Popen(
                 list(argv),
                 stdin=subprocess.DEVNULL,
-                stdout=log_file,
+                stdout=pump.writer_fd,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **env},
                 start_new_session=True,
                 close_fds=True,
             )
+        except BaseException:
+            pump.close()
+            raise
+        pump.start()
         record_path = registry_dir / f"{popen.pid}.json"
-        proc = cls(popen, argv, log_path, record_path)
+        proc = cls(popen, argv, log_path, record_path, pump)
         try:
             _write_record(record_path, {
                 "pid": popen.pid,
@@ -149,7 +158,8 @@ class EngineProcess:
 
     def terminate(self, grace_s: float = 20.0) -> int | None:
         """Stop the whole tree: SIGTERM to the group, up to `grace_s` for it to exit, then
-        SIGKILL to the group and to any descendant that left it. Removes the registry record.
+        SIGKILL to the group and to any descendant that left it; then its log is written to the
+        end and closed. Removes the registry record.
 
         Idempotent and safe on a process that already exited. Returns the exit status (None
         only if the process survived SIGKILL, which is logged).
@@ -170,10 +180,12 @@ class EngineProcess:
         try:
             self._popen.wait(timeout=_KILL_WAIT_S)
         except subprocess.TimeoutExpired:
+            self._pump.close()
             logger.error("pid %d survived SIGKILL for %.0f s (uninterruptible sleep?); "
                          "leaving its record %s for reap_strays", self.pid, _KILL_WAIT_S,
                          self.record_path)
             return None
+        self._pump.close()
         self.record_path.unlink(missing_ok=True)
         self._is_closed = True
         logger.debug("pid %d ended with status %s", self.pid, self._popen.returncode)
@@ -309,7 +321,10 @@ def wait_healthy(base_url: str, proc: SupportsIsAlive, timeout_s: float,
 
 
 def tail(path: Path, max_bytes: int = 64_000) -> str:
-    """The last `max_bytes` of a log as text, starting at a line boundary; "" when missing."""
+    """The last `max_bytes` of a log as text, starting at a line boundary; "" when missing.
+    An engine's log is first brought up to date with what the engine wrote (`sync_log`): its
+    output reaches the file through a pipe, a moment after the engine wrote it."""
+    sync_log(path)
     try:
         with path.open("rb") as f:
             size = f.seek(0, os.SEEK_END)

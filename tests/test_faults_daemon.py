@@ -370,8 +370,9 @@ def test_a_trial_whose_sampling_the_dead_daemon_cut_short_is_re_queued_only_if_e
 
 def test_a_dead_daemons_engine_log_is_scrubbed_of_secrets_before_mlflow_takes_it(
         tmp_path: Path, clean_environ: dict[str, str]) -> None:
-    # Issue 35, item 8: a runner scrubs its engine's log when the engine ends; a daemon killed
-    # mid-trial never did, and the next start's catch-up sent the log's tail to MLflow.
+    # Issue 35, item 8: a log written before runners/log_pump.py (which scrubs as it writes)
+    # was scrubbed when its engine ended; a daemon killed mid-trial never did, and the next
+    # start's catch-up sent the log's tail to MLflow. Recovery still scrubs such a log.
     from optimizer.results.trial_record import ATTR_MLFLOW_RUN
     from optimizer.run.recovery import Recovery, trial_workdir
     from optimizer.tracking.tracker import Tracker

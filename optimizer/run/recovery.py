@@ -89,8 +89,9 @@ class Recovery:
             if mlflow_run_of(trial) is None and not self._has_run(trial):
                 self._drop_never_launched(trial)
                 continue
-            # Its engine's log was never scrubbed: its runner died with the daemon (the engine's
-            # own API key died with both, and is not known here).
+            # A log written before runners/log_pump.py scrubbed as it writes was scrubbed only
+            # when its engine ended, which a runner dead with the daemon never saw (the
+            # engine's own API key is not known here).
             scrub_file(trial_workdir(self.results_dir, trial.number) / SERVER_LOG,
                        launch_secrets((), {**os.environ, **self.study_env}))
             retries = retries_of(trial)
