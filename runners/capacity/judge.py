@@ -1,6 +1,6 @@
 """Judging a staircase step's window: the SLO and steady state (completions keep up with
-arrivals, the in-flight count and the waiting queue stay flat), and whether an open loop's
-in-flight count has settled before its window. Pure.
+arrivals, the in-flight count and the waiting queue stay flat; a closed loop's concurrency was
+applied), and whether an open loop's in-flight count has settled before its window. Pure.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ class WindowCounts:
     # requests: the least-squares rise of the client's in-flight count over the window (an open
     # loop on the client's clock; None elsewhere)
     in_flight_rise: float | None = None
+    # requests: the server's own count of the requests it held (`vllm:num_requests_running` +
+    # `vllm:num_requests_waiting`), averaged over the window's /metrics samples; None without one
+    server_mean_in_system: float | None = None
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class Verdict:
 def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SLO, *,
                  max_failed_fraction: float, tolerance: float,
                  is_saturated: bool = False, is_closed_loop: bool = False,
-                 is_hold: bool = False) -> Verdict:
+                 is_hold: bool = False, concurrency: float | None = None) -> Verdict:
     """A step against the SLO and steady state.
 
     Missed when: the server's queue kept growing (the step was stopped early); more requests
@@ -61,12 +64,20 @@ def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SL
     window. A closed loop cannot fall behind its own sends: only the queue counts there. A
     hold's in-flight line is not judged: its free arrivals make the count wander by about
     sqrt(n) over each life, and a line through ten lives of that rises by the tolerance about
-    one time in ten by chance; its queue and its completions still show an overload."""
+    one time in ten by chance; its queue and its completions still show an overload.
+
+    A closed loop at `concurrency` whose load was not applied (`unapplied_load`: the server, or
+    the client, held fewer requests than that over the window) has not met the SLO at that
+    concurrency, whatever its percentiles, which are of a lighter load."""
     if is_saturated:
         return Verdict(False, "the waiting queue kept growing (stopped early: saturated)")
     failed = failures_miss(metrics, max_failed_fraction)
     if failed is not None:
         return Verdict(False, failed, is_overload_errors=True)
+    if is_closed_loop and concurrency is not None and counts is not None:
+        unapplied = unapplied_load(counts, concurrency, tolerance)
+        if unapplied is not None:
+            return Verdict(False, unapplied)
     missed = slo_miss(metrics, slo, max_failed_fraction)
     if missed is not None:
         return Verdict(False, missed)
@@ -87,6 +98,28 @@ def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SL
         return Verdict(False, f"the waiting queue grew by {counts.waiting_rise:.0f} requests "
                               f"over the {counts.window_s:.0f} s window")
     return Verdict(True)
+
+
+def unapplied_load(counts: WindowCounts, concurrency: float, tolerance: float) -> str | None:
+    """Why a closed loop at `concurrency` did not apply its load over the window, or None when
+    it did. The applied load is the fewer of the requests the client held in flight (time-
+    weighted; on the simulated engine's modelled clock, the server's own spans) and those the
+    server held (running + waiting, its /metrics samples averaged): a client starved of CPU
+    sends late and reads its replies late, so its own count can stay at the concurrency while
+    the server runs far fewer. The load was not applied when it fell short of the concurrency
+    by more than the tolerance of it (one request at least), as an open loop that completed
+    less than it offered by more than the tolerance has not kept up: a claim at the
+    concurrency would then overstate what the server was shown to serve by more than the
+    search's own resolution. A healthy client's shortfall is its turnaround between a reply
+    and the next send (milliseconds) over a request's life (seconds on a GPU)."""
+    applied, held = counts.mean_in_flight, "in flight"
+    if counts.server_mean_in_system is not None and counts.server_mean_in_system < applied:
+        applied, held = counts.server_mean_in_system, "running or waiting on the server"
+    if concurrency - applied <= max(tolerance * concurrency, 1.0):
+        return None
+    return (f"load not applied: {applied:.3g} of {concurrency:.0f} requests {held} on average "
+            f"over the {counts.window_s:.3g} s window; the SLO is not shown at "
+            f"{concurrency:.0f}")
 
 
 def least_squares_rise(points: Sequence[tuple[float, float]]) -> float | None:

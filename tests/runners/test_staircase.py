@@ -4,6 +4,7 @@ SLO, and that one continuous stream walks every step of a trial on one server.""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,8 @@ from runners.capacity.plan import StepPlan, lifetime_estimate_s, plan_step
 from runners.capacity.step import measure_step
 from runners.capacity_search import CapacitySearch
 from runners.engine import EngineRunner
-from runners.loadgen.requests import build_requests
+from runners.loadgen.metrics import compute_metrics
+from runners.loadgen.requests import RequestSpec, build_requests
 from runners.simulated.launcher import SimulatedLauncher
 from runners.workload import SLO, LengthDistribution, Workload
 from tests.builders import benchmark_metrics, staircase_workload
@@ -139,6 +141,40 @@ def test_a_closed_loop_is_judged_on_its_queue_not_on_its_own_sends() -> None:
     assert _judge(_metrics(), behind, is_closed_loop=True).meets_slo
 
 
+def test_a_closed_loop_whose_server_held_far_fewer_than_its_concurrency_has_not_met_it() -> None:
+    """A starved client (a busy host) keeps its own count at the concurrency while the server
+    runs far fewer: one CI run judged 256 concurrent requests met the SLO at a load the
+    server never saw. The load was not applied, so the SLO is not shown at 256."""
+    starved = WindowCounts(window_s=5.0, num_sent=300, num_ended=300, mean_in_flight=255.0,
+                           waiting_rise=0.0, server_mean_in_system=60.0)
+    verdict = _judge(_metrics(p99_tpot_ms=9.0), starved, is_closed_loop=True, concurrency=256)
+    assert not verdict.meets_slo and not verdict.is_overload_errors
+    assert verdict.reason == ("load not applied: 60 of 256 requests running or waiting on the "
+                              "server on average over the 5 s window; the SLO is not shown at "
+                              "256"), verdict.reason
+    # The modelled clock's spans (the simulated engine) are the server's own count.
+    short = WindowCounts(window_s=2.0, num_sent=300, num_ended=300, mean_in_flight=200.0,
+                         waiting_rise=0.0)
+    verdict = _judge(_metrics(), short, is_closed_loop=True, concurrency=256)
+    assert not verdict.meets_slo and "200 of 256 requests in flight" in str(verdict.reason)
+
+
+def test_a_closed_loop_short_of_its_concurrency_within_the_tolerance_meets_it() -> None:
+    """A healthy client's shortfall is its turnaround between a reply and the next send: up to
+    the tolerance of the concurrency (one request at least) is the load applied."""
+    near = WindowCounts(window_s=5.0, num_sent=300, num_ended=300, mean_in_flight=256.0,
+                        waiting_rise=0.0, server_mean_in_system=231.0)
+    assert _judge(_metrics(), near, is_closed_loop=True, concurrency=256).meets_slo
+    small = WindowCounts(window_s=5.0, num_sent=40, num_ended=40, mean_in_flight=3.1,
+                         waiting_rise=0.0, server_mean_in_system=3.2)
+    assert _judge(_metrics(), small, is_closed_loop=True, concurrency=4).meets_slo, \
+        "one request short of 4 is within the floor"
+    assert not _judge(_metrics(), near, is_closed_loop=True, concurrency=258).meets_slo
+    open_loop = _steady(in_flight=40.0)
+    assert _judge(_metrics(), open_loop, concurrency=256).meets_slo, \
+        "an open loop has no concurrency to apply"
+
+
 def test_overload_errors_are_a_missed_step_and_say_so() -> None:
     verdict = _judge(_metrics(completed=150, failed=50), _steady())
     assert not verdict.meets_slo and verdict.is_overload_errors
@@ -213,6 +249,58 @@ def test_arrivals_keep_flowing_until_every_measured_request_has_ended(tmp_path: 
                 "requests were still being sent when the last measured one ended"
         finally:
             driver.close()
+    finally:
+        proc.terminate()
+
+
+def test_a_starved_client_on_the_simulated_engine_is_an_unapplied_load_not_a_met_slo(
+        tmp_path: Path) -> None:
+    """The fault CI hit, forced: the client's loop is blocked 20 ms at each send (a host whose
+    other work starves it), so it refills at most 50 requests a second where 64 requests of
+    well under a second each need over a hundred. The SLO is loose enough that only the
+    unapplied load can miss it."""
+    import time
+
+    from runners.process import EngineProcess, free_port, wait_healthy
+
+    launcher = SimulatedLauncher("h200", startup_time_scale=0.01, seed=0)
+    config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
+    port = free_port()
+    argv, env = launcher.command(config, port, tmp_path, None)
+    proc = EngineProcess.start(argv, env, tmp_path / "log", tmp_path)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert wait_healthy(url, proc, 60.0) == "ready"
+        workload = Workload(input_len=LengthDistribution(mean=128),
+                            output_len=LengthDistribution(mean=64))
+
+        def starved() -> Iterator[RequestSpec]:
+            for spec in endless_requests(
+                    lambda n, s: build_requests(workload, n, seed=s), 64, 0, False):
+                time.sleep(0.02)  # blocks the driver's event loop, as a starved host does
+                yield spec
+
+        driver = StaircaseDriver(url, "model", starved(), axis="concurrency", timeout_s=30,
+                                 seed=0)
+        plan = StepPlan(load=64, warmup_s=0.5, window_s=2.0, lifetime_s=0.5,
+                        expected_requests=256.0)
+        driver.start(64)
+        try:
+            run = measure_step(driver, url, plan, repeats=1, request_timeout_s=30,
+                               check_engine=lambda: None, is_first=True)
+        finally:
+            driver.close()
+        (outputs, counts), = run.windows
+        assert outputs and all(o.success for o in outputs)
+        loose = SLO(tpot_p99_ms=1000.0)
+        metrics = compute_metrics(outputs, counts.window_s, loose)
+        assert judge_window(metrics, counts, loose, max_failed_fraction=0.05, tolerance=0.1,
+                            is_closed_loop=True).meets_slo, \
+            "its figures alone meet the SLO: only the load's shortfall can miss it"
+        verdict = judge_window(metrics, counts, loose, max_failed_fraction=0.05,
+                               tolerance=0.1, is_closed_loop=True, concurrency=64)
+        assert not verdict.meets_slo and "load not applied" in str(verdict.reason), \
+            (verdict, counts)
     finally:
         proc.terminate()
 
