@@ -33,8 +33,13 @@ class WindowCounts:
     # loop on the client's clock; None elsewhere)
     in_flight_rise: float | None = None
     # requests: the server's own count of the requests it held (`vllm:num_requests_running` +
-    # `vllm:num_requests_waiting`), averaged over the window's /metrics samples; None without one
-    server_mean_in_system: float | None = None
+    # `vllm:num_requests_waiting`) at each of the window's /metrics samples
+    server_in_system: tuple[float, ...] = ()
+
+    @property
+    def server_mean_in_system(self) -> float | None:
+        """The server's running + waiting, averaged over the window's samples (None: none)."""
+        return float(np.mean(self.server_in_system)) if self.server_in_system else None
 
 
 @dataclass(frozen=True)
@@ -102,24 +107,34 @@ def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SL
 
 def unapplied_load(counts: WindowCounts, concurrency: float, tolerance: float) -> str | None:
     """Why a closed loop at `concurrency` did not apply its load over the window, or None when
-    it did. The applied load is the fewer of the requests the client held in flight (time-
-    weighted; on the simulated engine's modelled clock, the server's own spans) and those the
-    server held (running + waiting, its /metrics samples averaged): a client starved of CPU
-    sends late and reads its replies late, so its own count can stay at the concurrency while
-    the server runs far fewer. The load was not applied when it fell short of the concurrency
-    by more than the tolerance of it (one request at least), as an open loop that completed
-    less than it offered by more than the tolerance has not kept up: a claim at the
-    concurrency would then overstate what the server was shown to serve by more than the
-    search's own resolution. A healthy client's shortfall is its turnaround between a reply
-    and the next send (milliseconds) over a request's life (seconds on a GPU)."""
-    applied, held = counts.mean_in_flight, "in flight"
-    if counts.server_mean_in_system is not None and counts.server_mean_in_system < applied:
-        applied, held = counts.server_mean_in_system, "running or waiting on the server"
-    if concurrency - applied <= max(tolerance * concurrency, 1.0):
-        return None
-    return (f"load not applied: {applied:.3g} of {concurrency:.0f} requests {held} on average "
-            f"over the {counts.window_s:.3g} s window; the SLO is not shown at "
-            f"{concurrency:.0f}")
+    it did: the requests in flight (time-weighted: on the client's clock, or on the simulated
+    engine's modelled clock, where they are the server's own spans) fell short of the
+    concurrency by more than the tolerance of it (one request at least); or the server's own
+    count (running + waiting, two /metrics samples at least) did, by more than that and twice
+    its samples' standard error. A client starved of CPU sends late and reads its replies
+    late: its own count stays near the concurrency while the server runs far fewer.
+
+    The tolerance, as for an open loop that completed less than it offered: a claim at the
+    concurrency would overstate what the server was shown to serve by more than the search's
+    own resolution. The standard error, as the open loop's count noise: the gauges are
+    instants, and a closed loop of equal requests runs in waves whose gaps (the client's
+    turnaround, milliseconds against a life of seconds on a GPU) one sample in ten may hit.
+    """
+    allowed = max(tolerance * concurrency, 1.0)
+    if concurrency - counts.mean_in_flight > allowed:
+        return (f"load not applied: {counts.mean_in_flight:.3g} of {concurrency:.0f} requests "
+                f"in flight on average over the {counts.window_s:.3g} s window; the SLO is not "
+                f"shown at {concurrency:.0f}")
+    samples = counts.server_in_system
+    if len(samples) >= 2:
+        mean = float(np.mean(samples))
+        error = float(np.std(samples, ddof=1)) / math.sqrt(len(samples))
+        if concurrency - mean > max(allowed, 2.0 * error):
+            return (f"load not applied: the server held {mean:.3g} of {concurrency:.0f} "
+                    f"requests (running + waiting, {len(samples)} samples) over the "
+                    f"{counts.window_s:.3g} s window; the SLO is not shown at "
+                    f"{concurrency:.0f}")
+    return None
 
 
 def least_squares_rise(points: Sequence[tuple[float, float]]) -> float | None:

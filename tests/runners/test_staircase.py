@@ -146,12 +146,12 @@ def test_a_closed_loop_whose_server_held_far_fewer_than_its_concurrency_has_not_
     runs far fewer: one CI run judged 256 concurrent requests met the SLO at a load the
     server never saw. The load was not applied, so the SLO is not shown at 256."""
     starved = WindowCounts(window_s=5.0, num_sent=300, num_ended=300, mean_in_flight=255.0,
-                           waiting_rise=0.0, server_mean_in_system=60.0)
+                           waiting_rise=0.0, server_in_system=(52.0, 61.0, 70.0, 57.0, 60.0))
     verdict = _judge(_metrics(p99_tpot_ms=9.0), starved, is_closed_loop=True, concurrency=256)
     assert not verdict.meets_slo and not verdict.is_overload_errors
-    assert verdict.reason == ("load not applied: 60 of 256 requests running or waiting on the "
-                              "server on average over the 5 s window; the SLO is not shown at "
-                              "256"), verdict.reason
+    assert verdict.reason == ("load not applied: the server held 60 of 256 requests (running + "
+                              "waiting, 5 samples) over the 5 s window; the SLO is not shown "
+                              "at 256"), verdict.reason
     # The modelled clock's spans (the simulated engine) are the server's own count.
     short = WindowCounts(window_s=2.0, num_sent=300, num_ended=300, mean_in_flight=200.0,
                          waiting_rise=0.0)
@@ -161,15 +161,24 @@ def test_a_closed_loop_whose_server_held_far_fewer_than_its_concurrency_has_not_
 
 def test_a_closed_loop_short_of_its_concurrency_within_the_tolerance_meets_it() -> None:
     """A healthy client's shortfall is its turnaround between a reply and the next send: up to
-    the tolerance of the concurrency (one request at least) is the load applied."""
+    the tolerance of the concurrency (one request at least) is the load applied; and a server
+    sample that fell into a wave's gap is within the samples' noise."""
     near = WindowCounts(window_s=5.0, num_sent=300, num_ended=300, mean_in_flight=256.0,
-                        waiting_rise=0.0, server_mean_in_system=231.0)
+                        waiting_rise=0.0, server_in_system=(231.0, 231.0))
     assert _judge(_metrics(), near, is_closed_loop=True, concurrency=256).meets_slo
+    assert not _judge(_metrics(), near, is_closed_loop=True, concurrency=258).meets_slo
     small = WindowCounts(window_s=5.0, num_sent=40, num_ended=40, mean_in_flight=3.1,
-                         waiting_rise=0.0, server_mean_in_system=3.2)
+                         waiting_rise=0.0, server_in_system=(3.0, 4.0, 3.0))
     assert _judge(_metrics(), small, is_closed_loop=True, concurrency=4).meets_slo, \
         "one request short of 4 is within the floor"
-    assert not _judge(_metrics(), near, is_closed_loop=True, concurrency=258).meets_slo
+    gap = WindowCounts(window_s=10.0, num_sent=100, num_ended=100, mean_in_flight=64.0,
+                       waiting_rise=0.0, server_in_system=(64.0,) * 7 + (0.0,))
+    assert _judge(_metrics(), gap, is_closed_loop=True, concurrency=64).meets_slo, \
+        "one sample of eight in a wave's gap: a mean of 56, within twice its standard error (8)"
+    client = WindowCounts(window_s=10.0, num_sent=100, num_ended=100, mean_in_flight=57.0,
+                          waiting_rise=0.0)
+    assert not _judge(_metrics(), client, is_closed_loop=True, concurrency=64).meets_slo, \
+        "the in-flight count is time-weighted, not sampled: no noise to allow"
     open_loop = _steady(in_flight=40.0)
     assert _judge(_metrics(), open_loop, concurrency=256).meets_slo, \
         "an open loop has no concurrency to apply"
