@@ -210,6 +210,24 @@ def trace_rate_rps(arrivals_s: Sequence[float]) -> float:
     return (len(arrivals_s) - 1) / span
 
 
+def trace_prefix_len(arrivals_s: Sequence[float], request_rate_rps: float | None,
+                     duration_s: float | None) -> int:
+    """How many of a trace's first arrivals a replay at `request_rate_rps` bounded by
+    `duration_s` (a capacity probe's) sends, where that rate is the mean rate of the part it
+    replays (`trace_offsets_s` of those arrivals): the first floor(rate x duration) + 1, whose
+    gaps at that rate span the duration at most; more where those arrive at one instant (no
+    rate to scale them to: the first later arrival joins them). All of them without a rate or
+    a bound, or where they fit."""
+    num = len(arrivals_s)
+    if request_rate_rps is None or duration_s is None or math.isinf(request_rate_rps) or \
+            num < 2:
+        return num
+    prefix = max(2, min(num, math.floor(request_rate_rps * duration_s + 1e-9) + 1))
+    while prefix < num and not arrivals_s[prefix - 1] > arrivals_s[0]:
+        prefix += 1
+    return prefix
+
+
 def trace_offsets_s(arrivals_s: Sequence[float], request_rate_rps: float | None
                     ) -> list[float]:
     """Send times of a trace replay: the recorded times from the first arrival, compressed or

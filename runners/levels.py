@@ -65,11 +65,25 @@ def measure_level(session: EngineSession, index: int, level: LoadLevel,
         level = replace(level, burstiness=workload.burstiness)
     num = workload.num_requests or _DURATION_POOL
     send_offsets_s: list[float] | None = None
+    num_in_trace = 0
     if workload.trace is not None:  # the whole trace (or its first num_requests), once
         entries = workload.trace.entries  # parsed once per study (TraceReplay)
-        num = min(workload.num_requests or len(entries), len(entries))
-        send_offsets_s = arrivals.trace_offsets_s([e.arrival_s for e in entries[:num]],
-                                                  level.request_rate_rps)
+        num_in_trace = num = min(workload.num_requests or len(entries), len(entries))
+        arrivals_s = [e.arrival_s for e in entries[:num]]
+        trace_bound_s = max_duration_s if workload.num_requests or \
+            workload.duration_s is None else \
+            min(workload.duration_s, max_duration_s or workload.duration_s)
+        is_probe = max_duration_s is not None and level.request_rate_rps is not None
+        if is_probe:
+            # A capacity probe replays the trace's first requests that its rate fits in its
+            # time bound, at that rate: the probe's rate (and the bracket) is the rate of the
+            # part replayed, not the whole trace's mean, which a cut replay never offered.
+            num = arrivals.trace_prefix_len(arrivals_s, level.request_rate_rps,
+                                            trace_bound_s)
+        send_offsets_s = arrivals.trace_offsets_s(arrivals_s[:num], level.request_rate_rps)
+        if is_probe and trace_bound_s is not None and send_offsets_s[-1] <= trace_bound_s:
+            trace_bound_s = None  # the part is the bound: every request of it is sent
+        max_duration_s = trace_bound_s
         longest_gap_s = max((b - a for a, b in itertools.pairwise(send_offsets_s)),
                             default=0.0)
         if longest_gap_s > _LONG_TRACE_GAP_S:
@@ -96,10 +110,9 @@ def measure_level(session: EngineSession, index: int, level: LoadLevel,
     # An open-loop level (a request rate) above what the engine serves grows its queue
     # without end: stop it once the queue has clearly grown; it is a saturated level.
     saturated = threading.Event() if level.request_rate_rps is not None else None
-    duration_s = None if workload.num_requests else workload.duration_s
-    if send_offsets_s is not None and duration_s is not None:  # a trace is never cycled
-        max_duration_s = min(duration_s, max_duration_s or duration_s)
-        duration_s = None
+    # A trace is never cycled: its time bound is `max_duration_s` (set above).
+    duration_s = None if workload.num_requests or send_offsets_s is not None \
+        else workload.duration_s
     if duration_s is not None and max_duration_s is not None:
         duration_s, max_duration_s = min(duration_s, max_duration_s), None
     # The queue's rise that means "saturated" scales with what the level sends: a time
@@ -172,7 +185,8 @@ def measure_level(session: EngineSession, index: int, level: LoadLevel,
     server["prompt_len_is_estimated"] = 1.0 if is_estimated else 0.0
     server.update(turns)
     if send_offsets_s is not None:
-        server.update(_trace_replayed(send_offsets_s, len(result.outputs), level))
+        server.update(_trace_replayed(send_offsets_s, len(result.outputs), level,
+                                      num_in_trace))
     # NVML over this level alone: the run's mean mixes light and heavy levels.
     util = s.sampler.gpu_util_mean_pct_since(level_start_s) if s.sampler else None
     if util is not None:
@@ -204,22 +218,29 @@ def mean_tokens(dist: LengthDistribution) -> float:
     return float(dist.mean)
 
 
-def _trace_replayed(offsets_s: Sequence[float], num_sent: int,
-                    level: LoadLevel) -> dict[str, float]:
-    """How much of a trace a level replayed: the requests sent, and, where the level ended
-    before the trace did (a time bound, saturation), the mean rate they were sent at: the
-    level's rate is the whole trace's, which a cut replay did not offer."""
+def _trace_replayed(offsets_s: Sequence[float], num_sent: int, level: LoadLevel,
+                    num_in_trace: int) -> dict[str, float]:
+    """How much of a trace a level replayed: the requests sent of the trace's, and, where it
+    sent fewer (a capacity probe replays a part; a time bound or saturation cut it), the mean
+    rate they were sent at: a fixed level's rate is the whole trace's, which a cut replay did
+    not offer; a probe's is its part's, unless saturation cut that."""
     out = {"trace_num_replayed": float(num_sent),
-           "trace_num_requests": float(len(offsets_s))}
-    if 0 < num_sent < len(offsets_s):
+           "trace_num_requests": float(num_in_trace)}
+    if 0 < num_sent < num_in_trace:
         try:
             rate: float | None = arrivals.trace_rate_rps(offsets_s[:num_sent])
         except ValueError:  # one request sent, or all at one instant: no rate
             rate = None
         if rate is not None:
             out["trace_replayed_rate_rps"] = rate
-        logger.warning("level %s sent %d of the trace's %d requests before it ended; they "
-                       "were sent at %s, where the level's rate is the whole trace's",
-                       level.label, num_sent, len(offsets_s),
-                       "?" if rate is None else f"{rate:.3g} req/s")
+        if num_sent < len(offsets_s):
+            logger.warning("level %s sent %d of the trace's %d requests before it ended; "
+                           "they were sent at %s, where the level's rate is %s", level.label,
+                           num_sent, num_in_trace, "?" if rate is None else f"{rate:.3g} req/s",
+                           "the whole trace's" if len(offsets_s) == num_in_trace else
+                           f"that of its first {len(offsets_s)}")
+        else:
+            logger.info("level %s replayed the trace's first %d of %d requests, at %s",
+                        level.label, num_sent, num_in_trace,
+                        "?" if rate is None else f"{rate:.3g} req/s")
     return out

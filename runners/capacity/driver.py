@@ -32,6 +32,13 @@ STOPPED_ERROR = "stopped"  # a request of ours cancelled at a missed step's end
 _CONNECT_TIMEOUT_S = 10.0
 _WATCH_INTERVAL_S = 0.05
 _GAP_BLOCK = 64  # arrivals whose gaps sum to exactly their count over the rate
+# Requests in flight on one httpx client at most. httpcore 1.0's pool (httpx's transport) walks
+# every connection it holds for each queued request whenever a request starts or ends
+# (`AsyncConnectionPool._assign_requests_to_connections`), and closes its idle connections
+# whenever it holds more than its keep-alive limit: a stream of a thousand requests in flight
+# (a saturated step, a closed loop at 256) spent most of its client's CPU there and reopened a
+# connection per request. The stream's requests are spread over clients of this many each.
+_REQUESTS_PER_CLIENT = 32
 
 
 @dataclass
@@ -40,6 +47,39 @@ class _Sent:
     sent_s: float  # time.monotonic()
     task: asyncio.Task[RequestOutput]
     ended_s: float | None = None
+
+
+class _Clients:
+    """The stream's httpx clients: a request goes to the one with the fewest in flight, and a
+    new one is made once each holds `per_client` (`_REQUESTS_PER_CLIENT`). The loop's thread
+    only."""
+
+    def __init__(self, make: Callable[[], httpx.AsyncClient], per_client: int) -> None:
+        self._make = make
+        self._per_client = per_client
+        self._clients: list[httpx.AsyncClient] = []
+        self._in_flight: list[int] = []
+
+    def acquire(self) -> tuple[int, httpx.AsyncClient]:
+        """A client for one more request, and its index for `release`."""
+        index = min(range(len(self._clients)), key=self._in_flight.__getitem__, default=-1)
+        if index < 0 or self._in_flight[index] >= self._per_client:
+            self._clients.append(self._make())
+            self._in_flight.append(0)
+            index = len(self._clients) - 1
+        self._in_flight[index] += 1
+        return index, self._clients[index]
+
+    def release(self, index: int) -> None:
+        self._in_flight[index] -= 1
+
+    async def __aenter__(self) -> _Clients:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Every client closed, as `async with httpx.AsyncClient()` closes its one (a cancel
+        that lands in the caller's own clean-up must not leave their sockets open)."""
+        await asyncio.gather(*(c.aclose() for c in self._clients), return_exceptions=True)
 
 
 class StaircaseDriver:
@@ -135,13 +175,17 @@ class StaircaseDriver:
         self._changed = asyncio.Event()
         self._main = asyncio.current_task()
         self._ready.set()
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        limits = httpx.Limits(max_connections=None,
+                              max_keepalive_connections=_REQUESTS_PER_CLIENT)
         timeout = httpx.Timeout(None, connect=_CONNECT_TIMEOUT_S)
-        async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False,
-                                     headers=auth_headers(self.api_key)) as client:
+        headers = auth_headers(self.api_key)
+        ssl_context = httpx.create_ssl_context()  # once: each client would load the CAs again
+        async with _Clients(lambda: httpx.AsyncClient(
+                limits=limits, timeout=timeout, trust_env=False, headers=headers,
+                verify=ssl_context), _REQUESTS_PER_CLIENT) as clients:
             watch = asyncio.create_task(self._watch())
             try:
-                await self._issue(client)
+                await self._issue(clients)
             except asyncio.CancelledError:
                 pass
             except Exception as exc:  # the caller's check_engine reads it
@@ -280,7 +324,7 @@ class StaircaseDriver:
 
     # -- sending (the loop's thread) ---------------------------------------------------------
 
-    async def _issue(self, client: httpx.AsyncClient) -> None:
+    async def _issue(self, clients: _Clients) -> None:
         assert self._changed is not None
         next_send: float | None = None
         while not self._closing.is_set():
@@ -291,7 +335,7 @@ class StaircaseDriver:
                     self._changed.clear()
                     await self._changed.wait()
                     continue
-                self._send(client, next(self._requests))
+                self._send(clients, next(self._requests))
                 continue
             if next_send is None:
                 next_send = self.clock()
@@ -307,7 +351,7 @@ class StaircaseDriver:
                         if self._load != load:
                             next_send = self._last_send_locked() + self._gap_s(self._load)
                     continue
-            self._send(client, next(self._requests))
+            self._send(clients, next(self._requests))
             # A host that wakes late does not make up for it with a burst.
             next_send = max(next_send, self.clock() - 1.0) + self._gap_s(load)
 
@@ -344,10 +388,12 @@ class StaircaseDriver:
             self._gaps.extend(float(g) for g in block)
         return self._gaps.popleft()
 
-    def _send(self, client: httpx.AsyncClient, spec: RequestSpec) -> None:
+    def _send(self, clients: _Clients, spec: RequestSpec) -> None:
         now = self.clock()
+        index, client = clients.acquire()
         task = asyncio.create_task(send_request(
             client, self.base_url, self.model, spec, self.timeout_s, on_chunk=self._heartbeat))
+        task.add_done_callback(lambda _: clients.release(index))
         record = _Sent(spec=spec, sent_s=now, task=task)
         with self._lock:
             if self._num_in_flight == 0:

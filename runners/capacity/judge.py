@@ -1,6 +1,6 @@
 """Judging a staircase step's window: the SLO and steady state (completions keep up with
-arrivals, the in-flight count and the waiting queue stay flat), and whether an open loop's
-in-flight count has settled before its window. Pure.
+arrivals, the in-flight count and the waiting queue stay flat; a closed loop's concurrency was
+applied), and whether an open loop's in-flight count has settled before its window. Pure.
 """
 
 from __future__ import annotations
@@ -32,6 +32,14 @@ class WindowCounts:
     # requests: the least-squares rise of the client's in-flight count over the window (an open
     # loop on the client's clock; None elsewhere)
     in_flight_rise: float | None = None
+    # requests: the server's own count of the requests it held (`vllm:num_requests_running` +
+    # `vllm:num_requests_waiting`) at each of the window's /metrics samples
+    server_in_system: tuple[float, ...] = ()
+
+    @property
+    def server_mean_in_system(self) -> float | None:
+        """The server's running + waiting, averaged over the window's samples (None: none)."""
+        return float(np.mean(self.server_in_system)) if self.server_in_system else None
 
 
 @dataclass(frozen=True)
@@ -46,7 +54,7 @@ class Verdict:
 def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SLO, *,
                  max_failed_fraction: float, tolerance: float,
                  is_saturated: bool = False, is_closed_loop: bool = False,
-                 is_hold: bool = False) -> Verdict:
+                 is_hold: bool = False, concurrency: float | None = None) -> Verdict:
     """A step against the SLO and steady state.
 
     Missed when: the server's queue kept growing (the step was stopped early); more requests
@@ -61,12 +69,20 @@ def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SL
     window. A closed loop cannot fall behind its own sends: only the queue counts there. A
     hold's in-flight line is not judged: its free arrivals make the count wander by about
     sqrt(n) over each life, and a line through ten lives of that rises by the tolerance about
-    one time in ten by chance; its queue and its completions still show an overload."""
+    one time in ten by chance; its queue and its completions still show an overload.
+
+    A closed loop at `concurrency` whose load was not applied (`unapplied_load`: the server, or
+    the client, held fewer requests than that over the window) has not met the SLO at that
+    concurrency, whatever its percentiles, which are of a lighter load."""
     if is_saturated:
         return Verdict(False, "the waiting queue kept growing (stopped early: saturated)")
     failed = failures_miss(metrics, max_failed_fraction)
     if failed is not None:
         return Verdict(False, failed, is_overload_errors=True)
+    if is_closed_loop and concurrency is not None and counts is not None:
+        unapplied = unapplied_load(counts, concurrency, tolerance)
+        if unapplied is not None:
+            return Verdict(False, unapplied)
     missed = slo_miss(metrics, slo, max_failed_fraction)
     if missed is not None:
         return Verdict(False, missed)
@@ -87,6 +103,38 @@ def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SL
         return Verdict(False, f"the waiting queue grew by {counts.waiting_rise:.0f} requests "
                               f"over the {counts.window_s:.0f} s window")
     return Verdict(True)
+
+
+def unapplied_load(counts: WindowCounts, concurrency: float, tolerance: float) -> str | None:
+    """Why a closed loop at `concurrency` did not apply its load over the window, or None when
+    it did: the requests in flight (time-weighted: on the client's clock, or on the simulated
+    engine's modelled clock, where they are the server's own spans) fell short of the
+    concurrency by more than the tolerance of it (one request at least); or the server's own
+    count (running + waiting, two /metrics samples at least) did, by more than that and twice
+    its samples' standard error. A client starved of CPU sends late and reads its replies
+    late: its own count stays near the concurrency while the server runs far fewer.
+
+    The tolerance, as for an open loop that completed less than it offered: a claim at the
+    concurrency would overstate what the server was shown to serve by more than the search's
+    own resolution. The standard error, as the open loop's count noise: the gauges are
+    instants, and a closed loop of equal requests runs in waves whose gaps (the client's
+    turnaround, milliseconds against a life of seconds on a GPU) one sample in ten may hit.
+    """
+    allowed = max(tolerance * concurrency, 1.0)
+    if concurrency - counts.mean_in_flight > allowed:
+        return (f"load not applied: {counts.mean_in_flight:.3g} of {concurrency:.0f} requests "
+                f"in flight on average over the {counts.window_s:.3g} s window; the SLO is not "
+                f"shown at {concurrency:.0f}")
+    samples = counts.server_in_system
+    if len(samples) >= 2:
+        mean = float(np.mean(samples))
+        error = float(np.std(samples, ddof=1)) / math.sqrt(len(samples))
+        if concurrency - mean > max(allowed, 2.0 * error):
+            return (f"load not applied: the server held {mean:.3g} of {concurrency:.0f} "
+                    f"requests (running + waiting, {len(samples)} samples) over the "
+                    f"{counts.window_s:.3g} s window; the SLO is not shown at "
+                    f"{concurrency:.0f}")
+    return None
 
 
 def least_squares_rise(points: Sequence[tuple[float, float]]) -> float | None:

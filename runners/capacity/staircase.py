@@ -275,7 +275,8 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
         verdict = judge_window(
             metrics, counts, workload.slo, max_failed_fraction=workload.max_failed_fraction,
             tolerance=search.tolerance, is_saturated=run.is_saturated,
-            is_closed_loop=is_closed, is_hold=run.plan.is_hold)
+            is_closed_loop=is_closed, is_hold=run.plan.is_hold,
+            concurrency=run.plan.load if is_closed else None)
         per_window.append((metrics, counts, verdict))
     server = dict(run.server)
     server["is_saturated"] = 1.0 if run.is_saturated else 0.0
@@ -317,6 +318,8 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
         server["steady.waiting_rise"] = counts.waiting_rise
     if counts.in_flight_rise is not None:
         server["steady.in_flight_rise"] = counts.in_flight_rise
+    if counts.server_mean_in_system is not None:
+        server["steady.server_mean_in_system"] = counts.server_mean_in_system
     if any(o.modelled_span_s is not None for outs, _ in run.windows for o in outs):
         server["is_modelled_clock"] = 1.0
     hit_rate = prometheus.prefix_cache_hit_rate(server)

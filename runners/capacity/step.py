@@ -173,6 +173,9 @@ def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, fl
                if start <= t <= end and prometheus.NUM_REQUESTS_WAITING in s]
     rise = least_squares_rise(waiting)
     max_waiting = max((w for _, w in waiting), default=None)
+    in_system = tuple(s[prometheus.NUM_REQUESTS_RUNNING]
+                      + s.get(prometheus.NUM_REQUESTS_WAITING, 0.0) for t, s in samples
+                      if start <= t <= end and prometheus.NUM_REQUESTS_RUNNING in s)
     arrivals_m = [o.modelled_span_s[0] for o in sent if o.modelled_span_s is not None]
     if sent and len(arrivals_m) == sum(o.success for o in sent) and arrivals_m:
         gap = (max(arrivals_m) - min(arrivals_m)) / max(len(arrivals_m) - 1, 1)
@@ -183,7 +186,7 @@ def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, fl
         window = max(t1 - t0, 1e-9)
         return WindowCounts(window_s=window, num_sent=len(sent), num_ended=ended,
                             mean_in_flight=area / window, waiting_rise=rise,
-                            max_waiting=max_waiting)
+                            max_waiting=max_waiting, server_in_system=in_system)
     grid = np.arange(start, end, 0.25)
     in_flight = [(float(t), driver.mean_in_flight(float(t), float(t) + 0.25)) for t in grid]
     return WindowCounts(window_s=max(end - start, 1e-9), num_sent=len(sent),
@@ -191,7 +194,8 @@ def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, fl
                         mean_in_flight=driver.mean_in_flight(start, end),
                         waiting_rise=rise, max_waiting=max_waiting,
                         in_flight_rise=least_squares_rise(in_flight)
-                        if driver.axis == "request_rate" else None)
+                        if driver.axis == "request_rate" else None,
+                        server_in_system=in_system)
 
 
 def _saturated_rates(samples: Sequence[tuple[float, dict[str, float]]]) -> dict[str, float]:

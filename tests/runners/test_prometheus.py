@@ -122,6 +122,19 @@ def test_scrape_reads_a_real_server(fixture_text: str) -> None:
         assert scrape(server.base_url) == parse(fixture_text)
 
 
+def test_scrapes_and_pollers_load_the_ca_bundle_once(fixture_text: str) -> None:
+    """A step makes three clients (its poller, the scrapes before and after its window); each
+    would load the CA bundle again, 20 ms of CPU."""
+    from runners.prometheus import MetricsPoller, _ssl_context
+
+    _ssl_context.cache_clear()
+    with _ScriptedMetricsServer(lambda n: fixture_text) as server:
+        assert scrape(server.base_url) and scrape(server.base_url)
+        with MetricsPoller(server.base_url, interval_s=0.05):
+            pass
+    assert _ssl_context.cache_info().misses == 1, "one SSL context for every client"
+
+
 @pytest.mark.parametrize("status", [404, 503])
 def test_scrape_of_an_error_answer_is_empty(status: int, caplog: pytest.LogCaptureFixture
                                             ) -> None:

@@ -4,6 +4,7 @@ SLO, and that one continuous stream walks every step of a trial on one server.""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,8 @@ from runners.capacity.plan import StepPlan, lifetime_estimate_s, plan_step
 from runners.capacity.step import measure_step
 from runners.capacity_search import CapacitySearch
 from runners.engine import EngineRunner
-from runners.loadgen.requests import build_requests
+from runners.loadgen.metrics import compute_metrics
+from runners.loadgen.requests import RequestSpec, build_requests
 from runners.simulated.launcher import SimulatedLauncher
 from runners.workload import SLO, LengthDistribution, Workload
 from tests.builders import benchmark_metrics, staircase_workload
@@ -104,6 +106,37 @@ def test_close_stops_the_stream_even_where_the_cancel_never_reaches_its_loop() -
     assert not closer.is_alive(), "close returned: the sending loop stopped on its own"
 
 
+def test_a_streams_requests_are_spread_over_clients_of_at_most_32_in_flight() -> None:
+    """httpcore 1.0's pool walks every connection it holds for each queued request whenever a
+    request starts or ends: on one client, a saturated step's 1,700 requests in flight cost
+    2.7 ms of client CPU each against 1.9 spread over clients (bench/staircase_client_cpu.py)."""
+    import asyncio
+
+    import httpx
+
+    from runners.capacity.driver import _REQUESTS_PER_CLIENT, _Clients
+
+    async def spread() -> None:
+        made: list[httpx.AsyncClient] = []
+
+        def make() -> httpx.AsyncClient:
+            made.append(httpx.AsyncClient(trust_env=False))
+            return made[-1]
+
+        async with _Clients(make, _REQUESTS_PER_CLIENT) as clients:
+            held = [clients.acquire() for _ in range(100)]
+            assert len(made) == 4, "100 requests in flight on 4 clients of at most 32"
+            counts = {id(c): sum(c is d for _, d in held) for c in made}
+            assert max(counts.values()) <= _REQUESTS_PER_CLIENT
+            for index, _ in held[:40]:
+                clients.release(index)
+            index, client = clients.acquire()
+            assert len(made) == 4 and client is made[index], "a freed place is taken again"
+        assert all(c.is_closed for c in made), "every client closed with the stream"
+
+    asyncio.run(spread())
+
+
 # -- judging a window ---------------------------------------------------------------------------
 
 def test_a_steady_step_within_the_slo_meets_it() -> None:
@@ -137,6 +170,49 @@ def test_a_step_whose_waiting_queue_grows_misses_whatever_its_percentiles() -> N
 def test_a_closed_loop_is_judged_on_its_queue_not_on_its_own_sends() -> None:
     behind = _steady(num_sent=200, num_ended=150, in_flight=40.0)
     assert _judge(_metrics(), behind, is_closed_loop=True).meets_slo
+
+
+def test_a_closed_loop_whose_server_held_far_fewer_than_its_concurrency_has_not_met_it() -> None:
+    """A starved client (a busy host) keeps its own count at the concurrency while the server
+    runs far fewer: one CI run judged 256 concurrent requests met the SLO at a load the
+    server never saw. The load was not applied, so the SLO is not shown at 256."""
+    starved = WindowCounts(window_s=5.0, num_sent=300, num_ended=300, mean_in_flight=255.0,
+                           waiting_rise=0.0, server_in_system=(52.0, 61.0, 70.0, 57.0, 60.0))
+    verdict = _judge(_metrics(p99_tpot_ms=9.0), starved, is_closed_loop=True, concurrency=256)
+    assert not verdict.meets_slo and not verdict.is_overload_errors
+    assert verdict.reason == ("load not applied: the server held 60 of 256 requests (running + "
+                              "waiting, 5 samples) over the 5 s window; the SLO is not shown "
+                              "at 256"), verdict.reason
+    # The modelled clock's spans (the simulated engine) are the server's own count.
+    short = WindowCounts(window_s=2.0, num_sent=300, num_ended=300, mean_in_flight=200.0,
+                         waiting_rise=0.0)
+    verdict = _judge(_metrics(), short, is_closed_loop=True, concurrency=256)
+    assert not verdict.meets_slo and "200 of 256 requests in flight" in str(verdict.reason)
+
+
+def test_a_closed_loop_short_of_its_concurrency_within_the_tolerance_meets_it() -> None:
+    """A healthy client's shortfall is its turnaround between a reply and the next send: up to
+    the tolerance of the concurrency (one request at least) is the load applied; and a server
+    sample that fell into a wave's gap is within the samples' noise."""
+    near = WindowCounts(window_s=5.0, num_sent=300, num_ended=300, mean_in_flight=256.0,
+                        waiting_rise=0.0, server_in_system=(231.0, 231.0))
+    assert _judge(_metrics(), near, is_closed_loop=True, concurrency=256).meets_slo
+    assert not _judge(_metrics(), near, is_closed_loop=True, concurrency=258).meets_slo
+    small = WindowCounts(window_s=5.0, num_sent=40, num_ended=40, mean_in_flight=3.1,
+                         waiting_rise=0.0, server_in_system=(3.0, 4.0, 3.0))
+    assert _judge(_metrics(), small, is_closed_loop=True, concurrency=4).meets_slo, \
+        "one request short of 4 is within the floor"
+    gap = WindowCounts(window_s=10.0, num_sent=100, num_ended=100, mean_in_flight=64.0,
+                       waiting_rise=0.0, server_in_system=(64.0,) * 7 + (0.0,))
+    assert _judge(_metrics(), gap, is_closed_loop=True, concurrency=64).meets_slo, \
+        "one sample of eight in a wave's gap: a mean of 56, within twice its standard error (8)"
+    client = WindowCounts(window_s=10.0, num_sent=100, num_ended=100, mean_in_flight=57.0,
+                          waiting_rise=0.0)
+    assert not _judge(_metrics(), client, is_closed_loop=True, concurrency=64).meets_slo, \
+        "the in-flight count is time-weighted, not sampled: no noise to allow"
+    open_loop = _steady(in_flight=40.0)
+    assert _judge(_metrics(), open_loop, concurrency=256).meets_slo, \
+        "an open loop has no concurrency to apply"
 
 
 def test_overload_errors_are_a_missed_step_and_say_so() -> None:
@@ -213,6 +289,58 @@ def test_arrivals_keep_flowing_until_every_measured_request_has_ended(tmp_path: 
                 "requests were still being sent when the last measured one ended"
         finally:
             driver.close()
+    finally:
+        proc.terminate()
+
+
+def test_a_starved_client_on_the_simulated_engine_is_an_unapplied_load_not_a_met_slo(
+        tmp_path: Path) -> None:
+    """The fault CI hit, forced: the client's loop is blocked 20 ms at each send (a host whose
+    other work starves it), so it refills at most 50 requests a second where 64 requests of
+    well under a second each need over a hundred. The SLO is loose enough that only the
+    unapplied load can miss it."""
+    import time
+
+    from runners.process import EngineProcess, free_port, wait_healthy
+
+    launcher = SimulatedLauncher("h200", startup_time_scale=0.01, seed=0)
+    config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
+    port = free_port()
+    argv, env = launcher.command(config, port, tmp_path, None)
+    proc = EngineProcess.start(argv, env, tmp_path / "log", tmp_path)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert wait_healthy(url, proc, 60.0) == "ready"
+        workload = Workload(input_len=LengthDistribution(mean=128),
+                            output_len=LengthDistribution(mean=64))
+
+        def starved() -> Iterator[RequestSpec]:
+            for spec in endless_requests(
+                    lambda n, s: build_requests(workload, n, seed=s), 64, 0, False):
+                time.sleep(0.02)  # blocks the driver's event loop, as a starved host does
+                yield spec
+
+        driver = StaircaseDriver(url, "model", starved(), axis="concurrency", timeout_s=30,
+                                 seed=0)
+        plan = StepPlan(load=64, warmup_s=0.5, window_s=2.0, lifetime_s=0.5,
+                        expected_requests=256.0)
+        driver.start(64)
+        try:
+            run = measure_step(driver, url, plan, repeats=1, request_timeout_s=30,
+                               check_engine=lambda: None, is_first=True)
+        finally:
+            driver.close()
+        (outputs, counts), = run.windows
+        assert outputs and all(o.success for o in outputs)
+        loose = SLO(tpot_p99_ms=1000.0)
+        metrics = compute_metrics(outputs, counts.window_s, loose)
+        assert judge_window(metrics, counts, loose, max_failed_fraction=0.05, tolerance=0.1,
+                            is_closed_loop=True).meets_slo, \
+            "its figures alone meet the SLO: only the load's shortfall can miss it"
+        verdict = judge_window(metrics, counts, loose, max_failed_fraction=0.05,
+                               tolerance=0.1, is_closed_loop=True, concurrency=64)
+        assert not verdict.meets_slo and "load not applied" in str(verdict.reason), \
+            (verdict, counts)
     finally:
         proc.terminate()
 

@@ -204,6 +204,45 @@ def test_a_replay_cut_by_its_time_bound_says_how_much_it_sent_and_at_what_rate(
     assert "replays a gap of 3600 s" in caplog.text and "max_gap_s" in caplog.text
 
 
+def test_a_probe_replays_the_traces_first_requests_its_rate_fits_in_its_time_bound() -> None:
+    busy_then_quiet = [0.0, 0.1, 0.2, 0.3, 0.4, 10.0, 20.0, 30.0]
+    assert arrivals.trace_prefix_len(busy_then_quiet, 4.0, 1.0) == 5, \
+        "4 req/s over 1 s: five arrivals, four gaps of 0.25 s"
+    assert arrivals.trace_offsets_s(busy_then_quiet[:5], 4.0) == \
+        pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])
+    assert arrivals.trace_prefix_len(busy_then_quiet, 100.0, 1.0) == 8, "all of it fits"
+    assert arrivals.trace_prefix_len(busy_then_quiet, 4.0, None) == 8, "no bound: all of it"
+    assert arrivals.trace_prefix_len([0.0, 0.0, 0.0, 2.0, 3.0], 1.0, 1.0) == 4, \
+        "arrivals at one instant have no rate: the first later one joins them"
+
+
+def test_a_capacity_probe_over_a_trace_offers_its_rate_in_the_part_it_replays(
+        tmp_path: Path) -> None:
+    """A probe bounded by `probe_duration_s` replays the trace's first part; the rate the
+    bracket states is that part's. Scaling the whole trace to the probe's rate and cutting it
+    sent the busy first second at 12 req/s under a label of 4."""
+    from runners.capacity_search import CapacitySearch
+
+    trace = tmp_path / "trace.jsonl"
+    recorded = [0.1 * k for k in range(10)] + [10.0, 20.0, 30.0, 40.0]  # busy, then quiet
+    trace.write_text("".join(
+        f'{{"timestamp": {t}, "input_length": 16, "output_length": 2}}\n' for t in recorded))
+    search = CapacitySearch("request_rate", low=1.0, high=4.0, max_probes=1,
+                            probe_duration_s=1.0)
+    workload = Workload(output_len=LengthDistribution(mean=2), num_requests=None,
+                        num_warmup_requests=0, slo=SLO(tpot_p99_ms=1000.0),
+                        trace=TraceReplay(trace), capacity=search)
+    result = _run(tmp_path, workload)
+    (probe,) = result.steps
+    server = probe.server_metrics
+    assert probe.level.request_rate_rps == 4.0 and probe.meets_slo
+    assert (server["trace_num_replayed"], server["trace_num_requests"]) == (5.0, 14.0), \
+        "the first five requests (four gaps at 4 req/s span the 1 s bound), all sent"
+    assert server["trace_replayed_rate_rps"] == pytest.approx(4.0), \
+        "the part replayed was offered at the probe's rate"
+    assert result.capacity is not None and result.capacity.met_load == 4.0
+
+
 def test_a_traces_text_prompt_length_is_labelled_recorded_not_counted(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     path.write_text('{"timestamp": 0, "input_length": 99, "output_length": 2, '
