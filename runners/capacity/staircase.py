@@ -32,6 +32,7 @@ from runners.capacity.driver import STOPPED_ERROR, StaircaseDriver, endless_requ
 from runners.capacity.judge import Verdict, WindowCounts, judge_window
 from runners.capacity.plan import lifetime_estimate_s, plan_hold, plan_step
 from runners.capacity.profile_window import profile_window
+from runners.capacity.slo import certain_miss
 from runners.capacity.step import StepRun, measure_step
 from runners.capacity_search import CapacitySearch, Probe
 from runners.credentials import auth_headers
@@ -101,7 +102,8 @@ def run_staircase(session: EngineSession, steps: list[StepMetrics], on_step: OnS
             run = measure_step(
                 driver, base_url, plan, repeats=workload.repeats,
                 request_timeout_s=workload.request_timeout_s, check_engine=check_engine,
-                is_first=index == 0)
+                is_first=index == 0, decide=lambda ended, most: certain_miss(
+                    ended, workload.slo, workload.max_failed_fraction, most))
             check_engine()
             step, verdict = judge_step(s, run, index)
             if verdict.is_overload_errors and not is_hold and (load <= search.low or any(
@@ -306,6 +308,14 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
     if not run.is_finished and verdict.meets_slo:
         verdict = Verdict(False, "measured requests still running when the wait "
                                            "for them ended")
+    if run.decided_early is not None:
+        # Its window is the part it ran: the figures are of those requests, and the verdict
+        # is theirs (a miss: more were over a bound than the p99 of any longer window allows).
+        cut = (f"stopped after {counts.window_s:.0f} of {run.plan.window_s:.0f} s: "
+               f"{run.decided_early}")
+        verdict = Verdict(False, f"{verdict.reason}; {cut}" if not verdict.meets_slo else cut,
+                          is_overload_errors=verdict.is_overload_errors)
+        server["steady.planned_window_s"] = run.plan.window_s
     server.update({
         "steady.window_s": counts.window_s,
         "steady.lifetime_s": run.plan.lifetime_s,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runners.capacity.driver import StaircaseDriver
+from runners.capacity.driver import STOPPED_ERROR, StaircaseDriver
 from runners.capacity.judge import (
     WindowCounts,
     counter_rate_per_s,
@@ -43,16 +43,22 @@ class StepRun:
     window_start_s: float  # time.monotonic()
     warmup_s: float = 0.0  # s the step ran before its window (or before it was stopped)
     is_settled: bool = True  # an open loop's in-flight count had stopped rising by its window
+    # a hold cut short: why it had missed whatever its remaining requests would do (None: not)
+    decided_early: str | None = None
 
 
 def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repeats: int,
                  request_timeout_s: float, check_engine: Callable[[], None],
-                 is_first: bool = False) -> StepRun:
+                 is_first: bool = False,
+                 decide: Callable[[list[RequestOutput], int], str | None] | None = None,
+                 ) -> StepRun:
     """Walk one step: set the load (the stream goes on from the step before), wait out the
     warm-up, measure `repeats` consecutive windows, then keep the load flowing until every
     measured request has ended. `check_engine` is called every 0.2 s and raises to abort (the
     engine died or stalled). A rate step whose waiting queue keeps growing is stopped at once:
-    saturated. The caller cancels a missed step's backlog."""
+    saturated. The caller cancels a missed step's backlog. A hold on a rate is cut short once
+    `decide` (given the window's ended requests so far and the most it can send) says it has
+    missed whatever its remaining requests do; its measured requests still end under load."""
     from runners import prometheus
 
     api_key = driver.api_key  # /metrics asks for it as the completions do
@@ -73,6 +79,7 @@ def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repe
     before: dict[str, float] = {}
     after: dict[str, float] = {}
     is_finished = True
+    decided: str | None = None
     try:
         sleep_until(driver, step_start + plan.warmup_s, check_engine, saturated)
         if driver.axis == "request_rate":
@@ -81,9 +88,13 @@ def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repe
             before = prometheus.scrape(base_url, api_key=api_key)
             for k in range(max(1, repeats)):
                 start = driver.now() if k == 0 else bounds[-1][1]
-                sleep_until(driver, start + plan.window_s, check_engine, saturated)
+                if plan.is_hold and driver.axis == "request_rate":
+                    decided = hold_until(driver, start, plan, check_engine, saturated,
+                                         decide=decide)
+                else:
+                    sleep_until(driver, start + plan.window_s, check_engine, saturated)
                 bounds.append((start, driver.now()))
-                if is_saturated():
+                if is_saturated() or decided is not None:
                     break
             after = prometheus.scrape(base_url, api_key=api_key)
             measured_sent = [s for a, b in bounds for s in driver.sent_between(a, b)]
@@ -121,7 +132,7 @@ def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repe
                    early_duration_s=early_s, server=server, is_saturated=is_saturated(),
                    is_finished=is_finished,
                    window_start_s=window_start, warmup_s=window_start - step_start,
-                   is_settled=is_settled)
+                   is_settled=is_settled, decided_early=decided)
 
 
 def sleep_until(driver: StaircaseDriver, deadline_s: float, check_engine: Callable[[], None],
@@ -133,6 +144,43 @@ def sleep_until(driver: StaircaseDriver, deadline_s: float, check_engine: Callab
         if saturated is not None and saturated.is_set():
             return
         time.sleep(min(0.2, max(0.0, deadline_s - driver.now())))
+
+
+_DECIDE_EVERY_S = 2.0  # how often a hold looks at its ended requests
+_COUNT_SIGMAS = 6.0  # the arrivals a hold may still send: their mean plus this many deviations
+
+
+def most_requests(sent: int, rate: float, remaining_s: float, burstiness: float) -> int:
+    """The most requests a window that has sent `sent` can hold once `remaining_s` more of
+    free arrivals at `rate` have come (gamma gaps of shape `burstiness`, Poisson at 1: their
+    count's variance is about its mean / burstiness): the mean plus `_COUNT_SIGMAS` of its
+    deviation, plus a few, a bound a draw passes far less than once in a million."""
+    mean = max(0.0, rate * remaining_s)
+    return sent + math.ceil(mean + _COUNT_SIGMAS * math.sqrt(mean / max(burstiness, 1e-3)) + 6)
+
+
+def hold_until(driver: StaircaseDriver, start: float, plan: StepPlan,
+               check_engine: Callable[[], None], saturated: threading.Event | None, *,
+               decide: Callable[[list[RequestOutput], int], str | None] | None) -> str | None:
+    """A hold's window from `start`: wait out `plan.window_s` as `sleep_until` does, asking
+    `decide` every `_DECIDE_EVERY_S` with the window's ended requests and the most it can
+    send (`most_requests`); its reason once it has missed whatever the rest do (the window
+    ends there), else None."""
+    end = start + plan.window_s
+    while True:
+        sleep_until(driver, min(end, driver.now() + _DECIDE_EVERY_S), check_engine, saturated)
+        now = driver.now()
+        if now >= end or decide is None or (saturated is not None and saturated.is_set()):
+            return None
+        sent = driver.sent_between(start, now)
+        ended = [o for o in driver.outputs([x for x in sent if x.ended_s is not None])
+                 if o.error != STOPPED_ERROR]
+        reason = decide(ended, most_requests(len(sent), plan.load, end - now,
+                                             driver.burstiness))
+        if reason is not None:
+            logger.info("hold at %g: stopped after %.0f of %.0f s: %s", plan.load,
+                        now - start, plan.window_s, reason)
+            return reason
 
 
 def settle(driver: StaircaseDriver, step_start: float, plan: StepPlan,

@@ -36,6 +36,13 @@ def _has_slo(slo: SLO) -> bool:
     return any(v is not None for v in (slo.ttft_p99_ms, slo.tpot_p99_ms, slo.e2el_ms))
 
 
+def tpot_s(out: RequestOutput) -> float | None:
+    """A successful request's time per output token after the first, s, as vLLM computes it;
+    None with a single token (vLLM's goodput then takes it as 0)."""
+    output_len = out.output_tokens or 1
+    return (out.latency_s - out.ttft_s) / (output_len - 1) if output_len > 1 else None
+
+
 def compute_metrics(
     outputs: Sequence[RequestOutput],
     duration_s: float,
@@ -68,11 +75,10 @@ def compute_metrics(
         output_len = out.output_tokens or 1
         total_output += output_len
         total_input += out.prompt_len
-        tpot = 0.0
-        if output_len > 1:
-            tpot = (out.latency_s - out.ttft_s) / (output_len - 1)
+        tpot = tpot_s(out)
+        if tpot is not None:
             tpots.append(tpot)
-        all_tpots.append(tpot)
+        all_tpots.append(tpot or 0.0)
         itls.extend(out.itl_s)
         ttfts.append(out.ttft_s)
         e2els.append(out.latency_s)

@@ -4,6 +4,7 @@ runners/capacity/staircase.py), and what a missed hold overturns."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -182,3 +183,99 @@ def test_a_holds_wandering_in_flight_line_is_not_a_miss_but_its_growing_queue_is
     queue = WindowCounts(window_s=180.0, num_sent=1926, num_ended=1920, mean_in_flight=160.0,
                          waiting_rise=300.0, in_flight_rise=18.0)
     assert not judge_window(metrics, queue, SLO(tpot_p99_ms=15), is_hold=True, **kw).meets_slo
+
+
+# -- a hold that has already missed ------------------------------------------------------------
+
+def test_the_p99_rule_for_a_cut_hold_matches_numpy_at_every_count_up_to_the_most() -> None:
+    """`p99_over_at_most(k, M)`: with k values over the bound, numpy's p99 (as compute_metrics
+    takes it) is over it for every count n from k to M; and the rule asks for at most one
+    request more than 1% of M (it waits for both interpolated ranks, so it never errs)."""
+    from runners.capacity.slo import p99_over_at_most
+
+    for most in [*range(1, 400), 1000, 2190, 2377]:
+        least = next(k for k in range(most + 2) if p99_over_at_most(k, most))
+        assert least <= math.ceil(0.01 * most) + 1, (most, least)
+        for n in {*range(least, min(most, least + 300) + 1), most}:
+            values = np.r_[np.zeros(n - least), np.ones(least)]
+            assert np.percentile(values, 99) > 0.5, (most, n, least)
+
+
+def test_a_window_certainly_missed_once_its_ended_requests_decide_any_p99_it_can_reach() -> None:
+    from runners.capacity.slo import certain_miss
+    from runners.loadgen.client import RequestOutput
+
+    def out(tpot_ms: float, *, ok: bool = True) -> RequestOutput:
+        return RequestOutput(success=ok, ttft_s=0.05, output_tokens=101,
+                             latency_s=0.05 + 100 * tpot_ms / 1000)
+
+    slo = SLO(tpot_p99_ms=15)
+    fine = [out(12.0)] * 1000
+    assert certain_miss(fine + [out(16.0)] * 20, slo, 0.05, 2000) is None, \
+        "20 over: a window of 2000 may still hold its p99 within"
+    reason = certain_miss(fine + [out(16.0)] * 20, slo, 0.05, 1500)
+    assert reason is not None and "20 requests over the TPOT bound of 15 ms" in reason
+    assert certain_miss(fine + [out(0, ok=False)] * 101, slo, 0.05, 2000) is not None
+    assert certain_miss(fine + [out(0, ok=False)] * 100, slo, 0.05, 2000) is None
+
+
+def test_the_most_a_hold_can_still_send_bounds_its_free_arrivals() -> None:
+    from runners.capacity.step import most_requests
+
+    rng = np.random.default_rng(0)
+    for rate, remaining_s, burstiness in [(9.79, 120.0, 1.0), (30.0, 60.0, 0.5), (0.5, 10, 1)]:
+        shape, scale = burstiness, 1.0 / (rate * burstiness)
+        counts = [int(np.searchsorted(np.cumsum(rng.gamma(shape, scale, 4 * int(
+            rate * remaining_s) + 50)), remaining_s)) for _ in range(20_000)]
+        assert max(counts) < most_requests(0, rate, remaining_s, burstiness) - 0
+
+
+def test_a_hold_that_has_missed_whatever_comes_is_cut_short_and_its_requests_still_end(
+        tmp_path: Path) -> None:
+    """A hold under a TPOT bound no request meets: it stops within a few decisions, not after
+    its planned window; the requests it sent end under load; the same hold under a bound
+    every request meets runs its whole window."""
+    from runners.capacity.driver import endless_requests
+    from runners.capacity.plan import StepPlan
+    from runners.capacity.slo import certain_miss
+    from runners.capacity.step import measure_step
+    from runners.loadgen.requests import build_requests
+    from runners.process import EngineProcess, free_port, wait_healthy
+    from runners.workload import LengthDistribution, Workload
+
+    launcher = SimulatedLauncher("h200", startup_time_scale=0.01, seed=0)
+    config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
+    port = free_port()
+    argv, env = launcher.command(config, port, tmp_path, None)
+    proc = EngineProcess.start(argv, env, tmp_path / "log", tmp_path)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert wait_healthy(url, proc, 60.0) == "ready"
+        workload = Workload(input_len=LengthDistribution(mean=128),
+                            output_len=LengthDistribution(mean=32))
+        plan = StepPlan(load=40.0, warmup_s=0.5, window_s=12.0, lifetime_s=0.3,
+                        expected_requests=480.0, is_hold=True)
+        windows = {}
+        for name, bound_ms in (("tight", 0.001), ("loose", 10_000.0)):
+            requests = endless_requests(
+                lambda n, s: build_requests(workload, n, seed=s), 64, 0, False)
+            driver = StaircaseDriver(url, "model", requests, axis="request_rate",
+                                     timeout_s=30, seed=0)
+            driver.start(40.0)
+            slo = SLO(tpot_p99_ms=bound_ms)
+            try:
+                run = measure_step(driver, url, plan, repeats=1, request_timeout_s=30,
+                                   check_engine=lambda: None, is_first=True,
+                                   decide=lambda ended, most, slo=slo: certain_miss(
+                                       ended, slo, 0.05, most))
+            finally:
+                driver.close()
+            (outputs, _), = run.windows
+            assert run.is_finished and outputs and all(o.success for o in outputs)
+            windows[name] = (run.decided_early, len(outputs))
+        decided, cut = windows["tight"]
+        assert decided is not None and "over the TPOT bound" in decided, windows
+        assert windows["loose"][0] is None
+        assert cut < windows["loose"][1] / 2, f"cut short: {windows}"
+    finally:
+        proc.terminate()
