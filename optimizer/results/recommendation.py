@@ -189,7 +189,19 @@ def is_slo_unmet(study: optuna.Study) -> bool:
     violated SLO constraint); False before any trial was measured."""
     measured = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                 if is_measured(t) and t.values is not None]
-    return bool(measured) and all(t.constraints.get(SLO_CONSTRAINT, 0.0) > 0 for t in measured)
+    return bool(measured) and not any(met_slo(t) for t in measured)
+
+
+def met_slo(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether a measured trial met the SLO at some load: its SLO constraint holds (or the
+    study has none), and after a capacity search a load met it (an operating point: a probe
+    that met the SLO in its window but whose hold missed leaves none)."""
+    if trial.constraints.get(SLO_CONSTRAINT, 0.0) > 0:
+        return False
+    record = record_of(trial)
+    capacity = record.capacity if record is not None else None
+    return not (isinstance(capacity, Mapping) and "met_load" in capacity
+                and not capacity.get("met_load"))
 
 
 def no_slo_met(study: optuna.Study,
@@ -219,7 +231,8 @@ def no_slo_met(study: optuna.Study,
                     continue
                 worst = max(worst, float(value) / bound)
                 if value > bound:
-                    misses.append(f"{words} {value:.3g} ms against {bound:g} ms")
+                    shown = f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
+                    misses.append(f"{words} {shown} ms against {bound:g} ms")
             if misses and (closest is None or worst < closest[0]):
                 closest = (worst, trial.number, _step_load(metrics), misses)
     if not any(v is not None for v in bounds.values()):

@@ -621,3 +621,25 @@ def test_a_local_model_folder_exports_as_an_absolute_path_and_config_only_says_s
     (here / "mixtral" / "model.safetensors").write_bytes(b"")
     text = render(select_trial(study, cfg), cfg, "sh")
     assert str(here / "mixtral") in text and "config only" not in text
+
+
+def test_a_capacity_search_with_no_operating_point_met_the_slo_nowhere() -> None:
+    """The explore check's capacity variant: a probe met the SLO in its 0 s window, the hold
+    missed, so the trial had no operating point; it still ended "recommended: trial 0"."""
+    from optimizer.results.recommendation import no_slo_met, recommended_trial
+
+    cfg = parse_study({"name": "c", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 2},
+                       "slo": {"ttft_p99_ms": 300}})
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(
+        value=0.0, constraints={"slo": 0.0}, user_attrs={"baseline": True, "record": {
+            "state": "complete", "params": {}, "conclusion": "no operating point",
+            "capacity": {"axis": "concurrency", "met_load": None, "missed_load": 128.0,
+                         "status": "unresolved", "num_probes": 2, "held": False},
+            "steps": [{"metrics": {"completed": 2, "offered_concurrency": 128.0,
+                                   "p99_ttft_ms": 274.0}},
+                      {"metrics": {"completed": 384, "offered_concurrency": 128.0,
+                                   "p99_ttft_ms": 2529.0}}]}}))
+    assert recommended_trial(study) is None
+    assert "closest: trial 0 at concurrency 128, TTFT p99 2,529 ms against 300 ms" in \
+        (no_slo_met(study, cfg.spec.slo.model_dump()) or "")
