@@ -36,6 +36,15 @@ def advice(verdict: Verdict, *,
     fp8_kv = ev.get("is_fp8_kv") == 1.0 or engine.kv_cache_is_fp8
     eager = ev.get("is_enforce_eager") == 1.0 or is_true(flags.get("enforce_eager") or False)
     label = verdict.label
+    if label == "unknown" and ev.get("is_unphysical") == 1.0:
+        return "measure a longer window (more requests per level) to tell"
+    if label == "at-physical-limit":
+        is_flop = (ev.get("compute_utilization") or 0.0) >= \
+            (ev.get("bandwidth_utilization") or 0.0) and "compute_utilization" in ev
+        if is_flop and not fp8_weights and ev.get("is_fp8_capable") == 1.0:
+            # The bf16 ceiling is not this card's: its fp8 tensor cores run about twice it.
+            return ("this is the bf16 FLOP ceiling's limit for this batch, not the GPU's: "
+                    "fp8 weights (quantization fp8) raise the ceiling on this GPU")
     if label == "launch-bound":
         if eager:
             return "keep CUDA graphs on"

@@ -131,7 +131,8 @@ _CONTEXT_FIELDS: Final = ("compute_utilization", "bandwidth_utilization",
                           "vllm_compute_utilization", "vllm_bandwidth_utilization",
                           "prefill_flop_share", "kv_read_share", "requests_in_flight",
                           "num_runtime_jit_compiles",
-                          "is_fp8_weights", "is_fp8_kv", "is_enforce_eager")
+                          "is_fp8_weights", "is_fp8_kv", "is_enforce_eager",
+                          "is_fp8_capable", "window_s")
 
 
 def classify(evidence: Evidence, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Verdict:
@@ -199,8 +200,15 @@ def _classify(evidence: Evidence, thresholds: Thresholds) -> Verdict:
             f"KV cache {kv:.0%} full, {_pressure(e)}",
             f"the KV cache was {kv:.0%} full with {_pressure(e)}", ["metrics"])
 
+    # Over 100% of a ceiling no GPU runs: the figures, not the hardware, are wrong (a window
+    # too short to measure a rate, or inputs that disagree). No label is built on them.
+    if rf is not None and rf > 1.0:
+        return _unphysical(e, rf)
+
     if rf is not None and rf >= t.at_limit_roofline_fraction and e.has_mix:
         ceiling = _dominant_ceiling(e)
+        if ceiling == "FLOP":
+            ceiling = f"{flop_precision(e.is_fp8_weights, e.is_fp8_capable)} FLOP"
         return _verdict("at-physical-limit", rf, rf_ev, f"{rf:.0%} of the {ceiling} ceiling",
                         f"the level ran at {e.compute_utilization:.0%} of the FLOP ceiling and "
                         f"{e.bandwidth_utilization:.0%} of the bandwidth ceiling",
@@ -303,6 +311,38 @@ def _classify(evidence: Evidence, thresholds: Thresholds) -> Verdict:
     return Verdict(label="unknown", roofline_fraction=rf, evidence=_num(rf_ev),
                    reason=f"unknown: {why} (from {', '.join(have) or 'nothing'}).",
                    detail="not enough evidence", sources=tuple(have))
+
+
+# A level's window shorter than this measures no rate: a few requests' start and end decide it.
+MIN_RATE_WINDOW_S: Final = 1.0
+
+
+def flop_precision(is_fp8_weights: bool | float | None,
+                   is_fp8_capable: bool | float | None) -> str:
+    """The precision of the FLOP ceiling a level is measured against: fp8 where its weights
+    are fp8 on a card with fp8 tensor cores, else bf16 (`roofline.step_roofline`'s peak)."""
+    return "fp8" if is_fp8_weights and is_fp8_capable else "bf16"
+
+
+def _unphysical(e: Evidence, rf: float) -> Verdict:
+    """`unknown`, where the level's figures put it over 100% of a ceiling: why, with the
+    window where it was too short to measure a rate."""
+    over = (f"{e.compute_utilization:.0%} of the FLOP ceiling, {e.bandwidth_utilization:.0%} "
+            "of the bandwidth ceiling") if e.has_mix else f"{rf:.0%} of the roofline"
+    if e.window_s is not None and e.window_s < MIN_RATE_WINDOW_S:
+        why = (f"its {e.window_s:.2g} s window is too short to measure a rate (at least "
+               f"{MIN_RATE_WINDOW_S:g} s)")
+        detail = f"over 100% of a ceiling from a {e.window_s:.2g} s window: too short"
+    else:
+        why = "its figures are inconsistent (the rate measured or the roofline's inputs)"
+        detail = "over 100% of a ceiling: figures inconsistent"
+    used: list[Source] = ["roofline", "metrics"]
+    return Verdict(label="unknown", roofline_fraction=rf,
+                   evidence=_num({"roofline_fraction": rf, "window_s": e.window_s,
+                                  "is_unphysical": 1.0}),
+                   reason=f"unknown: the level's figures put it at {over}, which no GPU runs: "
+                          f"{why}; no label is built on them (from {', '.join(used)}).",
+                   detail=detail, sources=tuple(used))
 
 
 def _dominant_ceiling(e: Evidence) -> str:

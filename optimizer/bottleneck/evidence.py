@@ -69,6 +69,10 @@ class Evidence:
     num_runtime_jit_compiles: float | None = None  # kernels vLLM JIT-compiled while serving
     is_fp8_weights: bool | None = None  # the GEMMs' weights are fp8 (flag or checkpoint)
     is_fp8_kv: bool | None = None  # kv_cache_dtype fp8*
+    # The card has fp8 tensor cores (its fp8 FLOP ceiling is above the bf16 one): fp8 weights
+    # raise the FLOP ceiling the level is measured against.
+    is_fp8_capable: bool | None = None
+    window_s: float | None = None  # the level's measured window (its duration), seconds
     # Which load all of the above describes (`objectives.described_step`): "9.9 req/s",
     # "concurrency 32"; "" where no level was measured.
     load: str = ""
@@ -261,6 +265,9 @@ def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
         num_runtime_jit_compiles=None if jit is None else float(jit),
         is_fp8_weights=is_fp8_weights(config, model),
         is_fp8_kv=is_fp8_kv(config),
+        is_fp8_capable=hardware.fp8_tflops > hardware.bf16_tflops > 0
+        if hardware is not None else None,
+        window_s=positive(step.metrics.duration_s) if step is not None else None,
         load=_load_text(step) if step is not None else "",
         is_within_slo=step.meets_slo if step is not None else None,
         profile_load=_profile_load(trace) if trace else "",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -33,7 +33,7 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
     Example:
       nightshift status examples/quickstart.yaml
     """
-    from optimizer.results.trial_record import confirmation_of
+    from optimizer.results.recommendation import confirmation_sentence
     from optimizer.storage.lock import read_lease, read_lock, study_lock_path
     from optimizer.storage.study import count_trials, existing_storage, open_study
 
@@ -47,12 +47,12 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
     out.print(f"study [bold]{cfg.name}[/]: daemon {running}; "
               f"{count_trials(trials).describe()}", highlight=False, soft_wrap=True)
     out.print(trial_table(status_rows(trials), cfg.objectives, out.width))
-    pick = recommendation_text(opened, cfg.objectives)
+    pick = recommendation_text(opened, cfg.objectives, cfg.spec.slo.model_dump())
     if pick:
         out.print(pick, highlight=False, soft_wrap=True)
-    confirmed = confirmation_of(opened)
-    if confirmed is not None and confirmed.sentence:
-        out.print(f"re-measured: {confirmed.sentence}", highlight=False, soft_wrap=True)
+    sentence = confirmation_sentence(opened)
+    if sentence:
+        out.print(f"re-measured: {sentence}", highlight=False, soft_wrap=True)
 
 
 def status_rows(trials: Sequence[FrozenTrial]) -> list[TableRow]:
@@ -113,12 +113,21 @@ def _finite(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def recommendation_text(study: Any, objectives: Sequence[str]) -> str:
+def recommendation_text(study: Any, objectives: Sequence[str],
+                        slo: Mapping[str, float | None] | None = None) -> str:
     """`recommended: trial 9, goodput 37.1 req/s` and, where it is not the best measured, why
-    (recommendation.recommendation_note); the end-of-run line and `status` print it. "" when
-    none."""
-    from optimizer.results.recommendation import recommendation_note, recommended_trial
+    (recommendation.recommendation_note); where no trial met the SLO, that line instead
+    (recommendation.no_slo_met; `slo`, the study's bounds, else the stored fingerprint's);
+    the end-of-run line and `status` print it. "" when none."""
+    from optimizer.results.recommendation import (
+        no_slo_met,
+        recommendation_note,
+        recommended_trial,
+    )
 
+    unmet = no_slo_met(study, slo)
+    if unmet is not None:
+        return unmet
     pick = recommended_trial(study)
     if pick is None or not pick.values:
         return ""
@@ -145,7 +154,10 @@ def export(
     trial: Annotated[int | None, typer.Option(
         metavar="N", help="Export trial N (default: the recommended one: the best that "
                           "`nightshift audit` passes, or the config with the fewest changes "
-                          "from the defaults within 2% of it)."
+                          "from the defaults within 2% of it, or the defaults where the final "
+                          "confirmation found it within noise of them; where no trial met the "
+                          "SLO there is none, and only --trial N exports). Not with "
+                          "--max-tpot-ms."
     )] = None,
     fmt: Annotated[str, typer.Option(
         "--format", metavar="FORMAT", help="yaml (for `vllm serve --config`), sh (a launcher) "
@@ -187,6 +199,9 @@ def export(
     from optimizer.storage.study import open_study
 
     cfg = load_config(study).with_overrides(storage=storage)
+    if trial is not None and max_tpot_ms is not None:
+        raise ConfigError("export --trial and --max-tpot-ms pick the trial two ways; give "
+                          "one.")
     if max_tpot_ms is not None and not (math.isfinite(max_tpot_ms) and max_tpot_ms > 0):
         raise ConfigError(f"export --max-tpot-ms: expected a number of milliseconds > 0 but "
                           f"got {max_tpot_ms:g}; give the TPOT p99 limit to pick within.")

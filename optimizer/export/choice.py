@@ -18,12 +18,15 @@ from optimizer.results.recommendation import (
     NOISE_FRACTION,
     audit_errors,
     is_measured,
+    no_slo_met,
     params_of,
     recommendation_note,
     recommended_trial,
     vllm_defaults_of,
 )
 from optimizer.results.trial_record import (
+    confirm_label,
+    is_baseline,
     record_of,
 )
 from search_spaces import SpaceError, changed_params, to_flags
@@ -32,6 +35,13 @@ from search_spaces import SpaceError, changed_params, to_flags
 def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = None,
                  max_tpot_ms: float | None = None,
                  force_quality: bool = False) -> optuna.trial.FrozenTrial:
+    """The trial an export writes: `number` (--trial N; never a final confirmation run, which
+    re-measured a trial of the search: that one is named), else the best within
+    `max_tpot_ms`, else the recommendation. Where no trial met the SLO only `number` exports
+    (NightshiftError, exit 1, otherwise: there is nothing to recommend)."""
+    if number is not None and max_tpot_ms is not None:
+        raise ConfigError("export --trial and --max-tpot-ms pick the trial two ways; give "
+                          "one.")
     # Measured configs: not a config failure (complete to Optuna, failed to us), not a final
     # confirmation run (a copy of the best or of the defaults), not refused by the quality gate.
     complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -41,6 +51,11 @@ def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = 
         if not found:
             raise ConfigError(f"--trial {number}: no such trial in study {cfg.name!r}; "
                               f"see `nightshift status` for the numbers.")
+        label = confirm_label(found[0])
+        if label is not None:
+            raise ConfigError(f"--trial {number}: a final confirmation run (a re-measurement "
+                              f"of {_remeasured(study, found[0])}), not a trial of the "
+                              "search; export that trial instead.")
         record = record_of(found[0])
         state = record.state if record is not None else found[0].state.name.lower()
         if found[0].state != TrialState.COMPLETE or state != "complete":
@@ -57,6 +72,10 @@ def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = 
             raise ConfigError(f"--trial {number}: its launch has what `nightshift audit` calls "
                               f"an error ({errors[0].rstrip('.')}); export another trial.")
         return found[0]
+    unmet = no_slo_met(study, cfg.spec.slo.model_dump())
+    if unmet is not None:
+        raise NightshiftError(f"study {cfg.name!r}: {unmet}; `--trial N` exports a trial that "
+                              "missed it anyway.")
     if max_tpot_ms is not None:
         within = [t for t in complete if not audit_errors(t)
                   and _metric(t, "p99_tpot_ms") is not None
@@ -71,6 +90,20 @@ def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = 
         raise NightshiftError(f"study {cfg.name!r} has no complete trial yet; wait for one or "
                               "check `nightshift status`.")
     return chosen
+
+
+def _remeasured(study: optuna.Study, run: optuna.trial.FrozenTrial) -> str:
+    """Which trial of the search a confirmation run re-measured: `trial 5` (the one of its
+    config, the first measured), `the vLLM defaults, trial 0`; its label where none is found."""
+    mine = params_of(run)
+    same = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if is_measured(t) and params_of(t) == mine
+            and (is_baseline(t) or not is_baseline(run))]
+    if not same:
+        return f"the {confirm_label(run)} config"
+    first = min(same, key=lambda t: t.number)
+    return f"the vLLM defaults, trial {first.number}" if is_baseline(first) else \
+        f"trial {first.number}"
 
 
 def choice_note(study: optuna.Study, chosen: optuna.trial.FrozenTrial) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from optimizer.config import StudyConfig
@@ -110,11 +111,45 @@ def serve_argv(model: str, flags: Mapping[str, Any], extra_args: Sequence[str] =
     return ["vllm", "serve", model, *to_argv(flags, flag_table()), *extra_args]
 
 
+# Files a checkpoint's weights are in (Hugging Face, PyTorch, GGUF, TensorFlow, Flax).
+_WEIGHT_SUFFIXES = frozenset({".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5",
+                              ".msgpack"})
+
+
+def local_model_path(given: str, study_dir: Path) -> Path | None:
+    """The local file or folder `given` (model.path) names, absolute: as given, else relative
+    to the working directory (where the trials' engines took it from), else to the study
+    file's folder; None for a hub id or bundled shape (no such path)."""
+    path = Path(given).expanduser()
+    for candidate in ((path,) if path.is_absolute() else (Path.cwd() / path, study_dir / path)):
+        if candidate.exists():
+            return candidate.resolve()
+    return None
+
+
+def has_weights(folder: Path) -> bool:
+    """Whether a model folder holds weight files (`*.safetensors`, `*.bin`, ...) at its top."""
+    try:
+        return any(p.suffix in _WEIGHT_SUFFIXES and p.is_file() for p in folder.iterdir())
+    except OSError:
+        return False
+
+
 def deploy_model(cfg: StudyConfig) -> tuple[str, str]:
-    """The model a deployment serves and, where it is not what the study measured, why: the
-    hub id or path the user gave, as given; for a bundled shape (config.json only, measured
-    with dummy weights), the real checkpoint it stands for."""
+    """The model a deployment serves and, where it is not what the study measured, why: a
+    local path as an absolute one (a relative one names another folder, or a hub id, wherever
+    the launch runs from), and where its folder holds no weights (config only: the study
+    measured dummy weights), that it must be pointed at the checkpoint; a hub id as given; for
+    a bundled shape (config.json only, measured with dummy weights), the real checkpoint it
+    stands for."""
     given = cfg.spec.model.path
+    local = local_model_path(given, cfg.base_dir)
+    if local is not None:
+        if local.is_dir() and not has_weights(local):
+            return str(local), ("model: config only (the folder holds no weight files; "
+                                "the study measured dummy weights): point this at the "
+                                "checkpoint")
+        return str(local), ""
     shape = bundled_shape_of(given)
     if shape is None:
         return given, ""

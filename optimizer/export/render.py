@@ -27,7 +27,12 @@ from optimizer.results import gains
 from optimizer.results.conclusion import baseline_trial, reference_of
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.results.quality_gate import header_line
-from optimizer.results.recommendation import params_of
+from optimizer.results.recommendation import (
+    SLO_CONSTRAINT,
+    no_slo_met,
+    noise_pick,
+    params_of,
+)
 from optimizer.results.trial_record import (
     TrialRecord,
     confirmation_of,
@@ -113,6 +118,12 @@ def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyCo
         return (f"{objective} {gains.format_gain(gain)}; {state} (re-measured interleaved "
                 f"with the defaults: {verdict})")
     if is_baseline(trial):
+        noise = noise_pick(study)
+        if noise is not None:
+            worse = noise.ci_high is not None and noise.ci_high < 1.0
+            return (f"none: this is the vLLM defaults; the final confirmation found the "
+                    f"search's pick, trial {noise.best_trial}, "
+                    f"{'worse than' if worse else 'within noise of'} them")
         return "none: this is the vLLM defaults"
     capacity = cfg.spec.workload.capacity
     axis = capacity.axis if capacity is not None else None
@@ -157,6 +168,10 @@ def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
                 notes.append("--minimal dropped nothing: no measured trial ran this config "
                              "with one of its flags at vLLM's default")
         about_lines = export_header(study, trial, cfg, model, model_note)
+        if trial.constraints.get(SLO_CONSTRAINT, 0.0) > 0:
+            unmet = no_slo_met(study, cfg.spec.slo.model_dump())
+            notes.append("slo: MISSED: this trial met the SLO at no load it ran"
+                         + (f"; {unmet.split(': nothing to recommend')[0]}" if unmet else ""))
     else:
         values = ", ".join(f"{o}={v:.4g}" for o, v in zip(cfg.objectives, trial.values or [],
                                                           strict=False))

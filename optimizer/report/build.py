@@ -21,7 +21,9 @@ from optimizer.results.objectives import OBJECTIVES, on_all_gpus
 from optimizer.results.quality_gate import table_cell
 from optimizer.results.recommendation import (
     best_trial,
+    confirmation_sentence,
     no_baseline_reason,
+    no_slo_met,
     params_of,
     recommendation_note,
     recommended_trial,
@@ -29,7 +31,6 @@ from optimizer.results.recommendation import (
 )
 from optimizer.results.trial_record import (
     confirm_label,
-    confirmation_of,
     gpus_of,
     is_baseline,
     record_of,
@@ -92,6 +93,9 @@ class Report:
     recommended: TrialRow | None = None  # what `export` writes, when it is not the best
     recommended_why: str = ""  # why it is not the best (recommendation.recommendation_note)
     no_baseline: str = ""  # why the defaults could not be measured (no gain is stated then)
+    # Where no trial met the SLO (recommendation.no_slo_met): that, the closest miss, and what
+    # to do; then there is no best to report and nothing is recommended.
+    no_slo_met: str = ""
     knob_effects: tuple[KnobEffect, ...] = ()  # one-change trials, largest effect first
     generated: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S %Z"))
 
@@ -219,6 +223,7 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
         recommended_why=recommendation_note(study, pick) if recommended is not None and
         pick is not None else "",
         no_baseline=no_baseline_reason(study) or "",
+        no_slo_met=no_slo_met(study, slo) or "",
         knob_effects=knob_effects(trials, baseline_trial, objective, axis,
                                   vllm_defaults_of(study)))
 
@@ -227,8 +232,7 @@ def _confirmation(study: optuna.Study, axis: str | None) -> str:
     """The re-measurement's sentence; after a capacity search, also the capacity ratio every
     round's two brackets allow (each round's runs re-bracket both configs, so the ratio lies
     in each round's range, hence in their overlap)."""
-    confirmed = confirmation_of(study)
-    sentence = confirmed.sentence if confirmed is not None else ""
+    sentence = confirmation_sentence(study)
     if not sentence or axis not in ("concurrency", "request_rate"):
         return sentence
     runs = sorted((t for t in study.get_trials(deepcopy=False)

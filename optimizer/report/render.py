@@ -86,6 +86,9 @@ def best_tags(report: Report) -> dict[str, str]:
     metric = f"{report.objective} {_figure(best, report.objective)}"
     if best.capacity is not None:
         metric += f" ({_bracket(best)})"
+    if report.no_slo_met:  # the best measured missed the SLO: no best config to show
+        return {"best.change": "none: no trial met the SLO",
+                "best.metric": f"{metric}, missed the SLO"}
     tags = {"best.change": _changes(best), "best.metric": metric}
     bounds = report.gain_bounds
     if bounds is not None and report.baseline is not None and \
@@ -100,6 +103,10 @@ def headline(report: Report) -> str:
                if report.no_baseline else "")
     if report.best is None:
         return "No trial has completed yet." + missing
+    if report.no_slo_met:
+        # No best and no recommendation: a config that met the SLO nowhere is no result.
+        text = report.no_slo_met[0].upper() + report.no_slo_met[1:] + "." + missing
+        return text + (f" Re-measured: {report.confirm}." if report.confirm else "")
     best = report.best
     text = (f"Best: trial {best.number} ({_changes(best, in_sentence=True)}), {report.objective} "
             f"{_figure(best, report.objective)}")
@@ -174,7 +181,8 @@ pipeline, they are not measurements.</div>{% endif %}
 <table id="trials"><tr><th>trial</th><th>state</th><th>change vs defaults</th>
 <th>{{ r.objective }} {{ unit }}</th><th>out tok/s/GPU</th><th>TPOT p99 ms</th><th>TTFT p99 ms</th>
 <th>start-up s</th><th>bottleneck</th><th>quality</th><th>conclusion</th></tr>
-{% for row in r.rows %}<tr class="{{ 'best' if r.best and row.number == r.best.number else
+{% for row in r.rows %}<tr class="{{ 'best' if r.best and not r.no_slo_met
+ and row.number == r.best.number else
  ('baseline' if row.is_baseline else '') }}"><td>{{ row.number }}</td><td>{{ row.state }}</td>
 <td>{{ changes(row) }}</td><td class="num">{{ fmt(row.value) }}</td>
 <td class="num">{{ fmt(row.output_throughput_per_gpu) }}</td>

@@ -6,13 +6,23 @@ there is no measurement of the defaults (`no_baseline_reason`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
-from optimizer.results.trial_record import confirm_label, is_baseline, record_of, stored_vllm_defaults
+from optimizer.results import gains
+from optimizer.results.trial_record import (
+    StoredConfirmation,
+    confirm_label,
+    confirmation_of,
+    is_baseline,
+    record_of,
+    stored_fingerprint,
+    stored_vllm_defaults,
+)
 from optimizer.storage.study import QUALITY_CONSTRAINT, is_search_trial
 from search_spaces import HOST_DEFAULTS, changed_params, vllm_default
 
@@ -92,7 +102,12 @@ def recommended_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     measured effect is noise is not deployed: if the defaults themselves are within noise of
     the best, they are the recommendation. A flag counts as changed where it changes what vLLM
     runs with (`changed_params`): an explicit value equal to vLLM's default on the study's host
-    is none. Two objectives, or no defaults trial to count changes from: the best."""
+    is none. Two objectives, or no defaults trial to count changes from: the best. Where the
+    final confirmation re-measured that pick against the defaults and its interval contains
+    1.0 (or lies below it), the defaults (`is_confirmed_noise`). None where no trial met the
+    SLO (`no_slo_met`): a config that meets it nowhere is nothing to ship."""
+    if is_slo_unmet(study):
+        return None
     measured = _measured_trials(study)
     shippable = [t for t in measured if not audit_errors(t)]
     best = best_trial(study)
@@ -117,18 +132,154 @@ def recommended_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     def changes(trial: optuna.trial.FrozenTrial) -> int:
         return len(changed_params(params_of(trial), defaults, host_defaults))
 
-    return min(candidates, key=lambda t: (changes(t), -sign * float(t.values[0]), t.number))
+    chosen = min(candidates, key=lambda t: (changes(t), -sign * float(t.values[0]), t.number))
+    confirmed = confirmation_of(study)
+    if confirmed is not None and confirmed.best_trial == chosen.number and \
+            chosen.number != baseline.number and is_confirmed_noise(confirmed):
+        return baseline  # its changes were measured as noise: the defaults are what ships
+    return chosen
+
+
+def is_confirmed_noise(confirmed: StoredConfirmation) -> bool:
+    """Whether the final confirmation's 95% interval contains 1.0 or lies below it: the
+    re-measured pick is not shown better than the defaults. One round (no interval) is not
+    noise shown, only no interval: the pick stands, its export saying "not confirmed"."""
+    gain = gains.interval_gain(confirmed.gain, confirmed.ci_low, confirmed.ci_high,
+                               confirmed.num_rounds)
+    return gain.basis == "interval" and not gain.is_better
+
+
+def noise_pick(study: optuna.Study) -> StoredConfirmation | None:
+    """The final confirmation, where it found the search's pick within noise of the defaults
+    (or worse), so that the defaults are the recommendation; None otherwise."""
+    confirmed = confirmation_of(study)
+    if confirmed is None or confirmed.best_trial is None or not is_confirmed_noise(confirmed):
+        return None
+    pick = recommended_trial(study)
+    return confirmed if pick is not None and is_baseline(pick) and \
+        pick.number != confirmed.best_trial else None
+
+
+def confirmation_sentence(study: optuna.Study) -> str:
+    """The final confirmation's sentence as `status` and the report print it; where the
+    defaults are recommended because of it (`noise_pick`), the re-measured trial is named the
+    search's pick, not "the exported config" (the sentence was written before it was judged)."""
+    confirmed = confirmation_of(study)
+    if confirmed is None:
+        return ""
+    if noise_pick(study) is not None:
+        return confirmed.sentence.replace(
+            "(the exported config)", "(the search's pick; within noise, so the defaults are "
+            "exported)")
+    return confirmed.sentence
+
+
+# The SLO constraint a complete trial holds (optimizer/search/tell.py): 0 where some level met
+# the SLO, 1 where none did; absent where the study has no SLO.
+SLO_CONSTRAINT = "slo"
+
+# (words, the SLO's field, the level's p99 metric) of each bound.
+_SLO_BOUNDS = (("TTFT p99", "ttft_p99_ms", "p99_ttft_ms"),
+               ("TPOT p99", "tpot_p99_ms", "p99_tpot_ms"),
+               ("E2E latency p99", "e2el_ms", "p99_e2el_ms"))
+
+
+def is_slo_unmet(study: optuna.Study) -> bool:
+    """Whether the study has an SLO and no measured trial met it at any load (each holds a
+    violated SLO constraint); False before any trial was measured."""
+    measured = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if is_measured(t) and t.values is not None]
+    return bool(measured) and not any(met_slo(t) for t in measured)
+
+
+def met_slo(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether a measured trial met the SLO at some load: its SLO constraint holds (or the
+    study has none), and after a capacity search a load met it (an operating point: a probe
+    that met the SLO in its window but whose hold missed leaves none)."""
+    if trial.constraints.get(SLO_CONSTRAINT, 0.0) > 0:
+        return False
+    record = record_of(trial)
+    capacity = record.capacity if record is not None else None
+    return not (isinstance(capacity, Mapping) and "met_load" in capacity
+                and not capacity.get("met_load"))
+
+
+def no_slo_met(study: optuna.Study,
+               slo: Mapping[str, float | None] | None = None) -> str | None:
+    """One line where no measured trial met the SLO (`is_slo_unmet`): that, the closest miss
+    (the level whose worst p99 was nearest its bound, with each bound it missed), and what to
+    do; None otherwise. `slo`: the bounds by field (`tpot_p99_ms`, ...); default: the study's
+    stored fingerprint's."""
+    if not is_slo_unmet(study):
+        return None
+    bounds = dict(slo) if slo is not None else _stored_slo(study)
+    closest: tuple[float, int, str, list[str]] | None = None
+    for trial in _measured_trials(study) or [t for t in study.get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE,)) if is_measured(t)]:
+        record = record_of(trial)
+        if record is None:
+            continue
+        for step in record.steps or ({"metrics": record.metrics},):
+            metrics = step.get("metrics") or {}
+            if not metrics.get("completed", 1):
+                continue
+            worst, misses = 0.0, []
+            for words, field_name, key in _SLO_BOUNDS:
+                bound, value = bounds.get(field_name), metrics.get(key)
+                if bound is None or not isinstance(value, int | float) or \
+                        not math.isfinite(value) or bound <= 0:
+                    continue
+                worst = max(worst, float(value) / bound)
+                if value > bound:
+                    shown = f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
+                    misses.append(f"{words} {shown} ms against {bound:g} ms")
+            if misses and (closest is None or worst < closest[0]):
+                closest = (worst, trial.number, _step_load(metrics), misses)
+    if not any(v is not None for v in bounds.values()):
+        miss = "the study keeps no SLO bounds to name the closest miss"
+    elif closest is None:
+        miss = "no level missed on a p99 bound: each failed requests or overloaded the engine"
+    else:
+        _, number, load, misses = closest
+        miss = f"closest: trial {number}{f' at {load}' if load else ''}, {', '.join(misses)}"
+    return (f"no trial met the SLO ({miss}): nothing to recommend; relax the SLO or lighten "
+            "the load (fewer concurrent requests, a lower rate, shorter requests)")
+
+
+def _stored_slo(study: optuna.Study) -> dict[str, float | None]:
+    fp = stored_fingerprint(study)
+    if fp is None:
+        return {}
+    return {"ttft_p99_ms": fp.slo_ttft_p99_ms, "tpot_p99_ms": fp.slo_tpot_p99_ms,
+            "e2el_ms": fp.slo_e2el_ms}
+
+
+def _step_load(metrics: Mapping[str, Any]) -> str:
+    concurrency, rate = metrics.get("offered_concurrency"), metrics.get("offered_rate_rps")
+    if isinstance(rate, int | float):
+        return f"{rate:.3g} req/s"
+    if isinstance(concurrency, int | float):
+        return f"concurrency {concurrency:g}"
+    return ""
 
 
 # The one rule that names the config to ship; every place that names it (the end-of-run line,
 # `status`, the report, MLflow's tag and run name, the export) names `recommended_trial`'s.
 RECOMMENDATION_RULE = (f"the best measured trial whose launch `nightshift audit` passes, unless "
                        f"one within {NOISE_FRACTION:.0%} of it (noise) changes fewer flags "
-                       "from the vLLM defaults")
+                       "from the vLLM defaults, or the final confirmation found it within noise "
+                       "of the defaults (then the defaults)")
 
 
 def recommendation_note(study: optuna.Study, chosen: optuna.trial.FrozenTrial) -> str:
     """Why the recommendation `chosen` is not the nominal best (empty when it is)."""
+    noise = noise_pick(study)
+    if noise is not None and chosen.number != noise.best_trial:
+        gain = gains.interval_gain(noise.gain, noise.ci_low, noise.ci_high, noise.num_rounds)
+        return (f"the vLLM defaults: the final confirmation re-measured the search's pick, "
+                f"trial {noise.best_trial}, against them: {gains.format_gain(gain)}, "
+                f"{gains.confirmation_verdict(gain)}; its changes are not worth deploying; "
+                f"`--trial {noise.best_trial}` exports it")
     best = best_trial(study)
     if best is None or best.number == chosen.number or not best.values or not chosen.values:
         return ""

@@ -342,3 +342,52 @@ def test_the_operating_point_is_the_level_that_served_most_not_a_light_one() -> 
     for order in ([light, heavy], [heavy, light]):
         verdict = classify(evidence_from(order, config, H200, LLAMA_8B))
         assert verdict.label == "compute-bound", verdict.reason
+
+
+# --- the ceiling's precision; figures over 100% (session 13) ---------------------------------
+
+AT_FLOP_LIMIT = replace(MIX, compute_utilization=0.89, bandwidth_utilization=0.3)
+
+
+def test_at_the_bf16_flop_ceiling_of_an_fp8_card_the_advice_is_fp8_weights_not_stop() -> None:
+    """The explore check's one-token answers: the bf16 defaults at 89% of the bf16 FLOP
+    ceiling were told "stop tuning", then fp8 weights beat them by 1.19x (confirmed)."""
+    verdict = classify(replace(AT_FLOP_LIMIT, is_fp8_weights=False, is_fp8_capable=True))
+    assert verdict.label == "at-physical-limit"
+    assert verdict.detail == "89% of the bf16 FLOP ceiling"
+    said = advice(verdict)
+    assert "stop tuning" not in said and "fp8 weights (quantization fp8) raise the ceiling" \
+        in said, said
+    # fp8 weights on that card: the fp8 ceiling, and there the limit is the hardware's.
+    verdict = classify(replace(AT_FLOP_LIMIT, is_fp8_weights=True, is_fp8_capable=True))
+    assert verdict.detail == "89% of the fp8 FLOP ceiling" and "stop tuning" in advice(verdict)
+    # A card without fp8 tensor cores: bf16 is its ceiling.
+    verdict = classify(replace(AT_FLOP_LIMIT, is_fp8_weights=False, is_fp8_capable=False))
+    assert verdict.detail == "89% of the bf16 FLOP ceiling" and "stop tuning" in advice(verdict)
+
+
+def test_evidence_says_whether_the_card_has_fp8_and_how_long_the_window_was() -> None:
+    evidence = evidence_from(_counted(), EngineConfig("qwen2.5-7b"), H200, QWEN_7B)
+    assert evidence.is_fp8_capable is True and evidence.window_s == 10.0
+    verdict = classify(evidence)
+    assert verdict.evidence["is_fp8_capable"] == 1.0 and verdict.evidence["window_s"] == 10.0
+
+
+@pytest.mark.parametrize(("window_s", "why"), [
+    (0.089, "its 0.089 s window is too short to measure a rate"),
+    (30.0, "its figures are inconsistent")])
+def test_a_level_over_100_percent_of_a_ceiling_is_never_labelled(window_s: float,
+                                                                 why: str) -> None:
+    """The explore check's trial 0: "at-physical-limit (2240% of the FLOP ceiling)" from a
+    0.09 s window of 2 requests."""
+    verdict = classify(replace(MIX, compute_utilization=22.4, bandwidth_utilization=0.5,
+                               window_s=window_s))
+    assert verdict.label == "unknown", verdict.reason
+    assert why in verdict.reason and "which no GPU runs" in verdict.reason
+    assert "stop tuning" not in advice(verdict)
+    assert "longer window" in advice(verdict)
+    decode = Evidence(decode_batch=8.0, context_tokens=600.0, tpot_ms=0.01, weight_bytes=15e9,
+                      kv_bytes_per_token=57344.0, flops_per_token=15e9,
+                      memory_bandwidth_gbps=4300.0, peak_tflops=790.0, window_s=window_s)
+    assert decode.roofline_fraction() > 1.0
+    assert classify(decode).label == "unknown", "the decode roofline too"

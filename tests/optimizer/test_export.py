@@ -449,3 +449,197 @@ def test_export_never_writes_a_secret_flag_value_of_the_argv_that_ran() -> None:
     for fmt in ("sh", "yaml"):
         text = render(select_trial(study, cfg), cfg, fmt)
         assert "hf_secret_value" not in text and "--hf-token '<redacted>'" in text, fmt
+
+
+# -- no trial met the SLO; the confirmation's noise; what --trial may name (session 13) ---------
+
+
+def _unmet_study(tmp_path: Path | None = None) -> tuple[optuna.Study, object]:
+    """The explore check's impossible SLO (TTFT 6 ms, TPOT 1.5 ms at concurrency 64): three
+    trials, none met it anywhere (goodput 0, a violated SLO constraint); trial 1 came closest
+    (TPOT p99 22.7 ms). With `tmp_path`, stored where `write_study`'s file points."""
+    from tests.builders import study_dict
+
+    spec = {"name": "x", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 3},
+            "slo": {"ttft_p99_ms": 6, "tpot_p99_ms": 1.5}}
+    if tmp_path is not None:
+        spec = study_dict(tmp_path, name="x", trials=3, slo=spec["slo"])
+    cfg = parse_study(spec)
+    storage = f"sqlite:///{tmp_path}/results/optuna.db" if tmp_path is not None else None
+    if tmp_path is not None:
+        (tmp_path / "results").mkdir()
+    study = optuna.create_study(direction="maximize", storage=storage, study_name="x")
+    dist = optuna.distributions.CategoricalDistribution(["none", "fp8"])
+    for quantization, tpot in (("none", 29.5), ("fp8", 22.7), ("none", 25.0)):
+        attrs: dict[str, object] = {"record": {
+            "state": "complete", "params": {"quantization": quantization},
+            "flags": {"quantization": quantization} if quantization != "none" else {},
+            "metrics": {"p99_tpot_ms": tpot}, "conclusion": "missed",
+            "steps": [{"metrics": {"completed": 64, "offered_concurrency": 64.0,
+                                   "p99_ttft_ms": 5.0, "p99_tpot_ms": tpot}}]}}
+        if not study.trials:
+            attrs["baseline"] = True
+        study.add_trial(optuna.trial.create_trial(
+            params={"quantization": quantization}, distributions={"quantization": dist},
+            value=0.0, user_attrs=attrs, constraints={"slo": 1.0}))
+    return study, cfg
+
+
+def test_a_study_where_no_trial_met_the_slo_recommends_nothing_and_says_the_closest_miss(
+) -> None:
+    from optimizer.cli.results import recommendation_text
+    from optimizer.report import build_report, headline
+    from optimizer.results.recommendation import no_slo_met, recommended_trial
+
+    study, cfg = _unmet_study()
+    slo = cfg.spec.slo.model_dump()
+    assert recommended_trial(study) is None, "a config that met the SLO nowhere is no pick"
+    line = no_slo_met(study, slo)
+    assert line is not None and line.startswith(
+        "no trial met the SLO (closest: trial 1 at concurrency 64, TPOT p99 22.7 ms against "
+        "1.5 ms)"), line
+    assert "relax the SLO or lighten the load" in line
+    assert recommendation_text(study, cfg.objectives, slo) == line
+    text = headline(build_report(study, cfg, with_importances=False))
+    assert text.startswith("No trial met the SLO (closest: trial 1") and "Best:" not in text
+    with pytest.raises(NightshiftError, match="no trial met the SLO") as refused:
+        select_trial(study, cfg)
+    assert not isinstance(refused.value, ConfigError), "the study's state, not bad input"
+    with pytest.raises(NightshiftError, match="no trial met the SLO"):
+        select_trial(study, cfg, max_tpot_ms=30)
+    chosen = select_trial(study, cfg, number=1)  # asked for by number: exported, said so
+    assert "# slo: MISSED: this trial met the SLO at no load it ran" in \
+        render(chosen, cfg, "sh", study=study)
+    # One trial that met it somewhere: recommended as before, no such line.
+    study.add_trial(optuna.trial.create_trial(
+        params={"quantization": "fp8"}, value=0.5, constraints={"slo": 0.0},
+        distributions={"quantization": optuna.distributions.CategoricalDistribution(
+            ["none", "fp8"])},
+        user_attrs={"record": {"state": "complete", "params": {"quantization": "fp8"},
+                               "flags": {"quantization": "fp8"}, "conclusion": "met"}}))
+    assert no_slo_met(study, slo) is None and recommended_trial(study).number == 3
+
+
+def test_export_of_a_study_where_no_trial_met_the_slo_exits_1_unless_a_trial_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from optimizer.cli import main
+
+    _unmet_study(tmp_path)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(__import__("tests.builders", fromlist=["x"]).study_dict(
+        tmp_path, name="x", trials=3, slo={"ttft_p99_ms": 6, "tpot_p99_ms": 1.5})))
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", str(path), "-o", str(tmp_path / "a.yaml")]) == 1
+    assert not (tmp_path / "a.yaml").exists()
+    assert main(["export", str(path), "--trial", "1", "-o", str(tmp_path / "b.yaml")]) == 0
+    assert main(["export", str(path), "--trial", "1", "--max-tpot-ms", "30"]) == 2
+
+
+def test_trial_and_max_tpot_ms_together_are_refused() -> None:
+    study, cfg = _study()
+    with pytest.raises(ConfigError, match="--trial and --max-tpot-ms pick the trial two ways"):
+        select_trial(study, cfg, number=0, max_tpot_ms=40)
+
+
+def _noise(low: float | None, high: float | None) -> dict[str, object]:
+    """A final confirmation of trial 3 against the defaults (trial 0), 1.05x over 2 rounds."""
+    return {"objective": "goodput", "best_trial": 3, "baseline_trial": 0, "gain": 1.05,
+            "ci_low": low, "ci_high": high, "ratios": [1.1, 1.0],
+            "is_confirmed": low is not None and low > 1,
+            "sentence": "trial 3 (the exported config) vs the defaults (trial 0), re-measured "
+                        "interleaved: goodput 1.05x: not confirmed: within noise"}
+
+
+def test_a_pick_the_confirmation_found_within_noise_recommends_and_exports_the_defaults(
+) -> None:
+    from optimizer.cli.results import recommendation_text
+    from optimizer.export import choice_note
+    from optimizer.report import build_report, headline
+    from optimizer.results.recommendation import confirmation_sentence, recommended_trial
+
+    study, cfg = _morning_study(confirm=_noise(0.97, 1.13))
+    chosen = select_trial(study, cfg)
+    assert chosen.number == 0, "the defaults, as docs/commands.md promises"
+    note = choice_note(study, chosen)
+    assert note.startswith("the vLLM defaults: the final confirmation re-measured the "
+                           "search's pick, trial 3, against them: 1.05x the vLLM "
+                           "defaults (95% CI [0.97x, 1.13x] over 2 rounds), not confirmed: "
+                           "within noise"), note
+    assert "`--trial 3` exports it" in note
+    text = render(chosen, cfg, "sh", study=study, note=note)
+    assert "# gain: none: this is the vLLM defaults; the final confirmation found the search's " \
+           "pick, trial 3, within noise of them" in text
+    assert "quantization" not in text.split("exec vllm serve")[1], "no flag of trial 3"
+    assert recommendation_text(study, cfg.objectives).startswith("recommended: trial 0,")
+    assert "Recommended: trial 0 (the vLLM defaults)" in \
+        headline(build_report(study, cfg, with_importances=False))
+    assert "(the exported config)" not in confirmation_sentence(study)
+    assert select_trial(study, cfg, number=3).number == 3, "--trial still exports it"
+    # Shown better: the pick stands; one round (no interval): it stands, not confirmed.
+    for low, high in ((1.01, 1.13), (None, None)):
+        study, _ = _morning_study(confirm=_noise(low, high))
+        assert recommended_trial(study).number == 3, (low, high)
+        assert "(the exported config)" in confirmation_sentence(study)
+
+
+def test_trial_n_of_a_confirmation_run_is_refused_naming_the_trial_it_re_measured() -> None:
+    study, cfg = _morning_study()
+    for label, params, baseline in (("defaults", {}, True),
+                                    ("best", {"quantization": "fp8",
+                                              "gpu_memory_utilization": 0.92}, False)):
+        attrs: dict[str, object] = {"confirm": label, "record": {
+            "state": "complete", "params": params, "flags": {}, "conclusion": "re-measured"}}
+        if baseline:
+            attrs["baseline"] = True
+        dists = {k: optuna.distributions.CategoricalDistribution([v]) for k, v in params.items()}
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=dists,
+                                                  value=31.0, user_attrs=attrs))
+    with pytest.raises(ConfigError, match=r"--trial 4: a final confirmation run \(a "
+                       r"re-measurement of the vLLM defaults, trial 0\)"):
+        select_trial(study, cfg, number=4)
+    with pytest.raises(ConfigError, match=r"--trial 5: .*re-measurement of trial 3\)"):
+        select_trial(study, cfg, number=5)
+
+
+def test_a_local_model_folder_exports_as_an_absolute_path_and_config_only_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from optimizer.config import load_study
+
+    here = tmp_path / "studies"
+    (here / "mixtral").mkdir(parents=True)
+    (here / "mixtral" / "config.json").write_text("{}")
+    path = here / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "d", "model": {"path": "mixtral"},
+                                    "budget": {"trials": 2}, "slo": {"tpot_p99_ms": 10}}))
+    monkeypatch.chdir(tmp_path)  # elsewhere: `mixtral` names no folder here
+    cfg = load_study(path)
+    study, _ = _deploy_study({"path": "mixtral"})
+    text = render(select_trial(study, cfg), cfg, "sh")
+    assert f"exec {shlex.join(['vllm', 'serve', str(here / 'mixtral')])} " in text
+    assert "config only (the folder holds no weight files; the study measured dummy " \
+           "weights): point this at the checkpoint" in text
+    (here / "mixtral" / "model.safetensors").write_bytes(b"")
+    text = render(select_trial(study, cfg), cfg, "sh")
+    assert str(here / "mixtral") in text and "config only" not in text
+
+
+def test_a_capacity_search_with_no_operating_point_met_the_slo_nowhere() -> None:
+    """The explore check's capacity variant: a probe met the SLO in its 0 s window, the hold
+    missed, so the trial had no operating point; it still ended "recommended: trial 0"."""
+    from optimizer.results.recommendation import no_slo_met, recommended_trial
+
+    cfg = parse_study({"name": "c", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 2},
+                       "slo": {"ttft_p99_ms": 300}})
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(
+        value=0.0, constraints={"slo": 0.0}, user_attrs={"baseline": True, "record": {
+            "state": "complete", "params": {}, "conclusion": "no operating point",
+            "capacity": {"axis": "concurrency", "met_load": None, "missed_load": 128.0,
+                         "status": "unresolved", "num_probes": 2, "held": False},
+            "steps": [{"metrics": {"completed": 2, "offered_concurrency": 128.0,
+                                   "p99_ttft_ms": 274.0}},
+                      {"metrics": {"completed": 384, "offered_concurrency": 128.0,
+                                   "p99_ttft_ms": 2529.0}}]}}))
+    assert recommended_trial(study) is None
+    assert "closest: trial 0 at concurrency 128, TTFT p99 2,529 ms against 300 ms" in \
+        (no_slo_met(study, cfg.spec.slo.model_dump()) or "")
