@@ -146,7 +146,7 @@ def start(
     review = _mlflow_review(cfg)
     if review:
         console.print(review, soft_wrap=True)
-    if summary.best_number is not None:
+    if summary.best_number is not None and not _no_slo_met(cfg):
         # On a line of its own, never broken: it is meant to be copied.
         console.print(f"export with: nightshift export {study}", soft_wrap=True)
 
@@ -186,6 +186,19 @@ def _recommendation(cfg: StudyConfig) -> str:
     except Exception as exc:  # a summary line: never worth failing a finished study over
         logger.warning("could not read the recommended trial (%s: %s)", type(exc).__name__, exc)
         return ""
+
+
+def _no_slo_met(cfg: StudyConfig) -> bool:
+    """Whether no trial of the finished study met the SLO (then nothing is recommended, and
+    `export` refuses without `--trial N`); False where the store cannot be read."""
+    from optimizer.results.recommendation import is_slo_unmet
+    from optimizer.storage.study import open_study
+
+    try:
+        return is_slo_unmet(open_study(cfg, create=False))
+    except Exception as exc:  # a summary line: never worth failing a finished study over
+        logger.warning("could not read the study's trials (%s: %s)", type(exc).__name__, exc)
+        return False
 
 
 def _counts(cfg: StudyConfig) -> str:

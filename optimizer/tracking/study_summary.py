@@ -42,7 +42,8 @@ def study_summary(study: optuna.Study,
                     f"best.{name}"] = v
         tags["best_trial"] = str(best.number)
         report = build_report(study, cfg, with_importances=False)
-        tags["recommended_trial"] = str((report.recommended or report.best or best).number)
+        if not report.no_slo_met:  # nothing met the SLO: nothing is recommended
+            tags["recommended_trial"] = str((report.recommended or report.best or best).number)
         # The study's conclusion is the best against the defaults (the trial's own one
         # compares it with the best before it).
         tags["conclusion"] = headline(report)

@@ -643,3 +643,17 @@ def test_a_capacity_search_with_no_operating_point_met_the_slo_nowhere() -> None
     assert recommended_trial(study) is None
     assert "closest: trial 0 at concurrency 128, TTFT p99 2,529 ms against 300 ms" in \
         (no_slo_met(study, cfg.spec.slo.model_dump()) or "")
+
+
+def test_the_end_of_a_study_where_no_trial_met_the_slo_offers_no_export_and_tags_no_pick(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from optimizer.cli.run import _no_slo_met
+    from optimizer.config import load_study
+    from tests.builders import study_dict
+
+    _unmet_study(tmp_path)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_dict(
+        tmp_path, name="x", trials=3, slo={"ttft_p99_ms": 6, "tpot_p99_ms": 1.5})))
+    monkeypatch.chdir(tmp_path)
+    assert _no_slo_met(load_study(path)), "the end lines print no 'export with' line"
