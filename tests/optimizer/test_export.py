@@ -645,7 +645,7 @@ def test_a_capacity_search_with_no_operating_point_met_the_slo_nowhere() -> None
         (no_slo_met(study, cfg.spec.slo.model_dump()) or "")
 
 
-def test_the_end_of_a_study_where_no_trial_met_the_slo_offers_no_export_and_tags_no_pick(
+def test_the_end_of_a_study_where_no_trial_met_the_slo_offers_no_export_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from optimizer.cli.run import _no_slo_met
     from optimizer.config import load_study
