@@ -242,11 +242,11 @@ def _moe_shape(config: dict[str, Any], text: dict[str, Any], layers: int,
     kind = text.get("model_type") or config.get("model_type")
     key, count = next(iter(counts.items()))
     if kind not in MOE_FAMILIES:
+        # kept short: the study's message cuts a lower layer's at 300 characters, path included
         raise UnmodelledMoeError(
-            f"a mixture-of-experts model ({key} {count}, model_type {kind!r:.40}) whose form "
-            "nightshift does not model (it counts " + ", ".join(sorted(MOE_FAMILIES)) +
-            "), so its weights, KV cache and roofline would be another model's; tune it "
-            "with a model of a modelled form or a dense one")
+            f"mixture of experts ({key} {count}) of model_type {kind!r:.30}, a form not "
+            f"modelled (only {', '.join(sorted(MOE_FAMILIES))}): its sizes would be another "
+            "model's; on a real engine set model.path to its hub id")
     top_k = _size(text, "num_experts_per_tok")
     if kind == "mixtral":
         experts = _size(text, "num_local_experts")
