@@ -155,3 +155,37 @@ def test_a_loaded_folder_of_an_unmodelled_moe_names_its_config_json(tmp_path: Pa
     (tmp_path / "config.json").write_text(json.dumps(DEEPSEEK_V3))
     with pytest.raises(ValueError, match=r"config\.json: mixture of experts \(n_routed_"):
         load_model_info(str(tmp_path))
+
+
+def test_the_bottleneck_reads_the_same_facts_every_expert_held_the_touched_ones_read() -> None:
+    """The memory check before launch holds every expert; the roofline of a measured decode
+    level reads, per engine step, the experts its tokens were routed to."""
+    from optimizer.bottleneck import step_roofline
+    from optimizer.bottleneck.memory_fit import memory_problem
+    from runners.base import BenchmarkMetrics, StepMetrics
+    from runners.load_level import LoadLevel
+
+    model = ModelInfo.from_config(MIXTRAL_8X7B)
+    problem = memory_problem(EngineConfig("mixtral"), load_preset("a100-80gb"), model)
+    assert problem is not None and "the weights need 87.0 GiB per GPU" in problem
+    zero = {f"{s}_{m}_ms": 0.0 for s in ("mean", "median", "std", "p90", "p99")
+            for m in ("ttft", "tpot", "itl", "e2el")}
+    metrics = BenchmarkMetrics(
+        completed=100, failed=0, duration_s=10.0, total_input_tokens=200_000,
+        total_output_tokens=12_800, request_throughput=10.0, request_goodput=None,
+        output_throughput=1280.0, total_token_throughput=21_280.0, **zero)
+    # Every prompt served from the prefix cache: pure decode, 12,800 tokens in 2,000 steps.
+    step = StepMetrics(step=0, level=LoadLevel(request_rate_rps=10.0), metrics=metrics,
+                       server_metrics={"vllm:prompt_tokens_total": 200_000.0,
+                                       "vllm:prompt_tokens_cached_total": 200_000.0,
+                                       "vllm:generation_tokens_total": 12_800.0,
+                                       "vllm:iteration_tokens_total_count": 2000.0})
+    h200 = load_preset("h200")
+    terms = step_roofline(step, EngineConfig("mixtral"), h200, model)
+    assert terms is not None
+    kv, decode_tps = model.kv_bytes_per_token(2.0), 1280.0
+    weights = model.weight_bytes_read(2.0, 6.4)  # 6.4 tokens a step: ~6.7 of 8 experts a layer
+    assert 2.0 * (model.active_linear_params + model.lm_head_params) < weights < \
+        2.0 * (model.linear_params + model.lm_head_params)
+    expected = weights * 200.0 + decode_tps * (2000 + 64) * kv + decode_tps * kv
+    assert terms.bytes_per_s == pytest.approx(expected)
