@@ -189,3 +189,29 @@ def test_the_bottleneck_reads_the_same_facts_every_expert_held_the_touched_ones_
         2.0 * (model.linear_params + model.lm_head_params)
     expected = weights * 200.0 + decode_tps * (2000 + 64) * kv + decode_tps * kv
     assert terms.bytes_per_s == pytest.approx(expected)
+
+
+def test_the_simulated_mfu_counters_count_experts_as_vllm_0_26_does() -> None:
+    """vLLM 0.26's estimator (v1/metrics/perf.py `FfnMetrics`): top-k rows per token through
+    experts of `moe_intermediate_size` (Mixtral: `intermediate_size`), and min(rows, experts)
+    experts' weights read a layer."""
+    import dataclasses
+
+    from runners.simulated.mfu import vllm_mfu_estimate
+
+    h200 = load_preset("h200")
+    model = ModelInfo.from_config(MIXTRAL_8X7B)
+    moe = PerformanceModel.from_config(EngineConfig("mixtral"), h200, model)
+    dense = PerformanceModel.from_config(EngineConfig("mixtral"), h200, dataclasses.replace(
+        model, num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, num_moe_layers=0))
+    h, inter, layers = model.hidden_size, model.intermediate_size, model.num_hidden_layers
+
+    def read(n: int) -> float:
+        return vllm_mfu_estimate(moe, [(1, 100, False)] * n).read_bytes
+
+    # Two rows a token: 2 experts' weights for one token, 4 for two, all 8 from four on.
+    expert_bytes = 3 * h * inter * 2.0 * layers
+    assert (read(2) - read(1)) - (read(8) - read(4)) / 4 == pytest.approx(2 * expert_bytes)
+    one = vllm_mfu_estimate(moe, [(1, 100, False)])
+    assert one.flops - vllm_mfu_estimate(dense, [(1, 100, False)]).flops == \
+        pytest.approx(6 * h * inter * layers)  # the second expert's row
