@@ -48,7 +48,7 @@ class Evidence:
     decode_batch: float | None = None  # sequences per decode step
     context_tokens: float | None = None  # mean tokens per sequence whose KV a step reads
     tpot_ms: float | None = None  # measured time per decode step (median TPOT)
-    weight_bytes: float | None = None  # whole model, read once per step
+    weight_bytes: float | None = None  # what one decode step of decode_batch reads
     kv_bytes_per_token: float | None = None  # all layers, whole model
     flops_per_token: float | None = None  # about 2 x the parameters a token passes
     memory_bandwidth_gbps: float | None = None  # one GPU, GB/s
@@ -201,13 +201,12 @@ def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
 
     weight_bytes = flops_per_token = kv_per_token = None
     if model is not None:
-        lm_head = model.vocab_size * model.hidden_size
-        embeddings = lm_head * (1 if model.tie_word_embeddings else 2)
-        linear = max(model.num_params - embeddings, 0)
-        # The LM head stays in bf16 under vLLM's fp8 and is read whole each step; the input
-        # embedding is a gather of a few rows, left out.
-        weight_bytes = linear * bytes_per_param(config, model) + lm_head * 2.0
-        flops_per_token = 2.0 * (linear + lm_head)
+        # The weights one decode step reads (of an MoE model, the experts its batch is routed
+        # to: `ModelInfo.experts_read`; one sequence's where the batch is not known) and the
+        # FLOPs of the weights one token passes, the LM head included.
+        weight_bytes = model.weight_bytes_read(bytes_per_param(config, model),
+                                               max(decode_batch or 1.0, 1.0))
+        flops_per_token = 2.0 * (model.active_linear_params + model.lm_head_params)
         kv_per_token = model.kv_bytes_per_token(EngineFlags(config.flags).kv_bytes_per_element)
     elif engine is not None and engine.model_memory_gib:
         weight_bytes = engine.model_memory_gib * GIB * tp  # the log's figure is per GPU

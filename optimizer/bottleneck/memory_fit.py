@@ -31,9 +31,8 @@ def memory_problem(config: EngineConfig, hardware: HardwareProfile | None,
     tp = config.tensor_parallel_size * config.pipeline_parallel_size
     gmu = float(config.flags.get("gpu_memory_utilization") or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
     budget_gib = gmu * hardware.gpu_memory_gib
-    embeddings = model.vocab_size * model.hidden_size * (1 if model.tie_word_embeddings else 2)
-    linear = max(model.num_params - embeddings, 0)
-    weights_gib = (linear * bytes_per_param(config, model) + embeddings * 2.0) / tp / GIB
+    # every expert of an MoE model is held
+    weights_gib = model.weight_bytes(bytes_per_param(config, model)) / tp / GIB
     if weights_gib > budget_gib:
         return (f"the weights need {weights_gib:.1f} GiB per GPU but gpu_memory_utilization "
                 f"{gmu:g} of {hardware.gpu_memory_gib:.0f} GiB allows {budget_gib:.1f} GiB")

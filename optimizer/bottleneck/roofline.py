@@ -110,8 +110,9 @@ def step_roofline(step: StepMetrics, config: EngineConfig, hardware: HardwarePro
     token's context (a prompt token at position p attends to p keys: on average half the
     prompt; a generated one to the prompt and half the output). Bytes: the weights once per
     step (by dtype; the LM head stays bf16), the KV of its context per generated token, and the
-    KV of every computed token written (by KV dtype). Activations are left out (both figures
-    are lower bounds)."""
+    KV of every computed token written (by KV dtype). Of an MoE model, the FLOPs are those of
+    the experts a token is routed to and the bytes those of the experts a step's tokens touch
+    (`ModelInfo.experts_read`, uniform routing: an upper estimate). Activations are left out."""
     m = step.metrics
     if model is None or hardware is None or m.completed <= 0 or not m.duration_s > 0:
         return None
@@ -139,9 +140,8 @@ def step_roofline(step: StepMetrics, config: EngineConfig, hardware: HardwarePro
     tp, pp, dp = (config.tensor_parallel_size, config.pipeline_parallel_size,
                   config.data_parallel_size)
     num_gpus = tp * pp * dp
-    lm_head = model.vocab_size * model.hidden_size
-    embeddings = lm_head * (1 if model.tie_word_embeddings else 2)
-    linear = max(model.num_params - embeddings, 0)
+    lm_head = model.lm_head_params
+    linear = model.active_linear_params  # of an MoE model, the experts a token is routed to
     # A computed prompt token sits after the cached part: its mean position is halfway between
     # the cached prefix and the prompt's end.
     prefill_context = mean_prompt * (1.0 + cached_fraction) / 2.0
@@ -165,7 +165,9 @@ def step_roofline(step: StepMetrics, config: EngineConfig, hardware: HardwarePro
             return None
         batch = decode_tps_per_replica * mean_tpot / 1e3  # sequences per decode step
         steps = decode_tps_per_replica / max(batch, 1.0)
-    weight_bytes = linear * bytes_per_param(config, model) + lm_head * 2.0
+    # Of an MoE model a step reads the experts its tokens are routed to (`experts_read`).
+    tokens_per_step = (prefill_tps + decode_tps) / dp / steps if steps > 0 else 1.0
+    weight_bytes = model.weight_bytes_read(bytes_per_param(config, model), tokens_per_step)
     kv_per_token = model.kv_bytes_per_token(EngineFlags(config.flags).kv_bytes_per_element)
     heads = model.num_key_value_heads
     kv_share = math.ceil(heads / tp) / heads / pp / dp  # one GPU's part of the engine's KV

@@ -140,8 +140,8 @@ def _layer_kernels(model: PerformanceModel, b: StepBreakdown) -> list[tuple[str,
     layers = m.num_hidden_layers
     q_kv = m.hidden_size * (m.num_attention_heads + 2 * m.num_key_value_heads) * m.head_dim
     o_proj = m.num_attention_heads * m.head_dim * m.hidden_size
-    gate_up = 2 * m.hidden_size * m.intermediate_size
-    down = m.hidden_size * m.intermediate_size
+    gate_up = 2 * m.hidden_size * m.ffn_width_per_token  # an MoE layer: the experts routed to
+    down = m.hidden_size * m.ffn_width_per_token
     linear = (q_kv + o_proj + gate_up + down) * layers
     gemm_layer_s = b.gemm_s * linear / (linear + model.lm_head_params) / layers
     shares = {"qkv": q_kv, "o": o_proj, "gate_up": gate_up, "down": down}

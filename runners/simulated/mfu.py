@@ -30,8 +30,10 @@ class PerfEstimate:
 
 def vllm_mfu_estimate(model: PerformanceModel, scheduled: Sequence[tuple[int, int, bool]],
                       data_parallel_size: int = 1) -> PerfEstimate:
-    """What vLLM 0.26's analytic estimator adds to its MFU counters for one step of a dense
-    model: `scheduled` holds (tokens, context length after the step, is_prefill) per request.
+    """What vLLM 0.26's analytic estimator adds to its MFU counters for one step of a dense or
+    MoE model (vllm/v1/metrics/perf.py `FfnMetrics`: top-k token rows through the experts,
+    min(rows, experts) experts' weights read): `scheduled` holds (tokens, context length after
+    the step, is_prefill) per request.
     Its own conventions are kept, so the counters compare with a real engine's: a prefill token
     is charged attention over the whole context (no causal half), the MLP is split over
     TP x DP, and an unknown quantization method leaves only the unembedding counted."""
@@ -58,18 +60,25 @@ def vllm_mfu_estimate(model: PerformanceModel, scheduled: Sequence[tuple[int, in
     write = float(logit_rows * vocab * act)
     if weight > 0:  # attention and MLP parts (absent for a method vLLM does not know)
         flops += layers * (2 * tokens * hidden * (q + 2 * kv) * head_dim
-                           + 4 * q * token_context * head_dim + 2 * tokens * hidden * q * head_dim
-                           + 6 * hidden * inter * tokens)
+                           + 4 * q * token_context * head_dim + 2 * tokens * hidden * q * head_dim)
         read += layers * (tokens * hidden * act + hidden * (q + 2 * kv) * head_dim * weight
                           + (prefill_tokens * q + 2 * prefill_context * kv) * head_dim * act
                           + decode_tokens * q * head_dim * act
                           + 2 * decode_context * kv * head_dim * cache
-                          + tokens * q * head_dim * act + q * head_dim * hidden * weight
-                          + tokens * hidden * act + 2 * hidden * inter * weight
-                          + 2 * tokens * inter * act + tokens * inter * act
-                          + hidden * inter * weight)
+                          + tokens * q * head_dim * act + q * head_dim * hidden * weight)
         write += layers * (tokens * (q + 2 * kv) * head_dim * act
-                           + 2 * tokens * kv * head_dim * cache + tokens * hidden * act
-                           + 2 * tokens * inter * act + tokens * inter * act
-                           + tokens * hidden * act)
+                           + 2 * tokens * kv * head_dim * cache + tokens * hidden * act)
+        # The MLP: dense, or vLLM's routed experts (every layer counted as MoE, routing
+        # perfectly balanced, shared experts only where the config says `n_shared_experts`:
+        # none in the families modelled, so Qwen2-MoE's shared expert goes uncounted).
+        rows, width = tokens, inter  # token rows through the MLP, and the MLP's width
+        weight_rows = float(inter)  # the width's worth of weights read
+        if m.num_experts > 0:
+            rows = tokens * m.num_experts_per_tok
+            width = m.moe_intermediate_size // (tp * data_parallel_size)
+            weight_rows = float(width * min(rows, m.num_experts))
+        flops += layers * 6 * hidden * width * rows
+        read += layers * (rows * hidden * act + 3 * hidden * weight_rows * weight
+                          + 3 * rows * width * act)
+        write += layers * (3 * rows * width * act + rows * hidden * act)
     return PerfEstimate(flops=flops, read_bytes=read, write_bytes=write)

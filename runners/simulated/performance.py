@@ -155,14 +155,15 @@ class PerformanceModel(EngineSizing):
         bf16_flops = hw.bf16_tflops * 1e12
         logit_rows = num_decode_seqs + num_prefill_seqs
 
-        # GEMMs: weights are streamed once per step; compute grows with tokens.
-        gemm_bytes = (self.linear_params * self.weight_bytes_per_param
-                      + self.lm_head_params * 2.0) / tp
+        # GEMMs: the weights the step's tokens are routed to are streamed once per step (all of
+        # a dense model's; of an MoE layer, the experts touched: `ModelInfo.experts_read`);
+        # compute grows with tokens times the weights one token passes.
+        gemm_bytes = m.weight_bytes_read(self.weight_bytes_per_param, tokens) / tp
         if self.is_fp8_weights and hw.fp8_tflops > 0:
             linear_peak = hw.fp8_tflops * 1e12 * FP8_GEMM_FLOP_EFF
         else:
             linear_peak = bf16_flops * GEMM_FLOP_EFF
-        linear_s = 2 * self.linear_params / tp * tokens / linear_peak
+        linear_s = 2 * m.active_linear_params / tp * tokens / linear_peak
         lm_head_s = 2 * self.lm_head_params / tp * logit_rows / (bf16_flops * GEMM_FLOP_EFF)
         bw_eff = FP8_GEMM_BW_EFF if self.is_fp8_weights else GEMM_BW_EFF
         gemm_s = max(gemm_bytes / (bandwidth * bw_eff), linear_s + lm_head_s)

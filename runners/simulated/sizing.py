@@ -215,19 +215,19 @@ class EngineSizing:
 
     @property
     def lm_head_params(self) -> int:
-        return self.model.vocab_size * self.model.hidden_size
+        return self.model.lm_head_params
 
     @property
     def linear_params(self) -> int:
-        """Parameters every forward streams: all linear layers (embeddings are a lookup)."""
-        embeddings = self.lm_head_params * (1 if self.model.tie_word_embeddings else 2)
-        return self.model.num_params - embeddings
+        """Every linear layer's parameters, every expert of an MoE model included (embeddings
+        are a lookup): what the GPUs hold."""
+        return self.model.linear_params
 
     @property
     def weight_bytes(self) -> float:
-        """Checkpoint as loaded. vLLM keeps embeddings and lm_head in bf16 when quantizing."""
-        embeddings = self.model.num_params - self.linear_params
-        return self.linear_params * self.weight_bytes_per_param + embeddings * 2.0
+        """Checkpoint as loaded, every expert of an MoE model included. vLLM keeps embeddings
+        and lm_head in bf16 when quantizing."""
+        return self.model.weight_bytes(self.weight_bytes_per_param)
 
     @property
     def weight_bytes_per_gpu(self) -> float:
@@ -260,7 +260,8 @@ class EngineSizing:
     @property
     def activation_bytes_per_gpu(self) -> float:
         m, tp = self.model, self.tensor_parallel_size
-        per_token = (2 * m.intermediate_size / tp + ACTIVATION_HIDDEN_BUFFERS * m.hidden_size) * 2
+        width = m.ffn_width_per_token  # an MoE layer: its routed and shared experts' outputs
+        per_token = (2 * width / tp + ACTIVATION_HIDDEN_BUFFERS * m.hidden_size) * 2
         logits = self.max_num_seqs * m.vocab_size / tp * 4  # fp32 logits of the sampler
         nccl = NCCL_BUFFER_BYTES if tp > 1 else 0.0
         return self.max_num_batched_tokens * per_token + logits + NON_TORCH_BYTES + nccl
