@@ -34,6 +34,7 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
       nightshift status examples/quickstart.yaml
     """
     from optimizer.results.recommendation import confirmation_sentence
+    from optimizer.results.trial_record import confirmation_of
     from optimizer.storage.lock import read_lease, read_lock, study_lock_path
     from optimizer.storage.study import count_trials, existing_storage, open_study
 
@@ -46,13 +47,39 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
     running = f"running (pid {holder.get('pid')})" if holder is not None else "not running"
     out.print(f"study [bold]{cfg.name}[/]: daemon {running}; "
               f"{count_trials(trials).describe()}", highlight=False, soft_wrap=True)
-    out.print(trial_table(status_rows(trials), cfg.objectives, out.width))
+    is_simulated = is_simulated_study(opened)
+    if is_simulated:
+        out.print(SIMULATED_HEADER, highlight=False, soft_wrap=True)
+    out.print(trial_table(status_rows(trials), cfg.objectives, out.width,
+                          title=SIMULATED_TITLE if is_simulated else None))
     pick = recommendation_text(opened, cfg.objectives, cfg.spec.slo.model_dump())
     if pick:
         out.print(pick, highlight=False, soft_wrap=True)
     sentence = confirmation_sentence(opened)
     if sentence:
-        out.print(f"re-measured: {sentence}", highlight=False, soft_wrap=True)
+        confirmed = confirmation_of(opened)
+        what = "simulated repeats" if confirmed is not None and confirmed.is_simulated \
+            else "re-measured"
+        out.print(f"{what}: {sentence}", highlight=False, soft_wrap=True)
+
+
+# The simulated engine's figures are a model's: every view of them says so, apart from the
+# report's banner and the export header (which say it their own way).
+SIMULATED_HEADER = "engine: SIMULATED (figures from a model, not measurements)"
+SIMULATED_TITLE = "simulated figures (a model, not measurements)"
+SIMULATED_MARK = " (simulated)"  # after a figure of a line of its own
+
+
+def is_simulated_study(study: Any) -> bool:
+    """Whether the study ran the simulated engine: its stored fingerprint says so, or a trial's
+    launch command does (a study from before fingerprints)."""
+    from optimizer.results.confirmation import is_simulated_run
+    from optimizer.results.trial_record import stored_fingerprint
+
+    fp = stored_fingerprint(study)
+    if fp is not None and fp.engine is not None:
+        return fp.engine == "simulated"
+    return any(is_simulated_run(t) for t in study.get_trials(deepcopy=False))
 
 
 def status_rows(trials: Sequence[FrozenTrial]) -> list[TableRow]:
@@ -115,10 +142,12 @@ def _finite(value: Any) -> float | None:
 
 def recommendation_text(study: Any, objectives: Sequence[str],
                         slo: Mapping[str, float | None] | None = None) -> str:
-    """`recommended: trial 9, goodput 37.1 req/s` and, where it is not the best measured, why
+    """`recommended: trial 9, goodput 37.1 req/s` ("(simulated)" after the figures of a trial
+    the simulated engine ran) and, where it is not the best measured, why
     (recommendation.recommendation_note); where no trial met the SLO, that line instead
     (recommendation.no_slo_met; `slo`, the study's bounds, else the stored fingerprint's);
     the end-of-run line and `status` print it. "" when none."""
+    from optimizer.results.confirmation import is_simulated_run
     from optimizer.results.recommendation import (
         no_slo_met,
         recommendation_note,
@@ -132,7 +161,8 @@ def recommendation_text(study: Any, objectives: Sequence[str],
     if pick is None or not pick.values:
         return ""
     note = recommendation_note(study, pick)
-    return (f"recommended: trial {pick.number}, {values_text(objectives, pick.values)}"
+    mark = SIMULATED_MARK if is_simulated_run(pick) else ""
+    return (f"recommended: trial {pick.number}, {values_text(objectives, pick.values)}{mark}"
             + (f" ({note})" if note else ""))
 
 

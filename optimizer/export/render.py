@@ -25,6 +25,7 @@ from optimizer.export.launch import (
 )
 from optimizer.results import gains
 from optimizer.results.conclusion import baseline_trial, reference_of
+from optimizer.results.confirmation import SIMULATED_VERDICT
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.results.quality_gate import header_line
 from optimizer.results.recommendation import (
@@ -92,7 +93,7 @@ def export_header(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: Stu
         lines.append("engine: vLLM on real GPUs" if engine == "vllm" else
                      "engine: unknown (a study from before fingerprints)")
     if fp is not None:
-        peak = f" up to {fp.peak_load:g}" if fp.peak_load is not None else ""
+        peak = f" up to {load_text(fp.peak_load)}" if fp.peak_load is not None else ""
         lines.append(f"workload: input {fp.input_len} tokens, output {fp.output_len} tokens, "
                      f"{fp.arrival}{peak}" + (f", prompts {fp.prompts_file}"
                                                if fp.prompts_file else ""))
@@ -104,6 +105,14 @@ def export_header(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: Stu
     return lines
 
 
+def load_text(load: float) -> str:
+    """A load as the header states it: a count whole (`1024`), a rate to 3 significant digits
+    (`4.65`, not the `4.65483` a trace's mean rate is stored as)."""
+    if float(load).is_integer():
+        return str(int(load))
+    return f"{float(f'{load:.3g}'):g}"
+
+
 def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyConfig) -> str:
     """The trial's gain over the defaults with what bounds it. The final confirmation's
     interval wins where it re-measured this trial (a search measurement's bounds never stand
@@ -113,6 +122,9 @@ def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyCo
     if confirmed is not None and confirmed.best_trial == trial.number:
         gain = gains.interval_gain(confirmed.gain, confirmed.ci_low, confirmed.ci_high,
                                    confirmed.num_rounds)
+        if confirmed.is_simulated:  # a model's repeats: nothing measured, nothing confirmed
+            return (f"{objective} {gains.format_gain(gain)}; not confirmed (re-run interleaved "
+                    f"with the defaults on the simulated engine: {SIMULATED_VERDICT})")
         verdict = gains.confirmation_verdict(gain)
         state = "confirmed" if gain.is_better else "not confirmed"
         return (f"{objective} {gains.format_gain(gain)}; {state} (re-measured interleaved "

@@ -12,8 +12,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer.results import gains
 from optimizer.config import StudyConfig
+from optimizer.results import gains
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.results.recommendation import params_of, recommended_trial
 from optimizer.results.trial_record import (
@@ -24,6 +24,7 @@ from optimizer.results.trial_record import (
     is_baseline,
     record_of,
 )
+from runners.simulated.launcher import is_simulated_argv
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,11 @@ logger = logging.getLogger(__name__)
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
          2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
          2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+# The verdict of a comparison the simulated engine ran: a model's repeats confirm nothing.
+SIMULATED_VERDICT = ("simulated: repeats of a model, not a confirmation (the interval is the "
+                     "model's spread, not measured noise)")
 
 
 def t975(df: int) -> float:
@@ -65,7 +71,8 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
     kept = measured_rounds(trials, params_of(baseline), params_of(best))[:rounds]
     pairs = [{"defaults": float(d.values[0]), "best": float(b.values[0])} for d, b in kept]
     numbers = [[d.number, b.number] for d, b in kept]  # the trials of each round
-    paired = {t.number for pair in kept for t in pair}
+    runs = [t for pair in kept for t in pair]  # the trials the rounds compare
+    paired = {t.number for t in runs}
     cut = [t.number for t in trials if confirm_label(t) in ("defaults", "best")
            and t.number not in paired and t.number > baseline.number
            and params_of(t) in (params_of(baseline), params_of(best))]
@@ -91,6 +98,7 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
                 return
             values[label] = float(measured.values[0])
             measured_numbers.append(measured.number)
+            runs.append(measured)
         pairs.append(values)
         numbers.append(measured_numbers)
     # Each round's values are per GPU (as Optuna holds them), so is the ratio: said so where
@@ -98,11 +106,20 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
     num_gpus = [record.num_gpus if (record := record_of(t)) is not None else
                 gpus_of(params_of(t)) for t in (best, baseline)]
     summary = confirm_summary(cfg.objectives[0], best.number, baseline.number, pairs,
-                              per_gpu=max(num_gpus) > 1)
+                              per_gpu=max(num_gpus) > 1,
+                              is_simulated=any(is_simulated_run(t) for t in runs))
     # Which runs the comparison used: a cut round's run is in none (named, not left unsaid).
     summary.update(round_trials=numbers, cut_trials=cut)
     study.set_user_attr(STUDY_ATTR_CONFIRM, summary)
-    logger.info("re-measured against the defaults: %s", summary["sentence"])
+    logger.info("%s against the defaults: %s", "simulated repeats" if summary["is_simulated"]
+                else "re-measured", summary["sentence"])
+
+
+def is_simulated_run(trial: FrozenTrial) -> bool:
+    """Whether the trial ran the simulated engine (its record's launch command says so): its
+    figures are a model's, never measurements."""
+    record = record_of(trial)
+    return record is not None and is_simulated_argv(record.argv)
 
 
 def measured_rounds(trials: Sequence[FrozenTrial], defaults: Mapping[str, Any],
@@ -131,12 +148,15 @@ def measured_rounds(trials: Sequence[FrozenTrial], defaults: Mapping[str, Any],
 
 def confirm_summary(objective: str, best: int, baseline: int,
                     pairs: Sequence[Mapping[str, float]], *,
-                    per_gpu: bool = False) -> dict[str, Any]:
+                    per_gpu: bool = False, is_simulated: bool = False) -> dict[str, Any]:
     """The gain of `best` over `baseline` from interleaved rounds: the per-round ratios
     (oriented so > 1 is better), their geometric mean and its 95% t-interval, taken on the log
     ratios so that both ends are ratios too (an interval on the ratios themselves can reach
     below zero with two rounds); None bounds from one round. `per_gpu`: a config used more
-    than one GPU, so the sentence says the ratio is per GPU (the values are)."""
+    than one GPU, so the sentence says the ratio is per GPU (the values are). `is_simulated`:
+    the rounds ran the simulated engine, so nothing was measured and nothing is confirmed:
+    its repeats differ only as far as the model does (often not at all), and an interval
+    from them is the model's determinism, not noise measured."""
     maximize = OBJECTIVES[objective].direction == "maximize"
     ratios = []
     for pair in pairs:
@@ -154,12 +174,14 @@ def confirm_summary(objective: str, best: int, baseline: int,
         half = t975(n - 1) * sd / math.sqrt(n)
         low, high = math.exp(mean_log - half), math.exp(mean_log + half)
     gain = gains.interval_gain(mean, low, high, n)
-    verdict = gains.confirmation_verdict(gain)
+    verdict = SIMULATED_VERDICT if is_simulated else gains.confirmation_verdict(gain)
     what = "the vLLM defaults per GPU" if per_gpu else "the vLLM defaults"
+    how = "re-run interleaved on the simulated engine" if is_simulated else \
+        "re-measured interleaved"
     sentence = (f"trial {best} (the exported config) vs the defaults (trial {baseline}), "
-                f"re-measured interleaved: {objective} {gains.format_gain(gain, what)}: "
-                f"{verdict}")
+                f"{how}: {objective} {gains.format_gain(gain, what)}: {verdict}")
     return {"objective": objective, "best_trial": best, "baseline_trial": baseline,
             "rounds": [dict(p) for p in pairs], "ratios": ratios, "gain": mean,
-            "is_confirmed": gain.is_better, "verdict": verdict,
-            "ci_low": low, "ci_high": high, "sentence": sentence}
+            "is_confirmed": gain.is_better and not is_simulated, "verdict": verdict,
+            "is_simulated": is_simulated, "ci_low": low, "ci_high": high,
+            "sentence": sentence}

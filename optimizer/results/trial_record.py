@@ -248,7 +248,8 @@ class StoredConfirmation:
     ci_low: float | None  # 95% interval of the gain; None from one round
     ci_high: float | None
     num_rounds: int
-    is_confirmed: bool
+    is_confirmed: bool  # never on the simulated engine: its repeats are a model's
+    is_simulated: bool = False  # the rounds ran the simulated engine (confirm_summary)
 
 
 def confirmation_of(study: HasUserAttrs) -> StoredConfirmation | None:
@@ -266,7 +267,8 @@ def confirmation_of(study: HasUserAttrs) -> StoredConfirmation | None:
         sentence=str(data.get("sentence") or ""),
         best_trial=int(best) if isinstance(best, int) else None,
         gain=number("gain") or 0.0, ci_low=number("ci_low"), ci_high=number("ci_high"),
-        num_rounds=len(data.get("ratios") or []), is_confirmed=bool(data.get("is_confirmed")))
+        num_rounds=len(data.get("ratios") or []), is_confirmed=bool(data.get("is_confirmed")),
+        is_simulated=bool(data.get("is_simulated")))
 
 
 def stored_fingerprint(study: HasUserAttrs) -> Fingerprint | None:

@@ -16,9 +16,14 @@ from typing import Any
 from optimizer.results.trial_record import TrialRecord
 from optimizer.search.startup import startup_tags
 from optimizer.tracking.tags import (
+    ENGINE_SIMULATED,
     KIND_CONFIRMATION,
     SERVER_LOG,
+    SIMULATED_DESCRIPTION,
+    SIMULATED_NAME_MARK,
+    SIMULATED_VERSION_PREFIX,
     TAG_CONFIRM,
+    TAG_ENGINE,
     TAG_KIND,
     TRACE_FILE,
 )
@@ -97,22 +102,25 @@ def short_change(name: str, value: Any) -> str:
 def run_name(number: int, record: TrialRecord, fixed_flags: Mapping[str, Any] = {},
              confirm: str | None = None) -> str:
     """`t003 fp8+kv-fp8`: the trial number and the flags it set beyond vLLM's defaults and the
-    study's fixed flags; `t000 defaults`; `c014 confirm best` for a confirmation run."""
+    study's fixed flags; `t000 defaults`; `c014 confirm best` for a confirmation run. A run of
+    the simulated engine says so after its number: `t003 sim fp8+kv-fp8`."""
+    head = f"{'c' if confirm else 't'}{number:03d}" + \
+        (SIMULATED_NAME_MARK if is_simulated_argv(record.argv) else "")
     if confirm:
-        return f"c{number:03d} confirm {confirm}"
+        return f"{head} confirm {confirm}"
     changed = [short_change(k, v) for k, v in record.flags.items()
                if k not in fixed_flags or fixed_flags[k] != v]
     if record.is_baseline and not changed:
-        return f"t{number:03d} defaults"
+        return f"{head} defaults"
     shown: list[str] = []
     for i, change in enumerate(changed):
         rest = len(changed) - i - 1
-        text = f"t{number:03d} " + "+".join([*shown, change]) + (f" +{rest}" if rest else "")
+        text = f"{head} " + "+".join([*shown, change]) + (f" +{rest}" if rest else "")
         if shown and len(text) > RUN_NAME_CHARS:
             break
         shown.append(change)
     hidden = len(changed) - len(shown)
-    return f"t{number:03d}" + (" " + "+".join(shown) if shown else "") + \
+    return head + (" " + "+".join(shown) if shown else "") + \
         (f" +{hidden}" if hidden else "")
 
 
@@ -122,15 +130,17 @@ SIMULATED_TIMING = ("simulated engine: engine.* and startup.* seconds are the mo
                     "which sleeps only a fraction of it (simulated.startup_time_scale)")
 
 
-def description_of(conclusion: str) -> str:
+def description_of(conclusion: str, *, is_simulated: bool = False) -> str:
     """A run's MLflow description: the conclusion with its figure first (`goodput 37 req/s,
     1.12x the vLLM defaults ...`) and the flag list after it, so that a cut-off description
     still shows the result; a conclusion without a flag list, or a quality refusal, as it
-    is."""
+    is. `is_simulated`: the run's figures are the simulated engine's, and it starts by saying
+    so (SIMULATED_DESCRIPTION), never as a measurement."""
+    mark = SIMULATED_DESCRIPTION if is_simulated else ""
     head, sep, rest = conclusion.partition(_CHANGES_HEAD)
     if not sep or conclusion.startswith("refused"):  # a refusal's verdict is its first fact
-        return conclusion
-    return f"{rest} Changes from the vLLM defaults: {head}."
+        return mark + conclusion
+    return f"{mark}{rest} Changes from the vLLM defaults: {head}."
 
 
 def tracking_payload(record: TrialRecord, result: RunResult | None, *, number: int,
@@ -142,8 +152,11 @@ def tracking_payload(record: TrialRecord, result: RunResult | None, *, number: i
     level); the headline level's copies of them are named `headline.<name>`
     (`headline.request_goodput`), never a second point at step 0 on top of level 0's. The
     daemon and the catch-up both call it, so a replayed run is the same run."""
+    is_simulated = is_simulated_argv(record.argv)
     tags = {"conclusion": record.conclusion, "mlflow.runName": run_name(
         number, record, fixed_flags, confirm)}
+    if is_simulated:  # its figures are a model's: the run says so wherever it is listed
+        tags[TAG_ENGINE] = ENGINE_SIMULATED
     if confirm:
         tags[TAG_KIND] = KIND_CONFIRMATION
         tags[TAG_CONFIRM] = confirm
@@ -164,7 +177,8 @@ def tracking_payload(record: TrialRecord, result: RunResult | None, *, number: i
     if record.quality and record.quality.get("summary"):  # the quality gate's one line
         tags["quality"] = str(record.quality["summary"])[:5000]
     if record.conclusion:  # the run's description: its figure first, then what it changed
-        tags["mlflow.note.content"] = description_of(record.conclusion)
+        tags["mlflow.note.content"] = description_of(record.conclusion,
+                                                      is_simulated=is_simulated)
     capacity = record.capacity or {}
     if capacity.get("status"):
         tags["capacity.status"] = str(capacity["status"])
@@ -182,13 +196,18 @@ def tracking_payload(record: TrialRecord, result: RunResult | None, *, number: i
                 timespec="milliseconds")
     if record.startup:
         tags.update(startup_tags(record.startup))
-    if is_simulated_argv(record.argv):
+    if is_simulated:
         # MLflow's Duration column is the run's wall time; the simulated engine sleeps only a
         # fraction of the start-up it models (simulated.startup_time_scale).
         tags["timing"] = SIMULATED_TIMING
     for key in ("attention_backend", "engine_version"):  # what the engine chose, as tags
         if record.engine.get(key):
             tags[f"engine.{key}"] = str(record.engine[key])
+    if is_simulated and record.engine.get("engine_version"):
+        # The vLLM version the model imitates, never read as a vLLM that ran (the record and
+        # the fingerprint keep their own forms; nothing reads this tag back).
+        tags["engine.engine_version"] = SIMULATED_VERSION_PREFIX + str(
+            record.engine["engine_version"]).removeprefix(SIMULATED_VERSION_PREFIX)
     texts: dict[str, str] = {}
     files: list[Path] = []
     if result is not None:

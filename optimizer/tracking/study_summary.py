@@ -15,10 +15,16 @@ from optimizer.report import build_report, headline
 from optimizer.report.render import best_tags
 from optimizer.results import gains
 from optimizer.results.conclusion import baseline_trial
+from optimizer.results.confirmation import is_simulated_run
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.results.recommendation import best_trial, is_measured, no_baseline_reason, params_of
 from optimizer.results.trial_record import confirm_label, confirmation_of
 from optimizer.storage.study import count_trials
+from optimizer.tracking.tags import (
+    ENGINE_SIMULATED,
+    SIMULATED_DESCRIPTION,
+    TAG_ENGINE,
+)
 
 
 def study_summary(study: optuna.Study,
@@ -34,6 +40,9 @@ def study_summary(study: optuna.Study,
         t.state.is_finished() and confirm_label(t) is not None
         for t in study.get_trials(deepcopy=False)))
     tags: dict[str, str] = {}
+    is_simulated = any(is_simulated_run(t) for t in study.get_trials(deepcopy=False))
+    if is_simulated:  # a model's figures, never measurements: said on the study's run too
+        tags[TAG_ENGINE] = ENGINE_SIMULATED
     best = best_trial(study)
     if best is not None and best.values:
         for name, v in zip(cfg.objectives, best.values, strict=True):
@@ -47,7 +56,8 @@ def study_summary(study: optuna.Study,
         # The study's conclusion is the best against the defaults (the trial's own one
         # compares it with the best before it).
         tags["conclusion"] = headline(report)
-        tags["mlflow.note.content"] = tags["conclusion"]  # the run's description
+        tags["mlflow.note.content"] = (SIMULATED_DESCRIPTION if is_simulated else "") + \
+            tags["conclusion"]  # the run's description
         tags.update(best_tags(report))
         # What the tuning memory seeds a later study with
         # (optimizer/tuning_memory/earlier_studies.py): the best's config, and its params that

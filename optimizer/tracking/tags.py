@@ -5,6 +5,13 @@ TAG_STUDY = "nightshift.study"
 TAG_KIND = "nightshift.kind"  # "study", "trial" or "confirmation"
 KIND_TRIAL, KIND_CONFIRMATION = "trial", "confirmation"  # a trial's run: search or re-measure
 TAG_CONFIRM = "nightshift.confirm"  # a confirmation run's side: "defaults" or "best"
+# On a run of the simulated engine (a trial's, and the study's): its figures are a model's,
+# never measurements. A run of vLLM carries no such tag. Its name and description say it too.
+TAG_ENGINE = "nightshift.engine"
+ENGINE_SIMULATED = "simulated"
+SIMULATED_NAME_MARK = " sim"  # after the trial number: `t003 sim fp8+kv-fp8`
+SIMULATED_DESCRIPTION = "SIMULATED: "  # the description's start: figures from a model
+SIMULATED_VERSION_PREFIX = "simulated "  # engine.engine_version: the vLLM version modelled
 # MLflow 3's experiment kind (the UI reads it: mlflow/server/js, 3.17.2): a GenAI experiment
 # opens on an Overview of traces, a custom-model one on its runs table, which is what a study is.
 # MLflow 3.17's UI reads it only where its GenAI / Model training selector is off, and that

@@ -59,7 +59,8 @@ def test_capacity_brackets_land_in_mlflow_and_bound_the_gain(
         assert tags["capacity.status"] == capacity["status"]
         assert (tags.get("unresolved") == "true") == (capacity["status"] == "unresolved")
         assert tags["conclusion"] == record["conclusion"]
-        assert tags["mlflow.note.content"] == description_of(record["conclusion"])
+        assert tags["mlflow.note.content"] == description_of(record["conclusion"],
+                                                             is_simulated=True)
         assert len(record["conclusion_short"]) <= 70
         assert "None" not in record["conclusion"] and "→" not in record["conclusion"]
     client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")

@@ -337,6 +337,50 @@ def test_status_counts_confirmations_and_repeats_apart_with_rounded_figures(
     assert "(confirmation: best)" in text and "and a long explanation" not in text, \
         "short conclusions in the table; the full ones are in MLflow and the report"
 
+    assert "SIMULATED" not in text and "simulated" not in text, \
+        "a study of vLLM's measurements carries no simulated mark"
+
+
+def test_status_of_a_simulated_study_marks_every_figure_line_simulated(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defect 7 (session 13): the quickstart's `status` showed the simulated engine's figures
+    as measurements ("recommended: trial 5, goodput 42.5 req/s/GPU", "re-measured: ...
+    confirmed: the 95% interval excludes 1.0") with no word of the simulated engine."""
+    from optimizer.cli import results
+    from optimizer.results.confirmation import confirm_summary
+
+    data = {"name": "modelled", "engine": "simulated", "model": {"path": "qwen2.5-7b"},
+            "budget": {"trials": 2}, "slo": {"tpot_p99_ms": 10},
+            "results_dir": str(tmp_path / "results")}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(data))
+    study = open_study(parse_study(data, path=path))
+    dist = {"quantization": optuna.distributions.CategoricalDistribution(["none", "fp8"])}
+    argv = ["/usr/bin/python3", "-m", "runners.simulated", "--port", "8000"]
+    for attrs, flags, value in (({"baseline": True}, {}, 32.90),
+                                ({}, {"quantization": "fp8"}, 42.48),
+                                ({"confirm": "defaults"}, {}, 32.90),
+                                ({"confirm": "best"}, {"quantization": "fp8"}, 42.48)):
+        study.add_trial(optuna.trial.create_trial(
+            params={"quantization": flags.get("quantization", "none")}, distributions=dist,
+            value=value, user_attrs={**attrs, "record": {
+                **_record("complete", flags, value, "x"), "argv": argv}}))
+    study.set_user_attr("confirm", confirm_summary(
+        "goodput", 1, 0, [{"defaults": 32.90, "best": 42.48}] * 2, is_simulated=True))
+    buffer = io.StringIO()
+    monkeypatch.setattr(results, "out", Console(file=buffer, width=100, color_system=None))
+    assert main(["status", str(path)]) == 0
+    lines = buffer.getvalue().splitlines()
+    assert lines[1] == "engine: SIMULATED (figures from a model, not measurements)", lines
+    assert lines[2].strip() == "simulated figures (a model, not measurements)", \
+        "the table's title"
+    pick = next(line for line in lines if line.startswith("recommended: "))
+    assert pick.startswith("recommended: trial 1, goodput 42.5 req/s/GPU (simulated)"), pick
+    last = next(line for line in lines if "vs the defaults" in line)
+    assert last.startswith("simulated repeats: trial 1 (the exported config)") and \
+        "confirmed:" not in last and "repeats of a model, not a confirmation" in last, last
+
 
 def test_counts_say_which_failures_were_lost_to_infrastructure_and_re_run() -> None:
     """A trial lost to a worker and queued again is "failed" in its record, but its config is

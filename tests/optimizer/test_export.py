@@ -350,6 +350,35 @@ def test_the_confirmations_interval_wins_over_the_search_measurement() -> None:
         in gain and "1.33x" not in gain
 
 
+
+def test_a_simulated_confirmation_is_never_called_confirmed_in_the_header() -> None:
+    """Defect 7 (session 13): the simulated engine's repeats, however tight, confirm
+    nothing: the gain line gives their figures and says they are a model's repeats."""
+    from optimizer.results.confirmation import SIMULATED_VERDICT, confirm_summary
+
+    study, cfg = _morning_study(confirm=confirm_summary(
+        "goodput", 3, 0, [{"defaults": 30.0, "best": 39.9}] * 2, is_simulated=True))
+    text = render(study.trials[3], cfg, "yaml", study=study)
+    gain = next(line for line in text.splitlines() if line.startswith("# gain: "))
+    assert gain == ("# gain: goodput 1.33x the vLLM defaults (95% CI [1.33x, 1.33x] over 2 "
+                    "rounds); not confirmed (re-run interleaved with the defaults on the "
+                    f"simulated engine: {SIMULATED_VERDICT})"), gain
+    assert "; confirmed" not in text
+
+
+def test_the_header_states_a_trace_rate_to_three_significant_digits() -> None:
+    """Defect 20 (session 13): "up to 4.65483" (a trace's mean rate as stored)."""
+    from optimizer.export.render import load_text
+    from optimizer.results.trial_record import STUDY_ATTR_FINGERPRINT
+
+    study, cfg = _morning_study()
+    fp = dict(study.user_attrs[STUDY_ATTR_FINGERPRINT])
+    study.set_user_attr(STUDY_ATTR_FINGERPRINT, {**fp, "peak_load": 4.65483})
+    text = render(study.trials[3], cfg, "yaml", study=study)
+    assert "up to 4.65" in text and "4.654" not in text
+    assert [load_text(v) for v in (32.0, 1024.0, 4.65483, 1234.5, 0.123456)] == \
+        ["32", "1024", "4.65", "1230", "0.123"], "a count whole, a rate to 3 digits"
+
 def test_export_leaves_out_flags_at_vllms_default_and_minimal_says_what_it_dropped() -> None:
     study, cfg = _morning_study()
     trial = study.trials[2]  # fp8, gpu_memory_utilization 0.92 (the host's own), block 64

@@ -65,6 +65,64 @@ def test_confirmed_only_when_the_interval_excludes_one() -> None:
     assert one["sentence"].endswith("one round: no interval, not confirmed")
 
 
+
+def test_simulated_repeats_are_never_called_confirmed() -> None:
+    """Defect 7 (session 13): the quickstart's simulated repeats, 32.90 and 32.90 against
+    42.48 and 42.48, gave "[1.29x, 1.30x] ... confirmed: the 95% interval excludes 1.0": the
+    model's determinism, not noise measured."""
+    from optimizer.results.confirmation import SIMULATED_VERDICT
+
+    pairs = [{"defaults": 32.90, "best": 42.48}, {"defaults": 32.90, "best": 42.49}]
+    simulated = confirm_summary("goodput", 5, 0, pairs, is_simulated=True)
+    assert simulated["sentence"].endswith(SIMULATED_VERDICT) and \
+        "simulated engine" in simulated["sentence"]
+    assert "confirmed:" not in simulated["sentence"] and "re-measured" not in \
+        simulated["sentence"], "a model's repeats measure and confirm nothing"
+    assert not simulated["is_confirmed"] and simulated["is_simulated"]
+    assert "1.29x the vLLM defaults (95% CI [1.28x, 1.30x] over 2 rounds)" in \
+        simulated["sentence"], "the figures stay, with what they are"
+    measured = confirm_summary("goodput", 5, 0, pairs)
+    assert measured["is_confirmed"] and not measured["is_simulated"] and \
+        measured["sentence"].endswith("confirmed: the 95% interval excludes 1.0")
+
+
+def test_the_confirmation_of_simulated_runs_stores_the_simulated_wording(
+        tmp_path: Path) -> None:
+    """`confirm` tells from the runs' launch commands that the simulated engine ran them;
+    `confirmation_of` hands it on (status, report, export and MLflow read it)."""
+    from optimizer.results.confirmation import SIMULATED_VERDICT, confirm
+    from optimizer.results.trial_record import confirmation_of
+
+    for argv, is_simulated in ((["python3", "-m", "runners.simulated", "--port", "1"], True),
+                               (["vllm", "serve", "m"], False)):
+        cfg = parse_study({"name": "engine", "model": {"path": "qwen2.5-7b"},
+                           "budget": {"trials": 2}, "slo": {"tpot_p99_ms": 50},
+                           "results_dir": str(tmp_path / "results"),
+                           "workload": {"capacity": {"axis": "request_rate", "low": 1,
+                                                     "high": 40}},
+                           "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db"})
+        study = optuna.create_study(direction="maximize")  # the search, on this engine
+        _add(study, {"quantization": "none"},
+             {**_record({}, 8.7, DEFAULTS_BRACKET, True), "argv": argv}, {"baseline": True})
+        _add(study, {"quantization": "fp8"},
+             {**_record({"quantization": "fp8"}, 18.5, FP8_BRACKET), "argv": argv}, {})
+
+        def measure(params: Any, label: str, study: optuna.Study = study,
+                    argv: list[str] = argv) -> optuna.trial.FrozenTrial:
+            best = params.get("quantization") == "fp8"
+            record = _record(dict(params), 19.0 if best else 9.0,
+                             Bracket("request_rate", 9.5, 10.0, "resolved", 6))
+            _add(study, dict(params), {**record, "argv": argv}, {"confirm": label})
+            return study.trials[-1]
+
+        confirm(study, cfg, measure, lambda: False)
+        confirmed = confirmation_of(study)
+        assert confirmed is not None and confirmed.is_simulated == is_simulated
+        assert confirmed.sentence.endswith(SIMULATED_VERDICT) == is_simulated
+        assert confirmed.is_confirmed != is_simulated, \
+            "two equal rounds: confirmed when measured, never when simulated"
+
+
 VLLM = {"tensor_parallel_size": 1, "data_parallel_size": 1, "quantization": "none",
         "kv_cache_dtype": "auto", "max_num_seqs": 1024}
 

@@ -243,7 +243,8 @@ def test_a_runs_description_starts_with_its_figure_and_simulated_timing_is_expla
     simulated = ("/usr/bin/python3", "-m", "runners.simulated", "--port", "8000")
     tags = tracking_payload(_record(conclusion=conclusion, argv=simulated,
                                     engine={"engine_version": "0.26.0"}), None, number=1)["tags"]
-    assert tags["mlflow.note.content"].startswith("goodput 38.6 req/s, 1.32x the vLLM defaults")
+    assert tags["mlflow.note.content"].startswith(
+        "SIMULATED: goodput 38.6 req/s, 1.32x the vLLM defaults")
     assert tags["mlflow.note.content"].endswith(
         "Changes from the vLLM defaults: quantization=fp8, kv_cache_dtype=fp8.")
     assert tags["conclusion"] == conclusion, "the conclusion tag as the trial concluded"
@@ -251,3 +252,75 @@ def test_a_runs_description_starts_with_its_figure_and_simulated_timing_is_expla
     real = tracking_payload(_record(argv=("vllm", "serve", "m"), engine={
         "engine_version": "0.26.0"}), None, number=1)
     assert "timing" not in real["tags"], "a real engine's start-up is its wall time"
+
+
+def test_a_simulated_engines_run_says_simulated_in_its_name_description_and_tags(
+        tmp_path: Path) -> None:
+    """Defect 7 (session 13): a simulated trial's run read `★ recommended: t005 fp8+...`,
+    "goodput 42.5 req/s, 1.29x the vLLM defaults ..." and `engine.engine_version: 0.26.0`,
+    as a vLLM's measurement would; a run of vLLM is left as it was."""
+    from optimizer.tracking.payload import tracking_payload
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(uri)
+    parent = tracker.start_study("sim", key="k", params={}, artifacts={})
+    client = MlflowClient(uri)
+    simulated = ("/usr/bin/python3", "-m", "runners.simulated", "--port", "8000")
+    engine = {"engine_version": "0.26.0"}
+    runs = {}
+    for number, argv, confirm in ((5, simulated, None), (7, simulated, "best"),
+                                  (6, ("vllm", "serve", "m"), None)):
+        run = tracker.start_trial(parent, "sim", number, {}, confirm=confirm)
+        tracker.finish_trial(run, **tracking_payload(
+            _record(argv=argv, engine=engine), None, number=number, confirm=confirm))
+        runs[number] = run
+    tracker.mark_trials(parent, 5)
+    marked = client.get_run(runs[5])
+    assert marked.info.run_name == "★ recommended: t005 sim fp8+kv-fp8+len4k"
+    assert client.get_run(runs[7]).info.run_name == "c007 sim confirm best"
+    for number in (5, 7):
+        tags = client.get_run(runs[number]).data.tags
+        assert tags["nightshift.engine"] == "simulated"
+        assert tags["mlflow.note.content"].startswith("SIMULATED: "), tags
+        assert tags["engine.engine_version"] == "simulated 0.26.0", \
+            "the vLLM version modelled, never read as a vLLM that ran"
+        assert tags["conclusion"] == "fp8 weights: 1.32x the defaults.", \
+            "the conclusion the tuning memory reads stays the trial's own"
+    real = client.get_run(runs[6])
+    assert real.info.run_name == "t006 fp8+kv-fp8+len4k"
+    assert "nightshift.engine" not in real.data.tags
+    assert real.data.tags["mlflow.note.content"] == "fp8 weights: 1.32x the defaults."
+    assert real.data.tags["engine.engine_version"] == "0.26.0"
+
+
+def test_a_simulated_studys_run_is_tagged_simulated_and_never_confirmed(
+        tmp_path: Path) -> None:
+    """The study's run: its description starts "SIMULATED:", `nightshift.engine` says so and
+    its `confirmed` tag is "false" for simulated repeats however tight their interval."""
+    import optuna
+
+    from optimizer.config import parse_study
+    from optimizer.results.confirmation import confirm_summary
+    from optimizer.tracking.study_summary import study_summary
+
+    dist = {"quantization": optuna.distributions.CategoricalDistribution(["none", "fp8"])}
+    for argv, is_simulated in ((["python3", "-m", "runners.simulated"], True),
+                               (["vllm", "serve", "m"], False)):
+        cfg = parse_study({"name": "s", "model": {"path": "qwen2.5-7b"},
+                           "budget": {"trials": 2}, "slo": {"tpot_p99_ms": 10}})
+        study = optuna.create_study(direction="maximize")
+        for attrs, flags, value in (({"baseline": True}, {}, 32.90),
+                                    ({}, {"quantization": "fp8"}, 42.48)):
+            study.add_trial(optuna.trial.create_trial(
+                params={"quantization": flags.get("quantization", "none")},
+                distributions=dist, value=value, user_attrs={**attrs, "record": {
+                    "state": "complete", "params": flags, "flags": flags,
+                    "values": [value], "metrics": {}, "argv": argv,
+                    "conclusion": "x", "is_baseline": bool(attrs)}}))
+        study.set_user_attr("confirm", confirm_summary(
+            "goodput", 1, 0, [{"defaults": 32.90, "best": 42.48}] * 2,
+            is_simulated=is_simulated))
+        _, tags = study_summary(study, cfg)
+        assert tags["mlflow.note.content"].startswith("SIMULATED: ") == is_simulated
+        assert ("nightshift.engine" in tags) == is_simulated
+        assert tags["confirmed"] == ("false" if is_simulated else "true")
