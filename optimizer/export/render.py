@@ -38,6 +38,7 @@ from optimizer.results.trial_record import (
     stored_fingerprint,
 )
 from optimizer.storage.study import startup_saver_env
+from optimizer.tuning_memory.fingerprint import describe_workload
 from runners.credentials import is_secret_name
 from runners.vllm.flags import flag_table
 from search_spaces import to_flags
@@ -87,10 +88,7 @@ def export_header(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: Stu
         lines.append("engine: vLLM on real GPUs" if engine == "vllm" else
                      "engine: unknown (a study from before fingerprints)")
     if fp is not None:
-        peak = f" up to {fp.peak_load:g}" if fp.peak_load is not None else ""
-        lines.append(f"workload: input {fp.input_len} tokens, output {fp.output_len} tokens, "
-                     f"{fp.arrival}{peak}" + (f", prompts {fp.prompts_file}"
-                                               if fp.prompts_file else ""))
+        lines.append(f"workload: {describe_workload(fp)}")
         slo = [f"{name} <= {v:g} ms" for name, v in (
             ("TTFT p99", fp.slo_ttft_p99_ms), ("TPOT p99", fp.slo_tpot_p99_ms),
             ("E2E latency", fp.slo_e2el_ms)) if v is not None]
