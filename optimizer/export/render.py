@@ -44,6 +44,7 @@ from optimizer.results.trial_record import (
     stored_fingerprint,
 )
 from optimizer.storage.study import startup_saver_env
+from optimizer.tuning_memory.fingerprint import describe_workload
 from runners.credentials import is_secret_name
 from runners.vllm.flags import flag_table
 from search_spaces import to_flags
@@ -93,24 +94,13 @@ def export_header(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: Stu
         lines.append("engine: vLLM on real GPUs" if engine == "vllm" else
                      "engine: unknown (a study from before fingerprints)")
     if fp is not None:
-        peak = f" up to {load_text(fp.peak_load)}" if fp.peak_load is not None else ""
-        lines.append(f"workload: input {fp.input_len} tokens, output {fp.output_len} tokens, "
-                     f"{fp.arrival}{peak}" + (f", prompts {fp.prompts_file}"
-                                               if fp.prompts_file else ""))
+        lines.append(f"workload: {describe_workload(fp)}")
         slo = [f"{name} <= {v:g} ms" for name, v in (
             ("TTFT p99", fp.slo_ttft_p99_ms), ("TPOT p99", fp.slo_tpot_p99_ms),
             ("E2E latency", fp.slo_e2el_ms)) if v is not None]
         lines.append("slo: " + (", ".join(slo) if slo else "none"))
     lines.append("gain: " + gain_line(study, trial, cfg))
     return lines
-
-
-def load_text(load: float) -> str:
-    """A load as the header states it: a count whole (`1024`), a rate to 3 significant digits
-    (`4.65`, not the `4.65483` a trace's mean rate is stored as)."""
-    if float(load).is_integer():
-        return str(int(load))
-    return f"{float(f'{load:.3g}'):g}"
 
 
 def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyConfig) -> str:

@@ -49,8 +49,12 @@ class Fingerprint:
     dtype: str | None = None  # the checkpoint's
     quant_method: str | None = None  # "fp8", "awq", ... ; "none" when not quantized
     weights: str | None = None  # "real" or "dummy" (model.load_format)
-    input_len: str | None = None  # "fixed:512", "uniform:128-1024", ...; reported
-    input_len_kind: str | None = None  # "fixed", "uniform", "normal", "lognormal"
+    # "fixed:512", "uniform:128-1024", ...; for prompts from a file the lengths its requests
+    # ask, "trace:100-900 mean 480"; reported
+    input_len: str | None = None
+    # "fixed", "uniform", "normal", "lognormal"; "trace", "dataset", "prompts_file" where the
+    # prompts come from that file and the mean is its requests' (REPLAYED_KINDS)
+    input_len_kind: str | None = None
     input_len_mean: float | None = None  # tokens
     output_len: str | None = None  # reported
     output_len_kind: str | None = None
@@ -70,6 +74,9 @@ class Fingerprint:
     slo_tpot_p99_ms: float | None = None
     slo_e2el_ms: float | None = None
     objectives: tuple[str, ...] = ()  # reported, not compared
+    # The workload in words and numbers, as the export header states it
+    # (`describe_workload`); reported. None in a fingerprint stored before it existed.
+    workload_text: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -119,7 +126,11 @@ class Fingerprint:
 
 # Fields recorded for the reader but never a reason to refuse a study.
 REPORTED_ONLY = frozenset({"version", "engine_version", "model", "objectives", "input_len",
-                           "output_len"})
+                           "output_len", "workload_text"})
+# Length kinds of prompts from a file: the lengths are its requests' (`replayed_lengths`). A
+# fingerprint from a file with another kind was written before they were: its lengths are the
+# study file's unused input_len/output_len, so never compared with replayed ones.
+REPLAYED_KINDS = frozenset({"trace", "dataset", "prompts_file"})
 # Fields where None is a value ("not set"), not "unknown".
 # peak_load: None is a rate level with no rate (all requests at once).
 _NONE_IS_A_VALUE = frozenset({*WORKLOAD_EXTRAS, "prompts_file", "slo_ttft_p99_ms",
@@ -144,12 +155,10 @@ def compatibility(here: Fingerprint, there: Fingerprint,
     differ by their ratio; a field unknown on either side (None where None is not a value, or
     absent from the stored fingerprint) is a reason, never a guess."""
     reasons: list[str] = []
-    # Prompts from a file, trace or dataset (compared by name or digest) have the file's
-    # lengths: an input_len beside them was never used (a study file may no longer set one).
-    is_from_file = _prompts_from_a_file(here) and _prompts_from_a_file(there)
+    skipped = _unrecorded_lengths(here, there)
     for f in fields(Fingerprint):
         name = f.name
-        if name in REPORTED_ONLY or (is_from_file and name in _FILE_GIVES):
+        if name in REPORTED_ONLY or name in skipped:
             continue
         a, b = getattr(here, name), getattr(there, name)
         if name in missing_there:
@@ -179,12 +188,32 @@ def compatibility(here: Fingerprint, there: Fingerprint,
     return Compatibility(not reasons, tuple(reasons), tuple(notes))
 
 
-_FILE_GIVES = frozenset({"input_len_kind", "input_len_mean"})
+_LENGTHS = frozenset({"input_len_kind", "input_len_mean", "output_len_kind", "output_len_mean"})
+
+
+def _unrecorded_lengths(here: Fingerprint, there: Fingerprint) -> frozenset[str]:
+    """The length fields not to compare. Prompts from a trace, dataset or prompts file (the file
+    compared by digest or name) whose lengths both fingerprints recorded compare them, the
+    requests' real lengths; where one was written before they were recorded, its lengths are
+    the study file's unused input_len/output_len: none is compared (two such older ones
+    compare their output lengths, as they always did, not the input_len a file made unused)."""
+    if not (_prompts_from_a_file(here) and _prompts_from_a_file(there)):
+        return frozenset()
+    recorded = [_has_replayed_lengths(fp) for fp in (here, there)]
+    if all(recorded):
+        return frozenset()
+    return _LENGTHS if any(recorded) else frozenset({"input_len_kind", "input_len_mean"})
 
 
 def _prompts_from_a_file(fingerprint: Fingerprint) -> bool:
     return fingerprint.prompts_file is not None or fingerprint.trace is not None or \
         fingerprint.dataset is not None
+
+
+def _has_replayed_lengths(fingerprint: Fingerprint | Mapping[str, Any]) -> bool:
+    kind = fingerprint.get("input_len_kind") if isinstance(fingerprint, Mapping) else \
+        fingerprint.input_len_kind
+    return kind in REPLAYED_KINDS
 
 
 def _within(a: float, b: float, ratio: float) -> bool:
@@ -233,6 +262,7 @@ def fingerprint_of(cfg: StudyConfig, *, engine: str, engine_version: str | None,
                "num_params": int(model.num_params), "dtype": str(model.dtype),
                "quant_method": str(model.quant_method or "none")}
     peak: float | None
+    rates: list[float | None] = []
     if w.capacity is not None:
         arrival, peak = f"capacity:{w.capacity.axis}", float(w.capacity.high)
     elif getattr(w, "trace", None) is not None:
@@ -258,19 +288,111 @@ def fingerprint_of(cfg: StudyConfig, *, engine: str, engine_version: str | None,
                        ("dataset", getattr(cfg, "dataset_file", None))):
         if isinstance(extras.get(name), dict) and path is not None:
             extras[name]["sha256"] = _digest(path)
+    lengths: dict[str, Any] = {
+        "input_len": _length_text(w.input_len), "input_len_kind": str(w.input_len.kind),
+        "input_len_mean": float(_mean(w.input_len)),
+        "output_len": _length_text(w.output_len), "output_len_kind": str(w.output_len.kind),
+        "output_len_mean": float(_mean(w.output_len))}
+    peak_text = f" up to {peak:g}" if peak is not None else ""
+    load_text = f"{arrival}{peak_text}"
+    if rates and all(r is not None for r in rates):  # a trace's levels: the rates replayed
+        load_text = "at " + ", ".join(f"{r:.3g}" for r in rates if r is not None) + " req/s"
+    prompts_file = Path(w.prompts_file).name if w.prompts_file is not None else None
+    source = _file_source(cfg)
+    if source is None:
+        text = (f"input {lengths['input_len']} tokens, output {lengths['output_len']} tokens, "
+                f"{arrival}{peak_text}")
+    else:
+        lengths, text = _replayed(cfg, source, load_text)
     return Fingerprint(
         engine=engine, engine_version=engine_version, **hw,
         model=spec.model.path, **mdl,
         weights="dummy" if spec.model.load_format == "dummy" else "real",
-        input_len=_length_text(w.input_len), input_len_kind=str(w.input_len.kind),
-        input_len_mean=float(_mean(w.input_len)),
-        output_len=_length_text(w.output_len), output_len_kind=str(w.output_len.kind),
-        output_len_mean=float(_mean(w.output_len)),
-        prompts_file=Path(w.prompts_file).name if w.prompts_file is not None else None,
-        arrival=arrival, peak_load=peak, **extras,
+        **lengths, prompts_file=prompts_file, arrival=arrival, peak_load=peak, **extras,
         fixed_flags=_plain(dict(spec.fixed_flags)),
         slo_ttft_p99_ms=spec.slo.ttft_p99_ms, slo_tpot_p99_ms=spec.slo.tpot_p99_ms,
-        slo_e2el_ms=spec.slo.e2el_ms, objectives=tuple(cfg.objectives))
+        slo_e2el_ms=spec.slo.e2el_ms, objectives=tuple(cfg.objectives), workload_text=text)
+
+
+# Requests a level bound by time builds and cycles (runners/levels.py `_DURATION_POOL`): the
+# lengths of a file's requests are read over as many.
+_DURATION_POOL = 4096
+
+
+def _file_source(cfg: StudyConfig) -> tuple[str, str] | None:
+    """Where a study's prompts come from when not synthesised: (its length kind, the words
+    naming the file), else None."""
+    w = cfg.spec.workload
+    if getattr(w, "trace", None) is not None and cfg.trace_file is not None:
+        return "trace", f"trace {cfg.trace_file.name}"
+    if getattr(w, "dataset", None) is not None and cfg.dataset_file is not None:
+        first = " (first turns)" if getattr(w, "multi_turn", None) is not None else ""
+        return "dataset", f"dataset {cfg.dataset_file.name}{first}"
+    if w.prompts_file is not None:
+        return "prompts_file", f"prompts {Path(w.prompts_file).name}"
+    return None
+
+
+def _replayed(cfg: StudyConfig, source: tuple[str, str], load_text: str
+              ) -> tuple[dict[str, Any], str]:
+    """The length fields and the workload's words where the prompts come from a file: the
+    lengths its requests ask (`replayed_lengths`); unknown (None) where the file cannot be read
+    here, which the compatibility rule refuses rather than guess."""
+    from runners.loadgen.requests import replayed_lengths
+
+    kind, name = source
+    workload = cfg.workload
+    if workload.trace is not None:  # replayed once: the whole trace or its first requests
+        num = workload.num_requests or len(workload.trace.entries)
+    else:
+        num = workload.num_requests or _DURATION_POOL
+    try:
+        replayed = replayed_lengths(workload, num)
+    except (OSError, UnicodeDecodeError, ValueError):
+        replayed = None
+    if replayed is None:
+        return ({"input_len": f"{kind}:unknown", "input_len_kind": kind, "input_len_mean": None,
+                 "output_len": f"{kind}:unknown", "output_len_kind": kind,
+                 "output_len_mean": None},
+                f"{name}: lengths unknown (the file could not be read here), {load_text}")
+    sent, got = replayed.input, replayed.output
+    count = f"{replayed.num_requests} requests" if workload.trace is not None else \
+        f"{replayed.num_requests} requests a level" if workload.num_requests else \
+        "requests cycled for a time"
+    text = (f"{name}: {count}, input {sent.min_tokens}-{sent.max_tokens} tokens "
+            f"(mean {sent.mean_tokens:.0f}), output {got.min_tokens}-{got.max_tokens} "
+            f"(mean {got.mean_tokens:.0f}), {load_text}")
+    return ({"input_len": f"{kind}:{sent.min_tokens}-{sent.max_tokens} "
+                          f"mean {sent.mean_tokens:.0f}",
+             "input_len_kind": kind, "input_len_mean": round(sent.mean_tokens, 1),
+             "output_len": f"{kind}:{got.min_tokens}-{got.max_tokens} "
+                           f"mean {got.mean_tokens:.0f}",
+             "output_len_kind": kind, "output_len_mean": round(got.mean_tokens, 1)}, text)
+
+
+def rounded_load(load: float) -> str:
+    """A load as a header states it: a count whole (`1024`), a rate to 3 significant digits
+    (`4.65`, not the `4.65483` a trace's mean rate is stored as)."""
+    if float(load).is_integer():
+        return str(int(load))
+    return f"{float(f'{load:.3g}'):g}"
+
+
+def describe_workload(fingerprint: Fingerprint) -> str:
+    """The workload in words and numbers, as the export header states it: what a trace,
+    dataset or prompts file replays (its requests, their input and output lengths, the rate),
+    else the distributions the study file gives and the load. A fingerprint stored before the
+    replayed lengths were recorded says it has none, never the unused input_len/output_len."""
+    if fingerprint.workload_text is not None:
+        return fingerprint.workload_text
+    fp = fingerprint
+    peak = f" up to {rounded_load(fp.peak_load)}" if fp.peak_load is not None else ""
+    if _prompts_from_a_file(fp) and not _has_replayed_lengths(fp):
+        source = "trace" if fp.trace is not None else "dataset" if fp.dataset is not None \
+            else f"prompts {fp.prompts_file}"
+        return (f"{source}, its lengths not recorded (a study fingerprinted before they "
+                f"were), {fp.arrival}{peak}")
+    return f"input {fp.input_len} tokens, output {fp.output_len} tokens, {fp.arrival}{peak}"
 
 
 def _levels_arrival(levels: Sequence[Any]) -> tuple[str, float | None]:
@@ -355,9 +477,16 @@ def resume_changes(stored: Mapping[str, Any], here: Fingerprint) -> list[str]:
     trial. A field the stored fingerprint lacks (a study written before it existed) is not
     compared."""
     now = here.to_dict()
+    # A study from a file fingerprinted before its lengths were recorded stored the study
+    # file's unused input_len/output_len: they say nothing of what it ran (the file itself is
+    # compared, by digest for a trace or dataset, by name for a prompts file).
+    unrecorded = {"input_len", "output_len", *_LENGTHS} if (
+        any(stored.get(k) is not None for k in ("trace", "dataset", "prompts_file"))
+        and not _has_replayed_lengths(stored) and _has_replayed_lengths(here)) else set()
     out: list[str] = []
     for group, names in RESUME_GROUPS:
-        changed = [n for n in names if n in stored and _norm(stored[n]) != _norm(now.get(n))]
+        changed = [n for n in names if n in stored and n not in unrecorded
+                   and _norm(stored[n]) != _norm(now.get(n))]
         if changed:  # the first field says it (a new model changes its shape, its size, ...)
             name = changed[0]
             head = group.split()[0]

@@ -1,5 +1,6 @@
 """The requests a load level sends: `RequestSpec` and `build_requests` (a dataset's first turns,
-a prompts file, a trace's entries or synthesised prompts), deterministic in the study's seed."""
+a prompts file, a trace's entries or synthesised prompts), deterministic in the study's seed;
+`replayed_lengths`, the token lengths a file's requests really ask."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -33,6 +35,53 @@ class RequestSpec:
     prompt_len: int
     output_len: int  # tokens; sent as max_tokens with ignore_eos
     is_prompt_len_estimated: bool = False  # text without a tokenizer to count it
+
+
+@dataclass(frozen=True)
+class LengthRange:
+    """Token lengths of a set of requests."""
+
+    min_tokens: int
+    max_tokens: int
+    mean_tokens: float
+
+    @classmethod
+    def of(cls, lengths: Sequence[int]) -> LengthRange:
+        return cls(min(lengths), max(lengths), float(np.mean(lengths)))
+
+
+@dataclass(frozen=True)
+class ReplayedLengths:
+    """What the requests of a workload whose prompts come from a file ask, in tokens."""
+
+    source: Literal["trace", "dataset", "prompts_file"]
+    num_requests: int  # the requests measured (built), a level's
+    input: LengthRange  # prompt tokens, before any shared prefix
+    output: LengthRange  # max_tokens (sent with ignore_eos: the tokens produced)
+
+
+def replayed_lengths(workload: Workload, num: int) -> ReplayedLengths | None:
+    """The lengths of the first `num` requests a workload replays from a trace (a trace has no
+    more than its entries), a dataset (first turns) or a prompts file, built as the first
+    level builds them (runners/levels.py: seed x 1000), before any shared prefix (the
+    synthetic workload's `input_len` is the part after it too): there the study file's
+    `input_len` and `output_len` are unused, or, for a prompts file's lines without an
+    `output_len`, sampled. None for synthesised prompts, whose lengths are the study file's
+    distributions. Raises as `build_requests` does (ValueError, OSError, UnicodeDecodeError)."""
+    source: Literal["trace", "dataset", "prompts_file"]
+    if workload.trace is not None:
+        source = "trace"
+    elif workload.dataset is not None:
+        source = "dataset"
+    elif workload.prompts_file is not None:
+        source = "prompts_file"
+    else:
+        return None
+    specs = build_requests(replace(workload, shared_prefix=None), num, seed=workload.seed * 1000)
+    if not specs:
+        return None
+    return ReplayedLengths(source, len(specs), LengthRange.of([s.prompt_len for s in specs]),
+                           LengthRange.of([s.output_len for s in specs]))
 
 
 def sample_length(dist: LengthDistribution, rng: np.random.Generator) -> int:

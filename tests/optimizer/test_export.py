@@ -340,6 +340,29 @@ def test_export_header_states_hardware_engine_workload_slo_gain_and_quality() ->
     assert "dummy weights" in text
 
 
+def test_export_header_describes_a_trace_by_the_requests_it_replays(tmp_path: Path) -> None:
+    """Not the unused input_len/output_len defaults (512/128) a trace study file leaves set."""
+    from optimizer.results.trial_record import STUDY_ATTR_FINGERPRINT
+    from optimizer.run.engine_choice import simulated_hardware
+    from optimizer.tuning_memory.fingerprint import fingerprint_of
+
+    (tmp_path / "t.jsonl").write_text(
+        '{"timestamp": 0, "input_length": 100, "output_length": 20}\n'
+        '{"timestamp": 0.5, "input_length": 900, "output_length": 200}\n')
+    trace_cfg = parse_study({"name": "m", "engine": "simulated",
+                             "model": {"path": "qwen2.5-7b", "load_format": "dummy"},
+                             "workload": {"trace": {"path": "t.jsonl"}},
+                             "budget": {"trials": 4}, "slo": {"tpot_p99_ms": 10}},
+                            path=tmp_path / "s.yaml")
+    fp = fingerprint_of(trace_cfg, engine="simulated", engine_version="simulated 0.26.0",
+                        hardware=simulated_hardware("h200", 2), model=None)
+    study, cfg = _morning_study()
+    study.set_user_attr(STUDY_ATTR_FINGERPRINT, fp.to_dict())
+    head = render(study.trials[3], cfg, "sh", study=study).splitlines()
+    assert "# workload: trace t.jsonl: 2 requests, input 100-900 tokens (mean 500), output " \
+        "20-200 (mean 110), at 2 req/s" in head, head
+
+
 def test_the_confirmations_interval_wins_over_the_search_measurement() -> None:
     study, cfg = _morning_study(confirm={
         "objective": "goodput", "best_trial": 3, "baseline_trial": 0, "gain": 1.05,

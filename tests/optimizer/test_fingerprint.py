@@ -14,7 +14,12 @@ from optimizer.config import parse_study
 from optimizer.run.engine_choice import simulated_hardware
 from optimizer.run.runtime import _prompt_lengths
 from optimizer.tuning_memory.earlier_studies import EarlierStudy, plan_warm_start
-from optimizer.tuning_memory.fingerprint import Fingerprint, compatibility, fingerprint_of
+from optimizer.tuning_memory.fingerprint import (
+    Fingerprint,
+    compatibility,
+    describe_workload,
+    fingerprint_of,
+)
 from runners.model_info import load_model_info
 from search_spaces import load_space
 
@@ -259,6 +264,110 @@ def test_a_traces_text_prompts_are_labelled_recorded_lengths(tmp_path: Path) -> 
                       path=tmp_path / "s.yaml")
     assert _prompt_lengths(cfg, cfg.workload) == "recorded_where_text", \
         "a text prompt's length is the trace's own input_length, not token ids nor a count"
+
+
+# -- prompts from a file: the lengths its requests ask --------------------------------------
+
+_TRACE = [(0, 100, 20), (250, 900, 200), (500, 440, 110)]  # ms, input and output tokens
+
+
+def _file_study(tmp_path: Path, workload: dict[str, Any]) -> Fingerprint:
+    (tmp_path / "t.jsonl").write_text("".join(
+        f'{{"timestamp": "{1733400000000 + t}", "input_length": {n_in}, '
+        f'"output_length": {n_out}}}\n' for t, n_in, n_out in _TRACE))
+    (tmp_path / "p.jsonl").write_text('{"prompt": [11, 12, 13, 14], "output_len": 6}\n'
+                                      '{"prompt": [11, 12], "output_len": 2}\n')
+    data = {"name": "s", "engine": "simulated",
+            "model": {"path": "qwen2.5-7b", "load_format": "dummy", "skip_tokenizer_init": True},
+            "workload": workload, "slo": {"tpot_p99_ms": 50}, "budget": {"trials": 1}}
+    return fingerprint_of(parse_study(data, path=tmp_path / "s.yaml"), engine="simulated",
+                          engine_version="x", hardware=simulated_hardware("h200", 1),
+                          model=load_model_info("qwen2.5-7b"))
+
+
+def test_a_trace_study_is_described_by_what_it_replays_not_the_unused_defaults(
+        tmp_path: Path) -> None:
+    """input_len/output_len default to 512/128, which a trace never sends: the fingerprint and
+    the export header describe the trace's requests, and warm start compares their lengths."""
+    fp = _file_study(tmp_path, {"trace": {"path": "t.jsonl", "timestamp_unit_s": 0.001}})
+    assert (fp.input_len_kind, fp.input_len_mean) == ("trace", 480.0)
+    assert (fp.output_len_kind, fp.output_len_mean) == ("trace", pytest.approx(110.0))
+    assert (fp.input_len, fp.output_len) == ("trace:100-900 mean 480", "trace:20-200 mean 110")
+    assert describe_workload(fp) == (
+        "trace t.jsonl: 3 requests, input 100-900 tokens (mean 480), output 20-200 "
+        "(mean 110), at 4 req/s"), "two gaps over 0.5 s"
+    first = _file_study(tmp_path, {"trace": {"path": "t.jsonl", "timestamp_unit_s": 0.001},
+                                   "num_requests": 2})
+    assert (first.input_len_mean, first.output_len_mean) == (500.0, 110.0), \
+        "the requests replayed: the trace's first num_requests"
+
+
+def test_a_prompts_files_lengths_are_its_requests(tmp_path: Path) -> None:
+    fp = _file_study(tmp_path, {"prompts_file": "p.jsonl", "num_requests": 4,
+                                "levels": [{"concurrency": 2}]})
+    assert (fp.input_len_kind, fp.input_len_mean, fp.output_len_mean) == \
+        ("prompts_file", 3.0, 4.0)
+    assert describe_workload(fp) == (
+        "prompts p.jsonl: 4 requests a level, input 2-4 tokens (mean 3), output 2-6 (mean 4), "
+        "levels:concurrency up to 2")
+
+
+def test_warm_start_compares_the_replayed_lengths(tmp_path: Path) -> None:
+    fp = _file_study(tmp_path, {"trace": {"path": "t.jsonl", "timestamp_unit_s": 0.001}})
+    assert compatibility(fp, fp).is_compatible
+    longer = replace(fp, input_len_mean=4000.0)
+    assert "input_len_mean: 4000 there, 480 here (more than 2x apart)" in \
+        compatibility(fp, longer).reasons
+    synthetic = replace(BASE, input_len_mean=4000.0)
+    assert any(r.startswith("input_len_mean: 4000 there, 480 here")
+               for r in compatibility(replace(fp, trace=None, prompts_file=None),
+                                      synthetic).reasons), "the real lengths, never 512"
+
+
+def _stored_before_replayed_lengths(fp: Fingerprint) -> dict[str, Any]:
+    """`fp` as a study of the same file stored it before its lengths were recorded: the study
+    file's unused defaults as its lengths, and no workload_text."""
+    data = {**fp.to_dict(), "input_len": "fixed:512", "input_len_kind": "fixed",
+            "input_len_mean": 512.0, "output_len": "fixed:128", "output_len_kind": "fixed",
+            "output_len_mean": 128.0}
+    del data["workload_text"]
+    return data
+
+
+def test_a_study_of_the_same_trace_stored_before_its_lengths_were_recorded_still_seeds_and_resumes(
+        tmp_path: Path) -> None:
+    fp = _file_study(tmp_path, {"trace": {"path": "t.jsonl", "timestamp_unit_s": 0.001}})
+    stored = _stored_before_replayed_lengths(fp)
+    older, missing = Fingerprint.from_dict(stored)
+    assert compatibility(fp, older, missing).is_compatible, \
+        compatibility(fp, older, missing).reasons
+    assert describe_workload(older) == (
+        "trace, its lengths not recorded (a study fingerprinted before they were), "
+        "trace:request_rate up to 4"), "never the unused fixed:512"
+    import optuna
+
+    from optimizer.results.trial_record import STUDY_ATTR_FINGERPRINT
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    optuna.create_study(study_name="here", storage=url).set_user_attr(
+        STUDY_ATTR_FINGERPRINT, stored)
+    assert _refusal(url, fp) == "", "its own study file resumes it"
+    other = replace(fp, trace={**fp.trace, "sha256": "0" * 12})
+    assert "workload.trace" in _refusal(url, other), "another trace is still refused"
+
+
+def test_a_synthetic_fingerprint_keeps_its_fields_and_hash() -> None:
+    """Stored studies of synthesised prompts keep their hash and stay compatible: the new
+    words (workload_text) are reported, never hashed, and a fingerprint without them is no
+    less known."""
+    assert (BASE.input_len_kind, BASE.input_len_mean, BASE.output_len_mean) == \
+        ("fixed", 512.0, 128.0)
+    assert describe_workload(BASE) == \
+        "input fixed:512 tokens, output fixed:128 tokens, levels:concurrency up to 16"
+    data = BASE.to_dict()
+    del data["workload_text"]  # as a study stored it before
+    older, missing = Fingerprint.from_dict(data)
+    assert older.hash == BASE.hash and compatibility(BASE, older, missing).is_compatible
+    assert describe_workload(older) == describe_workload(BASE)
 
 
 # -- a resume under a changed study file ----------------------------------------------------

@@ -6,8 +6,10 @@ with `choices: []`, then `[DONE]`): the first after `ttft_ms`, the rest every `t
 absolute schedule so sleep overheads do not accumulate. The model name picks a behaviour:
 "echo" (normal), "chunked" (3 tokens a chunk), "chunked-nousage" (the same without the
 usage chunk), "cut" (half the tokens, then the stream ends without finish_reason, usage or
-[DONE]), "error" (HTTP 500), "hang" (one token, then silence). GET /stats reports the most
-requests it had in flight at once; DELETE /stats resets it.
+[DONE]), "error" (HTTP 500), "hang" (one token, then silence), "modelled-lagging" (declares a
+modelled clock, as the simulated engine does, that runs at half the wall's pace from the first
+such request: the arrivals of a host whose lag grows, closer together than they were sent).
+GET /stats reports the most requests it had in flight at once; DELETE /stats resets it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from runners.loadgen.client import (
+    MODELLED_ARRIVAL_FIELD,
+    MODELLED_CLOCK_HEADER,
+    MODELLED_TIME_FIELD,
+)
+
 _TOKENS_PER_CHUNK = {"chunked": 3, "chunked-nousage": 3}
+_LAGGING = "modelled-lagging"
+_LAGGING_PACE = 0.5  # modelled seconds per wall second between its arrivals
 
 
 def _chunk(payload: dict[str, Any]) -> str:
@@ -34,6 +44,7 @@ def _chunk(payload: dict[str, Any]) -> str:
 
 def build_app(ttft_ms: float, tpot_ms: float) -> Starlette:
     state = {"in_flight": 0, "max_in_flight": 0, "num_requests": 0}
+    lagging_origin_s: list[float] = []  # the wall time of the first "modelled-lagging" request
 
     async def health(request: Request) -> Response:
         return PlainTextResponse("")
@@ -55,6 +66,12 @@ def build_app(ttft_ms: float, tpot_ms: float) -> Starlette:
         prompt = body["prompt"]
         prompt_tokens = len(prompt) if isinstance(prompt, list) else len(prompt.split())
         per_chunk = _TOKENS_PER_CHUNK.get(model, 1)
+        modelled_arrival_s: float | None = None
+        if model == _LAGGING:
+            if not lagging_origin_s:
+                lagging_origin_s.append(time.perf_counter())
+            origin = lagging_origin_s[0]
+            modelled_arrival_s = origin + (time.perf_counter() - origin) * _LAGGING_PACE
 
         async def stream() -> AsyncIterator[str]:
             start = time.perf_counter()
@@ -71,10 +88,14 @@ def build_app(ttft_ms: float, tpot_ms: float) -> Starlette:
                     sent += n
                     index += 1
                     finish = "length" if sent == num_tokens else None
-                    yield _chunk({"id": "cmpl-echo", "object": "text_completion",
-                                  "model": model, "choices": [{
-                                      "index": 0, "text": " tok" * n, "logprobs": None,
-                                      "finish_reason": finish}]})
+                    chunk: dict[str, Any] = {
+                        "id": "cmpl-echo", "object": "text_completion", "model": model,
+                        "choices": [{"index": 0, "text": " tok" * n, "logprobs": None,
+                                     "finish_reason": finish}]}
+                    if modelled_arrival_s is not None:  # the token's time on that clock
+                        chunk[MODELLED_ARRIVAL_FIELD] = modelled_arrival_s
+                        chunk[MODELLED_TIME_FIELD] = modelled_arrival_s + due - start
+                    yield _chunk(chunk)
                     if model == "hang":
                         await asyncio.sleep(3600)
                 if model == "cut":
@@ -91,7 +112,9 @@ def build_app(ttft_ms: float, tpot_ms: float) -> Starlette:
             finally:
                 state["in_flight"] -= 1
 
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        return StreamingResponse(
+            stream(), media_type="text/event-stream",
+            headers={MODELLED_CLOCK_HEADER: "modelled"} if model == _LAGGING else None)
 
     return Starlette(routes=[
         Route("/health", health),

@@ -330,6 +330,35 @@ def test_a_rate_level_sends_no_request_before_its_arrival_time(echo_url: str) ->
         "each request waits for its arrival time (the schedule's shape: the offsets test)"
 
 
+@pytest.mark.parametrize("is_trace", [False, True], ids=["rate", "trace"])
+def test_a_level_on_a_lagging_modelled_clock_lasts_at_least_the_arrivals_it_offered(
+        echo_url: str, is_trace: bool) -> None:
+    """A server whose modelled clock takes a busy host's lag off (here: half the wall's pace)
+    stamps the arrivals closer together than they were sent; the level still lasts its offered
+    span plus its last request's life, so its goodput is never above the rate it offered
+    (spanning the engine's stamps alone read ~0.55 s for 1 s of arrivals: ~36 req/s at 20)."""
+    rate, num = 20.0, 20
+    offsets = [i * 0.05 + (0.3 if i >= 10 else 0.0) for i in range(num)] if is_trace \
+        else None
+    last_send_s = offsets[-1] if offsets is not None else num / rate
+    offered_rps = (num - 1) / offsets[-1] if offsets is not None else rate
+    result = run_level_sync(echo_url, "modelled-lagging", _specs(num, 2),
+                            LoadLevel(request_rate_rps=None if is_trace else rate),
+                            SLO(ttft_p99_ms=1000), timeout_s=30, seed=3,
+                            send_offsets_s=offsets)
+    m = result.metrics
+    assert result.is_modelled_clock and (m.completed, m.failed) == (num, 0)
+    spans = [o.modelled_span_s for o in result.outputs if o.modelled_span_s is not None]
+    assert max(e for _, e in spans) - min(s for s, _ in spans) < 0.8 * last_send_s, \
+        "the server's clock did lag: its stamps span less than the arrivals sent"
+    life_s = (TTFT_MS + TPOT_MS) / 1000
+    assert m.duration_s >= last_send_s + 0.99 * life_s, \
+        "vLLM's duration: from the level's start to the last request's end"
+    assert m.request_goodput is not None
+    assert m.request_goodput <= offered_rps * num / (num - 1), \
+        "goodput is at most the offered rate (n requests over n - 1 gaps)"
+
+
 def test_a_duration_bound_level_cycles_its_requests_and_stops_issuing(echo_url: str) -> None:
     # Two requests told apart by their prompts: the level sends them in turn, and it returns
     # at all only because it stops issuing at the duration (a cycle has no end of its own).
