@@ -391,16 +391,17 @@ def test_a_simulated_confirmation_is_never_called_confirmed_in_the_header() -> N
 
 def test_the_header_states_a_trace_rate_to_three_significant_digits() -> None:
     """Defect 20 (session 13): "up to 4.65483" (a trace's mean rate as stored)."""
-    from optimizer.export.render import load_text
     from optimizer.results.trial_record import STUDY_ATTR_FINGERPRINT
+    from optimizer.tuning_memory.fingerprint import rounded_load
 
     study, cfg = _morning_study()
     fp = dict(study.user_attrs[STUDY_ATTR_FINGERPRINT])
     study.set_user_attr(STUDY_ATTR_FINGERPRINT, {**fp, "peak_load": 4.65483})
     text = render(study.trials[3], cfg, "yaml", study=study)
     assert "up to 4.65" in text and "4.654" not in text
-    assert [load_text(v) for v in (32.0, 1024.0, 4.65483, 1234.5, 0.123456)] == \
+    assert [rounded_load(v) for v in (32.0, 1024.0, 4.65483, 1234.5, 0.123456)] == \
         ["32", "1024", "4.65", "1230", "0.123"], "a count whole, a rate to 3 digits"
+
 
 def test_export_leaves_out_flags_at_vllms_default_and_minimal_says_what_it_dropped() -> None:
     study, cfg = _morning_study()
