@@ -293,7 +293,7 @@ def fingerprint_of(cfg: StudyConfig, *, engine: str, engine_version: str | None,
         "input_len_mean": float(_mean(w.input_len)),
         "output_len": _length_text(w.output_len), "output_len_kind": str(w.output_len.kind),
         "output_len_mean": float(_mean(w.output_len))}
-    peak_text = f" up to {peak:g}" if peak is not None else ""
+    peak_text = f" up to {rounded_load(peak)}" if peak is not None else ""
     load_text = f"{arrival}{peak_text}"
     if rates and all(r is not None for r in rates):  # a trace's levels: the rates replayed
         load_text = "at " + ", ".join(f"{r:.3g}" for r in rates if r is not None) + " req/s"

@@ -396,7 +396,9 @@ def test_the_header_states_a_trace_rate_to_three_significant_digits() -> None:
 
     study, cfg = _morning_study()
     fp = dict(study.user_attrs[STUDY_ATTR_FINGERPRINT])
-    study.set_user_attr(STUDY_ATTR_FINGERPRINT, {**fp, "peak_load": 4.65483})
+    # as a fingerprint stored before its workload was described in words
+    study.set_user_attr(STUDY_ATTR_FINGERPRINT, {**fp, "peak_load": 4.65483,
+                                                 "workload_text": None})
     text = render(study.trials[3], cfg, "yaml", study=study)
     assert "up to 4.65" in text and "4.654" not in text
     assert [rounded_load(v) for v in (32.0, 1024.0, 4.65483, 1234.5, 0.123456)] == \
