@@ -106,7 +106,7 @@ def headline(report: Report) -> str:
     if report.no_slo_met:
         # No best and no recommendation: a config that met the SLO nowhere is no result.
         text = report.no_slo_met[0].upper() + report.no_slo_met[1:] + "." + missing
-        return text + (f" Re-measured: {report.confirm}." if report.confirm else "")
+        return text + (f" {_rerun(report)}: {report.confirm}." if report.confirm else "")
     best = report.best
     text = (f"Best: trial {best.number} ({_changes(best, in_sentence=True)}), {report.objective} "
             f"{_figure(best, report.objective)}")
@@ -131,8 +131,13 @@ def headline(report: Report) -> str:
                     if report.recommended_why else f"within {NOISE_FRACTION:.0%} of the best "
                     "with fewer changes from the defaults") + ".")
     if report.confirm:
-        text += f" Re-measured: {report.confirm}."
+        text += f" {_rerun(report)}: {report.confirm}."
     return text
+
+
+def _rerun(report: Report) -> str:
+    """What the final repeats are called: a model's repeats are not a re-measurement."""
+    return "Re-run (simulated)" if report.is_simulated else "Re-measured"
 
 
 _HTML = """<!doctype html>

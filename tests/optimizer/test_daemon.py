@@ -442,8 +442,8 @@ def test_the_best_is_confirmed_against_the_defaults_interleaved_with_an_interval
     assert parent.data.metrics["trials_complete"] + parent.data.metrics["trials_failed"] + \
         parent.data.metrics["trials_pruned"] == 2
     report = (tmp_path / "results" / "report" / "report.md").read_text()
-    assert "Re-measured: trial 1 (the exported config) vs the defaults (trial 0), re-run " \
-        "interleaved on the simulated engine" in report
+    assert "Re-run (simulated): trial 1 (the exported config) vs the defaults (trial 0), " \
+        "re-run interleaved on the simulated engine" in report
     assert "Confirmed:" not in report, "the word is the interval's to give, not a heading"
 
 
