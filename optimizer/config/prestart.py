@@ -6,12 +6,13 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from optimizer.config.fields import MAX_PROMPTS_FILE_BYTES, MAX_SECONDS, MAX_TRACE_FILE_BYTES
+from optimizer.config.flag_checks import OWNED_FLAGS
 from optimizer.config.loading import engine_env
 from optimizer.config.store_checks import (
     server_storage_problem,
@@ -67,7 +68,34 @@ def check_before_start(cfg: StudyConfig) -> None:
     if cfg.tracking_uri.startswith("sqlite:///"):
         _check_parent("tracking_uri", Path(cfg.tracking_uri.removeprefix("sqlite:///")),
                       made_by_us, cfg.source_name)
+    problem = ignored_env_problem(cfg.spec.env)
+    if problem is not None:
+        raise ConfigError(f"{cfg.source_name}: {problem}.")
     check_workload(cfg)
+
+
+def ignored_env_problem(env: Mapping[str, str]) -> str | None:
+    """Why a variable of the study's `env` would set nothing, or None: one vLLM removed and now
+    ignores (audit's table, `REMOVED_ENV`, whose finding fails the export's audit), with the
+    study key that sets what it was meant to."""
+    # optimizer.export's package imports optimizer.config: imported once config is whole.
+    from optimizer.export.audit import REMOVED_ENV
+    from runners.vllm.flags import flag_table
+
+    for name in sorted(env):
+        if name not in REMOVED_ENV:
+            continue
+        found = re.fullmatch(r"(.*?)\s*(?:\(([^()]*)\))?", REMOVED_ENV[name])
+        instead, when = (found.group(1), found.group(2)) if found else (REMOVED_ENV[name], None)
+        if instead.startswith("--"):
+            kebab = instead.split()[0].removeprefix("--")
+            fix = f"remove it and {OWNED_FLAGS[kebab]}" if kebab in OWNED_FLAGS else \
+                f"remove it and set fixed_flags.{kebab.replace('-', '_')} instead"
+        else:
+            fix = f"remove it ({instead})"
+        return (f"env.{name}: vLLM {flag_table().version} ignores it"
+                f"{f' ({when})' if when else ''}, so it would set nothing; {fix}")
+    return None
 
 
 def _same_sqlite_file(storage: str, tracking_uri: str) -> bool:

@@ -449,3 +449,30 @@ def test_storage_and_tracking_uri_naming_one_sqlite_file_is_refused(
         check_before_start(parse_study(study))
     assert not (tmp_path / "stores").exists()
     check_before_start(parse_study({**study, "tracking_uri": "sqlite:///stores/mlflow.db"}))
+
+
+# -- explore s13: inputs refused at start -------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "fix"), [
+    ("VLLM_ATTENTION_BACKEND", "remove it and set fixed_flags.attention_backend instead"),
+    ("VLLM_TORCH_PROFILER_DIR", "remove it and set workload.profile instead"),
+    ("VLLM_USE_V1", "remove it (nothing: V1 is the only engine)"),
+])
+def test_an_env_var_vllm_ignores_is_refused_at_start_with_the_key_that_sets_it(
+        name: str, fix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every variable audit's table calls ignored (its export would fail `nightshift audit`)
+    is refused before anything is written, naming the study key to use instead."""
+    from optimizer.config import check_before_start
+    from optimizer.export.audit import REMOVED_ENV
+
+    assert name in REMOVED_ENV, "the study refuses what the audit flags: one table"
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        check_before_start(parse_study({**BASE, "env": {name: "x"}}))
+    message = str(info.value)
+    assert message.startswith(f"study.yaml: env.{name}: vLLM 0.26.0 ignores it"), message
+    assert message.endswith(f"; {fix}."), message
+    assert "\n" not in message
+    assert not (tmp_path / "results").exists() and not (tmp_path / "mlruns").exists()
+    check_before_start(parse_study({**BASE, "env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"}}))
