@@ -20,7 +20,7 @@ from optimizer.config.store_checks import (
     storage_problem,
     tracking_uri_problem,
 )
-from optimizer.config.workload_spec import LengthSpec
+from optimizer.config.workload_spec import LengthSpec, WorkloadSpec
 from optimizer.errors import ConfigError, cause_of, one_line, translate
 
 if TYPE_CHECKING:
@@ -68,9 +68,10 @@ def check_before_start(cfg: StudyConfig) -> None:
     if cfg.tracking_uri.startswith("sqlite:///"):
         _check_parent("tracking_uri", Path(cfg.tracking_uri.removeprefix("sqlite:///")),
                       made_by_us, cfg.source_name)
-    problem = ignored_env_problem(cfg.spec.env)
-    if problem is not None:
-        raise ConfigError(f"{cfg.source_name}: {problem}.")
+    for problem in (ignored_env_problem(cfg.spec.env),
+                    unreached_concurrency_problem(cfg.spec.workload)):
+        if problem is not None:
+            raise ConfigError(f"{cfg.source_name}: {problem}.")
     check_workload(cfg)
 
 
@@ -95,6 +96,26 @@ def ignored_env_problem(env: Mapping[str, str]) -> str | None:
             fix = f"remove it ({instead})"
         return (f"env.{name}: vLLM {flag_table().version} ignores it"
                 f"{f' ({when})' if when else ''}, so it would set nothing; {fix}")
+    return None
+
+
+def unreached_concurrency_problem(w: WorkloadSpec) -> str | None:
+    """Why a level's concurrency is a load it never applies, or None: without duration_s each
+    of num_requests requests is sent once, so fewer requests than the concurrency never put
+    that many in flight, yet its figures would be labelled with it. A rate's concurrency is a
+    cap (never broken by fewer requests); a trace or a capacity search sets its own load."""
+    if w.duration_s is not None or w.trace is not None or w.capacity is not None or \
+            w.num_requests is None:
+        return None
+    for index, level in enumerate(w.levels):
+        if level.request_rate is None and level.concurrency is not None and \
+                w.num_requests < level.concurrency:
+            which = f"levels[{index}]" if "levels" in w.model_fields_set else \
+                "the default level"
+            return (f"workload.num_requests: {w.num_requests} requests, each sent once, never "
+                    f"reach {which}'s concurrency of {level.concurrency}; raise "
+                    f"num_requests to at least {level.concurrency} (a p99 wants many more), "
+                    "lower that concurrency, or set duration_s")
     return None
 
 

@@ -313,7 +313,8 @@ def test_the_workload_must_fit_the_context_vllm_derives_from_the_models_config(
     from optimizer.config import check_before_start
 
     monkeypatch.chdir(tmp_path)
-    long = {"input_len": 40_000, "output_len": 16, "num_requests": 8}
+    long = {"input_len": 40_000, "output_len": 16, "num_requests": 8,
+            "levels": [{"concurrency": 4}]}
     with pytest.raises(ConfigError, match="over the max_model_len of 32768"):
         check_before_start(parse_study({**BASE, "workload": long}))
     fixed = {**BASE, "workload": long, "fixed_flags": {"max_model_len": "64k"}}
@@ -355,7 +356,8 @@ def test_a_longrope_models_workload_must_fit_vllms_default_context_unless_one_is
         "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
         "rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}}))
     study = {**BASE, "model": {"path": str(model)},
-             "workload": {"input_len": 8000, "output_len": 16, "num_requests": 8}}
+             "workload": {"input_len": 8000, "output_len": 16, "num_requests": 8,
+                          "levels": [{"concurrency": 4}]}}
     with pytest.raises(ConfigError, match=r"over the max_model_len of 4096 \(vLLM's default "
                        r"for .*LongRoPE.*set fixed_flags\.max_model_len \(up to 131072"):
         check_before_start(parse_study(study))
@@ -476,3 +478,31 @@ def test_an_env_var_vllm_ignores_is_refused_at_start_with_the_key_that_sets_it(
     assert "\n" not in message
     assert not (tmp_path / "results").exists() and not (tmp_path / "mlruns").exists()
     check_before_start(parse_study({**BASE, "env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"}}))
+
+
+def test_fewer_requests_than_a_levels_concurrency_are_refused_at_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """2 requests sent once never put 8 in flight: figures "at concurrency 8" would be of a load
+    never applied. A rate's cap, duration_s (requests cycle) or a capacity search is not."""
+    from optimizer.config import check_before_start
+
+    monkeypatch.chdir(tmp_path)
+    few = {"input_len": 512, "output_len": 128, "levels": [{"concurrency": 2},
+                                                           {"concurrency": 8}],
+           "num_requests": 2, "warmup_requests": 50}
+    with pytest.raises(ConfigError) as info:
+        check_before_start(parse_study({**BASE, "workload": few}))
+    assert str(info.value) == (
+        "study.yaml: workload.num_requests: 2 requests, each sent once, never reach "
+        "levels[1]'s concurrency of 8; raise num_requests to at least 8 (a p99 wants many "
+        "more), lower that concurrency, or set duration_s.")
+    default_level = {"input_len": 512, "output_len": 128, "num_requests": 8}  # concurrency 16
+    with pytest.raises(ConfigError, match="never reach the default level's concurrency of 16"):
+        check_before_start(parse_study({**BASE, "workload": default_level}))
+    for fine in ({**few, "num_requests": 8},
+                 {**few, "duration_s": 30},
+                 {**few, "levels": [{"request_rate": 4, "concurrency": 8}]},
+                 {"input_len": 512, "output_len": 128, "num_requests": 2,
+                  "capacity": {"axis": "concurrency", "low": 1, "high": 8}}):
+        check_before_start(parse_study({**BASE, "workload": fine}))
+    assert not (tmp_path / "results").exists() and not (tmp_path / "mlruns").exists()
