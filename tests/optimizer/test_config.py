@@ -47,6 +47,11 @@ def test_defaults_fill_a_minimal_study() -> None:
     ({"ray": {"resources": {"GPU": 2}}}, "ray.resources: 'GPU' is set by nightshift per trial"),
     ({"ray": {"resources": {"pool": 0}}}, "pool must be > 0 but got 0"),
     ({"ray": {"adress": "auto"}}, "unknown key 'ray.adress'; did you mean 'address'?"),
+    ({"workload": {"input_len": "five hundred"}}, "workload.input_len: give a whole number of "
+     "tokens (e.g. 512) or a distribution {kind: uniform, low: .., high: ..} but got 'five "
+     "hundred'."),
+    ({"workload": {"output_len": 512.5}}, "workload.output_len: give a whole number of tokens "
+     "(e.g. 512) or a distribution {kind: uniform, low: .., high: ..} but got 512.5."),
 ])
 def test_bad_study_fields_give_one_line_errors(patch: dict, expected: str) -> None:
     with pytest.raises(ConfigError) as info:
