@@ -177,6 +177,23 @@ class StudySpec(StrictSpec):
                 raise ValueError(problem) from cause_of(problem)
         return v
 
+    @field_validator("seed_trials")
+    @classmethod
+    def _seed_trials(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # A name no space can hold is a typo: caught here, with the name it was likely meant
+        # to be (the space checks the rest once it is resolved for the host).
+        from search_spaces import KNOWN_FLAGS
+        from search_spaces.values import did_you_mean
+
+        for index, seed in enumerate(v):
+            for name in seed:
+                if name not in KNOWN_FLAGS:
+                    hint = did_you_mean(name, KNOWN_FLAGS) or \
+                        "; name params of the search space, as its YAML spells them"
+                    raise ValueError(f"seed_trials[{index}]: {name!r:.60} is not a param "
+                                     f"nightshift searches{hint}")
+        return v
+
     @field_validator("storage")
     @classmethod
     def _storage(cls, v: str | None) -> str | None:

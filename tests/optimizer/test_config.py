@@ -50,6 +50,11 @@ def test_defaults_fill_a_minimal_study() -> None:
     ({"workload": {"input_len": "five hundred"}}, "workload.input_len: give a whole number of "
      "tokens (e.g. 512) or a distribution {kind: uniform, low: .., high: ..} but got 'five "
      "hundred'."),
+    ({"seed_trials": [{"max_num_seqs": 64}, {"quantisation": "fp8"}]},
+     "seed_trials[1]: 'quantisation' is not a param nightshift searches; did you mean "
+     "'quantization'?"),
+    ({"seed_trials": [{"zzqq": 1}]}, "seed_trials[0]: 'zzqq' is not a param nightshift "
+     "searches; name params of the search space, as its YAML spells them."),
     ({"workload": {"output_len": 512.5}}, "workload.output_len: give a whole number of tokens "
      "(e.g. 512) or a distribution {kind: uniform, low: .., high: ..} but got 512.5."),
 ])
