@@ -516,3 +516,13 @@ def test_fewer_requests_than_a_levels_concurrency_are_refused_at_start(
                   "capacity": {"axis": "concurrency", "low": 1, "high": 8}}):
         check_before_start(parse_study({**BASE, "workload": fine}))
     assert not (tmp_path / "results").exists() and not (tmp_path / "mlruns").exists()
+
+
+def test_an_e2el_bound_alone_defines_goodput_as_vllm_bench_serve_counts_it() -> None:
+    """`vllm bench serve --goodput e2el:5000` counts a request good when it ends within 5 s;
+    the load generator counts every bound set the same way (tests/runners/test_loadgen.py)."""
+    cfg = parse_study({**BASE, "slo": {"e2el_ms": 5000}, "objective": "goodput"})
+    assert cfg.workload.slo.e2el_ms == 5000 and cfg.workload.slo.tpot_p99_ms is None
+    with pytest.raises(ConfigError, match=r"objective goodput needs slo\.ttft_p99_ms, "
+                                          r"slo\.tpot_p99_ms and/or slo\.e2el_ms\.$"):
+        parse_study({**BASE, "slo": {}})
