@@ -6,12 +6,13 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from optimizer.config.fields import MAX_PROMPTS_FILE_BYTES, MAX_SECONDS, MAX_TRACE_FILE_BYTES
+from optimizer.config.flag_checks import OWNED_FLAGS
 from optimizer.config.loading import engine_env
 from optimizer.config.store_checks import (
     server_storage_problem,
@@ -19,7 +20,7 @@ from optimizer.config.store_checks import (
     storage_problem,
     tracking_uri_problem,
 )
-from optimizer.config.workload_spec import LengthSpec
+from optimizer.config.workload_spec import LengthSpec, WorkloadSpec
 from optimizer.errors import ConfigError, cause_of, one_line, translate
 
 if TYPE_CHECKING:
@@ -67,7 +68,55 @@ def check_before_start(cfg: StudyConfig) -> None:
     if cfg.tracking_uri.startswith("sqlite:///"):
         _check_parent("tracking_uri", Path(cfg.tracking_uri.removeprefix("sqlite:///")),
                       made_by_us, cfg.source_name)
+    for problem in (ignored_env_problem(cfg.spec.env),
+                    unreached_concurrency_problem(cfg.spec.workload)):
+        if problem is not None:
+            raise ConfigError(f"{cfg.source_name}: {problem}.")
     check_workload(cfg)
+
+
+def ignored_env_problem(env: Mapping[str, str]) -> str | None:
+    """Why a variable of the study's `env` would set nothing, or None: one vLLM removed and now
+    ignores (audit's table, `REMOVED_ENV`, whose finding fails the export's audit), with the
+    study key that sets what it was meant to."""
+    # optimizer.export's package imports optimizer.config: imported once config is whole.
+    from optimizer.export.audit import REMOVED_ENV
+    from runners.vllm.flags import flag_table
+
+    for name in sorted(env):
+        if name not in REMOVED_ENV:
+            continue
+        found = re.fullmatch(r"(.*?)\s*(?:\(([^()]*)\))?", REMOVED_ENV[name])
+        instead, when = (found.group(1), found.group(2)) if found else (REMOVED_ENV[name], None)
+        if instead.startswith("--"):
+            kebab = instead.split()[0].removeprefix("--")
+            fix = f"remove it and {OWNED_FLAGS[kebab]}" if kebab in OWNED_FLAGS else \
+                f"remove it and set fixed_flags.{kebab.replace('-', '_')} instead"
+        else:
+            fix = f"remove it ({instead})"
+        return (f"env.{name}: vLLM {flag_table().version} ignores it"
+                f"{f' ({when})' if when else ''}, so it would set nothing; {fix}")
+    return None
+
+
+def unreached_concurrency_problem(w: WorkloadSpec) -> str | None:
+    """Why a level's concurrency is a load it never applies, or None: without duration_s each
+    of num_requests requests is sent once, so fewer requests than the concurrency never put
+    that many in flight, yet its figures would be labelled with it. A rate's concurrency is a
+    cap (never broken by fewer requests); a trace or a capacity search sets its own load."""
+    if w.duration_s is not None or w.trace is not None or w.capacity is not None or \
+            w.num_requests is None:
+        return None
+    for index, level in enumerate(w.levels):
+        if level.request_rate is None and level.concurrency is not None and \
+                w.num_requests < level.concurrency:
+            which = f"levels[{index}]" if "levels" in w.model_fields_set else \
+                "the default level"
+            return (f"workload.num_requests: {w.num_requests} requests, each sent once, never "
+                    f"reach {which}'s concurrency of {level.concurrency}; raise "
+                    f"num_requests to at least {level.concurrency} (a p99 wants many more), "
+                    "lower that concurrency, or set duration_s")
+    return None
 
 
 def _same_sqlite_file(storage: str, tracking_uri: str) -> bool:

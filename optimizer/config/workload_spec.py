@@ -205,7 +205,12 @@ class MultiTurnSpec(StrictSpec):
         return MultiTurn(**self.model_dump())
 
 def _length(value: Any) -> Any:
-    return {"kind": "fixed", "mean": value} if isinstance(value, int) else value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {"kind": "fixed", "mean": value}
+    if not isinstance(value, dict):  # "five hundred", 512.5, true, a list
+        raise ValueError("give a whole number of tokens (e.g. 512) or a distribution "
+                         "{kind: uniform, low: .., high: ..}")
+    return value
 
 
 MIN_REQUEST_TIMEOUT_S = 1.0  # below, a completion cannot return (HTTP, a prefill, a token)

@@ -8,7 +8,7 @@ from typing import Any
 
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
-from runners.workload import Workload
+from runners.workload import LengthDistribution, Workload
 from search_spaces.engine.facts import vllm_scheduler_defaults
 from search_spaces.engine.tables import VllmFlags
 from search_spaces.known_facts import KnownFact
@@ -79,8 +79,17 @@ def workload_facts(workload: Workload) -> dict[str, Any]:
         facts["shares_prefix"] = False
     if workload.prompts_file is None and workload.trace is None and workload.dataset is None \
             and workload.multi_turn is None:
-        dist = workload.input_len
-        longest = dist.mean if dist.kind == "fixed" else dist.high
+        longest = _longest(workload.input_len)
         if longest is not None:
             facts["max_prompt_tokens"] = longest + (shared.num_tokens if shared else 0)
+            output = _longest(workload.output_len)
+            if output is not None:
+                # vLLM refuses a request whose prompt plus max_tokens exceeds max_model_len.
+                facts["max_request_tokens"] = facts["max_prompt_tokens"] + output
     return facts
+
+
+def _longest(dist: LengthDistribution) -> int | None:
+    """The longest length `dist` draws: a fixed length, else its `high` (the load generator
+    clips to it); None for a normal or lognormal without `high` (its tail has no bound)."""
+    return dist.mean if dist.kind == "fixed" else dist.high

@@ -1,8 +1,9 @@
-"""The built-in rules: what vLLM rejects or crashes on (each with where vLLM says so), values the
-study's workload cannot tell apart (a capture size above its concurrency, a prefill threshold
-above its longest prompt), and the measured known facts (`known_fact_rules`); tuning opinions
-belong in the YAML files (docs/knobs.md). vLLM's own facts (fp8 KV dtypes, which quantization a
-checkpoint takes) are asked of `search_spaces.engine.facts`."""
+"""The built-in rules: what vLLM rejects or crashes on (each with where vLLM says so; a
+max_model_len below the workload's longest request among them), values the study's workload
+cannot tell apart (a capture size above its concurrency, a prefill threshold above its longest
+prompt), and the measured known facts (`known_fact_rules`); tuning opinions belong in the YAML
+files (docs/knobs.md). vLLM's own facts (fp8 KV dtypes, which quantization a checkpoint takes)
+are asked of `search_spaces.engine.facts`."""
 
 from __future__ import annotations
 
@@ -198,6 +199,28 @@ def _threshold_within_prompts(
     )
 
 
+def _max_model_len_covers_requests(
+    context: Mapping[str, Any], specs: Mapping[str, ParamSpec]
+) -> Rule | None:
+    longest = lookup(context, "workload.max_request_tokens")
+    spec = specs.get("max_model_len")
+    if not is_number(longest) or spec is None or spec.type != "categorical":
+        return None
+    # vLLM 0.26 answers HTTP 400 to a request whose prompt is over max_model_len less its
+    # max_tokens (renderers/params.py:428, `_token_len_check`): every request of such a trial
+    # fails. None (no flag: vLLM's own length) is not a number and stays.
+    bad = tuple(c for c in spec.choices
+                if is_number(c) and not isinstance(c, bool) and c < longest)
+    if not bad:
+        return None
+    return Rule(
+        name="max-model-len-covers-requests",
+        reason=f"the longest request is {int(longest)} tokens (prompt plus output); vLLM "
+               "refuses a request longer than max_model_len",
+        when=(), action="remove", targets=(("max_model_len", bad),), is_builtin=True,
+    )
+
+
 def known_fact_rules(context: Mapping[str, Any], specs: Mapping[str, ParamSpec]) -> list[Rule]:
     """One `remove` rule per measured fact (search_spaces/known_facts.py) that holds for the
     context's hardware class and vLLM version and names a value of the space. The context's
@@ -230,6 +253,7 @@ STATIC_BUILTINS: tuple[StaticBuiltin, ...] = (
     _flash_attn_no_e5m2,
     _capture_within_concurrency,
     _threshold_within_prompts,
+    _max_model_len_covers_requests,
 )
 
 # (reader, target): conditional built-ins fix `target` from `reader`, so it must come first.
@@ -299,6 +323,7 @@ def builtin_names() -> set[str]:
     names = {"parallel-sizes-fit-gpus", "tp-divides-attention-heads",
              "quantization-matches-checkpoint", "fp8-needs-sm89", "max-model-len-within-model",
              "flash-attn-no-fp8-e5m2", "default-outside-space", "replicas-fit-gpus",
-             "capture-size-within-concurrency", "prefill-threshold-below-longest-prompt"}
+             "capture-size-within-concurrency", "prefill-threshold-below-longest-prompt",
+             "max-model-len-covers-requests"}
     names.update(r.name for r in conditional_builtins({"hardware.compute_capability": 8.0}))
     return names

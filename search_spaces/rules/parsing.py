@@ -35,6 +35,8 @@ CONTEXT_KEYS: dict[str, Literal["number", "text", "flag"]] = {
     "workload.shares_prefix": "flag",  # requests share a prompt prefix the cache could reuse
     "workload.max_concurrency": "number",  # the largest concurrency of any level; None: uncapped
     "workload.max_prompt_tokens": "number",  # the longest prompt the workload sends
+    # the longest prompt plus the longest output of one request: what max_model_len must hold
+    "workload.max_request_tokens": "number",
     "engine.vllm_version": "text",  # "0.26.0", "simulated 0.26.0"; the known facts read it
 }
 CONTEXT_ENUMS: dict[str, tuple[str, ...]] = {

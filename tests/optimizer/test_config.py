@@ -47,6 +47,16 @@ def test_defaults_fill_a_minimal_study() -> None:
     ({"ray": {"resources": {"GPU": 2}}}, "ray.resources: 'GPU' is set by nightshift per trial"),
     ({"ray": {"resources": {"pool": 0}}}, "pool must be > 0 but got 0"),
     ({"ray": {"adress": "auto"}}, "unknown key 'ray.adress'; did you mean 'address'?"),
+    ({"workload": {"input_len": "five hundred"}}, "workload.input_len: give a whole number of "
+     "tokens (e.g. 512) or a distribution {kind: uniform, low: .., high: ..} but got 'five "
+     "hundred'."),
+    ({"seed_trials": [{"max_num_seqs": 64}, {"quantisation": "fp8"}]},
+     "seed_trials[1]: 'quantisation' is not a param nightshift searches; did you mean "
+     "'quantization'?"),
+    ({"seed_trials": [{"zzqq": 1}]}, "seed_trials[0]: 'zzqq' is not a param nightshift "
+     "searches; name params of the search space, as its YAML spells them."),
+    ({"workload": {"output_len": 512.5}}, "workload.output_len: give a whole number of tokens "
+     "(e.g. 512) or a distribution {kind: uniform, low: .., high: ..} but got 512.5."),
 ])
 def test_bad_study_fields_give_one_line_errors(patch: dict, expected: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -313,7 +323,8 @@ def test_the_workload_must_fit_the_context_vllm_derives_from_the_models_config(
     from optimizer.config import check_before_start
 
     monkeypatch.chdir(tmp_path)
-    long = {"input_len": 40_000, "output_len": 16, "num_requests": 8}
+    long = {"input_len": 40_000, "output_len": 16, "num_requests": 8,
+            "levels": [{"concurrency": 4}]}
     with pytest.raises(ConfigError, match="over the max_model_len of 32768"):
         check_before_start(parse_study({**BASE, "workload": long}))
     fixed = {**BASE, "workload": long, "fixed_flags": {"max_model_len": "64k"}}
@@ -355,7 +366,8 @@ def test_a_longrope_models_workload_must_fit_vllms_default_context_unless_one_is
         "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
         "rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}}))
     study = {**BASE, "model": {"path": str(model)},
-             "workload": {"input_len": 8000, "output_len": 16, "num_requests": 8}}
+             "workload": {"input_len": 8000, "output_len": 16, "num_requests": 8,
+                          "levels": [{"concurrency": 4}]}}
     with pytest.raises(ConfigError, match=r"over the max_model_len of 4096 \(vLLM's default "
                        r"for .*LongRoPE.*set fixed_flags\.max_model_len \(up to 131072"):
         check_before_start(parse_study(study))
@@ -449,3 +461,68 @@ def test_storage_and_tracking_uri_naming_one_sqlite_file_is_refused(
         check_before_start(parse_study(study))
     assert not (tmp_path / "stores").exists()
     check_before_start(parse_study({**study, "tracking_uri": "sqlite:///stores/mlflow.db"}))
+
+
+# -- explore s13: inputs refused at start -------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "fix"), [
+    ("VLLM_ATTENTION_BACKEND", "remove it and set fixed_flags.attention_backend instead"),
+    ("VLLM_TORCH_PROFILER_DIR", "remove it and set workload.profile instead"),
+    ("VLLM_USE_V1", "remove it (nothing: V1 is the only engine)"),
+])
+def test_an_env_var_vllm_ignores_is_refused_at_start_with_the_key_that_sets_it(
+        name: str, fix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every variable audit's table calls ignored (its export would fail `nightshift audit`)
+    is refused before anything is written, naming the study key to use instead."""
+    from optimizer.config import check_before_start
+    from optimizer.export.audit import REMOVED_ENV
+
+    assert name in REMOVED_ENV, "the study refuses what the audit flags: one table"
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        check_before_start(parse_study({**BASE, "env": {name: "x"}}))
+    message = str(info.value)
+    assert message.startswith(f"study.yaml: env.{name}: vLLM 0.26.0 ignores it"), message
+    assert message.endswith(f"; {fix}."), message
+    assert "\n" not in message
+    assert not (tmp_path / "results").exists() and not (tmp_path / "mlruns").exists()
+    check_before_start(parse_study({**BASE, "env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"}}))
+
+
+def test_fewer_requests_than_a_levels_concurrency_are_refused_at_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """2 requests sent once never put 8 in flight: figures "at concurrency 8" would be of a load
+    never applied. A rate's cap, duration_s (requests cycle) or a capacity search is not."""
+    from optimizer.config import check_before_start
+
+    monkeypatch.chdir(tmp_path)
+    few = {"input_len": 512, "output_len": 128, "levels": [{"concurrency": 2},
+                                                           {"concurrency": 8}],
+           "num_requests": 2, "warmup_requests": 50}
+    with pytest.raises(ConfigError) as info:
+        check_before_start(parse_study({**BASE, "workload": few}))
+    assert str(info.value) == (
+        "study.yaml: workload.num_requests: 2 requests, each sent once, never reach "
+        "levels[1]'s concurrency of 8; raise num_requests to at least 8 (a p99 wants many "
+        "more), lower that concurrency, or set duration_s.")
+    default_level = {"input_len": 512, "output_len": 128, "num_requests": 8}  # concurrency 16
+    with pytest.raises(ConfigError, match="never reach the default level's concurrency of 16"):
+        check_before_start(parse_study({**BASE, "workload": default_level}))
+    for fine in ({**few, "num_requests": 8},
+                 {**few, "duration_s": 30},
+                 {**few, "levels": [{"request_rate": 4, "concurrency": 8}]},
+                 {"input_len": 512, "output_len": 128, "num_requests": 2,
+                  "capacity": {"axis": "concurrency", "low": 1, "high": 8}}):
+        check_before_start(parse_study({**BASE, "workload": fine}))
+    assert not (tmp_path / "results").exists() and not (tmp_path / "mlruns").exists()
+
+
+def test_an_e2el_bound_alone_defines_goodput_as_vllm_bench_serve_counts_it() -> None:
+    """`vllm bench serve --goodput e2el:5000` counts a request good when it ends within 5 s;
+    the load generator counts every bound set the same way (tests/runners/test_loadgen.py)."""
+    cfg = parse_study({**BASE, "slo": {"e2el_ms": 5000}, "objective": "goodput"})
+    assert cfg.workload.slo.e2el_ms == 5000 and cfg.workload.slo.tpot_p99_ms is None
+    with pytest.raises(ConfigError, match=r"objective goodput needs slo\.ttft_p99_ms, "
+                                          r"slo\.tpot_p99_ms and/or slo\.e2el_ms\.$"):
+        parse_study({**BASE, "slo": {}})

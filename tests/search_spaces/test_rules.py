@@ -320,3 +320,52 @@ def test_a_longrope_models_no_flag_context_is_its_default_and_its_ceiling_the_lo
         "the default joins the choices (the baseline runs it); 262144 is over the ceiling"
     assert resolved.defaults() == {"max_model_len": 4096}
     assert resolved.vllm_defaults["max_model_len"] == 4096
+
+
+def _resolve_for(workload: Any, space: str = "hopper") -> Any:
+    from optimizer.run.space_context import space_context
+
+    return load_space(space).resolve(space_context(
+        load_preset("h200"), load_model_info("qwen2.5-7b"), workload, "dummy"))
+
+
+def test_max_model_len_choices_below_the_longest_request_are_dropped_and_logged() -> None:
+    """32,000 prompt tokens + 600 output: 8192 would fail every request with HTTP 400."""
+    from runners.workload import LengthDistribution, Workload
+
+    workload = Workload(input_len=LengthDistribution(mean=32000),
+                        output_len=LengthDistribution(mean=600))
+    resolved = _resolve_for(workload)
+    assert _choices(resolved, "max_model_len") == (32768,), \
+        "no max_model_len below the 32,600-token request is left to sample"
+    applied = {r.name: r for r in resolved.applied_rules}
+    rule = applied["max-model-len-covers-requests"]
+    assert rule.effect == "max_model_len: fixed to 32768 (removed 8192)"
+    assert "32600 tokens" in rule.reason, "the log line says how long the longest request is"
+
+
+def test_a_max_model_len_equal_to_the_longest_request_is_kept() -> None:
+    from runners.workload import LengthDistribution, SharedPrefix, Workload
+
+    # vLLM takes prompt + max_tokens == max_model_len; the shared prefix is part of the prompt.
+    exact = Workload(input_len=LengthDistribution(kind="uniform", low=100, high=6000),
+                     output_len=LengthDistribution(mean=1192),
+                     shared_prefix=SharedPrefix(fraction=0.5, num_tokens=1000))
+    assert _choices(_resolve_for(exact, "default"), "max_model_len") == (8192, 16384, 32768)
+    short = Workload()  # 512 + 128
+    resolved = _resolve_for(short, "default")
+    assert _choices(resolved, "max_model_len") == (4096, 8192, 16384, 32768)
+    assert "max-model-len-covers-requests" not in {r.name for r in resolved.applied_rules}
+
+
+def test_the_longest_request_is_left_out_where_a_length_has_no_bound() -> None:
+    """A normal output without `high`, or prompts from a file: the rule does not apply."""
+    from optimizer.run.space_context import workload_facts
+    from runners.workload import LengthDistribution, Workload
+
+    fixed = Workload(input_len=LengthDistribution(mean=1000),
+                     output_len=LengthDistribution(kind="normal", mean=200, std=50, high=400))
+    assert workload_facts(fixed)["max_request_tokens"] == 1400
+    tail = Workload(output_len=LengthDistribution(kind="normal", mean=200, std=50))
+    assert "max_request_tokens" not in workload_facts(tail)
+    assert workload_facts(tail)["max_prompt_tokens"] == 512
