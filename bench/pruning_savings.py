@@ -40,7 +40,7 @@ STUDY: dict[str, Any] = {
     "workload": {"input_len": 512, "output_len": 64,
                  "levels": [{"concurrency": 4}, {"concurrency": 16}, {"concurrency": 32},
                             {"concurrency": 64}],
-                 "num_requests": 32, "warmup_requests": 2},
+                 "num_requests": 64, "warmup_requests": 2},
     "slo": {"ttft_p99_ms": 1000, "tpot_p99_ms": 12},
     "objective": "goodput",
     "search_space": "hopper",

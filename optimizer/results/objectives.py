@@ -32,7 +32,7 @@ class Objective:
     # On the request-rate axis of a capacity search, the value is the highest offered rate that
     # met the SLO (the bracket's lower end) rather than a probe's measured figure.
     is_offered_rate_at_capacity: bool = False
-    needs_slo: bool = False  # meaningless without slo.ttft_p99_ms and/or slo.tpot_p99_ms
+    needs_slo: bool = False  # meaningless without an SLO bound (ttft_p99_ms, tpot_p99_ms, e2el_ms)
     # A rate (requests/s, tokens/s): what a config gives grows with the GPUs it holds, so its
     # value is compared per GPU (`per_gpu`). A latency is what one request sees: as measured.
     is_per_gpu: bool = False
