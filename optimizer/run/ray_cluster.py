@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -152,6 +153,17 @@ def probe_on_cluster(accelerator_type: str | None = None,
     return HardwareProfile.from_dict(data)
 
 
+def _session_popen(base: type[subprocess.Popen[Any]]) -> type[subprocess.Popen[Any]]:
+    """`base` (Ray's `ConsolePopen`) starting its process in a new session."""
+
+    class SessionPopen(base):  # type: ignore[valid-type,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["start_new_session"] = True
+            super().__init__(*args, **kwargs)
+
+    return SessionPopen
+
+
 LOOPBACK = "127.0.0.1"
 # Ray resolves a loopback `_node_ip_address` to the machine's address unless it believes
 # multi-node clusters are off (ray/_private/services.py `resolve_ip_for_localhost` and
@@ -187,17 +199,33 @@ def start_local_ray(**kwargs: Any) -> None:
     switched off, so the switch is off for this call: in the environment, for the processes Ray
     starts (its workers inherit the raylet's), and in the constant already imported, for this
     process. Raises `NightshiftError` (Ray shut down again) if the node came up on another
-    address all the same."""
-    from ray._private import ray_constants
+    address all the same.
+
+    Every process Ray starts here (GCS, raylet, dashboard, log monitor; the raylet's workers
+    and agents are its children) runs in a session of its own (`setsid`): a signal sent to
+    the daemon's process group (SIGHUP from a closed terminal, SIGTERM from `timeout` or
+    `kill -- -PGID`) reaches the daemon alone, which then finishes its trials on a Ray still
+    up. Before, the raylet and GCS took the signal too and the driver aborted 60 s later
+    ("Failed to connect to GCS"), its trial left running and its engine orphaned. Ray starts
+    them all through `services.start_ray_process`, which opens `services.ConsolePopen`; that
+    class is swapped for one that adds `start_new_session=True` for this call only. Ray's
+    own fate-sharing is kept: the children still get PR_SET_PDEATHSIG (SIGKILL on the
+    daemon's death) from Ray's `preexec_fn`, which runs after the `setsid`, and
+    `ray.shutdown()` (at exit) still ends them by pid. Ray blocks SIGINT in them, as
+    before."""
+    from ray._private import ray_constants, services
 
     saved = {name: os.environ.get(name) for name in ("RAY_ADDRESS", _RAY_CLUSTERS_SWITCH)}
     saved_switch = ray_constants.ENABLE_RAY_CLUSTER
+    saved_popen = services.ConsolePopen
     os.environ.pop("RAY_ADDRESS", None)
     os.environ[_RAY_CLUSTERS_SWITCH] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
+    services.ConsolePopen = _session_popen(saved_popen)
     try:
         ray.init(address="local", _node_ip_address=LOOPBACK, **kwargs)
     finally:
+        services.ConsolePopen = saved_popen
         ray_constants.ENABLE_RAY_CLUSTER = saved_switch
         for name, value in saved.items():
             if value is None:
