@@ -23,6 +23,7 @@ workers, the simulated engines) is listed while it runs.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -36,9 +37,10 @@ from typing import Any
 
 import psutil
 import pytest
+from optuna.trial import TrialState
 
 from runners.process import reap_strays
-from tests.builders import load, write_study
+from tests.builders import load, trial_runs, write_study
 
 REPO = Path(__file__).resolve().parents[1]
 _OTHER_RAY = """
@@ -333,3 +335,62 @@ def test_a_stop_signal_to_the_daemons_process_group_finishes_its_trial_on_a_ray_
     left = [p for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, f"nothing of the study outlives it: {[_label(p) for p in left]}"
     assert not orphans and not list(engines.glob("*.json")), "no engine left behind"
+
+
+@pytest.mark.slow
+def test_a_ray_killed_with_the_daemon_requeues_its_trial_reaps_its_engine_and_says_stopped(
+        tmp_path: Path, clean_environ: dict[str, str]) -> None:
+    """systemd's KillMode=control-group sends SIGTERM to every process of the unit, Ray's
+    own sessions too: the daemon must not die in Ray's abort ("Failed to connect to GCS"). It
+    sees its Ray gone, fails and re-queues the trial in flight, reaps its engine, ends its
+    MLflow runs and says "stopped" with its resume line. The engine (in a session of its own,
+    and slow to end, as vLLM is) is left out of the signal: the daemon must end it."""
+    path = write_study(tmp_path, trials=2, workload={
+        "input_len": 64, "output_len": 16, "levels": [{"concurrency": 4}],
+        "num_requests": 8, "warmup_requests": 0},
+        simulated={"hardware": "h200", "num_gpus": 1, "startup_time_scale": 0.08})
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled",
+           "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "daemon.log"
+    seen: dict[int, psutil.Process] = {}
+    with open(log, "w") as out:
+        daemon = subprocess.Popen([sys.executable, "-m", "optimizer.cli", "start", str(path),
+                                   "--no-progress"], cwd=tmp_path, env=env, stdout=out,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    engines = tmp_path / "results" / "engines"
+    try:
+        deadline = time.monotonic() + 240
+        while not list(engines.glob("*.json")):  # trial 0's engine is starting up
+            assert daemon.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no engine was launched in time"
+            time.sleep(0.2)
+        seen.update((p.pid, p) for p in _descendants(daemon.pid))
+        ray_tree = [p for p in seen.values() if "runners.simulated" not in _label(p)]
+        assert {"gcs_server", "raylet"} <= {p.name() for p in ray_tree}
+        for process in [psutil.Process(daemon.pid), *ray_tree]:  # as systemd does, at once
+            with contextlib.suppress(psutil.Error):
+                process.terminate()
+        while daemon.poll() is None and time.monotonic() < deadline:
+            seen.update((p.pid, p) for p in _descendants(daemon.pid))
+            time.sleep(0.2)
+        code = daemon.wait(1)
+    finally:
+        if daemon.poll() is None:
+            os.killpg(daemon.pid, signal.SIGKILL)
+            daemon.wait(30)
+        orphans = reap_strays(engines)
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    assert "study e2e stopped" in text and "resume with: nightshift start" in text, text[-3000:]
+    assert "Failed to connect to GCS" not in text
+    study = load(tmp_path)
+    record = study.trials[0].user_attrs.get("record") or {}
+    assert record.get("state") == "failed" and record.get("failure_reason") == "interrupted", \
+        record
+    assert [t for t in study.trials if t.state == TrialState.WAITING
+            and t.user_attrs.get("retry_of") == 0], "the trial is re-queued for the resume"
+    assert not [r for r in trial_runs(tmp_path) if r.info.status == "RUNNING"], \
+        "no MLflow run left running"
+    left = [p for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"nothing of the study outlives it: {[_label(p) for p in left]}"
+    assert not orphans and not list(engines.glob("*.json")), "the daemon reaped its engine"

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
 import ray
 from ray.exceptions import GetTimeoutError, RayError
 
@@ -164,6 +165,33 @@ def _session_popen(base: type[subprocess.Popen[Any]]) -> type[subprocess.Popen[A
     return SessionPopen
 
 
+# The processes of the local Ray this daemon started (name, process): GCS and raylet.
+_LOCAL_RAY: list[tuple[str, psutil.Process]] = []
+# How long Ray's driver waits for a GCS gone before it aborts the whole process ("Failed to
+# connect to GCS within N seconds ... The program will terminate"; 60 s by default). A local
+# Ray's GCS never comes back, and the daemon watches it itself (`local_ray_lost`): the window
+# is made long so that Ray's abort never cuts the daemon's wind-down (trials re-queued,
+# engines reaped, MLflow runs ended, the "stopped" line). A value in the environment wins.
+_GCS_RECONNECT_ENV = "RAY_gcs_rpc_server_reconnect_timeout_s"
+_GCS_RECONNECT_S = 24 * 3600
+
+
+def local_ray_lost() -> str | None:
+    """Which of the local Ray's GCS and raylet (started by `start_local_ray`) have ended, as
+    a line; None while both run, or for a cluster joined by address (its GCS may come back)."""
+    gone = []
+    for name, process in _LOCAL_RAY:
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                gone.append(name)
+        except psutil.Error:  # reaped, or its pid reused: either way not our process
+            gone.append(name)
+    if not gone:
+        return None
+    return (f"the local Ray's {' and '.join(gone)} ended under the daemon (a signal to every "
+            "process of the unit, as systemd's KillMode=control-group sends, or a crash)")
+
+
 LOOPBACK = "127.0.0.1"
 # Ray resolves a loopback `_node_ip_address` to the machine's address unless it believes
 # multi-node clusters are off (ray/_private/services.py `resolve_ip_for_localhost` and
@@ -215,11 +243,13 @@ def start_local_ray(**kwargs: Any) -> None:
     before."""
     from ray._private import ray_constants, services
 
-    saved = {name: os.environ.get(name) for name in ("RAY_ADDRESS", _RAY_CLUSTERS_SWITCH)}
+    saved = {name: os.environ.get(name)
+             for name in ("RAY_ADDRESS", _RAY_CLUSTERS_SWITCH, _GCS_RECONNECT_ENV)}
     saved_switch = ray_constants.ENABLE_RAY_CLUSTER
     saved_popen = services.ConsolePopen
     os.environ.pop("RAY_ADDRESS", None)
     os.environ[_RAY_CLUSTERS_SWITCH] = "0"
+    os.environ.setdefault(_GCS_RECONNECT_ENV, str(_GCS_RECONNECT_S))
     ray_constants.ENABLE_RAY_CLUSTER = False
     services.ConsolePopen = _session_popen(saved_popen)
     try:
@@ -238,3 +268,5 @@ def start_local_ray(**kwargs: Any) -> None:
         raise NightshiftError(f"the local Ray came up on {', '.join(map(str, nodes))}, not "
                               f"{LOOPBACK} only; this Ray version binds differently: pin ray "
                               "2.60 or pass --ray-address to use a cluster you run.")
+    _LOCAL_RAY[:] = [(p.name(), p) for p in psutil.Process().children()
+                     if p.name() in ("gcs_server", "raylet")]
