@@ -206,6 +206,7 @@ def init_ray(num_gpus: int | None, address: str | None = None) -> int:
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                   "configure_logging": False}
         if address:
+            _LOCAL_RAY.clear()  # a cluster of its own: its GCS may come back
             ray.init(address=address, **kwargs)
         else:
             start_local_ray(num_gpus=num_gpus, num_cpus=max(2, (num_gpus or 0) + 2), **kwargs)
@@ -247,15 +248,16 @@ def start_local_ray(**kwargs: Any) -> None:
              for name in ("RAY_ADDRESS", _RAY_CLUSTERS_SWITCH, _GCS_RECONNECT_ENV)}
     saved_switch = ray_constants.ENABLE_RAY_CLUSTER
     saved_popen = services.ConsolePopen
+    _LOCAL_RAY.clear()
     os.environ.pop("RAY_ADDRESS", None)
     os.environ[_RAY_CLUSTERS_SWITCH] = "0"
     os.environ.setdefault(_GCS_RECONNECT_ENV, str(_GCS_RECONNECT_S))
     ray_constants.ENABLE_RAY_CLUSTER = False
-    services.ConsolePopen = _session_popen(saved_popen)
+    services.ConsolePopen = _session_popen(saved_popen)  # type: ignore[misc,assignment]
     try:
         ray.init(address="local", _node_ip_address=LOOPBACK, **kwargs)
     finally:
-        services.ConsolePopen = saved_popen
+        services.ConsolePopen = saved_popen  # type: ignore[misc]
         ray_constants.ENABLE_RAY_CLUSTER = saved_switch
         for name, value in saved.items():
             if value is None:
