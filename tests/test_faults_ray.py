@@ -13,15 +13,21 @@ workers, the simulated engines) is listed while it runs.
 | local raylet killed            | psutil kill of the raylet, a   | a lost worker's GPUs are not |
 |                                | Ray in a process of its own    | placed again: 0 GPUs, stop   |
 | ray.resources no node has      | a cluster without them         | one line, exit 2, no writes  |
+| SIGTERM / SIGHUP to the        | os.killpg of a real daemon's   | Ray is in sessions of its    |
+| daemon's process group, a      | group; Ray's GCS reconnect     | own: the trial finishes,     |
+| trial in flight                | window cut to 3 s              | "stopped" + resume line,     |
+|                                |                                | nothing left running         |
 
 (Rows of tests/test_faults.py's table.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -31,8 +37,10 @@ from typing import Any
 
 import psutil
 import pytest
+from optuna.trial import TrialState
 
-from tests.builders import load, write_study
+from runners.process import reap_strays
+from tests.builders import load, trial_runs, write_study
 
 REPO = Path(__file__).resolve().parents[1]
 _OTHER_RAY = """
@@ -266,3 +274,123 @@ def test_only_a_dead_raylet_not_a_slow_placement_leaves_no_gpu(
     monkeypatch.setattr(executor, "_probe_placement", lambda num_gpus, timeout_s: probe)
     monkeypatch.setattr(ray_executor, "live_gpus", lambda timeout_s=30.0: listed)
     assert executor.shrink_to_live(1.0, placing_gpus=1) == expected
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_to_the_daemons_process_group_finishes_its_trial_on_a_ray_still_up(
+        tmp_path: Path, clean_environ: dict[str, str], signum: int) -> None:
+    """What a closed terminal (SIGHUP) or `timeout` / `kill -- -PGID` (SIGTERM) sends reaches
+    every process of the daemon's group. Ray's processes are in sessions of their own, so the
+    daemon alone takes it: the trial in flight finishes and the study ends "stopped" with its
+    resume line, nothing of it left running. Before, the raylet and GCS took it too and the
+    driver aborted once Ray's GCS reconnect window passed (60 s; 3 s here, so that a trial
+    whose engine starts for ~15 s outlasts it)."""
+    path = write_study(tmp_path, trials=2, workload={
+        "input_len": 64, "output_len": 16, "levels": [{"concurrency": 4}],
+        "num_requests": 8, "warmup_requests": 0},
+        simulated={"hardware": "h200", "num_gpus": 1, "startup_time_scale": 0.08})
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled",
+           "PYTHONUNBUFFERED": "1", "RAY_gcs_rpc_server_reconnect_timeout_s": "3"}
+    log = tmp_path / "daemon.log"
+    seen: dict[int, psutil.Process] = {}
+    with open(log, "w") as out:  # a group of its own, as a shell's job is: not pytest's
+        daemon = subprocess.Popen([sys.executable, "-m", "optimizer.cli", "start", str(path),
+                                   "--no-progress"], cwd=tmp_path, env=env, stdout=out,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    engines = tmp_path / "results" / "engines"
+    try:
+        deadline = time.monotonic() + 240
+        while not list(engines.glob("*.json")):  # trial 0's engine is starting up
+            assert daemon.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no engine was launched in time"
+            time.sleep(0.2)
+        seen.update((p.pid, p) for p in _descendants(daemon.pid))
+        names = {p.name() for p in seen.values()}
+        assert {"gcs_server", "raylet"} <= names, names
+        os.killpg(daemon.pid, signum)
+        while daemon.poll() is None and time.monotonic() < deadline:
+            seen.update((p.pid, p) for p in _descendants(daemon.pid))
+            time.sleep(0.2)
+        code = daemon.wait(1)
+    finally:
+        if daemon.poll() is None:
+            os.killpg(daemon.pid, signal.SIGKILL)
+            daemon.wait(30)
+        orphans = reap_strays(engines)  # an engine left in a session of its own, if any
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    assert "study e2e stopped" in text and "resume with: nightshift start" in text, text[-3000:]
+    assert "Failed to connect to GCS" not in text
+    record = load(tmp_path).trials[0].user_attrs.get("record") or {}
+    assert record.get("state") == "complete", "the trial in flight finished, on Ray still up"
+    assert len(load(tmp_path).trials) == 1, "no trial launched after the stop"
+    left = [p for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"nothing of the study outlives it: {[_label(p) for p in left]}"
+    assert not orphans and not list(engines.glob("*.json")), "no engine left behind"
+
+
+@pytest.mark.slow
+def test_a_ray_killed_with_the_daemon_requeues_its_trial_reaps_its_engine_and_says_stopped(
+        tmp_path: Path, clean_environ: dict[str, str]) -> None:
+    """systemd's KillMode=control-group sends SIGTERM to every process of the unit, Ray's
+    own sessions too: the daemon must not die in Ray's abort ("Failed to connect to GCS"). It
+    sees its Ray gone, fails and re-queues the trial in flight, reaps its engine, ends its
+    MLflow runs and says "stopped" with its resume line. The engine (in a session of its own,
+    and slow to end, as vLLM is) is left out of the signal: the daemon must end it."""
+    path = write_study(tmp_path, trials=2, workload={
+        "input_len": 64, "output_len": 16, "levels": [{"concurrency": 4}],
+        "num_requests": 8, "warmup_requests": 0},
+        simulated={"hardware": "h200", "num_gpus": 1, "startup_time_scale": 0.08})
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled",
+           "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "daemon.log"
+    seen: dict[int, psutil.Process] = {}
+    with open(log, "w") as out:
+        daemon = subprocess.Popen([sys.executable, "-m", "optimizer.cli", "start", str(path),
+                                   "--no-progress"], cwd=tmp_path, env=env, stdout=out,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    engines = tmp_path / "results" / "engines"
+    try:
+        deadline = time.monotonic() + 240
+        while not list(engines.glob("*.json")):  # trial 0's engine is starting up
+            assert daemon.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no engine was launched in time"
+            time.sleep(0.2)
+        seen.update((p.pid, p) for p in _descendants(daemon.pid))
+        ray_tree = [p for p in seen.values() if "runners.simulated" not in _label(p)]
+        assert {"gcs_server", "raylet"} <= {p.name() for p in ray_tree}
+        for process in [psutil.Process(daemon.pid), *ray_tree]:  # as systemd does, at once
+            with contextlib.suppress(psutil.Error):
+                process.terminate()
+        while daemon.poll() is None and time.monotonic() < deadline:
+            seen.update((p.pid, p) for p in _descendants(daemon.pid))
+            time.sleep(0.2)
+        code = daemon.wait(1)
+    finally:
+        if daemon.poll() is None:
+            os.killpg(daemon.pid, signal.SIGKILL)
+            daemon.wait(30)
+        orphans = reap_strays(engines)
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    assert "study e2e stopped" in text and "resume with: nightshift start" in text, text[-3000:]
+    assert "Failed to connect to GCS" not in text
+    study = load(tmp_path)
+    record = study.trials[0].user_attrs.get("record") or {}
+    assert record.get("state") == "failed" and record.get("failure_reason") == "interrupted", \
+        record
+    assert [t for t in study.trials if t.state == TrialState.WAITING
+            and t.user_attrs.get("retry_of") == 0], "the trial is re-queued for the resume"
+    assert not [r for r in trial_runs(tmp_path) if r.info.status == "RUNNING"], \
+        "no MLflow run left running"
+    left = [p for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"nothing of the study outlives it: {[_label(p) for p in left]}"
+    assert not orphans and not list(engines.glob("*.json")), "the daemon reaped its engine"

@@ -57,7 +57,7 @@ from optimizer.storage.lock import StorageLease, StudyLock, is_local_file_storag
 from optimizer.storage.study import make_storage, open_study
 from optimizer.tracking.tracker import Tracker
 from runners.atomic import write_atomic
-from runners.base import FailureReason, RunResult
+from runners.base import Failure, FailureReason, RunResult
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
 from runners.process import reap_strays
@@ -258,6 +258,7 @@ class Daemon(StudyRuns):
         while True:
             if self._lease is not None and self._lease.is_lost:
                 self.request_stop(now=True)  # another daemon runs the study now
+            self._watch_infrastructure(policy)
             self._cut_on_stop(policy)
             if not self.stopping:
                 while (running := policy.next_launch(self.executor.can_start)) is not None:
@@ -283,9 +284,33 @@ class Daemon(StudyRuns):
             raise NightshiftError(f"{problem}; the trials in flight were stopped and are "
                                   "re-queued for the resume.")
 
+    def _watch_infrastructure(self, policy: SearchController) -> None:
+        """The executor's infrastructure gone under the daemon (its local Ray's GCS or raylet
+        ended: systemd's KillMode=control-group signals every process of the unit, Ray's
+        too): no trial in flight can finish or be asked anything. Each is failed and
+        re-queued without a word to Ray (interrupted where a stop was asked, else lost with
+        its node), the executor forgets its workers and the study stops now; the wind-down
+        then reaps their engines from the registry and the study ends "stopped" with its
+        resume line, rather than in Ray's abort once its GCS reconnect window passes."""
+        lost = self.executor.lost()
+        if lost is None:
+            return
+        if self._inflight or not self.stopping:
+            logger.error("%s; stopping now (the trials in flight are re-queued); resume with "
+                         "`%s`", lost, self.resume)
+        for item in list(self._inflight):
+            self._inflight.remove(item)
+            reason = FailureReason.INTERRUPTED if self.stopping else FailureReason.NODE_LOST
+            policy.on_result(item.running, RunResult(
+                status="failed", steps=tuple(item.running.steps),
+                failure=Failure(reason, f"{lost}, with this trial in flight.")))
+        self.executor.abandon()
+        self.request_stop(now=True)
+
     def _wait_and_collect(self, policy: SearchController) -> None:
         """Relay the steps measured since the last call, then collect the trials that ended
         within `poll_s`."""
+        self._watch_infrastructure(policy)
         self._poll_steps(policy)
         if not self._inflight:
             time.sleep(self.poll_s)
@@ -357,7 +382,12 @@ class Daemon(StudyRuns):
             # most; Ray says within seconds that its raylet died); a dead node is waited for
             # until Ray counts it out. Ray not answering (its GCS gone) leaves no GPU.
             before = policy.total_gpus
-            if reason == FailureReason.WORKER_LOST:
+            lost = self.executor.lost()
+            if lost is not None:  # the local Ray itself is gone: nothing to ask it
+                logger.error("trial %d: %s", number, lost)
+                self.executor.abandon()
+                policy.total_gpus = 0
+            elif reason == FailureReason.WORKER_LOST:
                 policy.total_gpus = self.executor.shrink_to_live(
                     timeout_s=_PLACEMENT_TIMEOUT_S,
                     placing_gpus=item.running.config.num_gpus)
@@ -390,7 +420,8 @@ class Daemon(StudyRuns):
         policy.on_result(item.running, result)
 
     def _cancel(self, policy: SearchController, item: _InFlight) -> None:
-        item.handle.cancel()
+        if self.executor.lost() is None:  # else its worker is gone; its engine is reaped
+            item.handle.cancel()
         self.executor.release(item.handle, healthy=False)
         self._inflight.remove(item)
         policy.interrupted(item.running)

@@ -175,6 +175,16 @@ class Executor(Protocol):
         the fix; None when one can, or where it cannot be said."""
         ...
 
+    def lost(self) -> str | None:
+        """Why no trial can run or be reached any more (the local Ray's GCS or raylet ended
+        under the daemon), or None. Cheap: the daemon asks on every turn of its loop."""
+        ...
+
+    def abandon(self) -> None:
+        """Forget every worker without asking the infrastructure `lost` named (it would not
+        answer); their engines are reaped from the registry."""
+        ...
+
     def shutdown(self) -> None: ...
 
 
@@ -254,6 +264,12 @@ class InlineExecutor:
 
     def placement_problem(self) -> str | None:
         return None  # threads of this process: nothing to place
+
+    def lost(self) -> str | None:
+        return None  # threads of this process: they end with it
+
+    def abandon(self) -> None:
+        self.shutdown()
 
     def shutdown(self) -> None:
         for handle in list(self._running):

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
 import ray
 from ray.exceptions import GetTimeoutError, RayError
 
@@ -152,6 +154,44 @@ def probe_on_cluster(accelerator_type: str | None = None,
     return HardwareProfile.from_dict(data)
 
 
+def _session_popen(base: type[subprocess.Popen[Any]]) -> type[subprocess.Popen[Any]]:
+    """`base` (Ray's `ConsolePopen`) starting its process in a new session."""
+
+    class SessionPopen(base):  # type: ignore[valid-type,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["start_new_session"] = True
+            super().__init__(*args, **kwargs)
+
+    return SessionPopen
+
+
+# The processes of the local Ray this daemon started (name, process): GCS and raylet.
+_LOCAL_RAY: list[tuple[str, psutil.Process]] = []
+# How long Ray's driver waits for a GCS gone before it aborts the whole process ("Failed to
+# connect to GCS within N seconds ... The program will terminate"; 60 s by default). A local
+# Ray's GCS never comes back, and the daemon watches it itself (`local_ray_lost`): the window
+# is made long so that Ray's abort never cuts the daemon's wind-down (trials re-queued,
+# engines reaped, MLflow runs ended, the "stopped" line). A value in the environment wins.
+_GCS_RECONNECT_ENV = "RAY_gcs_rpc_server_reconnect_timeout_s"
+_GCS_RECONNECT_S = 24 * 3600
+
+
+def local_ray_lost() -> str | None:
+    """Which of the local Ray's GCS and raylet (started by `start_local_ray`) have ended, as
+    a line; None while both run, or for a cluster joined by address (its GCS may come back)."""
+    gone = []
+    for name, process in _LOCAL_RAY:
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                gone.append(name)
+        except psutil.Error:  # reaped, or its pid reused: either way not our process
+            gone.append(name)
+    if not gone:
+        return None
+    return (f"the local Ray's {' and '.join(gone)} ended under the daemon (a signal to every "
+            "process of the unit, as systemd's KillMode=control-group sends, or a crash)")
+
+
 LOOPBACK = "127.0.0.1"
 # Ray resolves a loopback `_node_ip_address` to the machine's address unless it believes
 # multi-node clusters are off (ray/_private/services.py `resolve_ip_for_localhost` and
@@ -166,6 +206,7 @@ def init_ray(num_gpus: int | None, address: str | None = None) -> int:
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                   "configure_logging": False}
         if address:
+            _LOCAL_RAY.clear()  # a cluster of its own: its GCS may come back
             ray.init(address=address, **kwargs)
         else:
             start_local_ray(num_gpus=num_gpus, num_cpus=max(2, (num_gpus or 0) + 2), **kwargs)
@@ -187,17 +228,36 @@ def start_local_ray(**kwargs: Any) -> None:
     switched off, so the switch is off for this call: in the environment, for the processes Ray
     starts (its workers inherit the raylet's), and in the constant already imported, for this
     process. Raises `NightshiftError` (Ray shut down again) if the node came up on another
-    address all the same."""
-    from ray._private import ray_constants
+    address all the same.
 
-    saved = {name: os.environ.get(name) for name in ("RAY_ADDRESS", _RAY_CLUSTERS_SWITCH)}
+    Every process Ray starts here (GCS, raylet, dashboard, log monitor; the raylet's workers
+    and agents are its children) runs in a session of its own (`setsid`): a signal sent to
+    the daemon's process group (SIGHUP from a closed terminal, SIGTERM from `timeout` or
+    `kill -- -PGID`) reaches the daemon alone, which then finishes its trials on a Ray still
+    up. Before, the raylet and GCS took the signal too and the driver aborted 60 s later
+    ("Failed to connect to GCS"), its trial left running and its engine orphaned. Ray starts
+    them all through `services.start_ray_process`, which opens `services.ConsolePopen`; that
+    class is swapped for one that adds `start_new_session=True` for this call only. Ray's
+    own fate-sharing is kept: the children still get PR_SET_PDEATHSIG (SIGKILL on the
+    daemon's death) from Ray's `preexec_fn`, which runs after the `setsid`, and
+    `ray.shutdown()` (at exit) still ends them by pid. Ray blocks SIGINT in them, as
+    before."""
+    from ray._private import ray_constants, services
+
+    saved = {name: os.environ.get(name)
+             for name in ("RAY_ADDRESS", _RAY_CLUSTERS_SWITCH, _GCS_RECONNECT_ENV)}
     saved_switch = ray_constants.ENABLE_RAY_CLUSTER
+    saved_popen = services.ConsolePopen
+    _LOCAL_RAY.clear()
     os.environ.pop("RAY_ADDRESS", None)
     os.environ[_RAY_CLUSTERS_SWITCH] = "0"
+    os.environ.setdefault(_GCS_RECONNECT_ENV, str(_GCS_RECONNECT_S))
     ray_constants.ENABLE_RAY_CLUSTER = False
+    services.ConsolePopen = _session_popen(saved_popen)  # type: ignore[misc,assignment]
     try:
         ray.init(address="local", _node_ip_address=LOOPBACK, **kwargs)
     finally:
+        services.ConsolePopen = saved_popen  # type: ignore[misc]
         ray_constants.ENABLE_RAY_CLUSTER = saved_switch
         for name, value in saved.items():
             if value is None:
@@ -210,3 +270,5 @@ def start_local_ray(**kwargs: Any) -> None:
         raise NightshiftError(f"the local Ray came up on {', '.join(map(str, nodes))}, not "
                               f"{LOOPBACK} only; this Ray version binds differently: pin ray "
                               "2.60 or pass --ray-address to use a cluster you run.")
+    _LOCAL_RAY[:] = [(p.name(), p) for p in psutil.Process().children()
+                     if p.name() in ("gcs_server", "raylet")]

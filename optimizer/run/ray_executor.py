@@ -33,6 +33,7 @@ from optimizer.run.executor import TrialHandle, TrialSession
 from optimizer.run.ray_cluster import (
     cluster_nodes,
     live_gpus,
+    local_ray_lost,
     placement_problem,
     reap_on_other_nodes,
 )
@@ -86,7 +87,15 @@ class RayTrialHandle:
         if not self.is_placed():
             return []  # nothing measured; asking a worker not made yet would wait timeout_s
         try:
-            steps: list[StepMetrics] = ray.get(self.actor.poll.remote(), timeout=timeout_s)
+            ref = self.actor.poll.remote()
+            deadline = time.monotonic() + timeout_s
+            # In slices: a dead worker's poll waits out its timeout when Ray's GCS, which
+            # would say the actor died, is gone with it; the local Ray's end is seen at once.
+            while not ray.wait([ref], timeout=min(1.0, timeout_s))[0]:
+                lost = local_ray_lost()
+                if lost is not None or time.monotonic() >= deadline:
+                    raise WorkerLost(f"worker did not answer a poll ({lost or 'timed out'})")
+            steps: list[StepMetrics] = ray.get(ref, timeout=timeout_s)
         except _POLL_ERRORS as exc:
             raise translate(exc, f"worker did not answer a poll ({type(exc).__name__})",
                             into=WorkerLost) from exc
@@ -250,6 +259,12 @@ class RayExecutor:
         except Exception as exc:  # Ray's GCS not answering: a lost node's path says so
             logger.debug("the placement check failed (%s)", describe(exc))
             return None
+
+    def lost(self) -> str | None:
+        return local_ray_lost()
+
+    def abandon(self) -> None:
+        self._slots.clear()  # Ray is gone: its actors with it
 
     def release(self, handle: TrialHandle, *, healthy: bool = True) -> None:
         actor = handle.actor if isinstance(handle, RayTrialHandle) else None
