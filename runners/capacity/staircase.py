@@ -175,13 +175,28 @@ def holds_of(search: CapacitySearch, steps: Sequence[StepMetrics]) -> list[tuple
 def next_measurement(search: CapacitySearch, history: Sequence[Probe],
                      holds: Sequence[tuple[float, bool]]) -> tuple[float, bool] | None:
     """What the stream measures next: a step while the search narrows the bracket (until the
-    first hold), then holds (`CapacitySearch.next_hold`); None when done."""
-    if not holds:
+    first hold), then holds (`CapacitySearch.next_hold`); None when done. A hold that missed
+    where no step had met below it leaves nothing to hold: the steps walk on down from it
+    toward `low` (`CapacitySearch.next_load`, the hold counted as a miss at its load) until
+    they have found a bracket below it, which is then held."""
+    if not holds or is_walking_down(history, holds):
         load = search.next_load(history)
         if load is not None:
             return load, False
     hold = search.next_hold(history, holds)
     return (hold, True) if hold is not None else None
+
+
+def is_walking_down(history: Sequence[Probe], holds: Sequence[tuple[float, bool]]) -> bool:
+    """Whether the last hold missed with no step met below it before it ran: the probes after
+    its own (the last at its load: the steps after it run below it) are steps again."""
+    if not holds or holds[-1][1]:
+        return False
+    load = holds[-1][0]
+    at = max((k for k, p in enumerate(history) if p[0] == load and not p[1]), default=None)
+    if at is None:
+        return False
+    return not any(p[1] and p[0] < load for p in history[:at])
 
 
 def supersede_history(history: Sequence[Probe], missed_load: float,

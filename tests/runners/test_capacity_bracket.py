@@ -91,8 +91,27 @@ def test_met_at_high_is_at_least_and_missed_at_low_is_none() -> None:
     assert history[-1][0] == 2.0, "down to the lightest load, where nothing is left"
     bottom = search.bracket(history)
     assert bottom.status == "none" and bottom.met_load is None
-    assert bottom.describe().startswith("< 2 req/s")
+    assert bottom.describe() == "below low (2 req/s): no load in [2, 64] req/s met the SLO"
     assert bottom.as_metrics()["capacity.bracket_low"] == 0.0
+    assert bracket_from_metrics("request_rate", bottom.as_metrics()).describe() == \
+        bottom.describe(), "the range of interest is logged with the bracket"
+
+
+def test_a_search_where_nothing_met_spends_its_last_probe_on_low() -> None:
+    """The held-out study (s10): low 2, high 40, 5 probes, an SLO nothing meets; the served
+    rates steered the steps down 40, 8.94, ... and the probes ran out at 3.17 without ever
+    probing 2: "the lightest load probed, 3.17 req/s". The last probe goes to low."""
+    search = CapacitySearch("request_rate", low=2.0, high=40.0, tolerance=0.05, max_probes=5)
+    history: list[Probe] = []
+    while (load := search.next_load(history)) is not None:
+        history.append((load, False, 8.94 if load == 40.0 else 0.95 * load))
+    assert len(history) == 5 and history[-1][0] == 2.0, history
+    bracket = search.bracket(history)
+    assert bracket.status == "none" and bracket.is_resolved
+    assert bracket.describe() == "below low (2 req/s): no load in [2, 40] req/s met the SLO"
+    # A search that met somewhere keeps its last probe for the bracket, not for low.
+    met = [(40.0, False, 8.94), (8.94, True, None), (18.9, False, None), (13.0, False, None)]
+    assert search.next_load(met) not in (None, 2.0)
 
 
 def test_a_bracket_wider_than_the_tolerance_when_probes_run_out_is_unresolved() -> None:
