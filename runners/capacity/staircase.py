@@ -293,7 +293,10 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
             metrics, counts, workload.slo, max_failed_fraction=workload.max_failed_fraction,
             tolerance=search.tolerance, is_saturated=run.is_saturated,
             is_closed_loop=is_closed, is_hold=run.plan.is_hold,
-            concurrency=run.plan.load if is_closed else None)
+            concurrency=run.plan.load if is_closed else None,
+            min_requests=run.plan.min_requests,
+            min_window_s=0.0 if run.decided_early else run.plan.min_window_s,
+            max_window_s=run.plan.max_window_s)
         per_window.append((metrics, counts, verdict))
     server = dict(run.server)
     server["is_saturated"] = 1.0 if run.is_saturated else 0.0
