@@ -332,7 +332,8 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
         cut = (f"stopped after {counts.window_s:.0f} of {run.plan.window_s:.0f} s: "
                f"{run.decided_early}")
         verdict = Verdict(False, f"{verdict.reason}; {cut}" if not verdict.meets_slo else cut,
-                          is_overload_errors=verdict.is_overload_errors)
+                          is_overload_errors=verdict.is_overload_errors,
+                          is_load_unapplied=verdict.is_load_unapplied)
         server["steady.planned_window_s"] = run.plan.window_s
     server.update({
         "steady.window_s": counts.window_s,
@@ -346,6 +347,11 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
         server["steady.waiting_rise"] = counts.waiting_rise
     if counts.in_flight_rise is not None:
         server["steady.in_flight_rise"] = counts.in_flight_rise
+    if counts.late_bound_s is not None:
+        server["steady.num_sent_late"] = float(counts.num_sent_late)
+        server["steady.late_bound_s"] = counts.late_bound_s
+    if verdict.is_load_unapplied:
+        server["steady.is_load_unapplied"] = 1.0
     if counts.server_mean_in_system is not None:
         server["steady.server_mean_in_system"] = counts.server_mean_in_system
     if any(o.modelled_span_s is not None for outs, _ in run.windows for o in outs):

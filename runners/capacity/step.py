@@ -11,7 +11,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -114,8 +114,14 @@ def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repe
     recent = driver.outputs(driver.sent_between(-math.inf, math.inf))
     windows = []
     for a, b in bounds:
-        outputs = driver.outputs(driver.sent_between(a, b))
-        windows.append((outputs, _counts(driver, samples, a, b, outputs, recent)))
+        records = driver.sent_between(a, b)
+        outputs = driver.outputs(records)
+        counts = _counts(driver, samples, a, b, outputs, recent)
+        if driver.axis == "request_rate":
+            bound = late_bound_s(plan.load)
+            late = sum((r.late_s or 0.0) > bound for r in records)
+            counts = replace(counts, num_sent_late=late, late_bound_s=bound)
+        windows.append((outputs, counts))
     server: dict[str, float] = {}
     if before and after and not is_saturated():
         server.update(prometheus.delta(before, after))
@@ -164,6 +170,16 @@ def extend_window(driver: StaircaseDriver, start: float, plan: StepPlan,
     logger.info("step at %g: window extended to %.1f s (planned %.1f s) for %d requests sent",
                 plan.load, driver.now() - start, plan.window_s,
                 len(driver.sent_between(start, driver.now())))
+
+
+_MIN_LATE_S = 0.01  # s; a send this late is within the client's timer granularity
+
+
+def late_bound_s(rate: float) -> float:
+    """How late an arrival at `rate` may be sent before it counts as late: one mean gap (a
+    send that late has moved past where the next arrival was due: the process is no longer the
+    one offered), 10 ms at least."""
+    return max(_MIN_LATE_S, 1.0 / rate)
 
 
 _DECIDE_EVERY_S = 2.0  # how often a hold looks at its ended requests

@@ -253,6 +253,52 @@ def test_a_step_plan_carries_its_windows_minimums_and_a_hold_is_not_extended() -
     assert hold.min_requests == 0 and hold.max_window_s is None
 
 
+def test_an_open_loop_whose_client_sent_late_did_not_apply_its_load() -> None:
+    """The held-out study (s06) on a busy host: rate steps missed on "completed X of Y
+    offered" with every p99 far inside the SLO and the queue empty; the client fell behind,
+    not the server. Its sends show it: more than the tolerance of them late by more than a
+    mean gap is a load not applied, not a miss of the config at that load."""
+    late = WindowCounts(window_s=5.0, num_sent=300, num_ended=240, mean_in_flight=30.0,
+                        waiting_rise=0.0, num_sent_late=90, late_bound_s=1 / 60)
+    verdict = _judge(_metrics(p99_tpot_ms=9.0), late)
+    assert not verdict.meets_slo and verdict.is_load_unapplied
+    assert verdict.reason == ("load not applied: the client sent 30% of its requests more "
+                              "than 17 ms late (90 of 300); the SLO is not shown at this "
+                              "load"), verdict.reason
+    on_time = replace(late, num_ended=298, num_sent_late=20)
+    assert _judge(_metrics(), on_time).meets_slo, "7% of 300 late is within the tolerance"
+    assert not _judge(_metrics(), replace(on_time, num_ended=240)).is_load_unapplied, \
+        "a client on time that saw fewer complete: the server fell behind, a plain miss"
+
+
+def test_a_starved_rate_client_records_how_late_each_request_was_sent() -> None:
+    """The driver knows when each arrival was due: a client whose loop is blocked 30 ms per
+    request cannot send 100 a second on time (a gap is 10 ms), and every send says how late
+    it was; the requests need no server to be sent (they fail to connect)."""
+    import time
+
+    from runners.capacity.step import late_bound_s
+
+    def starved() -> Iterator[RequestSpec]:
+        while True:
+            time.sleep(0.03)  # blocks the driver's event loop, as a starved host does
+            yield RequestSpec(prompt=[1, 2, 3], prompt_len=3, output_len=4)
+
+    driver = StaircaseDriver("http://127.0.0.1:9", "model", starved(), axis="request_rate",
+                             timeout_s=1.0, seed=0)
+    driver.start(100.0)
+    try:
+        time.sleep(1.0)
+        sent = driver.sent_between(-math.inf, math.inf)
+    finally:
+        driver.close()
+    bound = late_bound_s(100.0)
+    assert bound == pytest.approx(0.01)
+    late = [s for s in sent if s.late_s is not None and s.late_s > bound]
+    assert len(sent) >= 5 and len(late) > 0.5 * len(sent), [s.late_s for s in sent]
+    assert all(s.late_s is not None and s.late_s >= 0 for s in sent)
+
+
 def test_overload_errors_are_a_missed_step_and_say_so() -> None:
     verdict = _judge(_metrics(completed=150, failed=50), _steady())
     assert not verdict.meets_slo and verdict.is_overload_errors
