@@ -5,7 +5,7 @@ runner measures, this decides what to measure next."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -42,6 +42,9 @@ class Bracket:
     # The heaviest load of interest (`CapacitySearch.high`), for "no load in [low, high] met
     # the SLO"; None where not known (an older record). Not part of what was measured.
     search_high: float | None = field(default=None, compare=False)
+    # The lowest load between the two ends whose probe did not apply its load (the client
+    # fell behind): no end of the bracket, named beside it. None: none.
+    unapplied_load: float | None = None
 
     @property
     def unit(self) -> str:
@@ -62,7 +65,16 @@ class Bracket:
         """`[8.9, 18.9) req/s`, `>= 64 req/s` (met at every probe), `below low (1 req/s): no
         load in [1, 64] req/s met the SLO` (missed at `low` itself), `< 3.17 req/s` (met at
         none, `low` not probed): what was shown, nothing more."""
+        text = self._describe_ends()
+        if self.unapplied_load is not None:
+            text += (f" ({_num(self.unapplied_load)} {self.unit} not measured: the load was "
+                     "not applied)")
+        return text
+
+    def _describe_ends(self) -> str:
         unit = self.unit
+        if self.met_load is None and self.missed_load is None:
+            return "not measured: no probe applied its load"
         if self.met_load is None and self.status == "none":
             low = _num(self.missed_load or 0.0)
             span = f"[{low}, {_num(self.search_high)}] {unit}" if self.search_high else \
@@ -86,12 +98,14 @@ class Bracket:
             out["capacity.bracket_high"] = float(self.missed_load)
         if self.search_high is not None:
             out["capacity.search_high"] = float(self.search_high)
+        if self.unapplied_load is not None:
+            out["capacity.unapplied_load"] = float(self.unapplied_load)
         return out
 
     def to_dict(self) -> dict[str, object]:
         return {"axis": self.axis, "met_load": self.met_load, "missed_load": self.missed_load,
                 "status": self.status, "num_probes": self.num_probes, "held": self.held,
-                "search_high": self.search_high}
+                "search_high": self.search_high, "unapplied_load": self.unapplied_load}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> Bracket | None:
@@ -100,13 +114,16 @@ class Bracket:
                 "resolved", "at_least", "none", "unresolved"):
             return None
         met, missed, count = data.get("met_load"), data.get("missed_load"), data.get("num_probes")
-        held, high = data.get("held"), data.get("search_high")
+        held, high, unapplied = data.get("held"), data.get("search_high"), \
+            data.get("unapplied_load")
         return cls(axis=axis, status=status,
                    met_load=float(met) if isinstance(met, int | float) else None,
                    missed_load=float(missed) if isinstance(missed, int | float) else None,
                    num_probes=int(count) if isinstance(count, int | float) else 0,
                    held=held if isinstance(held, bool) else None,
-                   search_high=float(high) if isinstance(high, int | float) else None)
+                   search_high=float(high) if isinstance(high, int | float) else None,
+                   unapplied_load=float(unapplied) if isinstance(unapplied, int | float)
+                   else None)
 
 
 def _num(value: float) -> str:
@@ -373,14 +390,20 @@ class CapacitySearch:
         middle = self._round(math.sqrt(top * ceiling), top, ceiling)
         return top if middle is None else middle
 
-    def bracket(self, history: Sequence[Probe]) -> Bracket:
+    def bracket(self, history: Sequence[Probe], unapplied: Collection[float] = ()) -> Bracket:
         """What the probes showed: the highest load that met the SLO, the lowest above it that
-        missed, and whether that is within the tolerance."""
+        missed, and whether that is within the tolerance. `unapplied`: loads whose probe did
+        not apply its load (the client fell behind: `judge.late_sends`, `unapplied_load`): not
+        a measurement of the config there, so they end no bracket; the lowest above the met
+        load is named beside it (`Bracket.unapplied_load`)."""
         probes = [_unpack(p) for p in history]
         passed = [load for load, ok, _ in probes if ok]
         met = max(passed) if passed else None
-        missed_loads = [load for load, ok, _ in probes if not ok and (met is None or load > met)]
+        missed_loads = [load for load, ok, _ in probes if not ok and (met is None or load > met)
+                        and load not in unapplied]
         missed = min(missed_loads) if missed_loads else None
+        above = [load for load in unapplied if (met is None or load > met)
+                 and (missed is None or load < missed)]
         status: BracketStatus
         if met is not None and missed is None:
             status = "at_least" if met >= self.high else "unresolved"
@@ -394,7 +417,8 @@ class CapacitySearch:
                 status = "resolved"  # neighbouring whole numbers: nothing between them
             else:
                 status = "unresolved"
-        return Bracket(self.axis, met, missed, status, len(probes), search_high=self.high)
+        return Bracket(self.axis, met, missed, status, len(probes), search_high=self.high,
+                       unapplied_load=min(above, default=None))
 
     @staticmethod
     def capacity(history: Sequence[Probe]) -> float:

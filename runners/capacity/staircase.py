@@ -137,7 +137,7 @@ def run_staircase(session: EngineSession, steps: list[StepMetrics], on_step: OnS
                         "met" if step.meets_slo else "missed",
                         f" ({verdict.reason})" if verdict.reason else "",
                         "?" if served is None else f"{served:.3g}",
-                        search.bracket(history).describe())
+                        search.bracket(history, unapplied_of(search, steps)).describe())
             if step.meets_slo:
                 met_loads.append(load)
                 if step.metrics.p90_e2el_ms is not None:  # a missed step's lives queued
@@ -170,6 +170,13 @@ def run_staircase(session: EngineSession, steps: list[StepMetrics], on_step: OnS
 def holds_of(search: CapacitySearch, steps: Sequence[StepMetrics]) -> list[tuple[float, bool]]:
     """(load, met the SLO) of each hold among `steps`, in order."""
     return [(search.load_of(s.level), bool(s.meets_slo)) for s in steps if s.is_hold]
+
+
+def unapplied_of(search: CapacitySearch, steps: Sequence[StepMetrics]) -> list[float]:
+    """The loads of `steps` whose load was not applied (`Verdict.is_load_unapplied`): they
+    steer the search as misses do, but end no bracket (`CapacitySearch.bracket`)."""
+    return [search.load_of(s.level) for s in steps
+            if s.server_metrics.get("steady.is_load_unapplied", 0.0) > 0]
 
 
 def next_measurement(search: CapacitySearch, history: Sequence[Probe],

@@ -114,6 +114,28 @@ def test_a_search_where_nothing_met_spends_its_last_probe_on_low() -> None:
     assert search.next_load(met) not in (None, 2.0)
 
 
+def test_a_probe_whose_load_was_not_applied_ends_no_bracket() -> None:
+    """A step whose client fell behind is not a measurement of the config at its load: it
+    steers the search down as a miss does, but the bracket claims nothing from it."""
+    search = CapacitySearch("request_rate", low=1.0, high=60.0, tolerance=0.05)
+    history: list[Probe] = [(60.0, False, None), (7.74, True, None), (21.5, False, None),
+                            (12.0, False, None)]
+    plain = search.bracket(history)
+    assert (plain.met_load, plain.missed_load) == (7.74, 12.0)
+    late = search.bracket(history, unapplied=[60.0, 12.0])
+    assert (late.met_load, late.missed_load, late.unapplied_load) == (7.74, 21.5, 12.0)
+    assert late.status == "unresolved"
+    assert late.describe() == \
+        "[7.74, 21.5) req/s (12 req/s not measured: the load was not applied)"
+    assert bracket_from_metrics("request_rate", late.as_metrics()) == late
+    assert Bracket.from_dict(late.to_dict()) == late
+    only = search.bracket([(60.0, False, None), (7.74, True, None)], unapplied=[60.0])
+    assert only.missed_load is None and only.status == "unresolved"
+    assert only.describe() == ">= 7.74 req/s (60 req/s not measured: the load was not applied)"
+    none = search.bracket([(60.0, False, None)], unapplied=[60.0])
+    assert none.describe().startswith("not measured: no probe applied its load")
+
+
 def test_a_bracket_wider_than_the_tolerance_when_probes_run_out_is_unresolved() -> None:
     search = CapacitySearch("request_rate", low=1.0, high=64.0, tolerance=0.05, max_probes=3)
     history = _search(search, knee=20.0, ceiling=60.0, under_read=0.0)
