@@ -213,10 +213,11 @@ def test_a_served_figure_is_trusted_only_when_it_was_measured() -> None:
 def test_a_saturated_rate_probe_steers_the_search_on_the_simulated_engine(
         tmp_path: Path) -> None:
     # Eager decode with 32 sequences serves a few dozen requests a second: 400/s saturates.
-    # Two probes: the saturated one and the one it steers (a third is asserted on by none).
-    # Steps sized for the simulated engine: a 2 s warm-up (two lives of a request at the
-    # steered rate) and a window of 40 requests, not 10 s and 10 s sized from the SLO.
-    search = CapacitySearch("request_rate", low=1.0, high=400.0, tolerance=0.1, max_probes=2,
+    # Three probes: the saturated one, the one it steers, and one asserted on by none (with two,
+    # the second would go to low: while nothing has met, the last probe does). Steps sized
+    # for the simulated engine: a 2 s warm-up (two lives of a request at the steered rate) and
+    # a window of 40 requests, not 10 s and 10 s sized from the SLO.
+    search = CapacitySearch("request_rate", low=1.0, high=400.0, tolerance=0.1, max_probes=3,
                             probe_duration_s=8.0, hold_s=0, warmup_s=2.0, min_window_s=2.0,
                             min_window_requests=40)
     workload = Workload(input_len=LengthDistribution(mean=128), output_len=LengthDistribution(
