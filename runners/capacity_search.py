@@ -5,8 +5,8 @@ runner measures, this decides what to measure next."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from runners.load_level import LoadLevel
@@ -39,6 +39,12 @@ class Bracket:
     # Whether `met_load` was held (`CapacitySearch.hold_s`): met over a long window of free
     # arrivals, not only a step's short one. None: no hold was asked for or none could run.
     held: bool | None = None
+    # The heaviest load of interest (`CapacitySearch.high`), for "no load in [low, high] met
+    # the SLO"; None where not known (an older record). Not part of what was measured.
+    search_high: float | None = field(default=None, compare=False)
+    # The lowest load between the two ends whose probe did not apply its load (the client
+    # fell behind): no end of the bracket, named beside it. None: none.
+    unapplied_load: float | None = None
 
     @property
     def unit(self) -> str:
@@ -56,9 +62,24 @@ class Bracket:
         return self.missed_load / self.met_load - 1.0
 
     def describe(self) -> str:
-        """`[8.9, 18.9) req/s`, `>= 64 req/s` (met at every probe), `< 1 req/s` (met at
-        none): what was shown, nothing more."""
+        """`[8.9, 18.9) req/s`, `>= 64 req/s` (met at every probe), `below low (1 req/s): no
+        load in [1, 64] req/s met the SLO` (missed at `low` itself), `< 3.17 req/s` (met at
+        none, `low` not probed): what was shown, nothing more."""
+        text = self._describe_ends()
+        if self.unapplied_load is not None:
+            text += (f" ({_num(self.unapplied_load)} {self.unit} not measured: the load was "
+                     "not applied)")
+        return text
+
+    def _describe_ends(self) -> str:
         unit = self.unit
+        if self.met_load is None and self.missed_load is None:
+            return "not measured: no probe applied its load"
+        if self.met_load is None and self.status == "none":
+            low = _num(self.missed_load or 0.0)
+            span = f"[{low}, {_num(self.search_high)}] {unit}" if self.search_high else \
+                f"[{low} {unit}, high]"
+            return f"below low ({low} {unit}): no load in {span} met the SLO"
         if self.met_load is None:
             return f"< {_num(self.missed_load or 0.0)} {unit}"
         if self.missed_load is None:
@@ -75,11 +96,16 @@ class Bracket:
             out["capacity.is_held"] = 1.0 if self.held else 0.0
         if self.missed_load is not None:
             out["capacity.bracket_high"] = float(self.missed_load)
+        if self.search_high is not None:
+            out["capacity.search_high"] = float(self.search_high)
+        if self.unapplied_load is not None:
+            out["capacity.unapplied_load"] = float(self.unapplied_load)
         return out
 
     def to_dict(self) -> dict[str, object]:
         return {"axis": self.axis, "met_load": self.met_load, "missed_load": self.missed_load,
-                "status": self.status, "num_probes": self.num_probes, "held": self.held}
+                "status": self.status, "num_probes": self.num_probes, "held": self.held,
+                "search_high": self.search_high, "unapplied_load": self.unapplied_load}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> Bracket | None:
@@ -88,12 +114,16 @@ class Bracket:
                 "resolved", "at_least", "none", "unresolved"):
             return None
         met, missed, count = data.get("met_load"), data.get("missed_load"), data.get("num_probes")
-        held = data.get("held")
+        held, high, unapplied = data.get("held"), data.get("search_high"), \
+            data.get("unapplied_load")
         return cls(axis=axis, status=status,
                    met_load=float(met) if isinstance(met, int | float) else None,
                    missed_load=float(missed) if isinstance(missed, int | float) else None,
                    num_probes=int(count) if isinstance(count, int | float) else 0,
-                   held=held if isinstance(held, bool) else None)
+                   held=held if isinstance(held, bool) else None,
+                   search_high=float(high) if isinstance(high, int | float) else None,
+                   unapplied_load=float(unapplied) if isinstance(unapplied, int | float)
+                   else None)
 
 
 def _num(value: float) -> str:
@@ -274,6 +304,10 @@ class CapacitySearch:
         hi = min(load for load, _ in misses)
         if lo is None and any(not ok and load <= self.low for load, ok, _ in probes):
             return None  # missed even at the lightest load: no capacity
+        if lo is None and len(history) == self.max_probes - 1:
+            # Nothing met yet and one probe left: it goes to `low`, the only probe that can
+            # show "no load in [low, high] meets the SLO"; a step above it shows nothing more.
+            return self.low
         if lo is not None and hi <= lo * (1.0 + self.tolerance):
             return None
         floor = lo if lo is not None else self.low
@@ -339,25 +373,37 @@ class CapacitySearch:
         `max_holds`, with the hold off, or when no step met below the holds that missed."""
         if self.hold_s <= 0 or len(holds) >= self.max_holds or any(ok for _, ok in holds):
             return None
+        probes = [_unpack(p) for p in history]
         failed = min((load for load, _ in holds), default=None)
-        below = [load for load, ok, _ in (_unpack(p) for p in history)
-                 if ok and (failed is None or load < failed)]
+        below = [load for load, ok, _ in probes if ok and (failed is None or load < failed)]
         top = max(below, default=None)
         if top is None:
             return None
-        if failed is None or failed <= top * (1.0 + self.tolerance):
+        if failed is None:
+            return top  # the first hold: the highest load a step met
+        # The lowest probe above `top` that missed: the hold that missed, or a step below it
+        # (after a hold missed with nothing met below it, the steps walked down under it).
+        ceiling = min((load for load, ok, _ in probes if not ok and load > top),
+                      default=failed)
+        if ceiling <= top * (1.0 + self.tolerance):
             return top
-        middle = self._round(math.sqrt(top * failed), top, failed)
+        middle = self._round(math.sqrt(top * ceiling), top, ceiling)
         return top if middle is None else middle
 
-    def bracket(self, history: Sequence[Probe]) -> Bracket:
+    def bracket(self, history: Sequence[Probe], unapplied: Collection[float] = ()) -> Bracket:
         """What the probes showed: the highest load that met the SLO, the lowest above it that
-        missed, and whether that is within the tolerance."""
+        missed, and whether that is within the tolerance. `unapplied`: loads whose probe did
+        not apply its load (the client fell behind: `judge.late_sends`, `unapplied_load`): not
+        a measurement of the config there, so they end no bracket; the lowest above the met
+        load is named beside it (`Bracket.unapplied_load`)."""
         probes = [_unpack(p) for p in history]
         passed = [load for load, ok, _ in probes if ok]
         met = max(passed) if passed else None
-        missed_loads = [load for load, ok, _ in probes if not ok and (met is None or load > met)]
+        missed_loads = [load for load, ok, _ in probes if not ok and (met is None or load > met)
+                        and load not in unapplied]
         missed = min(missed_loads) if missed_loads else None
+        above = [load for load in unapplied if (met is None or load > met)
+                 and (missed is None or load < missed)]
         status: BracketStatus
         if met is not None and missed is None:
             status = "at_least" if met >= self.high else "unresolved"
@@ -371,7 +417,8 @@ class CapacitySearch:
                 status = "resolved"  # neighbouring whole numbers: nothing between them
             else:
                 status = "unresolved"
-        return Bracket(self.axis, met, missed, status, len(probes))
+        return Bracket(self.axis, met, missed, status, len(probes), search_high=self.high,
+                       unapplied_load=min(above, default=None))
 
     @staticmethod
     def capacity(history: Sequence[Probe]) -> float:

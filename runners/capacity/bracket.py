@@ -25,8 +25,11 @@ def bracket_from_metrics(axis: Literal["concurrency", "request_rate"],
         status = "at_least" if is_resolved else "unresolved"
     else:
         status = "resolved" if is_resolved else "unresolved"
-    held = metrics.get("capacity.is_held")
+    held, high = metrics.get("capacity.is_held"), metrics.get("capacity.search_high")
+    unapplied = metrics.get("capacity.unapplied_load")
     return Bracket(axis, float(met) if met > 0 else None,
                    float(missed) if missed is not None else None, status,
                    int(metrics.get("capacity.num_probes", 0)),
-                   held=None if held is None else held > 0)
+                   held=None if held is None else held > 0,
+                   search_high=None if high is None else float(high),
+                   unapplied_load=None if unapplied is None else float(unapplied))

@@ -47,6 +47,14 @@ class _Sent:
     sent_s: float  # time.monotonic()
     task: asyncio.Task[RequestOutput]
     ended_s: float | None = None
+    # time.monotonic() at which its arrival was due (a rate's schedule); None: a closed loop,
+    # which sends as a slot frees
+    scheduled_s: float | None = None
+
+    @property
+    def late_s(self) -> float | None:
+        """How much later than due it was sent (s); None without a schedule."""
+        return None if self.scheduled_s is None else max(0.0, self.sent_s - self.scheduled_s)
 
 
 class _Clients:
@@ -351,7 +359,7 @@ class StaircaseDriver:
                         if self._load != load:
                             next_send = self._last_send_locked() + self._gap_s(self._load)
                     continue
-            self._send(clients, next(self._requests))
+            self._send(clients, next(self._requests), scheduled_s=next_send)
             # A host that wakes late does not make up for it with a burst.
             next_send = max(next_send, self.clock() - 1.0) + self._gap_s(load)
 
@@ -388,13 +396,14 @@ class StaircaseDriver:
             self._gaps.extend(float(g) for g in block)
         return self._gaps.popleft()
 
-    def _send(self, clients: _Clients, spec: RequestSpec) -> None:
+    def _send(self, clients: _Clients, spec: RequestSpec,
+              scheduled_s: float | None = None) -> None:
         now = self.clock()
         index, client = clients.acquire()
         task = asyncio.create_task(send_request(
             client, self.base_url, self.model, spec, self.timeout_s, on_chunk=self._heartbeat))
         task.add_done_callback(lambda _: clients.release(index))
-        record = _Sent(spec=spec, sent_s=now, task=task)
+        record = _Sent(spec=spec, sent_s=now, task=task, scheduled_s=scheduled_s)
         with self._lock:
             if self._num_in_flight == 0:
                 self._last_progress = now

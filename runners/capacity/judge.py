@@ -35,6 +35,13 @@ class WindowCounts:
     # requests: the server's own count of the requests it held (`vllm:num_requests_running` +
     # `vllm:num_requests_waiting`) at each of the window's /metrics samples
     server_in_system: tuple[float, ...] = ()
+    # s: the window on the client's clock (its sends' bounds), where `window_s` is on the
+    # server's modelled one (the simulated engine); None: the same as `window_s`
+    client_window_s: float | None = None
+    # An open loop's sends: how many of the window's requests the client sent later than their
+    # scheduled arrival by more than `late_bound_s` (None: no schedule, a closed loop)
+    num_sent_late: int = 0
+    late_bound_s: float | None = None
 
     @property
     def server_mean_in_system(self) -> float | None:
@@ -49,12 +56,17 @@ class Verdict:
     meets_slo: bool
     reason: str | None = None  # why it missed; None when it met
     is_overload_errors: bool = False  # it missed because requests failed
+    # the load was not applied (the client fell behind, or a closed loop's server held fewer):
+    # not a measurement of the config at that load
+    is_load_unapplied: bool = False
 
 
 def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SLO, *,
                  max_failed_fraction: float, tolerance: float,
                  is_saturated: bool = False, is_closed_loop: bool = False,
-                 is_hold: bool = False, concurrency: float | None = None) -> Verdict:
+                 is_hold: bool = False, concurrency: float | None = None,
+                 min_requests: int = 0, min_window_s: float = 0.0,
+                 max_window_s: float | None = None) -> Verdict:
     """A step against the SLO and steady state.
 
     Missed when: the server's queue kept growing (the step was stopped early); more requests
@@ -71,18 +83,31 @@ def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SL
     sqrt(n) over each life, and a line through ten lives of that rises by the tolerance about
     one time in ten by chance; its queue and its completions still show an overload.
 
+    An open loop whose client sent more than the tolerance of its requests late
+    (`late_sends`) did not apply its load: the host fell behind, not the server.
+
+    A window too short to be a measurement (`short_window`: fewer than `min_requests` sent, or
+    shorter than `min_window_s`) has not met the SLO, whatever its percentiles.
+
     A closed loop at `concurrency` whose load was not applied (`unapplied_load`: the server, or
     the client, held fewer requests than that over the window) has not met the SLO at that
     concurrency, whatever its percentiles, which are of a lighter load."""
     if is_saturated:
         return Verdict(False, "the waiting queue kept growing (stopped early: saturated)")
+    if counts is not None:
+        short = short_window(counts, min_requests, min_window_s, max_window_s)
+        if short is not None:
+            return Verdict(False, short)
+        late = None if is_closed_loop else late_sends(counts, tolerance)
+        if late is not None:
+            return Verdict(False, late, is_load_unapplied=True)
     failed = failures_miss(metrics, max_failed_fraction)
     if failed is not None:
         return Verdict(False, failed, is_overload_errors=True)
     if is_closed_loop and concurrency is not None and counts is not None:
         unapplied = unapplied_load(counts, concurrency, tolerance)
         if unapplied is not None:
-            return Verdict(False, unapplied)
+            return Verdict(False, unapplied, is_load_unapplied=True)
     missed = slo_miss(metrics, slo, max_failed_fraction)
     if missed is not None:
         return Verdict(False, missed)
@@ -103,6 +128,42 @@ def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SL
         return Verdict(False, f"the waiting queue grew by {counts.waiting_rise:.0f} requests "
                               f"over the {counts.window_s:.0f} s window")
     return Verdict(True)
+
+
+def short_window(counts: WindowCounts, min_requests: int, min_window_s: float,
+                 max_window_s: float | None) -> str | None:
+    """Why a window is too short to be a measurement, or None: it sent fewer than
+    `min_requests` (unless it ran to `max_window_s` on the client's clock: a light step's cap,
+    whose record says how many it measured), or it lasted less than `min_window_s` on its own
+    clock. On the simulated engine's modelled clock a window is read from its first and last
+    arrival, which falls short of its true length by about one mean gap (1/n of it) with a
+    spread of about 1.4 gaps: the rule allows 7 gaps (half the window at most). A closed loop
+    whose requests all refill at one step's end reads as a window of no length."""
+    client_s = counts.client_window_s if counts.client_window_s is not None else \
+        counts.window_s
+    is_capped = max_window_s is not None and client_s >= max_window_s
+    slack = max(0.5, 1.0 - 7.0 / max(counts.num_sent, 1))
+    if (counts.num_sent < min_requests and not is_capped) or \
+            counts.window_s < min_window_s * slack:
+        return (f"window too short: {counts.num_sent} requests in {counts.window_s:.3g} s "
+                f"(a measurement needs {min_requests} and {min_window_s:g} s)")
+    return None
+
+
+def late_sends(counts: WindowCounts, tolerance: float) -> str | None:
+    """Why an open loop did not apply its load, or None: more than the tolerance of the
+    window's requests (one at least) were sent later than due by more than
+    `counts.late_bound_s`. A client starved of CPU sends late and bunched (on a busy host the
+    simulated engine's rate steps missed on "completed 58 of 60 req/s offered" with every p99
+    far inside the SLO and the queue empty); its percentiles are of a load nobody offered."""
+    if counts.late_bound_s is None or counts.num_sent <= 0:
+        return None
+    if counts.num_sent_late > max(tolerance * counts.num_sent, 1.0):
+        share = counts.num_sent_late / counts.num_sent
+        return (f"load not applied: the client sent {share:.0%} of its requests more than "
+                f"{counts.late_bound_s * 1000:.0f} ms late ({counts.num_sent_late} of "
+                f"{counts.num_sent}); the SLO is not shown at this load")
+    return None
 
 
 def unapplied_load(counts: WindowCounts, concurrency: float, tolerance: float) -> str | None:

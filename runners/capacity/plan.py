@@ -38,6 +38,12 @@ class StepPlan:
     # still rises (`is_in_flight_settled`)
     max_warmup_s: float = 0.0
     is_hold: bool = False  # a hold (`plan_hold`): free arrivals, the long window
+    # A step's window goes on past `window_s`, up to `max_window_s` (None: unbounded), until it
+    # has sent `min_requests` (a closed loop sends only as its requests end: past its knee they
+    # live longer than sized); and a window shorter than `min_window_s` is no measurement.
+    min_requests: int = 0
+    min_window_s: float = 0.0  # s
+    max_window_s: float | None = None  # s
 
 
 def _quantile_tokens(dist: LengthDistribution, q: float) -> float:
@@ -96,7 +102,9 @@ def plan_step(search: CapacitySearch, load: float, lifetime_s: float) -> StepPla
         _WARMUP_LIVES * lifetime_s
     return StepPlan(load=load, warmup_s=warmup_s, window_s=window_s, lifetime_s=lifetime_s,
                     expected_requests=per_s * window_s,
-                    max_warmup_s=max(warmup_s, _MAX_WARMUP_LIVES * lifetime_s))
+                    max_warmup_s=max(warmup_s, _MAX_WARMUP_LIVES * lifetime_s),
+                    min_requests=search.min_window_requests, min_window_s=search.min_window_s,
+                    max_window_s=search.max_window_s)
 
 
 def plan_hold(search: CapacitySearch, load: float, lifetime_s: float) -> StepPlan:
@@ -109,4 +117,5 @@ def plan_hold(search: CapacitySearch, load: float, lifetime_s: float) -> StepPla
     step = plan_step(search, load, lifetime_s)
     window_s = max(search.hold_s, search.hold_lives * lifetime_s, step.window_s)
     per_s = step.expected_requests / step.window_s if step.window_s > 0 else 0.0
-    return replace(step, window_s=window_s, expected_requests=per_s * window_s, is_hold=True)
+    return replace(step, window_s=window_s, expected_requests=per_s * window_s, is_hold=True,
+                   min_requests=0, max_window_s=None)

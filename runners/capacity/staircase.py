@@ -137,7 +137,7 @@ def run_staircase(session: EngineSession, steps: list[StepMetrics], on_step: OnS
                         "met" if step.meets_slo else "missed",
                         f" ({verdict.reason})" if verdict.reason else "",
                         "?" if served is None else f"{served:.3g}",
-                        search.bracket(history).describe())
+                        search.bracket(history, unapplied_of(search, steps)).describe())
             if step.meets_slo:
                 met_loads.append(load)
                 if step.metrics.p90_e2el_ms is not None:  # a missed step's lives queued
@@ -172,16 +172,38 @@ def holds_of(search: CapacitySearch, steps: Sequence[StepMetrics]) -> list[tuple
     return [(search.load_of(s.level), bool(s.meets_slo)) for s in steps if s.is_hold]
 
 
+def unapplied_of(search: CapacitySearch, steps: Sequence[StepMetrics]) -> list[float]:
+    """The loads of `steps` whose load was not applied (`Verdict.is_load_unapplied`): they
+    steer the search as misses do, but end no bracket (`CapacitySearch.bracket`)."""
+    return [search.load_of(s.level) for s in steps
+            if s.server_metrics.get("steady.is_load_unapplied", 0.0) > 0]
+
+
 def next_measurement(search: CapacitySearch, history: Sequence[Probe],
                      holds: Sequence[tuple[float, bool]]) -> tuple[float, bool] | None:
     """What the stream measures next: a step while the search narrows the bracket (until the
-    first hold), then holds (`CapacitySearch.next_hold`); None when done."""
-    if not holds:
+    first hold), then holds (`CapacitySearch.next_hold`); None when done. A hold that missed
+    where no step had met below it leaves nothing to hold: the steps walk on down from it
+    toward `low` (`CapacitySearch.next_load`, the hold counted as a miss at its load) until
+    they have found a bracket below it, which is then held."""
+    if not holds or is_walking_down(history, holds):
         load = search.next_load(history)
         if load is not None:
             return load, False
     hold = search.next_hold(history, holds)
     return (hold, True) if hold is not None else None
+
+
+def is_walking_down(history: Sequence[Probe], holds: Sequence[tuple[float, bool]]) -> bool:
+    """Whether the last hold missed with no step met below it before it ran: the probes after
+    its own (the last at its load: the steps after it run below it) are steps again."""
+    if not holds or holds[-1][1]:
+        return False
+    load = holds[-1][0]
+    at = max((k for k, p in enumerate(history) if p[0] == load and not p[1]), default=None)
+    if at is None:
+        return False
+    return not any(p[1] and p[0] < load for p in history[:at])
 
 
 def supersede_history(history: Sequence[Probe], missed_load: float,
@@ -278,7 +300,10 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
             metrics, counts, workload.slo, max_failed_fraction=workload.max_failed_fraction,
             tolerance=search.tolerance, is_saturated=run.is_saturated,
             is_closed_loop=is_closed, is_hold=run.plan.is_hold,
-            concurrency=run.plan.load if is_closed else None)
+            concurrency=run.plan.load if is_closed else None,
+            min_requests=run.plan.min_requests,
+            min_window_s=0.0 if run.decided_early else run.plan.min_window_s,
+            max_window_s=run.plan.max_window_s)
         per_window.append((metrics, counts, verdict))
     server = dict(run.server)
     server["is_saturated"] = 1.0 if run.is_saturated else 0.0
@@ -314,7 +339,8 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
         cut = (f"stopped after {counts.window_s:.0f} of {run.plan.window_s:.0f} s: "
                f"{run.decided_early}")
         verdict = Verdict(False, f"{verdict.reason}; {cut}" if not verdict.meets_slo else cut,
-                          is_overload_errors=verdict.is_overload_errors)
+                          is_overload_errors=verdict.is_overload_errors,
+                          is_load_unapplied=verdict.is_load_unapplied)
         server["steady.planned_window_s"] = run.plan.window_s
     server.update({
         "steady.window_s": counts.window_s,
@@ -328,6 +354,11 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
         server["steady.waiting_rise"] = counts.waiting_rise
     if counts.in_flight_rise is not None:
         server["steady.in_flight_rise"] = counts.in_flight_rise
+    if counts.late_bound_s is not None:
+        server["steady.num_sent_late"] = float(counts.num_sent_late)
+        server["steady.late_bound_s"] = counts.late_bound_s
+    if verdict.is_load_unapplied:
+        server["steady.is_load_unapplied"] = 1.0
     if counts.server_mean_in_system is not None:
         server["steady.server_mean_in_system"] = counts.server_mean_in_system
     if any(o.modelled_span_s is not None for outs, _ in run.windows for o in outs):

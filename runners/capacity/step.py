@@ -11,7 +11,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -93,6 +93,7 @@ def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repe
                                          decide=decide)
                 else:
                     sleep_until(driver, start + plan.window_s, check_engine, saturated)
+                    extend_window(driver, start, plan, check_engine, saturated)
                 bounds.append((start, driver.now()))
                 if is_saturated() or decided is not None:
                     break
@@ -113,8 +114,14 @@ def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repe
     recent = driver.outputs(driver.sent_between(-math.inf, math.inf))
     windows = []
     for a, b in bounds:
-        outputs = driver.outputs(driver.sent_between(a, b))
-        windows.append((outputs, _counts(driver, samples, a, b, outputs, recent)))
+        records = driver.sent_between(a, b)
+        outputs = driver.outputs(records)
+        counts = _counts(driver, samples, a, b, outputs, recent)
+        if driver.axis == "request_rate":
+            bound = late_bound_s(plan.load)
+            late = sum((r.late_s or 0.0) > bound for r in records)
+            counts = replace(counts, num_sent_late=late, late_bound_s=bound)
+        windows.append((outputs, counts))
     server: dict[str, float] = {}
     if before and after and not is_saturated():
         server.update(prometheus.delta(before, after))
@@ -144,6 +151,35 @@ def sleep_until(driver: StaircaseDriver, deadline_s: float, check_engine: Callab
         if saturated is not None and saturated.is_set():
             return
         time.sleep(min(0.2, max(0.0, deadline_s - driver.now())))
+
+
+def extend_window(driver: StaircaseDriver, start: float, plan: StepPlan,
+                  check_engine: Callable[[], None], saturated: threading.Event | None) -> None:
+    """Keep a step's window open past its planned end while it has sent fewer than
+    `plan.min_requests`, up to `plan.max_window_s` from `start` (a light step's cap: it then
+    measures fewer, and says how many). A closed loop sends only as its requests end: past its
+    knee they outlive the life its window was sized from, and a window of the planned length
+    sent 2 requests at concurrency 128 (the held-out study, 2026-12-06)."""
+    end = math.inf if plan.max_window_s is None else start + plan.max_window_s
+    if len(driver.sent_between(start, driver.now())) >= plan.min_requests or \
+            driver.now() >= end:
+        return
+    while len(driver.sent_between(start, driver.now())) < plan.min_requests and \
+            driver.now() < end and not (saturated is not None and saturated.is_set()):
+        sleep_until(driver, min(end, driver.now() + 0.2), check_engine, saturated)
+    logger.info("step at %g: window extended to %.1f s (planned %.1f s) for %d requests sent",
+                plan.load, driver.now() - start, plan.window_s,
+                len(driver.sent_between(start, driver.now())))
+
+
+_MIN_LATE_S = 0.01  # s; a send this late is within the client's timer granularity
+
+
+def late_bound_s(rate: float) -> float:
+    """How late an arrival at `rate` may be sent before it counts as late: one mean gap (a
+    send that late has moved past where the next arrival was due: the process is no longer the
+    one offered), 10 ms at least."""
+    return max(_MIN_LATE_S, 1.0 / rate)
 
 
 _DECIDE_EVERY_S = 2.0  # how often a hold looks at its ended requests
@@ -234,7 +270,8 @@ def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, fl
         window = max(t1 - t0, 1e-9)
         return WindowCounts(window_s=window, num_sent=len(sent), num_ended=ended,
                             mean_in_flight=area / window, waiting_rise=rise,
-                            max_waiting=max_waiting, server_in_system=in_system)
+                            max_waiting=max_waiting, server_in_system=in_system,
+                            client_window_s=end - start)
     grid = np.arange(start, end, 0.25)
     in_flight = [(float(t), driver.mean_in_flight(float(t), float(t) + 0.25)) for t in grid]
     return WindowCounts(window_s=max(end - start, 1e-9), num_sent=len(sent),
@@ -243,7 +280,7 @@ def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, fl
                         waiting_rise=rise, max_waiting=max_waiting,
                         in_flight_rise=least_squares_rise(in_flight)
                         if driver.axis == "request_rate" else None,
-                        server_in_system=in_system)
+                        server_in_system=in_system, client_window_s=end - start)
 
 
 def _saturated_rates(samples: Sequence[tuple[float, dict[str, float]]]) -> dict[str, float]:

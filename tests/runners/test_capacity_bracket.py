@@ -91,8 +91,49 @@ def test_met_at_high_is_at_least_and_missed_at_low_is_none() -> None:
     assert history[-1][0] == 2.0, "down to the lightest load, where nothing is left"
     bottom = search.bracket(history)
     assert bottom.status == "none" and bottom.met_load is None
-    assert bottom.describe().startswith("< 2 req/s")
+    assert bottom.describe() == "below low (2 req/s): no load in [2, 64] req/s met the SLO"
     assert bottom.as_metrics()["capacity.bracket_low"] == 0.0
+    assert bracket_from_metrics("request_rate", bottom.as_metrics()).describe() == \
+        bottom.describe(), "the range of interest is logged with the bracket"
+
+
+def test_a_search_where_nothing_met_spends_its_last_probe_on_low() -> None:
+    """The held-out study (s10): low 2, high 40, 5 probes, an SLO nothing meets; the served
+    rates steered the steps down 40, 8.94, ... and the probes ran out at 3.17 without ever
+    probing 2: "the lightest load probed, 3.17 req/s". The last probe goes to low."""
+    search = CapacitySearch("request_rate", low=2.0, high=40.0, tolerance=0.05, max_probes=5)
+    history: list[Probe] = []
+    while (load := search.next_load(history)) is not None:
+        history.append((load, False, 8.94 if load == 40.0 else 0.95 * load))
+    assert len(history) == 5 and history[-1][0] == 2.0, history
+    bracket = search.bracket(history)
+    assert bracket.status == "none" and bracket.is_resolved
+    assert bracket.describe() == "below low (2 req/s): no load in [2, 40] req/s met the SLO"
+    # A search that met somewhere keeps its last probe for the bracket, not for low.
+    met = [(40.0, False, 8.94), (8.94, True, None), (18.9, False, None), (13.0, False, None)]
+    assert search.next_load(met) not in (None, 2.0)
+
+
+def test_a_probe_whose_load_was_not_applied_ends_no_bracket() -> None:
+    """A step whose client fell behind is not a measurement of the config at its load: it
+    steers the search down as a miss does, but the bracket claims nothing from it."""
+    search = CapacitySearch("request_rate", low=1.0, high=60.0, tolerance=0.05)
+    history: list[Probe] = [(60.0, False, None), (7.74, True, None), (21.5, False, None),
+                            (12.0, False, None)]
+    plain = search.bracket(history)
+    assert (plain.met_load, plain.missed_load) == (7.74, 12.0)
+    late = search.bracket(history, unapplied=[60.0, 12.0])
+    assert (late.met_load, late.missed_load, late.unapplied_load) == (7.74, 21.5, 12.0)
+    assert late.status == "unresolved"
+    assert late.describe() == \
+        "[7.74, 21.5) req/s (12 req/s not measured: the load was not applied)"
+    assert bracket_from_metrics("request_rate", late.as_metrics()) == late
+    assert Bracket.from_dict(late.to_dict()) == late
+    only = search.bracket([(60.0, False, None), (7.74, True, None)], unapplied=[60.0])
+    assert only.missed_load is None and only.status == "unresolved"
+    assert only.describe() == ">= 7.74 req/s (60 req/s not measured: the load was not applied)"
+    none = search.bracket([(60.0, False, None)], unapplied=[60.0])
+    assert none.describe().startswith("not measured: no probe applied its load")
 
 
 def test_a_bracket_wider_than_the_tolerance_when_probes_run_out_is_unresolved() -> None:
@@ -172,10 +213,11 @@ def test_a_served_figure_is_trusted_only_when_it_was_measured() -> None:
 def test_a_saturated_rate_probe_steers_the_search_on_the_simulated_engine(
         tmp_path: Path) -> None:
     # Eager decode with 32 sequences serves a few dozen requests a second: 400/s saturates.
-    # Two probes: the saturated one and the one it steers (a third is asserted on by none).
-    # Steps sized for the simulated engine: a 2 s warm-up (two lives of a request at the
-    # steered rate) and a window of 40 requests, not 10 s and 10 s sized from the SLO.
-    search = CapacitySearch("request_rate", low=1.0, high=400.0, tolerance=0.1, max_probes=2,
+    # Three probes: the saturated one, the one it steers, and one asserted on by none (with two,
+    # the second would go to low: while nothing has met, the last probe does). Steps sized
+    # for the simulated engine: a 2 s warm-up (two lives of a request at the steered rate) and
+    # a window of 40 requests, not 10 s and 10 s sized from the SLO.
+    search = CapacitySearch("request_rate", low=1.0, high=400.0, tolerance=0.1, max_probes=3,
                             probe_duration_s=8.0, hold_s=0, warmup_s=2.0, min_window_s=2.0,
                             min_window_requests=40)
     workload = Workload(input_len=LengthDistribution(mean=128), output_len=LengthDistribution(

@@ -71,6 +71,41 @@ def test_holds_stop_after_max_holds_or_with_nothing_met_below_or_when_off() -> N
     assert off.next_hold(history, []) is None and next_measurement(off, history, []) is None
 
 
+def test_a_missed_hold_at_the_only_met_load_walks_the_steps_down_toward_low() -> None:
+    """The held-out study (s05): concurrency 1-128, 6 probes; the step at 128 met on a short
+    window, the hold there missed, and the search stopped after 2 probes with "the lightest
+    load probed, concurrency 128". Nothing is held below a hold with nothing met under it:
+    the steps go on, halfway in log down to low, and what they find is held."""
+    search = CapacitySearch("concurrency", low=1, high=128, tolerance=0.05, max_probes=6,
+                            hold_s=10)
+    history = supersede_history([(128.0, True, None)], 128.0, None)
+    holds = [(128.0, False)]
+    assert next_measurement(search, history, holds) == (11.0, False), "sqrt(1 x 128), a step"
+    history.append((11.0, True, None))
+    assert next_measurement(search, history, holds) == (37.0, False), "the steps bisect"
+    history += [(37.0, False, None), (20.0, False, None)]
+    assert next_measurement(search, history, holds) == (14.0, False)
+    history.append((14.0, True, None))
+    assert len(history) == 6, "the probes are spent"
+    assert next_measurement(search, history, holds) == (16.0, True), \
+        "then held: [14, 20) is over the tolerance, so its geometric middle, as after a miss"
+
+
+def test_a_walk_down_where_nothing_meets_ends_at_low_with_no_capacity() -> None:
+    search = CapacitySearch("concurrency", low=1, high=128, tolerance=0.05, max_probes=6,
+                            hold_s=10)
+    history = supersede_history([(128.0, True, None)], 128.0, None)
+    holds = [(128.0, False)]
+    while (item := next_measurement(search, history, holds)) is not None:
+        assert item[1] is False, "nothing met: nothing to hold"
+        history.append((item[0], False, None))
+    assert history[-1][0] == 1.0, "low itself probed"
+    bracket = search.bracket(history)
+    assert bracket.status == "none"
+    assert bracket.describe() == \
+        "below low (1 concurrent requests): no load in [1, 128] concurrent requests met the SLO"
+
+
 def test_hold_settings_out_of_range_are_refused() -> None:
     with pytest.raises(ValueError, match="hold_s"):
         CapacitySearch("request_rate", low=2, high=16, hold_s=-1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 from runners.base import BenchmarkMetrics, EngineConfig
 from runners.capacity.driver import StaircaseDriver, endless_requests
 from runners.capacity.judge import Verdict, WindowCounts, is_in_flight_settled, judge_window
-from runners.capacity.plan import StepPlan, lifetime_estimate_s, plan_step
+from runners.capacity.plan import StepPlan, lifetime_estimate_s, plan_hold, plan_step
 from runners.capacity.step import measure_step
 from runners.capacity_search import CapacitySearch
 from runners.engine import EngineRunner
@@ -215,6 +216,89 @@ def test_a_closed_loop_short_of_its_concurrency_within_the_tolerance_meets_it() 
         "an open loop has no concurrency to apply"
 
 
+def test_a_window_of_too_few_requests_or_seconds_is_no_measurement() -> None:
+    """The held-out study (s05): the first step at concurrency 128 "met" the SLO on 2 requests
+    in a 0.09 s window (its arrivals' span on the modelled clock) with min_window_requests 40
+    and min_window_s 3; the claim rested on it."""
+    two = WindowCounts(window_s=0.089, num_sent=2, num_ended=2, mean_in_flight=128.0,
+                       waiting_rise=0.0, client_window_s=3.0)
+    verdict = _judge(_metrics(completed=2), two, is_closed_loop=True, concurrency=128,
+                     min_requests=40, min_window_s=3.0, max_window_s=180.0)
+    assert not verdict.meets_slo and verdict.reason is not None
+    assert verdict.reason.startswith("window too short: 2 requests in 0.089 s"), verdict.reason
+    wave = WindowCounts(window_s=1e-9, num_sent=128, num_ended=128, mean_in_flight=128.0,
+                        waiting_rise=0.0, client_window_s=3.2)
+    assert "window too short: 128 requests" in str(_judge(
+        _metrics(), wave, is_closed_loop=True, concurrency=128, min_requests=40,
+        min_window_s=3.0).reason), "a wave refilled at one instant spans no time"
+    # The modelled clock reads a window about a gap short: within 7 gaps is a measurement.
+    near = WindowCounts(window_s=2.6, num_sent=40, num_ended=40, mean_in_flight=20.0,
+                        waiting_rise=0.0, client_window_s=3.0)
+    assert _judge(_metrics(), near, min_requests=40, min_window_s=3.0).meets_slo
+    # A light step capped by max_window_s measures fewer, and says how many in its record.
+    capped = WindowCounts(window_s=60.0, num_sent=30, num_ended=30, mean_in_flight=3.0,
+                          waiting_rise=0.0, client_window_s=60.0)
+    assert _judge(_metrics(completed=30), capped, min_requests=200, min_window_s=10.0,
+                  max_window_s=60.0).meets_slo
+    assert not _judge(_metrics(completed=30), replace(capped, client_window_s=20.0),
+                      min_requests=200, min_window_s=10.0, max_window_s=60.0).meets_slo
+
+
+def test_a_step_plan_carries_its_windows_minimums_and_a_hold_is_not_extended() -> None:
+    search = CapacitySearch("concurrency", low=1, high=128, min_window_requests=40,
+                            min_window_s=3.0, max_window_s=180.0)
+    step = plan_step(search, 128, lifetime_s=6.65)
+    assert (step.min_requests, step.min_window_s, step.max_window_s) == (40, 3.0, 180.0)
+    hold = plan_hold(search, 128, lifetime_s=6.65)
+    assert hold.min_requests == 0 and hold.max_window_s is None
+
+
+def test_an_open_loop_whose_client_sent_late_did_not_apply_its_load() -> None:
+    """The held-out study (s06) on a busy host: rate steps missed on "completed X of Y
+    offered" with every p99 far inside the SLO and the queue empty; the client fell behind,
+    not the server. Its sends show it: more than the tolerance of them late by more than a
+    mean gap is a load not applied, not a miss of the config at that load."""
+    late = WindowCounts(window_s=5.0, num_sent=300, num_ended=240, mean_in_flight=30.0,
+                        waiting_rise=0.0, num_sent_late=90, late_bound_s=1 / 60)
+    verdict = _judge(_metrics(p99_tpot_ms=9.0), late)
+    assert not verdict.meets_slo and verdict.is_load_unapplied
+    assert verdict.reason == ("load not applied: the client sent 30% of its requests more "
+                              "than 17 ms late (90 of 300); the SLO is not shown at this "
+                              "load"), verdict.reason
+    on_time = replace(late, num_ended=298, num_sent_late=20)
+    assert _judge(_metrics(), on_time).meets_slo, "7% of 300 late is within the tolerance"
+    assert not _judge(_metrics(), replace(on_time, num_ended=240)).is_load_unapplied, \
+        "a client on time that saw fewer complete: the server fell behind, a plain miss"
+
+
+def test_a_starved_rate_client_records_how_late_each_request_was_sent() -> None:
+    """The driver knows when each arrival was due: a client whose loop is blocked 30 ms per
+    request cannot send 100 a second on time (a gap is 10 ms), and every send says how late
+    it was; the requests need no server to be sent (they fail to connect)."""
+    import time
+
+    from runners.capacity.step import late_bound_s
+
+    def starved() -> Iterator[RequestSpec]:
+        while True:
+            time.sleep(0.03)  # blocks the driver's event loop, as a starved host does
+            yield RequestSpec(prompt=[1, 2, 3], prompt_len=3, output_len=4)
+
+    driver = StaircaseDriver("http://127.0.0.1:9", "model", starved(), axis="request_rate",
+                             timeout_s=1.0, seed=0)
+    driver.start(100.0)
+    try:
+        time.sleep(1.0)
+        sent = driver.sent_between(-math.inf, math.inf)
+    finally:
+        driver.close()
+    bound = late_bound_s(100.0)
+    assert bound == pytest.approx(0.01)
+    late = [s for s in sent if s.late_s is not None and s.late_s > bound]
+    assert len(sent) >= 5 and len(late) > 0.5 * len(sent), [s.late_s for s in sent]
+    assert all(s.late_s is not None and s.late_s >= 0 for s in sent)
+
+
 def test_overload_errors_are_a_missed_step_and_say_so() -> None:
     verdict = _judge(_metrics(completed=150, failed=50), _steady())
     assert not verdict.meets_slo and verdict.is_overload_errors
@@ -287,6 +371,44 @@ def test_arrivals_keep_flowing_until_every_measured_request_has_ended(tmp_path: 
             sent = [s.sent_s for s in driver.sent_between(-math.inf, math.inf)]
             assert max(sent) > last_end - 0.2, \
                 "requests were still being sent when the last measured one ended"
+        finally:
+            driver.close()
+    finally:
+        proc.terminate()
+
+
+def test_a_closed_loop_window_stays_open_until_it_has_sent_its_minimum(tmp_path: Path) -> None:
+    """A closed loop sends only as its requests end: a window sized for lives shorter than the
+    real ones sends too few. It stays open (up to max_window_s) until it has sent
+    min_requests, so the step is judged on a measurement, not on a handful."""
+    from runners.process import EngineProcess, free_port, wait_healthy
+
+    launcher = SimulatedLauncher("h200", startup_time_scale=0.01, seed=0)
+    config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
+    port = free_port()
+    argv, env = launcher.command(config, port, tmp_path, None)
+    proc = EngineProcess.start(argv, env, tmp_path / "log", tmp_path)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert wait_healthy(url, proc, 60.0) == "ready"
+        workload = Workload(input_len=LengthDistribution(mean=128),
+                            output_len=LengthDistribution(mean=64))
+        requests = endless_requests(
+            lambda n, s: build_requests(workload, n, seed=s), 64, 0, False)
+        driver = StaircaseDriver(url, "model", requests, axis="concurrency",
+                                 timeout_s=30, seed=0)
+        # Two in flight over a 0.2 s window: a request or two, where 12 are asked for.
+        plan = StepPlan(load=2.0, warmup_s=0.3, window_s=0.2, lifetime_s=0.3,
+                        expected_requests=1.3, max_warmup_s=0.3, min_requests=12,
+                        min_window_s=0.2, max_window_s=60.0)
+        driver.start(2.0)
+        try:
+            run = measure_step(driver, url, plan, repeats=1, request_timeout_s=30,
+                               check_engine=lambda: None, is_first=True)
+            (outputs, counts), = run.windows
+            assert counts.num_sent >= 12 and len(outputs) == counts.num_sent
+            assert counts.client_window_s is not None and counts.client_window_s > 0.2
+            assert all(o.success for o in outputs) and run.is_finished
         finally:
             driver.close()
     finally:
