@@ -28,7 +28,7 @@ from runners.base import (
     StepMetrics,
 )
 from runners.capacity.probes import run_probes
-from runners.capacity.staircase import holds_of, run_staircase
+from runners.capacity.staircase import holds_of, run_staircase, unapplied_of
 from runners.capacity_search import Bracket, CapacitySearch, Probe
 from runners.credentials import (
     API_KEY_ENV,
@@ -239,8 +239,9 @@ def held_bracket(search: CapacitySearch, probes: Sequence[Probe],
                  steps: Sequence[StepMetrics]) -> Bracket:
     """The search's bracket, and whether its lower end held: True where a hold met at it,
     False where holds ran and none met there (the claim rests on a short window), None where
-    no hold ran (none asked for, a trace's probes, or the trial stopped first)."""
-    bracket = search.bracket(probes)
+    no hold ran (none asked for, a trace's probes, or the trial stopped first). A step whose
+    load was not applied ends no bracket (`unapplied_of`): it is named beside it instead."""
+    bracket = search.bracket(probes, unapplied_of(search, steps))
     holds = holds_of(search, steps)
     if not holds or bracket.met_load is None:
         return bracket

@@ -102,8 +102,8 @@ def shorten(text: str, limit: int = SHORT_CHARS) -> str:
 def capacity_text(bracket: Bracket, tolerance: float | None, *,
                   is_stopped: bool = False) -> str:
     text = f"capacity {bracket.describe()}"
-    if bracket.met_load is None:
-        text += ", no probed load met the SLO"
+    if bracket.met_load is None and bracket.status != "none":
+        text += ", no probed load met the SLO"  # "none" says it itself, with the range
     elif bracket.missed_load is None and bracket.is_resolved:
         text += ", the SLO held at the heaviest load of interest"
     if bracket.held is True:

@@ -137,14 +137,17 @@ def short_window(counts: WindowCounts, min_requests: int, min_window_s: float,
     whose record says how many it measured), or it lasted less than `min_window_s` on its own
     clock. On the simulated engine's modelled clock a window is read from its first and last
     arrival, which falls short of its true length by about one mean gap (1/n of it) with a
-    spread of about 1.4 gaps: the rule allows 7 gaps (half the window at most). A closed loop
-    whose requests all refill at one step's end reads as a window of no length."""
+    spread of about 1.4 gaps: the rule allows 7 gaps (half the window at most); under 8
+    arrivals the client's clock gives the length. A closed loop whose requests all refill at
+    one step's end reads as a window of no length."""
     client_s = counts.client_window_s if counts.client_window_s is not None else \
         counts.window_s
     is_capped = max_window_s is not None and client_s >= max_window_s
     slack = max(0.5, 1.0 - 7.0 / max(counts.num_sent, 1))
-    if (counts.num_sent < min_requests and not is_capped) or \
-            counts.window_s < min_window_s * slack:
+    # A span of a few arrivals says little of the window's length (one arrival spans none):
+    # below 8 the client's clock measures it.
+    length = counts.window_s if counts.num_sent > 7 else client_s
+    if (counts.num_sent < min_requests and not is_capped) or length < min_window_s * slack:
         return (f"window too short: {counts.num_sent} requests in {counts.window_s:.3g} s "
                 f"(a measurement needs {min_requests} and {min_window_s:g} s)")
     return None

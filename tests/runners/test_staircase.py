@@ -242,6 +242,11 @@ def test_a_window_of_too_few_requests_or_seconds_is_no_measurement() -> None:
                   max_window_s=60.0).meets_slo
     assert not _judge(_metrics(completed=30), replace(capped, client_window_s=20.0),
                       min_requests=200, min_window_s=10.0, max_window_s=60.0).meets_slo
+    # One arrival spans no modelled time: a capped light step's length is the client's 3 s.
+    lone = WindowCounts(window_s=1e-9, num_sent=1, num_ended=1, mean_in_flight=1.0,
+                        waiting_rise=0.0, client_window_s=3.0)
+    assert _judge(_metrics(completed=1), lone, min_requests=200, min_window_s=1.0,
+                  max_window_s=3.0).meets_slo
 
 
 def test_a_step_plan_carries_its_windows_minimums_and_a_hold_is_not_extended() -> None:
