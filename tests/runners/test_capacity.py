@@ -90,6 +90,8 @@ def test_capacity_search_probes_one_running_server_and_stops_by_its_rule(
     # Windows sized for the simulated engine (a default 200-request window runs minutes here),
     # and a warm-up of 2 s, two lives of a request near the knee (0.5-0.9 s here), where two
     # lives sized from the SLO's bounds would take 5.3 s a step.
+    from runners.capacity.staircase import unapplied_of
+
     search = CapacitySearch("concurrency", low=8, high=256, tolerance=0.1, max_probes=5,
                             min_window_requests=60, min_window_s=1.0, max_window_s=5.0,
                             warmup_s=2.0, hold_s=0)
@@ -103,7 +105,9 @@ def test_capacity_search_probes_one_running_server_and_stops_by_its_rule(
     assert result.status == "complete", result.failure
     probes = [(float(s.level.max_concurrency or 0), bool(s.meets_slo)) for s in result.steps]
     assert probes[0] == (256.0, False), "heaviest first (the knee is below 96)"
-    assert result.capacity == search.bracket(probes), "the bracket is what the probes showed"
+    # A step whose load was not applied (a busy host) ends no bracket: it is named beside it.
+    assert result.capacity == search.bracket(probes, unapplied_of(search, result.steps)), \
+        "the bracket is what the probes showed"
     assert result.capacity.is_resolved or len(probes) == search.max_probes, \
         f"the search ends within its tolerance or out of probes: {probes}"
     assert result.engine.startup_s is not None and len(probes) >= 3, \
