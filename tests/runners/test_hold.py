@@ -191,15 +191,11 @@ def test_a_capacity_search_holds_its_claim_on_the_same_stream(tmp_path: Path) ->
     assert result.status == "complete", result.failure
     holds = [s for s in result.steps if s.is_hold]
     assert holds, "the claim was held"
-    for hold in holds:  # a longer window than the step's at its load (4 s against 1-3 s),
-        # unless it had already missed and stopped there (its reason says when)
+    # The hold's longer window is its plan's (test_a_hold_measures_at_least_hold_s_...): on the
+    # simulated engine a window is read on the modelled clock, which a busy host shortens.
+    for hold in holds:  # one that had already missed stopped there, and says when
         if "steady.planned_window_s" in hold.server_metrics:
             assert not hold.meets_slo and "stopped after" in str(hold.miss_reason)
-            continue
-        step = next(s for s in result.steps if not s.is_hold and s.level == hold.level)
-        # Its window, not its count: free arrivals over 4 s may send fewer than a step's
-        # conditioned ones over 3.
-        assert hold.server_metrics["steady.window_s"] > step.server_metrics["steady.window_s"]
     assert result.capacity is not None and result.capacity.held is not None
     if result.capacity.held:
         assert any(s.meets_slo and s.level.request_rate_rps == result.capacity.met_load
