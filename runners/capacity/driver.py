@@ -87,6 +87,10 @@ class _Clients:
     async def __aexit__(self, *exc_info: object) -> None:
         """Every client closed, as `async with httpx.AsyncClient()` closes its one (a cancel
         that lands in the caller's own clean-up must not leave their sockets open)."""
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close every client (again: a closed one ignores it)."""
         await asyncio.gather(*(c.aclose() for c in self._clients), return_exceptions=True)
 
 
@@ -121,6 +125,7 @@ class StaircaseDriver:
         self._free_arrivals = False  # True: gaps drawn one by one, as `vllm bench serve` does
         self._lock = threading.Lock()
         self._sent: list[_Sent] = []  # in send order
+        self._clients: _Clients | None = None  # the stream's clients, once its loop runs
         self._ended: list[float] = []  # end times, sorted
         self._in_flight_changes: list[tuple[float, int]] = []  # (time, count after)
         self._num_in_flight = 0
@@ -174,6 +179,16 @@ class StaircaseDriver:
         except BaseException as exc:  # kept for the caller; the thread must end
             self._error = exc
         finally:
+            # Whatever a cancel left: tasks still pending, then the clients (a cancel that
+            # lands in the stream's own clean-up must not leave a socket to the GC).
+            with contextlib.suppress(Exception):
+                pending = asyncio.all_tasks(loop)
+                for task in pending:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            if self._clients is not None:
+                with contextlib.suppress(Exception):
+                    loop.run_until_complete(self._clients.aclose())
             with contextlib.suppress(Exception):  # the streams' generators, closed in order
                 loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
@@ -188,9 +203,10 @@ class StaircaseDriver:
         timeout = httpx.Timeout(None, connect=_CONNECT_TIMEOUT_S)
         headers = auth_headers(self.api_key)
         ssl_context = httpx.create_ssl_context()  # once: each client would load the CAs again
-        async with _Clients(lambda: httpx.AsyncClient(
-                limits=limits, timeout=timeout, trust_env=False, headers=headers,
-                verify=ssl_context), _REQUESTS_PER_CLIENT) as clients:
+        self._clients = _Clients(lambda: httpx.AsyncClient(
+            limits=limits, timeout=timeout, trust_env=False, headers=headers,
+            verify=ssl_context), _REQUESTS_PER_CLIENT)
+        async with self._clients as clients:
             watch = asyncio.create_task(self._watch())
             try:
                 await self._issue(clients)
