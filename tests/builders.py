@@ -6,6 +6,8 @@ its point needs (`write_study(tmp_path, trials=2, workload={...})`); one level's
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +105,24 @@ def staircase_workload(workload: dict[str, Any] | None = None, **capacity: Any) 
                     output_len=LengthDistribution(mean=64), slo=SLO(tpot_p99_ms=12),
                     num_warmup_requests=2, capacity=CapacitySearch(**search),
                     **(workload or {}))
+
+
+@contextlib.contextmanager
+def simulated_engine(tmp_path: Path) -> Iterator[str]:
+    """A simulated H200 serving the Qwen2.5-7B shape (dummy weights, token-id prompts), started
+    and healthy: its base URL; terminated on exit."""
+    from runners.base import EngineConfig
+    from runners.process import EngineProcess, free_port, wait_healthy
+    from runners.simulated.launcher import SimulatedLauncher
+
+    launcher = SimulatedLauncher("h200", startup_time_scale=0.01, seed=0)
+    config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
+    port = free_port()
+    argv, env = launcher.command(config, port, tmp_path, None)
+    proc = EngineProcess.start(argv, env, tmp_path / "log", tmp_path)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert wait_healthy(url, proc, 60.0) == "ready"
+        yield url
+    finally:
+        proc.terminate()

@@ -20,7 +20,7 @@ from runners.engine import EngineRunner, held_bracket
 from runners.load_level import LoadLevel
 from runners.simulated.launcher import SimulatedLauncher
 from runners.workload import SLO
-from tests.builders import benchmark_metrics, staircase_workload
+from tests.builders import benchmark_metrics, simulated_engine, staircase_workload
 
 SEARCH = CapacitySearch("request_rate", low=2, high=16, tolerance=0.1, max_probes=6,
                         min_window_requests=150, min_window_s=10, max_window_s=60)
@@ -276,17 +276,9 @@ def test_a_hold_that_has_missed_whatever_comes_is_cut_short_and_its_requests_sti
     from runners.capacity.slo import certain_miss
     from runners.capacity.step import measure_step
     from runners.loadgen.requests import build_requests
-    from runners.process import EngineProcess, free_port, wait_healthy
     from runners.workload import LengthDistribution, Workload
 
-    launcher = SimulatedLauncher("h200", startup_time_scale=0.01, seed=0)
-    config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
-    port = free_port()
-    argv, env = launcher.command(config, port, tmp_path, None)
-    proc = EngineProcess.start(argv, env, tmp_path / "log", tmp_path)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        assert wait_healthy(url, proc, 60.0) == "ready"
+    with simulated_engine(tmp_path) as url:
         workload = Workload(input_len=LengthDistribution(mean=128),
                             output_len=LengthDistribution(mean=32))
         plan = StepPlan(load=40.0, warmup_s=0.5, window_s=12.0, lifetime_s=0.3,
@@ -313,5 +305,3 @@ def test_a_hold_that_has_missed_whatever_comes_is_cut_short_and_its_requests_sti
         assert decided is not None and "over the TPOT bound" in decided, windows
         assert windows["loose"][0] is None
         assert cut < windows["loose"][1] / 2, f"cut short: {windows}"
-    finally:
-        proc.terminate()

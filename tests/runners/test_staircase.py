@@ -22,7 +22,7 @@ from runners.loadgen.metrics import compute_metrics
 from runners.loadgen.requests import RequestSpec, build_requests
 from runners.simulated.launcher import SimulatedLauncher
 from runners.workload import SLO, LengthDistribution, Workload
-from tests.builders import benchmark_metrics, staircase_workload
+from tests.builders import benchmark_metrics, simulated_engine, staircase_workload
 
 DECODE = Workload(input_len=LengthDistribution("uniform", 250, 100, 400),
                   output_len=LengthDistribution("uniform", 1000, 600, 1400),
@@ -345,16 +345,7 @@ def test_a_capacity_search_walks_every_step_on_one_engine_without_a_restart(
 
 def test_arrivals_keep_flowing_until_every_measured_request_has_ended(tmp_path: Path) -> None:
     """No drain bias: the last measured request ends while the step's load still arrives."""
-    from runners.process import EngineProcess, free_port, wait_healthy
-
-    launcher = SimulatedLauncher("h200", startup_time_scale=0.01, seed=0)
-    config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
-    port = free_port()
-    argv, env = launcher.command(config, port, tmp_path, None)
-    proc = EngineProcess.start(argv, env, tmp_path / "log", tmp_path)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        assert wait_healthy(url, proc, 60.0) == "ready"
+    with simulated_engine(tmp_path) as url:
         workload = Workload(input_len=LengthDistribution(mean=128),
                             output_len=LengthDistribution(mean=64))
         requests = endless_requests(
@@ -378,24 +369,13 @@ def test_arrivals_keep_flowing_until_every_measured_request_has_ended(tmp_path: 
                 "requests were still being sent when the last measured one ended"
         finally:
             driver.close()
-    finally:
-        proc.terminate()
 
 
 def test_a_closed_loop_window_stays_open_until_it_has_sent_its_minimum(tmp_path: Path) -> None:
     """A closed loop sends only as its requests end: a window sized for lives shorter than the
     real ones sends too few. It stays open (up to max_window_s) until it has sent
     min_requests, so the step is judged on a measurement, not on a handful."""
-    from runners.process import EngineProcess, free_port, wait_healthy
-
-    launcher = SimulatedLauncher("h200", startup_time_scale=0.01, seed=0)
-    config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
-    port = free_port()
-    argv, env = launcher.command(config, port, tmp_path, None)
-    proc = EngineProcess.start(argv, env, tmp_path / "log", tmp_path)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        assert wait_healthy(url, proc, 60.0) == "ready"
+    with simulated_engine(tmp_path) as url:
         workload = Workload(input_len=LengthDistribution(mean=128),
                             output_len=LengthDistribution(mean=64))
         requests = endless_requests(
@@ -416,8 +396,6 @@ def test_a_closed_loop_window_stays_open_until_it_has_sent_its_minimum(tmp_path:
             assert all(o.success for o in outputs) and run.is_finished
         finally:
             driver.close()
-    finally:
-        proc.terminate()
 
 
 def test_a_starved_client_on_the_simulated_engine_is_an_unapplied_load_not_a_met_slo(
@@ -428,16 +406,7 @@ def test_a_starved_client_on_the_simulated_engine_is_an_unapplied_load_not_a_met
     unapplied load can miss it."""
     import time
 
-    from runners.process import EngineProcess, free_port, wait_healthy
-
-    launcher = SimulatedLauncher("h200", startup_time_scale=0.01, seed=0)
-    config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
-    port = free_port()
-    argv, env = launcher.command(config, port, tmp_path, None)
-    proc = EngineProcess.start(argv, env, tmp_path / "log", tmp_path)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        assert wait_healthy(url, proc, 60.0) == "ready"
+    with simulated_engine(tmp_path) as url:
         workload = Workload(input_len=LengthDistribution(mean=128),
                             output_len=LengthDistribution(mean=64))
 
@@ -468,8 +437,6 @@ def test_a_starved_client_on_the_simulated_engine_is_an_unapplied_load_not_a_met
                                tolerance=0.1, is_closed_loop=True, concurrency=64)
         assert not verdict.meets_slo and "load not applied" in str(verdict.reason), \
             (verdict, counts)
-    finally:
-        proc.terminate()
 
 
 def test_the_profile_covers_a_steady_window_of_the_stream_at_the_operating_points_load(
