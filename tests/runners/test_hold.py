@@ -211,13 +211,13 @@ def test_a_holds_wandering_in_flight_line_is_not_a_miss_but_its_growing_queue_is
     metrics = benchmark_metrics(p99_tpot_ms=14.0, completed=1926, duration_s=180.0,
                                 request_throughput=10.7)
     wander = WindowCounts(window_s=180.0, num_sent=1926, num_ended=1920, mean_in_flight=160.0,
-                          waiting_rise=0.0, in_flight_rise=18.0)
+                          waiting_rise=0.0, in_flight_rise=30.0)
     kw = {"max_failed_fraction": 0.05, "tolerance": 0.1}
     assert not judge_window(metrics, wander, SLO(tpot_p99_ms=15), **kw).meets_slo, \
-        "a step: a rise of 18 of 160 over its window is a ramp"
+        "a step: a rise of 30 of 160 (over 2 sqrt(160)) over its window is a ramp"
     assert judge_window(metrics, wander, SLO(tpot_p99_ms=15), is_hold=True, **kw).meets_slo
     queue = WindowCounts(window_s=180.0, num_sent=1926, num_ended=1920, mean_in_flight=160.0,
-                         waiting_rise=300.0, in_flight_rise=18.0)
+                         waiting_rise=300.0, in_flight_rise=30.0)
     assert not judge_window(metrics, queue, SLO(tpot_p99_ms=15), is_hold=True, **kw).meets_slo
 
 
