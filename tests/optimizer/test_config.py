@@ -407,7 +407,7 @@ def test_a_conversations_longest_context_is_the_tail_of_its_sum_not_n_longest_dr
     """Five turns of normal(1000, 300) prompts: 5 x the 4-sigma draw (11,000 tokens) would
     refuse plausible files on a 8-16k model; the sum's 4-sigma tail is 5,000 + 4 x 300 x
     sqrt(5) = 7,684. Bounded draws keep the strict bound (n x high)."""
-    from optimizer.config.prestart import _longest_sum
+    from optimizer.config.workload_checks import _longest_sum
     from optimizer.config.workload_spec import LengthSpec
 
     assert _longest_sum(LengthSpec(kind="normal", mean=1000, std=300), 5) == 7684
