@@ -4,13 +4,13 @@ over to TPE after SCREEN_TRIALS; a real Optuna study, the real analytic model, n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import BaseTrial
 
+from bench.screen_candidates import asked as _asked
 from optimizer.config import load_study
 from optimizer.search.controller import SearchController
 from optimizer.search.samplers import SCREEN_ATTR, ScreenSampler, _tpe
@@ -116,20 +116,8 @@ def test_a_card_without_bandwidth_figures_or_another_objective_searches_with_tpe
 
 
 # -- the candidates: drawn from the distributions, as a RandomSampler study would draw them ------
-
-def _asked(sample: Callable[[BaseTrial], Mapping[str, Any]], count: int,
-           seed: int) -> list[dict[str, Any]]:
-    """The candidates as the screen drew them before (Optuna's RandomSampler in a scratch study,
-    asked up to 3 * count times): the reference the direct draw must equal."""
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
-    seen: dict[str, dict[str, Any]] = {}
-    for _ in range(3 * count):
-        params = dict(sample(study.ask()))
-        seen.setdefault(repr(sorted(params.items(), key=lambda kv: kv[0])), params)
-        if len(seen) >= count:
-            break
-    return list(seen.values())
-
+# The reference the direct draw must equal is the draw it replaced, as bench/screen_candidates.py
+# times it: Optuna's RandomSampler in a scratch study, asked up to 3 * count times (`_asked`).
 
 def _every_kind(trial: BaseTrial) -> dict[str, Any]:
     """Every distribution a space can give, a param suggested only for some configs, and a
