@@ -62,6 +62,23 @@ def categorical_space(tmp_path: Path, **choices: list[Any]) -> Path:
     return path
 
 
+def search_setup(tmp_path: Path, choices: dict[str, list[Any]] | None = None,
+                 **overrides: Any) -> tuple[Any, Any, optuna.Study]:
+    """What a search policy is built from, as the daemon builds it: the study file's config
+    (`write_study` with `overrides`), the resolved space over `choices` (`categorical_space`;
+    max_num_seqs [256, 64] when none) and a new in-memory study with the file's sampler and
+    pruner."""
+    from optimizer.config import load_study
+    from optimizer.storage.study import make_pruner, make_sampler
+    from search_spaces import load_space
+
+    space_path = categorical_space(tmp_path, **(choices or {"max_num_seqs": [256, 64]}))
+    cfg = load_study(write_study(tmp_path, search_space=str(space_path), **overrides))
+    study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
+                                pruner=make_pruner(cfg))
+    return cfg, load_space(space_path).resolve({}), study
+
+
 def load(tmp_path: Path, name: str = "e2e") -> optuna.Study:
     """The study `write_study` stored, from its Optuna database."""
     return optuna.load_study(study_name=name,
