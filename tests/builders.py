@@ -15,7 +15,7 @@ import optuna
 import yaml
 from mlflow import MlflowClient
 
-from runners.base import BenchmarkMetrics
+from runners.base import BenchmarkMetrics, EngineConfig, RunResult
 from runners.capacity_search import CapacitySearch
 from runners.workload import SLO, LengthDistribution, Workload
 
@@ -122,6 +122,24 @@ def staircase_workload(workload: dict[str, Any] | None = None, **capacity: Any) 
                     output_len=LengthDistribution(mean=64), slo=SLO(tpot_p99_ms=12),
                     num_warmup_requests=2, capacity=CapacitySearch(**search),
                     **(workload or {}))
+
+
+def simulated_run(tmp_path: Path, config: EngineConfig, workload: Workload, *,
+                  stall_timeout_s: float = 30.0) -> RunResult:
+    """`config` run once on the simulated H200 (start-ups at 0.1% of the modelled time) by a
+    runner of its own over tmp_path/engines, the trial's files in tmp_path/trial; the runner
+    closed after. Asserts that the trial completed."""
+    from runners.engine import EngineRunner
+    from runners.simulated.launcher import SimulatedLauncher
+
+    runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
+                          tmp_path / "engines", stall_timeout_s=stall_timeout_s)
+    try:
+        result = runner.run(config, workload, tmp_path / "trial")
+    finally:
+        runner.close()
+    assert result.status == "complete", (config.flags, result.failure)
+    return result
 
 
 @contextlib.contextmanager
