@@ -143,15 +143,16 @@ def simulated_run(tmp_path: Path, config: EngineConfig, workload: Workload, *,
 
 
 @contextlib.contextmanager
-def simulated_engine(tmp_path: Path) -> Iterator[str]:
-    """A simulated H200 serving the Qwen2.5-7B shape (dummy weights, token-id prompts), started
-    and healthy: its base URL; terminated on exit."""
-    from runners.base import EngineConfig
+def simulated_engine(tmp_path: Path, config: EngineConfig | None = None, *,
+                     startup_time_scale: float = 0.01) -> Iterator[str]:
+    """A simulated H200 serving `config` (default: the Qwen2.5-7B shape, dummy weights,
+    token-id prompts), started and healthy: its base URL; terminated on exit."""
     from runners.process import EngineProcess, free_port, wait_healthy
     from runners.simulated.launcher import SimulatedLauncher
 
-    launcher = SimulatedLauncher("h200", startup_time_scale=0.01, seed=0)
-    config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
+    launcher = SimulatedLauncher("h200", startup_time_scale=startup_time_scale, seed=0)
+    config = config or EngineConfig(model="qwen2.5-7b", load_format="dummy",
+                                    skip_tokenizer_init=True)
     port = free_port()
     argv, env = launcher.command(config, port, tmp_path, None)
     proc = EngineProcess.start(argv, env, tmp_path / "log", tmp_path)
