@@ -356,14 +356,17 @@ def test_a_capacity_search_walks_every_step_on_one_engine_without_a_restart(
             assert step.miss_reason, "a missed step says why"
 
 
+def _endless_requests() -> Iterator[RequestSpec]:
+    """The stream a step draws from: 128-in / 64-out requests, built 64 at a time (seed 0)."""
+    workload = Workload(input_len=LengthDistribution(mean=128),
+                        output_len=LengthDistribution(mean=64))
+    return endless_requests(lambda n, s: build_requests(workload, n, seed=s), 64, 0, False)
+
+
 def test_arrivals_keep_flowing_until_every_measured_request_has_ended(tmp_path: Path) -> None:
     """No drain bias: the last measured request ends while the step's load still arrives."""
     with simulated_engine(tmp_path) as url:
-        workload = Workload(input_len=LengthDistribution(mean=128),
-                            output_len=LengthDistribution(mean=64))
-        requests = endless_requests(
-            lambda n, s: build_requests(workload, n, seed=s), 64, 0, False)
-        driver = StaircaseDriver(url, "model", requests, axis="request_rate",
+        driver = StaircaseDriver(url, "model", _endless_requests(), axis="request_rate",
                                  timeout_s=30, seed=0)
         plan = StepPlan(load=10.0, warmup_s=0.5, window_s=1.0, lifetime_s=0.5,
                         expected_requests=10.0, max_warmup_s=0.5)
@@ -389,11 +392,7 @@ def test_a_closed_loop_window_stays_open_until_it_has_sent_its_minimum(tmp_path:
     real ones sends too few. It stays open (up to max_window_s) until it has sent
     min_requests, so the step is judged on a measurement, not on a handful."""
     with simulated_engine(tmp_path) as url:
-        workload = Workload(input_len=LengthDistribution(mean=128),
-                            output_len=LengthDistribution(mean=64))
-        requests = endless_requests(
-            lambda n, s: build_requests(workload, n, seed=s), 64, 0, False)
-        driver = StaircaseDriver(url, "model", requests, axis="concurrency",
+        driver = StaircaseDriver(url, "model", _endless_requests(), axis="concurrency",
                                  timeout_s=30, seed=0)
         # Two in flight over a 0.2 s window: a request or two, where 12 are asked for.
         plan = StepPlan(load=2.0, warmup_s=0.3, window_s=0.2, lifetime_s=0.3,
@@ -420,12 +419,8 @@ def test_a_starved_client_on_the_simulated_engine_is_an_unapplied_load_not_a_met
     import time
 
     with simulated_engine(tmp_path) as url:
-        workload = Workload(input_len=LengthDistribution(mean=128),
-                            output_len=LengthDistribution(mean=64))
-
         def starved() -> Iterator[RequestSpec]:
-            for spec in endless_requests(
-                    lambda n, s: build_requests(workload, n, seed=s), 64, 0, False):
+            for spec in _endless_requests():
                 time.sleep(0.02)  # blocks the driver's event loop, as a starved host does
                 yield spec
 
