@@ -18,27 +18,21 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-import httpx
 import numpy as np
 
 from runners import arrivals
-from runners.credentials import auth_headers
 from runners.loadgen.client import RequestOutput, send_request
+from runners.loadgen.clients import REQUESTS_PER_CLIENT, ClientPool, client_pool
 from runners.loadgen.requests import RequestSpec
 
 logger = logging.getLogger(__name__)
 
 STOPPED_ERROR = "stopped"  # a request of ours cancelled at a missed step's end
-_CONNECT_TIMEOUT_S = 10.0
 _WATCH_INTERVAL_S = 0.05
 _GAP_BLOCK = 64  # arrivals whose gaps sum to exactly their count over the rate
-# Requests in flight on one httpx client at most. httpcore 1.0's pool (httpx's transport) walks
-# every connection it holds for each queued request whenever a request starts or ends
-# (`AsyncConnectionPool._assign_requests_to_connections`), and closes its idle connections
-# whenever it holds more than its keep-alive limit: a stream of a thousand requests in flight
-# (a saturated step, a closed loop at 256) spent most of its client's CPU there and reopened a
-# connection per request. The stream's requests are spread over clients of this many each.
-_REQUESTS_PER_CLIENT = 32
+# Requests in flight on one httpx client at most (runners/loadgen/clients.py says why); a name
+# of this module so that bench/staircase_client_cpu.py can set it.
+_REQUESTS_PER_CLIENT = REQUESTS_PER_CLIENT
 
 
 @dataclass
@@ -55,43 +49,6 @@ class _Sent:
     def late_s(self) -> float | None:
         """How much later than due it was sent (s); None without a schedule."""
         return None if self.scheduled_s is None else max(0.0, self.sent_s - self.scheduled_s)
-
-
-class _Clients:
-    """The stream's httpx clients: a request goes to the one with the fewest in flight, and a
-    new one is made once each holds `per_client` (`_REQUESTS_PER_CLIENT`). The loop's thread
-    only."""
-
-    def __init__(self, make: Callable[[], httpx.AsyncClient], per_client: int) -> None:
-        self._make = make
-        self._per_client = per_client
-        self._clients: list[httpx.AsyncClient] = []
-        self._in_flight: list[int] = []
-
-    def acquire(self) -> tuple[int, httpx.AsyncClient]:
-        """A client for one more request, and its index for `release`."""
-        index = min(range(len(self._clients)), key=self._in_flight.__getitem__, default=-1)
-        if index < 0 or self._in_flight[index] >= self._per_client:
-            self._clients.append(self._make())
-            self._in_flight.append(0)
-            index = len(self._clients) - 1
-        self._in_flight[index] += 1
-        return index, self._clients[index]
-
-    def release(self, index: int) -> None:
-        self._in_flight[index] -= 1
-
-    async def __aenter__(self) -> _Clients:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        """Every client closed, as `async with httpx.AsyncClient()` closes its one (a cancel
-        that lands in the caller's own clean-up must not leave their sockets open)."""
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close every client (again: a closed one ignores it)."""
-        await asyncio.gather(*(c.aclose() for c in self._clients), return_exceptions=True)
 
 
 class StaircaseDriver:
@@ -125,7 +82,7 @@ class StaircaseDriver:
         self._free_arrivals = False  # True: gaps drawn one by one, as `vllm bench serve` does
         self._lock = threading.Lock()
         self._sent: list[_Sent] = []  # in send order
-        self._clients: _Clients | None = None  # the stream's clients, once its loop runs
+        self._clients: ClientPool | None = None  # the stream's clients, once its loop runs
         self._ended: list[float] = []  # end times, sorted
         self._in_flight_changes: list[tuple[float, int]] = []  # (time, count after)
         self._num_in_flight = 0
@@ -198,14 +155,7 @@ class StaircaseDriver:
         self._changed = asyncio.Event()
         self._main = asyncio.current_task()
         self._ready.set()
-        limits = httpx.Limits(max_connections=None,
-                              max_keepalive_connections=_REQUESTS_PER_CLIENT)
-        timeout = httpx.Timeout(None, connect=_CONNECT_TIMEOUT_S)
-        headers = auth_headers(self.api_key)
-        ssl_context = httpx.create_ssl_context()  # once: each client would load the CAs again
-        self._clients = _Clients(lambda: httpx.AsyncClient(
-            limits=limits, timeout=timeout, trust_env=False, headers=headers,
-            verify=ssl_context), _REQUESTS_PER_CLIENT)
+        self._clients = client_pool(self.api_key, _REQUESTS_PER_CLIENT)
         async with self._clients as clients:
             watch = asyncio.create_task(self._watch())
             try:
@@ -348,7 +298,7 @@ class StaircaseDriver:
 
     # -- sending (the loop's thread) ---------------------------------------------------------
 
-    async def _issue(self, clients: _Clients) -> None:
+    async def _issue(self, clients: ClientPool) -> None:
         assert self._changed is not None
         next_send: float | None = None
         while not self._closing.is_set():
@@ -412,7 +362,7 @@ class StaircaseDriver:
             self._gaps.extend(float(g) for g in block)
         return self._gaps.popleft()
 
-    def _send(self, clients: _Clients, spec: RequestSpec,
+    def _send(self, clients: ClientPool, spec: RequestSpec,
               scheduled_s: float | None = None) -> None:
         now = self.clock()
         index, client = clients.acquire()
