@@ -1,16 +1,14 @@
 """`StaircaseDriver`: one continuous stream of requests to one server, on a thread of its
-own, whose offered load (a request rate or a concurrency) is set step by step; and
-`endless_requests`, the requests such a stream draws from.
+own, whose offered load (a request rate or a concurrency) is set step by step. What it draws
+from (its requests, its arrivals' gaps) is runners/capacity/stream_source.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import collections
 import contextlib
 import functools
-import itertools
 import logging
 import math
 import threading
@@ -18,9 +16,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from runners import arrivals
+from runners.capacity.stream_loop import close_loop
+from runners.capacity.stream_source import ArrivalGaps
 from runners.loadgen.client import RequestOutput, send_request
 from runners.loadgen.clients import REQUESTS_PER_CLIENT, ClientPool, client_pool
 from runners.loadgen.requests import RequestSpec
@@ -29,7 +27,6 @@ logger = logging.getLogger(__name__)
 
 STOPPED_ERROR = "stopped"  # a request of ours cancelled at a missed step's end
 _WATCH_INTERVAL_S = 0.05
-_GAP_BLOCK = 64  # arrivals whose gaps sum to exactly their count over the rate
 # Requests in flight on one httpx client at most (runners/loadgen/clients.py says why); a name
 # of this module so that bench/staircase_client_cpu.py can set it.
 _REQUESTS_PER_CLIENT = REQUESTS_PER_CLIENT
@@ -76,10 +73,7 @@ class StaircaseDriver:
         self.clock = clock
         self.api_key = api_key  # the engine's, sent as a bearer token (runners/credentials.py)
         self._requests = requests
-        self._rng = np.random.default_rng(seed)
-        self._gaps: collections.deque[float] = collections.deque()
-        self._gap_rate: float | None = None
-        self._free_arrivals = False  # True: gaps drawn one by one, as `vllm bench serve` does
+        self._arrival_gaps = ArrivalGaps(seed, burstiness)
         self._lock = threading.Lock()
         self._sent: list[_Sent] = []  # in send order
         self._clients: ClientPool | None = None  # the stream's clients, once its loop runs
@@ -136,19 +130,7 @@ class StaircaseDriver:
         except BaseException as exc:  # kept for the caller; the thread must end
             self._error = exc
         finally:
-            # Whatever a cancel left: tasks still pending, then the clients (a cancel that
-            # lands in the stream's own clean-up must not leave a socket to the GC).
-            with contextlib.suppress(Exception):
-                pending = asyncio.all_tasks(loop)
-                for task in pending:
-                    task.cancel()
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            if self._clients is not None:
-                with contextlib.suppress(Exception):
-                    loop.run_until_complete(self._clients.aclose())
-            with contextlib.suppress(Exception):  # the streams' generators, closed in order
-                loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
+            close_loop(loop, self._clients.aclose if self._clients is not None else None)
             self._ready.set()  # a thread that failed before it was ready frees `start`
 
     async def _amain(self) -> None:
@@ -180,9 +162,7 @@ class StaircaseDriver:
         self._check_load(load)
         with self._lock:
             self._load = load
-            if free_arrivals != self._free_arrivals:
-                self._free_arrivals = free_arrivals
-                self._gap_rate = None  # the next gap starts afresh
+            self._arrival_gaps.set_free(free_arrivals)
         self._notify()
 
     def cancel_in_flight(self) -> int:
@@ -342,25 +322,9 @@ class StaircaseDriver:
         return self._sent[-1].sent_s if self._sent else self.clock()
 
     def _gap_s(self, rate: float) -> float:
-        """The next gap at `rate`: gamma gaps (Poisson at burstiness 1, as `vllm bench serve`
-        draws them) in blocks of `_GAP_BLOCK` whose sum is exactly their count over the rate,
-        i.e. a Poisson process conditioned on its count over each block. Arrivals stay as
-        bursty as vLLM's within a block, and a window offers the rate it is labelled with
-        (a free Poisson count over 200 requests is off by 7% at one standard deviation).
-        With free arrivals (a hold) each gap is drawn alone, as vLLM's client draws them: the
-        count swings freely, and so does the batch, which is what a hold must see."""
-        if self._gap_rate != rate:
-            self._gaps.clear()
-            self._gap_rate = rate
-        if self._free_arrivals:
-            shape = self.burstiness  # mean 1/rate; vLLM's gamma(burstiness, 1/(rate x it))
-            return float(self._rng.gamma(shape, 1.0 / (rate * shape)))
-        if not self._gaps:
-            shape = self.burstiness
-            block = self._rng.gamma(shape, 1.0, size=_GAP_BLOCK)
-            block *= _GAP_BLOCK / rate / float(block.sum())
-            self._gaps.extend(float(g) for g in block)
-        return self._gaps.popleft()
+        """The next gap at `rate` (`ArrivalGaps`: conditioned on their count over each block,
+        or free in a hold)."""
+        return self._arrival_gaps.next_s(rate)
 
     def _send(self, clients: ClientPool, spec: RequestSpec,
               scheduled_s: float | None = None) -> None:
@@ -404,15 +368,3 @@ class StaircaseDriver:
                 logger.warning("no chunk from any of %d in-flight requests for %.1f s: the "
                                "server stalled", self.num_in_flight(), quiet_s)
                 self.stalled = True
-
-
-def endless_requests(build: Callable[[int, int], list[RequestSpec]], chunk: int, seed: int,
-                     is_finite_source: bool) -> Iterator[RequestSpec]:
-    """Requests for a stream without end: synthesised ones drawn afresh in chunks of `chunk`
-    (seeds `seed`, `seed + 1`, ...: no prompt repeats, so a prefix cache is not flattered);
-    a file's, a dataset's or a trace's requests cycled (with the loader's own warning)."""
-    if is_finite_source:
-        yield from itertools.cycle(build(chunk, seed))
-        return
-    for k in itertools.count():
-        yield from build(chunk, seed + k)

@@ -271,10 +271,10 @@ def test_a_hold_that_has_missed_whatever_comes_is_cut_short_and_its_requests_sti
     """A hold under a TPOT bound no request meets: it stops within a few decisions, not after
     its planned window; the requests it sent end under load; the same hold under a bound
     every request meets runs its whole window."""
-    from runners.capacity.driver import endless_requests
     from runners.capacity.plan import StepPlan
     from runners.capacity.slo import certain_miss
     from runners.capacity.step import measure_step
+    from runners.capacity.stream_source import endless_requests
     from runners.loadgen.requests import build_requests
     from runners.workload import LengthDistribution, Workload
 

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from runners.base import BenchmarkMetrics, EngineConfig
-from runners.capacity.driver import StaircaseDriver, endless_requests
+from runners.capacity.driver import StaircaseDriver
 from runners.capacity.judge import Verdict, WindowCounts, is_in_flight_settled, judge_window
 from runners.capacity.plan import StepPlan, lifetime_estimate_s, plan_hold, plan_step
 from runners.capacity.step import measure_step
+from runners.capacity.stream_source import endless_requests
 from runners.capacity_search import CapacitySearch
 from runners.engine import EngineRunner
 from runners.loadgen.metrics import compute_metrics
