@@ -32,10 +32,10 @@ from runners.capacity.driver import STOPPED_ERROR, StaircaseDriver
 from runners.capacity.judge import Verdict, WindowCounts, judge_window
 from runners.capacity.plan import lifetime_estimate_s, plan_hold, plan_step
 from runners.capacity.profile_window import profile_window
+from runners.capacity.search import CapacitySearch, Probe
 from runners.capacity.slo import certain_miss
 from runners.capacity.step import StepRun, measure_step
 from runners.capacity.stream_source import endless_requests
-from runners.capacity_search import CapacitySearch, Probe
 from runners.credentials import auth_headers
 from runners.levels import mean_prompt_tokens, mean_tokens
 from runners.loadgen.metrics import compute_metrics

@@ -15,9 +15,9 @@ from runners.base import BenchmarkMetrics, EngineConfig
 from runners.capacity.driver import StaircaseDriver
 from runners.capacity.judge import Verdict, WindowCounts, is_in_flight_settled, judge_window
 from runners.capacity.plan import StepPlan, lifetime_estimate_s, plan_hold, plan_step
+from runners.capacity.search import CapacitySearch
 from runners.capacity.step import measure_step
 from runners.capacity.stream_source import endless_requests
-from runners.capacity_search import CapacitySearch
 from runners.engine import EngineRunner
 from runners.loadgen.metrics import compute_metrics
 from runners.loadgen.requests import RequestSpec, build_requests
