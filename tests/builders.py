@@ -16,7 +16,7 @@ import yaml
 from mlflow import MlflowClient
 
 from runners.base import BenchmarkMetrics, EngineConfig, RunResult
-from runners.capacity_search import CapacitySearch
+from runners.capacity.search import CapacitySearch
 from runners.workload import SLO, LengthDistribution, Workload
 
 MODEL = {"path": "qwen2.5-7b", "load_format": "dummy", "skip_tokenizer_init": True}

@@ -439,7 +439,7 @@ def test_the_workload_is_built_once_and_each_section_becomes_the_runners_value()
 
 
 def test_a_capacity_section_becomes_the_runners_search_field_for_field() -> None:
-    from runners.capacity_search import CapacitySearch
+    from runners.capacity.search import CapacitySearch
 
     capacity = {"axis": "request_rate", "low": 1.0, "high": 40.0, "tolerance": 0.1,
                 "max_probes": 6, "probe_duration_s": 20.0, "min_window_requests": 50,

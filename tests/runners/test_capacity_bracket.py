@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from runners.base import EngineConfig
-from runners.capacity import bracket_from_metrics
-from runners.capacity_search import Bracket, CapacitySearch, Probe
+from runners.capacity.bracket import Bracket, bracket_from_metrics
+from runners.capacity.search import CapacitySearch, Probe
 from runners.workload import SLO, LengthDistribution, Workload
 from tests.builders import simulated_run
 

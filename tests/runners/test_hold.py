@@ -1,5 +1,5 @@
 """The hold: a capacity search's claim measured again over a long window of free arrivals
-(runners/capacity_search.py `next_hold`, runners/capacity/plan.py `plan_hold`,
+(runners/capacity/search.py `next_hold`, runners/capacity/plan.py `plan_hold`,
 runners/capacity/staircase.py), and what a missed hold overturns."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from runners.base import EngineConfig, StepMetrics
+from runners.capacity.bracket import Bracket
 from runners.capacity.driver import StaircaseDriver
 from runners.capacity.judge import WindowCounts, judge_window
 from runners.capacity.plan import plan_hold, plan_step
+from runners.capacity.search import CapacitySearch
 from runners.capacity.staircase import next_measurement, supersede_history, supersede_steps
-from runners.capacity_search import Bracket, CapacitySearch
 from runners.engine import EngineRunner, held_bracket
 from runners.load_level import LoadLevel
 from runners.simulated.launcher import SimulatedLauncher
@@ -271,10 +272,10 @@ def test_a_hold_that_has_missed_whatever_comes_is_cut_short_and_its_requests_sti
     """A hold under a TPOT bound no request meets: it stops within a few decisions, not after
     its planned window; the requests it sent end under load; the same hold under a bound
     every request meets runs its whole window."""
-    from runners.capacity.driver import endless_requests
     from runners.capacity.plan import StepPlan
     from runners.capacity.slo import certain_miss
     from runners.capacity.step import measure_step
+    from runners.capacity.stream_source import endless_requests
     from runners.loadgen.requests import build_requests
     from runners.workload import LengthDistribution, Workload
 

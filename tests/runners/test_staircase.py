@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from runners.base import BenchmarkMetrics, EngineConfig
-from runners.capacity.driver import StaircaseDriver, endless_requests
+from runners.capacity.driver import StaircaseDriver
 from runners.capacity.judge import Verdict, WindowCounts, is_in_flight_settled, judge_window
 from runners.capacity.plan import StepPlan, lifetime_estimate_s, plan_hold, plan_step
+from runners.capacity.search import CapacitySearch
 from runners.capacity.step import measure_step
-from runners.capacity_search import CapacitySearch
+from runners.capacity.stream_source import endless_requests
 from runners.engine import EngineRunner
 from runners.loadgen.metrics import compute_metrics
 from runners.loadgen.requests import RequestSpec, build_requests
@@ -115,7 +116,7 @@ def test_a_streams_requests_are_spread_over_clients_of_at_most_32_in_flight() ->
 
     import httpx
 
-    from runners.capacity.driver import _REQUESTS_PER_CLIENT, _Clients
+    from runners.loadgen.clients import REQUESTS_PER_CLIENT, ClientPool
 
     async def spread() -> None:
         made: list[httpx.AsyncClient] = []
@@ -124,11 +125,11 @@ def test_a_streams_requests_are_spread_over_clients_of_at_most_32_in_flight() ->
             made.append(httpx.AsyncClient(trust_env=False))
             return made[-1]
 
-        async with _Clients(make, _REQUESTS_PER_CLIENT) as clients:
+        async with ClientPool(make, REQUESTS_PER_CLIENT) as clients:
             held = [clients.acquire() for _ in range(100)]
             assert len(made) == 4, "100 requests in flight on 4 clients of at most 32"
             counts = {id(c): sum(c is d for _, d in held) for c in made}
-            assert max(counts.values()) <= _REQUESTS_PER_CLIENT
+            assert max(counts.values()) <= REQUESTS_PER_CLIENT
             for index, _ in held[:40]:
                 clients.release(index)
             index, client = clients.acquire()

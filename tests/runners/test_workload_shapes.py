@@ -213,7 +213,7 @@ def test_a_capacity_probe_over_a_trace_offers_its_rate_in_the_part_it_replays(
     """A probe bounded by `probe_duration_s` replays the trace's first part; the rate the
     bracket states is that part's. Scaling the whole trace to the probe's rate and cutting it
     sent the busy first second at 12 req/s under a label of 4."""
-    from runners.capacity_search import CapacitySearch
+    from runners.capacity.search import CapacitySearch
 
     trace = tmp_path / "trace.jsonl"
     recorded = [0.1 * k for k in range(10)] + [10.0, 20.0, 30.0, 40.0]  # busy, then quiet
