@@ -330,6 +330,7 @@ async def run_level(
     # (runners/loadgen/clients.py: one client's pool spends its CPU walking its connections).
     async with client_pool(api_key) as clients:
         outputs, duration = await driver.run(clients)
+        driver.sends.num_clients = clients.num_clients
     modelled_s = modelled_level_duration_s(outputs, driver.sent_offsets_s)
     is_modelled = modelled_s is not None
     if modelled_s is not None:

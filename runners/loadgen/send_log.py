@@ -46,6 +46,7 @@ class SendLog:
     # rule, not the client falling behind); None without a schedule. Parallel to `sent_s`.
     late_s: list[float | None] = field(default_factory=list)
     in_flight_changes: list[tuple[float, int]] = field(default_factory=list)  # (t, count after)
+    num_clients: int = 0  # the httpx clients the requests went out on (runners/loadgen/clients.py)
 
     def record_send(self, sent_s: float, due_s: float | None,
                     free_from_s: float | None = None) -> None:
