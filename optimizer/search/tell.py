@@ -18,6 +18,7 @@ from optimizer.results import quality_gate
 from optimizer.results.conclusion import baseline_trial, conclude, reference_of
 from optimizer.results.objectives import objective_values
 from optimizer.results.recommendation import best_trial
+from optimizer.results.tail_samples import thin_note
 from optimizer.results.trial_record import (
     ATTR_DUPLICATE_OF,
     ATTR_RECORD,
@@ -126,7 +127,8 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
             "" if item.is_baseline else
             implied_changes_note(item.params, result.engine, engine_of(defaults)),
             no_operating_point_note(cfg.objectives[0], result.steps),
-            unapplied_levels_note(result.steps))
+            unapplied_levels_note(result.steps),
+            thin_note(metrics))
             if n),
         quality_failed=assessed.failed if assessed is not None else (),
         template=seed_title_of(item.trial),
