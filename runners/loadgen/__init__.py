@@ -1,6 +1,7 @@
 """The load generator, as `vllm bench serve` measures: `requests` builds a workload's requests
 (`prompts_file` reads a prompts file line by line), `client` sends one streaming completion and
-times it, `level` drives one load level, `metrics` computes vLLM's figures of a level.
+times it, `clients` spreads a load's requests over httpx clients, `level` drives one load level
+(`send_log` keeps what its client did), `metrics` computes vLLM's figures of a level.
 
 Definitions follow vLLM's `vllm/benchmarks/serve.py` (`get_request`, `calculate_metrics`) and
 `vllm/benchmarks/lib/endpoint_request_func.py` (`async_request_openai_completions`), so a number
