@@ -35,13 +35,13 @@ class TableRow:
     changes: Mapping[str, Any] | None  # flags beyond the defaults; None: not known yet
     values: Sequence[float | None] = ()  # one per objective, in the study's order
     tpot_p99_ms: float | None = None
-    # the requests the TPOT p99 is over (optimizer/results/tail_samples.py); None: not known
-    tpot_p99_num_requests: int | None = None
     label: str = ""  # the bottleneck classifier's verdict
     conclusion: str = ""  # the short form (a record's `conclusion_short`)
     elapsed_s: float | None = None
     # shown in place of the changes, e.g. "(vLLM defaults)"; "" to list `changes`
     changes_note: str = field(default="")
+    # the requests the TPOT p99 is over (optimizer/results/tail_samples.py); None: not known
+    tpot_p99_num_requests: int | None = None
 
 
 def figure(value: float | None, unit: str = "") -> str:

@@ -102,3 +102,22 @@ def test_mlflow_tags_state_each_headline_p99s_requests_and_whether_one_is_thin()
     assert solid[TAG_P99_THIN] == "false"
     metrics = tracking_payload(thin, None, number=1)["metrics"]
     assert metrics["headline.num_tpot_samples"] == 37, "the count itself stays a metric"
+
+
+def test_the_live_table_states_a_finished_trials_tpot_p99_requests(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from optimizer.cli.live import LiveProgress
+    from optimizer.run.events import TrialEvent
+
+    cfg = parse_study({"name": "live", "model": {"path": "qwen2.5-7b"},
+                       "budget": {"trials": 4}, "slo": {"tpot_p99_ms": 10},
+                       "results_dir": str(tmp_path)})
+    progress = LiveProgress(cfg)
+    progress.on_event(TrialEvent("finished", 0, {}, "complete", 29.6, 8.1, "vLLM defaults",
+                                 180.0, "memory-bound", tpot_p99_num_requests=37))
+    text = io.StringIO()
+    Console(file=text, width=220).print(progress)
+    assert "8.10 n=37 thin" in text.getvalue()
