@@ -164,3 +164,23 @@ def test_an_open_loop_is_late_only_past_a_mean_gap_and_a_capped_wait_is_not_late
         capped.record_send(1.0 + k * 0.1 + 0.001, k * 0.1, free_from_s=1.0 + k * 0.1)
     assert judge_level_load(LoadLevel(request_rate_rps=10.0, max_concurrency=2), capped, [],
                             (), tolerance=0.05).reason is None
+
+
+def test_on_a_modelled_clock_a_closed_loop_is_judged_by_the_servers_own_spans() -> None:
+    """The simulated engine's latencies are on its modelled clock, so its applied load is too:
+    the client's own log held 2 throughout, but the server's spans leave it idle from 1 s to
+    3 s of the span between the loop's filling arrival and its last (a third of 2 on average)."""
+    from runners.loadgen.client import RequestOutput
+
+    sends = SendLog()
+    for t in (0.0, 0.0, 1.0, 1.0):
+        sends.record_send(t, None)
+    sends.record_in_flight(0.0, 2)
+    spans = [(0.0, 1.0), (0.0, 1.0), (3.0, 4.0), (3.0, 4.0)]
+    outputs = [RequestOutput(success=True, modelled_span_s=s) for s in spans]
+    applied = judge_level_load(LoadLevel(max_concurrency=2), sends, outputs, (), 0.05)
+    assert applied.reason == ("load not applied: 0.667 of 2 requests in flight on average over "
+                              "the 3 s window; the SLO is not shown at 2")
+    assert judge_level_load(LoadLevel(max_concurrency=2), sends, outputs[:2] + [
+        RequestOutput(success=True, modelled_span_s=(1.0, 2.0))] * 2, (), 0.05).reason is None, \
+        "refilled at each end on the modelled clock: the load was held"
