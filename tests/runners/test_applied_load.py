@@ -184,3 +184,51 @@ def test_on_a_modelled_clock_a_closed_loop_is_judged_by_the_servers_own_spans() 
     assert judge_level_load(LoadLevel(max_concurrency=2), sends, outputs[:2] + [
         RequestOutput(success=True, modelled_span_s=(1.0, 2.0))] * 2, (), 0.05).reason is None, \
         "refilled at each end on the modelled clock: the load was held"
+
+
+# -- a trace's capacity probe, end to end on the simulated engine ----------------------------
+
+def test_a_trace_probe_whose_client_sent_late_has_not_met_and_ends_no_bracket(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole level path: a probe at 40 req/s whose client blocks 50 ms at each send (a
+    starved host) sends late, so it has not met the SLO at 40, whatever its percentiles, and
+    the bracket names 40 as a load not measured. The starving is patched in by string path
+    (`runners.levels.run_level_sync`): the level builds its own requests, and a starved host
+    cannot be made on purpose otherwise."""
+    from runners import levels
+    from runners.base import EngineConfig
+    from runners.capacity_search import CapacitySearch
+    from runners.engine import EngineRunner
+    from runners.simulated.launcher import SimulatedLauncher
+    from runners.workload import LengthDistribution, TraceReplay, Workload
+
+    real = levels.run_level_sync
+
+    def starved(base_url: str, model: str, requests: Sequence[RequestSpec],
+                *args: object, **kwargs: object) -> object:
+        return real(base_url, model, _Starved(list(requests), 0.05), *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("runners.levels.run_level_sync", starved)
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {0.1 * k}, "input_length": 16, '
+                             f'"output_length": 2}}\n' for k in range(40)))
+    search = CapacitySearch("request_rate", low=1.0, high=40.0, max_probes=1,
+                            probe_duration_s=1.0)
+    workload = Workload(output_len=LengthDistribution(mean=2), num_requests=None,
+                        num_warmup_requests=0, slo=SLO(tpot_p99_ms=1000.0),
+                        trace=TraceReplay(trace), capacity=search)
+    runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
+                          tmp_path / "engines", stall_timeout_s=30.0)
+    try:
+        result = runner.run(EngineConfig("qwen2.5-0.5b", {"max_model_len": 4096},
+                                         load_format="dummy", skip_tokenizer_init=True),
+                            workload, tmp_path / "trial")
+    finally:
+        runner.close()
+    assert result.status == "complete", result.failure
+    (probe,) = result.steps
+    assert probe.is_load_unapplied and not probe.meets_slo
+    assert probe.miss_reason is not None and probe.miss_reason.startswith(
+        "load not applied: the client sent "), probe.miss_reason
+    assert result.capacity is not None and result.capacity.unapplied_load == 40.0 and \
+        result.capacity.met_load is None, result.capacity
