@@ -127,6 +127,14 @@ class StepMetrics:
         over a long window of free arrivals, to certify the claim."""
         return self.server_metrics.get("steady.is_hold", 0.0) > 0
 
+    @property
+    def is_load_unapplied(self) -> bool:
+        """The client or the server did not carry the load this level is labelled with (a
+        closed loop that held fewer than its concurrency, an open loop that sent late:
+        runners/capacity/judge.py, runners/applied_load.py): its figures are of a lighter
+        load, never a measurement at its label; `miss_reason` says why."""
+        return self.server_metrics.get("steady.is_load_unapplied", 0.0) > 0
+
 
 class FailureReason(enum.StrEnum):
     """Closed set of why a trial produced no measurement. Names are stable: they become tags."""

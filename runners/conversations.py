@@ -22,14 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 from runners import datasets
-from runners.credentials import auth_headers
 from runners.datasets import Conversation, Turn
 from runners.load_level import LoadLevel
 from runners.loadgen.client import RequestOutput, send_request
+from runners.loadgen.clients import ClientPool, client_pool
 from runners.loadgen.level import (
     STALLED_ERROR,
     STOPPED_ERROR,
@@ -147,7 +146,7 @@ class _ConversationDriver:
         return self.time_limit_s is not None and \
             time.perf_counter() - self.start >= self.time_limit_s
 
-    async def slot(self, client: httpx.AsyncClient) -> None:
+    async def slot(self, clients: ClientPool) -> None:
         """One slot: conversations one after another, each turn after the last reply."""
         while not self._is_over():
             index = next(self.next_index)
@@ -172,20 +171,20 @@ class _ConversationDriver:
                 spec = RequestSpec(prompt, prompt_len, turn.reply_len,
                                    is_prompt_len_estimated=conversation.is_estimated)
                 sent = time.perf_counter()
-                out = await self._send(client, spec)
+                out = await self._send(clients, spec)
                 reply = out.generated_text
                 self.outputs.append(TurnOutput(index, k, replace(out, generated_text=""),
                                                sent, time.perf_counter()))
                 if not out.success:
                     break  # as vLLM's client: a failed turn ends its conversation
 
-    async def _send(self, client: httpx.AsyncClient,
-                    spec: RequestSpec) -> RequestOutput:
+    async def _send(self, clients: ClientPool, spec: RequestSpec) -> RequestOutput:
         if self.num_in_flight == 0:
             self._heartbeat()
         self.num_in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.num_in_flight)
         sent = time.perf_counter()
+        index, client = clients.acquire()
         try:
             return await send_request(client, self.base_url, self.model, spec,
                                       self.timeout_s, on_chunk=self._heartbeat,
@@ -197,6 +196,7 @@ class _ConversationDriver:
                 start_time=sent)))
             raise
         finally:
+            clients.release(index)
             self.num_in_flight -= 1
             self._heartbeat()
 
@@ -250,11 +250,9 @@ async def run_conversations(
                                  timeout_s=timeout_s, stop_event=stop_event,
                                  stall_timeout_s=stall_timeout_s, time_limit_s=duration_s,
                                  max_context_len=max_context_len)
-    limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
-    timeout = httpx.Timeout(None, connect=10.0)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False,
-                                 headers=auth_headers(api_key)) as client:
-        slots = [asyncio.create_task(driver.slot(client)) for _ in range(cap)]
+    # Spread over clients of a few dozen turns each, as a level's (runners/loadgen/clients.py).
+    async with client_pool(api_key) as clients:
+        slots = [asyncio.create_task(driver.slot(clients)) for _ in range(cap)]
         watchdog = asyncio.create_task(driver.watch(slots))
         try:
             await asyncio.gather(*slots, return_exceptions=True)

@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from runners import arrivals, conversations, prometheus
+from runners.applied_load import judge_level_load
 from runners.base import Failure, FailureReason, OnStep, RunStatus, StepMetrics
+from runners.capacity.search import CapacitySearch
 from runners.load_level import LoadLevel
 from runners.loadgen.level import run_level_sync
 from runners.loadgen.metrics import prompt_len_gap
@@ -187,6 +189,15 @@ def measure_level(session: EngineSession, index: int, level: LoadLevel,
     if send_offsets_s is not None:
         server.update(_trace_replayed(send_offsets_s, len(result.outputs), level,
                                       num_in_trace))
+    # Whether the client applied the load the level is labelled with, by the staircase's
+    # rules and tolerance (a multi-turn level keeps no send log: not judged).
+    applied = judge_level_load(
+        level, result.sends, result.outputs, poller.samples,
+        workload.capacity.tolerance if workload.capacity is not None
+        else CapacitySearch.tolerance)
+    server.update(applied.as_server_metrics())
+    if applied.reason is not None:
+        logger.warning("level %d (%s): %s", index, level.label, applied.reason)
     # NVML over this level alone: the run's mean mixes light and heavy levels.
     util = s.sampler.gpu_util_mean_pct_since(level_start_s) if s.sampler else None
     if util is not None:
@@ -196,7 +207,7 @@ def measure_level(session: EngineSession, index: int, level: LoadLevel,
                 "n/a (no request had a second token)" if m.p99_tpot_ms is None
                 else f"{m.p99_tpot_ms:.1f} ms")
     return StepMetrics(step=index, level=level, metrics=m, server_metrics=server,
-                       elapsed_s=time.monotonic() - started)
+                       elapsed_s=time.monotonic() - started, miss_reason=applied.reason)
 
 
 def mean_prompt_tokens(workload: Workload) -> float | None:

@@ -51,6 +51,7 @@ class LiveProgress:
             row = dict(self.rows.get(event.number) or {"params": event.params, "label": "",
                                                        "confirm": event.confirm})
             row.update(state=event.state, value=event.value, tpot=event.tpot_p99_ms,
+                       tpot_n=event.tpot_p99_num_requests,
                        message=event.message, elapsed=event.elapsed_s)
             if event.label:
                 row["label"] = event.label
@@ -91,7 +92,8 @@ class LiveProgress:
             r = snapshot[number]
             rows.append(TableRow(
                 number=number, state=r["state"], changes=r["params"],
-                values=(r["value"],), tpot_p99_ms=r["tpot"], label=r["label"],
+                values=(r["value"],), tpot_p99_ms=r["tpot"],
+                tpot_p99_num_requests=r.get("tpot_n"), label=r["label"],
                 conclusion=r["message"] or "", elapsed_s=r["elapsed"],
                 changes_note=f"(confirmation: {r['confirm']})" if r["confirm"] else ""))
         return trial_table(rows, self.cfg.objectives[:1], width, title=self.title(snapshot))

@@ -17,6 +17,7 @@ from optimizer.cli.table import TableRow, figure, trial_table
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
 from optimizer.results.objectives import value_unit
+from optimizer.results.tail_samples import THIN_RULE
 from runners.atomic import write_atomic
 
 if TYPE_CHECKING:
@@ -50,8 +51,12 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
     is_simulated = is_simulated_study(opened)
     if is_simulated:
         out.print(SIMULATED_HEADER, highlight=False, soft_wrap=True)
-    out.print(trial_table(status_rows(trials), cfg.objectives, out.width,
+    rows = status_rows(trials)
+    out.print(trial_table(rows, cfg.objectives, out.width,
                           title=SIMULATED_TITLE if is_simulated else None))
+    if any(r.tpot_p99_num_requests is not None for r in rows):
+        out.print(f"n: the requests each p99 is over; {THIN_RULE}.", highlight=False,
+                  soft_wrap=True)
     pick = recommendation_text(opened, cfg.objectives, cfg.spec.slo.model_dump())
     if pick:
         out.print(pick, highlight=False, soft_wrap=True)
@@ -126,12 +131,18 @@ def status_rows(trials: Sequence[FrozenTrial]) -> list[TableRow]:
         rows.append(TableRow(
             number=t.number, state=state, changes=changes, values=values,
             tpot_p99_ms=_finite(metrics.get("p99_tpot_ms")),
+            tpot_p99_num_requests=_count(metrics.get("num_tpot_samples")),
             label=str(verdict.get("label") or ""),
             conclusion=(record.conclusion_short or record.conclusion) if record is not None
             else "",
             elapsed_s=_finite(record.wall_s) if record is not None else None,
             changes_note=note))
     return rows
+
+
+def _count(value: Any) -> int | None:
+    finite = _finite(value)
+    return int(finite) if finite is not None and finite >= 1 else None
 
 
 def _finite(value: Any) -> float | None:

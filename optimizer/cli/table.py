@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from optimizer.results.objectives import OBJECTIVES
+from optimizer.results.tail_samples import P99Basis
 
 # The room the changes and conclusion columns need side by side (a long flag and most of a
 # short conclusion); with less, each trial's changes sit over its conclusion in one column.
@@ -39,6 +40,8 @@ class TableRow:
     elapsed_s: float | None = None
     # shown in place of the changes, e.g. "(vLLM defaults)"; "" to list `changes`
     changes_note: str = field(default="")
+    # the requests the TPOT p99 is over (optimizer/results/tail_samples.py); None: not known
+    tpot_p99_num_requests: int | None = None
 
 
 def figure(value: float | None, unit: str = "") -> str:
@@ -54,6 +57,15 @@ def figure(value: float | None, unit: str = "") -> str:
         digits = max(0, 2 - math.floor(math.log10(abs(value))))
         text = f"{value:.{digits}f}"
     return f"{text} {unit}".rstrip()
+
+
+def p99_cell(value_ms: float | None, num_requests: int | None) -> str:
+    """A p99 with the requests it is over: `15.4 n=2,000`, `15.4 n=37 thin`
+    (optimizer/results/tail_samples.py); the figure alone where the count is not known."""
+    shown = figure(value_ms)
+    if not shown or num_requests is None or num_requests < 1:
+        return shown
+    return f"{shown} {P99Basis(num_requests).cell}"
 
 
 def objective_header(name: str) -> str:
@@ -162,7 +174,7 @@ def trial_table(rows: Sequence[TableRow], objectives: Sequence[str], width: int,
     for r, cells in zip(rows, values, strict=True):
         middle = [r.state, *cells, *[""] * (len(objectives) - len(cells))]
         if show_tpot:
-            middle.append(figure(r.tpot_p99_ms))
+            middle.append(p99_cell(r.tpot_p99_ms, r.tpot_p99_num_requests))
         middle.append(r.label if full_labels else short_label(r.label))
         if seconds:
             middle.append(figure(r.elapsed_s))
@@ -198,7 +210,8 @@ def _fixed_columns(rows: Sequence[TableRow], values: Sequence[Sequence[str]],
         columns.append(width_of(objective_header(name), [v[i] for v in values if i < len(v)],
                                 7))
     if show_tpot:
-        columns.append(width_of("TPOT p99 ms", [figure(r.tpot_p99_ms) for r in rows], 8))
+        columns.append(width_of("TPOT p99 ms", [p99_cell(r.tpot_p99_ms, r.tpot_p99_num_requests)
+                                                for r in rows], 8))
     if full_labels:
         columns.append(width_of("bottleneck", [r.label for r in rows], 10))
     else:

@@ -29,6 +29,7 @@ from optimizer.results.recommendation import (
     recommended_trial,
     vllm_defaults_of,
 )
+from optimizer.results.tail_samples import basis_of
 from optimizer.results.trial_record import (
     confirm_label,
     gpus_of,
@@ -63,6 +64,9 @@ class TrialRow:
     conclusion_short: str = ""  # the conclusion for a table cell (<= ~70 characters)
     quality: str = ""  # the quality gate's cell (optimizer/results/quality_gate.py `table_cell`)
     num_gpus: int = 1  # the GPUs its config used; `value` is per GPU (`objectives.per_gpu`)
+    # the requests each p99 is over (optimizer/results/tail_samples.py); None: not recorded
+    tpot_p99_num_requests: int | None = None
+    ttft_p99_num_requests: int | None = None
 
     @property
     def output_throughput_per_gpu(self) -> float | None:
@@ -160,7 +164,14 @@ def _row(trial: FrozenTrial, baseline_flags: Mapping[str, Any],
         conclusion_short=record.conclusion_short if record is not None else "",
         quality=table_cell(record.quality if record is not None else None),
         num_gpus=gpus_of(flags or params_of(trial)),
+        tpot_p99_num_requests=_count(metrics, "num_tpot_samples"),
+        ttft_p99_num_requests=_count(metrics, "completed"),
     )
+
+
+def _count(metrics: Mapping[str, Any], key: str) -> int | None:
+    basis = basis_of(metrics, key)
+    return basis.num_requests if basis is not None else None
 
 
 def pareto_front(rows: Sequence[TrialRow]) -> tuple[int, ...]:

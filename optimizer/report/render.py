@@ -12,6 +12,7 @@ from optimizer.results import gains
 from optimizer.results.conclusion import capacity_text, shorten
 from optimizer.results.objectives import OBJECTIVES, PER_GPU_RULE, on_all_gpus, value_unit
 from optimizer.results.recommendation import NOISE_FRACTION
+from optimizer.results.tail_samples import THIN_RULE, P99Basis
 from optimizer.results.trial_record import objective_unit
 from runners.atomic import write_atomic
 
@@ -59,6 +60,15 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     if value is None:
         return ""
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.{digits}g}"
+
+
+def _p99(value: float | None, num_requests: int | None) -> str:
+    """A p99 cell with the requests it is over: `15.4 n=2,000`, `15.4 n=37 thin`
+    (optimizer/results/tail_samples.py)."""
+    shown = _fmt(value)
+    if not shown or num_requests is None:
+        return shown
+    return f"{shown} {P99Basis(num_requests).cell}"
 
 
 def _changes(row: TrialRow, *, in_sentence: bool = False) -> str:
@@ -177,9 +187,11 @@ pipeline, they are not measurements.</div>{% endif %}
 <th>TPOT p99 ms</th><th>TTFT p99 ms</th><th>bottleneck</th></tr>
 {% for row in front %}<tr><td>{{ row.number }}</td><td>{{ changes(row) }}</td>
 <td class="num">{{ fmt(row.output_throughput_per_gpu) }}</td>
-<td class="num">{{ fmt(row.p99_tpot_ms) }}</td>
-<td class="num">{{ fmt(row.p99_ttft_ms) }}</td><td>{{ row.label }}</td></tr>
+<td class="num">{{ p99(row.p99_tpot_ms, row.tpot_p99_num_requests) }}</td>
+<td class="num">{{ p99(row.p99_ttft_ms, row.ttft_p99_num_requests) }}</td>
+<td>{{ row.label }}</td></tr>
 {% endfor %}</table>
+<p>n: the requests each p99 is over; {{ thin_rule }}.</p>
 <p>Export a point of the front: <code>nightshift export STUDY.yaml --max-tpot-ms N</code>
 (the best {{ r.objective }} whose TPOT p99 is at most N) or <code>--trial N</code>.</p>
 <h2>Every trial</h2>
@@ -191,8 +203,9 @@ pipeline, they are not measurements.</div>{% endif %}
  ('baseline' if row.is_baseline else '') }}"><td>{{ row.number }}</td><td>{{ row.state }}</td>
 <td>{{ changes(row) }}</td><td class="num">{{ fmt(row.value) }}</td>
 <td class="num">{{ fmt(row.output_throughput_per_gpu) }}</td>
-<td class="num">{{ fmt(row.p99_tpot_ms) }}</td>
-<td class="num">{{ fmt(row.p99_ttft_ms) }}</td><td class="num">{{ fmt(row.startup_s) }}</td>
+<td class="num">{{ p99(row.p99_tpot_ms, row.tpot_p99_num_requests) }}</td>
+<td class="num">{{ p99(row.p99_ttft_ms, row.ttft_p99_num_requests) }}</td>
+<td class="num">{{ fmt(row.startup_s) }}</td>
 <td>{% if row.label %}<span class="label" style="background: {{ colours.get(row.label, '#7f7f7f')
 }}">{{ row.label }}</span>{% endif %}</td><td>{{ row.quality }}</td>
 <td title="{{ row.conclusion }}">{{ short(row) }}</td></tr>
@@ -250,6 +263,7 @@ def render_html(report: Report) -> str:
     front = [r for r in report.rows if r.number in report.pareto]
     return env.from_string(_HTML).render(
         r=report, headline=headline(report), front=front, changes=_changes, fmt=_fmt,
+        p99=_p99, thin_rule=THIN_RULE,
         counts=trial_counts(report),
         short=_short, too_few=TOO_FEW_FOR_IMPORTANCES, unit=value_unit(report.objective),
         per_gpu_rule=PER_GPU_RULE,
@@ -281,7 +295,8 @@ def render_markdown(report: Report) -> str:
     for row in report.rows:
         if row.number in report.pareto:
             lines.append(f"| {row.number} | {_md_cell(_changes(row))} | "
-                         f"{_fmt(row.output_throughput_per_gpu)} | {_fmt(row.p99_tpot_ms)} | "
+                         f"{_fmt(row.output_throughput_per_gpu)} | "
+                         f"{_p99(row.p99_tpot_ms, row.tpot_p99_num_requests)} | "
                          f"{row.label} |")
     lines += ["", "## Every trial", "",
               f"| trial | state | change vs defaults | {report.objective} "
@@ -291,8 +306,9 @@ def render_markdown(report: Report) -> str:
     for row in report.rows:
         lines.append(f"| {row.number} | {row.state} | {_md_cell(_changes(row))} | "
                      f"{_fmt(row.value)} | {_fmt(row.output_throughput_per_gpu)} | "
-                     f"{_fmt(row.p99_tpot_ms)} | {row.label} | {_md_cell(row.quality)} | "
-                     f"{_md_cell(_short(row))} |")
+                     f"{_p99(row.p99_tpot_ms, row.tpot_p99_num_requests)} | {row.label} | "
+                     f"{_md_cell(row.quality)} | {_md_cell(_short(row))} |")
+    lines += ["", f"n: the requests each p99 is over; {THIN_RULE}."]
     lines += ["", "## Parameter importances", "", "![importances](importances.png)", ""]
     for name, value in sorted(report.importances.items(), key=lambda kv: -kv[1]):
         lines.append(f"- {name}: {value:.2f}")

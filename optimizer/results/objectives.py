@@ -91,7 +91,8 @@ def operating_step(objective: str, steps: Sequence[StepMetrics]) -> StepMetrics 
     search, the highest load that met the SLO (its hold, where one held it), or None when
     none did (the trial has no operating point: `described_step` gives the load to describe
     then). With fixed levels, the level that gave the objective its value (the best for a
-    rate, the worst for a latency; a level with no sample, nan, never)."""
+    rate, the worst for a latency; a level with no sample, nan, never), among the levels
+    whose load was applied where there is one."""
     measured = [s for s in steps if s.metrics.completed > 0]
     if is_capacity_search(measured):
         within = [s for s in measured if s.meets_slo]
@@ -100,7 +101,10 @@ def operating_step(objective: str, steps: Sequence[StepMetrics]) -> StepMetrics 
         return max(within, key=lambda s: (_load(s), s.is_hold), default=None)
     if not measured:
         return None
-    return max(measured, key=lambda s: _finite_or_lowest(step_value(objective, s)))
+    # A level whose load was not applied describes a lighter load than its label: another
+    # level speaks for the trial where one was applied (the conclusion says which were not).
+    applied = [s for s in measured if not s.is_load_unapplied] or measured
+    return max(applied, key=lambda s: _finite_or_lowest(step_value(objective, s)))
 
 
 def described_step(objective: str, steps: Sequence[StepMetrics]) -> StepMetrics | None:

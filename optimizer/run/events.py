@@ -28,6 +28,8 @@ class TrialEvent:
     elapsed_s: float = 0.0
     label: str = ""  # the bottleneck classifier's verdict, once there is one
     confirm: str = ""  # "defaults" or "best": a final confirmation run, not a search trial
+    # the requests the TPOT p99 is over, once the trial's record says (tail_samples.py)
+    tpot_p99_num_requests: int | None = None
 
 
 def confirm_of(running: Running) -> str:

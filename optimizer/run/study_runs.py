@@ -16,6 +16,7 @@ import optuna
 from optimizer.config import StudyConfig
 from optimizer.errors import describe
 from optimizer.results.recommendation import best_trial, no_baseline_reason, recommended_trial
+from optimizer.results.tail_samples import basis_of
 from optimizer.results.trial_record import ATTR_MLFLOW_RUN, confirm_label
 from optimizer.run.events import DaemonSummary, TrialEvent, confirm_of, first_value
 from optimizer.search.controller import SearchController
@@ -102,12 +103,15 @@ class StudyRuns:
             primary = first_value(self.policy, running) if self.policy else None
         logger.info("trial %d %s: %s params=%s", told.number, record.state, record.conclusion,
                     running.params)
+        tpot_basis = basis_of(record.metrics, "num_tpot_samples")
         self.on_event(TrialEvent("finished", told.number, self._changed(running.config),
                                  record.state, primary, record.metrics.get("p99_tpot_ms"),
                                  record.conclusion_short,
                                  time.monotonic() - running.started,
                                  str((record.verdict or {}).get("label") or ""),
-                                 confirm_of(running)))
+                                 confirm_of(running),
+                                 tpot_p99_num_requests=tpot_basis.num_requests
+                                 if tpot_basis is not None else None))
 
     def _changed(self, config: EngineConfig) -> dict[str, Any]:
         """The flags a trial sets beyond vLLM's defaults and the study's fixed flags."""

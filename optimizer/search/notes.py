@@ -49,6 +49,23 @@ def no_operating_point_note(objective: str, steps: Sequence[StepMetrics]) -> str
             + (f" ({why})." if why else "."))
 
 
+def unapplied_levels_note(steps: Sequence[StepMetrics]) -> str:
+    """The fixed levels whose load the client or the server did not carry (a closed loop that
+    held fewer than its concurrency, an open loop that sent late: `is_load_unapplied`), each
+    with why: their figures are of a lighter load than their label, so no figure of the trial
+    is stated at that load. "" where there is none, or after a capacity search (its probes say
+    it in their own miss reasons)."""
+    if is_capacity_search(steps):
+        return ""
+    unapplied = [s for s in steps if s.metrics.completed > 0 and s.is_load_unapplied]
+    if not unapplied:
+        return ""
+    said = "; ".join(f"{s.level.label}: {s.miss_reason or 'load not applied'}"
+                     for s in unapplied)
+    return (f"Load not applied at {len(unapplied)} level(s), whose figures are of a lighter "
+            f"load than their label ({said}).")
+
+
 def engine_of(trial: optuna.trial.FrozenTrial | None) -> Mapping[str, Any] | None:
     """A trial's engine as its record keeps it (`EngineInfo`), or None (no trial, no record)."""
     record = record_of(trial) if trial is not None else None

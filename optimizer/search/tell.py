@@ -18,6 +18,7 @@ from optimizer.results import quality_gate
 from optimizer.results.conclusion import baseline_trial, conclude, reference_of
 from optimizer.results.objectives import objective_values
 from optimizer.results.recommendation import best_trial
+from optimizer.results.tail_samples import thin_note
 from optimizer.results.trial_record import (
     ATTR_DUPLICATE_OF,
     ATTR_RECORD,
@@ -34,6 +35,7 @@ from optimizer.search.notes import (
     implied_changes_note,
     no_operating_point_note,
     speculation_note,
+    unapplied_levels_note,
 )
 from optimizer.search.startup import startup_metrics, startup_record
 from optimizer.search.trials import Running, Told, TrialLog
@@ -124,7 +126,9 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
             if state == TrialState.COMPLETE and not is_simulated_argv(result.argv) else "",
             "" if item.is_baseline else
             implied_changes_note(item.params, result.engine, engine_of(defaults)),
-            no_operating_point_note(cfg.objectives[0], result.steps))
+            no_operating_point_note(cfg.objectives[0], result.steps),
+            unapplied_levels_note(result.steps),
+            thin_note(metrics))
             if n),
         quality_failed=assessed.failed if assessed is not None else (),
         template=seed_title_of(item.trial),
@@ -163,7 +167,9 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
     if state == TrialState.COMPLETE and policy.has_slo:
         # The sampler learns where configs miss the SLO at every load: infeasible for
         # Optuna's constrained TPE (and never the study's best while one meets it).
+        # A level whose load was not applied met nothing at its load (`is_load_unapplied`).
         met = any(s.meets_slo if s.meets_slo is not None else
+                  not s.is_load_unapplied and
                   meets_slo(s.metrics, workload.slo, workload.max_failed_fraction,
                             s.server_metrics.get("is_saturated", 0.0) > 0)
                   for s in result.steps if s.metrics.completed > 0)

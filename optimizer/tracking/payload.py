@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from optimizer.results.tail_samples import bases_text, headline_bases
 from optimizer.results.trial_record import TrialRecord
 from optimizer.search.startup import startup_tags
 from optimizer.tracking.tags import (
@@ -25,6 +26,8 @@ from optimizer.tracking.tags import (
     TAG_CONFIRM,
     TAG_ENGINE,
     TAG_KIND,
+    TAG_P99_BASIS,
+    TAG_P99_THIN,
     TRACE_FILE,
 )
 from runners.base import BenchmarkMetrics, RunResult
@@ -179,6 +182,11 @@ def tracking_payload(record: TrialRecord, result: RunResult | None, *, number: i
     if record.conclusion:  # the run's description: its figure first, then what it changed
         tags["mlflow.note.content"] = description_of(record.conclusion,
                                                       is_simulated=is_simulated)
+    basis = bases_text(record.metrics)
+    if basis:  # the requests each headline p99 is over; "thin" where too few to be a p99
+        tags[TAG_P99_BASIS] = basis
+        tags[TAG_P99_THIN] = "true" if any(
+            b.is_thin for _, _, b in headline_bases(record.metrics)) else "false"
     capacity = record.capacity or {}
     if capacity.get("status"):
         tags["capacity.status"] = str(capacity["status"])

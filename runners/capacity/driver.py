@@ -22,6 +22,7 @@ from runners.capacity.stream_source import ArrivalGaps
 from runners.loadgen.client import RequestOutput, send_request
 from runners.loadgen.clients import REQUESTS_PER_CLIENT, ClientPool, client_pool
 from runners.loadgen.requests import RequestSpec
+from runners.loadgen.send_log import time_weighted_mean
 
 logger = logging.getLogger(__name__)
 
@@ -209,25 +210,9 @@ class StaircaseDriver:
 
     def mean_in_flight(self, start_s: float, end_s: float) -> float:
         """The in-flight count, time-weighted over [start_s, end_s)."""
-        if end_s <= start_s:
-            return 0.0
         with self._lock:
             changes = list(self._in_flight_changes)
-        count = 0
-        for t, n in changes:
-            if t > start_s:
-                break
-            count = n
-        area, last = 0.0, start_s
-        for t, n in changes:
-            if t <= start_s:
-                continue
-            if t >= end_s:
-                break
-            area += count * (t - last)
-            count, last = n, t
-        area += count * (end_s - last)
-        return area / (end_s - start_s)
+        return time_weighted_mean(changes, start_s, end_s)
 
     def num_in_flight(self) -> int:
         with self._lock:

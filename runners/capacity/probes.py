@@ -11,6 +11,7 @@ from dataclasses import replace
 from runners.base import OnStep, RunStatus, StepMetrics
 from runners.capacity.search import Probe
 from runners.capacity.slo import meets_slo
+from runners.capacity.staircase import unapplied_of
 from runners.levels import mean_prompt_tokens, mean_tokens, measure_repeated
 from runners.session import EngineSession
 
@@ -29,8 +30,12 @@ def run_probes(session: EngineSession, steps: list[StepMetrics],
         index = len(history)
         step = measure_repeated(session, index, search.level(load),
                                 max_duration_s=search.probe_duration_s)
-        ok = meets_slo(step.metrics, workload.slo, workload.max_failed_fraction,
-                       step.server_metrics.get("is_saturated", 0.0) > 0)
+        # A probe whose load was not applied (`runners/applied_load.py`: its `miss_reason`)
+        # has not met the SLO at its load, whatever its percentiles; it ends no bracket
+        # (`unapplied_of`).
+        ok = step.miss_reason is None and meets_slo(
+            step.metrics, workload.slo, workload.max_failed_fraction,
+            step.server_metrics.get("is_saturated", 0.0) > 0)
         step = replace(step, meets_slo=ok)
         served = search.served_of(
             step.metrics, step.server_metrics,
@@ -43,7 +48,7 @@ def run_probes(session: EngineSession, steps: list[StepMetrics],
         logger.info("capacity probe %d at %s: SLO %s (served %s); bracket %s", index,
                     step.level.label, "met" if ok else "missed",
                     "?" if served is None else f"{served:.3g}",
-                    search.bracket(history).describe())
+                    search.bracket(history, unapplied_of(search, steps)).describe())
         if on_step is not None and on_step(step):
             return "stopped"
     return "complete"

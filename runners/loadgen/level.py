@@ -13,16 +13,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-import httpx
-
 from runners import arrivals
 from runners.base import BenchmarkMetrics
-from runners.credentials import auth_headers
 from runners.load_level import LoadLevel
 from runners.loadgen.client import RequestOutput, failed_output, send_request
+from runners.loadgen.clients import ClientPool, client_pool
 from runners.loadgen.metrics import compute_metrics
 from runners.loadgen.modelled_clock import modelled_level_duration_s
 from runners.loadgen.requests import RequestSpec
+from runners.loadgen.send_log import SendLog
 from runners.workload import SLO
 
 logger = logging.getLogger(__name__)
@@ -30,7 +29,6 @@ logger = logging.getLogger(__name__)
 STALLED_ERROR: Final = "stalled"
 STOPPED_ERROR: Final = "stopped"
 
-_CONNECT_TIMEOUT_S = 10.0
 _WATCH_INTERVAL_S = 0.05  # how often the watchdog looks at stop_event and the stall clock
 
 
@@ -51,6 +49,9 @@ class LevelResult:
     # The server declared a modelled clock (the simulated engine) and the figures, duration
     # included, are on it: a model's times, never a measurement.
     is_modelled_clock: bool = False
+    # The client's sends and in-flight count (runners/applied_load.py judges from them whether
+    # the level applied its load); None where no level ran (a result built by hand)
+    sends: SendLog | None = None
 
 
 class _LevelDriver:
@@ -96,13 +97,15 @@ class _LevelDriver:
         # s from the level's start to each request's send as scheduled, in issue order (the
         # tasks'): the arrivals the level offered, whatever a busy host did to them
         self.sent_offsets_s: list[float] = []
+        self.sends = SendLog()  # on time.monotonic(), as the server's /metrics samples
+        self._free_from_s: float | None = None  # monotonic: the cap last freed a waited slot
 
     def _heartbeat(self) -> None:
         self.last_progress = time.perf_counter()
 
-    async def run(self, client: httpx.AsyncClient) -> tuple[list[RequestOutput], float]:
+    async def run(self, clients: ClientPool) -> tuple[list[RequestOutput], float]:
         start = time.perf_counter()
-        self.issuer = asyncio.create_task(self._issue(client, start))
+        self.issuer = asyncio.create_task(self._issue(clients, start))
         watchdog = asyncio.create_task(self._watch())
         try:
             await asyncio.gather(self.issuer, return_exceptions=True)
@@ -133,8 +136,10 @@ class _LevelDriver:
         limit = self.duration_s if self.duration_s is not None else self.max_duration_s
         return limit is not None and time.perf_counter() - start >= limit
 
-    async def _issue(self, client: httpx.AsyncClient, start: float) -> None:
+    async def _issue(self, clients: ClientPool, start: float) -> None:
         rate = self.level.request_rate_rps
+        start_mono = time.monotonic() - (time.perf_counter() - start)
+        is_scheduled = rate is not None or self.send_offsets_s is not None
         specs: Iterator[RequestSpec]
         offsets: Iterator[float]
         if self.send_offsets_s is not None:  # a trace replay: its times, its requests once
@@ -157,7 +162,10 @@ class _LevelDriver:
             # Acquire here, not in the task, so a concurrency-bound level never piles up
             # waiting tasks; order and timing match vLLM's FIFO semaphore inside the task.
             if self.semaphore is not None:
+                waited = self.semaphore.locked()
                 await self.semaphore.acquire()
+                if waited:
+                    self._free_from_s = time.monotonic()
             if self._is_past_duration(start) or self._is_stop_requested():
                 if self.semaphore is not None:
                     self.semaphore.release()
@@ -169,8 +177,11 @@ class _LevelDriver:
                 burst = min(self.level.max_concurrency, len(self.requests))
             closed = rate is None and self.level.max_concurrency is not None \
                 and self.duration_s is None
+            self.sends.record_send(time.monotonic(),
+                                   start_mono + offset if is_scheduled else None,
+                                   self._free_from_s)
             task = asyncio.create_task(self._one(
-                client, spec, is_refilled, burst,
+                clients, spec, is_refilled, burst,
                 len(self.requests) - len(self.tasks) - 1 if closed else None))
             self.sent_offsets_s.append(offset)
             self.tasks.append((task, spec, time.perf_counter()))
@@ -191,14 +202,16 @@ class _LevelDriver:
         ends_s = time.perf_counter() - start + 1.5 * self.slowest_latency_s
         return ends_s < self.max_duration_s
 
-    async def _one(self, client: httpx.AsyncClient, spec: RequestSpec,
+    async def _one(self, clients: ClientPool, spec: RequestSpec,
                    is_refilled: bool = False, burst_size: int = 0,
                    num_remaining: int | None = None) -> RequestOutput:
         if self.num_in_flight == 0:
             self._heartbeat()  # the stall clock runs only while something is in flight
         self.num_in_flight += 1
+        self.sends.record_in_flight(time.monotonic(), self.num_in_flight)
         self.max_in_flight = max(self.max_in_flight, self.num_in_flight)
         sent = time.perf_counter()
+        index, client = clients.acquire()
         try:
             return await send_request(client, self.base_url, self.model, spec, self.timeout_s,
                                       on_chunk=self._heartbeat, is_refilled=is_refilled,
@@ -206,7 +219,9 @@ class _LevelDriver:
         finally:
             self.slowest_latency_s = max(self.slowest_latency_s or 0.0,
                                          time.perf_counter() - sent)
+            clients.release(index)
             self.num_in_flight -= 1
+            self.sends.record_in_flight(time.monotonic(), self.num_in_flight)
             self._heartbeat()
             if self.semaphore is not None:
                 self.semaphore.release()
@@ -308,20 +323,15 @@ async def run_level(
                 b < a for a, b in itertools.pairwise(send_offsets_s)):
             raise ValueError(f"send_offsets_s must hold {len(requests)} finite, non-negative, "
                              "non-decreasing times, one per request.")
-    cap = level.max_concurrency
-    # httpx defaults (100 connections, 5 s timeouts) would queue requests in the client and
-    # cut long streams: size the pool to the load and leave reads unbounded; the per-request
-    # timeout and the stall watchdog bound them instead.
-    limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
-    timeout = httpx.Timeout(None, connect=_CONNECT_TIMEOUT_S)
     driver = _LevelDriver(base_url, model, requests, level, timeout_s=timeout_s, seed=seed,
                           duration_s=duration_s, stop_event=stop_event,
                           stall_timeout_s=stall_timeout_s, max_duration_s=max_duration_s,
                           burstiness=burstiness, send_offsets_s=send_offsets_s)
-    # trust_env=False: an http_proxy from the environment must not capture 127.0.0.1.
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False,
-                                 headers=auth_headers(api_key)) as client:
-        outputs, duration = await driver.run(client)
+    # The requests spread over clients of a few dozen each, as the staircase's stream
+    # (runners/loadgen/clients.py: one client's pool spends its CPU walking its connections).
+    async with client_pool(api_key) as clients:
+        outputs, duration = await driver.run(clients)
+        driver.sends.num_clients = clients.num_clients
     modelled_s = modelled_level_duration_s(outputs, driver.sent_offsets_s)
     is_modelled = modelled_s is not None
     if modelled_s is not None:
@@ -340,6 +350,7 @@ async def run_level(
         stalled=driver.abort_reason == STALLED_ERROR,
         stopped=driver.abort_reason == STOPPED_ERROR,
         is_modelled_clock=is_modelled,
+        sends=driver.sends,
     )
 
 

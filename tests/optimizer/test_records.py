@@ -40,6 +40,29 @@ def test_operating_point_is_the_best_level_for_goodput_and_worst_for_latency() -
     assert operating_step("tpot", steps).step == 2
 
 
+def test_a_fixed_level_whose_load_was_not_applied_is_not_the_trials_operating_point() -> None:
+    """Concurrency 16 gave the most goodput, but its client held 9 of 16: its figures are of
+    a lighter load than its label, so the trial's are the applied level's; the conclusion's
+    note names it and why. With no level applied, the best still speaks, with the note."""
+    from optimizer.search.notes import unapplied_levels_note
+
+    reason = ("load not applied: 9 of 16 requests in flight on average over the 4 s window; "
+              "the SLO is not shown at 16")
+    unapplied = StepMetrics(step=1, level=LoadLevel(max_concurrency=16),
+                            metrics=_metrics(3.0, 9.0),
+                            server_metrics={"steady.is_load_unapplied": 1.0},
+                            miss_reason=reason)
+    steps = [_step(0, 2.0, 5.0), unapplied]
+    assert unapplied.is_load_unapplied and not steps[0].is_load_unapplied
+    assert operating_step("goodput", steps).step == 0
+    assert objective_values(["goodput", "tpot"], steps) == [2.0, 5.0]
+    assert unapplied_levels_note(steps) == (
+        f"Load not applied at 1 level(s), whose figures are of a lighter load than their "
+        f"label (concurrency=16: {reason}).")
+    assert unapplied_levels_note([steps[0]]) == ""
+    assert operating_step("goodput", [unapplied]).step == 1
+
+
 def test_every_objective_of_a_trial_reads_the_first_ones_operating_level() -> None:
     steps = [_step(0, 2.0, 5.0), _step(1, 3.0, 9.0), _step(2, 2.5, 12.0)]
     assert objective_values(["goodput", "tpot"], steps) == [3.0, 9.0], \

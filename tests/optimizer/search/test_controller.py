@@ -52,3 +52,31 @@ def test_gpus_lost_to_a_dead_node_reach_placement(make_setup: Callable[..., Setu
     controller = _controller(make_setup, total_gpus=2)
     controller.total_gpus = 1  # what the daemon does when Ray counts a node out
     assert controller.placement.total_gpus == 1 and controller.placement.max_parallel() == 1
+
+
+def test_a_level_whose_load_was_not_applied_meets_no_slo_and_the_conclusion_says_it_and_a_thin_p99(
+        make_setup: Callable[..., Setup]) -> None:
+    """The defaults' every level within the SLO by its figures, but its client held a third of
+    the concurrency (runners/applied_load.py): the trial met the SLO at no load it was shown,
+    and its conclusion names the level and why; its p99s, over 16 requests each, are thin."""
+    from dataclasses import replace
+
+    from optimizer.results.recommendation import met_slo
+    from optimizer.results.tail_samples import THIN_P99_REQUESTS
+
+    controller = _controller(make_setup, max_num_seqs=[256, 64])
+    defaults = controller.next_launch(lambda n: not controller.running)
+    assert defaults is not None
+    reason = "load not applied: 3 of 8 requests in flight on average over the 2 s window"
+    for index, level in enumerate(controller.workload.levels):
+        unapplied = replace(step(index, level, 5.0, 5.0),
+                            server_metrics={"steady.is_load_unapplied": 1.0},
+                            miss_reason=reason)
+        assert not controller.on_step(defaults, unapplied)
+    controller.on_result(defaults, RunResult(status="complete", steps=tuple(defaults.steps)))
+    trial = controller.study.get_trials(deepcopy=False)[defaults.trial.number]
+    record = record_of(trial)
+    assert record is not None
+    assert not met_slo(trial), "no level met the SLO at its load"
+    assert "Load not applied at" in record.conclusion and reason in record.conclusion
+    assert THIN_P99_REQUESTS > 16 and "p99s are over 16 requests: thin" in record.conclusion

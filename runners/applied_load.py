@@ -1,0 +1,113 @@
+"""Whether a bounded load level (a fixed level, a trace's or conversations' probe) applied the
+load it is labelled with, by the staircase's own rules (runners/capacity/judge.py): an open
+loop whose client sent more than the tolerance of its requests late (`late_sends`), or a closed
+loop whose server, or client, held fewer requests than its concurrency (`unapplied_load`), did
+not; its figures are of a load nobody offered, so it is no measurement at its label.
+
+A closed loop over a bounded list holds its concurrency only between the send that filled it
+and the last send (the first requests go out at once; after the last the loop drains): that is
+the span judged. A level that sends all its requests at once never refills, and a level with
+neither a schedule nor a cap ("all at once") has no load to hold: neither is judged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from runners import prometheus
+from runners.capacity.judge import WindowCounts, late_sends, unapplied_load
+from runners.capacity.step import late_bound_s
+from runners.load_level import LoadLevel
+from runners.loadgen.client import RequestOutput
+from runners.loadgen.send_log import SendLog
+
+# A StepMetrics.server_metrics key (the staircase's too): 1.0 where the load was not applied.
+UNAPPLIED_KEY = "steady.is_load_unapplied"
+
+
+@dataclass(frozen=True)
+class AppliedLoad:
+    """A level's applied-load verdict: why its load was not applied (None: it was, or there
+    was nothing to judge) and the figures it rests on, for the level's record."""
+
+    reason: str | None
+    figures: dict[str, float]
+
+    def as_server_metrics(self) -> dict[str, float]:
+        """The figures, and `UNAPPLIED_KEY` where the load was not applied."""
+        out = dict(self.figures)
+        if self.reason is not None:
+            out[UNAPPLIED_KEY] = 1.0
+        return out
+
+
+def judge_level_load(level: LoadLevel, sends: SendLog | None,
+                     outputs: Sequence[RequestOutput],
+                     samples: Sequence[tuple[float, dict[str, float]]],
+                     tolerance: float) -> AppliedLoad:
+    """Whether `level` applied its load: `sends` the client's log, `outputs` its requests' in
+    issue order, `samples` the server's /metrics over the level (time.monotonic(), scrape),
+    `tolerance` the capacity search's (relative)."""
+    if sends is None or not sends.sent_s:
+        return AppliedLoad(None, {})
+    if level.request_rate_rps is None and level.max_concurrency is not None:
+        return _closed_loop(level.max_concurrency, sends, outputs, samples, tolerance)
+    if any(d is not None for d in sends.due_s):
+        return _open_loop(sends, tolerance)
+    return AppliedLoad(None, {})
+
+
+def _open_loop(sends: SendLog, tolerance: float) -> AppliedLoad:
+    due = [d for d in sends.due_s if d is not None]
+    span_s = due[-1] - due[0]
+    if len(due) < 2 or span_s <= 0:
+        return AppliedLoad(None, {})
+    bound = late_bound_s((len(due) - 1) / span_s)  # one mean gap of the schedule
+    late = sum(1 for x in sends.late_s if x is not None and x > bound)
+    counts = WindowCounts(window_s=span_s, num_sent=len(due), num_ended=0, mean_in_flight=0.0,
+                          waiting_rise=None, num_sent_late=late, late_bound_s=bound)
+    return AppliedLoad(late_sends(counts, tolerance), {
+        "applied.num_sent_late": float(late), "applied.late_bound_s": bound})
+
+
+def _closed_loop(concurrency: int, sends: SendLog, outputs: Sequence[RequestOutput],
+                 samples: Sequence[tuple[float, dict[str, float]]],
+                 tolerance: float) -> AppliedLoad:
+    if len(sends.sent_s) <= concurrency:
+        return AppliedLoad(None, {})  # sent at once, never refilled: no full span to judge
+    start, end = sends.sent_s[concurrency - 1], sends.sent_s[-1]
+    if end <= start:
+        return AppliedLoad(None, {})
+    in_system = tuple(
+        s[prometheus.NUM_REQUESTS_RUNNING] + s.get(prometheus.NUM_REQUESTS_WAITING, 0.0)
+        for t, s in samples if start <= t <= end and prometheus.NUM_REQUESTS_RUNNING in s)
+    window_s, mean = end - start, sends.mean_in_flight(start, end)
+    modelled = _modelled_in_flight(concurrency, outputs)
+    if modelled is not None:  # the simulated engine's clock, on which its latencies are
+        window_s, mean = modelled
+    counts = WindowCounts(window_s=window_s, num_sent=len(sends.sent_s) - concurrency,
+                          num_ended=0, mean_in_flight=mean, waiting_rise=None,
+                          server_in_system=in_system, client_window_s=end - start)
+    figures = {"applied.window_s": window_s, "applied.mean_in_flight": mean}
+    if counts.server_mean_in_system is not None:
+        figures["applied.server_mean_in_system"] = counts.server_mean_in_system
+    return AppliedLoad(unapplied_load(counts, float(concurrency), tolerance), figures)
+
+
+def _modelled_in_flight(concurrency: int,
+                        outputs: Sequence[RequestOutput]) -> tuple[float, float] | None:
+    """(span, mean in flight) of a closed loop's full span on a server's modelled clock: from
+    the arrival that filled the loop to the last arrival, over every request's modelled span;
+    None unless every success carries one (then the client's clock stands)."""
+    spans = [o.modelled_span_s for o in outputs if o.modelled_span_s is not None]
+    if not spans or len(spans) < sum(o.success for o in outputs):
+        return None
+    arrivals = sorted(a for a, _ in spans)
+    if len(arrivals) <= concurrency:
+        return None
+    t0, t1 = arrivals[concurrency - 1], arrivals[-1]
+    if t1 <= t0:
+        return None
+    area = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in spans)
+    return t1 - t0, area / (t1 - t0)

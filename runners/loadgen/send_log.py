@@ -1,0 +1,68 @@
+"""What a load's client did, on one clock: each request's send (and, where it had a schedule,
+when it was due) and the in-flight count's changes. Read to judge whether a level applied the
+load it is labelled with (runners/applied_load.py): a client starved of CPU sends late and
+reads its replies late, so the server sees less than the label says."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+def time_weighted_mean(changes: Sequence[tuple[float, int]], start_s: float,
+                       end_s: float) -> float:
+    """A count over [start_s, end_s), time-weighted, from its changes (time, count after),
+    in time order; 0 before the first change."""
+    if end_s <= start_s:
+        return 0.0
+    count = 0
+    for t, n in changes:
+        if t > start_s:
+            break
+        count = n
+    area, last = 0.0, start_s
+    for t, n in changes:
+        if t <= start_s:
+            continue
+        if t >= end_s:
+            break
+        area += count * (t - last)
+        count, last = n, t
+    area += count * (end_s - last)
+    return area / (end_s - start_s)
+
+
+@dataclass
+class SendLog:
+    """A bounded level's sends and in-flight count, times on `time.monotonic()` (the clock
+    `prometheus.MetricsPoller` stamps its samples with). One event loop's thread writes it."""
+
+    sent_s: list[float] = field(default_factory=list)  # each request's send, in issue order
+    # When each was due by its schedule (a rate's arrivals, a trace's times); None where it had
+    # none (a closed loop sends as a slot frees). Parallel to `sent_s`.
+    due_s: list[float | None] = field(default_factory=list)
+    # How much later than it could have been sent each was: after its due time and after the
+    # concurrency cap freed a slot for it (a capped rate's wait for a slot is the load's own
+    # rule, not the client falling behind); None without a schedule. Parallel to `sent_s`.
+    late_s: list[float | None] = field(default_factory=list)
+    in_flight_changes: list[tuple[float, int]] = field(default_factory=list)  # (t, count after)
+    num_clients: int = 0  # the httpx clients the requests went out on (runners/loadgen/clients.py)
+
+    def record_send(self, sent_s: float, due_s: float | None,
+                    free_from_s: float | None = None) -> None:
+        """A request sent at `sent_s`, due at `due_s`; `free_from_s`: when the concurrency cap
+        last let the sender go on after it had to wait for a slot (None: it never waited)."""
+        self.sent_s.append(sent_s)
+        self.due_s.append(due_s)
+        if due_s is None:
+            self.late_s.append(None)
+        else:
+            ready_s = due_s if free_from_s is None else max(due_s, free_from_s)
+            self.late_s.append(max(0.0, sent_s - ready_s))
+
+    def record_in_flight(self, t_s: float, count: int) -> None:
+        self.in_flight_changes.append((t_s, count))
+
+    def mean_in_flight(self, start_s: float, end_s: float) -> float:
+        """The client's in-flight count, time-weighted over [start_s, end_s)."""
+        return time_weighted_mean(self.in_flight_changes, start_s, end_s)
