@@ -227,7 +227,7 @@ def settle_token_auth(address: str | None) -> None:
     if AUTH_MODE_ENV in os.environ:
         return
     from ray._private.authentication.authentication_token_setup import _enable_token_auth
-    from ray._raylet import AuthenticationTokenLoader
+    from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]
 
     if address is None or (address == "auto" and AuthenticationTokenLoader.instance()
                            .has_token(ignore_auth_mode=True)):
