@@ -19,7 +19,7 @@ from pathlib import Path
 
 from optimizer import bottleneck
 from runners.base import EngineConfig, RunResult
-from runners.capacity_search import CapacitySearch
+from runners.capacity.search import CapacitySearch
 from runners.engine import EngineRunner
 from runners.hardware import load_preset
 from runners.model_info import load_model_info

@@ -34,7 +34,8 @@ from search_spaces import bundled_spaces, load_space
 def asked(sample: Callable[[optuna.trial.BaseTrial], Mapping[str, Any]], count: int,
           seed: int) -> list[dict[str, Any]]:
     """The candidates as the screen drew them before 2026-12-06: a scratch RandomSampler
-    study asked up to 3 * count times."""
+    study asked up to 3 * count times (tests/optimizer/search/test_screen.py holds the direct
+    draw to it)."""
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
     seen: dict[str, dict[str, Any]] = {}
     for _ in range(3 * count):

@@ -31,9 +31,10 @@ from typing import Any
 
 from runners.base import EngineConfig
 from runners.capacity import driver as staircase_driver
-from runners.capacity.driver import StaircaseDriver, endless_requests
+from runners.capacity.driver import StaircaseDriver
 from runners.capacity.plan import StepPlan
 from runners.capacity.step import measure_step
+from runners.capacity.stream_source import endless_requests
 from runners.loadgen.requests import build_requests
 from runners.process import EngineProcess, free_port, wait_healthy
 from runners.simulated.launcher import SimulatedLauncher

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from runners.capacity_search import Bracket
+from runners.capacity.bracket import Bracket
 from runners.load_level import LoadLevel
 from runners.workload import Workload
 

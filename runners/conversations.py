@@ -35,9 +35,9 @@ from runners.loadgen.level import (
     STOPPED_ERROR,
     LevelResult,
     StopFlag,
-    modelled_duration_s,
 )
 from runners.loadgen.metrics import compute_metrics
+from runners.loadgen.modelled_clock import modelled_duration_s
 from runners.loadgen.requests import RequestSpec, synthesise_request
 from runners.tokenizer import PromptTokenizer, load_tokenizer
 from runners.workload import SLO, Workload

@@ -27,9 +27,10 @@ from runners.base import (
     RunStatus,
     StepMetrics,
 )
+from runners.capacity.bracket import Bracket
 from runners.capacity.probes import run_probes
+from runners.capacity.search import CapacitySearch, Probe
 from runners.capacity.staircase import holds_of, run_staircase, unapplied_of
-from runners.capacity_search import Bracket, CapacitySearch, Probe
 from runners.credentials import (
     API_KEY_ENV,
     launch_secrets,

@@ -1,6 +1,7 @@
 """Model shape from a Hugging Face `config.json`: what the roofline, memory and TP rules need,
 the parameter counts among them (weights in memory, weights a token passes, weights a step reads)
-for dense decoders and for the mixture-of-experts forms modelled (`MOE_FAMILIES`).
+for dense decoders and for the mixture-of-experts forms modelled (`MOE_FAMILIES`); the context
+vLLM gives it by default is read in runners/model_context.py.
 
 Ships configs of a few real shapes under `model_configs/` so a study can run with dummy weights
 and no hub (`model: qwen2.5-7b`).
@@ -12,6 +13,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
+
+from runners.model_context import derived_max_model_len, longrope_default_len
 
 MODEL_CONFIGS_DIR = Path(__file__).parent / "model_configs"
 # The checkpoint each bundled shape was copied from (its `config.json` as published; the base
@@ -216,8 +219,8 @@ class ModelInfo:
             quant_method=quant.get("quant_method"),
             tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
             architecture=_architecture(config),
-            derived_max_model_len=_derived_max_model_len(config, text),
-            longrope_default_len=_longrope_default_len(config, text),
+            derived_max_model_len=derived_max_model_len(config, text),
+            longrope_default_len=longrope_default_len(config, text),
             is_vocab_size_given=text.get("vocab_size") is not None,
             num_experts=moe[0],
             num_experts_per_tok=moe[1],
@@ -280,74 +283,6 @@ def _size(config: dict[str, Any], key: str, default: int | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= _MAX_SIZE:
         raise ValueError(f"{key!r} must be a whole number >= 1 but got {value!r:.40}")
     return value
-
-
-# The keys vLLM 0.26 reads a model's length from, smallest wins
-# (transformers_utils/model_arch_config_convertor.py:326-359); `model_max_length` then wins
-# outright where set (Command-R, Cohere2).
-_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
-                "model_max_length", "max_target_positions", "max_sequence_length",
-                "max_seq_length", "seq_len")
-
-
-def _derived_max_model_len(config: dict[str, Any], text: dict[str, Any]) -> int | None:
-    """The context vLLM 0.26 derives from a config.json (`derive_max_model_len_and_key` and
-    `_get_and_verify_max_len`, config/model.py:2152-2245): the smallest of the length keys
-    it reads (`model_max_length` wins where set), scaled by the RoPE factor except for the
-    `su`, `longrope` and `llama3` types (whose length is already the long context) and for
-    Gemma 3; YaRN scales `original_max_position_embeddings`. None where config.json names no
-    length key. Not modelled: the per-architecture convertors (e.g. MPT's, Falcon's), and a
-    tokenizer_config.json's `model_max_length`, which vLLM 0.26 reads only for pooling models
-    with absolute position embeddings (config/model.py:1766-1776), never for generation."""
-    lengths = [v for k in _LENGTH_KEYS if isinstance(v := text.get(k), int | float)
-               and not isinstance(v, bool) and v >= 1]
-    if not lengths:
-        return None
-    explicit = text.get("model_max_length")
-    derived = float(explicit) if isinstance(explicit, int | float) and \
-        not isinstance(explicit, bool) and explicit >= 1 else float(min(lengths))
-    factor = 1.0  # every layer type shares one factor
-    for section in _rope_sections(config, text):
-        kind = section.get("rope_type", section.get("type"))
-        if kind in ("su", "longrope", "llama3"):
-            continue
-        value = section.get("factor", factor)
-        factor = float(value) if isinstance(value, int | float) and value > 0 else 1.0
-        if kind == "yarn":
-            original = section.get("original_max_position_embeddings",
-                                   text.get("original_max_position_embeddings"))
-            if isinstance(original, int) and original >= 1:
-                derived = float(original)
-    return max(1, int(derived * factor))
-
-
-def _rope_sections(config: dict[str, Any], text: dict[str, Any]) -> list[dict[str, Any]]:
-    """The config's RoPE parameters, one dict per layer type (Transformers 5 may nest them);
-    none for Gemma 3, whose length vLLM never scales."""
-    rope = text.get("rope_parameters") or text.get("rope_scaling")
-    if not isinstance(rope, dict) or "gemma3" in str(text.get("model_type") or
-                                                    config.get("model_type") or ""):
-        return []
-    if "rope_type" in rope or "type" in rope or "factor" in rope:
-        return [rope]
-    return [v for v in rope.values() if isinstance(v, dict)]
-
-
-def _longrope_default_len(config: dict[str, Any], text: dict[str, Any]) -> int | None:
-    """vLLM 0.26's max_model_len with none given, for a model with a LongRoPE section:
-    `original_max_position_embeddings` (the config's, else the section's), so that short
-    prompts keep the short factors' quality; None for any other model, or where the length
-    is not given (vLLM then keeps the derived context)."""
-    sections = _rope_sections(config, text)
-    if not any(s.get("rope_type", s.get("type")) in ("longrope", "su") for s in sections):
-        return None
-    original = text.get("original_max_position_embeddings")
-    for section in sections:
-        if original is None:
-            original = section.get("original_max_position_embeddings")
-    if isinstance(original, int) and not isinstance(original, bool) and original >= 1:
-        return original
-    return None
 
 
 def _architecture(config: dict[str, Any]) -> str | None:

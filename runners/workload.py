@@ -1,6 +1,6 @@
 """What a trial is asked to measure: prompt and output lengths, where the prompts come from (a
 file, a dataset, a trace, conversations), the SLO, the levels or the capacity search that finds
-them (runners/capacity_search.py), and the quality evaluation.
+them (runners/capacity/search.py), and the quality evaluation.
 
 Plain data that pickles through Ray; imports of `runners` only the value types it holds
 (`LoadLevel`, `CapacitySearch`), so that `base.py` (the results and the Runner protocol) and
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from runners.capacity_search import CapacitySearch
+from runners.capacity.search import CapacitySearch
 from runners.load_level import LoadLevel
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ import optuna
 import yaml
 from mlflow import MlflowClient
 
-from runners.base import BenchmarkMetrics
-from runners.capacity_search import CapacitySearch
+from runners.base import BenchmarkMetrics, EngineConfig, RunResult
+from runners.capacity.search import CapacitySearch
 from runners.workload import SLO, LengthDistribution, Workload
 
 MODEL = {"path": "qwen2.5-7b", "load_format": "dummy", "skip_tokenizer_init": True}
@@ -60,6 +60,23 @@ def categorical_space(tmp_path: Path, **choices: list[Any]) -> Path:
         name: {"type": "categorical", "choices": values, "default": "vllm"}
         for name, values in choices.items()}}))
     return path
+
+
+def search_setup(tmp_path: Path, choices: dict[str, list[Any]] | None = None,
+                 **overrides: Any) -> tuple[Any, Any, optuna.Study]:
+    """What a search policy is built from, as the daemon builds it: the study file's config
+    (`write_study` with `overrides`), the resolved space over `choices` (`categorical_space`;
+    max_num_seqs [256, 64] when none) and a new in-memory study with the file's sampler and
+    pruner."""
+    from optimizer.config import load_study
+    from optimizer.storage.study import make_pruner, make_sampler
+    from search_spaces import load_space
+
+    space_path = categorical_space(tmp_path, **(choices or {"max_num_seqs": [256, 64]}))
+    cfg = load_study(write_study(tmp_path, search_space=str(space_path), **overrides))
+    study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
+                                pruner=make_pruner(cfg))
+    return cfg, load_space(space_path).resolve({}), study
 
 
 def load(tmp_path: Path, name: str = "e2e") -> optuna.Study:
@@ -107,16 +124,35 @@ def staircase_workload(workload: dict[str, Any] | None = None, **capacity: Any) 
                     **(workload or {}))
 
 
+def simulated_run(tmp_path: Path, config: EngineConfig, workload: Workload, *,
+                  stall_timeout_s: float = 30.0) -> RunResult:
+    """`config` run once on the simulated H200 (start-ups at 0.1% of the modelled time) by a
+    runner of its own over tmp_path/engines, the trial's files in tmp_path/trial; the runner
+    closed after. Asserts that the trial completed."""
+    from runners.engine import EngineRunner
+    from runners.simulated.launcher import SimulatedLauncher
+
+    runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
+                          tmp_path / "engines", stall_timeout_s=stall_timeout_s)
+    try:
+        result = runner.run(config, workload, tmp_path / "trial")
+    finally:
+        runner.close()
+    assert result.status == "complete", (config.flags, result.failure)
+    return result
+
+
 @contextlib.contextmanager
-def simulated_engine(tmp_path: Path) -> Iterator[str]:
-    """A simulated H200 serving the Qwen2.5-7B shape (dummy weights, token-id prompts), started
-    and healthy: its base URL; terminated on exit."""
-    from runners.base import EngineConfig
+def simulated_engine(tmp_path: Path, config: EngineConfig | None = None, *,
+                     startup_time_scale: float = 0.01) -> Iterator[str]:
+    """A simulated H200 serving `config` (default: the Qwen2.5-7B shape, dummy weights,
+    token-id prompts), started and healthy: its base URL; terminated on exit."""
     from runners.process import EngineProcess, free_port, wait_healthy
     from runners.simulated.launcher import SimulatedLauncher
 
-    launcher = SimulatedLauncher("h200", startup_time_scale=0.01, seed=0)
-    config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
+    launcher = SimulatedLauncher("h200", startup_time_scale=startup_time_scale, seed=0)
+    config = config or EngineConfig(model="qwen2.5-7b", load_format="dummy",
+                                    skip_tokenizer_init=True)
     port = free_port()
     argv, env = launcher.command(config, port, tmp_path, None)
     proc = EngineProcess.start(argv, env, tmp_path / "log", tmp_path)

@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import optuna
 
+from bench.h200 import pair_table as bench
 from optimizer.results.trial_record import ATTR_RECORD, TrialRecord
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_pair_table",
-                                                  ROOT / "bench" / "h200" / "pair_table.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _arm(folder: Path, name: str, walls: list[tuple[float, float, str]]) -> Path:
@@ -43,7 +29,6 @@ def _arm(folder: Path, name: str, walls: list[tuple[float, float, str]]) -> Path
 
 
 def test_each_arm_is_its_trials_over_the_time_they_ran(tmp_path: Path, capsys) -> None:
-    bench = _load()
     before = _arm(tmp_path / "before", "h200-pair-before",
                   [(203, 220, "cold"), (149, 165, "cold"), (70, 85, "warm")])
     after = _arm(tmp_path / "after", "h200-pair-after",

@@ -4,28 +4,15 @@ points."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import optuna
 import pytest
 
+from bench import replay as replay_mod
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_replay", ROOT / "bench" / "replay.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_replay"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-replay_mod = _load()
 H200_TABLE = json.loads((ROOT / "bench" / "data" / "h200_grid.json").read_text())
 
 

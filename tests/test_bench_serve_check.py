@@ -4,31 +4,17 @@ as data, the word-level tokenizer, and the verdict rules on runs in the shape of
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
+from bench.gpu import bench_serve_check as check
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_serve_check",
-                                                  ROOT / "bench" / "gpu" / "bench_serve_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-check = _load()
 
 
 def _flag(argv: list[str], name: str) -> str:

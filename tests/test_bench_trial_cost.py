@@ -3,26 +3,10 @@ plan never compiles one key twice at once where the plain order does."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_trial_cost",
-                                                  ROOT / "bench" / "trial_cost.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from bench import trial_cost as bench
 
 
 def test_the_plan_saves_the_duplicate_compiles_of_trials_run_side_by_side() -> None:
-    bench = _load()
     knobs = bench.knob_configs(num=12)
     by_key = [knobs[0], *sorted(knobs[1:], key=lambda c: [str(c[k]) for k in bench.KEY_KNOBS])]
     before, after, isolated = (bench.replay_arm(by_key, arm, 2, 1) for arm in bench.ARMS[1:3]

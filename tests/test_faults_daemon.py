@@ -214,24 +214,39 @@ def test_an_optuna_storage_failing_mid_study_stops_the_daemon_cleanly_and_a_resu
     assert_consistent(tmp_path)
 
 
-def test_a_run_the_dead_daemon_could_not_name_in_optuna_is_adopted_not_duplicated(
-        tmp_path: Path) -> None:
-    from optimizer.results.trial_record import ATTR_MLFLOW_RUN
-    from optimizer.run.recovery import Recovery
+def _fresh_study(tmp_path: Path) -> tuple[Any, optuna.Study, Any, str]:
+    """The hopper space, a study in a fresh Optuna database, its MLflow store and the study's
+    run."""
     from optimizer.tracking.tracker import Tracker
     from search_spaces import load_space
 
     space = load_space("hopper").resolve({})
     study = optuna.create_study(study_name="e2e", storage=f"sqlite:///{tmp_path}/optuna.db")
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    parent = tracker.start_study("e2e", key="k", params={}, artifacts={}, objectives={})
+    return space, study, tracker, parent
+
+
+def _recover(tmp_path: Path, study: optuna.Study, space: Any, tracker: Any,
+             parent: str, **options: Any) -> None:
+    """What the next start does first: recover the trials a dead daemon left (one retry)."""
+    from optimizer.run.recovery import Recovery
+
+    Recovery(study, study._storage, space, tracker, parent, "e2e", tmp_path / "results",
+             max_retries=1, **options).run()
+
+
+def test_a_run_the_dead_daemon_could_not_name_in_optuna_is_adopted_not_duplicated(
+        tmp_path: Path) -> None:
+    from optimizer.results.trial_record import ATTR_MLFLOW_RUN
+
+    space, study, tracker, parent = _fresh_study(tmp_path)
     study.enqueue_trial(space.defaults())
     trial = study.ask()
     space.sample(trial)
-    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
-    parent = tracker.start_study("e2e", key="k", params={}, artifacts={}, objectives={})
     launched = tracker.start_trial(parent, "e2e", trial.number, trial.params)
     # ... and the storage failed before the trial took the run's id: the daemon exited.
-    Recovery(study, study._storage, space, tracker, parent, "e2e", tmp_path / "results",
-             max_retries=1).run()
+    _recover(tmp_path, study, space, tracker, parent)
     runs = [r for r in tracker.client.search_runs(
         [tracker.experiment_id("e2e")], filter_string="tags.`nightshift.trial` = '0'")]
     assert [r.info.run_id for r in runs] == [launched], "one MLflow run for the trial"
@@ -239,36 +254,13 @@ def test_a_run_the_dead_daemon_could_not_name_in_optuna_is_adopted_not_duplicate
     assert runs[0].info.status == "FAILED" and runs[0].data.tags["state"] == "failed"
 
 
-def _fresh_study(tmp_path: Path) -> tuple[optuna.Study, Any, str]:
-    """A study in a fresh Optuna database, its MLflow store and the study's run."""
-    from optimizer.tracking.tracker import Tracker
-
-    study = optuna.create_study(study_name="e2e", storage=f"sqlite:///{tmp_path}/optuna.db")
-    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
-    parent = tracker.start_study("e2e", key="k", params={}, artifacts={}, objectives={})
-    return study, tracker, parent
-
-
-def _recover(tmp_path: Path, study: optuna.Study, space: Any, tracker: Any,
-             parent: str) -> None:
-    from optimizer.run.recovery import Recovery
-
-    Recovery(study, study._storage, space, tracker, parent, "e2e", tmp_path / "results",
-             max_retries=1).run()
-
-
 def test_repeated_daemon_deaths_under_the_defaults_spend_no_config_retry(
         tmp_path: Path) -> None:
     # Issue 35: two kill -9s of the daemon while the defaults ran used up their retries and
     # the defaults were abandoned ("tried 2 times"); the daemon's death is not the config's.
     from optimizer.results.trial_record import ATTR_BASELINE, ATTR_MLFLOW_RUN, ATTR_RETRIES
-    from optimizer.tracking.tracker import Tracker
-    from search_spaces import load_space
 
-    space = load_space("hopper").resolve({})
-    study = optuna.create_study(study_name="e2e", storage=f"sqlite:///{tmp_path}/optuna.db")
-    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
-    parent = tracker.start_study("e2e", key="k", params={}, artifacts={}, objectives={})
+    space, study, tracker, parent = _fresh_study(tmp_path)
     study.enqueue_trial(space.defaults(), user_attrs={ATTR_BASELINE: True})
     for kill in range(3):  # launched, then the daemon killed, three times over
         trial = study.ask()
@@ -289,13 +281,8 @@ def test_a_trial_queued_for_gpus_when_the_daemon_died_is_not_a_failed_trial(
         tmp_path: Path) -> None:
     from optimizer.results.trial_record import ATTR_RETRIES
     from optimizer.storage.study import count_trials
-    from optimizer.tracking.tracker import Tracker
-    from search_spaces import load_space
 
-    space = load_space("hopper").resolve({})
-    study = optuna.create_study(study_name="e2e", storage=f"sqlite:///{tmp_path}/optuna.db")
-    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
-    parent = tracker.start_study("e2e", key="k", params={}, artifacts={}, objectives={})
+    space, study, tracker, parent = _fresh_study(tmp_path)
     study.enqueue_trial(space.defaults(), user_attrs={"seeded": True})
     waiting = study.ask()  # asked whole, waiting for GPUs: no run, no work directory
     space.sample(waiting)
@@ -313,10 +300,7 @@ def test_a_trial_queued_for_gpus_when_the_daemon_died_is_not_a_failed_trial(
 
 def test_a_dead_daemons_seed_is_re_queued_as_a_seed_and_its_confirmation_run_is_not(
         tmp_path: Path) -> None:
-    from search_spaces import load_space
-
-    space = load_space("hopper").resolve({})
-    study, tracker, parent = _fresh_study(tmp_path)
+    space, study, tracker, parent = _fresh_study(tmp_path)
     # What a kill -9 leaves: a seed and a confirmation run asked whole, both RUNNING.
     seed = {**space.defaults(), "kv_cache_dtype": "fp8"}
     study.enqueue_trial(seed, user_attrs={"seeded": True})
@@ -340,10 +324,7 @@ def test_a_dead_daemons_seed_is_re_queued_as_a_seed_and_its_confirmation_run_is_
 
 def test_a_trial_whose_sampling_the_dead_daemon_cut_short_is_re_queued_only_if_enqueued(
         tmp_path: Path) -> None:
-    from search_spaces import load_space
-
-    space = load_space("hopper").resolve({})
-    study, tracker, parent = _fresh_study(tmp_path)
+    space, study, tracker, parent = _fresh_study(tmp_path)
     # A daemon killed between two suggestions leaves a RUNNING trial with half a config: one
     # enqueued whole (a seed) and one the sampler was proposing.
     seed = {**space.defaults(), "kv_cache_dtype": "fp8"}
@@ -374,26 +355,20 @@ def test_a_dead_daemons_engine_log_is_scrubbed_of_secrets_before_mlflow_takes_it
     # was scrubbed when its engine ended; a daemon killed mid-trial never did, and the next
     # start's catch-up sent the log's tail to MLflow. Recovery still scrubs such a log.
     from optimizer.results.trial_record import ATTR_MLFLOW_RUN
-    from optimizer.run.recovery import Recovery, trial_workdir
-    from optimizer.tracking.tracker import Tracker
-    from search_spaces import load_space
+    from optimizer.run.recovery import trial_workdir
 
     os.environ["WANDB_API_KEY"] = "wandb-" + "w" * 24  # the user's shell's
     token = "hf_" + "t" * 32  # the study file's env
-    space = load_space("hopper").resolve({})
-    study = optuna.create_study(study_name="e2e", storage=f"sqlite:///{tmp_path}/optuna.db")
+    space, study, tracker, parent = _fresh_study(tmp_path)
     study.enqueue_trial(space.defaults())
     trial = study.ask()
     space.sample(trial)
-    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
-    parent = tracker.start_study("e2e", key="k", params={}, artifacts={}, objectives={})
     run = tracker.start_trial(parent, "e2e", trial.number, trial.params)
     trial.set_user_attr(ATTR_MLFLOW_RUN, run)
     log = trial_workdir(tmp_path / "results", trial.number) / "server.log"
     log.parent.mkdir(parents=True)
     log.write_text(f"login with {token}\nwandb {os.environ['WANDB_API_KEY']}\n")
-    Recovery(study, study._storage, space, tracker, parent, "e2e", tmp_path / "results",
-             max_retries=1, study_env={"HF_TOKEN": token}).run()
+    _recover(tmp_path, study, space, tracker, parent, study_env={"HF_TOKEN": token})
     assert log.read_text() == "login with <redacted>\nwandb <redacted>\n"
     logged = Path(tracker.client.download_artifacts(run, "server.log", str(tmp_path)))
     assert logged.read_text() == log.read_text(), "MLflow took the scrubbed tail"

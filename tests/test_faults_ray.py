@@ -34,12 +34,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from optuna import Study
 from optuna.trial import TrialState
 
 from runners.process import reap_strays
@@ -55,6 +56,12 @@ print(json.dumps({"address": ctx.address_info["gcs_address"],
 sys.stdin.read()  # until the test closes it
 ray.shutdown()
 """
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """The test's environment for a child that imports this tree and starts or joins a Ray
+    (without Ray's token auth), with `extra` added."""
+    return {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled", **extra}
 
 
 def _is_loopback(ip: str) -> bool:
@@ -94,8 +101,7 @@ def _run_study(tmp_path: Path, *, trials: int) -> tuple[
         "input_len": 64, "output_len": 16, "levels": [{"concurrency": 4}],
         "duration_s": 2.0, "num_requests": None, "warmup_requests": 0},
         simulated={"hardware": "h200", "num_gpus": 1, "startup_time_scale": 0.002})
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled",
-           "PYTHONUNBUFFERED": "1"}
+    env = _env(PYTHONUNBUFFERED="1")
     seen: set[tuple[str, str, int, str]] = set()
     with open(tmp_path / "daemon.err", "w") as err:
         daemon = subprocess.Popen([sys.executable, "-m", "optimizer.cli", "start", str(path),
@@ -160,8 +166,7 @@ def test_a_local_ray_starts_whatever_the_ray_address_in_the_environment_names(
         clean_environ: dict[str, str]) -> None:
     # At the layer that starts Ray (the daemon's whole study beside a live Ray that
     # RAY_ADDRESS names is the next test's).
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled",
-           "RAY_ADDRESS": "127.0.0.1:9"}  # nothing listens there
+    env = _env(RAY_ADDRESS="127.0.0.1:9")  # nothing listens there
     done = subprocess.run([sys.executable, "-c", _LOCAL_RAY], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -197,7 +202,7 @@ def test_a_cluster_no_node_of_which_has_the_ray_resources_is_refused_before_any_
     # the field and the fix, exit 2, with results/ and mlruns/ untouched.
     path = write_study(tmp_path, trials=1, ray={"address": other_ray["address"],
                                                 "resources": {"tuning_pool": 1}})
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled"}
+    env = _env()
     done = subprocess.run([sys.executable, "-m", "optimizer.cli", "start", str(path),
                            "--no-progress"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=240)
@@ -241,8 +246,7 @@ def test_a_dead_local_raylet_leaves_no_gpu_to_place_a_trial_on(
     alone would keep the daemon launching on it: a lost worker's GPUs must be placed again."""
     proc = subprocess.Popen([sys.executable, "-c", _RAYLET_KILLED], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO),
-                                 "RAY_AUTH_MODE": "disabled"})
+                            env=_env())
     try:
         out, err = proc.communicate(timeout=90)
     finally:
@@ -286,27 +290,24 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_a_stop_signal_to_the_daemons_process_group_finishes_its_trial_on_a_ray_still_up(
-        tmp_path: Path, clean_environ: dict[str, str], signum: int) -> None:
-    """What a closed terminal (SIGHUP) or `timeout` / `kill -- -PGID` (SIGTERM) sends reaches
-    every process of the daemon's group. Ray's processes are in sessions of their own, so the
-    daemon alone takes it: the trial in flight finishes and the study ends "stopped" with its
-    resume line, nothing of it left running. Before, the raylet and GCS took it too and the
-    driver aborted once Ray's GCS reconnect window passed (60 s; 3 s here, so that a trial
-    whose engine starts for ~15 s outlasts it)."""
+def _stopped_mid_trial(tmp_path: Path, stop: Callable[[int, list[psutil.Process]], None],
+                       **env: str) -> Study:
+    """`nightshift start` on a one-GPU simulated study in a session of its own (a group of its
+    own, as a shell's job is: not pytest's), with `env` added to the test's environment;
+    `stop(daemon_pid, its_descendants)` is called once trial 0's engine is starting up, on a
+    tree where Ray's GCS and raylet run. Whatever the stop, the study must end as a stopped
+    one: exit 0, "stopped" with its resume line, never Ray's abort, nothing of it left running
+    and no engine left behind (the daemon reaped it). The study, as its storage holds it."""
     path = write_study(tmp_path, trials=2, workload={
         "input_len": 64, "output_len": 16, "levels": [{"concurrency": 4}],
         "num_requests": 8, "warmup_requests": 0},
         simulated={"hardware": "h200", "num_gpus": 1, "startup_time_scale": 0.08})
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled",
-           "PYTHONUNBUFFERED": "1", "RAY_gcs_rpc_server_reconnect_timeout_s": "3"}
     log = tmp_path / "daemon.log"
     seen: dict[int, psutil.Process] = {}
-    with open(log, "w") as out:  # a group of its own, as a shell's job is: not pytest's
+    with open(log, "w") as out:
         daemon = subprocess.Popen([sys.executable, "-m", "optimizer.cli", "start", str(path),
-                                   "--no-progress"], cwd=tmp_path, env=env, stdout=out,
+                                   "--no-progress"], cwd=tmp_path,
+                                  env=_env(PYTHONUNBUFFERED="1", **env), stdout=out,
                                   stderr=subprocess.STDOUT, start_new_session=True)
     engines = tmp_path / "results" / "engines"
     try:
@@ -318,7 +319,7 @@ def test_a_stop_signal_to_the_daemons_process_group_finishes_its_trial_on_a_ray_
         seen.update((p.pid, p) for p in _descendants(daemon.pid))
         names = {p.name() for p in seen.values()}
         assert {"gcs_server", "raylet"} <= names, names
-        os.killpg(daemon.pid, signum)
+        stop(daemon.pid, list(seen.values()))
         while daemon.poll() is None and time.monotonic() < deadline:
             seen.update((p.pid, p) for p in _descendants(daemon.pid))
             time.sleep(0.2)
@@ -332,12 +333,37 @@ def test_a_stop_signal_to_the_daemons_process_group_finishes_its_trial_on_a_ray_
     assert code == 0, text[-3000:]
     assert "study e2e stopped" in text and "resume with: nightshift start" in text, text[-3000:]
     assert "Failed to connect to GCS" not in text
-    record = load(tmp_path).trials[0].user_attrs.get("record") or {}
-    assert record.get("state") == "complete", "the trial in flight finished, on Ray still up"
-    assert len(load(tmp_path).trials) == 1, "no trial launched after the stop"
     left = [p for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, f"nothing of the study outlives it: {[_label(p) for p in left]}"
-    assert not orphans and not list(engines.glob("*.json")), "no engine left behind"
+    assert not orphans and not list(engines.glob("*.json")), \
+        "no engine left behind: the daemon reaped its engine"
+    return load(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_to_the_daemons_process_group_finishes_its_trial_on_a_ray_still_up(
+        tmp_path: Path, clean_environ: dict[str, str], signum: int) -> None:
+    """What a closed terminal (SIGHUP) or `timeout` / `kill -- -PGID` (SIGTERM) sends reaches
+    every process of the daemon's group. Ray's processes are in sessions of their own, so the
+    daemon alone takes it: the trial in flight finishes and the study ends "stopped" with its
+    resume line, nothing of it left running. Before, the raylet and GCS took it too and the
+    driver aborted once Ray's GCS reconnect window passed (60 s; 3 s here, so that a trial
+    whose engine starts for ~15 s outlasts it)."""
+    study = _stopped_mid_trial(tmp_path, lambda pid, tree: os.killpg(pid, signum),
+                               RAY_gcs_rpc_server_reconnect_timeout_s="3")
+    record = study.trials[0].user_attrs.get("record") or {}
+    assert record.get("state") == "complete", "the trial in flight finished, on Ray still up"
+    assert len(study.trials) == 1, "no trial launched after the stop"
+
+
+def _terminate_daemon_and_ray(pid: int, tree: list[psutil.Process]) -> None:
+    """SIGTERM to the daemon and every process of its Ray at once, as systemd's
+    KillMode=control-group sends it; not to the engine."""
+    ray_tree = [p for p in tree if "runners.simulated" not in _label(p)]
+    for process in [psutil.Process(pid), *ray_tree]:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
 
 
 @pytest.mark.slow
@@ -348,45 +374,7 @@ def test_a_ray_killed_with_the_daemon_requeues_its_trial_reaps_its_engine_and_sa
     sees its Ray gone, fails and re-queues the trial in flight, reaps its engine, ends its
     MLflow runs and says "stopped" with its resume line. The engine (in a session of its own,
     and slow to end, as vLLM is) is left out of the signal: the daemon must end it."""
-    path = write_study(tmp_path, trials=2, workload={
-        "input_len": 64, "output_len": 16, "levels": [{"concurrency": 4}],
-        "num_requests": 8, "warmup_requests": 0},
-        simulated={"hardware": "h200", "num_gpus": 1, "startup_time_scale": 0.08})
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled",
-           "PYTHONUNBUFFERED": "1"}
-    log = tmp_path / "daemon.log"
-    seen: dict[int, psutil.Process] = {}
-    with open(log, "w") as out:
-        daemon = subprocess.Popen([sys.executable, "-m", "optimizer.cli", "start", str(path),
-                                   "--no-progress"], cwd=tmp_path, env=env, stdout=out,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
-    engines = tmp_path / "results" / "engines"
-    try:
-        deadline = time.monotonic() + 240
-        while not list(engines.glob("*.json")):  # trial 0's engine is starting up
-            assert daemon.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "no engine was launched in time"
-            time.sleep(0.2)
-        seen.update((p.pid, p) for p in _descendants(daemon.pid))
-        ray_tree = [p for p in seen.values() if "runners.simulated" not in _label(p)]
-        assert {"gcs_server", "raylet"} <= {p.name() for p in ray_tree}
-        for process in [psutil.Process(daemon.pid), *ray_tree]:  # as systemd does, at once
-            with contextlib.suppress(psutil.Error):
-                process.terminate()
-        while daemon.poll() is None and time.monotonic() < deadline:
-            seen.update((p.pid, p) for p in _descendants(daemon.pid))
-            time.sleep(0.2)
-        code = daemon.wait(1)
-    finally:
-        if daemon.poll() is None:
-            os.killpg(daemon.pid, signal.SIGKILL)
-            daemon.wait(30)
-        orphans = reap_strays(engines)
-    text = log.read_text()
-    assert code == 0, text[-3000:]
-    assert "study e2e stopped" in text and "resume with: nightshift start" in text, text[-3000:]
-    assert "Failed to connect to GCS" not in text
-    study = load(tmp_path)
+    study = _stopped_mid_trial(tmp_path, _terminate_daemon_and_ray)
     record = study.trials[0].user_attrs.get("record") or {}
     assert record.get("state") == "failed" and record.get("failure_reason") == "interrupted", \
         record
@@ -394,9 +382,6 @@ def test_a_ray_killed_with_the_daemon_requeues_its_trial_reaps_its_engine_and_sa
             and t.user_attrs.get("retry_of") == 0], "the trial is re-queued for the resume"
     assert not [r for r in trial_runs(tmp_path) if r.info.status == "RUNNING"], \
         "no MLflow run left running"
-    left = [p for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert not left, f"nothing of the study outlives it: {[_label(p) for p in left]}"
-    assert not orphans and not list(engines.glob("*.json")), "the daemon reaped its engine"
 
 
 # A driver that joins a Ray of another process by address, as `nightshift start --ray-address`

@@ -6,22 +6,13 @@ callers import from here (`from optimizer import bottleneck; bottleneck.classify
 Rules and thresholds are explained in docs/bottleneck.md; `classify` never does I/O, so it is
 tested on recorded summaries. Modules, each importing only those before it:
 `memory_fit` (bytes per weight, fp8 facts, `memory_problem`), `roofline` (decode and step-mix
-rooflines, `level_metrics`), `evidence` (`Evidence`, `evidence_from`), `classify` (labels,
-`Thresholds`, `Verdict`, `classify`), `advice` (`advice`, `sentence`).
+rooflines, `level_metrics`), `evidence` (`Evidence`, `evidence_from`), `verdict` (the labels,
+`Verdict`, `verdict_of`), `thresholds` (`Thresholds`), `classify` (`classify`, its rules),
+`advice` (`advice`, `sentence`).
 """
 
 from optimizer.bottleneck.advice import advice, sentence
-from optimizer.bottleneck.classify import (
-    ATTR_VERDICT,
-    DEFAULT_THRESHOLDS,
-    LABELS,
-    Label,
-    Source,
-    Thresholds,
-    Verdict,
-    classify,
-    verdict_of,
-)
+from optimizer.bottleneck.classify import classify
 from optimizer.bottleneck.evidence import Evidence, evidence_from
 from optimizer.bottleneck.memory_fit import GIB, is_fp8_kv, is_fp8_weights, memory_problem
 from optimizer.bottleneck.roofline import (
@@ -32,6 +23,8 @@ from optimizer.bottleneck.roofline import (
     roofline_terms,
     step_roofline,
 )
+from optimizer.bottleneck.thresholds import DEFAULT_THRESHOLDS, Thresholds
+from optimizer.bottleneck.verdict import ATTR_VERDICT, LABELS, Label, Source, Verdict, verdict_of
 
 __all__ = [
     "ATTR_VERDICT",

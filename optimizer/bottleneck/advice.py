@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from optimizer.bottleneck.classify import Label, Verdict
 from optimizer.bottleneck.evidence import is_true
+from optimizer.bottleneck.verdict import Label, Verdict
 from runners.base import EngineConfig
 from search_spaces.engine.facts import EngineFlags
 

@@ -1,116 +1,17 @@
-"""The labels, the thresholds where each rule fires, and `classify`: the pure function from
-`Evidence` to a `Verdict` (docs/bottleneck.md gives the rules in order, and the reason for
-every number)."""
+"""`classify`: the pure function from `Evidence` to a `Verdict`, its rules in order
+(docs/bottleneck.md gives them, and the reason for every number). The labels and the `Verdict`
+are in `optimizer.bottleneck.verdict`, where each rule fires in `optimizer.bottleneck.thresholds`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Final, Literal, get_args
+from dataclasses import replace
+from typing import Final
 
 from optimizer.bottleneck.evidence import Evidence
-
-if TYPE_CHECKING:
-    from optuna.trial import FrozenTrial
-
-Label = Literal["compute-bound", "memory-bound", "communication-bound", "launch-bound",
-                "kv-capacity-bound", "at-physical-limit", "unknown"]
-LABELS: Final[tuple[Label, ...]] = get_args(Label)
-Source = Literal["trace", "telemetry", "metrics", "roofline", "config"]
-
-ATTR_VERDICT: Final = "verdict"  # trial user attribute holding `Verdict.as_user_attr()`
-
-
-def verdict_of(trial: FrozenTrial) -> Mapping[str, Any] | None:
-    """The verdict the trial stored (`Verdict.as_user_attr()`), or None. Here, not with the
-    other accessors in optimizer/results/trial_record.py: the pruners read it, and
-    trial_record's imports lead back to them (trial_record -> fingerprint -> config ->
-    search.pruners)."""
-    verdict = trial.user_attrs.get(ATTR_VERDICT)
-    return verdict if isinstance(verdict, Mapping) else None
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Where each rule fires; docs/bottleneck.md gives the reason for every number."""
-
-    at_limit_roofline_fraction: float = 0.8  # measured step within 1.25x of the roofline
-    kv_full_perc: float = 0.95  # KV cache usage, 0-1
-    communication_share: float = 0.25  # of kernel time
-    tp_slowdown: float = 1.15  # TPOT at TP>1 over the TP=1 reference
-    launch_busy_fraction: float = 0.4  # GPU busy over the kernel span
-    # NVML's share of time with a kernel running, sampled in the unprofiled measured window; at or
-    # over this, the profiled window's gaps are the profiler's own host overhead, not the engine's.
-    launch_max_gpu_util_pct: float = 80.0
-    eager_roofline_fraction: float = 0.35  # without a trace: eager and this far off the roofline
-    compute_gemm_share: float = 0.8
-    compute_busy_fraction: float = 0.8
-    compute_gpu_util_pct: float = 90.0  # without a trace, with a compute-dominated roofline
-    memory_dominance: float = 2.0  # bytes term over FLOPs term that makes busy GEMMs memory-bound
-    memory_util_pct: float = 50.0  # without a roofline: NVML memory-controller busy
-    # The step-mix roofline (time-averaged utilisation of the FLOP and bandwidth ceilings):
-    # at or over this, the dominant ceiling is what the level is bound by.
-    bound_fraction: float = 0.4
-    # Below `bound_fraction` on both: the GPU idled between kernels while it had work when
-    # NVML saw a kernel running less than this share of the time (or eager / runtime JIT).
-    launch_idle_gpu_util_pct: float = 50.0
-    # Little's law at the level: fewer requests than this in flight on average is a load that
-    # leaves the engine idle, which no ceiling explains.
-    min_requests_in_flight: float = 1.0
-
-
-DEFAULT_THRESHOLDS: Final = Thresholds()
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The classifier's answer. `evidence` holds only the numbers that decided it."""
-
-    label: Label
-    roofline_fraction: float | None  # roofline time / measured step time; None without inputs
-    evidence: dict[str, float] = field(default_factory=dict)
-    reason: str = ""  # one sentence, naming the evidence used
-    detail: str = ""  # the short phrase `sentence` puts in parentheses
-    sources: tuple[Source, ...] = ()  # the kinds of evidence that decided
-    # The load the label and its advice describe, as `sentence` shows it: "9.9 req/s, the
-    # highest load that met the SLO"; "" where unknown (fixed levels name none).
-    load: str = ""
-
-    def as_user_attr(self, **extra: float | int | str | None) -> dict[str, Any]:
-        """JSON-able, for `trial.set_user_attr(ATTR_VERDICT, ...)`; `extra` adds what
-        `BottleneckPruner` reads (`tensor_parallel_size`, `objective_value`, `step`)."""
-        out: dict[str, Any] = {**asdict(self), "sources": list(self.sources)}
-        out.update({k: v for k, v in extra.items() if v is not None})
-        return out
-
-    @classmethod
-    def from_user_attr(cls, data: Mapping[str, Any]) -> Verdict:
-        label = data.get("label")
-        rf = data.get("roofline_fraction")
-        return cls(label=label if label in LABELS else "unknown",
-                   roofline_fraction=float(rf) if isinstance(rf, int | float) else None,
-                   evidence={str(k): float(v) for k, v in (data.get("evidence") or {}).items()
-                             if isinstance(v, int | float)},
-                   reason=str(data.get("reason") or ""), detail=str(data.get("detail") or ""),
-                   sources=tuple(data.get("sources") or ()), load=str(data.get("load") or ""))
-
-    def as_metrics(self) -> dict[str, float]:
-        """Flat figures for the tracker (`bottleneck.<name>`), and the operating point's two
-        utilisations under the names the per-level figures use (`roofline.compute_util`,
-        `roofline.bandwidth_util`, `vllm_mfu.compute_util`, `vllm_mfu.bandwidth_util`)."""
-        out = {f"bottleneck.{k}": v for k, v in self.evidence.items()}
-        if self.roofline_fraction is not None:
-            out["bottleneck.roofline_fraction"] = self.roofline_fraction
-        for key, name in (("compute_utilization", "roofline.compute_util"),
-                          ("bandwidth_utilization", "roofline.bandwidth_util"),
-                          ("vllm_compute_utilization", "vllm_mfu.compute_util"),
-                          ("vllm_bandwidth_utilization", "vllm_mfu.bandwidth_util")):
-            if key in self.evidence:
-                out[name] = self.evidence[key]
-        return out
-
-
-# --- the rules ----------------------------------------------------------------------------------
+from optimizer.bottleneck.thresholds import DEFAULT_THRESHOLDS, Thresholds
+from optimizer.bottleneck.verdict import Label, Source, Verdict
 
 
 def _num(values: Mapping[str, float | None]) -> dict[str, float]:

@@ -6,7 +6,8 @@ parsed once into a typed, frozen `StudyConfig` (every error one line, exit code 
 `fields` the base model, path field and bounds; `loading` reads a file into a `StudyConfig`
 (its workload built once), `validation_errors` turns pydantic's errors into one line,
 `flag_checks` and `store_checks` check single fields, `prestart` checks what `start` needs
-before it writes anything.
+before it writes anything (the stores, directories and env), `workload_checks` the workload
+(load, tokenizer, model fit) and `workload_file_checks` its prompts, trace or dataset file.
 """
 
 from optimizer.config.loading import (
@@ -16,7 +17,8 @@ from optimizer.config.loading import (
     parse_study,
     resume_command,
 )
-from optimizer.config.prestart import check_before_start, check_workload
+from optimizer.config.prestart import check_before_start
+from optimizer.config.workload_checks import check_workload
 
 __all__ = ["StudyConfig", "baseline_name", "check_before_start", "check_workload", "load_study",
            "parse_study", "resume_command"]

@@ -34,7 +34,11 @@ from optimizer.config.sections import (
     env_problem,
     secret_flag_fix,
 )
-from optimizer.config.store_checks import storage_problem, tracking_uri_problem
+from optimizer.config.store_checks import (
+    refuse_problem,
+    storage_problem,
+    tracking_uri_problem,
+)
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.errors import cause_of
 from optimizer.results.objectives import OBJECTIVES
@@ -195,21 +199,10 @@ class StudySpec(StrictSpec):
                                      f"nightshift searches{hint}")
         return v
 
-    @field_validator("storage")
-    @classmethod
-    def _storage(cls, v: str | None) -> str | None:
-        problem = None if v is None else storage_problem(v)
-        if problem is not None:
-            raise ValueError(problem) from cause_of(problem)
-        return v
-
-    @field_validator("tracking_uri")
-    @classmethod
-    def _tracking_uri(cls, v: str | None) -> str | None:
-        problem = None if v is None else tracking_uri_problem(v)
-        if problem is not None:
-            raise ValueError(problem) from cause_of(problem)
-        return v
+    _storage = field_validator("storage")(
+        classmethod(lambda cls, v: refuse_problem(v, storage_problem)))
+    _tracking_uri = field_validator("tracking_uri")(
+        classmethod(lambda cls, v: refuse_problem(v, tracking_uri_problem)))
 
     @model_validator(mode="after")
     def _extra_args_vs_fixed(self) -> StudySpec:

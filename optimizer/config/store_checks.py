@@ -3,15 +3,26 @@ scheme and driver; `server_storage_problem` alone opens one connection)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from optimizer.errors import Problem
+from optimizer.errors import Problem, cause_of
 from optimizer.storage.creation_lock import creating_store
 
 _TRACKING_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https",
                      "databricks", "databricks-uc", "uc")
 _STORAGE_BACKENDS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
+
+
+def refuse_problem(value: str | None, problem_of: Callable[[str], str | None]) -> str | None:
+    """`value` as a pydantic validator of a `storage` or `tracking_uri` field keeps it (None,
+    the default, is not checked); a ValueError with the problem `problem_of` finds in it,
+    chained to the problem's cause, where it is not one nightshift can use."""
+    problem = None if value is None else problem_of(value)
+    if problem is not None:
+        raise ValueError(problem) from cause_of(problem)
+    return value
 
 
 def storage_problem(url: str) -> str | None:

@@ -24,7 +24,7 @@ from optimizer.config.fields import (
     FilePath,
     StrictSpec,
 )
-from runners.capacity_search import CapacitySearch
+from runners.capacity.search import CapacitySearch
 from runners.load_level import LoadLevel
 from runners.workload import (
     DatasetSource,

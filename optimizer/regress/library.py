@@ -18,10 +18,10 @@ from optimizer.config import StudyConfig
 from optimizer.config.fields import MAX_FILE_BYTES, StrictSpec, registered
 from optimizer.config.schema import StudySpec
 from optimizer.config.sections import ModelSpec, SimulatedSpec, SLOSpec
-from optimizer.config.store_checks import tracking_uri_problem
+from optimizer.config.store_checks import refuse_problem, tracking_uri_problem
 from optimizer.config.validation_errors import format_validation_error
 from optimizer.config.workload_spec import WorkloadSpec
-from optimizer.errors import ConfigError, cause_of, translate
+from optimizer.errors import ConfigError, translate
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.run.engines import RUNNERS
 from runners.atomic import write_atomic
@@ -227,13 +227,8 @@ class LibrarySpec(StrictSpec):
 
     _name = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
 
-    @field_validator("tracking_uri")
-    @classmethod
-    def _tracking_uri(cls, v: str | None) -> str | None:
-        problem = None if v is None else tracking_uri_problem(v)
-        if problem is not None:
-            raise ValueError(problem) from cause_of(problem)
-        return v
+    _tracking_uri = field_validator("tracking_uri")(
+        classmethod(lambda cls, v: refuse_problem(v, tracking_uri_problem)))
 
     @model_validator(mode="after")
     def _unique(self) -> LibrarySpec:

@@ -36,8 +36,7 @@ from optimizer.results.trial_record import (
     record_of,
 )
 from optimizer.storage.study import count_trials, is_search_trial
-from runners.capacity import bracket_from_metrics
-from runners.capacity_search import Bracket
+from runners.capacity.bracket import Bracket, bracket_from_metrics
 from runners.simulated.launcher import is_simulated_argv
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from optimizer.results.recommendation import (
 )
 from optimizer.results.trial_record import gpus_of, record_of
 from optimizer.storage.study import is_search_trial
-from runners.capacity import bracket_from_metrics
+from runners.capacity.bracket import bracket_from_metrics
 from search_spaces import PARAM_PARENTS, changed_params
 
 logger = logging.getLogger(__name__)

@@ -13,8 +13,7 @@ from optimizer.results import gains
 from optimizer.results.objectives import OBJECTIVES, on_all_gpus
 from optimizer.results.recommendation import NOISE_FRACTION, is_measured, params_of
 from optimizer.results.trial_record import gpus_of, is_baseline, objective_unit, record_of
-from runners.capacity import bracket_from_metrics
-from runners.capacity_search import Bracket
+from runners.capacity.bracket import Bracket, bracket_from_metrics
 
 if TYPE_CHECKING:
     import optuna

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from runners.capacity_search import Bracket
+from runners.capacity.bracket import Bracket
 
 Basis = Literal["capacity", "interval", "single"]
 

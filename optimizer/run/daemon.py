@@ -4,7 +4,8 @@ the policy, and log every trial to MLflow, until the budget ends or a stop.
 
 Policy (what runs, pruning, what Optuna is told) is `optimizer.search` (its controller); where
 trials run is `optimizer.run.executor` (Ray: `optimizer.run.ray_executor`); the MLflow side is
-`optimizer.run.study_runs`; the record of a trial is `optimizer.results.trial_record`.
+`optimizer.run.study_runs`; a lost worker, node or infrastructure is `optimizer.run.worker_loss`;
+the record of a trial is `optimizer.results.trial_record`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -23,7 +24,6 @@ from optuna.trial import FrozenTrial
 
 from optimizer.config import StudyConfig, resume_command
 from optimizer.errors import (
-    NightshiftError,
     StorageError,
     TrackingError,
     WorkerLost,
@@ -40,7 +40,7 @@ from optimizer.run.events import (
     first_value,
     operating_tpot_ms,
 )
-from optimizer.run.executor import Executor, TrialHandle
+from optimizer.run.executor import Executor
 from optimizer.run.recovery import Recovery, trial_workdir
 from optimizer.run.strays import reap_left_by_dead_daemon, reap_orphans
 from optimizer.run.study_runs import (
@@ -51,38 +51,21 @@ from optimizer.run.study_runs import (
     numbers_text,
     storage_file_note,
 )
+from optimizer.run.worker_loss import InFlight, WorkerLoss
 from optimizer.search.controller import SearchController
 from optimizer.search.trials import Running
 from optimizer.storage.lock import StorageLease, StudyLock, is_local_file_storage, study_lock_path
 from optimizer.storage.study import make_storage, open_study
 from optimizer.tracking.tracker import Tracker
 from runners.atomic import write_atomic
-from runners.base import Failure, FailureReason, RunResult
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
-from runners.process import reap_strays
 from runners.workload import Workload
 from search_spaces import ResolvedSpace
 
 logger = logging.getLogger(__name__)
 
-# How long a task on a lost worker's GPUs may take to be placed: a worker starts in seconds,
-# and Ray fails it within seconds where its local raylet died (the study then stops). Under
-# 60 s: a Ray whose GCS is gone ends the driver after 60 s.
-_PLACEMENT_TIMEOUT_S = 30.0
-# While a trial's worker waits unplaced, the cluster is asked at most this often whether any
-# live node still offers the study's ray.accelerator_type / ray.resources.
-_PLACEMENT_CHECK_S = 30.0
-
-
-@dataclass
-class _InFlight:
-    running: Running
-    handle: TrialHandle
-    workdir: Path
-
-
-class Daemon(StudyRuns):
+class Daemon(StudyRuns, WorkerLoss):
     """Runs one study to its budget. Not thread-safe: `request_stop` is the only method another
     thread (or a signal handler) may call."""
 
@@ -134,7 +117,7 @@ class Daemon(StudyRuns):
         self.study_tags = dict(study_tags)
         self.study_attrs = dict(study_attrs)
         self._stop: Literal["no", "finish", "now"] = "no"
-        self._inflight: list[_InFlight] = []
+        self._inflight: list[InFlight] = []
         self._tracking_misses: set[int] = set()  # trials whose MLflow writes failed
         self._parent_run = ""
         self._lease: StorageLease | None = None  # the study's lock in a server RDB
@@ -269,44 +252,6 @@ class Daemon(StudyRuns):
             self._wait_and_collect(policy)
             self._watch_placement()
 
-    def _watch_placement(self) -> None:
-        """A trial Ray holds unplaced while no live node offers the study's placement any
-        more (its node gone) would wait for ever: the study fails in one line naming the field
-        and the fix (its trials are stopped and re-queued on the way out)."""
-        now = time.monotonic()
-        if self.stopping or (self._placement_checked_at is not None and
-                             now - self._placement_checked_at < _PLACEMENT_CHECK_S) or \
-                all(item.handle.is_placed() for item in self._inflight):
-            return
-        self._placement_checked_at = now
-        problem = self.executor.placement_problem()
-        if problem is not None:
-            raise NightshiftError(f"{problem}; the trials in flight were stopped and are "
-                                  "re-queued for the resume.")
-
-    def _watch_infrastructure(self, policy: SearchController) -> None:
-        """The executor's infrastructure gone under the daemon (its local Ray's GCS or raylet
-        ended: systemd's KillMode=control-group signals every process of the unit, Ray's
-        too): no trial in flight can finish or be asked anything. Each is failed and
-        re-queued without a word to Ray (interrupted where a stop was asked, else lost with
-        its node), the executor forgets its workers and the study stops now; the wind-down
-        then reaps their engines from the registry and the study ends "stopped" with its
-        resume line, rather than in Ray's abort once its GCS reconnect window passes."""
-        lost = self.executor.lost()
-        if lost is None:
-            return
-        if self._inflight or not self.stopping:
-            logger.error("%s; stopping now (the trials in flight are re-queued); resume with "
-                         "`%s`", lost, self.resume)
-        for item in list(self._inflight):
-            self._inflight.remove(item)
-            reason = FailureReason.INTERRUPTED if self.stopping else FailureReason.NODE_LOST
-            policy.on_result(item.running, RunResult(
-                status="failed", steps=tuple(item.running.steps),
-                failure=Failure(reason, f"{lost}, with this trial in flight.")))
-        self.executor.abandon()
-        self.request_stop(now=True)
-
     def _wait_and_collect(self, policy: SearchController) -> None:
         """Relay the steps measured since the last call, then collect the trials that ended
         within `poll_s`."""
@@ -346,7 +291,7 @@ class Daemon(StudyRuns):
         # The defaults trial also measures the quality reference and its noise floor.
         workload = quality_gate.workload_for(self.workload, running.is_baseline)
         handle = self.executor.submit(config, workload, workdir)
-        self._inflight.append(_InFlight(running, handle, workdir))
+        self._inflight.append(InFlight(running, handle, workdir))
         logger.info("trial %d started: params=%s", trial.number, running.params)
         self.on_event(TrialEvent("started", trial.number, self._changed(config),
                                  confirm=confirm_of(running)))
@@ -367,49 +312,9 @@ class Daemon(StudyRuns):
                     f"level {step.step} ({step.level.label})",
                     time.monotonic() - item.running.started, confirm=confirm_of(item.running)))
 
-    def _collect(self, policy: SearchController, item: _InFlight) -> None:
+    def _collect(self, policy: SearchController, item: InFlight) -> None:
         self._inflight.remove(item)
-        result = item.handle.result()
-        number = item.running.trial.number
-        is_lost = result.failure is not None and result.failure.reason in (
-            FailureReason.WORKER_LOST, FailureReason.NODE_LOST, FailureReason.INTERNAL)
-        self.executor.release(item.handle, healthy=not is_lost)
-        reason = result.failure.reason if result.failure is not None else None
-        if reason in (FailureReason.NODE_LOST, FailureReason.WORKER_LOST):
-            # A lost worker may be a lost node too: the local raylet gone takes every worker
-            # with it, Ray's GCS counts it alive for seconds more, and a trial launched on it
-            # would wait forever. So a task on a lost worker's GPUs is placed first (30 s at
-            # most; Ray says within seconds that its raylet died); a dead node is waited for
-            # until Ray counts it out. Ray not answering (its GCS gone) leaves no GPU.
-            before = policy.total_gpus
-            lost = self.executor.lost()
-            if lost is not None:  # the local Ray itself is gone: nothing to ask it
-                logger.error("trial %d: %s", number, lost)
-                self.executor.abandon()
-                policy.total_gpus = 0
-            elif reason == FailureReason.WORKER_LOST:
-                policy.total_gpus = self.executor.shrink_to_live(
-                    timeout_s=_PLACEMENT_TIMEOUT_S,
-                    placing_gpus=item.running.config.num_gpus)
-                if policy.total_gpus < before:
-                    logger.warning("trial %d: its worker died and Ray can give %d GPUs now "
-                                   "(%d before)", number, policy.total_gpus, before)
-            else:
-                policy.total_gpus = self.executor.shrink_to_live(timeout_s=30.0)
-                logger.warning("trial %d: a Ray node died; %d GPUs left", number,
-                               policy.total_gpus)
-            if policy.total_gpus < 1:
-                logger.error("Ray can give no GPU to a trial now; stopping now (the trials in "
-                             "flight are re-queued); resume with `%s` once Ray is back",
-                             self.resume)
-                self.request_stop(now=True)
-        if is_lost:  # the worker died; its engine, in a session of its own, did not
-            reaped = reap_strays(self.registry_dir, under=item.workdir)
-            if reaped:
-                logger.warning("trial %d: reaped engines %s of its dead worker", number, reaped)
-        if is_lost and not result.steps:
-            result = RunResult(status="failed", steps=tuple(item.running.steps),
-                               failure=result.failure)
+        result = self._release(policy, item, item.handle.result())
         if result.trace_data is not None and result.trace_path is not None and \
                 not result.trace_path.is_file():
             # The worker ran on another machine: its trimmed trace came back through Ray.
@@ -419,7 +324,7 @@ class Daemon(StudyRuns):
             result = replace(result, trace_path=local)
         policy.on_result(item.running, result)
 
-    def _cancel(self, policy: SearchController, item: _InFlight) -> None:
+    def _cancel(self, policy: SearchController, item: InFlight) -> None:
         if self.executor.lost() is None:  # else its worker is gone; its engine is reaped
             item.handle.cancel()
         self.executor.release(item.handle, healthy=False)

@@ -73,6 +73,16 @@ class Recovery:
         trial_id = self.storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
         self.storage.set_trial_user_attr(trial_id, key, value)
 
+    def _record_lost(self, trial: FrozenTrial, message: str, conclusion: str, *,
+                     has_launched: bool) -> None:
+        """Store `trial`'s record as one the daemon's death failed (daemon_lost); one that
+        launched nothing is also cut short: it counts for no budget and has no run."""
+        record = TrialRecord.failed(trial.params, FailureReason.DAEMON_LOST.value, message,
+                                    conclusion, is_baseline=is_baseline(trial))
+        self._set_attr(trial, ATTR_RECORD, record.to_user_attr())
+        if not has_launched:
+            self._set_attr(trial, ATTR_CUT_SHORT, True)
+
     def run(self) -> None:
         """Trials a dead daemon left RUNNING become FAIL (daemon_lost) and are re-queued once
         (a confirmation run is not: its round is measured again on this start); MLflow is
@@ -104,12 +114,10 @@ class Recovery:
                 fate = "re-queued"
             else:
                 fate = f"not re-queued (the daemon died under it {losses} times)"
-            record = TrialRecord.failed(
-                trial.params, FailureReason.DAEMON_LOST.value,
+            self._record_lost(
+                trial,
                 "the daemon exited with this trial in flight (killed, or stopped by an error).",
-                f"the daemon exited with this trial in flight; {fate}.",
-                is_baseline=is_baseline(trial))
-            self._set_attr(trial, ATTR_RECORD, record.to_user_attr())
+                f"the daemon exited with this trial in flight; {fate}.", has_launched=True)
             if mlflow_run_of(trial) is None:
                 # Asked but never launched (it waited for GPUs): give it its run now, while the
                 # trial can still take the run's id, so every Optuna trial names its one run.
@@ -158,13 +166,10 @@ class Recovery:
         trial does, and its config goes back in the queue with its retries unspent."""
         fate = "re-queued" if requeueable(trial) else \
             "its confirmation round is measured again on this start"
-        record = TrialRecord.failed(
-            trial.params, FailureReason.DAEMON_LOST.value,
-            "the daemon died before this trial was launched.",
+        self._record_lost(
+            trial, "the daemon died before this trial was launched.",
             f"the daemon died before launching this trial: nothing ran, {fate}.",
-            is_baseline=is_baseline(trial))
-        self._set_attr(trial, ATTR_RECORD, record.to_user_attr())
-        self._set_attr(trial, ATTR_CUT_SHORT, True)  # launched nothing: no budget, no run
+            has_launched=False)
         if requeueable(trial):
             requeue(self.study, trial, trial.params, retries_of(trial))
         self.study.tell(trial.number, state=TrialState.FAIL)
@@ -179,14 +184,10 @@ class Recovery:
         enqueued = trial.system_attrs.get("fixed_params")
         again = enqueued if enqueued and requeueable(trial) else None  # what goes back
         fate = "re-queued as enqueued" if again else "not re-queued"
-        record = TrialRecord.failed(
-            trial.params, FailureReason.DAEMON_LOST.value,
-            "the daemon died while this trial's config was being sampled.",
+        self._record_lost(
+            trial, "the daemon died while this trial's config was being sampled.",
             f"the daemon died before sampling {', '.join(unsampled)}: nothing launched, "
-            f"{fate}.",
-            is_baseline=is_baseline(trial))
-        self._set_attr(trial, ATTR_RECORD, record.to_user_attr())
-        self._set_attr(trial, ATTR_CUT_SHORT, True)
+            f"{fate}.", has_launched=False)
         self.study.tell(trial.number, state=TrialState.FAIL)
         if again:
             requeue(self.study, trial, again, retries_of(trial))

@@ -42,7 +42,8 @@ from optimizer.storage.study import make_storage
 from optimizer.tracking.study_summary import study_summary
 from optimizer.tracking.tracker import Tracker
 from optimizer.tuning_memory.earlier_studies import TAG_WARM_START
-from optimizer.tuning_memory.fingerprint import Fingerprint, fingerprint_of, resume_changes
+from optimizer.tuning_memory.fingerprint import Fingerprint, resume_changes
+from optimizer.tuning_memory.fingerprint_of import fingerprint_of
 from optimizer.tuning_memory.learned_facts import learn_facts
 from runners.hardware import HardwareProfile
 from runners.hardware_probe import probe

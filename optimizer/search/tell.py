@@ -45,7 +45,7 @@ from runners.base import (
     RunResult,
     StepMetrics,
 )
-from runners.capacity import meets_slo
+from runners.capacity.slo import meets_slo
 from runners.simulated.launcher import is_simulated_argv
 
 if TYPE_CHECKING:

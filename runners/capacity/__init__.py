@@ -1,18 +1,18 @@
 """Capacity on one running engine: the highest load a config serves within the SLO in steady
-state. The package's public face to the optimizer is the SLO check and the logged bracket
-(`meets_slo`, `slo_miss`, `failures_miss`, `bracket_from_metrics`); the runner uses the
-modules directly. Modules, each importing only those before it:
+state. Modules, each importing only those before it (import them by name: this `__init__`
+imports nothing, so that `runners.base` and `runners.workload`, which hold a `Bracket` and a
+`CapacitySearch`, can import the first two while the later ones import them):
 
-- `slo`: a measured level against the SLO; `bracket`: a logged bracket read back;
+- `bracket`: what a search showed (`Bracket`) and a logged bracket read back
+  (`bracket_from_metrics`); `search`: the search's pure decisions (`CapacitySearch`: what load
+  to probe next, what to hold, the bracket the probes showed; `Probe`);
+- `slo`: a measured level against the SLO (`meets_slo`, `slo_miss`, `failures_miss`);
 - `plan`: a step's request life, warm-up and window; `judge`: a window's verdict (the SLO and
   steady state), whether an in-flight count has settled;
-- `driver`: `StaircaseDriver`, the continuous stream; `step`: one step walked on it
-  (`measure_step`); `profile_window`: a profiled window of the stream;
+- `stream_source`: what the stream draws from (`endless_requests`, `ArrivalGaps`);
+  `stream_loop`: the end of the stream's event loop (`close_loop`); `driver`:
+  `StaircaseDriver`, the continuous stream; `step`: one step walked on it (`measure_step`);
+  `profile_window`: a profiled window of the stream;
 - `staircase`: the search on one stream (`run_staircase`), each step as a `StepMetrics`;
   `probes`: a trace's or conversations' search, one bounded level per probe (`run_probes`).
 """
-
-from runners.capacity.bracket import bracket_from_metrics
-from runners.capacity.slo import failures_miss, meets_slo, slo_miss
-
-__all__ = ["bracket_from_metrics", "failures_miss", "meets_slo", "slo_miss"]

@@ -1,16 +1,14 @@
 """`StaircaseDriver`: one continuous stream of requests to one server, on a thread of its
-own, whose offered load (a request rate or a concurrency) is set step by step; and
-`endless_requests`, the requests such a stream draws from.
+own, whose offered load (a request rate or a concurrency) is set step by step. What it draws
+from (its requests, its arrivals' gaps) is runners/capacity/stream_source.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import collections
 import contextlib
 import functools
-import itertools
 import logging
 import math
 import threading
@@ -18,27 +16,20 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-import httpx
-import numpy as np
-
 from runners import arrivals
-from runners.credentials import auth_headers
+from runners.capacity.stream_loop import close_loop
+from runners.capacity.stream_source import ArrivalGaps
 from runners.loadgen.client import RequestOutput, send_request
+from runners.loadgen.clients import REQUESTS_PER_CLIENT, ClientPool, client_pool
 from runners.loadgen.requests import RequestSpec
 
 logger = logging.getLogger(__name__)
 
 STOPPED_ERROR = "stopped"  # a request of ours cancelled at a missed step's end
-_CONNECT_TIMEOUT_S = 10.0
 _WATCH_INTERVAL_S = 0.05
-_GAP_BLOCK = 64  # arrivals whose gaps sum to exactly their count over the rate
-# Requests in flight on one httpx client at most. httpcore 1.0's pool (httpx's transport) walks
-# every connection it holds for each queued request whenever a request starts or ends
-# (`AsyncConnectionPool._assign_requests_to_connections`), and closes its idle connections
-# whenever it holds more than its keep-alive limit: a stream of a thousand requests in flight
-# (a saturated step, a closed loop at 256) spent most of its client's CPU there and reopened a
-# connection per request. The stream's requests are spread over clients of this many each.
-_REQUESTS_PER_CLIENT = 32
+# Requests in flight on one httpx client at most (runners/loadgen/clients.py says why); a name
+# of this module so that bench/staircase_client_cpu.py can set it.
+_REQUESTS_PER_CLIENT = REQUESTS_PER_CLIENT
 
 
 @dataclass
@@ -55,43 +46,6 @@ class _Sent:
     def late_s(self) -> float | None:
         """How much later than due it was sent (s); None without a schedule."""
         return None if self.scheduled_s is None else max(0.0, self.sent_s - self.scheduled_s)
-
-
-class _Clients:
-    """The stream's httpx clients: a request goes to the one with the fewest in flight, and a
-    new one is made once each holds `per_client` (`_REQUESTS_PER_CLIENT`). The loop's thread
-    only."""
-
-    def __init__(self, make: Callable[[], httpx.AsyncClient], per_client: int) -> None:
-        self._make = make
-        self._per_client = per_client
-        self._clients: list[httpx.AsyncClient] = []
-        self._in_flight: list[int] = []
-
-    def acquire(self) -> tuple[int, httpx.AsyncClient]:
-        """A client for one more request, and its index for `release`."""
-        index = min(range(len(self._clients)), key=self._in_flight.__getitem__, default=-1)
-        if index < 0 or self._in_flight[index] >= self._per_client:
-            self._clients.append(self._make())
-            self._in_flight.append(0)
-            index = len(self._clients) - 1
-        self._in_flight[index] += 1
-        return index, self._clients[index]
-
-    def release(self, index: int) -> None:
-        self._in_flight[index] -= 1
-
-    async def __aenter__(self) -> _Clients:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        """Every client closed, as `async with httpx.AsyncClient()` closes its one (a cancel
-        that lands in the caller's own clean-up must not leave their sockets open)."""
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close every client (again: a closed one ignores it)."""
-        await asyncio.gather(*(c.aclose() for c in self._clients), return_exceptions=True)
 
 
 class StaircaseDriver:
@@ -119,13 +73,10 @@ class StaircaseDriver:
         self.clock = clock
         self.api_key = api_key  # the engine's, sent as a bearer token (runners/credentials.py)
         self._requests = requests
-        self._rng = np.random.default_rng(seed)
-        self._gaps: collections.deque[float] = collections.deque()
-        self._gap_rate: float | None = None
-        self._free_arrivals = False  # True: gaps drawn one by one, as `vllm bench serve` does
+        self._arrival_gaps = ArrivalGaps(seed, burstiness)
         self._lock = threading.Lock()
         self._sent: list[_Sent] = []  # in send order
-        self._clients: _Clients | None = None  # the stream's clients, once its loop runs
+        self._clients: ClientPool | None = None  # the stream's clients, once its loop runs
         self._ended: list[float] = []  # end times, sorted
         self._in_flight_changes: list[tuple[float, int]] = []  # (time, count after)
         self._num_in_flight = 0
@@ -179,33 +130,14 @@ class StaircaseDriver:
         except BaseException as exc:  # kept for the caller; the thread must end
             self._error = exc
         finally:
-            # Whatever a cancel left: tasks still pending, then the clients (a cancel that
-            # lands in the stream's own clean-up must not leave a socket to the GC).
-            with contextlib.suppress(Exception):
-                pending = asyncio.all_tasks(loop)
-                for task in pending:
-                    task.cancel()
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            if self._clients is not None:
-                with contextlib.suppress(Exception):
-                    loop.run_until_complete(self._clients.aclose())
-            with contextlib.suppress(Exception):  # the streams' generators, closed in order
-                loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
+            close_loop(loop, self._clients.aclose if self._clients is not None else None)
             self._ready.set()  # a thread that failed before it was ready frees `start`
 
     async def _amain(self) -> None:
         self._changed = asyncio.Event()
         self._main = asyncio.current_task()
         self._ready.set()
-        limits = httpx.Limits(max_connections=None,
-                              max_keepalive_connections=_REQUESTS_PER_CLIENT)
-        timeout = httpx.Timeout(None, connect=_CONNECT_TIMEOUT_S)
-        headers = auth_headers(self.api_key)
-        ssl_context = httpx.create_ssl_context()  # once: each client would load the CAs again
-        self._clients = _Clients(lambda: httpx.AsyncClient(
-            limits=limits, timeout=timeout, trust_env=False, headers=headers,
-            verify=ssl_context), _REQUESTS_PER_CLIENT)
+        self._clients = client_pool(self.api_key, _REQUESTS_PER_CLIENT)
         async with self._clients as clients:
             watch = asyncio.create_task(self._watch())
             try:
@@ -230,9 +162,7 @@ class StaircaseDriver:
         self._check_load(load)
         with self._lock:
             self._load = load
-            if free_arrivals != self._free_arrivals:
-                self._free_arrivals = free_arrivals
-                self._gap_rate = None  # the next gap starts afresh
+            self._arrival_gaps.set_free(free_arrivals)
         self._notify()
 
     def cancel_in_flight(self) -> int:
@@ -348,7 +278,7 @@ class StaircaseDriver:
 
     # -- sending (the loop's thread) ---------------------------------------------------------
 
-    async def _issue(self, clients: _Clients) -> None:
+    async def _issue(self, clients: ClientPool) -> None:
         assert self._changed is not None
         next_send: float | None = None
         while not self._closing.is_set():
@@ -392,27 +322,11 @@ class StaircaseDriver:
         return self._sent[-1].sent_s if self._sent else self.clock()
 
     def _gap_s(self, rate: float) -> float:
-        """The next gap at `rate`: gamma gaps (Poisson at burstiness 1, as `vllm bench serve`
-        draws them) in blocks of `_GAP_BLOCK` whose sum is exactly their count over the rate,
-        i.e. a Poisson process conditioned on its count over each block. Arrivals stay as
-        bursty as vLLM's within a block, and a window offers the rate it is labelled with
-        (a free Poisson count over 200 requests is off by 7% at one standard deviation).
-        With free arrivals (a hold) each gap is drawn alone, as vLLM's client draws them: the
-        count swings freely, and so does the batch, which is what a hold must see."""
-        if self._gap_rate != rate:
-            self._gaps.clear()
-            self._gap_rate = rate
-        if self._free_arrivals:
-            shape = self.burstiness  # mean 1/rate; vLLM's gamma(burstiness, 1/(rate x it))
-            return float(self._rng.gamma(shape, 1.0 / (rate * shape)))
-        if not self._gaps:
-            shape = self.burstiness
-            block = self._rng.gamma(shape, 1.0, size=_GAP_BLOCK)
-            block *= _GAP_BLOCK / rate / float(block.sum())
-            self._gaps.extend(float(g) for g in block)
-        return self._gaps.popleft()
+        """The next gap at `rate` (`ArrivalGaps`: conditioned on their count over each block,
+        or free in a hold)."""
+        return self._arrival_gaps.next_s(rate)
 
-    def _send(self, clients: _Clients, spec: RequestSpec,
+    def _send(self, clients: ClientPool, spec: RequestSpec,
               scheduled_s: float | None = None) -> None:
         now = self.clock()
         index, client = clients.acquire()
@@ -454,15 +368,3 @@ class StaircaseDriver:
                 logger.warning("no chunk from any of %d in-flight requests for %.1f s: the "
                                "server stalled", self.num_in_flight(), quiet_s)
                 self.stalled = True
-
-
-def endless_requests(build: Callable[[int, int], list[RequestSpec]], chunk: int, seed: int,
-                     is_finite_source: bool) -> Iterator[RequestSpec]:
-    """Requests for a stream without end: synthesised ones drawn afresh in chunks of `chunk`
-    (seeds `seed`, `seed + 1`, ...: no prompt repeats, so a prefix cache is not flattered);
-    a file's, a dataset's or a trace's requests cycled (with the loader's own warning)."""
-    if is_finite_source:
-        yield from itertools.cycle(build(chunk, seed))
-        return
-    for k in itertools.count():
-        yield from build(chunk, seed + k)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from runners.capacity_search import CapacitySearch
+from runners.capacity.search import CapacitySearch
 from runners.workload import LengthDistribution, Workload
 
 _MIN_LIFETIME_S = 1.0  # s; the least warm-up a step gets

@@ -9,8 +9,8 @@ import logging
 from dataclasses import replace
 
 from runners.base import OnStep, RunStatus, StepMetrics
+from runners.capacity.search import Probe
 from runners.capacity.slo import meets_slo
-from runners.capacity_search import Probe
 from runners.levels import mean_prompt_tokens, mean_tokens, measure_repeated
 from runners.session import EngineSession
 

@@ -28,13 +28,14 @@ import httpx
 
 from runners import prometheus
 from runners.base import Failure, FailureReason, OnStep, RunStatus, StepMetrics
-from runners.capacity.driver import STOPPED_ERROR, StaircaseDriver, endless_requests
+from runners.capacity.driver import STOPPED_ERROR, StaircaseDriver
 from runners.capacity.judge import Verdict, WindowCounts, judge_window
 from runners.capacity.plan import lifetime_estimate_s, plan_hold, plan_step
 from runners.capacity.profile_window import profile_window
+from runners.capacity.search import CapacitySearch, Probe
 from runners.capacity.slo import certain_miss
 from runners.capacity.step import StepRun, measure_step
-from runners.capacity_search import CapacitySearch, Probe
+from runners.capacity.stream_source import endless_requests
 from runners.credentials import auth_headers
 from runners.levels import mean_prompt_tokens, mean_tokens
 from runners.loadgen.metrics import compute_metrics

@@ -39,20 +39,32 @@ def _tp_fits_gpus(context: Mapping[str, Any], specs: Mapping[str, ParamSpec]) ->
     )
 
 
-def _tp_divides_heads(context: Mapping[str, Any], specs: Mapping[str, ParamSpec]) -> Rule | None:
-    heads = lookup(context, "model.num_attention_heads")
-    spec = specs.get("tensor_parallel_size")
-    if not is_number(heads) or heads <= 0 or spec is None or spec.type != "categorical":
+def _remove_choices_by(
+    context: Mapping[str, Any], specs: Mapping[str, ParamSpec], bound_key: str, param: str,
+    pick: Callable[[Sequence[Any], float], Sequence[Any]], *, name: str, reason: str,
+) -> Rule | None:
+    """The `remove` rule for the choices of the categorical `param` that `pick` finds out of
+    bounds against the context's number at `bound_key`, `reason` naming it as `{bound}`; None
+    where that number is not known, `param` is not categorical, or `pick` finds none."""
+    bound = lookup(context, bound_key)
+    spec = specs.get(param)
+    if not is_number(bound) or spec is None or spec.type != "categorical":
         return None
-    bad = tuple(c for c in spec.choices
-                if isinstance(c, int) and not isinstance(c, bool) and c > 0 and heads % c)
+    bad = tuple(pick(spec.choices, bound))
     if not bad:
         return None
-    return Rule(
+    return Rule(name=name, reason=reason.format(bound=int(bound)), when=(), action="remove",
+                targets=((param, bad),), is_builtin=True)
+
+
+def _tp_divides_heads(context: Mapping[str, Any], specs: Mapping[str, ParamSpec]) -> Rule | None:
+    return _remove_choices_by(
+        context, specs, "model.num_attention_heads", "tensor_parallel_size",
+        lambda choices, heads: () if heads <= 0 else [
+            c for c in choices if isinstance(c, int) and not isinstance(c, bool) and c > 0
+            and heads % c],
         name="tp-divides-attention-heads",
-        reason=f"vLLM shards attention heads evenly; the model has {int(heads)} heads",
-        when=(), action="remove", targets=(("tensor_parallel_size", bad),), is_builtin=True,
-    )
+        reason="vLLM shards attention heads evenly; the model has {bound} heads")
 
 
 def _quantization_matches_checkpoint(
@@ -158,67 +170,44 @@ def _numbers_above_cover(choices: Sequence[Any], bound: float) -> tuple[Any, ...
 def _capture_within_concurrency(
     context: Mapping[str, Any], specs: Mapping[str, ParamSpec]
 ) -> Rule | None:
-    concurrency = lookup(context, "workload.max_concurrency")
-    spec = specs.get("max_cudagraph_capture_size")
-    if not is_number(concurrency) or spec is None or spec.type != "categorical":
-        return None
-    bad = _numbers_above_cover(spec.choices, concurrency)
-    if not bad:
-        return None
     # A decode step holds at most one token per running request (without speculative tokens),
     # so a decode batch never exceeds the concurrency; the sizes above the first choice that
     # covers it only add graphs for mixed prefill batches, at capture time and memory.
-    return Rule(
-        name="capture-size-within-concurrency",
-        reason=f"the workload runs at most {int(concurrency)} requests at once, so no decode "
-               "batch needs a larger CUDA graph; one capture size covering it is kept",
-        when=(), action="remove", targets=(("max_cudagraph_capture_size", bad),),
-        is_builtin=True,
-    )
+    return _remove_choices_by(
+        context, specs, "workload.max_concurrency", "max_cudagraph_capture_size",
+        _numbers_above_cover, name="capture-size-within-concurrency",
+        reason="the workload runs at most {bound} requests at once, so no decode batch needs "
+               "a larger CUDA graph; one capture size covering it is kept")
 
 
 def _threshold_within_prompts(
     context: Mapping[str, Any], specs: Mapping[str, ParamSpec]
 ) -> Rule | None:
-    longest = lookup(context, "workload.max_prompt_tokens")
-    spec = specs.get("long_prefill_token_threshold")
-    if not is_number(longest) or spec is None or spec.type != "categorical":
-        return None
     # vLLM 0.26 caps a request's tokens per step at the threshold only when 0 < threshold <
     # the tokens left to prefill (v1/core/sched/scheduler.py:507 and :861).
-    numbers = [c for c in spec.choices if isinstance(c, int | float) and not isinstance(c, bool)]
-    bad = tuple(c for c in numbers if c > 0 and c >= longest)
-    if not bad:
-        return None
-    return Rule(
+    return _remove_choices_by(
+        context, specs, "workload.max_prompt_tokens", "long_prefill_token_threshold",
+        lambda choices, longest: [
+            c for c in choices if isinstance(c, int | float) and not isinstance(c, bool)
+            and c > 0 and c >= longest],
         name="prefill-threshold-below-longest-prompt",
-        reason=f"the longest prompt is {int(longest)} tokens; a threshold at or above it never "
-               "splits a prefill and runs as 0 (off)",
-        when=(), action="remove", targets=(("long_prefill_token_threshold", bad),),
-        is_builtin=True,
-    )
+        reason="the longest prompt is {bound} tokens; a threshold at or above it never splits "
+               "a prefill and runs as 0 (off)")
 
 
 def _max_model_len_covers_requests(
     context: Mapping[str, Any], specs: Mapping[str, ParamSpec]
 ) -> Rule | None:
-    longest = lookup(context, "workload.max_request_tokens")
-    spec = specs.get("max_model_len")
-    if not is_number(longest) or spec is None or spec.type != "categorical":
-        return None
     # vLLM 0.26 answers HTTP 400 to a request whose prompt is over max_model_len less its
     # max_tokens (renderers/params.py:428, `_token_len_check`): every request of such a trial
     # fails. None (no flag: vLLM's own length) is not a number and stays.
-    bad = tuple(c for c in spec.choices
-                if is_number(c) and not isinstance(c, bool) and c < longest)
-    if not bad:
-        return None
-    return Rule(
+    return _remove_choices_by(
+        context, specs, "workload.max_request_tokens", "max_model_len",
+        lambda choices, longest: [
+            c for c in choices if is_number(c) and not isinstance(c, bool) and c < longest],
         name="max-model-len-covers-requests",
-        reason=f"the longest request is {int(longest)} tokens (prompt plus output); vLLM "
-               "refuses a request longer than max_model_len",
-        when=(), action="remove", targets=(("max_model_len", bad),), is_builtin=True,
-    )
+        reason="the longest request is {bound} tokens (prompt plus output); vLLM refuses a "
+               "request longer than max_model_len")
 
 
 def known_fact_rules(context: Mapping[str, Any], specs: Mapping[str, ParamSpec]) -> list[Rule]:

@@ -36,7 +36,7 @@ from optimizer.bottleneck import (
 )
 from optimizer.results.gains import capacity_gain, format_gain
 from runners.base import BenchmarkMetrics, EngineConfig, EngineInfo, RunResult, StepMetrics
-from runners.capacity_search import Bracket
+from runners.capacity.bracket import Bracket
 from runners.hardware import HardwareProfile
 from runners.load_level import LoadLevel
 from runners.model_info import load_model_info, resolve_model_dir

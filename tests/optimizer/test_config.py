@@ -410,7 +410,7 @@ def test_a_conversations_longest_context_is_the_tail_of_its_sum_not_n_longest_dr
     """Five turns of normal(1000, 300) prompts: 5 x the 4-sigma draw (11,000 tokens) would
     refuse plausible files on a 8-16k model; the sum's 4-sigma tail is 5,000 + 4 x 300 x
     sqrt(5) = 7,684. Bounded draws keep the strict bound (n x high)."""
-    from optimizer.config.prestart import _longest_sum
+    from optimizer.config.workload_checks import _longest_sum
     from optimizer.config.workload_spec import LengthSpec
 
     assert _longest_sum(LengthSpec(kind="normal", mean=1000, std=300), 5) == 7684
@@ -442,7 +442,7 @@ def test_the_workload_is_built_once_and_each_section_becomes_the_runners_value()
 
 
 def test_a_capacity_section_becomes_the_runners_search_field_for_field() -> None:
-    from runners.capacity_search import CapacitySearch
+    from runners.capacity.search import CapacitySearch
 
     capacity = {"axis": "request_rate", "low": 1.0, "high": 40.0, "tolerance": 0.1,
                 "max_probes": 6, "probe_duration_s": 20.0, "min_window_requests": 50,

@@ -261,7 +261,7 @@ def _morning_study(confirm: dict[str, object] | None = None
     its block size; the stored fingerprint as `start` keeps it."""
     from optimizer.results.trial_record import STUDY_ATTR_FINGERPRINT, STUDY_ATTR_VLLM_DEFAULTS
     from optimizer.run.engine_choice import simulated_hardware
-    from optimizer.tuning_memory.fingerprint import fingerprint_of
+    from optimizer.tuning_memory.fingerprint_of import fingerprint_of
     from runners.model_info import load_model_info
 
     cfg = parse_study({"name": "m", "engine": "simulated",
@@ -344,7 +344,7 @@ def test_export_header_describes_a_trace_by_the_requests_it_replays(tmp_path: Pa
     """Not the unused input_len/output_len defaults (512/128) a trace study file leaves set."""
     from optimizer.results.trial_record import STUDY_ATTR_FINGERPRINT
     from optimizer.run.engine_choice import simulated_hardware
-    from optimizer.tuning_memory.fingerprint import fingerprint_of
+    from optimizer.tuning_memory.fingerprint_of import fingerprint_of
 
     (tmp_path / "t.jsonl").write_text(
         '{"timestamp": 0, "input_length": 100, "output_length": 20}\n'

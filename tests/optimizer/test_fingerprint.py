@@ -14,12 +14,8 @@ from optimizer.config import parse_study
 from optimizer.run.engine_choice import simulated_hardware
 from optimizer.run.runtime import _prompt_lengths
 from optimizer.tuning_memory.earlier_studies import EarlierStudy, plan_warm_start
-from optimizer.tuning_memory.fingerprint import (
-    Fingerprint,
-    compatibility,
-    describe_workload,
-    fingerprint_of,
-)
+from optimizer.tuning_memory.fingerprint import Fingerprint, compatibility, describe_workload
+from optimizer.tuning_memory.fingerprint_of import fingerprint_of
 from runners.model_info import load_model_info
 from search_spaces import load_space
 

@@ -16,7 +16,7 @@ from optimizer.results import gains
 from optimizer.results.conclusion import SHORT_CHARS, Reference, conclude
 from optimizer.results.confirmation import confirm_summary
 from optimizer.storage.study import open_study
-from runners.capacity_search import Bracket
+from runners.capacity.bracket import Bracket
 
 DEFAULTS_BRACKET = Bracket("request_rate", 8.9, 18.9, "unresolved", 8)
 FP8_BRACKET = Bracket("request_rate", 18.9, 40.0, "unresolved", 8)

@@ -6,8 +6,7 @@ from __future__ import annotations
 from optimizer.results.conclusion import capacity_text
 from optimizer.results.objectives import operating_step
 from runners.base import StepMetrics
-from runners.capacity.bracket import bracket_from_metrics
-from runners.capacity_search import Bracket
+from runners.capacity.bracket import Bracket, bracket_from_metrics
 from runners.load_level import LoadLevel
 from tests.builders import benchmark_metrics
 

@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from optimizer.results.trial_record import TrialRecord
 from optimizer.tracking.payload import tracking_payload
 from optimizer.tracking.tracker import Tracker
 from optimizer.tracking.view import VIEW_GAIN, runs_page, three_digits, view_key
+from runners.process import free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [pytest.mark.slow,  # an MLflow server and a browser
@@ -73,12 +73,6 @@ def _store(tmp_path: Path) -> tuple[str, str]:
     return uri, str(exp.experiment_id)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _end(proc: subprocess.Popen[bytes]) -> None:
     """Its whole process group (the server's uvicorn worker; Chromium's helpers)."""
     if proc.poll() is None:
@@ -94,7 +88,7 @@ def _end(proc: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def _mlflow_server(uri: str, tmp_path: Path) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "server.log").open("wb")
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
            "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}

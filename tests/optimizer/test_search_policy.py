@@ -22,7 +22,7 @@ from optimizer.results.trial_record import (
 from optimizer.run.daemon import Daemon
 from optimizer.run.executor import InlineExecutor
 from optimizer.search.controller import SearchController
-from optimizer.storage.study import count_trials, make_pruner, make_sampler
+from optimizer.storage.study import count_trials
 from optimizer.tracking.study_summary import study_summary
 from optimizer.tracking.tracker import Tracker
 from runners.base import (
@@ -35,7 +35,7 @@ from runners.base import (
 )
 from runners.workload import Workload
 from search_spaces import load_space
-from tests.builders import benchmark_metrics, categorical_space, write_study
+from tests.builders import benchmark_metrics, categorical_space, search_setup, write_study
 
 # flags -> goodput, or the reason its engine failed (None: OOM at start)
 Script = Callable[[Mapping[str, Any]], float | FailureReason | None]
@@ -179,13 +179,9 @@ def test_a_config_failure_teaches_the_sampler_with_the_worst_value_and_a_constra
 
 
 def _policy(tmp_path: Path, seed: int = 0, **choices: list[Any]) -> SearchController:
-    space_path = categorical_space(tmp_path, **choices)
-    cfg = load_study(write_study(tmp_path, trials=20, search_space=str(space_path),
-                                 sampler={"name": "tpe", "seed": seed}))
-    study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
-                                pruner=make_pruner(cfg))
-    policy = SearchController(cfg, load_space(space_path).resolve({}), study,
-                              workload=cfg.workload, total_gpus=2)
+    cfg, space, study = search_setup(tmp_path, choices, trials=20,
+                                     sampler={"name": "tpe", "seed": seed})
+    policy = SearchController(cfg, space, study, workload=cfg.workload, total_gpus=2)
     policy.prepare()
     return policy
 

@@ -15,11 +15,11 @@ from optimizer.errors import ConfigError
 from optimizer.export import trial_env as export_env
 from optimizer.search.controller import SearchController
 from optimizer.search.startup import CompileCaches, launch_order, startup_record
-from optimizer.storage.study import engine_config, make_pruner, make_sampler, startup_saver_env
+from optimizer.storage.study import engine_config, make_sampler, startup_saver_env
 from runners.base import EngineConfig, EngineInfo, RunResult, StepMetrics
 from runners.vllm.compile_cache import compile_key
 from search_spaces import load_space
-from tests.builders import categorical_space, write_study
+from tests.builders import categorical_space, search_setup, write_study
 from tests.optimizer.test_search_policy import _metrics
 
 
@@ -44,13 +44,10 @@ def test_warm_keys_start_first_and_a_key_being_compiled_waits() -> None:
 
 
 def _policy(tmp_path: Path, **startup: Any) -> SearchController:
-    space_path = categorical_space(tmp_path, gpu_memory_utilization=[0.9, 0.8, 0.7])
-    cfg = load_study(write_study(tmp_path, trials=10, search_space=str(space_path),
-                                 sampler={"name": "tpe", "seed": 0}, startup=startup))
-    study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
-                                pruner=make_pruner(cfg))
-    policy = SearchController(cfg, load_space(space_path).resolve({}), study,
-                              workload=cfg.workload, total_gpus=2)
+    cfg, space, study = search_setup(tmp_path, {"gpu_memory_utilization": [0.9, 0.8, 0.7]},
+                                     trials=10, sampler={"name": "tpe", "seed": 0},
+                                     startup=startup)
+    policy = SearchController(cfg, space, study, workload=cfg.workload, total_gpus=2)
     policy.prepare()
     return policy
 
@@ -158,16 +155,12 @@ def _ledger_policy(tmp_path: Path, name: str, cache: Path, version: str | None =
 
     folder = tmp_path / name
     folder.mkdir()
-    space_path = categorical_space(folder, gpu_memory_utilization=[0.9, 0.8, 0.7])
-    cfg = load_study(write_study(folder, name=name, trials=10, search_space=str(space_path),
-                                 sampler={"name": "tpe", "seed": 0}, startup=startup,
-                                 env={"VLLM_CACHE_ROOT": str(cache)}))
+    cfg, space, study = search_setup(folder, {"gpu_memory_utilization": [0.9, 0.8, 0.7]},
+                                     name=name, trials=10, sampler={"name": "tpe", "seed": 0},
+                                     startup=startup, env={"VLLM_CACHE_ROOT": str(cache)})
     ledger = compile_ledger_of(cfg, "simulated") if version is None else \
         CompileLedger(cache, vllm_version=version, engine="simulated")
-    study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
-                                pruner=make_pruner(cfg))
-    policy = SearchController(cfg, load_space(space_path).resolve({}), study,
-                              workload=cfg.workload, total_gpus=1,
+    policy = SearchController(cfg, space, study, workload=cfg.workload, total_gpus=1,
                               compiled_elsewhere=ledger.compiled_keys if ledger else None)
     policy.prepare()
     return policy

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from runners.base import EngineConfig
-from runners.capacity_search import CapacitySearch
+from runners.capacity.search import CapacitySearch
 from runners.engine import EngineRunner
 from runners.hardware import load_preset
 from runners.simulated.benchmark import simulate_benchmark

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 from runners.base import EngineConfig
-from runners.capacity import bracket_from_metrics
-from runners.capacity_search import Bracket, CapacitySearch, Probe
-from runners.engine import EngineRunner
-from runners.simulated.launcher import SimulatedLauncher
+from runners.capacity.bracket import Bracket, bracket_from_metrics
+from runners.capacity.search import CapacitySearch, Probe
 from runners.workload import SLO, LengthDistribution, Workload
+from tests.builders import simulated_run
 
 
 def _served(load: float, knee: float, ceiling: float, under_read: float) -> float:
@@ -169,15 +168,9 @@ def test_a_light_step_is_bounded_by_its_window_not_by_num_requests(tmp_path: Pat
     workload = Workload(input_len=LengthDistribution(mean=64), output_len=LengthDistribution(
         mean=8), num_requests=128, num_warmup_requests=1, slo=SLO(tpot_p99_ms=200.0),
         capacity=search)
-    runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
-                          tmp_path / "engines", stall_timeout_s=30.0)
     config = EngineConfig("qwen2.5-7b", {"max_model_len": 4096}, load_format="dummy",
                           skip_tokenizer_init=True)
-    try:
-        result = runner.run(config, workload, tmp_path / "trial")
-    finally:
-        runner.close()
-    assert result.status == "complete", result.failure
+    result = simulated_run(tmp_path, config, workload)
     (step,) = result.steps
     assert 1 <= step.metrics.completed <= 14, step.metrics.completed
     assert step.server_metrics["steady.num_measured"] == step.metrics.completed
@@ -223,15 +216,9 @@ def test_a_saturated_rate_probe_steers_the_search_on_the_simulated_engine(
     workload = Workload(input_len=LengthDistribution(mean=128), output_len=LengthDistribution(
         mean=64), num_requests=600, num_warmup_requests=2, slo=SLO(tpot_p99_ms=50.0),
         capacity=search)
-    runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
-                          tmp_path / "engines", stall_timeout_s=30.0)
     config = EngineConfig("qwen2.5-7b", {"enforce_eager": True, "max_num_seqs": 32},
                           load_format="dummy", skip_tokenizer_init=True)
-    try:
-        result = runner.run(config, workload, tmp_path / "trial")
-    finally:
-        runner.close()
-    assert result.status == "complete", result.failure
+    result = simulated_run(tmp_path, config, workload)
     first, second = result.steps[:2]
     assert first.server_metrics["is_saturated"] == 1.0 and first.meets_slo is False
     served = search.served_of(first.metrics, first.server_metrics, mean_input_tokens=128,

@@ -1,5 +1,5 @@
 """The hold: a capacity search's claim measured again over a long window of free arrivals
-(runners/capacity_search.py `next_hold`, runners/capacity/plan.py `plan_hold`,
+(runners/capacity/search.py `next_hold`, runners/capacity/plan.py `plan_hold`,
 runners/capacity/staircase.py), and what a missed hold overturns."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from runners.base import EngineConfig, StepMetrics
+from runners.capacity.bracket import Bracket
 from runners.capacity.driver import StaircaseDriver
 from runners.capacity.judge import WindowCounts, judge_window
 from runners.capacity.plan import plan_hold, plan_step
+from runners.capacity.search import CapacitySearch
 from runners.capacity.staircase import next_measurement, supersede_history, supersede_steps
-from runners.capacity_search import Bracket, CapacitySearch
 from runners.engine import EngineRunner, held_bracket
 from runners.load_level import LoadLevel
 from runners.simulated.launcher import SimulatedLauncher
@@ -211,13 +212,13 @@ def test_a_holds_wandering_in_flight_line_is_not_a_miss_but_its_growing_queue_is
     metrics = benchmark_metrics(p99_tpot_ms=14.0, completed=1926, duration_s=180.0,
                                 request_throughput=10.7)
     wander = WindowCounts(window_s=180.0, num_sent=1926, num_ended=1920, mean_in_flight=160.0,
-                          waiting_rise=0.0, in_flight_rise=18.0)
+                          waiting_rise=0.0, in_flight_rise=30.0)
     kw = {"max_failed_fraction": 0.05, "tolerance": 0.1}
     assert not judge_window(metrics, wander, SLO(tpot_p99_ms=15), **kw).meets_slo, \
-        "a step: a rise of 18 of 160 over its window is a ramp"
+        "a step: a rise of 30 of 160 (over 2 sqrt(160)) over its window is a ramp"
     assert judge_window(metrics, wander, SLO(tpot_p99_ms=15), is_hold=True, **kw).meets_slo
     queue = WindowCounts(window_s=180.0, num_sent=1926, num_ended=1920, mean_in_flight=160.0,
-                         waiting_rise=300.0, in_flight_rise=18.0)
+                         waiting_rise=300.0, in_flight_rise=30.0)
     assert not judge_window(metrics, queue, SLO(tpot_p99_ms=15), is_hold=True, **kw).meets_slo
 
 
@@ -271,10 +272,10 @@ def test_a_hold_that_has_missed_whatever_comes_is_cut_short_and_its_requests_sti
     """A hold under a TPOT bound no request meets: it stops within a few decisions, not after
     its planned window; the requests it sent end under load; the same hold under a bound
     every request meets runs its whole window."""
-    from runners.capacity.driver import endless_requests
     from runners.capacity.plan import StepPlan
     from runners.capacity.slo import certain_miss
     from runners.capacity.step import measure_step
+    from runners.capacity.stream_source import endless_requests
     from runners.loadgen.requests import build_requests
     from runners.workload import LengthDistribution, Workload
 

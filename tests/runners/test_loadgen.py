@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from runners.arrivals import arrival_offsets_s
-from runners.capacity import meets_slo
+from runners.capacity.slo import meets_slo
 from runners.load_level import LoadLevel
 from runners.loadgen.client import RequestOutput, send_request
 from runners.loadgen.level import STALLED_ERROR, STOPPED_ERROR, run_level_sync

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from runners.base import EngineConfig, FlagValue
-from runners.engine import EngineRunner
 from runners.hardware import load_preset
 from runners.load_level import LoadLevel
 from runners.simulated.engine import SimulatedEngine
-from runners.simulated.launcher import SimulatedLauncher
 from runners.workload import LengthDistribution, SharedPrefix, Workload
+from tests.builders import simulated_run
 from tests.virtual_time import run_in_virtual_time
 
 # Far below the runner's 120 s: a replica that sleeps out another replica's modelled clock
@@ -26,15 +25,10 @@ STALL_TIMEOUT_S = 5.0
 
 def _run(tmp_path: Path, flags: dict[str, FlagValue], workload: Workload,
          model: str = "qwen2.5-0.5b") -> None:
-    runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001, seed=0),
-                          tmp_path / "engines", stall_timeout_s=STALL_TIMEOUT_S)
-    try:
-        result = runner.run(EngineConfig(model, flags, load_format="dummy",
-                                         skip_tokenizer_init=True, served_model_name="sim"),
-                            workload, tmp_path / "trial")
-    finally:
-        runner.close()
-    assert result.status == "complete", (flags, result.failure)
+    result = simulated_run(tmp_path, EngineConfig(model, flags, load_format="dummy",
+                                                  skip_tokenizer_init=True,
+                                                  served_model_name="sim"),
+                           workload, stall_timeout_s=STALL_TIMEOUT_S)
     for step in result.steps:
         assert step.metrics.failed == 0 and step.metrics.completed > 0, (flags, step.metrics)
 

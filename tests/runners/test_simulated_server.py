@@ -8,7 +8,6 @@ import gzip
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from runners.base import EngineConfig, FailureReason
 from runners.hardware import load_preset
 from runners.loadgen.level import run_level_sync
 from runners.loadgen.requests import build_requests
+from runners.process import free_port
 from runners.simulated.launcher import SimulatedLauncher
 from runners.simulated.performance import PerformanceModel
 
@@ -44,12 +44,6 @@ class Engine:
 
     def log(self) -> str:
         return self.log_path.read_text()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_healthy(engine: Engine, timeout_s: float = 10.0) -> None:
@@ -75,7 +69,7 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., Engine]]:
     def _launch(flags: dict[str, object] | None = None, *, profile: bool = False,
                 model: str = MODEL, env_vars: dict[str, str] | None = None) -> Engine:
         launcher = SimulatedLauncher("h200", startup_time_scale=STARTUP_TIME_SCALE, seed=0)
-        port = _free_port()
+        port = free_port()
         profile_dir = tmp_path / "profile" if profile else None
         argv, env = launcher.command(EngineConfig(model, flags or {}, env=env_vars or {},
                                                   served_model_name="sim"),

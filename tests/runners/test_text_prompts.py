@@ -6,16 +6,10 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import signal
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
@@ -31,6 +25,7 @@ from runners.loadgen.requests import build_requests
 from runners.simulated.launcher import SimulatedLauncher
 from runners.tokenizer import PromptTokenizer, load_tokenizer, tokenizer_dir_for
 from runners.workload import SLO, DatasetSource, LengthDistribution, MultiTurn, Workload
+from tests.builders import simulated_engine
 from tests.runners.tiny_model import make_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -289,39 +284,12 @@ def test_a_malformed_sharegpt_entry_is_one_error_naming_file_entry_and_fix(
 
 # -- multi-turn ---------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def simulated(model_dir: Path, tmp_path: Path) -> Iterator[str]:
     """The simulated engine serving the tiny model (its tokenizer counts text prompts)."""
-    launcher = SimulatedLauncher("h200", startup_time_scale=0.001, seed=0)
-    port = _free_port()
-    argv, env = launcher.command(EngineConfig(str(model_dir), {}, served_model_name="sim"),
-                                 port, tmp_path, None)
-    with (tmp_path / "server.log").open("wb") as log:
-        proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, **env, "PYTHONPATH": str(REPO_ROOT)},
-                                start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()
-            try:
-                if httpx.get(f"{url}/health", timeout=0.5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
+    with simulated_engine(tmp_path, EngineConfig(str(model_dir), {}, served_model_name="sim"),
+                          startup_time_scale=0.001) as url:
         yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 def test_each_turn_is_sent_after_the_last_reply_and_carries_it(

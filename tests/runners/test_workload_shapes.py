@@ -13,11 +13,10 @@ import pytest
 
 from runners import arrivals
 from runners.base import EngineConfig
-from runners.engine import EngineRunner
 from runners.load_level import LoadLevel
 from runners.loadgen.requests import build_requests
-from runners.simulated.launcher import SimulatedLauncher
 from runners.workload import SLO, LengthDistribution, SharedPrefix, TraceReplay, Workload
+from tests.builders import simulated_run
 
 
 def _gaps(offsets: list[float]) -> np.ndarray:
@@ -91,16 +90,9 @@ def test_shared_prefix_requests_share_exactly_the_prefix_and_keep_their_own_part
 
 
 def _run(tmp_path: Path, workload: Workload, flags: dict[str, object] | None = None):
-    runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
-                          tmp_path / "engines", stall_timeout_s=30.0)
     config = EngineConfig("qwen2.5-0.5b", {"max_model_len": 4096, **(flags or {})},
                           load_format="dummy", skip_tokenizer_init=True)
-    try:
-        result = runner.run(config, workload, tmp_path / "trial")
-    finally:
-        runner.close()
-    assert result.status == "complete", result.failure
-    return result
+    return simulated_run(tmp_path, config, workload)
 
 
 def _shaped(shared: SharedPrefix | None) -> Workload:
@@ -221,7 +213,7 @@ def test_a_capacity_probe_over_a_trace_offers_its_rate_in_the_part_it_replays(
     """A probe bounded by `probe_duration_s` replays the trace's first part; the rate the
     bracket states is that part's. Scaling the whole trace to the probe's rate and cutting it
     sent the busy first second at 12 req/s under a label of 4."""
-    from runners.capacity_search import CapacitySearch
+    from runners.capacity.search import CapacitySearch
 
     trace = tmp_path / "trace.jsonl"
     recorded = [0.1 * k for k in range(10)] + [10.0, 20.0, 30.0, 40.0]  # busy, then quiet

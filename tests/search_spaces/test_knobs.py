@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from optimizer.run.space_context import space_context, workload_facts
-from runners.capacity_search import CapacitySearch
+from runners.capacity.search import CapacitySearch
 from runners.hardware import load_preset
 from runners.load_level import LoadLevel
 from runners.model_info import load_model_info

@@ -4,19 +4,17 @@ in-memory Optuna study with the study file's sampler and pruner. No Ray, no proc
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import optuna
 import pytest
 
-from optimizer.config import StudyConfig, load_study
-from optimizer.storage.study import make_pruner, make_sampler
+from optimizer.config import StudyConfig
 from runners.base import BenchmarkMetrics, StepMetrics
 from runners.load_level import LoadLevel
-from search_spaces import ResolvedSpace, load_space
-from tests.builders import benchmark_metrics
-from tests.optimizer.test_daemon import categorical_space, write_study
+from search_spaces import ResolvedSpace
+from tests.builders import benchmark_metrics, search_setup
 
 Setup = tuple[StudyConfig, ResolvedSpace, optuna.Study]
 
@@ -24,16 +22,8 @@ Setup = tuple[StudyConfig, ResolvedSpace, optuna.Study]
 @pytest.fixture
 def make_setup(tmp_path: Path) -> Callable[..., Setup]:
     """`make_setup(choices={...}, **study_overrides)`: the study file's config, the resolved
-    space over `choices` (vLLM's default first) and a new in-memory study."""
-
-    def build(choices: dict[str, list[Any]] | None = None, **overrides: Any) -> Setup:
-        space_path = categorical_space(tmp_path, **(choices or {"max_num_seqs": [256, 64]}))
-        cfg = load_study(write_study(tmp_path, search_space=str(space_path), **overrides))
-        study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
-                                    pruner=make_pruner(cfg))
-        return cfg, load_space(space_path).resolve({}), study
-
-    return build
+    space over `choices` (vLLM's default first) and a new in-memory study (`search_setup`)."""
+    return partial(search_setup, tmp_path)
 
 
 def metrics(goodput: float, throughput: float) -> BenchmarkMetrics:

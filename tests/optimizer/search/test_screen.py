@@ -4,25 +4,25 @@ over to TPE after SCREEN_TRIALS; a real Optuna study, the real analytic model, n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import BaseTrial
 
+from bench.screen_candidates import asked as _asked
 from optimizer.config import load_study
 from optimizer.search.controller import SearchController
 from optimizer.search.samplers import SCREEN_ATTR, ScreenSampler, _tpe
 from optimizer.search.screen import load_of, predicted_goodput, sample_candidates
 from optimizer.search.searcher import SCREEN_TRIALS
-from optimizer.storage.study import make_pruner, make_sampler
+from optimizer.storage.study import make_sampler
 from runners.base import EngineConfig, RunResult, StepMetrics
 from runners.hardware import load_preset
 from runners.model_info import load_model_info
 from runners.simulated.performance import PerformanceModel
 from search_spaces import load_space
-from tests.builders import categorical_space, write_study
+from tests.builders import categorical_space, search_setup, write_study
 from tests.optimizer.test_search_policy import _metrics
 
 
@@ -72,14 +72,11 @@ def test_after_its_trials_the_screen_hands_over_to_tpe() -> None:
 
 def test_the_policy_screens_the_space_with_the_analytic_model_after_the_defaults(
         tmp_path: Path) -> None:
-    space_path = categorical_space(tmp_path, quantization=["none", "fp8"],
-                                   max_num_seqs=[16, 256], kv_cache_dtype=["auto", "fp8"])
-    cfg = load_study(write_study(tmp_path, trials=12, search_space=str(space_path),
-                                 sampler={"name": "screen", "seed": 0}))
-    study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg),
-                                pruner=make_pruner(cfg))
-    policy = SearchController(cfg, load_space(space_path).resolve({}), study,
-                              workload=cfg.workload, total_gpus=1,
+    cfg, space, study = search_setup(
+        tmp_path, {"quantization": ["none", "fp8"], "max_num_seqs": [16, 256],
+                   "kv_cache_dtype": ["auto", "fp8"]},
+        trials=12, sampler={"name": "screen", "seed": 0})
+    policy = SearchController(cfg, space, study, workload=cfg.workload, total_gpus=1,
                               hardware=load_preset("h200"), model=load_model_info("qwen2.5-7b"))
     policy.prepare()
     assert isinstance(study.sampler, ScreenSampler)
@@ -117,20 +114,8 @@ def test_a_card_without_bandwidth_figures_or_another_objective_searches_with_tpe
 
 
 # -- the candidates: drawn from the distributions, as a RandomSampler study would draw them ------
-
-def _asked(sample: Callable[[BaseTrial], Mapping[str, Any]], count: int,
-           seed: int) -> list[dict[str, Any]]:
-    """The candidates as the screen drew them before (Optuna's RandomSampler in a scratch study,
-    asked up to 3 * count times): the reference the direct draw must equal."""
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
-    seen: dict[str, dict[str, Any]] = {}
-    for _ in range(3 * count):
-        params = dict(sample(study.ask()))
-        seen.setdefault(repr(sorted(params.items(), key=lambda kv: kv[0])), params)
-        if len(seen) >= count:
-            break
-    return list(seen.values())
-
+# The reference the direct draw must equal is the draw it replaced, as bench/screen_candidates.py
+# times it: Optuna's RandomSampler in a scratch study, asked up to 3 * count times (`_asked`).
 
 def _every_kind(trial: BaseTrial) -> dict[str, Any]:
     """Every distribution a space can give, a param suggested only for some configs, and a
