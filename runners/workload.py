@@ -35,11 +35,24 @@ class LengthDistribution:
 
 @dataclass(frozen=True)
 class SLO:
-    """Per-request latency targets, as `vllm bench serve --goodput ttft:MS tpot:MS` uses them."""
+    """Per-request latency targets, as `vllm bench serve --goodput ttft:MS tpot:MS e2el:MS`
+    uses them: a request is good when it meets every bound set, so any one of them, e2el's
+    alone included, defines goodput."""
 
     ttft_p99_ms: float | None = None
     tpot_p99_ms: float | None = None
     e2el_ms: float | None = None
+
+    @property
+    def is_set(self) -> bool:
+        """Whether any bound is set (the one place that says which bounds count)."""
+        return any(getattr(self, name) is not None for name in SLO_BOUNDS)
+
+
+# The SLO's bounds, as the study file's `slo` section names them.
+SLO_BOUNDS = ("ttft_p99_ms", "tpot_p99_ms", "e2el_ms")
+# How a message asks for one.
+SLO_BOUNDS_TEXT = "slo.ttft_p99_ms, slo.tpot_p99_ms and/or slo.e2el_ms"
 
 
 @dataclass(frozen=True)

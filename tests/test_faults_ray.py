@@ -17,6 +17,9 @@ workers, the simulated engines) is listed while it runs.
 | daemon's process group, a      | group; Ray's GCS reconnect     | own: the trial finishes,     |
 | trial in flight                | window cut to 3 s              | "stopped" + resume line,     |
 |                                |                                | nothing left running         |
+| a joined cluster's GCS gone    | psutil kill of the GCS of a    | the executor says Ray is     |
+|                                | Ray joined by address (Ray's   | lost after half the window,  |
+|                                | window cut to 8 s)             | before Ray's abort           |
 
 (Rows of tests/test_faults.py's table.)
 """
@@ -126,7 +129,7 @@ def other_ray(clean_environ: dict[str, str]) -> Iterator[dict[str, Any]]:
                             env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     try:
         assert proc.stdout is not None
-        yield json.loads(proc.stdout.readline())
+        yield {**json.loads(proc.stdout.readline()), "pid": proc.pid}
     finally:
         assert proc.stdin is not None
         proc.stdin.close()
@@ -379,3 +382,64 @@ def test_a_ray_killed_with_the_daemon_requeues_its_trial_reaps_its_engine_and_sa
             and t.user_attrs.get("retry_of") == 0], "the trial is re-queued for the resume"
     assert not [r for r in trial_runs(tmp_path) if r.info.status == "RUNNING"], \
         "no MLflow run left running"
+
+
+# A driver that joins a Ray of another process by address, as `nightshift start --ray-address`
+# does (`init_ray`), and says what the daemon's executor answers before and after the test
+# kills that Ray's GCS (a line on stdin says it has).
+_JOINED = """
+import json, sys, time
+from optimizer.run.ray_cluster import init_ray
+from optimizer.run.ray_executor import RayExecutor
+executor = RayExecutor(None, total_gpus=init_ray(None, sys.argv[1]))
+print(json.dumps({"before": executor.lost()}), flush=True)
+sys.stdin.readline()
+started = time.monotonic()
+while (lost := executor.lost()) is None and time.monotonic() - started < 30:
+    time.sleep(0.1)
+print(json.dumps({"after": lost, "after_s": time.monotonic() - started}), flush=True)
+"""
+
+
+def _json_line(stream: Any) -> dict[str, Any]:
+    """The next line of `stream` that is a JSON object (Ray may print its own lines)."""
+    for line in stream:
+        if line.startswith("{"):
+            return dict(json.loads(line))
+    raise AssertionError("the driver ended without answering")
+
+
+@pytest.mark.slow
+def test_a_joined_clusters_gcs_gone_is_seen_before_rays_driver_would_abort(
+        other_ray: dict[str, Any]) -> None:
+    """The daemon's own Ray is watched through its processes; a joined cluster's GCS runs
+    elsewhere. Its end must be seen (then the daemon fails and re-queues its trials, reaps its
+    engines and ends "stopped", as for its own Ray: the next test up) within half of Ray's
+    reconnect window (8 s here, so 4 s), before Ray's driver aborts the process."""
+    gcs = [p for p in psutil.Process(other_ray["pid"]).children(recursive=True)
+           if p.name() == "gcs_server"]
+    assert len(gcs) == 1, gcs
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled",
+           "RAY_gcs_rpc_server_reconnect_timeout_s": "8"}
+    driver = subprocess.Popen([sys.executable, "-c", _JOINED, other_ray["address"]], cwd=REPO,
+                              env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    assert driver.stdin is not None and driver.stdout is not None
+    try:
+        before = _json_line(driver.stdout)
+        gcs[0].kill()
+        driver.stdin.write("gone\n")
+        driver.stdin.flush()
+        after = _json_line(driver.stdout)
+    finally:
+        for process in (*_descendants(driver.pid), psutil.Process(driver.pid),
+                        psutil.Process(other_ray["pid"])):  # its Ray ends with it
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        driver.wait(30)
+        driver.stdin.close()
+        driver.stdout.close()
+    assert before == {"before": None}, "a joined cluster whose GCS answers is not lost"
+    assert after["after"] is not None and other_ray["address"] in after["after"], after
+    assert 3.0 <= after["after_s"] < 8.0, \
+        f"after the 4 s grace, before Ray's 8 s window ends: {after}"

@@ -44,6 +44,7 @@ from optimizer.errors import cause_of
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.run.engines import RUNNERS
 from runners.credentials import API_KEY_ENV, is_secret_flag
+from runners.workload import SLO_BOUNDS_TEXT
 
 
 class StudySpec(StrictSpec):
@@ -268,10 +269,7 @@ class StudySpec(StrictSpec):
         objectives = self.objective if isinstance(self.objective, list) else [self.objective]
         # A request is good when it meets every bound set, e2el's included, as `vllm bench
         # serve --goodput ttft:MS tpot:MS e2el:MS` counts it (runners/loadgen/metrics.py).
-        no_slo = all(v is None for v in (self.slo.ttft_p99_ms, self.slo.tpot_p99_ms,
-                                         self.slo.e2el_ms))
         for name in objectives:
-            if OBJECTIVES[name].needs_slo and no_slo:
-                raise ValueError(f"objective {name} needs slo.ttft_p99_ms, slo.tpot_p99_ms "
-                                 "and/or slo.e2el_ms")
+            if OBJECTIVES[name].needs_slo and not self.slo.is_set:
+                raise ValueError(f"objective {name} needs {SLO_BOUNDS_TEXT}")
         return self

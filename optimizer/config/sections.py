@@ -89,6 +89,11 @@ class SLOSpec(StrictSpec):
     def slo(self) -> SLO:
         return SLO(**self.model_dump())
 
+    @property
+    def is_set(self) -> bool:
+        """Whether any bound is set, so goodput is defined (`SLO.is_set`)."""
+        return self.slo().is_set
+
 
 class BudgetSpec(StrictSpec):
     trials: int | None = Field(default=None, ge=1, le=100_000)

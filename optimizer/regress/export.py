@@ -44,9 +44,8 @@ def _reference(study: optuna.Study, cfg: StudyConfig, trial: FrozenTrial,
                card: str) -> dict[str, Any]:
     runs = _samples(study, trial)
     figures: dict[str, Any] = {}
-    has_slo = cfg.spec.slo.ttft_p99_ms is not None or cfg.spec.slo.tpot_p99_ms is not None
     for name in DEFAULT_FIGURES:
-        if name == "goodput" and not has_slo:
+        if name == "goodput" and not cfg.spec.slo.is_set:
             continue
         attr = FIGURES[name][1]
         values = [_metrics(t).get(attr) for t in runs]

@@ -25,6 +25,7 @@ from optimizer.errors import ConfigError, translate
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.run.engines import RUNNERS
 from runners.atomic import write_atomic
+from runners.workload import SLO_BOUNDS_TEXT
 from search_spaces.bounded_yaml import load_yaml, yaml_message
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -189,18 +190,16 @@ class CaseSpec(StrictSpec):
                              "workload.levels instead of a capacity search")
         if "repeats" in self.workload.model_fields_set:
             raise ValueError("workload.repeats: set the case's repeats instead (one place)")
-        if OBJECTIVES[self.objective].needs_slo and self.slo.ttft_p99_ms is None and \
-                self.slo.tpot_p99_ms is None:
-            raise ValueError(f"objective {self.objective} needs slo.ttft_p99_ms and/or "
-                             "slo.tpot_p99_ms; set one, or objective: throughput")
+        if OBJECTIVES[self.objective].needs_slo and not self.slo.is_set:
+            raise ValueError(f"objective {self.objective} needs {SLO_BOUNDS_TEXT}; set one, "
+                             "or objective: throughput")
         names = [c.name for c in self.configs]
         if len(set(names)) != len(names):
             raise ValueError(f"configs: names must differ but got {names}")
         for config in self.configs:
             if config.reference is None:
                 continue
-            if "goodput" in config.reference.figures and self.slo.ttft_p99_ms is None and \
-                    self.slo.tpot_p99_ms is None:
+            if "goodput" in config.reference.figures and not self.slo.is_set:
                 raise ValueError(f"configs {config.name}: a goodput reference needs the case's "
                                  "slo; set slo or drop the goodput figure")
         return self

@@ -177,7 +177,8 @@ class Executor(Protocol):
 
     def lost(self) -> str | None:
         """Why no trial can run or be reached any more (the local Ray's GCS or raylet ended
-        under the daemon), or None. Cheap: the daemon asks on every turn of its loop."""
+        under the daemon, or a joined cluster's GCS stopped answering), or None. Cheap: the
+        daemon asks on every turn of its loop."""
         ...
 
     def abandon(self) -> None:

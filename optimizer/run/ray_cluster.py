@@ -20,6 +20,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError
 
 from optimizer.errors import ConfigError, NightshiftError, translate
+from optimizer.run.gcs_watch import GcsWatch
 
 logger = logging.getLogger(__name__)
 
@@ -192,6 +193,47 @@ def local_ray_lost() -> str | None:
             "process of the unit, as systemd's KillMode=control-group sends, or a crash)")
 
 
+# The GCS of the cluster this daemon joined by HOST:PORT or auto (`init_ray`); none for its own
+# Ray, or for a Ray Client (ray://) connection, whose GCS the driver does not reach itself.
+_JOINED_GCS: list[GcsWatch] = []
+
+
+def ray_lost() -> str | None:
+    """Why the Ray under the daemon is gone, as a line: its own Ray's GCS or raylet ended
+    (`local_ray_lost`), or the joined cluster's GCS has not answered for its grace
+    (optimizer/run/gcs_watch.py); None while it is there."""
+    return local_ray_lost() or next(
+        (line for watch in _JOINED_GCS if (line := watch.lost()) is not None), None)
+
+
+# The variable Ray 2.60 reads for its authentication mode ("token" or "disabled"; unset: Ray
+# decides, and says so on stderr).
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+
+
+def settle_token_auth(address: str | None) -> None:
+    """Decide Ray's authentication mode as Ray 2.60's `ray.init` would, without its notice.
+
+    With RAY_AUTH_MODE unset, `ray.init` enables token authentication for a new local cluster
+    (`enable_token_auth_by_default`), and for `address="auto"` where a token exists
+    (`maybe_enable_token_auth_if_token_available`); each time it logs "Token authentication is
+    enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out ...", which read like
+    an action asked of the user on every `nightshift start`. This takes the same decision
+    first, by Ray's own `_enable_token_auth` (RAY_AUTH_MODE=token in this process's
+    environment, which the GCS, raylet and workers inherit, and Ray's configuration read
+    again: it read the variable when `ray` was imported); `ray.init` then finds the mode set
+    and says nothing. An explicit address Ray never switches to tokens, nor does this. A
+    RAY_AUTH_MODE the user set is kept, whatever it says."""
+    if AUTH_MODE_ENV in os.environ:
+        return
+    from ray._private.authentication.authentication_token_setup import _enable_token_auth
+    from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]
+
+    if address is None or (address == "auto" and AuthenticationTokenLoader.instance()
+                           .has_token(ignore_auth_mode=True)):
+        _enable_token_auth()
+
+
 LOOPBACK = "127.0.0.1"
 # Ray resolves a loopback `_node_ip_address` to the machine's address unless it believes
 # multi-node clusters are off (ray/_private/services.py `resolve_ip_for_localhost` and
@@ -207,7 +249,10 @@ def init_ray(num_gpus: int | None, address: str | None = None) -> int:
                                   "configure_logging": False}
         if address:
             _LOCAL_RAY.clear()  # a cluster of its own: its GCS may come back
+            settle_token_auth(address)
             ray.init(address=address, **kwargs)
+            _JOINED_GCS[:] = [] if address.startswith("ray://") else \
+                [GcsWatch(ray.get_runtime_context().gcs_address)]
         else:
             start_local_ray(num_gpus=num_gpus, num_cpus=max(2, (num_gpus or 0) + 2), **kwargs)
     resources: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
@@ -249,11 +294,13 @@ def start_local_ray(**kwargs: Any) -> None:
     saved_switch = ray_constants.ENABLE_RAY_CLUSTER
     saved_popen = services.ConsolePopen
     _LOCAL_RAY.clear()
+    _JOINED_GCS.clear()
     os.environ.pop("RAY_ADDRESS", None)
     os.environ[_RAY_CLUSTERS_SWITCH] = "0"
     os.environ.setdefault(_GCS_RECONNECT_ENV, str(_GCS_RECONNECT_S))
     ray_constants.ENABLE_RAY_CLUSTER = False
     services.ConsolePopen = _session_popen(saved_popen)  # type: ignore[misc,assignment]
+    settle_token_auth(None)
     try:
         ray.init(address="local", _node_ip_address=LOOPBACK, **kwargs)
     finally:

@@ -33,8 +33,8 @@ from optimizer.run.executor import TrialHandle, TrialSession
 from optimizer.run.ray_cluster import (
     cluster_nodes,
     live_gpus,
-    local_ray_lost,
     placement_problem,
+    ray_lost,
     reap_on_other_nodes,
 )
 from runners.base import EngineConfig, Failure, FailureReason, RunResult, StepMetrics
@@ -92,7 +92,7 @@ class RayTrialHandle:
             # In slices: a dead worker's poll waits out its timeout when Ray's GCS, which
             # would say the actor died, is gone with it; the local Ray's end is seen at once.
             while not ray.wait([ref], timeout=min(1.0, timeout_s))[0]:
-                lost = local_ray_lost()
+                lost = ray_lost()
                 if lost is not None or time.monotonic() >= deadline:
                     raise WorkerLost(f"worker did not answer a poll ({lost or 'timed out'})")
             steps: list[StepMetrics] = ray.get(ref, timeout=timeout_s)
@@ -261,7 +261,7 @@ class RayExecutor:
             return None
 
     def lost(self) -> str | None:
-        return local_ray_lost()
+        return ray_lost()
 
     def abandon(self) -> None:
         self._slots.clear()  # Ray is gone: its actors with it

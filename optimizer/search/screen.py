@@ -7,7 +7,8 @@ The estimate a level: a closed loop of `concurrency` requests decoding `output_l
 after a prompt of `input_len` (`prefix_tokens` of it shared and, with prefix caching, computed
 once). The batch is what max_num_seqs and the KV cache admit; a step decodes the batch and
 prefills its share of new prompts (within max_num_batched_tokens); TPOT is that step, TTFT the
-steps a prompt's prefill takes. Goodput is the throughput, scaled down steeply past the SLO."""
+steps a prompt's prefill takes, E2EL the TTFT and output_len - 1 steps. Goodput is the
+throughput, scaled down steeply past each bound the SLO sets (`SLO.is_set` says which count)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class ScreenLoad:
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     prefix_tokens: int = 0  # of input_len, shared by every request
+    slo_e2el_ms: float | None = None
 
 
 def _past(value: float, bound: float | None) -> float:
@@ -66,9 +68,10 @@ def predicted_goodput(model: PerformanceModel, load: ScreenLoad) -> float:
         ttft_ms = tpot_ms * max(1.0, fresh / max(1, model.max_num_batched_tokens - batch))
         waves = math.ceil(concurrency / batch)  # requests beyond the batch queue
         ttft_ms += (waves - 1) * tpot_ms * load.output_len
+        e2el_ms = ttft_ms + tpot_ms * max(0, load.output_len - 1)
         throughput = batch / (step * load.output_len)
         best = max(best, throughput * _past(tpot_ms, load.slo_tpot_ms)
-                   * _past(ttft_ms, load.slo_ttft_ms))
+                   * _past(ttft_ms, load.slo_ttft_ms) * _past(e2el_ms, load.slo_e2el_ms))
     return best
 
 
@@ -99,8 +102,9 @@ def load_of(workload: Workload) -> ScreenLoad | None:
     if workload.capacity is not None or not concurrencies:
         return None
     prefix = workload.shared_prefix.num_tokens if workload.shared_prefix is not None else 0
+    slo = workload.slo
     return ScreenLoad(int(workload.input_len.mean) + prefix, int(workload.output_len.mean),
-                      concurrencies, workload.slo.ttft_p99_ms, workload.slo.tpot_p99_ms, prefix)
+                      concurrencies, slo.ttft_p99_ms, slo.tpot_p99_ms, prefix, slo.e2el_ms)
 
 
 class _RandomDraws(optuna.trial.FixedTrial):

@@ -66,8 +66,7 @@ class Searcher:
 
     @property
     def has_slo(self) -> bool:
-        slo = self.workload.slo
-        return any(v is not None for v in (slo.ttft_p99_ms, slo.tpot_p99_ms, slo.e2el_ms))
+        return self.workload.slo.is_set
 
     # -- the queue ----------------------------------------------------------------------------
 

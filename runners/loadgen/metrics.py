@@ -32,10 +32,6 @@ def _stats_ms(values_s: list[float]
     )
 
 
-def _has_slo(slo: SLO) -> bool:
-    return any(v is not None for v in (slo.ttft_p99_ms, slo.tpot_p99_ms, slo.e2el_ms))
-
-
 def tpot_s(out: RequestOutput) -> float | None:
     """A successful request's time per output token after the first, s, as vLLM computes it;
     None with a single token (vLLM's goodput then takes it as 0)."""
@@ -85,7 +81,7 @@ def compute_metrics(
         completed += 1
 
     goodput: float | None = None
-    if _has_slo(slo):
+    if slo.is_set:
         bounds: list[tuple[list[float], float]] = [
             (values, bound_ms / _MS_PER_S)
             for values, bound_ms in ((ttfts, slo.ttft_p99_ms), (all_tpots, slo.tpot_p99_ms),

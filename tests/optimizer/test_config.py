@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -10,8 +11,10 @@ import pytest
 import yaml
 
 from optimizer.config import load_study, parse_study
+from optimizer.config.sections import SLOSpec
 from optimizer.errors import ConfigError
 from optimizer.storage.study import engine_config
+from runners.workload import SLO, SLO_BOUNDS
 
 BASE = {"name": "s", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 3},
         "slo": {"tpot_p99_ms": 50}}
@@ -526,3 +529,13 @@ def test_an_e2el_bound_alone_defines_goodput_as_vllm_bench_serve_counts_it() -> 
     with pytest.raises(ConfigError, match=r"objective goodput needs slo\.ttft_p99_ms, "
                                           r"slo\.tpot_p99_ms and/or slo\.e2el_ms\.$"):
         parse_study({**BASE, "slo": {}})
+
+
+def test_every_bound_the_slo_section_takes_counts_towards_goodput() -> None:
+    """One list says which bounds define goodput (`SLO.is_set`: the study, the load generator,
+    the search, regress and the screen read it): a bound added to the section is in it."""
+    assert SLO_BOUNDS == tuple(f.name for f in dataclasses.fields(SLO)) == \
+        tuple(SLOSpec.model_fields)
+    for name in SLO_BOUNDS:
+        assert SLOSpec.model_validate({name: 5000.0}).is_set, name
+    assert not SLOSpec().is_set

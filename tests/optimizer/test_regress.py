@@ -356,3 +356,28 @@ def test_export_to_library_refuses_a_trial_the_quality_gate_refused(
     err = capsys.readouterr().err
     assert "the quality gate refused it" in err and "--force-quality" in err
     assert not lib.exists(), "nothing is written for a refused trial"
+
+
+def test_an_e2el_only_slo_defines_goodput_for_export_and_the_library(tmp_path: Path) -> None:
+    """`vllm bench serve --goodput e2el:MS` counts goodput against an end-to-end bound alone,
+    and so does a study (runners/workload.py `SLO.is_set`): its export keeps the goodput figure
+    and the library takes the case with the goodput objective."""
+    study_path = _study_file(tmp_path)
+    data = yaml.safe_load(study_path.read_text())
+    study_path.write_text(yaml.safe_dump({**data, "slo": {"e2el_ms": 5000.0}}))
+    study = open_study(load_study(study_path))
+    trial = study.ask()
+    metrics = {"objective.goodput": 4.0, "request_goodput": 4.0, "output_throughput": 120.0,
+               "median_tpot_ms": 9.0, "p99_ttft_ms": 40.0}
+    trial.set_user_attr(ATTR_BASELINE, True)
+    trial.set_user_attr("record", TrialRecord(
+        state="complete", params={}, conclusion="measured", values=(4.0,), metrics=metrics,
+        is_baseline=True).to_user_attr())
+    study.tell(trial, 4.0)
+    lib = tmp_path / "bench.yaml"
+    assert main(["export", str(study_path), "--trial", "0", "--to-library", str(lib),
+                 "--case", "e2el"]) == 0
+    case = load_library(lib).cases[0]
+    assert case.objective == "goodput" and case.slo.e2el_ms == 5000.0
+    reference = case.configs[0].reference
+    assert reference is not None and reference.figures["goodput"].values == [4.0]

@@ -14,12 +14,13 @@ from bench.screen_candidates import asked as _asked
 from optimizer.config import load_study
 from optimizer.search.controller import SearchController
 from optimizer.search.samplers import SCREEN_ATTR, ScreenSampler, _tpe
-from optimizer.search.screen import sample_candidates
+from optimizer.search.screen import load_of, predicted_goodput, sample_candidates
 from optimizer.search.searcher import SCREEN_TRIALS
 from optimizer.storage.study import make_sampler
-from runners.base import RunResult, StepMetrics
+from runners.base import EngineConfig, RunResult, StepMetrics
 from runners.hardware import load_preset
 from runners.model_info import load_model_info
+from runners.simulated.performance import PerformanceModel
 from search_spaces import load_space
 from tests.builders import categorical_space, search_setup, write_study
 from tests.optimizer.test_search_policy import _metrics
@@ -171,3 +172,24 @@ def test_the_candidates_are_drawn_without_asking_an_optuna_study() -> None:
     sample_candidates(sample, 200, seed=0)
     assert not any(isinstance(t, optuna.trial.Trial) for t in asked), \
         "no trial of a study per candidate: a study start asked one 1,500 to 4,500 times"
+
+
+# -- the SLO: every bound the study sets counts, e2el's alone included ---------------------------
+
+def test_an_e2el_only_slo_scales_the_screens_prediction_past_its_bound(tmp_path: Path) -> None:
+    space_path = categorical_space(tmp_path, max_num_seqs=[16, 256])
+    perf = PerformanceModel.from_config(EngineConfig("Qwen/Qwen2.5-7B-Instruct", {}),
+                                        load_preset("h200"), load_model_info("qwen2.5-7b"),
+                                        is_compile_cache_warm=True)
+    predicted = {}
+    for bound in (None, 60_000.0, 5.0):
+        cfg = load_study(write_study(tmp_path, trials=4, search_space=str(space_path),
+                                     slo={} if bound is None else {"e2el_ms": bound},
+                                     objective="goodput" if bound else "throughput"))
+        load = load_of(cfg.workload)
+        assert load is not None
+        assert load.slo_e2el_ms == bound
+        predicted[bound] = predicted_goodput(perf, load)
+    assert predicted[60_000.0] == predicted[None] > 0, "a bound every request meets: no change"
+    assert predicted[5.0] < predicted[None] / 100, \
+        f"no request ends in 5 ms: the prediction falls steeply past the bound ({predicted})"
