@@ -94,4 +94,5 @@ class LiveProgress:
                 values=(r["value"],), tpot_p99_ms=r["tpot"], label=r["label"],
                 conclusion=r["message"] or "", elapsed_s=r["elapsed"],
                 changes_note=f"(confirmation: {r['confirm']})" if r["confirm"] else ""))
-        return trial_table(rows, self.cfg.objectives[:1], width, title=self.title(snapshot))
+        return trial_table(rows, self.cfg.objectives[:1], width, title=self.title(snapshot),
+                           baseline=self.cfg.baseline_words)
