@@ -70,7 +70,7 @@ def _changes(row: TrialRow, words: BaselineWords = DEFAULTS, *,
     where it has any): a table cell, or (`in_sentence`) words for inside the headline's
     parentheses, the baseline named with its fixed flags."""
     if row.is_baseline:
-        return words.the_full if in_sentence else words.cell
+        return words.in_parens if in_sentence else words.cell
     listed = ", ".join(f"{k}={v}" for k, v in row.changes.items())
     same = "the defaults' flags" if not words.has_fixed_flags else "the baseline's flags"
     return listed or (same if in_sentence else f"(same flags as {words.short})")

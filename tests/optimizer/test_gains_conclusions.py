@@ -429,6 +429,9 @@ def test_the_report_names_a_baseline_that_ran_fixed_flags_with_them(tmp_path: Pa
     html = render_html(report)
     assert "<td>(baseline)</td>" in html and "change vs baseline" in html
     assert "(vLLM defaults)" not in html
+    as_best = headline(replace(report, best=report.baseline))
+    assert as_best.startswith("Best: trial 0 (the baseline: vLLM defaults + your fixed flags), "
+                              "goodput 8.7 req/s"), as_best
 
 
 def test_the_report_of_a_study_without_fixed_flags_names_the_vllm_defaults(
