@@ -18,6 +18,35 @@ _ADVICE: Final[Mapping[Label, str]] = {
 }
 
 
+# The batch reached its cap when its most running requests came this close to max_num_seqs:
+# the gauge is sampled about once a second, so a batch pinned at the cap can read a little under.
+_AT_CAP_FRACTION: Final = 0.9
+
+
+def _batch_advice(ev: Mapping[str, float]) -> str:
+    """A memory-bound level with the bytes per token already cut: more sequences per weight
+    read, which a larger max_num_seqs gives only where the batch reached it; a batch below it
+    followed the load (the arrival rate, and the SLO that the next load up missed), and a
+    larger cap changes nothing."""
+    running, cap = ev.get("max_num_requests_running"), ev.get("max_num_seqs")
+    if running is None or cap is None or not cap > 0:
+        unknown = "the running count was not measured" if running is None else \
+            "its max_num_seqs is not known"
+        return (f"a larger max_num_seqs helps only where the batch reaches it ({unknown}); "
+                "replicas (data_parallel_size) add capacity, not capacity per GPU")
+    if running >= _AT_CAP_FRACTION * cap:
+        kv = ev.get("max_kv_cache_usage_perc")
+        room = f" with the KV cache {kv:.0%} full" if kv is not None else \
+            "; where the KV cache has room"
+        return (f"read the weights for more sequences per step: the batch reached "
+                f"{running:.0f} of max_num_seqs {cap:.0f}{room}, a larger max_num_seqs "
+                "raises it; or add replicas (data_parallel_size)")
+    return (f"the batch followed the load (at most {running:.0f} running of max_num_seqs "
+            f"{cap:.0f}): no cap held it, so a larger max_num_seqs changes nothing; more "
+            "capacity per GPU needs faster steps at this batch (kernels, attention backend), "
+            "and replicas (data_parallel_size) add capacity, not capacity per GPU")
+
+
 def advice(verdict: Verdict, *,
            config: EngineConfig | Mapping[str, Any] | None = None) -> str:
     """What to do next, given the verdict; never what the config already does. `config` (an
@@ -68,8 +97,7 @@ def advice(verdict: Verdict, *,
             levers.append("an fp8 KV cache (kv_cache_dtype fp8)")
         if levers:
             return "read fewer bytes per token: " + " or ".join(levers)
-        return ("read the weights for more sequences per step (a larger max_num_seqs where "
-                "the KV cache has room) or add replicas (data_parallel_size)")
+        return _batch_advice(ev)
     if label == "kv-capacity-bound":
         levers = []
         if not fp8_kv:

@@ -33,7 +33,8 @@ _CONTEXT_FIELDS: Final = ("compute_utilization", "bandwidth_utilization",
                           "prefill_flop_share", "kv_read_share", "requests_in_flight",
                           "num_runtime_jit_compiles",
                           "is_fp8_weights", "is_fp8_kv", "is_enforce_eager",
-                          "is_fp8_capable", "window_s")
+                          "is_fp8_capable", "window_s",
+                          "max_num_requests_running", "max_num_seqs")
 
 
 def classify(evidence: Evidence, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Verdict:

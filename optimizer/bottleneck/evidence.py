@@ -20,7 +20,8 @@ from optimizer.results.objectives import described_step, is_capacity_search
 from runners.base import EngineConfig, EngineInfo, RunResult, StepMetrics
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
-from search_spaces.engine.facts import EngineFlags
+from search_spaces.engine.facts import EngineFlags, vllm_scheduler_defaults
+from search_spaces.engine.tables import DEFAULT_VERSION
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,13 @@ class Evidence:
     max_num_requests_waiting: float | None = None
     num_preemptions: float | None = None  # during the level
     is_waiting_rising: bool | None = None  # the queue grew over the level
+    # The most requests one engine (data-parallel replica) ran at once over the level: the
+    # server gauge's maximum over the window, divided by data_parallel_size. Beside
+    # `max_num_seqs` it tells whether the batch reached its cap or followed the load.
+    max_num_requests_running: float | None = None
+    # The cap on that batch, per replica: the config's max_num_seqs, else vLLM's default for
+    # this card and release (`vllm_scheduler_defaults`); None where neither is known.
+    max_num_seqs: float | None = None
     # Decode roofline inputs.
     decode_batch: float | None = None  # sequences per decode step
     context_tokens: float | None = None  # mean tokens per sequence whose KV a step reads
@@ -184,6 +192,7 @@ def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
         preemptions = finite(server.get("vllm:num_preemptions_total"))
     rising = finite(server.get("is_waiting_rising"))
 
+    running_max = positive(server.get("max_num_requests_running"))
     tpot_ms = decode_batch = context = None
     if step is not None:
         m = step.metrics
@@ -193,9 +202,8 @@ def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
         # replicas share the load: the roofline is one replica's, so is its batch.
         if mean_tpot is not None and m.output_throughput > 0:
             decode_batch = m.output_throughput * mean_tpot / 1e3
-            running = positive(server.get("max_num_requests_running"))
-            if running is not None:
-                decode_batch = min(decode_batch, running)
+            if running_max is not None:
+                decode_batch = min(decode_batch, running_max)
             decode_batch /= config.data_parallel_size
         context = (m.total_input_tokens + m.total_output_tokens / 2) / m.completed
 
@@ -241,6 +249,9 @@ def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
         max_num_requests_waiting=finite(server.get("max_num_requests_waiting")),
         num_preemptions=preemptions,
         is_waiting_rising=None if rising is None else rising > 0,
+        max_num_requests_running=None if running_max is None
+        else running_max / config.data_parallel_size,
+        max_num_seqs=_max_num_seqs(config, hardware, engine),
         decode_batch=decode_batch,
         context_tokens=context,
         tpot_ms=tpot_ms,
@@ -274,6 +285,23 @@ def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
                                   trace.get("profile.is_operating_point"))
         if trace and trace.get("profile.is_in_stream") is not None else None,
     )
+
+
+def _max_num_seqs(config: EngineConfig, hardware: HardwareProfile | None,
+                  engine: EngineInfo | None) -> float | None:
+    """The batch cap one replica ran under: the config's max_num_seqs, else the default vLLM
+    gives this card in the engine's release (the bundled table's where the log did not say)."""
+    flag = positive(config.flags.get("max_num_seqs"))
+    if flag is not None:
+        return flag
+    if hardware is None or not hardware.gpus:
+        return None
+    gpu = hardware.gpus[0]
+    version = engine.engine_version if engine is not None and engine.engine_version \
+        else DEFAULT_VERSION
+    major, minor = gpu.compute_capability
+    return float(vllm_scheduler_defaults(gpu.memory_gib, gpu.name, version,
+                                         major + minor / 10)["max_num_seqs"])
 
 
 def _profile_load(trace: Mapping[str, Any]) -> str:

@@ -96,4 +96,5 @@ class LiveProgress:
                 tpot_p99_num_requests=r.get("tpot_n"), label=r["label"],
                 conclusion=r["message"] or "", elapsed_s=r["elapsed"],
                 changes_note=f"(confirmation: {r['confirm']})" if r["confirm"] else ""))
-        return trial_table(rows, self.cfg.objectives[:1], width, title=self.title(snapshot))
+        return trial_table(rows, self.cfg.objectives[:1], width, title=self.title(snapshot),
+                           baseline=self.cfg.baseline_words)

@@ -16,6 +16,7 @@ from optimizer.cli.output import console, out
 from optimizer.cli.table import TableRow, figure, trial_table
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
+from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.objectives import value_unit
 from optimizer.results.tail_samples import THIN_RULE
 from runners.atomic import write_atomic
@@ -51,9 +52,10 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
     is_simulated = is_simulated_study(opened)
     if is_simulated:
         out.print(SIMULATED_HEADER, highlight=False, soft_wrap=True)
-    rows = status_rows(trials)
+    rows = status_rows(trials, cfg.baseline_words)
     out.print(trial_table(rows, cfg.objectives, out.width,
-                          title=SIMULATED_TITLE if is_simulated else None))
+                          title=SIMULATED_TITLE if is_simulated else None,
+                          baseline=cfg.baseline_words))
     if any(r.tpot_p99_num_requests is not None for r in rows):
         out.print(f"n: the requests each p99 is over; {THIN_RULE}.", highlight=False,
                   soft_wrap=True)
@@ -87,9 +89,11 @@ def is_simulated_study(study: Any) -> bool:
     return any(is_simulated_run(t) for t in study.get_trials(deepcopy=False))
 
 
-def status_rows(trials: Sequence[FrozenTrial]) -> list[TableRow]:
+def status_rows(trials: Sequence[FrozenTrial],
+                words: BaselineWords = DEFAULTS) -> list[TableRow]:
     """The table's rows: every trial that started, the search's and the confirmation runs (a
-    repeat of a measured config launched nothing; the status line counts it)."""
+    repeat of a measured config launched nothing; the status line counts it). `words` names
+    the baseline's row: "(vLLM defaults)", or "(baseline)" where the study fixes flags."""
     from optuna.trial import TrialState
 
     from optimizer.results.trial_record import confirm_label, is_baseline, ran_nothing, record_of
@@ -124,8 +128,9 @@ def status_rows(trials: Sequence[FrozenTrial]) -> list[TableRow]:
             changes = None if base_params is None or not t.params else \
                 {k: v for k, v in t.params.items() if base_params.get(k) != v}
         confirm = confirm_label(t)
-        note = f"(confirmation: {confirm})" if confirm else \
-            ("(vLLM defaults)" if is_baseline(t) else "")
+        which = words.short if confirm == "defaults" else confirm
+        note = f"(confirmation: {which})" if confirm else \
+            (words.cell if is_baseline(t) else "")
         metrics = record.metrics if record is not None else {}
         verdict = (record.verdict if record is not None else None) or {}
         rows.append(TableRow(

@@ -14,6 +14,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.results.tail_samples import P99Basis
 
@@ -118,23 +119,24 @@ def clip_changes(changes: Sequence[str], width: int, lines: int) -> str:
     return ""  # unreachable: shown == 0 returns
 
 
-def _changes_text(row: TableRow) -> list[str]:
+def _changes_text(row: TableRow, words: BaselineWords) -> list[str]:
     if row.changes_note:
         return [row.changes_note]
     if row.changes is None:
         return []
-    return [f"{k}={v}" for k, v in row.changes.items()] or ["(defaults)"]
+    return [f"{k}={v}" for k, v in row.changes.items()] or [f"({words.short})"]
 
 
 def trial_table(rows: Sequence[TableRow], objectives: Sequence[str], width: int,
-                title: str | None = None) -> Table:
+                title: str | None = None, baseline: BaselineWords = DEFAULTS) -> Table:
     """The trials as a rich table at most `width` columns wide. Side by side where there is
     room: trial, changes, state, the objectives, TPOT p99, bottleneck, seconds, conclusion
     (the bottleneck shortened to `memory` and then the seconds dropped before a conclusion
     wraps); where the two text columns would have less than WIDE_TEXT_COLUMNS, each trial's
     changes sit over its conclusion in the last column. Cells wrap at spaces, never inside a
     flag that fits its column; a cell too long for its lines ends in "…" (a conclusion) or
-    "+N more" (the changes)."""
+    "+N more" (the changes). `baseline` names what the changes are from (the vLLM defaults, or
+    the baseline with the study's fixed flags)."""
     show_tpot = "tpot" not in objectives
     values = [[figure(v) for v in r.values] for r in rows]
     longest = max((len(r.conclusion) for r in rows), default=0)
@@ -160,7 +162,7 @@ def trial_table(rows: Sequence[TableRow], objectives: Sequence[str], width: int,
         conclusion_w = max(24, min(longest, free - _CHANGES_MIN))
         changes_w = free - conclusion_w
         table.add_column("trial", width=fixed[0][1], justify="right", no_wrap=True)
-        table.add_column("changes vs defaults", width=changes_w, overflow="fold")
+        table.add_column(f"changes vs {baseline.short}", width=changes_w, overflow="fold")
         for header, w in fixed[1:]:
             table.add_column(header, width=w, overflow="fold",
                              justify="left" if header in _TEXT_HEADERS else "right")
@@ -170,7 +172,8 @@ def trial_table(rows: Sequence[TableRow], objectives: Sequence[str], width: int,
         for header, w in fixed:
             table.add_column(header, width=w, overflow="fold",
                              justify="left" if header in _TEXT_HEADERS else "right")
-        table.add_column("changes vs defaults / conclusion", width=text_w, overflow="fold")
+        table.add_column(f"changes vs {baseline.short} / conclusion", width=text_w,
+                         overflow="fold")
     for r, cells in zip(rows, values, strict=True):
         middle = [r.state, *cells, *[""] * (len(objectives) - len(cells))]
         if show_tpot:
@@ -179,11 +182,12 @@ def trial_table(rows: Sequence[TableRow], objectives: Sequence[str], width: int,
         if seconds:
             middle.append(figure(r.elapsed_s))
         if is_wide:
-            table.add_row(str(r.number), clip_changes(_changes_text(r), changes_w,
+            table.add_row(str(r.number), clip_changes(_changes_text(r, baseline), changes_w,
                                                       _CHANGE_LINES),
                           *middle, clip(r.conclusion, conclusion_w, _CONCLUSION_LINES))
         else:
-            stacked = Text(clip_changes(_changes_text(r), text_w, _CHANGE_LINES - 1))
+            stacked = Text(clip_changes(_changes_text(r, baseline), text_w,
+                                        _CHANGE_LINES - 1))
             if r.conclusion:
                 if stacked:
                     stacked.append("\n")

@@ -12,13 +12,13 @@ before it writes anything (the stores, directories and env), `workload_checks` t
 
 from optimizer.config.loading import (
     StudyConfig,
-    baseline_name,
     load_study,
     parse_study,
     resume_command,
 )
 from optimizer.config.prestart import check_before_start
 from optimizer.config.workload_checks import check_workload
+from optimizer.results.baseline_words import baseline_name
 
 __all__ = ["StudyConfig", "baseline_name", "check_before_start", "check_workload", "load_study",
            "parse_study", "resume_command"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from optimizer.config.fields import MAX_FILE_BYTES
 from optimizer.config.schema import StudySpec
 from optimizer.config.validation_errors import format_validation_error
 from optimizer.errors import ConfigError, one_line, translate
+from optimizer.results.baseline_words import BaselineWords, baseline_name, baseline_words
 from optimizer.results.objectives import OBJECTIVES
 from runners.credentials import redact_env
 from runners.load_level import LoadLevel
@@ -58,6 +58,12 @@ class StudyConfig:
     @property
     def baseline_name(self) -> str:
         return baseline_name(self.spec.fixed_flags)
+
+    @property
+    def baseline_words(self) -> BaselineWords:
+        """How every phrase names the baseline (`baseline_words`): the vLLM defaults, or
+        them + the fixed flags."""
+        return baseline_words(self.spec.fixed_flags)
 
     @property
     def engine_fixed_flags(self) -> dict[str, Any]:
@@ -306,13 +312,3 @@ def load_study(path: Path) -> StudyConfig:
         raise ConfigError(f"{path.name}: the file is empty; see examples/quickstart.yaml for "
                           "a study.")
     return parse_study(data, path.name, path.resolve())
-
-
-def baseline_name(fixed_flags: Mapping[str, Any]) -> str:
-    """What the baseline trial runs: vLLM's defaults, plus the study's fixed flags (which every
-    trial gets) when it has any."""
-    if not fixed_flags:
-        return "vLLM defaults"
-    shown = ", ".join(f"{k}={v}" for k, v in list(fixed_flags.items())[:6])
-    more = f" (+{len(fixed_flags) - 6} more)" if len(fixed_flags) > 6 else ""
-    return f"vLLM defaults + your fixed flags ({shown}{more})"

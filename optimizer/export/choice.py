@@ -12,6 +12,7 @@ from optuna.trial import TrialState
 
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError, NightshiftError
+from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.results.quality_gate import is_quality_violation
 from optimizer.results.recommendation import (
@@ -54,7 +55,8 @@ def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = 
         label = confirm_label(found[0])
         if label is not None:
             raise ConfigError(f"--trial {number}: a final confirmation run (a re-measurement "
-                              f"of {_remeasured(study, found[0])}), not a trial of the "
+                              f"of {_remeasured(study, found[0], cfg.baseline_words)}), "
+                              "not a trial of the "
                               "search; export that trial instead.")
         record = record_of(found[0])
         state = record.state if record is not None else found[0].state.name.lower()
@@ -92,17 +94,20 @@ def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = 
     return chosen
 
 
-def _remeasured(study: optuna.Study, run: optuna.trial.FrozenTrial) -> str:
+def _remeasured(study: optuna.Study, run: optuna.trial.FrozenTrial,
+                words: BaselineWords = DEFAULTS) -> str:
     """Which trial of the search a confirmation run re-measured: `trial 5` (the one of its
-    config, the first measured), `the vLLM defaults, trial 0`; its label where none is found."""
+    config, the first measured), `the vLLM defaults, trial 0` (`words.the`); its label where
+    none is found."""
     mine = params_of(run)
     same = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             if is_measured(t) and params_of(t) == mine
             and (is_baseline(t) or not is_baseline(run))]
     if not same:
-        return f"the {confirm_label(run)} config"
+        label = confirm_label(run)
+        return f"the {words.short if label == 'defaults' else label} config"
     first = min(same, key=lambda t: t.number)
-    return f"the vLLM defaults, trial {first.number}" if is_baseline(first) else \
+    return f"{words.the}, trial {first.number}" if is_baseline(first) else \
         f"trial {first.number}"
 
 

@@ -104,39 +104,45 @@ def export_header(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: Stu
 
 
 def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyConfig) -> str:
-    """The trial's gain over the defaults with what bounds it. The final confirmation's
-    interval wins where it re-measured this trial (a search measurement's bounds never stand
-    beside an interval that contradicts them); else the search's own, not confirmed."""
+    """The trial's gain over the baseline with what bounds it: the header's first mention of
+    the baseline, so named with the study's fixed flags where it has any. The final
+    confirmation's interval wins where it re-measured this trial (a search measurement's
+    bounds never stand beside an interval that contradicts them); else the search's own, not
+    confirmed."""
     objective = cfg.objectives[0]
+    words = cfg.baseline_words
+    what = words.the_full
     confirmed = confirmation_of(study)
     if confirmed is not None and confirmed.best_trial == trial.number:
         gain = gains.interval_gain(confirmed.gain, confirmed.ci_low, confirmed.ci_high,
                                    confirmed.num_rounds)
         if confirmed.is_simulated:  # a model's repeats: nothing measured, nothing confirmed
-            return (f"{objective} {gains.format_gain(gain)}; not confirmed (re-run interleaved "
-                    f"with the defaults on the simulated engine: {SIMULATED_VERDICT})")
-        verdict = gains.confirmation_verdict(gain)
+            return (f"{objective} {gains.format_gain(gain, what)}; not confirmed (re-run "
+                    f"interleaved with the {words.short} on the simulated engine: "
+                    f"{SIMULATED_VERDICT})")
+        verdict = gains.confirmation_verdict(gain, f"the {words.short}")
         state = "confirmed" if gain.is_better else "not confirmed"
-        return (f"{objective} {gains.format_gain(gain)}; {state} (re-measured interleaved "
-                f"with the defaults: {verdict})")
+        return (f"{objective} {gains.format_gain(gain, what)}; {state} (re-measured "
+                f"interleaved with the {words.short}: {verdict})")
     if is_baseline(trial):
         noise = noise_pick(study)
         if noise is not None:
             worse = noise.ci_high is not None and noise.ci_high < 1.0
-            return (f"none: this is the vLLM defaults; the final confirmation found the "
+            return (f"none: this is {what}; the final confirmation found the "
                     f"search's pick, trial {noise.best_trial}, "
                     f"{'worse than' if worse else 'within noise of'} them")
-        return "none: this is the vLLM defaults"
+        return f"none: this is {what}"
     capacity = cfg.spec.workload.capacity
     axis = capacity.axis if capacity is not None else None
     here, base = reference_of(trial, axis), reference_of(baseline_trial(study), axis)
     if here is None or base is None:
-        return "unknown: the defaults were not measured; not confirmed"
+        return (f"unknown: {words.the} {'was' if words.has_fixed_flags else 'were'} not "
+                "measured; not confirmed")
     gain = gains.gain_over(here.value, base.value, here.capacity, base.capacity,
                            maximize=OBJECTIVES[objective].direction == "maximize")
     why = (f"the final confirmation re-measured trial {confirmed.best_trial}, not this one"
            if confirmed is not None else "no final confirmation re-measured it")
-    return f"{objective} {gains.format_gain(gain)}; not confirmed ({why})"
+    return f"{objective} {gains.format_gain(gain, what)}; not confirmed ({why})"
 
 
 def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,

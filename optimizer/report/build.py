@@ -17,6 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer.config import StudyConfig
 from optimizer.report.knobs import KnobEffect, finite_or_none, importances, knob_effects
 from optimizer.results import gains
+from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.objectives import OBJECTIVES, on_all_gpus
 from optimizer.results.quality_gate import table_cell
 from optimizer.results.recommendation import (
@@ -101,6 +102,8 @@ class Report:
     no_slo_met: str = ""
     knob_effects: tuple[KnobEffect, ...] = ()  # one-change trials, largest effect first
     generated: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    # How the baseline is named: the vLLM defaults, or them + the study's fixed flags.
+    baseline_words: BaselineWords = DEFAULTS
 
     @property
     def gain(self) -> float | None:
@@ -227,7 +230,7 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
         importances=importances(study) if with_importances else {},
         failures=dict(Counter(r.failure_reason for r in rows
                               if r.state == "failed" and r.failure_reason)),
-        slo=slo, confirm=_confirmation(study, axis),
+        slo=slo, confirm=_confirmation(study, axis, cfg.baseline_words),
         queued=queued, confirmation_runs=counts.confirmation_runs, repeats=counts.repeats,
         recommended=recommended,
         recommended_why=recommendation_note(study, pick) if recommended is not None and
@@ -235,10 +238,12 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
         no_baseline=no_baseline_reason(study) or "",
         no_slo_met=no_slo_met(study, slo) or "",
         knob_effects=knob_effects(trials, baseline_trial, objective, axis,
-                                  vllm_defaults_of(study)))
+                                  vllm_defaults_of(study)),
+        baseline_words=cfg.baseline_words)
 
 
-def _confirmation(study: optuna.Study, axis: str | None) -> str:
+def _confirmation(study: optuna.Study, axis: str | None,
+                  words: BaselineWords = DEFAULTS) -> str:
     """The re-measurement's sentence; after a capacity search, also the capacity ratio every
     round's two brackets allow (each round's runs re-bracket both configs, so the ratio lies
     in each round's range, hence in their overlap)."""
@@ -268,6 +273,6 @@ def _confirmation(study: optuna.Study, axis: str | None) -> str:
     if low is not None and high is not None and low > high:
         return (f"{sentence}; the re-measured capacity brackets disagree between rounds "
                 "(no common ratio): noise beyond the brackets")
-    overlap = gains.format_gain(gains.Gain(None, low, high, "capacity"))
+    overlap = gains.format_gain(gains.Gain(None, low, high, "capacity"), words.the)
     return f"{sentence}; re-measured capacity brackets, in every one of {len(rounds)} " \
         f"rounds: {overlap}"

@@ -3,12 +3,14 @@ which writes them with the plots into one folder."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from optimizer.report.build import Report, TrialRow
 from optimizer.report.knobs import TOO_FEW_FOR_IMPORTANCES
 from optimizer.report.plots import LABEL_COLOURS, write_plots
 from optimizer.results import gains
+from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.conclusion import capacity_text, shorten
 from optimizer.results.objectives import OBJECTIVES, PER_GPU_RULE, on_all_gpus, value_unit
 from optimizer.results.recommendation import NOISE_FRACTION
@@ -17,8 +19,8 @@ from optimizer.results.trial_record import objective_unit
 from runners.atomic import write_atomic
 
 KNOB_EFFECTS_INTRO = (
-    "Trials that changed one knob alone from the defaults, each against the defaults measured "
-    "in this study, largest effect first: that knob's effect at the defaults, not combined "
+    "Trials that changed one knob alone from the {short}, each against the {short} measured "
+    "in this study, largest effect first: that knob's effect at the {short}, not combined "
     "with others. The spread is the larger of the two trials' spreads over their repeats on "
     "one server ((max - min) / median; of two repeats, the larger), not a start-to-start "
     "interval.")
@@ -45,15 +47,16 @@ def _gain_text(report: Report) -> str:
     bounds = report.gain_bounds
     if bounds is None:
         return ""
+    words = report.baseline_words
     whole = report.gain_as_measured
     if whole is None:
-        return gains.format_gain(bounds)
+        return gains.format_gain(bounds, words.the)
     best, base = report.best, report.baseline
     assert best is not None and base is not None  # a gain has both
     measured = f"{whole.value:.2f}x" if whole.value is not None else "no ratio"
-    return (f"{gains.format_gain(bounds, 'the vLLM defaults per GPU')}; {measured} as "
+    return (f"{gains.format_gain(bounds, f'{words.the} per GPU')}; {measured} as "
             f"measured, on {best.num_gpus} GPU{'s' if best.num_gpus != 1 else ''} against "
-            f"the defaults on {base.num_gpus} GPU{'s' if base.num_gpus != 1 else ''}")
+            f"the {words.short} on {base.num_gpus} GPU{'s' if base.num_gpus != 1 else ''}")
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -71,13 +74,16 @@ def _p99(value: float | None, num_requests: int | None) -> str:
     return f"{shown} {P99Basis(num_requests).cell}"
 
 
-def _changes(row: TrialRow, *, in_sentence: bool = False) -> str:
-    """A trial's flags beyond vLLM's defaults: a table cell, or (`in_sentence`) words for
-    inside the headline's parentheses."""
+def _changes(row: TrialRow, words: BaselineWords = DEFAULTS, *,
+             in_sentence: bool = False) -> str:
+    """A trial's flags beyond the baseline's (vLLM's defaults, with the study's fixed flags
+    where it has any): a table cell, or (`in_sentence`) words for inside the headline's
+    parentheses, the baseline named with its fixed flags."""
     if row.is_baseline:
-        return "the vLLM defaults" if in_sentence else "(vLLM defaults)"
+        return words.in_parens if in_sentence else words.cell
     listed = ", ".join(f"{k}={v}" for k, v in row.changes.items())
-    return listed or ("the defaults' flags" if in_sentence else "(same flags as defaults)")
+    same = "the defaults' flags" if not words.has_fixed_flags else "the baseline's flags"
+    return listed or (same if in_sentence else f"(same flags as {words.short})")
 
 
 def _bracket(row: TrialRow) -> str:
@@ -99,7 +105,7 @@ def best_tags(report: Report) -> dict[str, str]:
     if report.no_slo_met:  # the best measured missed the SLO: no best config to show
         return {"best.change": "none: no trial met the SLO",
                 "best.metric": f"{metric}, missed the SLO"}
-    tags = {"best.change": _changes(best), "best.metric": metric}
+    tags = {"best.change": _changes(best, report.baseline_words), "best.metric": metric}
     bounds = report.gain_bounds
     if bounds is not None and report.baseline is not None and \
             best.number != report.baseline.number:
@@ -108,8 +114,10 @@ def best_tags(report: Report) -> dict[str, str]:
 
 
 def headline(report: Report) -> str:
-    """One sentence: the best config and its gain over the defaults, with what bounds it."""
-    missing = (f" No baseline: the defaults could not be measured ({report.no_baseline})."
+    """One sentence: the best config and its gain over the baseline (the vLLM defaults, or
+    them + the study's fixed flags), with what bounds it."""
+    words = report.baseline_words
+    missing = (f" No baseline: {words.the} could not be measured ({report.no_baseline})."
                if report.no_baseline else "")
     if report.best is None:
         return "No trial has completed yet." + missing
@@ -118,7 +126,8 @@ def headline(report: Report) -> str:
         text = report.no_slo_met[0].upper() + report.no_slo_met[1:] + "." + missing
         return text + (f" {_rerun(report)}: {report.confirm}." if report.confirm else "")
     best = report.best
-    text = (f"Best: trial {best.number} ({_changes(best, in_sentence=True)}), {report.objective} "
+    text = (f"Best: trial {best.number} ({_changes(best, words, in_sentence=True)}), "
+            f"{report.objective} "
             f"{_figure(best, report.objective)}")
     if best.capacity is not None:
         text += f" ({_bracket(best)})"
@@ -135,11 +144,11 @@ def headline(report: Report) -> str:
     text += "." + missing
     if report.recommended is not None:
         text += (f" Recommended: trial {report.recommended.number} "
-                 f"({_changes(report.recommended, in_sentence=True)}), "
+                 f"({_changes(report.recommended, words, in_sentence=True)}), "
                  f"{_figure(report.recommended, report.objective)}: "
                  + (report.recommended_why.split(": ", 1)[-1].split("; `--trial")[0]
                     if report.recommended_why else f"within {NOISE_FRACTION:.0%} of the best "
-                    "with fewer changes from the defaults") + ".")
+                    f"with fewer changes from the {words.short}") + ".")
     if report.confirm:
         text += f" {_rerun(report)}: {report.confirm}."
     return text
@@ -174,6 +183,8 @@ _HTML = """<!doctype html>
 better; {{ per_gpu_rule }}){% if r.slo %}; SLO: {% for k, v in r.slo.items() %}{{ k }}
 {{ v }}{% if not loop.last %}, {% endif %}{% endfor %}{% endif %};
 <span id="counts">{{ counts }}</span>; written {{ r.generated }}</p>
+{% if r.baseline_words.has_fixed_flags %}<p class="meta" id="baseline">Baseline:
+{{ r.baseline_words.name }}; every trial runs these fixed flags too.</p>{% endif %}
 {% if r.is_simulated %}<div class="banner" id="simulated"><b>Simulated engine.</b> These figures
 come from nightshift's roofline model of the config and hardware, not from a GPU: they test the
 pipeline, they are not measurements.</div>{% endif %}
@@ -183,8 +194,8 @@ pipeline, they are not measurements.</div>{% endif %}
  <img src="history.png" alt="objective per trial">
 </div>
 <h2>Pareto front (throughput vs TPOT p99)</h2>
-<table id="pareto"><tr><th>trial</th><th>change vs defaults</th><th>out tok/s/GPU</th>
-<th>TPOT p99 ms</th><th>TTFT p99 ms</th><th>bottleneck</th></tr>
+<table id="pareto"><tr><th>trial</th><th>change vs {{ r.baseline_words.short }}</th>
+<th>out tok/s/GPU</th><th>TPOT p99 ms</th><th>TTFT p99 ms</th><th>bottleneck</th></tr>
 {% for row in front %}<tr><td>{{ row.number }}</td><td>{{ changes(row) }}</td>
 <td class="num">{{ fmt(row.output_throughput_per_gpu) }}</td>
 <td class="num">{{ p99(row.p99_tpot_ms, row.tpot_p99_num_requests) }}</td>
@@ -195,7 +206,8 @@ pipeline, they are not measurements.</div>{% endif %}
 <p>Export a point of the front: <code>nightshift export STUDY.yaml --max-tpot-ms N</code>
 (the best {{ r.objective }} whose TPOT p99 is at most N) or <code>--trial N</code>.</p>
 <h2>Every trial</h2>
-<table id="trials"><tr><th>trial</th><th>state</th><th>change vs defaults</th>
+<table id="trials"><tr><th>trial</th><th>state</th>
+<th>change vs {{ r.baseline_words.short }}</th>
 <th>{{ r.objective }} {{ unit }}</th><th>out tok/s/GPU</th><th>TPOT p99 ms</th><th>TTFT p99 ms</th>
 <th>start-up s</th><th>bottleneck</th><th>quality</th><th>conclusion</th></tr>
 {% for row in r.rows %}<tr class="{{ 'best' if r.best and not r.no_slo_met
@@ -216,7 +228,7 @@ style="max-width: 700px">{% else %}<p>{{ too_few }}</p>{% endif %}
 {% if r.knob_effects %}<h2>One knob at a time</h2>
 <p>{{ knob_intro }}</p>
 <table id="knob-effects"><tr><th>knob</th><th>value</th><th>trial</th>
-<th>{{ r.objective }} vs defaults</th><th>verdict</th></tr>
+<th>{{ r.objective }} vs {{ r.baseline_words.short }}</th><th>verdict</th></tr>
 {% for e in r.knob_effects %}<tr><td>{{ e.param }}</td><td>{{ e.shown_value }}</td>
 <td>{{ e.number }}</td><td class="num">{{ short_gain(e.gain) }}</td><td>{{ e.verdict }}</td></tr>
 {% endfor %}</table>{% endif %}
@@ -241,7 +253,8 @@ def trial_counts(report: Report) -> str:
     if report.confirmation_runs:
         text += (f"; {report.confirmation_runs} confirmation "
                  f"run{'s' if report.confirmation_runs != 1 else ''} besides (re-measurements "
-                 "of the recommended config and the defaults, not trials)")
+                 f"of the recommended config and the {report.baseline_words.short}, not "
+                 "trials)")
     if report.repeats:
         text += (f"; {report.repeats} repeat{'s' if report.repeats != 1 else ''} of a "
                  "measured config, not launched")
@@ -262,12 +275,14 @@ def render_html(report: Report) -> str:
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     front = [r for r in report.rows if r.number in report.pareto]
     return env.from_string(_HTML).render(
-        r=report, headline=headline(report), front=front, changes=_changes, fmt=_fmt,
+        r=report, headline=headline(report), front=front,
+        changes=partial(_changes, words=report.baseline_words), fmt=_fmt,
         p99=_p99, thin_rule=THIN_RULE,
         counts=trial_counts(report),
         short=_short, too_few=TOO_FEW_FOR_IMPORTANCES, unit=value_unit(report.objective),
         per_gpu_rule=PER_GPU_RULE,
-        colours=LABEL_COLOURS, labels=_labels(report), knob_intro=KNOB_EFFECTS_INTRO,
+        colours=LABEL_COLOURS, labels=_labels(report),
+        knob_intro=KNOB_EFFECTS_INTRO.format(short=report.baseline_words.short),
         short_gain=gains.short_gain)
 
 
@@ -286,25 +301,28 @@ def render_markdown(report: Report) -> str:
         lines += ["> **Simulated engine**: figures come from a roofline model, not a GPU; "
                   "they are not measurements.", ""]
     slo = ", ".join(f"{k} {v:g}" for k, v in report.slo.items())
+    words = report.baseline_words
     lines += [f"Objective: {report.objective}" + (f"; SLO: {slo}" if slo else "") +
-              f"; {trial_counts(report)}; written {report.generated}. {PER_GPU_RULE}", "",
+              f"; {trial_counts(report)}; written {report.generated}. {PER_GPU_RULE}"
+              + (f" Baseline: {words.name}; every trial runs these fixed flags too."
+                 if words.has_fixed_flags else ""), "",
               headline(report), "", "![Pareto front](pareto.png)", "",
               "![objective per trial](history.png)", "", "## Pareto front", "",
-              "| trial | change vs defaults | out tok/s/GPU | TPOT p99 ms | bottleneck |",
+              f"| trial | change vs {words.short} | out tok/s/GPU | TPOT p99 ms | bottleneck |",
               "|---|---|---|---|---|"]
     for row in report.rows:
         if row.number in report.pareto:
-            lines.append(f"| {row.number} | {_md_cell(_changes(row))} | "
+            lines.append(f"| {row.number} | {_md_cell(_changes(row, words))} | "
                          f"{_fmt(row.output_throughput_per_gpu)} | "
                          f"{_p99(row.p99_tpot_ms, row.tpot_p99_num_requests)} | "
                          f"{row.label} |")
     lines += ["", "## Every trial", "",
-              f"| trial | state | change vs defaults | {report.objective} "
+              f"| trial | state | change vs {words.short} | {report.objective} "
               f"{value_unit(report.objective)} | out tok/s/GPU | "
               "TPOT p99 ms | bottleneck | quality | conclusion |",
               "|---|---|---|---|---|---|---|---|---|"]
     for row in report.rows:
-        lines.append(f"| {row.number} | {row.state} | {_md_cell(_changes(row))} | "
+        lines.append(f"| {row.number} | {row.state} | {_md_cell(_changes(row, words))} | "
                      f"{_fmt(row.value)} | {_fmt(row.output_throughput_per_gpu)} | "
                      f"{_p99(row.p99_tpot_ms, row.tpot_p99_num_requests)} | {row.label} | "
                      f"{_md_cell(row.quality)} | {_md_cell(_short(row))} |")
@@ -315,8 +333,8 @@ def render_markdown(report: Report) -> str:
     if not report.importances:
         lines.append(TOO_FEW_FOR_IMPORTANCES + ".")
     if report.knob_effects:
-        lines += ["", "## One knob at a time", "", KNOB_EFFECTS_INTRO, "",
-                  f"| knob | value | trial | {report.objective} vs defaults | verdict |",
+        lines += ["", "## One knob at a time", "", KNOB_EFFECTS_INTRO.format(short=words.short),
+                  "", f"| knob | value | trial | {report.objective} vs {words.short} | verdict |",
                   "|---|---|---|---|---|"]
         lines += [f"| {e.param} | {_md_cell(e.shown_value)} | {e.number} | "
                   f"{gains.short_gain(e.gain)} | {e.verdict} |" for e in report.knob_effects]

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from optimizer import bottleneck
 from optimizer.results import gains
+from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.objectives import OBJECTIVES, on_all_gpus
 from optimizer.results.recommendation import NOISE_FRACTION, is_measured, params_of
 from optimizer.results.trial_record import gpus_of, is_baseline, objective_unit, record_of
@@ -125,20 +126,21 @@ def _gpus(num_gpus: int) -> str:
 
 def _vs_defaults(value: float | None, capacity: Bracket | None,
                  baseline: Reference | None, objective: str,
-                 num_gpus: int = 1) -> tuple[str, str]:
+                 num_gpus: int = 1, words: BaselineWords = DEFAULTS) -> tuple[str, str]:
     """The effect against the defaults, per GPU (`gains.gain_over`), as a phrase and a table
     cell; where either side ran on more than one GPU the phrase says "per GPU" and gives the
     ratio as measured beside it ("0.72x the vLLM defaults per GPU ...; 1.45x on 2 GPUs against
-    the defaults on 1 GPU")."""
+    the defaults on 1 GPU"); `words` names the baseline (the vLLM defaults, or them + the
+    study's fixed flags)."""
     if baseline is None:
-        return "no defaults measurement to compare with", "vs defaults: n/a"
+        return f"no {words.short} measurement to compare with", f"vs {words.short}: n/a"
     maximize = OBJECTIVES[objective].direction == "maximize"
     gain = gains.gain_over(value, baseline.value, capacity, baseline.capacity,
                            maximize=maximize, num_gpus=num_gpus,
                            defaults_num_gpus=baseline.num_gpus)
     is_multi = num_gpus > 1 or baseline.num_gpus > 1
-    what = "the vLLM defaults per GPU" if is_multi else "the vLLM defaults"
-    cell_what = "vs defaults per GPU" if is_multi else "vs defaults"
+    what = f"{words.the} per GPU" if is_multi else words.the
+    cell_what = f"vs {words.short} per GPU" if is_multi else f"vs {words.short}"
     raw = ""
     if is_multi and (OBJECTIVES[objective].is_per_gpu or capacity is not None):
         whole = gains.gain_over(
@@ -148,11 +150,11 @@ def _vs_defaults(value: float | None, capacity: Bracket | None,
             capacity, baseline.capacity, maximize=maximize)
         if whole.value is not None:
             raw = (f"; {whole.value:.2f}x as measured, on {_gpus(num_gpus)} against the "
-                   f"defaults on {_gpus(baseline.num_gpus)}")
+                   f"{words.short} on {_gpus(baseline.num_gpus)}")
     if gain.basis == "single" and gain.value is not None and \
             abs(gain.value - 1.0) < NOISE_FRACTION:
-        return (f"within noise of {what} ({gains.format_gain(gain)}){raw}",
-                "= defaults per GPU (noise)" if is_multi else "= defaults (noise)")
+        return (f"within noise of {what} ({gains.format_gain(gain, what)}){raw}",
+                f"= {words.short} per GPU (noise)" if is_multi else f"= {words.short} (noise)")
     return gains.format_gain(gain, what) + raw, f"{gains.short_gain(gain)} {cell_what}"
 
 
@@ -192,7 +194,7 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
              verdict: Verdict | None = None, confirm_label: str | None = None,
              note: str = "", number: int | None = None,
              quality_failed: Sequence[str] = (), template: str = "",
-             num_gpus: int = 1) -> Conclusion:
+             num_gpus: int = 1, baseline_words: BaselineWords = DEFAULTS) -> Conclusion:
     """One line: what this config changes from the vLLM defaults and what that did to the
     objective (with the bracket or interval that bounds it), then against the best so far,
     then the bottleneck's label and its one piece of advice.
@@ -205,14 +207,16 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
     ...)"), named first so the report shows where the folklore held; `num_gpus`: the GPUs the
     config used. `value` and the references' values are per GPU (`objectives.per_gpu`), as
     Optuna holds them: every comparison is per GPU, and says so where a side used more than
-    one GPU."""
+    one GPU. `baseline_words`: how the baseline is named (`baseline_words.baseline_words` of
+    the study's fixed flags): "the vLLM defaults" only where the study fixes no flag."""
+    words = baseline_words
     unit = objective_unit(objective)
     defaults = vllm_defaults if vllm_defaults is not None else \
         (baseline.params if baseline is not None else {})
     changed = [f"{k}={v}" for k, v in changes_from_defaults(params, defaults).items()]
-    change = _listing(changed) if changed else "vLLM defaults"
+    change = _listing(changed) if changed else words.name
     short_change = (changed[0] + (f" +{len(changed) - 1}" if len(changed) > 1 else "")) \
-        if changed else "defaults"
+        if changed else words.short
     label = verdict.label if verdict is not None else ""
     tail = f" {bottleneck.sentence('', '', verdict)}" if verdict is not None else ""
     note = f" {note.strip()}" if note.strip() else ""
@@ -228,23 +232,27 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
         text = f"{named}{change}: failed ({failure_reason}): {failure_message or 'no detail'}"
         return Conclusion(text, shorten(f"{short_change}: failed ({failure_reason})"))
     if confirm_label:
-        text = f"confirmation run of the {confirm_label} config: {shown}{cap}.{note}"
-        return Conclusion(text, shorten(f"confirmation ({confirm_label}): {shown}"))
+        # The label is stored ("defaults" / "best"); the baseline is named as it ran.
+        which = words.short if confirm_label == "defaults" else confirm_label
+        text = f"confirmation run of the {which} config: {shown}{cap}.{note}"
+        return Conclusion(text, shorten(f"confirmation ({which}): {shown}"))
     if is_baseline:
-        text = (f"vLLM defaults: {shown}{cap}; the baseline every other trial is compared "
+        text = (f"{words.name}: {shown}{cap}; the baseline every other trial is compared "
                 f"with.{tail}{note}")
         per = "/GPU" if num_gpus > 1 and OBJECTIVES[objective].is_per_gpu else ""
-        cell = f"defaults: {_fmt(value)} {unit}{per}" if value is not None else "defaults"
+        cell = f"{words.short}: {_fmt(value)} {unit}{per}" if value is not None else \
+            words.short
         return Conclusion(text, shorten(f"{cell}{unresolved}; {label}" if label else
                                         f"{cell}{unresolved}"))
     # A trial pruned at a fixed level has a value over the levels it ran only: no ratio to a
     # trial that ran them all is true. A bracket's ends were measured, pruned or not.
     is_comparable = state != "pruned" or capacity is not None
     if is_comparable:
-        effect, effect_cell = _vs_defaults(value, capacity, baseline, objective, num_gpus)
+        effect, effect_cell = _vs_defaults(value, capacity, baseline, objective, num_gpus,
+                                           words)
     else:
         effect, effect_cell = "not compared: its load levels were cut short", ""
-    head = f"{change} vs the vLLM defaults" if changed else "same flags as the vLLM defaults"
+    head = f"{change} vs {words.the}" if changed else f"same flags as {words.the}"
     parts = [f"{head}: {shown}{cap}, {effect}"]
     if is_comparable and best is not None and best.number != number and \
             (baseline is None or best.number != baseline.number):

@@ -14,6 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.config import StudyConfig
 from optimizer.results import gains
+from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.results.recommendation import params_of, recommended_trial
 from optimizer.results.trial_record import (
@@ -107,7 +108,8 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
                 gpus_of(params_of(t)) for t in (best, baseline)]
     summary = confirm_summary(cfg.objectives[0], best.number, baseline.number, pairs,
                               per_gpu=max(num_gpus) > 1,
-                              is_simulated=any(is_simulated_run(t) for t in runs))
+                              is_simulated=any(is_simulated_run(t) for t in runs),
+                              words=cfg.baseline_words)
     # Which runs the comparison used: a cut round's run is in none (named, not left unsaid).
     summary.update(round_trials=numbers, cut_trials=cut)
     study.set_user_attr(STUDY_ATTR_CONFIRM, summary)
@@ -148,7 +150,8 @@ def measured_rounds(trials: Sequence[FrozenTrial], defaults: Mapping[str, Any],
 
 def confirm_summary(objective: str, best: int, baseline: int,
                     pairs: Sequence[Mapping[str, float]], *,
-                    per_gpu: bool = False, is_simulated: bool = False) -> dict[str, Any]:
+                    per_gpu: bool = False, is_simulated: bool = False,
+                    words: BaselineWords = DEFAULTS) -> dict[str, Any]:
     """The gain of `best` over `baseline` from interleaved rounds: the per-round ratios
     (oriented so > 1 is better), their geometric mean and its 95% t-interval, taken on the log
     ratios so that both ends are ratios too (an interval on the ratios themselves can reach
@@ -156,7 +159,8 @@ def confirm_summary(objective: str, best: int, baseline: int,
     than one GPU, so the sentence says the ratio is per GPU (the values are). `is_simulated`:
     the rounds ran the simulated engine, so nothing was measured and nothing is confirmed:
     its repeats differ only as far as the model does (often not at all), and an interval
-    from them is the model's determinism, not noise measured."""
+    from them is the model's determinism, not noise measured. `words` names the baseline (the
+    vLLM defaults, or them + the study's fixed flags)."""
     maximize = OBJECTIVES[objective].direction == "maximize"
     ratios = []
     for pair in pairs:
@@ -174,11 +178,12 @@ def confirm_summary(objective: str, best: int, baseline: int,
         half = t975(n - 1) * sd / math.sqrt(n)
         low, high = math.exp(mean_log - half), math.exp(mean_log + half)
     gain = gains.interval_gain(mean, low, high, n)
-    verdict = SIMULATED_VERDICT if is_simulated else gains.confirmation_verdict(gain)
-    what = "the vLLM defaults per GPU" if per_gpu else "the vLLM defaults"
+    verdict = SIMULATED_VERDICT if is_simulated else \
+        gains.confirmation_verdict(gain, f"the {words.short}")
+    what = f"{words.the} per GPU" if per_gpu else words.the
     how = "re-run interleaved on the simulated engine" if is_simulated else \
         "re-measured interleaved"
-    sentence = (f"trial {best} (the exported config) vs the defaults (trial {baseline}), "
+    sentence = (f"trial {best} (the exported config) vs the {words.short} (trial {baseline}), "
                 f"{how}: {objective} {gains.format_gain(gain, what)}: {verdict}")
     return {"objective": objective, "best_trial": best, "baseline_trial": baseline,
             "rounds": [dict(p) for p in pairs], "ratios": ratios, "gain": mean,

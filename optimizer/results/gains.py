@@ -133,10 +133,13 @@ def _up(value: float) -> str:
     return f"{math.ceil(value * 100 - 1e-9) / 100:.2f}"
 
 
-def format_gain(gain: Gain, what: str = "the vLLM defaults") -> str:
+def format_gain(gain: Gain, what: str) -> str:
     """One phrase: `1.98x the vLLM defaults (95% CI [1.52x, 2.44x] over 3 rounds)`, `more than
     1.00x and less than 4.49x the vLLM defaults (capacity brackets; lower ends 2.12x)`, `1.25x
-    the vLLM defaults (one measurement each: no interval)`. Never a bare ratio."""
+    the vLLM defaults (one measurement each: no interval)`. Never a bare ratio. `what` names
+    the baseline as the study ran it (`BaselineWords.the`: "the vLLM defaults", or "the
+    baseline (vLLM defaults + your fixed flags)"): no default, so no caller names the vLLM
+    defaults for a baseline that ran fixed flags."""
     if gain.basis == "capacity":
         point = f"; lower ends {_x(gain.value)}" if gain.value is not None else ""
         # Open ends: each capacity is at least its lower end and below its upper one.
@@ -174,8 +177,9 @@ def short_gain(gain: Gain) -> str:
     return f"{_x(gain.value)} (1 run)"
 
 
-def confirmation_verdict(gain: Gain) -> str:
-    """"confirmed" only when the 95% interval excludes 1.0; otherwise says why not."""
+def confirmation_verdict(gain: Gain, what: str) -> str:
+    """"confirmed" only when the 95% interval excludes 1.0; otherwise says why not. `what`
+    names the baseline, as `format_gain`'s."""
     if gain.basis != "interval" or gain.low is None or gain.high is None:
         if gain.num_rounds > 1:
             return "no interval (a round had nothing to compare), not confirmed"
@@ -183,5 +187,5 @@ def confirmation_verdict(gain: Gain) -> str:
     if gain.is_better:
         return "confirmed: the 95% interval excludes 1.0"
     if gain.is_worse:
-        return "confirmed worse than the defaults: the 95% interval lies below 1.0"
+        return f"confirmed worse than {what}: the 95% interval lies below 1.0"
     return "not confirmed: within noise (the 95% interval contains 1.0)"

@@ -14,6 +14,7 @@ import optuna
 from optuna.trial import TrialState
 
 from optimizer.results import gains
+from optimizer.results.baseline_words import baseline_words_of
 from optimizer.results.trial_record import (
     StoredConfirmation,
     confirm_label,
@@ -168,9 +169,11 @@ def confirmation_sentence(study: optuna.Study) -> str:
     if confirmed is None:
         return ""
     if noise_pick(study) is not None:
+        words = baseline_words_of(study)
+        verb = "is" if words.has_fixed_flags else "are"
         return confirmed.sentence.replace(
-            "(the exported config)", "(the search's pick; within noise, so the defaults are "
-            "exported)")
+            "(the exported config)", f"(the search's pick; within noise, so the {words.short} "
+            f"{verb} exported)")
     return confirmed.sentence
 
 
@@ -274,25 +277,27 @@ RECOMMENDATION_RULE = (f"the best measured trial whose launch `nightshift audit`
 def recommendation_note(study: optuna.Study, chosen: optuna.trial.FrozenTrial) -> str:
     """Why the recommendation `chosen` is not the nominal best (empty when it is)."""
     noise = noise_pick(study)
+    words = baseline_words_of(study)
     if noise is not None and chosen.number != noise.best_trial:
         gain = gains.interval_gain(noise.gain, noise.ci_low, noise.ci_high, noise.num_rounds)
-        return (f"the vLLM defaults: the final confirmation re-measured the search's pick, "
-                f"trial {noise.best_trial}, against them: {gains.format_gain(gain)}, "
-                f"{gains.confirmation_verdict(gain)}; its changes are not worth deploying; "
+        them = "it" if words.has_fixed_flags else "them"
+        verdict = gains.confirmation_verdict(gain, f"the {words.short}")
+        return (f"{words.the}: the final confirmation re-measured the search's pick, "
+                f"trial {noise.best_trial}, against {them}: {gains.format_gain(gain, words.the)}"
+                f", {verdict}; its changes are not worth deploying; "
                 f"`--trial {noise.best_trial}` exports it")
     best = best_trial(study)
     if best is None or best.number == chosen.number or not best.values or not chosen.values:
         return ""
-    what = "the vLLM defaults" if is_baseline(chosen) else \
-        f"trial {chosen.number}"
+    what = words.the if is_baseline(chosen) else f"trial {chosen.number}"
     refused = audit_errors(best)
     if refused:
         return (f"the best measured, trial {best.number} ({best.values[0]:.4g} vs "
                 f"{chosen.values[0]:.4g}), runs a flag `nightshift audit` calls an error "
                 f"({refused[0].rstrip('.')}); {what} is the best launch that passes it")
     return (f"{what}: within {NOISE_FRACTION:.0%} of the best measured (trial {best.number}, "
-            f"{best.values[0]:.4g} vs {chosen.values[0]:.4g}) with fewer changes from the "
-            f"vLLM defaults; `--trial {best.number}` exports that one")
+            f"{best.values[0]:.4g} vs {chosen.values[0]:.4g}) with fewer changes from "
+            f"{words.the}; `--trial {best.number}` exports that one")
 
 
 def vllm_defaults_of(study: optuna.Study) -> dict[str, Any]:

@@ -132,7 +132,7 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
             if n),
         quality_failed=assessed.failed if assessed is not None else (),
         template=seed_title_of(item.trial),
-        num_gpus=item.config.num_gpus)
+        num_gpus=item.config.num_gpus, baseline_words=cfg.baseline_words)
     record = TrialRecord(
         state=state_name,  # type: ignore[arg-type]
         params=item.params,

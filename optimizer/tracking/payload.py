@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from optimizer.results.baseline_words import DEFAULTS, BaselineWords, baseline_words
 from optimizer.results.tail_samples import bases_text, headline_bases
 from optimizer.results.trial_record import TrialRecord
 from optimizer.search.startup import startup_tags
@@ -105,8 +106,9 @@ def short_change(name: str, value: Any) -> str:
 def run_name(number: int, record: TrialRecord, fixed_flags: Mapping[str, Any] = {},
              confirm: str | None = None) -> str:
     """`t003 fp8+kv-fp8`: the trial number and the flags it set beyond vLLM's defaults and the
-    study's fixed flags; `t000 defaults`; `c014 confirm best` for a confirmation run. A run of
-    the simulated engine says so after its number: `t003 sim fp8+kv-fp8`."""
+    study's fixed flags; `t000 defaults` (`t000 baseline` where the study fixes flags);
+    `c014 confirm best` for a confirmation run. A run of the simulated engine says so after
+    its number: `t003 sim fp8+kv-fp8`."""
     head = f"{'c' if confirm else 't'}{number:03d}" + \
         (SIMULATED_NAME_MARK if is_simulated_argv(record.argv) else "")
     if confirm:
@@ -114,7 +116,7 @@ def run_name(number: int, record: TrialRecord, fixed_flags: Mapping[str, Any] = 
     changed = [short_change(k, v) for k, v in record.flags.items()
                if k not in fixed_flags or fixed_flags[k] != v]
     if record.is_baseline and not changed:
-        return f"{head} defaults"
+        return f"{head} {baseline_words(fixed_flags).short}"
     shown: list[str] = []
     for i, change in enumerate(changed):
         rest = len(changed) - i - 1
@@ -127,23 +129,24 @@ def run_name(number: int, record: TrialRecord, fixed_flags: Mapping[str, Any] = 
         (f" +{hidden}" if hidden else "")
 
 
-_CHANGES_HEAD = " vs the vLLM defaults: "
 SIMULATED_TIMING = ("simulated engine: engine.* and startup.* seconds are the modelled "
                     "real-world start-up; the run's Duration is this simulation's wall time, "
                     "which sleeps only a fraction of it (simulated.startup_time_scale)")
 
 
-def description_of(conclusion: str, *, is_simulated: bool = False) -> str:
+def description_of(conclusion: str, *, is_simulated: bool = False,
+                   words: BaselineWords = DEFAULTS) -> str:
     """A run's MLflow description: the conclusion with its figure first (`goodput 37 req/s,
     1.12x the vLLM defaults ...`) and the flag list after it, so that a cut-off description
     still shows the result; a conclusion without a flag list, or a quality refusal, as it
     is. `is_simulated`: the run's figures are the simulated engine's, and it starts by saying
-    so (SIMULATED_DESCRIPTION), never as a measurement."""
+    so (SIMULATED_DESCRIPTION), never as a measurement. `words` names the baseline as the
+    conclusion does (`conclusion.conclude`'s `baseline_words`)."""
     mark = SIMULATED_DESCRIPTION if is_simulated else ""
-    head, sep, rest = conclusion.partition(_CHANGES_HEAD)
+    head, sep, rest = conclusion.partition(f" vs {words.the}: ")
     if not sep or conclusion.startswith("refused"):  # a refusal's verdict is its first fact
         return mark + conclusion
-    return f"{mark}{rest} Changes from the vLLM defaults: {head}."
+    return f"{mark}{rest} Changes from {words.the}: {head}."
 
 
 def tracking_payload(record: TrialRecord, result: RunResult | None, *, number: int,
@@ -180,8 +183,8 @@ def tracking_payload(record: TrialRecord, result: RunResult | None, *, number: i
     if record.quality and record.quality.get("summary"):  # the quality gate's one line
         tags["quality"] = str(record.quality["summary"])[:5000]
     if record.conclusion:  # the run's description: its figure first, then what it changed
-        tags["mlflow.note.content"] = description_of(record.conclusion,
-                                                      is_simulated=is_simulated)
+        tags["mlflow.note.content"] = description_of(
+            record.conclusion, is_simulated=is_simulated, words=baseline_words(fixed_flags))
     basis = bases_text(record.metrics)
     if basis:  # the requests each headline p99 is over; "thin" where too few to be a p99
         tags[TAG_P99_BASIS] = basis

@@ -248,6 +248,51 @@ def test_advice_names_only_the_levers_not_yet_pulled() -> None:
                           evidence={"is_enforce_eager": 1.0})) == "keep CUDA graphs on"
 
 
+# The session-14 H100 trial (docs/h100/session14/, vLLM 0.26, fp8 weights and KV): memory-bound
+# at 11 req/s held, with at most 126 requests running under vLLM's default max_num_seqs of 1024.
+H100 = load_preset("h100-8x-nvlink")
+FP8_MEMORY = {"is_fp8_weights": 1.0, "is_fp8_kv": 1.0, "bandwidth_utilization": 0.47,
+              "compute_utilization": 0.11}
+
+
+def test_memory_bound_advice_says_a_batch_far_below_its_cap_was_not_held_by_it() -> None:
+    """'a larger max_num_seqs' was advised to a trial whose batch (126 running) never came near
+    its cap (1024): the batch followed the load, and a larger cap changes nothing."""
+    below = Verdict(label="memory-bound", roofline_fraction=0.47,
+                    evidence={**FP8_MEMORY, "max_num_requests_running": 126.0,
+                              "max_num_seqs": 1024.0})
+    text = advice(below)
+    assert "more sequences per step" not in text, text
+    assert "at most 126 running of max_num_seqs 1024" in text, text
+    assert "a larger max_num_seqs changes nothing" in text, text
+
+
+def test_memory_bound_advice_names_a_larger_max_num_seqs_where_the_batch_reached_it() -> None:
+    at_cap = Verdict(label="memory-bound", roofline_fraction=0.6,
+                     evidence={**FP8_MEMORY, "max_num_requests_running": 250.0,
+                               "max_num_seqs": 256.0})
+    text = advice(at_cap)
+    assert "the batch reached 250 of max_num_seqs 256" in text, text
+    assert "a larger max_num_seqs raises it" in text, text
+    unmeasured = advice(Verdict(label="memory-bound", roofline_fraction=0.6,
+                                evidence=FP8_MEMORY))
+    assert "helps only where the batch reaches it" in unmeasured, \
+        "without the running count, no claim that the cap held the batch"
+
+
+def test_evidence_carries_the_running_count_and_the_cards_default_max_num_seqs() -> None:
+    """vLLM 0.26 gives an 80 GB H100 max_num_seqs 1024 when unset; a config's own value wins;
+    the running gauge is per data-parallel replica, as max_num_seqs caps it."""
+    step = _counted(cached=200_000.0, steps=2000.0, max_num_requests_running=126.0)
+    verdict = classify(evidence_from([step], FP8_BOTH, H100, LLAMA_8B))
+    assert verdict.evidence["max_num_requests_running"] == 126.0
+    assert verdict.evidence["max_num_seqs"] == 1024.0, "vLLM 0.26's default on an H100"
+    own = EngineConfig("llama-3.1-8b", {**FP8_BOTH.flags, "max_num_seqs": 128,
+                                        "data_parallel_size": 2})
+    evidence = evidence_from([step], own, H100, LLAMA_8B)
+    assert evidence.max_num_seqs == 128.0 and evidence.max_num_requests_running == 63.0
+
+
 # --- the simulated engine's physics -------------------------------------------------------------
 
 def _simulated_level(model: str, flags: dict[str, Any], input_lens: tuple[int, int],

@@ -474,3 +474,26 @@ def test_status_never_shows_a_failed_trial_of_another_config_as_the_defaults(
     rows = status_rows(study.get_trials())
     assert rows[0].changes_note == "(vLLM defaults)"
     assert rows[1].changes == {"max_num_seqs": 64}, "its own change, never '(defaults)'"
+
+
+def test_the_status_table_calls_a_baseline_that_ran_fixed_flags_the_baseline(
+        tmp_path: Path) -> None:
+    """The session-14 H100 study (fixed quantization and kv_cache_dtype fp8) showed its
+    baseline as "(vLLM defaults)" under "changes vs defaults"."""
+    from optimizer.cli.results import status_rows
+    from optimizer.results.baseline_words import baseline_words
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/o.db")
+    study.enqueue_trial({"max_num_seqs": 256}, user_attrs={"baseline": True})
+    trial = study.ask()
+    trial.suggest_categorical("max_num_seqs", [64, 256])
+    trial.set_user_attr("record", {"state": "complete", "params": trial.params, "flags": {},
+                                   "is_baseline": True, "conclusion_short": "baseline: 11 req/s"})
+    study.tell(trial, 11.0)
+    fixed = baseline_words({"quantization": "fp8", "kv_cache_dtype": "fp8"})
+    assert status_rows(study.get_trials(), fixed)[0].changes_note == "(baseline)"
+    assert status_rows(study.get_trials())[0].changes_note == "(vLLM defaults)", \
+        "no fixed flags: the vLLM defaults, as before"
+    text = "\n".join(_draw(trial_table([TableRow(0, "complete", {}, (11.0,))], ["goodput"],
+                                       160, baseline=fixed), 160))
+    assert "changes vs baseline" in text and "(baseline)" in text and "defaults" not in text

@@ -253,7 +253,8 @@ def test_env_export_writes_the_variables_or_says_none_are_needed(tmp_path: Path)
 # -- what the header states and what the launch carries (issue 34) --------------------------
 
 
-def _morning_study(confirm: dict[str, object] | None = None
+def _morning_study(confirm: dict[str, object] | None = None,
+                   fixed_flags: dict[str, object] | None = None
                    ) -> tuple[optuna.Study, object]:
     """The quickstart's shape on the simulated engine: the defaults, a trial that sets CUDA
     graphs off (measured as free: the model prices graphs only in decode-only batches), an fp8
@@ -269,7 +270,8 @@ def _morning_study(confirm: dict[str, object] | None = None
                                  "skip_tokenizer_init": True},
                        "workload": {"input_len": 512, "output_len": 128,
                                     "levels": [{"concurrency": 8}, {"concurrency": 32}]},
-                       "budget": {"trials": 4}, "slo": {"ttft_p99_ms": 1000, "tpot_p99_ms": 10}})
+                       "budget": {"trials": 4}, "slo": {"ttft_p99_ms": 1000, "tpot_p99_ms": 10},
+                       **({"fixed_flags": fixed_flags} if fixed_flags else {})})
     fp = fingerprint_of(cfg, engine="simulated", engine_version="simulated 0.26.0",
                         hardware=simulated_hardware("h200", 2),
                         model=load_model_info("qwen2.5-7b"))
@@ -712,3 +714,22 @@ def test_the_end_of_a_study_where_no_trial_met_the_slo_offers_no_export_line(
         tmp_path, name="x", trials=3, slo={"ttft_p99_ms": 6, "tpot_p99_ms": 1.5})))
     monkeypatch.chdir(tmp_path)
     assert _no_slo_met(load_study(path)), "the end lines print no 'export with' line"
+
+
+def test_the_export_names_a_baseline_that_ran_fixed_flags_with_them() -> None:
+    """The header's gain is its first mention of the baseline: with the flags it ran."""
+    from optimizer.export import choice_note
+
+    study, cfg = _morning_study(fixed_flags={"max_model_len": 4096})
+    named = "the baseline (vLLM defaults + your fixed flags (max_model_len=4096))"
+    gain = next(line for line in render(study.trials[3], cfg, "yaml", study=study).splitlines()
+                if line.startswith("# gain: "))
+    assert gain.startswith(f"# gain: goodput 1.33x {named} (one measurement each"), gain
+    base = render(study.trials[0], cfg, "yaml", study=study)
+    assert f"# gain: none: this is {named}" in base
+    study, cfg = _morning_study(confirm=_noise(0.97, 1.13), fixed_flags={"max_model_len": 4096})
+    note = choice_note(study, select_trial(study, cfg))
+    assert note.startswith("the baseline (vLLM defaults + your fixed flags): the final "
+                           "confirmation re-measured the search's pick, trial 3, against it: "
+                           "1.05x the baseline (vLLM defaults + your fixed flags) (95% CI"), note
+    assert "vLLM defaults:" not in note and "the vLLM defaults" not in note

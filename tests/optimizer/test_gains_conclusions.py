@@ -11,8 +11,9 @@ import optuna
 import pytest
 
 from optimizer.config import parse_study
-from optimizer.report import build_report, headline, render_markdown
+from optimizer.report import build_report, headline, render_html, render_markdown
 from optimizer.results import gains
+from optimizer.results.baseline_words import baseline_words
 from optimizer.results.conclusion import SHORT_CHARS, Reference, conclude
 from optimizer.results.confirmation import confirm_summary
 from optimizer.storage.study import open_study
@@ -26,7 +27,7 @@ def test_a_capacity_gain_lies_between_the_ratios_the_brackets_allow() -> None:
     # The H200 study: defaults in [8.9, 18.9), fp8 in [18.9, 40) req/s. Not "2.03x".
     gain = gains.capacity_gain(FP8_BRACKET, DEFAULTS_BRACKET)
     assert gain.low == pytest.approx(1.0) and gain.high == pytest.approx(40.0 / 8.9)
-    text = gains.format_gain(gain)
+    text = gains.format_gain(gain, "the vLLM defaults")
     assert text == ("more than 1.00x and less than 4.50x the vLLM defaults (capacity brackets; "
                     "lower ends 2.12x)")
     assert gain.is_better, "touching brackets: fp8 >= 18.9 > the defaults, strictly"
@@ -40,10 +41,12 @@ def test_open_bracket_ends_give_open_gain_ends() -> None:
     resolved = Bracket("concurrency", 20.0, 21.0, "resolved", 6)
     gain = gains.capacity_gain(at_least, resolved)
     assert gain.high is None and gain.low == pytest.approx(64 / 21)
-    assert gains.format_gain(gain).startswith("more than 3.04x the vLLM defaults")
+    assert gains.format_gain(gain, "the vLLM defaults").startswith(
+        "more than 3.04x the vLLM defaults")
     none = Bracket("concurrency", None, 4.0, "none", 2)
     assert gains.capacity_gain(resolved, none).value is None, "no ratio to a capacity of 0"
-    assert gains.format_gain(gains.capacity_gain(resolved, none)).startswith("more than 5.00x")
+    assert gains.format_gain(gains.capacity_gain(resolved, none),
+                             "the vLLM defaults").startswith("more than 5.00x")
     assert gains.capacity_gain(none, resolved).low is None
 
 
@@ -178,11 +181,13 @@ def _record(flags: dict[str, Any], value: float, bracket: Bracket,
             "is_baseline": is_baseline, "capacity": bracket.to_dict()}
 
 
-def _capacity_study(tmp_path: Path) -> tuple[optuna.Study, Any]:
+def _capacity_study(tmp_path: Path,
+                    fixed_flags: dict[str, Any] | None = None) -> tuple[optuna.Study, Any]:
     data = {"name": "brackets", "model": {"path": "qwen2.5-7b"}, "budget": {"trials": 2},
             "slo": {"tpot_p99_ms": 50}, "results_dir": str(tmp_path / "results"),
             "workload": {"capacity": {"axis": "request_rate", "low": 1, "high": 40}},
-            "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db"}
+            "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+            **({"fixed_flags": fixed_flags} if fixed_flags else {})}
     cfg = parse_study(data)
     study = open_study(cfg)
     for params, record, attrs in (
@@ -297,10 +302,11 @@ def test_shown_bounds_round_outwards_so_more_than_and_less_than_stay_true() -> N
     "more than 1.24x", never "more than 1.25x" (false), and 1.3811 "less than 1.39x"."""
     from optimizer.results import gains as g
 
-    text = g.format_gain(g.Gain(1.3, 1.2468, 1.3811, "capacity"))
+    text = g.format_gain(g.Gain(1.3, 1.2468, 1.3811, "capacity"), "the vLLM defaults")
     assert "more than 1.24x and less than 1.39x" in text, text
     assert g.short_gain(g.Gain(1.3, 1.2468, 1.3811, "capacity")) == "1.30x (1.24, 1.39)"
-    assert "[1.49x, 1.59x]" in g.format_gain(g.Gain(1.54, 1.4999, 1.5801, "interval", 2))
+    assert "[1.49x, 1.59x]" in g.format_gain(g.Gain(1.54, 1.4999, 1.5801, "interval", 2),
+                                    "the vLLM defaults")
 
 
 def test_a_two_gpu_config_is_compared_with_the_defaults_per_gpu() -> None:
@@ -369,3 +375,69 @@ def test_a_re_measured_two_gpu_config_states_its_gain_per_gpu() -> None:
     assert "goodput 0.72x the vLLM defaults per GPU (95% CI" in summary["sentence"], \
         summary["sentence"]
     assert "confirmed worse than the defaults" in summary["verdict"]
+
+
+# The session-14 H100 study's fixed flags (bench/h100/steady-hold-fp8.yaml): its baseline ran fp8
+# weights and KV, yet its conclusion, table and report called it "the vLLM defaults".
+FIXED = {"max_model_len": 4096, "quantization": "fp8", "kv_cache_dtype": "fp8"}
+
+
+def test_a_baseline_that_ran_fixed_flags_is_named_so_in_its_conclusion_and_cell() -> None:
+    base = Reference(0, {}, 11.0)
+    kw: dict[str, Any] = dict(params={}, state="complete", objective="goodput", value=11.0,
+                              best=base, baseline=base, vllm_defaults=VLLM, is_baseline=True,
+                              number=0)
+    fixed = conclude(**kw, baseline_words=baseline_words(FIXED))
+    assert fixed.text.startswith(
+        "vLLM defaults + your fixed flags (max_model_len=4096, quantization=fp8, "
+        "kv_cache_dtype=fp8): goodput 11 req/s; the baseline"), fixed.text
+    assert fixed.short == "baseline: 11 req/s", fixed.short
+    plain = conclude(**kw, baseline_words=baseline_words({}))
+    assert plain.text.startswith("vLLM defaults: goodput 11 req/s; the baseline"), plain.text
+    assert plain.short == "defaults: 11 req/s", "no fixed flags: the vLLM defaults, as before"
+
+
+def test_a_gain_over_a_baseline_that_ran_fixed_flags_never_says_the_vllm_defaults() -> None:
+    kw: dict[str, Any] = dict(params={"max_num_seqs": 512}, state="complete",
+                              objective="goodput", value=12.0, best=Reference(3, {}, 13.0),
+                              baseline=Reference(0, {}, 10.0), vllm_defaults=VLLM, number=5)
+    fixed = conclude(**kw, baseline_words=baseline_words(FIXED))
+    assert fixed.text.startswith(
+        "max_num_seqs=512 vs the baseline (vLLM defaults + your fixed flags): goodput 12 req/s, "
+        "1.20x the baseline (vLLM defaults + your fixed flags) (one measurement each"), fixed.text
+    assert "vLLM defaults:" not in fixed.text and "the vLLM defaults" not in fixed.text
+    assert fixed.short == "max_num_seqs=512: 1.20x (1 run) vs baseline", fixed.short
+    plain = conclude(**kw)
+    assert plain.text.startswith("max_num_seqs=512 vs the vLLM defaults: goodput 12 req/s, "
+                                 "1.20x the vLLM defaults (one"), plain.text
+    assert plain.short == "max_num_seqs=512: 1.20x (1 run) vs defaults"
+
+
+def test_the_report_names_a_baseline_that_ran_fixed_flags_with_them(tmp_path: Path) -> None:
+    study, cfg = _capacity_study(tmp_path, fixed_flags={"max_model_len": 4096})
+    report = build_report(study, cfg, with_importances=False)
+    line = headline(report)
+    assert "4.50x the baseline (vLLM defaults + your fixed flags) (capacity brackets" in line, \
+        line
+    assert "vLLM defaults" not in line.replace("the baseline (vLLM defaults + your fixed", ""), \
+        line
+    md = render_markdown(report)
+    assert "Baseline: vLLM defaults + your fixed flags (max_model_len=4096)" in md, \
+        "the report's first mention lists the flags"
+    assert "| 0 | complete | (baseline) |" in md and "| change vs baseline |" in md
+    assert "(vLLM defaults)" not in md
+    html = render_html(report)
+    assert "<td>(baseline)</td>" in html and "change vs baseline" in html
+    assert "(vLLM defaults)" not in html
+    as_best = headline(replace(report, best=report.baseline))
+    assert as_best.startswith("Best: trial 0 (the baseline: vLLM defaults + your fixed flags), "
+                              "goodput 8.7 req/s"), as_best
+
+
+def test_the_report_of_a_study_without_fixed_flags_names_the_vllm_defaults(
+        tmp_path: Path) -> None:
+    study, cfg = _capacity_study(tmp_path)
+    report = build_report(study, cfg, with_importances=False)
+    md = render_markdown(report)
+    assert "| 0 | complete | (vLLM defaults) |" in md and "| change vs defaults |" in md
+    assert "Baseline:" not in md and "(baseline)" not in md

@@ -352,6 +352,12 @@ def test_a_fixed_flag_is_no_trials_change_in_its_conclusion(tmp_path: Path) -> N
     assert seeded is not None and seeded.params["max_model_len"] == 4096
     assert "max_num_seqs=64" in seeded.conclusion
     assert "max_model_len" not in seeded.conclusion
+    # ... and names the baseline as it ran: with the fixed flag, never "the vLLM defaults".
+    baseline = records[0]
+    assert baseline is not None and baseline.conclusion.startswith(
+        "vLLM defaults + your fixed flags (max_model_len=4096): "), baseline.conclusion
+    assert "vs the baseline (vLLM defaults + your fixed flags)" in seeded.conclusion
+    assert "the vLLM defaults" not in seeded.conclusion, seeded.conclusion
 
 
 class _LostRunner(ScriptedRunner):

@@ -324,3 +324,24 @@ def test_a_simulated_studys_run_is_tagged_simulated_and_never_confirmed(
         assert tags["mlflow.note.content"].startswith("SIMULATED: ") == is_simulated
         assert ("nightshift.engine" in tags) == is_simulated
         assert tags["confirmed"] == ("false" if is_simulated else "true")
+
+
+def test_a_baseline_that_ran_fixed_flags_is_named_and_described_as_the_baseline() -> None:
+    """The run name and description may say what the baseline ran; tag names stay."""
+    from optimizer.results.baseline_words import baseline_words
+    from optimizer.tracking.payload import description_of, run_name
+
+    fixed = {"quantization": "fp8", "kv_cache_dtype": "fp8", "max_model_len": 4096}
+    baseline = _record(is_baseline=True)
+    assert run_name(0, baseline, fixed) == "t000 baseline"
+    assert run_name(0, _record(is_baseline=True, flags={})) == "t000 defaults"
+    words = baseline_words(fixed)
+    conclusion = ("max_num_seqs=512 vs the baseline (vLLM defaults + your fixed flags): "
+                  "goodput 12 req/s, 1.20x the baseline (vLLM defaults + your fixed flags) "
+                  "(one measurement each: no interval).")
+    assert description_of(conclusion, words=words) == (
+        "goodput 12 req/s, 1.20x the baseline (vLLM defaults + your fixed flags) (one "
+        "measurement each: no interval). Changes from the baseline (vLLM defaults + your "
+        "fixed flags): max_num_seqs=512."), "the figure first, as without fixed flags"
+    assert description_of("max_num_seqs=512 vs the vLLM defaults: goodput 12 req/s.") == \
+        "goodput 12 req/s. Changes from the vLLM defaults: max_num_seqs=512."
