@@ -185,34 +185,6 @@ def _wait_for(predicate: Any, daemon: subprocess.Popen[bytes], log: Path,
         time.sleep(0.2)
 
 
-@pytest.mark.slow
-def test_stop_lets_the_trials_in_flight_finish_and_says_how_to_resume(tmp_path: Path) -> None:
-    # `stop --now` (the trials in flight failed and re-queued) is
-    # tests/test_faults_daemon.py's stop before its restart.
-    path = write_study(tmp_path, trials=40, workload={
-        "input_len": 128, "output_len": 96, "levels": [{"concurrency": 4}],
-        "num_requests": 16, "warmup_requests": 1})
-    log = tmp_path / "daemon.log"
-    daemon = _start_daemon(path, log)
-    try:
-        _wait_for(lambda: _count_finished(tmp_path) >= 1 and bool(_engine_pids(tmp_path)),
-                  daemon, log)
-        assert main(["stop", str(path)]) == 0, "graceful stop returns once the daemon is gone"
-        assert daemon.wait(60) == 0
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait(30)  # reaped: no daemon outlives its test
-    assert "resume with: nightshift start" in log.read_text()
-    study = load(tmp_path)
-    assert not [t for t in study.trials if t.state == TrialState.RUNNING]
-    assert not [t for t in study.trials
-                if (t.user_attrs.get("record") or {}).get("failure_reason") == "interrupted"
-                and t.user_attrs["record"]["argv"]], \
-        "a graceful stop lets the trials in flight finish (only never-launched ones fail)"
-    assert _engine_pids(tmp_path) == []
-
-
 def test_bad_study_file_exits_2_and_writes_nothing(tmp_path: Path) -> None:
     path = write_study(tmp_path, slo={"tpot_p99_ms": -5})
     assert main(["start", str(path), "--no-progress"]) == 2
