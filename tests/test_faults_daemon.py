@@ -153,7 +153,7 @@ def test_a_second_daemon_on_the_same_study_from_another_directory_is_refused(
             daemon.wait(30)  # reaped: no daemon outlives its test
     text = log.read_text()
     assert "Traceback" not in text and "resume with: nightshift start" in text, text[-3000:]
-    trials = _trials(shared["storage"])
+    trials = _trials(str(shared["storage"]))
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     # (An interrupted record keeps no argv, in flight or not: its conclusion tells them apart.)
     assert not [t for t in trials
