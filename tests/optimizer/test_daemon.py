@@ -270,7 +270,8 @@ def test_a_measured_config_is_never_launched_twice_and_an_exhausted_space_ends_t
         tmp_path: Path, ray_cluster: None, monkeypatch: pytest.MonkeyPatch) -> None:
     # The study ends after 20 repeats in a row here, not 200: what ends it is the same rule
     # (200 in a row is tests/optimizer/search/test_searcher.py's, on the searcher alone), and
-    # 180 more repeats through Optuna's SQLite storage cost most of a minute on a 2-core host.
+    # 180 more repeats through Optuna's SQLite storage took 7 s of this test's 18.6 s on the
+    # dev host (2026-12-06, one process; more in a loaded 4-worker lane).
     from optimizer.search import tell
 
     monkeypatch.setattr(tell, "MAX_CONSECUTIVE_DUPLICATES", 20)
