@@ -28,8 +28,8 @@ class runs end to end: a one-off (a crash, D4 below) and a config failure (an OO
 |                                |                                | retry spent (<= 5 deaths)    |
 | daemon killed mid-sampling     | half-asked trial (recovery,    | daemon_lost, no run; only an |
 |                                | test_faults_daemon)            | enqueued config re-queued    |
-| daemon stopped / stop --now    | nightshift stop (test_daemon / | finished / failed+re-queued  |
-|                                | test_faults_daemon D1)         |                              |
+| daemon stopped / stop --now    | nightshift stop (test_faults_  | finished / failed+re-queued  |
+|                                | daemon D2 / D1)                |                              |
 | Ray worker process killed      | SIGKILL to the actor process   | worker_lost, re-queued once  |
 | tracking store fails mid-study | mlflow.db overwritten in place | goes on; resume logs the rest|
 |                                |                                | (T2)                         |

@@ -6,7 +6,10 @@ table of tests/test_faults.py:
 | stop --now, restart (one seed) | nightshift stop --now         | no config measured twice;   |
 |                                |                               | no proposal replayed        |
 | second daemon on one study,    | start from another dir, same  | one line, exit 2; the       |
-| another directory              | storage                       | first's trials untouched    |
+| another directory              | storage                       | first's trials untouched;   |
+|                                |                               | a graceful stop from there  |
+|                                |                               | lets the trials in flight   |
+|                                |                               | finish                      |
 | defaults crash once            | a scripted crash_mid_run      | retried once; measured; the |
 | (test_search_policy.py)        | (inline executor)             | retry is the baseline       |
 | defaults always crash          | sim_crash_after_requests      | retried once; "No baseline" |
@@ -67,7 +70,7 @@ def test_stop_now_fails_and_requeues_the_trials_in_flight_and_a_restart_measures
         tmp_path: Path, ray_cluster: None) -> None:
     # Stopped during trial 1, a budget of 4 leaves the resumed sampler its re-run and at least
     # two fresh proposals, where a replay of an earlier one would show. (A graceful stop is
-    # tests/optimizer/test_daemon.py's.)
+    # the next test's, from another directory.)
     path = write_study(tmp_path, trials=4, workload=_SHORT)
     log = tmp_path / "daemon.log"
     daemon = _start_daemon(path, log)
@@ -137,16 +140,27 @@ def test_a_second_daemon_on_the_same_study_from_another_directory_is_refused(
                 assert after[number].state == state, f"finished trial {number} left alone"
         assert not [t for t in after.values() if (t.user_attrs.get("record") or {})
                     .get("failure_reason") == "daemon_lost"], "no live trial failed as lost"
-        # status and stop find the daemon by the study's storage, from either directory.
+        # status and stop find the daemon by the study's storage, from either directory. The
+        # stop is the graceful one (`stop --now` is the test above's): it returns once the
+        # daemon is gone, and the trials in flight finish.
         assert main(["status", str(second)]) == 0
         assert f"running (pid {daemon.pid})" in capsys.readouterr().out
-        assert main(["stop", str(second), "--now"]) == 0
+        assert main(["stop", str(second)]) == 0, "graceful stop returns once the daemon is gone"
         assert daemon.wait(60) == 0
     finally:
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait(30)  # reaped: no daemon outlives its test
-    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+    text = log.read_text()
+    assert "Traceback" not in text and "resume with: nightshift start" in text, text[-3000:]
+    trials = _trials(str(shared["storage"]))
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    # (An interrupted record keeps no argv, in flight or not: its conclusion tells them apart.)
+    assert not [t for t in trials
+                if (t.user_attrs.get("record") or {}).get("failure_reason") == "interrupted"
+                and not t.user_attrs["record"]["conclusion"].startswith("not launched")], \
+        "a graceful stop lets the trials in flight finish (only never-launched ones fail)"
+    assert _engine_pids(first_dir) == []
 
 
 def _trials(storage: str) -> list[optuna.trial.FrozenTrial]:

@@ -13,10 +13,10 @@ workers, the simulated engines) is listed while it runs.
 | local raylet killed            | psutil kill of the raylet, a   | a lost worker's GPUs are not |
 |                                | Ray in a process of its own    | placed again: 0 GPUs, stop   |
 | ray.resources no node has      | a cluster without them         | one line, exit 2, no writes  |
-| SIGTERM / SIGHUP to the        | os.killpg of a real daemon's   | Ray is in sessions of its    |
-| daemon's process group, a      | group; Ray's GCS reconnect     | own: the trial finishes,     |
-| trial in flight                | window cut to 3 s              | "stopped" + resume line,     |
-|                                |                                | nothing left running         |
+| SIGTERM to the daemon's        | os.killpg of a real daemon's   | Ray is in sessions of its    |
+| process group, a trial in      | group; Ray's GCS reconnect     | own: the trial finishes,     |
+| flight (SIGHUP to the group:   | window cut to 3 s              | "stopped" + resume line,     |
+| test_daemon.py, confirmation)  |                                | nothing left running         |
 | a joined cluster's GCS gone    | psutil kill of the GCS of a    | the executor says Ray is     |
 |                                | Ray joined by address (Ray's   | lost after half the window,  |
 |                                | window cut to 8 s)             | before Ray's abort           |
@@ -341,16 +341,16 @@ def _stopped_mid_trial(tmp_path: Path, stop: Callable[[int, list[psutil.Process]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_stop_signal_to_the_daemons_process_group_finishes_its_trial_on_a_ray_still_up(
-        tmp_path: Path, clean_environ: dict[str, str], signum: int) -> None:
-    """What a closed terminal (SIGHUP) or `timeout` / `kill -- -PGID` (SIGTERM) sends reaches
-    every process of the daemon's group. Ray's processes are in sessions of their own, so the
-    daemon alone takes it: the trial in flight finishes and the study ends "stopped" with its
-    resume line, nothing of it left running. Before, the raylet and GCS took it too and the
-    driver aborted once Ray's GCS reconnect window passed (60 s; 3 s here, so that a trial
-    whose engine starts for ~15 s outlasts it)."""
-    study = _stopped_mid_trial(tmp_path, lambda pid, tree: os.killpg(pid, signum),
+        tmp_path: Path, clean_environ: dict[str, str]) -> None:
+    """What `timeout` or `kill -- -PGID` (SIGTERM) sends reaches every process of the
+    daemon's group. Ray's processes are in sessions of their own, so the daemon alone takes
+    it: the trial in flight finishes and the study ends "stopped" with its resume line,
+    nothing of it left running. Before, the raylet and GCS took it too and the driver aborted
+    once Ray's GCS reconnect window passed (60 s; 3 s here, so that a trial whose engine
+    starts for ~15 s outlasts it). A closed terminal's SIGHUP to the group is
+    tests/optimizer/test_daemon.py's stop in the confirmation round."""
+    study = _stopped_mid_trial(tmp_path, lambda pid, tree: os.killpg(pid, signal.SIGTERM),
                                RAY_gcs_rpc_server_reconnect_timeout_s="3")
     record = study.trials[0].user_attrs.get("record") or {}
     assert record.get("state") == "complete", "the trial in flight finished, on Ray still up"

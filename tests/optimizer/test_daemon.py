@@ -165,11 +165,15 @@ def test_resume_after_sigkill_keeps_finished_trials(tmp_path: Path, ray_cluster:
     assert _engine_pids(tmp_path) == []
 
 
-def _start_daemon(path: Path, log: Path) -> subprocess.Popen[bytes]:
+def _start_daemon(path: Path, log: Path, *, new_session: bool = False,
+                  env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """`nightshift start` in a process of its own (`new_session`: in a group and session of
+    its own, as a shell's job is), with `env` added to this one's."""
     cmd = [sys.executable, "-m", "optimizer.cli", "start", str(path), "--no-progress"]
     with open(log, "a") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                start_new_session=new_session,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
 def _wait_for(predicate: Any, daemon: subprocess.Popen[bytes], log: Path,
@@ -179,34 +183,6 @@ def _wait_for(predicate: Any, daemon: subprocess.Popen[bytes], log: Path,
         assert daemon.poll() is None, log.read_text()[-3000:]
         assert time.monotonic() < deadline, "timed out waiting for the daemon"
         time.sleep(0.2)
-
-
-@pytest.mark.slow
-def test_stop_lets_the_trials_in_flight_finish_and_says_how_to_resume(tmp_path: Path) -> None:
-    # `stop --now` (the trials in flight failed and re-queued) is
-    # tests/test_faults_daemon.py's stop before its restart.
-    path = write_study(tmp_path, trials=40, workload={
-        "input_len": 128, "output_len": 96, "levels": [{"concurrency": 4}],
-        "num_requests": 16, "warmup_requests": 1})
-    log = tmp_path / "daemon.log"
-    daemon = _start_daemon(path, log)
-    try:
-        _wait_for(lambda: _count_finished(tmp_path) >= 1 and bool(_engine_pids(tmp_path)),
-                  daemon, log)
-        assert main(["stop", str(path)]) == 0, "graceful stop returns once the daemon is gone"
-        assert daemon.wait(60) == 0
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait(30)  # reaped: no daemon outlives its test
-    assert "resume with: nightshift start" in log.read_text()
-    study = load(tmp_path)
-    assert not [t for t in study.trials if t.state == TrialState.RUNNING]
-    assert not [t for t in study.trials
-                if (t.user_attrs.get("record") or {}).get("failure_reason") == "interrupted"
-                and t.user_attrs["record"]["argv"]], \
-        "a graceful stop lets the trials in flight finish (only never-launched ones fail)"
-    assert _engine_pids(tmp_path) == []
 
 
 def test_bad_study_file_exits_2_and_writes_nothing(tmp_path: Path) -> None:
@@ -291,7 +267,14 @@ def test_seed_trial_outside_the_space_is_refused_before_anything_is_written(
 
 @pytest.mark.slow
 def test_a_measured_config_is_never_launched_twice_and_an_exhausted_space_ends_the_study(
-        tmp_path: Path, ray_cluster: None) -> None:
+        tmp_path: Path, ray_cluster: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The study ends after 20 repeats in a row here, not 200: what ends it is the same rule
+    # (200 in a row is tests/optimizer/search/test_searcher.py's, on the searcher alone), and
+    # 180 more repeats through Optuna's SQLite storage took 7 s of this test's 18.6 s on the
+    # dev host (2026-12-06, one process; more in a loaded 4-worker lane).
+    from optimizer.search import tell
+
+    monkeypatch.setattr(tell, "MAX_CONSECUTIVE_DUPLICATES", 20)
     space = categorical_space(tmp_path, enforce_eager=[False, True],
                               gpu_memory_utilization=[0.92, 0.06])
     # Three configs can run and one (0.06 of the GPU) fails for the config: 4 in all.
@@ -304,7 +287,7 @@ def test_a_measured_config_is_never_launched_twice_and_an_exhausted_space_ends_t
     repeats = [t for t in trials if "duplicate_of" in t.user_attrs]
     keys = [tuple(sorted(t.user_attrs["record"]["params"].items())) for t in launched]
     assert len(keys) == len(set(keys)) == 4, "each of the four configs ran exactly once"
-    assert len(repeats) >= 200, "the sampler kept proposing them until the study gave up"
+    assert len(repeats) >= 20, "the sampler kept proposing them until the study gave up"
     by_number = {t.number: t for t in trials}
     for repeat in repeats:
         original = by_number[repeat.user_attrs["duplicate_of"]]
@@ -500,13 +483,17 @@ def test_an_engine_left_without_its_worker_is_reaped_when_the_daemon_ends(
 def test_sighup_in_the_confirmation_round_stops_the_study_and_never_says_done(
         tmp_path: Path) -> None:
     # SIGHUP (the terminal closed) stops as SIGTERM does; a stop in the confirmation round
-    # leaves the study stopped, with its resume line, never "done".
+    # leaves the study stopped, with its resume line, never "done". A closed terminal sends it
+    # to the whole group of the daemon (a group of its own, as a shell's job is): Ray's
+    # processes, in sessions of their own, do not take it (SIGTERM to the group is
+    # tests/test_faults_ray.py's; its GCS reconnect window is cut to 3 s alike).
     # The seed (fp8 on one GPU) beats the defaults per GPU, so a confirmation round runs.
     path = write_study(tmp_path, trials=2, confirm_rounds=3, workload={
         "input_len": 128, "output_len": 96, "levels": [{"concurrency": 4}],
         "num_requests": 16, "warmup_requests": 1}, seed_trials=[{"quantization": "fp8"}])
     log = tmp_path / "daemon.log"
-    daemon = _start_daemon(path, log)
+    daemon = _start_daemon(path, log, new_session=True,
+                           env={"RAY_gcs_rpc_server_reconnect_timeout_s": "3"})
     try:
         def confirming() -> bool:
             try:
@@ -518,14 +505,15 @@ def test_sighup_in_the_confirmation_round_stops_the_study_and_never_says_done(
                        if t.state == TrialState.RUNNING)
 
         _wait_for(confirming, daemon, log)
-        daemon.send_signal(signal.SIGHUP)
+        os.killpg(daemon.pid, signal.SIGHUP)
         code = daemon.wait(120)
     finally:
         if daemon.poll() is None:
-            daemon.kill()
+            os.killpg(daemon.pid, signal.SIGKILL)
             daemon.wait(30)  # reaped: no daemon outlives its test
     text = log.read_text()
     assert code != -signal.SIGHUP, "SIGHUP does not kill the daemon outright"
     assert "study e2e stopped" in text and "resume with:" in text, text[-2000:]
+    assert "Failed to connect to GCS" not in text, "Ray, in sessions of its own, stayed up"
     assert "study e2e done" not in text, "a stopped confirmation round is not a done study"
     assert "confirm" not in load(tmp_path).user_attrs, "no comparison from a cut round"
