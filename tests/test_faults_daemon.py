@@ -179,10 +179,12 @@ def test_defaults_that_cannot_be_measured_are_named_at_the_end_and_in_the_report
     assert len(baselines) == 2, "the defaults were tried twice: once, and one retry"
     assert {t.user_attrs["record"]["failure_reason"] for t in baselines} == {"crash_mid_run"}
     end = [line for line in capsys.readouterr().err.splitlines() if "no baseline" in line]
-    assert end and "the defaults could not be measured (crash_mid_run" in end[-1], \
-        "the end of the run says the defaults were not measured, and why"
+    assert end and "the baseline (vLLM defaults + your fixed flags) could not be measured " \
+        "(crash_mid_run" in end[-1], "the end of the run says what was not measured, and why"
     report = (tmp_path / "results" / "report" / "report.md").read_text()
-    assert "No baseline: the defaults could not be measured (crash_mid_run" in report
+    # the study's fixed flag (the simulated crash) is part of what the baseline ran
+    assert ("No baseline: the baseline (vLLM defaults + your fixed flags) could not be "
+            "measured (crash_mid_run") in report
     assert_consistent(tmp_path)
 
 

@@ -133,8 +133,9 @@ class StudyRuns:
                 logger.warning("the measured facts could not be written (%s)", describe(exc))
         no_baseline = no_baseline_reason(study) or ""
         if no_baseline:
-            logger.warning("no baseline: the defaults could not be measured (%s); no gain over "
-                           "the defaults can be stated", no_baseline)
+            the = self.cfg.baseline_words.the
+            logger.warning("no baseline: %s could not be measured (%s); no gain over it can be "
+                           "stated", the, no_baseline)
         missed = [f"trial{'s' if len(self._tracking_misses) > 1 else ''} "
                   f"{numbers_text(self._tracking_misses)}"] if self._tracking_misses else []
         try:
