@@ -16,6 +16,7 @@ from runners.capacity.driver import StaircaseDriver
 from runners.capacity.judge import Verdict, WindowCounts, is_in_flight_settled, judge_window
 from runners.capacity.plan import StepPlan, lifetime_estimate_s, plan_hold, plan_step
 from runners.capacity.search import CapacitySearch
+from runners.capacity.slo import slo_miss
 from runners.capacity.step import measure_step
 from runners.capacity.stream_source import endless_requests
 from runners.engine import EngineRunner
@@ -422,9 +423,9 @@ def test_a_starved_client_on_the_simulated_engine_is_an_unapplied_load_not_a_met
         assert outputs and all(o.success for o in outputs)
         loose = SLO(tpot_p99_ms=1000.0)
         metrics = compute_metrics(outputs, counts.window_s, loose)
-        assert judge_window(metrics, counts, loose, max_failed_fraction=0.05, tolerance=0.1,
-                            is_closed_loop=True).meets_slo, \
-            "its figures alone meet the SLO: only the load's shortfall can miss it"
+        # its percentiles meet the SLO: only the load's shortfall can miss it (the waiting
+        # queue may still grow under a starved client's bursts on a loaded host: a CI run)
+        assert slo_miss(metrics, loose, 0.05) is None
         verdict = judge_window(metrics, counts, loose, max_failed_fraction=0.05,
                                tolerance=0.1, is_closed_loop=True, concurrency=64)
         assert not verdict.meets_slo and "load not applied" in str(verdict.reason), \
