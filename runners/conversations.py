@@ -29,12 +29,8 @@ from runners.datasets import Conversation, Turn
 from runners.load_level import LoadLevel
 from runners.loadgen.client import RequestOutput, send_request
 from runners.loadgen.clients import ClientPool, client_pool
-from runners.loadgen.level import (
-    STALLED_ERROR,
-    STOPPED_ERROR,
-    LevelResult,
-    StopFlag,
-)
+from runners.loadgen.level import LevelResult, blocking
+from runners.loadgen.level_driver import STALLED_ERROR, STOPPED_ERROR, StopFlag
 from runners.loadgen.metrics import compute_metrics
 from runners.loadgen.modelled_clock import modelled_duration_s
 from runners.loadgen.requests import RequestSpec, synthesise_request
@@ -281,18 +277,7 @@ async def run_conversations(
     return result, list(driver.outputs), driver.num_cut_at_context
 
 
-def run_conversations_sync(
-    base_url: str, model: str, conversations: Sequence[Conversation], level: LoadLevel,
-    slo: SLO, *, timeout_s: float, tokenizer_dir: Path | None = None,
-    stop_event: StopFlag | None = None, stall_timeout_s: float | None = None,
-    duration_s: float | None = None, max_context_len: int | None = None,
-    api_key: str | None = None,
-) -> tuple[LevelResult, list[TurnOutput], int]:
-    """`run_conversations` on a fresh event loop, for callers that are threads."""
-    return asyncio.run(run_conversations(
-        base_url, model, conversations, level, slo, timeout_s=timeout_s,
-        tokenizer_dir=tokenizer_dir, stop_event=stop_event, stall_timeout_s=stall_timeout_s,
-        duration_s=duration_s, max_context_len=max_context_len, api_key=api_key))
+run_conversations_sync = blocking(run_conversations)
 
 
 def turn_metrics(turns: Sequence[TurnOutput], num_cut_at_context: int = 0) -> dict[str, float]:
