@@ -34,6 +34,7 @@ from runners.loadgen.level_driver import STALLED_ERROR, STOPPED_ERROR, StopFlag
 from runners.loadgen.metrics import compute_metrics
 from runners.loadgen.modelled_clock import modelled_duration_s
 from runners.loadgen.requests import RequestSpec, synthesise_request
+from runners.loadgen.send_log import SendLog
 from runners.tokenizer import PromptTokenizer, load_tokenizer
 from runners.workload import SLO, Workload
 
@@ -128,6 +129,9 @@ class _ConversationDriver:
         self.last_progress = time.perf_counter()
         self.abort_reason: str | None = None
         self.start = time.perf_counter()
+        # on time.monotonic(), as the server's /metrics samples: every turn's send, the
+        # in-flight count, and when each slot stopped (runners/applied_load.py reads them)
+        self.sends = SendLog()
 
     def _heartbeat(self) -> None:
         self.last_progress = time.perf_counter()
@@ -143,7 +147,16 @@ class _ConversationDriver:
             time.perf_counter() - self.start >= self.time_limit_s
 
     async def slot(self, clients: ClientPool) -> None:
-        """One slot: conversations one after another, each turn after the last reply."""
+        """One slot: conversations one after another, each turn after the last reply; when it
+        stops sending (out of conversations, past the time bound), the send log says so."""
+        last_modelled_s: list[float] = []  # the end of its last request, on a modelled clock
+        try:
+            await self._run_slot(clients, last_modelled_s)
+        finally:
+            self.sends.record_slot_end(time.monotonic(),
+                                       last_modelled_s[-1] if last_modelled_s else None)
+
+    async def _run_slot(self, clients: ClientPool, last_modelled_s: list[float]) -> None:
         while not self._is_over():
             index = next(self.next_index)
             if index >= len(self.conversations):
@@ -169,6 +182,8 @@ class _ConversationDriver:
                 sent = time.perf_counter()
                 out = await self._send(clients, spec)
                 reply = out.generated_text
+                if out.modelled_span_s is not None:
+                    last_modelled_s.append(out.modelled_span_s[1])
                 self.outputs.append(TurnOutput(index, k, replace(out, generated_text=""),
                                                sent, time.perf_counter()))
                 if not out.success:
@@ -178,6 +193,8 @@ class _ConversationDriver:
         if self.num_in_flight == 0:
             self._heartbeat()
         self.num_in_flight += 1
+        self.sends.record_send(time.monotonic(), None)
+        self.sends.record_in_flight(time.monotonic(), self.num_in_flight)
         self.max_in_flight = max(self.max_in_flight, self.num_in_flight)
         sent = time.perf_counter()
         index, client = clients.acquire()
@@ -194,6 +211,7 @@ class _ConversationDriver:
         finally:
             clients.release(index)
             self.num_in_flight -= 1
+            self.sends.record_in_flight(time.monotonic(), self.num_in_flight)
             self._heartbeat()
 
     async def watch(self, slots: list[asyncio.Task[None]]) -> None:
@@ -256,6 +274,7 @@ async def run_conversations(
             watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watchdog
+        driver.sends.num_clients = clients.num_clients
     duration = time.perf_counter() - driver.start
     outputs = [t.output for t in driver.outputs]
     modelled_s = modelled_duration_s(outputs)
@@ -273,7 +292,7 @@ async def run_conversations(
     result = LevelResult(metrics=metrics, outputs=outputs,
                          stalled=driver.abort_reason == STALLED_ERROR,
                          stopped=driver.abort_reason == STOPPED_ERROR,
-                         is_modelled_clock=is_modelled)
+                         is_modelled_clock=is_modelled, sends=driver.sends)
     return result, list(driver.outputs), driver.num_cut_at_context
 
 
