@@ -320,14 +320,13 @@ def test_a_trace_probe_whose_client_sent_late_has_not_met_and_ends_no_bracket(
     the bracket names 40 as a load not measured. The starving is patched in by string path
     (`runners.levels.run_level_sync`): the level builds its own requests, and a starved host
     cannot be made on purpose otherwise."""
-    from runners import levels
     from runners.base import EngineConfig
     from runners.capacity.search import CapacitySearch
     from runners.engine import EngineRunner
     from runners.simulated.launcher import SimulatedLauncher
     from runners.workload import LengthDistribution, TraceReplay, Workload
 
-    real = levels.run_level_sync
+    real = run_level_sync  # the function runners.levels imported
 
     def starved(base_url: str, model: str, requests: Sequence[RequestSpec],
                 *args: object, **kwargs: object) -> object:
