@@ -8,6 +8,13 @@ A closed loop over a bounded list holds its concurrency only between the send th
 and the last send (the first requests go out at once; after the last the loop drains): that is
 the span judged. A level that sends all its requests at once never refills, and a level with
 neither a schedule nor a cap ("all at once") has no load to hold: neither is judged.
+
+A multi-turn level's slots each run conversations until none is left or the time bound has
+passed, so they stop at different times and its last send does not end the full loop: its span
+ends when the first slot stopped sending. Over a span with fewer refills than slots most slots
+never turned around in it, so their time in flight says nothing of the client that refills
+them: such a level is not judged, and its record says so (`TOO_SHORT_KEY`, `AppliedLoad.note`),
+rather than read as applied.
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ from runners.loadgen.send_log import SendLog
 
 # A StepMetrics.server_metrics key (the staircase's too): 1.0 where the load was not applied.
 UNAPPLIED_KEY = "steady.is_load_unapplied"
+# 1.0 where a loop whose slots stop at different times (conversations) was full too briefly to
+# judge: neither applied nor not, and its figures claim no more than that.
+TOO_SHORT_KEY = "applied.is_too_short_to_judge"
 
 
 @dataclass(frozen=True)
@@ -33,6 +43,7 @@ class AppliedLoad:
 
     reason: str | None
     figures: dict[str, float]
+    note: str | None = None  # why it was not judged, where it had a load to judge
 
     def as_server_metrics(self) -> dict[str, float]:
         """The figures, and `UNAPPLIED_KEY` where the load was not applied."""
@@ -46,8 +57,8 @@ def judge_level_load(level: LoadLevel, sends: SendLog | None,
                      outputs: Sequence[RequestOutput],
                      samples: Sequence[tuple[float, dict[str, float]]],
                      tolerance: float) -> AppliedLoad:
-    """Whether `level` applied its load: `sends` the client's log, `outputs` its requests' in
-    issue order, `samples` the server's /metrics over the level (time.monotonic(), scrape),
+    """Whether `level` applied its load: `sends` the client's log, `outputs` its requests (in
+    any order), `samples` the server's /metrics over the level (time.monotonic(), scrape),
     `tolerance` the capacity search's (relative)."""
     if sends is None or not sends.sent_s:
         return AppliedLoad(None, {})
@@ -75,18 +86,23 @@ def _closed_loop(concurrency: int, sends: SendLog, outputs: Sequence[RequestOutp
                  samples: Sequence[tuple[float, dict[str, float]]],
                  tolerance: float) -> AppliedLoad:
     if len(sends.sent_s) <= concurrency:
+        if sends.slot_ends_s:  # conversations: none sent after the loop filled
+            return _too_short(concurrency, 0.0, 0)
         return AppliedLoad(None, {})  # sent at once, never refilled: no full span to judge
-    start, end = sends.sent_s[concurrency - 1], sends.sent_s[-1]
+    start, end = sends.sent_s[concurrency - 1], sends.full_until_s()
+    num_refills = sum(1 for t in sends.sent_s[concurrency:] if t <= end)
+    if sends.slot_ends_s and (end <= start or num_refills < concurrency):
+        return _too_short(concurrency, max(0.0, end - start), num_refills)
     if end <= start:
         return AppliedLoad(None, {})
     in_system = tuple(
         s[prometheus.NUM_REQUESTS_RUNNING] + s.get(prometheus.NUM_REQUESTS_WAITING, 0.0)
         for t, s in samples if start <= t <= end and prometheus.NUM_REQUESTS_RUNNING in s)
     window_s, mean = end - start, sends.mean_in_flight(start, end)
-    modelled = _modelled_in_flight(concurrency, outputs)
+    modelled = _modelled_in_flight(concurrency, outputs, sends)
     if modelled is not None:  # the simulated engine's clock, on which its latencies are
         window_s, mean = modelled
-    counts = WindowCounts(window_s=window_s, num_sent=len(sends.sent_s) - concurrency,
+    counts = WindowCounts(window_s=window_s, num_sent=num_refills,
                           num_ended=0, mean_in_flight=mean, waiting_rise=None,
                           server_in_system=in_system, client_window_s=end - start)
     figures = {"applied.window_s": window_s, "applied.mean_in_flight": mean}
@@ -95,19 +111,32 @@ def _closed_loop(concurrency: int, sends: SendLog, outputs: Sequence[RequestOutp
     return AppliedLoad(unapplied_load(counts, float(concurrency), tolerance), figures)
 
 
-def _modelled_in_flight(concurrency: int,
-                        outputs: Sequence[RequestOutput]) -> tuple[float, float] | None:
+def _too_short(concurrency: int, full_s: float, num_refills: int) -> AppliedLoad:
+    """A loop whose slots stopped at different times, full for too short a span to judge: it
+    is not judged, and its record says so (`TOO_SHORT_KEY`, `note`)."""
+    note = (f"applied load not judged: the loop held its {concurrency} slots for "
+            f"{full_s:.3g} s with {num_refills} refill(s), fewer than one per slot, before a "
+            "slot stopped sending (out of conversations or time): too short to judge")
+    return AppliedLoad(None, {TOO_SHORT_KEY: 1.0, "applied.window_s": full_s,
+                              "applied.num_refills": float(num_refills)}, note=note)
+
+
+def _modelled_in_flight(concurrency: int, outputs: Sequence[RequestOutput],
+                        sends: SendLog) -> tuple[float, float] | None:
     """(span, mean in flight) of a closed loop's full span on a server's modelled clock: from
-    the arrival that filled the loop to the last arrival, over every request's modelled span;
-    None unless every success carries one (then the client's clock stands)."""
+    the arrival that filled the loop to the last arrival (or, where its slots stop at
+    different times, to the end of the first slot's last request), over every request's
+    modelled span; None unless every success carries one and every slot its end (then the
+    client's clock stands)."""
     spans = [o.modelled_span_s for o in outputs if o.modelled_span_s is not None]
     if not spans or len(spans) < sum(o.success for o in outputs):
         return None
     arrivals = sorted(a for a, _ in spans)
     if len(arrivals) <= concurrency:
         return None
-    t0, t1 = arrivals[concurrency - 1], arrivals[-1]
-    if t1 <= t0:
+    t0 = arrivals[concurrency - 1]
+    t1 = sends.modelled_full_until_s() if sends.slot_ends_s else arrivals[-1]
+    if t1 is None or t1 <= t0:
         return None
     area = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in spans)
     return t1 - t0, area / (t1 - t0)

@@ -29,15 +29,12 @@ from runners.datasets import Conversation, Turn
 from runners.load_level import LoadLevel
 from runners.loadgen.client import RequestOutput, send_request
 from runners.loadgen.clients import ClientPool, client_pool
-from runners.loadgen.level import (
-    STALLED_ERROR,
-    STOPPED_ERROR,
-    LevelResult,
-    StopFlag,
-)
+from runners.loadgen.level import LevelResult, blocking
+from runners.loadgen.level_driver import STALLED_ERROR, STOPPED_ERROR, StopFlag
 from runners.loadgen.metrics import compute_metrics
 from runners.loadgen.modelled_clock import modelled_duration_s
 from runners.loadgen.requests import RequestSpec, synthesise_request
+from runners.loadgen.send_log import SendLog
 from runners.tokenizer import PromptTokenizer, load_tokenizer
 from runners.workload import SLO, Workload
 
@@ -132,6 +129,9 @@ class _ConversationDriver:
         self.last_progress = time.perf_counter()
         self.abort_reason: str | None = None
         self.start = time.perf_counter()
+        # on time.monotonic(), as the server's /metrics samples: every turn's send, the
+        # in-flight count, and when each slot stopped (runners/applied_load.py reads them)
+        self.sends = SendLog()
 
     def _heartbeat(self) -> None:
         self.last_progress = time.perf_counter()
@@ -147,7 +147,16 @@ class _ConversationDriver:
             time.perf_counter() - self.start >= self.time_limit_s
 
     async def slot(self, clients: ClientPool) -> None:
-        """One slot: conversations one after another, each turn after the last reply."""
+        """One slot: conversations one after another, each turn after the last reply; when it
+        stops sending (out of conversations, past the time bound), the send log says so."""
+        last_modelled_s: list[float] = []  # the end of its last request, on a modelled clock
+        try:
+            await self._run_slot(clients, last_modelled_s)
+        finally:
+            self.sends.record_slot_end(time.monotonic(),
+                                       last_modelled_s[-1] if last_modelled_s else None)
+
+    async def _run_slot(self, clients: ClientPool, last_modelled_s: list[float]) -> None:
         while not self._is_over():
             index = next(self.next_index)
             if index >= len(self.conversations):
@@ -173,6 +182,8 @@ class _ConversationDriver:
                 sent = time.perf_counter()
                 out = await self._send(clients, spec)
                 reply = out.generated_text
+                if out.modelled_span_s is not None:
+                    last_modelled_s.append(out.modelled_span_s[1])
                 self.outputs.append(TurnOutput(index, k, replace(out, generated_text=""),
                                                sent, time.perf_counter()))
                 if not out.success:
@@ -182,6 +193,8 @@ class _ConversationDriver:
         if self.num_in_flight == 0:
             self._heartbeat()
         self.num_in_flight += 1
+        self.sends.record_send(time.monotonic(), None)
+        self.sends.record_in_flight(time.monotonic(), self.num_in_flight)
         self.max_in_flight = max(self.max_in_flight, self.num_in_flight)
         sent = time.perf_counter()
         index, client = clients.acquire()
@@ -198,6 +211,7 @@ class _ConversationDriver:
         finally:
             clients.release(index)
             self.num_in_flight -= 1
+            self.sends.record_in_flight(time.monotonic(), self.num_in_flight)
             self._heartbeat()
 
     async def watch(self, slots: list[asyncio.Task[None]]) -> None:
@@ -260,6 +274,7 @@ async def run_conversations(
             watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watchdog
+        driver.sends.num_clients = clients.num_clients
     duration = time.perf_counter() - driver.start
     outputs = [t.output for t in driver.outputs]
     modelled_s = modelled_duration_s(outputs)
@@ -277,22 +292,11 @@ async def run_conversations(
     result = LevelResult(metrics=metrics, outputs=outputs,
                          stalled=driver.abort_reason == STALLED_ERROR,
                          stopped=driver.abort_reason == STOPPED_ERROR,
-                         is_modelled_clock=is_modelled)
+                         is_modelled_clock=is_modelled, sends=driver.sends)
     return result, list(driver.outputs), driver.num_cut_at_context
 
 
-def run_conversations_sync(
-    base_url: str, model: str, conversations: Sequence[Conversation], level: LoadLevel,
-    slo: SLO, *, timeout_s: float, tokenizer_dir: Path | None = None,
-    stop_event: StopFlag | None = None, stall_timeout_s: float | None = None,
-    duration_s: float | None = None, max_context_len: int | None = None,
-    api_key: str | None = None,
-) -> tuple[LevelResult, list[TurnOutput], int]:
-    """`run_conversations` on a fresh event loop, for callers that are threads."""
-    return asyncio.run(run_conversations(
-        base_url, model, conversations, level, slo, timeout_s=timeout_s,
-        tokenizer_dir=tokenizer_dir, stop_event=stop_event, stall_timeout_s=stall_timeout_s,
-        duration_s=duration_s, max_context_len=max_context_len, api_key=api_key))
+run_conversations_sync = blocking(run_conversations)
 
 
 def turn_metrics(turns: Sequence[TurnOutput], num_cut_at_context: int = 0) -> dict[str, float]:

@@ -190,7 +190,8 @@ def measure_level(session: EngineSession, index: int, level: LoadLevel,
         server.update(_trace_replayed(send_offsets_s, len(result.outputs), level,
                                       num_in_trace))
     # Whether the client applied the load the level is labelled with, by the staircase's
-    # rules and tolerance (a multi-turn level keeps no send log: not judged).
+    # rules and tolerance (runners/applied_load.py: a multi-turn level over the span in which
+    # every slot still had conversations left, or not at all where that was too short).
     applied = judge_level_load(
         level, result.sends, result.outputs, poller.samples,
         workload.capacity.tolerance if workload.capacity is not None
@@ -198,6 +199,8 @@ def measure_level(session: EngineSession, index: int, level: LoadLevel,
     server.update(applied.as_server_metrics())
     if applied.reason is not None:
         logger.warning("level %d (%s): %s", index, level.label, applied.reason)
+    elif applied.note is not None:
+        logger.info("level %d (%s): %s", index, level.label, applied.note)
     # NVML over this level alone: the run's mean mixes light and heavy levels.
     util = s.sampler.gpu_util_mean_pct_since(level_start_s) if s.sampler else None
     if util is not None:

@@ -7,7 +7,7 @@ Rules and thresholds are explained in docs/bottleneck.md; `classify` never does 
 tested on recorded summaries. Modules, each importing only those before it:
 `memory_fit` (bytes per weight, fp8 facts, `memory_problem`), `roofline` (decode and step-mix
 rooflines, `level_metrics`), `evidence` (`Evidence`, `evidence_from`), `verdict` (the labels,
-`Verdict`, `verdict_of`), `thresholds` (`Thresholds`), `classify` (`classify`, its rules),
+`Verdict`), `thresholds` (`Thresholds`), `classify` (`classify`, its rules),
 `advice` (`advice`, `sentence`).
 """
 
@@ -24,10 +24,9 @@ from optimizer.bottleneck.roofline import (
     step_roofline,
 )
 from optimizer.bottleneck.thresholds import DEFAULT_THRESHOLDS, Thresholds
-from optimizer.bottleneck.verdict import ATTR_VERDICT, LABELS, Label, Source, Verdict, verdict_of
+from optimizer.bottleneck.verdict import LABELS, Label, Source, Verdict
 
 __all__ = [
-    "ATTR_VERDICT",
     "DEFAULT_THRESHOLDS",
     "GIB",
     "LABELS",
@@ -49,5 +48,4 @@ __all__ = [
     "roofline_terms",
     "sentence",
     "step_roofline",
-    "verdict_of",
 ]

@@ -1,32 +1,17 @@
-"""What the classifier answers: the labels, the kinds of evidence that decide one, the
-`Verdict` (as a trial stores it in its user attributes and as the tracker logs it), and
-`verdict_of`, its reader on a stored trial."""
+"""What the classifier answers: the labels, the kinds of evidence that decide one, and the
+`Verdict` (as a trial stores it in its user attributes, read back by
+`optimizer.results.trial_record.verdict_of`, and as the tracker logs it)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, get_args
-
-if TYPE_CHECKING:
-    from optuna.trial import FrozenTrial
+from typing import Any, Final, Literal, get_args
 
 Label = Literal["compute-bound", "memory-bound", "communication-bound", "launch-bound",
                 "kv-capacity-bound", "at-physical-limit", "unknown"]
 LABELS: Final[tuple[Label, ...]] = get_args(Label)
 Source = Literal["trace", "telemetry", "metrics", "roofline", "config"]
-
-ATTR_VERDICT: Final = "verdict"  # trial user attribute holding `Verdict.as_user_attr()`
-
-
-def verdict_of(trial: FrozenTrial) -> Mapping[str, Any] | None:
-    """The verdict the trial stored (`Verdict.as_user_attr()`), or None; the pruners read it.
-    Beside the `Verdict`, not yet with the other accessors in optimizer/results/trial_record.py
-    (whose imports no longer lead back to the pruners since the fingerprint stopped importing
-    optimizer.config)."""
-    verdict = trial.user_attrs.get(ATTR_VERDICT)
-    return verdict if isinstance(verdict, Mapping) else None
-
 
 @dataclass(frozen=True)
 class Verdict:
@@ -43,8 +28,8 @@ class Verdict:
     load: str = ""
 
     def as_user_attr(self, **extra: float | int | str | None) -> dict[str, Any]:
-        """JSON-able, for `trial.set_user_attr(ATTR_VERDICT, ...)`; `extra` adds what
-        `BottleneckPruner` reads (`tensor_parallel_size`, `objective_value`, `step`)."""
+        """JSON-able, for `trial.set_user_attr(trial_record.ATTR_VERDICT, ...)`; `extra` adds
+        what `BottleneckPruner` reads (`tensor_parallel_size`, `objective_value`, `step`)."""
         out: dict[str, Any] = {**asdict(self), "sources": list(self.sources)}
         out.update({k: v for k, v in extra.items() if v is not None})
         return out

@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, Protocol
 
-from optimizer.tuning_memory.fingerprint import Fingerprint
 from optimizer.results.objectives import (
     OBJECTIVES,
     metrics_value,
@@ -17,6 +16,7 @@ from optimizer.results.objectives import (
     operating_step,
     per_gpu,
 )
+from optimizer.tuning_memory.fingerprint import Fingerprint
 from runners.base import EngineConfig, RunResult, StepMetrics
 
 # The trial user attribute holding its `TrialRecord` (the source of truth the tracker, the report
@@ -40,6 +40,9 @@ ATTR_SEEDED = "seeded"  # enqueued from seed_trials, a hardware template or the 
 # earlier study's best, optimizer/tuning_memory/earlier_studies.py)
 ATTR_SEED_SOURCE = "seed.source"
 ATTR_SEED_TITLE = "seed.title"  # "the Hopper template (fp8 weights + ...)", for its conclusion
+# The bottleneck verdict (`bottleneck.Verdict.as_user_attr()`), set at each step the pruner
+# judges, so a running trial carries it before its record exists.
+ATTR_VERDICT = "verdict"
 # The study's own user attributes, each written once by the module named.
 STUDY_ATTR_CONFIRM = "confirm"  # `confirmation.confirm_summary`: the final re-measured gain
 STUDY_ATTR_FINGERPRINT = "fingerprint"  # `Fingerprint.to_dict()` (runtime, at each start)
@@ -82,10 +85,12 @@ class TrialRecord:
     is_baseline: bool = False  # the vLLM defaults
     host: str = ""  # where it ran (host, Ray node, GPUs)
     is_unstable: bool = False  # its repeats spread beyond workload.max_spread
-    # `QualityAssessment.to_dict()` (optimizer/results/quality_gate.py): scored, the reference, or why not
+    # `QualityAssessment.to_dict()` (optimizer/results/quality_gate.py): scored, the reference,
+    # or why not
     quality: Mapping[str, Any] | None = None
     # "template:hopper" (a hardware template) or "warm_start:<study>" (an earlier study's best,
-    # optimizer/tuning_memory/earlier_studies.py): a seed measured here like any other trial; "" for the rest.
+    # optimizer/tuning_memory/earlier_studies.py): a seed measured here like any other trial;
+    # "" for the rest.
     seed_source: str = ""
     # `optimizer.search.startup.startup_record`: the compile cache predicted and seen, seconds
     # by part
@@ -148,6 +153,13 @@ def record_of(trial: HasUserAttrs) -> TrialRecord | None:
     """The trial's record, or None for a trial that has none yet (queued, running)."""
     data = trial.user_attrs.get(ATTR_RECORD)
     return TrialRecord.from_user_attr(data) if isinstance(data, Mapping) and data else None
+
+
+def verdict_of(trial: HasUserAttrs) -> Mapping[str, Any] | None:
+    """The verdict the trial stored (`bottleneck.Verdict.as_user_attr()`), or None; the
+    pruners read it, on a running trial too."""
+    verdict = trial.user_attrs.get(ATTR_VERDICT)
+    return verdict if isinstance(verdict, Mapping) else None
 
 
 def is_baseline(trial: HasUserAttrs) -> bool:

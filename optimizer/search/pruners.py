@@ -16,7 +16,7 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer.bottleneck import verdict_of
+from optimizer.results.trial_record import verdict_of
 
 
 class MarginPruner(optuna.pruners.BasePruner):
@@ -63,7 +63,7 @@ class MarginPruner(optuna.pruners.BasePruner):
 
 class BottleneckPruner(optuna.pruners.BasePruner):
     """Wraps a base pruner (default `MarginPruner()`) and also prunes on the verdict a trial
-    stored (`bottleneck.verdict_of`: `bottleneck.Verdict.as_user_attr`, set by the
+    stored (`trial_record.verdict_of`: `bottleneck.Verdict.as_user_attr`, set by the
     caller before `should_prune`):
 
     - communication-bound at TP>1, with a value at this step worse than the best TP=1 trial's

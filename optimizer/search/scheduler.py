@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 from optimizer import bottleneck
 from optimizer.config import StudyConfig
 from optimizer.results.objectives import described_step, objective_values
-from optimizer.results.trial_record import confirm_label, record_of
+from optimizer.results.trial_record import ATTR_VERDICT, confirm_label, record_of
 from optimizer.search.trials import Running
 from runners.base import EngineConfig, RunResult, StepMetrics
 from runners.hardware import HardwareProfile
@@ -60,7 +60,7 @@ class PruningScheduler:
             return False
         # The pruner reads the verdict the trial stores (BottleneckPruner): classify first.
         verdict = self.verdict(item.steps, item.config)
-        item.trial.set_user_attr(bottleneck.ATTR_VERDICT, verdict.as_user_attr(
+        item.trial.set_user_attr(ATTR_VERDICT, verdict.as_user_attr(
             tensor_parallel_size=item.config.tensor_parallel_size,
             objective_value=values[0], step=step.step))
         if not item.trial.should_prune():

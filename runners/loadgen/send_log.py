@@ -46,6 +46,12 @@ class SendLog:
     # rule, not the client falling behind); None without a schedule. Parallel to `sent_s`.
     late_s: list[float | None] = field(default_factory=list)
     in_flight_changes: list[tuple[float, int]] = field(default_factory=list)  # (t, count after)
+    # A closed loop whose slots stop at different times (conversations: a slot out of them, or
+    # past the time bound): when each slot stopped sending, on this clock, and the end of its
+    # last request on the server's modelled clock (None: it sent none, or the server stamped
+    # none). Empty for a loop that stops at its last send (a fixed level's list ran out).
+    slot_ends_s: list[float] = field(default_factory=list)
+    slot_ends_modelled_s: list[float | None] = field(default_factory=list)
     num_clients: int = 0  # the httpx clients the requests went out on (runners/loadgen/clients.py)
 
     def record_send(self, sent_s: float, due_s: float | None,
@@ -62,6 +68,26 @@ class SendLog:
 
     def record_in_flight(self, t_s: float, count: int) -> None:
         self.in_flight_changes.append((t_s, count))
+
+    def record_slot_end(self, t_s: float, modelled_s: float | None = None) -> None:
+        """A closed loop's slot stopped sending at `t_s`; its last request ended at
+        `modelled_s` on the server's modelled clock (None: no such time)."""
+        self.slot_ends_s.append(t_s)
+        self.slot_ends_modelled_s.append(modelled_s)
+
+    def full_until_s(self) -> float:
+        """Until when a closed loop (one that sent) could hold its concurrency: the first slot
+        to stop sending, else (a fixed level) its last send."""
+        return min(self.slot_ends_s) if self.slot_ends_s else self.sent_s[-1]
+
+    def modelled_full_until_s(self) -> float | None:
+        """`full_until_s` on the server's modelled clock, for a loop whose slots stop at
+        different times: the first of their last requests' ends; None where a slot has none
+        (or the loop's end is its last send: read from the requests' own arrivals)."""
+        ends = self.slot_ends_modelled_s
+        if not ends or any(e is None for e in ends):
+            return None
+        return min(e for e in ends if e is not None)
 
     def mean_in_flight(self, start_s: float, end_s: float) -> float:
         """The client's in-flight count, time-weighted over [start_s, end_s)."""

@@ -10,7 +10,7 @@ import pytest
 from optuna.distributions import IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer.bottleneck import ATTR_VERDICT
+from optimizer.results.trial_record import ATTR_VERDICT
 from optimizer.search.pruners import BottleneckPruner, MarginPruner
 
 TP = {"tensor_parallel_size": IntDistribution(1, 8)}

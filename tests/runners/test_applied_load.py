@@ -1,8 +1,10 @@
-"""The level path (fixed levels, a trace's probes) to the staircase's standard: its requests
-spread over the shared client pool, and a level whose client did not carry its load (a closed
-loop short of its concurrency, an open loop that sent late) judged "load not applied". Real
-HTTP against the echo engine (a subprocess with known TTFT and TPOT); the rule itself on send
-logs with their times given."""
+"""The level path (fixed levels, a trace's probes, multi-turn conversations) to the staircase's
+standard: its requests spread over the shared client pool, and a level whose client did not
+carry its load (a closed loop short of its concurrency, an open loop that sent late) judged
+"load not applied"; a multi-turn loop judged while every slot still had conversations, and not
+at all (its record says so) where that span was too short. Real HTTP against the echo engine (a
+subprocess with known TTFT and TPOT) and the simulated engine; the rule itself on send logs
+with their times given."""
 
 from __future__ import annotations
 
@@ -14,13 +16,17 @@ from typing import overload
 
 import pytest
 
-from runners.applied_load import UNAPPLIED_KEY, judge_level_load
+from runners.applied_load import TOO_SHORT_KEY, UNAPPLIED_KEY, judge_level_load
+from runners.conversations import run_conversations_sync
+from runners.datasets import Conversation, Turn
 from runners.load_level import LoadLevel
+from runners.loadgen.client import RequestOutput
 from runners.loadgen.level import run_level_sync
 from runners.loadgen.requests import RequestSpec
 from runners.loadgen.send_log import SendLog
 from runners.process import EngineProcess, free_port, wait_healthy
 from runners.workload import SLO
+from tests.builders import simulated_engine
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -170,8 +176,6 @@ def test_on_a_modelled_clock_a_closed_loop_is_judged_by_the_servers_own_spans() 
     """The simulated engine's latencies are on its modelled clock, so its applied load is too:
     the client's own log held 2 throughout, but the server's spans leave it idle from 1 s to
     3 s of the span between the loop's filling arrival and its last (a third of 2 on average)."""
-    from runners.loadgen.client import RequestOutput
-
     sends = SendLog()
     for t in (0.0, 0.0, 1.0, 1.0):
         sends.record_send(t, None)
@@ -186,6 +190,127 @@ def test_on_a_modelled_clock_a_closed_loop_is_judged_by_the_servers_own_spans() 
         "refilled at each end on the modelled clock: the load was held"
 
 
+# -- multi-turn: a closed loop whose slots run out of conversations at different times ------
+
+def _sample(t: float, running: float) -> tuple[float, dict[str, float]]:
+    return t, {"vllm:num_requests_running": running, "vllm:num_requests_waiting": 0.0}
+
+
+def _multi_turn_sends(first_slot_end_s: float) -> SendLog:
+    """Four slots fill at 0 and refill at 1, 2, 3 and 4 s; the first runs out of conversations
+    at `first_slot_end_s`, the others one a second after it, the last sending at 7 s: from the
+    first slot's end the loop drains, whatever its later sends."""
+    sends = SendLog()
+    for _ in range(4):
+        sends.record_send(0.0, None)
+    sends.record_in_flight(0.0, 4)
+    for t in (1.0, 2.0, 3.0, 4.0, 6.0, 7.0):
+        sends.record_send(t, None)
+    for k in range(4):
+        sends.record_slot_end(first_slot_end_s + k)
+        sends.record_in_flight(first_slot_end_s + k, 3 - k)
+    return sends
+
+
+def test_a_multi_turn_loop_is_judged_until_its_first_slot_ran_out_of_conversations() -> None:
+    """The client held 4 until the first slot ran dry at 4.5 s, then 3, 2, 1: judged to its
+    last send (7 s) the loop would read 3.4 of 4 in flight and the server's count 2.5, a load
+    "not applied" that is only its slots running out. Judged to 4.5 s, it held 4; a server that
+    ran 2 in that span did not."""
+    level = LoadLevel(max_concurrency=4)
+    sends = _multi_turn_sends(4.5)
+    held = [_sample(1.0, 4.0), _sample(2.5, 4.0), _sample(4.0, 4.0), _sample(5.0, 3.0),
+            _sample(6.0, 2.0), _sample(6.8, 1.0)]
+    applied = judge_level_load(level, sends, [], held, tolerance=0.05)
+    assert applied.reason is None and applied.note is None, applied
+    assert applied.figures["applied.window_s"] == 4.5
+    assert applied.figures["applied.mean_in_flight"] == 4.0
+    starved = [_sample(1.0, 2.0), _sample(2.5, 2.0), _sample(4.0, 2.0), _sample(6.0, 2.0)]
+    applied = judge_level_load(level, sends, [], starved, tolerance=0.05)
+    assert applied.reason == ("load not applied: the server held 2 of 4 requests (running + "
+                              "waiting, 3 samples) over the 4.5 s window; the SLO is not "
+                              "shown at 4")
+    assert applied.as_server_metrics()[UNAPPLIED_KEY] == 1.0, \
+        "recorded as a fixed level's and a staircase step's unapplied load are"
+
+
+def test_a_multi_turn_loop_too_short_to_judge_is_not_judged_and_its_record_says_so() -> None:
+    """A slot ran dry at 2.5 s, after 2 refills of a loop of 4 slots: most slots never turned
+    around while it was full, so their time in flight says nothing of the client; a loop that
+    had fewer conversations than slots never filled. Neither is read as applied or not: the
+    record says it was too short to judge."""
+    level = LoadLevel(max_concurrency=4)
+    starved = [_sample(1.0, 1.0), _sample(2.0, 1.0)]
+    applied = judge_level_load(level, _multi_turn_sends(2.5), [], starved, tolerance=0.05)
+    assert applied.reason is None
+    assert applied.note is not None and applied.note.startswith(
+        "applied load not judged: the loop held its 4 slots for 2.5 s with 2 refill(s)"), \
+        applied.note
+    metrics = applied.as_server_metrics()
+    assert metrics[TOO_SHORT_KEY] == 1.0 and UNAPPLIED_KEY not in metrics
+    assert metrics["applied.num_refills"] == 2.0
+    never_full = SendLog()  # 3 conversations of 3 turns for 4 slots: one slot had none
+    never_full.record_slot_end(0.0)
+    for t in (0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0):
+        never_full.record_send(t, None)
+    for t in (3.0, 3.0, 3.0):
+        never_full.record_slot_end(t)
+    applied = judge_level_load(level, never_full, [], starved, tolerance=0.05)
+    assert applied.reason is None and applied.as_server_metrics()[TOO_SHORT_KEY] == 1.0
+
+
+def test_on_a_modelled_clock_a_multi_turn_loop_ends_with_its_first_slots_last_request() -> None:
+    """On the simulated engine's clock the span ends where the first slot's last request
+    ended (3 s), not at the last arrival (4 s): over [0, 3] both slots were in flight, where
+    to 4 s the one slot left would read as 1.75 of 2."""
+    sends = SendLog()
+    for t in (0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 4.0):
+        sends.record_send(t, None)
+    sends.record_slot_end(3.0, 3.0)
+    sends.record_slot_end(5.0, 5.0)
+    spans = [(0.0, 1.0), (0.0, 1.0), (1.0, 2.0), (1.0, 2.0), (2.0, 3.0), (2.0, 3.0),
+             (3.0, 4.0), (4.0, 5.0)]
+    outputs = [RequestOutput(success=True, modelled_span_s=s) for s in spans]
+    applied = judge_level_load(LoadLevel(max_concurrency=2), sends, outputs, (), 0.05)
+    assert applied.reason is None, applied
+    assert (applied.figures["applied.window_s"], applied.figures["applied.mean_in_flight"]) == \
+        (3.0, 2.0)
+
+
+class _StarvedTurns(tuple[Turn, ...]):
+    """A conversation's turns whose iteration blocks the level's event loop 20 ms before each
+    turn, as a host whose other work starves the client does."""
+
+    def __iter__(self) -> Iterator[Turn]:
+        for turn in super().__iter__():
+            time.sleep(0.02)
+            yield turn
+
+
+def test_a_starved_multi_turn_level_on_the_simulated_engine_is_a_load_not_applied(
+        tmp_path: Path) -> None:
+    """16 slots of conversations whose client blocks 20 ms before each turn: it sends at most
+    50 turns a second where 16 slots of turns of about 0.1 s need over 150. Every slot had
+    conversations left for most of the level, so the span is long enough to judge, and the
+    server's own spans show it held a few of 16."""
+    user = Turn("Name a river that crosses more than one country, please.", 14, 8)
+    dialogues = [Conversation(f"c{k}", _StarvedTurns((user, user, user)), is_estimated=True)
+                 for k in range(48)]
+    level = LoadLevel(max_concurrency=16)
+    with simulated_engine(tmp_path) as url:
+        result, turns, _ = run_conversations_sync(url, "model", dialogues, level,
+                                                  SLO(tpot_p99_ms=1000.0), timeout_s=30)
+    assert result.metrics.failed == 0 and len(turns) == 48 * 3
+    assert result.sends is not None and len(result.sends.slot_ends_s) == 16, \
+        "each slot says when it ran out of conversations"
+    applied = judge_level_load(level, result.sends, result.outputs, (), tolerance=0.05)
+    assert applied.note is None, applied.note
+    assert applied.reason is not None and applied.reason.startswith("load not applied: "), \
+        applied
+    assert "of 16 requests in flight" in applied.reason
+    assert applied.as_server_metrics()[UNAPPLIED_KEY] == 1.0
+
+
 # -- a trace's capacity probe, end to end on the simulated engine ----------------------------
 
 def test_a_trace_probe_whose_client_sent_late_has_not_met_and_ends_no_bracket(
@@ -195,14 +320,13 @@ def test_a_trace_probe_whose_client_sent_late_has_not_met_and_ends_no_bracket(
     the bracket names 40 as a load not measured. The starving is patched in by string path
     (`runners.levels.run_level_sync`): the level builds its own requests, and a starved host
     cannot be made on purpose otherwise."""
-    from runners import levels
     from runners.base import EngineConfig
     from runners.capacity.search import CapacitySearch
     from runners.engine import EngineRunner
     from runners.simulated.launcher import SimulatedLauncher
     from runners.workload import LengthDistribution, TraceReplay, Workload
 
-    real = levels.run_level_sync
+    real = run_level_sync  # the function runners.levels imported
 
     def starved(base_url: str, model: str, requests: Sequence[RequestSpec],
                 *args: object, **kwargs: object) -> object:

@@ -21,7 +21,8 @@ from runners.arrivals import arrival_offsets_s
 from runners.capacity.slo import meets_slo
 from runners.load_level import LoadLevel
 from runners.loadgen.client import RequestOutput, send_request
-from runners.loadgen.level import STALLED_ERROR, STOPPED_ERROR, run_level_sync
+from runners.loadgen.level import run_level_sync
+from runners.loadgen.level_driver import STALLED_ERROR, STOPPED_ERROR
 from runners.loadgen.metrics import compute_metrics
 from runners.loadgen.requests import RequestSpec, build_requests, sample_length
 from runners.process import EngineProcess, free_port, wait_healthy
