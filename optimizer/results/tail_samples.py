@@ -1,12 +1,12 @@
 """How many requests a p99 rests on, and the one rule that calls it thin: what the status
 table, the report, MLflow's tags and the conclusion say beside a trial's headline p99s.
 
-A p99 is numpy's linear percentile, as vLLM's (`vllm bench serve`): over n requests it is
-interpolated at 0.99 (n - 1), i.e. between the ceil(n / 100)-th and the next slowest, so it
-rests on the top ceil(n / 100) values. Over 2,000 requests that is the 20 slowest; over 150 the
-2nd-slowest; under 100 the slowest alone. A p99 of fewer than `THIN_P99_REQUESTS` requests is
-"thin": it says what the slowest request did, not what one request in a hundred sees, and a
-second run can move it by as much as one request varies.
+A p99 is numpy's linear percentile, as vLLM's (`vllm bench serve`): over n requests it lies
+1 + (n - 1) / 100 places from the slowest, interpolated between the two requests on either side.
+Over 2,000 requests that is about the 21st-slowest; over 150 between the 2nd- and 3rd-slowest;
+over 100 or fewer between the slowest and the 2nd-slowest. A p99 of fewer than
+`THIN_P99_REQUESTS` requests is "thin": its two slowest requests set it, not what one request in
+a hundred sees, and a second run can move it by as much as one request varies.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-THIN_P99_REQUESTS = 100  # below this a p99 is set by the slowest request alone
+THIN_P99_REQUESTS = 100  # below this a p99 is set by its two slowest requests
 
 # (words, the p99's metric, the metric counting the requests it is over) of each headline p99,
 # in vLLM's names (`BenchmarkMetrics`): TTFT and E2E latency are over every completed request,
@@ -25,8 +25,9 @@ HEADLINE_P99S = (("TTFT p99", "p99_ttft_ms", "completed"),
                  ("TPOT p99", "p99_tpot_ms", "num_tpot_samples"),
                  ("E2E latency p99", "p99_e2el_ms", "completed"))
 
-THIN_RULE = (f"a p99 over fewer than {THIN_P99_REQUESTS} requests is thin: it is set by the "
-             "slowest request alone (over n requests a p99 rests on its ceil(n/100) slowest)")
+THIN_RULE = (f"a p99 over fewer than {THIN_P99_REQUESTS} requests is thin: its two slowest "
+             "requests set it (over n requests a p99 lies 1 + (n-1)/100 places from the "
+             "slowest)")
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,10 @@ class P99Basis:
     num_requests: int
 
     @property
-    def num_tail(self) -> int:
-        """The slowest requests the p99 rests on: ceil(n / 100)."""
-        return max(1, math.ceil(self.num_requests / 100))
+    def rank(self) -> float:
+        """Where the p99 lies, in places from the slowest (1: the slowest itself):
+        1 + (n - 1) / 100, numpy's linear interpolation."""
+        return 1.0 + (max(self.num_requests, 1) - 1) / 100.0
 
     @property
     def is_thin(self) -> bool:
@@ -50,14 +52,25 @@ class P99Basis:
         return f"n={self.num_requests:,}" + (" thin" if self.is_thin else "")
 
     def words(self, name: str) -> str:
-        """`TPOT p99 over 150 requests (about the 2nd-slowest)`; `TTFT p99 over 37 requests:
-        thin, about the slowest one`."""
+        """`TPOT p99 over 150 requests (between the 2nd- and 3rd-slowest)`; `TTFT p99 over 37
+        requests: thin, set by its two slowest`."""
         head = f"{name} over {self.num_requests:,} request" + \
             ("" if self.num_requests == 1 else "s")
+        if self.num_requests == 1:
+            return f"{head}: thin, the one request"
         if self.is_thin:
-            return f"{head}: thin, about the slowest one"
-        return f"{head} (about the {_ordinal(self.num_tail)}-slowest)" \
-            if self.num_tail > 1 else f"{head}"
+            return f"{head}: thin, set by its two slowest"
+        return f"{head} ({_place(self.rank)})"
+
+
+def _place(rank: float) -> str:
+    """`about the 21st-slowest`, `between the 2nd- and 3rd-slowest`."""
+    whole = math.floor(rank)
+    if rank - whole < 0.05:
+        return f"about the {_ordinal(whole)}-slowest"
+    if rank - whole > 0.95:
+        return f"about the {_ordinal(whole + 1)}-slowest"
+    return f"between the {_ordinal(whole)}- and {_ordinal(whole + 1)}-slowest"
 
 
 def _ordinal(k: int) -> str:
@@ -88,15 +101,15 @@ def headline_bases(metrics: Mapping[str, Any]) -> list[tuple[str, str, P99Basis]
 
 def bases_text(metrics: Mapping[str, Any]) -> str:
     """Each headline p99's basis in one line (MLflow's `p99.basis` tag), "" where none:
-    `TTFT p99 over 150 requests (about the 2nd-slowest); TPOT p99 over 150 ...`."""
+    `TTFT p99 over 150 requests (between the 2nd- and 3rd-slowest); TPOT p99 over 150 ...`."""
     return "; ".join(basis.words(name) for name, _, basis in headline_bases(metrics))
 
 
 def thin_note(metrics: Mapping[str, Any]) -> str:
     """A conclusion's sentence where a headline p99 is thin, "" otherwise; p99s over the same
     requests said together: `Its TTFT, TPOT and E2E latency p99s are over 64 requests: thin,
-    each about its slowest request (a p99 needs 100 requests or more to say what one request
-    in a hundred sees).`"""
+    each set by its two slowest requests (a p99 needs 100 requests or more to say what one
+    request in a hundred sees).`"""
     groups: dict[int, list[str]] = {}
     for name, _, basis in headline_bases(metrics):
         if basis.is_thin:
@@ -109,7 +122,7 @@ def thin_note(metrics: Mapping[str, Any]) -> str:
             f"{', '.join(names[:-1])} and {names[-1]}"
         plural = len(names) > 1
         parts.append(f"{listed} p99{'s are' if plural else ' is'} over {n} request"
-                     f"{'' if n == 1 else 's'}: thin, {'each ' if plural else ''}about "
-                     "its slowest request")
+                     f"{'' if n == 1 else 's'}: thin, {'each ' if plural else ''}set by "
+                     f"{'its one request' if n == 1 else 'its two slowest requests'}")
     return (f"Its {'; its '.join(parts)} (a p99 needs {THIN_P99_REQUESTS} requests or more "
             "to say what one request in a hundred sees).")

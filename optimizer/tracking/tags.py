@@ -36,6 +36,6 @@ TAG_CONCLUSION = "conclusion"
 SERVER_LOG = "server.log"  # a trial's engine log, in its workdir and as its run's artifact
 TRACE_FILE = "trace.trimmed.pt.trace.json.gz"  # runners.engine writes it beside server.log
 # The requests each headline p99 is over, in words (optimizer/results/tail_samples.py), and
-# "true" where one of them is thin (under 100 requests: set by the slowest request alone).
+# "true" where one of them is thin (under 100 requests: set by its two slowest).
 TAG_P99_BASIS = "p99.basis"
 TAG_P99_THIN = "p99.thin"

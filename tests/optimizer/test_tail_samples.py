@@ -21,31 +21,34 @@ from optimizer.tracking.payload import tracking_payload
 from optimizer.tracking.tags import TAG_P99_BASIS, TAG_P99_THIN
 
 
-@pytest.mark.parametrize("n", [37, 99, 100, 101, 150, 2000, 2001])
-def test_a_p99_rests_on_its_ceil_n_over_100_slowest_as_numpy_computes_it(n: int) -> None:
-    """vLLM's p99 (numpy's linear percentile) over n requests lies between the k-th and the
-    (k+1)-th slowest, k = ceil(n / 100): the tail the rule names is the one it rests on."""
-    values = np.arange(n, dtype=float)  # the i-th slowest is n - i
+@pytest.mark.parametrize("n", [2, 37, 99, 100, 101, 150, 2000, 2001])
+def test_a_p99_lies_where_the_rule_says_as_numpy_computes_it(n: int) -> None:
+    """vLLM's p99 (numpy's linear percentile) over n requests lies 1 + (n - 1) / 100 places
+    from the slowest, interpolated between the requests on either side."""
+    values = np.arange(n, dtype=float)  # the r-th slowest is n - r
     p99 = float(np.percentile(values, 99))
-    k = P99Basis(n).num_tail
-    assert values[-k - 1] <= p99 <= values[-k], (n, k, p99)
+    rank = P99Basis(n).rank
+    assert p99 == pytest.approx(n - rank), (n, rank, p99)
 
 
 def test_a_p99_under_100_requests_is_thin_and_says_so_in_words() -> None:
     assert P99Basis(37).is_thin and not P99Basis(100).is_thin
     assert P99Basis(37).cell == "n=37 thin" and P99Basis(2000).cell == "n=2,000"
-    assert P99Basis(150).words("TPOT p99") == "TPOT p99 over 150 requests (about the 2nd-slowest)"
-    assert P99Basis(37).words("TPOT p99") == "TPOT p99 over 37 requests: thin, about the " \
-        "slowest one"
+    assert P99Basis(150).words("TPOT p99") == \
+        "TPOT p99 over 150 requests (between the 2nd- and 3rd-slowest)"
+    assert P99Basis(101).words("TPOT p99") == "TPOT p99 over 101 requests (about the 2nd-slowest)"
+    assert P99Basis(37).words("TPOT p99") == "TPOT p99 over 37 requests: thin, set by its two " \
+        "slowest"
     thin = {"p99_ttft_ms": 80.0, "p99_tpot_ms": 9.0, "p99_e2el_ms": 900.0, "completed": 64,
             "num_tpot_samples": 60}
     assert thin_note(thin) == (
-        "Its TTFT and E2E latency p99s are over 64 requests: thin, each about its slowest "
-        "request; its TPOT p99 is over 60 requests: thin, about its slowest request (a p99 "
-        "needs 100 requests or more to say what one request in a hundred sees).")
+        "Its TTFT and E2E latency p99s are over 64 requests: thin, each set by its two "
+        "slowest requests; its TPOT p99 is over 60 requests: thin, set by its two slowest "
+        "requests (a p99 needs 100 requests or more to say what one request in a hundred "
+        "sees).")
     solid = {**thin, "completed": 2000, "num_tpot_samples": 1990}
     assert thin_note(solid) == "", "2,000 requests: nothing to warn of"
-    assert bases_text(solid).startswith("TTFT p99 over 2,000 requests (about the 20th-slowest)")
+    assert bases_text(solid).startswith("TTFT p99 over 2,000 requests (about the 21st-slowest)")
     assert thin_note({"p99_tpot_ms": 9.0}) == "" and bases_text({"p99_tpot_ms": 9.0}) == "", \
         "a record without the counts (written before them) says nothing of them"
 
@@ -95,8 +98,8 @@ def test_the_report_states_each_p99s_requests_and_the_rule(tmp_path: Path) -> No
 def test_mlflow_tags_state_each_headline_p99s_requests_and_whether_one_is_thin() -> None:
     thin = TrialRecord.from_user_attr(_record(37, completed=40))
     tags = tracking_payload(thin, None, number=1)["tags"]
-    assert tags[TAG_P99_BASIS] == ("TTFT p99 over 40 requests: thin, about the slowest one; "
-                                   "TPOT p99 over 37 requests: thin, about the slowest one")
+    assert tags[TAG_P99_BASIS] == ("TTFT p99 over 40 requests: thin, set by its two slowest; "
+                                   "TPOT p99 over 37 requests: thin, set by its two slowest")
     assert tags[TAG_P99_THIN] == "true"
     solid = tracking_payload(TrialRecord.from_user_attr(_record(1990)), None, number=2)["tags"]
     assert solid[TAG_P99_THIN] == "false"
