@@ -145,6 +145,8 @@ def test_a_second_daemon_on_the_same_study_from_another_directory_is_refused(
         # daemon is gone, and the trials in flight finish.
         assert main(["status", str(second)]) == 0
         assert f"running (pid {daemon.pid})" in capsys.readouterr().out
+        running = [t.number for t in _trials(storage) if t.state == TrialState.RUNNING]
+        assert running, "a trial is in flight when the stop comes (or the check is vacuous)"
         assert main(["stop", str(second)]) == 0, "graceful stop returns once the daemon is gone"
         assert daemon.wait(60) == 0
     finally:
@@ -160,6 +162,9 @@ def test_a_second_daemon_on_the_same_study_from_another_directory_is_refused(
                 if (t.user_attrs.get("record") or {}).get("failure_reason") == "interrupted"
                 and not t.user_attrs["record"]["conclusion"].startswith("not launched")], \
         "a graceful stop lets the trials in flight finish (only never-launched ones fail)"
+    finished = [t.number for t in trials if t.number in running
+                and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert finished, f"a trial in flight at the stop ({running}) finished: {trials}"
     assert _engine_pids(first_dir) == []
 
 

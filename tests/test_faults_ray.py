@@ -441,5 +441,5 @@ def test_a_joined_clusters_gcs_gone_is_seen_before_rays_driver_would_abort(
         driver.stdout.close()
     assert before == {"before": None}, "a joined cluster whose GCS answers is not lost"
     assert after["after"] is not None and other_ray["address"] in after["after"], after
-    assert 3.0 <= after["after_s"] < 8.0, \
-        f"after the 4 s grace, before Ray's 8 s window ends: {after}"
+    # the grace itself (half the window) is test_gcs_watch.py's, on an injected clock
+    assert after["after_s"] < 8.0, f"seen before Ray's 8 s window ends: {after}"
