@@ -167,7 +167,7 @@ def missed_in_warmup(so_far: WarmupSoFar, slo: SLO, *, tolerance: float,
             continue
         p99_ms = float(np.percentile(values, 100.0 * _SLO_PERCENTILE)) * 1000.0
         return (f"missed in its warm-up: {name} p99 {p99_ms:.3g} ms > {bound_ms:g} ms over "
-                f"{len(values)} requests ended since the load was set {so_far.elapsed_s:.0f} s "
-                f"before ({over} over {clear_ms:.3g} ms), while the in-flight count rose "
+                f"{len(values)} requests ended in the {so_far.elapsed_s:.0f} s since the load "
+                f"was set ({over} over {clear_ms:.3g} ms), while the in-flight count rose "
                 f"from {so_far.in_flight_at_start:.0f} to {so_far.in_flight_now:.0f}")
     return None
