@@ -17,6 +17,7 @@ step starts from an empty server, not from a drain.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -108,8 +109,9 @@ def run_staircase(session: EngineSession, steps: list[StepMetrics], on_step: OnS
                     ended, workload.slo, workload.max_failed_fraction, most),
                 # A stream's first step starts on an emptied prefix cache: where prompts may
                 # share prefixes its first requests' first tokens come later than steady ones.
-                warmup_decide=lambda so_far, cold=index == 0 and may_share: missed_in_warmup(
-                    so_far, workload.slo, tolerance=search.tolerance, is_ttft_judged=not cold))
+                warmup_decide=functools.partial(
+                    missed_in_warmup, slo=workload.slo, tolerance=search.tolerance,
+                    is_ttft_judged=not (index == 0 and may_share)))
             check_engine()
             step, verdict = judge_step(s, run, index)
             if verdict.is_overload_errors and not is_hold and (load <= search.low or any(
