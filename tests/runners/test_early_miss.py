@@ -138,8 +138,10 @@ def test_a_step_already_over_its_bound_stops_in_its_warmup_and_one_within_runs_i
                 runs[name] = measure_step(
                     driver, url, plan, repeats=1, request_timeout_s=30,
                     check_engine=lambda: None, is_first=True,
+                    # 0.3, as staircase_workload's: a loaded host's late sends (tested above)
+                    # are not this test's point
                     warmup_decide=lambda so_far, slo=slo: missed_in_warmup(
-                        so_far, slo, tolerance=0.1))
+                        so_far, slo, tolerance=0.3))
             finally:
                 driver.close()
     tight, loose = runs["tight"], runs["loose"]
