@@ -17,6 +17,7 @@ step starts from an empty server, not from a drain.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -33,7 +34,7 @@ from runners.capacity.judge import Verdict, WindowCounts, judge_window
 from runners.capacity.plan import lifetime_estimate_s, plan_hold, plan_step
 from runners.capacity.profile_window import profile_window
 from runners.capacity.search import CapacitySearch, Probe
-from runners.capacity.slo import certain_miss
+from runners.capacity.slo import certain_miss, missed_in_warmup
 from runners.capacity.step import StepRun, measure_step
 from runners.capacity.stream_source import endless_requests
 from runners.credentials import auth_headers
@@ -66,6 +67,7 @@ def run_staircase(session: EngineSession, steps: list[StepMetrics], on_step: OnS
     requests = endless_requests(
         lambda num, seed: build_requests(workload, num, seed=seed),
         _STREAM_POOL if is_text else 512, workload.seed * 1000, is_finite_source=is_text)
+    may_share = is_text or workload.shared_prefix is not None
     history: list[Probe] = []
     lifetime_s = lifetime_estimate_s(workload)
     met_loads: list[float] = []
@@ -104,7 +106,12 @@ def run_staircase(session: EngineSession, steps: list[StepMetrics], on_step: OnS
                 driver, base_url, plan, repeats=workload.repeats,
                 request_timeout_s=workload.request_timeout_s, check_engine=check_engine,
                 is_first=index == 0, decide=lambda ended, most: certain_miss(
-                    ended, workload.slo, workload.max_failed_fraction, most))
+                    ended, workload.slo, workload.max_failed_fraction, most),
+                # A stream's first step starts on an emptied prefix cache: where prompts may
+                # share prefixes its first requests' first tokens come later than steady ones.
+                warmup_decide=functools.partial(
+                    missed_in_warmup, slo=workload.slo, tolerance=search.tolerance,
+                    is_ttft_judged=not (index == 0 and may_share)))
             check_engine()
             step, verdict = judge_step(s, run, index)
             if verdict.is_overload_errors and not is_hold and (load <= search.low or any(
@@ -314,9 +321,14 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
         ours = [o for o in run.early_outputs if o.error != STOPPED_ERROR]
         metrics = compute_metrics(ours, max(run.early_duration_s, 1e-9),
                                           workload.slo)
-        verdict = judge_window(
-            metrics, None, workload.slo, max_failed_fraction=workload.max_failed_fraction,
-            tolerance=search.tolerance, is_saturated=True, is_closed_loop=is_closed)
+        if run.missed_in_warmup is not None:
+            # Its figures are its warm-up's ended requests, with no offered or completed rate:
+            # a warm-up's completions trail its arrivals and say nothing of what it serves.
+            verdict = Verdict(False, run.missed_in_warmup)
+        else:
+            verdict = judge_window(
+                metrics, None, workload.slo, max_failed_fraction=workload.max_failed_fraction,
+                tolerance=search.tolerance, is_saturated=True, is_closed_loop=is_closed)
         step = StepMetrics(step=index, level=level, metrics=metrics, server_metrics=server,
                            elapsed_s=time.monotonic() - started, meets_slo=False,
                            miss_reason=verdict.reason)

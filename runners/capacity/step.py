@@ -1,7 +1,7 @@
 """Walking one step of the staircase on the running stream: the load set, the warm-up
-(and an open loop's settling wait), the measured window(s), the load kept flowing until every
-measured request has ended; what the window showed, counted on the client's clock or on the
-server's modelled one.
+(and an open loop's settling wait, cut short where the step has already missed the SLO), the
+measured window(s), the load kept flowing until every measured request has ended; what the
+window showed, counted on the client's clock or on the server's modelled one.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from runners.capacity.judge import (
     least_squares_rise,
 )
 from runners.capacity.plan import StepPlan
+from runners.capacity.slo import WarmupSoFar
 from runners.loadgen.client import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -45,12 +46,16 @@ class StepRun:
     is_settled: bool = True  # an open loop's in-flight count had stopped rising by its window
     # a hold cut short: why it had missed whatever its remaining requests would do (None: not)
     decided_early: str | None = None
+    # a step stopped in its warm-up, before any window: why its requests ended so far had
+    # already missed the SLO (`slo.missed_in_warmup`; None: not). `early_outputs` are theirs.
+    missed_in_warmup: str | None = None
 
 
 def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repeats: int,
                  request_timeout_s: float, check_engine: Callable[[], None],
                  is_first: bool = False,
                  decide: Callable[[list[RequestOutput], int], str | None] | None = None,
+                 warmup_decide: Callable[[WarmupSoFar], str | None] | None = None,
                  ) -> StepRun:
     """Walk one step: set the load (the stream goes on from the step before), wait out the
     warm-up, measure `repeats` consecutive windows, then keep the load flowing until every
@@ -58,11 +63,17 @@ def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repe
     engine died or stalled). A rate step whose waiting queue keeps growing is stopped at once:
     saturated. The caller cancels a missed step's backlog. A hold on a rate is cut short once
     `decide` (given the window's ended requests so far and the most it can send) says it has
-    missed whatever its remaining requests do; its measured requests still end under load."""
+    missed whatever its remaining requests do; its measured requests still end under load.
+    An open loop's step (not a hold) is stopped in its warm-up, with no window, once
+    `warmup_decide` (given what it has shown so far, every `_DECIDE_EVERY_S`) says it has
+    already missed (`slo.missed_in_warmup`); the caller cancels its backlog as for any miss."""
     from runners import prometheus
 
     api_key = driver.api_key  # /metrics asks for it as the completions do
     step_start = driver.now()
+    watch = WarmupWatch(driver, step_start, plan.load, warmup_decide) if \
+        warmup_decide is not None and driver.axis == "request_rate" and not plan.is_hold \
+        else None
     if not is_first or plan.is_hold:
         driver.set_load(plan.load, free_arrivals=plan.is_hold)
     saturated = threading.Event() if driver.axis == "request_rate" else None
@@ -80,11 +91,13 @@ def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repe
     after: dict[str, float] = {}
     is_finished = True
     decided: str | None = None
+    missed: str | None = None  # stopped in its warm-up: why (`WarmupWatch`)
     try:
-        sleep_until(driver, step_start + plan.warmup_s, check_engine, saturated)
-        if driver.axis == "request_rate":
-            is_settled = settle(driver, step_start, plan, check_engine, saturated)
-        if not is_saturated():
+        sleep_until(driver, step_start + plan.warmup_s, check_engine, saturated, stop=watch)
+        if driver.axis == "request_rate" and not (watch and watch.reason):
+            is_settled = settle(driver, step_start, plan, check_engine, saturated, stop=watch)
+        missed = watch.reason if watch is not None else None
+        if not is_saturated() and missed is None:
             before = prometheus.scrape(base_url, api_key=api_key)
             for k in range(max(1, repeats)):
                 start = driver.now() if k == 0 else bounds[-1][1]
@@ -130,25 +143,29 @@ def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repe
     server.update(prometheus.summarize(window_samples or samples))
     early: list[RequestOutput] = []
     early_s = driver.now() - step_start
-    if is_saturated():
+    if is_saturated() or missed is not None:  # what the step had sent until its stop
         early = driver.outputs(driver.sent_between(step_start, driver.now()))
+    if is_saturated():
         server.update(_saturated_rates(samples))
+    elif missed is not None:  # its server figures are its warm-up's, not a window's
+        server["steady.is_missed_in_warmup"] = 1.0
     driver.prune(step_start)
     window_start = bounds[0][0] if bounds else driver.now()
     return StepRun(plan=plan, windows=tuple(windows), early_outputs=early,
                    early_duration_s=early_s, server=server, is_saturated=is_saturated(),
                    is_finished=is_finished,
                    window_start_s=window_start, warmup_s=window_start - step_start,
-                   is_settled=is_settled, decided_early=decided)
+                   is_settled=is_settled, decided_early=decided, missed_in_warmup=missed)
 
 
 def sleep_until(driver: StaircaseDriver, deadline_s: float, check_engine: Callable[[], None],
-                saturated: threading.Event | None) -> None:
+                saturated: threading.Event | None,
+                stop: Callable[[], bool] | None = None) -> None:
     """Wait on the driver's clock until `deadline_s`, calling `check_engine` every 0.2 s (it
-    raises to abort); back early once `saturated` is set."""
+    raises to abort); back early once `saturated` is set or `stop` says so."""
     while driver.now() < deadline_s:
         check_engine()
-        if saturated is not None and saturated.is_set():
+        if (saturated is not None and saturated.is_set()) or (stop is not None and stop()):
             return
         time.sleep(min(0.2, max(0.0, deadline_s - driver.now())))
 
@@ -219,10 +236,45 @@ def hold_until(driver: StaircaseDriver, start: float, plan: StepPlan,
             return reason
 
 
+class WarmupWatch:
+    """Whether an open loop's step has already missed in its warm-up: called while it waits,
+    it asks `decide` every `_DECIDE_EVERY_S` about the requests sent since the step began
+    (`WarmupSoFar`), and is True (with `reason`) once `decide` has said why."""
+
+    def __init__(self, driver: StaircaseDriver, step_start: float, load: float,
+                 decide: Callable[[WarmupSoFar], str | None]) -> None:
+        self.driver, self.step_start, self.load, self.decide = driver, step_start, load, decide
+        self.in_flight_at_start = driver.mean_in_flight(step_start - 1.0, step_start)
+        self.reason: str | None = None
+        self._next_s = step_start + _DECIDE_EVERY_S
+
+    def __call__(self) -> bool:
+        now = self.driver.now()
+        if self.reason is not None or now < self._next_s:
+            return self.reason is not None
+        self._next_s = now + _DECIDE_EVERY_S
+        sent = self.driver.sent_between(self.step_start, now)
+        ended = [o for o in self.driver.outputs([x for x in sent if x.ended_s is not None])
+                 if o.error != STOPPED_ERROR]
+        bound = late_bound_s(self.load)
+        self.reason = self.decide(WarmupSoFar(
+            ended=ended, num_sent=len(sent),
+            num_sent_late=sum((x.late_s or 0.0) > bound for x in sent),
+            in_flight_at_start=self.in_flight_at_start,
+            in_flight_now=self.driver.mean_in_flight(now - 1.0, now),
+            elapsed_s=now - self.step_start))
+        if self.reason is not None:
+            logger.info("step at %g: stopped after %.0f s of warm-up: %s", self.load,
+                        now - self.step_start, self.reason)
+        return self.reason is not None
+
+
 def settle(driver: StaircaseDriver, step_start: float, plan: StepPlan,
-           check_engine: Callable[[], None], saturated: threading.Event | None) -> bool:
+           check_engine: Callable[[], None], saturated: threading.Event | None,
+           stop: Callable[[], bool] | None = None) -> bool:
     """Extend an open loop's warm-up, up to `plan.max_warmup_s`, while its in-flight count
-    still rises (sampled every 0.5 s since the step began)."""
+    still rises (sampled every 0.5 s since the step began); False at once where `stop` says
+    so (the step has missed: `WarmupWatch`)."""
     points: list[tuple[float, float]] = []
     t = step_start
     while True:  # the count since the step began, read back from the driver's log
@@ -236,6 +288,8 @@ def settle(driver: StaircaseDriver, step_start: float, plan: StepPlan,
         check_engine()
         if saturated is not None and saturated.is_set():
             return True
+        if stop is not None and stop():
+            return False
         time.sleep(0.5)
         now = driver.now()
         points.append((now, float(driver.num_in_flight())))
