@@ -8,7 +8,7 @@ import asyncio
 import http.server
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -121,8 +121,17 @@ def test_a_cancel_that_lands_in_a_client_pools_close_still_closes_every_connecti
     asyncio.run(main())
 
 
+def _call_after_turns(loop: asyncio.AbstractEventLoop, num_turns: int,
+                      call: Callable[[], object]) -> None:
+    if num_turns == 0:
+        call()
+    else:
+        loop.call_soon(_call_after_turns, loop, num_turns - 1, call)
+
+
+@pytest.mark.parametrize("num_turns", [0, 1, 2, 3])
 def test_a_streams_close_whose_cancel_arrives_during_its_clean_up_is_no_error(
-        server: _CountingServer, monkeypatch: pytest.MonkeyPatch) -> None:
+        server: _CountingServer, monkeypatch: pytest.MonkeyPatch, num_turns: int) -> None:
     """`close` stops the sending (`_closing`), then cancels it; on a busy host the cancel may
     arrive only once the sending has stopped on its own and the stream is closing its clients.
     It must not land there (the clients' close cut short, the requests cancelled twice): the
@@ -132,8 +141,9 @@ def test_a_streams_close_whose_cancel_arrives_during_its_clean_up_is_no_error(
     class LateCancelPool(ClientPool):
         async def aclose(self) -> None:
             assert driver is not None
-            driver._cancel_sending()  # close's cancel, as it arrives late on a busy host
-            await asyncio.sleep(0)  # a turn of the loop: it lands here, in the clean-up
+            # close's cancel, as it arrives late on a busy host: inside the clients' close,
+            # `num_turns` turns of the loop into it
+            _call_after_turns(asyncio.get_running_loop(), num_turns, driver._cancel_sending)
             await super().aclose()
 
     def late_cancel_pool(api_key: str | None, per_client: int) -> ClientPool:
@@ -141,15 +151,16 @@ def test_a_streams_close_whose_cancel_arrives_during_its_clean_up_is_no_error(
         return LateCancelPool(pool._make, per_client)
 
     monkeypatch.setattr(driver_module, "client_pool", late_cancel_pool)
+    monkeypatch.setattr(driver_module, "_REQUESTS_PER_CLIENT", 4)  # 3 clients to close
     workload = Workload(input_len=LengthDistribution(mean=16),
                         output_len=LengthDistribution(mean=4))
     requests = endless_requests(lambda n, s: build_requests(workload, n, seed=s), 64, 0,
                                 False)
     driver = StaircaseDriver(server.url, "m", requests, axis="concurrency", timeout_s=30,
                              seed=0)
-    driver.start(4)
+    driver.start(12)
     try:
-        assert server.wait_open(4) == 4, "the stream's 4 requests on their connections"
+        assert server.wait_open(12) == 12, "the stream's 12 requests on their connections"
     finally:
         driver.close()
     assert driver.error is None, f"the stream ended with {driver.error!r}"
