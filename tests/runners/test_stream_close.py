@@ -33,6 +33,9 @@ class _CountingServer(http.server.ThreadingHTTPServer):
         self.num_open = 0
         self.changed = threading.Condition()
 
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a request the client cancelled ends in a reset: no traceback on stderr
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
