@@ -88,7 +88,10 @@ class StaircaseDriver:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._changed: asyncio.Event | None = None
-        self._main: asyncio.Task[None] | None = None
+        # The task that sends (`_issue`): `close` cancels it, and only it. A cancel of the
+        # whole stream could land in its clean-up (the requests' cancel sweep, the clients'
+        # close) once the sending had already stopped on `_closing`.
+        self._sending: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
         # Set by `close`: the sending loop stops at its next turn. A cancel alone is not
         # enough: Python 3.11's `asyncio.wait_for` swallows a cancel that lands as its wait
@@ -109,13 +112,18 @@ class StaircaseDriver:
         """Cancel the requests in flight and stop sending; returns once the thread is gone."""
         self._closing.set()
         self._notify()
-        loop, main = self._loop, self._main
-        if loop is not None and main is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # the loop ended on its own
-                loop.call_soon_threadsafe(main.cancel)
+        self._cancel_sending()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+    def _cancel_sending(self) -> None:
+        """Cancel the sending task from any thread: a cancel that arrives once it has ended
+        (it stopped on `_closing`, and the clean-up runs) is a no-op."""
+        loop, sending = self._loop, self._sending
+        if loop is not None and sending is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop ended on its own
+                loop.call_soon_threadsafe(sending.cancel)
 
     def __enter__(self) -> StaircaseDriver:
         return self
@@ -136,13 +144,13 @@ class StaircaseDriver:
 
     async def _amain(self) -> None:
         self._changed = asyncio.Event()
-        self._main = asyncio.current_task()
-        self._ready.set()
         self._clients = client_pool(self.api_key, _REQUESTS_PER_CLIENT)
         async with self._clients as clients:
             watch = asyncio.create_task(self._watch())
+            self._sending = asyncio.create_task(self._issue(clients))
+            self._ready.set()
             try:
-                await self._issue(clients)
+                await self._sending
             except asyncio.CancelledError:
                 pass
             except Exception as exc:  # the caller's check_engine reads it

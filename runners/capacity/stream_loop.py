@@ -11,8 +11,9 @@ from collections.abc import Awaitable, Callable
 def close_loop(loop: asyncio.AbstractEventLoop,
                aclose: Callable[[], Awaitable[None]] | None = None) -> None:
     """Close `loop` once its run has ended, however it ended. Whatever a cancel left: tasks
-    still pending, then `aclose` (the stream's clients: a cancel that lands in the stream's own
-    clean-up must not leave a socket to the GC), then the async generators."""
+    still pending, then `aclose` (the stream's clients, for a run that ended before it closed
+    them; a second close of an httpx client is a no-op, which is why `ClientPool.aclose` itself
+    runs to its end under a cancel), then the async generators."""
     with contextlib.suppress(Exception):
         pending = asyncio.all_tasks(loop)
         for task in pending:

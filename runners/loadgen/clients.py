@@ -59,12 +59,24 @@ class ClientPool:
 
     async def __aexit__(self, *exc_info: object) -> None:
         """Every client closed (a cancel that lands in the caller's own clean-up must not
-        leave their sockets open)."""
+        leave their sockets open: `aclose`)."""
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close every client (again: a closed one ignores it)."""
-        await asyncio.gather(*(c.aclose() for c in self._clients), return_exceptions=True)
+        """Close every client (again: a closed one ignores it), to the end even where a cancel
+        lands meanwhile; the cancel is raised once they are closed. httpx marks a client closed,
+        then closes its connections one by one, a turn of the loop each: a close that a cancel
+        cut short cannot be done again, and the connections it had not reached stayed open
+        until the GC found them ("unclosed transport", "unclosed <socket.socket>")."""
+        closing = asyncio.gather(*(c.aclose() for c in self._clients), return_exceptions=True)
+        cancelled: asyncio.CancelledError | None = None
+        while not closing.done():
+            try:
+                await asyncio.shield(closing)
+            except asyncio.CancelledError as exc:
+                cancelled = exc
+        if cancelled is not None:
+            raise cancelled
 
 
 def client_pool(api_key: str | None, per_client: int = REQUESTS_PER_CLIENT) -> ClientPool:

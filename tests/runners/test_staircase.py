@@ -102,7 +102,7 @@ def test_close_stops_the_stream_even_where_the_cancel_never_reaches_its_loop() -
     driver = StaircaseDriver("http://127.0.0.1:9", "m", requests, axis="request_rate",
                              timeout_s=5, seed=0)
     driver.start(200.0)  # port 9 refuses: every request ends at once, waking the loop
-    driver._main = None  # the cancel is lost, as wait_for loses it
+    driver._sending = None  # the cancel is lost, as wait_for loses it
     closer = threading.Thread(target=driver.close, daemon=True)
     closer.start()
     closer.join(timeout=60.0)
