@@ -162,7 +162,7 @@ def test_a_search_whose_first_step_at_high_misses_in_its_warmup_goes_on_unmisled
     says so; the search goes on to the step `next_load` picks without a served rate (`low`,
     the miss being within two of its big steps of it), not to the rate its warm-up completed
     at, which trails its arrivals while the server fills."""
-    workload = replace(staircase_workload(low=10, high=40, max_probes=3, warmup_s=10.0,
+    workload = replace(staircase_workload(low=10, high=40, max_probes=2, warmup_s=10.0,
                                           hold_s=0), slo=SLO(tpot_p99_ms=0.5))
     config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
     result = simulated_run(tmp_path, config, workload)
