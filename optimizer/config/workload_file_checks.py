@@ -32,15 +32,21 @@ def check_dataset_file(source: DatasetSource, study: str,
 
     where = f"{study}: workload.dataset.path"
     path = source.path
-    if not path.is_file():
-        what = _not_a_file(path)
-        raise ConfigError(f"{where}: {str(path)!r:.120} {what}; give a ShareGPT-style JSON "
-                          "(or JSONL) file of {\"id\", \"conversations\"} objects.")
-    if path.stat().st_size > MAX_PROMPTS_FILE_BYTES:
-        raise ConfigError(f"{where}: {str(path)!r:.120} is over {MAX_PROMPTS_FILE_BYTES:,} "
-                          "bytes; a benchmark needs a sample of conversations, not a corpus.")
+    _require_input_file(where, path, "give a ShareGPT-style JSON (or JSONL) file of "
+                        "{\"id\", \"conversations\"} objects", MAX_PROMPTS_FILE_BYTES,
+                        "a benchmark needs a sample of conversations, not a corpus")
     with _read_as_the_runner(where, path, "give a JSON file"):
         check_dataset(source, tokenizer)
+
+
+def _require_input_file(where: str, path: Path, fix: str, max_bytes: int, too_big: str) -> None:
+    """One ConfigError line where `path` is not a regular file (`fix`: what to give) or is
+    over `max_bytes` (`too_big`: what to give instead)."""
+    if not path.is_file():
+        raise ConfigError(f"{where}: {str(path)!r:.120} {_not_a_file(path)}; {fix}.")
+    if path.stat().st_size > max_bytes:
+        raise ConfigError(f"{where}: {str(path)!r:.120} is over {max_bytes:,} bytes; "
+                          f"{too_big}.")
 
 
 @contextmanager
@@ -69,13 +75,9 @@ def check_prompts_file(path: Path, source: str, tokenizer: PromptTokenizer | Non
     from runners.loadgen.prompts_file import prompts_file_longest
 
     where = f"{source}: workload.prompts_file"
-    if not path.is_file():
-        what = _not_a_file(path)
-        raise ConfigError(f"{where}: {str(path)!r:.120} {what}; give a JSONL file with one "
-                          "{\"prompt\": ...} object a line.")
-    if path.stat().st_size > MAX_PROMPTS_FILE_BYTES:
-        raise ConfigError(f"{where}: {str(path)!r:.120} is over {MAX_PROMPTS_FILE_BYTES:,} "
-                          "bytes; a benchmark needs a sample of prompts, not a corpus.")
+    _require_input_file(where, path, "give a JSONL file with one {\"prompt\": ...} object a "
+                        "line", MAX_PROMPTS_FILE_BYTES,
+                        "a benchmark needs a sample of prompts, not a corpus")
     with _read_as_the_runner(where, path, "give a JSONL file"):
         return prompts_file_longest(path, tokenizer, default_output_len, vocab_size)
 
@@ -92,12 +94,7 @@ def check_trace_file(path: Path, timestamp_unit_s: float, source: str, *,
     where = f"{source}: workload.trace.path"
     fix = ("give a JSONL file with one {\"timestamp\": s, \"input_length\": n, "
            "\"output_length\": n} object a line")
-    if not path.is_file():
-        what = _not_a_file(path)
-        raise ConfigError(f"{where}: {str(path)!r:.120} {what}; {fix}.")
-    if path.stat().st_size > MAX_TRACE_FILE_BYTES:
-        raise ConfigError(f"{where}: {str(path)!r:.120} is over {MAX_TRACE_FILE_BYTES:,} "
-                          "bytes; replay a slice of the trace.")
+    _require_input_file(where, path, fix, MAX_TRACE_FILE_BYTES, "replay a slice of the trace")
     with _read_as_the_runner(where, path, fix):
         entries = read_trace(path, timestamp_unit_s, max_gap_s)
     for number, entry in enumerate(entries, start=1):
