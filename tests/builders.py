@@ -143,6 +143,27 @@ def simulated_run(tmp_path: Path, config: EngineConfig, workload: Workload, *,
 
 
 @contextlib.contextmanager
+def echo_engine(workdir: Path, *, ttft_ms: float, tpot_ms: float) -> Iterator[str]:
+    """tests/runners/echo_engine.py (fixed TTFT and TPOT, real SSE), started and healthy: its
+    base URL; stopped on exit."""
+    import sys
+
+    from runners.process import EngineProcess, free_port, wait_healthy
+
+    port = free_port()
+    proc = EngineProcess.start(
+        [sys.executable, "-m", "tests.runners.echo_engine", "--port", str(port),
+         "--ttft-ms", str(ttft_ms), "--tpot-ms", str(tpot_ms)],
+        {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}, workdir / "echo.log",
+        workdir / "registry")
+    with proc:
+        base_url = f"http://127.0.0.1:{port}"
+        state = wait_healthy(base_url, proc, timeout_s=30, poll_s=0.1)
+        assert state == "ready", (workdir / "echo.log").read_text()
+        yield base_url
+
+
+@contextlib.contextmanager
 def simulated_engine(tmp_path: Path, config: EngineConfig | None = None, *,
                      startup_time_scale: float = 0.01) -> Iterator[str]:
     """A simulated H200 serving `config` (default: the Qwen2.5-7B shape, dummy weights,

@@ -8,7 +8,6 @@ with their times given."""
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -24,26 +23,14 @@ from runners.loadgen.client import RequestOutput
 from runners.loadgen.level import run_level_sync
 from runners.loadgen.requests import RequestSpec
 from runners.loadgen.send_log import SendLog
-from runners.process import EngineProcess, free_port, wait_healthy
 from runners.workload import SLO
-from tests.builders import simulated_engine
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.builders import echo_engine, simulated_engine
 
 
 @pytest.fixture(scope="module")
 def echo_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    workdir = tmp_path_factory.mktemp("echo")
-    port = free_port()
-    proc = EngineProcess.start(
-        [sys.executable, "-m", "tests.runners.echo_engine", "--port", str(port),
-         "--ttft-ms", "20", "--tpot-ms", "5"],
-        {"PYTHONPATH": str(REPO_ROOT)}, workdir / "echo.log", workdir / "registry")
-    with proc:
-        base_url = f"http://127.0.0.1:{port}"
-        assert wait_healthy(base_url, proc, timeout_s=30, poll_s=0.1) == "ready", \
-            (workdir / "echo.log").read_text()
-        yield base_url
+    with echo_engine(tmp_path_factory.mktemp("echo"), ttft_ms=20, tpot_ms=5) as url:
+        yield url
 
 
 def _specs(num: int, output_len: int) -> list[RequestSpec]:

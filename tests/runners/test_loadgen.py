@@ -7,7 +7,6 @@ import asyncio
 import itertools
 import json
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,10 +24,10 @@ from runners.loadgen.level import run_level_sync
 from runners.loadgen.level_driver import STALLED_ERROR, STOPPED_ERROR
 from runners.loadgen.metrics import compute_metrics
 from runners.loadgen.requests import RequestSpec, build_requests, sample_length
-from runners.process import EngineProcess, free_port, wait_healthy
+from runners.process import free_port
 from runners.workload import SLO, LengthDistribution, Workload
+from tests.builders import echo_engine
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 TTFT_MS = 20.0
 TPOT_MS = 5.0
 
@@ -240,18 +239,8 @@ def test_zero_duration_is_refused() -> None:
 
 @pytest.fixture(scope="module")
 def echo_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    workdir = tmp_path_factory.mktemp("echo")
-    port = free_port()
-    proc = EngineProcess.start(
-        [sys.executable, "-m", "tests.runners.echo_engine", "--port", str(port),
-         "--ttft-ms", str(TTFT_MS), "--tpot-ms", str(TPOT_MS)],
-        {"PYTHONPATH": str(REPO_ROOT)}, workdir / "echo.log", workdir / "registry",
-    )
-    with proc:
-        base_url = f"http://127.0.0.1:{port}"
-        state = wait_healthy(base_url, proc, timeout_s=30, poll_s=0.1)
-        assert state == "ready", (workdir / "echo.log").read_text()
-        yield base_url
+    with echo_engine(tmp_path_factory.mktemp("echo"), ttft_ms=TTFT_MS, tpot_ms=TPOT_MS) as url:
+        yield url
 
 
 def _specs(num: int, output_len: int, prompt_len: int = 8) -> list[RequestSpec]:
