@@ -30,11 +30,13 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
 import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,9 +49,12 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script from the repo root or elsewhere
     sys.path.insert(0, str(ROOT))
 
+from runners.base import BenchmarkMetrics  # noqa: E402
+from runners.capacity.slo import failures_miss  # noqa: E402
 from runners.model_info import read_config, resolve_model_dir  # noqa: E402
 from runners.process import EngineProcess, free_port, tail, wait_healthy  # noqa: E402
 from runners.prometheus import NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, scrape  # noqa: E402
+from runners.workload import Workload  # noqa: E402
 
 logger = logging.getLogger("bench_serve_check")
 
@@ -70,6 +75,9 @@ BENCH_PREP_S: Final = 60.0
 DEFAULT_DRAIN_S: Final = 150.0
 # Judging rules (see judge_rate).
 COMPLETION_TOLERANCE: Final = 0.05
+# Failed requests miss a rate only above this fraction of its requests, nightshift's own rule
+# and default (runners/capacity/slo.py `failures_miss`, `workload.max_failed_fraction`).
+MAX_FAILED_FRACTION: Final = Workload().max_failed_fraction
 FLAT_GROWTH_FRACTION: Final = 0.02
 POLL_S: Final = 1.0
 # Flags this script sets itself (or, for --skip-tokenizer-init, cannot allow: the client's text
@@ -208,6 +216,77 @@ def timings_from_detailed(result: Mapping[str, Any]) -> list[RequestTiming]:
     return out
 
 
+# The last line of a Python traceback: the exception's (dotted) type, then its message.
+_EXCEPTION_LINE: Final = re.compile(
+    r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Timeout))(?::\s*(?P<msg>.*))?$")
+_KIND_CHARS: Final = 72
+
+
+def error_kind(error: str) -> str:
+    """A failed request's error as one short line: vLLM 0.26's client stores the whole
+    traceback of an exception (lib/endpoint_request_func.py:261-264), whose last exception
+    line is kept without its module (`ClientOSError [Errno 104] Connection reset by peer`),
+    or the HTTP reason / its own message for a bad reply (lines 250-260), kept as it is."""
+    lines = [line.rstrip() for line in error.strip().splitlines() if line.strip()]
+    if not lines:
+        return "no message"
+    kind = lines[0]
+    if kind.startswith("Traceback"):
+        found = [m for line in lines if (m := _EXCEPTION_LINE.match(line))]
+        if found:
+            name, msg = found[-1]["type"].rsplit(".", 1)[-1], found[-1]["msg"]
+            kind = f"{name} {msg}" if msg else name
+        else:
+            kind = lines[-1].strip()
+    return kind if len(kind) <= _KIND_CHARS else kind[:_KIND_CHARS - 3] + "..."
+
+
+def error_kinds_from_detailed(result: Mapping[str, Any]) -> dict[str, int]:
+    """How many requests failed with each kind of error, most first, from a `--save-detailed`
+    result (its `errors`, one per request: serve.py:1210): failed as `timings_from_detailed`
+    counts them (an error, or no first token)."""
+    kinds = Counter(error_kind(error) for error, ttft in zip(
+        result.get("errors", []), result.get("ttfts", []), strict=True)
+        if error or not ttft > 0)
+    return dict(kinds.most_common())
+
+
+_LOG_RATE: Final = re.compile(r"\brequest_rate=([0-9.eE+-]+|inf)\b")
+_LOG_ERROR: Final = re.compile(r"^Error \d+: (.*)$")
+
+
+def error_kinds_from_log(text: str) -> dict[float, dict[str, int]]:
+    """The error kinds `vllm bench serve` printed, per rate, from bench.log (a run's benches,
+    appended): each bench starts with its `Namespace(... request_rate=R ...)` line and prints
+    its first 10 failed requests' errors as `Error i: <error>` (serve.py:661-665), before its
+    result table. Only those 10: the counts are of the errors printed."""
+    out: dict[float, Counter[str]] = {}
+    rate: float | None = None
+    entry: list[str] | None = None
+
+    def close() -> None:
+        if entry is not None and rate is not None:
+            out.setdefault(rate, Counter())[error_kind("\n".join(entry))] += 1
+
+    for line in text.splitlines():
+        if line.startswith("Namespace("):
+            close()
+            entry = None
+            found = _LOG_RATE.search(line)
+            rate = float(found[1]) if found else None
+        elif found_error := _LOG_ERROR.match(line):
+            close()
+            entry = [found_error[1]]
+        elif entry is not None:
+            if line.startswith(("tip: ", "=====")):
+                close()
+                entry = None
+            else:
+                entry.append(line)
+    close()
+    return {r: dict(kinds.most_common()) for r, kinds in out.items()}
+
+
 _HEAVY = ("input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts",
           "errors")
 
@@ -216,6 +295,46 @@ def slim_result(result: Mapping[str, Any]) -> dict[str, Any]:
     """The result JSON as vLLM writes it without --save-detailed: the fields it drops then
     (serve.py:2254-2268) dropped here."""
     return {k: v for k, v in result.items() if k not in _HEAVY}
+
+
+def vllm_metrics(result: Mapping[str, Any]) -> BenchmarkMetrics:
+    """vLLM's result as nightshift's `BenchmarkMetrics` (the same names, `duration` as
+    `duration_s`), so that nightshift's own rules judge it; a statistic vLLM did not write
+    (not asked with --percentile-metrics / --metric-percentiles) is None."""
+    def count(key: str) -> int:
+        return int(result.get(key) or 0)
+
+    def number(key: str) -> float:
+        return float(result.get(key) or 0.0)
+
+    def stat(key: str) -> float | None:
+        value = result.get(key)
+        return None if value is None else float(value)
+
+    goodput = result.get("request_goodput")
+    latencies: dict[str, Any] = {f"{s}_{m}_ms": stat(f"{s}_{m}_ms")
+                                 for s in ("mean", "median", "std", "p90", "p99")
+                                 for m in ("ttft", "tpot", "itl", "e2el")}
+    return BenchmarkMetrics(
+        completed=count("completed"), failed=count("failed"), duration_s=number("duration"),
+        total_input_tokens=count("total_input_tokens"),
+        total_output_tokens=count("total_output_tokens"),
+        request_throughput=number("request_throughput"),
+        request_goodput=None if goodput is None else float(goodput),
+        output_throughput=number("output_throughput"),
+        total_token_throughput=number("total_token_throughput"),
+        max_concurrency_seen=count("max_concurrent_requests"), **latencies)
+
+
+def kinds_text(num_failed: int, kinds: Mapping[str, int]) -> str:
+    """`ClientOSError [Errno 104] Connection reset by peer`: the error kinds known, most first,
+    each with its count where more than one; `first 10: ...` where fewer are known than failed
+    (bench.log prints only the first 10)."""
+    known = sum(kinds.values())
+    if not known:
+        return "kind not recorded"
+    listed = ", ".join(k if n == 1 else f"{k} x{n}" for k, n in kinds.items())
+    return listed if known >= num_failed else f"first {known}: {listed}"
 
 
 # --- judging ---------------------------------------------------------------------------------
@@ -245,17 +364,25 @@ class Verdict:
     is_queue_flat: bool
     is_met: bool
     reasons: tuple[str, ...]  # why not met; empty when met
+    max_failed_fraction: float  # failed requests above this fraction of them miss the rate
+    failures: str | None  # "N of M failed: kinds", whether or not they missed; None if none
+    is_failures_miss: bool  # more failed than max_failed_fraction: a reason above says so
 
 
 def judge_rate(result: Mapping[str, Any], requests: Sequence[RequestTiming],
                queue: Sequence[QueueSample], rate_rps: float, *,
                tpot_slo_ms: float = TPOT_SLO_MS, ttft_slo_ms: float | None = None,
                completion_tolerance: float = COMPLETION_TOLERANCE,
-               flat_growth_fraction: float = FLAT_GROWTH_FRACTION) -> Verdict:
+               flat_growth_fraction: float = FLAT_GROWTH_FRACTION,
+               max_failed_fraction: float = MAX_FAILED_FRACTION,
+               error_kinds: Mapping[str, int] | None = None) -> Verdict:
     """One rate's verdict. Met iff all of:
 
     - SLO: vLLM's own p99 TPOT <= `tpot_slo_ms` (and p99 TTFT <= `ttft_slo_ms` if given), and
-      no request failed (an overloaded server's errors are a missed SLO at that load);
+      no more than `max_failed_fraction` of the requests failed, judged by nightshift's own
+      `failures_miss` (an overloaded server's errors are a missed SLO at that load; one
+      connection reset in thousands is not). Failures within it are named, not hidden:
+      `failures` counts them by `error_kinds`;
     - rate kept: in the steady window (first send + one median request latency, to the last
       send: no warm-up, no drain), completions / sends >= 1 - `completion_tolerance`. The
       difference of the two counts is the growth of what is in flight, so a server that keeps
@@ -287,14 +414,18 @@ def judge_rate(result: Mapping[str, Any], requests: Sequence[RequestTiming],
         growth, w_max, w_last = slope * window, float(w.max()), float(w[-1])
     p99_tpot = float(result.get("p99_tpot_ms", math.nan))
     p99_ttft = float(result.get("p99_ttft_ms", math.nan))
-    failed = int(result.get("failed", 0))
+    metrics = vllm_metrics(result)
+    failed = metrics.failed
+    kinds = kinds_text(failed, error_kinds or {})
+    failures = f"{failed} of {metrics.completed + failed} failed: {kinds}" if failed else None
     reasons = []
     if not p99_tpot <= tpot_slo_ms:
         reasons.append(f"p99 TPOT {p99_tpot:.2f} ms > {tpot_slo_ms:g} ms")
     if ttft_slo_ms is not None and not p99_ttft <= ttft_slo_ms:
         reasons.append(f"p99 TTFT {p99_ttft:.0f} ms > {ttft_slo_ms:g} ms")
-    if failed:
-        reasons.append(f"{failed} request(s) failed")
+    too_many = failures_miss(metrics, max_failed_fraction)
+    if too_many is not None:
+        reasons.append(f"{too_many}: {kinds}")
     is_slo_met = not reasons
     is_rate_kept = ratio >= 1 - completion_tolerance
     if not is_rate_kept:
@@ -318,7 +449,8 @@ def judge_rate(result: Mapping[str, Any], requests: Sequence[RequestTiming],
         waiting_growth=growth, waiting_max=w_max, waiting_last=w_last,
         num_queue_samples=len(in_window), is_slo_met=is_slo_met, is_rate_kept=is_rate_kept,
         is_queue_flat=is_queue_flat, is_met=is_slo_met and is_rate_kept and is_queue_flat,
-        reasons=tuple(reasons))
+        reasons=tuple(reasons), max_failed_fraction=max_failed_fraction, failures=failures,
+        is_failures_miss=too_many is not None)
 
 
 TABLE_HEADER: Final = ("| config | rate req/s | sends | window s | completed/sent | "
@@ -331,6 +463,8 @@ def table_row(config: str, v: Verdict) -> str:
               else f"{v.waiting_growth:+.1f} ({v.waiting_max:.0f})")
     goodput = "n/a" if v.request_goodput_rps is None else f"{v.request_goodput_rps:.2f}"
     met = "yes" if v.is_met else "no: " + "; ".join(v.reasons)
+    if v.failures and not v.is_failures_miss:
+        met += f" ({v.failures})"  # within the allowed fraction: shown, not counted
     return (f"| {config} | {v.rate_rps:g} | {v.num_prompts} | {v.window_s:.0f} | "
             f"{v.completed_ratio:.3f} | {v.request_throughput_rps:.2f} | {goodput} | "
             f"{v.p99_tpot_ms:.2f} | {v.p99_ttft_ms:.0f} | {growth} | {met} |")
@@ -465,6 +599,9 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         raise BadInput(f"--arrival-s {args.arrival_s}: issue 32 asks for >= {ARRIVAL_S:g} s.")
     if args.tpot_slo_ms <= 0 or (args.ttft_slo_ms is not None and args.ttft_slo_ms <= 0):
         raise BadInput("--tpot-slo-ms/--ttft-slo-ms: must be > 0 ms.")
+    if not 0 <= args.max_failed_fraction <= 1:
+        raise BadInput(f"--max-failed-fraction {args.max_failed_fraction}: must be in [0, 1] "
+                       f"(nightshift's default {MAX_FAILED_FRACTION:g}).")
     try:
         args.out.mkdir(parents=True, exist_ok=True)
         probe = args.out / ".write-test"
@@ -563,18 +700,29 @@ def _run_rate(args: argparse.Namespace, rate: float, port: int, base_url: str,
     requests = timings_from_detailed(detailed)
     write_requests(args.out / REQUESTS_CSV, rate, requests)
     queue = read_queue(args.out / QUEUE_CSV).get(rate, [])
+    kinds = error_kinds_from_detailed(detailed)
     verdict = judge_rate(detailed, requests, queue, rate, tpot_slo_ms=args.tpot_slo_ms,
-                         ttft_slo_ms=args.ttft_slo_ms)
-    record.update(status="done", vllm_result=slim_result(detailed), verdict=asdict(verdict))
+                         ttft_slo_ms=args.ttft_slo_ms,
+                         max_failed_fraction=args.max_failed_fraction, error_kinds=kinds)
+    record.update(status="done", vllm_result=slim_result(detailed), error_kinds=kinds,
+                  verdict=asdict(verdict))
     return record, verdict
 
 
 def judge_dir(args: argparse.Namespace) -> int:
-    """Re-judge a run's directory (results.json, requests.csv, queue.csv): no GPU."""
+    """Re-judge a run's directory (results.json, requests.csv, queue.csv; the error kinds
+    from results.json, or from bench.log for a run written before it kept them): no GPU. The
+    table goes to stdout and, with --write, to summary.md, its verdicts to results.json."""
+    if not 0 <= args.max_failed_fraction <= 1:
+        print(f"--max-failed-fraction {args.max_failed_fraction}: must be in [0, 1] "
+              f"(nightshift's default {MAX_FAILED_FRACTION:g}).", file=sys.stderr)
+        return 2
     try:
         records = json.loads((args.dir / RESULTS_JSON).read_text(encoding="utf-8"))
         requests = read_requests(args.dir / REQUESTS_CSV)
         queue = read_queue(args.dir / QUEUE_CSV)
+        log = args.dir / "bench.log"
+        logged = error_kinds_from_log(log.read_text(encoding="utf-8")) if log.exists() else {}
     except (OSError, ValueError, KeyError) as exc:
         print(f"{args.dir}: expected results.json, requests.csv and queue.csv from a run but "
               f"got {type(exc).__name__}: {exc}; give a `run --out` directory.", file=sys.stderr)
@@ -582,13 +730,21 @@ def judge_dir(args: argparse.Namespace) -> int:
     rows = []
     for record in records:
         rate = float(record["rate_rps"])
+        label = args.label or str(record.get("vllm_result", {}).get("label") or "config")
         if "vllm_result" not in record or rate not in requests:
-            rows.append(f"| {args.label} | {rate:g} | {record.get('status', '?')} |")
+            rows.append(f"| {label} | {rate:g} | {record.get('status', '?')} |")
             continue
         verdict = judge_rate(record["vllm_result"], requests[rate], queue.get(rate, []), rate,
-                             tpot_slo_ms=args.tpot_slo_ms, ttft_slo_ms=args.ttft_slo_ms)
-        rows.append(table_row(args.label, verdict))
-    print("\n".join([TABLE_HEADER, *rows]))
+                             tpot_slo_ms=args.tpot_slo_ms, ttft_slo_ms=args.ttft_slo_ms,
+                             max_failed_fraction=args.max_failed_fraction,
+                             error_kinds=record.get("error_kinds", logged.get(rate)))
+        rows.append(table_row(label, verdict))
+        record["verdict"] = asdict(verdict)
+    summary = "\n".join([TABLE_HEADER, *rows])
+    if args.write:
+        (args.dir / "summary.md").write_text(summary + "\n", encoding="utf-8")
+        (args.dir / RESULTS_JSON).write_text(json.dumps(records, indent=1), encoding="utf-8")
+    print(summary)
     return 0
 
 
@@ -618,16 +774,27 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--startup-timeout-s", type=float, default=420.0)
     r.add_argument("--tpot-slo-ms", type=float, default=TPOT_SLO_MS)
     r.add_argument("--ttft-slo-ms", type=float, default=None)
+    r.add_argument("--max-failed-fraction", type=float, default=MAX_FAILED_FRACTION,
+                   help="failed requests miss a rate only above this fraction of them (the "
+                        "study's workload.max_failed_fraction; nightshift's default "
+                        f"{MAX_FAILED_FRACTION:g})")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--workdir", type=Path, default=Path("/tmp/bench_serve_check"),
                    help="the tokenizer and vLLM's detailed results (large; not returned)")
     r.add_argument("serve_args", nargs=argparse.REMAINDER,
                    help="after --: arguments for vllm serve (e.g. --config best.yaml)")
-    j = sub.add_parser("judge", help="re-judge a run's --out directory (no GPU)")
+    j = sub.add_parser("judge", help="re-judge a run's --out directory (no GPU)",
+                       description="Re-judge a run's --out directory on the CPU: "
+                                   "bench_serve_check.py judge docs/h100/session15/"
+                                   "claims-hold-fp8/fp8 --max-failed-fraction 0.05 --write")
     j.add_argument("dir", type=Path)
-    j.add_argument("--label", default="config")
+    j.add_argument("--label", default=None, help="the config's name (default: the run's)")
     j.add_argument("--tpot-slo-ms", type=float, default=TPOT_SLO_MS)
     j.add_argument("--ttft-slo-ms", type=float, default=None)
+    j.add_argument("--max-failed-fraction", type=float, default=MAX_FAILED_FRACTION,
+                   help=f"as run's (default {MAX_FAILED_FRACTION:g})")
+    j.add_argument("--write", action="store_true",
+                   help="also rewrite DIR/summary.md and the verdicts in DIR/results.json")
     return parser
 
 
