@@ -19,7 +19,8 @@ and a decoded prompt re-encodes to the same ids, so prompt lengths are exact). T
 therefore detokenizes its output, as a deployed server does and a nightshift trial (token ids,
 no tokenizer) does not.
 
-`judge OUT_DIR` re-judges what a run wrote (no GPU): the rules are in `judge_rate`.
+`judge OUT_DIR [--max-failed-fraction F] [--write]` re-judges what a run wrote (no GPU): the
+rules are in `judge_rate`; failed requests are judged by nightshift's own rule (`failures_miss`).
 """
 
 from __future__ import annotations
