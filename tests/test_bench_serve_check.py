@@ -1,6 +1,7 @@
 """bench/gpu/bench_serve_check.py (issue 32): the `vllm bench serve` / `vllm serve` command lines
-as data, the word-level tokenizer, and the verdict rules on runs in the shape of vLLM 0.26's
-`--save-detailed` result (synthesised here: no GPU, no vLLM on this host)."""
+as data, the word-level tokenizer, and the verdict rules (bench/gpu/serve_check_verdict.py) on
+runs in the shape of vLLM 0.26's `--save-detailed` result (synthesised here: no GPU, no vLLM on
+this host)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from bench.gpu import bench_serve_check as check
+from bench.gpu import serve_check_verdict as verdicts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,10 +123,32 @@ def test_the_word_level_tokenizer_round_trips_every_drawn_prompt_and_decodes_eve
 
 # --- judging ---------------------------------------------------------------------------------
 
+# What vLLM 0.26's client stores for a request whose connection the server reset: the whole
+# traceback (lib/endpoint_request_func.py:261-264), as the fifteenth session's fp8 check's
+# bench.log printed it at 1.15 C.
+_RESET = """Traceback (most recent call last):
+  File "/usr/lib/python3.12/asyncio/selector_events.py", line 1013, in _read_ready__data_received
+    data = self._sock.recv(self.max_size)
+ConnectionResetError: [Errno 104] Connection reset by peer
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "/tmp/site/vllm/benchmarks/lib/endpoint_request_func.py", line 201, in async_request_openai_completions
+    async with session.post(url=api_url, json=payload, headers=headers) as response:
+  File "/opt/torch/.venv/lib/python3.12/site-packages/aiohttp/streams.py", line 705, in read
+    await self._waiter
+aiohttp.client_exceptions.ClientOSError: [Errno 104] Connection reset by peer
+"""  # noqa: E501
+
+
 def _run(rate: float, capacity: float | None, *, seed: int = 0, arrival_s: float = 180.0,
-         tpot_p99_ms: float = 12.0, failed: int = 0) -> tuple[dict, list, list]:
+         tpot_p99_ms: float = 12.0, failed: int = 0,
+         error: str = _RESET) -> tuple[dict, list, list]:
     """A detailed result (vLLM 0.26's keys) and 1 s queue samples: Poisson sends at `rate`, a
-    request living 13-17 s, served no faster than `capacity` req/s (FIFO) where given."""
+    request living 13-17 s, served no faster than `capacity` req/s (FIFO) where given; `failed`
+    requests spread evenly over the run, each failed with `error` as vLLM records one (no
+    first token, no ITLs)."""
     rng = np.random.default_rng(seed)
     n = check.num_prompts_for(rate, arrival_s)
     gaps = rng.exponential(1 / rate, size=n)
@@ -139,8 +163,8 @@ def _run(rate: float, capacity: float | None, *, seed: int = 0, arrival_s: float
     itls = [[float((e - s - t) / (k - 1))] * (int(k) - 1)
             for s, e, t, k in zip(starts, ends, ttfts, out_lens, strict=True)]
     errors = [""] * n
-    for i in range(failed):
-        errors[-1 - i] = "ServerDisconnectedError"
+    for i in np.linspace(0, n - 1, failed).astype(int) if failed else []:
+        errors[i], ttfts[i], itls[i], out_lens[i] = error, 0.0, [], 0
     result = {"completed": n - failed, "failed": failed, "duration": float(ends.max() - 1000),
               "request_throughput": (n - failed) / float(ends.max() - 1000),
               "request_goodput": (n - failed) / float(ends.max() - 1000),
@@ -154,13 +178,13 @@ def _run(rate: float, capacity: float | None, *, seed: int = 0, arrival_s: float
         # requests served at once by a capacity-bound server: capacity x lifetime (Little)
         slots = math.inf if capacity is None else capacity * 15
         waiting = max(0.0, in_system - slots) + float(rng.integers(0, 3))
-        queue.append(check.QueueSample(float(t), waiting, float(min(in_system, slots))))
-    return result, check.timings_from_detailed(result), queue
+        queue.append(verdicts.QueueSample(float(t), waiting, float(min(in_system, slots))))
+    return result, verdicts.timings_from_detailed(result), queue
 
 
 def test_a_server_that_keeps_up_meets_with_a_flat_queue_and_completions_matching_sends() -> None:
     result, requests, queue = _run(7.5, None)
-    v = check.judge_rate(result, requests, queue, 7.5)
+    v = verdicts.judge_rate(result, requests, queue, 7.5)
     assert v.is_met, v.reasons
     assert 0.97 <= v.completed_ratio <= 1.03
     assert abs(v.waiting_growth) < 5
@@ -170,7 +194,7 @@ def test_a_server_that_keeps_up_meets_with_a_flat_queue_and_completions_matching
 
 def test_fifteen_percent_over_capacity_fails_on_completions_and_on_the_growing_queue() -> None:
     result, requests, queue = _run(8.625, 7.5)
-    v = check.judge_rate(result, requests, queue, 8.625)
+    v = verdicts.judge_rate(result, requests, queue, 8.625)
     assert not v.is_met
     assert v.is_slo_met, "the percentiles alone would have passed it"
     assert not v.is_rate_kept and v.completed_ratio < 0.92
@@ -180,34 +204,67 @@ def test_fifteen_percent_over_capacity_fails_on_completions_and_on_the_growing_q
 
 def test_a_p99_tpot_over_the_slo_fails_whatever_the_queue() -> None:
     result, requests, queue = _run(7.5, None, tpot_p99_ms=15.4)
-    v = check.judge_rate(result, requests, queue, 7.5)
+    v = verdicts.judge_rate(result, requests, queue, 7.5)
     assert v.is_rate_kept and v.is_queue_flat
     assert not v.is_met and v.reasons == ("p99 TPOT 15.40 ms > 15 ms",)
 
 
-def test_failed_requests_are_a_missed_slo_at_that_load() -> None:
-    result, requests, queue = _run(7.5, None, failed=3)
-    v = check.judge_rate(result, requests, queue, 7.5)
-    assert not v.is_met and "3 request(s) failed" in v.reasons
+def test_one_connection_reset_in_2733_with_the_p99s_in_bound_is_met_and_the_row_names_it(
+) -> None:
+    # Issue 32's fp8 check at 1.15 C (15th session): TPOT p99 14.65 ms, a flat queue, and one
+    # request of 2733 failed on a connection reset: nightshift's own rule (`failures_miss`,
+    # 5% by default) reads that as met, and so must the check.
+    result, requests, queue = _run(15.18, None, failed=1, tpot_p99_ms=14.65)
+    assert len(requests) == 2733
+    kinds = verdicts.error_kinds_from_detailed(result)
+    assert kinds == {"ClientOSError [Errno 104] Connection reset by peer": 1}
+    v = verdicts.judge_rate(result, requests, queue, 15.18, error_kinds=kinds)
+    assert v.is_met, v.reasons
+    assert v.failed == 1 and not v.is_failures_miss
+    assert verdicts.table_row("fp8", v).endswith(
+        "| yes (1 of 2733 failed: ClientOSError [Errno 104] Connection reset by peer) |"), \
+        "a failure within the allowed fraction is shown with its kind, never hidden"
+
+
+def test_failed_requests_above_five_percent_are_a_missed_slo_at_that_load() -> None:
+    # 1350 requests: 5% is 67.5, so 68 failed is over nightshift's default and misses.
+    result, requests, queue = _run(7.5, None, failed=68, error="Service Unavailable")
+    v = verdicts.judge_rate(result, requests, queue, 7.5,
+                         error_kinds=verdicts.error_kinds_from_detailed(result))
+    assert not v.is_met and not v.is_slo_met and v.is_failures_miss
+    assert "68 of 1350 requests failed (allowed 5%): Service Unavailable x68" in v.reasons
+    assert "| no: " in verdicts.table_row("best", v)
+
+
+def test_the_allowed_fraction_of_failed_requests_comes_from_the_argument() -> None:
+    result, requests, queue = _run(7.5, None, failed=20)
+    kinds = verdicts.error_kinds_from_detailed(result)
+    assert verdicts.judge_rate(result, requests, queue, 7.5, error_kinds=kinds).is_met, \
+        "20 of 1350 (1.5%) is within the default 5%"
+    strict = verdicts.judge_rate(result, requests, queue, 7.5, error_kinds=kinds,
+                              max_failed_fraction=0.01)
+    assert not strict.is_met and strict.max_failed_fraction == 0.01
+    assert strict.reasons[0].startswith("20 of 1350 requests failed (allowed 1%)")
+    assert verdicts.MAX_FAILED_FRACTION == 0.05, "nightshift's max_failed_fraction default"
 
 
 def test_a_ttft_bound_is_judged_only_when_given() -> None:
     result, requests, queue = _run(7.5, None)
-    assert check.judge_rate(result, requests, queue, 7.5).is_met
-    v = check.judge_rate(result, requests, queue, 7.5, ttft_slo_ms=200)
+    assert verdicts.judge_rate(result, requests, queue, 7.5).is_met
+    v = verdicts.judge_rate(result, requests, queue, 7.5, ttft_slo_ms=200)
     assert not v.is_met and v.reasons == ("p99 TTFT 250 ms > 200 ms",)
 
 
 def test_no_queue_samples_in_the_window_is_not_read_as_a_flat_queue() -> None:
     result, requests, _ = _run(7.5, None)
-    v = check.judge_rate(result, requests, [], 7.5)
+    v = verdicts.judge_rate(result, requests, [], 7.5)
     assert not v.is_queue_flat and not v.is_met
     assert v.waiting_growth is None and "queue unknown" in v.reasons[0]
 
 
 def test_the_slim_result_keeps_vllms_summary_and_drops_the_per_request_lists() -> None:
     result, _, _ = _run(2.0, None)
-    slim = check.slim_result(result)
+    slim = verdicts.slim_result(result)
     assert {"completed", "p99_tpot_ms", "request_goodput", "duration"} <= set(slim)
     assert not {"itls", "start_times", "generated_texts", "errors"} & set(slim)
 
@@ -215,20 +272,79 @@ def test_the_slim_result_keeps_vllms_summary_and_drops_the_per_request_lists() -
 def test_judge_re_reads_a_runs_files_and_prints_the_same_verdict(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     result, requests, queue = _run(7.5, None)
-    check.write_requests(tmp_path / check.REQUESTS_CSV, 7.5, requests)
-    with (tmp_path / check.QUEUE_CSV).open("w") as f:
+    verdicts.write_requests(tmp_path / verdicts.REQUESTS_CSV, 7.5, requests)
+    with (tmp_path / verdicts.QUEUE_CSV).open("w") as f:
         f.write("rate_rps,t_s,unix_s,waiting,running\n")
         f.write("7.5,990.0,0,,\n")  # a failed scrape is skipped
         for q in queue:
             f.write(f"7.5,{q.t_s},0,{q.waiting},{q.running}\n")
-    (tmp_path / check.RESULTS_JSON).write_text(json.dumps(
-        [{"rate_rps": 7.5, "vllm_result": check.slim_result(result)},
+    (tmp_path / verdicts.RESULTS_JSON).write_text(json.dumps(
+        [{"rate_rps": 7.5, "vllm_result": verdicts.slim_result(result)},
          {"rate_rps": 8.625, "status": "killed: past its bound"}]))
     assert check.main(["judge", str(tmp_path), "--label", "defaults"]) == 0
     out = capsys.readouterr().out
-    direct = check.judge_rate(result, requests, queue, 7.5)
-    assert check.table_row("defaults", direct) in out
+    direct = verdicts.judge_rate(result, requests, queue, 7.5)
+    assert verdicts.table_row("defaults", direct) in out
     assert "| defaults | 8.625 | killed: past its bound |" in out
+
+
+
+def _write_run_dir(directory: Path, rate: float, result: dict, requests: list,
+                   queue: list) -> None:
+    """A run's --out directory as `run` writes it (results.json with vLLM's slim result)."""
+    verdicts.write_requests(directory / verdicts.REQUESTS_CSV, rate, requests)
+    with (directory / verdicts.QUEUE_CSV).open("w") as f:
+        f.write("rate_rps,t_s,unix_s,waiting,running\n")
+        for q in queue:
+            f.write(f"{rate},{q.t_s},0,{q.waiting},{q.running}\n")
+    (directory / verdicts.RESULTS_JSON).write_text(json.dumps(
+        [{"rate_rps": rate, "vllm_result": {**verdicts.slim_result(result), "label": "fp8"}}]))
+
+
+def test_the_log_gives_each_rates_printed_error_kinds_and_nothing_else() -> None:
+    log = ("Namespace(subparser='bench', num_prompts=2376, request_rate=13.2, burstiness=1.0)\n"
+           "Starting main benchmark run...\n"
+           "tip: install termplotlib and gnuplot to plot the metrics\n"
+           "============ Serving Benchmark Result ============\nFailed requests: 0\n"
+           "Namespace(subparser='bench', num_prompts=2733, request_rate=15.18, burstiness=1.0)\n"
+           "Failed requests during benchmark run detected (capping to 10):\n"
+           f"Error 0: {_RESET}\nError 1: Service Unavailable\nError 2: {_RESET}\n"
+           "tip: install termplotlib and gnuplot to plot the metrics\n"
+           "============ Serving Benchmark Result ============\nFailed requests: 3\n")
+    assert verdicts.error_kinds_from_log(log) == {15.18: {
+        "ClientOSError [Errno 104] Connection reset by peer": 2, "Service Unavailable": 1}}
+
+
+def test_judge_re_judges_a_run_from_before_error_kinds_were_kept_by_its_bench_log(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The fifteenth session's fp8 directory has no vLLM detailed JSON and no error kinds in
+    # results.json: the kind comes from bench.log's `Error 0:` lines.
+    result, requests, queue = _run(7.5, None, failed=1)
+    _write_run_dir(tmp_path, 7.5, result, requests, queue)
+    (tmp_path / "bench.log").write_text(
+        "Namespace(bench_type='serve', request_rate=7.5, burstiness=1.0)\n"
+        f"Failed requests during benchmark run detected (capping to 10):\nError 0: {_RESET}\n"
+        "tip: install termplotlib and gnuplot to plot the metrics\n")
+    (tmp_path / "summary.md").write_text("the run's own table\n")
+    assert check.main(["judge", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| fp8 | 7.5 | 1350 |" in out, "the label is the run's"
+    assert "| yes (1 of 1350 failed: ClientOSError [Errno 104] Connection reset by peer) |" in out
+    assert (tmp_path / "summary.md").read_text() == "the run's own table\n", \
+        "without --write the run's files are left as they were"
+    assert check.main(["judge", str(tmp_path), "--max-failed-fraction", "0", "--write"]) == 0
+    summary = (tmp_path / "summary.md").read_text()
+    assert ("| no: 1 of 1350 requests failed (allowed 0%): ClientOSError [Errno 104] Connection "
+            "reset by peer |") in summary
+    verdict = json.loads((tmp_path / verdicts.RESULTS_JSON).read_text())[0]["verdict"]
+    assert not verdict["is_met"] and verdict["max_failed_fraction"] == 0
+
+
+def test_judge_refuses_a_failed_fraction_outside_0_to_1_before_reading_anything(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert check.main(["judge", str(tmp_path), "--max-failed-fraction", "5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--max-failed-fraction" in err
 
 
 # --- bad input -------------------------------------------------------------------------------
@@ -240,6 +356,8 @@ def test_judge_re_reads_a_runs_files_and_prints_the_same_verdict(
     (["--model", "qwen3-8b", "--claim", "nan"], "--claim"),
     (["--model", "qwen3-8b", "--rates", "7.5", "--arrival-s", "60"], "--arrival-s"),
     (["--model", "qwen3-8b", "--rates", "7.5", "--env", "NOEQUALS"], "--env"),
+    (["--model", "qwen3-8b", "--rates", "7.5", "--max-failed-fraction", "-0.1"],
+     "--max-failed-fraction"),
     (["--model", "qwen3-8b", "--rates", "7.5", "--", "--skip-tokenizer-init"],
      "--skip-tokenizer-init"),
 ])
@@ -278,10 +396,12 @@ for i in range(n):
     time.sleep(max(0.0, t0 + (i + 1) / rate - time.perf_counter()))
     starts.append(time.perf_counter())
 time.sleep(0.2)
-result = {"completed": n, "failed": 0, "duration": n / rate + 0.2,
+# the last request failed as a 503 does (1 of 20: 5%, nightshift's allowed fraction)
+result = {"completed": n - 1, "failed": 1, "duration": n / rate + 0.2,
           "request_throughput": rate, "request_goodput": rate, "p99_tpot_ms": 10.0,
-          "p99_ttft_ms": 50.0, "start_times": starts, "ttfts": [0.05] * n,
-          "itls": [[0.01] * 9] * n, "output_lens": [10] * n, "errors": [""] * n,
+          "p99_ttft_ms": 50.0, "start_times": starts, "ttfts": [0.05] * (n - 1) + [0.0],
+          "itls": [[0.01] * 9] * (n - 1) + [[]], "output_lens": [10] * (n - 1) + [0],
+          "errors": [""] * (n - 1) + ["Service Unavailable"],
           "input_lens": [250] * n, "generated_texts": ["t1"] * n}
 with open(os.path.join(opt("--result-dir"), opt("--result-filename")), "w") as f:
     json.dump(result, f)
@@ -311,12 +431,15 @@ def test_a_run_serves_loads_polls_judges_and_leaves_no_process(
                        "--label", "defaults", "--", "--max-model-len", "4096"])
     printed = capsys.readouterr().out
     assert code == 0, printed
-    records = json.loads((out / check.RESULTS_JSON).read_text())
+    records = json.loads((out / verdicts.RESULTS_JSON).read_text())
     assert records[0]["status"] == "done" and records[0]["num_prompts"] == 20
     assert records[0]["verdict"]["num_queue_samples"] >= 3, "the poller read the live /metrics"
     assert records[0]["verdict"]["is_met"], records[0]["verdict"]["reasons"]
     assert "itls" not in records[0]["vllm_result"]
+    assert records[0]["error_kinds"] == {"Service Unavailable": 1}, \
+        "the kinds are kept: vLLM's detailed result is not returned"
     assert "| defaults | 5 | 20 |" in printed and records[0]["bench_command"] in printed
+    assert "| yes (1 of 20 failed: Service Unavailable) |" in printed
     assert {p.name for p in out.iterdir()} == {"server.log", "bench.log", "queue.csv",
                                                "requests.csv", "results.json", "summary.md"}
     assert not list((fake_vllm / "work").glob("*/registry/*.json")), \
@@ -334,7 +457,7 @@ def test_a_bench_past_its_bound_is_killed_and_reported_and_the_server_still_ends
                        "--drain-s", "1", "--out", str(out), "--workdir",
                        str(fake_vllm / "work")])
     assert code == 1
-    records = json.loads((out / check.RESULTS_JSON).read_text())
+    records = json.loads((out / verdicts.RESULTS_JSON).read_text())
     assert records[0]["status"].startswith("killed: vllm bench serve ran past its bound of 6 s"), \
         "the 6 s bound, not the bench's hour"
     assert "killed" in capsys.readouterr().out

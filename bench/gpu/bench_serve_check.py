@@ -19,7 +19,8 @@ and a decoded prompt re-encodes to the same ids, so prompt lengths are exact). T
 therefore detokenizes its output, as a deployed server does and a nightshift trial (token ids,
 no tokenizer) does not.
 
-`judge OUT_DIR` re-judges what a run wrote (no GPU): the rules are in `judge_rate`.
+`judge OUT_DIR [--max-failed-fraction F] [--write]` re-judges what a run wrote (no GPU): the
+rules are in `judge_rate`; failed requests are judged by nightshift's own rule (`failures_miss`).
 """
 
 from __future__ import annotations
@@ -35,18 +36,35 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Final
 
-import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script from the repo root or elsewhere
     sys.path.insert(0, str(ROOT))
 
+from bench.gpu.serve_check_verdict import (  # noqa: E402
+    MAX_FAILED_FRACTION,
+    QUEUE_CSV,
+    REQUESTS_CSV,
+    RESULTS_JSON,
+    TABLE_HEADER,
+    TPOT_SLO_MS,
+    Verdict,
+    error_kinds_from_detailed,
+    error_kinds_from_log,
+    judge_rate,
+    read_queue,
+    read_requests,
+    slim_result,
+    table_row,
+    timings_from_detailed,
+    write_requests,
+)
 from runners.model_info import read_config, resolve_model_dir  # noqa: E402
 from runners.process import EngineProcess, free_port, tail, wait_healthy  # noqa: E402
 from runners.prometheus import NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, scrape  # noqa: E402
@@ -59,7 +77,6 @@ logger = logging.getLogger("bench_serve_check")
 INPUT_LEN: Final = 250
 OUTPUT_LEN: Final = 1000
 RANGE_RATIO: Final = {"input": 0.6, "output": 0.4}
-TPOT_SLO_MS: Final = 15.0
 ARRIVAL_S: Final = 180.0  # seconds of arrivals at a constant rate, at least (issue 32)
 OVER_RATIO: Final = 1.15
 SERVED_NAME: Final = "model"
@@ -68,9 +85,6 @@ SERVED_NAME: Final = "model"
 # overloaded server also drains its backlog).
 BENCH_PREP_S: Final = 60.0
 DEFAULT_DRAIN_S: Final = 150.0
-# Judging rules (see judge_rate).
-COMPLETION_TOLERANCE: Final = 0.05
-FLAT_GROWTH_FRACTION: Final = 0.02
 POLL_S: Final = 1.0
 # Flags this script sets itself (or, for --skip-tokenizer-init, cannot allow: the client's text
 # prompts need the server's tokenizer).
@@ -177,203 +191,6 @@ def write_tokenizer(directory: Path, vocab_size: int, eos_token_id: int | None,
     return directory
 
 
-# --- recorded data ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class RequestTiming:
-    start_s: float  # s, the client's perf_counter at send (CLOCK_MONOTONIC on Linux)
-    ttft_s: float  # s
-    latency_s: float  # s, send to last token
-    output_len: int  # tokens
-    is_ok: bool
-
-
-@dataclass(frozen=True)
-class QueueSample:
-    t_s: float  # s, perf_counter (the same clock as RequestTiming.start_s)
-    waiting: float  # vllm:num_requests_waiting
-    running: float  # vllm:num_requests_running
-
-
-def timings_from_detailed(result: Mapping[str, Any]) -> list[RequestTiming]:
-    """Per-request timings from a `--save-detailed` result (serve.py:1194-1214): the end of a
-    request is its start + TTFT + the sum of its ITLs (lib/endpoint_request_func.py:236-257)."""
-    out = []
-    for start, ttft, itl, out_len, error in zip(
-            result["start_times"], result["ttfts"], result["itls"], result["output_lens"],
-            result["errors"], strict=True):
-        ok = not error and ttft > 0
-        out.append(RequestTiming(float(start), float(ttft), float(ttft) + float(sum(itl)),
-                                 int(out_len), ok))
-    return out
-
-
-_HEAVY = ("input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts",
-          "errors")
-
-
-def slim_result(result: Mapping[str, Any]) -> dict[str, Any]:
-    """The result JSON as vLLM writes it without --save-detailed: the fields it drops then
-    (serve.py:2254-2268) dropped here."""
-    return {k: v for k, v in result.items() if k not in _HEAVY}
-
-
-# --- judging ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Verdict:
-    rate_rps: float  # offered (configured)
-    num_prompts: int
-    arrival_s: float  # s, first to last send
-    window_s: float  # s, the judged window [first send + warm-up, last send]
-    warmup_s: float  # s, one median request latency
-    completed: int  # vLLM's count, whole run
-    failed: int
-    request_throughput_rps: float  # vLLM's: completed / (arrivals + drain)
-    request_goodput_rps: float | None  # vLLM's, under the SLO given with --goodput
-    offered_window_rps: float  # sends in the window / window_s
-    completed_window_rps: float  # completions in the window / window_s
-    completed_ratio: float  # completed_window_rps / offered_window_rps
-    p99_tpot_ms: float
-    p99_ttft_ms: float
-    waiting_growth: float | None  # requests: LSQ slope of num_requests_waiting x window_s
-    waiting_max: float | None
-    waiting_last: float | None  # the last sample in the window
-    num_queue_samples: int
-    is_slo_met: bool
-    is_rate_kept: bool
-    is_queue_flat: bool
-    is_met: bool
-    reasons: tuple[str, ...]  # why not met; empty when met
-
-
-def judge_rate(result: Mapping[str, Any], requests: Sequence[RequestTiming],
-               queue: Sequence[QueueSample], rate_rps: float, *,
-               tpot_slo_ms: float = TPOT_SLO_MS, ttft_slo_ms: float | None = None,
-               completion_tolerance: float = COMPLETION_TOLERANCE,
-               flat_growth_fraction: float = FLAT_GROWTH_FRACTION) -> Verdict:
-    """One rate's verdict. Met iff all of:
-
-    - SLO: vLLM's own p99 TPOT <= `tpot_slo_ms` (and p99 TTFT <= `ttft_slo_ms` if given), and
-      no request failed (an overloaded server's errors are a missed SLO at that load);
-    - rate kept: in the steady window (first send + one median request latency, to the last
-      send: no warm-up, no drain), completions / sends >= 1 - `completion_tolerance`. The
-      difference of the two counts is the growth of what is in flight, so a server that keeps
-      up reads ~1 (Poisson noise: ~1-2% at 1000+ sends) and one that falls behind by x reads
-      ~1/(1 + x);
-    - queue flat: the least-squares line through `vllm:num_requests_waiting` (1 s samples) over
-      that window rises by at most `flat_growth_fraction` of the window's sends (at least 1
-      request). A server 15% over capacity grows it by ~13% of its sends; 2% is a surplus the
-      completion tolerance would not see either.
-    """
-    sends = sorted(r.start_s for r in requests)
-    if not sends:
-        raise ValueError("no requests in the result: nothing to judge")
-    first, last = sends[0], sends[-1]
-    ok = [r for r in requests if r.is_ok]
-    warmup = float(np.median([r.latency_s for r in ok])) if ok else 0.0
-    warmup = min(warmup, (last - first) / 2)
-    t0, t1 = first + warmup, last
-    window = max(t1 - t0, 1e-9)
-    sent = sum(1 for s in sends if t0 <= s <= t1)
-    done = sum(1 for r in ok if t0 <= r.start_s + r.latency_s <= t1)
-    ratio = done / sent if sent else 0.0
-    in_window = [q for q in queue if t0 <= q.t_s <= t1]
-    growth = w_max = w_last = None
-    if len(in_window) >= 3:
-        t = np.array([q.t_s for q in in_window])
-        w = np.array([q.waiting for q in in_window])
-        slope = float(np.polyfit(t - t[0], w, 1)[0])
-        growth, w_max, w_last = slope * window, float(w.max()), float(w[-1])
-    p99_tpot = float(result.get("p99_tpot_ms", math.nan))
-    p99_ttft = float(result.get("p99_ttft_ms", math.nan))
-    failed = int(result.get("failed", 0))
-    reasons = []
-    if not p99_tpot <= tpot_slo_ms:
-        reasons.append(f"p99 TPOT {p99_tpot:.2f} ms > {tpot_slo_ms:g} ms")
-    if ttft_slo_ms is not None and not p99_ttft <= ttft_slo_ms:
-        reasons.append(f"p99 TTFT {p99_ttft:.0f} ms > {ttft_slo_ms:g} ms")
-    if failed:
-        reasons.append(f"{failed} request(s) failed")
-    is_slo_met = not reasons
-    is_rate_kept = ratio >= 1 - completion_tolerance
-    if not is_rate_kept:
-        reasons.append(f"completed {ratio:.3f} of the sends in the window "
-                       f"(< {1 - completion_tolerance:.2f})")
-    limit = max(1.0, flat_growth_fraction * sent)
-    is_queue_flat = growth is not None and growth <= limit
-    if growth is None:
-        reasons.append(f"queue unknown: {len(in_window)} /metrics sample(s) in the window")
-    elif not is_queue_flat:
-        reasons.append(f"waiting queue grew {growth:.1f} requests over the window "
-                       f"(> {limit:.1f})")
-    goodput = result.get("request_goodput")
-    return Verdict(
-        rate_rps=rate_rps, num_prompts=len(requests), arrival_s=last - first, window_s=window,
-        warmup_s=warmup, completed=int(result.get("completed", len(ok))), failed=failed,
-        request_throughput_rps=float(result.get("request_throughput", math.nan)),
-        request_goodput_rps=None if goodput is None else float(goodput),
-        offered_window_rps=sent / window, completed_window_rps=done / window,
-        completed_ratio=ratio, p99_tpot_ms=p99_tpot, p99_ttft_ms=p99_ttft,
-        waiting_growth=growth, waiting_max=w_max, waiting_last=w_last,
-        num_queue_samples=len(in_window), is_slo_met=is_slo_met, is_rate_kept=is_rate_kept,
-        is_queue_flat=is_queue_flat, is_met=is_slo_met and is_rate_kept and is_queue_flat,
-        reasons=tuple(reasons))
-
-
-TABLE_HEADER: Final = ("| config | rate req/s | sends | window s | completed/sent | "
-                       "vLLM req/s | goodput req/s | p99 TPOT ms | p99 TTFT ms | waiting growth "
-                       "(max) | met |\n|---|---|---|---|---|---|---|---|---|---|---|")
-
-
-def table_row(config: str, v: Verdict) -> str:
-    growth = ("n/a" if v.waiting_growth is None
-              else f"{v.waiting_growth:+.1f} ({v.waiting_max:.0f})")
-    goodput = "n/a" if v.request_goodput_rps is None else f"{v.request_goodput_rps:.2f}"
-    met = "yes" if v.is_met else "no: " + "; ".join(v.reasons)
-    return (f"| {config} | {v.rate_rps:g} | {v.num_prompts} | {v.window_s:.0f} | "
-            f"{v.completed_ratio:.3f} | {v.request_throughput_rps:.2f} | {goodput} | "
-            f"{v.p99_tpot_ms:.2f} | {v.p99_ttft_ms:.0f} | {growth} | {met} |")
-
-
-# --- files -----------------------------------------------------------------------------------
-
-REQUESTS_CSV: Final = "requests.csv"
-QUEUE_CSV: Final = "queue.csv"
-RESULTS_JSON: Final = "results.json"
-
-
-def write_requests(path: Path, rate_rps: float, requests: Sequence[RequestTiming]) -> None:
-    is_new = not path.exists()
-    with path.open("a", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        if is_new:
-            writer.writerow(["rate_rps", "start_s", "ttft_s", "latency_s", "output_len", "ok"])
-        for r in requests:
-            writer.writerow([rate_rps, f"{r.start_s:.6f}", f"{r.ttft_s:.6f}",
-                             f"{r.latency_s:.6f}", r.output_len, int(r.is_ok)])
-
-
-def read_requests(path: Path) -> dict[float, list[RequestTiming]]:
-    out: dict[float, list[RequestTiming]] = {}
-    with path.open(newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            out.setdefault(float(row["rate_rps"]), []).append(RequestTiming(
-                float(row["start_s"]), float(row["ttft_s"]), float(row["latency_s"]),
-                int(row["output_len"]), row["ok"] == "1"))
-    return out
-
-
-def read_queue(path: Path) -> dict[float, list[QueueSample]]:
-    out: dict[float, list[QueueSample]] = {}
-    with path.open(newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            if row["waiting"] == "" or row["running"] == "":
-                continue  # a scrape that failed
-            out.setdefault(float(row["rate_rps"]), []).append(QueueSample(
-                float(row["t_s"]), float(row["waiting"]), float(row["running"])))
-    return out
-
 
 class QueuePoller:
     """Scrapes `/metrics` every `poll_s` on a thread, appending rows to the queue CSV."""
@@ -465,6 +282,9 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         raise BadInput(f"--arrival-s {args.arrival_s}: issue 32 asks for >= {ARRIVAL_S:g} s.")
     if args.tpot_slo_ms <= 0 or (args.ttft_slo_ms is not None and args.ttft_slo_ms <= 0):
         raise BadInput("--tpot-slo-ms/--ttft-slo-ms: must be > 0 ms.")
+    if not 0 <= args.max_failed_fraction <= 1:
+        raise BadInput(f"--max-failed-fraction {args.max_failed_fraction}: must be in [0, 1] "
+                       f"(nightshift's default {MAX_FAILED_FRACTION:g}).")
     try:
         args.out.mkdir(parents=True, exist_ok=True)
         probe = args.out / ".write-test"
@@ -563,18 +383,29 @@ def _run_rate(args: argparse.Namespace, rate: float, port: int, base_url: str,
     requests = timings_from_detailed(detailed)
     write_requests(args.out / REQUESTS_CSV, rate, requests)
     queue = read_queue(args.out / QUEUE_CSV).get(rate, [])
+    kinds = error_kinds_from_detailed(detailed)
     verdict = judge_rate(detailed, requests, queue, rate, tpot_slo_ms=args.tpot_slo_ms,
-                         ttft_slo_ms=args.ttft_slo_ms)
-    record.update(status="done", vllm_result=slim_result(detailed), verdict=asdict(verdict))
+                         ttft_slo_ms=args.ttft_slo_ms,
+                         max_failed_fraction=args.max_failed_fraction, error_kinds=kinds)
+    record.update(status="done", vllm_result=slim_result(detailed), error_kinds=kinds,
+                  verdict=asdict(verdict))
     return record, verdict
 
 
 def judge_dir(args: argparse.Namespace) -> int:
-    """Re-judge a run's directory (results.json, requests.csv, queue.csv): no GPU."""
+    """Re-judge a run's directory (results.json, requests.csv, queue.csv; the error kinds
+    from results.json, or from bench.log for a run written before it kept them): no GPU. The
+    table goes to stdout and, with --write, to summary.md, its verdicts to results.json."""
+    if not 0 <= args.max_failed_fraction <= 1:
+        print(f"--max-failed-fraction {args.max_failed_fraction}: must be in [0, 1] "
+              f"(nightshift's default {MAX_FAILED_FRACTION:g}).", file=sys.stderr)
+        return 2
     try:
         records = json.loads((args.dir / RESULTS_JSON).read_text(encoding="utf-8"))
         requests = read_requests(args.dir / REQUESTS_CSV)
         queue = read_queue(args.dir / QUEUE_CSV)
+        log = args.dir / "bench.log"
+        logged = error_kinds_from_log(log.read_text(encoding="utf-8")) if log.exists() else {}
     except (OSError, ValueError, KeyError) as exc:
         print(f"{args.dir}: expected results.json, requests.csv and queue.csv from a run but "
               f"got {type(exc).__name__}: {exc}; give a `run --out` directory.", file=sys.stderr)
@@ -582,13 +413,21 @@ def judge_dir(args: argparse.Namespace) -> int:
     rows = []
     for record in records:
         rate = float(record["rate_rps"])
+        label = args.label or str(record.get("vllm_result", {}).get("label") or "config")
         if "vllm_result" not in record or rate not in requests:
-            rows.append(f"| {args.label} | {rate:g} | {record.get('status', '?')} |")
+            rows.append(f"| {label} | {rate:g} | {record.get('status', '?')} |")
             continue
         verdict = judge_rate(record["vllm_result"], requests[rate], queue.get(rate, []), rate,
-                             tpot_slo_ms=args.tpot_slo_ms, ttft_slo_ms=args.ttft_slo_ms)
-        rows.append(table_row(args.label, verdict))
-    print("\n".join([TABLE_HEADER, *rows]))
+                             tpot_slo_ms=args.tpot_slo_ms, ttft_slo_ms=args.ttft_slo_ms,
+                             max_failed_fraction=args.max_failed_fraction,
+                             error_kinds=record.get("error_kinds", logged.get(rate)))
+        rows.append(table_row(label, verdict))
+        record["verdict"] = asdict(verdict)
+    summary = "\n".join([TABLE_HEADER, *rows])
+    if args.write:
+        (args.dir / "summary.md").write_text(summary + "\n", encoding="utf-8")
+        (args.dir / RESULTS_JSON).write_text(json.dumps(records, indent=1), encoding="utf-8")
+    print(summary)
     return 0
 
 
@@ -618,16 +457,27 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--startup-timeout-s", type=float, default=420.0)
     r.add_argument("--tpot-slo-ms", type=float, default=TPOT_SLO_MS)
     r.add_argument("--ttft-slo-ms", type=float, default=None)
+    r.add_argument("--max-failed-fraction", type=float, default=MAX_FAILED_FRACTION,
+                   help="failed requests miss a rate only above this fraction of them (the "
+                        "study's workload.max_failed_fraction; nightshift's default "
+                        f"{MAX_FAILED_FRACTION:g})")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--workdir", type=Path, default=Path("/tmp/bench_serve_check"),
                    help="the tokenizer and vLLM's detailed results (large; not returned)")
     r.add_argument("serve_args", nargs=argparse.REMAINDER,
                    help="after --: arguments for vllm serve (e.g. --config best.yaml)")
-    j = sub.add_parser("judge", help="re-judge a run's --out directory (no GPU)")
+    j = sub.add_parser("judge", help="re-judge a run's --out directory (no GPU)",
+                       description="Re-judge a run's --out directory on the CPU: "
+                                   "bench_serve_check.py judge docs/h100/session15/"
+                                   "claims-hold-fp8/fp8 --max-failed-fraction 0.05 --write")
     j.add_argument("dir", type=Path)
-    j.add_argument("--label", default="config")
+    j.add_argument("--label", default=None, help="the config's name (default: the run's)")
     j.add_argument("--tpot-slo-ms", type=float, default=TPOT_SLO_MS)
     j.add_argument("--ttft-slo-ms", type=float, default=None)
+    j.add_argument("--max-failed-fraction", type=float, default=MAX_FAILED_FRACTION,
+                   help=f"as run's (default {MAX_FAILED_FRACTION:g})")
+    j.add_argument("--write", action="store_true",
+                   help="also rewrite DIR/summary.md and the verdicts in DIR/results.json")
     return parser
 
 
