@@ -70,7 +70,9 @@ def main() -> int:
                if k in ("VLLM_CACHE_ROOT", "VLLM_USE_FLASHINFER_SAMPLER")]
         argv = [sys.executable, str(ROOT / "bench/gpu/bench_serve_check.py"), "run",
                 "--model", "qwen3-8b", "--claim", repr(met), "--label", label,
-                "--out", str(out_root / label), "--deadline-s", "1500", *env, "--",
+                "--out", str(out_root / label), "--deadline-s", "1500",
+                # the study's own failure rule: a rate misses on failures only above it
+                "--max-failed-fraction", repr(cfg.spec.workload.max_failed_fraction), *env, "--",
                 *serve_args(list(record.argv))]
         print("check:", " ".join(argv), flush=True)
         subprocess.run(argv, check=False)
