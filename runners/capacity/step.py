@@ -304,7 +304,16 @@ def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, fl
             recent: Sequence[RequestOutput]) -> WindowCounts:
     """A window's counts on the client's clock, or on the server's modelled clock where every
     measured success carries it (the simulated engine: its latencies are on that clock, and a
-    busy host that delays the server's wall time must not read as falling behind)."""
+    busy host that delays the server's wall time must not read as falling behind).
+
+    On the modelled clock the window runs from its first to its last arrival plus one mean gap,
+    and the requests that ended and the time in flight are counted over that span, so the
+    rates and the in-flight count are all of the load the modelled engine saw. That clock is
+    the loop's wall time less every late wake-up of the engine's loop: where the host cannot
+    run the engine in real time (12-18 req/s of 1000-token streams on 2 cores) it runs slower
+    than the client's, and the same sends read as denser arrivals over a shorter window (10 s
+    sent, 8.95 s modelled). So the span of the same requests' sends on the client's clock goes
+    with it (`WindowCounts.sent_span_s`), measured alike, for the length rule."""
     from runners import prometheus
 
     waiting = [(t, s[prometheus.NUM_REQUESTS_WAITING]) for t, s in samples
@@ -322,10 +331,14 @@ def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, fl
         ended = sum(t0 <= b < t1 for _, b in spans)
         area = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in spans)
         window = max(t1 - t0, 1e-9)
+        sends = [o.start_time for o in sent if o.modelled_span_s is not None and o.start_time]
+        sent_span = None
+        if len(sends) > 1:
+            sent_span = (max(sends) - min(sends)) * len(sends) / (len(sends) - 1)
         return WindowCounts(window_s=window, num_sent=len(sent), num_ended=ended,
                             mean_in_flight=area / window, waiting_rise=rise,
                             max_waiting=max_waiting, server_in_system=in_system,
-                            client_window_s=end - start)
+                            client_window_s=end - start, sent_span_s=sent_span)
     grid = np.arange(start, end, 0.25)
     in_flight = [(float(t), driver.mean_in_flight(float(t), float(t) + 0.25)) for t in grid]
     return WindowCounts(window_s=max(end - start, 1e-9), num_sent=len(sent),
