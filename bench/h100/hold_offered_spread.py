@@ -10,10 +10,10 @@ A model, not a measurement: the H100 case of session 15 (docs/h100/session15/: Q
 fp8, prompts 100-400, answers 600-1400): rate 14.6 req/s, a mean request life of about 15 s
 (answers of 1000 tokens at about 14.6 ms), windows of 98 s (where the hold stopped early) and
 224 s (its plan: ten of the plan's 22.4 s lives). The block is sized from the plan's life
-(15 s in the first two rows, the record's 22.4 s in the last two), the window starts after the
-plan's warm-up of two such lives, with blocks counted from the hold's start; the in-flight
-model is an M/G/inf queue whose lives are 0.06 s + 600-1400 tokens x 14.6 ms (vLLM's TPOT
-grows with the batch, which it does not show).
+(15 s in the first rows, the record's 22.4 s in the last), and the window starts a block, as
+runners/capacity/step.py starts a hold's (free arrivals: anywhere); the in-flight model is an
+M/G/inf queue whose lives are 0.06 s + 600-1400 tokens x 14.6 ms after the plan's warm-up of
+two lives (vLLM's TPOT grows with the batch, which it does not show).
 
     python3 bench/h100/hold_offered_spread.py [DRAWS]
 """
@@ -54,17 +54,16 @@ def count(times: np.ndarray, start: np.ndarray | float, end: np.ndarray | float)
     return np.asarray(((times >= start) & (times < end)).sum(axis=1))
 
 
-def offered_spread(rng: np.random.Generator, draws: int, plan_life_s: float, window_s: float,
+def offered_spread(rng: np.random.Generator, draws: int, window_s: float,
                    block: int | None) -> tuple[np.ndarray, np.ndarray]:
     """Per draw: the window's realised rate, and the count over one life at a random place in
-    the window."""
-    warmup_s = 2.0 * plan_life_s
+    the window (which starts at 0, a block's start)."""
     rates, lives = [], []
     for done in range(0, draws, CHUNK):
         n = min(CHUNK, draws - done)
-        times = arrival_times(rng, n, warmup_s + window_s, block)
-        rates.append(count(times, warmup_s, warmup_s + window_s) / window_s)
-        at = warmup_s + rng.uniform(0.0, window_s - ONE_LIFE_S, n)
+        times = arrival_times(rng, n, window_s, block)
+        rates.append(count(times, 0.0, window_s) / window_s)
+        at = rng.uniform(0.0, window_s - ONE_LIFE_S, n)
         lives.append(count(times, at, at + ONE_LIFE_S))
     return np.concatenate(rates), np.concatenate(lives)
 
@@ -72,12 +71,15 @@ def offered_spread(rng: np.random.Generator, draws: int, plan_life_s: float, win
 def line_rises(rng: np.random.Generator, draws: int, plan_life_s: float, window_s: float,
                block: int | None) -> np.ndarray:
     """The least-squares rise of an M/G/inf in-flight count, sampled every 0.25 s over the
-    window (as runners/capacity/step.py samples a window's count)."""
+    window (as runners/capacity/step.py samples a window's count), after a warm-up of two
+    lives whose blocks start at 0 (the window's start a new block at `warmup_s`)."""
     warmup_s = 2.0 * plan_life_s
     grid = np.arange(warmup_s, warmup_s + window_s, 0.25)
+    warm = arrival_times(rng, draws, warmup_s, block)
+    held = warmup_s + arrival_times(rng, draws, window_s, block)
     out = []
-    for row in arrival_times(rng, draws, warmup_s + window_s, block):
-        sent = row[row < warmup_s + window_s]
+    for before, during in zip(warm, held, strict=True):
+        sent = np.concatenate([before[before < warmup_s], during[during < warmup_s + window_s]])
         ends = np.sort(sent + TTFT_S + rng.uniform(600, 1400, len(sent)) * TOKEN_S)
         in_flight = np.searchsorted(sent, grid, "right") - np.searchsorted(ends, grid, "right")
         out.append(float(np.polyfit(grid - grid[0], in_flight, 1)[0]) * (grid[-1] - grid[0]))
@@ -93,7 +95,7 @@ def main(draws: int) -> None:
     for plan_life_s, window_s in CASES:
         block = hold_gap_block(RATE, plan_life_s)
         for name, size in (("free", None), (f"{block} ({block / RATE:.0f} s)", block)):
-            rates, lives = offered_spread(rng, draws, plan_life_s, window_s, size)
+            rates, lives = offered_spread(rng, draws, window_s, size)
             p1, p50, p99 = np.percentile(rates, [1, 50, 99])
             beyond = float(np.mean(np.abs(rates / RATE - 1.0) > 0.03))
             print(f"| {plan_life_s:g} | {name} | {window_s:g} | "

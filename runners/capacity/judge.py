@@ -95,8 +95,8 @@ def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SL
     about sqrt(n) over each life, and the rule's bound was set on a step's window of about
     one life; its queue and its completions still show an overload. (Modelled over a 224 s
     hold at the H100's decode load, n = 214, bench/h100/hold_offered_spread.py, the line's
-    chance rise has a standard deviation of 0.5 sqrt(n) with those blocks, none of 2000 draws
-    over 10% of n, where the free arrivals holds drew before gave 0.9 sqrt(n) and 4.5%: the
+    chance rise has a standard deviation of about 0.6 sqrt(n) with those blocks, 0.5% of draws
+    over 10% of n, where the free arrivals holds drew before gave 0.9 sqrt(n) and 4.7%: the
     line could now be judged.)
 
     An open loop whose client sent more than the tolerance of its requests late

@@ -102,6 +102,9 @@ def measure_step(driver: StaircaseDriver, base_url: str, plan: StepPlan, *, repe
             for k in range(max(1, repeats)):
                 start = driver.now() if k == 0 else bounds[-1][1]
                 if plan.is_hold and driver.axis == "request_rate":
+                    # The window starts a block of arrivals: it offers its load over each
+                    # whole block, with one partial block at its end (ArrivalGaps).
+                    driver.set_load(plan.load, gap_block=plan.gap_block)
                     decided = hold_until(driver, start, plan, check_engine, saturated,
                                          decide=decide)
                 else:

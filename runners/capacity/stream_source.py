@@ -29,7 +29,8 @@ class ArrivalGaps:
     their count over each block of `set_block`'s size (`GAP_BLOCK` until then): a block's gaps
     sum to exactly its count over the rate, i.e. a Poisson (or gamma) process conditioned on
     its count over each block. Arrivals stay as bursty as vLLM's within a block, and a window of
-    a block or more offers the rate it is labelled with, up to a partial block at each end.
+    a block or more offers the rate it is labelled with, up to a partial block at each end (at
+    its end only where it starts a block: a hold's window does, runners/capacity/step.py).
 
     A step's block is 64 arrivals: its short window offers its label (a free Poisson count over
     200 requests is off by 7% at one standard deviation). A hold's is about four request lives'
@@ -57,13 +58,13 @@ class ArrivalGaps:
         return self._block
 
     def set_block(self, block: int) -> None:
-        """Condition the gaps on their count over blocks of `block` arrivals from the next on
-        (a step: `GAP_BLOCK`; a hold: `hold_gap_block`)."""
+        """Condition the gaps on their count over blocks of `block` arrivals (a step:
+        `GAP_BLOCK`; a hold: `hold_gap_block`), the next gap starting a block afresh: a window
+        that starts then offers its rate over each whole block."""
         if block < 1:
             raise ValueError(f"an arrival block holds at least one arrival but got {block}.")
-        if block != self._block:
-            self._block = block
-            self._gap_rate = None  # the next gap starts a block afresh
+        self._block = block
+        self._gap_rate = None
 
     def next_s(self, rate: float) -> float:
         """The next gap at `rate` (s): a new block at a new rate or block size."""
