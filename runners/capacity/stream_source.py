@@ -53,10 +53,6 @@ class ArrivalGaps:
         self._next = 0
         self._gap_rate: float | None = None
 
-    @property
-    def block(self) -> int:
-        return self._block
-
     def set_block(self, block: int) -> None:
         """Condition the gaps on their count over blocks of `block` arrivals (a step:
         `GAP_BLOCK`; a hold: `hold_gap_block`), the next gap starting a block afresh: a window
