@@ -124,7 +124,8 @@ class StepMetrics:
     @property
     def is_hold(self) -> bool:
         """A capacity search's hold (runners/capacity/staircase.py): its load measured again
-        over a long window of free arrivals, to certify the claim."""
+        over a long window at that load (Poisson swings within a life, not a drift over the
+        window: runners/capacity/stream_source.py), to certify the claim."""
         return self.server_metrics.get("steady.is_hold", 0.0) > 0
 
     @property

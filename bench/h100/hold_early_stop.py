@@ -1,7 +1,7 @@
 """When a hold's early stop (runners/capacity/step.py `hold_until`) would have decided, replayed
 on a `vllm bench serve` run's per-request records (bench/gpu/bench_serve_check.py's
 requests.csv) as if the run were a hold at its rate: every 2 s, the requests sent so far and
-ended by then, against the most its free arrivals could still send in the run's length. A
+ended by then, against the most its arrivals could still send in the run's length. A
 replay on measured requests, not a measurement of the rule on a GPU.
 
     python3 bench/h100/hold_early_stop.py docs/h100/session12/requests.csv 10.166 --tpot-ms 15

@@ -115,7 +115,8 @@ class CapacitySpec(StrictSpec):
     max_window_s: float = Field(default=180.0, gt=0, le=86_400)
     warmup_s: float | None = Field(default=None, ge=0, le=3600)
     # Then the bracket's lower end is held (runners/capacity/staircase.py): measured again over
-    # at least `hold_s` of free arrivals and `hold_lives` request lives, stepping down at most
+    # at least `hold_s` and `hold_lives` request lives (Poisson arrivals conditioned on their
+    # count over blocks of four lives: runners/capacity/stream_source.py), stepping down at most
     # `max_holds` times; 0 s: no hold (the claim rests on short windows, and says so).
     hold_s: float = Field(default=180.0, ge=0, le=86_400)
     hold_lives: float = Field(default=10.0, ge=0, le=1000)

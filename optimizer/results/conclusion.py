@@ -107,7 +107,7 @@ def capacity_text(bracket: Bracket, tolerance: float | None, *,
     elif bracket.missed_load is None and bracket.is_resolved:
         text += ", the SLO held at the heaviest load of interest"
     if bracket.held is True:
-        text += ", held over a long window of free arrivals"
+        text += ", held over a long window at that load"
     elif bracket.held is False:
         text += (", not held: every hold missed, so its lower end rests on a short window "
                  "(whose p99 can read low)")

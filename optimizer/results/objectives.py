@@ -96,7 +96,7 @@ def operating_step(objective: str, steps: Sequence[StepMetrics]) -> StepMetrics 
     measured = [s for s in steps if s.metrics.completed > 0]
     if is_capacity_search(measured):
         within = [s for s in measured if s.meets_slo]
-        # At one load a hold (a long window of free arrivals) describes it better than the
+        # At one load a hold (a long window at that load) describes it better than the
         # short step it held.
         return max(within, key=lambda s: (_load(s), s.is_hold), default=None)
     if not measured:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from runners import arrivals
 from runners.capacity.stream_loop import close_loop
-from runners.capacity.stream_source import ArrivalGaps
+from runners.capacity.stream_source import GAP_BLOCK, ArrivalGaps
 from runners.loadgen.client import RequestOutput, send_request
 from runners.loadgen.clients import REQUESTS_PER_CLIENT, ClientPool, client_pool
 from runners.loadgen.requests import RequestSpec
@@ -164,14 +164,16 @@ class StaircaseDriver:
 
     # -- control (any thread) ----------------------------------------------------------------
 
-    def set_load(self, load: float, *, free_arrivals: bool = False) -> None:
-        """Change the offered load from now on. `free_arrivals`: a rate's gaps drawn one by
-        one (a free Poisson or gamma process, as `vllm bench serve` sends: a hold), not
-        conditioned on their count over each block (a step: its window offers its label)."""
+    def set_load(self, load: float, *, gap_block: int = GAP_BLOCK) -> None:
+        """Change the offered load from now on. `gap_block`: a rate's gaps conditioned on
+        their count over blocks of this many arrivals (`ArrivalGaps`), the first block starting
+        after the arrival already due: a step's 64, so its short window offers its label; a
+        hold's about four request lives' worth (`hold_gap_block`), so its window does too while
+        the batch swings within a life."""
         self._check_load(load)
         with self._lock:
+            self._arrival_gaps.set_block(gap_block)  # refuses a bad block before the load
             self._load = load
-            self._arrival_gaps.set_free(free_arrivals)
         self._notify()
 
     def cancel_in_flight(self) -> int:
@@ -315,8 +317,8 @@ class StaircaseDriver:
         return self._sent[-1].sent_s if self._sent else self.clock()
 
     def _gap_s(self, rate: float) -> float:
-        """The next gap at `rate` (`ArrivalGaps`: conditioned on their count over each block,
-        or free in a hold)."""
+        """The next gap at `rate` (`ArrivalGaps`: conditioned on their count over each block
+        of the last `set_load`'s `gap_block`)."""
         return self._arrival_gaps.next_s(rate)
 
     def _send(self, clients: ClientPool, spec: RequestSpec,

@@ -20,8 +20,8 @@ _SETTLED_TOLERANCE = 0.05  # of the count, over one life: the in-flight count ha
 # A step's arrivals are Poisson conditioned on their count per block of 64. Modelled as an
 # M/G/inf queue at the H100's loads (bench/h100/rise_noise.py: n = 113-172 in flight, windows
 # of 11-14 s, lives of 5.5-19 s), the line's rise had a standard deviation of 0.7-0.9 sqrt(n)
-# and a 99th percentile of 1.6-2.0 sqrt(n) (free arrivals: 1.4-1.7 and 3.3-3.8 sqrt(n), which
-# is why a hold's line is not judged). 2 sqrt(n) is the completions' noise floor too. The
+# and a 99th percentile of 1.6-2.0 sqrt(n) (free Poisson arrivals: 1.4-1.7 and 3.3-3.8
+# sqrt(n)). 2 sqrt(n) is the completions' noise floor too. The
 # tolerance alone (10% of the mean) failed two steps on the H100 whose percentiles met, with
 # rises of 17 and 18 at means of 167 and 115 (1.3 and 1.7 sqrt(n)); vLLM's own client later met
 # the SLO at 12.65 req/s, above the 12.2 the second one "missed" (docs/h100-steady.md).
@@ -93,9 +93,14 @@ def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SL
     (a slow ramp the end points hide; the warm-up waits out a ramp first); or the
     waiting queue rose by more than the tolerance of the requests sent (4 at least) over the
     window. A closed loop cannot fall behind its own sends: only the queue counts there. A
-    hold's in-flight line is not judged: its free arrivals make the count wander by about
-    sqrt(n) over each life, and a line through ten lives of that rises by the tolerance about
-    one time in ten by chance; its queue and its completions still show an overload.
+    hold's in-flight line is not judged: its arrivals keep a Poisson process's swings within a
+    life (blocks of four lives: runners/capacity/stream_source.py), so the count wanders by
+    about sqrt(n) over each life, and the rule's bound was set on a step's window of about
+    one life; its queue and its completions still show an overload. (Modelled over a 224 s
+    hold at the H100's decode load, n = 214, bench/h100/hold_offered_spread.py, the line's
+    chance rise has a standard deviation of about 0.6 sqrt(n) with those blocks, 0.5% of draws
+    over 10% of n, where the free arrivals holds drew before gave 0.9 sqrt(n) and 4.7%: the
+    line could now be judged.)
 
     An open loop whose client sent more than the tolerance of its requests late
     (`late_sends`) did not apply its load: the host fell behind, not the server; nor did one

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, replace
 
 from runners.capacity.search import CapacitySearch
+from runners.capacity.stream_source import GAP_BLOCK, hold_gap_block
 from runners.workload import LengthDistribution, Workload
 
 _MIN_LIFETIME_S = 1.0  # s; the least warm-up a step gets
@@ -37,7 +38,10 @@ class StepPlan:
     # s; an open loop's warm-up goes on past `warmup_s`, up to this, while its in-flight count
     # still rises (`is_in_flight_settled`)
     max_warmup_s: float = 0.0
-    is_hold: bool = False  # a hold (`plan_hold`): free arrivals, the long window
+    is_hold: bool = False  # a hold (`plan_hold`): the long window
+    # a rate's arrivals conditioned on their count over blocks of this many
+    # (runners/capacity/stream_source.py `ArrivalGaps`): a step's 64; a hold's about four lives'
+    gap_block: int = GAP_BLOCK
     # A step's window goes on past `window_s`, up to `max_window_s` (None: unbounded), until it
     # has sent `min_requests` (a closed loop sends only as its requests end: past its knee they
     # live longer than sized); and a window shorter than `min_window_s` is no measurement.
@@ -113,9 +117,12 @@ def plan_hold(search: CapacitySearch, load: float, lifetime_s: float) -> StepPla
     the claim), whatever `min_window_requests` asks. The batch swings with the arrival count
     over about one life, so a window of N lives samples about N swings: on the H100
     (2026-12-06) the medians of consecutive 15 s windows of one 180 s `vllm bench serve` run
-    (12 lives) spread 13.5-16.0 ms around its 14.8 ms whole-run median."""
+    (12 lives) spread 13.5-16.0 ms around its 14.8 ms whole-run median. A rate's arrivals
+    come in blocks of about four lives' worth (`hold_gap_block`): the swings stay, the window
+    offers its load (`ArrivalGaps` says why)."""
     step = plan_step(search, load, lifetime_s)
     window_s = max(search.hold_s, search.hold_lives * lifetime_s, step.window_s)
     per_s = step.expected_requests / step.window_s if step.window_s > 0 else 0.0
     return replace(step, window_s=window_s, expected_requests=per_s * window_s, is_hold=True,
-                   min_requests=0, max_window_s=None)
+                   min_requests=0, max_window_s=None,
+                   gap_block=hold_gap_block(per_s, lifetime_s))

@@ -35,7 +35,7 @@ from runners.capacity.plan import lifetime_estimate_s, plan_hold, plan_step
 from runners.capacity.profile_window import profile_window
 from runners.capacity.search import CapacitySearch, Probe
 from runners.capacity.slo import certain_miss, missed_in_warmup
-from runners.capacity.step import StepRun, measure_step
+from runners.capacity.step import StepRun, measure_step, offered_note
 from runners.capacity.stream_source import endless_requests
 from runners.credentials import auth_headers
 from runners.levels import mean_prompt_tokens, mean_tokens
@@ -118,7 +118,7 @@ def run_staircase(session: EngineSession, steps: list[StepMetrics], on_step: OnS
                     load <= met for met in met_loads)):
                 # Errors at a load the config serves within the SLO (or at the lightest
                 # load of interest) are the config's, not overload's. A hold's are a miss:
-                # its free arrivals may overload what a short window served.
+                # its long window's swings may overload what a short window served.
                 first_error = next((o.error for outs, _ in run.windows for o in outs
                                     if not o.success), "")
                 raise Abort(Failure(
@@ -238,8 +238,8 @@ def supersede_steps(search: CapacitySearch, steps: Sequence[StepMetrics],
         if step.meets_slo and not step.is_hold and search.load_of(step.level) >= load:
             step = replace(step, meets_slo=False, miss_reason=(
                 f"met in its {step.server_metrics.get('steady.window_s', 0.0):.0f} s window, "
-                f"but the hold at {hold.level.label} (step {hold.step}, {window_s:.0f} s of free "
-                f"arrivals) missed: {hold.miss_reason or 'the SLO'}"))
+                f"but the hold at {hold.level.label} (step {hold.step}, a {window_s:.0f} s "
+                f"window) missed: {hold.miss_reason or 'the SLO'}"))
         out.append(step)
     return out
 
@@ -319,8 +319,7 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
     server["steady.is_hold"] = 1.0 if run.plan.is_hold else 0.0
     if not per_window:  # stopped in its warm-up: what it served until then
         ours = [o for o in run.early_outputs if o.error != STOPPED_ERROR]
-        metrics = compute_metrics(ours, max(run.early_duration_s, 1e-9),
-                                          workload.slo)
+        metrics = compute_metrics(ours, max(run.early_duration_s, 1e-9), workload.slo)
         if run.missed_in_warmup is not None:
             # Its figures are its warm-up's ended requests, with no offered or completed rate:
             # a warm-up's completions trail its arrivals and say nothing of what it serves.
@@ -341,11 +340,10 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
     if missed is not None:
         verdict = missed
     if not run.is_settled and verdict.meets_slo:
-        verdict = Verdict(False, f"not steady: the in-flight count still rose "
-                                           f"after {run.warmup_s:.0f} s of warm-up")
+        verdict = Verdict(False, f"not steady: the in-flight count still rose after "
+                                 f"{run.warmup_s:.0f} s of warm-up")
     if not run.is_finished and verdict.meets_slo:
-        verdict = Verdict(False, "measured requests still running when the wait "
-                                           "for them ended")
+        verdict = Verdict(False, "measured requests still running when the wait for them ended")
     if run.decided_early is not None:
         # Its window is the part it ran: the figures are of those requests, and the verdict
         # is theirs (a miss: more were over a bound than the p99 of any longer window allows).
@@ -355,6 +353,9 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
                           is_overload_errors=verdict.is_overload_errors,
                           is_load_unapplied=verdict.is_load_unapplied)
         server["steady.planned_window_s"] = run.plan.window_s
+    offered = None if is_closed else offered_note(run.plan.load, counts.num_sent, counts.window_s)
+    if offered is not None and not verdict.meets_slo:  # what its miss was a miss at
+        verdict = replace(verdict, reason=f"{verdict.reason}; {offered}")
     server.update({
         "steady.window_s": counts.window_s,
         "steady.lifetime_s": run.plan.lifetime_s,

@@ -1,11 +1,11 @@
 """What a staircase's stream (runners/capacity/driver.py) draws from: its requests, without
 end (`endless_requests`), and the gaps between its arrivals at a rate (`ArrivalGaps`:
-conditioned on their count over each block for a step, drawn one by one for a hold).
+conditioned on their count over each block, of 64 arrivals for a step and of about four
+request lives' worth for a hold: `hold_gap_block`).
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 from collections.abc import Callable, Iterator
 
@@ -13,47 +13,65 @@ import numpy as np
 
 from runners.loadgen.requests import RequestSpec
 
-_GAP_BLOCK = 64  # arrivals whose gaps sum to exactly their count over the rate
+GAP_BLOCK = 64  # a step's arrivals whose gaps sum to exactly their count over the rate
+HOLD_BLOCK_LIVES = 4.0  # a hold's block, in request lives' worth of arrivals
+
+
+def hold_gap_block(rate: float, lifetime_s: float) -> int:
+    """A hold's block at `rate`: about `HOLD_BLOCK_LIVES` request lives' worth of arrivals,
+    never fewer than a step's (`ArrivalGaps` says why)."""
+    return max(GAP_BLOCK, round(rate * HOLD_BLOCK_LIVES * lifetime_s))
 
 
 class ArrivalGaps:
     """The gaps between a stream's arrivals, drawn from `numpy.random.default_rng(seed)`: gamma
-    gaps of shape `burstiness` (Poisson at 1). A step's are conditioned on their count over each
-    block (`next_s`); a hold's are free (`set_free`)."""
+    gaps of shape `burstiness` (Poisson at 1, as `vllm bench serve` draws them), conditioned on
+    their count over each block of `set_block`'s size (`GAP_BLOCK` until then): a block's gaps
+    sum to exactly its count over the rate, i.e. a Poisson (or gamma) process conditioned on
+    its count over each block. Arrivals stay as bursty as vLLM's within a block, and a window of
+    a block or more offers the rate it is labelled with, up to a partial block at each end (at
+    its end only where it starts a block: a hold's window does, runners/capacity/step.py).
+
+    A step's block is 64 arrivals: its short window offers its label (a free Poisson count over
+    200 requests is off by 7% at one standard deviation). A hold's is about four request lives'
+    worth (`hold_gap_block`). The batch swings with the arrival count over about one life, and
+    a hold must see those swings as an operator's client sends them; it must not see a drift of
+    the whole window. Inside a block the count of a one-life sub-window is binomial, its
+    variance the free process's times (1 - 1/4): its swings are about 87% of a free Poisson
+    process's, while the window's own count drifts no further than its partial end blocks. The
+    H100 (Qwen3-8B shape, fp8, 2026-12-06, docs/h100/session15/) showed the drift: a hold at
+    14.6 req/s with free gaps offered 15.8 req/s over the 98 s it ran (1553 sends, +8%, about
+    three standard deviations of a Poisson count) and missed at TPOT p99 16.6 ms, where vLLM's
+    own client, Poisson over 180 s at 15.18 req/s, read 14.65 ms under the 15 ms bound.
+    bench/h100/hold_offered_spread.py models the spread of both."""
 
     def __init__(self, seed: int, burstiness: float) -> None:
         self.burstiness = burstiness
         self._rng = np.random.default_rng(seed)
-        self._gaps: collections.deque[float] = collections.deque()
+        self._block = GAP_BLOCK
+        self._gaps = np.empty(0)  # the current block's gaps at `_gap_rate`, from `_next` on
+        self._next = 0
         self._gap_rate: float | None = None
-        self._free_arrivals = False  # True: gaps drawn one by one, as `vllm bench serve` does
 
-    def set_free(self, free_arrivals: bool) -> None:
-        """Free gaps (a hold) or gaps conditioned on their count (a step) from the next on."""
-        if free_arrivals != self._free_arrivals:
-            self._free_arrivals = free_arrivals
-            self._gap_rate = None  # the next gap starts afresh
+    def set_block(self, block: int) -> None:
+        """Condition the gaps on their count over blocks of `block` arrivals (a step:
+        `GAP_BLOCK`; a hold: `hold_gap_block`), the next gap starting a block afresh: a window
+        that starts then offers its rate over each whole block."""
+        if block < 1:
+            raise ValueError(f"an arrival block holds at least one arrival but got {block}.")
+        self._block = block
+        self._gap_rate = None
 
     def next_s(self, rate: float) -> float:
-        """The next gap at `rate`: gamma gaps (Poisson at burstiness 1, as `vllm bench serve`
-        draws them) in blocks of `_GAP_BLOCK` whose sum is exactly their count over the rate,
-        i.e. a Poisson process conditioned on its count over each block. Arrivals stay as
-        bursty as vLLM's within a block, and a window offers the rate it is labelled with
-        (a free Poisson count over 200 requests is off by 7% at one standard deviation).
-        With free arrivals (a hold) each gap is drawn alone, as vLLM's client draws them: the
-        count swings freely, and so does the batch, which is what a hold must see."""
-        if self._gap_rate != rate:
-            self._gaps.clear()
+        """The next gap at `rate` (s): a new block at a new rate or block size."""
+        if self._gap_rate != rate or self._next >= len(self._gaps):
+            gaps = self._rng.gamma(self.burstiness, 1.0, size=self._block)
+            self._gaps = gaps * (self._block / rate / float(gaps.sum()))
+            self._next = 0
             self._gap_rate = rate
-        if self._free_arrivals:
-            shape = self.burstiness  # mean 1/rate; vLLM's gamma(burstiness, 1/(rate x it))
-            return float(self._rng.gamma(shape, 1.0 / (rate * shape)))
-        if not self._gaps:
-            shape = self.burstiness
-            block = self._rng.gamma(shape, 1.0, size=_GAP_BLOCK)
-            block *= _GAP_BLOCK / rate / float(block.sum())
-            self._gaps.extend(float(g) for g in block)
-        return self._gaps.popleft()
+        gap = float(self._gaps[self._next])
+        self._next += 1
+        return gap
 
 
 def endless_requests(build: Callable[[int, int], list[RequestSpec]], chunk: int, seed: int,
