@@ -28,7 +28,7 @@ class Bracket:
     status: BracketStatus  # resolved: within tolerance; at_least: met at `high`; none: missed
     # at `low`; unresolved: wider than the tolerance when the probes ran out
     num_probes: int = 0
-    # Whether `met_load` was held (`CapacitySearch.hold_s`): met over a long window of free
+    # Whether `met_load` was held (`CapacitySearch.hold_s`): met over a long window of
     # arrivals, not only a step's short one. None: no hold was asked for or none could run.
     held: bool | None = None
     # The heaviest load of interest (`CapacitySearch.high`), for "no load in [low, high] met

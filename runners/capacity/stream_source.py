@@ -42,8 +42,14 @@ class ArrivalGaps:
     H100 (Qwen3-8B shape, fp8, 2026-12-06, docs/h100/session15/) showed the drift: a hold at
     14.6 req/s with free gaps offered 15.8 req/s over the 98 s it ran (1553 sends, +8%, about
     three standard deviations of a Poisson count) and missed at TPOT p99 16.6 ms, where vLLM's
-    own client, Poisson over 180 s at 15.18 req/s, read 14.65 ms under the 15 ms bound.
-    bench/h100/hold_offered_spread.py models the spread of both."""
+    own client at 15.18 req/s read 14.65 ms under the 15 ms bound. That client conditions too:
+    vLLM 0.26.0's `get_request` (vllm/benchmarks/serve.py) scales its N gamma gaps to span
+    exactly N / rate seconds, one block over its whole run (its 2376 and 2733 sends there
+    spanned 179.9 and 180.0 s), so over 180 s of 15 s lives its one-life swings are about
+    sqrt(1 - 15/180), 96%, of a free process's. A hold's blocks of four lives swing a little
+    less (87%), and a hold cut short by its early stop still offers its load up to a partial
+    block, where one block over the whole window would not. bench/h100/hold_offered_spread.py
+    models the spread of free and blocked arrivals."""
 
     def __init__(self, seed: int, burstiness: float) -> None:
         self.burstiness = burstiness

@@ -182,8 +182,8 @@ def test_a_holds_window_offers_its_rate_where_free_poisson_arrivals_drift() -> N
     """The H100 hold at 14.6 req/s (2026-12-06, free arrivals then) offered 15.8 over the
     98 s it ran, and its miss was read as one at 14.6. Over 400 seeds, a 98 s window that
     starts a block of four 15 s lives (as `measure_step` starts a hold's) offers within 3% of
-    14.6 in at least 99% of them; free Poisson arrivals (vLLM's client's, the holds' before)
-    do in about three of four, and drift past 6%."""
+    14.6 in at least 99% of them; free Poisson arrivals (the holds' before) do in about three
+    of four, and drift past 6%."""
     rate, life_s, window_s = 14.6, 15.0, 98.0
     block = plan_hold(SEARCH, rate, lifetime_s=life_s).gap_block
     rng = np.random.default_rng(0)
