@@ -97,14 +97,29 @@ def test_the_pair_reads_each_arms_wall_claim_and_judgement_and_states_the_ratio(
         "before arm's engine started first" in out
 
 
-def test_an_arm_whose_trial_did_not_end_gives_no_ratio(
+def test_an_arm_whose_trial_did_not_end_bounds_the_ratio_by_how_long_its_logs_ran(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _arm(tmp_path / "tph-before", "tph-before", BEFORE)
-    _arm(tmp_path / "tph-after", "tph-after", None)
+    after = tmp_path / "tph-after"
+    _arm(after, "tph-after", None)
+    (after / "daemon.log").write_text(
+        "2026-12-06 12:35:00,120 INFO optimizer.cli: warm start: off\n"
+        "2026-12-06 12:35:01,954 INFO optimizer.run.daemon: trial 0 started: params={}\n")
+    (after / "trials" / "0000").mkdir(parents=True)
+    (after / "trials" / "0000" / "server.log").write_text(
+        "(APIServer pid=1411) INFO 12-06 12:37:11 [api_server.py:1] Starting vLLM API server\n"
+        "(APIServer pid=1411) INFO 12-06 12:55:01 [loggers.py:310] Engine 000: Running: 101\n"
+        "a line of a traceback, no time\n")
     assert table.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "| after (tph-after) | staircase + hold | - | no trial ended (state RUNNING) |" in out
-    assert "after / before: not given (an arm has no trial that ended)" in out
+    # 12:35:01 to 12:55:01: >= 1200 s, so <= 3.0 trials an hour against 8.2: <= 0.37x
+    assert ("| after (tph-after) | staircase + hold | - | no trial ended (state RUNNING); its "
+            "logs ran >= 1200 s | - | - | - | - | - | <= 3.0 |") in out
+    assert "after / before: <= 0.37x trials per hour (the after arm's trial did not end" in out
+    (after / "daemon.log").unlink()  # nothing to bound it by: no ratio
+    assert table.main([str(tmp_path)]) == 0
+    assert "after / before: not given (an arm has no trial that ended)" in \
+        capsys.readouterr().out
 
 
 def test_a_simulated_record_is_labelled_and_its_slept_start_up_is_what_it_subtracts(

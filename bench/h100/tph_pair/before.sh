@@ -5,17 +5,19 @@
 # into /root/ns-before, copies the tree's before.yaml in, and runs its one trial there, with the
 # old code first on PYTHONPATH (its Ray workers inherit it). Its records land in
 # /root/h200-results/tph-before, which run_study.sh packs. Needs bench/h100/tok.sh first.
+# NS_BEFORE and RESULTS move the two /root folders (a rehearsal on the CPU machine).
 set -uo pipefail
 here=bench/h100/tph_pair
-dest=/root/ns-before
+dest=${NS_BEFORE:-/root/ns-before}
+results=${RESULTS:-/root/h200-results}/tph-before
 if [ ! -f $here/before-src.tar.gz ]; then
   echo "tph_pair: no $here/before-src.tar.gz: run bash $here/make_before.sh on the CPU" \
     "machine and carry that file in the call that starts the sequence" >&2
   exit 2
 fi
 rm -rf $dest && mkdir -p $dest && tar xzf $here/before-src.tar.gz -C $dest || exit 3
-mkdir -p $dest/$here /root/h200-results/tph-before && cp $here/before.yaml $dest/$here/ || exit 3
-cp $dest/COMMIT /root/h200-results/tph-before/COMMIT
+mkdir -p $dest/$here $results && cp $here/before.yaml $dest/$here/ || exit 3
+cp $dest/COMMIT $results/COMMIT
 echo "tph_pair before: the code of $(cat $dest/COMMIT)"
 (cd $dest && PYTHONPATH=$dest:/tmp/site python3 -m optimizer.cli start $here/before.yaml \
   --no-progress)

@@ -10,6 +10,7 @@ record class, so the old code's record needs nothing of today's. Simulated runs 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +23,12 @@ import optuna
 from optimizer.results.trial_record import ATTR_RECORD
 
 ARMS = (("before", "tph-before"), ("after", "tph-after"))
+# daemon.log: "2026-12-06 17:46:16,954 INFO optimizer.run.daemon: trial 0 started: ..."
+TRIAL_STARTED = re.compile(
+    r"^(\d{4})-(\d\d-\d\d \d\d:\d\d:\d\d),\d+ INFO \S+: trial (\d+) started")
+# the trial's server.log, vLLM's lines: "(APIServer pid=1411) INFO 12-06 09:06:37 [loggers.py..."
+SERVER_LINE = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+                         r"(\d\d-\d\d \d\d:\d\d:\d\d) \[")
 
 
 class BadResults(Exception):
@@ -36,6 +43,9 @@ class Arm:
     state: str  # the Optuna state of that trial
     commit: str | None  # the before arm's COMMIT file (bench/h100/tph_pair/before.sh)
     num_trials: int
+    # A trial that did not end (the device time ran out): how long it ran at least, from its
+    # start in daemon.log to its server's last log line.
+    ran_at_least_s: float | None = None
 
     @property
     def is_simulated(self) -> bool:
@@ -86,7 +96,28 @@ def read_arm(name: str, folder: Path) -> Arm:
                record=found.user_attrs[ATTR_RECORD] if found else None,
                state=(found or trials[0]).state.name if trials else "NONE",
                commit=commit_file.read_text().strip()[:12] if commit_file.is_file() else None,
-               num_trials=len(trials))
+               num_trials=len(trials), ran_at_least_s=None if found else ran_at_least(folder))
+
+
+def ran_at_least(folder: Path) -> float | None:
+    """Seconds from the first trial's start (daemon.log) to its server's last log line, or
+    None where either is missing: a lower bound on the wall of a trial that did not end."""
+    daemon = folder / "daemon.log"
+    lines = daemon.read_text(errors="replace").splitlines() if daemon.is_file() else []
+    start = next((m for line in lines if (m := TRIAL_STARTED.match(line))), None)
+    if start is None:
+        return None
+    server = folder / "trials" / f"{int(start.group(3)):04d}" / "server.log"
+    if not server.is_file():
+        return None
+    stamps = [m.group(1) for line in server.read_text(errors="replace").splitlines()
+              if (m := SERVER_LINE.search(line))]
+    if not stamps:
+        return None
+    fmt = "%Y-%m-%d %H:%M:%S"
+    begun = datetime.strptime(f"{start.group(1)}-{start.group(2)}", fmt)
+    last = datetime.strptime(f"{start.group(1)}-{stamps[-1]}", fmt)
+    return (last - begun).total_seconds()
 
 
 def _num(value: Any, fmt: str = ".0f") -> str:
@@ -148,15 +179,18 @@ def judged(arm: Arm) -> str:
 
 def summary_table(arms: Sequence[Arm]) -> list[str]:
     lines = ["| arm | code | trial started UTC | trial wall s | start-up s (compile cache) | "
-             "after start-up s | probes or steps | capacity claim | how the claim was judged | "
+             "wall - start-up s | probes or steps | capacity claim | how the claim was judged | "
              "trials/hour |", "|---|---|---|---|---|---|---|---|---|---|"]
     for arm in arms:
         record = arm.record
         code = f"fixed probes, {arm.commit}" if arm.name == "before" and arm.commit else \
             "fixed probes" if arm.name == "before" else "staircase + hold"
         if record is None:
+            ran = "" if arm.ran_at_least_s is None else \
+                f"; its logs ran >= {arm.ran_at_least_s:.0f} s"
+            most = "-" if not arm.ran_at_least_s else f"<= {3600 / arm.ran_at_least_s:.1f}"
             lines.append(f"| {arm.name} ({arm.study}) | {code} | - | no trial ended "
-                         f"(state {arm.state}) | - | - | - | - | - | - |")
+                         f"(state {arm.state}){ran} | - | - | - | - | - | {most} |")
             continue
         started = record.get("engine_started_unix_s")
         when = datetime.fromtimestamp(started, UTC).strftime("%H:%M:%S") if started else "-"
@@ -208,6 +242,11 @@ def steps_table(arm: Arm) -> list[str]:
 
 
 def ratio_line(before: Arm, after: Arm) -> str:
+    if before.per_hour is not None and after.per_hour is None and after.ran_at_least_s:
+        most = 3600 / after.ran_at_least_s
+        return (f"after / before: <= {most / before.per_hour:.2f}x trials per hour (the after "
+                f"arm's trial did not end: it ran >= {after.ran_at_least_s:.0f} s, so <= "
+                f"{most:.1f} an hour, against {before.per_hour:.1f}; one trial each; no interval)")
     if before.per_hour is None or after.per_hour is None:
         return "after / before: not given (an arm has no trial that ended)"
     return (f"after / before: {after.per_hour / before.per_hour:.2f}x trials per hour "
