@@ -1,7 +1,8 @@
 #!/bin/bash
 # A `sh:` entry of bench/h200/run_study.sh (ON the device, cwd its private copy /root/ns-src):
 # the "before" arm of issue 32's trials-per-hour pair. Unpacks the old code that
-# bench/h100/tph_pair/make_before.sh packed (carried beside this script as before-src.tar.gz)
+# bench/h100/tph_pair/make_before.sh packed (.tph/before-src.tar.gz, carried by the call that
+# starts the sequence)
 # into /root/ns-before, copies the tree's before.yaml in, and runs its one trial there, with the
 # old code first on PYTHONPATH (its Ray workers inherit it). Its records land in
 # /root/h200-results/tph-before, which run_study.sh packs. Needs bench/h100/tok.sh first.
@@ -10,12 +11,13 @@ set -uo pipefail
 here=bench/h100/tph_pair
 dest=${NS_BEFORE:-/root/ns-before}
 results=${RESULTS:-/root/h200-results}/tph-before
-if [ ! -f $here/before-src.tar.gz ]; then
-  echo "tph_pair: no $here/before-src.tar.gz: run bash $here/make_before.sh on the CPU" \
-    "machine and carry that file in the call that starts the sequence" >&2
+tarball=.tph/before-src.tar.gz
+if [ ! -f $tarball ]; then
+  echo "tph_pair: no $tarball: run bash $here/make_before.sh on the CPU machine and carry" \
+    ".tph in the call that starts the sequence" >&2
   exit 2
 fi
-rm -rf $dest && mkdir -p $dest && tar xzf $here/before-src.tar.gz -C $dest || exit 3
+rm -rf $dest && mkdir -p $dest && tar xzf $tarball -C $dest || exit 3
 mkdir -p $dest/$here $results && cp $here/before.yaml $dest/$here/ || exit 3
 cp $dest/COMMIT $results/COMMIT
 echo "tph_pair before: the code of $(cat $dest/COMMIT)"

@@ -9,10 +9,10 @@
 set -euo pipefail
 here=bench/h100/tph_pair
 dry=${DRY:-/tmp/tph-dry}
-[ -f $here/before-src.tar.gz ] || { echo "dry_run: run bash $here/make_before.sh first" >&2
+[ -f .tph/before-src.tar.gz ] || { echo "dry_run: run bash $here/make_before.sh first" >&2
   exit 2; }
 rm -rf "$dry" && mkdir -p "$dry/ns-before/$here" "$dry/h200-results/tph-before"
-tar xzf $here/before-src.tar.gz -C "$dry/ns-before"
+tar xzf .tph/before-src.tar.gz -C "$dry/ns-before"
 PYTHONPATH=$PWD python3 bench/h100/make_tok_model.py "$dry/qwen3-8b-tok"
 shrink() {  # the load shortened for the simulated engine, every /root path under $dry
   sed -e "s#/root/qwen3-8b-tok#$dry/qwen3-8b-tok#; s#/root/#$dry/#g" \

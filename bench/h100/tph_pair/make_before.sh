@@ -1,7 +1,7 @@
 #!/bin/bash
 # ON the CPU machine, from the repository root (it needs .git): the "before" code of issue 32's
 # trials-per-hour pair, as a small git-ignored tarball that one device call carries.
-#   bash bench/h100/tph_pair/make_before.sh    # -> bench/h100/tph_pair/before-src.tar.gz
+#   bash bench/h100/tph_pair/make_before.sh    # -> .tph/before-src.tar.gz (git-ignored)
 # "Before" is the parent of commit 515c1d3 ("Capacity on a steady staircase"): capacity by fixed
 # probes (each sends arrivals for probe_duration_s, then drains; one engine per trial). The
 # tarball holds that commit's optimizer/, runners/ and search_spaces/ (all the code the study
@@ -12,7 +12,8 @@
 # bench/h100/tph_pair/before.sh unpacks it on the device and copies before.yaml in.
 set -euo pipefail
 commit=$(git rev-parse --verify '515c1d3~1^{commit}')
-out=bench/h100/tph_pair/before-src.tar.gz
+out=.tph/before-src.tar.gz
+mkdir -p .tph
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 git archive "$commit" optimizer runners search_spaces bench/h200/space.yaml | tar xf - -C "$stage"

@@ -214,8 +214,9 @@ def steps_table(arm: Arm) -> list[str]:
     first since the engine was ready) and what it read."""
     record = arm.record or {}
     lines = [f"{arm.name} ({arm.study}), state {record.get('state', arm.state)}:", "",
-             "| # | kind | load req/s | verdict | s since previous | window s | requests | "
-             "TPOT p99 ms | completed req/s |", "|---|---|---|---|---|---|---|---|---|"]
+             "| # | kind | load req/s | verdict | s since previous | "
+             "window s (a probe: sent + drained) | requests | TPOT p99 ms | completed req/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     previous = arm.startup_wall_s or 0.0
     for step in record.get("steps") or []:
         metrics, server = step.get("metrics") or {}, step.get("server") or {}
