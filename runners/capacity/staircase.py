@@ -307,7 +307,7 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
         verdict = judge_window(
             metrics, counts, workload.slo, max_failed_fraction=workload.max_failed_fraction,
             tolerance=search.tolerance, is_saturated=run.is_saturated,
-            is_closed_loop=is_closed, is_hold=run.plan.is_hold,
+            is_closed_loop=is_closed,
             concurrency=run.plan.load if is_closed else None,
             min_requests=run.plan.min_requests,
             min_window_s=0.0 if run.decided_early else run.plan.min_window_s,
@@ -368,6 +368,8 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
         server["steady.waiting_rise"] = counts.waiting_rise
     if counts.in_flight_rise is not None:
         server["steady.in_flight_rise"] = counts.in_flight_rise
+    if counts.sent_span_s is not None:  # the simulated engine: its sends on the client's clock
+        server["steady.sent_span_s"] = counts.sent_span_s
     if counts.late_bound_s is not None:
         server["steady.num_sent_late"] = float(counts.num_sent_late)
         server["steady.late_bound_s"] = counts.late_bound_s
