@@ -1,10 +1,11 @@
 """What load a hold's window offers: the spread of its realised rate (sends / window) under free
-Poisson arrivals (gaps drawn one by one, as `vllm bench serve` draws them, and as holds drew
-them until session 15) and under Poisson arrivals conditioned on their count over blocks of
-about four request lives (runners/capacity/stream_source.py `hold_gap_block`, as holds draw them
-now); the swing of the count over one request life that drives the batch, under both; and how
-far the in-flight count's least-squares line rises by chance over the hold's window
-(runners/capacity/judge.py does not judge a hold's line).
+Poisson arrivals (gaps drawn one by one, as holds drew them until session 15; `vllm bench
+serve` draws its gaps so but scales them to span N / rate, its count pinned over its run) and
+under Poisson arrivals conditioned on their count over blocks of about four request lives
+(runners/capacity/stream_source.py `hold_gap_block`, as holds draw them now); the swing of the
+count over one request life that drives the batch, under both; and how far the in-flight
+count's least-squares line rises by chance over the hold's window (runners/capacity/judge.py
+judges a hold's line as a step's since session 15, on this model's evidence at this load).
 
 A model, not a measurement: the H100 case of session 15 (docs/h100/session15/: Qwen3-8B shape,
 fp8, prompts 100-400, answers 600-1400): rate 14.6 req/s, a mean request life of about 15 s

@@ -336,9 +336,10 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
                    key=lambda k: per_window[k][0].output_throughput)
     metrics, counts, verdict = per_window[order[len(order) // 2]]
     # Repeated windows: the step meets the SLO only if every window did.
-    missed = next((v for _, _, v in per_window if not v.meets_slo), None)
+    reason_counts = counts  # the window the reason is of
+    missed = next(((c, v) for _, c, v in per_window if not v.meets_slo), None)
     if missed is not None:
-        verdict = missed
+        reason_counts, verdict = missed
     if not run.is_settled and verdict.meets_slo:
         verdict = Verdict(False, f"not steady: the in-flight count still rose after "
                                  f"{run.warmup_s:.0f} s of warm-up")
@@ -353,8 +354,11 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
                           is_overload_errors=verdict.is_overload_errors,
                           is_load_unapplied=verdict.is_load_unapplied)
         server["steady.planned_window_s"] = run.plan.window_s
-    offered = None if is_closed else offered_note(run.plan.load, counts.num_sent, counts.window_s)
-    if offered is not None and not verdict.meets_slo:  # what its miss was a miss at
+    # A missed hold says what its window offered, off its label (a step's short window is off by
+    # chance: its record has the rate); a load not applied has said what it was offered.
+    offered = None if is_closed or not run.plan.is_hold or verdict.is_load_unapplied else \
+        offered_note(run.plan.load, reason_counts.num_sent, reason_counts.window_s)
+    if offered is not None and not verdict.meets_slo:
         verdict = replace(verdict, reason=f"{verdict.reason}; {offered}")
     server.update({
         "steady.window_s": counts.window_s,
@@ -364,12 +368,10 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
         "steady.mean_in_flight": counts.mean_in_flight,
         "steady.is_settled": 1.0 if run.is_settled else 0.0,
         "is_saturated": 1.0 if run.is_saturated else 0.0})
-    if counts.waiting_rise is not None:
-        server["steady.waiting_rise"] = counts.waiting_rise
-    if counts.in_flight_rise is not None:
-        server["steady.in_flight_rise"] = counts.in_flight_rise
-    if counts.sent_span_s is not None:  # the simulated engine: its sends on the client's clock
-        server["steady.sent_span_s"] = counts.sent_span_s
+    # (sent_span_s: the simulated engine's window, its sends on the client's clock)
+    server.update({f"steady.{name}": value for name, value in (
+        ("waiting_rise", counts.waiting_rise), ("in_flight_rise", counts.in_flight_rise),
+        ("sent_span_s", counts.sent_span_s)) if value is not None})
     if counts.late_bound_s is not None:
         server["steady.num_sent_late"] = float(counts.num_sent_late)
         server["steady.late_bound_s"] = counts.late_bound_s
