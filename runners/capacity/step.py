@@ -206,7 +206,7 @@ _OFFERED_OFF = 0.02  # a window that offered this far off its load says so (`off
 
 
 def offered_note(load: float, num_sent: int, window_s: float) -> str | None:
-    """"offered 15.8 req/s over its 98 s" where a rate's window offered more than 2% off its
+    """"offered 15.8 req/s over its 98 s" where a hold's window offered more than 2% off its
     `load`, else None: a reason read as the load's must say when the window tested another.
     A hold at 14.6 req/s on the H100 (2026-12-06) offered 15.8 over the 98 s it ran, with its
     arrivals then free, and its miss was read as one at 14.6."""
