@@ -21,6 +21,7 @@ from runners.capacity.staircase import next_measurement, supersede_history, supe
 from runners.capacity.stream_source import ArrivalGaps
 from runners.engine import EngineRunner, held_bracket
 from runners.load_level import LoadLevel
+from runners.loadgen.client import RequestOutput
 from runners.simulated.launcher import SimulatedLauncher
 from runners.workload import SLO
 from tests.builders import benchmark_metrics, simulated_engine, staircase_workload
@@ -302,7 +303,6 @@ def test_the_p99_rule_for_a_cut_hold_matches_numpy_at_every_count_up_to_the_most
 
 def test_a_window_certainly_missed_once_its_ended_requests_decide_any_p99_it_can_reach() -> None:
     from runners.capacity.slo import certain_miss
-    from runners.loadgen.client import RequestOutput
 
     def out(tpot_ms: float, *, ok: bool = True) -> RequestOutput:
         return RequestOutput(success=ok, ttft_s=0.05, output_tokens=101,
@@ -400,22 +400,31 @@ def test_a_hold_that_has_missed_whatever_comes_is_cut_short_and_its_requests_sti
         assert cut < windows["loose"][1] / 2, f"cut short: {windows}"
 
 
+def _judged(plan: StepPlan, outputs: list[RequestOutput], counts: WindowCounts,
+            decided_early: str | None = None) -> StepMetrics:
+    """`judge_step` on one window of a step run with `plan` (the staircase's workload at a
+    tolerance of 10%): it reads the session's workload, start and sampler, nothing runs."""
+    from runners.capacity.staircase import judge_step
+    from runners.capacity.step import StepRun
+    from runners.session import EngineSession
+
+    session = EngineSession(proc=None, base_url="", config=EngineConfig(model="m"),  # type: ignore[arg-type]
+                            workload=staircase_workload(tolerance=0.1),
+                            log_path=Path("server.log"), started=0.0, launcher=None,  # type: ignore[arg-type]
+                            stall_timeout_s=30.0, api_key=None)
+    run = StepRun(plan=plan, windows=((outputs, counts),), early_outputs=[],
+                  early_duration_s=0.0, server={}, is_saturated=False, is_finished=True,
+                  window_start_s=0.0, decided_early=decided_early)
+    return judge_step(session, run, 4)[0]
+
+
 def test_a_held_miss_at_another_offered_rate_names_it_in_the_holds_own_reason() -> None:
     """`judge_step` on the H100 hold's counts (1553 sent in 98.2 s at 14.6, 54 over the TPOT
     bound, stopped early): its reason ends with what it offered; at 1433 sent it does not; a
     step's short window, off its label by chance a few percent, keeps the rate in its record
     and out of its reason."""
-    from runners.capacity.staircase import judge_step
-    from runners.capacity.step import StepRun
-    from runners.loadgen.client import RequestOutput
-    from runners.session import EngineSession
-
-    workload = staircase_workload(tolerance=0.1)
-    # judge_step reads the session's workload, start and sampler: nothing runs here.
-    session = EngineSession(proc=None, base_url="", config=EngineConfig(model="m"),  # type: ignore[arg-type]
-                            workload=workload, log_path=Path("server.log"), started=0.0,
-                            launcher=None, stall_timeout_s=30.0, api_key=None)  # type: ignore[arg-type]
-    plan = plan_hold(workload.capacity, 14.6, lifetime_s=22.4)  # type: ignore[arg-type]
+    capacity = staircase_workload(tolerance=0.1).capacity
+    plan = plan_hold(capacity, 14.6, lifetime_s=22.4)  # type: ignore[arg-type]
 
     def reason(num_sent: int, step_plan: StepPlan = plan) -> str | None:
         outputs = [RequestOutput(success=True, ttft_s=0.05, output_tokens=101,
@@ -423,17 +432,13 @@ def test_a_held_miss_at_another_offered_rate_names_it_in_the_holds_own_reason() 
                    for k in range(num_sent)]
         counts = WindowCounts(window_s=98.2, num_sent=num_sent, num_ended=num_sent,
                               mean_in_flight=220.0, waiting_rise=0.0)
-        run = StepRun(plan=step_plan, windows=((outputs, counts),), early_outputs=[],
-                      early_duration_s=0.0, server={}, is_saturated=False, is_finished=True,
-                      window_start_s=0.0, decided_early="54 requests over the TPOT bound")
-        step, _ = judge_step(session, run, 4)
-        return step.miss_reason
+        return _judged(step_plan, outputs, counts, "54 requests over the TPOT bound").miss_reason
 
     assert (reason(1553) or "").endswith(
         "stopped after 98 of 224 s: 54 requests over the TPOT bound; offered 15.8 req/s over "
         "its 98 s"), reason(1553)
     assert "offered" not in (reason(1433) or "x"), reason(1433)
-    step_plan = plan_step(workload.capacity, 14.6, lifetime_s=22.4)  # type: ignore[arg-type]
+    step_plan = plan_step(capacity, 14.6, lifetime_s=22.4)  # type: ignore[arg-type]
     assert "offered" not in (reason(1553, step_plan) or "x"), reason(1553, step_plan)
 
 
@@ -441,26 +446,15 @@ def test_judge_step_fails_a_hold_whose_in_flight_line_rose_past_its_noise() -> N
     """The staircase judges a hold's in-flight line as a step's (its percentiles met here:
     every TPOT 9.9 ms of a 15 ms bound): a rise of 51 over 226 in flight, as the H100 hold at
     14.6 req/s rose, is no steady state; a fall of 12, as the hold at 13.2 that met, is."""
-    from runners.capacity.staircase import judge_step
-    from runners.capacity.step import StepRun
-    from runners.loadgen.client import RequestOutput
-    from runners.session import EngineSession
-
-    workload = staircase_workload(tolerance=0.1)
-    session = EngineSession(proc=None, base_url="", config=EngineConfig(model="m"),  # type: ignore[arg-type]
-                            workload=workload, log_path=Path("server.log"), started=0.0,
-                            launcher=None, stall_timeout_s=30.0, api_key=None)  # type: ignore[arg-type]
-    plan = plan_hold(workload.capacity, 14.6, lifetime_s=22.4)  # type: ignore[arg-type]
+    plan = plan_hold(staircase_workload(tolerance=0.1).capacity, 14.6,  # type: ignore[arg-type]
+                     lifetime_s=22.4)
     outputs = [RequestOutput(success=True, ttft_s=0.05, output_tokens=101, latency_s=1.04)
                for _ in range(3270)]
 
     def verdict(rise: float) -> tuple[bool | None, str | None]:
         counts = WindowCounts(window_s=224.0, num_sent=3270, num_ended=3265,
                               mean_in_flight=226.0, waiting_rise=0.0, in_flight_rise=rise)
-        run = StepRun(plan=plan, windows=((outputs, counts),), early_outputs=[],
-                      early_duration_s=0.0, server={}, is_saturated=False, is_finished=True,
-                      window_start_s=0.0, decided_early=None)
-        step, _ = judge_step(session, run, 5)
+        step = _judged(plan, outputs, counts)
         return step.meets_slo, step.miss_reason
 
     assert verdict(51.0) == (False, "the in-flight count rose by 51 over the 224 s window "
