@@ -101,12 +101,12 @@ def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SL
     in 2000 draws (with the free arrivals holds drew until the fifteenth session, 0.9 and 2.1
     sqrt(n), 1.2% past it, which is why their line was not judged). Only that load is
     modelled: at a light one, where four lives hold fewer than 64 arrivals, the block's floor
-    makes it many lives long and the line's noise nearer the free case's. On the H100 the holds that met had lines
-    that fell (-17, -4, -12 requests) and the two that missed rose by 51 (3.4-4.3 sqrt(n)).
+    makes it many lives long and the line's noise nearer the free case's. On the H100 the
+    holds that met had lines that fell (-17, -4, -12 requests) and the two that missed rose
+    by 51 (3.4-4.3 sqrt(n)).
 
     An open loop whose client sent more than the tolerance of its requests late
-    (`late_sends`) did not apply its load: the host fell behind, not the server; nor did one
-    whose simulated engine's clock ran slower than the client's (`modelled_clock_slow`).
+    (`late_sends`) did not apply its load: the host fell behind, not the server.
 
     A window too short to be a measurement (`short_window`: fewer than `min_requests` sent, or
     shorter than `min_window_s`) has not met the SLO, whatever its percentiles.
@@ -120,8 +120,7 @@ def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SL
         short = short_window(counts, min_requests, min_window_s, max_window_s)
         if short is not None:
             return Verdict(False, short)
-        late = None if is_closed_loop else \
-            late_sends(counts, tolerance) or modelled_clock_slow(counts, tolerance)
+        late = None if is_closed_loop else late_sends(counts, tolerance)
         if late is not None:
             return Verdict(False, late, is_load_unapplied=True)
     failed = failures_miss(metrics, max_failed_fraction)
@@ -183,26 +182,6 @@ def short_window(counts: WindowCounts, min_requests: int, min_window_s: float,
     if (counts.num_sent < min_requests and not is_capped) or length < min_window_s * slack:
         return (f"window too short: {counts.num_sent} requests in {counts.window_s:.3g} s "
                 f"(a measurement needs {min_requests} and {min_window_s:g} s)")
-    return None
-
-
-def modelled_clock_slow(counts: WindowCounts, tolerance: float) -> str | None:
-    """Why an open loop on the simulated engine was offered more than it was sent, or None: its
-    arrivals on the engine's modelled clock (`window_s`) span less than the same requests' sends
-    on the client's clock (`sent_span_s`) by more than the tolerance. That clock leaves out the
-    engine loop's late wake-ups, so on a host that cannot run the model in real time it runs
-    slow and the model serves a heavier load than the step's (2 cores, 2026-12-06: 10 s of
-    sends at 12 req/s, answers of 600-1400 tokens, read 7.7-8.95 s, up to 22.3 req/s offered
-    at a step of 14.8): its percentiles are of a load nobody offered. The real engine has no
-    modelled clock and never reads so."""
-    if counts.sent_span_s is None or counts.sent_span_s <= 0 or counts.num_sent <= 7:
-        return None
-    ratio = counts.window_s / counts.sent_span_s
-    if ratio < 1.0 - tolerance:
-        return (f"load not applied: the simulated engine's clock ran at {ratio:.0%} of the "
-                f"client's, so the model was offered {counts.num_sent / counts.window_s:.3g} "
-                f"req/s where {counts.num_sent / counts.sent_span_s:.3g} were sent (a host too "
-                "busy to run the model in real time); the SLO is not shown at this load")
     return None
 
 

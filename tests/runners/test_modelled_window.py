@@ -35,9 +35,8 @@ def test_a_window_whose_modelled_clock_ran_slow_is_judged_on_the_clients_sends()
     """The lead's dry run (2026-12-06, 2 cores): 116 requests sent over 10 s read as 8.95 s of
     modelled arrivals, and the step at 12 req/s missed on "window too short" with its TPOT p99
     at 6.3 ms of 15 (about 8% slow). Sent over 10 s and read 8% short on the modelled clock, a
-    window of 120 is a measurement at that study's tolerance of 10%; its counts stay on the
-    modelled clock, where the engine kept up. (At the default tolerance, 5%, the same window's
-    load was not applied: the next test's rule.)"""
+    window of 120 is a measurement; its counts stay on the modelled clock, where the engine
+    kept up."""
     window = _stream(0, 120, clock_rate=0.92)
     recent = _stream(-300, 120, clock_rate=0.92)  # the warm-up's requests end in the window
     with StaircaseDriver("http://127.0.0.1:9", "model", iter(()), axis="request_rate",
@@ -70,22 +69,3 @@ def test_a_window_short_on_both_clocks_is_still_no_measurement() -> None:
     assert short_window(burst, min_requests=40, min_window_s=3.0, max_window_s=60.0) \
         is not None, "a wave sent at one instant spans no time on the client's clock either"
 
-
-def test_a_window_whose_modelled_clock_ran_slower_than_the_tolerance_did_not_apply_its_load(
-) -> None:
-    """The helper's rerun on a busier host: 10 s of sends read as 7.7 s of modelled arrivals, so
-    the model was offered 30% more than the step's rate. Its percentiles are of a load nobody
-    offered: load not applied (it steers the search as a miss, ends no bracket), whatever they
-    say; 10% slow is within the tolerance and is judged on its percentiles (the test above)."""
-    window = _stream(0, 120, clock_rate=0.77)
-    recent = _stream(-300, 120, clock_rate=0.77)
-    with StaircaseDriver("http://127.0.0.1:9", "model", iter(()), axis="request_rate",
-                         timeout_s=1.0, seed=0) as driver:
-        counts = _counts(driver, [], 0.0, 10.0, window, recent)
-    metrics = benchmark_metrics(p99_tpot_ms=6.3, p99_ttft_ms=80.0, completed=120)
-    verdict = judge_window(metrics, counts, SLO(tpot_p99_ms=15), max_failed_fraction=0.05,
-                           tolerance=0.1, min_requests=40, min_window_s=10.0, max_window_s=60.0)
-    assert not verdict.meets_slo and verdict.is_load_unapplied
-    assert verdict.reason is not None and verdict.reason.startswith(
-        "load not applied: the simulated engine's clock ran at 77% of the client's, so the "
-        "model was offered 15.6 req/s where 12 were sent")
