@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from contextvars import Context
+from typing import TypeVarTuple, Unpack
 
 import pytest
 
@@ -22,13 +23,14 @@ from tests.virtual_time import VirtualTimeLoop
 # (2026-12-06), against decode steps of 5-10 ms; before the catch-up it was summed into the
 # lag at every step and 20 s of sends at 3 req/s read as 16.6 s of modelled arrivals.
 LATE_S = 0.001
+_Ts = TypeVarTuple("_Ts")
 
 
 class _LateTimerLoop(VirtualTimeLoop):
     """A virtual clock on which every timer fires LATE_S after it was due."""
 
-    def call_at(self, when: float, callback: Callable[..., object], *args: Any,
-                context: Any = None) -> asyncio.TimerHandle:
+    def call_at(self, when: float, callback: Callable[[Unpack[_Ts]], object],
+                *args: *_Ts, context: Context | None = None) -> asyncio.TimerHandle:
         return super().call_at(when + LATE_S, callback, *args, context=context)
 
 
