@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,6 +49,9 @@ def main() -> int:
     if args.runs < 1:
         parser.error(f"--runs must be at least 1 but got {args.runs}.")
     logging.basicConfig(level=logging.WARNING)
+    # A SIGTERM (`timeout`, a job's end) unwinds as an exit, so each run's engine is closed: it
+    # used to outlive the script.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     search = CapacitySearch("request_rate", low=1, high=64, tolerance=0.1, max_probes=8,
                             min_window_requests=150, min_window_s=3, hold_s=30)
     workload = Workload(input_len=LengthDistribution(mean=512),
