@@ -226,7 +226,8 @@ def most_requests(sent: int, rate: float, remaining_s: float, burstiness: float)
     process's count (gaps of shape `burstiness`, Poisson at 1: its variance is about its mean /
     burstiness), plus a few, a bound a draw passes far less than once in a million. A hold's
     arrivals, conditioned on their count over blocks (`ArrivalGaps`), have the same mean and
-    at most that variance (a partial block's count is binomial for Poisson gaps, about so for gamma): the bound holds for them."""
+    at most that variance (a partial block's count is binomial for Poisson gaps, about so for
+    gamma): the bound holds for them."""
     mean = max(0.0, rate * remaining_s)
     return sent + math.ceil(mean + _COUNT_SIGMAS * math.sqrt(mean / max(burstiness, 1e-3)) + 6)
 
