@@ -167,9 +167,9 @@ class StaircaseDriver:
     def set_load(self, load: float, *, gap_block: int = GAP_BLOCK) -> None:
         """Change the offered load from now on. `gap_block`: a rate's gaps conditioned on
         their count over blocks of this many arrivals (`ArrivalGaps`), the first block starting
-        after the arrival already due: a step's 64, so its short window offers its label; a
-        hold's about four request lives' worth (`hold_gap_block`), so its window does too while
-        the batch swings within a life."""
+        after the arrival already due: a step's 64, so its short window offers its label up to
+        its partial end blocks; a hold's about four request lives' worth (`hold_gap_block`), so
+        its window offers its label while the batch swings within a life."""
         self._check_load(load)
         with self._lock:
             self._arrival_gaps.set_block(gap_block)  # refuses a bad block before the load

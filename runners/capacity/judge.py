@@ -166,8 +166,9 @@ def short_window(counts: WindowCounts, min_requests: int, min_window_s: float,
     one step's end reads as a window of no length.
 
     That clock runs slower than the client's where the host cannot run the engine in real time
-    (it leaves out the engine loop's late wake-ups): 10 s of sends read as 8.95 s of arrivals
-    on a 2-core host, a miss at 12 req/s whose TPOT p99 was 6.3 ms of 15. So the window lasts
+    (it leaves out the lag the engine's loop could not catch up; before the catch-up, every
+    late wake-up: 10 s of sends read as 8.95 s of arrivals on a 2-core host, a miss at 12 req/s
+    whose TPOT p99 was 6.3 ms of 15). So the window lasts
     the longer of its arrivals' span and its sends' on the client's clock (`sent_span_s`, read
     alike: a wave sent at one instant spans no time on either); the real engine's window is
     on the client's clock alone, as before."""

@@ -356,10 +356,10 @@ def judge_step(session: EngineSession, run: StepRun, index: int) -> tuple[StepMe
         server["steady.planned_window_s"] = run.plan.window_s
     # A missed hold says what its window offered, off its label (a step's short window is off by
     # chance: its record has the rate); a load not applied has said what it was offered.
-    offered = None if is_closed or not run.plan.is_hold or verdict.is_load_unapplied else \
-        offered_note(run.plan.load, reason_counts.num_sent, reason_counts.window_s)
-    if offered is not None and not verdict.meets_slo:
-        verdict = replace(verdict, reason=f"{verdict.reason}; {offered}")
+    if run.plan.is_hold and not (is_closed or verdict.meets_slo or verdict.is_load_unapplied):
+        offered = offered_note(run.plan.load, reason_counts.num_sent, reason_counts.window_s)
+        if offered is not None:
+            verdict = replace(verdict, reason=f"{verdict.reason}; {offered}")
     server.update({
         "steady.window_s": counts.window_s,
         "steady.lifetime_s": run.plan.lifetime_s,

@@ -329,11 +329,12 @@ def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, fl
     On the modelled clock the window runs from its first to its last arrival plus one mean gap,
     and the requests that ended and the time in flight are counted over that span, so the
     rates and the in-flight count are all of the load the modelled engine saw. That clock is
-    the loop's wall time less every late wake-up of the engine's loop: where the host cannot
-    run the engine in real time (12-18 req/s of 1000-token streams on 2 cores) it runs slower
-    than the client's, and the same sends read as denser arrivals over a shorter window (10 s
-    sent, 8.95 s modelled). So the span of the same requests' sends on the client's clock goes
-    with it (`WindowCounts.sent_span_s`), measured alike, for the length rule."""
+    the loop's wall time less the lag the engine's loop could not catch up
+    (runners/simulated/engine.py `CATCH_UP_S`): where the host cannot run the engine in real
+    time it runs slower than the client's, and the same sends read as denser arrivals over a
+    shorter window (before the catch-up, 10 s sent read as 8.95 s modelled on 2 cores). So the
+    span of the same requests' sends on the client's clock goes with it
+    (`WindowCounts.sent_span_s`), measured alike, for the length rule."""
     from runners import prometheus
 
     waiting = [(t, s[prometheus.NUM_REQUESTS_WAITING]) for t, s in samples
