@@ -47,6 +47,22 @@ def _batch_advice(ev: Mapping[str, float]) -> str:
             "and replicas (data_parallel_size) add capacity, not capacity per GPU")
 
 
+def _ridge_advice(ev: Mapping[str, float], *, fp8_weights: bool, fp8_kv: bool) -> str:
+    """At the ridge both ceilings bind about equally: a lever that cuts FLOPs and bytes at
+    once comes first; one that cuts either alone gains only until the other ceiling binds."""
+    if not fp8_weights:
+        return ("cut FLOPs and bytes at once: fp8 weights (quantization fp8) halve the "
+                "weight bytes read and, on a card with fp8 tensor cores, double the GEMMs' "
+                "FLOP ceiling")
+    levers = []
+    if not fp8_kv and ev.get("kv_read_share", 1.0) >= 0.1:
+        levers.append("an fp8 KV cache (kv_cache_dtype fp8) for the bytes")
+    levers.append("prefix caching of shared prompts or shorter prompts for the prefill FLOPs")
+    return ("both ceilings bind about equally, so a lever on one side gains only until the "
+            "other binds: " + "; ".join(levers) + "; replicas (data_parallel_size) add "
+            "capacity, not capacity per GPU")
+
+
 def advice(verdict: Verdict, *,
            config: EngineConfig | Mapping[str, Any] | None = None) -> str:
     """What to do next, given the verdict; never what the config already does. `config` (an
@@ -68,8 +84,10 @@ def advice(verdict: Verdict, *,
     if label == "unknown" and ev.get("is_unphysical") == 1.0:
         return "measure a longer window (more requests per level) to tell"
     if label == "at-physical-limit":
-        is_flop = (ev.get("compute_utilization") or 0.0) >= \
-            (ev.get("bandwidth_utilization") or 0.0) and "compute_utilization" in ev
+        # At the ridge the FLOP ceiling binds as much as the bandwidth one.
+        is_flop = ((ev.get("compute_utilization") or 0.0) >=
+                   (ev.get("bandwidth_utilization") or 0.0) or ev.get("is_at_ridge") == 1.0) \
+            and "compute_utilization" in ev
         if is_flop and not fp8_weights and ev.get("is_fp8_capable") == 1.0:
             # The bf16 ceiling is not this card's: its fp8 tensor cores run about twice it.
             return ("this is the bf16 FLOP ceiling's limit for this batch, not the GPU's: "
@@ -98,6 +116,8 @@ def advice(verdict: Verdict, *,
         if levers:
             return "read fewer bytes per token: " + " or ".join(levers)
         return _batch_advice(ev)
+    if label == "compute-and-memory-bound":
+        return _ridge_advice(ev, fp8_weights=fp8_weights, fp8_kv=fp8_kv)
     if label == "kv-capacity-bound":
         levers = []
         if not fp8_kv:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Final
+from typing import Final, Literal
 
 from optimizer.bottleneck.evidence import Evidence
 from optimizer.bottleneck.thresholds import DEFAULT_THRESHOLDS, Thresholds
@@ -39,15 +39,20 @@ _CONTEXT_FIELDS: Final = ("compute_utilization", "bandwidth_utilization",
 
 def classify(evidence: Evidence, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Verdict:
     """The first rule that the evidence supports, in this order: kv-capacity-bound,
-    at-physical-limit, communication-bound, launch-bound, compute-bound, memory-bound; else
-    unknown. Each rule has a form for partial evidence (no trace: telemetry, metrics, config).
-    The verdict's evidence also carries the level's utilisations and fp8/eager facts."""
+    at-physical-limit, communication-bound, launch-bound, then compute-bound, memory-bound or,
+    where the two roofline figures lie within `ridge_margin` of each other,
+    compute-and-memory-bound; else unknown. Each rule has a form for partial evidence (no
+    trace: telemetry, metrics, config). The verdict's evidence also carries the level's
+    utilisations (and their ratio, `compute_over_memory`) and fp8/eager facts."""
     verdict = _classify(evidence, thresholds)
     extra: dict[str, float] = {}
     for name in _CONTEXT_FIELDS:
         value = getattr(evidence, name)
         if value is not None and name not in verdict.evidence:
             extra[name] = float(value)
+    ratio = _mix_ratio(evidence)
+    if ratio is not None and "compute_over_memory" not in verdict.evidence:
+        extra["compute_over_memory"] = ratio
     load = _load(evidence)
     return replace(verdict, evidence={**verdict.evidence, **extra}, load=load,
                    reason=_with_where(verdict, evidence, load))
@@ -108,9 +113,20 @@ def _classify(evidence: Evidence, thresholds: Thresholds) -> Verdict:
         return _unphysical(e, rf)
 
     if rf is not None and rf >= t.at_limit_roofline_fraction and e.has_mix:
+        flop = f"{flop_precision(e.is_fp8_weights, e.is_fp8_capable)} FLOP"
+        if _mix_side(e, t) == "ridge":
+            # Both ceilings within the margin: the detail names both, and the advice treats
+            # the FLOP ceiling as binding too (fp8 weights raise it and halve the weights read).
+            return _verdict("at-physical-limit", rf, {**rf_ev, "is_at_ridge": 1.0},
+                            f"{e.compute_utilization:.0%} of the {flop} ceiling and "
+                            f"{e.bandwidth_utilization:.0%} of the bandwidth ceiling, at the "
+                            "ridge",
+                            f"the level ran at {e.compute_utilization:.0%} of the FLOP ceiling "
+                            f"and {e.bandwidth_utilization:.0%} of the bandwidth ceiling",
+                            ["roofline", "metrics"])
         ceiling = _dominant_ceiling(e)
         if ceiling == "FLOP":
-            ceiling = f"{flop_precision(e.is_fp8_weights, e.is_fp8_capable)} FLOP"
+            ceiling = flop
         return _verdict("at-physical-limit", rf, rf_ev, f"{rf:.0%} of the {ceiling} ceiling",
                         f"the level ran at {e.compute_utilization:.0%} of the FLOP ceiling and "
                         f"{e.bandwidth_utilization:.0%} of the bandwidth ceiling",
@@ -177,10 +193,11 @@ def _classify(evidence: Evidence, thresholds: Thresholds) -> Verdict:
     if busy is None and terms is not None and not terms.is_memory_dominated and \
             (util is None or util >= t.compute_gpu_util_pct):
         sources: list[Source] = ["roofline"] if util is None else ["roofline", "telemetry"]
-        return _verdict("compute-bound", rf,
-                        {"compute_over_memory": terms.compute_s / terms.memory_s,
-                         "gpu_util_mean_pct": util, **rf_ev},
-                        "FLOPs dominate the roofline",
+        ratio = terms.compute_s / terms.memory_s
+        ev3 = {"compute_over_memory": ratio, "gpu_util_mean_pct": util, **rf_ev}
+        if ridge_side(terms.compute_s, terms.memory_s, t.ridge_margin) == "ridge":
+            return _at_ridge(rf, ev3, ratio, t, "the decode roofline's", sources)
+        return _verdict("compute-bound", rf, ev3, "FLOPs dominate the roofline",
                         "the roofline's FLOP term exceeds its byte term", sources)
 
     if terms is not None and terms.is_memory_dominated:
@@ -189,12 +206,17 @@ def _classify(evidence: Evidence, thresholds: Thresholds) -> Verdict:
                "decode_batch": e.decode_batch, **rf_ev}
         at = f" at {rf:.0%} of it" if rf is not None else ""
         used: list[Source] = ["roofline", "trace"] if busy is not None else ["roofline"]
-        why = f"reading weights and KV dominates the decode roofline{at}"
+        gaps = ""
         if profiler_gaps:
             used.append("telemetry")
-            why += (f"; the profiled window's gaps (GPU busy {busy:.0%}) are the profiler's: "
+            gaps = (f"; the profiled window's gaps (GPU busy {busy:.0%}) are the profiler's: "
                     f"unprofiled, a kernel ran {util:.0f}% of the time")
-        return _verdict("memory-bound", rf, ev2, f"bandwidth roofline{at}", why, used)
+        if ridge_side(terms.compute_s, terms.memory_s, t.ridge_margin) == "ridge":
+            ratio = terms.compute_s / terms.memory_s
+            return _at_ridge(rf, {**ev2, "compute_over_memory": ratio}, ratio, t,
+                             "the decode roofline's", used, gaps)
+        return _verdict("memory-bound", rf, ev2, f"bandwidth roofline{at}",
+                        f"reading weights and KV dominates the decode roofline{at}{gaps}", used)
     if terms is None and e.mem_util_mean_pct is not None \
             and e.mem_util_mean_pct >= t.memory_util_pct:
         return _verdict("memory-bound", rf, {"mem_util_mean_pct": e.mem_util_mean_pct},
@@ -217,6 +239,45 @@ def _classify(evidence: Evidence, thresholds: Thresholds) -> Verdict:
 
 # A level's window shorter than this measures no rate: a few requests' start and end decide it.
 MIN_RATE_WINDOW_S: Final = 1.0
+
+
+Side = Literal["compute", "memory", "ridge"]
+
+
+def ridge_side(compute: float, memory: float, margin: float) -> Side:
+    """Which ceiling two roofline figures of one level show binding (its utilisation of each,
+    or its decode step's FLOP and byte times): `ridge` where neither exceeds the other by more
+    than `margin` (relative; `Thresholds.ridge_margin`), i.e. the FLOP term over the byte term,
+    the arithmetic intensity over the ridge point, lies within [1 / (1 + margin), 1 + margin]."""
+    if compute > (1.0 + margin) * memory:
+        return "compute"
+    if memory > (1.0 + margin) * compute:
+        return "memory"
+    return "ridge"
+
+
+def _mix_ratio(e: Evidence) -> float | None:
+    """The step mix's FLOP term over its byte term (compute over bandwidth utilisation)."""
+    if not e.has_mix or not (e.bandwidth_utilization or 0.0) > 0:
+        return None
+    return (e.compute_utilization or 0.0) / (e.bandwidth_utilization or 1.0)
+
+
+def _mix_side(e: Evidence, t: Thresholds) -> Side:
+    return ridge_side(e.compute_utilization or 0.0, e.bandwidth_utilization or 0.0,
+                      t.ridge_margin)
+
+
+def _at_ridge(rf: float | None, evidence: Mapping[str, float | None], ratio: float,
+              t: Thresholds, figures: str, sources: Sequence[Source], note: str = "",
+              detail: str = "") -> Verdict:
+    """compute-and-memory-bound: the FLOP and byte terms within `ridge_margin` of each other,
+    which the roofline's figures cannot order (docs/bottleneck.md, rule 5)."""
+    return _verdict("compute-and-memory-bound", rf, evidence,
+                    detail or f"at the ridge: FLOP term {ratio:.2f}x the byte term",
+                    f"{figures} FLOP term is {ratio:.2f}x its byte term, within the "
+                    f"{t.ridge_margin:.0%} the roofline resolves: at the ridge point, neither "
+                    f"ceiling shown to bind more than the other{note}", sources)
 
 
 def flop_precision(is_fp8_weights: bool | float | None,
@@ -296,14 +357,21 @@ def _classify_mix(e: Evidence, t: Thresholds, rf: float, busy: float | None,
             f"{signs[0]}, {rf:.0%} of the {_dominant_ceiling(e)} ceiling",
             f"with work waiting the level reached only {_mix_figures(e)}; "
             + "; ".join(signs), used)
-    if not is_far and cu >= bu:
-        share = e.prefill_flop_share
+    side = _mix_side(e, t)
+    share = e.prefill_flop_share
+    if not is_far and side == "ridge":
+        ratio = cu / bu
+        return _at_ridge(rf, {**rf_ev, "prefill_flop_share": share, "compute_over_memory": ratio},
+                         ratio, t, f"the step mix ran at {_mix_figures(e)}; its", sources,
+                         note, f"at the ridge: {cu:.0%} of the FLOP ceiling, {bu:.0%} of the "
+                         "bandwidth ceiling")
+    if not is_far and side == "compute":
         mix = f"prefill {share:.0%} of the FLOPs, " if share is not None else ""
         return _verdict("compute-bound", rf, {**rf_ev, "prefill_flop_share": share},
                         f"{mix}{cu:.0%} of the FLOP ceiling",
                         f"the step mix ran at {_mix_figures(e)}{note}", sources)
     if not is_far:
-        return _verdict("memory-bound", rf, {**rf_ev, "prefill_flop_share": e.prefill_flop_share},
+        return _verdict("memory-bound", rf, {**rf_ev, "prefill_flop_share": share},
                         f"{bu:.0%} of the bandwidth ceiling, {cu:.0%} of FLOPs",
                         f"the step mix ran at {_mix_figures(e)}{note}", sources)
     # Far below both ceilings and no sign of host gaps: no ceiling explains the level.

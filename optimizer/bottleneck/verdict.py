@@ -8,8 +8,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal, get_args
 
-Label = Literal["compute-bound", "memory-bound", "communication-bound", "launch-bound",
-                "kv-capacity-bound", "at-physical-limit", "unknown"]
+# compute-and-memory-bound: the level's FLOP and byte figures sit within the roofline's margin
+# of each other (`Thresholds.ridge_margin`), at the ridge point: neither ceiling is shown to bind
+# more than the other, so the label names both rather than the side a small difference picks.
+Label = Literal["compute-bound", "memory-bound", "compute-and-memory-bound",
+                "communication-bound", "launch-bound", "kv-capacity-bound", "at-physical-limit",
+                "unknown"]
 LABELS: Final[tuple[Label, ...]] = get_args(Label)
 Source = Literal["trace", "telemetry", "metrics", "roofline", "config"]
 
