@@ -81,7 +81,7 @@ def objective_header(name: str) -> str:
 
 
 _SHORT_LABELS = {"communication-bound": "comm", "kv-capacity-bound": "kv-cap",
-                 "at-physical-limit": "at limit"}
+                 "at-physical-limit": "at limit", "compute-and-memory-bound": "comp+mem"}
 
 
 def short_label(label: str) -> str:

@@ -20,6 +20,7 @@ IMPORTANCES_TEXT_CHARS = 70  # a line of the importances' note, at 10 pt on its 
 LABEL_COLOURS = {
     "compute-bound": "#d62728", "memory-bound": "#1f77b4", "communication-bound": "#9467bd",
     "launch-bound": "#ff7f0e", "kv-capacity-bound": "#8c564b", "at-physical-limit": "#2ca02c",
+    "compute-and-memory-bound": "#e377c2",
 }
 
 

@@ -97,6 +97,14 @@ CASES: list[tuple[str, Evidence, str, tuple[str, ...]]] = [
     ("FLOP-dominated roofline with a busy GPU, no trace",
      replace(MEMORY_ROOFLINE, decode_batch=8192, tpot_ms=80.0, gpu_util_mean_pct=97.0),
      "compute-bound", ("roofline", "telemetry")),
+    # The decode roofline at the ridge: FLOP term 1.06x (batch 1700) or 0.94x (batch 1500) the
+    # byte term, within `ridge_margin`, names both ceilings from either side.
+    ("FLOP term just over the byte term, busy GPU, no trace",
+     replace(MEMORY_ROOFLINE, decode_batch=1700, tpot_ms=10.0, gpu_util_mean_pct=97.0),
+     "compute-and-memory-bound", ("roofline", "telemetry")),
+    ("byte term just over the FLOP term", replace(MEMORY_ROOFLINE, decode_batch=1500,
+                                                  tpot_ms=10.0),
+     "compute-and-memory-bound", ("roofline",)),
     ("busy GEMMs that stream weights",
      replace(MEMORY_ROOFLINE, tpot_ms=6.0, gemm_share=0.85, gpu_busy_fraction=0.9),
      "memory-bound", ("trace", "roofline")),

@@ -12,6 +12,7 @@ import pytest
 
 from optimizer.bottleneck import (
     Evidence,
+    Thresholds,
     Verdict,
     advice,
     classify,
@@ -217,9 +218,9 @@ def test_online_fp8_per_block_compiling_while_serving_is_launch_bound() -> None:
 FP8_BOTH = EngineConfig("llama-3.1-8b", {"quantization": "fp8", "kv_cache_dtype": "fp8"})
 
 
-@pytest.mark.parametrize("label", ["compute-bound", "memory-bound", "kv-capacity-bound",
-                                   "launch-bound", "communication-bound", "at-physical-limit",
-                                   "unknown"])
+@pytest.mark.parametrize("label", ["compute-bound", "memory-bound", "compute-and-memory-bound",
+                                   "kv-capacity-bound", "launch-bound", "communication-bound",
+                                   "at-physical-limit", "unknown"])
 def test_advice_to_an_fp8_weights_and_kv_trial_never_mentions_fp8(label: str) -> None:
     facts = {"is_fp8_weights": 1.0, "is_fp8_kv": 1.0}
     verdict = Verdict(label=label, roofline_fraction=0.5, evidence=facts)  # type: ignore[arg-type]
@@ -436,3 +437,84 @@ def test_a_level_over_100_percent_of_a_ceiling_is_never_labelled(window_s: float
                       memory_bandwidth_gbps=4300.0, peak_tflops=790.0, window_s=window_s)
     assert decode.roofline_fraction() > 1.0
     assert classify(decode).label == "unknown", "the decode roofline too"
+
+
+# --- at the ridge (issue 32: repeat stability) --------------------------------------------------
+
+# The config of bench/repeat_stability.py (the simulated H200, Qwen2.5-7B shape, 512 in / 128
+# out) at fixed request rates, 600 requests a level, session 16: its step mix's compute and
+# bandwidth utilisation by completed req/s. The FLOP term over the byte term crosses 1 between
+# 41.7 and 43.4 req/s, where three repeats of its capacity search stopped (40.5, 41.2 and
+# 43.2 req/s): the old rule (compute-bound where compute >= bandwidth) called them memory-bound
+# twice and compute-bound once.
+SIM_QWEN_MIX = {34.6: (0.3751, 0.5166), 38.2: (0.4151, 0.4879), 40.1: (0.4353, 0.4738),
+                41.7: (0.4526, 0.4595), 43.4: (0.4714, 0.4370), 45.3: (0.4919, 0.4192)}
+
+
+def _sim(rate: float) -> Evidence:
+    cu, bu = SIM_QWEN_MIX[rate]
+    return replace(MIX, compute_utilization=cu, bandwidth_utilization=bu,
+                   prefill_flop_share=0.8)
+
+
+@pytest.mark.parametrize(("rate", "label"), [
+    (34.6, "memory-bound"),  # FLOP term 0.73x the byte term
+    (38.2, "memory-bound"),  # 0.85x
+    (40.1, "compute-and-memory-bound"),  # 0.92x
+    (41.7, "compute-and-memory-bound"),  # 0.98x
+    (43.4, "compute-and-memory-bound"),  # 1.08x
+    (45.3, "compute-bound"),  # 1.17x
+])
+def test_within_the_ridge_margin_the_label_names_both_ceilings(rate: float, label: str) -> None:
+    verdict = classify(_sim(rate))
+    assert verdict.label == label, verdict.reason
+    cu, bu = SIM_QWEN_MIX[rate]
+    assert verdict.evidence["compute_over_memory"] == pytest.approx(cu / bu)
+
+
+def test_repeats_at_loads_either_side_of_the_ridge_get_one_label() -> None:
+    """The repeat-stability flip: operating points a few percent apart, on either side of the
+    ridge, were memory-bound and compute-bound on a difference the roofline cannot resolve."""
+    verdicts = [classify(_sim(rate)) for rate in (40.1, 41.7, 43.4)]
+    assert {v.label for v in verdicts} == {"compute-and-memory-bound"}
+    ridge = verdicts[-1]
+    assert ridge.detail == "at the ridge: 47% of the FLOP ceiling, 44% of the bandwidth ceiling"
+    assert "FLOP term is 1.08x its byte term, within the 10% the roofline resolves" \
+        in ridge.reason, ridge.reason
+
+
+def test_the_ridge_margin_is_inclusive_and_a_parameter() -> None:
+    at_edge = replace(MIX, compute_utilization=0.55, bandwidth_utilization=0.5)  # 1.1x
+    assert classify(at_edge).label == "compute-and-memory-bound"
+    below = replace(MIX, compute_utilization=0.5, bandwidth_utilization=0.55)  # 1 / 1.1x
+    assert classify(below).label == "compute-and-memory-bound"
+    assert classify(at_edge, Thresholds(ridge_margin=0.05)).label == "compute-bound"
+    assert classify(below, Thresholds(ridge_margin=0.05)).label == "memory-bound"
+    assert classify(_sim(45.3), Thresholds(ridge_margin=0.2)).label == \
+        "compute-and-memory-bound"
+
+
+def test_at_the_ridge_the_advice_cuts_both_and_never_repeats_the_config() -> None:
+    bf16 = classify(_sim(41.7))
+    said = advice(bf16)
+    assert said.startswith("cut FLOPs and bytes at once: fp8 weights (quantization fp8)"), said
+    on_fp8 = classify(replace(_sim(41.7), is_fp8_weights=True, kv_read_share=0.3))
+    said = advice(on_fp8)
+    assert "quantization fp8" not in said and "kv_cache_dtype fp8" in said, said
+    assert "prefix caching" in said and "capacity, not capacity per GPU" in said, said
+    assert "fp8" not in advice(on_fp8, config=FP8_BOTH)
+
+
+def test_at_the_physical_limit_at_the_ridge_the_detail_names_both_and_advises_fp8() -> None:
+    """At 82% of the bf16 FLOP ceiling and 85% of bandwidth on an fp8 card the FLOP ceiling
+    binds as much as the bandwidth one: fp8 weights raise it (and halve the weights read); the
+    old rule named the bandwidth ceiling alone and said stop tuning."""
+    verdict = classify(replace(MIX, compute_utilization=0.82, bandwidth_utilization=0.85,
+                               is_fp8_weights=False, is_fp8_capable=True))
+    assert verdict.label == "at-physical-limit"
+    assert verdict.detail == ("82% of the bf16 FLOP ceiling and 85% of the bandwidth ceiling, "
+                              "at the ridge")
+    assert "fp8 weights (quantization fp8) raise the ceiling" in advice(verdict)
+    apart = classify(replace(MIX, compute_utilization=0.5, bandwidth_utilization=0.85,
+                             is_fp8_weights=False, is_fp8_capable=True))
+    assert apart.detail == "85% of the bandwidth ceiling" and "stop tuning" in advice(apart)
