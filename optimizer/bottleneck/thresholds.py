@@ -31,9 +31,11 @@ class Thresholds:
     # The roofline's resolution at the ridge: where the FLOP term over the byte term (the
     # arithmetic intensity over the ridge point) lies within [1 / (1 + m), 1 + m], the figures
     # do not tell which ceiling binds, and the label names both (compute-and-memory-bound).
-    # 0.1: the operating point's load is known to the capacity search's tolerance (5-10%) and
-    # the ratio moves at least as fast as the load there; the byte count leaves activations out
-    # (vLLM's own estimator counts 8-13% more bytes on the simulated 512/128 Qwen2.5-7B mix).
+    # 0.1: the operating point's load is known to the capacity search's tolerance (5-10%), and
+    # the ratio moves with the load (1.8x as fast near that config's capacity: the FLOP term is
+    # proportional to it, the weights are read once a step); the byte count leaves activations out
+    # (vLLM's estimator, as the simulated engine models it, counts 8.5-12.7% more bytes on the
+    # simulated 512/128 Qwen2.5-7B mix at 36-45 req/s). docs/bottleneck.md, rule 5b.
     ridge_margin: float = 0.1
     # Below `bound_fraction` on both: the GPU idled between kernels while it had work when
     # NVML saw a kernel running less than this share of the time (or eager / runtime JIT).

@@ -19,6 +19,7 @@ import yaml
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
+from optimizer.bottleneck import LABELS
 from optimizer.cli import main
 from tests.builders import categorical_space, load, trial_runs, write_study
 
@@ -215,9 +216,7 @@ def test_profiled_trials_log_trace_shares_verdict_and_trimmed_trace(
             continue
         assert 0 < run.data.metrics["trace.gpu_busy_fraction"] <= 1
         assert run.data.metrics["trace.gemm_share"] > 0
-        assert run.data.tags["bottleneck"] in {
-            "compute-bound", "memory-bound", "communication-bound", "launch-bound",
-            "kv-capacity-bound", "at-physical-limit", "unknown"}
+        assert run.data.tags["bottleneck"] in LABELS
         assert "trace" in run.data.tags["bottleneck.sources"]
         assert run.data.tags["bottleneck"] in run.data.tags["conclusion"]
         names = {a.path for a in client.list_artifacts(run.info.run_id)}
