@@ -1,8 +1,10 @@
 """Repeat stability of the steady staircase on the simulated engine (issue 32): one config's
 capacity searched N times, each on a fresh engine with its own seed, each with the profile a
 study takes (`profile: true`: a window of the stream at the operating point); prints each
-bracket and bottleneck label (the daemon's classifier, with the trace and without it), whether
-the capacities agree within the search's tolerance and whether the labels are the same.
+bracket and bottleneck label (the daemon's classifier, with the trace and without it) with the
+operating point's FLOP term over its byte term (`compute_over_memory`: within
+`Thresholds.ridge_margin` of 1 the label is compute-and-memory-bound), whether the capacities
+agree within the search's tolerance and whether the labels are the same.
 Simulated figures, never measurements; on a busy host the simulated engine's open loops crowd
 on its modelled clock (NOTES.md), so run it on a quiet one.
 
@@ -33,13 +35,24 @@ MODEL = "qwen2.5-7b"
 OBJECTIVE = "goodput"  # a capacity search's: the label describes its operating point
 
 
-def label_of(result: RunResult, config: EngineConfig, *, with_trace: bool) -> str:
-    """The bottleneck label the daemon records for this result (`SearchPolicy.verdict`, TP 1),
+def verdict_of(result: RunResult, config: EngineConfig, *,
+               with_trace: bool) -> bottleneck.Verdict:
+    """The bottleneck verdict the daemon records for this result (`SearchPolicy.verdict`, TP 1),
     from all its evidence or with the trace left out (a study without `profile`)."""
     evidence = bottleneck.evidence_from(
         result, config, load_preset(HARDWARE), load_model_info(MODEL), objective=OBJECTIVE,
         trace_summary=None if with_trace else {})
-    return bottleneck.classify(evidence).label
+    return bottleneck.classify(evidence)
+
+
+def figures(verdict: bottleneck.Verdict) -> str:
+    """The operating point's two utilisations and their ratio, as the label was decided on."""
+    ev = verdict.evidence
+    if "compute_over_memory" not in ev:
+        return "no step-mix roofline"
+    return (f"FLOP term {ev['compute_over_memory']:.3f}x the byte term: "
+            f"{ev['compute_utilization']:.1%} of the FLOP ceiling, "
+            f"{ev['bandwidth_utilization']:.1%} of the bandwidth ceiling")
 
 
 def main() -> int:
@@ -61,6 +74,7 @@ def main() -> int:
     config = EngineConfig(model=MODEL, load_format="dummy", skip_tokenizer_init=True)
     mets: list[float] = []
     labels: list[tuple[str, str]] = []  # (with the trace, without it) per run
+    ratios: list[float] = []  # the operating point's FLOP term over its byte term, per run
     for run in range(args.runs):
         with tempfile.TemporaryDirectory() as tmp:
             runner = EngineRunner(SimulatedLauncher(HARDWARE, startup_time_scale=0.01, seed=run),
@@ -70,9 +84,11 @@ def main() -> int:
                 result = runner.run(config, workload, Path(tmp) / "w")
             finally:
                 runner.close()
-            pair = (label_of(result, config, with_trace=True),
-                    label_of(result, config, with_trace=False))
+            traced = verdict_of(result, config, with_trace=True)
+            pair = (traced.label, verdict_of(result, config, with_trace=False).label)
         labels.append(pair)
+        if "compute_over_memory" in traced.evidence:
+            ratios.append(traced.evidence["compute_over_memory"])
         bracket = result.capacity
         trace = result.trace_summary or {}
         profiled = f"profiled at {trace['profile.request_rate_rps']:.3g} req/s" \
@@ -80,7 +96,7 @@ def main() -> int:
         print(f"run {run}: {result.status}, {bracket.describe() if bracket else 'no bracket'} "
               f"({bracket.status if bracket else '-'}, {len(result.steps)} steps, "
               f"{time.monotonic() - started:.0f} s); label {pair[0]} (without the trace: "
-              f"{pair[1]}); {profiled}")
+              f"{pair[1]}); {profiled}; at {traced.load or 'no load'}: {figures(traced)}")
         if bracket is not None and bracket.met_load:
             mets.append(bracket.met_load)
     if len(mets) == args.runs:
@@ -91,6 +107,11 @@ def main() -> int:
     else:
         print(f"capacity: {args.runs - len(mets)} of {args.runs} runs met the SLO at no load "
               "[simulated]")
+    if ratios:
+        margin = bottleneck.DEFAULT_THRESHOLDS.ridge_margin
+        print(f"FLOP term over byte term at the operating points: {min(ratios):.3f}-"
+              f"{max(ratios):.3f} (compute-and-memory-bound within [{1 / (1 + margin):.3f}, "
+              f"{1 + margin:.3f}]) [simulated]")
     for k, name in ((0, "with the trace"), (1, "without the trace")):
         seen = sorted({pair[k] for pair in labels})
         print(f"label {name}: {'the same in every run' if len(seen) == 1 else 'differs'} "
