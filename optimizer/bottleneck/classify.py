@@ -272,7 +272,7 @@ def _at_ridge(rf: float | None, evidence: Mapping[str, float | None], ratio: flo
               t: Thresholds, figures: str, sources: Sequence[Source], note: str = "",
               detail: str = "") -> Verdict:
     """compute-and-memory-bound: the FLOP and byte terms within `ridge_margin` of each other,
-    which the roofline's figures cannot order (docs/bottleneck.md, rule 5)."""
+    which the roofline's figures cannot order (docs/bottleneck.md, rule 5b)."""
     return _verdict("compute-and-memory-bound", rf, evidence,
                     detail or f"at the ridge: FLOP term {ratio:.2f}x the byte term",
                     f"{figures} FLOP term is {ratio:.2f}x its byte term, within the "
