@@ -217,7 +217,8 @@ def modelled_load_off(counts: WindowCounts, tolerance: float) -> str | None:
     noise is common to both and drops out: on a host that keeps up they agree within 0.1%
     (2.1% with both cores of a 2-core host spun), whatever the draw. Against the label
     instead, a step's window of 200 arrivals (conditioned over blocks of 64) is off by chance
-    by 2.7% at one standard deviation and by up to 10.5% in 4000 draws, so a bound that no
+    by 2.7% at one standard deviation and by up to 10.5% (modelled: 4000 windows of 10 s at
+    20 req/s drawn by `ArrivalGaps`), so a bound that no
     quiet host passes could not read a 10% error at all. The tolerance is the search's: its
     bracket stops when its ends are that close, so a load off its label by less is one the
     search could not tell from it."""
