@@ -204,8 +204,8 @@ def modelled_load_off(counts: WindowCounts, tolerance: float) -> str | None:
     `window_s`), is off the rate its client sent them at (over `sent_span_s`, read alike) by
     more than the tolerance, in either direction, and the two spans differ by more than the
     engine's stamps can (`MODELLED_STAMP_SLACK_S`: it governs windows under 5 s at a 10%
-    tolerance). Only a window that carries both spans is judged: the real vLLM
-    has no modelled clock, so its windows have no `sent_span_s` and never read so.
+    tolerance). Only a window that carries both spans is judged: the real vLLM has no
+    modelled clock, so its windows have no `sent_span_s` and never read so.
 
     The sends are the window's load as a real engine receives it: the label, up to the
     arrivals' chance, which every step carries and its record keeps. The engine's clock moves
@@ -218,8 +218,8 @@ def modelled_load_off(counts: WindowCounts, tolerance: float) -> str | None:
     (2.1% with both cores of a 2-core host spun), whatever the draw. Against the label
     instead, a step's window of 200 arrivals (conditioned over blocks of 64) is off by chance
     by 2.7% at one standard deviation and by up to 10.5% (modelled: 4000 windows of 10 s at
-    20 req/s drawn by `ArrivalGaps`), so a bound that no
-    quiet host passes could not read a 10% error at all. The tolerance is the search's: its
+    20 req/s drawn by `ArrivalGaps`), so a bound that no quiet host passes could not read a
+    10% error at all. The tolerance is the search's: its
     bracket stops when its ends are that close, so a load off its label by less is one the
     search could not tell from it."""
     sent_span_s = counts.sent_span_s
