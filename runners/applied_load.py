@@ -4,6 +4,11 @@ loop whose client sent more than the tolerance of its requests late (`late_sends
 loop whose server, or client, held fewer requests than its concurrency (`unapplied_load`), did
 not; its figures are of a load nobody offered, so it is no measurement at its label.
 
+On the simulated engine, whose replies carry its modelled clock, an open loop whose requests
+reached the engine at a rate off the rate they were sent at by more than the tolerance
+(`modelled_load_off`: the host delivered them ever later, or the engine's clock fell behind)
+did not apply its load either; a real vLLM stamps no modelled clock and is never judged so.
+
 A closed loop over a bounded list holds its concurrency only between the send that filled it
 and the last send (the first requests go out at once; after the last the loop drains): that is
 the span judged. A level that sends all its requests at once never refills, and a level with
@@ -23,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runners import prometheus
-from runners.capacity.judge import WindowCounts, late_sends, unapplied_load
-from runners.capacity.step import late_bound_s
+from runners.capacity.judge import WindowCounts, late_sends, modelled_load_off, unapplied_load
+from runners.capacity.step import late_bound_s, modelled_spans
 from runners.load_level import LoadLevel
 from runners.loadgen.client import RequestOutput
 from runners.loadgen.send_log import SendLog
@@ -65,11 +70,15 @@ def judge_level_load(level: LoadLevel, sends: SendLog | None,
     if level.request_rate_rps is None and level.max_concurrency is not None:
         return _closed_loop(level.max_concurrency, sends, outputs, samples, tolerance)
     if any(d is not None for d in sends.due_s):
-        return _open_loop(sends, tolerance)
+        return _open_loop(sends, outputs, tolerance)
     return AppliedLoad(None, {})
 
 
-def _open_loop(sends: SendLog, tolerance: float) -> AppliedLoad:
+def _open_loop(sends: SendLog, outputs: Sequence[RequestOutput],
+               tolerance: float) -> AppliedLoad:
+    """Late sends on the client's schedule; and, on a server's modelled clock (the simulated
+    engine's), the rate its requests arrived at against the rate they were sent at
+    (`modelled_load_off`)."""
     due = [d for d in sends.due_s if d is not None]
     span_s = due[-1] - due[0]
     if len(due) < 2 or span_s <= 0:
@@ -78,8 +87,16 @@ def _open_loop(sends: SendLog, tolerance: float) -> AppliedLoad:
     late = sum(1 for x in sends.late_s if x is not None and x > bound)
     counts = WindowCounts(window_s=span_s, num_sent=len(due), num_ended=0, mean_in_flight=0.0,
                           waiting_rise=None, num_sent_late=late, late_bound_s=bound)
-    return AppliedLoad(late_sends(counts, tolerance), {
-        "applied.num_sent_late": float(late), "applied.late_bound_s": bound})
+    figures = {"applied.num_sent_late": float(late), "applied.late_bound_s": bound}
+    reason = late_sends(counts, tolerance)
+    modelled_s, sent_s = modelled_spans(outputs) or (0.0, None)
+    if sent_s is not None:
+        figures["applied.modelled_span_s"], figures["applied.sent_span_s"] = modelled_s, sent_s
+        modelled = WindowCounts(
+            window_s=modelled_s, num_sent=sum(o.modelled_span_s is not None for o in outputs),
+            num_ended=0, mean_in_flight=0.0, waiting_rise=None, sent_span_s=sent_s)
+        reason = reason or modelled_load_off(modelled, tolerance)
+    return AppliedLoad(reason, figures)
 
 
 def _closed_loop(concurrency: int, sends: SendLog, outputs: Sequence[RequestOutput],

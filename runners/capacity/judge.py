@@ -49,7 +49,8 @@ class WindowCounts:
     # server's modelled one (the simulated engine); None: the same as `window_s`
     client_window_s: float | None = None
     # s: where `window_s` is read from the modelled arrivals, the same requests' sends on the
-    # client's clock, read alike (first to last, plus one mean gap); None: not read
+    # client's clock, read alike (first to last, plus one mean gap); None: not read (a real
+    # engine's window: its server stamps no modelled clock)
     sent_span_s: float | None = None
     # An open loop's sends: how many of the window's requests the client sent later than their
     # scheduled arrival by more than `late_bound_s` (None: no schedule, a closed loop)
@@ -106,7 +107,9 @@ def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SL
     by 51 (3.4-4.3 sqrt(n)).
 
     An open loop whose client sent more than the tolerance of its requests late
-    (`late_sends`) did not apply its load: the host fell behind, not the server.
+    (`late_sends`) did not apply its load: the host fell behind, not the server; nor did one
+    on the simulated engine whose modelled clock received its requests at a rate off the rate
+    they were sent at by more than the tolerance (`modelled_load_off`).
 
     A window too short to be a measurement (`short_window`: fewer than `min_requests` sent, or
     shorter than `min_window_s`) has not met the SLO, whatever its percentiles.
@@ -120,7 +123,8 @@ def judge_window(metrics: BenchmarkMetrics, counts: WindowCounts | None, slo: SL
         short = short_window(counts, min_requests, min_window_s, max_window_s)
         if short is not None:
             return Verdict(False, short)
-        late = None if is_closed_loop else late_sends(counts, tolerance)
+        late = None if is_closed_loop else \
+            late_sends(counts, tolerance) or modelled_load_off(counts, tolerance)
         if late is not None:
             return Verdict(False, late, is_load_unapplied=True)
     failed = failures_miss(metrics, max_failed_fraction)
@@ -184,6 +188,56 @@ def short_window(counts: WindowCounts, min_requests: int, min_window_s: float,
         return (f"window too short: {counts.num_sent} requests in {counts.window_s:.3g} s "
                 f"(a measurement needs {min_requests} and {min_window_s:g} s)")
     return None
+
+
+# s: how far the simulated engine may stamp one end of a window's arrivals off the wall less
+# its lag without a host that failed to keep up: an arrival while its loop catches up a late
+# wake-up is stamped at the end of the step in flight, up to CATCH_UP_S (0.25 s,
+# runners/simulated/engine.py) and a step early. Twice that, so a short window's span is
+# never read finer than the stamps allow (tests/runners/test_modelled_load.py ties the two).
+MODELLED_STAMP_SLACK_S = 0.5
+
+
+def modelled_load_off(counts: WindowCounts, tolerance: float) -> str | None:
+    """Why an open loop on the simulated engine did not apply its load, or None: the rate its
+    requests reached the engine at, on the engine's modelled clock (`num_sent` over
+    `window_s`), is off the rate its client sent them at (over `sent_span_s`, read alike) by
+    more than the tolerance, in either direction, and the two spans differ by more than the
+    engine's stamps can (`MODELLED_STAMP_SLACK_S`: it governs windows under 5 s at a 10%
+    tolerance). Only a window that carries both spans is judged: the real vLLM has no
+    modelled clock, so its windows have no `sent_span_s` and never read so.
+
+    The sends are the window's load as a real engine receives it: the label, up to the
+    arrivals' chance, which every step carries and its record keeps. The engine's clock moves
+    that load where the host cannot keep pace: a clock that falls behind (the lag the engine's
+    loop could not catch up) crowds the arrivals, and a host starved further delivers the
+    requests ever later and spreads them out (one core shared with three spinning processes,
+    12 req/s, 2026-12-06: 10% sparser than sent), so a step that met did so at a lighter load
+    than its label. Both rates are of the same requests, so the count's Poisson (or gamma)
+    noise is common to both and drops out: on a host that keeps up they agree within 0.1%
+    (2.1% with both cores of a 2-core host spun), whatever the draw. Against the label
+    instead, a step's window of 200 arrivals (conditioned over blocks of 64) is off by chance
+    by 2.7% at one standard deviation and by up to 10.5% (modelled: 4000 windows of 10 s at
+    20 req/s drawn by `ArrivalGaps`), so a bound that no quiet host passes could not read a
+    10% error at all. The tolerance is the search's: its
+    bracket stops when its ends are that close, so a load off its label by less is one the
+    search could not tell from it."""
+    sent_span_s = counts.sent_span_s
+    if sent_span_s is None or sent_span_s <= 0 or counts.window_s <= 0 or \
+            counts.num_sent <= 7:  # a span of a few arrivals says little (`short_window`)
+        return None
+    sent = counts.num_sent / sent_span_s
+    received = counts.num_sent / counts.window_s
+    if abs(received / sent - 1.0) <= tolerance or \
+            abs(counts.window_s - sent_span_s) <= MODELLED_STAMP_SLACK_S:
+        return None
+    spread = counts.window_s / sent_span_s - 1.0
+    cause = "a host too busy to deliver them in time" if spread > 0 else \
+        "a host too busy to run the model in real time"
+    return (f"load not applied: the simulated engine received {received:.3g} req/s on its "
+            f"modelled clock where the client sent {sent:.3g} (its arrivals spanned "
+            f"{abs(spread):.0%} {'more' if spread > 0 else 'less'} than their sends: {cause}); "
+            "the SLO is not shown at this load")
 
 
 def late_sends(counts: WindowCounts, tolerance: float) -> str | None:

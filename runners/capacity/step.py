@@ -332,9 +332,11 @@ def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, fl
     the loop's wall time less the lag the engine's loop could not catch up
     (runners/simulated/engine.py `CATCH_UP_S`): where the host cannot run the engine in real
     time it runs slower than the client's, and the same sends read as denser arrivals over a
-    shorter window (before the catch-up, 10 s sent read as 8.95 s modelled on 2 cores). So the
-    span of the same requests' sends on the client's clock goes with it
-    (`WindowCounts.sent_span_s`), measured alike, for the length rule."""
+    shorter window (before the catch-up, 10 s sent read as 8.95 s modelled on 2 cores); a host
+    starved further delivers them ever later, and they read as sparser arrivals over a longer
+    one. So the span of the same requests' sends on the client's clock goes with it
+    (`WindowCounts.sent_span_s`, `modelled_spans`), measured alike, for the length rule and for
+    the rate the engine received against the rate sent (`judge.modelled_load_off`)."""
     from runners import prometheus
 
     waiting = [(t, s[prometheus.NUM_REQUESTS_WAITING]) for t, s in samples
@@ -344,18 +346,16 @@ def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, fl
     in_system = tuple(s[prometheus.NUM_REQUESTS_RUNNING]
                       + s.get(prometheus.NUM_REQUESTS_WAITING, 0.0) for t, s in samples
                       if start <= t <= end and prometheus.NUM_REQUESTS_RUNNING in s)
-    arrivals_m = [o.modelled_span_s[0] for o in sent if o.modelled_span_s is not None]
-    if sent and len(arrivals_m) == sum(o.success for o in sent) and arrivals_m:
-        gap = (max(arrivals_m) - min(arrivals_m)) / max(len(arrivals_m) - 1, 1)
-        t0, t1 = min(arrivals_m), max(arrivals_m) + gap
+    spans_m = modelled_spans(sent)
+    if spans_m is not None:
+        arrivals_m = [o.modelled_span_s[0] for o in sent if o.modelled_span_s is not None]
+        t0 = min(arrivals_m)
+        window, sent_span = spans_m
+        t1 = t0 + window
         spans = [o.modelled_span_s for o in recent if o.modelled_span_s is not None]
         ended = sum(t0 <= b < t1 for _, b in spans)
         area = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in spans)
-        window = max(t1 - t0, 1e-9)
-        sends = [o.start_time for o in sent if o.modelled_span_s is not None and o.start_time]
-        sent_span = None
-        if len(sends) > 1:
-            sent_span = (max(sends) - min(sends)) * len(sends) / (len(sends) - 1)
+        window = max(window, 1e-9)
         return WindowCounts(window_s=window, num_sent=len(sent), num_ended=ended,
                             mean_in_flight=area / window, waiting_rise=rise,
                             max_waiting=max_waiting, server_in_system=in_system,
@@ -369,6 +369,27 @@ def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, fl
                         in_flight_rise=least_squares_rise(in_flight)
                         if driver.axis == "request_rate" else None,
                         server_in_system=in_system, client_window_s=end - start)
+
+
+def arrival_span_s(times: Sequence[float]) -> float:
+    """The span of a run of arrivals (or sends), read as a window: first to last plus one mean
+    gap, so n arrivals at a steady rate span n over it; 0 under two."""
+    if len(times) < 2:
+        return 0.0
+    return (max(times) - min(times)) * len(times) / (len(times) - 1)
+
+
+def modelled_spans(outputs: Sequence[RequestOutput]) -> tuple[float, float | None] | None:
+    """(span of the requests' arrivals on a server's modelled clock, span of their sends on the
+    client's: None under two), each read by `arrival_span_s`, over the requests the server
+    stamped; None unless exactly the successes carry the modelled times (a real vLLM server
+    stamps none: runners/loadgen/client.py reads them only where the server declared its
+    clock)."""
+    arrivals = [o.modelled_span_s[0] for o in outputs if o.modelled_span_s is not None]
+    if not arrivals or len(arrivals) != sum(o.success for o in outputs):
+        return None
+    sends = [o.start_time for o in outputs if o.modelled_span_s is not None and o.start_time]
+    return arrival_span_s(arrivals), arrival_span_s(sends) if len(sends) > 1 else None
 
 
 def _saturated_rates(samples: Sequence[tuple[float, dict[str, float]]]) -> dict[str, float]:

@@ -1,0 +1,125 @@
+"""The load the simulated engine received against the load its client sent
+(runners/capacity/judge.py `modelled_load_off`): a window whose arrivals, on the engine's
+modelled clock, span more or less than the same requests' sends on the client's clock by more
+than the tolerance was offered another load than its label's, in either direction, and is
+"load not applied" (the path a client's late sends take), not met or missed at its label. The
+rule on recorded spans, then on a fixed level's sends and replies (runners/applied_load.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from runners.applied_load import UNAPPLIED_KEY, judge_level_load
+from runners.capacity.judge import (
+    MODELLED_STAMP_SLACK_S,
+    WindowCounts,
+    judge_window,
+    modelled_load_off,
+)
+from runners.load_level import LoadLevel
+from runners.loadgen.client import RequestOutput
+from runners.loadgen.send_log import SendLog
+from runners.simulated.engine import CATCH_UP_S
+from runners.workload import SLO
+from tests.builders import benchmark_metrics
+
+_N = 120  # a window's requests: 12 req/s sent over 10 s
+_SENT_SPAN_S = 10.0
+
+
+def _counts(window_s: float, sent_span_s: float | None = _SENT_SPAN_S,
+            num_sent: int = _N) -> WindowCounts:
+    """A window of `num_sent` requests whose modelled arrivals span `window_s` and whose sends
+    span `sent_span_s` (None: a real engine's window, with no modelled clock); every request
+    ended in it, the in-flight count flat."""
+    return WindowCounts(window_s=window_s, num_sent=num_sent, num_ended=num_sent,
+                        mean_in_flight=20.0, waiting_rise=0.0, in_flight_rise=0.0,
+                        sent_span_s=sent_span_s, client_window_s=_SENT_SPAN_S,
+                        num_sent_late=0, late_bound_s=1.0 / 12.0)
+
+
+def _judged(counts: WindowCounts) -> tuple[bool, bool, str | None]:
+    """(met, load not applied, reason) of a window whose percentiles meet the SLO well."""
+    metrics = benchmark_metrics(p99_tpot_ms=6.3, p99_ttft_ms=80.0, completed=counts.num_sent)
+    verdict = judge_window(metrics, counts, SLO(tpot_p99_ms=15, ttft_p99_ms=1000),
+                           max_failed_fraction=0.05, tolerance=0.1, min_requests=40,
+                           min_window_s=10.0, max_window_s=60.0)
+    return verdict.meets_slo, verdict.is_load_unapplied, verdict.reason
+
+
+def test_arrivals_spread_wider_than_their_sends_past_the_tolerance_are_a_load_not_applied(
+) -> None:
+    """A host starved further delivers the requests ever later (one core shared with three
+    spinning processes, 12 req/s, 2026-12-06: arrivals 10% sparser than sent): the engine
+    received a lighter load than the step's, and its met SLO is not one at the label. Sent over
+    10 s, arriving over 11.2 s: 10.7 req/s received of 12 sent (11% off), past a 10% tolerance;
+    over 10.9 s (8% off), within it, and judged on its percentiles."""
+    met, unapplied, reason = _judged(_counts(window_s=11.2))
+    assert not met and unapplied, reason
+    assert reason == ("load not applied: the simulated engine received 10.7 req/s on its "
+                      "modelled clock where the client sent 12 (its arrivals spanned 12% more "
+                      "than their sends: a host too busy to deliver them in time); the SLO is "
+                      "not shown at this load")
+    assert _judged(_counts(window_s=10.9)) == (True, False, None)
+
+
+def test_arrivals_crowded_closer_than_their_sends_past_the_tolerance_are_a_load_not_applied(
+) -> None:
+    """The other way: the engine's clock fell behind (lag it could not catch up), and the same
+    sends landed closer together on it: a heavier load than the step's. Over 8.9 s, 13.5 req/s
+    received of 12 (12% off) is past a 10% tolerance; over 9.2 s (8.7% off) within it."""
+    met, unapplied, reason = _judged(_counts(window_s=8.9))
+    assert not met and unapplied, reason
+    assert reason is not None and reason.startswith(
+        "load not applied: the simulated engine received 13.5 req/s on its modelled clock "
+        "where the client sent 12 (its arrivals spanned 11% less than their sends: a host too "
+        "busy to run the model in real time)")
+    assert _judged(_counts(window_s=9.2)) == (True, False, None)
+
+
+def test_a_window_without_a_modelled_clock_is_never_judged_by_its_arrivals() -> None:
+    """A real vLLM stamps no modelled clock: its window has no sends' span beside it, so the
+    rule reads nothing; nor does a closed loop,
+    whose load is its concurrency (judged by the requests it held)."""
+    assert modelled_load_off(_counts(window_s=12.0, sent_span_s=None), 0.1) is None
+    assert _judged(_counts(window_s=12.0, sent_span_s=None)) == (True, False, None)
+    closed = judge_window(benchmark_metrics(p99_tpot_ms=6.3, completed=_N),
+                          _counts(window_s=8.0), SLO(tpot_p99_ms=15), max_failed_fraction=0.05,
+                          tolerance=0.1, is_closed_loop=True, concurrency=20.0)
+    assert closed.meets_slo, closed.reason
+
+
+def test_a_short_windows_spans_differ_past_the_tolerance_only_beyond_the_stamps_slack() -> None:
+    """The engine stamps an arrival made while its loop catches up a late wake-up at the end of
+    the step in flight, up to CATCH_UP_S early: a 2 s window read 20% long (0.4 s) is within
+    what the stamps alone can do; read 0.6 s long it is not."""
+    assert MODELLED_STAMP_SLACK_S >= 2 * CATCH_UP_S, "the slack covers the engine's catch-up"
+    assert modelled_load_off(_counts(window_s=2.4, sent_span_s=2.0, num_sent=40), 0.1) is None
+    assert modelled_load_off(_counts(window_s=2.6, sent_span_s=2.0, num_sent=40), 0.1) \
+        is not None
+
+
+@pytest.mark.parametrize(("clock_rate", "is_applied"), [(1.0, True), (1.15, False),
+                                                         (0.85, False), (1.05, True)])
+def test_a_fixed_rate_level_on_a_modelled_clock_is_judged_by_its_arrivals_against_its_sends(
+        clock_rate: float, is_applied: bool) -> None:
+    """A fixed level at 10 req/s, sent on time over 10 s, on the simulated engine: its arrivals
+    spread over `clock_rate` of that on the modelled clock. 15% either way is a load not
+    applied, with the two spans in its record; 5% is within the tolerance (10%)."""
+    sends = SendLog()
+    outputs = []
+    for k in range(100):
+        sends.record_send(k * 0.1, k * 0.1)
+        arrival = 50.0 + clock_rate * k * 0.1
+        outputs.append(RequestOutput(success=True, start_time=1000.0 + k * 0.1,
+                                     modelled_span_s=(arrival, arrival + 2.0)))
+    applied = judge_level_load(LoadLevel(request_rate_rps=10.0), sends, outputs, (), 0.1)
+    assert (applied.reason is None) == is_applied, applied.reason
+    figures = applied.as_server_metrics()
+    assert figures["applied.sent_span_s"] == pytest.approx(10.0)
+    assert figures["applied.modelled_span_s"] == pytest.approx(10.0 * clock_rate)
+    assert (UNAPPLIED_KEY in figures) == (not is_applied)
+    # The same level's replies without the modelled clock (a real vLLM's): not judged so.
+    real = [RequestOutput(success=True, start_time=o.start_time) for o in outputs]
+    assert judge_level_load(LoadLevel(request_rate_rps=10.0), sends, real, (), 0.1).reason \
+        is None
