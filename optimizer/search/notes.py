@@ -51,9 +51,10 @@ def no_operating_point_note(objective: str, steps: Sequence[StepMetrics]) -> str
 
 def unapplied_levels_note(steps: Sequence[StepMetrics]) -> str:
     """The fixed levels whose load the client or the server did not carry (a closed loop that
-    held fewer than its concurrency, an open loop that sent late: `is_load_unapplied`), each
-    with why: their figures are of a lighter load than their label, so no figure of the trial
-    is stated at that load. "" where there is none, or after a capacity search (its probes say
+    held fewer than its concurrency, an open loop that sent late, a simulated engine whose
+    modelled clock received the sends at another rate than sent: `is_load_unapplied`), each
+    with why: their figures are of another load than their label (lighter, or on the simulated
+    engine heavier), so no figure of the trial is stated at that load. "" where there is none, or after a capacity search (its probes say
     it in their own miss reasons)."""
     if is_capacity_search(steps):
         return ""
@@ -62,7 +63,7 @@ def unapplied_levels_note(steps: Sequence[StepMetrics]) -> str:
         return ""
     said = "; ".join(f"{s.level.label}: {s.miss_reason or 'load not applied'}"
                      for s in unapplied)
-    return (f"Load not applied at {len(unapplied)} level(s), whose figures are of a lighter "
+    return (f"Load not applied at {len(unapplied)} level(s), whose figures are of another "
             f"load than their label ({said}).")
 
 

@@ -57,7 +57,7 @@ def test_a_fixed_level_whose_load_was_not_applied_is_not_the_trials_operating_po
     assert operating_step("goodput", steps).step == 0
     assert objective_values(["goodput", "tpot"], steps) == [2.0, 5.0]
     assert unapplied_levels_note(steps) == (
-        f"Load not applied at 1 level(s), whose figures are of a lighter load than their "
+        f"Load not applied at 1 level(s), whose figures are of another load than their "
         f"label (concurrency=16: {reason}).")
     assert unapplied_levels_note([steps[0]]) == ""
     assert operating_step("goodput", [unapplied]).step == 1
