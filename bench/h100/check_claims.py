@@ -5,11 +5,14 @@ then the defaults. Runs as one `sh:` entry of bench/h200/run_study.sh's sequence
     python3 bench/h100/check_claims.py bench/h100/steady.yaml /root/h200-results/claims [LABEL]
 
 LABEL names the baseline trial's check (default "defaults"; a study whose fixed flags make its
-baseline another config names that config).
+baseline another config names that config). CHECK_UPPER=1 adds a third rate, the claim's upper
+end (the lightest load the trial missed, where it lies between C and 1.15 x C), after the two,
+on the same server: whether vLLM's client misses where nightshift's hold did.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -68,8 +71,13 @@ def main() -> int:
     for met, label, record in order:
         env = [f"--env={k}={v}" for k, v in record.env.items()
                if k in ("VLLM_CACHE_ROOT", "VLLM_USE_FLASHINFER_SAMPLER")]
+        rates = ["--claim", repr(met)]
+        upper = record.capacity.get("missed_load")
+        if os.environ.get("CHECK_UPPER") == "1" and upper and met < upper < met * 1.15:
+            # bench_serve_check's --claim rates (C, then 1.15 C, rounded alike), then the upper end
+            rates = ["--rates", f"{met!r},{round(met * 1.15, 6)!r},{float(upper)!r}"]
         argv = [sys.executable, str(ROOT / "bench/gpu/bench_serve_check.py"), "run",
-                "--model", "qwen3-8b", "--claim", repr(met), "--label", label,
+                "--model", "qwen3-8b", *rates, "--label", label,
                 "--out", str(out_root / label), "--deadline-s", "1500",
                 # the study's own failure rule: a rate misses on failures only above it
                 "--max-failed-fraction", repr(cfg.spec.workload.max_failed_fraction), *env, "--",

@@ -54,8 +54,8 @@ def unapplied_levels_note(steps: Sequence[StepMetrics]) -> str:
     held fewer than its concurrency, an open loop that sent late, a simulated engine whose
     modelled clock received the sends at another rate than sent: `is_load_unapplied`), each
     with why: their figures are of another load than their label (lighter, or on the simulated
-    engine heavier), so no figure of the trial is stated at that load. "" where there is none, or after a capacity search (its probes say
-    it in their own miss reasons)."""
+    engine heavier), so no figure of the trial is stated at that load. "" where there is none,
+    or after a capacity search (its probes say it in their own miss reasons)."""
     if is_capacity_search(steps):
         return ""
     unapplied = [s for s in steps if s.metrics.completed > 0 and s.is_load_unapplied]
