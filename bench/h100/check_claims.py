@@ -7,7 +7,9 @@ then the defaults. Runs as one `sh:` entry of bench/h200/run_study.sh's sequence
 LABEL names the baseline trial's check (default "defaults"; a study whose fixed flags make its
 baseline another config names that config). CHECK_UPPER=1 adds a third rate, the claim's upper
 end (the lightest load the trial missed, where it lies between C and 1.15 x C), after the two,
-on the same server: whether vLLM's client misses where nightshift's hold did.
+on the same server: whether vLLM's client misses where nightshift's hold did. CHECK_EXTRA=R1,R2
+adds further rates after those (e.g. a rate an earlier session's client ran, to see how far a
+3-minute p99 moves between runs).
 """
 
 from __future__ import annotations
@@ -71,11 +73,13 @@ def main() -> int:
     for met, label, record in order:
         env = [f"--env={k}={v}" for k, v in record.env.items()
                if k in ("VLLM_CACHE_ROOT", "VLLM_USE_FLASHINFER_SAMPLER")]
-        rates = ["--claim", repr(met)]
+        # bench_serve_check's --claim rates (C, then 1.15 C, rounded alike), then any others
+        more = [r for r in os.environ.get("CHECK_EXTRA", "").split(",") if r.strip()]
         upper = record.capacity.get("missed_load")
         if os.environ.get("CHECK_UPPER") == "1" and upper and met < upper < met * 1.15:
-            # bench_serve_check's --claim rates (C, then 1.15 C, rounded alike), then the upper end
-            rates = ["--rates", f"{met!r},{round(met * 1.15, 6)!r},{float(upper)!r}"]
+            more.insert(0, repr(float(upper)))
+        rates = (["--rates", ",".join([repr(met), repr(round(met * 1.15, 6)), *more])] if more
+                 else ["--claim", repr(met)])
         argv = [sys.executable, str(ROOT / "bench/gpu/bench_serve_check.py"), "run",
                 "--model", "qwen3-8b", *rates, "--label", label,
                 "--out", str(out_root / label), "--deadline-s", "1500",
