@@ -38,7 +38,7 @@ class _TurnCountingRequests(list[RequestSpec]):
 def test_an_issuer_behind_its_schedule_lets_its_loop_turn_between_two_sends() -> None:
     """An issuer behind its schedule sent every late arrival in one turn of its loop, and their
     work then filled the next: 600 requests at 200 req/s under tracemalloc (sends costing more
-    than their gaps) made turns of 11-21 s, and 5 connects to an accepting simulated engine
+    than their gaps) made turns of 10-21 s, and 5 connects to an accepting simulated engine
     timed out. Sent all at once (no rate), every arrival is due at the start: the issuer is
     behind from its first send."""
     requests = _TurnCountingRequests(20)
