@@ -20,7 +20,8 @@ therefore detokenizes its output, as a deployed server does and a nightshift tri
 no tokenizer) does not.
 
 `judge OUT_DIR [--max-failed-fraction F] [--write]` re-judges what a run wrote (no GPU): the
-rules are in `judge_rate`; failed requests are judged by nightshift's own rule (`failures_miss`).
+rules are in `judge_rate`; failed requests are judged once, by nightshift's own rule
+(`failures_miss`), and count as ended in the rule on completions (`RequestTiming.end_s`).
 """
 
 from __future__ import annotations

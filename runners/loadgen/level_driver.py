@@ -165,6 +165,12 @@ class LevelDriver:
                 len(self.requests) - len(self.tasks) - 1 if closed else None))
             self.sent_offsets_s.append(offset)
             self.tasks.append((task, spec, time.perf_counter()))
+            # A turn of the loop between two sends, however late: an issuer behind its
+            # schedule (sends costing more than their gaps: a starved host, tracemalloc) sent
+            # every late arrival in one turn and their work filled the next (turns of 11-21 s,
+            # connects timed out on an accepting server); the requests' chunks, connects and
+            # the watchdog share this loop.
+            await asyncio.sleep(0)
 
     def _is_refilled(self, start: float) -> bool:
         """Whether the request about to be sent will be followed at once, in its slot, by
