@@ -9,7 +9,7 @@ baseline another config names that config). CHECK_UPPER=1 adds a third rate, the
 end (the lightest load the trial missed, where it lies between C and 1.15 x C), after the two,
 on the same server: whether vLLM's client misses where nightshift's hold did. CHECK_EXTRA=R1,R2
 adds further rates after those (e.g. a rate an earlier session's client ran, to see how far a
-3-minute p99 moves between runs).
+3-minute p99 moves between runs). Both apply to every trial checked, the baseline's included.
 """
 
 from __future__ import annotations

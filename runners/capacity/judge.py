@@ -209,14 +209,18 @@ def short_window(counts: WindowCounts, min_requests: int, min_window_s: float,
     is_capped = max_window_s is not None and client_s >= max_window_s
     slack = max(0.5, 1.0 - 7.0 / max(counts.num_sent, 1))
     # A span of a few arrivals says little of the window's length (one arrival spans none):
-    # below 8 the client's clock measures it.
-    length = max(counts.window_s, counts.sent_span_s or 0.0) if counts.num_sent > 7 else \
+    # below MIN_SPAN_ARRIVALS the client's clock measures it.
+    length = max(counts.window_s, counts.sent_span_s or 0.0) \
+        if counts.num_sent >= MIN_SPAN_ARRIVALS else \
         client_s
     if (counts.num_sent < min_requests and not is_capped) or length < min_window_s * slack:
         return (f"window too short: {counts.num_sent} requests in {counts.window_s:.3g} s "
                 f"(a measurement needs {min_requests} and {min_window_s:g} s)")
     return None
 
+
+# The fewest arrivals whose span measures a window's length (one arrival spans none).
+MIN_SPAN_ARRIVALS = 8
 
 # s: how far the simulated engine may stamp one end of a window's arrivals off the wall less
 # its lag without a host that failed to keep up: an arrival while its loop catches up a late
@@ -253,8 +257,10 @@ def modelled_load_off(counts: WindowCounts, tolerance: float) -> str | None:
     bracket stops when its ends are that close, so a load off its label by less is one the
     search could not tell from it."""
     sent_span_s = counts.sent_span_s
-    if sent_span_s is None or sent_span_s <= 0 or counts.window_s <= 0 or \
-            counts.num_sent <= 7:  # a span of a few arrivals says little (`short_window`)
+    if sent_span_s is None or sent_span_s <= 0 or counts.window_s < 1e-6 or \
+            counts.num_sent < MIN_SPAN_ARRIVALS:
+        # a span of a few arrivals says little (`short_window`); nor does one of no length,
+        # where `step._counts` floors a window whose arrivals were stamped at one instant
         return None
     sent = counts.num_sent / sent_span_s
     received = counts.num_sent / counts.window_s

@@ -13,6 +13,7 @@ import pytest
 
 from runners.applied_load import UNAPPLIED_KEY, judge_level_load
 from runners.capacity.judge import (
+    MIN_SPAN_ARRIVALS,
     MODELLED_STAMP_SLACK_S,
     WindowCounts,
     judge_window,
@@ -110,6 +111,15 @@ def test_a_window_without_a_modelled_clock_is_never_judged_by_its_arrivals() -> 
                           _counts(window_s=8.0), SLO(tpot_p99_ms=15), max_failed_fraction=0.05,
                           tolerance=0.1, is_closed_loop=True, concurrency=20.0)
     assert closed.meets_slo, closed.reason
+
+
+def test_arrivals_stamped_at_one_instant_or_too_few_are_not_judged_by_their_span() -> None:
+    """A window whose arrivals the engine stamped at one instant (floored to 1e-9 s by the
+    staircase's counts) or with fewer than MIN_SPAN_ARRIVALS has no span to read a rate from:
+    not a 100% error."""
+    assert modelled_load_off(_counts(window_s=1e-9), 0.1) is None
+    assert modelled_load_off(_counts(window_s=5.0, num_sent=MIN_SPAN_ARRIVALS - 1), 0.1) is None
+    assert modelled_load_off(_counts(window_s=5.0, num_sent=MIN_SPAN_ARRIVALS), 0.1) is not None
 
 
 def test_a_short_windows_spans_differ_past_the_tolerance_only_beyond_the_stamps_slack() -> None:
