@@ -18,12 +18,14 @@ import pytest
 
 from runners.base import EngineConfig
 from runners.capacity.driver import StaircaseDriver
-from runners.capacity.judge import WindowCounts, modelled_load_off
+from runners.capacity.judge import WindowCounts, judge_window, modelled_load_off
 from runners.capacity.step import _counts
 from runners.hardware import load_preset
 from runners.loadgen.client import RequestOutput
 from runners.simulated.engine import CATCH_UP_S, SimulatedEngine
 from runners.simulated.settings import ServerSettings
+from runners.workload import SLO
+from tests.builders import benchmark_metrics
 from tests.virtual_time import VirtualTimeLoop
 
 # Every timer fires this late (seconds): the 0.85 ms a step measured on a quiet 2-core host
@@ -149,3 +151,8 @@ def test_requests_delivered_ever_later_are_a_load_not_applied_and_on_time_they_a
     assert reason is not None and reason.startswith(
         "load not applied: the simulated engine received 10.7 req/s on its modelled clock "
         "where the client sent 12 "), reason
+    # Through the step's judge: percentiles that meet the SLO at that lighter load are no met.
+    verdict = judge_window(benchmark_metrics(p99_tpot_ms=6.3, completed=starved.num_sent),
+                           starved, SLO(tpot_p99_ms=15), max_failed_fraction=0.05,
+                           tolerance=0.1, min_requests=40, min_window_s=5.0)
+    assert not verdict.meets_slo and verdict.is_load_unapplied and verdict.reason == reason
