@@ -32,7 +32,8 @@ _CONTEXT_FIELDS: Final = ("compute_utilization", "bandwidth_utilization",
                           "vllm_compute_utilization", "vllm_bandwidth_utilization",
                           "prefill_flop_share", "kv_read_share", "requests_in_flight",
                           "num_runtime_jit_compiles",
-                          "is_fp8_weights", "is_fp8_kv", "is_enforce_eager",
+                          "is_fp8_weights", "is_fp8_kv", "is_prefix_caching",
+                          "is_enforce_eager",
                           "is_fp8_capable", "window_s",
                           "max_num_requests_running", "max_num_seqs")
 
