@@ -62,8 +62,9 @@ def _ridge_advice(ev: Mapping[str, float], *, fp8_weights: bool, fp8_kv: bool,
     """At the ridge neither ceiling is shown to bind more: fp8 weights come first, as they
     raise the FLOP ceiling (fp8 tensor cores) and cut the weight bytes at once; they leave the
     FLOPs as they are. The utilisations are time averages over the level (neither ceiling binds
-    at 45%), and decode attention's KV reads add to a step's time rather than overlap its
-    GEMMs, so a lever on one side still shortens the steps, by that side's share of them."""
+    throughout at 47% and 44%), and decode attention's KV reads add to a step's time rather
+    than overlap its GEMMs, so a lever on one side still shortens the steps, by that side's
+    share of them."""
     if not fp8_weights:
         return ("raise the FLOP ceiling and cut bytes at once: fp8 weights (quantization fp8) "
                 "halve the weight bytes read and, on a card with fp8 tensor cores, double the "
