@@ -46,12 +46,15 @@ def verdict_of(result: RunResult, config: EngineConfig, *,
 
 
 def figures(verdict: bottleneck.Verdict) -> str:
-    """The operating point's two utilisations and their ratio, as the label was decided on."""
+    """The operating point's FLOP term over its byte term, as the label was decided on, with
+    the step mix's two utilisations where it had one (the decode roofline's ratio has none)."""
     ev = verdict.evidence
     if "compute_over_memory" not in ev:
-        return "no step-mix roofline"
-    return (f"FLOP term {ev['compute_over_memory']:.3f}x the byte term: "
-            f"{ev['compute_utilization']:.1%} of the FLOP ceiling, "
+        return "no roofline ratio"
+    ratio = f"FLOP term {ev['compute_over_memory']:.3f}x the byte term"
+    if "compute_utilization" not in ev or "bandwidth_utilization" not in ev:
+        return f"{ratio} (the decode roofline's; no step mix)"
+    return (f"{ratio}: {ev['compute_utilization']:.1%} of the FLOP ceiling, "
             f"{ev['bandwidth_utilization']:.1%} of the bandwidth ceiling")
 
 

@@ -7,7 +7,8 @@ Rules and thresholds are explained in docs/bottleneck.md; `classify` never does 
 tested on recorded summaries. Modules, each importing only those before it:
 `memory_fit` (bytes per weight, fp8 facts, `memory_problem`), `roofline` (decode and step-mix
 rooflines, `level_metrics`), `evidence` (`Evidence`, `evidence_from`), `verdict` (the labels,
-`Verdict`), `thresholds` (`Thresholds`), `classify` (`classify`, its rules),
+`Verdict`), `thresholds` (`Thresholds`), `ridge` (`ridge_side`: which ceiling binds, within
+the margin), `classify` (`classify`, its rules),
 `advice` (`advice`, `sentence`).
 """
 
@@ -15,6 +16,7 @@ from optimizer.bottleneck.advice import advice, sentence
 from optimizer.bottleneck.classify import classify
 from optimizer.bottleneck.evidence import Evidence, evidence_from
 from optimizer.bottleneck.memory_fit import GIB, is_fp8_kv, is_fp8_weights, memory_problem
+from optimizer.bottleneck.ridge import ridge_side
 from optimizer.bottleneck.roofline import (
     Roofline,
     StepRoofline,
@@ -44,6 +46,7 @@ __all__ = [
     "is_fp8_weights",
     "level_metrics",
     "memory_problem",
+    "ridge_side",
     "roofline_decode_s",
     "roofline_terms",
     "sentence",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from optimizer.bottleneck.evidence import is_true
+from optimizer.bottleneck.evidence import is_prefix_caching, is_true
 from optimizer.bottleneck.verdict import Label, Verdict
 from runners.base import EngineConfig
 from search_spaces.engine.facts import EngineFlags
@@ -47,20 +47,34 @@ def _batch_advice(ev: Mapping[str, float]) -> str:
             "and replicas (data_parallel_size) add capacity, not capacity per GPU")
 
 
-def _ridge_advice(ev: Mapping[str, float], *, fp8_weights: bool, fp8_kv: bool) -> str:
-    """At the ridge both ceilings bind about equally: a lever that cuts FLOPs and bytes at
-    once comes first; one that cuts either alone gains only until the other ceiling binds."""
+def _prefill_levers(prefix_caching: bool | None) -> list[str]:
+    """Fewer prefill FLOPs: shorter prompts, and prefix caching of shared prompts only where
+    the config has it off (vLLM 0.26 turns it on by default)."""
+    levers = ["shorter prompts"]
+    if prefix_caching is False:
+        levers.insert(0, "prefix caching of shared prompts (enable_prefix_caching, off in this "
+                         "config)")
+    return levers
+
+
+def _ridge_advice(ev: Mapping[str, float], *, fp8_weights: bool, fp8_kv: bool,
+                  prefix_caching: bool | None) -> str:
+    """At the ridge neither ceiling is shown to bind more: fp8 weights come first, as they
+    raise the FLOP ceiling (fp8 tensor cores) and cut the weight bytes at once; they leave the
+    FLOPs as they are. The utilisations are time averages over the level (neither ceiling binds
+    throughout at 47% and 44%), and decode attention's KV reads add to a step's time rather
+    than overlap its GEMMs, so a lever on one side still shortens the steps, by that side's
+    share of them."""
     if not fp8_weights:
-        return ("cut FLOPs and bytes at once: fp8 weights (quantization fp8) halve the "
-                "weight bytes read and, on a card with fp8 tensor cores, double the GEMMs' "
-                "FLOP ceiling")
+        return ("raise the FLOP ceiling and cut bytes at once: fp8 weights (quantization fp8) "
+                "halve the weight bytes read and, on a card with fp8 tensor cores, double the "
+                "GEMMs' FLOP ceiling")
     levers = []
     if not fp8_kv and ev.get("kv_read_share", 1.0) >= 0.1:
-        levers.append("an fp8 KV cache (kv_cache_dtype fp8) for the bytes")
-    levers.append("prefix caching of shared prompts or shorter prompts for the prefill FLOPs")
-    return ("both ceilings bind about equally, so a lever on one side gains only until the "
-            "other binds: " + "; ".join(levers) + "; replicas (data_parallel_size) add "
-            "capacity, not capacity per GPU")
+        levers.append("an fp8 KV cache (kv_cache_dtype fp8) for the KV bytes")
+    levers.append(" or ".join(_prefill_levers(prefix_caching)) + " for the prefill FLOPs")
+    return ("each lever cuts only its side's share of the step: " + "; ".join(levers)
+            + "; replicas (data_parallel_size) add capacity, not capacity per GPU")
 
 
 def advice(verdict: Verdict, *,
@@ -80,6 +94,10 @@ def advice(verdict: Verdict, *,
     fp8_weights = ev.get("is_fp8_weights") == 1.0 or engine.weights_are_fp8()
     fp8_kv = ev.get("is_fp8_kv") == 1.0 or engine.kv_cache_is_fp8
     eager = ev.get("is_enforce_eager") == 1.0 or is_true(flags.get("enforce_eager") or False)
+    # Prefix caching: the flags where they set it, else the verdict's fact, else vLLM's default.
+    prefix_caching = ev["is_prefix_caching"] == 1.0 if "is_prefix_caching" in ev and not (
+        {"enable_prefix_caching", "no_enable_prefix_caching"} & set(flags)) \
+        else is_prefix_caching(flags)
     label = verdict.label
     if label == "unknown" and ev.get("is_unphysical") == 1.0:
         return "measure a longer window (more requests per level) to tell"
@@ -104,8 +122,8 @@ def advice(verdict: Verdict, *,
     if label == "compute-bound":
         if not fp8_weights:
             return "fewer FLOPs per token at the same rate: fp8 weights (quantization fp8)"
-        return ("only fewer prefill FLOPs help now: prefix caching of shared prompts, "
-                "shorter prompts, or more GPUs (data_parallel_size)")
+        levers = [*_prefill_levers(prefix_caching), "or more GPUs (data_parallel_size)"]
+        return "only fewer prefill FLOPs help now: " + ", ".join(levers)
     if label == "memory-bound":
         levers = []
         if not fp8_weights:
@@ -117,7 +135,8 @@ def advice(verdict: Verdict, *,
             return "read fewer bytes per token: " + " or ".join(levers)
         return _batch_advice(ev)
     if label == "compute-and-memory-bound":
-        return _ridge_advice(ev, fp8_weights=fp8_weights, fp8_kv=fp8_kv)
+        return _ridge_advice(ev, fp8_weights=fp8_weights, fp8_kv=fp8_kv,
+                             prefix_caching=prefix_caching)
     if label == "kv-capacity-bound":
         levers = []
         if not fp8_kv:

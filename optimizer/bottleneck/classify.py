@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Final, Literal
+from typing import Final
 
 from optimizer.bottleneck.evidence import Evidence
+from optimizer.bottleneck.ridge import Side, ridge_side
 from optimizer.bottleneck.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from optimizer.bottleneck.verdict import Label, Source, Verdict
 
@@ -32,7 +33,8 @@ _CONTEXT_FIELDS: Final = ("compute_utilization", "bandwidth_utilization",
                           "vllm_compute_utilization", "vllm_bandwidth_utilization",
                           "prefill_flop_share", "kv_read_share", "requests_in_flight",
                           "num_runtime_jit_compiles",
-                          "is_fp8_weights", "is_fp8_kv", "is_enforce_eager",
+                          "is_fp8_weights", "is_fp8_kv", "is_prefix_caching",
+                          "is_enforce_eager",
                           "is_fp8_capable", "window_s",
                           "max_num_requests_running", "max_num_seqs")
 
@@ -239,21 +241,6 @@ def _classify(evidence: Evidence, thresholds: Thresholds) -> Verdict:
 
 # A level's window shorter than this measures no rate: a few requests' start and end decide it.
 MIN_RATE_WINDOW_S: Final = 1.0
-
-
-Side = Literal["compute", "memory", "ridge"]
-
-
-def ridge_side(compute: float, memory: float, margin: float) -> Side:
-    """Which ceiling two roofline figures of one level show binding (its utilisation of each,
-    or its decode step's FLOP and byte times): `ridge` where neither exceeds the other by more
-    than `margin` (relative; `Thresholds.ridge_margin`), i.e. the FLOP term over the byte term,
-    the arithmetic intensity over the ridge point, lies within [1 / (1 + margin), 1 + margin]."""
-    if compute > (1.0 + margin) * memory:
-        return "compute"
-    if memory > (1.0 + margin) * compute:
-        return "memory"
-    return "ridge"
 
 
 def _mix_ratio(e: Evidence) -> float | None:

@@ -21,7 +21,7 @@ from runners.base import EngineConfig, EngineInfo, RunResult, StepMetrics
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
 from search_spaces.engine.facts import EngineFlags, vllm_scheduler_defaults
-from search_spaces.engine.tables import DEFAULT_VERSION
+from search_spaces.engine.tables import DEFAULT_VERSION, bundled_for
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,9 @@ class Evidence:
     num_runtime_jit_compiles: float | None = None  # kernels vLLM JIT-compiled while serving
     is_fp8_weights: bool | None = None  # the GEMMs' weights are fp8 (flag or checkpoint)
     is_fp8_kv: bool | None = None  # kv_cache_dtype fp8*
+    # Prefix caching on: the config's enable_prefix_caching, else the release's default (on in
+    # vLLM 0.26 for a generation model); None where neither is known.
+    is_prefix_caching: bool | None = None
     # The card has fp8 tensor cores (its fp8 FLOP ceiling is above the bf16 one): fp8 weights
     # raise the FLOP ceiling the level is measured against.
     is_fp8_capable: bool | None = None
@@ -145,6 +148,22 @@ def is_true(value: object) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in ("1", "true", "yes", "on")
     return bool(value)
+
+
+def is_prefix_caching(flags: Mapping[str, object], version: str = DEFAULT_VERSION) -> bool | None:
+    """Whether vLLM caches prompt prefixes under these flags: `enable_prefix_caching` (or
+    `no_enable_prefix_caching`) where set, else the release's default from its bundled flag
+    table (on in 0.26: vLLM turns it on for a generation model); None where the table has
+    none for `version` or leaves the default to start-up."""
+    if flags.get("no_enable_prefix_caching") is not None and \
+            is_true(flags["no_enable_prefix_caching"]):
+        return False
+    flag = flags.get("enable_prefix_caching")
+    if flag is not None:
+        return is_true(flag)
+    table = bundled_for(version)
+    default = table.defaults.get("enable-prefix-caching") if table is not None else None
+    return None if default is None else is_true(default)
 
 
 def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
@@ -275,6 +294,9 @@ def evidence_from(result: RunResult | StepMetrics | Sequence[StepMetrics],
         num_runtime_jit_compiles=None if jit is None else float(jit),
         is_fp8_weights=is_fp8_weights(config, model),
         is_fp8_kv=is_fp8_kv(config),
+        is_prefix_caching=is_prefix_caching(
+            config.flags, engine.engine_version if engine is not None and engine.engine_version
+            else DEFAULT_VERSION),
         is_fp8_capable=hardware.fp8_tflops > hardware.bf16_tflops > 0
         if hardware is not None else None,
         window_s=positive(step.metrics.duration_s) if step is not None else None,

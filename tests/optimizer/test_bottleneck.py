@@ -105,6 +105,13 @@ CASES: list[tuple[str, Evidence, str, tuple[str, ...]]] = [
     ("byte term just over the FLOP term", replace(MEMORY_ROOFLINE, decode_batch=1500,
                                                   tpot_ms=10.0),
      "compute-and-memory-bound", ("roofline",)),
+    # Rule 5b has no trace form: the trace decides, and the decode roofline overrules it only
+    # past 2x (`memory_dominance`); a ridge inside that would call a byte term 1.06x the FLOP
+    # term compute-and-memory-bound and one 1.5x it compute-bound (docs/bottleneck.md, 5b).
+    ("busy GEMMs with the decode roofline at the ridge",
+     replace(MEMORY_ROOFLINE, decode_batch=1500, tpot_ms=10.0, gemm_share=0.85,
+             gpu_busy_fraction=0.9),
+     "compute-bound", ("trace",)),
     ("busy GEMMs that stream weights",
      replace(MEMORY_ROOFLINE, tpot_ms=6.0, gemm_share=0.85, gpu_busy_fraction=0.9),
      "memory-bound", ("trace", "roofline")),

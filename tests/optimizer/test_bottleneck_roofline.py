@@ -495,14 +495,57 @@ def test_the_ridge_margin_is_inclusive_and_a_parameter() -> None:
 
 
 def test_at_the_ridge_the_advice_cuts_both_and_never_repeats_the_config() -> None:
+    """fp8 weights leave the FLOPs as they are: they raise the FLOP ceiling (fp8 tensor cores)
+    and halve the weight bytes. The utilisations are time averages and decode attention adds
+    to a step, so a one-sided lever cuts its side's share of the step, not "gains only until
+    the other binds" (found in review)."""
     bf16 = classify(_sim(41.7))
     said = advice(bf16)
-    assert said.startswith("cut FLOPs and bytes at once: fp8 weights (quantization fp8)"), said
+    assert said.startswith("raise the FLOP ceiling and cut bytes at once: fp8 weights "
+                           "(quantization fp8)"), said
+    assert "cut FLOPs" not in said, said
     on_fp8 = classify(replace(_sim(41.7), is_fp8_weights=True, kv_read_share=0.3))
     said = advice(on_fp8)
     assert "quantization fp8" not in said and "kv_cache_dtype fp8" in said, said
-    assert "prefix caching" in said and "capacity, not capacity per GPU" in said, said
+    assert said.startswith("each lever cuts only its side's share of the step: "), said
+    assert "until the other" not in said and "shorter prompts" in said, said
+    assert "capacity, not capacity per GPU" in said, said
     assert "fp8" not in advice(on_fp8, config=FP8_BOTH)
+
+
+@pytest.mark.parametrize("label", ["compute-bound", "compute-and-memory-bound"])
+def test_prefix_caching_is_advised_only_where_the_config_has_it_off(label: str) -> None:
+    """vLLM 0.26 turns prefix caching on by default (its flag table's default), so advice
+    offered it to configs that already had it (found in review)."""
+    on_fp8 = Verdict(label=label, roofline_fraction=0.5,  # type: ignore[arg-type]
+                     evidence={"is_fp8_weights": 1.0, "is_fp8_kv": 1.0})
+    assert "prefix caching" not in advice(on_fp8), advice(on_fp8)
+    assert "shorter prompts" in advice(on_fp8), advice(on_fp8)
+    assert "prefix caching" not in advice(on_fp8, config={"enable_prefix_caching": True})
+    said = advice(on_fp8, config={"enable_prefix_caching": False})
+    assert "prefix caching of shared prompts (enable_prefix_caching, off in this config)" \
+        in said, said
+    assert "prefix caching" in advice(on_fp8, config={"no_enable_prefix_caching": True})
+    off = replace(on_fp8, evidence={**on_fp8.evidence, "is_prefix_caching": 0.0})
+    assert "prefix caching" in advice(off), advice(off)
+    assert "prefix caching" not in advice(off, config={"enable_prefix_caching": "true"})
+
+
+def test_the_verdict_carries_whether_the_config_caches_prefixes() -> None:
+    """From the config's flag, else vLLM's default for the engine's release (on in 0.26), so
+    `sentence` (which has no config) does not advise what the config already does."""
+    step = _counted(steps=2000.0)
+    on_fp8 = {"quantization": "fp8", "kv_cache_dtype": "fp8"}
+    default = classify(evidence_from([step], EngineConfig("qwen2.5-7b", on_fp8), H200, QWEN_7B))
+    assert default.evidence["is_prefix_caching"] == 1.0
+    off = classify(evidence_from(
+        [step], EngineConfig("qwen2.5-7b", {**on_fp8, "enable_prefix_caching": False}), H200,
+        QWEN_7B))
+    assert off.evidence["is_prefix_caching"] == 0.0
+    for verdict in (default, off):
+        for label in ("compute-bound", "compute-and-memory-bound"):
+            said = advice(replace(verdict, label=label))
+            assert ("prefix caching" in said) == (verdict is off), said
 
 
 def test_at_the_physical_limit_at_the_ridge_the_detail_names_both_and_advises_fp8() -> None:

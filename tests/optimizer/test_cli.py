@@ -20,8 +20,16 @@ import typer
 import yaml
 from rich.console import Console
 
+from optimizer.bottleneck import LABELS
 from optimizer.cli import app, main
-from optimizer.cli.table import TableRow, clip, clip_changes, figure, trial_table
+from optimizer.cli.table import (
+    TableRow,
+    clip,
+    clip_changes,
+    figure,
+    short_label,
+    trial_table,
+)
 from optimizer.config import parse_study
 from optimizer.storage.study import count_trials, open_study
 
@@ -497,3 +505,12 @@ def test_the_status_table_calls_a_baseline_that_ran_fixed_flags_the_baseline(
     text = "\n".join(_draw(trial_table([TableRow(0, "complete", {}, (11.0,))], ["goodput"],
                                        160, baseline=fixed), 160))
     assert "changes vs baseline" in text and "(baseline)" in text and "defaults" not in text
+
+
+def test_every_label_has_a_short_form_of_its_own_that_fits_the_bound_column() -> None:
+    """The status table's `bound` column shows `short_label`: `-bound` cut, else a short form
+    (`comp+mem` for compute-and-memory-bound, which cut would leave 18 characters wide)."""
+    shorts = {label: short_label(label) for label in LABELS}
+    assert len(set(shorts.values())) == len(shorts), shorts
+    assert all(len(short) <= 8 for short in shorts.values()), shorts
+    assert shorts["compute-and-memory-bound"] == "comp+mem"

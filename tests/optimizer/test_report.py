@@ -15,9 +15,11 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
+from optimizer.bottleneck import LABELS
 from optimizer.cli import main
 from optimizer.config import parse_study
 from optimizer.report import TrialRow, build_report, pareto_front, render_markdown, write_report
+from optimizer.report.plots import LABEL_COLOURS
 from optimizer.storage.study import open_study
 from optimizer.tracking.tracker import Tracker
 
@@ -423,3 +425,11 @@ def test_one_change_fills_a_missing_key_with_vllms_default_and_ignores_a_moot_ca
     missing = KnobEffect("x", 1, 1, point_gain(None, 3.0, maximize=True), None,
                          defaults_measured=3.0)
     assert missing.verdict == "no ratio: no value for this trial"
+
+
+def test_every_label_but_unknown_has_a_colour_of_its_own() -> None:
+    """The Pareto plot and the HTML label badge colour by label, grey (#7f7f7f) where a label
+    has none: a new label left out would look like unknown."""
+    assert set(LABEL_COLOURS) == set(LABELS) - {"unknown"}
+    colours = list(LABEL_COLOURS.values())
+    assert len(set(colours)) == len(colours) and "#7f7f7f" not in colours
