@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 from runners import prometheus
 from runners.capacity.judge import WindowCounts, late_sends, modelled_load_off, unapplied_load
-from runners.capacity.step import late_bound_s, modelled_spans
+from runners.capacity.spans import modelled_spans
+from runners.capacity.step import late_bound_s
 from runners.load_level import LoadLevel
 from runners.loadgen.client import RequestOutput
 from runners.loadgen.send_log import SendLog

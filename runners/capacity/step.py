@@ -24,6 +24,7 @@ from runners.capacity.judge import (
 )
 from runners.capacity.plan import StepPlan
 from runners.capacity.slo import WarmupSoFar
+from runners.capacity.spans import modelled_spans
 from runners.loadgen.client import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -369,27 +370,6 @@ def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, fl
                         in_flight_rise=least_squares_rise(in_flight)
                         if driver.axis == "request_rate" else None,
                         server_in_system=in_system, client_window_s=end - start)
-
-
-def arrival_span_s(times: Sequence[float]) -> float:
-    """The span of a run of arrivals (or sends), read as a window: first to last plus one mean
-    gap, so n arrivals at a steady rate span n over it; 0 under two."""
-    if len(times) < 2:
-        return 0.0
-    return (max(times) - min(times)) * len(times) / (len(times) - 1)
-
-
-def modelled_spans(outputs: Sequence[RequestOutput]) -> tuple[float, float | None] | None:
-    """(span of the requests' arrivals on a server's modelled clock, span of their sends on the
-    client's: None under two), each read by `arrival_span_s`, over the requests the server
-    stamped; None unless exactly the successes carry the modelled times (a real vLLM server
-    stamps none: runners/loadgen/client.py reads them only where the server declared its
-    clock)."""
-    arrivals = [o.modelled_span_s[0] for o in outputs if o.modelled_span_s is not None]
-    if not arrivals or len(arrivals) != sum(o.success for o in outputs):
-        return None
-    sends = [o.start_time for o in outputs if o.modelled_span_s is not None and o.start_time]
-    return arrival_span_s(arrivals), arrival_span_s(sends) if len(sends) > 1 else None
 
 
 def _saturated_rates(samples: Sequence[tuple[float, dict[str, float]]]) -> dict[str, float]:
