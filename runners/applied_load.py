@@ -6,8 +6,11 @@ not; its figures are of a load nobody offered, so it is no measurement at its la
 
 On the simulated engine, whose replies carry its modelled clock, an open loop whose requests
 reached the engine at a rate off the rate they were sent at by more than the tolerance
-(`modelled_load_off`: the host delivered them ever later, or the engine's clock fell behind)
-did not apply its load either; a real vLLM stamps no modelled clock and is never judged so.
+(`modelled_load_off`: the host delivered them ever later, the engine's clock fell behind, or
+it ran ahead through a stall slept time-scaled) did not apply its load either, whatever its
+figures: a level reports figures, not a verdict, so none is kept at its label, where a
+staircase's step keeps a verdict that holds at its label all the same (`judge_window`). A
+real vLLM stamps no modelled clock and is never judged so.
 
 A closed loop over a bounded list holds its concurrency only between the send that filled it
 and the last send (the first requests go out at once; after the last the loop drains): that is
