@@ -233,7 +233,7 @@ MIN_SPAN_ARRIVALS = 8
 
 # A window whose modelled arrivals span more than this many times their sends was dilated by
 # the simulated engine's own stall (a kernel JIT while serving, modelled in full and slept
-# time-scaled: 20x at 4 req/s), not by a host: hosts have spread them by 12% at most
+# time-scaled: 20x at 4 req/s), not by a host: hosts have spread them by about 11% at most
 # (one core shared with three spinning processes, 2026-12-06).
 STALL_SPREAD = 2.0
 
