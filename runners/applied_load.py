@@ -93,12 +93,13 @@ def _open_loop(sends: SendLog, outputs: Sequence[RequestOutput],
                           waiting_rise=None, num_sent_late=late, late_bound_s=bound)
     figures = {"applied.num_sent_late": float(late), "applied.late_bound_s": bound}
     reason = late_sends(counts, tolerance)
-    modelled_s, sent_s = modelled_spans(outputs) or (0.0, None)
-    if sent_s is not None:
-        figures["applied.modelled_span_s"], figures["applied.sent_span_s"] = modelled_s, sent_s
+    spans = modelled_spans(outputs)
+    if spans is not None and spans.sent_span_s is not None:
+        figures["applied.modelled_span_s"] = spans.window_s
+        figures["applied.sent_span_s"] = spans.sent_span_s
         modelled = WindowCounts(
-            window_s=modelled_s, num_sent=sum(o.modelled_span_s is not None for o in outputs),
-            num_ended=0, mean_in_flight=0.0, waiting_rise=None, sent_span_s=sent_s)
+            window_s=spans.window_s, num_sent=spans.num_arrivals, num_ended=0,
+            mean_in_flight=0.0, waiting_rise=None, sent_span_s=spans.sent_span_s)
         reason = reason or modelled_load_off(modelled, tolerance)
     return AppliedLoad(reason, figures)
 

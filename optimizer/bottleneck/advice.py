@@ -95,9 +95,9 @@ def advice(verdict: Verdict, *,
     fp8_kv = ev.get("is_fp8_kv") == 1.0 or engine.kv_cache_is_fp8
     eager = ev.get("is_enforce_eager") == 1.0 or is_true(flags.get("enforce_eager") or False)
     # Prefix caching: the flags where they set it, else the verdict's fact, else vLLM's default.
-    prefix_caching = ev["is_prefix_caching"] == 1.0 if "is_prefix_caching" in ev and not (
-        {"enable_prefix_caching", "no_enable_prefix_caching"} & set(flags)) \
-        else is_prefix_caching(flags)
+    is_set = bool({"enable_prefix_caching", "no_enable_prefix_caching"} & set(flags))
+    prefix_caching = is_prefix_caching(flags) if is_set or "is_prefix_caching" not in ev \
+        else ev["is_prefix_caching"] == 1.0
     label = verdict.label
     if label == "unknown" and ev.get("is_unphysical") == 1.0:
         return "measure a longer window (more requests per level) to tell"

@@ -349,9 +349,7 @@ def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, fl
                       if start <= t <= end and prometheus.NUM_REQUESTS_RUNNING in s)
     spans_m = modelled_spans(sent)
     if spans_m is not None:
-        arrivals_m = [o.modelled_span_s[0] for o in sent if o.modelled_span_s is not None]
-        t0 = min(arrivals_m)
-        window, sent_span = spans_m
+        t0, window = spans_m.start_s, spans_m.window_s
         t1 = t0 + window
         spans = [o.modelled_span_s for o in recent if o.modelled_span_s is not None]
         ended = sum(t0 <= b < t1 for _, b in spans)
@@ -360,7 +358,8 @@ def _counts(driver: StaircaseDriver, samples: Sequence[tuple[float, dict[str, fl
         return WindowCounts(window_s=window, num_sent=len(sent), num_ended=ended,
                             mean_in_flight=area / window, waiting_rise=rise,
                             max_waiting=max_waiting, server_in_system=in_system,
-                            client_window_s=end - start, sent_span_s=sent_span)
+                            client_window_s=end - start,
+                            sent_span_s=spans_m.sent_span_s)
     grid = np.arange(start, end, 0.25)
     in_flight = [(float(t), driver.mean_in_flight(float(t), float(t) + 0.25)) for t in grid]
     return WindowCounts(window_s=max(end - start, 1e-9), num_sent=len(sent),
