@@ -285,7 +285,6 @@ class StaircaseDriver:
                     await self._changed.wait()
                     continue
                 self._send(clients, next(self._requests))
-                await asyncio.sleep(0)  # a turn of the loop between two sends (below)
                 continue
             if next_send is None:
                 next_send = self.clock()
@@ -304,13 +303,6 @@ class StaircaseDriver:
             self._send(clients, next(self._requests), scheduled_s=next_send)
             # A host that wakes late does not make up for it with a burst.
             next_send = max(next_send, self.clock() - 1.0) + self._gap_s(load)
-            # A turn of the loop between two sends, however late: a sender behind its schedule
-            # (its sends costing more than their gaps: a starved host, tracemalloc) held the
-            # loop for up to a second of arrivals, whose work then filled the next turn; the
-            # turns grew to seconds, connects timed out, and a cancel (several turns) ran past
-            # 30 s. Sends a busy client cannot make stay late, where the late-send rule sees
-            # them.
-            await asyncio.sleep(0)
 
     def prune(self, before_s: float) -> None:
         """Forget the requests sent before `before_s` that have ended (their outputs were read):

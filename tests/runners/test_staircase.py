@@ -364,7 +364,9 @@ def test_arrivals_keep_flowing_until_every_measured_request_has_ended(tmp_path: 
             returned = driver.clock()
             (outputs, counts), = run.windows
             assert outputs and all(o.success for o in outputs) and run.is_finished
-            window_end = run.window_start_s + plan.window_s
+            # The window ran until the step read its end (`extend_window`), past its plan.
+            assert counts.client_window_s is not None
+            window_end = run.window_start_s + counts.client_window_s
             measured = driver.sent_between(run.window_start_s, window_end)
             assert counts.num_sent == len(measured) == len(outputs)
             last_end = max(s.ended_s or math.inf for s in measured)
