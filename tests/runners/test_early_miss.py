@@ -161,13 +161,16 @@ def test_a_search_whose_first_step_at_high_misses_in_its_warmup_goes_on_unmisled
     """The first step at `high`, far over a TPOT bound, ends in its warm-up as a miss that
     says so; the search goes on to the step `next_load` picks without a served rate (`low`,
     the miss being within two of its big steps of it), not to the rate its warm-up completed
-    at, which trails its arrivals while the server fills."""
-    workload = replace(staircase_workload(low=10, high=40, max_probes=2, warmup_s=10.0,
+    at, which trails its arrivals while the server fills. (`high` 20 req/s, not 40: at 40 a
+    clean-clone CI run's client, four test workers on 2 cores, sent more than the tolerance of
+    its requests late, so the warm-up rightly could not decide, in 3 of 5 runs on
+    2026-12-06.)"""
+    workload = replace(staircase_workload(low=10, high=20, max_probes=2, warmup_s=10.0,
                                           hold_s=0), slo=SLO(tpot_p99_ms=0.5))
     config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
     result = simulated_run(tmp_path, config, workload)
     first, second = result.steps[0], result.steps[1]
-    assert first.level.request_rate_rps == 40 and not first.meets_slo
+    assert first.level.request_rate_rps == 20 and not first.meets_slo
     assert str(first.miss_reason).startswith("missed in its warm-up: TPOT p99"), \
         first.miss_reason
     assert first.server_metrics["steady.is_missed_in_warmup"] == 1.0
