@@ -138,10 +138,13 @@ def test_a_step_already_over_its_bound_stops_in_its_warmup_and_one_within_runs_i
                 runs[name] = measure_step(
                     driver, url, plan, repeats=1, request_timeout_s=30,
                     check_engine=lambda: None, is_first=True,
-                    # 0.3, as staircase_workload's: a loaded host's late sends (tested above)
-                    # are not this test's point
+                    # Late sends never stop the decision here (tolerance 1): they are tested
+                    # above, and with 0.3 a clean-clone CI run's client (four workers on 2
+                    # cores) sent more than that late at 40 req/s, so the warm-up rightly
+                    # declined to decide. The two bounds are 0.5 ms and 10 s: a late client
+                    # cannot move a TPOT across either.
                     warmup_decide=lambda so_far, slo=slo: missed_in_warmup(
-                        so_far, slo, tolerance=0.3))
+                        so_far, slo, tolerance=1.0))
             finally:
                 driver.close()
     tight, loose = runs["tight"], runs["loose"]
