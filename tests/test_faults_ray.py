@@ -77,9 +77,12 @@ def _label(process: psutil.Process) -> str:
         return "?"
 
 
-def _sockets(root: psutil.Process) -> list[tuple[str, str, int, str]]:
-    """(process, local ip, local port, status) of every inet socket of `root` and all its
-    descendants; processes that end while being read are skipped.
+def _sockets(root: psutil.Process) -> list[tuple[str, str, int, str, str]]:
+    """(process, local ip, local port, status, peer) of every inet socket of `root` and all its
+    descendants; processes that end while being read are skipped. The peer ("ip:port", or ""
+    for none) names where a connection off loopback went: once, under two CPU spinners, a
+    study's Ray dashboard process held one from 192.0.2.2 (the machine's address) whose peer
+    was not recorded.
 
     The machine's socket tables are read once and kept for the tree's pids: asking each process
     for its own re-reads every table per process (0.11 s of CPU a look for a study's tree
@@ -90,11 +93,12 @@ def _sockets(root: psutil.Process) -> list[tuple[str, str, int, str]]:
         return []
     mine = [c for c in psutil.net_connections(kind="inet") if c.pid in tree and c.laddr]
     labels = {pid: _label(tree[pid]) for pid in {c.pid for c in mine}}
-    return [(labels[c.pid], c.laddr.ip, c.laddr.port, c.status) for c in mine]
+    return [(labels[c.pid], c.laddr.ip, c.laddr.port, c.status,
+             f"{c.raddr.ip}:{c.raddr.port}" if c.raddr else "") for c in mine]
 
 
 def _run_study(tmp_path: Path, *, trials: int) -> tuple[
-        int, str, list[tuple[str, str, int, str]]]:
+        int, str, list[tuple[str, str, int, str, str]]]:
     """`nightshift start` on a simulated local study in a process of its own, with the test's
     environment; its exit code, stderr and every socket seen while it ran."""
     path = write_study(tmp_path, trials=trials, workload={
@@ -102,7 +106,7 @@ def _run_study(tmp_path: Path, *, trials: int) -> tuple[
         "duration_s": 2.0, "num_requests": None, "warmup_requests": 0},
         simulated={"hardware": "h200", "num_gpus": 1, "startup_time_scale": 0.002})
     env = _env(PYTHONUNBUFFERED="1")
-    seen: set[tuple[str, str, int, str]] = set()
+    seen: set[tuple[str, str, int, str, str]] = set()
     with open(tmp_path / "daemon.err", "w") as err:
         daemon = subprocess.Popen([sys.executable, "-m", "optimizer.cli", "start", str(path),
                                    "--no-progress"], cwd=REPO, env=env,
