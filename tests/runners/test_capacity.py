@@ -119,16 +119,17 @@ def test_an_open_loop_level_above_capacity_is_stopped_once_its_queue_keeps_growi
         tmp_path: Path) -> None:
     from runners.load_level import LoadLevel
 
-    # Eager decode serves about 30 requests a second; 100 a second is far above it. Run to
-    # the end, the 1200 requests would take 40 s of queueing; the level stops in seconds. (Not
-    # 400: under two CPU spinners the client sent 1199 of 1200 late, at 18 a second, which
-    # the engine kept up with: load not applied, rightly, and no queue grew.)
+    # Eager decode of 8 sequences serves about 7 requests a second; 30 a second is far above
+    # it. Run to the end, the 1200 requests would take minutes of queueing; the level stops in
+    # seconds. (Not 32 sequences at 400 or 100 a second: under two CPU spinners the client,
+    # reading the replies of ~2000 tokens a second, sent 98-100% of its requests late, near
+    # the engine's pace, so no queue grew: load not applied, rightly.)
     workload = Workload(input_len=LengthDistribution(mean=128), output_len=LengthDistribution(
         mean=64), num_requests=1200, num_warmup_requests=2, slo=SLO(tpot_p99_ms=50.0),
-        levels=(LoadLevel(request_rate_rps=100.0),))
+        levels=(LoadLevel(request_rate_rps=30.0),))
     runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.001),
                           tmp_path / "engines", stall_timeout_s=30.0)
-    config = EngineConfig("qwen2.5-7b", {"enforce_eager": True, "max_num_seqs": 32},
+    config = EngineConfig("qwen2.5-7b", {"enforce_eager": True, "max_num_seqs": 8},
                           load_format="dummy", skip_tokenizer_init=True)
     light = Workload(**{**workload.__dict__, "num_requests": 12,
                         "levels": (LoadLevel(request_rate_rps=4.0),)})
