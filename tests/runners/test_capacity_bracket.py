@@ -205,21 +205,22 @@ def test_a_served_figure_is_trusted_only_when_it_was_measured() -> None:
 @pytest.mark.slow
 def test_a_saturated_rate_probe_steers_the_search_on_the_simulated_engine(
         tmp_path: Path) -> None:
-    # Eager decode with 32 sequences serves about 30 requests a second: 100/s saturates. Not
-    # 400/s: in a CI run on a busy host the simulated server could not accept 400 connections a
-    # second, and every measured request failed on its connect timeout (a miss, rightly, but
-    # no saturation read: its /metrics went unanswered too).
+    # Eager decode of 8 sequences serves about 7 requests a second: 30/s saturates. Not 32
+    # sequences at 400/s: in a CI run on a busy host the simulated server could not accept 400
+    # connections a second and every measured request failed on its connect timeout (a miss,
+    # rightly, but no saturation read: its /metrics went unanswered too); and under two
+    # spinners a client reading ~2000 tokens a second sends late, near the engine's pace.
     # Three probes: the saturated one, the one it steers, and one asserted on by none (with two,
     # the second would go to low: while nothing has met, the last probe does). Steps sized
     # for the simulated engine: a 2 s warm-up (two lives of a request at the steered rate) and
     # a window of 40 requests, not 10 s and 10 s sized from the SLO.
-    search = CapacitySearch("request_rate", low=1.0, high=100.0, tolerance=0.1, max_probes=3,
+    search = CapacitySearch("request_rate", low=1.0, high=30.0, tolerance=0.1, max_probes=3,
                             probe_duration_s=8.0, hold_s=0, warmup_s=2.0, min_window_s=2.0,
                             min_window_requests=40)
     workload = Workload(input_len=LengthDistribution(mean=128), output_len=LengthDistribution(
         mean=64), num_requests=600, num_warmup_requests=2, slo=SLO(tpot_p99_ms=50.0),
         capacity=search)
-    config = EngineConfig("qwen2.5-7b", {"enforce_eager": True, "max_num_seqs": 32},
+    config = EngineConfig("qwen2.5-7b", {"enforce_eager": True, "max_num_seqs": 8},
                           load_format="dummy", skip_tokenizer_init=True)
     result = simulated_run(tmp_path, config, workload)
     first, second = result.steps[:2]
