@@ -9,7 +9,7 @@ import os
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from optimizer.config.fields import NAME_RE, FilePath, StrictSpec, registered, yaml_off
 from optimizer.config.flag_checks import (
@@ -165,8 +165,17 @@ class StudySpec(StrictSpec):
 
     @field_validator("fixed_flags")
     @classmethod
-    def _fixed_flags(cls, v: dict[str, Any]) -> dict[str, Any]:
+    def _fixed_flags(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         v = dict(v)
+        # Against the release vllm.version names (validated before: it comes first), else the
+        # installed vLLM's table, else 0.26's.
+        vllm = info.data.get("vllm")
+        version = vllm.version if isinstance(vllm, VllmSpec) else None
+        table = None
+        if version is not None:
+            from search_spaces.engine.tables import bundled_flags
+
+            table = bundled_flags(version)
         for name, value in v.items():
             if is_secret_flag("--" + name.replace("_", "-")):
                 raise ValueError(f"fixed_flags.{name}: {secret_flag_fix(name)}")
@@ -177,7 +186,7 @@ class StudySpec(StrictSpec):
                 except ValueError as exc:
                     raise ValueError(f"fixed_flags.{name}: {value!r:.40} is not an integer or "
                                      "vLLM's form of one (4k = 4000, 4K = 4096)") from exc
-            problem = fixed_flag_problem(name, value)
+            problem = fixed_flag_problem(name, value, table)
             if problem is not None:
                 raise ValueError(problem) from cause_of(problem)
         return v

@@ -217,6 +217,22 @@ class VllmSpec(StrictSpec):
     # Passed verbatim after the flags: only flags of vLLM that nightshift neither sets nor
     # searches (checked by `extra_args_problem`).
     extra_args: list[str] = Field(default_factory=list, max_length=256)
+    # The vLLM release the trials run, where this machine cannot say (no vLLM installed: a
+    # Ray cluster's driver, or a dry run): its bundled flag table picks the space's flags and
+    # checks fixed_flags, and the simulated engine takes that release's parser. Where vLLM is
+    # installed it must be that release. None: the installed release, else 0.26.0.
+    version: str | None = Field(default=None, max_length=40)
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: str | None) -> str | None:
+        from search_spaces.engine.tables import bundled_versions, has_table
+
+        if v is not None and not has_table(v):
+            raise ValueError(f"vllm.version: no flag table is bundled for vLLM {v!r:.40}; give "
+                             f"one of {', '.join(bundled_versions())}, or leave it out to use "
+                             "the installed vLLM's")
+        return v
 
     @field_validator("extra_args")
     @classmethod

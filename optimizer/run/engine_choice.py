@@ -16,7 +16,7 @@ from optimizer.errors import ConfigError, translate
 from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names
 from runners.vllm.compile_ledger import CompileLedger
 from runners.vllm.flags import flag_table
-from search_spaces.engine.tables import UnknownVersionError, VllmFlags, bundled_flags
+from search_spaces.engine.tables import UnknownVersionError, VllmFlags, bundled_flags, version_key
 
 logger = logging.getLogger(__name__)
 
@@ -56,17 +56,28 @@ def simulated_hardware(preset: str, num_gpus: int) -> HardwareProfile:
     return HardwareProfile(**{**base.__dict__, "gpus": gpus, "interconnect": interconnect})
 
 
-def release_table(engine: str) -> tuple[VllmFlags | None, str | None]:
-    """The flag table of the vLLM a study runs, and a note where it is not known: the simulated
-    engine's release (0.26.0), or the installed vLLM's; None where vLLM is not installed here
-    (a Ray cluster's driver) or no table holds for its release."""
+def release_table(engine: str, asked: str | None = None) -> tuple[VllmFlags | None, str | None]:
+    """The flag table of the vLLM a study runs, and a note where it is not known: the release
+    `asked` (the study's `vllm.version`), else the simulated engine's (0.26.0) or the installed
+    vLLM's; None where vLLM is not installed here (a Ray cluster's driver) and none was asked
+    for, or no table holds for its release."""
     if engine == "simulated":
-        return bundled_flags(), None
+        return bundled_flags(asked), None
     try:
-        return flag_table(engine_version(engine) or ""), None
+        return flag_table(engine_version(engine, asked) or ""), None
     except UnknownVersionError as exc:
         return None, (f"engine: {exc}; the space searches every flag it declares, as for "
-                      "vLLM 0.26")
+                      "vLLM 0.26; vllm.version names the release the trials run")
+
+
+def installed_release_problem(asked: str | None, installed: str | None) -> str | None:
+    """Why the study's `vllm.version` cannot stand on this machine, or None: where vLLM is
+    installed, the trials run it, so a study naming another release would search and check the
+    wrong flags."""
+    if asked is None or installed is None or version_key(asked) == version_key(installed):
+        return None
+    return (f"vllm.version: {asked}, but this machine's vLLM is {installed}; leave vllm.version "
+            f"out (the installed release picks the flags) or install vLLM {asked}.")
 
 
 def compile_ledger_of(cfg: StudyConfig, engine: str) -> CompileLedger | None:
@@ -83,9 +94,10 @@ def compile_ledger_of(cfg: StudyConfig, engine: str) -> CompileLedger | None:
     if engine == "simulated":
         from runners.simulated.sizing import ENGINE_VERSION
 
-        version: str | None = ENGINE_VERSION  # what the simulated engine's log prints
+        # what the simulated engine's log prints
+        version: str | None = cfg.spec.vllm.version or ENGINE_VERSION
     else:
-        version = engine_version(engine)
+        version = engine_version(engine, cfg.spec.vllm.version)
     if version is None:
         logger.info("vLLM's version is unknown here: the compile ledger in %s is not read", root)
         return None
@@ -97,16 +109,23 @@ def compiled_elsewhere(cfg: StudyConfig, engine: str) -> Callable[[], frozenset[
     return ledger.compiled_keys if ledger is not None else None
 
 
-def engine_version(engine: str) -> str | None:
-    """vLLM's installed version (read from its metadata: vllm is not imported), or the
-    simulated engine's `simulated <the vLLM version it mimics>`; None where unknown."""
+def engine_version(engine: str, asked: str | None = None) -> str | None:
+    """vLLM's installed version (read from its metadata: vllm is not imported), else `asked`
+    (the study's `vllm.version`); or the simulated engine's `simulated <the vLLM version it
+    mimics>` (`asked`, else 0.26.0); None where unknown."""
     if engine == "simulated":
         from runners.simulated.sizing import ENGINE_VERSION
 
-        return f"simulated {ENGINE_VERSION}"
+        return f"simulated {asked or ENGINE_VERSION}"
+    return installed_vllm() or asked
+
+
+def installed_vllm() -> str | None:
+    """The installed vLLM's version, from its metadata (vllm is not imported); None where it is
+    not installed (a Ray cluster's driver, a CPU machine)."""
     from importlib import metadata
 
     try:
         return metadata.version("vllm")
-    except metadata.PackageNotFoundError:  # a Ray cluster's driver without vLLM
+    except metadata.PackageNotFoundError:
         return None

@@ -24,6 +24,8 @@ from optimizer.run.engine_choice import (
     choose_engine,
     compiled_elsewhere,
     engine_version,
+    installed_release_problem,
+    installed_vllm,
     release_table,
     simulated_hardware,
 )
@@ -119,7 +121,17 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
     if space_name == "auto":
         space_name = recommend_space(hardware.hardware_class)
     path = cfg.base_dir / space_name
-    table, table_note = release_table(engine)
+    asked = cfg.spec.vllm.version
+    if engine == "vllm":
+        problem = installed_release_problem(asked, installed_vllm())
+        if problem is not None:
+            raise ConfigError(problem)
+    elif asked is not None:
+        notes.append(f"engine: SIMULATED as vLLM {asked} (vllm.version): that release's flags "
+                     "and parser; its figures are the 0.26-calibrated model's, a release's "
+                     "performance changes are not modelled.")
+    table, table_note = release_table(engine, asked)
+    version = engine_version(engine, asked)
     if table_note is not None:
         notes.append(table_note)
     try:
@@ -127,7 +139,7 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
                            else space_name)
         resolved = space.resolve(space_context(
             hardware, model, workload, cfg.spec.model.load_format, table,
-            vllm_version=engine_version(engine), known_facts=load_facts(),
+            vllm_version=version, known_facts=load_facts(),
             ignore_facts=cfg.spec.known_facts.ignore))
     except SpaceError as exc:
         raise translate(exc, f"search_space: {exc}") from exc
@@ -183,7 +195,7 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
         raise ConfigError(f"warm_start: no study named {named[0]!r} in the tracking store "
                           f"{cfg.tracking_uri}: it does not exist yet; fix tracking_uri or set "
                           "warm_start: auto.")
-    fingerprint = fingerprint_of(cfg, engine=engine, engine_version=engine_version(engine),
+    fingerprint = fingerprint_of(cfg, engine=engine, engine_version=version,
                                  hardware=hardware, model=model)
     refuse_a_changed_study(cfg, fingerprint)  # before either store takes a write
     try:  # an unreachable store is bad input: refuse before anything is written
@@ -217,7 +229,9 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
                         seed=sim.seed, cache_root=cfg.spec.vllm.cache_root or DEFAULT_CACHE_ROOT,
                         is_cache_per_trial=cfg.spec.startup.compile_cache == "per_trial",
                         stall_timeout_s=cfg.spec.workload.stall_timeout_s,
-                        ledger_writer=f"study:{cfg.name}")
+                        ledger_writer=f"study:{cfg.name}",
+                        options={"vllm_variant": {"version": asked}}
+                        if engine == "simulated" and asked is not None else {})
     hw_dict = hardware.to_dict()
     study_params = {
         "engine": engine, "model": cfg.spec.model.path, "load_format": cfg.spec.model.load_format,
@@ -256,7 +270,7 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
                     compiled_elsewhere=compiled_elsewhere(cfg, engine),
                     learn_facts=None if engine == "simulated" else partial(
                         learn_facts, study_name=cfg.name, hardware_class=hardware.hardware_class,
-                        vllm_version=engine_version(engine), path=facts_file()))
+                        vllm_version=version, path=facts_file()))
     return daemon, notes
 
 
@@ -305,7 +319,8 @@ def study_fingerprint(cfg: StudyConfig, *, dry_run: bool = False) -> Fingerprint
                                                               cfg.spec.simulated.num_gpus)
     else:
         hardware = probe()
-    return fingerprint_of(cfg, engine=engine, engine_version=engine_version(engine),
+    return fingerprint_of(cfg, engine=engine,
+                          engine_version=engine_version(engine, cfg.spec.vllm.version),
                           hardware=hardware, model=model)
 
 

@@ -88,11 +88,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = _engine_config(args.config_json)
         refused: list[str] = []
+        version: str | None = None
         if args.vllm_variant_json:  # imported only here: the plain start stays as quick
             from runners.simulated.launcher import VllmVariant
 
             variant = VllmVariant.from_dict(json.loads(args.vllm_variant_json))
             refused = variant.refused(config.flags)
+            version = variant.version
             config = EngineConfig(model=config.model,
                                   flags=variant.as_baseline_flags(config.flags),
                                   env=config.env, load_format=config.load_format,
@@ -115,7 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               profile_dir=args.profile_dir,
                               startup_time_scale=args.startup_time_scale, seed=args.seed,
                               faults=faults, noise_sigma=args.noise_sigma,
-                              api_key=os.environ.get(API_KEY_ENV) or None)
+                              api_key=os.environ.get(API_KEY_ENV) or None,
+                              vllm_version=version)
     return asyncio.run(serve(settings))
 
 

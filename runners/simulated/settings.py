@@ -30,3 +30,5 @@ class ServerSettings:
     # Every route but /health asks for `Authorization: Bearer <api_key>` when set (vLLM, given
     # --api-key or VLLM_API_KEY, asks it of its /v1 routes only).
     api_key: str | None = None
+    # The release it logs as its own (a `VllmVariant`'s; the figures stay 0.26-calibrated).
+    vllm_version: str | None = None

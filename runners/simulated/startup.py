@@ -52,7 +52,7 @@ async def start_up(model: PerformanceModel, settings: ServerSettings,
 
     times = model.startup()
     started = time.monotonic()
-    logger.info("vLLM API server version %s", ENGINE_VERSION)
+    logger.info("vLLM API server version %s", settings.vllm_version or ENGINE_VERSION)
     logger.info("Simulated engine: latencies come from a roofline model of %s on %s, "
                 "not from a GPU measurement.", model.model.name, model.hardware.gpu_name)
     await sleep_scaled(times.process_start_s)
