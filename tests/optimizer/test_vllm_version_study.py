@@ -62,7 +62,7 @@ def test_a_release_without_a_table_or_a_fixed_flag_it_removed_is_one_line_naming
     # A flag first of 0.29 is a flag there, and not one of 0.26 (the default).
     load_study(write_study(tmp_path, trials=2, vllm={"version": "0.29.0"},
                            fixed_flags={"prefix_cache_retention_interval": 10}))
-    with pytest.raises(ConfigError, match="not a vLLM 0.26 engine flag"):
+    with pytest.raises(ConfigError, match=r"not a vLLM 0\.26 engine flag"):
         load_study(write_study(tmp_path, trials=2,
                                fixed_flags={"prefix_cache_retention_interval": 10}))
 
