@@ -26,7 +26,7 @@ from runners.atomic import write_atomic
 from runners.credentials import redact_env
 from runners.vllm.flags import flag_table, installed_version
 from search_spaces.engine.facts import ENV_PREFIXES, kv_cache_is_fp8
-from search_spaces.engine.releases import flag_change
+from search_spaces.engine.releases import env_change, flag_change, refused_env_value
 from search_spaces.engine.tables import UnknownVersionError, VllmFlags, bundled_flags
 
 Severity = Literal["error", "warning", "info"]
@@ -218,6 +218,11 @@ def audit(launch: Launch, *, table: VllmFlags | None = None,
                                f"{name}={env[name]} is ignored by vLLM {table.version}; use "
                                f"{instead}.", "the setting it was meant to make is not made"))
     for name in sorted(env):
+        refused = refused_env_value(name, env[name], table.version)
+        if refused is not None:
+            out.append(Finding("removed-env", "error", f"{name}={env[name]}: {refused}.",
+                               "vLLM refuses to start."))
+            continue
         if name in table.removed_env:
             out.append(Finding("removed-env", "error",
                                f"{name}={env[name]}: vLLM {table.version} names it removed and "
@@ -225,10 +230,14 @@ def audit(launch: Launch, *, table: VllmFlags | None = None,
                                "vLLM refuses to start."))
             continue
         if name.startswith("VLLM_") and name not in table.env_vars and name not in REMOVED_ENV:
+            # A release that stopped (or starts) reading it is named from the tables; only a
+            # name no release reads gets a guess at the one meant.
+            change = env_change(name, table.version)
             close = difflib.get_close_matches(name, sorted(table.env_vars), n=1)
+            why = f": {change}." if change is not None else \
+                (f"; did you mean {close[0]}?" if close else ".")
             out.append(Finding("unknown-env", "warning",
-                               f"{name} is not read by vLLM {table.version}"
-                               + (f"; did you mean {close[0]}?" if close else "."),
+                               f"{name} is not read by vLLM {table.version}{why}",
                                "the setting it was meant to make is not made"))
     if env.get("NCCL_DEBUG", "").upper() in ("INFO", "TRACE"):
         out.append(Finding("nccl-debug", "warning",

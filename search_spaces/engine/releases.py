@@ -64,6 +64,31 @@ def flag_change(name: str, version: str,
     return None
 
 
+def env_change(name: str, version: str,
+               tables: Sequence[VllmFlags] | None = None) -> str | None:
+    """Why vLLM `version` does not read the environment variable `name`, from the bundled
+    tables, as a clause: the release that stopped reading it (with the flag of the same name
+    where that release has one: VLLM_MM_HASHER_ALGORITHM -> --mm-hasher-algorithm, by name
+    only), or the first later release that reads it. None where `version` reads it or no
+    bundled table ever did."""
+    key = version_key(version)
+    tables = bundled_tables() if tables is None else tables
+    here = [t for t in tables if version_key(t.version) <= key]
+    if here and name in here[-1].env_vars:
+        return None
+    for before, after in reversed(list(itertools.pairwise(here))):
+        if name in before.env_vars and name not in after.env_vars:
+            flag = name.removeprefix("VLLM_").lower().replace("_", "-")
+            instead = f"; vLLM {after.releases[0]} has --{flag}" if flag in after.types else ""
+            return (f"vLLM {after.releases[0]} stopped reading it (the last release that "
+                    f"did: {before.releases[-1]}){instead}")
+    later = next((t for t in tables if version_key(t.version) > key and name in t.env_vars),
+                 None)
+    if later is not None:
+        return f"vLLM {later.releases[0]} is the first release that reads it"
+    return None
+
+
 # Flags whose default sizes the KV cache, the batch or the graphs: a change of their default
 # between two releases moves capacity with the same command line.
 CAPACITY_FLAGS = (
@@ -108,6 +133,24 @@ SOURCE_CHANGES: dict[str, tuple[str, ...]] = {
         "or fails",
     ),
 }
+
+
+# Variables a release refuses at start with a given value, read in its sources (the table's
+# `removed_env_vars` holds only those its own list names): name -> (first release, value, why).
+REFUSED_ENV_VALUES: dict[str, tuple[str, str, str]] = {
+    "VLLM_USE_V2_MODEL_RUNNER": (
+        "0.34.0", "0", "Model Runner V1 is removed (v1/worker/gpu_model_runner.py is gone); "
+        "platforms/interface.py validate_environ refuses the V1 switch: unset it"),
+}
+
+
+def refused_env_value(name: str, value: str, version: str) -> str | None:
+    """Why vLLM `version` refuses to start with `name=value` (`REFUSED_ENV_VALUES`), or None."""
+    entry = REFUSED_ENV_VALUES.get(name)
+    if entry is None or value.strip() != entry[1] or \
+            version_key(version) < version_key(entry[0]):
+        return None
+    return f"vLLM {entry[0]} and later refuse {name}={value.strip()}: {entry[2]}"
 
 
 @dataclass(frozen=True)

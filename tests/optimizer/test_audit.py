@@ -197,3 +197,31 @@ def test_a_variable_the_release_names_removed_is_an_error_with_its_hint() -> Non
     older = bundled_flags("0.33.0")
     assert [f.code for f in audit(parse_launch(["vllm", "serve", "m"], {
         "VLLM_MARLIN_INPUT_DTYPE": "int8"}, older), table=older)] == [], "0.33 reads it"
+
+
+def test_a_variable_a_release_stopped_reading_is_named_with_that_release_not_a_guess() -> None:
+    table = bundled_flags("0.30.0")
+    launch = parse_launch(["vllm", "serve", "m"], {"VLLM_MM_HASHER_ALGORITHM": "sha256"}, table)
+    (finding,) = audit(launch, table=table)
+    assert finding.code == "unknown-env" and finding.message == (
+        "VLLM_MM_HASHER_ALGORITHM is not read by vLLM 0.30.0: vLLM 0.30.0 stopped reading it "
+        "(the last release that did: 0.29.0); vLLM 0.30.0 has --mm-hasher-algorithm.")
+    older = bundled_flags("0.26.0")
+    assert audit(parse_launch(["vllm", "serve", "m"], {"VLLM_MM_HASHER_ALGORITHM": "sha256"},
+                              older), table=older) == [], "0.26 reads it"
+    # A name no release reads still gets the closest one as a guess.
+    (typo,) = audit(parse_launch(["vllm", "serve", "m"], {"VLLM_CACHE_RO0T": "/c"}, table),
+                    table=table)
+    assert typo.message.endswith("did you mean VLLM_CACHE_ROOT?")
+
+
+def test_the_v1_runner_switch_is_an_error_from_0_34_which_refuses_it_at_start() -> None:
+    for version, codes in (("0.33.0", []), ("0.34.0", ["removed-env"])):
+        table = bundled_flags(version)
+        launch = parse_launch(["vllm", "serve", "m"], {"VLLM_USE_V2_MODEL_RUNNER": "0"}, table)
+        findings = audit(launch, table=table)
+        assert [f.code for f in findings] == codes, version
+    assert findings[0].severity == "error" and "Model Runner V1 is removed" in \
+        findings[0].message
+    assert audit(parse_launch(["vllm", "serve", "m"], {"VLLM_USE_V2_MODEL_RUNNER": "1"}, table),
+                 table=table)[0].code == "unknown-env", "=1 is not refused, only not read"
