@@ -73,7 +73,10 @@ def main(argv: list[str] | None = None) -> int:
                       soft_wrap=True)
         return 2
     except NightshiftError as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        # Text, not markup: a message may hold brackets (a domain `[auto, fp8]`, a bracket
+        # `[57, 64)`), which markup would take for tags and drop.
+        console.print(Text.assemble(("error: ", "red"), str(exc)), highlight=False,
+                      soft_wrap=True)
         if GlobalOptions.is_debug:
             print_debug_traceback(exc)
         return exc.exit_code
@@ -85,10 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         # A full or read-only disk, a permission: the host's, said in one line. What nightshift
         # was writing is whole or absent (runners/atomic.py), never cut.
         where = f" ({exc.filename})" if exc.filename else ""
-        console.print(f"[red]error:[/] the host refused a file operation{where}: "
-                      f"{exc.strerror or exc}; nothing was left half-written; free space or "
-                      "fix the permissions and run the command again.", highlight=False,
-                      soft_wrap=True)
+        console.print(Text.assemble(
+            ("error: ", "red"), f"the host refused a file operation{where}: "
+            f"{exc.strerror or exc}; nothing was left half-written; free space or fix the "
+            "permissions and run the command again."), highlight=False, soft_wrap=True)
         if GlobalOptions.is_debug:
             print_debug_traceback(exc)
         return 1

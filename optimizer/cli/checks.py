@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from optimizer.cli.app import Command, app, check_output_file, load_config
-from optimizer.cli.output import console, out, setup_logging
+from optimizer.cli.output import console, out, setup_logging, styled
 from optimizer.cli.run import start
 from optimizer.errors import ConfigError, NightshiftError, cause_of, translate
 from runners.atomic import write_atomic
@@ -206,14 +206,15 @@ def audit(
     if as_json:
         sys.stdout.write(auditing.report_json(launch, findings) + "\n")
     else:
-        out.print(f"[bold]{launch.model or '(no model)'}[/]: {len(launch.flags)} flags, "
-                  f"{len(launch.env)} engine variables, checked against {launch.flag_source}")
+        out.print(styled((launch.model or "(no model)", "bold"),
+                         f": {len(launch.flags)} flags, {len(launch.env)} engine variables, "
+                         f"checked against {launch.flag_source}"))
         for f in findings:
             colour = {"error": "red", "warning": "yellow", "info": "cyan"}[f.severity]
-            out.print(f"[{colour}]{f.severity}[/] {f.code}: {f.message} [dim]cost: {f.cost}[/]",
-                      highlight=False)
+            out.print(styled((f.severity, colour), f" {f.code}: {f.message} ",
+                             (f"cost: {f.cost}", "dim")), highlight=False)
         if not findings:
-            out.print("[green]no findings[/]")
+            out.print(styled(("no findings", "green")))
     if measure:
         if cfg is None:
             raise ConfigError("audit --measure: give --study STUDY.yaml (model, workload, "

@@ -13,8 +13,16 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.text import Text
 
-console = Console(stderr=True)
-out = Console()
+# Markup off: what is printed holds user text and figures with brackets (a domain
+# `[auto, fp8]`, a capacity `[57, 64)`, a launch's `-cc.cudagraph_sizes=[1,2]`) that markup
+# would take for tags and drop. Colour goes through `Text` (`styled`).
+console = Console(stderr=True, markup=False)
+out = Console(markup=False)
+
+
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """Plain strings and (text, style) pairs as one `Text`: colour without markup."""
+    return Text.assemble(*parts)
 
 
 def debug_traceback(exc: BaseException) -> str:

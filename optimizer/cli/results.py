@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from optimizer.cli.app import Command, StorageOpt, StudyArg, app, check_output_file, load_config
-from optimizer.cli.output import console, out
+from optimizer.cli.output import console, out, styled
 from optimizer.cli.table import TableRow, figure, trial_table
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
@@ -47,8 +47,8 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
         read_lease(store, store.get_study_id_from_name(cfg.name))
     trials = opened.get_trials(deepcopy=False)
     running = f"running (pid {holder.get('pid')})" if holder is not None else "not running"
-    out.print(f"study [bold]{cfg.name}[/]: daemon {running}; "
-              f"{count_trials(trials).describe()}", highlight=False, soft_wrap=True)
+    out.print(styled("study ", (cfg.name, "bold"), f": daemon {running}; "
+                     f"{count_trials(trials).describe()}"), highlight=False, soft_wrap=True)
     is_simulated = is_simulated_study(opened)
     if is_simulated:
         out.print(SIMULATED_HEADER, highlight=False, soft_wrap=True)

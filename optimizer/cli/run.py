@@ -16,7 +16,7 @@ import typer
 
 from optimizer.cli.app import Command, StorageOpt, StudyArg, app, load_config
 from optimizer.cli.live import LiveProgress
-from optimizer.cli.output import add_log_file, console, out, setup_logging
+from optimizer.cli.output import add_log_file, console, out, setup_logging, styled
 from optimizer.cli.results import recommendation_text, write_report_files
 from optimizer.config import StudyConfig, resume_command
 from optimizer.errors import ConfigError, NightshiftError, describe
@@ -92,7 +92,8 @@ def start(
         logger.info("%s (%s)", what, signal.Signals(signum).name)
         # The terminal may be gone (SIGHUP): a message it cannot take must not end the study.
         with contextlib.suppress(OSError, ValueError):
-            console.print(f"[yellow]{what}[/]; resume with: {resume}", soft_wrap=True)
+            console.print(styled((what, "yellow"), f"; resume with: {resume}"),
+                          soft_wrap=True)
 
     # SIGHUP (the terminal closed) stops the study as SIGTERM does, never kills it outright.
     old = {s: signal.signal(s, _on_signal) for s in STOP_SIGNALS}
@@ -114,7 +115,7 @@ def start(
             f"the daemon stopped on an unexpected error ({describe(exc)}); its trials in "
             f"flight were stopped and their engines ended; the traceback is in "
             f"{cfg.results_dir / 'daemon.log'}.")
-        console.print(f"[red]error:[/] {what}", highlight=False, soft_wrap=True)
+        console.print(styled(("error: ", "red"), what), highlight=False, soft_wrap=True)
         console.print(f"resume with: {resume}", soft_wrap=True)
         raise typer.Exit(1) from None  # the error is printed above and its traceback logged
     finally:
@@ -139,10 +140,11 @@ def start(
                        type(exc).__name__, exc, study)
     if summary.mlflow_incomplete:
         # Said before the pointer to MLflow: what it shows now is not the whole study.
-        console.print(f"[yellow]MLflow is incomplete:[/] it refused the writes of "
-                      f"{summary.mlflow_incomplete} (Optuna holds them; see "
-                      f"{cfg.results_dir / 'daemon.log'}); run `{resume}` again once the store "
-                      "takes writes to log them and close their runs", soft_wrap=True)
+        console.print(styled(("MLflow is incomplete:", "yellow"),
+                             f" it refused the writes of {summary.mlflow_incomplete} (Optuna "
+                             f"holds them; see {cfg.results_dir / 'daemon.log'}); run "
+                             f"`{resume}` again once the store takes writes to log them and "
+                             "close their runs"), soft_wrap=True)
     review = _mlflow_review(cfg)
     if review:
         console.print(review, soft_wrap=True)

@@ -182,9 +182,9 @@ def extra_args_problem(args: list[str]) -> str | None:
         if kebab in OWNED_FLAGS:
             return f"{where}: nightshift sets --{kebab} itself; {OWNED_FLAGS[kebab]}"
         if _snake(kebab) in KNOWN_FLAGS:
-            return (f"{where}: --{kebab} is a flag nightshift searches, and extra_args (passed "
-                    f"last) would override every trial's value; set fixed_flags.{_snake(kebab)} "
-                    "to fix it instead")
+            return (f"{where}: --{kebab} is a flag a nightshift space may search, and "
+                    "extra_args (passed last) would override every trial's value; set "
+                    f"fixed_flags.{_snake(kebab)} to fix it instead")
         problem = _extra_value_problem(args, index, written, kebab)
         if problem is not None:
             return f"{where}: {problem}"

@@ -159,6 +159,22 @@ def test_debug_prints_the_chained_traceback_after_the_same_one_line(
         "refused before anything is written, with --debug too"
 
 
+def test_an_error_holding_brackets_prints_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The console prints text, not markup: a seed's domain `[256, 64, 1024]` had vanished from
+    its one line ("is outside its domain ;"), read as a markup tag."""
+    from tests.builders import categorical_space, write_study
+
+    monkeypatch.chdir(tmp_path)
+    space = categorical_space(tmp_path, max_num_seqs=[256, 64])
+    study = write_study(tmp_path, trials=1, engine="simulated", search_space=str(space),
+                        seed_trials=[{"max_num_seqs": 3}])
+    assert main(["start", str(study), "--dry-run", "--no-progress"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "max_num_seqs=3 is outside its domain [256, 64" in err, err
+
+
 def test_hw_without_a_gpu_names_the_simulated_preset_and_how_to_choose(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from runners.hardware import preset_names

@@ -263,7 +263,7 @@ def test_extra_args_of_flags_nightshift_neither_sets_nor_searches_pass(args: lis
     (["--host", "0.0.0.0"], "vllm.extra_args[0]: nightshift sets --host itself"),
     (["--port", "9000"], "nightshift sets --port itself"),
     (["--load-format", "auto"], "set model.load_format instead"),
-    (["-tp", "2"], "--tensor-parallel-size is a flag nightshift searches"),
+    (["-tp", "2"], "--tensor-parallel-size is a flag a nightshift space may search"),
     (["--no-enable-prefix-caching"], "set fixed_flags.enable_prefix_caching"),
     (["--max-loras", "2", "--uds", "/tmp/s"], "vllm.extra_args[2]: nightshift sets --uds"),
     (["--enable-lorra"], "did you mean --enable-lora?"),
