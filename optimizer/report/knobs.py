@@ -213,8 +213,9 @@ def importances(study: optuna.Study) -> dict[str, float]:
     complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                 if is_search_trial(t)]
     if len(complete) < importances_floor(complete):
-        logger.info("no parameter importances: %d complete trials, fewer than the %d a ranking "
-                    "needs", len(complete), importances_floor(complete))
+        logger.info("no parameter importances: %d search trial(s) with a value (an infeasible "
+                    "config's 0 included), fewer than the %d a ranking needs", len(complete),
+                    importances_floor(complete))
         return {}
     ranked = optuna.create_study(directions=study.directions)
     try:
