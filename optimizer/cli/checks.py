@@ -163,7 +163,8 @@ def audit(
              "(default: the installed one, else 0.26.0).")] = None,
 ) -> None:
     """Check a `vllm serve` launch before tuning it: flags, environment and --config file, each
-    finding with its reason and expected cost. Exit code 0 clean, 1 findings, 2 bad input.
+    finding with its reason and expected cost. Exit code 0 clean or notes only (info),
+    1 a warning or an error, 2 bad input.
     The launch goes after `--`.
 
     \b
@@ -224,7 +225,9 @@ def audit(
         console.print(f"measuring the launch as is against each fix: {path}", soft_wrap=True)
         start(path, dry_run=False, tracking_uri=None, storage=None, ray_address=None,
               trials=None, verbose=False, no_progress=True)
-    if findings:
+    # An info finding is a note (a max_model_len far above the workload's longest request):
+    # nightshift's own export may carry one, and `audit --study` on it must still pass.
+    if any(f.severity != "info" for f in findings):
         raise typer.Exit(1)
 
 

@@ -225,3 +225,15 @@ def test_the_v1_runner_switch_is_an_error_from_0_34_which_refuses_it_at_start() 
         findings[0].message
     assert audit(parse_launch(["vllm", "serve", "m"], {"VLLM_USE_V2_MODEL_RUNNER": "1"}, table),
                  table=table)[0].code == "unknown-env", "=1 is not refused, only not read"
+
+
+def test_notes_alone_exit_0_and_a_warning_exits_1(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # The study's longest request is a few hundred tokens: 32768 is a note (info), as
+    # nightshift's own export of a space offering it may carry.
+    study = write_study(tmp_path, trials=1)
+    line = ["--", "vllm", "serve", "m", "--max-model-len", "32768"]
+    assert main(["audit", "--hardware", "h200", "--study", str(study), *line]) == 0
+    assert "max-model-len-oversized" in capsys.readouterr().out
+    assert main(["audit", "--hardware", "h200", "--study", str(study), *line,
+                 "--enforce-eager"]) == 1
