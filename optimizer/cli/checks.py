@@ -208,12 +208,15 @@ def audit(
         sys.stdout.write(auditing.report_json(launch, findings) + "\n")
     else:
         out.print(styled((launch.model or "(no model)", "bold"),
-                         f": {len(launch.flags)} flags, {len(launch.env)} engine variables, "
-                         f"checked against {launch.flag_source}"))
+                         f": {len(launch.flags)} flags"
+                         + (f" (and {len(launch.unknown)} it does not take)" if launch.unknown
+                            else "")
+                         + f", {len(launch.env)} engine variables, checked against "
+                         f"{launch.flag_source}"), soft_wrap=True)
         for f in findings:
             colour = {"error": "red", "warning": "yellow", "info": "cyan"}[f.severity]
             out.print(styled((f.severity, colour), f" {f.code}: {f.message} ",
-                             (f"cost: {f.cost}", "dim")), highlight=False)
+                             (f"cost: {f.cost}", "dim")), highlight=False, soft_wrap=True)
         if not findings:
             out.print(styled(("no findings", "green")))
     if measure:

@@ -237,3 +237,12 @@ def test_notes_alone_exit_0_and_a_warning_exits_1(tmp_path: Path,
     assert "max-model-len-oversized" in capsys.readouterr().out
     assert main(["audit", "--hardware", "h200", "--study", str(study), *line,
                  "--enforce-eager"]) == 1
+
+
+def test_the_header_counts_the_flags_the_release_does_not_take(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    line = ["--", "vllm", "serve", "m", "--max-num-partial-prefills", "2",
+            "--calculate-kv-scales", "--max-num-seqs", "64"]
+    assert main(["audit", "--hardware", "h200", "--vllm-version", "0.33.0", *line]) == 1
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.startswith("m: 1 flags (and 2 it does not take), 0 engine variables"), header
