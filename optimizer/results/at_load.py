@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
-from optimizer.results.objectives import metrics_value, per_gpu
+from optimizer.results.objectives import metrics_value, operating_step, per_gpu
 from runners.applied_load import UNAPPLIED_KEY
-from runners.base import BenchmarkMetrics
+from runners.base import BenchmarkMetrics, StepMetrics
 from runners.load_level import LoadLevel
 
 
@@ -71,3 +71,13 @@ def at_loads(objective: str, steps: Sequence[Mapping[str, Any]], num_gpus: int,
         if operating_step is not None and step.get("step") == operating_step:
             operating = level.label
     return AtLoads(operating, levels)
+
+
+def at_loads_of_run(objective: str, steps: Sequence[StepMetrics], num_gpus: int) -> AtLoads:
+    """`at_loads` of a run's levels as the runner handed them (before its record is written):
+    what the search passes `conclusion.conclude` as the trial's `loads`."""
+    from optimizer.results.trial_record import step_records
+
+    step = operating_step(objective, steps)
+    return at_loads(objective, step_records(steps), num_gpus,
+                    step.step if step is not None else None)
