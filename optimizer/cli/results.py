@@ -242,6 +242,7 @@ def export(
       nightshift export examples/quickstart.yaml --to-library bench.yaml --case qwen7b-chat
     """
     from optimizer.export import choice_note, render, select_trial
+    from optimizer.export.choice import tpot_note
     from optimizer.storage.study import open_study
 
     cfg = load_config(study).with_overrides(storage=storage)
@@ -278,6 +279,8 @@ def export(
                       f"{', '.join(c['name'] for c in entry['configs'])}", soft_wrap=True)
         return
     note = choice_note(opened, chosen) if trial is None and max_tpot_ms is None else ""
+    if max_tpot_ms is not None:  # the load its figures are from (export.choice.tpot_pick)
+        note = tpot_note(opened, cfg, max_tpot_ms)
     if trial is None and max_tpot_ms is None:
         from optimizer.results.recommendation import RECOMMENDATION_RULE
 

@@ -4,7 +4,8 @@ within a TPOT limit) and which of its flags a deployment leaves out (`default_fl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -12,8 +13,9 @@ from optuna.trial import TrialState
 
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError, NightshiftError
+from optimizer.results.at_load import at_loads
 from optimizer.results.baseline_words import DEFAULTS, BaselineWords
-from optimizer.results.objectives import OBJECTIVES
+from optimizer.results.objectives import OBJECTIVES, value_unit
 from optimizer.results.quality_gate import is_quality_violation
 from optimizer.results.recommendation import (
     NOISE_FRACTION,
@@ -79,19 +81,68 @@ def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = 
         raise NightshiftError(f"study {cfg.name!r}: {unmet}; `--trial N` exports a trial that "
                               "missed it anyway.")
     if max_tpot_ms is not None:
-        within = [t for t in complete if not audit_errors(t)
-                  and _metric(t, "p99_tpot_ms") is not None
-                  and _metric(t, "p99_tpot_ms") <= max_tpot_ms]  # type: ignore[operator]
-        if not within:
-            raise ConfigError(f"--max-tpot-ms {max_tpot_ms:g}: no complete trial has a TPOT p99 "
-                              "that low; raise the limit or run more trials.")
-        sign = 1 if OBJECTIVES[cfg.objectives[0]].direction == "maximize" else -1
-        return max(within, key=lambda t: sign * t.values[0])
+        return tpot_pick(complete, cfg, max_tpot_ms).trial
     chosen = recommended_trial(study)
     if chosen is None:
         raise NightshiftError(f"study {cfg.name!r} has no complete trial yet; wait for one or "
                               "check `nightshift status`.")
     return chosen
+
+
+@dataclass(frozen=True)
+class TpotPick:
+    """A trial within a TPOT limit, with the one load both its figures are from."""
+
+    trial: optuna.trial.FrozenTrial
+    load: str  # a fixed level's label ("concurrency=8"), or "its operating point"
+    value: float  # the study's first objective there, per GPU
+    tpot_p99_ms: float  # TPOT p99 there
+
+
+def _within(trial: optuna.trial.FrozenTrial, objective: str,
+            max_tpot_ms: float) -> list[TpotPick]:
+    """Each load of `trial` whose TPOT p99 is within the limit, with the objective there: every
+    applied fixed level (so two trials are judged at one load, never one's light level against
+    another's heavy one), else (a capacity search, an older record) its operating point."""
+    record = record_of(trial)
+    headline = record.metrics.get("headline_level") if record is not None else None
+    loads = at_loads(objective, record.steps, record.num_gpus,
+                     int(headline) if headline is not None else None) \
+        if record is not None else None
+    if loads is not None and loads.levels:
+        return [TpotPick(trial, f.label, f.value, f.tpot_p99_ms) for f in loads.levels.values()
+                if f.tpot_p99_ms is not None and f.tpot_p99_ms <= max_tpot_ms]
+    tpot = _metric(trial, "p99_tpot_ms")
+    if tpot is None or tpot > max_tpot_ms or not trial.values:
+        return []
+    return [TpotPick(trial, "its operating point", float(trial.values[0]), tpot)]
+
+
+def tpot_pick(complete: Sequence[optuna.trial.FrozenTrial], cfg: StudyConfig,
+              max_tpot_ms: float) -> TpotPick:
+    """The trial with the best objective (per GPU) at a load where its TPOT p99 was within
+    `max_tpot_ms`: each figure of a pick is of one load (`_within`). ConfigError where none."""
+    objective = cfg.objectives[0]
+    picks = [p for t in complete if not audit_errors(t)
+             for p in _within(t, objective, max_tpot_ms)]
+    if not picks:
+        raise ConfigError(f"--max-tpot-ms {max_tpot_ms:g}: no complete trial has a TPOT p99 "
+                          "that low; raise the limit or run more trials.")
+    sign = 1 if OBJECTIVES[objective].direction == "maximize" else -1
+    return max(picks, key=lambda p: sign * p.value)
+
+
+def tpot_note(study: optuna.Study, cfg: StudyConfig, max_tpot_ms: float) -> str:
+    """The export header's line on a `--max-tpot-ms` pick: the load its figures are from."""
+    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if is_measured(t) and not is_quality_violation(t.constraints)]
+    pick = tpot_pick(complete, cfg, max_tpot_ms)
+    objective = cfg.objectives[0]
+    return (f"picked by --max-tpot-ms {max_tpot_ms:g}: the most {objective} "
+            f"({value_unit(objective)}) at a load whose TPOT p99 was within it, each trial at "
+            f"each fixed level it applied: trial {pick.trial.number} at {pick.load}, "
+            f"{objective} {pick.value:.3g} {value_unit(objective)}, TPOT p99 "
+            f"{pick.tpot_p99_ms:.3g} ms there")
 
 
 def _remeasured(study: optuna.Study, run: optuna.trial.FrozenTrial,

@@ -134,15 +134,25 @@ def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyCo
         return f"none: this is {what}"
     capacity = cfg.spec.workload.capacity
     axis = capacity.axis if capacity is not None else None
-    here, base = reference_of(trial, axis), reference_of(baseline_trial(study), axis)
+    here = reference_of(trial, axis, objective)
+    base = reference_of(baseline_trial(study), axis, objective)
     if here is None or base is None:
         return (f"unknown: {words.the} {'was' if words.has_fixed_flags else 'were'} not "
                 "measured; not confirmed")
     gain = gains.gain_over(here.value, base.value, here.capacity, base.capacity,
-                           maximize=OBJECTIVES[objective].direction == "maximize")
+                           maximize=OBJECTIVES[objective].direction == "maximize",
+                           num_gpus=here.num_gpus, defaults_num_gpus=base.num_gpus,
+                           loads=here.loads, defaults_loads=base.loads)
+    raw = ""
+    if here.num_gpus > 1 or base.num_gpus > 1:  # the ratio is per GPU: said, as measured too
+        what = f"{what} per GPU"
+        if gain.value is not None and gain.basis == "single" and \
+                OBJECTIVES[objective].is_per_gpu:
+            raw = (f"; {gain.value * here.num_gpus / base.num_gpus:.2f}x as measured, on "
+                   f"{here.num_gpus} GPU(s) against {base.num_gpus}")
     why = (f"the final confirmation re-measured trial {confirmed.best_trial}, not this one"
            if confirmed is not None else "no final confirmation re-measured it")
-    return f"{objective} {gains.format_gain(gain, what)}; not confirmed ({why})"
+    return f"{objective} {gains.format_gain(gain, what)}{raw}; not confirmed ({why})"
 
 
 def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,

@@ -5,11 +5,12 @@ interval that bounds it and the bottleneck's label."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from optimizer import bottleneck
 from optimizer.results import gains
+from optimizer.results.at_load import AtLoads, at_loads
 from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.objectives import OBJECTIVES, on_all_gpus
 from optimizer.results.recommendation import NOISE_FRACTION, is_measured, params_of
@@ -39,6 +40,9 @@ class Reference:
     value: float | None  # the first objective, per GPU (as Optuna holds it)
     capacity: Bracket | None = None  # after a capacity search, as measured (all its GPUs)
     num_gpus: int = 1  # the GPUs its config used
+    # Its value at each applied fixed level, so a trial is compared with it at one load
+    # (`gains.same_load`); None: unknown (a reference built by hand, an older record).
+    loads: AtLoads | None = None
 
 
 @dataclass(frozen=True)
@@ -56,17 +60,24 @@ def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
                  if is_baseline(t) and is_measured(t)), None)
 
 
-def reference_of(trial: FrozenTrial | None, axis: str | None = None) -> Reference | None:
+def reference_of(trial: FrozenTrial | None, axis: str | None = None,
+                 objective: str | None = None) -> Reference | None:
     """A finished trial as a comparison point: its record's params (what it ran), value and
-    capacity bracket (read back from its metrics, for a capacity search on `axis`)."""
+    capacity bracket (read back from its metrics, for a capacity search on `axis`), and with
+    the study's first `objective` its value at each applied fixed level (`Reference.loads`)."""
     if trial is None or not trial.values:
         return None
     record = record_of(trial)
     capacity = None
     if axis in ("concurrency", "request_rate"):
         capacity = bracket_from_metrics(axis, record.metrics if record else {})  # type: ignore[arg-type]
+    num_gpus = record.num_gpus if record is not None else gpus_of(params_of(trial))
+    loads = None
+    if record is not None and objective is not None and "headline_level" in record.metrics:
+        loads = at_loads(objective, record.steps, num_gpus,
+                         int(record.metrics["headline_level"]))
     return Reference(trial.number, params_of(trial), float(trial.values[0]), capacity,
-                     record.num_gpus if record is not None else gpus_of(params_of(trial)))
+                     num_gpus, loads)
 
 
 def _is_default(value: Any, default: Any) -> bool:
@@ -126,7 +137,8 @@ def _gpus(num_gpus: int) -> str:
 
 def _vs_defaults(value: float | None, capacity: Bracket | None,
                  baseline: Reference | None, objective: str,
-                 num_gpus: int = 1, words: BaselineWords = DEFAULTS) -> tuple[str, str]:
+                 num_gpus: int = 1, words: BaselineWords = DEFAULTS,
+                 loads: AtLoads | None = None) -> tuple[str, str]:
     """The effect against the defaults, per GPU (`gains.gain_over`), as a phrase and a table
     cell; where either side ran on more than one GPU the phrase says "per GPU" and gives the
     ratio as measured beside it ("0.72x the vLLM defaults per GPU ...; 1.45x on 2 GPUs against
@@ -137,7 +149,8 @@ def _vs_defaults(value: float | None, capacity: Bracket | None,
     maximize = OBJECTIVES[objective].direction == "maximize"
     gain = gains.gain_over(value, baseline.value, capacity, baseline.capacity,
                            maximize=maximize, num_gpus=num_gpus,
-                           defaults_num_gpus=baseline.num_gpus)
+                           defaults_num_gpus=baseline.num_gpus, loads=loads,
+                           defaults_loads=baseline.loads)
     is_multi = num_gpus > 1 or baseline.num_gpus > 1
     what = f"{words.the} per GPU" if is_multi else words.the
     cell_what = f"vs {words.short} per GPU" if is_multi else f"vs {words.short}"
@@ -148,6 +161,10 @@ def _vs_defaults(value: float | None, capacity: Bracket | None,
             on_all_gpus(objective, baseline.value, baseline.num_gpus)
             if baseline.value is not None else None,
             capacity, baseline.capacity, maximize=maximize)
+        if gain.load is not None or gain.not_comparable:  # at the one load the gain is at
+            whole = replace(gain, value=gain.value * num_gpus / baseline.num_gpus
+                            if gain.value is not None and OBJECTIVES[objective].is_per_gpu
+                            else gain.value)
         if whole.value is not None:
             raw = (f"; {whole.value:.2f}x as measured, on {_gpus(num_gpus)} against the "
                    f"{words.short} on {_gpus(baseline.num_gpus)}")
@@ -159,16 +176,27 @@ def _vs_defaults(value: float | None, capacity: Bracket | None,
 
 
 def _vs_best(value: float | None, capacity: Bracket | None, best: Reference,
-             objective: str, num_gpus: int = 1) -> str:
+             objective: str, num_gpus: int = 1, loads: AtLoads | None = None) -> str:
     is_multi = num_gpus > 1 or best.num_gpus > 1
     unit = objective_unit(objective) + \
         (" per GPU" if is_multi and OBJECTIVES[objective].is_per_gpu else "")
-    if value is None or best.value is None:
+    best_value, at = best.value, ""
+    if capacity is None and loads is not None and best.loads is not None and \
+            loads.operating and best.loads.operating and loads.operating != best.loads.operating:
+        # Two operating points at two loads: compared at one both applied, or not at all.
+        same = gains.same_load(loads, best.loads,
+                               maximize=OBJECTIVES[objective].direction == "maximize")
+        if same.load is None:
+            return (f"vs best trial {best.number}: not comparable at one load "
+                    f"({same.not_comparable})")
+        value, best_value = loads.value_at(same.load), best.loads.value_at(same.load)
+        at = f" at {same.load}"
+    if value is None or best_value is None:
         return f"vs best trial {best.number}: no value to compare"
-    delta = (value - best.value) / best.value * 100 if best.value else 0.0
+    delta = (value - best_value) / best_value * 100 if best_value else 0.0
     maximize = OBJECTIVES[objective].direction == "maximize"
-    better = value > best.value if maximize else value < best.value
-    head = f"vs best trial {best.number} ({_fmt(best.value)} {unit}): {delta:+.0f}%"
+    better = value > best_value if maximize else value < best_value
+    head = f"vs best trial {best.number} ({_fmt(best_value)} {unit}{at}): {delta:+.0f}%"
     if capacity is not None and best.capacity is not None:
         gain = gains.capacity_gain(gains.per_gpu_bracket(capacity, num_gpus),
                                    gains.per_gpu_bracket(best.capacity, best.num_gpus))
@@ -194,7 +222,8 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
              verdict: Verdict | None = None, confirm_label: str | None = None,
              note: str = "", number: int | None = None,
              quality_failed: Sequence[str] = (), template: str = "",
-             num_gpus: int = 1, baseline_words: BaselineWords = DEFAULTS) -> Conclusion:
+             num_gpus: int = 1, baseline_words: BaselineWords = DEFAULTS,
+             loads: AtLoads | None = None) -> Conclusion:
     """One line: what this config changes from the vLLM defaults and what that did to the
     objective (with the bracket or interval that bounds it), then against the best so far,
     then the bottleneck's label and its one piece of advice.
@@ -208,7 +237,10 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
     config used. `value` and the references' values are per GPU (`objectives.per_gpu`), as
     Optuna holds them: every comparison is per GPU, and says so where a side used more than
     one GPU. `baseline_words`: how the baseline is named (`baseline_words.baseline_words` of
-    the study's fixed flags): "the vLLM defaults" only where the study fixes no flag."""
+    the study's fixed flags): "the vLLM defaults" only where the study fixes no flag.
+    `loads`: the trial's value at each applied fixed level (`at_load.at_loads`): where its
+    operating point and a reference's are two loads (a level whose load was not applied),
+    they are compared at a load both applied, named, or said not comparable."""
     words = baseline_words
     unit = objective_unit(objective)
     defaults = vllm_defaults if vllm_defaults is not None else \
@@ -224,6 +256,10 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
     if value is not None and num_gpus > 1 and OBJECTIVES[objective].is_per_gpu:
         shown = (f"{objective} {_fmt(on_all_gpus(objective, value, num_gpus))} {unit} on "
                  f"{_gpus(num_gpus)} = {_fmt(value)} {unit} per GPU")
+    if loads is not None and loads.operating and baseline is not None and \
+            baseline.loads is not None and baseline.loads.operating not in (None,
+                                                                            loads.operating):
+        shown += f" at {loads.operating}"  # not the defaults' operating point: named
     cap = f" ({capacity_text(capacity, tolerance, is_stopped=state == 'pruned')})" \
         if capacity is not None else ""
     unresolved = " unresolved" if capacity is not None and not capacity.is_resolved else ""
@@ -249,14 +285,14 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
     is_comparable = state != "pruned" or capacity is not None
     if is_comparable:
         effect, effect_cell = _vs_defaults(value, capacity, baseline, objective, num_gpus,
-                                           words)
+                                           words, loads)
     else:
         effect, effect_cell = "not compared: its load levels were cut short", ""
     head = f"{change} vs {words.the}" if changed else f"same flags as {words.the}"
     parts = [f"{head}: {shown}{cap}, {effect}"]
     if is_comparable and best is not None and best.number != number and \
             (baseline is None or best.number != baseline.number):
-        parts.append(_vs_best(value, capacity, best, objective, num_gpus))
+        parts.append(_vs_best(value, capacity, best, objective, num_gpus, loads))
     if state == "pruned":
         why = (prune_reason or "below the median of earlier trials there").rstrip(".")
         parts.append(f"pruned at level {pruned_at}: {why}")

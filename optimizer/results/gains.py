@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from optimizer.results.at_load import AtLoads
 from runners.capacity.bracket import Bracket
 
 Basis = Literal["capacity", "interval", "single"]
@@ -33,6 +34,15 @@ class Gain:
     high: float | None  # upper bound; None = open (unbounded)
     basis: Basis
     num_rounds: int = 1  # measurements behind an "interval"
+    # A "capacity" gain's axis: on "concurrency" the ratio is of concurrent requests, not of
+    # the objective (goodput is in req/s): `objective_gain` then holds the objective's own.
+    axis: str | None = None
+    objective_gain: Gain | None = None  # the objective's ratio beside a concurrency ratio
+    # The fixed load level both sides were measured at, where that is not both operating
+    # points ("concurrency=8"): named after the ratio. None: at their operating points.
+    load: str | None = None
+    # Why no ratio is shown: the two were measured at no common load ("" = comparable).
+    not_comparable: str = ""
 
     def as_metrics(self, prefix: str) -> dict[str, float]:
         """`<prefix>` (the point) and `<prefix>.low` / `<prefix>.high` where the ends are
@@ -75,7 +85,7 @@ def capacity_gain(best: Bracket, defaults: Bracket) -> Gain:
     if low == 0.0:
         low = None  # nothing shown above 0: an open end
     high = b_high / d_low if b_high is not None and d_low else None
-    return Gain(value, low, high, "capacity")
+    return Gain(value, low, high, "capacity", axis=best.axis)
 
 
 def point_gain(best: float | None, defaults: float | None, *, maximize: bool) -> Gain:
@@ -104,15 +114,41 @@ def per_gpu_bracket(bracket: Bracket, num_gpus: int) -> Bracket:
 
 def gain_over(value: float | None, defaults: float | None, capacity: Bracket | None,
               defaults_capacity: Bracket | None, *, maximize: bool, num_gpus: int = 1,
-              defaults_num_gpus: int = 1) -> Gain:
+              defaults_num_gpus: int = 1, loads: AtLoads | None = None,
+              defaults_loads: AtLoads | None = None) -> Gain:
     """A config's gain over the defaults per GPU, with what bounds it: the ratio their capacity
     brackets allow where both were bracketed (a capacity search; each bracket as measured,
-    divided here by its config's GPUs), else one measurement each (`value` and `defaults` are
-    per GPU already: the values Optuna holds)."""
+    divided here by its config's GPUs; on the concurrency axis with the objective's own ratio
+    beside it, `Gain.objective_gain`), else one measurement each (`value` and `defaults` are
+    per GPU already: the values Optuna holds) at ONE load: with fixed levels (`loads`,
+    `defaults_loads`, `at_load.at_loads`) a level whose load was not applied can leave two
+    operating points at different loads, and then the ratio is taken at the level both
+    applied (`same_load`), or none is shown (`Gain.not_comparable`)."""
     if capacity is not None and defaults_capacity is not None:
-        return capacity_gain(per_gpu_bracket(capacity, num_gpus),
+        gain = capacity_gain(per_gpu_bracket(capacity, num_gpus),
                              per_gpu_bracket(defaults_capacity, defaults_num_gpus))
+        if gain.axis == "concurrency":
+            return replace(gain, objective_gain=point_gain(value, defaults, maximize=maximize))
+        return gain
+    if loads is not None and defaults_loads is not None and loads.operating and \
+            defaults_loads.operating and loads.operating != defaults_loads.operating:
+        return same_load(loads, defaults_loads, maximize=maximize)
     return point_gain(value, defaults, maximize=maximize)
+
+
+def same_load(mine: AtLoads, theirs: AtLoads, *, maximize: bool) -> Gain:
+    """The ratio of two trials' values (per GPU) at one fixed load, where their operating
+    points are two: at `mine`'s operating point where `theirs` applied that level, else at
+    theirs where `mine` applied it, else none (`Gain.not_comparable`). A ratio across two
+    loads would credit (or blame) the config with the difference in load."""
+    here, there = mine.operating, theirs.operating
+    for label in (here, there):
+        if label is not None and label in mine.levels and label in theirs.levels:
+            gain = point_gain(mine.value_at(label), theirs.value_at(label), maximize=maximize)
+            return replace(gain, load=label)
+    return Gain(None, None, None, "single", not_comparable=(
+        f"its operating point is {here}, theirs {there}, and neither level's load was "
+        "applied in both"))
 
 
 def interval_gain(mean: float, low: float | None, high: float | None, num_rounds: int) -> Gain:
@@ -139,27 +175,44 @@ def format_gain(gain: Gain, what: str) -> str:
     the vLLM defaults (one measurement each: no interval)`. Never a bare ratio. `what` names
     the baseline as the study ran it (`BaselineWords.the`: "the vLLM defaults", or "the
     baseline (vLLM defaults + your fixed flags)"): no default, so no caller names the vLLM
-    defaults for a baseline that ran fixed flags."""
+    defaults for a baseline that ran fixed flags. On the concurrency axis the brackets' ratio
+    is of concurrent requests, said so, and the objective's own ratio follows it under its own
+    name; a ratio at a fixed level other than the operating points names that level."""
     if gain.basis == "capacity":
-        point = f"; lower ends {_x(gain.value)}" if gain.value is not None else ""
-        # Open ends: each capacity is at least its lower end and below its upper one.
-        if gain.low is not None and gain.high is not None:
-            return (f"more than {_down(gain.low)}x and less than {_up(gain.high)}x {what} "
-                    f"(capacity brackets{point})")
-        if gain.low is not None:
-            return f"more than {_down(gain.low)}x {what} (capacity brackets{point})"
-        if gain.high is not None:
-            return f"less than {_up(gain.high)}x {what} (capacity brackets{point})"
-        lower_ends = f" (lower ends {_x(gain.value)})" if gain.value is not None else ""
-        return f"no bound on the ratio to {what} from the capacity brackets{lower_ends}"
+        text = _capacity_phrase(gain, what)
+        if gain.axis != "concurrency":
+            return text
+        text = "capacity in concurrent requests " + text
+        if gain.objective_gain is None or gain.objective_gain.value is None:
+            return text
+        return (f"{text}; the objective at the two capacities "
+                f"{format_gain(gain.objective_gain, what)}")
+    if gain.not_comparable:
+        return f"no ratio to {what}: not comparable at one load ({gain.not_comparable})"
     if gain.value is None:
         return f"no ratio to {what}"
+    if gain.load is not None:
+        what = f"{what} at {gain.load}, a load both applied"
     if gain.basis == "interval" and gain.low is not None and gain.high is not None:
         return (f"{_x(gain.value)} {what} (95% CI [{_down(gain.low)}x, {_up(gain.high)}x] over "
                 f"{gain.num_rounds} rounds)")
     if gain.num_rounds > 1:
         return f"{_x(gain.value)} {what} ({gain.num_rounds} rounds, no interval)"
     return f"{_x(gain.value)} {what} (one measurement each: no interval)"
+
+
+def _capacity_phrase(gain: Gain, what: str) -> str:
+    point = f"; lower ends {_x(gain.value)}" if gain.value is not None else ""
+    # Open ends: each capacity is at least its lower end and below its upper one.
+    if gain.low is not None and gain.high is not None:
+        return (f"more than {_down(gain.low)}x and less than {_up(gain.high)}x {what} "
+                f"(capacity brackets{point})")
+    if gain.low is not None:
+        return f"more than {_down(gain.low)}x {what} (capacity brackets{point})"
+    if gain.high is not None:
+        return f"less than {_up(gain.high)}x {what} (capacity brackets{point})"
+    lower_ends = f" (lower ends {_x(gain.value)})" if gain.value is not None else ""
+    return f"no bound on the ratio to {what} from the capacity brackets{lower_ends}"
 
 
 def short_gain(gain: Gain) -> str:
@@ -169,12 +222,17 @@ def short_gain(gain: Gain) -> str:
         lo = _down(gain.low) if gain.low is not None else "0"
         hi = _up(gain.high) if gain.high is not None else "inf"
         point = _x(gain.value) if gain.value is not None else "?x"
-        return f"{point} ({lo}, {hi})"
+        # Concurrent requests are not the objective's unit: the cell says whose ratio it is.
+        named = "capacity " if gain.axis == "concurrency" else ""
+        return f"{named}{point} ({lo}, {hi})"
+    if gain.not_comparable:
+        return "n/a (no common load)"
     if gain.value is None:
         return "n/a"
     if gain.basis == "interval" and gain.low is not None and gain.high is not None:
         return f"{_x(gain.value)} [{_down(gain.low)}, {_up(gain.high)}]"
-    return f"{_x(gain.value)} (1 run)"
+    at = f" at {gain.load}" if gain.load is not None else ""
+    return f"{_x(gain.value)} (1 run){at}"
 
 
 def confirmation_verdict(gain: Gain, what: str) -> str:

@@ -103,6 +103,10 @@ def operating_step(objective: str, steps: Sequence[StepMetrics]) -> StepMetrics 
         return None
     # A level whose load was not applied describes a lighter load than its label: another
     # level speaks for the trial where one was applied (the conclusion says which were not).
+    # Optuna is told that level's figure, a load we can name, though it may be lighter than
+    # other trials' operating points: the unapplied level's figure is of no known load, and
+    # a figure made up between the two would be no measurement. Every ratio printed of it is
+    # taken at one load (`gains.same_load`, `at_load.AtLoads`), never across two.
     applied = [s for s in measured if not s.is_load_unapplied] or measured
     return max(applied, key=lambda s: _finite_or_lowest(step_value(objective, s)))
 

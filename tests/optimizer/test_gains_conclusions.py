@@ -42,11 +42,13 @@ def test_open_bracket_ends_give_open_gain_ends() -> None:
     gain = gains.capacity_gain(at_least, resolved)
     assert gain.high is None and gain.low == pytest.approx(64 / 21)
     assert gains.format_gain(gain, "the vLLM defaults").startswith(
-        "more than 3.04x the vLLM defaults")
+        "capacity in concurrent requests more than 3.04x the vLLM defaults"), \
+        "a concurrency ratio says whose ratio it is"
     none = Bracket("concurrency", None, 4.0, "none", 2)
     assert gains.capacity_gain(resolved, none).value is None, "no ratio to a capacity of 0"
     assert gains.format_gain(gains.capacity_gain(resolved, none),
-                             "the vLLM defaults").startswith("more than 5.00x")
+                             "the vLLM defaults").startswith(
+        "capacity in concurrent requests more than 5.00x")
     assert gains.capacity_gain(none, resolved).low is None
 
 

@@ -1,0 +1,83 @@
+"""A trial's figures at each fixed load level whose load was applied (`AtLoads`), so that two
+trials are compared at one load: a level judged "load not applied" can move a trial's operating
+point to a lighter level than another trial's, and a ratio across two loads is no gain."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
+
+from optimizer.results.objectives import metrics_value, operating_step, per_gpu
+from runners.applied_load import UNAPPLIED_KEY
+from runners.base import BenchmarkMetrics, StepMetrics
+from runners.load_level import LoadLevel
+
+
+@dataclass(frozen=True)
+class LevelFigures:
+    """One applied fixed level of a trial: its load and what it measured there."""
+
+    label: str  # `LoadLevel.label`: "concurrency=8", "rate=4"
+    value: float  # the study's first objective there, per GPU (as Optuna holds a value)
+    tpot_p99_ms: float | None  # TPOT p99 there; None where the level has no sample
+    goodput_per_gpu: float | None  # request goodput there per GPU; None without an SLO
+
+
+@dataclass(frozen=True)
+class AtLoads:
+    """A trial's applied fixed levels by label, and which of them is its operating point
+    (`objectives.operating_step`). Empty after a capacity search (its brackets compare)."""
+
+    operating: str | None  # the operating point's label; None where unknown
+    levels: Mapping[str, LevelFigures]  # label -> figures, applied levels only
+
+    def value_at(self, label: str) -> float | None:
+        figures = self.levels.get(label)
+        return figures.value if figures is not None else None
+
+
+def _metrics(data: Mapping[str, Any]) -> BenchmarkMetrics:
+    """A step record's metrics back as `BenchmarkMetrics` (a figure the record left out, a
+    p99 with no sample, reads None), so one objective rule reads records and live steps."""
+    return BenchmarkMetrics(**{f.name: data.get(f.name, None if f.default is MISSING
+                                                else f.default) for f in fields(BenchmarkMetrics)})
+
+
+def at_loads(objective: str, steps: Sequence[Mapping[str, Any]], num_gpus: int,
+             operating_step: int | None) -> AtLoads:
+    """`AtLoads` of a trial from its step records (`trial_record.step_records`: each with its
+    `level`, `metrics`, `server` and `meets_slo`) and the step number of its operating point
+    (the record's `headline_level`). A capacity search's probes give none."""
+    levels: dict[str, LevelFigures] = {}
+    operating = None
+    for step in steps:
+        data = step.get("metrics") or {}
+        if step.get("meets_slo") is not None or not data.get("completed"):
+            continue  # a capacity probe, or a level that completed nothing
+        if (step.get("server") or {}).get(UNAPPLIED_KEY, 0.0) > 0:
+            continue  # its figures are of another load than its label
+        level = LoadLevel(**{k: v for k, v in (step.get("level") or {}).items()
+                             if k in {f.name for f in fields(LoadLevel)}})
+        metrics = _metrics(data)
+        value = metrics_value(objective, metrics)
+        if not math.isfinite(value):
+            continue
+        goodput = metrics.request_goodput
+        levels[level.label] = LevelFigures(
+            level.label, per_gpu(objective, value, num_gpus), metrics.p99_tpot_ms,
+            goodput / max(num_gpus, 1) if goodput is not None else None)
+        if operating_step is not None and step.get("step") == operating_step:
+            operating = level.label
+    return AtLoads(operating, levels)
+
+
+def at_loads_of_run(objective: str, steps: Sequence[StepMetrics], num_gpus: int) -> AtLoads:
+    """`at_loads` of a run's levels as the runner handed them (before its record is written):
+    what the search passes `conclusion.conclude` as the trial's `loads`."""
+    from optimizer.results.trial_record import step_records
+
+    step = operating_step(objective, steps)
+    return at_loads(objective, step_records(steps), num_gpus,
+                    step.step if step is not None else None)
