@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 
 from optimizer import bottleneck
 from optimizer.results import quality_gate
+from optimizer.results.at_load import at_loads_of_run
 from optimizer.results.conclusion import baseline_trial, conclude, reference_of
 from optimizer.results.objectives import objective_values
 from optimizer.results.recommendation import best_trial
@@ -108,8 +109,8 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
         value=primary, failure_reason=failure.reason.value if failure else None,
         failure_message=failure.message if failure else None,
         is_baseline=item.is_baseline, number=item.trial.number,
-        best=reference_of(best_trial(study), axis),
-        baseline=reference_of(defaults, axis),
+        best=reference_of(best_trial(study), axis, cfg.objectives[0]),
+        baseline=reference_of(defaults, axis, cfg.objectives[0]),
         # The baseline runs the study's fixed flags too: they are no trial's change.
         vllm_defaults={**policy.space.vllm_defaults, **policy.space.study_fixed},
         capacity=result.capacity,
@@ -132,7 +133,9 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
             if n),
         quality_failed=assessed.failed if assessed is not None else (),
         template=seed_title_of(item.trial),
-        num_gpus=item.config.num_gpus, baseline_words=cfg.baseline_words)
+        num_gpus=item.config.num_gpus, baseline_words=cfg.baseline_words,
+        # Compared with the defaults and the best at one load (at_load.AtLoads).
+        loads=at_loads_of_run(cfg.objectives[0], result.steps, item.config.num_gpus))
     record = TrialRecord(
         state=state_name,  # type: ignore[arg-type]
         params=item.params,
