@@ -118,28 +118,33 @@ def slo_line(slo: Mapping[str, float | None], metrics: Mapping[str, Any]) -> str
     and the share of that level's requests within every bound. Goodput counts the requests
     meeting the bounds (vLLM's --goodput), so the level with the most goodput can miss a p99:
     "TTFT p99 <= 2500 ms" alone read as a p99 that held (held-out check s17 #5)."""
-    bounds = [(name, bound, metrics.get(metric)) for name, field_, metric in _SLO_P99S
-              if (bound := slo.get(field_)) is not None]
+    bounds: list[tuple[str, float, float | None]] = []
+    for name, field_, metric in _SLO_P99S:
+        bound, p99 = slo.get(field_), metrics.get(metric)
+        if bound is not None:
+            recorded = float(p99) if isinstance(p99, int | float) and math.isfinite(p99) \
+                else None
+            bounds.append((name, bound, recorded))
     if not bounds:
         return "slo: none"
-    recorded = [isinstance(p99, int | float) and math.isfinite(p99) for _, _, p99 in bounds]
+    is_any_recorded = any(p99 is not None for _, _, p99 in bounds)
     parts = []
-    for (name, bound, p99), is_recorded in zip(bounds, recorded, strict=True):
+    for name, bound, p99 in bounds:
         part = f"{name} <= {bound:g} ms"
-        if is_recorded:
+        if p99 is not None:
             part += (f" (the operating point's p99: {_ms(p99)} ms, "
                      f"{'met' if p99 <= bound else 'missed'})")
-        elif any(recorded):
+        elif is_any_recorded:
             part += " (the operating point's p99 not recorded)"
         parts.append(part)
-    if not any(recorded):
+    if not is_any_recorded:
         parts[-1] += f" (the operating point's p99{'s' if len(parts) > 1 else ''} not recorded)"
     goodput, throughput = metrics.get("request_goodput"), metrics.get("request_throughput")
     within = ""
     if isinstance(goodput, int | float) and isinstance(throughput, int | float) and \
             math.isfinite(goodput) and math.isfinite(throughput) and throughput > 0:
-        bounds = "the bound" if len(parts) == 1 else "every bound"
-        within = (f"; {goodput / throughput:.0%} of its requests within {bounds} (goodput "
+        which = "the bound" if len(parts) == 1 else "every bound"
+        within = (f"; {goodput / throughput:.0%} of its requests within {which} (goodput "
                   "counts those)")
     return "slo: " + ", ".join(parts) + within
 
