@@ -153,6 +153,10 @@ def advice(verdict: Verdict, *,
                     "this GPU's fp8 tensor cores at about twice the bf16 rate, for the same "
                     "FLOPs per token")
         levers = [*_prefill_levers(prefix_caching), "or more GPUs (data_parallel_size)"]
+        if not fp8_weights:  # the card's fp8 tensor cores not known: fp8 said conditionally
+            return ("fewer prefill FLOPs: " + ", ".join(levers) + "; fp8 weights (quantization "
+                    "fp8) raise the FLOP ceiling only on a GPU with fp8 tensor cores, which "
+                    "this verdict does not say")
         return "only fewer prefill FLOPs help now: " + ", ".join(levers)
     if label == "memory-bound":
         levers = []

@@ -91,12 +91,17 @@ def test_compute_bound_on_an_fp8_card_advises_fp8_as_a_higher_flop_ceiling() -> 
     assert "fewer FLOPs" not in said, said
 
 
-@pytest.mark.parametrize("capable", [False, None])
-def test_compute_bound_without_fp8_tensor_cores_advises_prefill_levers_not_fp8(
-        capable: bool | None) -> None:
-    said = advice(classify(replace(COMPUTE, is_fp8_capable=capable)))
+def test_compute_bound_without_fp8_tensor_cores_advises_prefill_levers_not_fp8() -> None:
+    said = advice(classify(replace(COMPUTE, is_fp8_capable=False)))
     assert "fp8" not in said and "fewer FLOPs per token" not in said, said
     assert "shorter prompts" in said and "data_parallel_size" in said, said
+
+
+def test_compute_bound_on_an_unknown_card_says_fp8_helps_only_on_fp8_tensor_cores() -> None:
+    said = advice(classify(replace(COMPUTE, is_fp8_capable=None)))
+    assert said.startswith("fewer prefill FLOPs: shorter prompts"), said
+    assert "raise the FLOP ceiling only on a GPU with fp8 tensor cores" in said, said
+    assert "fewer FLOPs per token" not in said, said
 
 
 def _a100_level(concurrency: int = 16) -> tuple[StepMetrics, EngineConfig]:
