@@ -77,12 +77,14 @@ def _ridge_advice(ev: Mapping[str, float], *, fp8_weights: bool, fp8_kv: bool,
             + "; replicas (data_parallel_size) add capacity, not capacity per GPU")
 
 
-def _limit_advice(ev: Mapping[str, float], *, fp8_weights: bool, fp8_kv: bool) -> str:
+def _limit_advice(ev: Mapping[str, float], *, fp8_weights: bool, fp8_kv: bool,
+                  quantization: str = "") -> str:
     """Within 1.25x of a ceiling no config of the same bytes and FLOPs per token gets far, but
     the ceiling binds the precision as well as the GPU: fp8 weights raise the bf16 FLOP ceiling
     of a card with fp8 tensor cores, and fp8 weights or an fp8 KV cache read fewer bytes under
     the bandwidth one. "Stop tuning" only where neither lever is left. At the ridge both
-    ceilings bind."""
+    ceilings bind. `quantization`: the config's method; another than fp8 (a 4-bit checkpoint's)
+    reads fewer weight bytes than fp8 would."""
     at_ridge = ev.get("is_at_ridge") == 1.0
     is_flop = "compute_utilization" in ev and (
         (ev.get("compute_utilization") or 0.0) >= (ev.get("bandwidth_utilization") or 0.0)
@@ -93,14 +95,14 @@ def _limit_advice(ev: Mapping[str, float], *, fp8_weights: bool, fp8_kv: bool) -
                 "fp8 weights (quantization fp8) raise the ceiling on this GPU")
     bytes_levers = []
     if not is_flop or at_ridge:
-        if not fp8_weights:
+        if not fp8_weights and not quantization:
             bytes_levers.append(("bf16 weights", "fp8 weights (quantization fp8)"))
         # fp8 KV halves only the KV part of the bytes: named where that part is worth it.
         if not fp8_kv and ev.get("kv_read_share", 1.0) >= 0.1:
             bytes_levers.append(("a bf16 KV cache", "an fp8 KV cache (kv_cache_dtype fp8)"))
     if bytes_levers:
         now = " and ".join(held for held, _ in bytes_levers)
-        return (f"this is the bandwidth ceiling's limit at {now}, not the GPU's: "
+        return (f"the bandwidth ceiling binds the bytes read, here of {now}: "
                 + " or ".join(lever for _, lever in bytes_levers)
                 + " read fewer bytes per token")
     return _ADVICE["at-physical-limit"]
@@ -135,7 +137,8 @@ def advice(verdict: Verdict, *,
     if label == "unknown" and ev.get("is_unphysical") == 1.0:
         return "measure a longer window (more requests per level) to tell"
     if label == "at-physical-limit":
-        return _limit_advice(ev, fp8_weights=fp8_weights, fp8_kv=fp8_kv)
+        return _limit_advice(ev, fp8_weights=fp8_weights, fp8_kv=fp8_kv,
+                             quantization=quantization)
     if label == "launch-bound":
         if eager:
             return "keep CUDA graphs on"

@@ -34,17 +34,21 @@ def test_at_the_bandwidth_ceiling_with_bf16_weights_and_kv_the_advice_is_fp8_not
         verdict.detail == "84% of the bandwidth ceiling", verdict.reason
     said = advice(verdict)
     assert "stop tuning" not in said, said
-    assert said == ("this is the bandwidth ceiling's limit at bf16 weights and a bf16 KV cache, "
-                    "not the GPU's: fp8 weights (quantization fp8) or an fp8 KV cache "
+    assert said == ("the bandwidth ceiling binds the bytes read, here of bf16 weights and a "
+                    "bf16 KV cache: fp8 weights (quantization fp8) or an fp8 KV cache "
                     "(kv_cache_dtype fp8) read fewer bytes per token"), said
 
 
 def test_at_the_bandwidth_ceiling_only_the_levers_not_yet_pulled_are_named() -> None:
     on_fp8_weights = advice(classify(replace(AT_BANDWIDTH, is_fp8_weights=True)))
     assert "quantization fp8" not in on_fp8_weights, on_fp8_weights
-    assert "at a bf16 KV cache" in on_fp8_weights and "kv_cache_dtype fp8" in on_fp8_weights
+    assert "here of a bf16 KV cache:" in on_fp8_weights and \
+        "kv_cache_dtype fp8" in on_fp8_weights, on_fp8_weights
     on_fp8_kv = advice(classify(replace(AT_BANDWIDTH, is_fp8_kv=True)))
-    assert "kv_cache_dtype" not in on_fp8_kv and "at bf16 weights," in on_fp8_kv, on_fp8_kv
+    assert "kv_cache_dtype" not in on_fp8_kv and "here of bf16 weights:" in on_fp8_kv, on_fp8_kv
+    # A 4-bit checkpoint's weights read fewer bytes than fp8 would: only the KV is named.
+    awq = advice(classify(AT_BANDWIDTH), config={"quantization": "awq_marlin"})
+    assert "quantization fp8" not in awq and "kv_cache_dtype fp8" in awq, awq
     # The same through the config's flags rather than the verdict's facts.
     bare = classify(replace(AT_BANDWIDTH, is_fp8_weights=None, is_fp8_kv=None))
     assert "stop tuning" in advice(bare, config={"quantization": "fp8", "kv_cache_dtype": "fp8"})
