@@ -77,6 +77,37 @@ def _ridge_advice(ev: Mapping[str, float], *, fp8_weights: bool, fp8_kv: bool,
             + "; replicas (data_parallel_size) add capacity, not capacity per GPU")
 
 
+def _limit_advice(ev: Mapping[str, float], *, fp8_weights: bool, fp8_kv: bool,
+                  quantization: str = "") -> str:
+    """Within 1.25x of a ceiling no config of the same bytes and FLOPs per token gets far, but
+    the ceiling binds the precision as well as the GPU: fp8 weights raise the bf16 FLOP ceiling
+    of a card with fp8 tensor cores, and fp8 weights or an fp8 KV cache read fewer bytes under
+    the bandwidth one. "Stop tuning" only where neither lever is left. At the ridge both
+    ceilings bind. `quantization`: the config's method; another than fp8 (a 4-bit checkpoint's)
+    reads fewer weight bytes than fp8 would."""
+    at_ridge = ev.get("is_at_ridge") == 1.0
+    is_flop = "compute_utilization" in ev and (
+        (ev.get("compute_utilization") or 0.0) >= (ev.get("bandwidth_utilization") or 0.0)
+        or at_ridge)
+    if is_flop and not fp8_weights and ev.get("is_fp8_capable") == 1.0:
+        # The bf16 ceiling is not this card's: its fp8 tensor cores run about twice it.
+        return ("this is the bf16 FLOP ceiling's limit for this batch, not the GPU's: "
+                "fp8 weights (quantization fp8) raise the ceiling on this GPU")
+    bytes_levers = []
+    if not is_flop or at_ridge:
+        if not fp8_weights and not quantization:
+            bytes_levers.append(("bf16 weights", "fp8 weights (quantization fp8)"))
+        # fp8 KV halves only the KV part of the bytes: named where that part is worth it.
+        if not fp8_kv and ev.get("kv_read_share", 1.0) >= 0.1:
+            bytes_levers.append(("a bf16 KV cache", "an fp8 KV cache (kv_cache_dtype fp8)"))
+    if bytes_levers:
+        now = " and ".join(held for held, _ in bytes_levers)
+        return (f"the bandwidth ceiling binds the bytes read, here of {now}: "
+                + " or ".join(lever for _, lever in bytes_levers)
+                + " read fewer bytes per token")
+    return _ADVICE["at-physical-limit"]
+
+
 def advice(verdict: Verdict, *,
            config: EngineConfig | Mapping[str, Any] | None = None) -> str:
     """What to do next, given the verdict; never what the config already does. `config` (an
@@ -93,6 +124,10 @@ def advice(verdict: Verdict, *,
     quantization = engine.quantization
     fp8_weights = ev.get("is_fp8_weights") == 1.0 or engine.weights_are_fp8()
     fp8_kv = ev.get("is_fp8_kv") == 1.0 or engine.kv_cache_is_fp8
+    # A card without fp8 tensor cores (SM < 8.9) has no fp8 lever: the built-in rule
+    # fp8-needs-sm89 takes fp8 weights and KV out of its space, so none is advised.
+    if ev.get("is_fp8_capable") == 0.0:
+        fp8_weights = fp8_kv = True
     eager = ev.get("is_enforce_eager") == 1.0 or is_true(flags.get("enforce_eager") or False)
     # Prefix caching: the flags where they set it, else the verdict's fact, else vLLM's default.
     is_set = bool({"enable_prefix_caching", "no_enable_prefix_caching"} & set(flags))
@@ -102,14 +137,8 @@ def advice(verdict: Verdict, *,
     if label == "unknown" and ev.get("is_unphysical") == 1.0:
         return "measure a longer window (more requests per level) to tell"
     if label == "at-physical-limit":
-        # At the ridge the FLOP ceiling binds as much as the bandwidth one.
-        is_flop = ((ev.get("compute_utilization") or 0.0) >=
-                   (ev.get("bandwidth_utilization") or 0.0) or ev.get("is_at_ridge") == 1.0) \
-            and "compute_utilization" in ev
-        if is_flop and not fp8_weights and ev.get("is_fp8_capable") == 1.0:
-            # The bf16 ceiling is not this card's: its fp8 tensor cores run about twice it.
-            return ("this is the bf16 FLOP ceiling's limit for this batch, not the GPU's: "
-                    "fp8 weights (quantization fp8) raise the ceiling on this GPU")
+        return _limit_advice(ev, fp8_weights=fp8_weights, fp8_kv=fp8_kv,
+                             quantization=quantization)
     if label == "launch-bound":
         if eager:
             return "keep CUDA graphs on"
@@ -120,9 +149,17 @@ def advice(verdict: Verdict, *,
             return f"kernels were JIT-compiled while serving: {fix}"
         return "cut host overhead: CUDA graph capture sizes covering the batch, scheduling"
     if label == "compute-bound":
-        if not fp8_weights:
-            return "fewer FLOPs per token at the same rate: fp8 weights (quantization fp8)"
+        # fp8 leaves the FLOPs per token as they are: it raises the ceiling, on fp8 tensor
+        # cores only (an A100 runs fp8 weights' GEMMs in bf16, and its space has no fp8).
+        if not fp8_weights and ev.get("is_fp8_capable") == 1.0:
+            return ("raise the FLOP ceiling: fp8 weights (quantization fp8) run the GEMMs on "
+                    "this GPU's fp8 tensor cores at about twice the bf16 rate, for the same "
+                    "FLOPs per token")
         levers = [*_prefill_levers(prefix_caching), "or more GPUs (data_parallel_size)"]
+        if not fp8_weights:  # the card's fp8 tensor cores not known: fp8 said conditionally
+            return ("fewer prefill FLOPs: " + ", ".join(levers) + "; fp8 weights (quantization "
+                    "fp8) raise the FLOP ceiling only on a GPU with fp8 tensor cores, which "
+                    "this verdict does not say")
         return "only fewer prefill FLOPs help now: " + ", ".join(levers)
     if label == "memory-bound":
         levers = []

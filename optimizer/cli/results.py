@@ -35,6 +35,7 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
     Example:
       nightshift status examples/quickstart.yaml
     """
+    from optimizer.report.build import slo_latencies
     from optimizer.results.recommendation import confirmation_sentence
     from optimizer.results.trial_record import confirmation_of
     from optimizer.storage.lock import read_lease, read_lock, study_lock_path
@@ -53,13 +54,15 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
     if is_simulated:
         out.print(SIMULATED_HEADER, highlight=False, soft_wrap=True)
     rows = status_rows(trials, cfg.baseline_words)
+    slo = cfg.spec.slo.model_dump()
+    latencies = slo_latencies(slo)  # the p99 columns of the SLO's own bounds
     out.print(trial_table(rows, cfg.objectives, out.width,
                           title=SIMULATED_TITLE if is_simulated else None,
-                          baseline=cfg.baseline_words))
-    if any(r.tpot_p99_num_requests is not None for r in rows):
+                          baseline=cfg.baseline_words, latencies=latencies))
+    if any(r.p99(k)[1] is not None for r in rows for k in latencies):
         out.print(f"n: the requests each p99 is over; {THIN_RULE}.", highlight=False,
                   soft_wrap=True)
-    pick = recommendation_text(opened, cfg.objectives, cfg.spec.slo.model_dump())
+    pick = recommendation_text(opened, cfg.objectives, slo)
     if pick:
         out.print(pick, highlight=False, soft_wrap=True)
     sentence = confirmation_sentence(opened)
@@ -137,6 +140,8 @@ def status_rows(trials: Sequence[FrozenTrial],
             number=t.number, state=state, changes=changes, values=values,
             tpot_p99_ms=_finite(metrics.get("p99_tpot_ms")),
             tpot_p99_num_requests=_count(metrics.get("num_tpot_samples")),
+            ttft_p99_ms=_finite(metrics.get("p99_ttft_ms")),
+            ttft_p99_num_requests=_count(metrics.get("completed")),
             label=str(verdict.get("label") or ""),
             conclusion=(record.conclusion_short or record.conclusion) if record is not None
             else "",

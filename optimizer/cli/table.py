@@ -43,6 +43,20 @@ class TableRow:
     changes_note: str = field(default="")
     # the requests the TPOT p99 is over (optimizer/results/tail_samples.py); None: not known
     tpot_p99_num_requests: int | None = None
+    ttft_p99_ms: float | None = None
+    ttft_p99_num_requests: int | None = None  # the completed requests the TTFT p99 is over
+
+    def p99(self, latency: str) -> tuple[float | None, int | None]:
+        """The p99 (ms) and the requests it is over of `latency` (`ttft` or `tpot`)."""
+        if latency == "ttft":
+            return self.ttft_p99_ms, self.ttft_p99_num_requests
+        return self.tpot_p99_ms, self.tpot_p99_num_requests
+
+
+# The latency columns the table can show (`report.build.slo_latencies` picks them): their
+# headers by key.
+LATENCY_HEADERS = {"ttft": "TTFT p99 ms", "tpot": "TPOT p99 ms"}
+
 
 
 def figure(value: float | None, unit: str = "") -> str:
@@ -128,16 +142,18 @@ def _changes_text(row: TableRow, words: BaselineWords) -> list[str]:
 
 
 def trial_table(rows: Sequence[TableRow], objectives: Sequence[str], width: int,
-                title: str | None = None, baseline: BaselineWords = DEFAULTS) -> Table:
+                title: str | None = None, baseline: BaselineWords = DEFAULTS,
+                latencies: Sequence[str] = ("tpot",)) -> Table:
     """The trials as a rich table at most `width` columns wide. Side by side where there is
-    room: trial, changes, state, the objectives, TPOT p99, bottleneck, seconds, conclusion
+    room: trial, changes, state, the objectives, the SLO's p99s, bottleneck, seconds, conclusion
     (the bottleneck shortened to `memory` and then the seconds dropped before a conclusion
     wraps); where the two text columns would have less than WIDE_TEXT_COLUMNS, each trial's
     changes sit over its conclusion in the last column. Cells wrap at spaces, never inside a
     flag that fits its column; a cell too long for its lines ends in "…" (a conclusion) or
     "+N more" (the changes). `baseline` names what the changes are from (the vLLM defaults, or
-    the baseline with the study's fixed flags)."""
-    show_tpot = "tpot" not in objectives
+    the baseline with the study's fixed flags). `latencies`: the p99 columns (`slo_latencies`),
+    each shown unless an objective already is that latency."""
+    shown = [k for k in latencies if k not in objectives]
     values = [[figure(v) for v in r.values] for r in rows]
     longest = max((len(r.conclusion) for r in rows), default=0)
     # Side by side, the first layout that shows the conclusions whole beside the flags: full
@@ -145,7 +161,7 @@ def trial_table(rows: Sequence[TableRow], objectives: Sequence[str], width: int,
     # two text columns room enough; else stacked.
     layout: tuple[bool, bool] | None = None  # (full labels, seconds)
     for full_labels, seconds in ((True, True), (False, True), (False, False)):
-        fixed = _fixed_columns(rows, values, objectives, show_tpot, full_labels, seconds)
+        fixed = _fixed_columns(rows, values, objectives, shown, full_labels, seconds)
         free = width - sum(w for _, w in fixed) - _GAP * (len(fixed) + 1)
         if free >= longest + _CHANGES_MIN or \
                 ((full_labels, seconds) == (False, False) and free >= WIDE_TEXT_COLUMNS):
@@ -154,7 +170,7 @@ def trial_table(rows: Sequence[TableRow], objectives: Sequence[str], width: int,
     is_wide = layout is not None
     full_labels, seconds = layout if layout is not None else (False, False)
     if not is_wide:
-        fixed = _fixed_columns(rows, values, objectives, show_tpot, False, False)
+        fixed = _fixed_columns(rows, values, objectives, shown, False, False)
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                   padding=(0, 1), title_justify="left")
     if is_wide:
@@ -176,8 +192,7 @@ def trial_table(rows: Sequence[TableRow], objectives: Sequence[str], width: int,
                          overflow="fold")
     for r, cells in zip(rows, values, strict=True):
         middle = [r.state, *cells, *[""] * (len(objectives) - len(cells))]
-        if show_tpot:
-            middle.append(p99_cell(r.tpot_p99_ms, r.tpot_p99_num_requests))
+        middle.extend(p99_cell(*r.p99(k)) for k in shown)
         middle.append(r.label if full_labels else short_label(r.label))
         if seconds:
             middle.append(figure(r.elapsed_s))
@@ -200,7 +215,7 @@ _TEXT_HEADERS = ("state", "bottleneck", "bound")
 
 
 def _fixed_columns(rows: Sequence[TableRow], values: Sequence[Sequence[str]],
-                   objectives: Sequence[str], show_tpot: bool, full_labels: bool,
+                   objectives: Sequence[str], latencies: Sequence[str], full_labels: bool,
                    seconds: bool) -> list[tuple[str, int]]:
     """(header, width) of each column but the text ones, in order; each as wide as its
     longest cell or header word."""
@@ -213,9 +228,8 @@ def _fixed_columns(rows: Sequence[TableRow], values: Sequence[Sequence[str]],
     for i, name in enumerate(objectives):
         columns.append(width_of(objective_header(name), [v[i] for v in values if i < len(v)],
                                 7))
-    if show_tpot:
-        columns.append(width_of("TPOT p99 ms", [p99_cell(r.tpot_p99_ms, r.tpot_p99_num_requests)
-                                                for r in rows], 8))
+    for k in latencies:
+        columns.append(width_of(LATENCY_HEADERS[k], [p99_cell(*r.p99(k)) for r in rows], 8))
     if full_labels:
         columns.append(width_of("bottleneck", [r.label for r in rows], 10))
     else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from optimizer.report.build import Report, TrialRow
+from optimizer.report.build import Report, TrialRow, slo_latencies
 from optimizer.report.knobs import TOO_FEW_FOR_IMPORTANCES
 from optimizer.report.plots import LABEL_COLOURS, write_plots
 from optimizer.results import gains
@@ -291,6 +291,16 @@ def _short(row: TrialRow) -> str:
     return row.conclusion_short or shorten(row.conclusion)
 
 
+_LATENCY_HEADERS = {"ttft": "TTFT p99 ms", "tpot": "TPOT p99 ms"}
+
+
+def _latency_cells(row: TrialRow, latencies: tuple[str, ...]) -> str:
+    """The row's p99s of `latencies` (`ttft`, `tpot`) as Markdown cells, each with its n."""
+    figures = {"ttft": (row.p99_ttft_ms, row.ttft_p99_num_requests),
+               "tpot": (row.p99_tpot_ms, row.tpot_p99_num_requests)}
+    return " | ".join(_p99(*figures[k]) for k in latencies)
+
+
 def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -302,29 +312,33 @@ def render_markdown(report: Report) -> str:
                   "they are not measurements.", ""]
     slo = ", ".join(f"{k} {v:g}" for k, v in report.slo.items())
     words = report.baseline_words
+    # The SLO's own p99 columns; the front's also TPOT, its axis.
+    latencies = slo_latencies(report.slo)
+    front_latencies = ("tpot", *(k for k in latencies if k != "tpot"))
     lines += [f"Objective: {report.objective}" + (f"; SLO: {slo}" if slo else "") +
               f"; {trial_counts(report)}; written {report.generated}. {PER_GPU_RULE}"
               + (f" Baseline: {words.name}; every trial runs these fixed flags too."
                  if words.has_fixed_flags else ""), "",
               headline(report), "", "![Pareto front](pareto.png)", "",
               "![objective per trial](history.png)", "", "## Pareto front", "",
-              f"| trial | change vs {words.short} | out tok/s/GPU | TPOT p99 ms | bottleneck |",
-              "|---|---|---|---|---|"]
+              f"| trial | change vs {words.short} | out tok/s/GPU | "
+              + "".join(f"{_LATENCY_HEADERS[k]} | " for k in front_latencies) + "bottleneck |",
+              "|---|---|---|" + "---|" * len(front_latencies) + "---|"]
     for row in report.rows:
         if row.number in report.pareto:
             lines.append(f"| {row.number} | {_md_cell(_changes(row, words))} | "
                          f"{_fmt(row.output_throughput_per_gpu)} | "
-                         f"{_p99(row.p99_tpot_ms, row.tpot_p99_num_requests)} | "
-                         f"{row.label} |")
+                         f"{_latency_cells(row, front_latencies)} | {row.label} |")
     lines += ["", "## Every trial", "",
               f"| trial | state | change vs {words.short} | {report.objective} "
               f"{value_unit(report.objective)} | out tok/s/GPU | "
-              "TPOT p99 ms | bottleneck | quality | conclusion |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              + "".join(f"{_LATENCY_HEADERS[k]} | " for k in latencies)
+              + "bottleneck | quality | conclusion |",
+              "|---|---|---|---|---|" + "---|" * len(latencies) + "---|---|---|"]
     for row in report.rows:
         lines.append(f"| {row.number} | {row.state} | {_md_cell(_changes(row, words))} | "
                      f"{_fmt(row.value)} | {_fmt(row.output_throughput_per_gpu)} | "
-                     f"{_p99(row.p99_tpot_ms, row.tpot_p99_num_requests)} | {row.label} | "
+                     f"{_latency_cells(row, latencies)} | {row.label} | "
                      f"{_md_cell(row.quality)} | {_md_cell(_short(row))} |")
     lines += ["", f"n: the requests each p99 is over; {THIN_RULE}."]
     lines += ["", "## Parameter importances", "", "![importances](importances.png)", ""]
