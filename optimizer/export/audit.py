@@ -232,9 +232,9 @@ def audit(launch: Launch, *, table: VllmFlags | None = None,
         if name.startswith("VLLM_") and name not in table.env_vars and name not in REMOVED_ENV:
             # A release that stopped (or starts) reading it is named from the tables; only a
             # name no release reads gets a guess at the one meant.
-            change = env_change(name, table.version)
+            stopped = env_change(name, table.version)
             close = difflib.get_close_matches(name, sorted(table.env_vars), n=1)
-            why = f": {change}." if change is not None else \
+            why = f": {stopped}." if stopped is not None else \
                 (f"; did you mean {close[0]}?" if close else ".")
             out.append(Finding("unknown-env", "warning",
                                f"{name} is not read by vLLM {table.version}{why}",

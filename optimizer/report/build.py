@@ -8,7 +8,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -17,6 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer.config import StudyConfig
 from optimizer.report.knobs import KnobEffect, finite_or_none, importances, knob_effects
 from optimizer.results import gains
+from optimizer.results.at_load import AtLoads, at_loads
 from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.objectives import OBJECTIVES, on_all_gpus
 from optimizer.results.quality_gate import table_cell
@@ -78,6 +79,8 @@ class TrialRow:
     # the requests each p99 is over (optimizer/results/tail_samples.py); None: not recorded
     tpot_p99_num_requests: int | None = None
     ttft_p99_num_requests: int | None = None
+    # Its objective at each applied fixed level (`at_load.at_loads`): a gain compares one load.
+    loads: AtLoads | None = None
 
     @property
     def output_throughput_per_gpu(self) -> float | None:
@@ -131,15 +134,23 @@ class Report:
         return gains.gain_over(self.best.value, self.baseline.value, self.best.capacity,
                                self.baseline.capacity, maximize=self.is_maximize,
                                num_gpus=self.best.num_gpus,
-                               defaults_num_gpus=self.baseline.num_gpus)
+                               defaults_num_gpus=self.baseline.num_gpus,
+                               loads=self.best.loads, defaults_loads=self.baseline.loads)
 
     @property
     def gain_as_measured(self) -> gains.Gain | None:
         """The same on all of each side's GPUs (not per GPU); None where both used one GPU
         (the two agree) or there is no comparison."""
-        if self.best is None or self.baseline is None or \
+        per_gpu = self.gain_bounds
+        if self.best is None or self.baseline is None or per_gpu is None or \
                 max(self.best.num_gpus, self.baseline.num_gpus) <= 1:
             return None
+        if per_gpu.not_comparable:
+            return per_gpu
+        if per_gpu.load is not None:  # taken at a load both applied: all GPUs' figures there
+            ratio = self.best.num_gpus / max(self.baseline.num_gpus, 1)
+            return replace(per_gpu, value=None if per_gpu.value is None else
+                           per_gpu.value * ratio)
         whole = [on_all_gpus(self.objective, r.value, r.num_gpus) if r.value is not None
                  else None for r in (self.best, self.baseline)]
         return gains.gain_over(whole[0], whole[1], self.best.capacity, self.baseline.capacity,
@@ -147,7 +158,7 @@ class Report:
 
 
 def _row(trial: FrozenTrial, baseline_flags: Mapping[str, Any],
-         axis: str | None = None) -> TrialRow:
+         axis: str | None = None, objective: str | None = None) -> TrialRow:
     record = record_of(trial)
     metrics: Mapping[str, Any] = record.metrics if record is not None else {}
     flags: Mapping[str, Any] = record.flags if record is not None else {}
@@ -179,6 +190,10 @@ def _row(trial: FrozenTrial, baseline_flags: Mapping[str, Any],
         num_gpus=gpus_of(flags or params_of(trial)),
         tpot_p99_num_requests=_count(metrics, "num_tpot_samples"),
         ttft_p99_num_requests=_count(metrics, "completed"),
+        loads=at_loads(objective, record.steps, gpus_of(flags or params_of(trial)),
+                       int(metrics["headline_level"]))
+        if record is not None and objective is not None and "headline_level" in metrics
+        else None,
     )
 
 
@@ -218,8 +233,8 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
     baseline_flags = base_record.flags if base_record is not None else {}
     capacity = cfg.spec.workload.capacity
     axis = capacity.axis if capacity is not None else None
-    rows = tuple(_row(t, baseline_flags, axis) for t in trials)
     objective = cfg.objectives[0]
+    rows = tuple(_row(t, baseline_flags, axis, objective) for t in trials)
     is_max = OBJECTIVES[objective].direction == "maximize"
     # The study's own best: one that met the SLO somewhere, when any did (constraint "slo").
     chosen = best_trial(study)

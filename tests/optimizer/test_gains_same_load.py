@@ -165,3 +165,30 @@ def test_a_concurrency_capacity_ratio_is_named_and_the_goodput_ratio_stands_besi
     assert gains.format_gain(rate, "the vLLM defaults").startswith(
         "more than 1.90x and less than 2.23x the vLLM defaults (capacity brackets"), \
         "on the rate axis capacity and goodput share a unit: the wording stands"
+
+
+def test_the_reports_gain_is_taken_at_the_load_both_applied() -> None:
+    """The report's best operates at concurrency 8 (its 32 not applied), the defaults at 32:
+    its gain is the one at 8, per GPU (35 / 11.95) and as measured on its 2 GPUs (70 / 11.95),
+    not 35 / 32.9 across two loads."""
+    from optimizer.report.build import build_report
+
+    study = optuna.create_study(direction="maximize")
+    dist = optuna.distributions.IntDistribution(1, 2)
+    for params, steps, is_base in (
+            ({"data_parallel_size": 1}, DEFAULTS, True),
+            ({"data_parallel_size": 2}, [_level(0, 70.0, 3.4), _level(1, 80.0, 3.9,
+                                                                 applied=False)], False)):
+        record, value = _record(params, steps, is_baseline=is_base)
+        study.add_trial(optuna.trial.create_trial(
+            params={"data_parallel_size": params["data_parallel_size"]},
+            distributions={"data_parallel_size": dist}, value=value,
+            user_attrs={"record": record.to_user_attr(), **({"baseline": True} if is_base
+                                                           else {})}))
+    report = build_report(study, parse_study(QUICKSTART), with_importances=False)
+    assert report.best is not None and report.best.number == 1
+    gain = report.gain_bounds
+    assert gain is not None and gain.load == "concurrency=8", gain
+    assert gain.value == pytest.approx(35.0 / 11.95)
+    whole = report.gain_as_measured
+    assert whole is not None and whole.value == pytest.approx(70.0 / 11.95)
