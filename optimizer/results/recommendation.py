@@ -217,6 +217,7 @@ def no_slo_met(study: optuna.Study,
         return None
     bounds = dict(slo) if slo is not None else _stored_slo(study)
     closest: tuple[float, int, str, list[str]] | None = None
+    saturated: list[tuple[float, int, str]] = []  # (load, trial, load's words)
     for trial in _measured_trials(study) or [t for t in study.get_trials(
             deepcopy=False, states=(TrialState.COMPLETE,)) if is_measured(t)]:
         record = record_of(trial)
@@ -224,6 +225,10 @@ def no_slo_met(study: optuna.Study,
             continue
         for step in record.steps or ({"metrics": record.metrics},):
             metrics = step.get("metrics") or {}
+            if (step.get("server") or {}).get("is_saturated"):
+                load = metrics.get("offered_rate_rps") or metrics.get("offered_concurrency")
+                saturated.append((float(load) if isinstance(load, int | float) else 0.0,
+                                  trial.number, _step_load(metrics)))
             if not metrics.get("completed", 1):
                 continue
             worst, misses = 0.0, []
@@ -240,6 +245,10 @@ def no_slo_met(study: optuna.Study,
                 closest = (worst, trial.number, _step_load(metrics), misses)
     if not any(v is not None for v in bounds.values()):
         miss = "the study keeps no SLO bounds to name the closest miss"
+    elif closest is None and saturated:
+        _, number, load = min(saturated)
+        miss = (f"no level missed on a p99 bound: the engine saturated (its queue kept "
+                f"growing) at {load or 'a load'} (trial {number}), the lightest such load")
     elif closest is None:
         miss = "no level missed on a p99 bound: each failed requests or overloaded the engine"
     else:
