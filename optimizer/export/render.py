@@ -4,6 +4,7 @@ quality, one fact a line) and the three formats (`render`)."""
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,6 +31,7 @@ from optimizer.results.objectives import OBJECTIVES
 from optimizer.results.quality_gate import header_line
 from optimizer.results.recommendation import (
     SLO_CONSTRAINT,
+    no_baseline_reason,
     no_slo_met,
     noise_pick,
     params_of,
@@ -113,6 +115,11 @@ def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyCo
     words = cfg.baseline_words
     what = words.the_full
     confirmed = confirmation_of(study)
+    if confirmed is not None and confirmed.best_trial == trial.number and \
+            not (math.isfinite(confirmed.gain) and confirmed.gain > 0):
+        # No ratio (a round measured 0; a study stored before that was said gives inf or 0):
+        # none is stated, never "infx".
+        return f"none stated: {confirmed.sentence}"
     if confirmed is not None and confirmed.best_trial == trial.number:
         gain = gains.interval_gain(confirmed.gain, confirmed.ci_low, confirmed.ci_high,
                                    confirmed.num_rounds)
@@ -135,6 +142,8 @@ def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyCo
     capacity = cfg.spec.workload.capacity
     axis = capacity.axis if capacity is not None else None
     here, base = reference_of(trial, axis), reference_of(baseline_trial(study), axis)
+    if base is None and (reason := no_baseline_reason(study)):
+        return f"none stated: {words.the} could not run ({reason})"
     if here is None or base is None:
         return (f"unknown: {words.the} {'was' if words.has_fixed_flags else 'were'} not "
                 "measured; not confirmed")

@@ -106,7 +106,8 @@ def recommended_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     is none. Two objectives, or no defaults trial to count changes from: the best. Where the
     final confirmation re-measured that pick against the defaults and its interval contains
     1.0 (or lies below it), the defaults (`is_confirmed_noise`). None where no trial met the
-    SLO (`no_slo_met`): a config that meets it nowhere is nothing to ship."""
+    SLO (`no_slo_met`): a config that meets it nowhere is nothing to ship. The simulated
+    engine's repeats are no confirmation and never change the pick."""
     if is_slo_unmet(study):
         return None
     measured = _measured_trials(study)
@@ -144,7 +145,12 @@ def recommended_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
 def is_confirmed_noise(confirmed: StoredConfirmation) -> bool:
     """Whether the final confirmation's 95% interval contains 1.0 or lies below it: the
     re-measured pick is not shown better than the defaults. One round (no interval) is not
-    noise shown, only no interval: the pick stands, its export saying "not confirmed"."""
+    noise shown, only no interval: the pick stands, its export saying "not confirmed". Nor
+    are the simulated engine's repeats: they measured nothing (a model's figures, moved by
+    the host's load as much as by the config), so they never change the pick; every place
+    calls them "simulated repeats", never the final confirmation."""
+    if confirmed.is_simulated:
+        return False
     gain = gains.interval_gain(confirmed.gain, confirmed.ci_low, confirmed.ci_high,
                                confirmed.num_rounds)
     return gain.basis == "interval" and not gain.is_better
@@ -280,7 +286,8 @@ def _step_load(metrics: Mapping[str, Any]) -> str:
 RECOMMENDATION_RULE = (f"the best measured trial whose launch `nightshift audit` passes, unless "
                        f"one within {NOISE_FRACTION:.0%} of it (noise) changes fewer flags "
                        "from the vLLM defaults, or the final confirmation found it within noise "
-                       "of the defaults (then the defaults)")
+                       "of the defaults (then the defaults; the simulated engine's repeats are "
+                       "no confirmation and never change the pick)")
 
 
 def recommendation_note(study: optuna.Study, chosen: optuna.trial.FrozenTrial) -> str:
