@@ -81,7 +81,10 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
         return
     if confirmation_of(study) is not None:
         return  # a resumed study that was confirmed already
-    logger.info("confirming: trial %d (best) vs trial %d (defaults), %d interleaved rounds",
+    # On the simulated engine these are repeats of a model, never a confirmation: so named.
+    doing = "simulated repeats (not a confirmation)" if is_simulated_run(best) or \
+        is_simulated_run(baseline) else "confirming"
+    logger.info("%s: trial %d (best) vs trial %d (defaults), %d interleaved rounds", doing,
                 best.number, baseline.number, rounds)
     # A round an earlier start measured whole stands: the round goes on from it (a stop or a
     # dead daemon cut it), never measures it again.
@@ -94,12 +97,12 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
            and t.number not in paired and t.number > baseline.number
            and params_of(t) in (params_of(baseline), params_of(best))]
     if kept:
-        logger.info("confirming: %d of %d rounds were measured whole before this start "
-                    "(trials %s) and are kept", len(kept), rounds,
+        logger.info("%s: %d of %d rounds were measured whole before this start "
+                    "(trials %s) and are kept", doing, len(kept), rounds,
                     ", ".join(f"{d.number}+{b.number}" for d, b in kept))
     if cut:
-        logger.info("confirming: trials %s are in no round (a round's two runs are measured "
-                    "back to back, and theirs was cut): their rounds are measured again",
+        logger.info("%s: trials %s are in no round (a round's two runs are measured "
+                    "back to back, and theirs was cut): their rounds are measured again", doing,
                     ", ".join(map(str, cut)))
     for _ in range(rounds - len(pairs)):
         values: dict[str, float] = {}
@@ -110,7 +113,8 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
             measured = measure(params_of(source), label)
             if measured is None or measured.state != TrialState.COMPLETE or \
                     not measured.values:
-                logger.warning("confirmation run %s failed; the comparison stops",
+                logger.warning("%s run %s failed; the comparison stops",
+                               "repeat" if doing != "confirming" else "confirmation",
                                measured.number if measured is not None else "?")
                 return
             values[label] = float(measured.values[0])

@@ -128,3 +128,37 @@ def test_the_simulated_verdict_names_the_hosts_load_not_the_model_alone() -> Non
     assert "host's load" in SIMULATED_VERDICT and "model's spread" not in SIMULATED_VERDICT
     assert "not a confirmation" in SIMULATED_VERDICT and \
         "do not change the pick" in SIMULATED_VERDICT
+
+
+def test_the_simulated_repeats_are_never_logged_as_confirming(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from runners.capacity.bracket import Bracket
+    from tests.optimizer.test_gains_conclusions import (
+        DEFAULTS_BRACKET,
+        FP8_BRACKET,
+        _add,
+        _record,
+    )
+
+    argv = ["python3", "-m", "runners.simulated", "--port", "1"]
+    cfg = parse_study({"name": "engine", "model": {"path": "qwen2.5-7b"},
+                       "budget": {"trials": 2}, "slo": {"tpot_p99_ms": 50},
+                       "confirm_rounds": 2, "results_dir": str(tmp_path / "results"),
+                       "workload": {"capacity": {"axis": "request_rate", "low": 1, "high": 40}},
+                       "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db"})
+    study = optuna.create_study(direction="maximize")
+    _add(study, {"quantization": "none"},
+         {**_record({}, 8.7, DEFAULTS_BRACKET, True), "argv": argv}, {"baseline": True})
+    _add(study, {"quantization": "fp8"},
+         {**_record({"quantization": "fp8"}, 18.5, FP8_BRACKET), "argv": argv}, {})
+
+    def measure(params: Any, label: str) -> optuna.trial.FrozenTrial:
+        record = _record(dict(params), 19.0 if params.get("quantization") == "fp8" else 9.0,
+                         Bracket("request_rate", 9.5, 10.0, "resolved", 6))
+        _add(study, dict(params), {**record, "argv": argv}, {"confirm": label})
+        return study.trials[-1]
+
+    caplog.set_level("INFO", logger="optimizer.results.confirmation")
+    confirm(study, cfg, measure, lambda: False)
+    assert "simulated repeats (not a confirmation): trial 1 (best) vs trial 0" in caplog.text
+    assert "confirming" not in caplog.text
