@@ -31,6 +31,7 @@ from optimizer.results.objectives import OBJECTIVES
 from optimizer.results.quality_gate import header_line
 from optimizer.results.recommendation import (
     SLO_CONSTRAINT,
+    no_baseline_reason,
     no_slo_met,
     noise_pick,
     params_of,
@@ -159,6 +160,11 @@ def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyCo
     words = cfg.baseline_words
     what = words.the_full
     confirmed = confirmation_of(study)
+    if confirmed is not None and confirmed.best_trial == trial.number and \
+            not (math.isfinite(confirmed.gain) and confirmed.gain > 0):
+        # No ratio (a round measured 0; a study stored before that was said gives inf or 0):
+        # none is stated, never "infx".
+        return f"none stated: {confirmed.sentence}"
     if confirmed is not None and confirmed.best_trial == trial.number:
         gain = gains.interval_gain(confirmed.gain, confirmed.ci_low, confirmed.ci_high,
                                    confirmed.num_rounds)
@@ -182,6 +188,8 @@ def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyCo
     axis = capacity.axis if capacity is not None else None
     here = reference_of(trial, axis, objective)
     base = reference_of(baseline_trial(study), axis, objective)
+    if base is None and (reason := no_baseline_reason(study)):
+        return f"none stated: {words.the} could not run ({reason})"
     if here is None or base is None:
         return (f"unknown: {words.the} {'was' if words.has_fixed_flags else 'were'} not "
                 "measured; not confirmed")

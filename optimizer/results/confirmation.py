@@ -16,7 +16,12 @@ from optimizer.config import StudyConfig
 from optimizer.results import gains
 from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.objectives import OBJECTIVES
-from optimizer.results.recommendation import params_of, recommended_trial
+from optimizer.results.recommendation import (
+    is_measured,
+    no_baseline_reason,
+    params_of,
+    recommended_trial,
+)
 from optimizer.results.trial_record import (
     STUDY_ATTR_CONFIRM,
     confirm_label,
@@ -36,8 +41,12 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
 
 
 # The verdict of a comparison the simulated engine ran: a model's repeats confirm nothing.
-SIMULATED_VERDICT = ("simulated: repeats of a model, not a confirmation (the interval is the "
-                     "model's spread, not measured noise)")
+# Their spread is not measured noise, nor only the model's: the simulated engine's figures
+# follow the host's load too (docs/simulated-engine.md), so a busy host can move one repeat
+# far from another. They never change the pick (`recommendation.is_confirmed_noise`).
+SIMULATED_VERDICT = ("simulated: repeats of a model, not a confirmation (their spread is the "
+                     "simulated engine's, which the host's load moves as well as the model; "
+                     "not measured noise); they do not change the pick")
 
 
 def t975(df: int) -> float:
@@ -58,14 +67,24 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
     rounds = cfg.spec.confirm_rounds
     best = recommended_trial(study)
     trials = study.get_trials(deepcopy=False)
-    baseline = next((t for t in trials if is_baseline(t)
-                     and t.state == TrialState.COMPLETE), None)
+    # The defaults as measured: a config failure (infeasible before launch, an OOM) is held
+    # complete in Optuna to teach the sampler, yet it measured nothing; launching it again
+    # would fail again (or divide by its 0), so there is no comparison to make.
+    baseline = next((t for t in trials if is_baseline(t) and is_measured(t)), None)
+    reason = no_baseline_reason(study) if baseline is None else None
+    if rounds and best is not None and reason:
+        logger.info("no final confirmation: %s could not run (%s); no gain over %s is "
+                    "stated", cfg.baseline_words.the, reason,
+                    "it" if cfg.baseline_words.has_fixed_flags else "them")
     if not rounds or cfg.is_multi_objective or best is None or baseline is None or \
             best.number == baseline.number or confirm_label(best) is not None:
         return
     if confirmation_of(study) is not None:
         return  # a resumed study that was confirmed already
-    logger.info("confirming: trial %d (best) vs trial %d (defaults), %d interleaved rounds",
+    # On the simulated engine these are repeats of a model, never a confirmation: so named.
+    doing = "simulated repeats (not a confirmation)" if is_simulated_run(best) or \
+        is_simulated_run(baseline) else "confirming"
+    logger.info("%s: trial %d (best) vs trial %d (defaults), %d interleaved rounds", doing,
                 best.number, baseline.number, rounds)
     # A round an earlier start measured whole stands: the round goes on from it (a stop or a
     # dead daemon cut it), never measures it again.
@@ -78,12 +97,12 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
            and t.number not in paired and t.number > baseline.number
            and params_of(t) in (params_of(baseline), params_of(best))]
     if kept:
-        logger.info("confirming: %d of %d rounds were measured whole before this start "
-                    "(trials %s) and are kept", len(kept), rounds,
+        logger.info("%s: %d of %d rounds were measured whole before this start "
+                    "(trials %s) and are kept", doing, len(kept), rounds,
                     ", ".join(f"{d.number}+{b.number}" for d, b in kept))
     if cut:
-        logger.info("confirming: trials %s are in no round (a round's two runs are measured "
-                    "back to back, and theirs was cut): their rounds are measured again",
+        logger.info("%s: trials %s are in no round (a round's two runs are measured "
+                    "back to back, and theirs was cut): their rounds are measured again", doing,
                     ", ".join(map(str, cut)))
     for _ in range(rounds - len(pairs)):
         values: dict[str, float] = {}
@@ -94,7 +113,8 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
             measured = measure(params_of(source), label)
             if measured is None or measured.state != TrialState.COMPLETE or \
                     not measured.values:
-                logger.warning("confirmation run %s failed; the comparison stops",
+                logger.warning("%s run %s failed; the comparison stops",
+                               "repeat" if doing != "confirming" else "confirmation",
                                measured.number if measured is not None else "?")
                 return
             values[label] = float(measured.values[0])
@@ -158,33 +178,49 @@ def confirm_summary(objective: str, best: int, baseline: int,
     below zero with two rounds); None bounds from one round. `per_gpu`: a config used more
     than one GPU, so the sentence says the ratio is per GPU (the values are). `is_simulated`:
     the rounds ran the simulated engine, so nothing was measured and nothing is confirmed:
-    its repeats differ only as far as the model does (often not at all), and an interval
-    from them is the model's determinism, not noise measured. `words` names the baseline (the
+    its repeats differ as far as the model and the host's load move them (on an idle host
+    often not at all, on a busy one far), and an interval from them is neither measured noise
+    nor the model's alone. A round whose divisor is 0 has no ratio (None, never inf): the
+    summary's gain is then None and its sentence says why. `words` names the baseline (the
     vLLM defaults, or them + the study's fixed flags)."""
     maximize = OBJECTIVES[objective].direction == "maximize"
-    ratios = []
+    ratios: list[float | None] = []
     for pair in pairs:
         a, b = pair["defaults"], pair["best"]
-        ratio = (b / a if a > 0 else math.inf) if maximize else (a / b if b > 0 else math.inf)
-        ratios.append(ratio)
+        # A round whose divisor measured 0 has no ratio (never inf: nothing is infinitely
+        # better than a measured 0); the comparison then states none.
+        ratios.append((b / a if a > 0 else None) if maximize else (a / b if b > 0 else None))
     n = len(ratios)
-    is_finite = all(math.isfinite(r) and r > 0 for r in ratios)
-    logs = [math.log(r) for r in ratios] if is_finite else []
-    mean = math.exp(sum(logs) / n) if is_finite else sum(ratios) / n
+    undefined = [i + 1 for i, r in enumerate(ratios) if r is None]
+    defined = [r for r in ratios if r is not None]
+    is_finite = not undefined and all(math.isfinite(r) and r > 0 for r in defined)
+    logs = [math.log(r) for r in defined] if is_finite else []
+    mean: float | None = math.exp(sum(logs) / n) if is_finite else \
+        (sum(defined) / n if not undefined else None)
     low = high = None
     if n > 1 and is_finite:
         mean_log = sum(logs) / n
         sd = math.sqrt(sum((x - mean_log) ** 2 for x in logs) / (n - 1))
         half = t975(n - 1) * sd / math.sqrt(n)
         low, high = math.exp(mean_log - half), math.exp(mean_log + half)
-    gain = gains.interval_gain(mean, low, high, n)
-    verdict = SIMULATED_VERDICT if is_simulated else \
-        gains.confirmation_verdict(gain, f"the {words.short}")
     what = f"{words.the} per GPU" if per_gpu else words.the
     how = "re-run interleaved on the simulated engine" if is_simulated else \
         "re-measured interleaved"
-    sentence = (f"trial {best} (the exported config) vs the {words.short} (trial {baseline}), "
-                f"{how}: {objective} {gains.format_gain(gain, what)}: {verdict}")
+    head = f"trial {best} (the exported config) vs the {words.short} (trial {baseline}), {how}"
+    if mean is None:
+        zero = words.the if maximize else f"trial {best}"
+        rounds_said = ", ".join(map(str, undefined))
+        verdict = SIMULATED_VERDICT if is_simulated else "no ratio, not confirmed"
+        sentence = (f"{head}: {objective}: no ratio to {what} ({zero} measured 0 in round"
+                    f"{'s' if len(undefined) > 1 else ''} {rounds_said}): {verdict}")
+        return {"objective": objective, "best_trial": best, "baseline_trial": baseline,
+                "rounds": [dict(p) for p in pairs], "ratios": ratios, "gain": None,
+                "is_confirmed": False, "verdict": verdict, "is_simulated": is_simulated,
+                "ci_low": None, "ci_high": None, "sentence": sentence}
+    gain = gains.interval_gain(mean, low, high, n)
+    verdict = SIMULATED_VERDICT if is_simulated else \
+        gains.confirmation_verdict(gain, f"the {words.short}")
+    sentence = f"{head}: {objective} {gains.format_gain(gain, what)}: {verdict}"
     return {"objective": objective, "best_trial": best, "baseline_trial": baseline,
             "rounds": [dict(p) for p in pairs], "ratios": ratios, "gain": mean,
             "is_confirmed": gain.is_better and not is_simulated, "verdict": verdict,

@@ -106,7 +106,8 @@ def recommended_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     is none. Two objectives, or no defaults trial to count changes from: the best. Where the
     final confirmation re-measured that pick against the defaults and its interval contains
     1.0 (or lies below it), the defaults (`is_confirmed_noise`). None where no trial met the
-    SLO (`no_slo_met`): a config that meets it nowhere is nothing to ship."""
+    SLO (`no_slo_met`): a config that meets it nowhere is nothing to ship. The simulated
+    engine's repeats are no confirmation and never change the pick."""
     if is_slo_unmet(study):
         return None
     measured = _measured_trials(study)
@@ -144,7 +145,12 @@ def recommended_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
 def is_confirmed_noise(confirmed: StoredConfirmation) -> bool:
     """Whether the final confirmation's 95% interval contains 1.0 or lies below it: the
     re-measured pick is not shown better than the defaults. One round (no interval) is not
-    noise shown, only no interval: the pick stands, its export saying "not confirmed"."""
+    noise shown, only no interval: the pick stands, its export saying "not confirmed". Nor
+    are the simulated engine's repeats: they measured nothing (a model's figures, moved by
+    the host's load as much as by the config), so they never change the pick; every place
+    calls them "simulated repeats", never the final confirmation."""
+    if confirmed.is_simulated:
+        return False
     gain = gains.interval_gain(confirmed.gain, confirmed.ci_low, confirmed.ci_high,
                                confirmed.num_rounds)
     return gain.basis == "interval" and not gain.is_better
@@ -217,6 +223,7 @@ def no_slo_met(study: optuna.Study,
         return None
     bounds = dict(slo) if slo is not None else _stored_slo(study)
     closest: tuple[float, int, str, list[str]] | None = None
+    saturated: list[tuple[float, int, str]] = []  # (load, trial, load's words)
     for trial in _measured_trials(study) or [t for t in study.get_trials(
             deepcopy=False, states=(TrialState.COMPLETE,)) if is_measured(t)]:
         record = record_of(trial)
@@ -224,6 +231,10 @@ def no_slo_met(study: optuna.Study,
             continue
         for step in record.steps or ({"metrics": record.metrics},):
             metrics = step.get("metrics") or {}
+            if (step.get("server") or {}).get("is_saturated"):
+                load = metrics.get("offered_rate_rps") or metrics.get("offered_concurrency")
+                saturated.append((float(load) if isinstance(load, int | float) else 0.0,
+                                  trial.number, _step_load(metrics)))
             if not metrics.get("completed", 1):
                 continue
             worst, misses = 0.0, []
@@ -240,6 +251,10 @@ def no_slo_met(study: optuna.Study,
                 closest = (worst, trial.number, _step_load(metrics), misses)
     if not any(v is not None for v in bounds.values()):
         miss = "the study keeps no SLO bounds to name the closest miss"
+    elif closest is None and saturated:
+        _, number, load = min(saturated)
+        miss = (f"no level missed on a p99 bound: the engine saturated (its queue kept "
+                f"growing) at {load or 'a load'} (trial {number}), the lightest such load")
     elif closest is None:
         miss = "no level missed on a p99 bound: each failed requests or overloaded the engine"
     else:
@@ -271,7 +286,8 @@ def _step_load(metrics: Mapping[str, Any]) -> str:
 RECOMMENDATION_RULE = (f"the best measured trial whose launch `nightshift audit` passes, unless "
                        f"one within {NOISE_FRACTION:.0%} of it (noise) changes fewer flags "
                        "from the vLLM defaults, or the final confirmation found it within noise "
-                       "of the defaults (then the defaults)")
+                       "of the defaults (then the defaults; the simulated engine's repeats are "
+                       "no confirmation and never change the pick)")
 
 
 def recommendation_note(study: optuna.Study, chosen: optuna.trial.FrozenTrial) -> str:

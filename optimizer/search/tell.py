@@ -17,7 +17,7 @@ from optimizer import bottleneck
 from optimizer.results import quality_gate
 from optimizer.results.at_load import at_loads_of_run
 from optimizer.results.conclusion import baseline_trial, conclude, reference_of
-from optimizer.results.objectives import objective_values
+from optimizer.results.objectives import get_objective, is_capacity_search, objective_values
 from optimizer.results.recommendation import best_trial
 from optimizer.results.tail_samples import thin_note
 from optimizer.results.trial_record import (
@@ -71,12 +71,24 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
     values = objective_values(cfg.objectives, result.steps, item.config.num_gpus) \
         if state == TrialState.COMPLETE else None
     failure = result.failure
+    saturated = saturated_levels(result.steps)
+    if state == TrialState.COMPLETE and values is None and saturated and \
+            not any(s.metrics.completed > 0 for s in result.steps):
+        # No level completed a request and one was stopped as saturated (its queue kept
+        # growing; the client cancelled its requests, none failed): a measured miss at that
+        # load, not errors; the trial met the SLO at no load.
+        # A rate is 0 there (nothing served within the SLO); a latency has no value.
+        values = _values_at_no_load(cfg.objectives)
     if state == TrialState.COMPLETE and values is None:
         # Requests completed, yet no value: a latency objective after a capacity search that
         # met the SLO at no load (a probe missed for overload is such a miss, not an error).
-        why = "no probed load met the SLO, so a latency objective has no value" if any(
-            s.metrics.completed > 0 for s in result.steps) else \
-            "no load level completed a request"
+        if any(s.metrics.completed > 0 for s in result.steps):
+            why = "no probed load met the SLO, so a latency objective has no value"
+        elif saturated:
+            why = (f"no load level completed a request (saturated at "
+                   f"{saturated_note(saturated)}), so a latency objective has no value")
+        else:
+            why = "no load level completed a request"
         state, failure = TrialState.FAIL, Failure(FailureReason.TOO_MANY_ERRORS, f"{why}.")
     state_name = STATE_NAMES[state]
     primary = values[0] if values else None
@@ -128,6 +140,9 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
             "" if item.is_baseline else
             implied_changes_note(item.params, result.engine, engine_of(defaults)),
             no_operating_point_note(cfg.objectives[0], result.steps),
+            # (a capacity search's probes say it in their own miss reasons)
+            f"Saturated at {saturated_note(saturated)}." if saturated and
+            state != TrialState.FAIL and not is_capacity_search(result.steps) else "",
             unapplied_levels_note(result.steps),
             thin_note(metrics))
             if n),
@@ -184,6 +199,27 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
     else:
         study.tell(item.trial, state=state)
     return record
+
+
+def saturated_levels(steps: Sequence[StepMetrics]) -> list[StepMetrics]:
+    """The levels the load generator stopped as saturated (its waiting queue kept growing:
+    `is_saturated` in the level's server metrics; runners/levels.py), in order."""
+    return [s for s in steps if s.server_metrics.get("is_saturated", 0.0) > 0]
+
+
+def saturated_note(steps: Sequence[StepMetrics]) -> str:
+    """What the saturated levels `steps` were (after "saturated at "): a miss at their load,
+    not failed requests."""
+    loads = ", ".join(s.level.label for s in steps)
+    return (f"{loads}: the queue kept growing, so the level was stopped and its "
+            "unfinished requests cancelled (a miss at that load, not failed requests)")
+
+
+def _values_at_no_load(objectives: Sequence[str]) -> list[float] | None:
+    """Each objective's value where no load met the SLO (`value_when_none_met_slo`: 0 for a
+    rate), or None where one has none (a latency)."""
+    values = [get_objective(o).value_when_none_met_slo for o in objectives]
+    return [float(v) for v in values if v is not None] if None not in values else None
 
 
 def _engine_dict(result: RunResult) -> dict[str, Any]:
