@@ -161,11 +161,13 @@ def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyCo
     what = words.the_full
     confirmed = confirmation_of(study)
     if confirmed is not None and confirmed.best_trial == trial.number and \
-            not (math.isfinite(confirmed.gain) and confirmed.gain > 0):
+            (confirmed.gain is None or not (math.isfinite(confirmed.gain)
+                                            and confirmed.gain > 0)):
         # No ratio (a round measured 0; a study stored before that was said gives inf or 0):
         # none is stated, never "infx".
         return f"none stated: {confirmed.sentence}"
-    if confirmed is not None and confirmed.best_trial == trial.number:
+    if confirmed is not None and confirmed.best_trial == trial.number and \
+            confirmed.gain is not None:
         gain = gains.interval_gain(confirmed.gain, confirmed.ci_low, confirmed.ci_high,
                                    confirmed.num_rounds)
         if confirmed.is_simulated:  # a model's repeats: nothing measured, nothing confirmed

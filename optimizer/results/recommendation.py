@@ -149,8 +149,8 @@ def is_confirmed_noise(confirmed: StoredConfirmation) -> bool:
     are the simulated engine's repeats: they measured nothing (a model's figures, moved by
     the host's load as much as by the config), so they never change the pick; every place
     calls them "simulated repeats", never the final confirmation."""
-    if confirmed.is_simulated:
-        return False
+    if confirmed.is_simulated or confirmed.gain is None:
+        return False  # no ratio: nothing shown either way
     gain = gains.interval_gain(confirmed.gain, confirmed.ci_low, confirmed.ci_high,
                                confirmed.num_rounds)
     return gain.basis == "interval" and not gain.is_better
@@ -294,7 +294,7 @@ def recommendation_note(study: optuna.Study, chosen: optuna.trial.FrozenTrial) -
     """Why the recommendation `chosen` is not the nominal best (empty when it is)."""
     noise = noise_pick(study)
     words = baseline_words_of(study)
-    if noise is not None and chosen.number != noise.best_trial:
+    if noise is not None and noise.gain is not None and chosen.number != noise.best_trial:
         gain = gains.interval_gain(noise.gain, noise.ci_low, noise.ci_high, noise.num_rounds)
         them = "it" if words.has_fixed_flags else "them"
         verdict = gains.confirmation_verdict(gain, f"the {words.short}")

@@ -256,7 +256,9 @@ class StoredConfirmation:
 
     sentence: str  # the one line a report and `status` print
     best_trial: int | None  # the trial re-measured against the defaults
-    gain: float  # geometric mean of the rounds' ratios, > 1 better
+    # geometric mean of the rounds' ratios, > 1 better; None where a round had no ratio (the
+    # defaults measured 0), never 0 or inf in its place
+    gain: float | None
     ci_low: float | None  # 95% interval of the gain; None from one round
     ci_high: float | None
     num_rounds: int
@@ -278,7 +280,7 @@ def confirmation_of(study: HasUserAttrs) -> StoredConfirmation | None:
     return StoredConfirmation(
         sentence=str(data.get("sentence") or ""),
         best_trial=int(best) if isinstance(best, int) else None,
-        gain=number("gain") or 0.0, ci_low=number("ci_low"), ci_high=number("ci_high"),
+        gain=number("gain"), ci_low=number("ci_low"), ci_high=number("ci_high"),
         num_rounds=len(data.get("ratios") or []), is_confirmed=bool(data.get("is_confirmed")),
         is_simulated=bool(data.get("is_simulated")))
 

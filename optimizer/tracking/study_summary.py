@@ -80,7 +80,8 @@ def study_summary(study: optuna.Study,
     if confirmed is not None:
         tags["confirm"] = confirmed.sentence
         tags["confirmed"] = "true" if confirmed.is_confirmed else "false"
-        metrics["confirm.gain"] = confirmed.gain
+        if confirmed.gain is not None:  # no ratio: no metric, never a 0 in its place
+            metrics["confirm.gain"] = confirmed.gain
         for key, bound in (("ci_low", confirmed.ci_low), ("ci_high", confirmed.ci_high)):
             if bound is not None:
                 metrics[f"confirm.gain_{key}"] = bound

@@ -80,6 +80,13 @@ def test_a_round_whose_defaults_measured_zero_states_no_ratio_never_inf() -> Non
     study, cfg = _morning_study(confirm=summary)
     line = gain_line(study, study.trials[3], cfg)
     assert line.startswith("none stated: trial 3 (the exported config)") and "inf" not in line
+    # MLflow's study metrics hold no gain, not a 0 in its place (read back as None).
+    from optimizer.tracking.study_summary import study_summary
+
+    stored = confirmation_of(study)
+    assert stored is not None and stored.gain is None
+    metrics, tags = study_summary(study, cfg)
+    assert "confirm.gain" not in metrics and tags["confirmed"] == "false"
 
 
 def test_a_study_that_stored_an_infinite_gain_is_never_printed_infx() -> None:
