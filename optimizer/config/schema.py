@@ -257,6 +257,33 @@ class StudySpec(StrictSpec):
         return self
 
     @model_validator(mode="after")
+    def _levels_within_wall_budget(self) -> StudySpec:
+        """A level planned to take longer than the study's whole wall budget (its duration_s,
+        or num_requests / request_rate: the load generator sleeps to each arrival) never
+        ends a trial within it; the day a level may take is `WorkloadSpec`'s own bound."""
+        w, wall_hours = self.workload, self.budget.wall_hours
+        if wall_hours is None or w.trace is not None or w.capacity is not None:
+            return self
+        if w.duration_s is not None:
+            if w.duration_s > wall_hours * 3600:
+                raise ValueError(
+                    f"workload.duration_s: each level sends for {w.duration_s / 3600:,.1f} h, "
+                    f"over the study's whole budget.wall_hours of {wall_hours:g} h; shorten "
+                    "duration_s or raise budget.wall_hours")
+            return self
+        for index, level in enumerate(w.levels):
+            if level.request_rate is None or w.num_requests is None:
+                continue
+            span_s = w.num_requests / level.request_rate
+            if span_s > wall_hours * 3600:
+                raise ValueError(
+                    f"workload.levels[{index}]: {w.num_requests} requests at "
+                    f"{level.request_rate:g} requests/s take {span_s / 3600:,.1f} h to send, "
+                    f"over the study's whole budget.wall_hours of {wall_hours:g} h; raise "
+                    "request_rate, lower num_requests or raise budget.wall_hours")
+        return self
+
+    @model_validator(mode="after")
     def _quality_needs_weights(self) -> StudySpec:
         if self.quality.enabled == "on" and (self.model.load_format == "dummy"
                                             or self.model.skip_tokenizer_init):

@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 
 from optimizer.config import StudyConfig, check_before_start
+from optimizer.config.space_fit import space_fit_problem
 from optimizer.errors import ConfigError, TrackingError, headline, translate
 from optimizer.results.trial_record import (
     STUDY_ATTR_FINGERPRINT,
@@ -159,6 +160,9 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
     except SpaceError as exc:
         raise translate(exc, f"{cfg.source_name}: {exc}") from exc
     notes.extend(removed)  # one line per param the study's fixed flags take out of the search
+    problem = space_fit_problem(cfg, resolved, hardware, model, engine=engine)
+    if problem is not None:  # every trial would be rejected before launch
+        raise ConfigError(f"{problem}.")
     if cfg.spec.fixed_flags:
         notes.append(f"baseline: {cfg.baseline_name}; every trial runs these fixed flags too")
     seed_trials = seed_trial_params(cfg, resolved)

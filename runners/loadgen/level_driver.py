@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from typing import Final, Protocol
+from urllib.parse import urlsplit
 
 from runners import arrivals
 from runners.load_level import LoadLevel
@@ -24,8 +25,15 @@ logger = logging.getLogger(__name__)
 
 STALLED_ERROR: Final = "stalled"
 STOPPED_ERROR: Final = "stopped"
+SERVER_GONE_ERROR: Final = "server gone"
 
 _WATCH_INTERVAL_S = 0.05  # how often the watchdog looks at stop_event and the stall clock
+# While the issuer waits this long or longer for its next arrival (a sparse rate: 8 requests
+# at 0.0001 req/s wait hours), the watchdog checks this often that the server still listens:
+# an engine killed meanwhile (a "stop now" kills it) otherwise left the level waiting out its
+# schedule (nothing in flight fails, nothing stalls).
+_LISTEN_CHECK_INTERVAL_S = 1.0
+_LISTEN_CHECK_TIMEOUT_S = 5.0  # a connect not answered in this long proves nothing
 
 
 class StopFlag(Protocol):
@@ -79,6 +87,8 @@ class LevelDriver:
         self.sent_offsets_s: list[float] = []
         self.sends = SendLog()  # on time.monotonic(), as the server's /metrics samples
         self._free_from_s: float | None = None  # monotonic: the cap last freed a waited slot
+        self._is_waiting_long = False  # the issuer sleeps >= _LISTEN_CHECK_INTERVAL_S
+        self.num_listen_checks = 0
 
     def _heartbeat(self) -> None:
         self.last_progress = time.perf_counter()
@@ -138,7 +148,11 @@ class LevelDriver:
                 return
             delay = start + offset - time.perf_counter()
             if delay > 0:
-                await asyncio.sleep(delay)
+                self._is_waiting_long = delay >= _LISTEN_CHECK_INTERVAL_S
+                try:
+                    await asyncio.sleep(delay)
+                finally:
+                    self._is_waiting_long = False
             # Acquire here, not in the task, so a concurrency-bound level never piles up
             # waiting tasks; order and timing match vLLM's FIFO semaphore inside the task.
             if self.semaphore is not None:
@@ -216,11 +230,20 @@ class LevelDriver:
         return self.stop_event is not None and self.stop_event.is_set()
 
     async def _watch(self) -> None:
+        checked_at = time.perf_counter()
         while True:
             await asyncio.sleep(_WATCH_INTERVAL_S)
             if self._is_stop_requested():
                 self._abort(STOPPED_ERROR)
                 return
+            if self._is_waiting_long and \
+                    time.perf_counter() - checked_at >= _LISTEN_CHECK_INTERVAL_S:
+                checked_at = time.perf_counter()
+                if await self._is_server_gone():
+                    logger.warning("the server at %s refuses connections: ending %s before "
+                                   "its next arrival", self.base_url, self.level.label)
+                    self._abort(SERVER_GONE_ERROR)
+                    return
             if (self.stall_timeout_s is not None and self.num_in_flight > 0
                     and time.perf_counter() - self.last_progress > self.stall_timeout_s):
                 logger.warning(
@@ -230,6 +253,24 @@ class LevelDriver:
                 )
                 self._abort(STALLED_ERROR)
                 return
+
+    async def _is_server_gone(self) -> bool:
+        """Whether nothing listens at the server's address any more (a refused connect: its
+        process is gone); a connect that times out or fails otherwise proves nothing."""
+        self.num_listen_checks += 1
+        url = urlsplit(self.base_url)
+        try:
+            port = url.port or (443 if url.scheme == "https" else 80)
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(url.hostname, port), _LISTEN_CHECK_TIMEOUT_S)
+        except ConnectionRefusedError:
+            return True
+        except (OSError, ValueError, TimeoutError):
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return False
 
     def _abort(self, reason: str) -> None:
         self.abort_reason = reason

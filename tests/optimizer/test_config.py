@@ -539,3 +539,23 @@ def test_every_bound_the_slo_section_takes_counts_towards_goodput() -> None:
     for name in SLO_BOUNDS:
         assert SLOSpec.model_validate({name: 5000.0}).is_set, name
     assert not SLOSpec().is_set
+
+
+def test_a_level_longer_than_the_whole_wall_budget_is_refused_and_one_within_it_is_not(
+) -> None:
+    """8 requests at 0.0001 req/s plan ~22 h of arrivals (the day a level may take allows it):
+    in a 2 h wall budget the trial can never end, so the study is refused, naming the level;
+    the same level in a day's budget, or without one, and a short level in 2 h, start."""
+    sparse = {"input_len": 64, "output_len": 16, "num_requests": 8,
+              "levels": [{"concurrency": 8, "request_rate": 0.0001}]}
+    with pytest.raises(ConfigError, match=r"workload\.levels\[0\]: 8 requests at 0\.0001 "
+                       r"requests/s take 22\.2 h to send, over the study's whole "
+                       r"budget\.wall_hours of 2 h; raise request_rate"):
+        parse_study({**BASE, "workload": sparse, "budget": {"wall_hours": 2}})
+    parse_study({**BASE, "workload": sparse, "budget": {"wall_hours": 23}})
+    parse_study({**BASE, "workload": sparse, "budget": {"trials": 2}})
+    parse_study({**BASE, "workload": {**sparse, "levels": [{"request_rate": 4}]},
+                 "budget": {"wall_hours": 2}})
+    with pytest.raises(ConfigError, match=r"workload\.duration_s: each level sends for 2\.0 h"):
+        parse_study({**BASE, "workload": {**sparse, "num_requests": None, "duration_s": 7200},
+                     "budget": {"wall_hours": 1}})
