@@ -32,6 +32,16 @@ class AtLoads:
 
     operating: str | None  # the operating point's label; None where unknown
     levels: Mapping[str, LevelFigures]  # label -> figures, applied levels only
+    # Levels whose load was not applied: where a trial has one, its operating point may be a
+    # lighter load than its best (the unapplied level was not measured), so it is compared
+    # with another trial at one load (`gains.gain_over`).
+    unapplied: frozenset[str] = frozenset()
+
+    @property
+    def is_moved(self) -> bool:
+        """Whether a level of its was not applied, so its operating point is no best-to-best
+        comparison point."""
+        return bool(self.unapplied) or (self.operating is None and bool(self.levels))
 
     def value_at(self, label: str) -> float | None:
         figures = self.levels.get(label)
@@ -51,15 +61,17 @@ def at_loads(objective: str, steps: Sequence[Mapping[str, Any]], num_gpus: int,
     `level`, `metrics`, `server` and `meets_slo`) and the step number of its operating point
     (the record's `headline_level`). A capacity search's probes give none."""
     levels: dict[str, LevelFigures] = {}
+    unapplied: set[str] = set()
     operating = None
     for step in steps:
         data = step.get("metrics") or {}
         if step.get("meets_slo") is not None or not data.get("completed"):
             continue  # a capacity probe, or a level that completed nothing
-        if (step.get("server") or {}).get(UNAPPLIED_KEY, 0.0) > 0:
-            continue  # its figures are of another load than its label
         level = LoadLevel(**{k: v for k, v in (step.get("level") or {}).items()
                              if k in {f.name for f in fields(LoadLevel)}})
+        if (step.get("server") or {}).get(UNAPPLIED_KEY, 0.0) > 0:
+            unapplied.add(level.label)
+            continue  # its figures are of another load than its label
         metrics = _metrics(data)
         value = metrics_value(objective, metrics)
         if not math.isfinite(value):
@@ -70,7 +82,7 @@ def at_loads(objective: str, steps: Sequence[Mapping[str, Any]], num_gpus: int,
             goodput / max(num_gpus, 1) if goodput is not None else None)
         if operating_step is not None and step.get("step") == operating_step:
             operating = level.label
-    return AtLoads(operating, levels)
+    return AtLoads(operating, levels, frozenset(unapplied))
 
 
 def at_loads_of_run(objective: str, steps: Sequence[StepMetrics], num_gpus: int) -> AtLoads:

@@ -181,8 +181,13 @@ def _vs_best(value: float | None, capacity: Bracket | None, best: Reference,
     unit = objective_unit(objective) + \
         (" per GPU" if is_multi and OBJECTIVES[objective].is_per_gpu else "")
     best_value, at = best.value, ""
+    maximize = OBJECTIVES[objective].direction == "maximize"
+    # The study's best is Optuna's ranking of the operating points' values, whatever load a
+    # comparison below is taken at.
+    is_new_best = value is not None and best.value is not None and (
+        value > best.value if maximize else value < best.value)
     if capacity is None and loads is not None and best.loads is not None and \
-            loads.operating and best.loads.operating and loads.operating != best.loads.operating:
+            (loads.is_moved or best.loads.is_moved) and loads.operating != best.loads.operating:
         # Two operating points at two loads: compared at one both applied, or not at all.
         same = gains.same_load(loads, best.loads,
                                maximize=OBJECTIVES[objective].direction == "maximize")
@@ -193,10 +198,17 @@ def _vs_best(value: float | None, capacity: Bracket | None, best: Reference,
         at = f" at {same.load}"
     if value is None or best_value is None:
         return f"vs best trial {best.number}: no value to compare"
-    delta = (value - best_value) / best_value * 100 if best_value else 0.0
-    maximize = OBJECTIVES[objective].direction == "maximize"
+    if not best_value:
+        return (f"vs best trial {best.number}: no ratio (the best measured 0"
+                f"{' there' if at else ''})")
+    delta = (value - best_value) / best_value * 100
     better = value > best_value if maximize else value < best_value
     head = f"vs best trial {best.number} ({_fmt(best_value)} {unit}{at}): {delta:+.0f}%"
+    if at:  # compared at a load other than an operating point: the verdict is of that load
+        there = "within noise of the best there" if abs(delta) < NOISE_FRACTION * 100 else \
+            ("better there" if better else "worse there")
+        return f"{head}, {there}" + (", and the new best by its operating point"
+                                     if is_new_best else "")
     if capacity is not None and best.capacity is not None:
         gain = gains.capacity_gain(gains.per_gpu_bracket(capacity, num_gpus),
                                    gains.per_gpu_bracket(best.capacity, best.num_gpus))

@@ -130,8 +130,13 @@ def gain_over(value: float | None, defaults: float | None, capacity: Bracket | N
         if gain.axis == "concurrency":
             return replace(gain, objective_gain=point_gain(value, defaults, maximize=maximize))
         return gain
-    if loads is not None and defaults_loads is not None and loads.operating and \
-            defaults_loads.operating and loads.operating != defaults_loads.operating:
+    if loads is not None and defaults_loads is not None and \
+            (loads.is_moved or defaults_loads.is_moved) and \
+            loads.operating != defaults_loads.operating:
+        # A level not applied may have moved an operating point to a lighter load than the
+        # config's best: compared at one load. Otherwise each operating point is its config's
+        # best within the SLO over the same levels, and best against best is the comparison
+        # (as two capacities are, at their own loads).
         return same_load(loads, defaults_loads, maximize=maximize)
     return point_gain(value, defaults, maximize=maximize)
 
@@ -142,11 +147,17 @@ def same_load(mine: AtLoads, theirs: AtLoads, *, maximize: bool) -> Gain:
     theirs where `mine` applied it, else none (`Gain.not_comparable`). A ratio across two
     loads would credit (or blame) the config with the difference in load."""
     here, there = mine.operating, theirs.operating
+    if here is None or there is None:
+        return Gain(None, None, None, "single", not_comparable=(
+            f"{'none of its levels' if here is None else 'none of theirs'} applied its load"))
+    undefined = ""
     for label in (here, there):
-        if label is not None and label in mine.levels and label in theirs.levels:
+        if label in mine.levels and label in theirs.levels:
             gain = point_gain(mine.value_at(label), theirs.value_at(label), maximize=maximize)
-            return replace(gain, load=label)
-    return Gain(None, None, None, "single", not_comparable=(
+            if gain.value is not None:
+                return replace(gain, load=label)
+            undefined = f"at {label}, the one load both applied, a figure was 0"
+    return Gain(None, None, None, "single", not_comparable=undefined or (
         f"its operating point is {here}, theirs {there}, and neither level's load was "
         "applied in both"))
 

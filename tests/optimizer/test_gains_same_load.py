@@ -192,3 +192,42 @@ def test_the_reports_gain_is_taken_at_the_load_both_applied() -> None:
     assert gain.value == pytest.approx(35.0 / 11.95)
     whole = report.gain_as_measured
     assert whole is not None and whole.value == pytest.approx(70.0 / 11.95)
+
+
+def test_operating_points_at_two_loads_with_every_level_applied_compare_best_to_best() -> None:
+    """The defaults miss at 32 (their best is 8), the config's best is 32, every level applied:
+    each operating point is its config's best over the same levels, and the gain is best to
+    best (as two capacities are), not the ratio at the config's own load."""
+    mine = at_loads("goodput", step_records([_level(0, 10.0, 3.0), _level(1, 40.0, 3.5)]), 1, 1)
+    theirs = at_loads("goodput", step_records([_level(0, 12.0, 3.0), _level(1, 5.0, 3.5)]), 1, 0)
+    assert not mine.is_moved and not theirs.is_moved
+    gain = gains.gain_over(40.0, 12.0, None, None, maximize=True, loads=mine,
+                           defaults_loads=theirs)
+    assert gain.load is None and gain.value == pytest.approx(40.0 / 12.0)
+
+
+def test_a_shared_load_where_a_figure_is_0_gives_way_to_one_with_a_ratio() -> None:
+    """Trial operating at 32 (its 8 applied), the defaults at 8 (their 32 not applied; at 32 a
+    0 would give no ratio): compared at 8, the one load both applied with figures."""
+    mine = at_loads("goodput", step_records([_level(0, 10.0, 3.0), _level(1, 40.0, 3.5)]), 1, 1)
+    theirs = at_loads("goodput", step_records([_level(0, 12.0, 3.0),
+                                               _level(1, 0.5, 3.5, applied=False)]), 1, 0)
+    assert theirs.is_moved and theirs.unapplied == {"concurrency=32"}
+    gain = gains.same_load(mine, theirs, maximize=True)
+    assert gain.load == "concurrency=8" and gain.value == pytest.approx(10.0 / 12.0)
+
+
+def test_versus_a_best_at_another_load_the_verdict_is_of_that_load_and_new_best_is_optunas(
+        ) -> None:
+    """Trial 11 (8.93 per GPU at 8, its 32 not applied) against a best of 16.4 at 8: worse
+    there, and not the new best; against a best that measured 0 at the shared load: no ratio,
+    never "+0%, within noise"."""
+    study = _study()
+    best = reference_of(study.trials[1], None, "goodput")
+    assert best is not None
+    loads = at_loads_of_run("goodput", TRIAL_11, 2)
+    told = conclude(params={"data_parallel_size": 2}, state="complete", objective="goodput",
+                    value=8.93, best=best, number=11, num_gpus=2,
+                    vllm_defaults={"data_parallel_size": 1}, loads=loads)
+    assert "at concurrency=8): -46%, worse there" in told.text, told.text
+    assert "new best" not in told.text
