@@ -191,7 +191,7 @@ def advice(verdict: Verdict, *,
 
 
 def sentence(params_change: str | Mapping[str, Any], metric_change: str,
-             verdict: Verdict) -> str:
+             verdict: Verdict, *, config: Mapping[str, Any] | None = None) -> str:
     """"change -> metric -> conclusion" in one line, e.g. `enforce_eager=True: TPOT p99 18.8 ms
     (+165% vs best): launch-bound (GPU busy 19% of the kernel span) at 9.9 req/s, the highest
     load that met the SLO; keep CUDA graphs on.` (the load where the verdict names one)."""
@@ -201,4 +201,6 @@ def sentence(params_change: str | Mapping[str, Any], metric_change: str,
     metric = f"{metric_change}: " if metric_change else ""
     detail = f" ({verdict.detail})" if verdict.detail else ""
     load = f" at {verdict.load}" if verdict.load else ""
-    return f"{head}{metric}{verdict.label}{detail}{load}; {advice(verdict)}."
+    # `config`: the trial's flags, so the advice knows what the verdict's evidence does not
+    # (a 4-bit quantization method, a memory utilisation) and never offers what it already does.
+    return f"{head}{metric}{verdict.label}{detail}{load}; {advice(verdict, config=config)}."

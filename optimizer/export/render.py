@@ -170,6 +170,9 @@ def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyCo
             confirmed.gain is not None:
         gain = gains.interval_gain(confirmed.gain, confirmed.ci_low, confirmed.ci_high,
                                    confirmed.num_rounds)
+        mine, theirs = reference_of(trial), reference_of(baseline_trial(study))
+        if max(mine.num_gpus if mine else 1, theirs.num_gpus if theirs else 1) > 1:
+            what = f"{what} per GPU"  # the rounds' ratios are per GPU, as every gain is
         if confirmed.is_simulated:  # a model's repeats: nothing measured, nothing confirmed
             return (f"{objective} {gains.format_gain(gain, what)}; not confirmed (re-run "
                     f"interleaved with the {words.short} on the simulated engine: "

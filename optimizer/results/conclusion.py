@@ -262,7 +262,8 @@ def conclude(*, params: Mapping[str, Any], state: str, objective: str,
     short_change = (changed[0] + (f" +{len(changed) - 1}" if len(changed) > 1 else "")) \
         if changed else words.short
     label = verdict.label if verdict is not None else ""
-    tail = f" {bottleneck.sentence('', '', verdict)}" if verdict is not None else ""
+    tail = f" {bottleneck.sentence('', '', verdict, config=params)}" \
+        if verdict is not None else ""
     note = f" {note.strip()}" if note.strip() else ""
     shown = f"{objective} {_fmt(value)} {unit}" if value is not None else "no measurement"
     if value is not None and num_gpus > 1 and OBJECTIVES[objective].is_per_gpu:

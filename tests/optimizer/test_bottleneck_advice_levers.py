@@ -147,3 +147,15 @@ def test_no_advice_on_a_card_without_fp8_names_fp8(label: str) -> None:
                       evidence={"is_fp8_capable": 0.0, "bandwidth_utilization": 0.85,
                                 "compute_utilization": 0.5})
     assert "fp8" not in advice(verdict), advice(verdict)
+
+
+def test_a_trials_conclusion_reads_its_own_flags_so_a_4bit_trial_is_not_told_fp8_weights(
+        ) -> None:
+    """The conclusion hands the advice the trial's flags: at the bandwidth ceiling an AWQ
+    trial is told the fp8 KV cache alone, not fp8 weights (its 4-bit weights read fewer)."""
+    from optimizer.results.conclusion import conclude
+
+    verdict = classify(AT_BANDWIDTH)
+    told = conclude(params={"quantization": "awq_marlin"}, state="complete",
+                    objective="goodput", value=10.0, verdict=verdict, number=1)
+    assert "quantization fp8" not in told.text and "kv_cache_dtype fp8" in told.text, told.text
