@@ -151,7 +151,7 @@ def measure_level(session: EngineSession, index: int, level: LoadLevel,
     # An engine that died mid-level closes its sockets before it is reaped: wait a
     # moment so a crash is not mistaken for failed requests.
     if (result.metrics.failed and proc.wait(timeout_s=0.5) is not None) or \
-            not proc.is_alive():
+            not proc.is_alive() or result.server_gone:
         raise Abort(s.failure("run"))
     if result.stalled:
         raise Abort(Failure(

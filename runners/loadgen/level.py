@@ -19,7 +19,13 @@ from runners.base import BenchmarkMetrics
 from runners.load_level import LoadLevel
 from runners.loadgen.client import RequestOutput
 from runners.loadgen.clients import client_pool
-from runners.loadgen.level_driver import STALLED_ERROR, STOPPED_ERROR, LevelDriver, StopFlag
+from runners.loadgen.level_driver import (
+    SERVER_GONE_ERROR,
+    STALLED_ERROR,
+    STOPPED_ERROR,
+    LevelDriver,
+    StopFlag,
+)
 from runners.loadgen.metrics import compute_metrics
 from runners.loadgen.modelled_clock import modelled_level_duration_s
 from runners.loadgen.requests import RequestSpec
@@ -40,6 +46,9 @@ class LevelResult:
     outputs: list[RequestOutput]
     stalled: bool = False  # no chunk from any in-flight request for stall_timeout_s: a hang
     stopped: bool = False  # stop_event ended the level early; not a measurement
+    # The server stopped listening while the level waited for an arrival: not a measurement
+    # (the engine is gone, or going), whatever its process says at that instant.
+    server_gone: bool = False
     # The server declared a modelled clock (the simulated engine) and the figures, duration
     # included, are on it: a model's times, never a measurement.
     is_modelled_clock: bool = False
@@ -144,6 +153,7 @@ async def run_level(
         outputs=outputs,
         stalled=driver.abort_reason == STALLED_ERROR,
         stopped=driver.abort_reason == STOPPED_ERROR,
+        server_gone=driver.abort_reason == SERVER_GONE_ERROR,
         is_modelled_clock=is_modelled,
         sends=driver.sends,
     )
