@@ -415,9 +415,10 @@ def test_the_best_is_confirmed_against_the_defaults_interleaved_with_an_interval
     # The simulated engine's repeats confirm nothing, however tight their interval: the tag
     # and the sentence say so (a vLLM's: "confirmed" only when the interval excludes 1.0).
     assert parent.data.tags["confirmed"] == "false" and summary["is_simulated"]
-    assert parent.data.tags["confirm"].endswith(
-        "simulated: repeats of a model, not a confirmation (the interval is the model's "
-        "spread, not measured noise)")
+    from optimizer.results.confirmation import SIMULATED_VERDICT
+
+    assert parent.data.tags["confirm"].endswith(SIMULATED_VERDICT)
+    assert SIMULATED_VERDICT.startswith("simulated: repeats of a model, not a confirmation")
     assert parent.data.tags["nightshift.engine"] == "simulated"
     assert parent.data.metrics["confirm.gain"] == pytest.approx(summary["gain"])
     assert parent.data.metrics["confirmation_runs"] == 4, "counted apart from the trials"
