@@ -14,7 +14,7 @@ from optimizer.config import StudyConfig
 from optimizer.report import build_report, headline
 from optimizer.report.render import best_tags
 from optimizer.results import gains
-from optimizer.results.conclusion import baseline_trial
+from optimizer.results.conclusion import baseline_trial, reference_of
 from optimizer.results.confirmation import is_simulated_run
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.results.recommendation import best_trial, is_measured, no_baseline_reason, params_of
@@ -94,17 +94,20 @@ def trial_figures(study: optuna.Study, cfg: StudyConfig) -> dict[int, dict[str, 
     each; > 1 is better), 3 significant digits (tracking.runs_view)."""
     from optimizer.tracking.view import VIEW_GAIN, three_digits, view_key
 
-    baseline = baseline_trial(study)
-    base = float(baseline.values[0]) if baseline is not None and baseline.values else None
     first = cfg.objectives[0]
+    baseline = reference_of(baseline_trial(study), None, first)
     out: dict[int, dict[str, float]] = {}
     for t in study.get_trials(deepcopy=False):
         if not is_measured(t) or not t.values:
             continue
         row = {view_key(o): three_digits(float(v))
                for o, v in zip(cfg.objectives, t.values, strict=False) if math.isfinite(v)}
-        gain = gains.point_gain(float(t.values[0]), base,
-                                maximize=OBJECTIVES[first].direction == "maximize")
+        # At one load where a level of either was not applied, as every gain (gains.gain_over).
+        mine = reference_of(t, None, first)
+        gain = gains.gain_over(float(t.values[0]), baseline.value if baseline else None,
+                               None, None, maximize=OBJECTIVES[first].direction == "maximize",
+                               loads=mine.loads if mine else None,
+                               defaults_loads=baseline.loads if baseline else None)
         if gain.value is not None:
             row[VIEW_GAIN] = three_digits(gain.value)
         out[t.number] = row
