@@ -5,22 +5,17 @@ fewer FLOPs per token, and on a card without fp8 tensor cores it is no lever at 
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
 
 import pytest
 
 from optimizer.bottleneck import Evidence, Verdict, advice, classify, evidence_from
-from runners.base import BenchmarkMetrics, EngineConfig, StepMetrics
+from runners.base import EngineConfig, StepMetrics
 from runners.hardware import load_preset
-from runners.load_level import LoadLevel
 from runners.model_info import load_model_info
-from runners.simulated.benchmark import simulate_benchmark
-from runners.simulated.performance import PerformanceModel
+from tests.optimizer.test_bottleneck_roofline import _simulated_level
 
 A100 = load_preset("a100-80gb")  # no fp8 tensor cores: fp8_tflops 0
-ZERO = dict.fromkeys((f"{s}_{m}_ms" for s in ("mean", "median", "std", "p90", "p99")
-                      for m in ("ttft", "tpot", "itl", "e2el")), 0.0)
 MIX = Evidence(compute_utilization=0.1, bandwidth_utilization=0.1, requests_in_flight=20.0)
 # The MoE study's defaults: 84% of the bandwidth ceiling, bf16 weights and KV, an fp8 card.
 AT_BANDWIDTH = replace(MIX, compute_utilization=0.3, bandwidth_utilization=0.84,
@@ -111,22 +106,8 @@ def test_compute_bound_on_an_unknown_card_says_fp8_helps_only_on_fp8_tensor_core
 def _a100_level(concurrency: int = 16) -> tuple[StepMetrics, EngineConfig]:
     """The explore check's A100 study: 3000 tokens in, 64 out, 16 in flight, replayed through
     the simulated engine's scheduler in virtual time and recorded as the runner records it."""
-    config = EngineConfig("llama-3.1-8b", {})
-    engine = PerformanceModel.from_config(config, A100)
-    rng = random.Random(0)
-    prompts = [[rng.randrange(32_000) for _ in range(3000)] for _ in range(48)]
-    run = simulate_benchmark(engine, input_len=3000, output_len=64, max_concurrency=concurrency,
-                             num_requests=48, prompts=prompts)
-    metrics = BenchmarkMetrics(
-        completed=run.num_requests, failed=0, duration_s=run.duration_s,
-        total_input_tokens=run.total_input_tokens, total_output_tokens=run.total_output_tokens,
-        request_throughput=run.num_requests / run.duration_s, request_goodput=None,
-        output_throughput=run.output_throughput, total_token_throughput=0.0,
-        **{**ZERO, "mean_tpot_ms": run.mean_tpot_ms, "median_tpot_ms": run.median_tpot_ms,
-           "p99_tpot_ms": run.p99_tpot_ms, "mean_e2el_ms": run.mean_e2el_ms})
-    step = StepMetrics(step=0, level=LoadLevel(max_concurrency=concurrency), metrics=metrics,
-                       server_metrics=dict(run.counters))
-    return step, config
+    return _simulated_level("llama-3.1-8b", {}, (3000, 3000), 64, concurrency, 48,
+                            hardware=A100)
 
 
 def test_the_explore_checks_a100_trial_is_not_told_to_use_fp8() -> None:

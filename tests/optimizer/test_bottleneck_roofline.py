@@ -21,7 +21,7 @@ from optimizer.bottleneck import (
     step_roofline,
 )
 from runners.base import BenchmarkMetrics, EngineConfig, EngineInfo, RunResult, StepMetrics
-from runners.hardware import load_preset
+from runners.hardware import HardwareProfile, load_preset
 from runners.load_level import LoadLevel
 from runners.model_info import load_model_info
 from runners.simulated.benchmark import simulate_benchmark
@@ -297,12 +297,13 @@ def test_evidence_carries_the_running_count_and_the_cards_default_max_num_seqs()
 # --- the simulated engine's physics -------------------------------------------------------------
 
 def _simulated_level(model: str, flags: dict[str, Any], input_lens: tuple[int, int],
-                     output_len: int, concurrency: int,
-                     num_requests: int) -> tuple[StepMetrics, EngineConfig]:
-    """A closed-loop level replayed through the simulated engine's scheduler in virtual time,
-    recorded as the runner records a vLLM level (load-generator counts, counter growth)."""
+                     output_len: int, concurrency: int, num_requests: int, *,
+                     hardware: HardwareProfile = H200) -> tuple[StepMetrics, EngineConfig]:
+    """A closed-loop level replayed through the simulated engine's scheduler in virtual time
+    on `hardware`, recorded as the runner records a vLLM level (load-generator counts,
+    counter growth)."""
     config = EngineConfig(model, flags)
-    engine = PerformanceModel.from_config(config, H200)
+    engine = PerformanceModel.from_config(config, hardware)
     rng = random.Random(0)
     prompts = [[rng.randrange(32_000) for _ in range(rng.randint(*input_lens))]
                for _ in range(num_requests)]
