@@ -9,7 +9,7 @@ read with its cause in view."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,23 +45,39 @@ def flag_change(name: str, version: str,
     it. None where `version` takes it or no bundled table ever had it. `tables`: others than
     the bundled ones, oldest first."""
     flag = flag_name(name).partition(".")[0]
-    key = version_key(version)
-    tables = bundled_tables() if tables is None else tables
-    here = [t for t in tables if version_key(t.version) <= key]
-    if here and flag in here[-1].types:
+    held, dropped, later = _history(lambda t: flag in t.types, version, tables)
+    if held:
         return None
-    for before, after in reversed(list(itertools.pairwise(here))):
-        if flag in before.types and flag not in after.types:
-            field_name = before.config_fields.get(flag)
-            new = [f for f in after.types if f not in before.types and field_name is not None
-                   and after.config_fields.get(f) == field_name]
-            return FlagChange(flag, "renamed" if len(new) == 1 else "removed",
-                              release=after.releases[0], last_release=before.releases[-1],
-                              new_name=new[0] if len(new) == 1 else None)
-    later = next((t for t in tables if version_key(t.version) > key and flag in t.types), None)
+    if dropped is not None:
+        before, after = dropped
+        field_name = before.config_fields.get(flag)
+        new = [f for f in after.types if f not in before.types and field_name is not None
+               and after.config_fields.get(f) == field_name]
+        return FlagChange(flag, "renamed" if len(new) == 1 else "removed",
+                          release=after.releases[0], last_release=before.releases[-1],
+                          new_name=new[0] if len(new) == 1 else None)
     if later is not None:
         return FlagChange(flag, "added later", release=later.releases[0])
     return None
+
+
+def _history(has: Callable[[VllmFlags], bool], version: str,
+             tables: Sequence[VllmFlags] | None) -> tuple[
+                 bool, tuple[VllmFlags, VllmFlags] | None, VllmFlags | None]:
+    """Where a flag or variable (`has` of a table) stands for vLLM `version`, from `tables`
+    (the bundled ones when None), oldest first: whether `version`'s table has it; else the
+    latest pair of tables up to `version` across which it was dropped (before, after); else
+    the first later table that has it."""
+    key = version_key(version)
+    tables = bundled_tables() if tables is None else tables
+    here = [t for t in tables if version_key(t.version) <= key]
+    if here and has(here[-1]):
+        return True, None, None
+    for before, after in reversed(list(itertools.pairwise(here))):
+        if has(before) and not has(after):
+            return False, (before, after), None
+    return False, None, next((t for t in tables if version_key(t.version) > key and has(t)),
+                             None)
 
 
 def env_change(name: str, version: str,
@@ -71,19 +87,15 @@ def env_change(name: str, version: str,
     where that release has one: VLLM_MM_HASHER_ALGORITHM -> --mm-hasher-algorithm, by name
     only), or the first later release that reads it. None where `version` reads it or no
     bundled table ever did."""
-    key = version_key(version)
-    tables = bundled_tables() if tables is None else tables
-    here = [t for t in tables if version_key(t.version) <= key]
-    if here and name in here[-1].env_vars:
+    held, dropped, later = _history(lambda t: name in t.env_vars, version, tables)
+    if held:
         return None
-    for before, after in reversed(list(itertools.pairwise(here))):
-        if name in before.env_vars and name not in after.env_vars:
-            flag = name.removeprefix("VLLM_").lower().replace("_", "-")
-            instead = f"; vLLM {after.releases[0]} has --{flag}" if flag in after.types else ""
-            return (f"vLLM {after.releases[0]} stopped reading it (the last release that "
-                    f"did: {before.releases[-1]}){instead}")
-    later = next((t for t in tables if version_key(t.version) > key and name in t.env_vars),
-                 None)
+    if dropped is not None:
+        before, after = dropped
+        flag = name.removeprefix("VLLM_").lower().replace("_", "-")
+        instead = f"; vLLM {after.releases[0]} has --{flag}" if flag in after.types else ""
+        return (f"vLLM {after.releases[0]} stopped reading it (the last release that "
+                f"did: {before.releases[-1]}){instead}")
     if later is not None:
         return f"vLLM {later.releases[0]} is the first release that reads it"
     return None
