@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError, NightshiftError
-from optimizer.results.at_load import at_loads
+from optimizer.results.at_load import at_loads_of_record
 from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.objectives import OBJECTIVES, value_unit
 from optimizer.results.quality_gate import is_quality_violation
@@ -105,10 +105,7 @@ def _within(trial: optuna.trial.FrozenTrial, objective: str,
     applied fixed level (so two trials are judged at one load, never one's light level against
     another's heavy one), else (a capacity search, an older record) its operating point."""
     record = record_of(trial)
-    headline = record.metrics.get("headline_level") if record is not None else None
-    loads = at_loads(objective, record.steps, record.num_gpus,
-                     int(headline) if headline is not None else None) \
-        if record is not None else None
+    loads = at_loads_of_record(objective, record) if record is not None else None
     if loads is not None and loads.levels:
         return [TpotPick(trial, f.label, f.value, f.tpot_p99_ms) for f in loads.levels.values()
                 if f.tpot_p99_ms is not None and f.tpot_p99_ms <= max_tpot_ms]

@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer.config import StudyConfig
 from optimizer.report.knobs import KnobEffect, finite_or_none, importances, knob_effects
 from optimizer.results import gains
-from optimizer.results.at_load import AtLoads, at_loads
+from optimizer.results.at_load import AtLoads, at_loads_of_record
 from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.objectives import OBJECTIVES, on_all_gpus
 from optimizer.results.quality_gate import table_cell
@@ -190,8 +190,7 @@ def _row(trial: FrozenTrial, baseline_flags: Mapping[str, Any],
         num_gpus=gpus_of(flags or params_of(trial)),
         tpot_p99_num_requests=_count(metrics, "num_tpot_samples"),
         ttft_p99_num_requests=_count(metrics, "completed"),
-        loads=at_loads(objective, record.steps, gpus_of(flags or params_of(trial)),
-                       int(metrics["headline_level"]))
+        loads=at_loads_of_record(objective, record)
         if record is not None and objective is not None and "headline_level" in metrics
         else None,
     )

@@ -7,12 +7,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from optimizer.results.objectives import metrics_value, operating_step, per_gpu
 from runners.applied_load import UNAPPLIED_KEY
 from runners.base import BenchmarkMetrics, StepMetrics
 from runners.load_level import LoadLevel
+
+if TYPE_CHECKING:
+    from optimizer.results.trial_record import TrialRecord
 
 
 @dataclass(frozen=True)
@@ -93,3 +96,11 @@ def at_loads_of_run(objective: str, steps: Sequence[StepMetrics], num_gpus: int)
     step = operating_step(objective, steps)
     return at_loads(objective, step_records(steps), num_gpus,
                     step.step if step is not None else None)
+
+
+def at_loads_of_record(objective: str, record: TrialRecord) -> AtLoads:
+    """`at_loads` of a trial's record: its steps on its GPUs, its operating point the record's
+    `headline_level` (None where a record has none)."""
+    headline = record.metrics.get("headline_level")
+    return at_loads(objective, record.steps, record.num_gpus,
+                    int(headline) if headline is not None else None)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from optimizer import bottleneck
 from optimizer.results import gains
-from optimizer.results.at_load import AtLoads, at_loads
+from optimizer.results.at_load import AtLoads, at_loads_of_record
 from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.objectives import OBJECTIVES, on_all_gpus
 from optimizer.results.recommendation import NOISE_FRACTION, is_measured, params_of
@@ -74,8 +74,7 @@ def reference_of(trial: FrozenTrial | None, axis: str | None = None,
     num_gpus = record.num_gpus if record is not None else gpus_of(params_of(trial))
     loads = None
     if record is not None and objective is not None and "headline_level" in record.metrics:
-        loads = at_loads(objective, record.steps, num_gpus,
-                         int(record.metrics["headline_level"]))
+        loads = at_loads_of_record(objective, record)
     return Reference(trial.number, params_of(trial), float(trial.values[0]), capacity,
                      num_gpus, loads)
 
@@ -189,8 +188,7 @@ def _vs_best(value: float | None, capacity: Bracket | None, best: Reference,
     if capacity is None and loads is not None and best.loads is not None and \
             (loads.is_moved or best.loads.is_moved) and loads.operating != best.loads.operating:
         # Two operating points at two loads: compared at one both applied, or not at all.
-        same = gains.same_load(loads, best.loads,
-                               maximize=OBJECTIVES[objective].direction == "maximize")
+        same = gains.same_load(loads, best.loads, maximize=maximize)
         if same.load is None:
             return (f"vs best trial {best.number}: not comparable at one load "
                     f"({same.not_comparable})")
