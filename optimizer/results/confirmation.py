@@ -207,22 +207,21 @@ def confirm_summary(objective: str, best: int, baseline: int,
     how = "re-run interleaved on the simulated engine" if is_simulated else \
         "re-measured interleaved"
     head = f"trial {best} (the exported config) vs the {words.short} (trial {baseline}), {how}"
-    if mean is None:
+    if mean is None:  # low and high are None too: no interval without every ratio
         zero = words.the if maximize else f"trial {best}"
         rounds_said = ", ".join(map(str, undefined))
         verdict = SIMULATED_VERDICT if is_simulated else "no ratio, not confirmed"
         sentence = (f"{head}: {objective}: no ratio to {what} ({zero} measured 0 in round"
                     f"{'s' if len(undefined) > 1 else ''} {rounds_said}): {verdict}")
-        return {"objective": objective, "best_trial": best, "baseline_trial": baseline,
-                "rounds": [dict(p) for p in pairs], "ratios": ratios, "gain": None,
-                "is_confirmed": False, "verdict": verdict, "is_simulated": is_simulated,
-                "ci_low": None, "ci_high": None, "sentence": sentence}
-    gain = gains.interval_gain(mean, low, high, n)
-    verdict = SIMULATED_VERDICT if is_simulated else \
-        gains.confirmation_verdict(gain, f"the {words.short}")
-    sentence = f"{head}: {objective} {gains.format_gain(gain, what)}: {verdict}"
+        is_confirmed = False
+    else:
+        gain = gains.interval_gain(mean, low, high, n)
+        verdict = SIMULATED_VERDICT if is_simulated else \
+            gains.confirmation_verdict(gain, f"the {words.short}")
+        sentence = f"{head}: {objective} {gains.format_gain(gain, what)}: {verdict}"
+        is_confirmed = gain.is_better and not is_simulated
     return {"objective": objective, "best_trial": best, "baseline_trial": baseline,
             "rounds": [dict(p) for p in pairs], "ratios": ratios, "gain": mean,
-            "is_confirmed": gain.is_better and not is_simulated, "verdict": verdict,
+            "is_confirmed": is_confirmed, "verdict": verdict,
             "is_simulated": is_simulated, "ci_low": low, "ci_high": high,
             "sentence": sentence}
