@@ -129,6 +129,12 @@ class StepMetrics:
         return self.server_metrics.get("steady.is_hold", 0.0) > 0
 
     @property
+    def is_saturated(self) -> bool:
+        """The load generator stopped this level as its waiting queue kept growing
+        (runners/levels.py): a miss at its load, its unfinished requests cancelled."""
+        return self.server_metrics.get("is_saturated", 0.0) > 0
+
+    @property
     def is_load_unapplied(self) -> bool:
         """The client or the server did not carry the load this level is labelled with (a
         closed loop that held fewer than its concurrency, an open loop that sent late:

@@ -189,7 +189,7 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
         met = any(s.meets_slo if s.meets_slo is not None else
                   not s.is_load_unapplied and
                   meets_slo(s.metrics, workload.slo, workload.max_failed_fraction,
-                            s.server_metrics.get("is_saturated", 0.0) > 0)
+                            s.is_saturated)
                   for s in result.steps if s.metrics.completed > 0)
         item.trial.set_constraint("slo", 0.0 if met else 1.0)
     if state == TrialState.COMPLETE:
@@ -204,7 +204,7 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
 def saturated_levels(steps: Sequence[StepMetrics]) -> list[StepMetrics]:
     """The levels the load generator stopped as saturated (its waiting queue kept growing:
     `is_saturated` in the level's server metrics; runners/levels.py), in order."""
-    return [s for s in steps if s.server_metrics.get("is_saturated", 0.0) > 0]
+    return [s for s in steps if s.is_saturated]
 
 
 def saturated_note(steps: Sequence[StepMetrics]) -> str:

@@ -35,7 +35,7 @@ def run_probes(session: EngineSession, steps: list[StepMetrics],
         # (`unapplied_of`).
         ok = step.miss_reason is None and meets_slo(
             step.metrics, workload.slo, workload.max_failed_fraction,
-            step.server_metrics.get("is_saturated", 0.0) > 0)
+            step.is_saturated)
         step = replace(step, meets_slo=ok)
         served = search.served_of(
             step.metrics, step.server_metrics,
