@@ -3,6 +3,7 @@ facts (weights, KV cache), and `memory_problem`, the check before launch that th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final
 
 from runners.base import EngineConfig
@@ -20,6 +21,35 @@ def is_fp8_kv(config: EngineConfig) -> bool:
     return EngineFlags(config.flags).kv_cache_is_fp8
 
 
+@dataclass(frozen=True)
+class MemoryNeed:
+    """A config's weights and one longest request's KV cache per GPU, against what its
+    `gpu_memory_utilization` lets vLLM take of one GPU."""
+
+    weights_gib: float  # every expert of an MoE model is held
+    kv_gib: float  # the KV cache of one `max_len`-token request
+    budget_gib: float
+    gmu: float
+    max_len: int
+
+    @property
+    def shortfall_gib(self) -> float:
+        """By how much weights and KV overrun the budget (<= 0: they fit)."""
+        return self.weights_gib + self.kv_gib - self.budget_gib
+
+
+def memory_need(config: EngineConfig, hardware: HardwareProfile,
+                model: ModelInfo) -> MemoryNeed:
+    tp = config.tensor_parallel_size * config.pipeline_parallel_size
+    gmu = float(config.flags.get("gpu_memory_utilization") or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
+    max_len = int(config.flags.get("max_model_len") or model.default_max_model_len)
+    return MemoryNeed(
+        weights_gib=model.weight_bytes(bytes_per_param(config, model)) / tp / GIB,
+        kv_gib=model.kv_bytes_per_token(EngineFlags(config.flags).kv_bytes_per_element)
+        * max_len / tp / GIB,
+        budget_gib=gmu * hardware.gpu_memory_gib, gmu=gmu, max_len=max_len)
+
+
 def memory_problem(config: EngineConfig, hardware: HardwareProfile | None,
                    model: ModelInfo | None) -> str | None:
     """Why a config cannot fit its GPUs, judged before launch (None when it may): the weights
@@ -28,21 +58,15 @@ def memory_problem(config: EngineConfig, hardware: HardwareProfile | None,
     are left out): it rejects only the impossible, and vLLM judges the rest."""
     if hardware is None or model is None or hardware.gpu_memory_gib <= 0:
         return None
-    tp = config.tensor_parallel_size * config.pipeline_parallel_size
-    gmu = float(config.flags.get("gpu_memory_utilization") or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
-    budget_gib = gmu * hardware.gpu_memory_gib
-    # every expert of an MoE model is held
-    weights_gib = model.weight_bytes(bytes_per_param(config, model)) / tp / GIB
-    if weights_gib > budget_gib:
-        return (f"the weights need {weights_gib:.1f} GiB per GPU but gpu_memory_utilization "
-                f"{gmu:g} of {hardware.gpu_memory_gib:.0f} GiB allows {budget_gib:.1f} GiB")
-    max_len = int(config.flags.get("max_model_len") or model.default_max_model_len)
-    kv_gib = model.kv_bytes_per_token(EngineFlags(config.flags).kv_bytes_per_element) * \
-        max_len / tp / GIB
-    if weights_gib + kv_gib > budget_gib:
-        return (f"the weights ({weights_gib:.1f} GiB per GPU) and the KV cache of one "
-                f"{max_len}-token request ({kv_gib:.1f} GiB) exceed the {budget_gib:.1f} GiB "
-                f"gpu_memory_utilization {gmu:g} allows")
+    need = memory_need(config, hardware, model)
+    if need.weights_gib > need.budget_gib:
+        return (f"the weights need {need.weights_gib:.1f} GiB per GPU but "
+                f"gpu_memory_utilization {need.gmu:g} of {hardware.gpu_memory_gib:.0f} GiB "
+                f"allows {need.budget_gib:.1f} GiB")
+    if need.shortfall_gib > 0:
+        return (f"the weights ({need.weights_gib:.1f} GiB per GPU) and the KV cache of one "
+                f"{need.max_len}-token request ({need.kv_gib:.1f} GiB) exceed the "
+                f"{need.budget_gib:.1f} GiB gpu_memory_utilization {need.gmu:g} allows")
     return None
 
 

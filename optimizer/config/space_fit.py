@@ -7,12 +7,11 @@ failing every trial of a study that then exits 0."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
-from optimizer.bottleneck.memory_fit import GIB, bytes_per_param, memory_problem
+from optimizer.bottleneck.memory_fit import memory_need, memory_problem
 from optimizer.storage.study import engine_config
-from search_spaces.engine.facts import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, EngineFlags
+from search_spaces.engine.facts import EngineFlags
 
 if TYPE_CHECKING:
     from optimizer.config.loading import StudyConfig
@@ -54,7 +53,7 @@ def space_fit_problem(cfg: StudyConfig, space: ResolvedSpace, hardware: Hardware
         problem = memory_problem(config, hardware, model)
         if problem is None:
             return None
-        shortfall = _shortfall_gib(config, hardware, model)
+        shortfall = memory_need(config, hardware, model).shortfall_gib
         if best is None or shortfall < best[0]:
             best = (shortfall, problem, config)
     if best is None:  # nothing placeable: the GPU checks say so, not this one
@@ -88,16 +87,3 @@ def _candidates(space: ResolvedSpace, name: str) -> list[Value]:
         values = [space.study_fixed[name]]
     return values
 
-
-def _shortfall_gib(config: EngineConfig, hardware: HardwareProfile,
-                   model: ModelInfo) -> float:
-    """By how much a config's weights and one longest request's KV cache overrun what
-    gpu_memory_utilization allows, per GPU (`memory_problem`'s sums): which refusal to show."""
-    flags: Mapping[str, object] = config.flags
-    parallel = config.tensor_parallel_size * config.pipeline_parallel_size
-    gmu = float(str(flags.get("gpu_memory_utilization") or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION))
-    weights = model.weight_bytes(bytes_per_param(config, model)) / parallel / GIB
-    max_len = int(str(flags.get("max_model_len") or model.default_max_model_len))
-    kv = model.kv_bytes_per_token(EngineFlags(flags).kv_bytes_per_element) * max_len / \
-        parallel / GIB
-    return weights + kv - gmu * hardware.gpu_memory_gib
