@@ -16,7 +16,7 @@ from rich.text import Text
 
 from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.objectives import OBJECTIVES
-from optimizer.results.tail_samples import P99Basis
+from optimizer.results.tail_samples import LATENCY_HEADERS, P99Basis
 
 # The room the changes and conclusion columns need side by side (a long flag and most of a
 # short conclusion); with less, each trial's changes sit over its conclusion in one column.
@@ -51,12 +51,6 @@ class TableRow:
         if latency == "ttft":
             return self.ttft_p99_ms, self.ttft_p99_num_requests
         return self.tpot_p99_ms, self.tpot_p99_num_requests
-
-
-# The latency columns the table can show (`report.build.slo_latencies` picks them): their
-# headers by key.
-LATENCY_HEADERS = {"ttft": "TTFT p99 ms", "tpot": "TPOT p99 ms"}
-
 
 
 def figure(value: float | None, unit: str = "") -> str:

@@ -14,7 +14,7 @@ from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.conclusion import capacity_text, shorten
 from optimizer.results.objectives import OBJECTIVES, PER_GPU_RULE, on_all_gpus, value_unit
 from optimizer.results.recommendation import NOISE_FRACTION
-from optimizer.results.tail_samples import THIN_RULE, P99Basis
+from optimizer.results.tail_samples import LATENCY_HEADERS, THIN_RULE, P99Basis
 from optimizer.results.trial_record import objective_unit
 from runners.atomic import write_atomic
 
@@ -291,9 +291,6 @@ def _short(row: TrialRow) -> str:
     return row.conclusion_short or shorten(row.conclusion)
 
 
-_LATENCY_HEADERS = {"ttft": "TTFT p99 ms", "tpot": "TPOT p99 ms"}
-
-
 def _latency_cells(row: TrialRow, latencies: tuple[str, ...]) -> str:
     """The row's p99s of `latencies` (`ttft`, `tpot`) as Markdown cells, each with its n."""
     figures = {"ttft": (row.p99_ttft_ms, row.ttft_p99_num_requests),
@@ -322,7 +319,7 @@ def render_markdown(report: Report) -> str:
               headline(report), "", "![Pareto front](pareto.png)", "",
               "![objective per trial](history.png)", "", "## Pareto front", "",
               f"| trial | change vs {words.short} | out tok/s/GPU | "
-              + "".join(f"{_LATENCY_HEADERS[k]} | " for k in front_latencies) + "bottleneck |",
+              + "".join(f"{LATENCY_HEADERS[k]} | " for k in front_latencies) + "bottleneck |",
               "|---|---|---|" + "---|" * len(front_latencies) + "---|"]
     for row in report.rows:
         if row.number in report.pareto:
@@ -332,7 +329,7 @@ def render_markdown(report: Report) -> str:
     lines += ["", "## Every trial", "",
               f"| trial | state | change vs {words.short} | {report.objective} "
               f"{value_unit(report.objective)} | out tok/s/GPU | "
-              + "".join(f"{_LATENCY_HEADERS[k]} | " for k in latencies)
+              + "".join(f"{LATENCY_HEADERS[k]} | " for k in latencies)
               + "bottleneck | quality | conclusion |",
               "|---|---|---|---|---|" + "---|" * len(latencies) + "---|---|---|"]
     for row in report.rows:

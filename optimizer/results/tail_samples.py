@@ -126,3 +126,7 @@ def thin_note(metrics: Mapping[str, Any]) -> str:
                      f"{'its one request' if n == 1 else 'its two slowest requests'}")
     return (f"Its {'; its '.join(parts)} (a p99 needs {THIN_P99_REQUESTS} requests or more "
             "to say what one request in a hundred sees).")
+
+
+# The p99 columns a table shows (`report.build.slo_latencies` picks them): headers by key.
+LATENCY_HEADERS = {"ttft": "TTFT p99 ms", "tpot": "TPOT p99 ms"}
