@@ -15,7 +15,7 @@ from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError, translate
 from runners.hardware import GpuInfo, HardwareProfile, load_preset, preset_names
 from runners.vllm.compile_ledger import CompileLedger
-from runners.vllm.flags import flag_table
+from runners.vllm.flags import flag_table, installed_version
 from search_spaces.engine.tables import UnknownVersionError, VllmFlags, bundled_flags, version_key
 
 logger = logging.getLogger(__name__)
@@ -117,15 +117,5 @@ def engine_version(engine: str, asked: str | None = None) -> str | None:
         from runners.simulated.sizing import ENGINE_VERSION
 
         return f"simulated {asked or ENGINE_VERSION}"
-    return installed_vllm() or asked
+    return installed_version() or asked
 
-
-def installed_vllm() -> str | None:
-    """The installed vLLM's version, from its metadata (vllm is not imported); None where it is
-    not installed (a Ray cluster's driver, a CPU machine)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        return None

@@ -26,7 +26,6 @@ from optimizer.run.engine_choice import (
     compiled_elsewhere,
     engine_version,
     installed_release_problem,
-    installed_vllm,
     release_table,
     simulated_hardware,
 )
@@ -53,6 +52,7 @@ from runners.hardware_probe import probe
 from runners.model_info import bundled_shapes, load_model_info
 from runners.simulated.sizing import UNMODELLED_FLAGS
 from runners.tokenizer import load_tokenizer
+from runners.vllm.flags import installed_version
 from runners.workload import Workload
 from search_spaces import SpaceError, load_space, recommend_space
 from search_spaces.known_facts import FactError, facts_file, load_facts
@@ -124,7 +124,7 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
     path = cfg.base_dir / space_name
     asked = cfg.spec.vllm.version
     if engine == "vllm":
-        problem = installed_release_problem(asked, installed_vllm())
+        problem = installed_release_problem(asked, installed_version())
         if problem is not None:
             raise ConfigError(problem)
     elif asked is not None:
