@@ -6,11 +6,15 @@ it; `ProfileWindow` says what the window covered.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from runners.capacity.driver import StaircaseDriver
 from runners.capacity.plan import StepPlan
-from runners.capacity.step import settle, sleep_until
+from runners.capacity.step import extend_window, settle, sleep_until
+
+# A profiled window is kept open past its planned length, up to this many times it (or 10 s
+# more, whichever is longer), until it has sent the requests it was sized for.
+_MAX_WINDOW_STRETCH = 4.0
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,11 @@ def profile_window(driver: StaircaseDriver, plan: StepPlan, *, since_s: float | 
     """Profile a window of the running stream at `plan.load`, in steady state: the stream is
     set to that load (unless `since_s` says it has run at it since then), warmed up as a step
     is (`plan.warmup_s`, and an open loop's settling wait up to `plan.max_warmup_s`), then
-    `start_profile` and `stop_profile` bound a window long enough to send `num_requests`."""
+    `start_profile` and `stop_profile` bound a window that sent `num_requests`: planned as
+    their span at the load, and kept open past it until they were sent, up to
+    `_MAX_WINDOW_STRETCH` times its plan (or 10 s more). A sender that runs late (a starved
+    host; a high rate's window is under a second) had sent none of them in a planned window of
+    0.6 s on the CI's 2-core host (2026-12-07): the trace then covered an idle stream."""
     if since_s is None or driver.load != plan.load:
         driver.set_load(plan.load)
         since_s = driver.now()
@@ -61,7 +69,12 @@ def profile_window(driver: StaircaseDriver, plan: StepPlan, *, since_s: float | 
     per_s = plan.load if driver.axis == "request_rate" else plan.load / plan.lifetime_s
     start = driver.now()
     start_profile()
-    sleep_until(driver, start + max(1, num_requests) / per_s, check_engine, None)
+    planned_s = max(1, num_requests) / per_s
+    sleep_until(driver, start + planned_s, check_engine, None)
+    extend_window(driver, start, replace(
+        plan, window_s=planned_s, min_requests=max(1, num_requests),
+        max_window_s=max(_MAX_WINDOW_STRETCH * planned_s, planned_s + 10.0)),
+        check_engine, None)
     end = driver.now()
     stop_profile()
     return ProfileWindow(axis=driver.axis, load=plan.load, warmup_s=start - since_s,

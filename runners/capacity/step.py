@@ -176,9 +176,10 @@ def sleep_until(driver: StaircaseDriver, deadline_s: float, check_engine: Callab
 
 def extend_window(driver: StaircaseDriver, start: float, plan: StepPlan,
                   check_engine: Callable[[], None], saturated: threading.Event | None) -> None:
-    """Keep a step's window open past its planned end while it has sent fewer than
-    `plan.min_requests`, up to `plan.max_window_s` from `start` (a light step's cap: it then
-    measures fewer, and says how many). A closed loop sends only as its requests end: past its
+    """Keep a step's window (or a profiled one: runners/capacity/profile_window.py) open past
+    its planned end while it has sent fewer than `plan.min_requests`, up to
+    `plan.max_window_s` from `start` (a light step's cap: it then measures fewer, and says how
+    many). A closed loop sends only as its requests end: past its
     knee they outlive the life its window was sized from, and a window of the planned length
     sent 2 requests at concurrency 128 (the held-out study, 2026-12-06)."""
     end = math.inf if plan.max_window_s is None else start + plan.max_window_s
@@ -188,7 +189,7 @@ def extend_window(driver: StaircaseDriver, start: float, plan: StepPlan,
     while len(driver.sent_between(start, driver.now())) < plan.min_requests and \
             driver.now() < end and not (saturated is not None and saturated.is_set()):
         sleep_until(driver, min(end, driver.now() + 0.2), check_engine, saturated)
-    logger.info("step at %g: window extended to %.1f s (planned %.1f s) for %d requests sent",
+    logger.info("window at %g extended to %.1f s (planned %.1f s) for %d requests sent",
                 plan.load, driver.now() - start, plan.window_s,
                 len(driver.sent_between(start, driver.now())))
 
