@@ -280,8 +280,8 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
 
 def refuse_a_changed_study(cfg: StudyConfig, fingerprint: Fingerprint) -> None:
     """ConfigError (one line, exit 2) where the study file names a stored study but no longer
-    describes it: another workload, SLO, model, weights, engine, hardware or fixed flags
-    (fingerprint.resume_changes). Resuming would compare new trials with the stored defaults
+    describes it: another workload, SLO, model, weights, engine, vLLM release, hardware or
+    fixed flags (fingerprint.resume_changes). Resuming would compare new trials with the stored defaults
     trial, measured under the old file; a new model also changes the search space Optuna
     keeps. Reads the storage only: a SQLite file that does not exist is a new study."""
     url = cfg.storage_url
@@ -300,7 +300,8 @@ def refuse_a_changed_study(cfg: StudyConfig, fingerprint: Fingerprint) -> None:
         raise ConfigError(
             f"{cfg.source_name}: study {cfg.name!r} in {url} ran under another study file "
             f"({'; '.join(changes)}); its trials are not comparable with new ones: give the "
-            f"study a new `name:` to start a new study, or restore the file to resume it.")
+            f"study a new `name:` to start a new study, or restore the file (and the vLLM "
+            f"it ran) to resume it.")
 
 
 def _join_ray(address: str) -> None:

@@ -32,7 +32,8 @@ class Fingerprint:
 
     version: int = FINGERPRINT_VERSION
     engine: str | None = None  # "vllm" or "simulated"
-    engine_version: str | None = None  # vLLM's, or "simulated 0.26.0"; reported, not compared
+    # vLLM's, or "simulated 0.26.0"; reported by tuning memory, compared on resume
+    engine_version: str | None = None
     gpu_model: str | None = None  # NVML's name, "NVIDIA H200"
     gpu_count: int | None = None  # GPUs a study may use (Ray's, for the simulated engine)
     gpu_memory_gib: float | None = None  # GiB, the smallest card
@@ -266,6 +267,10 @@ def describe_workload(fingerprint: Fingerprint) -> str:
 # baseline of every gain), and a changed model changes the search space Optuna keeps.
 RESUME_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine", ("engine",)),
+    # Another vLLM release moves capacities (0.29's KV sizing, its runner and scheduler
+    # defaults): new trials would be compared with a defaults trial of the old release.
+    # Compared only where both are known (a driver without vLLM whose study names none).
+    ("vLLM release (vllm.version, or the installed vLLM)", ("engine_version",)),
     ("hardware", ("gpu_model", "gpu_count", "gpu_memory_gib", "compute_capability",
                   "interconnect")),
     ("model", ("model", "architecture", "model_shape", "num_params", "dtype", "quant_method")),
@@ -276,6 +281,10 @@ RESUME_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("slo", ("slo_ttft_p99_ms", "slo_tpot_p99_ms", "slo_e2el_ms")),
     ("fixed_flags", ("fixed_flags",)),
 )
+
+
+# Resume fields compared only where both fingerprints know them.
+_KNOWN_BOTH_SIDES = frozenset({"engine_version"})
 
 
 def resume_changes(stored: Mapping[str, Any], here: Fingerprint) -> list[str]:
@@ -295,11 +304,12 @@ def resume_changes(stored: Mapping[str, Any], here: Fingerprint) -> list[str]:
     out: list[str] = []
     for group, names in RESUME_GROUPS:
         changed = [n for n in names if n in stored and n not in unrecorded
+                   and not (n in _KNOWN_BOTH_SIDES and None in (stored[n], now.get(n)))
                    and _norm(stored[n]) != _norm(now.get(n))]
         if changed:  # the first field says it (a new model changes its shape, its size, ...)
             name = changed[0]
             head = group.split()[0]
-            label = group if head == name else \
+            label = group if head == name or len(names) == 1 else \
                 f"{head}.{name.removeprefix(head + '_')}" if head in ("workload", "slo") else \
                 f"{head} {name}"  # the study file's own name where it has one
             out.append(f"{label}: {_show(stored[name])} -> {_show(now.get(name))}")

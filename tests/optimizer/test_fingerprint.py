@@ -410,6 +410,8 @@ def test_a_new_study_name_or_no_storage_yet_is_not_refused(tmp_path: Path) -> No
     (fingerprint(model="llama-3.1-8b"), "(model: qwen2.5-7b -> llama-3.1-8b)"),
     (fingerprint(num_gpus=1), "hardware gpu_count: 2 -> 1"),
     (replace(BASE, engine="vllm"), "engine: simulated -> vllm"),
+    (replace(BASE, engine_version="simulated 0.32.0"),
+     "vLLM release (vllm.version, or the installed vLLM): simulated 0.26.0 -> simulated 0.32.0"),
 ])
 def test_a_changed_study_file_is_refused_naming_the_change_and_how_to_start_anew(
         tmp_path: Path, changed: Fingerprint, named: str) -> None:
@@ -421,6 +423,26 @@ def test_a_changed_study_file_is_refused_naming_the_change_and_how_to_start_anew
     assert "give the study a new `name:`" in message and "\n" not in message
     stored = optuna.load_study(study_name="here", storage=url)
     assert stored.user_attrs["fingerprint"] == BASE.to_dict(), "nothing written"
+
+
+def test_a_study_file_naming_another_vllm_release_is_refused_on_resume(tmp_path: Path) -> None:
+    """A study run on one vLLM release is not resumed on another (its defaults trial was
+    measured on the old one: 0.29 alone resizes the KV cache): the declared `vllm.version`
+    reaches the fingerprint and the refusal names both releases and what to do. A release
+    unknown on either side (a driver without vLLM, a study naming none) is not compared."""
+    from optimizer.run.runtime import study_fingerprint
+
+    url = _stored_study(tmp_path, BASE)
+    cfg = parse_study(study(vllm={"version": "0.32.0"}))
+    here = study_fingerprint(cfg, dry_run=True)
+    assert here.engine_version == "simulated 0.32.0"
+    message = _refusal(url, replace(BASE, engine_version=here.engine_version))
+    assert "simulated 0.26.0 -> simulated 0.32.0" in message and \
+        "and the vLLM it ran" in message, message
+    assert _refusal(url, replace(BASE, engine_version=None)) == ""
+    (tmp_path / "unknown").mkdir()
+    assert _refusal(_stored_study(tmp_path / "unknown", replace(BASE, engine_version=None)),
+                    BASE) == ""
 
 
 def test_a_study_stored_before_fingerprints_is_resumed(tmp_path: Path) -> None:
