@@ -281,9 +281,10 @@ def _build_daemon(cfg: StudyConfig, *, dry_run: bool, ray_address: str | None,
 def refuse_a_changed_study(cfg: StudyConfig, fingerprint: Fingerprint) -> None:
     """ConfigError (one line, exit 2) where the study file names a stored study but no longer
     describes it: another workload, SLO, model, weights, engine, vLLM release, hardware or
-    fixed flags (fingerprint.resume_changes). Resuming would compare new trials with the stored defaults
-    trial, measured under the old file; a new model also changes the search space Optuna
-    keeps. Reads the storage only: a SQLite file that does not exist is a new study."""
+    fixed flags (fingerprint.resume_changes). Resuming would compare new trials with the
+    stored defaults trial, measured under the old file; a new model also changes the search
+    space Optuna keeps. Reads the storage only: a SQLite file that does not exist is a new
+    study."""
     url = cfg.storage_url
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
         return
