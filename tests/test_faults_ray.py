@@ -287,6 +287,62 @@ def test_only_a_dead_raylet_not_a_slow_placement_leaves_no_gpu(
     assert executor.shrink_to_live(1.0, placing_gpus=1) == expected
 
 
+class _NeverReady:
+    """Ray's answers stood in for: refs that are never ready, and a Ray that is lost once
+    `lost_after` waits have passed (its GCS ended under a call on a dead worker)."""
+
+    def __init__(self, lost_after: int) -> None:
+        self.lost_after = lost_after
+        self.waits: list[float] = []
+        self.asked: list[str] = []
+
+    def wait(self, refs: list[Any], num_returns: int = 1, timeout: float | None = None
+             ) -> tuple[list[Any], list[Any]]:
+        self.waits.append(timeout or 0.0)
+        return [], list(refs)
+
+    def lost(self) -> str | None:
+        return "the local Ray's gcs_server ended" if len(self.waits) >= self.lost_after else None
+
+    def ask(self, what: str) -> Any:
+        self.asked.append(what)
+        return what
+
+
+def test_a_call_on_a_worker_returns_once_its_ray_is_gone_not_at_its_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop's cancel, the workers' shutdown and a placement probe wait on Ray in slices
+    and return once Ray is gone (`ray_lost`), not at their 120, 60 and 30 s timeouts: a
+    dead worker's call waits out its whole timeout when the GCS that would say the actor died
+    is gone with it, and the daemon must see its Ray gone and wind down (once, in six clean-
+    clone runs, it did not before Ray's driver aborted it, 64 s after the signal)."""
+    from optimizer.run import ray_executor
+
+    ray = _NeverReady(lost_after=3)
+    monkeypatch.setattr(ray_executor.ray, "wait", ray.wait)
+    monkeypatch.setattr(ray_executor, "ray_lost", ray.lost)
+    monkeypatch.setattr(ray_executor.ray, "get", lambda *a, **k: ray.ask("get"))
+    monkeypatch.setattr(ray_executor.ray, "kill", lambda *a, **k: ray.ask("kill"))
+    assert not ray_executor.wait_watching(["ref"], 120.0)
+    assert len(ray.waits) == 3 and max(ray.waits) <= 1.0, ray.waits
+
+    class Actor:
+        cancel = shutdown = type("Method", (), {"remote": lambda self: "ref"})()
+
+    ray.waits.clear()
+    ray_executor.RayTrialHandle(Actor(), "run").cancel(timeout_s=120.0)
+    assert len(ray.waits) == 3 and ray.asked == [], "no get on a cancel Ray never answered"
+    executor = ray_executor.RayExecutor(None, total_gpus=1)  # type: ignore[arg-type]
+    executor._slots.append(ray_executor._Slot(Actor(), 1))
+    executor.shutdown()
+    assert not executor._slots and ray.asked == [], "Ray gone: nothing asked of it, no kill"
+    ray.waits.clear()
+    monkeypatch.setattr(ray_executor, "_placement_probe", type(
+        "Task", (), {"options": lambda self, **k: Actor.cancel})())
+    assert executor._probe_placement(1, 30.0) == "raylet_died"
+    assert len(ray.waits) == 3 and ray.asked == []
+
+
 def _descendants(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)

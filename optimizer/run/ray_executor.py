@@ -88,13 +88,8 @@ class RayTrialHandle:
             return []  # nothing measured; asking a worker not made yet would wait timeout_s
         try:
             ref = self.actor.poll.remote()
-            deadline = time.monotonic() + timeout_s
-            # In slices: a dead worker's poll waits out its timeout when Ray's GCS, which
-            # would say the actor died, is gone with it; the local Ray's end is seen at once.
-            while not ray.wait([ref], timeout=min(1.0, timeout_s))[0]:
-                lost = ray_lost()
-                if lost is not None or time.monotonic() >= deadline:
-                    raise WorkerLost(f"worker did not answer a poll ({lost or 'timed out'})")
+            if not wait_watching([ref], timeout_s):
+                raise WorkerLost(f"worker did not answer a poll ({ray_lost() or 'timed out'})")
             steps: list[StepMetrics] = ray.get(ref, timeout=timeout_s)
         except _POLL_ERRORS as exc:
             raise translate(exc, f"worker did not answer a poll ({type(exc).__name__})",
@@ -116,10 +111,29 @@ class RayTrialHandle:
         if not self.is_placed():
             return  # nothing runs: the executor's release kills the actor Ray never made
         try:
-            ray.get(self.actor.cancel.remote(), timeout=timeout_s)
-            ray.wait([self.ref], timeout=timeout_s)
+            cancelled = self.actor.cancel.remote()
+            if wait_watching([cancelled], timeout_s):
+                ray.get(cancelled, timeout=timeout_s)
+                wait_watching([self.ref], timeout_s)
         except Exception:  # a dead worker: its engine is reaped from the registry
             logger.debug("cancel failed", exc_info=True)
+
+
+def wait_watching(refs: Sequence[Any], timeout_s: float, *, slice_s: float = 1.0) -> bool:
+    """Whether every one of `refs` is ready within `timeout_s`, waited for in slices of
+    `slice_s`: False at once when the Ray under the daemon is gone (`ray_lost`). A call on a
+    dead worker waits out its whole timeout when Ray's GCS, which would say the actor died, is
+    gone with it: a stop's cancel then held the daemon for its 120 s, past the signal that had
+    ended its Ray too."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining = deadline - time.monotonic()
+        ready, _ = ray.wait(list(refs), num_returns=len(refs),
+                            timeout=max(0.0, min(slice_s, remaining)))
+        if len(ready) == len(refs):
+            return True
+        if ray_lost() is not None or time.monotonic() >= deadline:
+            return False
 
 
 def wait_any(handles: Sequence[TrialHandle], timeout_s: float) -> list[TrialHandle]:
@@ -229,6 +243,11 @@ class RayExecutor:
         ref = _placement_probe.options(num_gpus=num_gpus, num_cpus=0,
                                        **self._placement).remote()
         try:
+            if not wait_watching([ref], timeout_s):
+                if (lost := ray_lost()) is not None:  # nothing left to cancel or ask
+                    logger.error("%s: this daemon can place no trial", lost)
+                    return "raylet_died"
+                raise GetTimeoutError(f"not placed within {timeout_s:g} s")
             ray.get(ref, timeout=timeout_s)
         except LocalRayletDiedError:
             logger.error("the local Ray raylet died: this daemon can place no trial")
@@ -278,6 +297,8 @@ class RayExecutor:
 
     def _kill(self, slot: _Slot) -> None:
         self._slots.remove(slot)
+        if ray_lost() is not None:
+            return  # Ray is gone: its actors with it, and nothing there to ask
         try:
             ray.kill(slot.actor)
         except Exception:  # already dead: nothing to release
@@ -285,8 +306,13 @@ class RayExecutor:
 
     def shutdown(self) -> None:
         for slot in list(self._slots):
+            if ray_lost() is not None:
+                self._slots.clear()  # Ray is gone: its actors with it
+                return
             try:
-                ray.get(slot.actor.shutdown.remote(), timeout=60)
+                done = slot.actor.shutdown.remote()
+                if wait_watching([done], 60.0):
+                    ray.get(done, timeout=60)
             except Exception:  # a dead actor's engines are reaped from the registry
                 logger.debug("actor shutdown failed", exc_info=True)
             self._kill(slot)
