@@ -27,7 +27,12 @@ from runners.credentials import redact_env
 from runners.vllm.flags import flag_table, installed_version
 from search_spaces.engine.facts import ENV_PREFIXES, kv_cache_is_fp8
 from search_spaces.engine.releases import env_change, flag_change, refused_env_value
-from search_spaces.engine.tables import UnknownVersionError, VllmFlags, bundled_flags
+from search_spaces.engine.tables import (
+    UnknownVersionError,
+    VllmFlags,
+    bundled_flags,
+    version_key,
+)
 
 Severity = Literal["error", "warning", "info"]
 # Variables vLLM removed and now silently ignores: what to use instead.
@@ -69,8 +74,8 @@ def table_of(declared: str | None) -> VllmFlags:
     installed, `declared` (`--vllm-version`), else 0.26.0. ConfigError (one line) for a declared
     version that contradicts the installed one or that no table is bundled for."""
     here = installed_version()
-    if declared is not None and here is not None and declared.split("+")[0] != \
-            here.split("+")[0]:
+    # One release whatever its local tag, as `vllm.version` is checked (engine_choice).
+    if declared is not None and here is not None and version_key(declared) != version_key(here):
         raise ConfigError(f"audit --vllm-version: {declared!r:.40} but vLLM {here} is installed "
                           "here, and its flags are the ones that launch meets; leave "
                           "--vllm-version out or run where that release is installed.")
