@@ -27,7 +27,7 @@ class LevelFigures:
     tpot_p99_ms: float | None  # TPOT p99 there; None where the level has no sample
     goodput_per_gpu: float | None  # request goodput there per GPU; None without an SLO
     # Its repeats' spread of the objective there, (max - min) / median (`trial_record.spread`);
-    # None where it ran once (or the record keeps no spread of that objective: TTFT's).
+    # None where it ran once (or its record, older than TTFT's spread, kept none).
     spread: float | None = None
 
 

@@ -133,3 +133,15 @@ def test_status_names_the_load_of_a_recommended_trial_whose_operating_point_move
         "concurrency=32 was not applied)")
     assert recommendation_text(_study(), ["goodput"]) == \
         "recommended: trial 1, goodput 42.8 req/s/GPU", "every level applied: as before"
+
+
+def test_a_levels_spread_is_kept_for_every_objective_ttft_too() -> None:
+    """A one-knob effect at a load other than an operating point reads the spreads there: a
+    TTFT study's levels kept none, and its repeats would read "one measurement each"."""
+    from optimizer.results.at_load import at_loads
+    from optimizer.results.trial_record import step_records
+
+    step = replace(_level(0, 12.0, 3.3), repeats=tuple(
+        replace(_metrics(12.0, 3.3), p99_ttft_ms=ttft) for ttft in (90.0, 100.0)))
+    loads = at_loads("ttft", step_records([step]), 1, 0)
+    assert loads.levels["concurrency=8"].spread == pytest.approx(0.1)
