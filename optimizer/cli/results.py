@@ -183,8 +183,24 @@ def recommendation_text(study: Any, objectives: Sequence[str],
         return ""
     note = recommendation_note(study, pick)
     mark = SIMULATED_MARK if is_simulated_run(pick) else ""
-    return (f"recommended: trial {pick.number}, {values_text(objectives, pick.values)}{mark}"
-            + (f" ({note})" if note else ""))
+    return (f"recommended: trial {pick.number}, {values_text(objectives, pick.values)}"
+            f"{moved_load(objectives[0], pick)}{mark}" + (f" ({note})" if note else ""))
+
+
+def moved_load(objective: str, trial: FrozenTrial) -> str:
+    """` at concurrency=8 (the load of concurrency=32 was not applied)`: the load of a trial's
+    figures where a level of its was not applied (`AtLoads.is_moved`: its operating point may
+    then be lighter than its best); "" where every level was."""
+    from optimizer.results.at_load import compared_loads
+    from optimizer.results.trial_record import record_of
+
+    loads = compared_loads(objective, record_of(trial))
+    if loads is None or not loads.is_moved or loads.operating is None:
+        return ""
+    unapplied = sorted(loads.unapplied)
+    plural = len(unapplied) > 1
+    return (f" at {loads.operating} (the load{'s' if plural else ''} of {', '.join(unapplied)} "
+            f"{'were' if plural else 'was'} not applied)")
 
 
 def values_text(objectives: Sequence[str], values: Sequence[float]) -> str:

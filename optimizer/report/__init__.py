@@ -15,8 +15,10 @@ from optimizer.report.build import Report, TrialRow, build_report, pareto_front
 from optimizer.report.knobs import (
     TOO_FEW_FOR_IMPORTANCES,
     KnobEffect,
+    OneKnob,
     importances_floor,
     knob_effects,
+    one_knob,
 )
 from optimizer.report.render import (
     REPORT_FILES,
@@ -30,12 +32,14 @@ __all__ = [
     "REPORT_FILES",
     "TOO_FEW_FOR_IMPORTANCES",
     "KnobEffect",
+    "OneKnob",
     "Report",
     "TrialRow",
     "build_report",
     "headline",
     "importances_floor",
     "knob_effects",
+    "one_knob",
     "pareto_front",
     "render_html",
     "render_markdown",

@@ -15,9 +15,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.config import StudyConfig
-from optimizer.report.knobs import KnobEffect, finite_or_none, importances, knob_effects
+from optimizer.report.knobs import KnobEffect, finite_or_none, importances, one_knob
 from optimizer.results import gains
-from optimizer.results.at_load import AtLoads, at_loads_of_record
+from optimizer.results.at_load import AtLoads, compared_loads
 from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.objectives import OBJECTIVES, on_all_gpus
 from optimizer.results.quality_gate import table_cell
@@ -114,6 +114,9 @@ class Report:
     # to do; then there is no best to report and nothing is recommended.
     no_slo_met: str = ""
     knob_effects: tuple[KnobEffect, ...] = ()  # one-change trials, largest effect first
+    # One-change trials left out of `knob_effects`: compared with the baseline at no one load
+    # (trial number, why; `knobs.OneKnob`).
+    knobs_not_comparable: tuple[tuple[int, str], ...] = ()
     generated: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S %Z"))
     # How the baseline is named: the vLLM defaults, or them + the study's fixed flags.
     baseline_words: BaselineWords = DEFAULTS
@@ -190,9 +193,7 @@ def _row(trial: FrozenTrial, baseline_flags: Mapping[str, Any],
         num_gpus=gpus_of(flags or params_of(trial)),
         tpot_p99_num_requests=_count(metrics, "num_tpot_samples"),
         ttft_p99_num_requests=_count(metrics, "completed"),
-        loads=at_loads_of_record(objective, record)
-        if record is not None and objective is not None and "headline_level" in metrics
-        else None,
+        loads=compared_loads(objective, record),
     )
 
 
@@ -244,6 +245,7 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
     recommended = next((r for r in rows if pick is not None and r.number == pick.number
                         and best is not None and r.number != best.number), None)
     slo = {k: float(v) for k, v in cfg.spec.slo.model_dump().items() if v is not None}
+    knobs = one_knob(trials, baseline_trial, objective, axis, vllm_defaults_of(study))
     return Report(
         study=cfg.name, objective=objective, is_maximize=is_max,
         is_simulated=any(record is not None and is_simulated_argv(record.argv)
@@ -261,8 +263,7 @@ def build_report(study: optuna.Study, cfg: StudyConfig, *,
         pick is not None else "",
         no_baseline=no_baseline_reason(study) or "",
         no_slo_met=no_slo_met(study, slo) or "",
-        knob_effects=knob_effects(trials, baseline_trial, objective, axis,
-                                  vllm_defaults_of(study)),
+        knob_effects=knobs.effects, knobs_not_comparable=knobs.not_comparable,
         baseline_words=cfg.baseline_words)
 
 

@@ -14,6 +14,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.results import gains
+from optimizer.results.at_load import compared_loads
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.results.recommendation import (
     NOISE_FRACTION,
@@ -47,8 +48,10 @@ class KnobEffect:
     gain: gains.Gain  # vs the defaults, > 1 = better
     spread: float | None  # None where either trial measured its level once
     with_params: Mapping[str, Any] = field(default_factory=dict)  # children set with it
-    measured: float | None = None  # this trial's objective
-    defaults_measured: float | None = None  # the defaults'
+    # This trial's objective and the defaults': at the load compared where `gain.load` names
+    # one (a level of either not applied), else at each operating point.
+    measured: float | None = None
+    defaults_measured: float | None = None
 
     @property
     def shown_value(self) -> str:
@@ -157,19 +160,38 @@ def _one_change(params: Mapping[str, Any], reference: Mapping[str, Any],
     return (knobs[0], children) if len(knobs) == 1 else None
 
 
+@dataclass(frozen=True)
+class OneKnob:
+    """The one-change trials against the defaults: each knob's effect, largest first, and the
+    trials left out because the two were measured at no common load (trial number, why)."""
+
+    effects: tuple[KnobEffect, ...] = ()
+    not_comparable: tuple[tuple[int, str], ...] = ()
+
+
 def knob_effects(trials: Sequence[FrozenTrial], baseline: FrozenTrial | None, objective: str,
                  axis: str | None = None,
                  vllm_defaults: Mapping[str, Any] | None = None) -> tuple[KnobEffect, ...]:
+    """`one_knob`'s effects: those compared at one load."""
+    return one_knob(trials, baseline, objective, axis, vllm_defaults).effects
+
+
+def one_knob(trials: Sequence[FrozenTrial], baseline: FrozenTrial | None, objective: str,
+             axis: str | None = None,
+             vllm_defaults: Mapping[str, Any] | None = None) -> OneKnob:
     """Each complete trial whose config differs from the defaults' in exactly one searched
     parameter, as that parameter's effect, largest first. A design of one change per seed
     (the way to learn which knobs matter in a few trials) ranks its knobs here even where too
     few trials were measured for fANOVA's importances, and with what bounds each effect.
+    Each pair is compared as every gain is (`gains.gain_over`): where a fixed level of either
+    was not applied, at one load both applied (named, with the spreads there), or the pair is
+    left out as not comparable (`OneKnob.not_comparable`): no effect mixes two loads.
     `vllm_defaults`: vLLM's value of each param on the study's host (the study's
     `vllm_defaults` attribute); without it (a study written before it was kept), the
     host-independent ones only: a host-dependent param (the token budget, max_num_seqs,
     max_model_len) set explicitly to the host's default then counts as a change."""
     if baseline is None or baseline.state != TrialState.COMPLETE:
-        return ()
+        return OneKnob()
     maximize = OBJECTIVES[objective].direction == "maximize"
     reference = params_of(baseline)
     defaults = dict(vllm_defaults) if vllm_defaults is not None else \
@@ -180,7 +202,8 @@ def knob_effects(trials: Sequence[FrozenTrial], baseline: FrozenTrial | None, ob
     base_values = (base_record.values if base_record is not None else None) or baseline.values
     defaults_measured = finite_or_none(base_values[0]) if base_values else None
     defaults_capacity = bracket_from_metrics(axis, base_metrics) if axis else None  # type: ignore[arg-type]
-    out = []
+    base_loads = compared_loads(objective, base_record)
+    out, left_out = [], []
     for trial in trials:
         record = record_of(trial)
         if trial.number == baseline.number or trial.state != TrialState.COMPLETE or \
@@ -194,19 +217,40 @@ def knob_effects(trials: Sequence[FrozenTrial], baseline: FrozenTrial | None, ob
         metrics = record.metrics if record is not None else {}
         values = (record.values if record is not None else None) or trial.values
         measured = finite_or_none(values[0]) if values else None
+        loads = compared_loads(objective, record)
         gain = gains.gain_over(
             measured, defaults_measured,
             bracket_from_metrics(axis, metrics) if axis else None,  # type: ignore[arg-type]
             defaults_capacity, maximize=maximize,
             num_gpus=gpus_of((record.flags if record is not None else None) or params),
-            defaults_num_gpus=gpus_of(base_flags or reference))
+            defaults_num_gpus=gpus_of(base_flags or reference),
+            loads=loads, defaults_loads=base_loads)
+        if gain.not_comparable:
+            left_out.append((trial.number, gain.not_comparable))
+            continue
         spreads = [finite_or_none(m.get(f"spread.{objective}")) for m in (metrics, base_metrics)]
+        mine, theirs = measured, defaults_measured
+        if gain.load is not None and loads is not None and base_loads is not None:
+            # Taken at one load, not both operating points: the figures and spreads there.
+            at = (loads.levels[gain.load], base_loads.levels[gain.load])
+            mine, theirs = at[0].value, at[1].value
+            spreads = [f.spread for f in at]
         spread = max(s for s in spreads if s is not None) \
             if all(s is not None for s in spreads) else None
         out.append(KnobEffect(knob, params.get(knob), trial.number, gain, spread,
-                              with_params=children, measured=measured,
-                              defaults_measured=defaults_measured))
-    return tuple(sorted(out, key=lambda e: (-e.size, e.number)))
+                              with_params=children, measured=mine, defaults_measured=theirs))
+    return OneKnob(tuple(sorted(out, key=lambda e: (-e.size, e.number))), tuple(left_out))
+
+
+def left_out_text(not_comparable: Sequence[tuple[int, str]], short: str) -> str:
+    """The one-change trials the knob table leaves out (`OneKnob.not_comparable`), each with
+    why, against the baseline named `short` ("defaults", "baseline"); "" where none is."""
+    if not not_comparable:
+        return ""
+    count = len(not_comparable)
+    return (f"Left out, {count} one-change trial{'s' if count != 1 else ''} not comparable "
+            f"with the {short} at one load: "
+            + "; ".join(f"trial {n} ({why})" for n, why in not_comparable) + ".")
 
 
 def importances(study: optuna.Study) -> dict[str, float]:

@@ -3,11 +3,12 @@ which writes them with the plots into one folder."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 from optimizer.report.build import Report, TrialRow, slo_latencies
-from optimizer.report.knobs import TOO_FEW_FOR_IMPORTANCES
+from optimizer.report.knobs import TOO_FEW_FOR_IMPORTANCES, left_out_text
 from optimizer.report.plots import LABEL_COLOURS, write_plots
 from optimizer.results import gains
 from optimizer.results.baseline_words import DEFAULTS, BaselineWords
@@ -39,6 +40,22 @@ def _figure(row: TrialRow, objective: str) -> str:
         return _with_unit(row.value, objective)
     return (f"{_with_unit(on_all_gpus(objective, row.value, row.num_gpus), objective)} on "
             f"{row.num_gpus} GPUs = {_with_unit(row.value, objective)} per GPU")
+
+
+def _figure_at(row: TrialRow, report: Report) -> str:
+    """`_figure` of the best or the baseline as the headline shows it: where their gain was
+    taken at one load (`Gain.load`) or at none, with its operating point's load named and its
+    figure at the load compared beside it; else as it is (each at its config's best)."""
+    text = _figure(row, report.objective)
+    bounds, loads = report.gain_bounds, row.loads
+    if bounds is None or loads is None or (bounds.load is None and not bounds.not_comparable):
+        return text
+    if loads.operating is not None:
+        text += f" at {loads.operating}"
+    if bounds.load is not None and bounds.load != loads.operating:
+        there = replace(row, value=loads.value_at(bounds.load))
+        text += f" and {_figure(there, report.objective)} at {bounds.load}"
+    return text
 
 
 def _gain_text(report: Report) -> str:
@@ -99,7 +116,7 @@ def best_tags(report: Report) -> dict[str, str]:
     best = report.best
     if best is None:
         return {}
-    metric = f"{report.objective} {_figure(best, report.objective)}"
+    metric = f"{report.objective} {_figure_at(best, report)}"
     if best.capacity is not None:
         metric += f" ({_bracket(best)})"
     if report.no_slo_met:  # the best measured missed the SLO: no best config to show
@@ -127,8 +144,7 @@ def headline(report: Report) -> str:
         return text + (f" {_rerun(report)}: {report.confirm}." if report.confirm else "")
     best = report.best
     text = (f"Best: trial {best.number} ({_changes(best, words, in_sentence=True)}), "
-            f"{report.objective} "
-            f"{_figure(best, report.objective)}")
+            f"{report.objective} {_figure_at(best, report)}")
     if best.capacity is not None:
         text += f" ({_bracket(best)})"
     bounds = report.gain_bounds
@@ -137,7 +153,7 @@ def headline(report: Report) -> str:
         base = report.baseline
         base_capacity = f", {_bracket(base)}" if base.capacity is not None else ""
         text += (f", {_gain_text(report)} (trial {base.number}: "
-                 f"{_figure(base, report.objective)}{base_capacity}) measured in the "
+                 f"{_figure_at(base, report)}{base_capacity}) measured in the "
                  "same study")
     if best.label:
         text += f"; {best.label}"
@@ -225,13 +241,14 @@ pipeline, they are not measurements.</div>{% endif %}
 <h2>Parameter importances</h2>
 {% if r.importances %}<img src="importances.png" alt="parameter importances"
 style="max-width: 700px">{% else %}<p>{{ too_few }}</p>{% endif %}
-{% if r.knob_effects %}<h2>One knob at a time</h2>
+{% if r.knob_effects or left_out %}<h2>One knob at a time</h2>
 <p>{{ knob_intro }}</p>
-<table id="knob-effects"><tr><th>knob</th><th>value</th><th>trial</th>
+{% if r.knob_effects %}<table id="knob-effects"><tr><th>knob</th><th>value</th><th>trial</th>
 <th>{{ r.objective }} vs {{ r.baseline_words.short }}</th><th>verdict</th></tr>
 {% for e in r.knob_effects %}<tr><td>{{ e.param }}</td><td>{{ e.shown_value }}</td>
 <td>{{ e.number }}</td><td class="num">{{ short_gain(e.gain) }}</td><td>{{ e.verdict }}</td></tr>
 {% endfor %}</table>{% endif %}
+{% if left_out %}<p id="knobs-left-out">{{ left_out }}</p>{% endif %}{% endif %}
 <h2>Bottlenecks</h2>
 <table id="labels"><tr><th>label</th><th>trials</th></tr>
 {% for label, numbers in labels.items() %}<tr><td>{{ label }}</td><td>{{ numbers|join(", ") }}</td>
@@ -283,7 +300,8 @@ def render_html(report: Report) -> str:
         per_gpu_rule=PER_GPU_RULE,
         colours=LABEL_COLOURS, labels=_labels(report),
         knob_intro=KNOB_EFFECTS_INTRO.format(short=report.baseline_words.short),
-        short_gain=gains.short_gain)
+        short_gain=gains.short_gain, left_out=left_out_text(report.knobs_not_comparable,
+                                                           report.baseline_words.short))
 
 
 def _short(row: TrialRow) -> str:
@@ -343,12 +361,15 @@ def render_markdown(report: Report) -> str:
         lines.append(f"- {name}: {value:.2f}")
     if not report.importances:
         lines.append(TOO_FEW_FOR_IMPORTANCES + ".")
+    if report.knob_effects or report.knobs_not_comparable:
+        lines += ["", "## One knob at a time", "", KNOB_EFFECTS_INTRO.format(short=words.short)]
     if report.knob_effects:
-        lines += ["", "## One knob at a time", "", KNOB_EFFECTS_INTRO.format(short=words.short),
-                  "", f"| knob | value | trial | {report.objective} vs {words.short} | verdict |",
+        lines += ["", f"| knob | value | trial | {report.objective} vs {words.short} | verdict |",
                   "|---|---|---|---|---|"]
         lines += [f"| {e.param} | {_md_cell(e.shown_value)} | {e.number} | "
                   f"{gains.short_gain(e.gain)} | {e.verdict} |" for e in report.knob_effects]
+    if report.knobs_not_comparable:
+        lines += ["", left_out_text(report.knobs_not_comparable, words.short)]
     lines += ["", "## Failures by reason", ""]
     lines += [f"- {reason}: {count}" for reason, count in report.failures.items()] or \
         ["No trial failed."]

@@ -26,6 +26,9 @@ class LevelFigures:
     value: float  # the study's first objective there, per GPU (as Optuna holds a value)
     tpot_p99_ms: float | None  # TPOT p99 there; None where the level has no sample
     goodput_per_gpu: float | None  # request goodput there per GPU; None without an SLO
+    # Its repeats' spread of the objective there, (max - min) / median (`trial_record.spread`);
+    # None where it ran once (or its record, older than TTFT's spread, kept none).
+    spread: float | None = None
 
 
 @dataclass(frozen=True)
@@ -80,9 +83,12 @@ def at_loads(objective: str, steps: Sequence[Mapping[str, Any]], num_gpus: int,
         if not math.isfinite(value):
             continue
         goodput = metrics.request_goodput
+        spread = data.get(f"spread.{objective}")
         levels[level.label] = LevelFigures(
             level.label, per_gpu(objective, value, num_gpus), metrics.p99_tpot_ms,
-            goodput / max(num_gpus, 1) if goodput is not None else None)
+            goodput / max(num_gpus, 1) if goodput is not None else None,
+            float(spread) if isinstance(spread, int | float) and math.isfinite(spread)
+            else None)
         if operating_step is not None and step.get("step") == operating_step:
             operating = level.label
     return AtLoads(operating, levels, frozenset(unapplied))
@@ -104,3 +110,12 @@ def at_loads_of_record(objective: str, record: TrialRecord) -> AtLoads:
     headline = record.metrics.get("headline_level")
     return at_loads(objective, record.steps, record.num_gpus,
                     int(headline) if headline is not None else None)
+
+
+def compared_loads(objective: str | None, record: TrialRecord | None) -> AtLoads | None:
+    """`at_loads_of_record` where the record names its operating point (`headline_level`),
+    else None: a trial with none (a record of a config never measured, an older record) is
+    compared by its value alone (`gains.gain_over`)."""
+    if record is None or objective is None or "headline_level" not in record.metrics:
+        return None
+    return at_loads_of_record(objective, record)

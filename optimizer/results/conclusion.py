@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from optimizer import bottleneck
 from optimizer.results import gains
-from optimizer.results.at_load import AtLoads, at_loads_of_record
+from optimizer.results.at_load import AtLoads, compared_loads
 from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.objectives import OBJECTIVES, on_all_gpus
 from optimizer.results.recommendation import NOISE_FRACTION, is_measured, params_of
@@ -72,11 +72,8 @@ def reference_of(trial: FrozenTrial | None, axis: str | None = None,
     if axis in ("concurrency", "request_rate"):
         capacity = bracket_from_metrics(axis, record.metrics if record else {})  # type: ignore[arg-type]
     num_gpus = record.num_gpus if record is not None else gpus_of(params_of(trial))
-    loads = None
-    if record is not None and objective is not None and "headline_level" in record.metrics:
-        loads = at_loads_of_record(objective, record)
     return Reference(trial.number, params_of(trial), float(trial.values[0]), capacity,
-                     num_gpus, loads)
+                     num_gpus, compared_loads(objective, record))
 
 
 def _is_default(value: Any, default: Any) -> bool:

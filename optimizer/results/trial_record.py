@@ -373,7 +373,7 @@ def step_records(steps: Sequence[StepMetrics]) -> list[dict[str, Any]]:
                 metrics[f"spec_decode.{name}"] = float(value)
         if s.repeats:
             metrics["repeats"] = float(len(s.repeats))
-            for objective in ("goodput", "throughput", "tpot"):
+            for objective in OBJECTIVES:  # each, so a gain at this level has its spread
                 value = spread(objective, s)
                 if value is not None:
                     metrics[f"spread.{objective}"] = value

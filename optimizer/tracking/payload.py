@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.results.baseline_words import DEFAULTS, BaselineWords, baseline_words
+from optimizer.results.objectives import OBJECTIVES
 from optimizer.results.tail_samples import bases_text, headline_bases
 from optimizer.results.trial_record import TrialRecord
 from optimizer.search.startup import startup_tags
@@ -78,7 +79,7 @@ _SHORT_PREFIX = {
 _VALUE_ONLY = frozenset({"quantization", "attention_backend"})  # `fp8`, `flashinfer`
 RUN_NAME_CHARS = 48  # beyond this the rest is counted (`+3`): the runs table's name column
 _LEVEL_KEYS = frozenset({f.name for f in fields(BenchmarkMetrics)} |
-                        {f"spread.{o}" for o in ("goodput", "throughput", "tpot")})
+                        {f"spread.{o}" for o in OBJECTIVES})
 HEADLINE_PREFIX = "headline."  # the headline level's figures, apart from the per-level series
 
 
