@@ -155,3 +155,17 @@ def test_a_round_at_zero_is_a_measurement_and_the_rounds_are_counted() -> None:
     one = confirm_summary("goodput", 3, 0, [{"defaults": 10.0, "best": 0.0}])
     assert "trial 3 measured 0 (a miss) in round 1 of 1: one round: no interval" in \
         one["sentence"], one["sentence"]
+
+
+def test_rounds_compared_at_two_places_average_only_one_and_name_the_other() -> None:
+    """Round 1 compared the two at concurrency 8 (a level not applied), round 2 at their
+    operating points: two different loads, so one ratio is averaged (the earlier's place on a
+    tie) and the other named, not mixed into one mean."""
+    summary = confirm_summary("goodput", 1, 0, [
+        {"defaults": 12.0, "best": 16.5, "load": "concurrency=8"},
+        {"defaults": 14.0, "best": 30.0}])
+    assert summary["gain"] == pytest.approx(16.5 / 12.0) and summary["num_rounds"] == 1
+    assert "1.38x the vLLM defaults at concurrency=8, a load both applied (1 of 2 rounds " \
+        "compared: no interval); not averaged: round 2, compared at the two runs' operating " \
+        "points: one round of 2 compared: no interval, not confirmed" in summary["sentence"], \
+        summary["sentence"]
