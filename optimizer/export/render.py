@@ -35,6 +35,7 @@ from optimizer.results.recommendation import (
     no_slo_met,
     noise_pick,
     params_of,
+    stored_gain,
 )
 from optimizer.results.trial_record import (
     TrialRecord,
@@ -167,9 +168,7 @@ def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyCo
         # none is stated, never "infx".
         return f"none stated: {confirmed.sentence}"
     if confirmed is not None and confirmed.best_trial == trial.number and \
-            confirmed.gain is not None:
-        gain = gains.interval_gain(confirmed.gain, confirmed.ci_low, confirmed.ci_high,
-                                   confirmed.num_rounds)
+            (gain := stored_gain(confirmed)) is not None:
         mine, theirs = reference_of(trial), reference_of(baseline_trial(study))
         if max(mine.num_gpus if mine else 1, theirs.num_gpus if theirs else 1) > 1:
             what = f"{what} per GPU"  # the rounds' ratios are per GPU, as every gain is

@@ -15,6 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer.config import StudyConfig
 from optimizer.results import gains
 from optimizer.results.baseline_words import DEFAULTS, BaselineWords
+from optimizer.results.conclusion import reference_of
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.results.recommendation import (
     is_measured,
@@ -89,7 +90,8 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
     # A round an earlier start measured whole stands: the round goes on from it (a stop or a
     # dead daemon cut it), never measures it again.
     kept = measured_rounds(trials, params_of(baseline), params_of(best))[:rounds]
-    pairs = [{"defaults": float(d.values[0]), "best": float(b.values[0])} for d, b in kept]
+    objective = cfg.objectives[0]
+    pairs = [round_values(objective, d, b) for d, b in kept]
     numbers = [[d.number, b.number] for d, b in kept]  # the trials of each round
     runs = [t for pair in kept for t in pair]  # the trials the rounds compare
     paired = {t.number for t in runs}
@@ -105,8 +107,7 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
                     "back to back, and theirs was cut): their rounds are measured again", doing,
                     ", ".join(map(str, cut)))
     for _ in range(rounds - len(pairs)):
-        values: dict[str, float] = {}
-        measured_numbers: list[int] = []
+        measured_runs: list[FrozenTrial] = []
         for label, source in (("defaults", baseline), ("best", best)):
             if is_stopping():
                 return
@@ -117,16 +118,15 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
                                "repeat" if doing != "confirming" else "confirmation",
                                measured.number if measured is not None else "?")
                 return
-            values[label] = float(measured.values[0])
-            measured_numbers.append(measured.number)
+            measured_runs.append(measured)
             runs.append(measured)
-        pairs.append(values)
-        numbers.append(measured_numbers)
+        pairs.append(round_values(objective, *measured_runs))
+        numbers.append([t.number for t in measured_runs])
     # Each round's values are per GPU (as Optuna holds them), so is the ratio: said so where
     # either config uses more than one GPU.
     num_gpus = [record.num_gpus if (record := record_of(t)) is not None else
                 gpus_of(params_of(t)) for t in (best, baseline)]
-    summary = confirm_summary(cfg.objectives[0], best.number, baseline.number, pairs,
+    summary = confirm_summary(objective, best.number, baseline.number, pairs,
                               per_gpu=max(num_gpus) > 1,
                               is_simulated=any(is_simulated_run(t) for t in runs),
                               words=cfg.baseline_words)
@@ -142,6 +142,32 @@ def is_simulated_run(trial: FrozenTrial) -> bool:
     figures are a model's, never measurements."""
     record = record_of(trial)
     return record is not None and is_simulated_argv(record.argv)
+
+
+def round_values(objective: str, defaults: FrozenTrial, best: FrozenTrial) -> dict[str, Any]:
+    """One round's two values as its ratio compares them, per GPU (as Optuna holds them), by
+    `gains.gain_over`'s rule: where every fixed level of both runs was applied, each run's
+    operating point (best against best); where a level of either was not, the two at one load
+    both applied, named (`"load"`), or none (`"not_comparable"`: why, values as Optuna holds
+    them): an unapplied level can move one run's operating point to a lighter load than the
+    other's, and a ratio across two loads is no gain. A capacity search's runs have no fixed
+    levels: their operating points, as ever."""
+    pair: dict[str, Any] = {"defaults": float(defaults.values[0]),
+                            "best": float(best.values[0])}
+    refs = [reference_of(t, None, objective) for t in (best, defaults)]
+    mine, theirs = (ref.loads if ref is not None else None for ref in refs)
+    if mine is None or theirs is None or not (mine.is_moved or theirs.is_moved):
+        return pair
+    gain = gains.gain_over(pair["best"], pair["defaults"], None, None, loads=mine,
+                           defaults_loads=theirs,
+                           maximize=OBJECTIVES[objective].direction == "maximize")
+    if gain.not_comparable:
+        return {**pair, "not_comparable": gain.not_comparable}
+    load = gain.load or mine.operating  # where both operate at one level, that level
+    at_load = (mine.value_at(load), theirs.value_at(load)) if load is not None else (None, None)
+    if at_load[0] is None or at_load[1] is None:
+        return pair
+    return {"defaults": at_load[1], "best": at_load[0], "load": load}
 
 
 def measured_rounds(trials: Sequence[FrozenTrial], defaults: Mapping[str, Any],
@@ -169,19 +195,25 @@ def measured_rounds(trials: Sequence[FrozenTrial], defaults: Mapping[str, Any],
 
 
 def confirm_summary(objective: str, best: int, baseline: int,
-                    pairs: Sequence[Mapping[str, float]], *,
+                    pairs: Sequence[Mapping[str, Any]], *,
                     per_gpu: bool = False, is_simulated: bool = False,
                     words: BaselineWords = DEFAULTS) -> dict[str, Any]:
     """The gain of `best` over `baseline` from interleaved rounds: the per-round ratios
     (oriented so > 1 is better), their geometric mean and its 95% t-interval, taken on the log
     ratios so that both ends are ratios too (an interval on the ratios themselves can reach
-    below zero with two rounds); None bounds from one round. `per_gpu`: a config used more
+    below zero with two rounds); None bounds from one round. Each pair is a round's two values
+    (`round_values`): one that names a `"load"` compared the two there, one that says
+    `"not_comparable"` has no ratio. The rounds averaged are those compared at one place (the
+    load most were compared at, the earliest on a tie): a round compared elsewhere, or at no
+    one load, is named and set aside, never averaged. `per_gpu`: a config used more
     than one GPU, so the sentence says the ratio is per GPU (the values are). `is_simulated`:
     the rounds ran the simulated engine, so nothing was measured and nothing is confirmed:
     its repeats differ as far as the model and the host's load move them (on an idle host
     often not at all, on a busy one far), and an interval from them is neither measured noise
     nor the model's alone. A round whose divisor is 0 has no ratio (None, never inf): the
-    summary's gain is then None and its sentence says why. `words` names the baseline (the
+    summary's gain is then None and its sentence says why. A round whose ratio is 0 (the best's
+    goodput 0: a miss) is a measurement: the mean is then the ratios' arithmetic one, with no
+    interval, and the sentence names the round. `words` names the baseline (the
     vLLM defaults, or them + the study's fixed flags)."""
     maximize = OBJECTIVES[objective].direction == "maximize"
     ratios: list[float | None] = []
@@ -189,14 +221,19 @@ def confirm_summary(objective: str, best: int, baseline: int,
         a, b = pair["defaults"], pair["best"]
         # A round whose divisor measured 0 has no ratio (never inf: nothing is infinitely
         # better than a measured 0); the comparison then states none.
-        ratios.append((b / a if a > 0 else None) if maximize else (a / b if b > 0 else None))
-    n = len(ratios)
-    undefined = [i + 1 for i, r in enumerate(ratios) if r is None]
-    defined = [r for r in ratios if r is not None]
-    is_finite = not undefined and all(math.isfinite(r) and r > 0 for r in defined)
+        ratios.append(None if pair.get("not_comparable") else
+                      (b / a if a > 0 else None) if maximize else (a / b if b > 0 else None))
+    averaged, aside = _averaged(pairs)
+    load = pairs[averaged[0]].get("load") if averaged else None
+    n, of = len(averaged), f" of {len(pairs)}"
+    undefined = [i + 1 for i in averaged if ratios[i] is None]
+    zeros = [i + 1 for i in averaged if ratios[i] == 0]
+    defined = [r for r in (ratios[i] for i in averaged) if r is not None]
+    is_finite = bool(averaged) and not undefined and \
+        all(math.isfinite(r) and r > 0 for r in defined)
     logs = [math.log(r) for r in defined] if is_finite else []
     mean: float | None = math.exp(sum(logs) / n) if is_finite else \
-        (sum(defined) / n if not undefined else None)
+        (sum(defined) / n if averaged and not undefined else None)
     low = high = None
     if n > 1 and is_finite:
         mean_log = sum(logs) / n
@@ -207,21 +244,61 @@ def confirm_summary(objective: str, best: int, baseline: int,
     how = "re-run interleaved on the simulated engine" if is_simulated else \
         "re-measured interleaved"
     head = f"trial {best} (the exported config) vs the {words.short} (trial {baseline}), {how}"
-    if mean is None:  # low and high are None too: no interval without every ratio
+    set_aside = f"; not averaged: {'; '.join(aside)}" if aside else ""
+    is_confirmed = False
+    if not averaged:  # no bounds either: no round compared the two at one load
+        verdict = SIMULATED_VERDICT if is_simulated else "not comparable, not confirmed"
+        why = "; ".join(f"round {i + 1}: {p['not_comparable']}" for i, p in enumerate(pairs))
+        sentence = (f"{head}: {objective}: no ratio to {what}: not comparable at one load in "
+                    f"any round{of} ({why}): {verdict}")
+    elif mean is None:  # low and high are None too: no interval without every ratio
         zero = words.the if maximize else f"trial {best}"
-        rounds_said = ", ".join(map(str, undefined))
+        at = f" at {load}, a load both applied" if load is not None else ""
         verdict = SIMULATED_VERDICT if is_simulated else "no ratio, not confirmed"
-        sentence = (f"{head}: {objective}: no ratio to {what} ({zero} measured 0 in round"
-                    f"{'s' if len(undefined) > 1 else ''} {rounds_said}): {verdict}")
-        is_confirmed = False
+        sentence = (f"{head}: {objective}: no ratio to {what}{at} ({zero} measured 0 in "
+                    f"{_rounds(undefined)}{of}){set_aside}: {verdict}")
     else:
-        gain = gains.interval_gain(mean, low, high, n)
+        gain = gains.interval_gain(mean, low, high, n, load=load, rounds_each=len(pairs))
         verdict = SIMULATED_VERDICT if is_simulated else \
             gains.confirmation_verdict(gain, f"the {words.short}")
-        sentence = f"{head}: {objective} {gains.format_gain(gain, what)}: {verdict}"
+        # A ratio of 0 is a measurement (a miss), averaged as one: named, with its rounds.
+        missed = (f"; {f'trial {best}' if maximize else words.the} measured 0 (a miss) in "
+                  f"{_rounds(zeros)}{of}" if zeros else "") + \
+            (", so the mean is of the ratios, not their logs" if zeros and n > 1 else "")
+        sentence = (f"{head}: {objective} {gains.format_gain(gain, what)}{missed}{set_aside}: "
+                    f"{verdict}")
         is_confirmed = gain.is_better and not is_simulated
     return {"objective": objective, "best_trial": best, "baseline_trial": baseline,
             "rounds": [dict(p) for p in pairs], "ratios": ratios, "gain": mean,
+            "num_rounds": n, "load": load,
             "is_confirmed": is_confirmed, "verdict": verdict,
             "is_simulated": is_simulated, "ci_low": low, "ci_high": high,
             "sentence": sentence}
+
+
+def _rounds(numbers: Sequence[int]) -> str:
+    """`round 1`, `rounds 1, 3`."""
+    return f"round{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}"
+
+
+def _averaged(pairs: Sequence[Mapping[str, Any]]) -> tuple[list[int], list[str]]:
+    """The rounds (indices) a gain averages: those compared at one place, the load most of
+    the comparable rounds were compared at (None: the two runs' operating points; the
+    earliest round's on a tie), and a phrase for each round set aside, saying where it
+    compared the two or why it could not."""
+    places = [p.get("load") for p in pairs]
+    comparable = [i for i, p in enumerate(pairs) if not p.get("not_comparable")]
+    kept: list[int] = []
+    if comparable:
+        first = max(comparable, key=lambda i: (
+            sum(places[j] == places[i] for j in comparable), -i))
+        kept = [i for i in comparable if places[i] == places[first]]
+    aside = []
+    for i, pair in enumerate(pairs):
+        if pair.get("not_comparable"):
+            aside.append(f"round {i + 1}, not comparable at one load "
+                         f"({pair['not_comparable']})")
+        elif i not in kept:
+            aside.append(f"round {i + 1}, compared at " + (
+                f"{places[i]}" if places[i] is not None else "the two runs' operating points"))
+    return kept, aside

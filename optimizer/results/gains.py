@@ -43,6 +43,9 @@ class Gain:
     load: str | None = None
     # Why no ratio is shown: the two were measured at no common load ("" = comparable).
     not_comparable: str = ""
+    # The rounds each side was measured in, where fewer (`num_rounds`) were compared: a final
+    # confirmation's round at no common load is set aside. None: every round was compared.
+    rounds_each: int | None = None
 
     def as_metrics(self, prefix: str) -> dict[str, float]:
         """`<prefix>` (the point) and `<prefix>.low` / `<prefix>.high` where the ends are
@@ -162,8 +165,15 @@ def same_load(mine: AtLoads, theirs: AtLoads, *, maximize: bool) -> Gain:
         "applied in both"))
 
 
-def interval_gain(mean: float, low: float | None, high: float | None, num_rounds: int) -> Gain:
-    return Gain(mean, low, high, "interval" if low is not None else "single", num_rounds)
+def interval_gain(mean: float, low: float | None, high: float | None, num_rounds: int, *,
+                  load: str | None = None, rounds_each: int | None = None) -> Gain:
+    """The final confirmation's gain: the mean of `num_rounds` rounds' ratios with its 95%
+    interval (None ends: no interval), at `load` where each round compared the two there (not
+    at their operating points), of `rounds_each` rounds measured where more were (the rest were
+    not comparable at that load)."""
+    return Gain(mean, low, high, "interval" if low is not None else "single", num_rounds,
+                load=load, rounds_each=rounds_each
+                if rounds_each is not None and rounds_each > num_rounds else None)
 
 
 def _x(value: float) -> str:
@@ -204,11 +214,15 @@ def format_gain(gain: Gain, what: str) -> str:
         return f"no ratio to {what}"
     if gain.load is not None:
         what = f"{what} at {gain.load}, a load both applied"
+    # Rounds counted as compared, and of how many each side ran where fewer were compared.
+    of = f" of {gain.rounds_each}" if gain.rounds_each is not None else ""
     if gain.basis == "interval" and gain.low is not None and gain.high is not None:
         return (f"{_x(gain.value)} {what} (95% CI [{_down(gain.low)}x, {_up(gain.high)}x] over "
-                f"{gain.num_rounds} rounds)")
+                f"{gain.num_rounds}{of} rounds)")
     if gain.num_rounds > 1:
-        return f"{_x(gain.value)} {what} ({gain.num_rounds} rounds, no interval)"
+        return f"{_x(gain.value)} {what} ({gain.num_rounds}{of} rounds, no interval)"
+    if of:
+        return f"{_x(gain.value)} {what} (1{of} rounds compared: no interval)"
     return f"{_x(gain.value)} {what} (one measurement each: no interval)"
 
 
@@ -248,13 +262,19 @@ def short_gain(gain: Gain) -> str:
 
 def confirmation_verdict(gain: Gain, what: str) -> str:
     """"confirmed" only when the 95% interval excludes 1.0; otherwise says why not. `what`
-    names the baseline, as `format_gain`'s."""
+    names the baseline, as `format_gain`'s; the load where the rounds compared the two is
+    named (`Gain.load`)."""
     if gain.basis != "interval" or gain.low is None or gain.high is None:
         if gain.num_rounds > 1:
-            return "no interval (a round had nothing to compare), not confirmed"
+            # Several rounds and no interval: a round's ratio was 0 (a measured 0, a miss:
+            # `confirmation.confirm_summary`), whose log is none.
+            return "no interval (a round's ratio was 0), not confirmed"
+        if gain.rounds_each is not None:
+            return (f"one round of {gain.rounds_each} compared: no interval, not confirmed")
         return "one round: no interval, not confirmed"
+    at = f" at {gain.load}" if gain.load is not None else ""
     if gain.is_better:
-        return "confirmed: the 95% interval excludes 1.0"
+        return f"confirmed{at}: the 95% interval excludes 1.0"
     if gain.is_worse:
-        return f"confirmed worse than {what}: the 95% interval lies below 1.0"
-    return "not confirmed: within noise (the 95% interval contains 1.0)"
+        return f"confirmed worse than {what}{at}: the 95% interval lies below 1.0"
+    return f"not confirmed{at}: within noise (the 95% interval contains 1.0)"

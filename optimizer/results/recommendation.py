@@ -149,11 +149,20 @@ def is_confirmed_noise(confirmed: StoredConfirmation) -> bool:
     are the simulated engine's repeats: they measured nothing (a model's figures, moved by
     the host's load as much as by the config), so they never change the pick; every place
     calls them "simulated repeats", never the final confirmation."""
-    if confirmed.is_simulated or confirmed.gain is None:
+    gain = stored_gain(confirmed)
+    if confirmed.is_simulated or gain is None:
         return False  # no ratio: nothing shown either way
-    gain = gains.interval_gain(confirmed.gain, confirmed.ci_low, confirmed.ci_high,
-                               confirmed.num_rounds)
     return gain.basis == "interval" and not gain.is_better
+
+
+def stored_gain(confirmed: StoredConfirmation) -> gains.Gain | None:
+    """The final confirmation's gain as stored: its rounds, the load they compared at, the
+    rounds measured where fewer were compared; None where it states no ratio."""
+    if confirmed.gain is None:
+        return None
+    return gains.interval_gain(confirmed.gain, confirmed.ci_low, confirmed.ci_high,
+                               confirmed.num_rounds, load=confirmed.load,
+                               rounds_each=confirmed.rounds_each)
 
 
 def noise_pick(study: optuna.Study) -> StoredConfirmation | None:
@@ -294,8 +303,8 @@ def recommendation_note(study: optuna.Study, chosen: optuna.trial.FrozenTrial) -
     """Why the recommendation `chosen` is not the nominal best (empty when it is)."""
     noise = noise_pick(study)
     words = baseline_words_of(study)
-    if noise is not None and noise.gain is not None and chosen.number != noise.best_trial:
-        gain = gains.interval_gain(noise.gain, noise.ci_low, noise.ci_high, noise.num_rounds)
+    gain = stored_gain(noise) if noise is not None else None
+    if noise is not None and gain is not None and chosen.number != noise.best_trial:
         them = "it" if words.has_fixed_flags else "them"
         verdict = gains.confirmation_verdict(gain, f"the {words.short}")
         return (f"{words.the}: the final confirmation re-measured the search's pick, "

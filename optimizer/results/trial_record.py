@@ -256,14 +256,16 @@ class StoredConfirmation:
 
     sentence: str  # the one line a report and `status` print
     best_trial: int | None  # the trial re-measured against the defaults
-    # geometric mean of the rounds' ratios, > 1 better; None where a round had no ratio (the
-    # defaults measured 0), never 0 or inf in its place
+    # mean of the rounds' ratios (geometric; arithmetic where one is 0), > 1 better; None where
+    # a round had no ratio (the defaults measured 0), never 0 or inf in its place
     gain: float | None
     ci_low: float | None  # 95% interval of the gain; None from one round
     ci_high: float | None
-    num_rounds: int
+    num_rounds: int  # the rounds the gain averages
     is_confirmed: bool  # never on the simulated engine: its repeats are a model's
     is_simulated: bool = False  # the rounds ran the simulated engine (confirm_summary)
+    load: str | None = None  # where each averaged round compared them; None: operating points
+    rounds_each: int | None = None  # the rounds measured, where more than `num_rounds`
 
 
 def confirmation_of(study: HasUserAttrs) -> StoredConfirmation | None:
@@ -276,13 +278,17 @@ def confirmation_of(study: HasUserAttrs) -> StoredConfirmation | None:
         value = data.get(key)
         return float(value) if isinstance(value, int | float) else None
 
-    best = data.get("best_trial")
+    best, load, averaged = data.get("best_trial"), data.get("load"), data.get("num_rounds")
+    measured = len(data.get("ratios") or [])  # one a round; all averaged before num_rounds
+    num_rounds = averaged if isinstance(averaged, int) else measured
     return StoredConfirmation(
         sentence=str(data.get("sentence") or ""),
         best_trial=int(best) if isinstance(best, int) else None,
         gain=number("gain"), ci_low=number("ci_low"), ci_high=number("ci_high"),
-        num_rounds=len(data.get("ratios") or []), is_confirmed=bool(data.get("is_confirmed")),
-        is_simulated=bool(data.get("is_simulated")))
+        num_rounds=num_rounds, is_confirmed=bool(data.get("is_confirmed")),
+        is_simulated=bool(data.get("is_simulated")),
+        load=load if isinstance(load, str) else None,
+        rounds_each=measured if measured > num_rounds else None)
 
 
 def stored_fingerprint(study: HasUserAttrs) -> Fingerprint | None:

@@ -74,7 +74,8 @@ def test_a_round_whose_defaults_measured_zero_states_no_ratio_never_inf() -> Non
     assert summary["gain"] is None and not summary["is_confirmed"]
     assert "inf" not in summary["sentence"], summary["sentence"]
     assert summary["sentence"].endswith(
-        "goodput: no ratio to the vLLM defaults (the vLLM defaults measured 0 in round 1): "
+        "goodput: no ratio to the vLLM defaults (the vLLM defaults measured 0 in round 1 of "
+        "2): "
         "no ratio, not confirmed"), summary["sentence"]
     json.dumps(summary, allow_nan=False)  # nothing non-finite is stored
     study, cfg = _morning_study(confirm=summary)
