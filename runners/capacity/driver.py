@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -17,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from runners import arrivals
-from runners.capacity.stream_loop import close_loop
+from runners.capacity.stream_loop import cancel_and_wait, close_loop
 from runners.capacity.stream_source import GAP_BLOCK, ArrivalGaps
 from runners.loadgen.client import RequestOutput, send_request
 from runners.loadgen.clients import REQUESTS_PER_CLIENT, ClientPool, client_pool
@@ -27,6 +28,7 @@ from runners.loadgen.send_log import time_weighted_mean
 logger = logging.getLogger(__name__)
 
 STOPPED_ERROR = "stopped"  # a request of ours cancelled at a missed step's end
+_CANCEL_WAIT_S = 10.0  # s a missed step's cancel waits for its requests to end
 _WATCH_INTERVAL_S = 0.05
 # Requests in flight on one httpx client at most (runners/loadgen/clients.py says why); a name
 # of this module so that bench/staircase_client_cpu.py can set it.
@@ -178,18 +180,27 @@ class StaircaseDriver:
 
     def cancel_in_flight(self) -> int:
         """Cancel every request in flight (a missed step's backlog): they end failed with the
-        error "stopped". Returns how many were cancelled."""
+        error "stopped". Returns how many were cancelled. Waits for them `_CANCEL_WAIT_S` at
+        most (`cancel_and_wait`): a request still running then (a starved host's loop) ends
+        later, in the next step's warm-up, and the stream goes on."""
         loop = self._loop
         if loop is None or loop.is_closed():
             return 0
         future = asyncio.run_coroutine_threadsafe(self._cancel_all(), loop)
-        return future.result(timeout=30.0)
+        try:
+            return future.result(timeout=_CANCEL_WAIT_S + 10.0)
+        except concurrent.futures.TimeoutError:
+            logger.warning("the stream's loop did not run the cancel of the requests in "
+                           "flight within %g s (a starved host); the stream goes on",
+                           _CANCEL_WAIT_S + 10.0)
+            return 0
 
     async def _cancel_all(self) -> int:
         tasks = [s.task for s in self._sent if not s.task.done()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        left = await cancel_and_wait(tasks, _CANCEL_WAIT_S)
+        if left:
+            logger.warning("%d of %d cancelled requests had not ended after %g s; they end "
+                           "in the next step's warm-up", len(left), len(tasks), _CANCEL_WAIT_S)
         return len(tasks)
 
     def _notify(self) -> None:

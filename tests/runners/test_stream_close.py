@@ -169,3 +169,46 @@ def test_a_streams_close_whose_cancel_arrives_during_its_clean_up_is_no_error(
     assert driver.error is None, f"the stream ended with {driver.error!r}"
     assert server.wait_open(0) == 0, "no connection left open"
 
+
+
+def test_a_cancel_of_requests_waits_a_bounded_time_and_cancels_a_swallowed_one_again() -> None:
+    """A missed step's cancel (and a stream's close) waits for its requests a bounded time,
+    on the loop's clock: one that swallowed its first cancel (Python 3.11's `wait_for` does,
+    as its wait ends) is cancelled again and ends; one that never ends is returned after
+    `wait_s`, not waited for without end (an unbounded `gather` held a cancel past its
+    caller's 30 s on a starved host and failed the trial). Virtual time: no wall time."""
+    from runners.capacity.stream_loop import cancel_and_wait
+    from tests.virtual_time import run_in_virtual_time
+
+    async def swallows_one_cancel() -> str:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass  # swallowed, as 3.11's wait_for may
+        await asyncio.sleep(3600)
+        return "ran on"
+
+    async def never_ends() -> None:
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                continue
+
+    async def main() -> tuple[float, set[str], bool]:
+        loop = asyncio.get_running_loop()
+        tasks = {asyncio.create_task(coro, name=name) for name, coro in (
+            ("swallows", swallows_one_cancel()), ("never", never_ends()),
+            ("plain", asyncio.sleep(3600)))}
+        await asyncio.sleep(0)
+        start = loop.time()
+        left = await cancel_and_wait(tasks, 10.0, recancel_after_s=2.0)
+        swallowed = next(t for t in tasks if t.get_name() == "swallows")
+        waited = loop.time() - start
+        for task in left:  # the test's own clean-up: this one ignores every cancel
+            task.get_coro().close()  # type: ignore[union-attr]
+        return waited, {t.get_name() for t in left}, swallowed.cancelled()
+
+    waited, left, swallowed_cancelled = run_in_virtual_time(main())
+    assert left == {"never"} and swallowed_cancelled, (left, swallowed_cancelled)
+    assert waited == pytest.approx(10.0, abs=0.01)
