@@ -205,10 +205,13 @@ def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyCo
     raw = ""
     if here.num_gpus > 1 or base.num_gpus > 1:  # the ratio is per GPU: said, as measured too
         what = f"{what} per GPU"
-        if gain.value is not None and gain.basis == "single" and \
+        whole = gains.as_measured(gain, objective, here.value, base.value, here.capacity,
+                                  base.capacity, num_gpus=here.num_gpus,
+                                  defaults_num_gpus=base.num_gpus)
+        if whole is not None and whole.value is not None and gain.basis == "single" and \
                 OBJECTIVES[objective].is_per_gpu:
-            raw = (f"; {gain.value * here.num_gpus / base.num_gpus:.2f}x as measured, on "
-                   f"{here.num_gpus} GPU(s) against {base.num_gpus}")
+            raw = (f"; {whole.value:.2f}x as measured, on {here.num_gpus} GPU(s) against "
+                   f"{base.num_gpus}")
     why = (f"the final confirmation re-measured trial {confirmed.best_trial}, not this one"
            if confirmed is not None else "no final confirmation re-measured it")
     return f"{objective} {gains.format_gain(gain, what)}{raw}; not confirmed ({why})"
