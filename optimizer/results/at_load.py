@@ -5,7 +5,7 @@ point to a lighter level than another trial's, and a ratio across two loads is n
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -39,12 +39,24 @@ class AtLoads:
     # lighter load than its best (the unapplied level was not measured), so it is compared
     # with another trial at one load (`gains.gain_over`).
     unapplied: frozenset[str] = frozenset()
+    # The operating point's label where its own load was not applied (every level's was not:
+    # `objectives.operating_step` then takes one of them); None otherwise.
+    operating_unapplied: str | None = None
 
     @property
     def is_moved(self) -> bool:
         """Whether a level of its was not applied, so its operating point is no best-to-best
         comparison point."""
         return bool(self.unapplied) or (self.operating is None and bool(self.levels))
+
+    @property
+    def moved_to(self) -> str:
+        """Where its operating point moved (`is_moved`), the label of the load its figures are
+        at ("concurrency=8"; the operating point's own where that load was not applied either:
+        `operating` is None then); "" where it did not move, or the load is not known."""
+        if not self.is_moved:
+            return ""
+        return self.operating or self.operating_unapplied or ""
 
     def value_at(self, label: str) -> float | None:
         figures = self.levels.get(label)
@@ -58,6 +70,19 @@ def _metrics(data: Mapping[str, Any]) -> BenchmarkMetrics:
                                                 else f.default) for f in fields(BenchmarkMetrics)})
 
 
+def _fixed_levels(steps: Sequence[Mapping[str, Any]]
+                  ) -> Iterator[tuple[Mapping[str, Any], LoadLevel, bool]]:
+    """Each fixed level of step records that completed a request (a capacity search's probes
+    are none), with its load level and whether its load was applied."""
+    for step in steps:
+        data = step.get("metrics") or {}
+        if step.get("meets_slo") is not None or not data.get("completed"):
+            continue  # a capacity probe, or a level that completed nothing
+        level = LoadLevel(**{k: v for k, v in (step.get("level") or {}).items()
+                             if k in {f.name for f in fields(LoadLevel)}})
+        yield step, level, not (step.get("server") or {}).get(UNAPPLIED_KEY, 0.0) > 0
+
+
 def at_loads(objective: str, steps: Sequence[Mapping[str, Any]], num_gpus: int,
              operating_step: int | None) -> AtLoads:
     """`AtLoads` of a trial from its step records (`trial_record.step_records`: each with its
@@ -65,17 +90,14 @@ def at_loads(objective: str, steps: Sequence[Mapping[str, Any]], num_gpus: int,
     (the record's `headline_level`). A capacity search's probes give none."""
     levels: dict[str, LevelFigures] = {}
     unapplied: set[str] = set()
-    operating = None
-    for step in steps:
-        data = step.get("metrics") or {}
-        if step.get("meets_slo") is not None or not data.get("completed"):
-            continue  # a capacity probe, or a level that completed nothing
-        level = LoadLevel(**{k: v for k, v in (step.get("level") or {}).items()
-                             if k in {f.name for f in fields(LoadLevel)}})
-        if (step.get("server") or {}).get(UNAPPLIED_KEY, 0.0) > 0:
+    operating = operating_unapplied = None
+    for step, level, is_applied in _fixed_levels(steps):
+        if not is_applied:
             unapplied.add(level.label)
+            if operating_step is not None and step.get("step") == operating_step:
+                operating_unapplied = level.label
             continue  # its figures are of another load than its label
-        metrics = _metrics(data)
+        metrics = _metrics(step["metrics"])
         value = metrics_value(objective, metrics)
         if not math.isfinite(value):
             continue
@@ -85,7 +107,7 @@ def at_loads(objective: str, steps: Sequence[Mapping[str, Any]], num_gpus: int,
             goodput / max(num_gpus, 1) if goodput is not None else None)
         if operating_step is not None and step.get("step") == operating_step:
             operating = level.label
-    return AtLoads(operating, levels, frozenset(unapplied))
+    return AtLoads(operating, levels, frozenset(unapplied), operating_unapplied)
 
 
 def at_loads_of_run(objective: str, steps: Sequence[StepMetrics], num_gpus: int) -> AtLoads:
@@ -104,3 +126,11 @@ def at_loads_of_record(objective: str, record: TrialRecord) -> AtLoads:
     headline = record.metrics.get("headline_level")
     return at_loads(objective, record.steps, record.num_gpus,
                     int(headline) if headline is not None else None)
+
+
+def level_metrics(record: TrialRecord, label: str) -> Mapping[str, Any] | None:
+    """The figures of the fixed level `label` of a trial's record (its step record's metrics:
+    p99s, goodput, throughput), where that level's load was applied; None otherwise (no such
+    level, a level that completed nothing, or one whose load was not applied)."""
+    return next((step["metrics"] for step, level, is_applied in _fixed_levels(record.steps)
+                 if is_applied and level.label == label), None)

@@ -163,6 +163,21 @@ def same_load(mine: AtLoads, theirs: AtLoads, *, maximize: bool) -> Gain:
         "applied in both"))
 
 
+def at_level(label: str, value: float | None, theirs: AtLoads, *, maximize: bool) -> Gain:
+    """A trial's `value` (per GPU) at the fixed level `label` against the defaults' there
+    (`theirs`): a config picked at one level (`export --max-tpot-ms`) is compared at that load,
+    whatever the two operating points are; none where the defaults did not apply it
+    (`Gain.not_comparable`)."""
+    if label not in theirs.levels:
+        why = f"the load of their {label} was not applied" if label in theirs.unapplied \
+            else f"they measured nothing at {label}"
+        return Gain(None, None, None, "single", not_comparable=why)
+    gain = point_gain(value, theirs.value_at(label), maximize=maximize)
+    if gain.value is None:
+        return Gain(None, None, None, "single", not_comparable=f"at {label} a figure was 0")
+    return replace(gain, load=label)
+
+
 def as_measured(gain: Gain, objective: str, value: float | None, defaults: float | None,
                 capacity: Bracket | None, defaults_capacity: Bracket | None, *,
                 num_gpus: int, defaults_num_gpus: int) -> Gain | None:

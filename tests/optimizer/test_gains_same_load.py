@@ -67,10 +67,13 @@ TRIAL_3 = [_level(0, 16.44, 3.32), _level(1, 42.81, 3.85)]
 TRIAL_11 = [_level(0, 17.86, 3.43), _level(1, 49.76, 3.80, applied=False)]
 
 
-def _study() -> optuna.Study:
-    study = optuna.create_study(direction="maximize")
+def _study(study: optuna.Study | None = None,
+           defaults: list[StepMetrics] = DEFAULTS) -> optuna.Study:
+    """The quickstart's three trials (the defaults, trial 3 as 1, trial 11 as 2), added to
+    `study` (else a new one in memory); `defaults`: the defaults' levels."""
+    study = study or optuna.create_study(direction="maximize")
     dist = optuna.distributions.IntDistribution(1, 2)
-    for params, steps, attrs in (({"data_parallel_size": 1}, DEFAULTS, {"baseline": True}),
+    for params, steps, attrs in (({"data_parallel_size": 1}, defaults, {"baseline": True}),
                                  ({"data_parallel_size": 1, "quantization": "fp8"}, TRIAL_3, {}),
                                  ({"data_parallel_size": 2, "quantization": "fp8"}, TRIAL_11, {})):
         record, value = _record(params, steps, is_baseline="baseline" in attrs)
