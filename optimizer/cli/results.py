@@ -104,7 +104,7 @@ def status_rows(trials: Sequence[FrozenTrial], words: BaselineWords = DEFAULTS,
     applied) names the load its figures are at (`TableRow.at_load`)."""
     from optuna.trial import TrialState
 
-    from optimizer.results.at_load import at_loads_of_record
+    from optimizer.results.at_load import moved_to_of
     from optimizer.results.trial_record import confirm_label, is_baseline, ran_nothing, record_of
 
     def is_defaults(t: FrozenTrial) -> bool:  # the defaults' trial, not a confirmation re-run
@@ -143,11 +143,8 @@ def status_rows(trials: Sequence[FrozenTrial], words: BaselineWords = DEFAULTS,
         metrics = record.metrics if record is not None else {}
         verdict = (record.verdict if record is not None else None) or {}
         # A pruned trial's figure is its last level's, not an operating point's.
-        loads = at_loads_of_record(objective, record) if state == "complete" and \
-            record is not None and objective is not None and "headline_level" in metrics \
-            else None
-        at_load = "" if loads is None or not loads.moved_to else \
-            loads.moved_to if loads.operating else f"{loads.moved_to}, not applied"
+        at_load = moved_to_of(objective, record) if state == "complete" and \
+            objective is not None else ""
         rows.append(TableRow(
             number=t.number, state=state, changes=changes, values=values,
             tpot_p99_ms=_finite(metrics.get("p99_tpot_ms")),
@@ -175,17 +172,20 @@ def _finite(value: Any) -> float | None:
 
 def recommendation_text(study: Any, objectives: Sequence[str],
                         slo: Mapping[str, float | None] | None = None) -> str:
-    """`recommended: trial 9, goodput 37.1 req/s` ("(simulated)" after the figures of a trial
-    the simulated engine ran) and, where it is not the best measured, why
+    """`recommended: trial 9, goodput 37.1 req/s` (" at concurrency=8" where its operating point
+    moved, "(simulated)" after the figures of a trial the simulated engine ran) and, where it
+    is not the best measured, why
     (recommendation.recommendation_note); where no trial met the SLO, that line instead
     (recommendation.no_slo_met; `slo`, the study's bounds, else the stored fingerprint's);
     the end-of-run line and `status` print it. "" when none."""
+    from optimizer.results.at_load import moved_to_of
     from optimizer.results.confirmation import is_simulated_run
     from optimizer.results.recommendation import (
         no_slo_met,
         recommendation_note,
         recommended_trial,
     )
+    from optimizer.results.trial_record import record_of
 
     unmet = no_slo_met(study, slo)
     if unmet is not None:
@@ -195,8 +195,10 @@ def recommendation_text(study: Any, objectives: Sequence[str],
         return ""
     note = recommendation_note(study, pick)
     mark = SIMULATED_MARK if is_simulated_run(pick) else ""
-    return (f"recommended: trial {pick.number}, {values_text(objectives, pick.values)}{mark}"
-            + (f" ({note})" if note else ""))
+    moved = moved_to_of(objectives[0], record_of(pick))  # a level's load not applied
+    at = f" at {moved}" if moved else ""
+    return (f"recommended: trial {pick.number}, {values_text(objectives, pick.values)}{at}"
+            f"{mark}" + (f" ({note})" if note else ""))
 
 
 def values_text(objectives: Sequence[str], values: Sequence[float]) -> str:

@@ -127,7 +127,7 @@ def _moved(record: TrialRecord | None, objective: str) -> str:
     if not loads.moved_to:
         return ""
     if loads.operating is None:
-        return f" at {loads.moved_to}, whose load was not applied"
+        return f" at {loads.moved_to}"
     unapplied = sorted(loads.unapplied)
     return (f" at {loads.moved_to} (its operating point; the load of {', '.join(unapplied)} "
             f"{'was' if len(unapplied) == 1 else 'were'} not applied)")
@@ -141,8 +141,8 @@ def _picked_at(record: TrialRecord | None, level: str, objective: str) -> str:
     operating = loads.operating if loads is not None else None
     if operating == level:
         return f" at {level} (the level picked, its operating point too)"
-    return f" at {level} (the level picked; its operating point is " + \
-        (f"{operating})" if operating else "another)")
+    return f" at {level} (the level picked; its operating point " + \
+        (f"is {operating})" if operating else "not known)")
 
 
 # (words, the SLO's field, the operating point's p99 metric) of each bound.

@@ -51,12 +51,14 @@ class AtLoads:
 
     @property
     def moved_to(self) -> str:
-        """Where its operating point moved (`is_moved`), the label of the load its figures are
-        at ("concurrency=8"; the operating point's own where that load was not applied either:
-        `operating` is None then); "" where it did not move, or the load is not known."""
+        """Where its operating point moved (`is_moved`), the load its figures are at:
+        "concurrency=8", or "concurrency=32, its load not applied" where no level's load was
+        (`operating` is None then); "" where it did not move, or the load is not known."""
         if not self.is_moved:
             return ""
-        return self.operating or self.operating_unapplied or ""
+        if self.operating is None and self.operating_unapplied is not None:
+            return f"{self.operating_unapplied}, its load not applied"
+        return self.operating or ""
 
     def value_at(self, label: str) -> float | None:
         figures = self.levels.get(label)
@@ -126,6 +128,14 @@ def at_loads_of_record(objective: str, record: TrialRecord) -> AtLoads:
     headline = record.metrics.get("headline_level")
     return at_loads(objective, record.steps, record.num_gpus,
                     int(headline) if headline is not None else None)
+
+
+def moved_to_of(objective: str, record: TrialRecord | None) -> str:
+    """`AtLoads.moved_to` of a trial's record: the load its figures are at where its operating
+    point moved; "" where it did not, or the record has no operating point."""
+    if record is None or "headline_level" not in record.metrics:
+        return ""
+    return at_loads_of_record(objective, record).moved_to
 
 
 def level_metrics(record: TrialRecord, label: str) -> Mapping[str, Any] | None:

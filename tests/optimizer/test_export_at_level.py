@@ -105,8 +105,8 @@ def test_the_export_header_names_the_load_a_moved_operating_point_is_at() -> Non
     unapplied = _fingerprinted(_study(defaults=[_level(0, 11.95, 3.3, applied=False),
                                                 _level(1, 32.9, 3.9, applied=False)]), cfg)
     first = _header(render(unapplied.trials[0], cfg, "sh", study=unapplied))[0]
-    assert first.endswith("goodput 32.9 req/s per GPU on 1 GPU at concurrency=32, whose load "
-                          "was not applied"), first
+    assert first.endswith("goodput 32.9 req/s per GPU on 1 GPU at concurrency=32, its load not "
+                          "applied"), first
 
 
 def test_status_names_the_load_of_a_moved_operating_point_under_its_table(
@@ -139,4 +139,16 @@ def test_the_status_table_is_no_wider_where_something_moved_and_fits_80_columns(
     everything_unapplied = status_rows(_study(defaults=[_level(0, 11.95, 3.3, applied=False),
                                                         _level(1, 32.9, 3.9, applied=False)]
                                               ).get_trials(), objective="goodput")
-    assert everything_unapplied[0].at_load == "concurrency=32, not applied"
+    assert everything_unapplied[0].at_load == "concurrency=32, its load not applied"
+
+
+def test_the_recommendation_line_names_the_load_of_a_moved_operating_point() -> None:
+    """`status` and the end-of-run line: the DP-2 pick's 35 req/s per GPU is at concurrency 8
+    (its 32 not applied); a pick that did not move reads as before."""
+    from optimizer.cli.results import recommendation_text
+    from tests.optimizer.test_gains_same_load import _moved_best_study
+
+    assert recommendation_text(_moved_best_study(), ["goodput"]) == \
+        "recommended: trial 1, goodput 35.0 req/s/GPU at concurrency=8"
+    assert recommendation_text(_study(), ["goodput"]) == \
+        "recommended: trial 1, goodput 42.8 req/s/GPU"
