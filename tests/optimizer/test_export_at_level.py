@@ -91,6 +91,28 @@ def test_a_level_the_defaults_did_not_apply_gives_no_ratio_at_the_picked_level()
                            "load (the load of their concurrency=8 was not applied)"), gain
 
 
+def test_a_confirmations_interval_of_the_operating_points_is_not_the_picked_levels_gain(
+        ) -> None:
+    """The final confirmation re-measured trial 1 against the defaults at their operating
+    points (1.30x): the pick at concurrency 8 states the search's ratio there, not that
+    interval, and says what the confirmation re-measured."""
+    cfg = parse_study(QUICKSTART)
+    study = _fingerprinted(_study(), cfg)
+    study.set_user_attr("confirm", {
+        "objective": "goodput", "best_trial": 1, "baseline_trial": 0, "gain": 1.30,
+        "ci_low": 1.2, "ci_high": 1.4, "ratios": [1.25, 1.35], "is_confirmed": True})
+    gain = next(line for line in _header(render(study.trials[1], cfg, "sh", study=study,
+                                                level="concurrency=8"))
+                if line.startswith("gain: "))
+    assert gain == ("gain: goodput 1.38x the vLLM defaults at concurrency=8, a load both "
+                    "applied (one measurement each: no interval); not confirmed (the final "
+                    "confirmation re-measured its operating point, not this level)"), gain
+    at_operating_point = next(line for line in _header(render(study.trials[1], cfg, "sh",
+                                                              study=study))
+                              if line.startswith("gain: "))
+    assert "95% CI [1.20x, 1.40x] over 2 rounds); confirmed" in at_operating_point
+
+
 def test_the_export_header_names_the_load_a_moved_operating_point_is_at() -> None:
     """Trial 2 (the quickstart's 11, 2 replicas): its 32 not applied, its 8.93 req/s per GPU
     is at concurrency 8; trial 1 did not move, and its line is as it was."""
