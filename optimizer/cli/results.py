@@ -13,7 +13,7 @@ import typer
 
 from optimizer.cli.app import Command, StorageOpt, StudyArg, app, check_output_file, load_config
 from optimizer.cli.output import console, out, styled
-from optimizer.cli.table import TableRow, figure, trial_table
+from optimizer.cli.table import TableRow, figure, moved_note, trial_table
 from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
 from optimizer.results.baseline_words import DEFAULTS, BaselineWords
@@ -53,12 +53,15 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
     is_simulated = is_simulated_study(opened)
     if is_simulated:
         out.print(SIMULATED_HEADER, highlight=False, soft_wrap=True)
-    rows = status_rows(trials, cfg.baseline_words)
+    rows = status_rows(trials, cfg.baseline_words, cfg.objectives[0])
     slo = cfg.spec.slo.model_dump()
     latencies = slo_latencies(slo)  # the p99 columns of the SLO's own bounds
     out.print(trial_table(rows, cfg.objectives, out.width,
                           title=SIMULATED_TITLE if is_simulated else None,
                           baseline=cfg.baseline_words, latencies=latencies))
+    moved = moved_note(rows)  # the load each marked figure is at, where it moved
+    if moved:
+        out.print(moved, highlight=False, soft_wrap=True)
     if any(r.p99(k)[1] is not None for r in rows for k in latencies):
         out.print(f"n: the requests each p99 is over; {THIN_RULE}.", highlight=False,
                   soft_wrap=True)
@@ -92,13 +95,16 @@ def is_simulated_study(study: Any) -> bool:
     return any(is_simulated_run(t) for t in study.get_trials(deepcopy=False))
 
 
-def status_rows(trials: Sequence[FrozenTrial],
-                words: BaselineWords = DEFAULTS) -> list[TableRow]:
+def status_rows(trials: Sequence[FrozenTrial], words: BaselineWords = DEFAULTS,
+                objective: str | None = None) -> list[TableRow]:
     """The table's rows: every trial that started, the search's and the confirmation runs (a
     repeat of a measured config launched nothing; the status line counts it). `words` names
-    the baseline's row: "(vLLM defaults)", or "(baseline)" where the study fixes flags."""
+    the baseline's row: "(vLLM defaults)", or "(baseline)" where the study fixes flags. With
+    the study's first `objective`, a row whose operating point moved (a level's load not
+    applied) names the load its figures are at (`TableRow.at_load`)."""
     from optuna.trial import TrialState
 
+    from optimizer.results.at_load import moved_to_of
     from optimizer.results.trial_record import confirm_label, is_baseline, ran_nothing, record_of
 
     def is_defaults(t: FrozenTrial) -> bool:  # the defaults' trial, not a confirmation re-run
@@ -136,6 +142,9 @@ def status_rows(trials: Sequence[FrozenTrial],
             (words.cell if is_baseline(t) else "")
         metrics = record.metrics if record is not None else {}
         verdict = (record.verdict if record is not None else None) or {}
+        # A pruned trial's figure is its last level's, not an operating point's.
+        at_load = moved_to_of(objective, record) if state == "complete" and \
+            objective is not None else ""
         rows.append(TableRow(
             number=t.number, state=state, changes=changes, values=values,
             tpot_p99_ms=_finite(metrics.get("p99_tpot_ms")),
@@ -146,7 +155,7 @@ def status_rows(trials: Sequence[FrozenTrial],
             conclusion=(record.conclusion_short or record.conclusion) if record is not None
             else "",
             elapsed_s=_finite(record.wall_s) if record is not None else None,
-            changes_note=note))
+            changes_note=note, at_load=at_load))
     return rows
 
 
@@ -163,8 +172,9 @@ def _finite(value: Any) -> float | None:
 
 def recommendation_text(study: Any, objectives: Sequence[str],
                         slo: Mapping[str, float | None] | None = None) -> str:
-    """`recommended: trial 9, goodput 37.1 req/s` ("(simulated)" after the figures of a trial
-    the simulated engine ran) and, where it is not the best measured, why
+    """`recommended: trial 9, goodput 37.1 req/s` (" at concurrency=8" where its operating point
+    moved, "(simulated)" after the figures of a trial the simulated engine ran) and, where it
+    is not the best measured, why
     (recommendation.recommendation_note); where no trial met the SLO, that line instead
     (recommendation.no_slo_met; `slo`, the study's bounds, else the stored fingerprint's);
     the end-of-run line and `status` print it. "" when none."""
@@ -195,8 +205,10 @@ def moved_load(objective: str, trial: FrozenTrial) -> str:
     from optimizer.results.trial_record import record_of
 
     loads = compared_loads(objective, record_of(trial))
-    if loads is None or not loads.is_moved or loads.operating is None:
+    if loads is None or not loads.moved_to:
         return ""
+    if loads.operating is None:  # no level's load was applied
+        return f" at {loads.moved_to}"
     unapplied = sorted(loads.unapplied)
     plural = len(unapplied) > 1
     return (f" at {loads.operating} (the load{'s' if plural else ''} of {', '.join(unapplied)} "
@@ -263,7 +275,7 @@ def export(
       nightshift export examples/quickstart.yaml --to-library bench.yaml --case qwen7b-chat
     """
     from optimizer.export import choice_note, render, select_trial
-    from optimizer.export.choice import tpot_note
+    from optimizer.export.choice import study_tpot_pick, tpot_note
     from optimizer.storage.study import open_study
 
     cfg = load_config(study).with_overrides(storage=storage)
@@ -300,13 +312,16 @@ def export(
                       f"{', '.join(c['name'] for c in entry['configs'])}", soft_wrap=True)
         return
     note = choice_note(opened, chosen) if trial is None and max_tpot_ms is None else ""
+    level = None  # the fixed level it was picked at, which every line of the header describes
     if max_tpot_ms is not None:  # the load its figures are from (export.choice.tpot_pick)
-        note = tpot_note(opened, cfg, max_tpot_ms)
+        pick = study_tpot_pick(opened, cfg, max_tpot_ms)
+        note, level = tpot_note(opened, cfg, max_tpot_ms, pick), pick.level
     if trial is None and max_tpot_ms is None:
         from optimizer.results.recommendation import RECOMMENDATION_RULE
 
         note = f"recommended: {RECOMMENDATION_RULE}" + (f"; {note}" if note else "")
-    text = render(chosen, cfg, fmt, note=note, path=output, study=opened, minimal=minimal)
+    text = render(chosen, cfg, fmt, note=note, path=output, study=opened, minimal=minimal,
+                  level=level)
     if output is None:
         sys.stdout.write(text)
     else:

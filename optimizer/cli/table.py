@@ -45,6 +45,10 @@ class TableRow:
     tpot_p99_num_requests: int | None = None
     ttft_p99_ms: float | None = None
     ttft_p99_num_requests: int | None = None  # the completed requests the TTFT p99 is over
+    # Where its operating point moved (a level's load not applied: `AtLoads.moved_to`), the
+    # load its figures are at ("concurrency=8"): its first figure marked, the load named under
+    # the table (`moved_note`); "": not moved.
+    at_load: str = ""
 
     def p99(self, latency: str) -> tuple[float | None, int | None]:
         """The p99 (ms) and the requests it is over of `latency` (`ttft` or `tpot`)."""
@@ -75,6 +79,28 @@ def p99_cell(value_ms: float | None, num_requests: int | None) -> str:
     if not shown or num_requests is None or num_requests < 1:
         return shown
     return f"{shown} {P99Basis(num_requests).cell}"
+
+
+MOVED_MARK = "*"
+
+
+def value_cell(value: float | None, at_load: str = "") -> str:
+    """An objective's figure, marked where the trial's operating point moved
+    (`TableRow.at_load`: `8.93*`); `moved_note` names the load under the table. One mark, not
+    the load in the cell: the narrowest layout has no column to spare at 80 columns."""
+    shown = figure(value)
+    return f"{shown}{MOVED_MARK}" if shown and at_load else shown
+
+
+def moved_note(rows: Sequence[TableRow]) -> str:
+    """The line under the table naming the load each marked row's figures are at: `*: a
+    level's load was not applied, so the row's figures are at the load named: trial 11 at
+    concurrency=8.`; "" where no row moved."""
+    moved = [f"trial {r.number} at {r.at_load}" for r in rows if r.at_load and r.values]
+    if not moved:
+        return ""
+    return (f"{MOVED_MARK}: a level's load was not applied, so the row's figures are at the "
+            f"load named: {'; '.join(moved)}.")
 
 
 def objective_header(name: str) -> str:
@@ -148,7 +174,8 @@ def trial_table(rows: Sequence[TableRow], objectives: Sequence[str], width: int,
     the baseline with the study's fixed flags). `latencies`: the p99 columns (`slo_latencies`),
     each shown unless an objective already is that latency."""
     shown = [k for k in latencies if k not in objectives]
-    values = [[figure(v) for v in r.values] for r in rows]
+    values = [[value_cell(v, r.at_load if i == 0 else "") for i, v in enumerate(r.values)]
+              for r in rows]
     longest = max((len(r.conclusion) for r in rows), default=0)
     # Side by side, the first layout that shows the conclusions whole beside the flags: full
     # labels and seconds, then short labels, then no seconds; else the last that leaves the

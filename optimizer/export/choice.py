@@ -45,10 +45,6 @@ def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = 
     if number is not None and max_tpot_ms is not None:
         raise ConfigError("export --trial and --max-tpot-ms pick the trial two ways; give "
                           "one.")
-    # Measured configs: not a config failure (complete to Optuna, failed to us), not a final
-    # confirmation run (a copy of the best or of the defaults), not refused by the quality gate.
-    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if is_measured(t) and not is_quality_violation(t.constraints)]
     if number is not None:
         found = [t for t in study.get_trials(deepcopy=False) if t.number == number]
         if not found:
@@ -81,7 +77,7 @@ def select_trial(study: optuna.Study, cfg: StudyConfig, *, number: int | None = 
         raise NightshiftError(f"study {cfg.name!r}: {unmet}; `--trial N` exports a trial that "
                               "missed it anyway.")
     if max_tpot_ms is not None:
-        return tpot_pick(complete, cfg, max_tpot_ms).trial
+        return study_tpot_pick(study, cfg, max_tpot_ms).trial
     chosen = recommended_trial(study)
     if chosen is None:
         raise NightshiftError(f"study {cfg.name!r} has no complete trial yet; wait for one or "
@@ -94,9 +90,18 @@ class TpotPick:
     """A trial within a TPOT limit, with the one load both its figures are from."""
 
     trial: optuna.trial.FrozenTrial
-    load: str  # a fixed level's label ("concurrency=8"), or "its operating point"
+    load: str  # a fixed level's label ("concurrency=8"), or OPERATING_POINT
     value: float  # the study's first objective there, per GPU
     tpot_p99_ms: float  # TPOT p99 there
+
+    @property
+    def level(self) -> str | None:
+        """The fixed level it was picked at, which the export header describes (`render`'s
+        `level`); None: at its operating point (a capacity search, an older record)."""
+        return None if self.load == OPERATING_POINT else self.load
+
+
+OPERATING_POINT = "its operating point"
 
 
 def _within(trial: optuna.trial.FrozenTrial, objective: str,
@@ -112,7 +117,7 @@ def _within(trial: optuna.trial.FrozenTrial, objective: str,
     tpot = _metric(trial, "p99_tpot_ms")
     if tpot is None or tpot > max_tpot_ms or not trial.values:
         return []
-    return [TpotPick(trial, "its operating point", float(trial.values[0]), tpot)]
+    return [TpotPick(trial, OPERATING_POINT, float(trial.values[0]), tpot)]
 
 
 def tpot_pick(complete: Sequence[optuna.trial.FrozenTrial], cfg: StudyConfig,
@@ -129,11 +134,21 @@ def tpot_pick(complete: Sequence[optuna.trial.FrozenTrial], cfg: StudyConfig,
     return max(picks, key=lambda p: sign * p.value)
 
 
-def tpot_note(study: optuna.Study, cfg: StudyConfig, max_tpot_ms: float) -> str:
-    """The export header's line on a `--max-tpot-ms` pick: the load its figures are from."""
+def study_tpot_pick(study: optuna.Study, cfg: StudyConfig, max_tpot_ms: float) -> TpotPick:
+    """`tpot_pick` among the study's measured trials the quality gate passed (`select_trial`'s
+    with `max_tpot_ms`, with the load it was picked at)."""
+    # Measured configs: not a config failure (complete to Optuna, failed to us), not a final
+    # confirmation run (a copy of the best or of the defaults), not refused by the quality gate.
     complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                 if is_measured(t) and not is_quality_violation(t.constraints)]
-    pick = tpot_pick(complete, cfg, max_tpot_ms)
+    return tpot_pick(complete, cfg, max_tpot_ms)
+
+
+def tpot_note(study: optuna.Study, cfg: StudyConfig, max_tpot_ms: float,
+              pick: TpotPick | None = None) -> str:
+    """The export header's line on a `--max-tpot-ms` pick (`study_tpot_pick`'s, unless given):
+    the load its figures are from."""
+    pick = pick or study_tpot_pick(study, cfg, max_tpot_ms)
     objective = cfg.objectives[0]
     return (f"picked by --max-tpot-ms {max_tpot_ms:g}: the most {objective} "
             f"({value_unit(objective)}) at a load whose TPOT p99 was within it, each trial at "

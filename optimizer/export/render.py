@@ -25,6 +25,7 @@ from optimizer.export.launch import (
     trial_env,
 )
 from optimizer.results import gains
+from optimizer.results.at_load import AtLoads, at_loads_of_record, level_metrics
 from optimizer.results.conclusion import baseline_trial, reference_of
 from optimizer.results.confirmation import SIMULATED_VERDICT
 from optimizer.results.objectives import OBJECTIVES
@@ -61,21 +62,29 @@ def _flag_text(name: str) -> str:
 
 
 def export_header(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyConfig,
-           model: str, model_note: str) -> list[str]:
+           model: str, model_note: str, level: str | None = None) -> list[str]:
     """The export's header, one fact a line: the trial and its figure, the model, the GPUs,
     the vLLM version, the engine (real or SIMULATED), the workload, the SLO, the gain as its
-    interval with what the final confirmation found, and the quality verdict."""
+    interval with what the final confirmation found, and the quality verdict. Its figures are
+    the trial's operating point's (named where it moved: a level's load not applied), or with
+    `level` (the fixed level `export --max-tpot-ms` picked it at) that level's, each line."""
     fp = stored_fingerprint(study)
     record = record_of(trial)
     flags: Mapping[str, Any] = record.flags if record is not None else {}
     # A rate's value is per GPU (objectives.per_gpu): said so, with the GPUs it ran on.
     num_gpus = gpus_of(flags or trial.params)
+    figures: list[tuple[str, float | None]] = list(zip(cfg.objectives, trial.values or [],
+                                                       strict=False))
+    if level is not None and record is not None:
+        figures = [(o, at_loads_of_record(o, record).value_at(level)) for o in cfg.objectives]
     values = ", ".join(
-        f"{o} {v:.3g} {objective_unit(o)}".rstrip()
-        + (f" per GPU on {num_gpus} GPU{'s' if num_gpus > 1 else ''}"
-           if o in OBJECTIVES and OBJECTIVES[o].is_per_gpu else "")
-        for o, v in zip(cfg.objectives, trial.values or [], strict=False))
-    lines = [f"nightshift study {cfg.name!r}, trial {trial.number}: {values}"]
+        (f"{o} {v:.3g} {objective_unit(o)}".rstrip()
+         + (f" per GPU on {num_gpus} GPU{'s' if num_gpus > 1 else ''}"
+            if o in OBJECTIVES and OBJECTIVES[o].is_per_gpu else ""))
+        if v is not None else f"{o} not measured there" for o, v in figures)
+    lines = [f"nightshift study {cfg.name!r}, trial {trial.number}"
+             + (_picked_at(record, level, cfg.objectives[0]) + f": {values}"
+                if level is not None else f": {values}{_moved(record, cfg.objectives[0])}")]
     lines.append(f"model: {model}" + (f" ({model_note.removeprefix('model: ')})"
                                        if model_note else ""))
     tp = int(flags.get("tensor_parallel_size") or 1)
@@ -98,11 +107,43 @@ def export_header(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: Stu
                      "engine: unknown (a study from before fingerprints)")
     if fp is not None:
         lines.append(f"workload: {describe_workload(fp)}")
+        metrics = record.metrics if record is not None else {}
+        if level is not None and record is not None:
+            metrics = level_metrics(record, level) or {}
         lines.append(slo_line({"ttft_p99_ms": fp.slo_ttft_p99_ms,
                                "tpot_p99_ms": fp.slo_tpot_p99_ms, "e2el_ms": fp.slo_e2el_ms},
-                              record.metrics if record is not None else {}))
-    lines.append("gain: " + gain_line(study, trial, cfg))
+                              metrics, f"{level}'s" if level is not None else
+                              "the operating point's"))
+    lines.append("gain: " + gain_line(study, trial, cfg, level))
     return lines
+
+
+def _moved(record: TrialRecord | None, objective: str) -> str:
+    """Where a trial's operating point moved (a level's load not applied: `AtLoads.moved_to`),
+    the load its figures are at: " at concurrency=8 (its operating point; the load of
+    concurrency=32 was not applied)"; "" where it did not move."""
+    if record is None or "headline_level" not in record.metrics:
+        return ""
+    loads = at_loads_of_record(objective, record)
+    if not loads.moved_to:
+        return ""
+    if loads.operating is None:
+        return f" at {loads.moved_to}"
+    unapplied = sorted(loads.unapplied)
+    return (f" at {loads.moved_to} (its operating point; the load of {', '.join(unapplied)} "
+            f"{'was' if len(unapplied) == 1 else 'were'} not applied)")
+
+
+def _picked_at(record: TrialRecord | None, level: str, objective: str) -> str:
+    """" at concurrency=8 (the level picked; its operating point is concurrency=32)": every
+    figure of the header is the picked level's."""
+    loads = at_loads_of_record(objective, record) \
+        if record is not None and "headline_level" in record.metrics else None
+    operating = loads.operating if loads is not None else None
+    if operating == level:
+        return f" at {level} (the level picked, its operating point too)"
+    return f" at {level} (the level picked; its operating point " + \
+        (f"is {operating})" if operating else "not known)")
 
 
 # (words, the SLO's field, the operating point's p99 metric) of each bound.
@@ -115,11 +156,13 @@ def _ms(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def slo_line(slo: Mapping[str, float | None], metrics: Mapping[str, Any]) -> str:
-    """The header's SLO line: each bound with the operating point's p99 and whether it met it,
-    and the share of that level's requests within every bound. Goodput counts the requests
-    meeting the bounds (vLLM's --goodput), so the level with the most goodput can miss a p99:
-    "TTFT p99 <= 2500 ms" alone read as a p99 that held (held-out check s17 #5)."""
+def slo_line(slo: Mapping[str, float | None], metrics: Mapping[str, Any],
+             whose: str = "the operating point's") -> str:
+    """The header's SLO line: each bound with the p99 of the level `metrics` are of (`whose`:
+    the operating point's, or "concurrency=8's") and whether it met it, and the share of that
+    level's requests within every bound. Goodput counts the requests meeting the bounds (vLLM's
+    --goodput), so the level with the most goodput can miss a p99: "TTFT p99 <= 2500 ms" alone
+    read as a p99 that held (held-out check s17 #5)."""
     bounds: list[tuple[str, float, float | None]] = []
     for name, field_, metric in _SLO_P99S:
         bound, p99 = slo.get(field_), metrics.get(metric)
@@ -134,13 +177,13 @@ def slo_line(slo: Mapping[str, float | None], metrics: Mapping[str, Any]) -> str
     for name, bound, p99 in bounds:
         part = f"{name} <= {bound:g} ms"
         if p99 is not None:
-            part += (f" (the operating point's p99: {_ms(p99)} ms, "
+            part += (f" ({whose} p99: {_ms(p99)} ms, "
                      f"{'met' if p99 <= bound else 'missed'})")
         elif is_any_recorded:
-            part += " (the operating point's p99 not recorded)"
+            part += f" ({whose} p99 not recorded)"
         parts.append(part)
     if not is_any_recorded:
-        parts[-1] += f" (the operating point's p99{'s' if len(parts) > 1 else ''} not recorded)"
+        parts[-1] += f" ({whose} p99{'s' if len(parts) > 1 else ''} not recorded)"
     goodput, throughput = metrics.get("request_goodput"), metrics.get("request_throughput")
     within = ""
     if isinstance(goodput, int | float) and isinstance(throughput, int | float) and \
@@ -151,23 +194,26 @@ def slo_line(slo: Mapping[str, float | None], metrics: Mapping[str, Any]) -> str
     return "slo: " + ", ".join(parts) + within
 
 
-def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyConfig) -> str:
+def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyConfig,
+              level: str | None = None) -> str:
     """The trial's gain over the baseline with what bounds it: the header's first mention of
     the baseline, so named with the study's fixed flags where it has any. The final
     confirmation's interval wins where it re-measured this trial (a search measurement's
     bounds never stand beside an interval that contradicts them); else the search's own, not
-    confirmed."""
+    confirmed. With `level` (the fixed level `export --max-tpot-ms` picked it at), the two at
+    that level (`gains.at_level`): the confirmation compared operating points, not it."""
     objective = cfg.objectives[0]
     words = cfg.baseline_words
     what = words.the_full
     confirmed = confirmation_of(study)
-    if confirmed is not None and confirmed.best_trial == trial.number and \
+    is_remeasured = confirmed is not None and confirmed.best_trial == trial.number
+    if is_remeasured and level is None and confirmed is not None and \
             (confirmed.gain is None or not (math.isfinite(confirmed.gain)
                                             and confirmed.gain > 0)):
         # No ratio (a round measured 0; a study stored before that was said gives inf or 0):
         # none is stated, never "infx".
         return f"none stated: {confirmed.sentence}"
-    if confirmed is not None and confirmed.best_trial == trial.number and \
+    if is_remeasured and level is None and confirmed is not None and \
             (gain := stored_gain(confirmed)) is not None:
         mine, theirs = reference_of(trial), reference_of(baseline_trial(study))
         if max(mine.num_gpus if mine else 1, theirs.num_gpus if theirs else 1) > 1:
@@ -191,35 +237,52 @@ def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyCo
     capacity = cfg.spec.workload.capacity
     axis = capacity.axis if capacity is not None else None
     here = reference_of(trial, axis, objective)
-    base = reference_of(baseline_trial(study), axis, objective)
+    base_trial = baseline_trial(study)
+    base = reference_of(base_trial, axis, objective)
     if base is None and (reason := no_baseline_reason(study)):
         return f"none stated: {words.the} could not run ({reason})"
     if here is None or base is None:
         return (f"unknown: {words.the} {'was' if words.has_fixed_flags else 'were'} not "
                 "measured; not confirmed")
-    gain = gains.gain_over(here.value, base.value, here.capacity, base.capacity,
-                           maximize=OBJECTIVES[objective].direction == "maximize",
-                           num_gpus=here.num_gpus, defaults_num_gpus=base.num_gpus,
-                           loads=here.loads, defaults_loads=base.loads)
+    maximize = OBJECTIVES[objective].direction == "maximize"
+    if level is not None:  # both at the level picked, whatever their operating points
+        my_record, base_record = record_of(trial), record_of(base_trial) if base_trial else None
+        gain = gains.at_level(
+            level, at_loads_of_record(objective, my_record).value_at(level)
+            if my_record is not None else None,
+            at_loads_of_record(objective, base_record) if base_record is not None
+            else AtLoads(None, {}), maximize=maximize)
+    else:
+        gain = gains.gain_over(here.value, base.value, here.capacity, base.capacity,
+                               maximize=maximize, num_gpus=here.num_gpus,
+                               defaults_num_gpus=base.num_gpus, loads=here.loads,
+                               defaults_loads=base.loads)
     raw = ""
     if here.num_gpus > 1 or base.num_gpus > 1:  # the ratio is per GPU: said, as measured too
         what = f"{what} per GPU"
-        if gain.value is not None and gain.basis == "single" and \
+        whole = gains.as_measured(gain, objective, here.value, base.value, here.capacity,
+                                  base.capacity, num_gpus=here.num_gpus,
+                                  defaults_num_gpus=base.num_gpus)
+        if whole is not None and whole.value is not None and gain.basis == "single" and \
                 OBJECTIVES[objective].is_per_gpu:
-            raw = (f"; {gain.value * here.num_gpus / base.num_gpus:.2f}x as measured, on "
-                   f"{here.num_gpus} GPU(s) against {base.num_gpus}")
-    why = (f"the final confirmation re-measured trial {confirmed.best_trial}, not this one"
+            raw = (f"; {whole.value:.2f}x as measured, on {here.num_gpus} GPU(s) against "
+                   f"{base.num_gpus}")
+    why = ("the final confirmation re-measured its operating point, not this level"
+           if is_remeasured and level is not None else
+           f"the final confirmation re-measured trial {confirmed.best_trial}, not this one"
            if confirmed is not None else "no final confirmation re-measured it")
     return f"{objective} {gains.format_gain(gain, what)}{raw}; not confirmed ({why})"
 
 
 def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
            note: str = "", path: Path | None = None, study: optuna.Study | None = None,
-           minimal: bool = False) -> str:
+           minimal: bool = False, level: str | None = None) -> str:
     """The trial as `fmt`; `path` is the file it is written to (the YAML's run line names it).
     With `study` (the study it belongs to), flags equal to vLLM's defaults on the study's host
-    are left out and the header states the GPUs, engine, workload, SLO and gain; `minimal`
-    also drops the flags the study measured as making no difference (`minimal_drops`)."""
+    are left out and the header states the GPUs, engine, workload, SLO and gain, at `level`
+    where the export was picked at a fixed level (`choice.TpotPick.level`), else at the trial's
+    operating point; `minimal` also drops the flags the study measured as making no
+    difference (`minimal_drops`)."""
     if fmt not in FORMATS:
         raise ConfigError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}.")
     record = record_of(trial) or TrialRecord.from_user_attr({})
@@ -243,7 +306,7 @@ def render(trial: optuna.trial.FrozenTrial, cfg: StudyConfig, fmt: str, *,
             if not drops:
                 notes.append("--minimal dropped nothing: no measured trial ran this config "
                              "with one of its flags at vLLM's default")
-        about_lines = export_header(study, trial, cfg, model, model_note)
+        about_lines = export_header(study, trial, cfg, model, model_note, level)
         if trial.constraints.get(SLO_CONSTRAINT, 0.0) > 0:
             unmet = no_slo_met(study, cfg.spec.slo.model_dump())
             notes.append("slo: MISSED: this trial met the SLO at no load it ran"

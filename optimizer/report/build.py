@@ -8,7 +8,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -19,7 +19,7 @@ from optimizer.report.knobs import KnobEffect, finite_or_none, importances, one_
 from optimizer.results import gains
 from optimizer.results.at_load import AtLoads, compared_loads
 from optimizer.results.baseline_words import DEFAULTS, BaselineWords
-from optimizer.results.objectives import OBJECTIVES, on_all_gpus
+from optimizer.results.objectives import OBJECTIVES
 from optimizer.results.quality_gate import table_cell
 from optimizer.results.recommendation import (
     best_trial,
@@ -145,19 +145,12 @@ class Report:
         """The same on all of each side's GPUs (not per GPU); None where both used one GPU
         (the two agree) or there is no comparison."""
         per_gpu = self.gain_bounds
-        if self.best is None or self.baseline is None or per_gpu is None or \
-                max(self.best.num_gpus, self.baseline.num_gpus) <= 1:
+        if self.best is None or self.baseline is None or per_gpu is None:
             return None
-        if per_gpu.not_comparable:
-            return per_gpu
-        if per_gpu.load is not None:  # taken at a load both applied: all GPUs' figures there
-            ratio = self.best.num_gpus / max(self.baseline.num_gpus, 1)
-            return replace(per_gpu, value=None if per_gpu.value is None else
-                           per_gpu.value * ratio)
-        whole = [on_all_gpus(self.objective, r.value, r.num_gpus) if r.value is not None
-                 else None for r in (self.best, self.baseline)]
-        return gains.gain_over(whole[0], whole[1], self.best.capacity, self.baseline.capacity,
-                               maximize=self.is_maximize)
+        return gains.as_measured(per_gpu, self.objective, self.best.value, self.baseline.value,
+                                 self.best.capacity, self.baseline.capacity,
+                                 num_gpus=self.best.num_gpus,
+                                 defaults_num_gpus=self.baseline.num_gpus)
 
 
 def _row(trial: FrozenTrial, baseline_flags: Mapping[str, Any],

@@ -5,7 +5,7 @@ point to a lighter level than another trial's, and a ratio across two loads is n
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -42,12 +42,26 @@ class AtLoads:
     # lighter load than its best (the unapplied level was not measured), so it is compared
     # with another trial at one load (`gains.gain_over`).
     unapplied: frozenset[str] = frozenset()
+    # The operating point's label where its own load was not applied (every level's was not:
+    # `objectives.operating_step` then takes one of them); None otherwise.
+    operating_unapplied: str | None = None
 
     @property
     def is_moved(self) -> bool:
         """Whether a level of its was not applied, so its operating point is no best-to-best
         comparison point."""
         return bool(self.unapplied) or (self.operating is None and bool(self.levels))
+
+    @property
+    def moved_to(self) -> str:
+        """Where its operating point moved (`is_moved`), the load its figures are at:
+        "concurrency=8", or "concurrency=32, its load not applied" where no level's load was
+        (`operating` is None then); "" where it did not move, or the load is not known."""
+        if not self.is_moved:
+            return ""
+        if self.operating is None and self.operating_unapplied is not None:
+            return f"{self.operating_unapplied}, its load not applied"
+        return self.operating or ""
 
     def value_at(self, label: str) -> float | None:
         figures = self.levels.get(label)
@@ -61,6 +75,19 @@ def _metrics(data: Mapping[str, Any]) -> BenchmarkMetrics:
                                                 else f.default) for f in fields(BenchmarkMetrics)})
 
 
+def _fixed_levels(steps: Sequence[Mapping[str, Any]]
+                  ) -> Iterator[tuple[Mapping[str, Any], LoadLevel, bool]]:
+    """Each fixed level of step records that completed a request (a capacity search's probes
+    are none), with its load level and whether its load was applied."""
+    for step in steps:
+        data = step.get("metrics") or {}
+        if step.get("meets_slo") is not None or not data.get("completed"):
+            continue  # a capacity probe, or a level that completed nothing
+        level = LoadLevel(**{k: v for k, v in (step.get("level") or {}).items()
+                             if k in {f.name for f in fields(LoadLevel)}})
+        yield step, level, not (step.get("server") or {}).get(UNAPPLIED_KEY, 0.0) > 0
+
+
 def at_loads(objective: str, steps: Sequence[Mapping[str, Any]], num_gpus: int,
              operating_step: int | None) -> AtLoads:
     """`AtLoads` of a trial from its step records (`trial_record.step_records`: each with its
@@ -68,22 +95,19 @@ def at_loads(objective: str, steps: Sequence[Mapping[str, Any]], num_gpus: int,
     (the record's `headline_level`). A capacity search's probes give none."""
     levels: dict[str, LevelFigures] = {}
     unapplied: set[str] = set()
-    operating = None
-    for step in steps:
-        data = step.get("metrics") or {}
-        if step.get("meets_slo") is not None or not data.get("completed"):
-            continue  # a capacity probe, or a level that completed nothing
-        level = LoadLevel(**{k: v for k, v in (step.get("level") or {}).items()
-                             if k in {f.name for f in fields(LoadLevel)}})
-        if (step.get("server") or {}).get(UNAPPLIED_KEY, 0.0) > 0:
+    operating = operating_unapplied = None
+    for step, level, is_applied in _fixed_levels(steps):
+        if not is_applied:
             unapplied.add(level.label)
+            if operating_step is not None and step.get("step") == operating_step:
+                operating_unapplied = level.label
             continue  # its figures are of another load than its label
-        metrics = _metrics(data)
+        metrics = _metrics(step["metrics"])
         value = metrics_value(objective, metrics)
         if not math.isfinite(value):
             continue
         goodput = metrics.request_goodput
-        spread = data.get(f"spread.{objective}")
+        spread = step["metrics"].get(f"spread.{objective}")
         levels[level.label] = LevelFigures(
             level.label, per_gpu(objective, value, num_gpus), metrics.p99_tpot_ms,
             goodput / max(num_gpus, 1) if goodput is not None else None,
@@ -91,7 +115,7 @@ def at_loads(objective: str, steps: Sequence[Mapping[str, Any]], num_gpus: int,
             else None)
         if operating_step is not None and step.get("step") == operating_step:
             operating = level.label
-    return AtLoads(operating, levels, frozenset(unapplied))
+    return AtLoads(operating, levels, frozenset(unapplied), operating_unapplied)
 
 
 def at_loads_of_run(objective: str, steps: Sequence[StepMetrics], num_gpus: int) -> AtLoads:
@@ -119,3 +143,18 @@ def compared_loads(objective: str | None, record: TrialRecord | None) -> AtLoads
     if record is None or objective is None or "headline_level" not in record.metrics:
         return None
     return at_loads_of_record(objective, record)
+
+
+def moved_to_of(objective: str, record: TrialRecord | None) -> str:
+    """`AtLoads.moved_to` of a trial's record: the load its figures are at where its operating
+    point moved; "" where it did not, or the record has no operating point."""
+    loads = compared_loads(objective, record)
+    return loads.moved_to if loads is not None else ""
+
+
+def level_metrics(record: TrialRecord, label: str) -> Mapping[str, Any] | None:
+    """The figures of the fixed level `label` of a trial's record (its step record's metrics:
+    p99s, goodput, throughput), where that level's load was applied; None otherwise (no such
+    level, a level that completed nothing, or one whose load was not applied)."""
+    return next((step["metrics"] for step, level, is_applied in _fixed_levels(record.steps)
+                 if is_applied and level.label == label), None)

@@ -5,7 +5,7 @@ interval that bounds it and the bottleneck's label."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from optimizer import bottleneck
@@ -152,16 +152,10 @@ def _vs_defaults(value: float | None, capacity: Bracket | None,
     cell_what = f"vs {words.short} per GPU" if is_multi else f"vs {words.short}"
     raw = ""
     if is_multi and (OBJECTIVES[objective].is_per_gpu or capacity is not None):
-        whole = gains.gain_over(
-            on_all_gpus(objective, value, num_gpus) if value is not None else None,
-            on_all_gpus(objective, baseline.value, baseline.num_gpus)
-            if baseline.value is not None else None,
-            capacity, baseline.capacity, maximize=maximize)
-        if gain.load is not None or gain.not_comparable:  # at the one load the gain is at
-            whole = replace(gain, value=gain.value * num_gpus / baseline.num_gpus
-                            if gain.value is not None and OBJECTIVES[objective].is_per_gpu
-                            else gain.value)
-        if whole.value is not None:
+        whole = gains.as_measured(gain, objective, value, baseline.value, capacity,
+                                  baseline.capacity, num_gpus=num_gpus,
+                                  defaults_num_gpus=baseline.num_gpus)
+        if whole is not None and whole.value is not None:
             raw = (f"; {whole.value:.2f}x as measured, on {_gpus(num_gpus)} against the "
                    f"{words.short} on {_gpus(baseline.num_gpus)}")
     if gain.basis == "single" and gain.value is not None and \

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from optimizer.results.at_load import AtLoads
+from optimizer.results.objectives import OBJECTIVES, on_all_gpus
 from runners.capacity.bracket import Bracket
 
 Basis = Literal["capacity", "interval", "single"]
@@ -174,6 +175,46 @@ def interval_gain(mean: float, low: float | None, high: float | None, num_rounds
     return Gain(mean, low, high, "interval" if low is not None else "single", num_rounds,
                 load=load, rounds_each=rounds_each
                 if rounds_each is not None and rounds_each > num_rounds else None)
+
+
+def at_level(label: str, value: float | None, theirs: AtLoads, *, maximize: bool) -> Gain:
+    """A trial's `value` (per GPU) at the fixed level `label` against the defaults' there
+    (`theirs`): a config picked at one level (`export --max-tpot-ms`) is compared at that load,
+    whatever the two operating points are; none where the defaults did not apply it
+    (`Gain.not_comparable`)."""
+    if label not in theirs.levels:
+        why = f"the load of their {label} was not applied" if label in theirs.unapplied \
+            else f"they measured nothing at {label}"
+        return Gain(None, None, None, "single", not_comparable=why)
+    gain = point_gain(value, theirs.value_at(label), maximize=maximize)
+    if gain.value is None:
+        return Gain(None, None, None, "single", not_comparable=f"at {label} a figure was 0")
+    return replace(gain, load=label)
+
+
+def as_measured(gain: Gain, objective: str, value: float | None, defaults: float | None,
+                capacity: Bracket | None, defaults_capacity: Bracket | None, *,
+                num_gpus: int, defaults_num_gpus: int) -> Gain | None:
+    """`gain` (`gain_over`'s, per GPU) on all of each side's GPUs: the ratio printed "as
+    measured" beside a per-GPU gain (conclusions, the report, the export header). At the one
+    load a per-GPU ratio was taken at (`Gain.load`), or with none (`Gain.not_comparable`), that
+    ratio scaled by the two GPU counts (a rate; a latency is as measured already); else the
+    values and brackets as measured, compared as `gain_over` compares them. `value`,
+    `defaults`: per GPU, as Optuna holds them; the brackets as measured. None where both sides
+    used one GPU (per GPU and as measured agree)."""
+    if max(num_gpus, defaults_num_gpus) <= 1:
+        return None
+    if gain.load is not None or gain.not_comparable:
+        ratio = num_gpus / max(defaults_num_gpus, 1) if OBJECTIVES[objective].is_per_gpu \
+            else 1.0
+        return replace(gain, value=gain.value * ratio if gain.value is not None else None)
+    return gain_over(on_all_gpus(objective, value, num_gpus) if value is not None else None,
+                     on_all_gpus(objective, defaults, defaults_num_gpus)
+                     if defaults is not None else None,
+                     capacity, defaults_capacity,
+                     maximize=OBJECTIVES[objective].direction == "maximize")
+
+
 
 
 def _x(value: float) -> str:

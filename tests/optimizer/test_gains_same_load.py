@@ -47,15 +47,15 @@ def _level(i: int, goodput: float, tpot: float, *, applied: bool = True) -> Step
 
 
 def _record(params: dict[str, Any], steps: list[StepMetrics], *,
-            is_baseline: bool = False) -> tuple[TrialRecord, float]:
+            is_baseline: bool = False, objective: str = "goodput") -> tuple[TrialRecord, float]:
     """The record the search writes of a run with these levels, and the value Optuna is told."""
     result = RunResult(status="complete", steps=steps)
     num_gpus = int(params.get("data_parallel_size", 1))
-    values = objective_values(["goodput"], steps, num_gpus)
+    values = objective_values([objective], steps, num_gpus)
     assert values is not None
     record = TrialRecord(state="complete", params=params, flags=params, conclusion="",
                          values=tuple(values), steps=tuple(step_records(steps)),
-                         metrics=summary_metrics(result, ["goodput"], num_gpus),
+                         metrics=summary_metrics(result, [objective], num_gpus),
                          is_baseline=is_baseline)
     return record, values[0]
 
@@ -67,10 +67,13 @@ TRIAL_3 = [_level(0, 16.44, 3.32), _level(1, 42.81, 3.85)]
 TRIAL_11 = [_level(0, 17.86, 3.43), _level(1, 49.76, 3.80, applied=False)]
 
 
-def _study() -> optuna.Study:
-    study = optuna.create_study(direction="maximize")
+def _study(study: optuna.Study | None = None,
+           defaults: list[StepMetrics] = DEFAULTS) -> optuna.Study:
+    """The quickstart's three trials (the defaults, trial 3 as 1, trial 11 as 2), added to
+    `study` (else a new one in memory); `defaults`: the defaults' levels."""
+    study = study or optuna.create_study(direction="maximize")
     dist = optuna.distributions.IntDistribution(1, 2)
-    for params, steps, attrs in (({"data_parallel_size": 1}, DEFAULTS, {"baseline": True}),
+    for params, steps, attrs in (({"data_parallel_size": 1}, defaults, {"baseline": True}),
                                  ({"data_parallel_size": 1, "quantization": "fp8"}, TRIAL_3, {}),
                                  ({"data_parallel_size": 2, "quantization": "fp8"}, TRIAL_11, {})):
         record, value = _record(params, steps, is_baseline="baseline" in attrs)
@@ -207,6 +210,32 @@ def test_the_reports_gain_is_taken_at_the_load_both_applied() -> None:
     assert gain.value == pytest.approx(35.0 / 11.95)
     whole = report.gain_as_measured
     assert whole is not None and whole.value == pytest.approx(70.0 / 11.95)
+
+
+def test_the_reports_ratio_as_measured_of_a_latency_at_a_shared_load_is_its_ratio() -> None:
+    """A latency is what one request sees, on any number of GPUs: trial 11's TPOT on 2 GPUs
+    against the defaults' on 1, compared at concurrency 8 (its 32 not applied), is 3.30 / 3.43
+    as measured too. The report scaled a ratio at a shared load by the GPUs whatever the
+    objective: "1.92x as measured", twice what was measured."""
+    from optimizer.report.build import build_report
+
+    study = optuna.create_study(direction="minimize")
+    dist = optuna.distributions.IntDistribution(1, 2)
+    for params, steps, is_base in (({"data_parallel_size": 1}, DEFAULTS, True),
+                                   ({"data_parallel_size": 2}, TRIAL_11, False)):
+        record, value = _record(params, steps, is_baseline=is_base, objective="tpot")
+        study.add_trial(optuna.trial.create_trial(
+            params={"data_parallel_size": params["data_parallel_size"]},
+            distributions={"data_parallel_size": dist}, value=value,
+            user_attrs={"record": record.to_user_attr(), **({"baseline": True} if is_base
+                                                           else {})}))
+    report = build_report(study, parse_study({**QUICKSTART, "objective": "tpot"}),
+                          with_importances=False)
+    gain = report.gain_bounds
+    assert gain is not None and gain.load == "concurrency=8", gain
+    assert gain.value == pytest.approx(3.30 / 3.43)
+    whole = report.gain_as_measured
+    assert whole is not None and whole.value == pytest.approx(3.30 / 3.43), whole
 
 
 def test_operating_points_at_two_loads_with_every_level_applied_compare_best_to_best() -> None:

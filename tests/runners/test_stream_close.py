@@ -5,6 +5,7 @@ socket to the GC ("unclosed <socket.socket>"), which the suite's warnings-as-err
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import threading
 import time
@@ -181,10 +182,8 @@ def test_a_cancel_of_requests_waits_a_bounded_time_and_cancels_a_swallowed_one_a
     from tests.virtual_time import run_in_virtual_time
 
     async def swallows_one_cancel() -> str:
-        try:
+        with contextlib.suppress(asyncio.CancelledError):  # swallowed, as 3.11's wait_for may
             await asyncio.sleep(3600)
-        except asyncio.CancelledError:
-            pass  # swallowed, as 3.11's wait_for may
         await asyncio.sleep(3600)
         return "ran on"
 
