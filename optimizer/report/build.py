@@ -45,16 +45,6 @@ from runners.simulated.launcher import is_simulated_argv
 logger = logging.getLogger(__name__)
 
 
-def slo_latencies(slo: Mapping[str, Any] | None) -> tuple[str, ...]:
-    """The latency columns of the SLO's own bounds: TTFT where TTFT is bounded, TPOT where TPOT
-    is, both where both; TPOT where neither is (the report's Pareto axis). A study bounding
-    TTFT alone showed TPOT, never the figure its SLO judged (held-out check s17 #5)."""
-    bounds = slo or {}
-    shown = tuple(k for k, field_ in (("ttft", "ttft_p99_ms"), ("tpot", "tpot_p99_ms"))
-                  if bounds.get(field_) is not None)
-    return shown or ("tpot",)
-
-
 @dataclass(frozen=True)
 class TrialRow:
     """One trial as the report shows it."""
