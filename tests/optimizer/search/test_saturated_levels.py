@@ -18,6 +18,8 @@ from rich.console import Console
 from optimizer.cli.results import status_rows
 from optimizer.cli.table import trial_table
 from optimizer.regress.measure import no_figure_failure
+from optimizer.report import build_report
+from optimizer.report.render import render_markdown
 from optimizer.results.recommendation import is_slo_unmet, no_slo_met
 from optimizer.results.trial_record import ATTR_DUPLICATE_OF, record_of
 from optimizer.search.controller import SearchController
@@ -132,6 +134,14 @@ def test_status_and_mlflow_say_saturated_where_a_latency_objective_saturated(
         record.conclusion
     tags = tracking_payload(record, None, number=0)["tags"]
     assert tags["failure_reason"] == "saturated", tags
+    # The report: the reason counted and the row without the worst value the sampler was told.
+    report = build_report(controller.study, controller.cfg, with_importances=False)
+    assert report.failures == {"saturated": 1}, report.failures
+    (row,) = report.rows
+    assert row.state == "failed" and row.value is None, row
+    assert not report.knob_effects, "no measured defaults: no effect is measured against them"
+    md = render_markdown(report)
+    assert "- saturated: 1" in md and "e+09" not in md and "1,000,000,000" not in md, md
 
 
 def test_regress_names_a_saturated_run_saturated_and_failed_requests_errors() -> None:
@@ -166,3 +176,27 @@ def test_a_saturated_level_beside_a_measured_one_is_named_in_the_conclusion(
     record = record_of(trial)
     assert record is not None and record.state == "complete" and trial.values == [2.0]
     assert "Saturated at rate=12: the queue kept growing" in record.conclusion
+
+
+def test_no_knob_effect_is_measured_against_defaults_that_saturated() -> None:
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+
+    from optimizer.report import knob_effects
+
+    dist = {"quantization": CategoricalDistribution(["none", "fp8"])}
+    # Optuna holds the saturated defaults complete with the worst value (to teach the
+    # sampler); their record says they failed and measured nothing.
+    defaults = optuna.trial.create_trial(
+        params={"quantization": "none"}, distributions=dist, value=1e9,
+        user_attrs={"baseline": True, "record": {
+            "state": "failed", "params": {"quantization": "none"}, "conclusion": "",
+            "failure_reason": "saturated", "failure_message": "saturated at rate=12"}})
+    fp8 = optuna.trial.create_trial(
+        params={"quantization": "fp8"}, distributions=dist, value=20.0,
+        user_attrs={"record": {"state": "complete", "params": {"quantization": "fp8"},
+                               "conclusion": "", "values": [20.0]}})
+    study = optuna.create_study(direction="minimize")
+    study.add_trials([defaults, fp8])
+    assert knob_effects(study.trials, study.trials[0], "tpot") == (), \
+        "the worst value told to the sampler is no measurement of the defaults"
