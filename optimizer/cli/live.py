@@ -1,5 +1,6 @@
 """The live table of trials the `start` command draws on a terminal, redrawn from the daemon's
-events (no progress object passes into the core) and fitted to the terminal's width."""
+events (no progress object passes into the core) and fitted to the terminal's width; its p99
+columns are the SLO's own, as `status`'s are."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from optimizer.cli.output import console as stderr_console
 from optimizer.cli.table import TableRow, trial_table
 from optimizer.config import StudyConfig
+from optimizer.results.tail_samples import slo_latencies
 
 _SHOWN_ROWS = 25  # the latest trials; `nightshift status` lists them all
 
@@ -27,6 +29,8 @@ class LiveProgress:
         from rich.live import Live
 
         self.cfg = cfg
+        # The p99 columns of the SLO's own bounds (TTFT where it bounds TTFT), as `status`.
+        self.latencies = slo_latencies(cfg.spec.slo.model_dump())
         self.rows: dict[int, dict[str, Any]] = {}
         # The daemon's thread writes rows; rich's refresh thread draws them.
         self._lock = threading.Lock()
@@ -51,7 +55,8 @@ class LiveProgress:
             row = dict(self.rows.get(event.number) or {"params": event.params, "label": "",
                                                        "confirm": event.confirm})
             row.update(state=event.state, value=event.value, tpot=event.tpot_p99_ms,
-                       tpot_n=event.tpot_p99_num_requests,
+                       tpot_n=event.tpot_p99_num_requests, ttft=event.ttft_p99_ms,
+                       ttft_n=event.ttft_p99_num_requests,
                        message=event.message, elapsed=event.elapsed_s)
             if event.label:
                 row["label"] = event.label
@@ -92,9 +97,10 @@ class LiveProgress:
             r = snapshot[number]
             rows.append(TableRow(
                 number=number, state=r["state"], changes=r["params"],
-                values=(r["value"],), tpot_p99_ms=r["tpot"],
-                tpot_p99_num_requests=r.get("tpot_n"), label=r["label"],
+                values=(r["value"],), tpot_p99_ms=r.get("tpot"),
+                tpot_p99_num_requests=r.get("tpot_n"), ttft_p99_ms=r.get("ttft"),
+                ttft_p99_num_requests=r.get("ttft_n"), label=r["label"],
                 conclusion=r["message"] or "", elapsed_s=r["elapsed"],
                 changes_note=f"(confirmation: {r['confirm']})" if r["confirm"] else ""))
         return trial_table(rows, self.cfg.objectives[:1], width, title=self.title(snapshot),
-                           baseline=self.cfg.baseline_words)
+                           baseline=self.cfg.baseline_words, latencies=self.latencies)

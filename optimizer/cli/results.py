@@ -18,7 +18,7 @@ from optimizer.config import StudyConfig
 from optimizer.errors import ConfigError
 from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.objectives import value_unit
-from optimizer.results.tail_samples import THIN_RULE
+from optimizer.results.tail_samples import THIN_RULE, slo_latencies
 from runners.atomic import write_atomic
 
 if TYPE_CHECKING:
@@ -35,7 +35,6 @@ def status(study: StudyArg, storage: StorageOpt = None) -> None:
     Example:
       nightshift status examples/quickstart.yaml
     """
-    from optimizer.report.build import slo_latencies
     from optimizer.results.recommendation import confirmation_sentence
     from optimizer.results.trial_record import confirmation_of
     from optimizer.storage.lock import read_lease, read_lock, study_lock_path

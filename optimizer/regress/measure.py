@@ -22,6 +22,7 @@ from optimizer.regress.compare import (
 from optimizer.regress.library import FIGURES, CaseSpec, LibraryConfig
 from optimizer.results.objectives import operating_step
 from optimizer.run.engines import RunnerSpec, build_runner
+from optimizer.search.notes import saturated_failure, saturated_levels
 from optimizer.storage.study import engine_config
 from runners.base import BenchmarkMetrics, Failure, FailureReason, RunResult
 from search_spaces.engine.tables import VllmFlags
@@ -130,6 +131,18 @@ def figures_of(result: RunResult, objective: str) -> dict[str, list[float]]:
     return out
 
 
+def no_figure_failure(result: RunResult) -> Failure:
+    """Why a run that completed gave no figure (no level completed a request): `saturated`
+    where a level was stopped as saturated (it cancelled its own requests: no errors of the
+    engine's), else `too_many_errors`."""
+    saturated = saturated_levels(result.steps)
+    if saturated:
+        return saturated_failure(saturated, "the config has no figure", "lighten the case's "
+                                 "load (a lower request rate in workload.levels, shorter "
+                                 "requests)")
+    return Failure(FailureReason.TOO_MANY_ERRORS, "no load level completed a request")
+
+
 def measure_case(case: CaseSpec, here: Installed, workdir: Path, threshold: float,
                  on_run: Callable[[str, int, RunResult], None] | None = None,
                  source: Path | None = None) -> CaseOutcome:
@@ -169,8 +182,7 @@ def measure_case(case: CaseSpec, here: Installed, workdir: Path, threshold: floa
                     continue
                 figures = figures_of(result, case.objective)
                 if not figures:
-                    failures[config.name] = Failure(
-                        FailureReason.TOO_MANY_ERRORS, "no load level completed a request")
+                    failures[config.name] = no_figure_failure(result)
                     continue
                 runs[config.name] += 1
                 for name, values in figures.items():

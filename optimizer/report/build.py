@@ -24,6 +24,7 @@ from optimizer.results.quality_gate import table_cell
 from optimizer.results.recommendation import (
     best_trial,
     confirmation_sentence,
+    has_measurement,
     no_baseline_reason,
     no_slo_met,
     params_of,
@@ -43,16 +44,6 @@ from runners.capacity.bracket import Bracket, bracket_from_metrics
 from runners.simulated.launcher import is_simulated_argv
 
 logger = logging.getLogger(__name__)
-
-
-def slo_latencies(slo: Mapping[str, Any] | None) -> tuple[str, ...]:
-    """The latency columns of the SLO's own bounds: TTFT where TTFT is bounded, TPOT where TPOT
-    is, both where both; TPOT where neither is (the report's Pareto axis). A study bounding
-    TTFT alone showed TPOT, never the figure its SLO judged (held-out check s17 #5)."""
-    bounds = slo or {}
-    shown = tuple(k for k, field_ in (("ttft", "ttft_p99_ms"), ("tpot", "tpot_p99_ms"))
-                  if bounds.get(field_) is not None)
-    return shown or ("tpot",)
 
 
 @dataclass(frozen=True)
@@ -159,8 +150,10 @@ def _row(trial: FrozenTrial, baseline_flags: Mapping[str, Any],
     metrics: Mapping[str, Any] = record.metrics if record is not None else {}
     flags: Mapping[str, Any] = record.flags if record is not None else {}
     changes = {k: v for k, v in flags.items() if baseline_flags.get(k) != v}
+    # A failure held complete in Optuna (a config failure, `saturated`) was told the worst
+    # value to teach the sampler: no value of its own.
     values = (record.values if record is not None else None) or \
-        (trial.values if trial.state == TrialState.COMPLETE else None)
+        (trial.values if has_measurement(trial) else None)
     value = finite_or_none(values[0]) if values else None
     if value is None and trial.state == TrialState.PRUNED:
         last = max(trial.intermediate_values, default=0)
@@ -269,7 +262,7 @@ def _confirmation(study: optuna.Study, axis: str | None,
     if not sentence or axis not in ("concurrency", "request_rate"):
         return sentence
     runs = sorted((t for t in study.get_trials(deepcopy=False)
-                   if confirm_label(t) and t.state == TrialState.COMPLETE),
+                   if confirm_label(t) and has_measurement(t)),
                   key=lambda t: t.number)
     brackets: dict[str, list[Bracket]] = {"defaults": [], "best": []}
     for t in runs:

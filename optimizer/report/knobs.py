@@ -18,6 +18,7 @@ from optimizer.results.at_load import compared_loads
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.results.recommendation import (
     NOISE_FRACTION,
+    has_measurement,
     host_independent_defaults,
     params_of,
 )
@@ -190,8 +191,8 @@ def one_knob(trials: Sequence[FrozenTrial], baseline: FrozenTrial | None, object
     `vllm_defaults` attribute); without it (a study written before it was kept), the
     host-independent ones only: a host-dependent param (the token budget, max_num_seqs,
     max_model_len) set explicitly to the host's default then counts as a change."""
-    if baseline is None or baseline.state != TrialState.COMPLETE:
-        return OneKnob()
+    if baseline is None or not has_measurement(baseline):
+        return OneKnob()  # no measured defaults (a failure held complete in Optuna measured none)
     maximize = OBJECTIVES[objective].direction == "maximize"
     reference = params_of(baseline)
     defaults = dict(vllm_defaults) if vllm_defaults is not None else \

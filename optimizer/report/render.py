@@ -7,7 +7,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from optimizer.report.build import Report, TrialRow, slo_latencies
+from optimizer.report.build import Report, TrialRow
 from optimizer.report.knobs import TOO_FEW_FOR_IMPORTANCES, left_out_text
 from optimizer.report.plots import LABEL_COLOURS, write_plots
 from optimizer.results import gains
@@ -15,7 +15,7 @@ from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.conclusion import capacity_text, shorten
 from optimizer.results.objectives import OBJECTIVES, PER_GPU_RULE, on_all_gpus, value_unit
 from optimizer.results.recommendation import NOISE_FRACTION
-from optimizer.results.tail_samples import LATENCY_HEADERS, THIN_RULE, P99Basis
+from optimizer.results.tail_samples import LATENCY_HEADERS, THIN_RULE, P99Basis, slo_latencies
 from optimizer.results.trial_record import objective_unit
 from runners.atomic import write_atomic
 

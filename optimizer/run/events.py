@@ -1,6 +1,6 @@
 """What the daemon tells its caller: a `TrialEvent` per trial event (the CLI's progress display
 draws them; the core never draws), the figures an event carries (`first_value`,
-`operating_tpot_ms`), and the `DaemonSummary` of a run."""
+`operating_metrics`), and the `DaemonSummary` of a run."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from optimizer.results.objectives import objective_values, operating_step
 from optimizer.results.trial_record import confirm_label
 from optimizer.search.controller import SearchController
 from optimizer.search.trials import Running
+from runners.base import BenchmarkMetrics
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,10 @@ class TrialEvent:
     confirm: str = ""  # "defaults" or "best": a final confirmation run, not a search trial
     # the requests the TPOT p99 is over, once the trial's record says (tail_samples.py)
     tpot_p99_num_requests: int | None = None
+    # TTFT p99 at the operating point, and the completed requests it is over once the record
+    # says: the live table shows the SLO's own p99s (`tail_samples.slo_latencies`)
+    ttft_p99_ms: float | None = None
+    ttft_p99_num_requests: int | None = None
 
 
 def confirm_of(running: Running) -> str:
@@ -49,11 +54,12 @@ class DaemonSummary:
     mlflow_incomplete: str = ""
 
 
-def operating_tpot_ms(policy: SearchController, running: Running) -> float | None:
-    """TPOT p99 at the trial's operating point so far (`objectives.operating_step`), the load
-    its value describes: never a later probe's that missed the SLO."""
+def operating_metrics(policy: SearchController, running: Running) -> BenchmarkMetrics | None:
+    """The figures at the trial's operating point so far (`objectives.operating_step`), the
+    load its value describes, never a later probe's that missed the SLO: the live table's TTFT
+    and TPOT p99s; None before a level has one."""
     step = operating_step(policy.cfg.objectives[0], running.steps)
-    return step.metrics.p99_tpot_ms if step is not None else None
+    return step.metrics if step is not None else None
 
 
 def first_value(policy: SearchController | None, running: Running) -> float | None:

@@ -104,6 +104,7 @@ class StudyRuns:
         logger.info("trial %d %s: %s params=%s", told.number, record.state, record.conclusion,
                     running.params)
         tpot_basis = basis_of(record.metrics, "num_tpot_samples")
+        ttft_basis = basis_of(record.metrics, "completed")
         self.on_event(TrialEvent("finished", told.number, self._changed(running.config),
                                  record.state, primary, record.metrics.get("p99_tpot_ms"),
                                  record.conclusion_short,
@@ -111,7 +112,10 @@ class StudyRuns:
                                  str((record.verdict or {}).get("label") or ""),
                                  confirm_of(running),
                                  tpot_p99_num_requests=tpot_basis.num_requests
-                                 if tpot_basis is not None else None))
+                                 if tpot_basis is not None else None,
+                                 ttft_p99_ms=record.metrics.get("p99_ttft_ms"),
+                                 ttft_p99_num_requests=ttft_basis.num_requests
+                                 if ttft_basis is not None else None))
 
     def _changed(self, config: EngineConfig) -> dict[str, Any]:
         """The flags a trial sets beyond vLLM's defaults and the study's fixed flags."""

@@ -1,5 +1,6 @@
 """The notes a trial's conclusion carries beside its figures: what speculative decoding did, what
-vLLM changed by itself for the config, and why a capacity search found no operating point."""
+vLLM changed by itself for the config, why a capacity search found no operating point, and
+which fixed levels saturated (with the failure of a run that saturated before serving any)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import optuna
 
 from optimizer.results.objectives import described_step, is_capacity_search, operating_step
 from optimizer.results.trial_record import record_of
-from runners.base import EngineInfo, StepMetrics
+from runners.base import EngineInfo, Failure, FailureReason, StepMetrics
 
 
 def speculation_note(params: Mapping[str, Any], metrics: Mapping[str, Any]) -> str:
@@ -65,6 +66,30 @@ def unapplied_levels_note(steps: Sequence[StepMetrics]) -> str:
                      for s in unapplied)
     return (f"Load not applied at {len(unapplied)} level(s), whose figures are of another "
             f"load than their label ({said}).")
+
+
+def saturated_levels(steps: Sequence[StepMetrics]) -> list[StepMetrics]:
+    """The levels the load generator stopped as saturated (its waiting queue kept growing:
+    `is_saturated` in the level's server metrics; runners/levels.py), in order."""
+    return [s for s in steps if s.is_saturated]
+
+
+def saturated_note(steps: Sequence[StepMetrics]) -> str:
+    """What the saturated levels `steps` were (after "saturated at "): a miss at their load,
+    not failed requests."""
+    loads = ", ".join(s.level.label for s in steps)
+    return (f"{loads}: the queue kept growing, so the level was stopped and its "
+            "unfinished requests cancelled (a miss at that load, not failed requests)")
+
+
+def saturated_failure(saturated: Sequence[StepMetrics], missing: str, advice: str) -> Failure:
+    """The failure of a run none of whose levels completed a request, where the levels
+    `saturated` were stopped as saturated: `saturated` (never `too_many_errors`: the cancelled
+    requests are the load generator's, not the engine's), saying what has no value for it
+    (`missing`) and what to do (`advice`)."""
+    return Failure(FailureReason.SATURATED,
+                   f"saturated at {saturated_note(saturated)}; no level completed a request, "
+                   f"so {missing}: {advice}.")
 
 
 def engine_of(trial: optuna.trial.FrozenTrial | None) -> Mapping[str, Any] | None:

@@ -29,7 +29,7 @@ from optimizer.results.trial_record import (
 )
 from optimizer.search.tell import tell_duplicate, tell_without_run
 from optimizer.search.trials import NoLog, Running, TrialLog, Waiting, config_key
-from optimizer.storage.study import CONFIG_FAILURES, engine_config, running_trial
+from optimizer.storage.study import REPEATED_FAILURES, engine_config, running_trial
 from runners.base import EngineConfig, Failure, FailureReason
 from runners.hardware import HardwareProfile
 from runners.model_info import ModelInfo
@@ -138,7 +138,7 @@ class Searcher:
         if record is None or not record.params:
             return
         if record.state in ("complete", "pruned") or (
-                record.state == "failed" and record.failure_reason in CONFIG_FAILURES):
+                record.state == "failed" and record.failure_reason in REPEATED_FAILURES):
             self._measured.setdefault(config_key(record.params), number)
 
     # -- asking -------------------------------------------------------------------------------

@@ -35,12 +35,21 @@ from optimizer.search.notes import (
     engine_of,
     implied_changes_note,
     no_operating_point_note,
+    saturated_failure,
+    saturated_levels,
+    saturated_note,
     speculation_note,
     unapplied_levels_note,
 )
 from optimizer.search.startup import startup_metrics, startup_record
 from optimizer.search.trials import Running, Told, TrialLog
-from optimizer.storage.study import CONFIG_FAILURES, STATE_NAMES, state_of, tell_config_failure
+from optimizer.storage.study import (
+    CONFIG_FAILURES,
+    REPEATED_FAILURES,
+    STATE_NAMES,
+    state_of,
+    tell_config_failure,
+)
 from runners.base import (
     EngineConfig,
     Failure,
@@ -80,16 +89,22 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
         # A rate is 0 there (nothing served within the SLO); a latency has no value.
         values = _values_at_no_load(cfg.objectives)
     if state == TrialState.COMPLETE and values is None:
-        # Requests completed, yet no value: a latency objective after a capacity search that
-        # met the SLO at no load (a probe missed for overload is such a miss, not an error).
+        # No value: a latency objective after a capacity search that met the SLO at no load
+        # (a probe missed for overload is such a miss, not an error), or over levels that
+        # all saturated, or no level completed a request.
+        state = TrialState.FAIL
         if any(s.metrics.completed > 0 for s in result.steps):
-            why = "no probed load met the SLO, so a latency objective has no value"
+            failure = Failure(FailureReason.TOO_MANY_ERRORS, "no probed load met the SLO, so a "
+                              "latency objective has no value.")
         elif saturated:
-            why = (f"no load level completed a request (saturated at "
-                   f"{saturated_note(saturated)}), so a latency objective has no value")
+            # A latency is unbounded at a load the engine cannot keep up with: a miss there,
+            # as goodput's 0 is, and no count of errors.
+            failure = saturated_failure(
+                saturated, "a latency objective has no value (it is unbounded at that load)",
+                "lighten the load (a lower request rate in workload.levels, shorter requests) "
+                "or let workload.capacity find the heaviest load it serves within the SLO")
         else:
-            why = "no load level completed a request"
-        state, failure = TrialState.FAIL, Failure(FailureReason.TOO_MANY_ERRORS, f"{why}.")
+            failure = Failure(FailureReason.TOO_MANY_ERRORS, "no load level completed a request.")
     state_name = STATE_NAMES[state]
     primary = values[0] if values else None
     if state == TrialState.PRUNED and item.steps:
@@ -194,25 +209,12 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
         item.trial.set_constraint("slo", 0.0 if met else 1.0)
     if state == TrialState.COMPLETE:
         study.tell(item.trial, values)
-    elif failure is not None and failure.reason in CONFIG_FAILURES:
-        tell_config_failure(study, item.trial, cfg.objectives, policy.has_slo)
+    elif failure is not None and failure.reason in REPEATED_FAILURES:
+        tell_config_failure(study, item.trial, cfg.objectives, policy.has_slo,
+                            has_run=failure.reason not in CONFIG_FAILURES)
     else:
         study.tell(item.trial, state=state)
     return record
-
-
-def saturated_levels(steps: Sequence[StepMetrics]) -> list[StepMetrics]:
-    """The levels the load generator stopped as saturated (its waiting queue kept growing:
-    `is_saturated` in the level's server metrics; runners/levels.py), in order."""
-    return [s for s in steps if s.is_saturated]
-
-
-def saturated_note(steps: Sequence[StepMetrics]) -> str:
-    """What the saturated levels `steps` were (after "saturated at "): a miss at their load,
-    not failed requests."""
-    loads = ", ".join(s.level.label for s in steps)
-    return (f"{loads}: the queue kept growing, so the level was stopped and its "
-            "unfinished requests cancelled (a miss at that load, not failed requests)")
 
 
 def _values_at_no_load(objectives: Sequence[str]) -> list[float] | None:

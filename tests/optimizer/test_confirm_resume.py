@@ -15,7 +15,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.config import load_study
 from optimizer.results.confirmation import measured_rounds
-from optimizer.results.trial_record import ATTR_CONFIRM, STUDY_ATTR_CONFIRM
+from optimizer.results.trial_record import (
+    ATTR_CONFIRM,
+    ATTR_RECORD,
+    STUDY_ATTR_CONFIRM,
+    TrialRecord,
+)
 from optimizer.run.daemon import Daemon
 from optimizer.run.executor import InlineExecutor
 from optimizer.tracking.study_summary import study_summary
@@ -50,6 +55,20 @@ def test_a_round_is_a_defaults_run_followed_by_its_best_run_both_complete() -> N
     rounds = measured_rounds(trials, _DEFAULTS, _BEST)
     assert [(d.number, b.number) for d, b in rounds] == [(2, 3), (10, 11)], \
         "a run of another comparison (7) is no partner; a failed run (8) parts 6 from 9"
+
+
+def test_a_run_held_complete_to_teach_the_sampler_is_in_no_round() -> None:
+    # A confirmation run of the defaults that saturated (a latency objective): Optuna holds it
+    # complete with the worst value, its record says failed; it measured nothing.
+    saturated = _trial(2, "defaults", _DEFAULTS, value=1e9)
+    saturated.set_user_attr(ATTR_RECORD, TrialRecord.failed(
+        _DEFAULTS, "saturated", "saturated at rate=12", "failed (saturated)").to_user_attr())
+    trials = [_trial(0, None, _DEFAULTS), _trial(1, None, _BEST), saturated,
+              _trial(3, "best", _BEST), _trial(4, "defaults", _DEFAULTS),
+              _trial(5, "best", _BEST)]
+    rounds = measured_rounds(trials, _DEFAULTS, _BEST)
+    assert [(d.number, b.number) for d, b in rounds] == [(4, 5)], \
+        "a failure's worst value is no measurement to compare"
 
 
 def _daemon(tmp_path: Path, launched: list[dict[str, Any]], stop_at: int | None,
