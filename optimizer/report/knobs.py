@@ -255,12 +255,19 @@ def left_out_text(not_comparable: Sequence[tuple[int, str]], short: str) -> str:
 
 
 def importances(study: optuna.Study) -> dict[str, float]:
+    """fANOVA's ranking of the search trials' parameters by the variance of the first
+    objective they explain. A rate's failures are in, at the 0 they serve (an infeasible
+    config's goodput is 0); a latency's are out: the worst value they were told to steer the
+    sampler (`tell_config_failure`, 1e9 ms) is no latency, and its variance would rank the
+    parameters by which ones failed."""
+    is_rate = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
     complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if is_search_trial(t)]
+                if is_search_trial(t) and (is_rate or has_measurement(t))]
     if len(complete) < importances_floor(complete):
-        logger.info("no parameter importances: %d search trial(s) with a value (an infeasible "
-                    "config's 0 included), fewer than the %d a ranking needs", len(complete),
-                    importances_floor(complete))
+        logger.info("no parameter importances: %d search trial(s) with a value (%s), fewer "
+                    "than the %d a ranking needs", len(complete),
+                    "an infeasible config's 0 included" if is_rate else
+                    "a failed config's told worst value left out", importances_floor(complete))
         return {}
     ranked = optuna.create_study(directions=study.directions)
     try:

@@ -301,6 +301,29 @@ def test_importances_rank_a_parameter_a_rule_fixed_in_some_trials() -> None:
         "replicas double goodput here: the parameter that matters most is ranked first"
 
 
+def test_a_latency_studys_importances_leave_out_the_worst_value_told_for_a_failure() -> None:
+    """A latency objective's failures are told 1e9 ms to steer the sampler; that is no
+    latency, and fANOVA would rank the parameters by which one failed (here max_num_seqs 512
+    OOMs, while the TPOT varies only with quantization). They are left out of the ranking."""
+    from optimizer.report.knobs import importances
+
+    q = optuna.distributions.CategoricalDistribution(["none", "fp8"])
+    seqs = optuna.distributions.CategoricalDistribution([128, 256, 512])
+    study = optuna.create_study(direction="minimize")
+    for i in range(12):
+        quant, num_seqs = ("none", "fp8")[i % 2], (128, 256, 512)[i % 3]
+        failed = num_seqs == 512
+        record = {"state": "failed" if failed else "complete",
+                  "params": {"quantization": quant, "max_num_seqs": num_seqs}}
+        value = 1e9 if failed else (12.0 if quant == "none" else 8.0) + 0.01 * i
+        study.add_trial(optuna.trial.create_trial(
+            params={"quantization": quant, "max_num_seqs": num_seqs},
+            distributions={"quantization": q, "max_num_seqs": seqs}, value=value,
+            user_attrs={"record": record}))
+    ranked = importances(study)
+    assert max(ranked, key=ranked.__getitem__) == "quantization", ranked
+
+
 def test_one_knob_at_a_time_ranks_single_changes_with_what_bounds_them(
         study_file: Path) -> None:
     """A design of one change per seed: each single-change trial is that knob's effect against
