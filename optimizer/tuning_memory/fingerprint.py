@@ -287,6 +287,18 @@ RESUME_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 _KNOWN_BOTH_SIDES = frozenset({"engine_version"})
 
 
+def _release(engine_version: Any) -> str:
+    """`simulated 0.26.0`, `0.26.0+cu128`, `0.26` -> the release they name, as
+    `vllm.version` is checked against the installed vLLM (`version_key`: a local tag, a
+    rebuild for another CUDA, is the same release)."""
+    from search_spaces.engine.tables import version_key
+
+    text = str(engine_version)
+    engine, _, version = text.rpartition(" ")
+    key = version_key(version)
+    return f"{engine} {'.'.join(map(str, key + (0,) * (3 - len(key))))}" if key else text
+
+
 def resume_changes(stored: Mapping[str, Any], here: Fingerprint) -> list[str]:
     """What the study file changed from the study it would resume (`stored`: the fingerprint
     the study kept at its last start), one "group field: there -> here" per changed group, in
@@ -305,7 +317,8 @@ def resume_changes(stored: Mapping[str, Any], here: Fingerprint) -> list[str]:
     for group, names in RESUME_GROUPS:
         changed = [n for n in names if n in stored and n not in unrecorded
                    and not (n in _KNOWN_BOTH_SIDES and None in (stored[n], now.get(n)))
-                   and _norm(stored[n]) != _norm(now.get(n))]
+                   and (_release(stored[n]) != _release(now.get(n)) if n == "engine_version"
+                        else _norm(stored[n]) != _norm(now.get(n)))]
         if changed:  # the first field says it (a new model changes its shape, its size, ...)
             name = changed[0]
             head = group.split()[0]

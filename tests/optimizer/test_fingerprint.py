@@ -440,6 +440,13 @@ def test_a_study_file_naming_another_vllm_release_is_refused_on_resume(tmp_path:
     assert "simulated 0.26.0 -> simulated 0.32.0" in message and \
         "and the vLLM it ran" in message, message
     assert _refusal(url, replace(BASE, engine_version=None)) == ""
+    assert _refusal(url, replace(BASE, engine_version="simulated 0.26")) == "", \
+        "the same release, written short"
+    (tmp_path / "real").mkdir()
+    real = _stored_study(tmp_path / "real", replace(BASE, engine_version="0.26.0+cu126"))
+    assert _refusal(real, replace(BASE, engine_version="0.26.0+cu128")) == "", \
+        "a rebuild of one release for another CUDA is that release"
+    assert "0.26.0+cu126 -> 0.27.0" in _refusal(real, replace(BASE, engine_version="0.27.0"))
     (tmp_path / "unknown").mkdir()
     assert _refusal(_stored_study(tmp_path / "unknown", replace(BASE, engine_version=None)),
                     BASE) == ""
