@@ -5,12 +5,15 @@ it; `ProfileWindow` says what the window covered.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from runners.capacity.driver import StaircaseDriver
 from runners.capacity.plan import StepPlan
 from runners.capacity.step import extend_window, settle, sleep_until
+
+logger = logging.getLogger(__name__)
 
 # A profiled window is kept open past its planned length, up to this many times it (or 10 s
 # more, whichever is longer), until it has sent the requests it was sized for.
@@ -77,8 +80,13 @@ def profile_window(driver: StaircaseDriver, plan: StepPlan, *, since_s: float | 
         check_engine, None)
     end = driver.now()
     stop_profile()
+    num_sent = len(driver.sent_between(start, end))
+    if num_sent < num_requests:
+        logger.warning("the profiled window sent %d of the %d requests it was sized for in "
+                       "%.1f s (its bound): the trace covers fewer (a late client)", num_sent,
+                       num_requests, end - start)
     return ProfileWindow(axis=driver.axis, load=plan.load, warmup_s=start - since_s,
-                         window_s=end - start, num_sent=len(driver.sent_between(start, end)),
+                         window_s=end - start, num_sent=num_sent,
                          num_ended=driver.num_ended_between(start, end),
                          mean_in_flight=driver.mean_in_flight(start, end),
                          is_settled=is_settled, is_operating_point=is_operating_point,

@@ -171,7 +171,6 @@ def test_a_streams_close_whose_cancel_arrives_during_its_clean_up_is_no_error(
     assert server.wait_open(0) == 0, "no connection left open"
 
 
-
 def test_a_cancel_of_requests_waits_a_bounded_time_and_cancels_a_swallowed_one_again() -> None:
     """A missed step's cancel (and a stream's close) waits for its requests a bounded time,
     on the loop's clock: one that swallowed its first cancel (Python 3.11's `wait_for` does,
