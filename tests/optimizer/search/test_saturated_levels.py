@@ -23,7 +23,7 @@ from optimizer.cli.table import trial_table
 from optimizer.regress.measure import no_figure_failure
 from optimizer.report import build_report
 from optimizer.report.render import render_markdown
-from optimizer.results.recommendation import is_slo_unmet, no_slo_met
+from optimizer.results.recommendation import is_slo_unmet, no_baseline_reason, no_slo_met
 from optimizer.results.trial_record import ATTR_DUPLICATE_OF, record_of
 from optimizer.search.controller import SearchController
 from optimizer.search.notes import unbounded_latency_levels
@@ -324,3 +324,13 @@ def test_a_capacity_search_that_met_the_slo_at_no_load_fails_a_latency_as_slo_un
     report = build_report(controller.study, controller.cfg, with_importances=False)
     assert report.failures == {"slo_unmet": 1}, report.failures
 
+
+def test_no_baseline_reason_says_a_reason_its_message_starts_with_once(
+        make_setup: Callable[..., Setup]) -> None:
+    saturated = _defaults_ran(make_setup, is_saturated=True, objective="tpot")
+    reason = no_baseline_reason(saturated.study)
+    assert reason is not None and reason.startswith(SATURATED_AT_12) and \
+        reason.endswith("within the SLO") and not reason.startswith("saturated: "), reason
+    failed = _defaults_ran(make_setup, is_saturated=False)
+    assert no_baseline_reason(failed.study) == \
+        "too_many_errors: no load level completed a request.", "a message without it: both"
