@@ -156,10 +156,13 @@ class FailureReason(enum.StrEnum):
     CRASH_MID_RUN = "crash_mid_run"
     HANG = "hang"  # alive but not answering during the load
     TOO_MANY_ERRORS = "too_many_errors"  # requests failed above the workload's threshold
-    # Every level was stopped as saturated (its queue kept growing: `StepMetrics.is_saturated`)
-    # before a request completed, so a latency objective has no value: unbounded at that load,
-    # a miss (as goodput's 0 is), not failed requests. Set by the study, never by a runner.
+    # A latency objective would be read at (or over) a fixed level stopped as saturated (its
+    # queue kept growing: `StepMetrics.is_saturated`), so it has no value: unbounded at that
+    # load, a miss (as goodput's 0 is), not failed requests. Set by the study, never a runner.
     SATURATED = "saturated"
+    # A capacity search in which no probed load met the SLO, with a latency objective: it has
+    # no value there (a rate's is 0), a miss, not failed requests. Set by the study.
+    SLO_UNMET = "slo_unmet"
     PORT_IN_USE = "port_in_use"
     WORKER_LOST = "worker_lost"  # the Ray worker died
     NODE_LOST = "node_lost"  # the cluster node running the trial died

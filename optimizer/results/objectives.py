@@ -37,6 +37,12 @@ class Objective:
     # value is compared per GPU (`per_gpu`). A latency is what one request sees: as measured.
     is_per_gpu: bool = False
 
+    @property
+    def is_latency(self) -> bool:
+        """A latency (minimized): over fixed levels its value is the worst level's, and it has
+        none at a load the engine could not keep up with (unbounded there)."""
+        return self.direction == "minimize"
+
 
 def _latency(value_ms: float | None) -> float:
     """A latency objective's value; nan where the level has no sample (TPOT of one-token

@@ -380,6 +380,17 @@ def no_baseline_reason(study: optuna.Study) -> str | None:
     last = max(baselines, key=lambda t: t.number)
     record = record_of(last)
     reason = (record.failure_reason if record else None) or last.state.name.lower()
-    message = str((record.failure_message if record else None) or "").strip()[:300]
+    message = str((record.failure_message if record else None) or "").strip()
+    if len(message) > 600:  # a long one (a traceback's line) cut at a word, and said so
+        message = f"{message[:600].rsplit(' ', 1)[0]} ..."
     tries = f"; tried {len(baselines)} times" if len(baselines) > 1 else ""
+    if _says_reason(message, reason):  # "saturated at ...": the reason said once
+        return f"{message.rstrip('.')}{tries}"
     return f"{reason}{tries}" + (f": {message}" if message else "")
+
+
+def _says_reason(message: str, reason: str) -> bool:
+    """Whether `message` starts with its reason's name as a word ("saturated at rate=12" of
+    `saturated`; "too many errors" of `too_many_errors`)."""
+    words = reason.replace("_", " ").lower()
+    return message.lower().startswith(words) and not message[len(words):][:1].isalnum()

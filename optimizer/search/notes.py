@@ -1,15 +1,22 @@
 """The notes a trial's conclusion carries beside its figures: what speculative decoding did, what
 vLLM changed by itself for the config, why a capacity search found no operating point, and
-which fixed levels saturated (with the failure of a run that saturated before serving any)."""
+which fixed levels saturated (with the failure of a run whose latency would be read at one)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import optuna
 
-from optimizer.results.objectives import described_step, is_capacity_search, operating_step
+from optimizer.results.objectives import (
+    described_step,
+    get_objective,
+    is_capacity_search,
+    metrics_value,
+    operating_step,
+)
 from optimizer.results.trial_record import record_of
 from runners.base import EngineInfo, Failure, FailureReason, StepMetrics
 
@@ -35,8 +42,14 @@ def speculation_note(params: Mapping[str, Any], metrics: Mapping[str, Any]) -> s
 
 def no_operating_point_note(objective: str, steps: Sequence[StepMetrics]) -> str:
     """After a capacity search in which no load met the SLO, that the trial has no operating
-    point, and why the lightest load probed missed where the runner says (its `miss_reason`,
-    read with getattr until `StepMetrics` has it); "" otherwise."""
+    point, and why (`lightest_miss`); "" otherwise."""
+    miss = lightest_miss(objective, steps)
+    return f"No operating point: {miss}." if miss else ""
+
+
+def lightest_miss(objective: str, steps: Sequence[StepMetrics]) -> str:
+    """After a capacity search in which no load met the SLO: that, and why the lightest load
+    probed missed where the runner says (its `miss_reason`); "" otherwise."""
     if not is_capacity_search(steps) or operating_step(objective, steps) is not None:
         return ""
     lightest = described_step(objective, steps)
@@ -45,9 +58,9 @@ def no_operating_point_note(objective: str, steps: Sequence[StepMetrics]) -> str
     level = lightest.level
     load = f"{level.request_rate_rps:.3g} req/s" if level.request_rate_rps is not None \
         else f"concurrency {level.max_concurrency}"
-    why = getattr(lightest, "miss_reason", None)
-    return (f"No operating point: no probed load met the SLO; the lightest, {load}, missed it"
-            + (f" ({why})." if why else "."))
+    why = lightest.miss_reason
+    return (f"no probed load met the SLO; the lightest, {load}, missed it"
+            + (f" ({why})" if why else ""))
 
 
 def unapplied_levels_note(steps: Sequence[StepMetrics]) -> str:
@@ -82,14 +95,86 @@ def saturated_note(steps: Sequence[StepMetrics]) -> str:
             "unfinished requests cancelled (a miss at that load, not failed requests)")
 
 
-def saturated_failure(saturated: Sequence[StepMetrics], missing: str, advice: str) -> Failure:
-    """The failure of a run none of whose levels completed a request, where the levels
-    `saturated` were stopped as saturated: `saturated` (never `too_many_errors`: the cancelled
-    requests are the load generator's, not the engine's), saying what has no value for it
-    (`missing`) and what to do (`advice`)."""
+def unbounded_latency_levels(objectives: Sequence[str],
+                             steps: Sequence[StepMetrics]) -> list[StepMetrics]:
+    """The saturated fixed levels a latency objective's value would be read at or over, so
+    that the trial has none (a latency at a load the engine could not keep up with is
+    unbounded; the p99 of the requests that finished before the level was stopped reads it
+    low). A latency first: every saturated level, its value being the worst level's (what a
+    user at the heaviest load sees), never a lighter level's in place of the one it could not
+    serve. A rate first and a latency after it: the rate's operating point where it saturated
+    (the latency is read there), or every saturated level where no level completed a request.
+    [] without a latency, after a capacity search (a saturated probe misses the SLO, never
+    the operating point) or where no level saturated."""
+    saturated = saturated_levels(steps)
+    if not saturated or is_capacity_search(steps) or \
+            not any(get_objective(o).is_latency for o in objectives):
+        return []
+    if get_objective(objectives[0]).is_latency:
+        return saturated
+    step = operating_step(objectives[0], steps)
+    if step is None:
+        return saturated
+    return [step] if step.is_saturated else []
+
+
+def served_note(objective: str, steps: Sequence[StepMetrics]) -> str:
+    """The fixed levels the engine served (requests completed, not saturated, the load of
+    their label applied), each with the latency objective `objective`'s p99 there
+    ("rate=2 at 41.2 ms TPOT p99"); "" where none was."""
+    entry = get_objective(objective)
+    said = []
+    for step in steps:
+        if step.metrics.completed <= 0 or step.is_saturated or step.is_load_unapplied:
+            continue
+        value = metrics_value(objective, step.metrics)
+        said.append(f"{step.level.label} at {value:.1f} {entry.unit}" if math.isfinite(value)
+                    else f"{step.level.label} (no {objective} sample)")
+    return ", ".join(said)
+
+
+def saturated_failure(saturated: Sequence[StepMetrics], missing: str, advice: str, *,
+                      served: str = "") -> Failure:
+    """The failure of a run with no value at the levels `saturated`, stopped as saturated:
+    `saturated` (never `too_many_errors`: the cancelled requests are the load generator's, not
+    the engine's), saying what it served (`served`, from `served_note`; else that it served
+    no level or completed no request), what has no value for it (`missing`) and what to do
+    (`advice`)."""
+    if served:
+        what = f"it served only {served}"
+    elif any(s.metrics.completed > 0 for s in saturated):
+        what = "it served no level without its queue growing"
+    else:
+        what = "no level completed a request"
     return Failure(FailureReason.SATURATED,
-                   f"saturated at {saturated_note(saturated)}; no level completed a request, "
-                   f"so {missing}: {advice}.")
+                   f"saturated at {saturated_note(saturated)}; {what}, so {missing}: {advice}.")
+
+
+def no_value_failure(objectives: Sequence[str], steps: Sequence[StepMetrics]) -> Failure:
+    """Why a run that completed has no value for `objectives`: a latency read at a level that
+    saturated (`saturated`, naming what the engine served and its p99 there), a capacity
+    search in which no load met the SLO (`slo_unmet`: a latency has no value there), or no
+    level gave a figure (`too_many_errors`)."""
+    latency = next((o for o in objectives if get_objective(o).is_latency), objectives[0])
+    unbounded = unbounded_latency_levels(objectives, steps)
+    if unbounded:
+        cut = ": the p99 of the requests that finished before the stop reads it low" \
+            if any(s.metrics.completed > 0 for s in unbounded) else ""
+        return saturated_failure(
+            unbounded, f"the trial has no {latency} value (unbounded at that load{cut})",
+            "lighten the load (a lower request rate in workload.levels, shorter requests) or "
+            "let workload.capacity find the heaviest load it serves within the SLO",
+            served=served_note(latency, steps))
+    if is_capacity_search(steps):
+        # A probe missed for overload is such a miss too, not an error.
+        return Failure(FailureReason.SLO_UNMET,
+                       f"{lightest_miss(objectives[0], steps) or 'no probed load met the SLO'}"
+                       f", so the trial has no {latency} value (it served no load within the "
+                       "SLO): relax the SLO, lower workload.capacity.low or shorten the "
+                       "requests.")
+    if any(s.metrics.completed > 0 for s in steps):
+        return Failure(FailureReason.TOO_MANY_ERRORS, f"no load level gave a {latency} sample.")
+    return Failure(FailureReason.TOO_MANY_ERRORS, "no load level completed a request.")
 
 
 def engine_of(trial: optuna.trial.FrozenTrial | None) -> Mapping[str, Any] | None:

@@ -35,11 +35,12 @@ from optimizer.search.notes import (
     engine_of,
     implied_changes_note,
     no_operating_point_note,
-    saturated_failure,
+    no_value_failure,
     saturated_levels,
     saturated_note,
     speculation_note,
     unapplied_levels_note,
+    unbounded_latency_levels,
 )
 from optimizer.search.startup import startup_metrics, startup_record
 from optimizer.search.trials import Running, Told, TrialLog
@@ -53,7 +54,6 @@ from optimizer.storage.study import (
 from runners.base import (
     EngineConfig,
     Failure,
-    FailureReason,
     RunResult,
     StepMetrics,
 )
@@ -77,40 +77,32 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
     """Write `item`'s record from its run's `result` and tell Optuna; returns the record."""
     cfg, study, workload = policy.cfg, policy.study, policy.workload
     state = state_of(result)
-    values = objective_values(cfg.objectives, result.steps, item.config.num_gpus) \
-        if state == TrialState.COMPLETE else None
     failure = result.failure
     saturated = saturated_levels(result.steps)
-    if state == TrialState.COMPLETE and values is None and saturated and \
+    # A latency read at (or over) a level that saturated has no value (`no_value_failure`).
+    unbounded = unbounded_latency_levels(cfg.objectives, result.steps) \
+        if state == TrialState.COMPLETE else []
+    values = objective_values(cfg.objectives, result.steps, item.config.num_gpus) \
+        if state == TrialState.COMPLETE and not unbounded else None
+    if state == TrialState.COMPLETE and values is None and saturated and not unbounded and \
             not any(s.metrics.completed > 0 for s in result.steps):
         # No level completed a request and one was stopped as saturated (its queue kept
         # growing; the client cancelled its requests, none failed): a measured miss at that
-        # load, not errors; the trial met the SLO at no load.
-        # A rate is 0 there (nothing served within the SLO); a latency has no value.
+        # load, not errors; the trial met the SLO at no load. A rate is 0 there (nothing
+        # served within the SLO).
         values = _values_at_no_load(cfg.objectives)
     if state == TrialState.COMPLETE and values is None:
-        # No value: a latency objective after a capacity search that met the SLO at no load
-        # (a probe missed for overload is such a miss, not an error), or over levels that
-        # all saturated, or no level completed a request.
-        state = TrialState.FAIL
-        if any(s.metrics.completed > 0 for s in result.steps):
-            failure = Failure(FailureReason.TOO_MANY_ERRORS, "no probed load met the SLO, so a "
-                              "latency objective has no value.")
-        elif saturated:
-            # A latency is unbounded at a load the engine cannot keep up with: a miss there,
-            # as goodput's 0 is, and no count of errors.
-            failure = saturated_failure(
-                saturated, "a latency objective has no value (it is unbounded at that load)",
-                "lighten the load (a lower request rate in workload.levels, shorter requests) "
-                "or let workload.capacity find the heaviest load it serves within the SLO")
-        else:
-            failure = Failure(FailureReason.TOO_MANY_ERRORS, "no load level completed a request.")
+        # No value: a latency read at a level that saturated, or after a capacity search that
+        # met the SLO at no load, or no level completed a request.
+        state, failure = TrialState.FAIL, no_value_failure(cfg.objectives, result.steps)
     state_name = STATE_NAMES[state]
     primary = values[0] if values else None
     if state == TrialState.PRUNED and item.steps:
         pruned_values = objective_values(cfg.objectives, item.steps, item.config.num_gpus)
         primary = pruned_values[0] if pruned_values else None
-    metrics = summary_metrics(result, cfg.objectives, item.config.num_gpus)
+    # A latency with no value has no operating point whose figures the trial would state.
+    metrics = summary_metrics(replace(result, steps=()) if unbounded else result,
+                              cfg.objectives, item.config.num_gpus)
     # A launched engine's start-up (one never launched has none to record).
     startup = startup_record(item.compile_key, item.prediction, result) \
         if result.argv or result.engine.startup_s else {}

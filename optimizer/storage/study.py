@@ -53,12 +53,13 @@ CONFIG_FAILURES = frozenset({
     FailureReason.OOM_AT_START, FailureReason.KV_CACHE_TOO_SMALL,
     FailureReason.CUDA_GRAPH_CAPTURE, FailureReason.UNSUPPORTED_CONFIG,
     FailureReason.INVALID_ARGUMENT, FailureReason.INFEASIBLE})
-# A config that ran but whose every level saturated before a request completed (`saturated`: a
-# latency objective has no value there) saturates again at the study's load: it is never
-# launched twice either, and the sampler is told the worst value with the SLO violated, as a
-# goodput objective is told 0 there (`tell_config_failure(has_run=True)`). Not a config fact
-# beyond this load (learned_facts keeps CONFIG_FAILURES only).
-REPEATED_FAILURES = CONFIG_FAILURES | {FailureReason.SATURATED}
+# A config that ran but whose latency objective has no value at the study's load (`saturated`:
+# read at a level that saturated; `slo_unmet`: a capacity search in which no load met the SLO)
+# misses there again: it is never launched twice either, and the sampler is told the worst
+# value with the SLO violated, as a goodput objective is told 0 there
+# (`tell_config_failure(has_run=True)`). Not a config fact beyond this load (learned_facts
+# keeps CONFIG_FAILURES only).
+REPEATED_FAILURES = CONFIG_FAILURES | {FailureReason.SATURATED, FailureReason.SLO_UNMET}
 # What a config that cannot run scores, by direction (finite: samplers sort values).
 _WORST = {"maximize": 0.0, "minimize": 1e9}
 _STORAGE_ATTEMPTS = 4
@@ -229,9 +230,9 @@ def tell_config_failure(study: optuna.Study, trial: optuna.Trial, objectives: Se
     """A config that cannot run (OOM, graph capture, unsupported, infeasible) teaches the
     sampler: Optuna's TPE ignores FAIL trials, so it is told as a complete trial with the
     worst value and a violated constraint (never the best, and avoided). `has_run`: it ran,
-    and saturated the study's load before a request completed (`saturated`): the worst value
-    and the SLO violated, but not `runs`. Its record keeps `state: failed` for every reader of
-    ours."""
+    and its latency has no value at the study's load (`saturated`, `slo_unmet`): the worst
+    value and the SLO violated, but not `runs`. Its record keeps `state: failed` for every
+    reader of ours."""
     if not has_run:
         trial.set_constraint("runs", 1.0)
     if has_slo:

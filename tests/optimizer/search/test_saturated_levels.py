@@ -3,8 +3,10 @@ client cancelled the level's requests: runners/levels.py) is a measured miss at 
 failed requests: the trial completes with goodput 0 and the study says that no trial met the
 SLO, where a level whose requests failed still fails the trial (held-out check s17, #3b). A
 latency objective has no value there (a latency is unbounded at a load the engine cannot keep
-up with): the trial fails as `saturated`, never `too_many_errors`, is not retried, and the
-sampler is told it as the miss it is (the worst value, the SLO violated)."""
+up with): where it would be read at or over a saturated level (a latency first is the worst
+level's, so any), the trial fails as `saturated`, never `too_many_errors`, naming what it
+served, is not retried, and the sampler is told it as the miss it is (the worst value, the SLO
+violated); a capacity search that met the SLO at no load fails a latency as `slo_unmet`."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import io
 from collections.abc import Callable
 from dataclasses import replace
 
+import pytest
 from optuna.trial import TrialState
 from rich.console import Console
 
@@ -20,9 +23,10 @@ from optimizer.cli.table import trial_table
 from optimizer.regress.measure import no_figure_failure
 from optimizer.report import build_report
 from optimizer.report.render import render_markdown
-from optimizer.results.recommendation import is_slo_unmet, no_slo_met
+from optimizer.results.recommendation import is_slo_unmet, no_baseline_reason, no_slo_met
 from optimizer.results.trial_record import ATTR_DUPLICATE_OF, record_of
 from optimizer.search.controller import SearchController
+from optimizer.search.notes import unbounded_latency_levels
 from optimizer.tracking.payload import tracking_payload
 from runners.base import FailureReason, RunResult, StepMetrics
 from runners.load_level import LoadLevel
@@ -39,21 +43,44 @@ def _stopped(index: int, *, is_saturated: bool) -> StepMetrics:
                        server_metrics={"is_saturated": 1.0 if is_saturated else 0.0})
 
 
-def _defaults_ran(make_setup: Callable[..., Setup], *, is_saturated: bool,
-                  choices: dict[str, list[object]] | None = None,
-                  **study: object) -> SearchController:
+def _served(index: int, *, tpot_p99_ms: float = 35.0) -> StepMetrics:
+    """A level at 2 req/s that served its 60 requests (goodput 2 req/s)."""
+    return StepMetrics(step=index, level=LoadLevel(request_rate_rps=2.0),
+                       metrics=benchmark_metrics(tpot_p99_ms, completed=60,
+                                                 request_throughput=2.0, request_goodput=2.0))
+
+
+def _cut(index: int, *, completed: int, p99_ms: float | None = None,
+         goodput: float = 0.0) -> StepMetrics:
+    """The 12 req/s level stopped as saturated after `completed` of its 47 requests finished
+    (their p99s `p99_ms`: only those that finished before the stop)."""
+    return StepMetrics(step=index, level=RATE, metrics=benchmark_metrics(
+        p99_ms, completed=completed, failed=47 - completed, duration_s=4.0,
+        request_goodput=goodput), server_metrics={"is_saturated": 1.0})
+
+
+def _ran(make_setup: Callable[..., Setup], steps: tuple[StepMetrics, ...], *,
+         choices: dict[str, list[object]] | None = None, **study: object) -> SearchController:
+    """The defaults run over `steps` (their levels the study's) and told."""
     cfg, space, optuna_study = make_setup(choices, workload={
-        "input_len": 3000, "output_len": 64, "levels": [{"request_rate": 12}],
+        "input_len": 3000, "output_len": 64,
+        "levels": [{"request_rate": s.level.request_rate_rps} for s in steps],
         "num_requests": 60, "warmup_requests": 2}, **study)
     controller = SearchController(cfg, space, optuna_study, workload=cfg.workload,
                                   total_gpus=1, clock=lambda: 0.0)
     controller.prepare()
     defaults = controller.next_launch(lambda n: not controller.running)
     assert defaults is not None
-    step = _stopped(0, is_saturated=is_saturated)
-    assert not controller.on_step(defaults, step)
-    controller.on_result(defaults, RunResult(status="complete", steps=(step,)))
+    for step in steps:
+        assert not controller.on_step(defaults, step)
+    controller.on_result(defaults, RunResult(status="complete", steps=steps))
     return controller
+
+
+def _defaults_ran(make_setup: Callable[..., Setup], *, is_saturated: bool,
+                  choices: dict[str, list[object]] | None = None,
+                  **study: object) -> SearchController:
+    return _ran(make_setup, (_stopped(0, is_saturated=is_saturated),), choices=choices, **study)
 
 
 def test_a_level_stopped_as_saturated_is_a_miss_at_that_load_not_errors(
@@ -200,3 +227,110 @@ def test_no_knob_effect_is_measured_against_defaults_that_saturated() -> None:
     study.add_trials([defaults, fp8])
     assert knob_effects(study.trials, study.trials[0], "tpot") == (), \
         "the worst value told to the sampler is no measurement of the defaults"
+
+
+SATURATED_AT_12 = ("saturated at rate=12: the queue kept growing, so the level was stopped and "
+                   "its unfinished requests cancelled (a miss at that load, not failed "
+                   "requests); ")
+ADVICE = (": lighten the load (a lower request rate in workload.levels, shorter requests) or "
+          "let workload.capacity find the heaviest load it serves within the SLO.")
+
+
+@pytest.mark.parametrize(("completed", "cut_p99_ms", "unbounded"), [
+    (0, None, "(unbounded at that load)"),
+    # The cut level's p99 over the requests that finished before the stop: below the served
+    # level's (the worst level would be the lighter one) or above it (a figure at a load the
+    # engine could not serve).
+    (20, 30.0, "(unbounded at that load: the p99 of the requests that finished before the "
+               "stop reads it low)"),
+    (20, 90.0, "(unbounded at that load: the p99 of the requests that finished before the "
+               "stop reads it low)"),
+])
+def test_a_latency_over_a_level_that_saturated_fails_as_saturated_naming_what_it_served(
+        make_setup: Callable[..., Setup], completed: int, cut_p99_ms: float | None,
+        unbounded: str) -> None:
+    controller = _ran(make_setup, (_served(0), _cut(1, completed=completed, p99_ms=cut_p99_ms)),
+                      objective="tpot")
+    (trial,) = controller.study.get_trials(deepcopy=False)
+    record = record_of(trial)
+    assert record is not None and record.state == "failed" and \
+        record.failure_reason == "saturated", \
+        "the worst level's latency is unbounded: no lighter level's p99 stands for it"
+    assert record.failure_message == (
+        f"{SATURATED_AT_12}it served only rate=2 at 35.0 ms TPOT p99, so the trial has no tpot "
+        f"value {unbounded}{ADVICE}"), record.failure_message
+    assert trial.state == TrialState.COMPLETE and trial.values is not None and \
+        trial.values[0] >= 1e9 and trial.constraints == {"slo": 1.0}, \
+        (trial.values, trial.constraints)
+    assert not controller.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    # No operating point: no p99 of the trial is stated (the status table, the report row).
+    assert "p99_tpot_ms" not in record.metrics and "objective.tpot" not in record.metrics, \
+        record.metrics
+    (row,) = build_report(controller.study, controller.cfg, with_importances=False).rows
+    assert row.value is None and row.p99_tpot_ms is None, row
+
+
+def test_a_goodput_over_a_level_that_saturated_after_serving_some_still_completes(
+        make_setup: Callable[..., Setup]) -> None:
+    controller = _ran(make_setup, (_served(0), _cut(1, completed=20, p99_ms=30.0,
+                                                    goodput=1.0)))
+    (trial,) = controller.study.get_trials(deepcopy=False)
+    record = record_of(trial)
+    assert record is not None and record.state == "complete" and trial.values == [2.0], \
+        "a rate keeps its best level; the saturated one is a miss at its load"
+    assert "Saturated at rate=12: the queue kept growing" in record.conclusion
+
+
+def test_a_latency_after_a_rate_is_unbounded_only_where_the_rate_reads_a_saturated_level(
+        ) -> None:
+    served = _served(0)
+    above, below = _cut(1, completed=20, goodput=5.0), _cut(1, completed=20, goodput=1.0)
+    assert unbounded_latency_levels(["goodput", "tpot"], (served, above)) == [above], \
+        "goodput's best level saturated: the TPOT would be read there"
+    assert unbounded_latency_levels(["goodput", "tpot"], (served, below)) == []
+    assert unbounded_latency_levels(["goodput", "throughput"], (served, above)) == [], \
+        "no latency: a rate at a saturated level is a miss there, as before"
+    assert unbounded_latency_levels(["ttft", "goodput"], (served, below)) == [below], \
+        "a latency first is the worst level's"
+    assert unbounded_latency_levels(["tpot"], (served,)) == []
+
+
+def test_a_capacity_search_that_met_the_slo_at_no_load_fails_a_latency_as_slo_unmet(
+        make_setup: Callable[..., Setup]) -> None:
+    probes = tuple(StepMetrics(
+        step=i, level=LoadLevel(request_rate_rps=rate), meets_slo=False,
+        metrics=benchmark_metrics(p99, completed=40, request_throughput=rate),
+        miss_reason=f"TPOT p99 {p99:g} ms against 40 ms")
+        for i, (rate, p99) in enumerate(((8.0, 90.0), (4.0, 60.0))))
+    controller = _ran(make_setup, probes, objective="tpot", choices={"max_num_seqs": [256]})
+    (trial,) = controller.study.get_trials(deepcopy=False)
+    record = record_of(trial)
+    assert record is not None and record.state == "failed"
+    assert record.failure_reason == FailureReason.SLO_UNMET == "slo_unmet", \
+        "a miss of the SLO at every load is no count of errors"
+    assert record.failure_message == (
+        "no probed load met the SLO; the lightest, 4 req/s, missed it (TPOT p99 60 ms against "
+        "40 ms), so the trial has no tpot value (it served no load within the SLO): relax the "
+        "SLO, lower workload.capacity.low or shorten the requests."), record.failure_message
+    assert trial.values is not None and trial.values[0] >= 1e9 and \
+        trial.constraints == {"slo": 1.0}, "taught as goodput's 0 teaches the sampler"
+    assert controller.next_launch(lambda n: not controller.running) is None, \
+        "the one config missed at every load: not launched again"
+    buffer = io.StringIO()
+    Console(file=buffer, width=200, color_system=None).print(trial_table(
+        status_rows([trial]), controller.cfg.objectives, 200))
+    assert "failed (slo_unmet)" in buffer.getvalue(), buffer.getvalue()
+    assert tracking_payload(record, None, number=0)["tags"]["failure_reason"] == "slo_unmet"
+    report = build_report(controller.study, controller.cfg, with_importances=False)
+    assert report.failures == {"slo_unmet": 1}, report.failures
+
+
+def test_no_baseline_reason_says_a_reason_its_message_starts_with_once(
+        make_setup: Callable[..., Setup]) -> None:
+    saturated = _defaults_ran(make_setup, is_saturated=True, objective="tpot")
+    reason = no_baseline_reason(saturated.study)
+    assert reason is not None and reason.startswith(SATURATED_AT_12) and \
+        reason.endswith("within the SLO") and not reason.startswith("saturated: "), reason
+    failed = _defaults_ran(make_setup, is_saturated=False)
+    assert no_baseline_reason(failed.study) == \
+        "too_many_errors: no load level completed a request.", "a message without it: both"
