@@ -107,6 +107,12 @@ def test_a_round_at_no_load_both_runs_applied_is_named_and_never_averaged(
     stored = confirmation_of(study)
     assert stored is not None and (stored.num_rounds, stored.rounds_each) == (2, 3)
     assert "over 2 of 3 rounds" in gain_line(study, study.trials[1], cfg)
+    # MLflow's study run: the gain with the rounds it averages and the load they compared at.
+    from optimizer.tracking.study_summary import study_summary
+
+    metrics, tags = study_summary(study, cfg)
+    assert metrics["confirm.gain"] == pytest.approx(summary["gain"])
+    assert metrics["confirm.num_rounds"] == 2 and tags["confirm.load"] == "concurrency=8"
 
 
 def test_every_round_at_no_common_load_states_no_ratio() -> None:

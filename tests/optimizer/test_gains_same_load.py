@@ -5,6 +5,7 @@ a concurrency-capacity ratio is named as one; the export's gain says "per GPU"."
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import optuna
@@ -304,3 +305,12 @@ def test_versus_a_best_with_no_level_applied_a_trial_with_none_is_not_compared()
     assert "vs best trial 4: not comparable at one load (no level of either applied its " \
         "load)" in told.text, told.text
     assert "new best" not in told.text
+
+
+def test_a_trial_with_no_figure_at_the_level_says_so_not_that_a_figure_was_0() -> None:
+    theirs = at_loads("goodput", step_records(DEFAULTS), 1, 1)
+    gain = gains.at_level("concurrency=8", None, theirs, maximize=True)
+    assert gain.value is None and gain.not_comparable == "it has no figure at concurrency=8"
+    zero = gains.at_level("concurrency=8", 0.0, replace(theirs, levels={
+        k: replace(v, value=0.0) for k, v in theirs.levels.items()}), maximize=True)
+    assert zero.not_comparable == "at concurrency=8 a figure was 0"
