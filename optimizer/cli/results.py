@@ -103,7 +103,7 @@ def status_rows(trials: Sequence[FrozenTrial], words: BaselineWords = DEFAULTS,
     applied) names the load its figures are at (`TableRow.at_load`)."""
     from optuna.trial import TrialState
 
-    from optimizer.results.at_load import moved_to_of
+    from optimizer.results.at_load import compared_loads
     from optimizer.results.trial_record import confirm_label, is_baseline, ran_nothing, record_of
 
     def is_defaults(t: FrozenTrial) -> bool:  # the defaults' trial, not a confirmation re-run
@@ -142,8 +142,8 @@ def status_rows(trials: Sequence[FrozenTrial], words: BaselineWords = DEFAULTS,
         metrics = record.metrics if record is not None else {}
         verdict = (record.verdict if record is not None else None) or {}
         # A pruned trial's figure is its last level's, not an operating point's.
-        at_load = moved_to_of(objective, record) if state == "complete" and \
-            objective is not None else ""
+        loads = compared_loads(objective, record) if state == "complete" else None
+        at_load = loads.figures_at if loads is not None else ""
         rows.append(TableRow(
             number=t.number, state=state, changes=changes, values=values,
             tpot_p99_ms=_finite(metrics.get("p99_tpot_ms")),
@@ -177,12 +177,14 @@ def recommendation_text(study: Any, objectives: Sequence[str],
     (recommendation.recommendation_note); where no trial met the SLO, that line instead
     (recommendation.no_slo_met; `slo`, the study's bounds, else the stored fingerprint's);
     the end-of-run line and `status` print it. "" when none."""
+    from optimizer.results.at_load import compared_loads
     from optimizer.results.confirmation import is_simulated_run
     from optimizer.results.recommendation import (
         no_slo_met,
         recommendation_note,
         recommended_trial,
     )
+    from optimizer.results.trial_record import record_of
 
     unmet = no_slo_met(study, slo)
     if unmet is not None:
@@ -191,27 +193,11 @@ def recommendation_text(study: Any, objectives: Sequence[str],
     if pick is None or not pick.values:
         return ""
     note = recommendation_note(study, pick)
+    loads = compared_loads(objectives[0], record_of(pick))
     mark = SIMULATED_MARK if is_simulated_run(pick) else ""
     return (f"recommended: trial {pick.number}, {values_text(objectives, pick.values)}"
-            f"{moved_load(objectives[0], pick)}{mark}" + (f" ({note})" if note else ""))
-
-
-def moved_load(objective: str, trial: FrozenTrial) -> str:
-    """` at concurrency=8 (the load of concurrency=32 was not applied)`: the load of a trial's
-    figures where a level of its was not applied (`AtLoads.is_moved`: its operating point may
-    then be lighter than its best); "" where every level was."""
-    from optimizer.results.at_load import compared_loads
-    from optimizer.results.trial_record import record_of
-
-    loads = compared_loads(objective, record_of(trial))
-    if loads is None or not loads.moved_to:
-        return ""
-    if loads.operating is None:  # no level's load was applied
-        return f" at {loads.moved_to}"
-    unapplied = sorted(loads.unapplied)
-    plural = len(unapplied) > 1
-    return (f" at {loads.operating} (the load{'s' if plural else ''} of {', '.join(unapplied)} "
-            f"{'were' if plural else 'was'} not applied)")
+            f"{loads.moved_phrase() if loads is not None else ''}{mark}"
+            + (f" ({note})" if note else ""))
 
 
 def values_text(objectives: Sequence[str], values: Sequence[float]) -> str:

@@ -45,9 +45,9 @@ class TableRow:
     tpot_p99_num_requests: int | None = None
     ttft_p99_ms: float | None = None
     ttft_p99_num_requests: int | None = None  # the completed requests the TTFT p99 is over
-    # Where its operating point moved (a level's load not applied: `AtLoads.moved_to`), the
-    # load its figures are at ("concurrency=8"): its first figure marked, the load named under
-    # the table (`moved_note`); "": not moved.
+    # Where its operating point moved (a level's load not applied: `AtLoads.figures_at`),
+    # where its figures are ("at concurrency=8", or that no level's load was applied): its
+    # first figure marked, the place named under the table (`moved_note`); "": not moved.
     at_load: str = ""
 
     def p99(self, latency: str) -> tuple[float | None, int | None]:
@@ -93,14 +93,17 @@ def value_cell(value: float | None, at_load: str = "") -> str:
 
 
 def moved_note(rows: Sequence[TableRow]) -> str:
-    """The line under the table naming the load each marked row's figures are at: `*: a
-    level's load was not applied, so the row's figures are at the load named: trial 11 at
-    concurrency=8.`; "" where no row moved."""
-    moved = [f"trial {r.number} at {r.at_load}" for r in rows if r.at_load and r.values]
-    if not moved:
+    """The line under the table naming where each marked row's figures are: `*: a level's
+    load was not applied, so the row's figures are at the load named: trial 11 at
+    concurrency=8.`, or, of a row none of whose levels' loads was, that said; "" where no row
+    moved."""
+    marked = [r for r in rows if r.at_load and r.values]
+    if not marked:
         return ""
-    return (f"{MOVED_MARK}: a level's load was not applied, so the row's figures are at the "
-            f"load named: {'; '.join(moved)}.")
+    where = "at the load named" if all(r.at_load.startswith("at ") for r in marked) else \
+        "as named"
+    return (f"{MOVED_MARK}: a level's load was not applied, so the row's figures are {where}: "
+            f"{'; '.join(f'trial {r.number} {r.at_load}' for r in marked)}.")
 
 
 def objective_header(name: str) -> str:

@@ -25,7 +25,12 @@ from optimizer.export.launch import (
     trial_env,
 )
 from optimizer.results import gains
-from optimizer.results.at_load import AtLoads, at_loads_of_record, level_metrics
+from optimizer.results.at_load import (
+    AtLoads,
+    at_loads_of_record,
+    compared_loads,
+    level_metrics,
+)
 from optimizer.results.conclusion import baseline_trial, reference_of
 from optimizer.results.confirmation import SIMULATED_VERDICT
 from optimizer.results.objectives import OBJECTIVES
@@ -82,9 +87,11 @@ def export_header(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: Stu
          + (f" per GPU on {num_gpus} GPU{'s' if num_gpus > 1 else ''}"
             if o in OBJECTIVES and OBJECTIVES[o].is_per_gpu else ""))
         if v is not None else f"{o} not measured there" for o, v in figures)
+    loads = compared_loads(cfg.objectives[0], record)
+    moved = loads.moved_phrase("its operating point") if loads is not None else ""
     lines = [f"nightshift study {cfg.name!r}, trial {trial.number}"
-             + (_picked_at(record, level, cfg.objectives[0]) + f": {values}"
-                if level is not None else f": {values}{_moved(record, cfg.objectives[0])}")]
+             + (_picked_at(loads, level) + f": {values}" if level is not None
+                else f": {values}{moved}")]
     lines.append(f"model: {model}" + (f" ({model_note.removeprefix('model: ')})"
                                        if model_note else ""))
     tp = int(flags.get("tensor_parallel_size") or 1)
@@ -118,32 +125,24 @@ def export_header(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: Stu
     return lines
 
 
-def _moved(record: TrialRecord | None, objective: str) -> str:
-    """Where a trial's operating point moved (a level's load not applied: `AtLoads.moved_to`),
-    the load its figures are at: " at concurrency=8 (its operating point; the load of
-    concurrency=32 was not applied)"; "" where it did not move."""
-    if record is None or "headline_level" not in record.metrics:
-        return ""
-    loads = at_loads_of_record(objective, record)
-    if not loads.moved_to:
-        return ""
-    if loads.operating is None:
-        return f" at {loads.moved_to}"
-    unapplied = sorted(loads.unapplied)
-    return (f" at {loads.moved_to} (its operating point; the load of {', '.join(unapplied)} "
-            f"{'was' if len(unapplied) == 1 else 'were'} not applied)")
-
-
-def _picked_at(record: TrialRecord | None, level: str, objective: str) -> str:
+def _picked_at(loads: AtLoads | None, level: str) -> str:
     """" at concurrency=8 (the level picked; its operating point is concurrency=32)": every
     figure of the header is the picked level's."""
-    loads = at_loads_of_record(objective, record) \
-        if record is not None and "headline_level" in record.metrics else None
     operating = loads.operating if loads is not None else None
     if operating == level:
         return f" at {level} (the level picked, its operating point too)"
+    if loads is not None and loads.is_unplaced:
+        return (f" at {level} (the level picked; its operating point is "
+                f"{loads.operating_unapplied}, whose load was not applied)")
     return f" at {level} (the level picked; its operating point " + \
         (f"is {operating})" if operating else "not known)")
+
+
+def _operating(record: TrialRecord | None, objective: str) -> str | None:
+    """The label of a trial's operating point, where its record names one at an applied load
+    (`AtLoads.operating`); else None."""
+    loads = compared_loads(objective, record)
+    return loads.operating if loads is not None else None
 
 
 # (words, the SLO's field, the operating point's p99 metric) of each bound.
@@ -201,19 +200,24 @@ def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyCo
     confirmation's interval wins where it re-measured this trial (a search measurement's
     bounds never stand beside an interval that contradicts them); else the search's own, not
     confirmed. With `level` (the fixed level `export --max-tpot-ms` picked it at), the two at
-    that level (`gains.at_level`): the confirmation compared operating points, not it."""
+    that level (`gains.at_level`), unless the confirmation compared the two there: at that
+    load (`StoredConfirmation.load`), or at their operating points where the level is this
+    trial's."""
     objective = cfg.objectives[0]
     words = cfg.baseline_words
     what = words.the_full
     confirmed = confirmation_of(study)
     is_remeasured = confirmed is not None and confirmed.best_trial == trial.number
-    if is_remeasured and level is None and confirmed is not None and \
+    is_there = level is None or (confirmed is not None and (
+        confirmed.load == level if confirmed.load is not None else
+        _operating(record_of(trial), objective) == level))
+    if is_remeasured and is_there and confirmed is not None and \
             (confirmed.gain is None or not (math.isfinite(confirmed.gain)
                                             and confirmed.gain > 0)):
         # No ratio (a round measured 0; a study stored before that was said gives inf or 0):
         # none is stated, never "infx".
         return f"none stated: {confirmed.sentence}"
-    if is_remeasured and level is None and confirmed is not None and \
+    if is_remeasured and is_there and confirmed is not None and \
             (gain := stored_gain(confirmed)) is not None:
         mine, theirs = reference_of(trial), reference_of(baseline_trial(study))
         if max(mine.num_gpus if mine else 1, theirs.num_gpus if theirs else 1) > 1:
@@ -267,10 +271,14 @@ def gain_line(study: optuna.Study, trial: optuna.trial.FrozenTrial, cfg: StudyCo
                 OBJECTIVES[objective].is_per_gpu:
             raw = (f"; {whole.value:.2f}x as measured, on {here.num_gpus} GPU(s) against "
                    f"{base.num_gpus}")
-    why = ("the final confirmation re-measured its operating point, not this level"
-           if is_remeasured and level is not None else
-           f"the final confirmation re-measured trial {confirmed.best_trial}, not this one"
-           if confirmed is not None else "no final confirmation re-measured it")
+    if confirmed is None:
+        why = "no final confirmation re-measured it"
+    elif not is_remeasured:
+        why = f"the final confirmation re-measured trial {confirmed.best_trial}, not this one"
+    else:  # re-measured, compared elsewhere than the level picked
+        why = ("the final confirmation compared the two " +
+               (f"at {confirmed.load}" if confirmed.load is not None else
+                "runs' operating points") + ", not at this level")
     return f"{objective} {gains.format_gain(gain, what)}{raw}; not confirmed ({why})"
 
 

@@ -54,14 +54,44 @@ class AtLoads:
 
     @property
     def moved_to(self) -> str:
-        """Where its operating point moved (`is_moved`), the load its figures are at:
-        "concurrency=8", or "concurrency=32, its load not applied" where no level's load was
-        (`operating` is None then); "" where it did not move, or the load is not known."""
+        """Where its operating point moved (`is_moved`): the label of the level its figures
+        are of ("concurrency=8"); where no level's load was applied (`is_unplaced`), the level
+        `objectives.operating_step` took, whose figures are at another load than it names;
+        "" where it did not move, or the level is not known."""
         if not self.is_moved:
             return ""
-        if self.operating is None and self.operating_unapplied is not None:
-            return f"{self.operating_unapplied}, its load not applied"
-        return self.operating or ""
+        return self.operating or self.operating_unapplied or ""
+
+    @property
+    def is_unplaced(self) -> bool:
+        """No level's load was applied: its figures are at no load a level names."""
+        return self.operating is None and self.operating_unapplied is not None
+
+    @property
+    def figures_at(self) -> str:
+        """Where its figures are, after "trial 11" (`status`'s note under its table): "at
+        concurrency=8" where its operating point moved, "(no level's load was applied: its
+        figures are concurrency=32's, at another load)" where none was; "" where it did not
+        move, or the load is not known."""
+        if self.is_unplaced:
+            return f"({_unplaced(self.moved_to)})"
+        return f"at {self.moved_to}" if self.moved_to else ""
+
+    def moved_phrase(self, whose: str = "") -> str:
+        """After a trial's figures, the load they are at where its operating point moved: " at
+        concurrency=8 (the load of concurrency=32 was not applied)", `whose` first in the
+        parentheses ("its operating point; the load of ..."); " (no level's load was applied:
+        its figures are concurrency=32's, at another load)" where none was; "" where it did
+        not move, or the load is not known. The recommendation line and the export header."""
+        if self.is_unplaced:
+            return f" {self.figures_at}"
+        if not self.moved_to:
+            return ""
+        unapplied = sorted(self.unapplied)
+        plural = len(unapplied) > 1
+        return (f" at {self.moved_to} ({f'{whose}; ' if whose else ''}the load"
+                f"{'s' if plural else ''} of {', '.join(unapplied)} "
+                f"{'were' if plural else 'was'} not applied)")
 
     def value_at(self, label: str) -> float | None:
         figures = self.levels.get(label)
@@ -145,11 +175,8 @@ def compared_loads(objective: str | None, record: TrialRecord | None) -> AtLoads
     return at_loads_of_record(objective, record)
 
 
-def moved_to_of(objective: str, record: TrialRecord | None) -> str:
-    """`AtLoads.moved_to` of a trial's record: the load its figures are at where its operating
-    point moved; "" where it did not, or the record has no operating point."""
-    loads = compared_loads(objective, record)
-    return loads.moved_to if loads is not None else ""
+def _unplaced(label: str) -> str:
+    return f"no level's load was applied: its figures are {label}'s, at another load"
 
 
 def level_metrics(record: TrialRecord, label: str) -> Mapping[str, Any] | None:

@@ -177,7 +177,7 @@ def _vs_best(value: float | None, capacity: Bracket | None, best: Reference,
     is_new_best = value is not None and best.value is not None and (
         value > best.value if maximize else value < best.value)
     if capacity is None and loads is not None and best.loads is not None and \
-            (loads.is_moved or best.loads.is_moved) and loads.operating != best.loads.operating:
+            gains.needs_one_load(loads, best.loads):
         # Two operating points at two loads: compared at one both applied, or not at all.
         same = gains.same_load(loads, best.loads, maximize=maximize)
         if same.load is None:

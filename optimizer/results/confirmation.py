@@ -148,9 +148,11 @@ def round_values(objective: str, defaults: FrozenTrial, best: FrozenTrial) -> di
     """One round's two values as its ratio compares them, per GPU (as Optuna holds them), by
     `gains.gain_over`'s rule: where every fixed level of both runs was applied, each run's
     operating point (best against best); where a level of either was not, the two at one load
-    both applied, named (`"load"`), or none (`"not_comparable"`: why, values as Optuna holds
-    them): an unapplied level can move one run's operating point to a lighter load than the
-    other's, and a ratio across two loads is no gain. A capacity search's runs have no fixed
+    both applied, named (`"load"`) where it is not both operating points (two operating points
+    at one level compare there, unnamed, as where nothing moved), or none (`"not_comparable"`:
+    why, values as Optuna holds them; so where every level of a run was unapplied): an
+    unapplied level can move one run's operating point to a lighter load than the other's, and
+    a ratio across two loads is no gain. A capacity search's runs have no fixed
     levels: their operating points, as ever."""
     pair: dict[str, Any] = {"defaults": float(defaults.values[0]),
                             "best": float(best.values[0])}
@@ -163,7 +165,10 @@ def round_values(objective: str, defaults: FrozenTrial, best: FrozenTrial) -> di
                            maximize=OBJECTIVES[objective].direction == "maximize")
     if gain.not_comparable:
         return {**pair, "not_comparable": gain.not_comparable}
-    load = gain.load or mine.operating  # where both operate at one level, that level
+    # A load is named only where the two were compared away from their operating points:
+    # two operating points at one level compare there as they do where nothing moved, so the
+    # round is at the same place as such a round (`_averaged`), never set aside from it.
+    load = gain.load
     at_load = (mine.value_at(load), theirs.value_at(load)) if load is not None else (None, None)
     if at_load[0] is None or at_load[1] is None:
         return pair

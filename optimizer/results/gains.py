@@ -135,14 +135,21 @@ def gain_over(value: float | None, defaults: float | None, capacity: Bracket | N
             return replace(gain, objective_gain=point_gain(value, defaults, maximize=maximize))
         return gain
     if loads is not None and defaults_loads is not None and \
-            (loads.is_moved or defaults_loads.is_moved) and \
-            loads.operating != defaults_loads.operating:
-        # A level not applied may have moved an operating point to a lighter load than the
-        # config's best: compared at one load. Otherwise each operating point is its config's
-        # best within the SLO over the same levels, and best against best is the comparison
-        # (as two capacities are, at their own loads).
+            needs_one_load(loads, defaults_loads):
         return same_load(loads, defaults_loads, maximize=maximize)
     return point_gain(value, defaults, maximize=maximize)
+
+
+def needs_one_load(mine: AtLoads, theirs: AtLoads) -> bool:
+    """Whether two trials' fixed levels are compared at one load (`same_load`), not at their
+    operating points: a level not applied may have moved an operating point to a lighter load
+    than the config's best, so two at different levels, or one at no applied level (every
+    level's load unapplied: two such are no equal loads), are compared at one load or not at
+    all. Otherwise each operating point is its config's best within the SLO over the same
+    levels, and best against best is the comparison (as two capacities are, at their own
+    loads)."""
+    return (mine.is_moved or theirs.is_moved) and (
+        mine.operating is None or theirs.operating is None or mine.operating != theirs.operating)
 
 
 def same_load(mine: AtLoads, theirs: AtLoads, *, maximize: bool) -> Gain:
@@ -152,8 +159,9 @@ def same_load(mine: AtLoads, theirs: AtLoads, *, maximize: bool) -> Gain:
     loads would credit (or blame) the config with the difference in load."""
     here, there = mine.operating, theirs.operating
     if here is None or there is None:
-        return Gain(None, None, None, "single", not_comparable=(
-            f"{'none of its levels' if here is None else 'none of theirs'} applied its load"))
+        whose = "no level of either" if here is None and there is None else \
+            "none of its levels" if here is None else "none of theirs"
+        return Gain(None, None, None, "single", not_comparable=f"{whose} applied its load")
     undefined = ""
     for label in (here, there):
         if label in mine.levels and label in theirs.levels:
@@ -186,6 +194,8 @@ def at_level(label: str, value: float | None, theirs: AtLoads, *, maximize: bool
         why = f"the load of their {label} was not applied" if label in theirs.unapplied \
             else f"they measured nothing at {label}"
         return Gain(None, None, None, "single", not_comparable=why)
+    if value is None:
+        return Gain(None, None, None, "single", not_comparable=f"it has no figure at {label}")
     gain = point_gain(value, theirs.value_at(label), maximize=maximize)
     if gain.value is None:
         return Gain(None, None, None, "single", not_comparable=f"at {label} a figure was 0")
@@ -213,8 +223,6 @@ def as_measured(gain: Gain, objective: str, value: float | None, defaults: float
                      if defaults is not None else None,
                      capacity, defaults_capacity,
                      maximize=OBJECTIVES[objective].direction == "maximize")
-
-
 
 
 def _x(value: float) -> str:

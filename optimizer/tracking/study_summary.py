@@ -81,7 +81,12 @@ def study_summary(study: optuna.Study,
         tags["confirm"] = confirmed.sentence
         tags["confirmed"] = "true" if confirmed.is_confirmed else "false"
         if confirmed.gain is not None:  # no ratio: no metric, never a 0 in its place
+            # With the rounds it averages and the load they compared the two at, where that
+            # is not their operating points (`Gain.load`): a ratio is never logged bare.
             metrics["confirm.gain"] = confirmed.gain
+            metrics["confirm.num_rounds"] = float(confirmed.num_rounds)
+            if confirmed.load is not None:
+                tags["confirm.load"] = confirmed.load
         for key, bound in (("ci_low", confirmed.ci_low), ("ci_high", confirmed.ci_high)):
             if bound is not None:
                 metrics[f"confirm.gain_{key}"] = bound

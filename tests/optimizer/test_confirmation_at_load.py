@@ -107,6 +107,12 @@ def test_a_round_at_no_load_both_runs_applied_is_named_and_never_averaged(
     stored = confirmation_of(study)
     assert stored is not None and (stored.num_rounds, stored.rounds_each) == (2, 3)
     assert "over 2 of 3 rounds" in gain_line(study, study.trials[1], cfg)
+    # MLflow's study run: the gain with the rounds it averages and the load they compared at.
+    from optimizer.tracking.study_summary import study_summary
+
+    metrics, tags = study_summary(study, cfg)
+    assert metrics["confirm.gain"] == pytest.approx(summary["gain"])
+    assert metrics["confirm.num_rounds"] == 2 and tags["confirm.load"] == "concurrency=8"
 
 
 def test_every_round_at_no_common_load_states_no_ratio() -> None:
@@ -169,3 +175,42 @@ def test_rounds_compared_at_two_places_average_only_one_and_name_the_other() -> 
         "compared: no interval); not averaged: round 2, compared at the two runs' operating " \
         "points: one round of 2 compared: no interval, not confirmed" in summary["sentence"], \
         summary["sentence"]
+
+
+def _unapplied(i: int, goodput: float, tpot: float) -> StepMetrics:
+    return _level(i, goodput, tpot, applied=False)
+
+
+def test_rounds_where_no_level_of_either_run_applied_its_load_are_not_comparable(
+        tmp_path: Path) -> None:
+    """Every level of both runs unapplied: neither operating point is at a load applied, so
+    the two are compared at no one load; they were averaged and "confirmed" (review s18)."""
+    study, cfg = _study(tmp_path, rounds=2)
+    summary = _confirm(study, cfg, [
+        ([_unapplied(0, 12.0, 3.3), _unapplied(1, 14.1, 3.9)],
+         [_unapplied(0, 16.6, 3.3), _unapplied(1, 49.0, 3.8)]),
+        ([_unapplied(0, 11.9, 3.3), _unapplied(1, 13.9, 3.9)],
+         [_unapplied(0, 16.3, 3.3), _unapplied(1, 50.1, 3.8)])])
+    assert [r.get("not_comparable") for r in summary["rounds"]] == \
+        ["no level of either applied its load"] * 2
+    assert summary["gain"] is None and not summary["is_confirmed"]
+    assert summary["sentence"].endswith("not comparable, not confirmed"), summary["sentence"]
+
+
+def test_a_round_with_a_level_unapplied_and_both_operating_points_at_one_level_is_averaged(
+        tmp_path: Path) -> None:
+    """Round 2's defaults left concurrency 8 unapplied, yet both runs operate at 32, as in
+    round 1 where nothing moved: both rounds compared at one place and are averaged; round 2
+    was named "at concurrency=32" and set aside from round 1, "at the operating points"."""
+    study, cfg = _study(tmp_path, rounds=2)
+    summary = _confirm(study, cfg, [
+        ([_level(0, 12.0, 3.3), _level(1, 14.1, 3.9)],
+         [_level(0, 16.6, 3.3), _level(1, 49.0, 3.8)]),
+        ([_unapplied(0, 11.9, 3.3), _level(1, 13.9, 3.9)],
+         [_level(0, 16.3, 3.3), _level(1, 50.1, 3.8)])])
+    assert summary["rounds"] == [{"defaults": pytest.approx(14.1), "best": pytest.approx(49.0)},
+                                 {"defaults": pytest.approx(13.9), "best": pytest.approx(50.1)}]
+    assert summary["num_rounds"] == 2 and summary["load"] is None
+    sentence = summary["sentence"]
+    assert "over 2 rounds)" in sentence and "not averaged" not in sentence, sentence
+    assert sentence.endswith("confirmed: the 95% interval excludes 1.0"), sentence

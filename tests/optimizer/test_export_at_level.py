@@ -106,7 +106,8 @@ def test_a_confirmations_interval_of_the_operating_points_is_not_the_picked_leve
                 if line.startswith("gain: "))
     assert gain == ("gain: goodput 1.38x the vLLM defaults at concurrency=8, a load both "
                     "applied (one measurement each: no interval); not confirmed (the final "
-                    "confirmation re-measured its operating point, not this level)"), gain
+                    "confirmation compared the two runs' operating points, not at this "
+                    "level)"), gain
     at_operating_point = next(line for line in _header(render(study.trials[1], cfg, "sh",
                                                               study=study))
                               if line.startswith("gain: "))
@@ -127,8 +128,12 @@ def test_the_export_header_names_the_load_a_moved_operating_point_is_at() -> Non
     unapplied = _fingerprinted(_study(defaults=[_level(0, 11.95, 3.3, applied=False),
                                                 _level(1, 32.9, 3.9, applied=False)]), cfg)
     first = _header(render(unapplied.trials[0], cfg, "sh", study=unapplied))[0]
-    assert first.endswith("goodput 32.9 req/s per GPU on 1 GPU at concurrency=32, its load not "
-                          "applied"), first
+    assert first.endswith("goodput 32.9 req/s per GPU on 1 GPU (no level's load was applied: "
+                          "its figures are concurrency=32's, at another load)"), first
+    picked = _header(render(unapplied.trials[0], cfg, "sh", study=unapplied,
+                            level="concurrency=8"))[0]
+    assert "trial 0 at concurrency=8 (the level picked; its operating point is concurrency=32, " \
+        "whose load was not applied)" in picked, picked
 
 
 def test_status_names_the_load_of_a_moved_operating_point_under_its_table(
@@ -150,7 +155,7 @@ def test_the_status_table_is_no_wider_where_something_moved_and_fits_80_columns(
     has no room to spare at 80 columns with two p99 columns); a trial whose every level's load
     was not applied is at its own level, said so."""
     rows = status_rows(_study().get_trials(), objective="goodput")
-    assert [r.at_load for r in rows] == ["", "", "concurrency=8"]
+    assert [r.at_load for r in rows] == ["", "", "at concurrency=8"]
     unmoved = [replace(r, at_load="") for r in rows]
     for width in (80, 160):
         drawn = _draw(trial_table(rows, ["goodput"], width, latencies=("ttft", "tpot")), width)
@@ -161,7 +166,8 @@ def test_the_status_table_is_no_wider_where_something_moved_and_fits_80_columns(
     everything_unapplied = status_rows(_study(defaults=[_level(0, 11.95, 3.3, applied=False),
                                                         _level(1, 32.9, 3.9, applied=False)]
                                               ).get_trials(), objective="goodput")
-    assert everything_unapplied[0].at_load == "concurrency=32, its load not applied"
+    assert everything_unapplied[0].at_load == (
+        "(no level's load was applied: its figures are concurrency=32's, at another load)")
 
 
 def test_the_recommendation_line_names_the_load_of_a_moved_operating_point() -> None:
@@ -175,3 +181,61 @@ def test_the_recommendation_line_names_the_load_of_a_moved_operating_point() -> 
         "concurrency=32 was not applied)"
     assert recommendation_text(_study(), ["goodput"]) == \
         "recommended: trial 1, goodput 42.8 req/s/GPU"
+
+
+def test_the_status_note_of_a_trial_with_no_level_applied_says_its_figures_are_at_no_load(
+        ) -> None:
+    """Every level of the defaults unapplied: its figure is concurrency 32's, at another load
+    than 32; the note said the row's figures "are at the load named: trial 0 at
+    concurrency=32, its load not applied" (review s18)."""
+    rows = status_rows(_study(defaults=[_level(0, 11.95, 3.3, applied=False),
+                                        _level(1, 32.9, 3.9, applied=False)]).get_trials(),
+                       objective="goodput")
+    assert moved_note(rows) == (
+        "*: a level's load was not applied, so the row's figures are as named: trial 0 (no "
+        "level's load was applied: its figures are concurrency=32's, at another load); trial 2 "
+        "at concurrency=8.")
+    assert moved_note(rows[1:]) == ("*: a level's load was not applied, so the row's figures "
+                                    "are at the load named: trial 2 at concurrency=8.")
+
+
+def _confirmed(load: str | None = None) -> tuple[optuna.Study, object]:
+    """The quickstart's trials, trial 1 re-measured against the defaults: 1.30x [1.20, 1.40]
+    over 2 rounds, compared at `load` (None: the two runs' operating points)."""
+    cfg = parse_study(QUICKSTART)
+    study = _fingerprinted(_study(), cfg)
+    study.set_user_attr("confirm", {
+        "objective": "goodput", "best_trial": 1, "baseline_trial": 0, "gain": 1.30,
+        "ci_low": 1.2, "ci_high": 1.4, "ratios": [1.25, 1.35], "is_confirmed": True,
+        "load": load})
+    return study, cfg
+
+
+def _gain_at(study: optuna.Study, cfg: object, level: str | None) -> str:
+    return next(line for line in _header(render(study.trials[1], cfg, "sh", study=study,  # type: ignore[arg-type]
+                                                level=level))
+                if line.startswith("gain: "))
+
+
+def test_a_level_picked_at_the_operating_point_states_the_confirmations_interval() -> None:
+    """Trial 1's operating point is concurrency 32: picked there, its gain is the one the
+    confirmation's rounds measured at the operating points, as without --max-tpot-ms; it read
+    "one measurement each ... not confirmed (the final confirmation re-measured its operating
+    point, not this level)" under a first line saying the level is its operating point."""
+    study, cfg = _confirmed()
+    at_level = _gain_at(study, cfg, "concurrency=32")
+    assert at_level == _gain_at(study, cfg, None), at_level
+    assert "(95% CI [1.20x, 1.40x] over 2 rounds); confirmed" in at_level, at_level
+
+
+def test_a_level_picked_where_the_confirmation_compared_states_its_interval() -> None:
+    """The confirmation compared the two at concurrency 8 (a level not applied): picked at
+    8, the gain is its interval there; picked at 32, the search's ratio, saying where the
+    confirmation compared."""
+    study, cfg = _confirmed("concurrency=8")
+    at_8 = _gain_at(study, cfg, "concurrency=8")
+    assert at_8.startswith("gain: goodput 1.30x the vLLM defaults at concurrency=8, a load both "
+                           "applied (95% CI [1.20x, 1.40x] over 2 rounds); confirmed"), at_8
+    at_32 = _gain_at(study, cfg, "concurrency=32")
+    assert at_32.endswith("; not confirmed (the final confirmation compared the two at "
+                          "concurrency=8, not at this level)"), at_32

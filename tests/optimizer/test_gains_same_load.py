@@ -5,6 +5,7 @@ a concurrency-capacity ratio is named as one; the export's gain says "per GPU"."
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import optuna
@@ -15,7 +16,7 @@ from optimizer.export import render, select_trial
 from optimizer.export.choice import tpot_note
 from optimizer.results import gains
 from optimizer.results.at_load import at_loads, at_loads_of_run
-from optimizer.results.conclusion import conclude, reference_of
+from optimizer.results.conclusion import Reference, conclude, reference_of
 from optimizer.results.objectives import objective_values
 from optimizer.results.trial_record import TrialRecord, step_records, summary_metrics
 from runners.base import BenchmarkMetrics, RunResult, StepMetrics
@@ -275,3 +276,41 @@ def test_versus_a_best_at_another_load_the_verdict_is_of_that_load_and_new_best_
                     vllm_defaults={"data_parallel_size": 1}, loads=loads)
     assert "at concurrency=8): -46%, worse there" in told.text, told.text
     assert "new best" not in told.text
+
+
+def test_two_trials_with_no_level_applied_give_no_ratio() -> None:
+    """Every level of both unapplied: both operating points unknown (None) read as equal, and
+    their values were compared as one load's (review s18)."""
+    steps = step_records([_level(0, 11.0, 3.3, applied=False), _level(1, 30.0, 3.9,
+                                                                      applied=False)])
+    loads = at_loads("goodput", steps, 1, 1)
+    assert loads.operating is None and loads.is_moved
+    gain = gains.gain_over(40.0, 30.0, None, None, maximize=True, loads=loads,
+                           defaults_loads=loads)
+    assert gain.value is None and gain.not_comparable == "no level of either applied its load"
+    assert "not comparable at one load (no level of either applied its load)" in \
+        gains.format_gain(gain, "the vLLM defaults")
+
+
+def test_versus_a_best_with_no_level_applied_a_trial_with_none_is_not_compared() -> None:
+    """A trial and the best, every level of each unapplied: no load to compare at; the two
+    operating points (both unknown) were read as one load and their values compared."""
+    unapplied = [_level(0, 11.0, 3.3, applied=False), _level(1, 30.0, 3.9, applied=False)]
+    loads = at_loads_of_run("goodput", unapplied, 1)
+    assert loads.operating is None
+    best = Reference(4, {"quantization": "fp8"}, 25.0, loads=loads)
+    told = conclude(params={"quantization": "fp8", "data_parallel_size": 1}, state="complete",
+                    objective="goodput", value=30.0, best=best, number=7, num_gpus=1,
+                    vllm_defaults={}, loads=loads)
+    assert "vs best trial 4: not comparable at one load (no level of either applied its " \
+        "load)" in told.text, told.text
+    assert "new best" not in told.text
+
+
+def test_a_trial_with_no_figure_at_the_level_says_so_not_that_a_figure_was_0() -> None:
+    theirs = at_loads("goodput", step_records(DEFAULTS), 1, 1)
+    gain = gains.at_level("concurrency=8", None, theirs, maximize=True)
+    assert gain.value is None and gain.not_comparable == "it has no figure at concurrency=8"
+    zero = gains.at_level("concurrency=8", 0.0, replace(theirs, levels={
+        k: replace(v, value=0.0) for k, v in theirs.levels.items()}), maximize=True)
+    assert zero.not_comparable == "at concurrency=8 a figure was 0"
