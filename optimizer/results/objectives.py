@@ -97,14 +97,19 @@ def operating_step(objective: str, steps: Sequence[StepMetrics]) -> StepMetrics 
     search, the highest load that met the SLO (its hold, where one held it), or None when
     none did (the trial has no operating point: `described_step` gives the load to describe
     then). With fixed levels, the level that gave the objective its value (the best for a
-    rate, the worst for a latency; a level with no sample, nan, never), among the levels
-    whose load was applied where there is one."""
+    rate, the worst for a latency; a level with no sample, nan, never; a saturated one
+    never), among the levels whose load was applied where there is one."""
     measured = [s for s in steps if s.metrics.completed > 0]
     if is_capacity_search(measured):
         within = [s for s in measured if s.meets_slo]
         # At one load a hold (a long window at that load) describes it better than the
         # short step it held.
         return max(within, key=lambda s: (_load(s), s.is_hold), default=None)
+    # A level stopped as saturated (its queue kept growing) is a miss at that load: what it
+    # completed before the stop is no figure of it (its goodput over the cut window counts
+    # the requests that finished while the queue was still short, and its latencies omit
+    # the ones that never did), so it is never the operating point.
+    measured = [s for s in measured if not s.is_saturated]
     if not measured:
         return None
     # A level whose load was not applied describes a lighter load than its label: another

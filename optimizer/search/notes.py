@@ -102,20 +102,18 @@ def unbounded_latency_levels(objectives: Sequence[str],
     unbounded; the p99 of the requests that finished before the level was stopped reads it
     low). A latency first: every saturated level, its value being the worst level's (what a
     user at the heaviest load sees), never a lighter level's in place of the one it could not
-    serve. A rate first and a latency after it: the rate's operating point where it saturated
-    (the latency is read there), or every saturated level where no level completed a request.
-    [] without a latency, after a capacity search (a saturated probe misses the SLO, never
-    the operating point) or where no level saturated."""
+    serve. A rate first and a latency after it: every saturated level where the rate has no
+    operating point (a saturated level never is one: `operating_step`), so no level was
+    served; else none (the latency is read at the level the rate was). [] without a latency,
+    after a capacity search (a saturated probe misses the SLO, never the operating point) or
+    where no level saturated."""
     saturated = saturated_levels(steps)
     if not saturated or is_capacity_search(steps) or \
             not any(get_objective(o).is_latency for o in objectives):
         return []
     if get_objective(objectives[0]).is_latency:
         return saturated
-    step = operating_step(objectives[0], steps)
-    if step is None:
-        return saturated
-    return [step] if step.is_saturated else []
+    return saturated if operating_step(objectives[0], steps) is None else []
 
 
 def served_note(objective: str, steps: Sequence[StepMetrics]) -> str:

@@ -85,11 +85,11 @@ def record_result(policy: RecordState, item: Running, result: RunResult) -> Tria
     values = objective_values(cfg.objectives, result.steps, item.config.num_gpus) \
         if state == TrialState.COMPLETE and not unbounded else None
     if state == TrialState.COMPLETE and values is None and saturated and not unbounded and \
-            not any(s.metrics.completed > 0 for s in result.steps):
-        # No level completed a request and one was stopped as saturated (its queue kept
+            not any(s.metrics.completed > 0 and not s.is_saturated for s in result.steps):
+        # Every level that completed a request was stopped as saturated (its queue kept
         # growing; the client cancelled its requests, none failed): a measured miss at that
-        # load, not errors; the trial met the SLO at no load. A rate is 0 there (nothing
-        # served within the SLO).
+        # load, not errors; the trial served no load steadily. A rate is 0 there (what a
+        # saturated level completed before its stop is no steady figure).
         values = _values_at_no_load(cfg.objectives)
     if state == TrialState.COMPLETE and values is None:
         # No value: a latency read at a level that saturated, or after a capacity search that

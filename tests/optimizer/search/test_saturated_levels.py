@@ -281,12 +281,34 @@ def test_a_goodput_over_a_level_that_saturated_after_serving_some_still_complete
     assert "Saturated at rate=12: the queue kept growing" in record.conclusion
 
 
+def test_a_saturated_levels_goodput_is_never_the_trials_value(
+        make_setup: Callable[..., Setup]) -> None:
+    """A level stopped as saturated is a miss at its load: the goodput it completed over its
+    cut window (the requests that finished while its queue was still short) is no figure of
+    it, even where it reads higher than a level served steadily (5 req/s over a cut window
+    beside 2 served would have been the trial's value, at rate=12); where every level
+    saturated the trial served nothing steadily: goodput 0, complete, a miss."""
+    controller = _ran(make_setup, (_served(0), _cut(1, completed=20, goodput=5.0)))
+    (trial,) = controller.study.get_trials(deepcopy=False)
+    record = record_of(trial)
+    assert record is not None and record.state == "complete" and trial.values == [2.0], \
+        (trial.values, record.conclusion)
+    controller = _ran(make_setup, (_cut(0, completed=20, goodput=5.0),))
+    (trial,) = controller.study.get_trials(deepcopy=False)
+    record = record_of(trial)
+    assert record is not None and record.state == "complete" and trial.values == [0.0], \
+        (trial.values, record.conclusion)
+
+
 def test_a_latency_after_a_rate_is_unbounded_only_where_the_rate_reads_a_saturated_level(
         ) -> None:
     served = _served(0)
     above, below = _cut(1, completed=20, goodput=5.0), _cut(1, completed=20, goodput=1.0)
-    assert unbounded_latency_levels(["goodput", "tpot"], (served, above)) == [above], \
-        "goodput's best level saturated: the TPOT would be read there"
+    assert unbounded_latency_levels(["goodput", "tpot"], (served, above)) == [], \
+        "a saturated level is never goodput's operating point, whatever it completed: the " \
+        "TPOT is read at the level it served"
+    assert unbounded_latency_levels(["goodput", "tpot"], (above,)) == [above], \
+        "no level served: the TPOT would be read at a saturated one"
     assert unbounded_latency_levels(["goodput", "tpot"], (served, below)) == []
     assert unbounded_latency_levels(["goodput", "throughput"], (served, above)) == [], \
         "no latency: a rate at a saturated level is a miss there, as before"
