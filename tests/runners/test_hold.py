@@ -388,11 +388,16 @@ def test_a_hold_that_has_missed_whatever_comes_is_cut_short_and_its_requests_sti
             (outputs, _), = run.windows
             assert run.is_finished and outputs and all(o.success for o in outputs)
             # The window starts a block of 64 arrivals (the one already due aside): each whole
-            # block after it was due exactly 64 / 40 s later.
-            due = [x.scheduled_s or 0.0 for x in driver.sent_between(run.window_start_s,
-                                                                      math.inf)]
-            blocks = [due[64 * k] - due[0] for k in range(1, 7)] if name == "loose" else []
-            assert name == "tight" or np.allclose(blocks, 1.6 * np.arange(1, 7)), blocks
+            # block after it was due exactly 64 / 40 s later, up to a send more than a second
+            # late, after which the sender re-bases its schedule rather than burst (a 2-core
+            # CI host stalled it once: its fourth block came 0.12 s late, 2026-12-07).
+            sent = driver.sent_between(run.window_start_s, math.inf)
+            due = [x.scheduled_s or 0.0 for x in sent]
+            intact = next((i for i, x in enumerate(sent) if (x.late_s or 0.0) > 0.9), len(sent))
+            whole = [k for k in range(1, 7) if 64 * k < intact]
+            blocks = [due[64 * k] - due[0] for k in whole]
+            assert name == "tight" or (whole and np.allclose(blocks, 1.6 * np.array(whole))), \
+                (blocks, intact)
             windows[name] = (run.decided_early, len(outputs))
         decided, cut = windows["tight"]
         assert decided is not None and "over the TPOT bound" in decided, windows
