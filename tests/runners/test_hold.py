@@ -237,7 +237,11 @@ def test_a_capacity_search_holds_its_claim_on_the_same_stream(tmp_path: Path) ->
     """The steps find the bracket, then its lower end is held over a longer window on the
     same engine; the hold is a step of the record and the bracket says it
     held (or, where it missed, which load did)."""
-    workload = staircase_workload(max_window_s=3.0, hold_s=4.0, hold_lives=1.0, max_holds=2)
+    # `high` 80, twice the simulated engine's ~40 req/s: a first step at the default 400 floods
+    # the client host, and a 2-core CI host then applied no later step's load, 2 req/s
+    # included, so nothing met and nothing was held (2026-12-07).
+    workload = staircase_workload(max_window_s=3.0, hold_s=4.0, hold_lives=1.0, max_holds=2,
+                                  high=80)
     runner = EngineRunner(SimulatedLauncher("h200", startup_time_scale=0.01, seed=0),
                           tmp_path / "registry")
     try:

@@ -212,13 +212,17 @@ def test_a_closed_loop_short_of_its_concurrency_within_the_tolerance_meets_it() 
     the tolerance of the concurrency (one request at least) is the load applied; and a server
     sample that fell into a wave's gap is within the samples' noise."""
     near = WindowCounts(window_s=5.0, num_sent=300, num_ended=300, mean_in_flight=256.0,
-                        waiting_rise=0.0, server_in_system=(231.0, 231.0))
+                        waiting_rise=0.0, server_in_system=(231.0, 231.0, 231.0))
     assert _judge(_metrics(), near, is_closed_loop=True, concurrency=256).meets_slo
     assert not _judge(_metrics(), near, is_closed_loop=True, concurrency=258).meets_slo
     small = WindowCounts(window_s=5.0, num_sent=40, num_ended=40, mean_in_flight=3.1,
                          waiting_rise=0.0, server_in_system=(3.0, 4.0, 3.0))
     assert _judge(_metrics(), small, is_closed_loop=True, concurrency=4).meets_slo, \
         "one request short of 4 is within the floor"
+    two = WindowCounts(window_s=1.12, num_sent=48, num_ended=48, mean_in_flight=8.0,
+                       waiting_rise=0.0, server_in_system=(0.0, 0.0))
+    assert _judge(_metrics(), two, is_closed_loop=True, concurrency=8).meets_slo, \
+        "two samples (one degree of freedom, none where equal) are too few to judge the load by"
     gap = WindowCounts(window_s=10.0, num_sent=100, num_ended=100, mean_in_flight=64.0,
                        waiting_rise=0.0, server_in_system=(64.0,) * 7 + (0.0,))
     assert _judge(_metrics(), gap, is_closed_loop=True, concurrency=64).meets_slo, \
@@ -451,7 +455,10 @@ def test_a_capacity_search_walks_every_step_and_profiles_the_operating_point_in_
     the profiled window is part of the same stream, at the highest load that met the SLO,
     after its warm-up (not a fresh batch into an emptied server), and the result says what it
     covered. (One search shows both: a search costs most of a minute of a 2-core host.)"""
-    workload = staircase_workload({"profile": True, "profile_num_requests": 40}, hold_s=0)
+    # `high` 80, twice the simulated engine's ~40 req/s: a first step at the default 400
+    # floods the client host, whose late sends then leave later steps' loads unapplied.
+    workload = staircase_workload({"profile": True, "profile_num_requests": 40}, hold_s=0,
+                                  high=80)
     config = EngineConfig(model="qwen2.5-7b", load_format="dummy", skip_tokenizer_init=True)
     result = simulated.run(config, workload, tmp_path / "w")
     assert result.status == "complete", result.failure
