@@ -207,8 +207,7 @@ def one_knob(trials: Sequence[FrozenTrial], baseline: FrozenTrial | None, object
     out, left_out = [], []
     for trial in trials:
         record = record_of(trial)
-        if trial.number == baseline.number or trial.state != TrialState.COMPLETE or \
-                (record is not None and record.state != "complete"):
+        if trial.number == baseline.number or not has_measurement(trial):
             continue
         params = params_of(trial)
         found = _one_change(params, reference, defaults)

@@ -171,22 +171,26 @@ def test_a_concurrency_capacity_ratio_is_named_and_the_goodput_ratio_stands_besi
         "on the rate axis capacity and goodput share a unit: the wording stands"
 
 
-def _moved_best_study() -> optuna.Study:
-    """The defaults (best at 32) and a DP-2 trial whose 32 was not applied: its operating
-    point is 8, at 35 req/s per GPU against the defaults' 11.95 there (32.9 at 32)."""
+def _pair(defaults: list[StepMetrics], steps: list[StepMetrics],
+          params: dict[str, Any]) -> optuna.Study:
+    """The defaults (trial 0) and one config of one change (trial 1), with these levels."""
     study = optuna.create_study(direction="maximize")
     dist = optuna.distributions.IntDistribution(1, 2)
-    for params, steps, is_base in (
-            ({"data_parallel_size": 1}, DEFAULTS, True),
-            ({"data_parallel_size": 2}, [_level(0, 70.0, 3.4), _level(1, 80.0, 3.9,
-                                                                 applied=False)], False)):
-        record, value = _record(params, steps, is_baseline=is_base)
+    for p, s, is_base in (({"data_parallel_size": 1}, defaults, True), (params, steps, False)):
+        record, value = _record(p, s, is_baseline=is_base)
         study.add_trial(optuna.trial.create_trial(
-            params={"data_parallel_size": params["data_parallel_size"]},
+            params={"data_parallel_size": p["data_parallel_size"]},
             distributions={"data_parallel_size": dist}, value=value,
             user_attrs={"record": record.to_user_attr(), **({"baseline": True} if is_base
                                                            else {})}))
     return study
+
+
+def _moved_best_study() -> optuna.Study:
+    """The defaults (best at 32) and a DP-2 trial whose 32 was not applied: its operating
+    point is 8, at 35 req/s per GPU against the defaults' 11.95 there (32.9 at 32)."""
+    return _pair(DEFAULTS, [_level(0, 70.0, 3.4), _level(1, 80.0, 3.9, applied=False)],
+                 {"data_parallel_size": 2})
 
 
 def test_mlflows_gain_column_is_taken_at_the_load_both_applied() -> None:

@@ -6,7 +6,6 @@ and records of test_gains_same_load)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import optuna
 import pytest
@@ -23,24 +22,9 @@ from tests.optimizer.test_gains_same_load import (
     _level,
     _metrics,
     _moved_best_study,
-    _record,
+    _pair,
     _study,
 )
-
-
-def _pair(defaults: list[StepMetrics], steps: list[StepMetrics],
-          params: dict[str, Any]) -> optuna.Study:
-    """The defaults (trial 0) and one config of one change (trial 1), with these levels."""
-    study = optuna.create_study(direction="maximize")
-    dist = optuna.distributions.IntDistribution(1, 2)
-    for p, s, is_base in (({"data_parallel_size": 1}, defaults, True), (params, steps, False)):
-        record, value = _record(p, s, is_baseline=is_base)
-        study.add_trial(optuna.trial.create_trial(
-            params={"data_parallel_size": p["data_parallel_size"]},
-            distributions={"data_parallel_size": dist}, value=value,
-            user_attrs={"record": record.to_user_attr(), **({"baseline": True} if is_base
-                                                           else {})}))
-    return study
 
 
 def _report(study: optuna.Study) -> Report:
