@@ -267,8 +267,9 @@ def describe_workload(fingerprint: Fingerprint) -> str:
 # baseline of every gain), and a changed model changes the search space Optuna keeps.
 RESUME_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine", ("engine",)),
-    # Another vLLM release moves capacities (0.29's KV sizing, its runner and scheduler
-    # defaults): new trials would be compared with a defaults trial of the old release.
+    # Another vLLM release may move capacities (0.28 changed how the KV budget is sized:
+    # docs/vllm-versions.md): new trials would be compared with a defaults trial of the old
+    # release.
     # Compared only where both are known (a driver without vLLM whose study names none).
     ("vLLM release (vllm.version, or the installed vLLM)", ("engine_version",)),
     ("hardware", ("gpu_model", "gpu_count", "gpu_memory_gib", "compute_capability",

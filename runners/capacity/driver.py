@@ -181,8 +181,8 @@ class StaircaseDriver:
     def cancel_in_flight(self) -> int:
         """Cancel every request in flight (a missed step's backlog): they end failed with the
         error "stopped". Returns how many were cancelled. Waits for them `_CANCEL_WAIT_S` at
-        most (`cancel_and_wait`): a request still running then (a starved host's loop) ends
-        later, in the next step's warm-up, and the stream goes on."""
+        most (`cancel_and_wait`): a request still running then (a starved host's loop) runs on
+        into the next step, by its warm-up or later (not counted), and the stream goes on."""
         loop = self._loop
         if loop is None or loop.is_closed():
             return 0
@@ -199,8 +199,8 @@ class StaircaseDriver:
         tasks = [s.task for s in self._sent if not s.task.done()]
         left = await cancel_and_wait(tasks, _CANCEL_WAIT_S)
         if left:
-            logger.warning("%d of %d cancelled requests had not ended after %g s; they end "
-                           "in the next step's warm-up", len(left), len(tasks), _CANCEL_WAIT_S)
+            logger.warning("%d of %d cancelled requests had not ended after %g s; they run on "
+                           "into the next step", len(left), len(tasks), _CANCEL_WAIT_S)
         return len(tasks)
 
     def _notify(self) -> None:

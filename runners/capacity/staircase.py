@@ -159,7 +159,7 @@ def run_staircase(session: EngineSession, steps: list[StepMetrics], on_step: OnS
                 # The next load first, then the backlog (ours) cancelled: the stream never
                 # refills at the load that missed, and the next step starts from an empty
                 # server, not from a drain (its cancel waits 10 s at most: on a starved
-                # client host what still runs then ends in the next step's warm-up).
+                # client host what still runs then runs on into the next step).
                 if follow is not None:
                     driver.set_load(follow)
                 cancelled = driver.cancel_in_flight()

@@ -427,7 +427,7 @@ def test_a_changed_study_file_is_refused_naming_the_change_and_how_to_start_anew
 
 def test_a_study_file_naming_another_vllm_release_is_refused_on_resume(tmp_path: Path) -> None:
     """A study run on one vLLM release is not resumed on another (its defaults trial was
-    measured on the old one: 0.29 alone resizes the KV cache): the declared `vllm.version`
+    measured on the old one: 0.28 changed the KV budget's sizing): the declared `vllm.version`
     reaches the fingerprint and the refusal names both releases and what to do. A release
     unknown on either side (a driver without vLLM, a study naming none) is not compared."""
     from optimizer.run.runtime import study_fingerprint
